@@ -1,0 +1,47 @@
+#pragma once
+
+// Always-on invariant checks for programmer errors inside chorus (not for caller misuse, which
+// raises chorus::Error). A failed check prints the condition, both values and file:line to stderr
+// and aborts: an invariant that does not hold means the process state cannot be trusted.
+
+#include <sstream>
+#include <string>
+
+namespace chorus::detail {
+
+[[noreturn]] void check_failed(const char* condition, const char* file, int line,
+                               const std::string& values);
+
+template <class A, class B>
+std::string format_check_values(const A& a, const B& b) {
+  std::ostringstream out;
+  out << "(" << a << " vs " << b << ")";
+  return out.str();
+}
+
+}  // namespace chorus::detail
+
+#define CHORUS_CHECK(condition)                                           \
+  do {                                                                    \
+    if (!(condition)) [[unlikely]] {                                      \
+      ::chorus::detail::check_failed(#condition, __FILE__, __LINE__, ""); \
+    }                                                                     \
+  } while (false)
+
+#define CHORUS_CHECK_OP(op, a, b)                                                 \
+  do {                                                                            \
+    const auto& chorus_check_a = (a);                                             \
+    const auto& chorus_check_b = (b);                                             \
+    if (!(chorus_check_a op chorus_check_b)) [[unlikely]] {                       \
+      ::chorus::detail::check_failed(                                             \
+          #a " " #op " " #b, __FILE__, __LINE__,                                  \
+          ::chorus::detail::format_check_values(chorus_check_a, chorus_check_b)); \
+    }                                                                             \
+  } while (false)
+
+#define CHORUS_CHECK_EQ(a, b) CHORUS_CHECK_OP(==, a, b)
+#define CHORUS_CHECK_NE(a, b) CHORUS_CHECK_OP(!=, a, b)
+#define CHORUS_CHECK_LT(a, b) CHORUS_CHECK_OP(<, a, b)
+#define CHORUS_CHECK_LE(a, b) CHORUS_CHECK_OP(<=, a, b)
+#define CHORUS_CHECK_GT(a, b) CHORUS_CHECK_OP(>, a, b)
+#define CHORUS_CHECK_GE(a, b) CHORUS_CHECK_OP(>=, a, b)

@@ -1,0 +1,48 @@
+#pragma once
+
+// CPU element kernels shared by core and the transports that reduce on the host (the simulator,
+// MPI's user-defined ops). Contiguous buffers, raw pointers, no waiting: callers own the
+// synchronisation.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "chorus/dtype.hpp"
+#include "chorus/reduce_op.hpp"
+
+namespace chorus::kernels {
+
+// Note [Reduction order]
+// dst[i] = srcs[0][i] (+) srcs[1][i] (+) ... (+) srcs[n-1][i], folded left to right in the order
+// of `srcs` (callers pass group-rank order), so every rank that runs the same call gets the same
+// bits. Per op:
+// - sum, product, min, max, band, bor, bxor: the fold itself.
+// - avg: the sum divided by n; integers truncate toward zero (C++ division).
+// - premul_sum(f): the sum of f * srcs[j][i].
+// Arithmetic: integers wrap modulo 2^bits (computed unsigned: no undefined behaviour); Float16 and
+// BFloat16 accumulate in float32 and round to nearest even once, at the end; Float32 accumulates
+// in float32, Float64 in double; complex parts likewise. min/max propagate NaN. Bool (bytes 0/1):
+// min = band = and, max = bor = or, bxor = xor; results are 0 or 1.
+//
+// `dst` may be the same pointer as any source (exact alias); partial overlaps are not allowed.
+// `reduce_op` must be valid for `dtype` (ReduceOp::check_dtype); violations are CHORUS_CHECKed.
+void reduce(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
+            DType dtype, const ReduceOp& reduce_op);
+
+// Converts `count` elements from `src_dtype` to `dst_dtype` (as Tensor::to): 16-bit floats
+// round to nearest even; float -> integer truncates toward zero (out-of-range values and NaN give
+// 0 rather than undefined behaviour); anything -> Bool is (value != 0); complex -> real keeps
+// the real part; real -> complex has a zero imaginary part. Same dtype copies bytes.
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t count);
+
+// Fills `count` elements of `dtype` with value `value` converted as by convert() from Float64.
+void fill(void* dst, DType dtype, double value, std::size_t count);
+
+// Fills with the poison pattern of pending outputs: quiet NaN for floating and complex dtypes,
+// 0xA5 bytes for integers and Bool.
+void fill_poison(void* dst, DType dtype, std::size_t count);
+
+// Elementwise equality as torch.equal (floating: IEEE ==, so NaN != NaN and -0 == +0).
+bool values_equal(const void* a, const void* b, DType dtype, std::size_t count);
+
+}  // namespace chorus::kernels

@@ -1,0 +1,75 @@
+#pragma once
+
+// ReduceOp: the reduction of all_reduce, reduce_scatter and their coalesced forms.
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "chorus/dtype.hpp"
+
+namespace chorus {
+
+// Converts implicitly from a name, case-insensitively: "sum", "avg", "product", "min", "max",
+// "band", "bor", "bxor". `ReduceOp::premul_sum(f)` multiplies every input by `f` before summing.
+//
+// An unknown name does not throw here (an implicit conversion cannot say which rank and op it
+// belongs to): it yields an invalid ReduceOp, and the collective it is passed to raises
+// InvalidArgument("Unrecognized reduce_op '<name>'") naming rank, op, sequence number and group.
+// Use ReduceOp::parse() to validate eagerly.
+class ReduceOp {
+ public:
+  enum class Kind : std::uint8_t {
+    Sum,
+    Avg,
+    Product,
+    Min,
+    Max,
+    BAnd,
+    BOr,
+    BXor,
+    PremulSum,
+    Invalid
+  };
+
+  constexpr ReduceOp(Kind kind) noexcept : kind_(kind) {}  // NOLINT(google-explicit-constructor)
+  ReduceOp(const char* name);                              // NOLINT(google-explicit-constructor)
+  ReduceOp(std::string_view name);                         // NOLINT(google-explicit-constructor)
+  ReduceOp(const std::string& name);                       // NOLINT(google-explicit-constructor)
+
+  // Sum of `factor * x_r` over ranks. Floating and complex dtypes only.
+  static ReduceOp premul_sum(double factor) noexcept;
+
+  // Like the string constructor, but throws InvalidArgument for an unknown name.
+  static ReduceOp parse(std::string_view name);
+
+  constexpr Kind kind() const noexcept { return kind_; }
+  constexpr bool is_valid() const noexcept { return kind_ != Kind::Invalid; }
+  // The factor of premul_sum; 1 for every other op.
+  constexpr double premul_factor() const noexcept { return factor_; }
+  // "sum", "avg", ..., "premul_sum(0.5)", or the unrecognized name in quotes.
+  std::string to_string() const;
+  // The name as given, for an invalid op.
+  const std::string& invalid_name() const noexcept { return invalid_name_; }
+
+  // Whether this op may reduce `dtype` (DESIGN 2.3): bitwise ops need an integer or Bool dtype,
+  // complex dtypes take only sum/avg/premul_sum, Bool takes only min/max/band/bor/bxor,
+  // premul_sum needs a floating or complex dtype. Returns an empty string when allowed,
+  // otherwise the reason.
+  std::string check_dtype(DType dtype) const;
+
+  friend bool operator==(const ReduceOp& a, const ReduceOp& b) noexcept {
+    return a.kind_ == b.kind_ && a.factor_ == b.factor_ && a.invalid_name_ == b.invalid_name_;
+  }
+
+ private:
+  Kind kind_ = Kind::Sum;
+  double factor_ = 1.0;
+  std::string invalid_name_;
+};
+
+std::string_view reduce_kind_name(ReduceOp::Kind kind) noexcept;
+std::ostream& operator<<(std::ostream& out, const ReduceOp& op);
+
+}  // namespace chorus

@@ -1,0 +1,101 @@
+#pragma once
+
+// The per-rank runtime, for launchers and transports (users do not need this header).
+//
+// A RankContext is everything chorus keeps per rank: the transport endpoint, the communicators,
+// the work registry, the pooled host allocator, the unwaited-work report and deferred errors.
+// Nothing in core is global that should be per rank: core reaches "the calling rank" only through
+// RankContext::current(), which the launcher binds for the thread (or fiber) running the rank.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/call_site.hpp"
+
+namespace chorus {
+
+namespace transport {
+class Transport;
+}
+
+namespace detail {
+class RankState;
+}
+
+// A collective that was never waited: its result's last tensor died first (the work was completed
+// then, as the seed's finalizer does), or it was still pending when its rank ended.
+struct UnwaitedWork {
+  int rank = -1;
+  std::string op;
+  std::int64_t seq = -1;
+  std::string group;
+  CallSite location;
+  bool at_rank_exit = false;  // still pending when the rank function returned
+  std::string error;          // non-empty if completing it failed
+
+  // "rank 2: all_reduce #3 on group [0, 1] issued at a.cpp:12 (f) was dropped un-waited".
+  std::string to_string() const;
+};
+
+struct RankOptions {
+  // How long a wait may take before it throws Timeout (on the transport's clock).
+  std::chrono::nanoseconds timeout = std::chrono::minutes(10);
+  // Bytes of freed host storage a rank keeps for reuse.
+  std::size_t host_pool_bytes_max = std::size_t{64} << 20;
+};
+
+class RankContext {
+ public:
+  RankContext(std::shared_ptr<transport::Transport> transport, RankOptions options = {});
+  ~RankContext();
+  RankContext(const RankContext&) = delete;
+  RankContext& operator=(const RankContext&) = delete;
+
+  int rank() const noexcept;
+  int world_size() const noexcept;
+  transport::Transport& transport() noexcept;
+
+  // What a rank leaves behind.
+  struct Summary {
+    std::vector<UnwaitedWork> unwaited;
+    // The first error recorded while completing dropped or leftover works that the rank has
+    // not raised yet (DESIGN 2.4: raised "at the end of run"); null if none.
+    std::exception_ptr error;
+  };
+
+  // Ends the rank: completes every work still registered (recording each as unwaited at exit)
+  // and returns the report. Never throws. Call once, on the rank's own thread/fiber, after the
+  // rank function returned or threw, while the transport can still make progress.
+  Summary finish() noexcept;
+
+  // The context bound to the calling thread/fiber, or null outside a rank.
+  static RankContext* current() noexcept;
+  // Binds `context` to the calling thread (fiber executors call this at every switch). Returns
+  // the previous binding.
+  static RankContext* bind(RankContext* context) noexcept;
+
+  detail::RankState& state() noexcept { return *state_; }
+
+ private:
+  std::unique_ptr<detail::RankState> state_;
+};
+
+// Binds a RankContext to the current thread for a scope.
+class ScopedRankBinding {
+ public:
+  explicit ScopedRankBinding(RankContext* context) noexcept
+      : previous_(RankContext::bind(context)) {}
+  ~ScopedRankBinding() { RankContext::bind(previous_); }
+  ScopedRankBinding(const ScopedRankBinding&) = delete;
+  ScopedRankBinding& operator=(const ScopedRankBinding&) = delete;
+
+ private:
+  RankContext* previous_;
+};
+
+}  // namespace chorus

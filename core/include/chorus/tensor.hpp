@@ -1,0 +1,215 @@
+#pragma once
+
+// chorus::Tensor: a strided view of shared storage, whose storage may be *pending* while a
+// collective still writes into it. See Note [Pending storage] in core/src/detail/storage.hpp.
+//
+// Thread-safety: a Tensor is a value; distinct Tensor objects may be used from distinct threads
+// even when they share storage. Mutating one Tensor object (assignment, copy_) from two threads
+// at once is a data race, as for any value type. Waiting on pending storage is thread-safe.
+
+#include <complex>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "chorus/device.hpp"
+#include "chorus/dtype.hpp"
+
+struct DLManagedTensor;  // <dlpack/dlpack.h>; include it to use to_dlpack/from_dlpack
+
+namespace chorus {
+
+using Shape = std::vector<std::int64_t>;
+
+namespace detail {
+class Storage;
+struct TensorAccess;
+}  // namespace detail
+
+class Tensor {
+ public:
+  // An undefined tensor: no storage, dim() == 0, numel() == 0; any data access throws.
+  Tensor() noexcept;
+
+  // ---- Factories. CPU storage comes from the calling rank's pooled allocator (plain heap
+  // memory outside a rank). Device::meta() makes a storage-less tensor. Device::cuda() storage
+  // needs a transport that provides device memory (not yet: InvalidArgument); wrap existing
+  // device memory with from_blob instead. Negative sizes throw InvalidArgument.
+  static Tensor empty(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu());
+  static Tensor zeros(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu());
+  static Tensor ones(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu());
+  // `value` is converted to `dtype` (rounded to nearest even for 16-bit floats, truncated toward
+  // zero for integers, != 0 for Bool; complex dtypes get a zero imaginary part).
+  static Tensor full(Shape shape, double value, DType dtype = DType::Float32,
+                     Device device = Device::cpu());
+  // 0, 1, ..., n-1 as a 1-D tensor.
+  static Tensor arange(std::int64_t n, DType dtype = DType::Float32);
+
+  // Copies `values` into a new CPU tensor of dtype `dtype_of<T>`. `shape` defaults to
+  // {values.size()}; its element count must equal values.size() (else InvalidArgument).
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& values, Shape shape);
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& values);
+
+  // Wraps caller memory without copying: a contiguous tensor of `shape` at `data`. `deleter`
+  // (if any) runs once, when the last tensor using this memory dies and no collective still
+  // uses it. The caller keeps `data` valid until then.
+  static Tensor from_blob(void* data, Shape shape, DType dtype, Device device = Device::cpu(),
+                          std::function<void(void*)> deleter = {});
+
+  // ---- DLPack (zero-copy exchange with PyTorch, JAX, CuPy).
+  // Waits for pending work first. The returned DLManagedTensor keeps the storage alive until
+  // its deleter is called. Meta tensors cannot be exported (InvalidArgument).
+  DLManagedTensor* to_dlpack() const;
+  // Takes ownership of `managed` (its deleter runs when the last tensor dies). Rejects dtypes
+  // and devices chorus does not have (InvalidArgument).
+  static Tensor from_dlpack(DLManagedTensor* managed);
+
+  // ---- Metadata. Never waits.
+  bool defined() const noexcept { return defined_; }
+  const Shape& sizes() const noexcept { return sizes_; }
+  const Shape& strides() const noexcept { return strides_; }  // in elements
+  std::int64_t size(std::int64_t dim) const;                  // negative dims count from the end
+  std::int64_t dim() const noexcept { return static_cast<std::int64_t>(sizes_.size()); }
+  std::int64_t numel() const noexcept;
+  std::int64_t storage_offset() const noexcept { return offset_; }  // in elements
+  DType dtype() const noexcept { return dtype_; }
+  Device device() const noexcept { return device_; }
+  std::size_t element_size() const noexcept { return chorus::element_size(dtype_); }
+  std::size_t nbytes() const noexcept;
+  bool is_contiguous() const noexcept;
+  // Whether both tensors view the same storage (same memory, same pending state).
+  bool shares_storage(const Tensor& other) const noexcept;
+
+  // ---- Views: share storage, never wait, never copy. Invalid arguments throw InvalidArgument.
+  // `shape` may hold one -1, inferred from numel(). Needs strides compatible with the new shape
+  // (always true for contiguous tensors).
+  Tensor view(Shape shape) const;
+  Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  Tensor select(std::int64_t dim, std::int64_t index) const;  // removes `dim`
+  Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
+  Tensor permute(const std::vector<std::int64_t>& dims) const;
+  // `n` pieces of ceil(size/n) along `dim`; the last may be smaller, and fewer than `n` pieces
+  // result when size < n (torch.chunk).
+  std::vector<Tensor> chunk(std::int64_t n, std::int64_t dim = 0) const;
+  // Pieces of the given sizes along `dim`; the sizes must sum to size(dim).
+  std::vector<Tensor> split(const std::vector<std::int64_t>& sizes, std::int64_t dim = 0) const;
+  Tensor flatten() const;  // a 1-D view; throws InvalidArgument when strides do not allow one
+  Tensor unsqueeze(std::int64_t dim) const;
+
+  // ---- Data access: each waits first when a collective is pending on this storage (blocking
+  // the host for CPU tensors), and rethrows that collective's error if it failed. Host data
+  // access on meta or CUDA tensors throws InvalidArgument.
+  //
+  // T must be the C++ type of dtype() (see DTypeOf); a mismatch throws InvalidArgument.
+  template <class T>
+  std::vector<T> to_vector() const;
+  template <class T>
+  T item() const;  // numel() must be 1
+  // Pointer to the first element (storage offset applied). Waits.
+  template <class T>
+  T* data_ptr() const;
+
+  // Itself when contiguous (after waiting), else a contiguous copy.
+  Tensor contiguous() const;
+  // A contiguous copy with its own storage.
+  Tensor clone() const;
+  // A copy converted to `dtype` (same conversions as full()).
+  Tensor to(DType dtype) const;
+  // Copies `src` into this tensor's elements (shapes must be equal; dtypes may differ and are
+  // converted as by to()). Waits on both. Returns *this.
+  Tensor& copy_(const Tensor& src);
+  // Same shape, same dtype, equal values (floating: NaN != NaN, -0 == +0, as torch.equal).
+  bool equal(const Tensor& other) const;
+  // Same shape, same dtype, identical element bytes (NaN payloads included).
+  bool bitwise_equal(const Tensor& other) const;
+
+  // The escape hatch: raw pointer to the first element, WITHOUT waiting. Reading it while
+  // is_pending() is a race that the simulator makes visible (poisoned outputs).
+  void* unsafe_data_ptr() const noexcept;
+
+  // True from the issue of a collective writing this storage until that work is waited through
+  // any route (wait_tensor, wait_tensors, a data access, an in-place op) or the storage dropped.
+  bool is_pending() const noexcept;
+
+  // "Tensor(shape=[2, 3], dtype=Float32, device=cpu, values=[...])"; waits to print values.
+  std::string to_string(std::int64_t max_values = 16) const;
+
+ private:
+  friend struct detail::TensorAccess;
+
+  Tensor(std::shared_ptr<detail::Storage> storage, Shape sizes, Shape strides, std::int64_t offset,
+         DType dtype, Device device);
+
+  static Tensor from_host_bytes(const void* data, std::size_t count, DType dtype, Shape shape);
+  void copy_to_host_bytes(void* out, DType expected) const;  // waits; contiguous element copy
+  void check_element_type(DType expected, const char* what) const;
+  void check_single_element(const char* what) const;
+  void* checked_data_for_host(const char* what) const;  // waits, checks device
+
+  std::shared_ptr<detail::Storage> storage_;
+  Shape sizes_;
+  Shape strides_;
+  std::int64_t offset_ = 0;
+  DType dtype_ = DType::Float32;
+  Device device_ = Device::cpu();
+  bool defined_ = false;
+};
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
+
+// ---- Template definitions.
+
+template <class T>
+Tensor Tensor::from_vector(const std::vector<T>& values, Shape shape) {
+  constexpr DType kDType = dtype_of<T>;
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<std::uint8_t> bytes(values.begin(), values.end());
+    return from_host_bytes(bytes.data(), bytes.size(), kDType, std::move(shape));
+  } else {
+    return from_host_bytes(values.data(), values.size(), kDType, std::move(shape));
+  }
+}
+
+template <class T>
+Tensor Tensor::from_vector(const std::vector<T>& values) {
+  return from_vector(values, Shape{static_cast<std::int64_t>(values.size())});
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  constexpr DType kDType = dtype_of<T>;
+  const auto count = static_cast<std::size_t>(numel());
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<std::uint8_t> bytes(count);
+    copy_to_host_bytes(bytes.data(), kDType);
+    return std::vector<bool>(bytes.begin(), bytes.end());
+  } else {
+    std::vector<T> out(count);
+    copy_to_host_bytes(out.data(), kDType);
+    return out;
+  }
+}
+
+template <class T>
+T Tensor::item() const {
+  constexpr DType kDType = dtype_of<T>;
+  check_element_type(kDType, "Tensor::item");
+  check_single_element("Tensor::item");
+  std::vector<T> values = to_vector<T>();
+  return values.front();
+}
+
+template <class T>
+T* Tensor::data_ptr() const {
+  check_element_type(dtype_of<T>, "Tensor::data_ptr");
+  return static_cast<T*>(checked_data_for_host("Tensor::data_ptr"));
+}
+
+}  // namespace chorus

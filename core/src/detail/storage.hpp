@@ -1,0 +1,93 @@
+#pragma once
+
+// Note [Pending storage]
+// A collective's output storage is *pending* from issue until its work is waited. The Storage
+// holds a small atomic state word: the number of pending works registered under it, plus a
+// "failed" bit. Every host data access of a Tensor goes through one choke point,
+// Storage::wait_ready(): when the state word is 0 (the common case) it costs one acquire load;
+// otherwise it asks the rank's WorkRegistry to wait for the works of this storage (see
+// Note [Work lifecycle] in work_registry.hpp), then rethrows the failure if a work failed.
+// Views share the Storage, so they see the same state without ever waiting on creation.
+//
+// Memory is owned by a shared_ptr<void> whose deleter frees (or returns to a pool) the block. A
+// transport holds a copy of it (Buffer::keep_alive) until its operation completes, so memory a
+// collective still writes is never freed under it, even when every Tensor is gone.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+
+#include "chorus/device.hpp"
+
+namespace chorus::detail {
+
+class WorkRegistry;
+
+class Storage {
+ public:
+  // `memory` owns `nbytes` bytes at memory.get() (null when nbytes == 0) on `device`.
+  Storage(std::shared_ptr<void> memory, std::size_t nbytes, Device device);
+  // Dropping a pending storage completes its works first (Note [Work lifecycle]). Never throws.
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  // Unique for the life of the process (a generation from a global counter): never reused, so
+  // an entry keyed by it cannot be confused with a later storage at a recycled address.
+  std::uint64_t id() const noexcept { return id_; }
+  void* data() const noexcept { return memory_.get(); }
+  std::size_t nbytes() const noexcept { return nbytes_; }
+  Device device() const noexcept { return device_; }
+  const std::shared_ptr<void>& memory() const noexcept { return memory_; }
+
+  // The choke point. Waits for pending works and rethrows a failed work's error.
+  void wait_ready() const {
+    if (state_.load(std::memory_order_acquire) != 0) [[unlikely]] {
+      wait_ready_slow();
+    }
+  }
+  bool is_pending() const noexcept {
+    return (state_.load(std::memory_order_acquire) & kPendingMask) != 0;
+  }
+  bool has_failed() const noexcept {
+    return (state_.load(std::memory_order_acquire) & kFailedBit) != 0;
+  }
+
+  // The registry this storage's works are registered with; null if never registered or gone.
+  std::shared_ptr<WorkRegistry> registry() const noexcept { return registry_.lock(); }
+
+  // ---- For WorkRegistry, under its lock.
+  // A storage is registered with at most one registry in its life (outputs are fresh storages
+  // made by the collective that registers them).
+  void attach_registry(const std::shared_ptr<WorkRegistry>& registry);
+  void add_pending() noexcept;
+  void remove_pending() noexcept;
+  // Marks the storage failed; data access rethrows `error` from then on.
+  void set_failure(std::exception_ptr error) noexcept;
+
+ private:
+  static constexpr std::uint32_t kFailedBit = 0x8000'0000u;
+  static constexpr std::uint32_t kPendingMask = 0x7fff'ffffu;
+
+  void wait_ready_slow() const;
+
+  std::uint64_t id_;
+  std::shared_ptr<void> memory_;
+  std::size_t nbytes_;
+  Device device_;
+  std::atomic<std::uint32_t> state_{0};
+  std::weak_ptr<WorkRegistry> registry_;  // set once, before the storage is shared
+  std::exception_ptr failure_;            // written before kFailedBit is published
+};
+
+// Host memory of `nbytes`, 64-byte aligned, from the calling rank's pool (plain heap memory
+// outside a rank). Never null for nbytes > 0.
+std::shared_ptr<void> allocate_host(std::size_t nbytes);
+
+// A storage of `nbytes` uninitialised host bytes.
+std::shared_ptr<Storage> make_host_storage(std::size_t nbytes);
+
+}  // namespace chorus::detail

@@ -1,0 +1,49 @@
+#pragma once
+
+// Core-internal access to a Tensor's representation, for the collectives and the registry.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "chorus/tensor.hpp"
+#include "detail/storage.hpp"
+
+namespace chorus::detail {
+
+struct TensorAccess {
+  static const std::shared_ptr<Storage>& storage(const Tensor& tensor) noexcept {
+    return tensor.storage_;
+  }
+  static Tensor make(std::shared_ptr<Storage> storage, Shape sizes, Shape strides,
+                     std::int64_t offset, DType dtype, Device device) {
+    return Tensor(std::move(storage), std::move(sizes), std::move(strides), offset, dtype, device);
+  }
+};
+
+enum class DeviceAccess : std::uint8_t {
+  Host,           // the caller reads or writes the bytes on the host: CPU tensors only
+  OrderedByWait,  // the caller only needs the bytes ready for the tensor's device (CUDA too)
+};
+
+// THE choke point (Note [Pending storage]): pointer to the first element of `tensor` (null when
+// it has no bytes), after waiting for every collective pending on its storage and rethrowing a
+// failed one's error. Throws InvalidArgument naming `op` for undefined and meta tensors, and for
+// CUDA tensors under DeviceAccess::Host. Every data access of a Tensor goes through here.
+std::byte* access_data(const Tensor& tensor, const char* op, DeviceAccess access);
+
+// Row-major strides of `sizes` (in elements).
+Shape contiguous_strides(const Shape& sizes);
+
+// Product of `sizes` (1 for a 0-d shape).
+std::int64_t shape_numel(const Shape& sizes);
+
+// `dim` normalised to [0, ndim) (negative counts from the end). For an op that inserts a
+// dimension, pass ndim + 1. Throws InvalidArgument naming `op` when out of range.
+std::int64_t normalize_dim(std::int64_t dim, std::int64_t ndim, const char* op);
+
+// "[2, 3]".
+std::string shape_to_string(const Shape& sizes);
+
+}  // namespace chorus::detail

@@ -1,0 +1,138 @@
+#pragma once
+
+// Note [Work lifecycle]
+// The work registry is the seed's data_ptr -> Work map, done right. One per rank.
+//
+// 1. Issue. A collective starts a transport Work and registers one PendingWork under each output
+//    storage (one storage for a single op, k for a coalesced op: still one PendingWork). Each
+//    registration raises the storage's pending count (Note [Pending storage]).
+// 2. Wait. wait_tensor, wait_tensors and every data access reach wait_storage/wait_storages: the
+//    transport Work is waited outside the registry lock, its completion fixup runs once, then
+//    the work is *retired*: it leaves the registry and every storage it sits under. Retiring is
+//    idempotent, so concurrent waiters from several threads are safe and the first one wins.
+// 3. Drop. When the last Tensor of a pending storage dies, Storage::~Storage calls
+//    on_storage_dropped: the storage's entries leave; a work left with no storage is completed
+//    right there (the seed's finalizer policy: never leave a collective dangling) and recorded as
+//    unwaited with its call site. A failure while completing is recorded (report + deferred
+//    error raised at the rank's next chorus call or when the rank ends), never thrown from the
+//    destructor; every wait has a deadline, so the destructor cannot block forever.
+// 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
+//    exit, so work_registry_size() is 0 after every rank.
+//
+// Entries are keyed by Storage::id(), a generation that is never reused, never by address: a
+// new storage at a recycled address cannot match a stale entry, and a late cleanup of an old
+// entry cannot remove a newer one. A storage may hold several pending works, and one work may
+// sit under several storages, without duplicates.
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "chorus/call_site.hpp"
+#include "chorus/runtime.hpp"
+#include "chorus/transport/transport.hpp"
+
+namespace chorus::detail {
+
+class Storage;
+
+// What the report and error messages say about a work.
+struct WorkInfo {
+  int rank = -1;
+  std::string op;
+  std::int64_t seq = -1;
+  std::string group;
+  CallSite site;
+};
+
+// One issued collective as core sees it: the transport Work plus what must happen when it
+// completes. Thread-safe.
+class PendingWork {
+ public:
+  // `fixup` runs once, after the transport work completed successfully, before any waiter
+  // returns (e.g. all_gather's rearrangement for gather_dim != 0). It must not wait on any
+  // storage. `timeout` bounds each wait on `transport`'s clock.
+  PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info, std::function<void()> fixup,
+              std::shared_ptr<transport::Transport> transport, transport::Duration timeout);
+
+  // Waits for the transport work and runs the fixup once. Rethrows the work's error (every
+  // call, for every caller). Idempotent.
+  void complete();
+
+  std::uint64_t id() const noexcept { return id_; }
+  const WorkInfo& info() const noexcept { return info_; }
+  const transport::Work& work() const noexcept { return *work_; }
+
+ private:
+  std::uint64_t id_;
+  std::shared_ptr<transport::Work> work_;
+  WorkInfo info_;
+  std::function<void()> fixup_;
+  std::once_flag fixup_once_;
+  std::shared_ptr<transport::Transport> transport_;
+  transport::Duration timeout_;
+};
+
+class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
+ public:
+  WorkRegistry() = default;
+  WorkRegistry(const WorkRegistry&) = delete;
+  WorkRegistry& operator=(const WorkRegistry&) = delete;
+
+  // Registers `work` under each of `storages` (distinct, alive, not yet attached to another
+  // registry).
+  void add(const std::shared_ptr<PendingWork>& work, const std::vector<Storage*>& storages);
+
+  // Waits every work pending on `storage`, retires them, and rethrows the first failure after
+  // all were waited.
+  void wait_storage(const Storage& storage);
+  // Waits every distinct work pending on any of `storages` once, then as wait_storage.
+  void wait_storages(const std::vector<const Storage*>& storages);
+
+  // Removes `work` from the registry and every storage it sits under, marking those storages
+  // failed when `error` is set. A no-op when `work` is not registered (any more): a late
+  // cleanup of an old work cannot touch newer entries.
+  void retire(const PendingWork& work, const std::exception_ptr& error);
+
+  // Called by ~Storage (Note [Work lifecycle], step 3). Never throws.
+  void on_storage_dropped(const Storage& storage) noexcept;
+
+  // Completes every remaining work, recording each as unwaited at exit (step 4). Never throws.
+  void complete_all_at_exit() noexcept;
+
+  // Distinct pending works. Exact at every point.
+  std::size_t size() const;
+
+  // Unwaited works recorded so far (drops and exits).
+  std::vector<UnwaitedWork> unwaited() const;
+  // The first error recorded while completing a dropped work that has not been raised yet;
+  // null if none. Each error is handed out once.
+  std::exception_ptr take_deferred_error();
+
+ private:
+  struct Entry {
+    std::shared_ptr<PendingWork> work;
+    std::vector<const Storage*> storages;  // valid while listed: ~Storage removes itself first
+  };
+
+  std::vector<std::shared_ptr<PendingWork>> works_of(const Storage& storage) const;
+  // Completes `works`, then retires each; returns the first error.
+  std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
+  void retire_locked(const PendingWork& work, const std::exception_ptr& error);
+  void complete_unwaited(const std::shared_ptr<PendingWork>& work, bool at_exit) noexcept;
+
+  mutable std::mutex mutex_;
+  std::unordered_map<std::uint64_t, Entry> works_;  // by work id
+  std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>
+      by_storage_;  // storage id -> work ids
+  std::vector<UnwaitedWork> unwaited_;
+  std::vector<std::exception_ptr> deferred_errors_;
+};
+
+}  // namespace chorus::detail

@@ -1,0 +1,303 @@
+#include "chorus/group.hpp"
+
+#include <algorithm>
+#include <ostream>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include "chorus/error.hpp"
+#include "chorus/runtime.hpp"
+#include "detail/errors.hpp"
+#include "detail/group_internal.hpp"
+#include "detail/tensor_access.hpp"
+
+namespace chorus {
+namespace detail {
+namespace {
+
+RankContext& require_rank(std::string_view op) {
+  RankContext* context = RankContext::current();
+  if (context == nullptr) {
+    throw_invalid(op,
+                  "called outside a rank: call it from the rank function given to "
+                  "chorus::run or chorus::sim::run");
+  }
+  return *context;
+}
+
+[[noreturn]] void throw_group_error(std::string_view op, const std::string& group,
+                                    std::string detail) {
+  throw InvalidArgument(make_context(op, -1, group), std::move(detail));
+}
+
+// Checks a flat list of ranks: non-empty, no duplicates, no negative ranks, and below the world
+// size when called inside a rank. `what` names the list in messages; `group` is the group as the
+// caller spelled it, for the error's context.
+void check_rank_list(const std::vector<int>& ranks, std::string_view op, const std::string& what,
+                     const std::string& group = {}) {
+  if (ranks.empty()) {
+    throw_group_error(op, group, what + " is empty: a group needs at least one rank");
+  }
+  const RankContext* context = RankContext::current();
+  std::unordered_set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || (context != nullptr && r >= context->world_size())) {
+      std::string range = context != nullptr ? "[0, " + std::to_string(context->world_size()) + ")"
+                                             : "non-negative";
+      throw_group_error(op, group,
+                        what + " " + ranks_to_string(ranks) + " holds rank " + std::to_string(r) +
+                            ", out of range " + range);
+    }
+    if (!seen.insert(r).second) {
+      throw_group_error(op, group,
+                        what + " " + ranks_to_string(ranks) + " holds rank " + std::to_string(r) +
+                            " more than once");
+    }
+  }
+}
+
+// The group as the caller spelled it, for errors raised before it could be expanded.
+std::string describe(const GroupSpec& group) {
+  const GroupSpec::Value& value = group.value();
+  if (const auto* ranks = std::get_if<std::vector<int>>(&value)) {
+    return ranks_to_string(*ranks);
+  }
+  if (const auto* lists = std::get_if<std::vector<std::vector<int>>>(&value)) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < lists->size(); ++i) {
+      out += (i > 0 ? ", " : "") + ranks_to_string((*lists)[i]);
+    }
+    return out + "]";
+  }
+  if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
+    return group_label(process_group->tag(), process_group->ranks());
+  }
+  if (const auto* mesh = std::get_if<DeviceMesh>(&value)) {
+    return "mesh " + shape_to_string(mesh->shape()) + " of " + ranks_to_string(mesh->ranks());
+  }
+  const auto& mesh_dim = std::get<MeshDim>(value);
+  return "dim " + std::to_string(mesh_dim.dim) + " of mesh " +
+         shape_to_string(mesh_dim.mesh.shape()) + " of " + ranks_to_string(mesh_dim.mesh.ranks());
+}
+
+std::string_view pick_tag(std::string_view call_tag, const std::string& own_tag) {
+  return call_tag.empty() ? std::string_view(own_tag) : call_tag;
+}
+
+}  // namespace
+
+std::string ranks_to_string(const std::vector<int>& ranks) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) {
+      out += ", ";
+    }
+    out += std::to_string(ranks[i]);
+  }
+  out += "]";
+  return out;
+}
+
+std::string group_label(const std::string& tag, const std::vector<int>& members) {
+  if (tag.empty()) {
+    return ranks_to_string(members);
+  }
+  return "'" + tag + "' " + ranks_to_string(members);
+}
+
+ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std::string_view op) {
+  ExpandedGroup out;
+  const GroupSpec::Value& value = group.value();
+  const std::string spelled = describe(group);
+  const auto fail = [&](std::string detail) { throw_group_error(op, spelled, std::move(detail)); };
+  if (const auto* ranks = std::get_if<std::vector<int>>(&value)) {
+    check_rank_list(*ranks, op, "group", spelled);
+    out.tag = std::string(tag);
+    out.ranks = *ranks;
+    out.group_size = static_cast<int>(ranks->size());
+  } else if (const auto* lists = std::get_if<std::vector<std::vector<int>>>(&value)) {
+    if (lists->empty()) {
+      fail("group is an empty list of rank lists");
+    }
+    int group_size = -1;
+    for (const std::vector<int>& list : *lists) {
+      if (group_size != -1 && group_size != static_cast<int>(list.size())) {
+        fail("group sizes must be identical found " + std::to_string(group_size) + " and " +
+             std::to_string(list.size()));
+      }
+      group_size = static_cast<int>(list.size());
+      out.ranks.insert(out.ranks.end(), list.begin(), list.end());
+    }
+    check_rank_list(out.ranks, op, "group (flattened)", spelled);
+    out.tag = std::string(tag);
+    out.group_size = group_size;
+  } else if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
+    check_rank_list(process_group->ranks(), op, "process group", spelled);
+    out.tag = std::string(pick_tag(tag, process_group->tag()));
+    out.ranks = process_group->ranks();
+    out.group_size = process_group->size();
+  } else if (const auto* mesh = std::get_if<DeviceMesh>(&value)) {
+    if (mesh->ndim() != 1) {
+      fail(
+          "Only 1D mesh is supported, pass in MeshDim{mesh, dim} together if mesh > 1D (mesh "
+          "shape " +
+          shape_to_string(mesh->shape()) + ")");
+    }
+    check_rank_list(mesh->ranks(), op, "mesh", spelled);
+    out.tag = std::string(tag);
+    out.ranks = mesh->ranks();
+    out.group_size = static_cast<int>(mesh->ranks().size());
+  } else {
+    const auto& mesh_dim = std::get<MeshDim>(value);
+    check_rank_list(mesh_dim.mesh.ranks(), op, "mesh", spelled);
+    const int caller = require_rank(op).rank();
+    if (!mesh_dim.mesh.contains(caller)) {
+      fail("rank " + std::to_string(caller) + " is not in the mesh " +
+           ranks_to_string(mesh_dim.mesh.ranks()));
+    }
+    out.tag = std::string(tag);
+    out.ranks = mesh_dim.mesh.dim_ranks(mesh_dim.dim, caller);
+    out.group_size = static_cast<int>(out.ranks.size());
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// ---- ProcessGroup
+
+ProcessGroup::ProcessGroup(std::vector<int> ranks, std::string tag)
+    : ranks_(std::move(ranks)), tag_(std::move(tag)) {}
+
+bool ProcessGroup::contains(int rank) const noexcept { return group_rank(rank) >= 0; }
+
+int ProcessGroup::group_rank(int rank) const noexcept {
+  auto it = std::find(ranks_.begin(), ranks_.end(), rank);
+  return it == ranks_.end() ? -1 : static_cast<int>(it - ranks_.begin());
+}
+
+ProcessGroup world() {
+  const int size = detail::require_rank("world").world_size();
+  std::vector<int> ranks(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    ranks[static_cast<std::size_t>(r)] = r;
+  }
+  return ProcessGroup(std::move(ranks), "");
+}
+
+ProcessGroup new_group(std::vector<int> ranks, std::string tag) {
+  detail::require_rank("new_group");
+  detail::check_rank_list(ranks, "new_group", "ranks");
+  return ProcessGroup(std::move(ranks), std::move(tag));
+}
+
+// ---- DeviceMesh
+
+DeviceMesh::DeviceMesh(Shape mesh_shape, std::vector<int> ranks)
+    : shape_(std::move(mesh_shape)), ranks_(std::move(ranks)) {
+  if (shape_.empty()) {
+    detail::throw_invalid("DeviceMesh", "mesh shape is empty: a mesh needs at least one dim");
+  }
+  std::int64_t count = 1;
+  for (std::int64_t size : shape_) {
+    if (size <= 0) {
+      detail::throw_invalid("DeviceMesh", "mesh shape " + detail::shape_to_string(shape_) +
+                                              " has a non-positive size");
+    }
+    count *= size;
+  }
+  if (count != static_cast<std::int64_t>(ranks_.size())) {
+    detail::throw_invalid("DeviceMesh", "mesh shape " + detail::shape_to_string(shape_) +
+                                            " holds " + std::to_string(count) + " ranks but " +
+                                            std::to_string(ranks_.size()) + " were given");
+  }
+  std::unordered_set<int> seen;
+  for (int r : ranks_) {
+    if (r < 0 || !seen.insert(r).second) {
+      detail::throw_invalid("DeviceMesh", "mesh ranks " + detail::ranks_to_string(ranks_) +
+                                              " hold a negative or repeated rank " +
+                                              std::to_string(r));
+    }
+  }
+}
+
+std::int64_t DeviceMesh::size(std::int64_t dim) const {
+  return shape_[static_cast<std::size_t>(detail::normalize_dim(dim, ndim(), "DeviceMesh::size"))];
+}
+
+bool DeviceMesh::contains(int rank) const noexcept {
+  return std::find(ranks_.begin(), ranks_.end(), rank) != ranks_.end();
+}
+
+std::vector<int> DeviceMesh::dim_ranks(std::int64_t dim, int rank) const {
+  const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, ndim(), "MeshDim"));
+  auto it = std::find(ranks_.begin(), ranks_.end(), rank);
+  if (it == ranks_.end()) {
+    detail::throw_invalid("MeshDim", "rank " + std::to_string(rank) + " is not in the mesh " +
+                                         detail::ranks_to_string(ranks_));
+  }
+  // Row-major: the stride of dim d is the product of the sizes after it.
+  std::int64_t stride = 1;
+  for (std::size_t i = d + 1; i < shape_.size(); ++i) {
+    stride *= shape_[i];
+  }
+  const std::int64_t position = it - ranks_.begin();
+  const std::int64_t coordinate = (position / stride) % shape_[d];
+  const std::int64_t base = position - coordinate * stride;
+  std::vector<int> slice;
+  slice.reserve(static_cast<std::size_t>(shape_[d]));
+  for (std::int64_t i = 0; i < shape_[d]; ++i) {
+    slice.push_back(ranks_[static_cast<std::size_t>(base + i * stride)]);
+  }
+  return slice;
+}
+
+// ---- GroupSpec
+
+GroupSpec::GroupSpec(std::vector<int> ranks) : value_(std::move(ranks)) {}
+GroupSpec::GroupSpec(std::initializer_list<int> ranks) : value_(std::vector<int>(ranks)) {}
+GroupSpec::GroupSpec(std::vector<std::vector<int>> rank_lists) : value_(std::move(rank_lists)) {}
+GroupSpec::GroupSpec(std::initializer_list<std::initializer_list<int>> rank_lists)
+    : value_(std::vector<std::vector<int>>(rank_lists.begin(), rank_lists.end())) {}
+GroupSpec::GroupSpec(ProcessGroup group) : value_(std::move(group)) {}
+GroupSpec::GroupSpec(DeviceMesh mesh) : value_(std::move(mesh)) {}
+GroupSpec::GroupSpec(MeshDim mesh_dim) : value_(std::move(mesh_dim)) {}
+
+// ---- ExpandedGroup
+
+std::vector<int> ExpandedGroup::members_of(int rank) const {
+  if (group_size <= 0) {
+    return {};
+  }
+  const auto size = static_cast<std::size_t>(group_size);
+  for (std::size_t start = 0; start + size <= ranks.size(); start += size) {
+    auto first = ranks.begin() + static_cast<std::ptrdiff_t>(start);
+    auto last = first + static_cast<std::ptrdiff_t>(size);
+    if (std::find(first, last, rank) != last) {
+      return std::vector<int>(first, last);
+    }
+  }
+  return {};
+}
+
+std::string ExpandedGroup::to_string() const {
+  std::string out = detail::group_label(tag, ranks);
+  if (group_size != static_cast<int>(ranks.size())) {
+    out += " in sub-groups of " + std::to_string(group_size);
+  }
+  return out;
+}
+
+std::ostream& operator<<(std::ostream& out, const ExpandedGroup& group) {
+  return out << group.to_string();
+}
+
+ExpandedGroup expand_group(const GroupSpec& group, std::string_view tag) {
+  return detail::expand_group_for(group, tag, "expand_group");
+}
+
+int rank() { return detail::require_rank("rank").rank(); }
+int world_size() { return detail::require_rank("world_size").world_size(); }
+
+}  // namespace chorus

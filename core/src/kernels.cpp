@@ -1,0 +1,679 @@
+#include "chorus/kernels.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "chorus/check.hpp"
+
+// See Note [Reduction order] in chorus/kernels.hpp for the contract. How it is met here:
+//
+// - reduce() works through the buffers one block of kBlockElements at a time. Each block is
+//   folded into an accumulator array of the accumulation type, source after source in `srcs`
+//   order, and then finished (avg divides, 16-bit floats round) and stored. The inner loops run
+//   over elements, with no branch on dtype or op inside, so the compiler vectorizes them; the
+//   per-element fold order is still exactly srcs[0], srcs[1], ..., and every element of a block
+//   is read from every source before it is written, which is what makes an exact alias between
+//   dst and a source safe.
+// - The 16-bit float conversions are branch-free copies of chorus/half.cpp's reference ones, so
+//   that they vectorize too; kernels_test proves the two agree bit for bit on every half and
+//   bfloat16 pattern and on a sweep of float patterns.
+
+namespace chorus::kernels {
+namespace {
+
+using Kind = ReduceOp::Kind;
+
+// Elements per block: 4 KiB of float accumulator (16 KiB for Complex128), well inside L1.
+constexpr std::size_t kBlockElements = 1024;
+
+// ---------------------------------------------------------------------------------------------
+// Branch-free 16-bit float conversions (same results as chorus/half.cpp).
+
+// `condition ? if_true : if_false` as mask arithmetic: GCC turns the ternary form of these
+// conversions into branches, which stops the element loops from vectorizing.
+inline std::uint32_t select_bits(bool condition, std::uint32_t if_true,
+                                 std::uint32_t if_false) noexcept {
+  const std::uint32_t mask = 0u - static_cast<std::uint32_t>(condition);
+  return (if_true & mask) | (if_false & ~mask);
+}
+
+inline float half_to_float_fast(std::uint16_t half) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(half & 0x8000u) << 16;
+  // Exponent and mantissa moved to their float positions.
+  const std::uint32_t shifted = static_cast<std::uint32_t>(half & 0x7FFFu) << 13;
+  const std::uint32_t exponent = shifted & 0x0F80'0000u;
+  const std::uint32_t normal = shifted + (112u << 23);  // Rebias 15 -> 127.
+  const std::uint32_t quiet = select_bits((shifted & 0x007F'E000u) != 0, 0x0040'0000u, 0u);
+  const std::uint32_t special = shifted | 0x7F80'0000u | quiet;  // Inf, or NaN made quiet.
+  // Subnormal m * 2^-24: read m as the mantissa of 2^-14 * (1 + m/1024), subtract 2^-14 (exact).
+  const float subnormal_value = std::bit_cast<float>(shifted + (113u << 23)) - 0x1p-14f;
+  const auto subnormal = std::bit_cast<std::uint32_t>(subnormal_value);
+  std::uint32_t magnitude = select_bits(exponent == 0, subnormal, normal);
+  magnitude = select_bits(exponent == 0x0F80'0000u, special, magnitude);
+  return std::bit_cast<float>(sign | magnitude);
+}
+
+inline std::uint16_t float_to_half_fast(float value) noexcept {
+  const auto bits = std::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u;
+  const std::uint32_t magnitude = bits & 0x7FFF'FFFFu;
+  // Normal: rebias, then round the 13 dropped bits to nearest even.
+  const std::uint32_t rebiased = magnitude - (112u << 23);
+  const std::uint32_t normal = (rebiased + 0x0FFFu + ((rebiased >> 13) & 1u)) >> 13;
+  // Subnormal: adding 0.5 makes the float's ulp 2^-24, so the FPU's own round-to-nearest-even
+  // does the rounding; the low bits are then the half mantissa (0x400 when it rounds up to the
+  // smallest normal, which is the right encoding).
+  const float aligned = std::bit_cast<float>(magnitude) + 0.5f;
+  const auto subnormal = std::bit_cast<std::uint32_t>(aligned) - 0x3F00'0000u;
+  const std::uint32_t nan = 0x7E00u | ((magnitude >> 13) & 0x03FFu);
+  std::uint32_t result = select_bits(magnitude < 0x3880'0000u, subnormal, normal);
+  result = select_bits(magnitude >= 0x477F'F000u, 0x7C00u, result);  // Overflow (>= 65520), inf.
+  result = select_bits(magnitude > 0x7F80'0000u, nan, result);
+  return static_cast<std::uint16_t>(sign | result);
+}
+
+inline float bfloat16_to_float_fast(std::uint16_t bfloat16) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bfloat16) << 16);
+}
+
+inline std::uint16_t float_to_bfloat16_fast(float value) noexcept {
+  const auto bits = std::bit_cast<std::uint32_t>(value);
+  // Unsigned wrap-around for NaN inputs is harmless: that result is not selected.
+  const std::uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (bits >> 16) | 0x0040u;
+  return static_cast<std::uint16_t>(
+      select_bits((bits & 0x7FFF'FFFFu) > 0x7F80'0000u, nan, rounded));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element tags: storage type in memory, accumulation type, and per-dtype element operations.
+
+// min/max on floating accumulators: a NaN on either side wins (the left one if both are NaN);
+// on ties, -0/+0 included, the left operand is kept.
+template <class F>
+inline F min_propagating_nan(F left, F right) noexcept {
+  const bool take_right = right < left || (right != right && left == left);
+  return take_right ? right : left;
+}
+template <class F>
+inline F max_propagating_nan(F left, F right) noexcept {
+  const bool take_right = right > left || (right != right && left == left);
+  return take_right ? right : left;
+}
+
+// Bool is stored one byte per value. Loading normalizes any nonzero byte to 1, so every result
+// is 0 or 1 even for inputs that were not.
+struct BoolTag {
+  using Storage = std::uint8_t;
+  using Acc = std::uint8_t;
+  static constexpr DType kDType = DType::Bool;
+  static Acc load(Storage value) noexcept { return static_cast<Acc>(value != 0); }
+  static Storage store(Acc value) noexcept { return value; }
+  static Acc min(Acc left, Acc right) noexcept { return static_cast<Acc>(left & right); }
+  static Acc max(Acc left, Acc right) noexcept { return static_cast<Acc>(left | right); }
+};
+
+// Integers accumulate in the unsigned type of the same width, so sums and products wrap modulo
+// 2^bits with no undefined behaviour; converting back to the signed type is modular (C++20).
+// 8-bit operands promote to int, whose range holds any 8-bit sum or product, and the result is
+// cast straight back.
+template <class S, DType kD>
+struct IntTag {
+  using Storage = S;
+  using Acc = std::make_unsigned_t<S>;
+  static constexpr DType kDType = kD;
+  static_assert(sizeof(Acc) == 1 || sizeof(Acc) >= sizeof(unsigned int),
+                "a 16-bit product would promote to int and could overflow");
+  static Acc load(Storage value) noexcept { return static_cast<Acc>(value); }
+  static Storage store(Acc value) noexcept { return static_cast<Storage>(value); }
+  static Acc min(Acc left, Acc right) noexcept {
+    return static_cast<S>(right) < static_cast<S>(left) ? right : left;
+  }
+  static Acc max(Acc left, Acc right) noexcept {
+    return static_cast<S>(right) > static_cast<S>(left) ? right : left;
+  }
+  // avg: the wrapped sum, read back as S, divided by n with C++ division (toward zero).
+  static Acc divide(Acc sum, std::size_t divisor) noexcept {
+    if constexpr (std::is_signed_v<S>) {
+      return static_cast<Acc>(static_cast<std::int64_t>(static_cast<S>(sum)) /
+                              static_cast<std::int64_t>(divisor));
+    } else {
+      return static_cast<Acc>(static_cast<std::uint64_t>(sum) / divisor);
+    }
+  }
+};
+
+// Float32 and Float64 accumulate in themselves.
+template <class F, DType kD>
+struct FloatTag {
+  using Storage = F;
+  using Acc = F;
+  using Real = F;
+  static constexpr DType kDType = kD;
+  static Acc load(Storage value) noexcept { return value; }
+  static Storage store(Acc value) noexcept { return value; }
+  static Acc min(Acc left, Acc right) noexcept { return min_propagating_nan(left, right); }
+  static Acc max(Acc left, Acc right) noexcept { return max_propagating_nan(left, right); }
+};
+
+// Float16 and BFloat16 accumulate in float and round to nearest even once, at the store.
+struct HalfTag {
+  using Storage = Half;
+  using Acc = float;
+  using Real = float;
+  static constexpr DType kDType = DType::Float16;
+  static Acc load(Storage value) noexcept { return half_to_float_fast(value.bits); }
+  static Storage store(Acc value) noexcept { return Half::from_bits(float_to_half_fast(value)); }
+  static Acc min(Acc left, Acc right) noexcept { return min_propagating_nan(left, right); }
+  static Acc max(Acc left, Acc right) noexcept { return max_propagating_nan(left, right); }
+};
+
+struct BFloat16Tag {
+  using Storage = BFloat16;
+  using Acc = float;
+  using Real = float;
+  static constexpr DType kDType = DType::BFloat16;
+  static Acc load(Storage value) noexcept { return bfloat16_to_float_fast(value.bits); }
+  static Storage store(Acc value) noexcept {
+    return BFloat16::from_bits(float_to_bfloat16_fast(value));
+  }
+  static Acc min(Acc left, Acc right) noexcept { return min_propagating_nan(left, right); }
+  static Acc max(Acc left, Acc right) noexcept { return max_propagating_nan(left, right); }
+};
+
+// Complex accumulates in std::complex of its component type; no min/max/product.
+template <class F, DType kD>
+struct ComplexTag {
+  using Storage = std::complex<F>;
+  using Acc = std::complex<F>;
+  using Real = F;
+  static constexpr DType kDType = kD;
+  static Acc load(Storage value) noexcept { return value; }
+  static Storage store(Acc value) noexcept { return value; }
+};
+
+using UInt8Tag = IntTag<std::uint8_t, DType::UInt8>;
+using Int8Tag = IntTag<std::int8_t, DType::Int8>;
+using Int32Tag = IntTag<std::int32_t, DType::Int32>;
+using Int64Tag = IntTag<std::int64_t, DType::Int64>;
+using Float32Tag = FloatTag<float, DType::Float32>;
+using Float64Tag = FloatTag<double, DType::Float64>;
+using Complex64Tag = ComplexTag<float, DType::Complex64>;
+using Complex128Tag = ComplexTag<double, DType::Complex128>;
+
+template <class Tag>
+inline constexpr bool kIsBoolTag = Tag::kDType == DType::Bool;
+template <class Tag>
+inline constexpr bool kIsIntegerTag = is_integer(Tag::kDType);
+template <class Tag>
+inline constexpr bool kIsFloatingTag = is_floating(Tag::kDType);
+template <class Tag>
+inline constexpr bool kIsComplexTag = is_complex(Tag::kDType);
+
+static_assert(sizeof(HalfTag::Storage) == 2 && sizeof(BFloat16Tag::Storage) == 2);
+static_assert(sizeof(Complex64Tag::Storage) == 8 && sizeof(Complex128Tag::Storage) == 16);
+
+// Calls fn(Tag{}) for the tag of `dtype`.
+template <class Fn>
+void dispatch(DType dtype, Fn&& fn) {
+  CHORUS_CHECK_LT(static_cast<int>(dtype), kNumDTypes);
+  switch (dtype) {
+    case DType::Bool:
+      return fn(BoolTag{});
+    case DType::UInt8:
+      return fn(UInt8Tag{});
+    case DType::Int8:
+      return fn(Int8Tag{});
+    case DType::Int32:
+      return fn(Int32Tag{});
+    case DType::Int64:
+      return fn(Int64Tag{});
+    case DType::Float16:
+      return fn(HalfTag{});
+    case DType::BFloat16:
+      return fn(BFloat16Tag{});
+    case DType::Float32:
+      return fn(Float32Tag{});
+    case DType::Float64:
+      return fn(Float64Tag{});
+    case DType::Complex64:
+      return fn(Complex64Tag{});
+    case DType::Complex128:
+      return fn(Complex128Tag{});
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reduce
+
+// The same rules as ReduceOp::check_dtype (kernels_test checks that they agree), kept here so
+// the hot path neither builds strings nor depends on anything but the kind.
+constexpr bool op_allowed(Kind kind, DType dtype) noexcept {
+  switch (kind) {
+    case Kind::Sum:
+    case Kind::Avg:
+      return dtype != DType::Bool;
+    case Kind::Product:
+      return dtype != DType::Bool && !is_complex(dtype);
+    case Kind::Min:
+    case Kind::Max:
+      return !is_complex(dtype);
+    case Kind::BAnd:
+    case Kind::BOr:
+    case Kind::BXor:
+      return is_integer(dtype) || dtype == DType::Bool;
+    case Kind::PremulSum:
+      return is_floating(dtype) || is_complex(dtype);
+    case Kind::Invalid:
+      return false;
+  }
+  return false;
+}
+
+// dst[i] = finish(prepare(s0[i]) (+) prepare(s1[i]) (+) ...), see the top of this file. The first
+// pass over a block folds two sources and the last pass folds the final one or two and stores,
+// so one or two sources never touch the accumulator at all, and more sources cost one extra pass
+// over an L1-resident block per pair.
+template <class Tag, class Combine, class Prepare, class Finish>
+void fold_blocks(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
+                 Combine combine, Prepare prepare, Finish finish) {
+  using Storage = typename Tag::Storage;
+  using Acc = typename Tag::Acc;
+  CHORUS_CHECK_GE(num_srcs, std::size_t{1});
+  auto* out = static_cast<Storage*>(dst);
+  const auto source = [srcs](std::size_t j, std::size_t base) {
+    return static_cast<const Storage*>(srcs[j]) + base;
+  };
+  const auto value = [&prepare](const Storage* src, std::size_t i) {
+    return prepare(Tag::load(src[i]));
+  };
+  // Each loop below reads element i of every source it touches before writing out[i], so an
+  // exact alias of out with a source is safe in them all.
+  if (num_srcs == 1) {
+    const Storage* only = source(0, 0);
+    for (std::size_t i = 0; i < count; ++i) {
+      out[i] = Tag::store(finish(value(only, i)));
+    }
+    return;
+  }
+  if (num_srcs == 2) {
+    const Storage* first = source(0, 0);
+    const Storage* second = source(1, 0);
+    for (std::size_t i = 0; i < count; ++i) {
+      out[i] = Tag::store(finish(combine(value(first, i), value(second, i))));
+    }
+    return;
+  }
+  Acc acc[kBlockElements];
+  for (std::size_t base = 0; base < count; base += kBlockElements) {
+    const std::size_t length = std::min(kBlockElements, count - base);
+    CHORUS_CHECK_LE(length, kBlockElements);
+    const Storage* first = source(0, base);
+    const Storage* second = source(1, base);
+    for (std::size_t i = 0; i < length; ++i) {
+      acc[i] = combine(value(first, i), value(second, i));
+    }
+    // Middle sources two at a time, leaving one or two for the storing pass.
+    std::size_t j = 2;
+    for (; num_srcs - j > 2; j += 2) {
+      const Storage* left = source(j, base);
+      const Storage* right = source(j + 1, base);
+      for (std::size_t i = 0; i < length; ++i) {
+        acc[i] = combine(combine(acc[i], value(left, i)), value(right, i));
+      }
+    }
+    Storage* block_out = out + base;
+    if (num_srcs - j == 2) {
+      const Storage* left = source(j, base);
+      const Storage* right = source(j + 1, base);
+      for (std::size_t i = 0; i < length; ++i) {
+        block_out[i] =
+            Tag::store(finish(combine(combine(acc[i], value(left, i)), value(right, i))));
+      }
+    } else {
+      CHORUS_CHECK_EQ(num_srcs - j, std::size_t{1});
+      const Storage* last = source(j, base);
+      for (std::size_t i = 0; i < length; ++i) {
+        block_out[i] = Tag::store(finish(combine(acc[i], value(last, i))));
+      }
+    }
+  }
+}
+
+template <class Tag>
+void reduce_typed(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
+                  const ReduceOp& reduce_op) {
+  using Acc = typename Tag::Acc;
+  const auto keep = [](Acc value) { return value; };
+  const auto add = [](Acc left, Acc right) { return static_cast<Acc>(left + right); };
+  const auto run = [&](auto combine, auto prepare, auto finish) {
+    fold_blocks<Tag>(dst, srcs, num_srcs, count, combine, prepare, finish);
+  };
+  constexpr bool kArithmetic = !kIsBoolTag<Tag>;
+  constexpr bool kOrdered = !kIsComplexTag<Tag>;
+  constexpr bool kBitwise = kIsBoolTag<Tag> || kIsIntegerTag<Tag>;
+  constexpr bool kScalable = kIsFloatingTag<Tag> || kIsComplexTag<Tag>;
+
+  switch (reduce_op.kind()) {
+    case Kind::Sum:
+      if constexpr (kArithmetic) {
+        return run(add, keep, keep);
+      }
+      break;
+    case Kind::Avg:
+      if constexpr (kIsIntegerTag<Tag>) {
+        return run(add, keep, [num_srcs](Acc sum) { return Tag::divide(sum, num_srcs); });
+      } else if constexpr (kScalable) {
+        const auto divisor = static_cast<typename Tag::Real>(num_srcs);
+        return run(add, keep, [divisor](Acc sum) { return static_cast<Acc>(sum / divisor); });
+      }
+      break;
+    case Kind::Product:
+      if constexpr (kArithmetic && kOrdered) {
+        return run([](Acc left, Acc right) { return static_cast<Acc>(left * right); }, keep, keep);
+      }
+      break;
+    case Kind::Min:
+      if constexpr (kOrdered) {
+        return run([](Acc left, Acc right) { return Tag::min(left, right); }, keep, keep);
+      }
+      break;
+    case Kind::Max:
+      if constexpr (kOrdered) {
+        return run([](Acc left, Acc right) { return Tag::max(left, right); }, keep, keep);
+      }
+      break;
+    case Kind::BAnd:
+      if constexpr (kBitwise) {
+        return run([](Acc left, Acc right) { return static_cast<Acc>(left & right); }, keep, keep);
+      }
+      break;
+    case Kind::BOr:
+      if constexpr (kBitwise) {
+        return run([](Acc left, Acc right) { return static_cast<Acc>(left | right); }, keep, keep);
+      }
+      break;
+    case Kind::BXor:
+      if constexpr (kBitwise) {
+        return run([](Acc left, Acc right) { return static_cast<Acc>(left ^ right); }, keep, keep);
+      }
+      break;
+    case Kind::PremulSum:
+      if constexpr (kScalable) {
+        // The factor is converted once to the accumulation scalar (float for Float16, BFloat16,
+        // Float32 and Complex64; double otherwise) and multiplies each input before the sum.
+        const auto factor = static_cast<typename Tag::Real>(reduce_op.premul_factor());
+        return run(
+            add, [factor](Acc value) { return static_cast<Acc>(factor * value); }, keep);
+      }
+      break;
+    case Kind::Invalid:
+      break;
+  }
+  // reduce() checked op_allowed(), which admits exactly the cases handled above.
+  detail::check_failed("reduce_typed handles every case op_allowed() admits", __FILE__, __LINE__,
+                       detail::format_check_values(reduce_op, Tag::kDType));
+}
+
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+  const auto a_begin = reinterpret_cast<std::uintptr_t>(a);
+  const auto b_begin = reinterpret_cast<std::uintptr_t>(b);
+  return a_begin < b_begin + b_bytes && b_begin < a_begin + a_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// convert
+
+// Rounds `value` to float with round-to-odd: exact when representable, otherwise the neighbour
+// whose last mantissa bit is 1. Rounding that result to a format with at least two fewer bits
+// (half: 11, bfloat16: 8, float: 24) to nearest even gives the correctly rounded answer, which a
+// plain double -> float -> half chain does not (it can round twice onto a tie).
+float double_to_float_round_to_odd(double value) noexcept {
+  const auto nearest = static_cast<float>(value);
+  if (!std::isfinite(nearest) || static_cast<double>(nearest) == value) {
+    return nearest;  // Exact, NaN, or past float's range (then past half's and bfloat16's too).
+  }
+  auto bits = std::bit_cast<std::uint32_t>(nearest);
+  if ((bits & 1u) == 0) {
+    // Step one ulp toward `value`, to the other (odd) neighbour; the sign bit is untouched.
+    const bool above = std::fabs(static_cast<double>(nearest)) > std::fabs(value);
+    bits = above ? bits - 1u : bits + 1u;
+  }
+  return std::bit_cast<float>(bits);
+}
+
+// The same for int64 -> float, done on the integer so no intermediate rounding happens.
+float int64_to_float_round_to_odd(std::int64_t value) noexcept {
+  const std::uint64_t magnitude = value < 0 ? std::uint64_t{0} - static_cast<std::uint64_t>(value)
+                                            : static_cast<std::uint64_t>(value);
+  constexpr int kFloatSignificandBits = std::numeric_limits<float>::digits;  // 24
+  if (magnitude < (std::uint64_t{1} << kFloatSignificandBits)) {
+    return static_cast<float>(value);  // Exact.
+  }
+  const int shift = (64 - std::countl_zero(magnitude)) - kFloatSignificandBits;
+  CHORUS_CHECK(shift > 0 && shift <= 64 - kFloatSignificandBits);
+  std::uint64_t significand = magnitude >> shift;
+  if ((magnitude & ((std::uint64_t{1} << shift) - 1u)) != 0) {
+    significand |= 1u;  // Inexact: the odd neighbour.
+  }
+  const float scaled = std::ldexp(static_cast<float>(significand), shift);  // Both exact.
+  return value < 0 ? -scaled : scaled;
+}
+
+// float -> integer: truncate toward zero; NaN and values whose truncation S cannot hold give 0.
+template <class S>
+S floating_to_integer(double value) noexcept {
+  constexpr int kDigits = std::numeric_limits<S>::digits;  // Value bits, sign excluded.
+  constexpr auto kUpper = static_cast<double>(std::uint64_t{1} << kDigits);  // Exclusive.
+  constexpr double kLower = std::is_signed_v<S> ? -kUpper : 0.0;             // Inclusive.
+  const double truncated = std::trunc(value);
+  if (!(truncated >= kLower && truncated < kUpper)) {
+    return 0;
+  }
+  return static_cast<S>(truncated);
+}
+
+// A source element read into one of four carriers: std::int64_t (Bool and integers, exact),
+// float (Float16, BFloat16, Float32; exact), double, or std::complex<F>.
+template <class Tag>
+auto read_element(typename Tag::Storage value) noexcept {
+  if constexpr (kIsBoolTag<Tag>) {
+    return static_cast<std::int64_t>(value != 0);
+  } else if constexpr (kIsIntegerTag<Tag>) {
+    return static_cast<std::int64_t>(value);
+  } else {
+    return Tag::load(value);  // float, double, or complex.
+  }
+}
+
+template <class T>
+struct IsComplex : std::false_type {};
+template <class F>
+struct IsComplex<std::complex<F>> : std::true_type {};
+
+// Writes a carrier value as an element of Tag.
+template <class Tag, class Carrier>
+typename Tag::Storage write_element(Carrier value) noexcept {
+  using Storage = typename Tag::Storage;
+  if constexpr (IsComplex<Carrier>::value) {
+    if constexpr (kIsBoolTag<Tag>) {
+      return static_cast<Storage>(value.real() != 0 || value.imag() != 0);
+    } else if constexpr (kIsComplexTag<Tag>) {
+      using F = typename Tag::Real;
+      return Storage(static_cast<F>(value.real()), static_cast<F>(value.imag()));
+    } else {
+      return write_element<Tag>(value.real());  // Complex -> real keeps the real part.
+    }
+  } else if constexpr (kIsBoolTag<Tag>) {
+    return static_cast<Storage>(value != 0);
+  } else if constexpr (kIsComplexTag<Tag>) {
+    using F = typename Tag::Real;
+    return Storage(static_cast<F>(value), F{0});  // Correctly rounded, like Float32/Float64.
+  } else if constexpr (kIsIntegerTag<Tag>) {
+    if constexpr (std::is_same_v<Carrier, std::int64_t>) {
+      return static_cast<Storage>(value);  // Modular, as C++20 integral conversion.
+    } else {
+      return floating_to_integer<Storage>(static_cast<double>(value));
+    }
+  } else if constexpr (std::is_same_v<Tag, HalfTag> || std::is_same_v<Tag, BFloat16Tag>) {
+    float narrowed = 0.0f;
+    if constexpr (std::is_same_v<Carrier, std::int64_t>) {
+      narrowed = int64_to_float_round_to_odd(value);
+    } else if constexpr (std::is_same_v<Carrier, double>) {
+      narrowed = double_to_float_round_to_odd(value);
+    } else {
+      narrowed = value;
+    }
+    return Tag::store(narrowed);
+  } else {
+    return static_cast<Storage>(value);  // To Float32/Float64: one correctly rounded step.
+  }
+}
+
+template <class DstTag, class SrcTag>
+void convert_typed(void* dst, const void* src, std::size_t count) {
+  auto* out = static_cast<typename DstTag::Storage*>(dst);
+  const auto* in = static_cast<const typename SrcTag::Storage*>(src);
+  for (std::size_t i = 0; i < count; ++i) {
+    out[i] = write_element<DstTag>(read_element<SrcTag>(in[i]));
+  }
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
+            DType dtype, const ReduceOp& reduce_op) {
+  if (!op_allowed(reduce_op.kind(), dtype)) [[unlikely]] {
+    detail::check_failed("op_allowed(reduce_op.kind(), dtype)", __FILE__, __LINE__,
+                         detail::format_check_values(reduce_op, dtype));
+  }
+  CHORUS_CHECK_GE(num_srcs, std::size_t{1});
+  if (count == 0) {
+    return;
+  }
+  const std::size_t size = element_size(dtype);
+  CHORUS_CHECK_LE(count, std::numeric_limits<std::size_t>::max() / size);
+  const std::size_t bytes = count * size;
+  CHORUS_CHECK(dst != nullptr);
+  CHORUS_CHECK(srcs != nullptr);
+  for (std::size_t j = 0; j < num_srcs; ++j) {
+    CHORUS_CHECK(srcs[j] != nullptr);
+    // Exact aliasing is allowed; a partial overlap would read values this call already wrote.
+    if (srcs[j] != dst) {
+      CHORUS_CHECK(!overlaps(srcs[j], bytes, dst, bytes));
+    }
+  }
+
+  const Kind kind = reduce_op.kind();
+  if (num_srcs == 1 && kind != Kind::Avg && kind != Kind::PremulSum && dtype != DType::Bool) {
+    // A fold of one value is that value: copy the bytes (Bool still goes through the kernel, which
+    // normalizes its bytes to 0/1).
+    if (dst != srcs[0]) {
+      std::memcpy(dst, srcs[0], bytes);
+    }
+    return;
+  }
+  dispatch(dtype,
+           [&](auto tag) { reduce_typed<decltype(tag)>(dst, srcs, num_srcs, count, reduce_op); });
+}
+
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t count) {
+  if (count == 0) {
+    return;
+  }
+  CHORUS_CHECK(dst != nullptr);
+  CHORUS_CHECK(src != nullptr);
+  if (dst_dtype == src_dtype) {
+    const std::size_t size = element_size(dst_dtype);
+    CHORUS_CHECK_LE(count, std::numeric_limits<std::size_t>::max() / size);
+    if (dst != src) {
+      std::memmove(dst, src, count * size);
+    }
+    return;
+  }
+  // In place is fine when each element is read before it is written, i.e. an exact alias
+  // between equal element sizes; anything else would read converted bytes.
+  const std::size_t dst_size = element_size(dst_dtype);
+  const std::size_t src_size = element_size(src_dtype);
+  CHORUS_CHECK_LE(count, std::numeric_limits<std::size_t>::max() / std::max(dst_size, src_size));
+  if (dst != src || dst_size != src_size) {
+    CHORUS_CHECK(!overlaps(dst, count * dst_size, src, count * src_size));
+  }
+  dispatch(dst_dtype, [&](auto dst_tag) {
+    dispatch(src_dtype, [&](auto src_tag) {
+      convert_typed<decltype(dst_tag), decltype(src_tag)>(dst, src, count);
+    });
+  });
+}
+
+void fill(void* dst, DType dtype, double value, std::size_t count) {
+  if (count == 0) {
+    return;
+  }
+  CHORUS_CHECK(dst != nullptr);
+  dispatch(dtype, [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto element = write_element<Tag>(value);
+    std::fill_n(static_cast<typename Tag::Storage*>(dst), count, element);
+  });
+}
+
+void fill_poison(void* dst, DType dtype, std::size_t count) {
+  if (count == 0) {
+    return;
+  }
+  CHORUS_CHECK(dst != nullptr);
+  constexpr unsigned char kIntegerPoisonByte = 0xA5;
+  dispatch(dtype, [&](auto tag) {
+    using Tag = decltype(tag);
+    using Storage = typename Tag::Storage;
+    auto* out = static_cast<Storage*>(dst);
+    if constexpr (kIsBoolTag<Tag> || kIsIntegerTag<Tag>) {
+      std::memset(dst, kIntegerPoisonByte, count * sizeof(Storage));
+    } else if constexpr (std::is_same_v<Tag, HalfTag>) {
+      std::fill_n(out, count, Half::from_bits(0x7E00));
+    } else if constexpr (std::is_same_v<Tag, BFloat16Tag>) {
+      std::fill_n(out, count, BFloat16::from_bits(0x7FC0));
+    } else if constexpr (kIsComplexTag<Tag>) {
+      using F = typename Tag::Real;
+      const F nan = std::numeric_limits<F>::quiet_NaN();
+      std::fill_n(out, count, Storage(nan, nan));
+    } else {
+      std::fill_n(out, count, std::numeric_limits<Storage>::quiet_NaN());
+    }
+  });
+}
+
+bool values_equal(const void* a, const void* b, DType dtype, std::size_t count) {
+  if (count == 0) {
+    return true;
+  }
+  CHORUS_CHECK(a != nullptr);
+  CHORUS_CHECK(b != nullptr);
+  bool equal = true;
+  dispatch(dtype, [&](auto tag) {
+    using Tag = decltype(tag);
+    const auto* left = static_cast<const typename Tag::Storage*>(a);
+    const auto* right = static_cast<const typename Tag::Storage*>(b);
+    if constexpr (kIsIntegerTag<Tag>) {
+      equal = std::memcmp(a, b, count * sizeof(typename Tag::Storage)) == 0;
+    } else {
+      // Bool compares truth values; floating and complex use IEEE == on the loaded values
+      // (16-bit floats as float), so NaN != NaN and -0 == +0.
+      for (std::size_t i = 0; i < count && equal; ++i) {
+        equal = Tag::load(left[i]) == Tag::load(right[i]);
+      }
+    }
+  });
+  return equal;
+}
+
+}  // namespace chorus::kernels

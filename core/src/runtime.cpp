@@ -1,0 +1,110 @@
+#include "chorus/runtime.hpp"
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "chorus/check.hpp"
+#include "chorus/transport/transport.hpp"
+#include "detail/rank_state.hpp"
+
+namespace chorus {
+namespace {
+
+// The rank bound to this OS thread. Executors that multiplex ranks on one thread (fibers) rebind
+// at every switch (RankContext::bind), so this is per rank, not per process.
+thread_local RankContext* current_context = nullptr;
+
+}  // namespace
+
+std::string UnwaitedWork::to_string() const {
+  std::string out = "rank " + std::to_string(rank) + ": " + op;
+  if (seq >= 0) {
+    out += " #" + std::to_string(seq);
+  }
+  if (!group.empty()) {
+    out += " on group " + group;
+  }
+  out += " issued at " + location.to_string();
+  out += at_rank_exit ? " was still pending when the rank ended" : " was dropped un-waited";
+  if (!error.empty()) {
+    out += "; completing it failed: " + error;
+  }
+  return out;
+}
+
+namespace detail {
+
+RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOptions options)
+    : rank_(transport->rank()),
+      world_size_(transport->world_size()),
+      transport_(std::move(transport)),
+      options_(options),
+      registry_(std::make_shared<WorkRegistry>()),
+      host_pool_(std::make_shared<HostPool>(options.host_pool_bytes_max)) {
+  CHORUS_CHECK_GE(rank_, 0);
+  CHORUS_CHECK_LT(rank_, world_size_);
+}
+
+CommSlot& RankState::comm_slot(const std::string& tag, const std::vector<int>& members) {
+  return comms_[{tag, members}];
+}
+
+transport::Comm& RankState::ensure_comm(CommSlot& slot, const std::string& tag,
+                                        const std::vector<int>& members) {
+  if (!slot.comm) {
+    slot.comm = transport_->create_comm(tag, members);
+    CHORUS_CHECK(slot.comm != nullptr);
+    CHORUS_CHECK(slot.comm->ranks() == members);
+  }
+  return *slot.comm;
+}
+
+void RankState::raise_deferred_error() {
+  if (std::exception_ptr error = registry_->take_deferred_error()) {
+    std::rethrow_exception(error);
+  }
+}
+
+}  // namespace detail
+
+RankContext::RankContext(std::shared_ptr<transport::Transport> transport, RankOptions options)
+    : state_(std::make_unique<detail::RankState>(std::move(transport), options)) {}
+
+RankContext::~RankContext() {
+  // finish() normally ran; if not (a launcher bug or an exception between), still never leave a
+  // collective dangling.
+  if (!state_->finished) {
+    state_->registry()->complete_all_at_exit();
+  }
+}
+
+int RankContext::rank() const noexcept { return state_->rank(); }
+int RankContext::world_size() const noexcept { return state_->world_size(); }
+transport::Transport& RankContext::transport() noexcept { return state_->transport(); }
+
+RankContext::Summary RankContext::finish() noexcept {
+  CHORUS_CHECK(!state_->finished);
+  state_->registry()->complete_all_at_exit();
+  state_->finished = true;
+  CHORUS_CHECK_EQ(state_->registry()->size(), 0u);
+  Summary summary;
+  try {
+    summary.unwaited = state_->registry()->unwaited();
+  } catch (...) {
+    // Out of memory copying the report: keep going, the rank still ends cleanly.
+  }
+  summary.error = state_->registry()->take_deferred_error();
+  return summary;
+}
+
+RankContext* RankContext::current() noexcept { return current_context; }
+
+RankContext* RankContext::bind(RankContext* context) noexcept {
+  RankContext* previous = current_context;
+  current_context = context;
+  return previous;
+}
+
+}  // namespace chorus

@@ -1,0 +1,97 @@
+#include "detail/storage.hpp"
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <utility>
+
+#include "chorus/check.hpp"
+#include "chorus/runtime.hpp"
+#include "detail/host_pool.hpp"
+#include "detail/rank_state.hpp"
+#include "detail/work_registry.hpp"
+
+namespace chorus::detail {
+namespace {
+
+// Generations for storage identity. Process-wide on purpose: identity must be unique across
+// every rank of a simulated world, since tensors can travel between ranks in one process.
+std::atomic<std::uint64_t> next_storage_id{1};
+
+}  // namespace
+
+Storage::Storage(std::shared_ptr<void> memory, std::size_t nbytes, Device device)
+    : id_(next_storage_id.fetch_add(1, std::memory_order_relaxed)),
+      memory_(std::move(memory)),
+      nbytes_(nbytes),
+      device_(device) {
+  if (nbytes_ > 0 && device_.is_cpu()) {
+    CHORUS_CHECK(memory_ != nullptr);
+  }
+}
+
+Storage::~Storage() {
+  if (is_pending()) {
+    if (std::shared_ptr<WorkRegistry> registry = registry_.lock()) {
+      registry->on_storage_dropped(*this);
+    }
+  }
+}
+
+void Storage::attach_registry(const std::shared_ptr<WorkRegistry>& registry) {
+  std::shared_ptr<WorkRegistry> current = registry_.lock();
+  if (current) {
+    CHORUS_CHECK(current == registry);  // one registry per storage, for its whole life
+    return;
+  }
+  CHORUS_CHECK(registry_.expired());
+  registry_ = registry;
+}
+
+void Storage::add_pending() noexcept {
+  const std::uint32_t before = state_.fetch_add(1, std::memory_order_acq_rel);
+  CHORUS_CHECK_LT(before & kPendingMask, kPendingMask);
+}
+
+void Storage::remove_pending() noexcept {
+  const std::uint32_t before = state_.fetch_sub(1, std::memory_order_acq_rel);
+  CHORUS_CHECK_GT(before & kPendingMask, 0u);
+}
+
+void Storage::set_failure(std::exception_ptr error) noexcept {
+  CHORUS_CHECK(error != nullptr);
+  if (has_failed()) {
+    return;  // the first failure stays
+  }
+  failure_ = std::move(error);
+  state_.fetch_or(kFailedBit, std::memory_order_acq_rel);
+}
+
+void Storage::wait_ready_slow() const {
+  if (is_pending()) {
+    std::shared_ptr<WorkRegistry> registry = registry_.lock();
+    // A pending storage has a live registry: the registry retires every work before its rank
+    // state goes away (RankContext::finish).
+    CHORUS_CHECK(registry != nullptr);
+    registry->wait_storage(*this);
+  }
+  if (has_failed()) {
+    std::rethrow_exception(failure_);
+  }
+}
+
+std::shared_ptr<void> allocate_host(std::size_t nbytes) {
+  if (nbytes == 0) {
+    return nullptr;
+  }
+  if (RankContext* context = RankContext::current()) {
+    return context->state().host_pool()->allocate(nbytes);
+  }
+  return allocate_unpooled(nbytes);
+}
+
+std::shared_ptr<Storage> make_host_storage(std::size_t nbytes) {
+  return std::make_shared<Storage>(allocate_host(nbytes), nbytes, Device::cpu());
+}
+
+}  // namespace chorus::detail

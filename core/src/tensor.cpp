@@ -1,0 +1,814 @@
+// chorus::Tensor: factories, metadata, views and data access.
+//
+// Every data access reaches the bytes through one choke point, `access_data` below (wrapped by
+// Tensor::checked_data_for_host), which waits on pending storage first; see
+// Note [Pending storage] in detail/storage.hpp. Views and metadata never call it.
+
+#include "chorus/tensor.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chorus/check.hpp"
+#include "chorus/kernels.hpp"
+#include "detail/errors.hpp"
+#include "detail/storage.hpp"
+#include "detail/strided_copy.hpp"
+#include "detail/tensor_access.hpp"
+
+namespace chorus {
+namespace detail {
+
+Shape contiguous_strides(const Shape& sizes) {
+  Shape strides(sizes.size());
+  std::int64_t stride = 1;
+  for (std::size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    // A zero-size dim still gets a usable stride, so later dims keep distinct strides.
+    stride *= std::max<std::int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+std::int64_t shape_numel(const Shape& sizes) {
+  std::int64_t numel = 1;
+  for (const std::int64_t size : sizes) {
+    numel *= size;
+  }
+  return numel;
+}
+
+std::int64_t normalize_dim(std::int64_t dim, std::int64_t ndim, const char* op) {
+  if (ndim <= 0) {
+    throw_invalid(op, "dim " + std::to_string(dim) + " is out of range for a 0-d tensor");
+  }
+  if (dim < -ndim || dim >= ndim) {
+    throw_invalid(op, "dim " + std::to_string(dim) + " is out of range for " +
+                          std::to_string(ndim) + " dims (expected " + std::to_string(-ndim) +
+                          " to " + std::to_string(ndim - 1) + ")");
+  }
+  return dim < 0 ? dim + ndim : dim;
+}
+
+std::string shape_to_string(const Shape& sizes) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (i > 0) {
+      out += ", ";
+    }
+    out += std::to_string(sizes[i]);
+  }
+  out += "]";
+  return out;
+}
+
+// ---- The choke point.
+
+// Pointer to the first element of `tensor` (null when it has no bytes), after waiting for any
+// collective pending on its storage and rethrowing its failure. The only place in tensor.cpp
+// that waits (Note [Pending storage]).
+std::byte* access_data(const Tensor& tensor, const char* op, DeviceAccess access) {
+  if (!tensor.defined()) {
+    throw_invalid(op, "the tensor is undefined");
+  }
+  const Device device = tensor.device();
+  if (device.is_meta()) {
+    throw_invalid(op, "meta tensor of shape " + shape_to_string(tensor.sizes()) +
+                          " has no data (meta tensors carry shapes only)");
+  }
+  if (device.is_cuda() && access == detail::DeviceAccess::Host) {
+    throw_invalid(op, "host data access on a " + device.to_string() +
+                          " tensor; chorus has no device kernels (copy it to the host first)");
+  }
+  const std::shared_ptr<Storage>& storage = TensorAccess::storage(tensor);
+  CHORUS_CHECK(storage != nullptr);
+  storage->wait_ready();
+  return static_cast<std::byte*>(tensor.unsafe_data_ptr());
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::contiguous_strides;
+using detail::shape_numel;
+using detail::shape_to_string;
+using detail::throw_invalid;
+
+// ---- Shape arithmetic.
+
+// Throws unless every size is >= 0; returns the byte count of `shape` elements of `dtype`,
+// throwing when it does not fit in a ptrdiff_t (so element offsets never overflow).
+std::size_t checked_nbytes(const Shape& shape, DType dtype, const char* op) {
+  std::int64_t numel = 1;
+  bool overflow = false;
+  for (const std::int64_t size : shape) {
+    if (size < 0) {
+      throw_invalid(op, "shape " + shape_to_string(shape) + " has a negative size");
+    }
+    overflow = overflow || __builtin_mul_overflow(numel, size, &numel);
+  }
+  std::int64_t nbytes = 0;
+  overflow = overflow ||
+             __builtin_mul_overflow(numel, static_cast<std::int64_t>(element_size(dtype)), &nbytes);
+  if (overflow || nbytes > std::numeric_limits<std::ptrdiff_t>::max()) {
+    throw_invalid(op, "shape " + shape_to_string(shape) + " of " + std::string(dtype_name(dtype)) +
+                          " is too large to address");
+  }
+  return static_cast<std::size_t>(nbytes);
+}
+
+// Strides for viewing (sizes, strides) as `shape` without copying, or nullopt when the memory
+// layout does not allow it. The old dims split into *runs*: maximal groups of consecutive dims
+// (size-1 dims ignored) that step through memory as one dim would. A view is possible exactly
+// when the new dims (size-1 dims ignored) can be grouped, in order, into products equal to those
+// runs; each group then strides like its run.
+std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, const Shape& shape) {
+  const std::int64_t numel = shape_numel(sizes);
+  CHORUS_CHECK_EQ(numel, shape_numel(shape));
+  if (numel == 0) {
+    return contiguous_strides(shape);  // no element is ever addressed
+  }
+
+  struct Run {
+    std::int64_t numel;
+    std::int64_t inner_stride;
+  };
+  std::vector<Run> runs;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 1) {
+      continue;
+    }
+    if (!runs.empty() && runs.back().inner_stride == sizes[i] * strides[i]) {
+      runs.back().numel *= sizes[i];
+      runs.back().inner_stride = strides[i];
+    } else {
+      runs.push_back(Run{sizes[i], strides[i]});
+    }
+  }
+
+  Shape result(shape.size(), 0);
+  std::size_t next = 0;  // the first new dim not yet assigned to a run
+  for (const Run& run : runs) {
+    // Gather new dims until their product reaches the run's element count.
+    std::vector<std::size_t> group;
+    std::int64_t product = 1;
+    while (product < run.numel && next < shape.size()) {
+      if (shape[next] != 1) {
+        group.push_back(next);
+        product *= shape[next];
+      }
+      ++next;
+    }
+    if (product != run.numel) {
+      return std::nullopt;
+    }
+    std::int64_t stride = run.inner_stride;
+    for (std::size_t k = group.size(); k-- > 0;) {
+      result[group[k]] = stride;
+      stride *= shape[group[k]];
+    }
+  }
+  for (; next < shape.size(); ++next) {
+    if (shape[next] != 1) {
+      return std::nullopt;
+    }
+  }
+  // Size-1 dims never step; give them the stride they would have in a packed layout.
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 1) {
+      result[i] = i + 1 < shape.size() ? result[i + 1] * shape[i + 1] : 1;
+    }
+  }
+  return result;
+}
+
+// The elements of `tensor` (first element at `first`) in row-major order: `first` itself when
+// the tensor is contiguous, else a packed copy made in `scratch`.
+const void* packed_elements(const Tensor& tensor, const void* first,
+                            std::vector<std::byte>& scratch) {
+  if (tensor.is_contiguous()) {
+    return first;
+  }
+  scratch.resize(tensor.nbytes());
+  detail::strided_copy(scratch.data(), contiguous_strides(tensor.sizes()), first, tensor.strides(),
+                       tensor.sizes(), tensor.element_size());
+  return scratch.data();
+}
+
+// ---- Printing.
+
+void print_element(std::ostream& out, const std::byte* element, DType dtype) {
+  const auto load = [element]<class T>(T value) {
+    std::memcpy(&value, element, sizeof(T));
+    return value;
+  };
+  switch (dtype) {
+    case DType::Bool:
+      out << (load(std::uint8_t{}) != 0 ? "true" : "false");
+      return;
+    case DType::UInt8:
+      out << static_cast<unsigned>(load(std::uint8_t{}));
+      return;
+    case DType::Int8:
+      out << static_cast<int>(load(std::int8_t{}));
+      return;
+    case DType::Int32:
+      out << load(std::int32_t{});
+      return;
+    case DType::Int64:
+      out << load(std::int64_t{});
+      return;
+    case DType::Float16:
+      out << static_cast<float>(load(Half{}));
+      return;
+    case DType::BFloat16:
+      out << static_cast<float>(load(BFloat16{}));
+      return;
+    case DType::Float32:
+      out << load(float{});
+      return;
+    case DType::Float64:
+      out << load(double{});
+      return;
+    case DType::Complex64:
+      out << load(std::complex<float>{});
+      return;
+    case DType::Complex128:
+      out << load(std::complex<double>{});
+      return;
+  }
+}
+
+void check_defined(const Tensor& tensor, const char* op) {
+  if (!tensor.defined()) {
+    throw_invalid(op, "the tensor is undefined");
+  }
+}
+
+std::string element_count_text(std::int64_t count) {
+  return std::to_string(count) + (count == 1 ? " element" : " elements");
+}
+
+}  // namespace
+
+// ---- Construction.
+
+Tensor::Tensor() noexcept = default;
+
+Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape sizes, Shape strides,
+               std::int64_t offset, DType dtype, Device device)
+    : storage_(std::move(storage)),
+      sizes_(std::move(sizes)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      dtype_(dtype),
+      device_(device),
+      defined_(true) {
+  CHORUS_CHECK_EQ(sizes_.size(), strides_.size());
+  CHORUS_CHECK_GE(offset_, 0);
+  if (device_.is_meta()) {
+    CHORUS_CHECK(storage_ == nullptr);
+  } else {
+    CHORUS_CHECK(storage_ != nullptr);
+  }
+}
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  const std::size_t nbytes = checked_nbytes(shape, dtype, "Tensor::empty");
+  Shape strides = contiguous_strides(shape);
+  if (device.is_meta()) {
+    return {nullptr, std::move(shape), std::move(strides), 0, dtype, device};
+  }
+  if (device.is_cuda()) {
+    throw_invalid("Tensor::empty", "cannot allocate on " + device.to_string() +
+                                       ": no device allocator: wrap device memory with from_blob");
+  }
+  return {
+      detail::make_host_storage(nbytes), std::move(shape), std::move(strides), 0, dtype, device};
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  Tensor tensor = empty(std::move(shape), dtype, device);
+  // Fresh storage: nothing can be pending on it, so writing without waiting is safe.
+  if (void* data = tensor.unsafe_data_ptr(); data != nullptr) {
+    std::memset(data, 0, tensor.nbytes());  // all-zero bytes are zero in every dtype
+  }
+  return tensor;
+}
+
+Tensor Tensor::ones(Shape shape, DType dtype, Device device) {
+  return full(std::move(shape), 1.0, dtype, device);
+}
+
+Tensor Tensor::full(Shape shape, double value, DType dtype, Device device) {
+  Tensor tensor = empty(std::move(shape), dtype, device);
+  // Fresh storage: nothing can be pending on it, so writing without waiting is safe.
+  if (void* data = tensor.unsafe_data_ptr(); data != nullptr) {
+    kernels::fill(data, dtype, value, static_cast<std::size_t>(tensor.numel()));
+  }
+  return tensor;
+}
+
+Tensor Tensor::arange(std::int64_t n, DType dtype) {
+  if (n < 0) {
+    throw_invalid("Tensor::arange", "n must be >= 0, got " + std::to_string(n));
+  }
+  Tensor tensor = empty({n}, dtype);
+  // Generated as Int64 so integer dtypes get exact values beyond 2^53.
+  std::vector<std::int64_t> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    values[static_cast<std::size_t>(i)] = i;
+  }
+  if (n > 0) {
+    kernels::convert(tensor.unsafe_data_ptr(), dtype, values.data(), DType::Int64, values.size());
+  }
+  return tensor;
+}
+
+Tensor Tensor::from_blob(void* data, Shape shape, DType dtype, Device device,
+                         std::function<void(void*)> deleter) {
+  constexpr const char* kOp = "Tensor::from_blob";
+  const std::size_t nbytes = checked_nbytes(shape, dtype, kOp);
+  if (device.is_meta()) {
+    throw_invalid(kOp,
+                  "meta tensors have no memory to wrap (use Tensor::empty with "
+                  "Device::meta())");
+  }
+  if (device.index() < 0) {
+    throw_invalid(kOp, "device index must be >= 0, got " + device.to_string());
+  }
+  if (data == nullptr && nbytes > 0) {
+    throw_invalid(kOp, "data is null but shape " + shape_to_string(shape) + " has " +
+                           element_count_text(shape_numel(shape)));
+  }
+  // Every argument is checked before the deleter is handed to a shared_ptr: a throw above leaves
+  // the memory with the caller.
+  // An empty tensor owns no bytes (Storage wants null memory then); the deleter still gets
+  // `data`.
+  void* memory_data = nbytes == 0 ? nullptr : data;
+  std::shared_ptr<void> memory =
+      deleter ? std::shared_ptr<void>(memory_data,
+                                      [data, run = std::move(deleter)](void*) { run(data); })
+              : std::shared_ptr<void>(memory_data, [](void*) {});
+  auto storage = std::make_shared<detail::Storage>(std::move(memory), nbytes, device);
+  Shape strides = contiguous_strides(shape);
+  return {std::move(storage), std::move(shape), std::move(strides), 0, dtype, device};
+}
+
+Tensor Tensor::from_host_bytes(const void* data, std::size_t count, DType dtype, Shape shape) {
+  constexpr const char* kOp = "Tensor::from_vector";
+  const std::size_t nbytes = checked_nbytes(shape, dtype, kOp);
+  if (static_cast<std::uint64_t>(shape_numel(shape)) != count) {
+    throw_invalid(kOp, "shape " + shape_to_string(shape) + " has " +
+                           element_count_text(shape_numel(shape)) + ", but " +
+                           std::to_string(count) + " values were given");
+  }
+  Tensor tensor = empty(std::move(shape), dtype);
+  if (nbytes > 0) {
+    // Fresh storage: nothing can be pending on it.
+    std::memcpy(tensor.unsafe_data_ptr(), data, nbytes);
+  }
+  return tensor;
+}
+
+// ---- Metadata.
+
+std::int64_t Tensor::size(std::int64_t dim) const {
+  return sizes_[static_cast<std::size_t>(detail::normalize_dim(dim, this->dim(), "Tensor::size"))];
+}
+
+std::int64_t Tensor::numel() const noexcept { return defined_ ? shape_numel(sizes_) : 0; }
+
+std::size_t Tensor::nbytes() const noexcept {
+  return static_cast<std::size_t>(numel()) * element_size();
+}
+
+bool Tensor::is_contiguous() const noexcept {
+  if (numel() == 0) {
+    return true;
+  }
+  std::int64_t expected = 1;
+  for (std::size_t i = sizes_.size(); i-- > 0;) {
+    if (sizes_[i] == 1) {
+      continue;  // a size-1 dim never steps, so its stride does not matter
+    }
+    if (strides_[i] != expected) {
+      return false;
+    }
+    expected *= sizes_[i];
+  }
+  return true;
+}
+
+bool Tensor::shares_storage(const Tensor& other) const noexcept {
+  return storage_ != nullptr && storage_ == other.storage_;
+}
+
+void* Tensor::unsafe_data_ptr() const noexcept {
+  if (storage_ == nullptr || storage_->data() == nullptr) {
+    return nullptr;
+  }
+  return static_cast<std::byte*>(storage_->data()) +
+         offset_ * static_cast<std::int64_t>(element_size());
+}
+
+bool Tensor::is_pending() const noexcept { return storage_ != nullptr && storage_->is_pending(); }
+
+// ---- Views. None of these waits.
+
+Tensor Tensor::view(Shape shape) const {
+  constexpr const char* kOp = "Tensor::view";
+  check_defined(*this, kOp);
+  const std::int64_t numel = this->numel();
+  std::optional<std::size_t> inferred;
+  std::int64_t known = 1;
+  bool overflow = false;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1 && !inferred) {
+      inferred = i;
+    } else if (shape[i] < 0) {
+      throw_invalid(kOp, "shape " + shape_to_string(shape) +
+                             " is invalid: only one -1 is allowed and no other negative size");
+    } else {
+      overflow = overflow || __builtin_mul_overflow(known, shape[i], &known);
+    }
+  }
+  if (overflow) {
+    throw_invalid(
+        kOp, "shape " + shape_to_string(shape) + " is invalid for " + element_count_text(numel));
+  }
+  if (inferred) {
+    if (known == 0 || numel % known != 0) {
+      throw_invalid(
+          kOp, "shape " + shape_to_string(shape) + " is invalid for " + element_count_text(numel));
+    }
+    shape[*inferred] = numel / known;
+  } else if (known != numel) {
+    throw_invalid(
+        kOp, "shape " + shape_to_string(shape) + " is invalid for " + element_count_text(numel));
+  }
+  std::optional<Shape> strides = view_strides(sizes_, strides_, shape);
+  if (!strides) {
+    throw_invalid(kOp, "cannot view a tensor of shape " + shape_to_string(sizes_) +
+                           " and strides " + shape_to_string(strides_) + " as shape " +
+                           shape_to_string(shape) + " without copying (call contiguous() first)");
+  }
+  return {storage_, std::move(shape), std::move(*strides), offset_, dtype_, device_};
+}
+
+Tensor Tensor::narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const {
+  constexpr const char* kOp = "Tensor::narrow";
+  check_defined(*this, kOp);
+  const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim(), kOp));
+  const std::int64_t size = sizes_[d];
+  if (start < -size || start > size) {
+    throw_invalid(kOp, "start " + std::to_string(start) + " is out of range for dim " +
+                           std::to_string(dim) + " of size " + std::to_string(size));
+  }
+  if (start < 0) {
+    start += size;
+  }
+  if (length < 0 || length > size - start) {
+    throw_invalid(kOp, "start " + std::to_string(start) + " + length " + std::to_string(length) +
+                           " exceeds dim " + std::to_string(dim) + " of size " +
+                           std::to_string(size) + " (length must be >= 0)");
+  }
+  Shape sizes = sizes_;
+  sizes[d] = length;
+  return {storage_, std::move(sizes), strides_, offset_ + start * strides_[d], dtype_, device_};
+}
+
+Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
+  constexpr const char* kOp = "Tensor::select";
+  check_defined(*this, kOp);
+  const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim(), kOp));
+  const std::int64_t size = sizes_[d];
+  if (index < -size || index >= size) {
+    throw_invalid(kOp, "index " + std::to_string(index) + " is out of range for dim " +
+                           std::to_string(dim) + " of size " + std::to_string(size));
+  }
+  if (index < 0) {
+    index += size;
+  }
+  Shape sizes = sizes_;
+  Shape strides = strides_;
+  const std::int64_t offset = offset_ + index * strides_[d];
+  sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(d));
+  strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
+  return {storage_, std::move(sizes), std::move(strides), offset, dtype_, device_};
+}
+
+Tensor Tensor::transpose(std::int64_t dim0, std::int64_t dim1) const {
+  constexpr const char* kOp = "Tensor::transpose";
+  check_defined(*this, kOp);
+  const auto d0 = static_cast<std::size_t>(detail::normalize_dim(dim0, dim(), kOp));
+  const auto d1 = static_cast<std::size_t>(detail::normalize_dim(dim1, dim(), kOp));
+  Shape sizes = sizes_;
+  Shape strides = strides_;
+  std::swap(sizes[d0], sizes[d1]);
+  std::swap(strides[d0], strides[d1]);
+  return {storage_, std::move(sizes), std::move(strides), offset_, dtype_, device_};
+}
+
+Tensor Tensor::permute(const std::vector<std::int64_t>& dims) const {
+  constexpr const char* kOp = "Tensor::permute";
+  check_defined(*this, kOp);
+  if (static_cast<std::int64_t>(dims.size()) != dim()) {
+    throw_invalid(kOp, "dims " + shape_to_string(dims) + " must list all " + std::to_string(dim()) +
+                           " dims of a tensor of shape " + shape_to_string(sizes_));
+  }
+  std::vector<bool> seen(dims.size(), false);
+  Shape sizes(dims.size());
+  Shape strides(dims.size());
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const auto d = static_cast<std::size_t>(detail::normalize_dim(dims[i], dim(), kOp));
+    if (seen[d]) {
+      throw_invalid(kOp, "dims " + shape_to_string(dims) + " repeat dim " + std::to_string(d) +
+                             " (expected a permutation)");
+    }
+    seen[d] = true;
+    sizes[i] = sizes_[d];
+    strides[i] = strides_[d];
+  }
+  return {storage_, std::move(sizes), std::move(strides), offset_, dtype_, device_};
+}
+
+std::vector<Tensor> Tensor::chunk(std::int64_t n, std::int64_t dim) const {
+  constexpr const char* kOp = "Tensor::chunk";
+  check_defined(*this, kOp);
+  if (n <= 0) {
+    throw_invalid(kOp, "the number of chunks must be > 0, got " + std::to_string(n));
+  }
+  const std::int64_t d = detail::normalize_dim(dim, this->dim(), kOp);
+  const std::int64_t size = sizes_[static_cast<std::size_t>(d)];
+  std::vector<std::int64_t> sizes;
+  if (size == 0) {
+    sizes.assign(static_cast<std::size_t>(n), 0);  // n empty pieces, as torch.chunk
+  } else {
+    const std::int64_t piece = size / n + (size % n != 0 ? 1 : 0);  // ceil, without overflow
+    for (std::int64_t start = 0; start < size; start += piece) {
+      sizes.push_back(std::min(piece, size - start));
+    }
+    CHORUS_CHECK_LE(static_cast<std::int64_t>(sizes.size()), n);
+    CHORUS_CHECK_GE(sizes.back(), 1);
+  }
+  return split(sizes, d);
+}
+
+std::vector<Tensor> Tensor::split(const std::vector<std::int64_t>& sizes, std::int64_t dim) const {
+  constexpr const char* kOp = "Tensor::split";
+  check_defined(*this, kOp);
+  const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim(), kOp));
+  std::int64_t total = 0;
+  for (const std::int64_t size : sizes) {
+    if (size < 0) {
+      throw_invalid(kOp, "sizes " + shape_to_string(sizes) + " must all be >= 0");
+    }
+    if (__builtin_add_overflow(total, size, &total)) {
+      throw_invalid(kOp, "sizes " + shape_to_string(sizes) + " overflow when summed, but dim " +
+                             std::to_string(dim) + " has size " + std::to_string(sizes_[d]));
+    }
+  }
+  if (total != sizes_[d]) {
+    throw_invalid(kOp, "sizes " + shape_to_string(sizes) + " sum to " + std::to_string(total) +
+                           ", but dim " + std::to_string(dim) + " has size " +
+                           std::to_string(sizes_[d]));
+  }
+  std::vector<Tensor> pieces;
+  pieces.reserve(sizes.size());
+  std::int64_t start = 0;
+  for (const std::int64_t size : sizes) {
+    pieces.push_back(narrow(static_cast<std::int64_t>(d), start, size));
+    start += size;
+  }
+  CHORUS_CHECK_EQ(start, sizes_[d]);
+  return pieces;
+}
+
+Tensor Tensor::flatten() const {
+  constexpr const char* kOp = "Tensor::flatten";
+  check_defined(*this, kOp);
+  Shape shape{numel()};
+  std::optional<Shape> strides = view_strides(sizes_, strides_, shape);
+  if (!strides) {
+    throw_invalid(kOp, "cannot flatten a tensor of shape " + shape_to_string(sizes_) +
+                           " and strides " + shape_to_string(strides_) +
+                           " without copying (call contiguous() first)");
+  }
+  return {storage_, std::move(shape), std::move(*strides), offset_, dtype_, device_};
+}
+
+Tensor Tensor::unsqueeze(std::int64_t dim) const {
+  constexpr const char* kOp = "Tensor::unsqueeze";
+  check_defined(*this, kOp);
+  const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim() + 1, kOp));
+  const std::int64_t stride = d < sizes_.size() ? sizes_[d] * strides_[d] : 1;
+  Shape sizes = sizes_;
+  Shape strides = strides_;
+  sizes.insert(sizes.begin() + static_cast<std::ptrdiff_t>(d), 1);
+  strides.insert(strides.begin() + static_cast<std::ptrdiff_t>(d), stride);
+  return {storage_, std::move(sizes), std::move(strides), offset_, dtype_, device_};
+}
+
+// ---- Data access. Each goes through checked_data_for_host / access_data before touching bytes.
+
+void* Tensor::checked_data_for_host(const char* what) const {
+  return detail::access_data(*this, what, detail::DeviceAccess::Host);
+}
+
+void Tensor::check_element_type(DType expected, const char* what) const {
+  if (!defined_) {
+    throw_invalid(what, "the tensor is undefined");
+  }
+  if (expected != dtype_) {
+    throw_invalid(what, "tensor has dtype " + std::string(dtype_name(dtype_)) + ", requested " +
+                            std::string(dtype_name(expected)));
+  }
+}
+
+void Tensor::check_single_element(const char* what) const {
+  if (numel() != 1) {
+    throw_invalid(what, "expected a tensor with 1 element, got shape " + shape_to_string(sizes_) +
+                            " (" + element_count_text(numel()) + ")");
+  }
+}
+
+void Tensor::copy_to_host_bytes(void* out, DType expected) const {
+  constexpr const char* kOp = "Tensor::to_vector";
+  check_element_type(expected, kOp);
+  const void* first = checked_data_for_host(kOp);
+  detail::strided_copy(out, contiguous_strides(sizes_), first, strides_, sizes_, element_size());
+}
+
+Tensor Tensor::contiguous() const {
+  constexpr const char* kOp = "Tensor::contiguous";
+  if (defined_ && device_.is_meta()) {  // shapes only: nothing to wait for or copy
+    return is_contiguous() ? *this : empty(sizes_, dtype_, device_);
+  }
+  if (defined_ && device_.is_cuda() && is_contiguous()) {
+    // Waiting orders the caller's stream after pending work; no host access happens.
+    detail::access_data(*this, kOp, detail::DeviceAccess::OrderedByWait);
+    return *this;
+  }
+  checked_data_for_host(kOp);
+  return is_contiguous() ? *this : clone();
+}
+
+Tensor Tensor::clone() const {
+  constexpr const char* kOp = "Tensor::clone";
+  if (defined_ && device_.is_meta()) {
+    return empty(sizes_, dtype_, device_);
+  }
+  const void* first = checked_data_for_host(kOp);
+  Tensor out = empty(sizes_, dtype_, device_);
+  detail::strided_copy(out.unsafe_data_ptr(), out.strides_, first, strides_, sizes_,
+                       element_size());
+  return out;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  constexpr const char* kOp = "Tensor::to";
+  if (defined_ && device_.is_meta()) {
+    return empty(sizes_, dtype, device_);
+  }
+  const void* first = checked_data_for_host(kOp);
+  if (dtype == dtype_) {
+    return clone();
+  }
+  Tensor out = empty(sizes_, dtype, device_);
+  if (numel() > 0) {
+    std::vector<std::byte> scratch;
+    kernels::convert(out.unsafe_data_ptr(), dtype, packed_elements(*this, first, scratch), dtype_,
+                     static_cast<std::size_t>(numel()));
+  }
+  return out;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  constexpr const char* kOp = "Tensor::copy_";
+  if (!defined_ || !src.defined_) {
+    throw_invalid(kOp, !defined_ ? "the destination is undefined" : "the source is undefined");
+  }
+  if (sizes_ != src.sizes_) {
+    throw_invalid(kOp, "shapes differ: destination " + shape_to_string(sizes_) + ", source " +
+                           shape_to_string(src.sizes_));
+  }
+  if (device_.is_meta() && src.device_.is_meta()) {
+    return *this;  // shapes only
+  }
+  for (std::size_t i = 0; i < sizes_.size(); ++i) {
+    if (sizes_[i] > 1 && strides_[i] == 0) {
+      throw_invalid(kOp, "the destination has stride 0 in dim " + std::to_string(i) +
+                             ", so several elements share one memory location");
+    }
+  }
+  void* dst = checked_data_for_host(kOp);
+  const void* first = src.checked_data_for_host(kOp);
+  if (shares_storage(src)) {
+    // The ranges may overlap (x.copy_(x.transpose(0, 1))): read from a private copy.
+    return copy_(src.clone());
+  }
+  if (numel() == 0) {
+    return *this;
+  }
+  if (dtype_ == src.dtype_) {
+    detail::strided_copy(dst, strides_, first, src.strides_, sizes_, element_size());
+    return *this;
+  }
+  std::vector<std::byte> src_scratch;
+  const void* packed_src = packed_elements(src, first, src_scratch);
+  const auto count = static_cast<std::size_t>(numel());
+  if (is_contiguous()) {
+    kernels::convert(dst, dtype_, packed_src, src.dtype_, count);
+    return *this;
+  }
+  std::vector<std::byte> converted(nbytes());
+  kernels::convert(converted.data(), dtype_, packed_src, src.dtype_, count);
+  detail::strided_copy(dst, strides_, converted.data(), contiguous_strides(sizes_), sizes_,
+                       element_size());
+  return *this;
+}
+
+bool Tensor::equal(const Tensor& other) const {
+  constexpr const char* kOp = "Tensor::equal";
+  const void* first = checked_data_for_host(kOp);
+  const void* other_first = other.checked_data_for_host(kOp);
+  if (sizes_ != other.sizes_ || dtype_ != other.dtype_) {
+    return false;
+  }
+  if (numel() == 0) {
+    return true;
+  }
+  std::vector<std::byte> scratch;
+  std::vector<std::byte> other_scratch;
+  return kernels::values_equal(packed_elements(*this, first, scratch),
+                               packed_elements(other, other_first, other_scratch), dtype_,
+                               static_cast<std::size_t>(numel()));
+}
+
+bool Tensor::bitwise_equal(const Tensor& other) const {
+  constexpr const char* kOp = "Tensor::bitwise_equal";
+  const void* first = checked_data_for_host(kOp);
+  const void* other_first = other.checked_data_for_host(kOp);
+  if (sizes_ != other.sizes_ || dtype_ != other.dtype_) {
+    return false;
+  }
+  if (numel() == 0) {
+    return true;
+  }
+  std::vector<std::byte> scratch;
+  std::vector<std::byte> other_scratch;
+  return std::memcmp(packed_elements(*this, first, scratch),
+                     packed_elements(other, other_first, other_scratch), nbytes()) == 0;
+}
+
+std::string Tensor::to_string(std::int64_t max_values) const {
+  if (!defined_) {
+    return "Tensor(undefined)";
+  }
+  std::ostringstream out;
+  out << "Tensor(shape=" << shape_to_string(sizes_) << ", dtype=" << dtype_name(dtype_)
+      << ", device=" << device_.to_string();
+  if (!device_.is_cpu()) {  // meta has no values; CUDA values are not readable from the host
+    out << ")";
+    return out.str();
+  }
+  const auto* first = static_cast<const std::byte*>(checked_data_for_host("Tensor::to_string"));
+  const std::int64_t numel = this->numel();
+  const std::int64_t shown = max_values < 0 ? numel : std::min(numel, max_values);
+  const auto element_bytes = static_cast<std::int64_t>(element_size());
+  out << ", values=[";
+  for (std::int64_t k = 0; k < shown; ++k) {
+    // Row-major index k -> element offset.
+    std::int64_t offset = 0;
+    std::int64_t rest = k;
+    for (std::size_t d = sizes_.size(); d-- > 0;) {
+      offset += (rest % sizes_[d]) * strides_[d];
+      rest /= sizes_[d];
+    }
+    if (k > 0) {
+      out << ", ";
+    }
+    print_element(out, first + offset * element_bytes, dtype_);
+  }
+  if (shown < numel) {
+    out << (shown > 0 ? ", ..." : "...");
+  }
+  out << "])";
+  return out.str();
+}
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor) {
+  return out << tensor.to_string();
+}
+
+}  // namespace chorus

@@ -1,0 +1,99 @@
+#pragma once
+
+// chorus::sim — a deterministic simulator of N ranks inside one process.
+//
+// Each rank runs the rank function as ordinary blocking code. Only one rank runs at a time; at
+// every chorus API call the running rank yields to a scheduler, and one 64-bit seed decides every
+// choice the scheduler makes: which rank runs next and when a collective whose ranks have all
+// arrived completes. Same seed, same program -> same interleaving, same bytes.
+//
+// Hangs become errors: a collective no rank can ever complete raises Deadlock (with every rank's
+// pending op and call site), ranks that disagree raise CollectiveMismatch (with both sides'
+// fingerprints and call sites), a rank that dies gives its peers RankFailure. Deadlines run on
+// virtual time, so timeouts are deterministic and instant.
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "chorus/runtime.hpp"
+
+namespace chorus::sim {
+
+// How ranks are multiplexed. Fibers switch in nanoseconds; threads are the fallback where a
+// sanitizer cannot follow fiber switches. Auto picks fibers unless built with ThreadSanitizer.
+enum class ExecutorKind : std::uint8_t { Auto, Fibers, Threads };
+
+struct SimOptions {
+  int world_size = 8;  // 1 .. kMaxWorldSize
+  std::uint64_t seed = 0;
+  // Virtual time a wait may take before it throws Timeout. The scheduler advances virtual time
+  // by kStepDuration per decision.
+  std::chrono::nanoseconds timeout = std::chrono::minutes(10);
+  // Scheduling decisions before the run is declared livelocked (every unfinished rank gets
+  // Deadlock).
+  std::uint64_t max_steps = 50'000'000;
+  // Auto can be overridden with CHORUS_SIM_EXECUTOR=fibers|threads.
+  ExecutorKind executor = ExecutorKind::Auto;
+  // Print the seed and a one-line replay command to stderr when a rank fails.
+  bool print_failures = true;
+  // Let the CHORUS_SIM_SEED environment variable override `seed` (the replay command sets it).
+  bool seed_from_environment = true;
+  // Decisions kept in SimReport::schedule (all of them are hashed into schedule_hash).
+  std::size_t schedule_record_max = std::size_t{1} << 16;
+};
+
+inline constexpr int kMaxWorldSize = 1024;
+inline constexpr std::chrono::nanoseconds kStepDuration = std::chrono::microseconds(1);
+
+using chorus::UnwaitedWork;
+
+// One choice of the scheduler.
+struct Decision {
+  enum class Kind : std::uint8_t {
+    RunRank,     // resume `rank` until its next chorus call
+    CompleteOp,  // complete operation `seq` of communicator `comm_id` on all its ranks
+  };
+  Kind kind = Kind::RunRank;
+  int rank = -1;
+  std::uint64_t comm_id = 0;
+  std::int64_t seq = -1;
+
+  std::string to_string() const;  // "run 3" / "complete comm 2 #5"
+  friend bool operator==(const Decision&, const Decision&) = default;
+};
+
+struct SimReport {
+  int world_size = 0;
+  std::uint64_t seed = 0;           // the seed actually used
+  std::uint64_t steps = 0;          // scheduling decisions taken
+  std::uint64_t schedule_hash = 0;  // digest of every decision: same seed -> same hash
+  std::vector<Decision> schedule;   // the first SimOptions::schedule_record_max decisions
+  std::uint64_t collectives_completed = 0;
+  std::chrono::nanoseconds virtual_time{0};
+  std::vector<UnwaitedWork> unwaited;    // every rank's, in rank order
+  std::vector<std::string> rank_errors;  // per rank: what() of its uncaught error, or empty
+  std::exception_ptr first_error;        // the first rank error the simulator saw, or null
+  std::string replay_command;            // reruns this exact schedule
+
+  bool ok() const noexcept;  // no rank ended in an error
+  // A human-readable summary: ranks, steps, collectives, unwaited works, errors, replay.
+  std::string to_string() const;
+};
+
+// Runs `rank_main` once on each of options.world_size simulated ranks and returns the report.
+// Returns normally when every rank returned (including ranks that caught their errors). When a
+// rank ends in an uncaught exception, every other rank still runs to its end (peers waiting on it
+// get RankFailure), the failure is printed with the seed and a replay command, and the first
+// rank error (in the order the simulator saw them) is rethrown. Throws InvalidArgument for a
+// world size outside [1, kMaxWorldSize]. Not reentrant from inside a rank.
+SimReport run(const SimOptions& options, std::function<void()> rank_main);
+
+// As run(), but never rethrows a rank's error: it is in the report (first_error, rank_errors).
+// For harnesses that want the report of a failing run (schedule, unwaited works).
+SimReport simulate(const SimOptions& options, std::function<void()> rank_main);
+
+}  // namespace chorus::sim

@@ -1,0 +1,98 @@
+// The OS-thread rank executor (Note [Rank executor]): one thread per rank, handing a baton back
+// and forth with the scheduler through a per-rank atomic (futex wait/notify).
+
+#include "executor.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "chorus/check.hpp"
+
+namespace chorus::sim::detail {
+namespace {
+
+class ThreadExecutor final : public RankExecutor {
+ public:
+  ~ThreadExecutor() override { stop(); }
+
+  void start(int count, std::function<void(int)> body) override {
+    CHORUS_CHECK(lanes_.empty());
+    body_ = std::move(body);
+    lanes_ = std::vector<Lane>(static_cast<std::size_t>(count));
+    threads_.reserve(static_cast<std::size_t>(count));
+    for (int rank = 0; rank < count; ++rank) {
+      threads_.emplace_back([this, rank] { run_lane(rank); });
+    }
+  }
+
+  void resume(int rank) override {
+    Lane& lane = lanes_.at(static_cast<std::size_t>(rank));
+    CHORUS_CHECK_EQ(lane.state.load(std::memory_order_acquire), kParked);
+    lane.state.store(kRunning, std::memory_order_release);
+    lane.state.notify_one();
+    lane.state.wait(kRunning, std::memory_order_acquire);  // until parked again or finished
+  }
+
+  void suspend(int rank) override {
+    Lane& lane = lanes_.at(static_cast<std::size_t>(rank));
+    CHORUS_CHECK_EQ(lane.state.load(std::memory_order_relaxed), kRunning);
+    lane.state.store(kParked, std::memory_order_release);
+    lane.state.notify_one();
+    lane.state.wait(kParked, std::memory_order_acquire);  // until resumed
+  }
+
+  bool finished(int rank) const override {
+    return lanes_.at(static_cast<std::size_t>(rank)).state.load(std::memory_order_acquire) ==
+           kFinished;
+  }
+
+  void stop() override {
+    for (std::size_t r = 0; r < threads_.size(); ++r) {
+      CHORUS_CHECK(lanes_[r].state.load(std::memory_order_acquire) == kFinished);
+      threads_[r].join();
+    }
+    threads_.clear();
+  }
+
+ private:
+  static constexpr std::uint32_t kParked = 0;
+  static constexpr std::uint32_t kRunning = 1;
+  static constexpr std::uint32_t kFinished = 2;
+
+  struct Lane {
+    std::atomic<std::uint32_t> state{kParked};
+  };
+
+  void run_lane(int rank) {
+    Lane& lane = lanes_[static_cast<std::size_t>(rank)];
+    lane.state.wait(kParked, std::memory_order_acquire);  // until first resumed
+    body_(rank);
+    lane.state.store(kFinished, std::memory_order_release);
+    lane.state.notify_one();
+  }
+
+  std::function<void(int)> body_;
+  std::vector<Lane> lanes_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankExecutor> make_thread_executor() { return std::make_unique<ThreadExecutor>(); }
+
+ExecutorKind resolve_executor(ExecutorKind kind) noexcept {
+  if (kind != ExecutorKind::Auto) {
+    return kind;
+  }
+#if defined(CHORUS_TSAN)
+  return ExecutorKind::Threads;
+#else
+  return ExecutorKind::Fibers;
+#endif
+}
+
+}  // namespace chorus::sim::detail

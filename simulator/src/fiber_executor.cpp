@@ -1,0 +1,140 @@
+// The fiber rank executor (Note [Rank executor]): each rank is a Boost.Context fiber with its
+// own guarded stack, switched on the scheduler's thread. Under AddressSanitizer every switch is
+// announced with the sanitizer's fiber API, so ASan follows the stacks.
+
+#include <boost/context/fiber.hpp>
+#include <boost/context/protected_fixedsize_stack.hpp>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "chorus/check.hpp"
+#include "executor.hpp"
+
+#if defined(CHORUS_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace chorus::sim::detail {
+namespace {
+
+namespace ctx = boost::context;
+
+#if defined(CHORUS_ASAN)
+constexpr std::size_t kStackBytes = std::size_t{8} << 20;  // ASan's redzones grow frames
+#else
+constexpr std::size_t kStackBytes = std::size_t{1} << 20;
+#endif
+
+// Announces stack switches to ASan; no-ops otherwise.
+struct SanitizerStack {
+  const void* bottom = nullptr;
+  std::size_t size = 0;
+  void* fake_stack = nullptr;
+};
+
+inline void start_switch([[maybe_unused]] void** fake_stack_save,
+                         [[maybe_unused]] const SanitizerStack& to) {
+#if defined(CHORUS_ASAN)
+  __sanitizer_start_switch_fiber(fake_stack_save, to.bottom, to.size);
+#endif
+}
+
+inline void finish_switch([[maybe_unused]] void* fake_stack,
+                          [[maybe_unused]] SanitizerStack* from) {
+#if defined(CHORUS_ASAN)
+  if (from != nullptr) {
+    __sanitizer_finish_switch_fiber(fake_stack, &from->bottom, &from->size);
+  } else {
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+  }
+#endif
+}
+
+class FiberExecutor final : public RankExecutor {
+ public:
+  ~FiberExecutor() override { stop(); }
+
+  void start(int count, std::function<void(int)> body) override {
+    CHORUS_CHECK(lanes_.empty());
+    body_ = std::move(body);
+    lanes_.resize(static_cast<std::size_t>(count));
+    for (int rank = 0; rank < count; ++rank) {
+      Lane& lane = lanes_[static_cast<std::size_t>(rank)];
+      lane.fiber = ctx::fiber(
+          std::allocator_arg, RecordingStack{&lane.stack},
+          [this, rank](ctx::fiber&& scheduler) { return run_lane(rank, std::move(scheduler)); });
+    }
+  }
+
+  void resume(int rank) override {
+    Lane& lane = lanes_.at(static_cast<std::size_t>(rank));
+    CHORUS_CHECK(!lane.finished);
+    void* fake_stack = nullptr;
+    start_switch(&fake_stack, lane.stack);
+    lane.fiber = std::move(lane.fiber).resume();
+    finish_switch(fake_stack, nullptr);
+  }
+
+  void suspend(int rank) override {
+    Lane& lane = lanes_.at(static_cast<std::size_t>(rank));
+    start_switch(&lane.stack.fake_stack, scheduler_stack_);
+    lane.scheduler = std::move(lane.scheduler).resume();
+    finish_switch(lane.stack.fake_stack, &scheduler_stack_);
+  }
+
+  bool finished(int rank) const override {
+    return lanes_.at(static_cast<std::size_t>(rank)).finished;
+  }
+
+  void stop() override {
+    for (const Lane& lane : lanes_) {
+      CHORUS_CHECK(lane.finished);
+    }
+    lanes_.clear();
+  }
+
+ private:
+  struct Lane {
+    ctx::fiber fiber;      // the rank, while suspended
+    ctx::fiber scheduler;  // the scheduler, while the rank runs
+    SanitizerStack stack;
+    bool finished = false;
+  };
+
+  // A guarded stack that tells its lane where it lives (for the sanitizer annotations).
+  struct RecordingStack {
+    SanitizerStack* record;
+    ctx::protected_fixedsize_stack stack{kStackBytes};
+
+    ctx::stack_context allocate() {
+      ctx::stack_context context = stack.allocate();
+      record->bottom = static_cast<char*>(context.sp) - context.size;
+      record->size = context.size;
+      return context;
+    }
+    void deallocate(ctx::stack_context& context) noexcept { stack.deallocate(context); }
+  };
+
+  ctx::fiber run_lane(int rank, ctx::fiber&& scheduler) {
+    finish_switch(nullptr, &scheduler_stack_);
+    Lane& lane = lanes_[static_cast<std::size_t>(rank)];
+    lane.scheduler = std::move(scheduler);
+    body_(rank);
+    lane.finished = true;
+    start_switch(nullptr, scheduler_stack_);  // this stack is about to die
+    return std::move(lane.scheduler);
+  }
+
+  std::function<void(int)> body_;
+  std::vector<Lane> lanes_;
+  SanitizerStack scheduler_stack_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankExecutor> make_fiber_executor() { return std::make_unique<FiberExecutor>(); }
+
+}  // namespace chorus::sim::detail

@@ -1,0 +1,144 @@
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "chorus/error.hpp"
+#include "chorus/runtime.hpp"
+#include "chorus/sim/sim.hpp"
+#include "world.hpp"
+
+namespace chorus::sim {
+namespace {
+
+// Shell-quotes one argument when it needs it.
+std::string quote(const std::string& arg) {
+  if (!arg.empty() && arg.find_first_of(" \t\n'\"\\$`*?[]{}()<>|&;#~!") == std::string::npos) {
+    return arg;
+  }
+  std::string out = "'";
+  for (char c : arg) {
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  }
+  return out + "'";
+}
+
+// "CHORUS_SIM_SEED=<seed> <this process's command line>".
+std::string replay_command(std::uint64_t seed) {
+  std::string command = "CHORUS_SIM_SEED=" + std::to_string(seed);
+  std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  std::string arg;
+  for (char c : raw) {
+    if (c == '\0') {
+      command += " " + quote(arg);
+      arg.clear();
+    } else {
+      arg += c;
+    }
+  }
+  if (!arg.empty()) {
+    command += " " + quote(arg);
+  }
+  return command;
+}
+
+SimOptions effective_options(const SimOptions& options) {
+  SimOptions effective = options;
+  if (options.seed_from_environment) {
+    if (const char* text = std::getenv("CHORUS_SIM_SEED"); text != nullptr && *text != '\0') {
+      char* end = nullptr;
+      const unsigned long long seed = std::strtoull(text, &end, 0);
+      if (end == nullptr || *end != '\0') {
+        throw InvalidArgument(
+            ErrorContext{-1, "sim::run", -1, ""},
+            std::string("CHORUS_SIM_SEED='") + text + "' is not an unsigned integer");
+      }
+      effective.seed = seed;
+    }
+  }
+  if (options.executor == ExecutorKind::Auto) {
+    if (const char* text = std::getenv("CHORUS_SIM_EXECUTOR"); text != nullptr && *text != '\0') {
+      const std::string name = text;
+      if (name == "fibers") {
+        effective.executor = ExecutorKind::Fibers;
+      } else if (name == "threads") {
+        effective.executor = ExecutorKind::Threads;
+      } else {
+        throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""},
+                              "CHORUS_SIM_EXECUTOR='" + name + "': expected fibers or threads");
+      }
+    }
+  }
+  return effective;
+}
+
+}  // namespace
+
+std::string Decision::to_string() const {
+  if (kind == Kind::RunRank) {
+    return "run rank " + std::to_string(rank);
+  }
+  return "complete comm " + std::to_string(comm_id) + " #" + std::to_string(seq);
+}
+
+bool SimReport::ok() const noexcept { return first_error == nullptr; }
+
+std::string SimReport::to_string() const {
+  std::ostringstream out;
+  out << "chorus sim: " << world_size << " ranks, seed " << seed << ", " << steps
+      << " scheduling decisions, " << collectives_completed
+      << " collectives completed, virtual time "
+      << std::chrono::duration<double, std::micro>(virtual_time).count() << " us, schedule hash "
+      << std::hex << schedule_hash << std::dec << "\n";
+  for (std::size_t r = 0; r < rank_errors.size(); ++r) {
+    if (!rank_errors[r].empty()) {
+      out << "  rank " << r << " failed: " << rank_errors[r] << "\n";
+    }
+  }
+  if (!unwaited.empty()) {
+    out << "  " << unwaited.size() << " collective(s) never waited:\n";
+    for (const UnwaitedWork& work : unwaited) {
+      out << "    " << work.to_string() << "\n";
+    }
+  }
+  if (!ok()) {
+    out << "  replay: " << replay_command << "\n";
+  }
+  return out.str();
+}
+
+SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
+  const SimOptions effective = effective_options(options);
+  if (effective.world_size < 1 || effective.world_size > kMaxWorldSize) {
+    throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""},
+                          "world_size " + std::to_string(effective.world_size) +
+                              " is out of range [1, " + std::to_string(kMaxWorldSize) + "]");
+  }
+  if (RankContext::current() != nullptr) {
+    throw InvalidArgument(ErrorContext{RankContext::current()->rank(), "sim::run", -1, ""},
+                          "sim::run cannot be called from inside a rank");
+  }
+  auto world = std::make_shared<detail::SimWorld>(effective);
+  SimReport report = world->run(std::move(rank_main));
+  report.replay_command = replay_command(report.seed);
+  if (!report.ok() && effective.print_failures) {
+    std::fprintf(stderr, "%s", report.to_string().c_str());
+    std::fflush(stderr);
+  }
+  return report;
+}
+
+SimReport run(const SimOptions& options, std::function<void()> rank_main) {
+  SimReport report = simulate(options, std::move(rank_main));
+  if (report.first_error) {
+    std::rethrow_exception(report.first_error);
+  }
+  return report;
+}
+
+}  // namespace chorus::sim

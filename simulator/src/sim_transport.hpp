@@ -1,0 +1,71 @@
+#pragma once
+
+// The simulator behind the transport seam: one SimTransport per rank, one SimComm per rank and
+// group, both thin adaptors over the shared SimWorld.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/transport/transport.hpp"
+
+namespace chorus::sim::detail {
+
+class SimWorld;
+struct SimGroup;
+struct SimOp;
+
+class SimTransport final : public transport::Transport {
+ public:
+  SimTransport(std::shared_ptr<SimWorld> world, int rank);
+
+  std::string_view name() const noexcept override { return "sim"; }
+  int rank() const noexcept override { return rank_; }
+  int world_size() const noexcept override;
+  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                               const std::vector<int>& ranks) override;
+  transport::Duration now() override;
+  std::string supports(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
+                       Device device) const override;
+
+ private:
+  std::shared_ptr<SimWorld> world_;
+  int rank_;
+};
+
+class SimComm final : public transport::Comm {
+ public:
+  SimComm(std::shared_ptr<SimWorld> world, std::shared_ptr<SimGroup> group, int rank);
+  ~SimComm() override;
+
+  std::uint64_t id() const noexcept override;
+  const std::string& tag() const noexcept override;
+  const std::vector<int>& ranks() const noexcept override;
+  int group_rank() const noexcept override { return group_rank_; }
+
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const ReduceOp& reduce_op,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
+                                                  const transport::Buffer& recv,
+                                                  const ReduceOp& reduce_op,
+                                                  const transport::OpInfo& info) override;
+  void begin_group() override;
+  std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
+
+ private:
+  std::shared_ptr<transport::Work> submit(SimOp op, const transport::OpInfo& info);
+
+  std::shared_ptr<SimWorld> world_;
+  std::shared_ptr<SimGroup> group_;
+  int rank_;
+  int group_rank_;
+  bool batching_ = false;
+  std::vector<SimOp> batch_;
+};
+
+}  // namespace chorus::sim::detail

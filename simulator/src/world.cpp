@@ -1,0 +1,653 @@
+#include "world.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "chorus/check.hpp"
+#include "chorus/kernels.hpp"
+#include "sim_transport.hpp"
+
+namespace chorus::sim::detail {
+namespace {
+
+// The simulated rank running on this OS thread (rebound at every switch, like
+// RankContext::current).
+struct CurrentRank {
+  const SimWorld* world = nullptr;
+  int rank = -1;
+};
+thread_local CurrentRank current_rank;
+
+std::string what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
+std::uint64_t decision_code(const Decision& decision) {
+  std::uint64_t code = decision.kind == Decision::Kind::RunRank ? 1 : 2;
+  code = hash_combine(code, static_cast<std::uint64_t>(decision.rank));
+  code = hash_combine(code, decision.comm_id);
+  return hash_combine(code, static_cast<std::uint64_t>(decision.seq));
+}
+
+bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
+  const auto* a0 = static_cast<const unsigned char*>(a.data);
+  const auto* b0 = static_cast<const unsigned char*>(b.data);
+  if (a0 == nullptr || b0 == nullptr || a.nbytes() == 0 || b.nbytes() == 0) {
+    return false;
+  }
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+}  // namespace
+
+// ---- SimWork
+
+SimWork::SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint fingerprint,
+                 ErrorContext context)
+    : world_(std::move(world)),
+      rank_(rank),
+      fingerprint_(std::move(fingerprint)),
+      context_(std::move(context)) {}
+
+bool SimWork::is_completed() {
+  if (std::shared_ptr<SimWorld> world = world_.lock(); world && world->is_current_rank(rank_)) {
+    return world->poll_on_rank(*this);
+  }
+  return status() != transport::WorkStatus::Pending;
+}
+
+void SimWork::wait(transport::Deadline deadline) {
+  if (status() == transport::WorkStatus::Pending) {
+    std::shared_ptr<SimWorld> world = world_.lock();
+    // A world ends only after failing every outstanding work (Note [Simulator failures]).
+    CHORUS_CHECK(world != nullptr);
+    if (world->is_current_rank(rank_)) {
+      world->wait_on_rank(*this, deadline);
+    } else {
+      world->wait_off_rank(*this);
+    }
+  }
+  rethrow_if_failed();
+}
+
+void SimWork::wait_on(void* /*stream*/) {
+  throw InvalidArgument(context_, "the sim transport has no device streams; wait on the host");
+}
+
+std::exception_ptr SimWork::error() const {
+  return status() == transport::WorkStatus::Failed ? error_ : nullptr;
+}
+
+void SimWork::mark_completed() noexcept {
+  CHORUS_CHECK(status() == transport::WorkStatus::Pending);
+  status_.store(transport::WorkStatus::Completed, std::memory_order_release);
+}
+
+void SimWork::mark_failed(std::exception_ptr error) noexcept {
+  CHORUS_CHECK(status() == transport::WorkStatus::Pending);
+  error_ = std::move(error);
+  status_.store(transport::WorkStatus::Failed, std::memory_order_release);
+}
+
+void SimWork::rethrow_if_failed() const {
+  if (status() == transport::WorkStatus::Failed) {
+    std::rethrow_exception(error_);
+  }
+}
+
+int SimGroup::group_rank_of(int rank) const noexcept {
+  auto it = std::find(ranks.begin(), ranks.end(), rank);
+  return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+}
+
+// ---- SimWorld: setup and the rank side
+
+SimWorld::SimWorld(SimOptions options) : options_(options), rng_(options.seed) {
+  CHORUS_CHECK_GE(options_.world_size, 1);
+  CHORUS_CHECK_LE(options_.world_size, kMaxWorldSize);
+}
+
+SimWorld::~SimWorld() = default;
+
+bool SimWorld::is_current_rank(int rank) const noexcept {
+  return current_rank.world == this && current_rank.rank == rank;
+}
+
+void SimWorld::bind(int rank) noexcept {
+  current_rank = CurrentRank{this, rank};
+  RankContext::bind(ranks_[static_cast<std::size_t>(rank)].context.get());
+}
+
+void SimWorld::yield(int rank) {
+  CHORUS_CHECK(is_current_rank(rank));
+  executor_->suspend(rank);
+  bind(rank);  // fibers share the OS thread: restore this rank's bindings
+}
+
+void SimWorld::rank_body(int rank) {
+  bind(rank);
+  RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
+  try {
+    rank_main_();
+  } catch (...) {
+    slot.error = std::current_exception();
+    slot.failed = true;
+    slot.failure = what_of(slot.error);
+  }
+  // From here the rank never starts another operation: peers stop waiting for it now, before
+  // it completes its leftovers (which may need those peers).
+  slot.exited = true;
+  on_rank_exit(rank);
+  RankContext::Summary summary = slot.context->finish();
+  slot.unwaited = std::move(summary.unwaited);
+  if (!slot.error && summary.error) {
+    slot.error = summary.error;
+    slot.failed = true;
+    slot.failure = what_of(summary.error);
+  }
+  if (slot.error && !first_error_) {
+    first_error_ = slot.error;
+  }
+  slot.phase = Phase::Finished;
+  RankContext::bind(nullptr);
+  current_rank = CurrentRank{};
+}
+
+std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
+                                              const std::vector<int>& ranks) {
+  auto key = std::make_pair(tag, ranks);
+  auto it = group_index_.find(key);
+  if (it != group_index_.end()) {
+    return groups_[it->second];
+  }
+  auto group = std::make_shared<SimGroup>();
+  group->id = groups_.size() + 1;
+  group->tag = tag;
+  group->ranks = ranks;
+  group->issued.assign(ranks.size(), 0);
+  group->label = "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    group->label += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
+  }
+  group->label += "]";
+  if (!tag.empty()) {
+    group->label = "'" + tag + "' " + group->label;
+  }
+  group_index_.emplace(std::move(key), groups_.size());
+  groups_.push_back(group);
+  return group;
+}
+
+std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<SimOp> ops,
+                                         const transport::OpInfo& info) {
+  CHORUS_CHECK(is_current_rank(rank));
+  CHORUS_CHECK(!ranks_[static_cast<std::size_t>(rank)].exited);
+  const int group_rank = group.group_rank_of(rank);
+  CHORUS_CHECK_GE(group_rank, 0);
+  // Core numbers each communicator's operations 0, 1, 2, ... (Note [Transport contract]).
+  CHORUS_CHECK_EQ(info.seq, group.issued[static_cast<std::size_t>(group_rank)]);
+  group.issued[static_cast<std::size_t>(group_rank)] += 1;
+
+  transport::Fingerprint fingerprint{group.id, info.seq, {}};
+  for (const SimOp& op : ops) {
+    fingerprint.ops.push_back(transport::OpSignature{op.kind, op.send.dtype, op.send.count,
+                                                     op.recv.count, op.reduce_op, -1});
+  }
+  auto work =
+      std::make_shared<SimWork>(weak_from_this(), rank, fingerprint,
+                                ErrorContext{rank, std::string(info.name), info.seq, group.label});
+
+  // Outputs hold poison until completion, so a read that skipped the wait sees garbage.
+  for (const SimOp& op : ops) {
+    if (!overlaps(op.send, op.recv) && op.recv.count > 0) {
+      kernels::fill_poison(op.recv.data, op.recv.dtype, op.recv.count);
+    }
+  }
+
+  if (auto failed = group.failures.find(info.seq); failed != group.failures.end()) {
+    fail_work(*work, failed->second.code, failed->second.detail);
+  } else if (livelocked_) {
+    fail_work(*work, ErrorCode::Aborted, "the simulation exceeded its step budget and was aborted");
+  } else if (group.aborted_from >= 0 && info.seq >= group.aborted_from) {
+    fail_work(*work, ErrorCode::Aborted, "the communicator was aborted: " + group.abort_reason);
+  } else {
+    SimGroup::Slot& slot = group.slots[info.seq];
+    if (slot.arrivals.empty()) {
+      slot.arrivals.resize(group.ranks.size());
+    }
+    SimGroup::Arrival& arrival = slot.arrivals[static_cast<std::size_t>(group_rank)];
+    CHORUS_CHECK(!arrival.arrived);
+    arrival = SimGroup::Arrival{true, std::move(ops), work, std::string(info.name), info.site};
+    slot.arrived += 1;
+    // Compare with the first other arrival: every arrival is compared, so all must agree.
+    const SimGroup::Arrival* reference = nullptr;
+    int reference_rank = -1;
+    for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
+      if (slot.arrivals[i].arrived && static_cast<int>(i) != group_rank) {
+        reference = &slot.arrivals[i];
+        reference_rank = group.ranks[i];
+        break;
+      }
+    }
+    if (reference != nullptr && (!reference->work->fingerprint().same_ops(fingerprint) ||
+                                 reference->op_name != info.name)) {
+      std::ostringstream detail;
+      detail << "ranks disagree on operation #" << info.seq << " of group " << group.label
+             << ": rank " << reference_rank << " issued " << reference->op_name << " "
+             << reference->work->fingerprint().to_string() << " at " << reference->site.to_string()
+             << "; rank " << rank << " issued " << info.name << " " << fingerprint.to_string()
+             << " at " << info.site.to_string();
+      fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
+      abort_group(group, info.seq + 1,
+                  "operation #" + std::to_string(info.seq) + " was a collective mismatch");
+    } else {
+      check_absent_members(group, info.seq);
+    }
+  }
+  yield(rank);
+  return work;
+}
+
+void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline) {
+  const int rank = work.rank();
+  RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
+  // Every API call is a scheduling point, even when the work is already done.
+  yield(rank);
+  while (work.status() == transport::WorkStatus::Pending) {
+    if (!deadline.is_never() && now_ >= deadline.at) {
+      slot.timed_out = true;
+    }
+    if (slot.timed_out) {
+      slot.timed_out = false;
+      const auto seconds = std::chrono::duration<double>(deadline.at).count();
+      throw Timeout(work.context(), "the wait passed its deadline (virtual time " +
+                                        std::to_string(seconds) +
+                                        " s) before the collective completed");
+    }
+    slot.phase = Phase::Blocked;
+    slot.blocked_on = &work;
+    slot.deadline = deadline;
+    yield(rank);
+    CHORUS_CHECK(slot.phase == Phase::Runnable);
+  }
+  slot.timed_out = false;  // a timeout that raced with completion is moot
+}
+
+bool SimWorld::poll_on_rank(SimWork& work) {
+  yield(work.rank());
+  return work.status() != transport::WorkStatus::Pending;
+}
+
+void SimWorld::wait_off_rank(SimWork& work) {
+  off_rank_waiters_.fetch_add(1, std::memory_order_acq_rel);
+  {
+    std::unique_lock<std::mutex> lock(off_rank_mutex_);
+    off_rank_cv_.wait(lock, [&] { return work.status() != transport::WorkStatus::Pending; });
+  }
+  off_rank_waiters_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void SimWorld::notify_off_rank_waiters() {
+  if (off_rank_waiters_.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> lock(off_rank_mutex_);
+    off_rank_cv_.notify_all();
+  }
+}
+
+// ---- The scheduler
+
+SimReport SimWorld::run(std::function<void()> rank_main) {
+  rank_main_ = std::move(rank_main);
+  const int size = options_.world_size;
+  ranks_.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    RankOptions rank_options;
+    rank_options.timeout = options_.timeout;
+    ranks_[static_cast<std::size_t>(r)].context = std::make_unique<RankContext>(
+        std::make_shared<SimTransport>(shared_from_this(), r), rank_options);
+  }
+  executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
+                                                                          : make_thread_executor();
+  executor_->start(size, [this](int rank) { rank_body(rank); });
+  schedule();
+  executor_->stop();
+
+  SimReport report;
+  report.world_size = size;
+  report.seed = options_.seed;
+  report.steps = steps_;
+  report.schedule_hash = schedule_hash_;
+  report.schedule = std::move(schedule_);
+  report.collectives_completed = completed_;
+  report.virtual_time = now_;
+  report.rank_errors.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    RankSlot& slot = ranks_[static_cast<std::size_t>(r)];
+    report.unwaited.insert(report.unwaited.end(), slot.unwaited.begin(), slot.unwaited.end());
+    report.rank_errors[static_cast<std::size_t>(r)] = slot.failure;
+  }
+  report.first_error = first_error_;
+  // Rank contexts go before the world: their transports point at it.
+  for (RankSlot& slot : ranks_) {
+    slot.context.reset();
+  }
+  ended_.store(true, std::memory_order_release);
+  return report;
+}
+
+void SimWorld::schedule() {
+  const int size = options_.world_size;
+  while (true) {
+    wake_timed_out_ranks();
+    candidates_.clear();
+    for (int r = 0; r < size; ++r) {
+      if (ranks_[static_cast<std::size_t>(r)].phase == Phase::Runnable) {
+        candidates_.push_back(Decision{Decision::Kind::RunRank, r, 0, -1});
+      }
+    }
+    for (const std::shared_ptr<SimGroup>& group : groups_) {
+      auto head = group->slots.begin();
+      if (head != group->slots.end() && head->first == group->next_to_complete &&
+          head->second.arrived == static_cast<int>(group->ranks.size())) {
+        candidates_.push_back(Decision{Decision::Kind::CompleteOp, -1, group->id, head->first});
+      }
+    }
+    if (candidates_.empty()) {
+      bool all_finished = true;
+      for (const RankSlot& slot : ranks_) {
+        all_finished = all_finished && slot.phase == Phase::Finished;
+      }
+      if (all_finished) {
+        break;
+      }
+      declare_deadlock("no rank can make progress (deadlock)");
+      continue;
+    }
+    if (steps_ >= options_.max_steps && !livelocked_) {
+      livelocked_ = true;
+      declare_deadlock("the simulation took " + std::to_string(steps_) +
+                       " scheduling decisions without ending (livelock?); step budget "
+                       "SimOptions::max_steps exhausted");
+      continue;
+    }
+    const Decision decision = candidates_[static_cast<std::size_t>(rng_.below(candidates_.size()))];
+    schedule_hash_ = hash_combine(schedule_hash_, decision_code(decision));
+    if (schedule_.size() < options_.schedule_record_max) {
+      schedule_.push_back(decision);
+    }
+    ++steps_;
+    now_ += kStepDuration;
+    execute(decision);
+  }
+  // Nothing can be outstanding once every rank finished: each rank completed its works before
+  // finishing, and an operation a finished rank never joined was failed when it exited.
+  for (const std::shared_ptr<SimGroup>& group : groups_) {
+    CHORUS_CHECK(group->slots.empty());
+  }
+}
+
+void SimWorld::execute(const Decision& decision) {
+  if (decision.kind == Decision::Kind::RunRank) {
+    RankSlot& slot = ranks_[static_cast<std::size_t>(decision.rank)];
+    CHORUS_CHECK(slot.phase == Phase::Runnable);
+    executor_->resume(decision.rank);
+    RankContext::bind(nullptr);
+    current_rank = CurrentRank{};
+    if (executor_->finished(decision.rank)) {
+      CHORUS_CHECK(slot.phase == Phase::Finished);
+    }
+    return;
+  }
+  SimGroup& group = *groups_[decision.comm_id - 1];
+  CHORUS_CHECK_EQ(group.slots.begin()->first, decision.seq);
+  complete_operation(group);
+}
+
+void SimWorld::complete_operation(SimGroup& group) {
+  auto head = group.slots.begin();
+  SimGroup::Slot slot = std::move(head->second);
+  group.slots.erase(head);
+  group.next_to_complete += 1;
+  const std::size_t size = group.ranks.size();
+  const std::size_t num_ops = slot.arrivals[0].ops.size();
+  std::vector<const void*> sources(size);
+  for (std::size_t i = 0; i < num_ops; ++i) {
+    const SimOp& first = slot.arrivals[0].ops[i];
+    const DType dtype = first.send.dtype;
+    const std::size_t element = element_size(dtype);
+    switch (first.kind) {
+      case transport::OpKind::AllReduce: {
+        // Reduce into rank 0's output unless it overlaps another rank's input, then copy.
+        bool recv0_overlaps = false;
+        for (std::size_t j = 0; j < size; ++j) {
+          sources[j] = slot.arrivals[j].ops[i].send.data;
+          recv0_overlaps =
+              recv0_overlaps || (j > 0 && overlaps(first.recv, slot.arrivals[j].ops[i].send));
+        }
+        void* target = first.recv.data;
+        if (recv0_overlaps) {
+          scratch_.resize(first.recv.nbytes());
+          target = scratch_.data();
+        }
+        kernels::reduce(target, sources.data(), size, first.send.count, dtype, first.reduce_op);
+        for (std::size_t j = 0; j < size; ++j) {
+          void* recv = slot.arrivals[j].ops[i].recv.data;
+          if (recv != target && first.recv.nbytes() > 0) {
+            std::memcpy(recv, target, first.recv.nbytes());
+          }
+        }
+        break;
+      }
+      case transport::OpKind::AllGather: {
+        const std::size_t block = first.send.nbytes();
+        for (std::size_t dst = 0; dst < size; ++dst) {
+          auto* recv = static_cast<unsigned char*>(slot.arrivals[dst].ops[i].recv.data);
+          for (std::size_t src = 0; src < size && block > 0; ++src) {
+            std::memcpy(recv + src * block, slot.arrivals[src].ops[i].send.data, block);
+          }
+        }
+        break;
+      }
+      case transport::OpKind::ReduceScatter: {
+        const std::size_t count = first.recv.count;
+        for (std::size_t dst = 0; dst < size; ++dst) {
+          for (std::size_t j = 0; j < size; ++j) {
+            sources[j] = static_cast<const unsigned char*>(slot.arrivals[j].ops[i].send.data) +
+                         dst * count * element;
+          }
+          if (count > 0) {
+            kernels::reduce(slot.arrivals[dst].ops[i].recv.data, sources.data(), size, count, dtype,
+                            first.reduce_op);
+          }
+        }
+        break;
+      }
+    }
+  }
+  for (SimGroup::Arrival& arrival : slot.arrivals) {
+    arrival.work->mark_completed();
+    RankSlot& waiter = ranks_[static_cast<std::size_t>(arrival.work->rank())];
+    if (waiter.phase == Phase::Blocked && waiter.blocked_on == arrival.work.get()) {
+      waiter.phase = Phase::Runnable;
+      waiter.blocked_on = nullptr;
+    }
+  }
+  ++completed_;
+  notify_off_rank_waiters();
+}
+
+void SimWorld::wake_timed_out_ranks() {
+  for (RankSlot& slot : ranks_) {
+    if (slot.phase == Phase::Blocked && !slot.deadline.is_never() && now_ >= slot.deadline.at) {
+      slot.phase = Phase::Runnable;
+      slot.blocked_on = nullptr;
+      slot.timed_out = true;
+    }
+  }
+}
+
+// ---- Failures (Note [Simulator failures])
+
+void SimWorld::fail_work(SimWork& work, ErrorCode code, const std::string& detail) {
+  work.mark_failed(make_error(code, work.context(), detail));
+  RankSlot& waiter = ranks_[static_cast<std::size_t>(work.rank())];
+  if (waiter.phase == Phase::Blocked && waiter.blocked_on == &work) {
+    waiter.phase = Phase::Runnable;
+    waiter.blocked_on = nullptr;
+  }
+}
+
+void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
+                         const std::string& detail) {
+  group.failures.emplace(seq, SimGroup::Failure{code, detail});
+  auto it = group.slots.find(seq);
+  if (it == group.slots.end()) {
+    return;
+  }
+  SimGroup::Slot slot = std::move(it->second);
+  group.slots.erase(it);
+  for (SimGroup::Arrival& arrival : slot.arrivals) {
+    if (arrival.arrived) {
+      fail_work(*arrival.work, code, detail);
+    }
+  }
+  notify_off_rank_waiters();
+}
+
+void SimWorld::abort_group(SimGroup& group, std::int64_t from_seq, const std::string& reason) {
+  if (group.aborted_from >= 0 && group.aborted_from <= from_seq) {
+    return;
+  }
+  group.aborted_from = from_seq;
+  group.abort_reason = reason;
+  std::vector<std::int64_t> doomed;
+  for (const auto& [seq, slot] : group.slots) {
+    if (seq >= from_seq) {
+      doomed.push_back(seq);
+    }
+  }
+  for (std::int64_t seq : doomed) {
+    fail_slot(group, seq, ErrorCode::Aborted, "the communicator was aborted: " + reason);
+  }
+}
+
+std::pair<ErrorCode, std::string> SimWorld::absence(int rank) const {
+  const RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
+  if (!slot.exited) {
+    return {ErrorCode::Aborted, {}};
+  }
+  if (slot.failed) {
+    return {ErrorCode::RankFailure, "rank " + std::to_string(rank) +
+                                        " failed before joining this collective: " + slot.failure};
+  }
+  return {ErrorCode::Deadlock, "rank " + std::to_string(rank) +
+                                   " returned from its rank function without joining this "
+                                   "collective (on NCCL this would hang)"};
+}
+
+void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq) {
+  auto it = group.slots.find(seq);
+  if (it == group.slots.end()) {
+    return;
+  }
+  for (std::size_t i = 0; i < group.ranks.size(); ++i) {
+    if (it->second.arrivals[i].arrived) {
+      continue;
+    }
+    auto [code, why] = absence(group.ranks[i]);
+    if (!why.empty()) {
+      fail_slot(group, seq, code, why);
+      return;
+    }
+  }
+}
+
+void SimWorld::on_rank_exit(int rank) {
+  for (const std::shared_ptr<SimGroup>& group : groups_) {
+    const int group_rank = group->group_rank_of(rank);
+    if (group_rank < 0) {
+      continue;
+    }
+    std::vector<std::int64_t> seqs;
+    for (const auto& [seq, slot] : group->slots) {
+      seqs.push_back(seq);
+    }
+    for (std::int64_t seq : seqs) {
+      check_absent_members(*group, seq);
+    }
+  }
+}
+
+std::string SimWorld::rank_table() const {
+  std::ostringstream out;
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    const RankSlot& slot = ranks_[r];
+    out << "\n  rank " << r << ": ";
+    switch (slot.phase) {
+      case Phase::Runnable:
+        out << (slot.exited ? "ended, completing its un-waited collectives" : "runnable");
+        break;
+      case Phase::Finished:
+        out << (slot.failed ? "ended with an error: " + slot.failure : "finished");
+        break;
+      case Phase::Blocked: {
+        const SimWork& work = *slot.blocked_on;
+        out << "waiting in " << work.context().op << " #" << work.context().seq << " on group "
+            << work.context().group;
+        const SimGroup& group = *groups_[work.fingerprint().comm_id - 1];
+        auto it = group.slots.find(work.context().seq);
+        if (it != group.slots.end()) {
+          const SimGroup::Arrival& mine =
+              it->second.arrivals[static_cast<std::size_t>(group.group_rank_of(work.rank()))];
+          out << " (issued at " << mine.site.to_string() << ")";
+          std::string missing;
+          for (std::size_t i = 0; i < group.ranks.size(); ++i) {
+            if (!it->second.arrivals[i].arrived) {
+              missing += (missing.empty() ? "" : ", ") + std::to_string(group.ranks[i]);
+            }
+          }
+          if (!missing.empty()) {
+            out << "; not yet joined by rank(s) " << missing;
+          } else if (group.next_to_complete != work.context().seq) {
+            out << "; queued behind #" << group.next_to_complete << " of the same group";
+          }
+        }
+        break;
+      }
+    }
+  }
+  return out.str();
+}
+
+void SimWorld::declare_deadlock(const std::string& why) {
+  const std::string detail = why + ":" + rank_table();
+  for (const std::shared_ptr<SimGroup>& group : groups_) {
+    if (!group->slots.empty()) {
+      const std::int64_t first = group->slots.begin()->first;
+      std::vector<std::int64_t> seqs;
+      for (const auto& [seq, slot] : group->slots) {
+        seqs.push_back(seq);
+      }
+      for (std::int64_t seq : seqs) {
+        fail_slot(*group, seq, ErrorCode::Deadlock, detail);
+      }
+      abort_group(*group, first, "operation #" + std::to_string(first) + " deadlocked");
+    }
+  }
+  // Every blocked rank waited on an outstanding operation, so all of them can run now.
+  for (const RankSlot& slot : ranks_) {
+    CHORUS_CHECK(slot.phase != Phase::Blocked);
+  }
+}
+
+}  // namespace chorus::sim::detail

@@ -1,0 +1,208 @@
+#pragma once
+
+// The simulated world: N ranks, their communicators' rendezvous tables, and the scheduler.
+//
+// Note [Simulator scheduling]
+// Ranks run one at a time on executor contexts (Note [Rank executor]). Every chorus transport
+// call of a rank (start an operation, wait, poll) is a scheduling point: the rank records what it
+// did and suspends. The scheduler then collects the candidates — runnable ranks, and the head
+// operation of each communicator once every member arrived at it — and lets the seeded RNG pick
+// one: resume that rank, or complete that operation (move the bytes for every member at once, in
+// group-rank order: bitwise-identical results everywhere). Each decision advances virtual time
+// by kStepDuration. Every choice is a pure function of the seed and the program, so a seed
+// replays an interleaving exactly.
+//
+// Note [Simulator failures]
+// - Mismatch: when a rank arrives at operation `seq` of a communicator with a fingerprint that
+//   differs from an earlier arrival, the operation fails on every member with CollectiveMismatch
+//   naming both sides (signature and call site); later operations of that communicator fail with
+//   Aborted.
+// - A rank whose function ended (returned or threw) will never arrive again: every operation it
+//   has not joined fails at once — RankFailure if it threw, Deadlock ("returned without
+//   joining") if it returned.
+// - Deadlock: no candidate but an unfinished rank: every outstanding operation fails with
+//   Deadlock, carrying a table of every rank's state, pending op and call site.
+// - Timeout: a blocked rank whose deadline (virtual time) passed resumes with Timeout.
+// - Livelock: past SimOptions::max_steps decisions, outstanding operations fail with Deadlock and
+//   new ones with Aborted.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "chorus/runtime.hpp"
+#include "chorus/sim/sim.hpp"
+#include "chorus/transport/transport.hpp"
+#include "executor.hpp"
+#include "rng.hpp"
+
+namespace chorus::sim::detail {
+
+class SimWorld;
+
+// One operation of a batch, as one rank started it.
+struct SimOp {
+  transport::OpKind kind = transport::OpKind::AllReduce;
+  transport::Buffer send;
+  transport::Buffer recv;
+  ReduceOp reduce_op = ReduceOp::Kind::Sum;
+};
+
+// One rank's handle on one started operation (a single op or a batch).
+class SimWork final : public transport::Work {
+ public:
+  SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint fingerprint,
+          ErrorContext context);
+
+  bool is_completed() override;
+  void wait(transport::Deadline deadline) override;
+  void wait_on(void* stream) override;
+  transport::WorkStatus status() const override { return status_.load(std::memory_order_acquire); }
+  std::exception_ptr error() const override;
+  const transport::Fingerprint& fingerprint() const override { return fingerprint_; }
+
+  int rank() const noexcept { return rank_; }
+  const ErrorContext& context() const noexcept { return context_; }
+
+  // ---- World side (scheduler).
+  void mark_completed() noexcept;
+  void mark_failed(std::exception_ptr error) noexcept;
+  // Rethrows the stored error when failed.
+  void rethrow_if_failed() const;
+
+ private:
+  std::weak_ptr<SimWorld> world_;
+  int rank_;
+  transport::Fingerprint fingerprint_;
+  ErrorContext context_;
+  std::exception_ptr error_;  // written before status_ becomes Failed
+  std::atomic<transport::WorkStatus> status_{transport::WorkStatus::Pending};
+};
+
+// A communicator's shared rendezvous table.
+struct SimGroup {
+  std::uint64_t id = 0;
+  std::string tag;
+  std::vector<int> ranks;
+  std::string label;
+
+  struct Arrival {
+    bool arrived = false;
+    std::vector<SimOp> ops;
+    std::shared_ptr<SimWork> work;
+    std::string op_name;
+    CallSite site;
+  };
+  struct Slot {
+    std::vector<Arrival> arrivals;  // by group rank
+    int arrived = 0;
+  };
+  struct Failure {
+    ErrorCode code;
+    std::string detail;
+  };
+
+  std::map<std::int64_t, Slot> slots;        // outstanding operations by seq
+  std::map<std::int64_t, Failure> failures;  // failed operations by seq
+  std::int64_t next_to_complete = 0;
+  std::int64_t aborted_from = -1;  // operations from this seq on fail with Aborted
+  std::string abort_reason;
+  std::vector<std::int64_t> issued;  // per group rank: operations started
+
+  int group_rank_of(int rank) const noexcept;
+};
+
+class SimWorld : public std::enable_shared_from_this<SimWorld> {
+ public:
+  explicit SimWorld(SimOptions options);
+  ~SimWorld();
+
+  // Runs the world to its end; see sim::simulate.
+  SimReport run(std::function<void()> rank_main);
+
+  // ---- Called by a rank through its transport. `rank` is the calling rank.
+  std::shared_ptr<SimGroup> group_for(const std::string& tag, const std::vector<int>& ranks);
+  std::shared_ptr<SimWork> start(int rank, SimGroup& group, std::vector<SimOp> ops,
+                                 const transport::OpInfo& info);
+  // Blocks the calling rank (yielding) until `work` finished or `deadline` passed.
+  void wait_on_rank(SimWork& work, transport::Deadline deadline);
+  // A scheduling point; then whether `work` finished.
+  bool poll_on_rank(SimWork& work);
+  // Blocks a thread that is not a simulated rank until `work` finished.
+  void wait_off_rank(SimWork& work);
+
+  transport::Duration now() const noexcept { return now_; }
+  int world_size() const noexcept { return options_.world_size; }
+  // Whether the caller is simulated rank `rank` of this world.
+  bool is_current_rank(int rank) const noexcept;
+
+ private:
+  enum class Phase : std::uint8_t { Runnable, Blocked, Finished };
+
+  struct RankSlot {
+    Phase phase = Phase::Runnable;
+    std::unique_ptr<RankContext> context;
+    SimWork* blocked_on = nullptr;
+    transport::Deadline deadline;
+    bool timed_out = false;
+    bool exited = false;  // its rank function ended: it never starts another operation
+    bool failed = false;  // its rank function ended in an exception
+    std::string failure;  // what() of that exception
+    std::exception_ptr error;
+    std::vector<UnwaitedWork> unwaited;
+  };
+
+  void rank_body(int rank);
+  void yield(int rank);
+  void bind(int rank) noexcept;
+  void schedule();
+  void execute(const Decision& decision);
+  void complete_operation(SimGroup& group);
+  void wake_timed_out_ranks();
+  void declare_deadlock(const std::string& why);
+  std::string rank_table() const;
+
+  // Failure plumbing (Note [Simulator failures]).
+  void fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code, const std::string& detail);
+  void fail_work(SimWork& work, ErrorCode code, const std::string& detail);
+  void abort_group(SimGroup& group, std::int64_t from_seq, const std::string& reason);
+  void on_rank_exit(int rank);
+  // Why `rank` will never arrive at another operation, or empty if it still may.
+  std::pair<ErrorCode, std::string> absence(int rank) const;
+  void check_absent_members(SimGroup& group, std::int64_t seq);
+  void notify_off_rank_waiters();
+
+  SimOptions options_;
+  Rng rng_;
+  std::unique_ptr<RankExecutor> executor_;
+  std::function<void()> rank_main_;
+  std::vector<RankSlot> ranks_;
+  std::vector<std::shared_ptr<SimGroup>> groups_;  // creation order (deterministic)
+  std::map<std::pair<std::string, std::vector<int>>, std::size_t> group_index_;
+  std::vector<Decision> candidates_;
+  transport::Duration now_{0};
+  std::uint64_t steps_ = 0;
+  std::uint64_t schedule_hash_ = 0;
+  std::vector<Decision> schedule_;
+  std::uint64_t completed_ = 0;
+  bool livelocked_ = false;
+  std::exception_ptr first_error_;
+  std::vector<unsigned char> scratch_;
+
+  // Threads that are not ranks wait here (Note [Rank executor]: ranks never block on it).
+  std::mutex off_rank_mutex_;
+  std::condition_variable off_rank_cv_;
+  std::atomic<int> off_rank_waiters_{0};
+  std::atomic<bool> ended_{false};
+};
+
+}  // namespace chorus::sim::detail

@@ -1,0 +1,111 @@
+// Async semantics on the simulator (DESIGN 2.4): results are pending until waited, views never
+// wait, data access waits, waits are idempotent, chained collectives wait their inputs, the
+// gather_dim rearrangement happens at completion, and the registry is exact throughout.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <cstdint>
+#include <vector>
+
+namespace chorus {
+namespace {
+
+sim::SimOptions quiet(int world_size, std::uint64_t seed = 0) {
+  sim::SimOptions options;
+  options.world_size = world_size;
+  options.seed = seed;
+  options.print_failures = false;
+  options.seed_from_environment = false;
+  return options;
+}
+
+TEST(AsyncSemantics, ResultIsPendingUntilWaitedAndViewsNeverWait) {
+  for (std::uint64_t seed = 0; seed < 6; ++seed) {
+    sim::run(quiet(3, seed), [] {
+      Tensor sum = all_reduce(Tensor::arange(6, DType::Int32).view({2, 3}), "sum", world());
+      EXPECT_TRUE(sum.is_pending());
+      EXPECT_EQ(work_registry_size(), 1u);
+      Tensor column = sum.select(1, 2);
+      Tensor transposed = sum.transpose(0, 1);
+      EXPECT_TRUE(column.is_pending()) << "views share the pending state";
+      EXPECT_TRUE(sum.is_pending()) << "making views did not wait";
+      EXPECT_EQ(work_registry_size(), 1u);
+      EXPECT_EQ(column.to_vector<std::int32_t>(), (std::vector<std::int32_t>{6, 15}));
+      EXPECT_FALSE(sum.is_pending());
+      EXPECT_FALSE(transposed.is_pending());
+      EXPECT_EQ(work_registry_size(), 0u);
+      EXPECT_EQ(wait_tensor(sum).to_vector<std::int32_t>(),
+                (std::vector<std::int32_t>{0, 3, 6, 9, 12, 15}));
+    });
+  }
+}
+
+TEST(AsyncSemantics, ChainedCollectivesWaitTheirPendingInputs) {
+  sim::run(quiet(4, 3), [] {
+    Tensor once = all_reduce(Tensor::ones({2}, DType::Int64), "sum", world());
+    Tensor twice = all_reduce(once, "sum", world());  // reads `once`: waits for it first
+    EXPECT_FALSE(once.is_pending());
+    EXPECT_EQ(twice.to_vector<std::int64_t>(), (std::vector<std::int64_t>{16, 16}));
+  });
+}
+
+TEST(AsyncSemantics, GatherAlongAnInnerDimDoesNotWaitEarly) {
+  sim::run(quiet(2, 1), [] {
+    const int r = rank();
+    Tensor mine = Tensor::full({2, 2}, r + 1, DType::Int32);
+    Tensor gathered = all_gather_tensor(mine, 1, world());
+    EXPECT_TRUE(gathered.is_pending());
+    EXPECT_EQ(gathered.sizes(), (Shape{2, 4}));
+    EXPECT_EQ(gathered.to_vector<std::int32_t>(),
+              (std::vector<std::int32_t>{1, 1, 2, 2, 1, 1, 2, 2}));
+  });
+}
+
+TEST(AsyncSemantics, InputIsNeverModifiedAndMayBeReusedAfterIssue) {
+  sim::run(quiet(3, 9), [] {
+    Tensor input = Tensor::full({3}, rank() + 1, DType::Int32);
+    Tensor sum = all_reduce(input, "sum", world());
+    Tensor gathered = all_gather_tensor(input, 0, world());
+    Tensor scattered = reduce_scatter_tensor(Tensor::full({3}, 1, DType::Int32), "sum", 0, world());
+    wait_tensors({sum, gathered, scattered});
+    EXPECT_EQ(input.to_vector<std::int32_t>(), std::vector<std::int32_t>(3, rank() + 1));
+    EXPECT_EQ(sum.to_vector<std::int32_t>(), std::vector<std::int32_t>(3, 6));
+    EXPECT_EQ(scattered.to_vector<std::int32_t>(), std::vector<std::int32_t>(1, 3));
+  });
+}
+
+TEST(AsyncSemantics, WaitsInAnyOrderAndIdempotent) {
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    sim::run(quiet(4, seed), [] {
+      std::vector<Tensor> results;
+      for (int i = 0; i < 4; ++i) {
+        results.push_back(all_reduce(Tensor::full({1}, i, DType::Int32), "sum", world()));
+      }
+      EXPECT_EQ(work_registry_size(), 4u);
+      // Waited in reverse order, each twice.
+      for (int i = 3; i >= 0; --i) {
+        wait_tensor(results[static_cast<std::size_t>(i)]);
+        wait_tensor(results[static_cast<std::size_t>(i)]);
+        EXPECT_EQ(work_registry_size(), static_cast<std::size_t>(i));
+      }
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(results[static_cast<std::size_t>(i)].item<std::int32_t>(), 4 * i);
+      }
+    });
+  }
+}
+
+TEST(AsyncSemantics, CoalescedOutputsShareOneWork) {
+  sim::run(quiet(2, 0), [] {
+    std::vector<Tensor> outputs =
+        all_gather_into_tensor_coalesced({Tensor::ones({1}), Tensor::zeros({2})}, world());
+    EXPECT_EQ(work_registry_size(), 1u);
+    EXPECT_EQ(outputs[0].to_vector<float>(), std::vector<float>(2, 1.0f));
+    EXPECT_FALSE(outputs[1].is_pending()) << "one wait retires the work for every output";
+    EXPECT_EQ(work_registry_size(), 0u);
+  });
+}
+
+}  // namespace
+}  // namespace chorus

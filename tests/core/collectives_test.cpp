@@ -1,0 +1,1971 @@
+// The functional collectives' results and argument validation (DESIGN 2.3, 2.7), on the
+// simulator at world sizes 1, 2, 3, 4 and 8.
+//
+// Every expected value is computed here, independently of the library, by a scalar reference that
+// follows Note [Reduction order] (chorus/kernels.hpp): fold in group-rank order, integers wrap,
+// Float16/BFloat16 accumulate in float and round once, avg = sum / n (integers truncate toward
+// zero), premul_sum = sum of f * x. Inputs are exact per-rank values and results are compared
+// bitwise, so no tolerance appears anywhere. Element 0 of Float32/Float64/complex inputs is
+// order-sensitive (2^24 or 2^53 on one rank, 1 on the others), so a reduction in any other order
+// than group-rank order changes the bits.
+
+#include "chorus/collectives.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iomanip>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "chorus/group.hpp"
+#include "chorus/reduce_op.hpp"
+#include "chorus/sim/sim.hpp"
+#include "chorus/tensor.hpp"
+
+namespace chorus {
+namespace {
+
+using Kind = ReduceOp::Kind;
+using Bytes = std::vector<std::uint8_t>;
+
+// Always world size 1 and non-powers of two (STYLE "Tests").
+constexpr int kWorldSizes[] = {1, 2, 3, 4, 8};
+
+// ---------------------------------------------------------------------------------------------
+// Running ranks.
+
+sim::SimReport run_ranks(int world_size, const std::function<void()>& rank_main,
+                         std::uint64_t seed = 0) {
+  sim::SimOptions options;
+  options.world_size = world_size;
+  options.seed = seed;
+  options.print_failures = false;
+  return sim::run(options, rank_main);
+}
+
+std::size_t index_of(std::int64_t value) { return static_cast<std::size_t>(value); }
+std::size_t rank_index() { return static_cast<std::size_t>(rank()); }
+
+std::vector<int> iota_ranks(int count, int first = 0) {
+  std::vector<int> ranks;
+  for (int r = first; r < first + count; ++r) {
+    ranks.push_back(r);
+  }
+  return ranks;
+}
+
+int position_of(const std::vector<int>& ranks, int r) {
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == r) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element types.
+
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls fn(TypeTag<T>{}) with the C++ element type T of `dtype`.
+template <class Fn>
+void visit_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::Bool:
+      return fn(TypeTag<bool>{});
+    case DType::UInt8:
+      return fn(TypeTag<std::uint8_t>{});
+    case DType::Int8:
+      return fn(TypeTag<std::int8_t>{});
+    case DType::Int32:
+      return fn(TypeTag<std::int32_t>{});
+    case DType::Int64:
+      return fn(TypeTag<std::int64_t>{});
+    case DType::Float16:
+      return fn(TypeTag<Half>{});
+    case DType::BFloat16:
+      return fn(TypeTag<BFloat16>{});
+    case DType::Float32:
+      return fn(TypeTag<float>{});
+    case DType::Float64:
+      return fn(TypeTag<double>{});
+    case DType::Complex64:
+      return fn(TypeTag<std::complex<float>>{});
+    case DType::Complex128:
+      return fn(TypeTag<std::complex<double>>{});
+  }
+  ADD_FAILURE() << "unknown dtype " << static_cast<int>(dtype);
+}
+
+template <class T>
+inline constexpr bool kIsBool = std::is_same_v<T, bool>;
+template <class T>
+inline constexpr bool kIsInteger = std::is_integral_v<T> && !kIsBool<T>;
+template <class T>
+inline constexpr bool kIsHalfLike = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+template <class T>
+inline constexpr bool kIsFloating = kIsHalfLike<T> || std::is_floating_point_v<T>;
+
+// The type a floating reduction accumulates in (Note [Reduction order]).
+template <class T>
+struct Accumulator {
+  using type = T;
+};
+template <>
+struct Accumulator<Half> {
+  using type = float;
+};
+template <>
+struct Accumulator<BFloat16> {
+  using type = float;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Inputs: exact per-rank values.
+
+// Every value, every product of up to 8 of them, and every sum is exact in float and in the
+// 8-bit significand of BFloat16 for the values alone (products round once, at the store, in both
+// the library and the reference).
+constexpr std::array<double, 9> kFloatTable = {1.5, -0.25, 2.0, 0.5, -1.25, 3.0, 0.75, -2.5, 1.0};
+
+// 2^24 (2^53): adding 1 to it rounds back to it, so element 0 (this on one rank, 1 on the
+// others) is order-sensitive.
+template <class F>
+constexpr F kOrderSensitiveBig = F{0};
+template <>
+constexpr float kOrderSensitiveBig<float> = 16777216.0f;
+template <>
+constexpr double kOrderSensitiveBig<double> = 9007199254740992.0;
+
+double table_value(std::int64_t key) { return kFloatTable[index_of(key % 9)]; }
+
+// Rank `r`'s element `index` for the reductions. `big_rank` holds the order-sensitive element 0
+// of Float32/Float64/complex inputs.
+template <class T>
+T input_value(int r, std::int64_t index, int big_rank = 0) {
+  if constexpr (kIsBool<T>) {
+    if (index % 4 == 0) {
+      return true;  // all ranks true: band/min give true
+    }
+    if (index % 4 == 1) {
+      return false;  // all ranks false: bor/max give false
+    }
+    return (r * 3 + index) % 5 < 3;
+  } else if constexpr (kIsInteger<T>) {
+    if (index % 13 == 12) {  // sums and products wrap
+      return static_cast<T>(std::numeric_limits<T>::max() - r);
+    }
+    if constexpr (std::is_signed_v<T>) {
+      return static_cast<T>((r * 3 + index) % 7 - 3);
+    } else {
+      return static_cast<T>((r * 3 + index) % 5 + 1);
+    }
+  } else if constexpr (kIsHalfLike<T>) {
+    return T(static_cast<float>(table_value(r * 3 + index)));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (index == 0) {
+      return r == big_rank ? kOrderSensitiveBig<T> : T{1};
+    }
+    return static_cast<T>(table_value(r * 3 + index));
+  } else {
+    using F = typename T::value_type;
+    if (index == 0) {
+      return r == big_rank ? T(kOrderSensitiveBig<F>, -kOrderSensitiveBig<F>) : T(1, -1);
+    }
+    return T(static_cast<F>(table_value(r * 3 + index)),
+             static_cast<F>(table_value(r * 5 + index + 4)));
+  }
+}
+
+// Rank `r`'s element `index` for the data movers: distinct over every (rank, index < 32) pair for
+// world sizes up to 8 (modulo 256 for the 8-bit types), except for Bool.
+template <class T>
+T distinct_value(int r, std::int64_t index) {
+  const std::int64_t key = r * 32 + index;
+  if constexpr (kIsBool<T>) {
+    return (r + index) % 3 == 0;
+  } else if constexpr (kIsInteger<T>) {
+    return static_cast<T>(key);  // modular for the 8-bit types
+  } else if constexpr (kIsHalfLike<T>) {
+    return T(static_cast<float>(key % 256));  // exact in the 8-bit significand of BFloat16
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(key);
+  } else {
+    using F = typename T::value_type;
+    return T(static_cast<F>(key), static_cast<F>(-index - 1));
+  }
+}
+
+std::int64_t numel_of(const Shape& shape) {
+  std::int64_t count = 1;
+  for (std::int64_t size : shape) {
+    count *= size;
+  }
+  return count;
+}
+
+std::string shape_text(const Shape& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    out += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+template <class T, class ValueFn>
+std::vector<T> values_of(std::int64_t count, ValueFn value) {
+  std::vector<T> out;
+  for (std::int64_t i = 0; i < count; ++i) {
+    out.push_back(value(i));
+  }
+  return out;
+}
+
+template <class T>
+std::vector<T> input_values(int r, std::int64_t count, int big_rank = 0) {
+  return values_of<T>(count, [&](std::int64_t i) { return input_value<T>(r, i, big_rank); });
+}
+
+template <class T>
+std::vector<T> distinct_values(int r, std::int64_t count) {
+  return values_of<T>(count, [&](std::int64_t i) { return distinct_value<T>(r, i); });
+}
+
+template <class T>
+Tensor make_tensor(const std::vector<T>& values, const Shape& shape) {
+  return Tensor::from_vector<T>(values, shape);
+}
+
+// A non-contiguous view of a [rows, cols] base tensor whose element k is value(k), with the
+// view's values in row-major order.
+enum class Layout { Transposed, Narrowed, Selected };
+
+std::string_view layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::Transposed:
+      return "transposed";
+    case Layout::Narrowed:
+      return "narrowed";
+    case Layout::Selected:
+      return "selected";
+  }
+  return "?";
+}
+
+// The view's shape and logical values, row-major, computed without the library's views.
+template <class T>
+struct Logical {
+  Shape shape;
+  std::vector<T> values;
+};
+
+template <class T, class ValueFn>
+Logical<T> strided_logical(Layout layout, std::int64_t rows, std::int64_t cols, ValueFn value) {
+  Logical<T> out;
+  switch (layout) {
+    case Layout::Transposed:  // view[b][a] = base[a][b]
+      out.shape = {cols, rows};
+      for (std::int64_t b = 0; b < cols; ++b) {
+        for (std::int64_t a = 0; a < rows; ++a) {
+          out.values.push_back(value(a * cols + b));
+        }
+      }
+      break;
+    case Layout::Narrowed:  // view[a][c] = base[a][c + 1]
+      out.shape = {rows, cols - 2};
+      for (std::int64_t a = 0; a < rows; ++a) {
+        for (std::int64_t c = 0; c < cols - 2; ++c) {
+          out.values.push_back(value(a * cols + c + 1));
+        }
+      }
+      break;
+    case Layout::Selected:  // view[a] = base[a][1]
+      out.shape = {rows};
+      for (std::int64_t a = 0; a < rows; ++a) {
+        out.values.push_back(value(a * cols + 1));
+      }
+      break;
+  }
+  return out;
+}
+
+template <class T, class ValueFn>
+Tensor strided_tensor(Layout layout, std::int64_t rows, std::int64_t cols, ValueFn value) {
+  const Tensor base = make_tensor(values_of<T>(rows * cols, value), {rows, cols});
+  switch (layout) {
+    case Layout::Transposed:
+      return base.transpose(0, 1);
+    case Layout::Narrowed:
+      return base.narrow(1, 1, cols - 2);
+    case Layout::Selected:
+      return base.select(1, 1);
+  }
+  return base;
+}
+
+constexpr Layout kLayouts[] = {Layout::Transposed, Layout::Narrowed, Layout::Selected};
+
+// ---------------------------------------------------------------------------------------------
+// The scalar reference (Note [Reduction order]).
+
+// `column` holds one element of every member's input, in group-rank order.
+template <class T>
+T reference_element(const std::vector<T>& column, const ReduceOp& op) {
+  const std::size_t n = column.size();
+  const Kind kind = op.kind();
+  if constexpr (kIsBool<T>) {
+    bool acc = column[0];
+    for (std::size_t j = 1; j < n; ++j) {
+      const bool value = column[j];
+      if (kind == Kind::Min || kind == Kind::BAnd) {
+        acc = acc && value;
+      } else if (kind == Kind::Max || kind == Kind::BOr) {
+        acc = acc || value;
+      } else if (kind == Kind::BXor) {
+        acc = acc != value;
+      } else {
+        ADD_FAILURE() << "reference: " << op << " on Bool";
+      }
+    }
+    return acc;
+  } else if constexpr (kIsInteger<T>) {
+    // Unsigned 64-bit arithmetic on the sign-extended values, truncated once: the same residues
+    // as wrapping at every step.
+    const auto widen = [](T value) {
+      return static_cast<std::uint64_t>(static_cast<std::int64_t>(value));
+    };
+    std::uint64_t acc = widen(column[0]);
+    T best = column[0];
+    for (std::size_t j = 1; j < n; ++j) {
+      const T value = column[j];
+      switch (kind) {
+        case Kind::Sum:
+        case Kind::Avg:
+          acc += widen(value);
+          break;
+        case Kind::Product:
+          acc *= widen(value);
+          break;
+        case Kind::BAnd:
+          acc &= widen(value);
+          break;
+        case Kind::BOr:
+          acc |= widen(value);
+          break;
+        case Kind::BXor:
+          acc ^= widen(value);
+          break;
+        case Kind::Min:
+          best = value < best ? value : best;
+          break;
+        case Kind::Max:
+          best = value > best ? value : best;
+          break;
+        default:
+          ADD_FAILURE() << "reference: " << op << " on an integer";
+      }
+    }
+    if (kind == Kind::Min || kind == Kind::Max) {
+      return best;
+    }
+    if (kind == Kind::Avg) {  // the wrapped sum, divided toward zero
+      const T sum = static_cast<T>(acc);
+      return static_cast<T>(static_cast<std::int64_t>(sum) / static_cast<std::int64_t>(n));
+    }
+    return static_cast<T>(acc);
+  } else if constexpr (kIsFloating<T>) {
+    using Acc = typename Accumulator<T>::type;
+    const auto factor = static_cast<Acc>(op.premul_factor());
+    const auto load = [](T value) { return static_cast<Acc>(value); };
+    Acc acc = load(column[0]);
+    if (kind == Kind::PremulSum) {
+      acc = factor * acc;
+    }
+    for (std::size_t j = 1; j < n; ++j) {
+      const Acc value = load(column[j]);
+      switch (kind) {
+        case Kind::Sum:
+        case Kind::Avg:
+          acc = acc + value;
+          break;
+        case Kind::Product:
+          acc = acc * value;
+          break;
+        case Kind::PremulSum:
+          acc = acc + factor * value;
+          break;
+        case Kind::Min:  // NaN propagates
+          if (value < acc || (std::isnan(value) && !std::isnan(acc))) {
+            acc = value;
+          }
+          break;
+        case Kind::Max:
+          if (value > acc || (std::isnan(value) && !std::isnan(acc))) {
+            acc = value;
+          }
+          break;
+        default:
+          ADD_FAILURE() << "reference: " << op << " on a floating dtype";
+      }
+    }
+    if (kind == Kind::Avg) {
+      acc = acc / static_cast<Acc>(n);
+    }
+    return T(acc);  // Float16/BFloat16: rounded to nearest even once
+  } else {
+    using F = typename T::value_type;
+    const auto factor = static_cast<F>(op.premul_factor());
+    T acc = kind == Kind::PremulSum ? factor * column[0] : column[0];
+    for (std::size_t j = 1; j < n; ++j) {
+      if (kind == Kind::Sum || kind == Kind::Avg) {
+        acc = acc + column[j];
+      } else if (kind == Kind::PremulSum) {
+        acc = acc + factor * column[j];
+      } else {
+        ADD_FAILURE() << "reference: " << op << " on a complex dtype";
+      }
+    }
+    if (kind == Kind::Avg) {
+      acc = acc / static_cast<F>(n);
+    }
+    return acc;
+  }
+}
+
+// The elementwise reduction of `inputs` (one per member, in group-rank order).
+template <class T>
+std::vector<T> reference_reduce(const std::vector<std::vector<T>>& inputs, const ReduceOp& op) {
+  const std::size_t count = inputs.front().size();
+  std::vector<T> out;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::vector<T> column;
+    for (const std::vector<T>& input : inputs) {
+      column.push_back(input[i]);
+    }
+    out.push_back(reference_element(column, op));
+  }
+  return out;
+}
+
+// The ops of DESIGN 2.3/2.7 that `T` admits, as this test reads the rules: bitwise ops need an
+// integer or Bool dtype; complex takes only sum, avg and premul_sum; Bool only min, max, band,
+// bor, bxor; premul_sum needs a floating or complex dtype.
+template <class T>
+bool op_allowed(Kind kind) {
+  if constexpr (kIsBool<T>) {
+    return kind == Kind::Min || kind == Kind::Max || kind == Kind::BAnd || kind == Kind::BOr ||
+           kind == Kind::BXor;
+  } else if constexpr (kIsInteger<T>) {
+    return kind != Kind::PremulSum;
+  } else if constexpr (kIsFloating<T>) {
+    return kind != Kind::BAnd && kind != Kind::BOr && kind != Kind::BXor;
+  } else {
+    return kind == Kind::Sum || kind == Kind::Avg || kind == Kind::PremulSum;
+  }
+}
+
+// Every op, premul_sum with a fractional and a negative factor (both exact, so f * x is exact
+// whatever precision the factor is applied in).
+std::vector<ReduceOp> all_ops() {
+  return {"sum",
+          "avg",
+          "product",
+          "min",
+          "max",
+          "band",
+          "bor",
+          "bxor",
+          ReduceOp::premul_sum(0.5),
+          ReduceOp::premul_sum(-3.0)};
+}
+
+template <class T>
+std::vector<ReduceOp> allowed_ops() {
+  std::vector<ReduceOp> out;
+  for (const ReduceOp& op : all_ops()) {
+    if (op_allowed<T>(op.kind())) {
+      out.push_back(op);
+    }
+  }
+  return out;
+}
+
+// Concatenation of `parts` (each of `shape`, in group-rank order) along `dim` (non-negative).
+template <class T>
+std::vector<T> reference_concat(const std::vector<std::vector<T>>& parts, const Shape& shape,
+                                std::int64_t dim) {
+  std::int64_t outer = 1;
+  std::int64_t inner = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (static_cast<std::int64_t>(d) < dim) {
+      outer *= shape[d];
+    } else if (static_cast<std::int64_t>(d) > dim) {
+      inner *= shape[d];
+    }
+  }
+  const std::int64_t block = shape.empty() ? 1 : shape[index_of(dim)] * inner;
+  std::vector<T> out;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (const std::vector<T>& part : parts) {
+      for (std::int64_t k = 0; k < block; ++k) {
+        out.push_back(part[index_of(o * block + k)]);
+      }
+    }
+  }
+  return out;
+}
+
+// Chunk `chunk` of `count` equal chunks of `values` (of `shape`) along `dim` (non-negative).
+template <class T>
+std::vector<T> reference_chunk(const std::vector<T>& values, const Shape& shape, std::int64_t dim,
+                               std::int64_t chunk, std::int64_t count) {
+  std::int64_t outer = 1;
+  std::int64_t inner = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (static_cast<std::int64_t>(d) < dim) {
+      outer *= shape[d];
+    } else if (static_cast<std::int64_t>(d) > dim) {
+      inner *= shape[d];
+    }
+  }
+  const std::int64_t size = shape[index_of(dim)];
+  const std::int64_t chunk_block = size / count * inner;
+  std::vector<T> out;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (std::int64_t k = 0; k < chunk_block; ++k) {
+      out.push_back(values[index_of(o * size * inner + chunk * chunk_block + k)]);
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results, compared bitwise.
+
+template <class T>
+Bytes bytes_of(const std::vector<T>& values) {
+  if constexpr (kIsBool<T>) {
+    return Bytes(values.begin(), values.end());  // one byte per value, 0 or 1
+  } else {
+    Bytes out(values.size() * sizeof(T));
+    if (!out.empty()) {
+      std::memcpy(out.data(), values.data(), out.size());
+    }
+    return out;
+  }
+}
+
+// A collective's result as read on one rank.
+struct Result {
+  Shape sizes;
+  DType dtype = DType::Float32;
+  Bytes bytes;
+};
+
+Bytes tensor_bytes(const Tensor& tensor) {
+  const Tensor contiguous = tensor.contiguous();  // waits
+  Bytes out(contiguous.nbytes());
+  if (!out.empty()) {
+    std::memcpy(out.data(), contiguous.unsafe_data_ptr(), out.size());
+  }
+  return out;
+}
+
+Result capture(const Tensor& tensor) {
+  return Result{tensor.sizes(), tensor.dtype(), tensor_bytes(tensor)};
+}
+
+std::string hex(const Bytes& bytes, std::size_t begin, std::size_t count) {
+  std::ostringstream out;
+  for (std::size_t i = begin; i < begin + count && i < bytes.size(); ++i) {
+    out << std::hex << std::setw(2) << std::setfill('0') << static_cast<int>(bytes[i]);
+  }
+  return out.str();
+}
+
+testing::AssertionResult same_bytes(const Bytes& actual, const Bytes& expected,
+                                    std::size_t element_size) {
+  if (actual.size() != expected.size()) {
+    return testing::AssertionFailure() << actual.size() << " bytes, expected " << expected.size();
+  }
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    if (actual[i] != expected[i]) {
+      const std::size_t element = i / element_size;
+      const std::size_t begin = element * element_size;
+      return testing::AssertionFailure() << "first difference at element " << element
+                                         << ": bytes 0x" << hex(actual, begin, element_size)
+                                         << ", expected 0x" << hex(expected, begin, element_size);
+    }
+  }
+  return testing::AssertionSuccess();
+}
+
+template <class T>
+testing::AssertionResult matches(const Result& actual, const Shape& shape,
+                                 const std::vector<T>& expected) {
+  if (actual.sizes != shape) {
+    return testing::AssertionFailure()
+           << "shape " << shape_text(actual.sizes) << ", expected " << shape_text(shape);
+  }
+  if (actual.dtype != dtype_of<T>) {
+    return testing::AssertionFailure() << "dtype " << actual.dtype << ", expected " << dtype_of<T>;
+  }
+  return same_bytes(actual.bytes, bytes_of(expected), element_size(dtype_of<T>));
+}
+
+testing::AssertionResult same_result(const Result& actual, const Result& expected) {
+  if (actual.sizes != expected.sizes || actual.dtype != expected.dtype) {
+    return testing::AssertionFailure()
+           << shape_text(actual.sizes) << " " << actual.dtype << ", expected "
+           << shape_text(expected.sizes) << " " << expected.dtype;
+  }
+  return same_bytes(actual.bytes, expected.bytes, element_size(actual.dtype));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters.
+
+using SweepParam = std::tuple<int, DType>;
+
+std::string sweep_name(const testing::TestParamInfo<SweepParam>& info) {
+  return "W" + std::to_string(std::get<0>(info.param)) + "_" +
+         std::string(dtype_name(std::get<1>(info.param)));
+}
+
+std::string world_name(const testing::TestParamInfo<int>& info) {
+  return "W" + std::to_string(info.param);
+}
+
+// =============================================================================================
+// all_reduce
+
+class AllReduce : public testing::TestWithParam<SweepParam> {};
+
+std::vector<Shape> reduce_shapes() {
+  // 0-d, empty, empty with other dims, small, 2-d, and more than one 1024-element block.
+  return {{}, {0}, {2, 0, 3}, {5}, {3, 4}, {1030}};
+}
+
+TEST_P(AllReduce, EveryAllowedOpMatchesTheScalarReferenceBitwiseOnEveryRank) {
+  const int world_size = std::get<0>(GetParam());
+  visit_dtype(std::get<1>(GetParam()), [&](auto type) {
+    using T = typename decltype(type)::type;
+    const std::vector<ReduceOp> ops = allowed_ops<T>();
+    const std::vector<Shape> shapes = reduce_shapes();
+    std::vector<std::vector<Result>> results(static_cast<std::size_t>(world_size));
+    run_ranks(world_size, [&] {
+      std::vector<Tensor> outputs;  // all issued before any is read
+      for (const ReduceOp& op : ops) {
+        for (const Shape& shape : shapes) {
+          const Tensor input = make_tensor(input_values<T>(rank(), numel_of(shape)), shape);
+          outputs.push_back(all_reduce(input, op, world()));
+        }
+      }
+      for (const Tensor& output : outputs) {
+        results[rank_index()].push_back(capture(output));
+      }
+    });
+    for (int r = 0; r < world_size; ++r) {
+      ASSERT_EQ(results[static_cast<std::size_t>(r)].size(), ops.size() * shapes.size());
+    }
+    std::size_t k = 0;
+    for (const ReduceOp& op : ops) {
+      for (const Shape& shape : shapes) {
+        std::vector<std::vector<T>> inputs;
+        for (int r = 0; r < world_size; ++r) {
+          inputs.push_back(input_values<T>(r, numel_of(shape)));
+        }
+        const std::vector<T> expected = reference_reduce(inputs, op);
+        for (int r = 0; r < world_size; ++r) {
+          EXPECT_TRUE(matches(results[static_cast<std::size_t>(r)][k], shape, expected))
+              << "rank " << r << ", " << op << ", shape " << shape_text(shape);
+        }
+        ++k;
+      }
+    }
+  });
+}
+
+TEST_P(AllReduce, NonContiguousInputsReduceTheirLogicalValues) {
+  const int world_size = std::get<0>(GetParam());
+  constexpr std::int64_t kRows = 4;
+  constexpr std::int64_t kCols = 6;
+  visit_dtype(std::get<1>(GetParam()), [&](auto type) {
+    using T = typename decltype(type)::type;
+    const std::vector<ReduceOp> ops = allowed_ops<T>();
+    std::vector<std::vector<Result>> results(static_cast<std::size_t>(world_size));
+    run_ranks(world_size, [&] {
+      const int me = rank();
+      const auto value = [&](std::int64_t i) { return input_value<T>(me, i); };
+      std::vector<Tensor> outputs;
+      for (const ReduceOp& op : ops) {
+        for (Layout layout : kLayouts) {
+          const Tensor input = strided_tensor<T>(layout, kRows, kCols, value);
+          EXPECT_FALSE(input.is_contiguous()) << layout_name(layout);
+          outputs.push_back(all_reduce(input, op, world()));
+        }
+      }
+      for (const Tensor& output : outputs) {
+        results[rank_index()].push_back(capture(output));
+      }
+    });
+    std::size_t k = 0;
+    for (const ReduceOp& op : ops) {
+      for (Layout layout : kLayouts) {
+        std::vector<std::vector<T>> inputs;
+        Shape shape;
+        for (int r = 0; r < world_size; ++r) {
+          Logical<T> logical = strided_logical<T>(
+              layout, kRows, kCols, [&](std::int64_t i) { return input_value<T>(r, i); });
+          shape = logical.shape;
+          inputs.push_back(std::move(logical.values));
+        }
+        const std::vector<T> expected = reference_reduce(inputs, op);
+        for (int r = 0; r < world_size; ++r) {
+          ASSERT_GT(results[static_cast<std::size_t>(r)].size(), k);
+          EXPECT_TRUE(matches(results[static_cast<std::size_t>(r)][k], shape, expected))
+              << "rank " << r << ", " << op << ", " << layout_name(layout);
+        }
+        ++k;
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, AllReduce,
+                         testing::Combine(testing::ValuesIn(kWorldSizes),
+                                          testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
+
+template <class T>
+void expect_min_and_max_propagate_nan() {
+  constexpr int kWorld = 3;
+  using Acc = typename Accumulator<T>::type;
+  const T nan = T(std::numeric_limits<Acc>::quiet_NaN());
+  // Element 0: NaN on the last rank; element 1: NaN on rank 0; element 2: no NaN.
+  const auto values = [&](int r) {
+    std::vector<T> out = {T(2.0f), T(-1.0f), T(static_cast<float>(r))};
+    if (r == kWorld - 1) {
+      out[0] = nan;
+    }
+    if (r == 0) {
+      out[1] = nan;
+    }
+    return out;
+  };
+  for (const ReduceOp& op : {ReduceOp("min"), ReduceOp("max")}) {
+    std::vector<Result> results(kWorld);
+    run_ranks(kWorld, [&] {
+      results[rank_index()] = capture(all_reduce(make_tensor(values(rank()), {3}), op, world()));
+    });
+    std::vector<std::vector<T>> inputs;
+    for (int r = 0; r < kWorld; ++r) {
+      inputs.push_back(values(r));
+    }
+    const std::vector<T> expected = reference_reduce(inputs, op);
+    EXPECT_TRUE(std::isnan(static_cast<Acc>(expected[0])));
+    EXPECT_TRUE(std::isnan(static_cast<Acc>(expected[1])));
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_TRUE(matches(results[static_cast<std::size_t>(r)], {3}, expected))
+          << dtype_of<T> << " " << op << " rank " << r;
+    }
+  }
+}
+
+TEST(AllReduce, MinAndMaxPropagateNaNFromAnyRank) {
+  expect_min_and_max_propagate_nan<Half>();
+  expect_min_and_max_propagate_nan<BFloat16>();
+  expect_min_and_max_propagate_nan<float>();
+  expect_min_and_max_propagate_nan<double>();
+}
+
+TEST(AllReduce, EveryDTypeOpPairIsAcceptedExactlyWhenTheRulesAllowIt) {
+  constexpr int kWorld = 2;
+  run_ranks(kWorld, [&] {
+    for (DType dtype : kAllDTypes) {
+      visit_dtype(dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        for (const ReduceOp& op : all_ops()) {
+          const Tensor input = make_tensor(input_values<T>(rank(), 2), {2});
+          const bool allowed = op_allowed<T>(op.kind());
+          for (int form = 0; form < 3; ++form) {
+            try {
+              Tensor output;
+              if (form == 0) {
+                output = all_reduce(input, op, world());
+              } else if (form == 1) {
+                output = reduce_scatter_tensor(input, op, 0, world());
+              } else {
+                output = all_reduce_coalesced({input, input}, op, world()).front();
+              }
+              wait_tensor(output);
+              EXPECT_TRUE(allowed) << dtype << " " << op << " form " << form << " was accepted";
+            } catch (const InvalidArgument& error) {
+              EXPECT_FALSE(allowed)
+                  << dtype << " " << op << " form " << form << " was rejected: " << error.what();
+              EXPECT_NE(error.detail().find(std::string(dtype_name(dtype))), std::string::npos)
+                  << error.detail();
+            }
+          }
+        }
+      });
+    }
+  });
+}
+
+TEST(AllReduce, OpNamesAreCaseInsensitiveFromEveryStringType) {
+  constexpr int kWorld = 3;
+  const std::string upper_sum = "SUM";
+  const std::string_view mixed_max = "Max";
+  const std::vector<ReduceOp> given = {
+      ReduceOp(upper_sum),           ReduceOp(mixed_max),
+      ReduceOp(std::string("bXoR")), ReduceOp(std::string_view("AVG")),
+      ReduceOp("Product"),           ReduceOp("MIN")};
+  const std::vector<ReduceOp> canonical = {"sum", "max", "bxor", "avg", "product", "min"};
+  std::vector<std::vector<Result>> results(kWorld);
+  run_ranks(kWorld, [&] {
+    const Tensor input = make_tensor(input_values<std::int32_t>(rank(), 13), {13});
+    // Each form of conversion, at the call itself.
+    results[rank_index()].push_back(capture(all_reduce(input, upper_sum, world())));
+    results[rank_index()].push_back(capture(all_reduce(input, mixed_max, world())));
+    results[rank_index()].push_back(capture(all_reduce(input, std::string("bXoR"), world())));
+    results[rank_index()].push_back(capture(all_reduce(input, std::string_view("AVG"), world())));
+    results[rank_index()].push_back(capture(all_reduce(input, "Product", world())));
+    results[rank_index()].push_back(capture(reduce_scatter_tensor(
+        make_tensor(input_values<std::int32_t>(rank(), 2 * kWorld), {2 * kWorld}), "MIN", 0,
+        world())));
+  });
+  for (std::size_t k = 0; k < given.size(); ++k) {
+    EXPECT_EQ(given[k], canonical[k]) << k;
+    EXPECT_TRUE(given[k].is_valid()) << k;
+  }
+  std::vector<std::vector<std::int32_t>> inputs;
+  std::vector<std::vector<std::int32_t>> scatter_inputs;
+  for (int r = 0; r < kWorld; ++r) {
+    inputs.push_back(input_values<std::int32_t>(r, 13));
+    scatter_inputs.push_back(input_values<std::int32_t>(r, 2 * kWorld));
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    const std::vector<Result>& got = results[static_cast<std::size_t>(r)];
+    ASSERT_EQ(got.size(), canonical.size());
+    for (std::size_t k = 0; k + 1 < canonical.size(); ++k) {
+      EXPECT_TRUE(matches(got[k], {13}, reference_reduce(inputs, canonical[k])))
+          << "rank " << r << " " << given[k];
+    }
+    const std::vector<std::int32_t> min_all = reference_reduce(scatter_inputs, canonical.back());
+    EXPECT_TRUE(matches(got.back(), {2}, reference_chunk(min_all, {2 * kWorld}, 0, r, kWorld)))
+        << "rank " << r;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// all_reduce on every form of group.
+
+class AllReduceGroups : public testing::TestWithParam<int> {};
+
+// An order-sensitive Float32 input of 5 elements whose big element 0 sits on `big_rank`.
+std::vector<float> ordered_floats(int r, int big_rank) {
+  return input_values<float>(r, 5, big_rank);
+}
+
+template <class T>
+std::vector<T> reduce_over(const std::vector<int>& members, const ReduceOp& op,
+                           const std::function<std::vector<T>(int)>& values) {
+  std::vector<std::vector<T>> inputs;
+  for (int member : members) {
+    inputs.push_back(values(member));
+  }
+  return reference_reduce(inputs, op);
+}
+
+TEST_P(AllReduceGroups, SubsetGroupsReduceInTheirOwnRankOrderWhileOthersRunApart) {
+  const int world_size = GetParam();
+  // Odd ranks, descending (group rank 0 is the highest odd rank); the rest ascending.
+  std::vector<int> members;
+  std::vector<int> others;
+  for (int r = world_size - 1; r >= 0; --r) {
+    if (r % 2 == 1) {
+      members.push_back(r);
+    }
+  }
+  for (int r = 0; r < world_size; ++r) {
+    if (r % 2 == 0) {
+      others.push_back(r);
+    }
+  }
+  if (members.empty()) {
+    std::swap(members, others);
+  }
+  std::vector<std::vector<Result>> results(static_cast<std::size_t>(world_size));
+  run_ranks(world_size, [&] {
+    const int me = rank();
+    const bool member = position_of(members, me) >= 0;
+    const std::vector<int>& mine = member ? members : others;
+    const Tensor floats = make_tensor(ordered_floats(me, mine.front()), {5});
+    const Tensor ints = make_tensor(input_values<std::int32_t>(me, 13), {13});
+    std::vector<Tensor> outputs;
+    outputs.push_back(all_reduce(floats, "sum", mine));
+    outputs.push_back(all_reduce(ints, "product", new_group(mine)));  // the same group
+    outputs.push_back(all_reduce(floats, ReduceOp::premul_sum(-3.0), mine));
+    for (const Tensor& output : outputs) {
+      results[rank_index()].push_back(capture(output));
+    }
+  });
+  for (int r = 0; r < world_size; ++r) {
+    const std::vector<int>& mine = position_of(members, r) >= 0 ? members : others;
+    const std::vector<Result>& got = results[static_cast<std::size_t>(r)];
+    ASSERT_EQ(got.size(), 3u) << r;
+    const std::function<std::vector<float>(int)> floats = [&](int m) {
+      return ordered_floats(m, mine.front());
+    };
+    const std::function<std::vector<std::int32_t>(int)> ints = [](int m) {
+      return input_values<std::int32_t>(m, 13);
+    };
+    EXPECT_TRUE(matches(got[0], {5}, reduce_over<float>(mine, "sum", floats))) << "rank " << r;
+    EXPECT_TRUE(matches(got[1], {13}, reduce_over<std::int32_t>(mine, "product", ints)))
+        << "rank " << r;
+    EXPECT_TRUE(matches(got[2], {5}, reduce_over<float>(mine, ReduceOp::premul_sum(-3.0), floats)))
+        << "rank " << r;
+  }
+}
+
+TEST_P(AllReduceGroups, TwoDimensionalRankListRunsWithinTheCallersSubList) {
+  const int world_size = GetParam();
+  // Interleaved sub-lists: {{0, 2, 4, ...}, {1, 3, 5, ...}} for even world sizes, else one list.
+  const int lists_count = world_size % 2 == 0 ? 2 : 1;
+  std::vector<std::vector<int>> lists(static_cast<std::size_t>(lists_count));
+  for (int r = 0; r < world_size; ++r) {
+    lists[static_cast<std::size_t>(r % lists_count)].push_back(r);
+  }
+  std::vector<std::vector<Result>> results(static_cast<std::size_t>(world_size));
+  run_ranks(world_size, [&] {
+    const int me = rank();
+    const std::vector<int>& mine = lists[static_cast<std::size_t>(me % lists_count)];
+    const Tensor floats = make_tensor(ordered_floats(me, mine.front()), {5});
+    const Tensor ints = make_tensor(input_values<std::int64_t>(me, 13), {13});
+    const Tensor a = all_reduce(floats, "sum", lists);
+    const Tensor b = all_reduce(ints, "bxor", lists);
+    results[rank_index()].push_back(capture(a));
+    results[rank_index()].push_back(capture(b));
+  });
+  for (int r = 0; r < world_size; ++r) {
+    const std::vector<int>& mine = lists[static_cast<std::size_t>(r % lists_count)];
+    const std::vector<Result>& got = results[static_cast<std::size_t>(r)];
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_TRUE(matches(
+        got[0], {5},
+        reduce_over<float>(mine, "sum", [&](int m) { return ordered_floats(m, mine.front()); })))
+        << "rank " << r;
+    EXPECT_TRUE(matches(got[1], {13},
+                        reduce_over<std::int64_t>(
+                            mine, "bxor", [](int m) { return input_values<std::int64_t>(m, 13); })))
+        << "rank " << r;
+  }
+}
+
+TEST_P(AllReduceGroups, DifferentTagsMakeDifferentGroupsThatBothWork) {
+  const int world_size = GetParam();
+  const std::vector<int> everyone = iota_ranks(world_size);
+  std::vector<std::vector<Result>> results(static_cast<std::size_t>(world_size));
+  run_ranks(world_size, [&] {
+    const int me = rank();
+    const Tensor ints = make_tensor(input_values<std::int32_t>(me, 13), {13});
+    // Even ranks issue tag "a" first, odd ranks tag "b" first: a single group would pair a sum
+    // with a max. Separate groups each pair up in their own order.
+    Tensor sum;
+    Tensor max;
+    if (me % 2 == 0) {
+      sum = all_reduce(ints, "sum", everyone, "a");
+      max = all_reduce(ints, "max", everyone, "b");
+    } else {
+      max = all_reduce(ints, "max", everyone, "b");
+      sum = all_reduce(ints, "sum", everyone, "a");
+    }
+    // A ProcessGroup's own tag, and a call tag that overrides it.
+    const Tensor min = all_reduce(ints, "min", new_group(everyone, "b"));
+    const Tensor bor = all_reduce(ints, "bor", new_group(everyone, "x"), "a");
+    for (const Tensor& output : {sum, max, min, bor}) {
+      results[rank_index()].push_back(capture(output));
+    }
+    // Sequence numbers are per group: tag "a" has run 2 ops, tag "b" 2, the untagged group 0.
+    const Tensor floats = Tensor::ones({2});
+    for (const auto& [tag, seq] :
+         std::vector<std::pair<std::string, std::int64_t>>{{"a", 2}, {"b", 2}, {"", 0}, {"c", 0}}) {
+      try {
+        (void)all_reduce(floats, "band", everyone, tag);
+        ADD_FAILURE() << "band on Float32 was accepted";
+      } catch (const InvalidArgument& error) {
+        EXPECT_EQ(error.context().seq, seq) << "tag '" << tag << "'";
+        EXPECT_EQ(error.context().group, (ExpandedGroup{tag, everyone, world_size}.to_string()));
+      }
+    }
+  });
+  std::vector<std::vector<std::int32_t>> inputs;
+  for (int r = 0; r < world_size; ++r) {
+    inputs.push_back(input_values<std::int32_t>(r, 13));
+  }
+  for (int r = 0; r < world_size; ++r) {
+    const std::vector<Result>& got = results[static_cast<std::size_t>(r)];
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_TRUE(matches(got[0], {13}, reference_reduce(inputs, "sum"))) << r;
+    EXPECT_TRUE(matches(got[1], {13}, reference_reduce(inputs, "max"))) << r;
+    EXPECT_TRUE(matches(got[2], {13}, reference_reduce(inputs, "min"))) << r;
+    EXPECT_TRUE(matches(got[3], {13}, reference_reduce(inputs, "bor"))) << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, AllReduceGroups, testing::ValuesIn(kWorldSizes), world_name);
+
+TEST(AllReduceGroups, SubsetOneTwoOfFourRanksWhileTheOthersSkip) {
+  constexpr int kWorld = 4;
+  const std::vector<int> members = {1, 2};
+  std::vector<Result> results(kWorld);
+  run_ranks(kWorld, [&] {
+    if (rank() == 1 || rank() == 2) {
+      results[rank_index()] =
+          capture(all_reduce(make_tensor(ordered_floats(rank(), 1), {5}), "sum", members));
+    }
+  });
+  const std::vector<float> expected =
+      reduce_over<float>(members, "sum", [](int m) { return ordered_floats(m, 1); });
+  EXPECT_TRUE(matches(results[1], {5}, expected));
+  EXPECT_TRUE(matches(results[2], {5}, expected));
+  EXPECT_TRUE(results[0].bytes.empty() && results[3].bytes.empty());
+}
+
+TEST(AllReduceGroups, TwoByTwoRankListOnFourRanks) {
+  constexpr int kWorld = 4;
+  const std::vector<std::vector<int>> lists = {{0, 1}, {2, 3}};
+  std::vector<Result> results(kWorld);
+  run_ranks(kWorld, [&] {
+    results[rank_index()] = capture(
+        all_reduce(make_tensor(input_values<std::int32_t>(rank(), 13), {13}), "sum", lists));
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    const std::vector<int>& mine = lists[static_cast<std::size_t>(r / 2)];
+    EXPECT_TRUE(matches(results[static_cast<std::size_t>(r)], {13},
+                        reduce_over<std::int32_t>(
+                            mine, "sum", [](int m) { return input_values<std::int32_t>(m, 13); })))
+        << "rank " << r;
+  }
+}
+
+// MeshDim on a [2, W/2] mesh, in identity and reversed rank order; and a 1-D mesh alone.
+class AllReduceMesh : public testing::TestWithParam<int> {};
+
+TEST_P(AllReduceMesh, MeshDimReducesOverTheCallersSliceInMeshOrder) {
+  const int world_size = GetParam();
+  const std::int64_t columns = world_size / 2;
+  std::vector<int> reversed = iota_ranks(world_size);
+  std::reverse(reversed.begin(), reversed.end());
+  for (const std::vector<int>& mesh_ranks : {iota_ranks(world_size), reversed}) {
+    // The slices through each rank, by hand: row-major [2, columns].
+    const auto slice = [&](int r, int dim) {
+      const int p = position_of(mesh_ranks, r);
+      std::vector<int> out;
+      if (dim == 0) {
+        for (std::int64_t row = 0; row < 2; ++row) {
+          out.push_back(mesh_ranks[index_of(row * columns + p % columns)]);
+        }
+      } else {
+        for (std::int64_t column = 0; column < columns; ++column) {
+          out.push_back(mesh_ranks[index_of(p / columns * columns + column)]);
+        }
+      }
+      return out;
+    };
+    std::vector<std::vector<Result>> results(static_cast<std::size_t>(world_size));
+    run_ranks(world_size, [&] {
+      const int me = rank();
+      const DeviceMesh mesh({2, columns}, mesh_ranks);
+      const Tensor along_rows = all_reduce(
+          make_tensor(ordered_floats(me, slice(me, 0).front()), {5}), "sum", MeshDim{mesh, 0});
+      const Tensor along_columns = all_reduce(
+          make_tensor(ordered_floats(me, slice(me, 1).front()), {5}), "sum", MeshDim{mesh, -1});
+      const Tensor whole = all_reduce(make_tensor(ordered_floats(me, mesh_ranks.front()), {5}),
+                                      "sum", DeviceMesh({world_size}, mesh_ranks));
+      for (const Tensor& output : {along_rows, along_columns, whole}) {
+        results[rank_index()].push_back(capture(output));
+      }
+    });
+    for (int r = 0; r < world_size; ++r) {
+      const std::vector<Result>& got = results[static_cast<std::size_t>(r)];
+      ASSERT_EQ(got.size(), 3u);
+      for (int k = 0; k < 3; ++k) {
+        const std::vector<int> members = k < 2 ? slice(r, k) : mesh_ranks;
+        EXPECT_TRUE(
+            matches(got[static_cast<std::size_t>(k)], {5},
+                    reduce_over<float>(members, "sum",
+                                       [&](int m) { return ordered_floats(m, members.front()); })))
+            << "rank " << r << " case " << k << " mesh rank 0 = " << mesh_ranks.front();
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, AllReduceMesh, testing::Values(4, 8), world_name);
+
+// =============================================================================================
+// all_gather_tensor
+
+class AllGather : public testing::TestWithParam<SweepParam> {};
+
+struct DimCase {
+  Shape shape;
+  std::int64_t dim = 0;
+};
+
+std::vector<DimCase> gather_cases() {
+  return {{{5}, 0},     {{5}, -1},      {{2, 3}, 0},    {{2, 3}, 1},    {{2, 3}, -1},
+          {{2, 3}, -2}, {{2, 3, 4}, 0}, {{2, 3, 4}, 1}, {{2, 3, 4}, 2}, {{2, 3, 4}, -1},
+          {{}, 0},      {{}, -1},       {{0, 3}, 1},    {{2, 0}, 0}};
+}
+
+std::int64_t normalized(std::int64_t dim, std::size_t ndim) {
+  const auto n = static_cast<std::int64_t>(std::max<std::size_t>(ndim, 1));
+  return dim < 0 ? dim + n : dim;
+}
+
+TEST_P(AllGather, ConcatenatesEveryRanksInputAlongGatherDimInGroupRankOrder) {
+  const int world_size = std::get<0>(GetParam());
+  visit_dtype(std::get<1>(GetParam()), [&](auto type) {
+    using T = typename decltype(type)::type;
+    const std::vector<DimCase> cases = gather_cases();
+    std::vector<std::vector<Result>> results(static_cast<std::size_t>(world_size));
+    run_ranks(world_size, [&] {
+      std::vector<Tensor> outputs;
+      for (const DimCase& c : cases) {
+        const Tensor input = make_tensor(distinct_values<T>(rank(), numel_of(c.shape)), c.shape);
+        outputs.push_back(all_gather_tensor(input, c.dim, world()));
+      }
+      // Non-contiguous inputs.
+      const int me = rank();
+      const auto value = [&](std::int64_t i) { return distinct_value<T>(me, i); };
+      for (std::int64_t dim : {0, 1}) {
+        outputs.push_back(
+            all_gather_tensor(strided_tensor<T>(Layout::Transposed, 2, 3, value), dim, world()));
+      }
+      for (const Tensor& output : outputs) {
+        results[rank_index()].push_back(capture(output));
+      }
+    });
+    const auto check = [&](std::size_t k, const Shape& shape, std::int64_t dim,
+                           const std::function<std::vector<T>(int)>& values) {
+      std::vector<std::vector<T>> parts;
+      for (int r = 0; r < world_size; ++r) {
+        parts.push_back(values(r));
+      }
+      const std::int64_t d = normalized(dim, shape.size());
+      Shape out_shape = shape.empty() ? Shape{world_size} : shape;
+      if (!shape.empty()) {
+        out_shape[index_of(d)] *= world_size;
+      }
+      const std::vector<T> expected = reference_concat(parts, shape, d);
+      for (int r = 0; r < world_size; ++r) {
+        ASSERT_GT(results[static_cast<std::size_t>(r)].size(), k);
+        EXPECT_TRUE(matches(results[static_cast<std::size_t>(r)][k], out_shape, expected))
+            << "rank " << r << ", input " << shape_text(shape) << ", gather_dim " << dim;
+      }
+    };
+    std::size_t k = 0;
+    for (const DimCase& c : cases) {
+      check(k++, c.shape, c.dim, [&](int r) { return distinct_values<T>(r, numel_of(c.shape)); });
+    }
+    for (std::int64_t dim : {0, 1}) {
+      check(k++, {3, 2}, dim, [&](int r) {
+        return strided_logical<T>(Layout::Transposed, 2, 3,
+                                  [&](std::int64_t i) { return distinct_value<T>(r, i); })
+            .values;
+      });
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, AllGather,
+                         testing::Combine(testing::ValuesIn(kWorldSizes),
+                                          testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
+
+TEST(AllGather, GathersBoolInEveryForm) {
+  constexpr int kWorld = 3;
+  std::vector<std::vector<Result>> results(kWorld);
+  run_ranks(kWorld, [&] {
+    const Tensor flags = make_tensor(distinct_values<bool>(rank(), 6), {2, 3});
+    results[rank_index()].push_back(capture(all_gather_tensor(flags, 1, world())));
+    results[rank_index()].push_back(
+        capture(all_gather_into_tensor_coalesced({flags, flags.select(1, 0)}, world()).front()));
+  });
+  std::vector<std::vector<bool>> parts;
+  for (int r = 0; r < kWorld; ++r) {
+    parts.push_back(distinct_values<bool>(r, 6));
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(results[static_cast<std::size_t>(r)].size(), 2u);
+    EXPECT_TRUE(matches(results[static_cast<std::size_t>(r)][0], {2, 3 * kWorld},
+                        reference_concat(parts, {2, 3}, 1)))
+        << "rank " << r;
+    EXPECT_TRUE(matches(results[static_cast<std::size_t>(r)][1], {2 * kWorld, 3},
+                        reference_concat(parts, {2, 3}, 0)))
+        << "rank " << r;
+  }
+}
+
+// =============================================================================================
+// reduce_scatter_tensor
+
+class ReduceScatter : public testing::TestWithParam<SweepParam> {};
+
+template <class T>
+std::vector<ReduceOp> scatter_ops() {
+  if constexpr (kIsBool<T>) {
+    return {"max", "band"};
+  } else if constexpr (kIsInteger<T>) {
+    return {"sum", "max", "avg"};
+  } else if constexpr (kIsFloating<T>) {
+    return {ReduceOp::premul_sum(0.5), "sum", "min"};
+  } else {
+    return {ReduceOp::premul_sum(-3.0), "avg"};
+  }
+}
+
+std::vector<DimCase> scatter_cases(std::int64_t w) {
+  return {{{2 * w}, 0},     {{2 * w}, -1},      {{w, 3}, 0},     {{3, 2 * w}, 1},
+          {{3, 2 * w}, -1}, {{2, 3 * w, 2}, 1}, {{2, 3, w}, -1}, {{2, 3, w}, 2},
+          {{w, 2, 3}, -3},  {{0}, 0},           {{0, w}, 1},     {{w, 0}, 0}};
+}
+
+TEST_P(ReduceScatter, RankIGetsChunkIOfTheReductionAlongScatterDim) {
+  const int world_size = std::get<0>(GetParam());
+  visit_dtype(std::get<1>(GetParam()), [&](auto type) {
+    using T = typename decltype(type)::type;
+    const std::vector<ReduceOp> ops = scatter_ops<T>();
+    const std::vector<DimCase> cases = scatter_cases(world_size);
+    std::vector<std::vector<Result>> results(static_cast<std::size_t>(world_size));
+    run_ranks(world_size, [&] {
+      const int me = rank();
+      std::vector<Tensor> outputs;
+      for (const ReduceOp& op : ops) {
+        for (const DimCase& c : cases) {
+          const Tensor input = make_tensor(input_values<T>(me, numel_of(c.shape)), c.shape);
+          outputs.push_back(reduce_scatter_tensor(input, op, c.dim, world()));
+        }
+        // Non-contiguous: a transposed [2W, 5] base scattered along dim 1 and a narrowed
+        // [W, 5] base along dim 0.
+        const auto value = [&](std::int64_t i) { return input_value<T>(me, i); };
+        outputs.push_back(reduce_scatter_tensor(
+            strided_tensor<T>(Layout::Transposed, 2 * world_size, 5, value), op, 1, world()));
+        outputs.push_back(reduce_scatter_tensor(
+            strided_tensor<T>(Layout::Narrowed, world_size, 5, value), op, 0, world()));
+      }
+      for (const Tensor& output : outputs) {
+        results[rank_index()].push_back(capture(output));
+      }
+    });
+    std::size_t k = 0;
+    const auto check = [&](const ReduceOp& op, const Shape& shape, std::int64_t dim,
+                           const std::function<std::vector<T>(int)>& values) {
+      std::vector<std::vector<T>> inputs;
+      for (int r = 0; r < world_size; ++r) {
+        inputs.push_back(values(r));
+      }
+      const std::vector<T> reduced = reference_reduce(inputs, op);
+      const std::int64_t d = normalized(dim, shape.size());
+      Shape out_shape = shape;
+      out_shape[index_of(d)] /= world_size;
+      for (int r = 0; r < world_size; ++r) {
+        ASSERT_GT(results[static_cast<std::size_t>(r)].size(), k);
+        EXPECT_TRUE(matches(results[static_cast<std::size_t>(r)][k], out_shape,
+                            reference_chunk(reduced, shape, d, r, world_size)))
+            << "rank " << r << ", " << op << ", input " << shape_text(shape) << ", scatter_dim "
+            << dim;
+      }
+      ++k;
+    };
+    for (const ReduceOp& op : ops) {
+      for (const DimCase& c : cases) {
+        check(op, c.shape, c.dim, [&](int r) { return input_values<T>(r, numel_of(c.shape)); });
+      }
+      const auto logical = [&](Layout layout, std::int64_t rows, int r) {
+        return strided_logical<T>(layout, rows, 5,
+                                  [&](std::int64_t i) { return input_value<T>(r, i); })
+            .values;
+      };
+      check(op, {5, 2 * world_size}, 1,
+            [&](int r) { return logical(Layout::Transposed, 2 * world_size, r); });
+      check(op, {world_size, 3}, 0,
+            [&](int r) { return logical(Layout::Narrowed, world_size, r); });
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, ReduceScatter,
+                         testing::Combine(testing::ValuesIn(kWorldSizes),
+                                          testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
+
+// =============================================================================================
+// Coalesced forms, and the law that ties the three together.
+
+class Coalesced : public testing::TestWithParam<int> {};
+
+TEST_P(Coalesced, EqualTheSeparateOpsWithMixedDTypesShapesAndScatterDims) {
+  const int world_size = GetParam();
+  const std::int64_t w = world_size;
+  // results[rank] = coalesced outputs..., then the separate ones in the same order.
+  std::vector<std::vector<Result>> coalesced(static_cast<std::size_t>(world_size));
+  std::vector<std::vector<Result>> separate(static_cast<std::size_t>(world_size));
+  run_ranks(world_size, [&] {
+    const int me = rank();
+    const std::vector<Tensor> reduce_inputs = {
+        make_tensor(input_values<std::int32_t>(me, 13), {13}),
+        make_tensor(input_values<float>(me, 4), {2, 2}),
+        make_tensor(input_values<Half>(me, 1), {}),
+        make_tensor(input_values<std::int64_t>(me, 0), {0}),
+        make_tensor(input_values<std::complex<double>>(me, 6), {3, 2}).transpose(0, 1),
+    };
+    const std::vector<Tensor> gather_inputs = {
+        make_tensor(distinct_values<std::int32_t>(me, 6), {2, 3}),
+        make_tensor(distinct_values<double>(me, 4), {4}),
+        make_tensor(distinct_values<bool>(me, 1), {}),
+        make_tensor(distinct_values<std::uint8_t>(me, 0), {0, 2}),
+        make_tensor(distinct_values<std::complex<float>>(me, 6), {2, 3}).transpose(0, 1),
+    };
+    const std::vector<Tensor> scatter_inputs = {
+        make_tensor(input_values<std::int32_t>(me, 2 * w * 3), {2 * w, 3}),
+        make_tensor(input_values<float>(me, 3 * w), {3, w}),
+        make_tensor(input_values<std::int64_t>(me, 8 * w), {2, 2, 2 * w}),
+        make_tensor(input_values<BFloat16>(me, w), {w}),
+        make_tensor(input_values<double>(me, 2 * w * 3), {3, 2 * w}).transpose(0, 1),
+    };
+    const std::vector<std::int64_t> scatter_dims = {0, 1, -1, -1, 0};
+
+    std::vector<std::vector<Tensor>> lists;
+    lists.push_back(all_reduce_coalesced(reduce_inputs, "sum", world()));
+    lists.push_back(all_reduce_coalesced({reduce_inputs[1], reduce_inputs[2]}, "max", world()));
+    lists.push_back(all_gather_into_tensor_coalesced(gather_inputs, world()));
+    lists.push_back(reduce_scatter_tensor_coalesced(scatter_inputs, "sum", scatter_dims, world()));
+    std::vector<Tensor> singles;
+    for (const Tensor& input : reduce_inputs) {
+      singles.push_back(all_reduce(input, "sum", world()));
+    }
+    singles.push_back(all_reduce(reduce_inputs[1], "max", world()));
+    singles.push_back(all_reduce(reduce_inputs[2], "max", world()));
+    for (const Tensor& input : gather_inputs) {
+      singles.push_back(all_gather_tensor(input, 0, world()));
+    }
+    for (std::size_t i = 0; i < scatter_inputs.size(); ++i) {
+      singles.push_back(reduce_scatter_tensor(scatter_inputs[i], "sum", scatter_dims[i], world()));
+    }
+    for (const std::vector<Tensor>& list : lists) {
+      for (const Tensor& output : list) {
+        coalesced[rank_index()].push_back(capture(output));
+      }
+    }
+    for (const Tensor& output : singles) {
+      separate[rank_index()].push_back(capture(output));
+    }
+  });
+  for (int r = 0; r < world_size; ++r) {
+    const auto& got = coalesced[static_cast<std::size_t>(r)];
+    const auto& want = separate[static_cast<std::size_t>(r)];
+    ASSERT_EQ(got.size(), 17u);
+    ASSERT_EQ(want.size(), 17u);
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      EXPECT_TRUE(same_result(got[k], want[k])) << "rank " << r << ", output " << k;
+    }
+  }
+  // The separate ops themselves, spot-checked against the reference, so that a fault common to
+  // both forms cannot hide.
+  std::vector<std::vector<std::int32_t>> reduced;
+  std::vector<std::vector<std::int32_t>> gathered;
+  std::vector<std::vector<std::int32_t>> scattered;
+  for (int r = 0; r < world_size; ++r) {
+    reduced.push_back(input_values<std::int32_t>(r, 13));
+    gathered.push_back(distinct_values<std::int32_t>(r, 6));
+    scattered.push_back(input_values<std::int32_t>(r, 2 * w * 3));
+  }
+  const std::vector<std::int32_t> scatter_sum = reference_reduce(scattered, "sum");
+  for (int r = 0; r < world_size; ++r) {
+    const auto& got = separate[static_cast<std::size_t>(r)];
+    EXPECT_TRUE(matches(got[0], {13}, reference_reduce(reduced, "sum"))) << "rank " << r;
+    EXPECT_TRUE(matches(got[7], {2 * w, 3}, reference_concat(gathered, {2, 3}, 0))) << "rank " << r;
+    EXPECT_TRUE(matches(got[12], {2, 3}, reference_chunk(scatter_sum, {2 * w, 3}, 0, r, w)))
+        << "rank " << r;
+  }
+}
+
+TEST_P(Coalesced, EmptyInputListsReturnEmptyLists) {
+  const int world_size = GetParam();
+  run_ranks(world_size, [&] {
+    EXPECT_TRUE(all_reduce_coalesced({}, "sum", world()).empty());
+    EXPECT_TRUE(all_gather_into_tensor_coalesced({}, world()).empty());
+    EXPECT_TRUE(reduce_scatter_tensor_coalesced({}, "sum", {}, world()).empty());
+    // Later collectives still pair up.
+    const Tensor sum = all_reduce(Tensor::full({2}, rank() + 1, DType::Int64), "sum", world());
+    const std::int64_t w = world_size;
+    EXPECT_EQ(sum.to_vector<std::int64_t>(), std::vector<std::int64_t>(2, w * (w + 1) / 2));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, Coalesced, testing::ValuesIn(kWorldSizes), world_name);
+
+class CollectiveLaws : public testing::TestWithParam<SweepParam> {};
+
+TEST_P(CollectiveLaws, AllGatherOfReduceScatterEqualsAllReduceForIntegers) {
+  const int world_size = std::get<0>(GetParam());
+  const std::int64_t w = world_size;
+  visit_dtype(std::get<1>(GetParam()), [&](auto type) {
+    using T = typename decltype(type)::type;
+    const std::vector<DimCase> cases = {{{2 * w, 3}, 0},    {{3, 2 * w}, 1}, {{3, 2 * w}, -1},
+                                        {{2, w, 2}, 1},     {{w}, 0},        {{2, 3, 3 * w}, 2},
+                                        {{2, 3, 3 * w}, -1}};
+    run_ranks(world_size, [&] {
+      for (const DimCase& c : cases) {
+        const Tensor x = make_tensor(input_values<T>(rank(), numel_of(c.shape)), c.shape);
+        // The reduce_scatter result is still pending when all_gather reads it.
+        const Tensor law =
+            all_gather_tensor(reduce_scatter_tensor(x, "sum", c.dim, world()), c.dim, world());
+        const Tensor direct = all_reduce(x, "sum", world());
+        EXPECT_TRUE(same_result(capture(law), capture(direct)))
+            << "rank " << rank() << ", " << shape_text(c.shape) << ", dim " << c.dim;
+      }
+    });
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CollectiveLaws,
+                         testing::Combine(testing::ValuesIn(kWorldSizes),
+                                          testing::Values(DType::UInt8, DType::Int8, DType::Int32,
+                                                          DType::Int64)),
+                         sweep_name);
+
+// =============================================================================================
+// Invalid arguments (DESIGN 2.2, 2.3, 2.6, 2.7).
+
+// What the error must name. seq and group are checked when the group could be formed (for
+// errors in the group itself there is no group and no sequence number to name).
+struct Expected {
+  std::string op;
+  std::optional<std::int64_t> seq;
+  std::optional<std::string> group;
+};
+
+std::string group_label(const std::vector<int>& members, const std::string& tag = "") {
+  return ExpandedGroup{tag, members, static_cast<int>(members.size())}.to_string();
+}
+
+// Calls `call` on the calling rank and checks it raises InvalidArgument whose message contains
+// every one of `words` and whose context names this rank, the op, and (when given) seq and group.
+void expect_invalid(const std::function<void()>& call, const std::vector<std::string>& words,
+                    const Expected& expected) {
+  try {
+    call();
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidArgument);
+    const std::string what = error.what();
+    for (const std::string& word : words) {
+      EXPECT_NE(error.detail().find(word), std::string::npos)
+          << "detail lacks '" << word << "': " << error.detail();
+      EXPECT_NE(what.find(word), std::string::npos) << "what() lacks '" << word << "': " << what;
+    }
+    EXPECT_EQ(error.context().rank, rank()) << what;
+    EXPECT_EQ(error.context().op, expected.op) << what;
+    if (expected.seq.has_value()) {
+      EXPECT_EQ(error.context().seq, *expected.seq) << what;
+    }
+    if (expected.group.has_value()) {
+      EXPECT_EQ(error.context().group, *expected.group) << what;
+    }
+    return;
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected InvalidArgument with '" << words.front() << "', got "
+                  << error.what();
+    return;
+  }
+  ADD_FAILURE() << "expected InvalidArgument with '" << words.front() << "', nothing was thrown";
+}
+
+// A valid collective on the world: proves the ranks still pair up after the errors.
+void expect_world_still_pairs_up() {
+  const std::int64_t w = world_size();
+  const Tensor sum = all_reduce(Tensor::full({3}, rank() + 1, DType::Int64), "sum", world());
+  EXPECT_EQ(sum.to_vector<std::int64_t>(), std::vector<std::int64_t>(3, w * (w + 1) / 2));
+  const Tensor gathered = all_gather_tensor(Tensor::full({1}, rank(), DType::Int32), 0, world());
+  EXPECT_EQ(gathered.to_vector<std::int32_t>(), iota_ranks(world_size()));
+}
+
+// Runs `bad_calls` on every rank, then checks a valid collective still pairs up. The bad calls
+// come first on the world, so the seq they name is 0.
+void on_every_rank(int world_size, const std::function<void(const std::string&)>& bad_calls) {
+  run_ranks(world_size, [&] {
+    bad_calls(group_label(iota_ranks(world_size)));
+    expect_world_still_pairs_up();
+  });
+}
+
+class InvalidArgumentErrors : public testing::TestWithParam<int> {};
+
+TEST_P(InvalidArgumentErrors, UnrecognizedReduceOpName) {
+  const std::int64_t w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    const Tensor x = Tensor::ones({w});
+    const Expected at_all_reduce{"all_reduce", 0, group};
+    expect_invalid([&] { (void)all_reduce(x, "summ", world()); },
+                   {"Unrecognized reduce_op", "'summ'"}, at_all_reduce);
+    expect_invalid([&] { (void)all_reduce(x, "", world()); }, {"Unrecognized reduce_op"},
+                   at_all_reduce);
+    expect_invalid([&] { (void)all_reduce(x, "premul_sum", world()); },
+                   {"Unrecognized reduce_op", "premul_sum"}, at_all_reduce);
+    expect_invalid([&] { (void)reduce_scatter_tensor(x, std::string("Average"), 0, world()); },
+                   {"Unrecognized reduce_op", "'Average'"}, {"reduce_scatter_tensor", 0, group});
+    expect_invalid([&] { (void)all_reduce_coalesced({x}, std::string_view("sum "), world()); },
+                   {"Unrecognized reduce_op"}, {"all_reduce_coalesced", 0, group});
+    expect_invalid([&] { (void)reduce_scatter_tensor_coalesced({x}, "nope", {0}, world()); },
+                   {"Unrecognized reduce_op", "'nope'"},
+                   {"reduce_scatter_tensor_coalesced", 0, group});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, BitwiseOpOnFloatingDType) {
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    for (const char* op : {"band", "bor", "bxor"}) {
+      expect_invalid([&] { (void)all_reduce(Tensor::ones({2}), op, world()); },
+                     {op, "Float32", "bitwise"}, {"all_reduce", 0, group});
+      expect_invalid([&] { (void)all_reduce(Tensor::ones({2}, DType::BFloat16), op, world()); },
+                     {op, "BFloat16"}, {"all_reduce", 0, group});
+    }
+  });
+}
+
+TEST_P(InvalidArgumentErrors, OrderedOpOnComplex) {
+  const std::int64_t w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    for (const char* op : {"min", "max", "product", "band"}) {
+      expect_invalid([&] { (void)all_reduce(Tensor::ones({2}, DType::Complex64), op, world()); },
+                     {op, "Complex64"}, {"all_reduce", 0, group});
+    }
+    expect_invalid(
+        [&] {
+          (void)reduce_scatter_tensor(Tensor::ones({w}, DType::Complex128), "max", 0, world());
+        },
+        {"max", "Complex128"}, {"reduce_scatter_tensor", 0, group});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, ArithmeticOpOnBool) {
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    for (const ReduceOp& op :
+         {ReduceOp("sum"), ReduceOp("avg"), ReduceOp("product"), ReduceOp::premul_sum(2.0)}) {
+      expect_invalid([&] { (void)all_reduce(Tensor::ones({2}, DType::Bool), op, world()); },
+                     {"Bool", op.to_string()}, {"all_reduce", 0, group});
+    }
+  });
+}
+
+TEST_P(InvalidArgumentErrors, PremulSumOnIntegers) {
+  const std::int64_t w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    for (DType dtype : {DType::Int32, DType::UInt8, DType::Int64}) {
+      expect_invalid(
+          [&] { (void)all_reduce(Tensor::ones({2}, dtype), ReduceOp::premul_sum(2.0), world()); },
+          {"premul_sum", std::string(dtype_name(dtype))}, {"all_reduce", 0, group});
+    }
+    expect_invalid(
+        [&] {
+          (void)reduce_scatter_tensor_coalesced({Tensor::ones({w}, DType::Int32)},
+                                                ReduceOp::premul_sum(0.5), {0}, world());
+        },
+        {"premul_sum", "Int32"}, {"reduce_scatter_tensor_coalesced", 0, group});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, DimOutOfRange) {
+  const std::int64_t w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    const Expected at_scatter{"reduce_scatter_tensor", 0, group};
+    const Expected at_gather{"all_gather_tensor", 0, group};
+    const Tensor one_d = Tensor::ones({2 * w});
+    const Tensor two_d = Tensor::ones({2, 2 * w});
+    expect_invalid([&] { (void)reduce_scatter_tensor(one_d, "sum", 1, world()); },
+                   {"scatter_dim", "out of range"}, at_scatter);
+    expect_invalid([&] { (void)reduce_scatter_tensor(one_d, "sum", -2, world()); },
+                   {"scatter_dim", "out of range"}, at_scatter);
+    expect_invalid([&] { (void)reduce_scatter_tensor(two_d, "sum", 2, world()); },
+                   {"scatter_dim", "out of range"}, at_scatter);
+    expect_invalid([&] { (void)all_gather_tensor(two_d, 2, world()); },
+                   {"gather_dim", "out of range"}, at_gather);
+    expect_invalid([&] { (void)all_gather_tensor(two_d, -3, world()); },
+                   {"gather_dim", "out of range"}, at_gather);
+    expect_invalid([&] { (void)all_gather_tensor(Tensor::ones({}), 1, world()); },
+                   {"gather_dim", "out of range"}, at_gather);
+    expect_invalid(
+        [&] {
+          (void)reduce_scatter_tensor_coalesced({one_d, two_d}, "sum", {0, 5}, world());
+        },
+        {"scatter_dim", "out of range"}, {"reduce_scatter_tensor_coalesced", 0, group});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, ZeroDimReduceScatter) {
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    expect_invalid([&] { (void)reduce_scatter_tensor(Tensor::ones({}), "sum", 0, world()); },
+                   {"0-d"}, {"reduce_scatter_tensor", 0, group});
+    expect_invalid(
+        [&] {
+          (void)reduce_scatter_tensor_coalesced({Tensor::ones({}, DType::Int32)}, "sum", {0},
+                                                world());
+        },
+        {"0-d"}, {"reduce_scatter_tensor_coalesced", 0, group});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, ScatterDimsLengthMismatch) {
+  const std::int64_t w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    const Tensor x = Tensor::ones({w});
+    const Expected at{"reduce_scatter_tensor_coalesced", 0, group};
+    expect_invalid(
+        [&] {
+          (void)reduce_scatter_tensor_coalesced({x, x}, "sum", {0}, world());
+        },
+        {"scatter_dims"}, at);
+    expect_invalid(
+        [&] {
+          (void)reduce_scatter_tensor_coalesced({x}, "sum", {0, 0}, world());
+        },
+        {"scatter_dims"}, at);
+    expect_invalid([&] { (void)reduce_scatter_tensor_coalesced({}, "sum", {0}, world()); },
+                   {"scatter_dims"}, at);
+  });
+}
+
+TEST_P(InvalidArgumentErrors, UndefinedInput) {
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    const Tensor undefined;
+    const Tensor fine = Tensor::ones({GetParam()});
+    expect_invalid([&] { (void)all_reduce(undefined, "sum", world()); }, {"undefined"},
+                   {"all_reduce", 0, group});
+    expect_invalid([&] { (void)all_gather_tensor(undefined, 0, world()); }, {"undefined"},
+                   {"all_gather_tensor", 0, group});
+    expect_invalid([&] { (void)reduce_scatter_tensor(undefined, "sum", 0, world()); },
+                   {"undefined"}, {"reduce_scatter_tensor", 0, group});
+    expect_invalid(
+        [&] {
+          (void)all_reduce_coalesced({fine, undefined}, "sum", world());
+        },
+        {"undefined", "input 1"}, {"all_reduce_coalesced", 0, group});
+    expect_invalid([&] { (void)all_gather_into_tensor_coalesced({undefined}, world()); },
+                   {"undefined"}, {"all_gather_into_tensor_coalesced", 0, group});
+    expect_invalid(
+        [&] {
+          (void)reduce_scatter_tensor_coalesced({fine, undefined}, "sum", {0, 0}, world());
+        },
+        {"undefined"}, {"reduce_scatter_tensor_coalesced", 0, group});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, MetaInput) {
+  const std::int64_t w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    const Tensor meta = Tensor::empty({w, 2}, DType::Float32, Device::meta());
+    expect_invalid([&] { (void)all_reduce(meta, "sum", world()); }, {"meta"},
+                   {"all_reduce", 0, group});
+    expect_invalid([&] { (void)all_gather_tensor(meta, 1, world()); }, {"meta"},
+                   {"all_gather_tensor", 0, group});
+    expect_invalid([&] { (void)reduce_scatter_tensor(meta, "sum", 0, world()); }, {"meta"},
+                   {"reduce_scatter_tensor", 0, group});
+    expect_invalid([&] { (void)all_gather_into_tensor_coalesced({meta}, world()); }, {"meta"},
+                   {"all_gather_into_tensor_coalesced", 0, group});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, EmptyGroup) {
+  on_every_rank(GetParam(), [&](const std::string&) {
+    const Tensor x = Tensor::ones({2});
+    expect_invalid([&] { (void)all_reduce(x, "sum", std::vector<int>{}); }, {"empty"},
+                   {"all_reduce", std::nullopt, std::nullopt});
+    expect_invalid([&] { (void)all_reduce(x, "sum", std::vector<std::vector<int>>{}); }, {"empty"},
+                   {"all_reduce", std::nullopt, std::nullopt});
+    expect_invalid([&] { (void)all_gather_tensor(x, 0, std::vector<int>{}, "t"); }, {"empty"},
+                   {"all_gather_tensor", std::nullopt, std::nullopt});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, DuplicateRank) {
+  const int w = GetParam();
+  on_every_rank(w, [&](const std::string&) {
+    const Tensor x = Tensor::ones({2});
+    std::vector<int> twice = iota_ranks(w);
+    twice.push_back(0);
+    expect_invalid([&] { (void)all_reduce(x, "sum", twice); }, {"more than once"},
+                   {"all_reduce", std::nullopt, std::nullopt});
+    expect_invalid(
+        [&] {
+          (void)all_gather_tensor(x, 0, std::vector<int>{rank(), rank()});
+        },
+        {"more than once"}, {"all_gather_tensor", std::nullopt, std::nullopt});
+    // Across the sub-lists of a 2-D list.
+    expect_invalid(
+        [&] {
+          (void)all_reduce(x, "sum", std::vector<std::vector<int>>{{rank()}, {rank()}});
+        },
+        {"more than once"}, {"all_reduce", std::nullopt, std::nullopt});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, OutOfRangeRank) {
+  const int w = GetParam();
+  on_every_rank(w, [&](const std::string&) {
+    const Tensor x = Tensor::ones({2});
+    std::vector<int> too_many = iota_ranks(w);
+    too_many.push_back(w);
+    expect_invalid([&] { (void)all_reduce(x, "sum", too_many); }, {"out of range"},
+                   {"all_reduce", std::nullopt, std::nullopt});
+    expect_invalid(
+        [&] {
+          (void)all_reduce(x, "sum", std::vector<int>{rank(), -1});
+        },
+        {"out of range"}, {"all_reduce", std::nullopt, std::nullopt});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, NDimensionalMeshAlone) {
+  const int w = GetParam();
+  on_every_rank(w, [&](const std::string&) {
+    const Tensor x = Tensor::ones({2});
+    expect_invalid(
+        [&] {
+          (void)all_reduce(x, "sum", DeviceMesh({1, w}, iota_ranks(w)));
+        },
+        {"Only 1D mesh"}, {"all_reduce", std::nullopt, std::nullopt});
+    expect_invalid(
+        [&] {
+          (void)all_gather_tensor(x, 0, DeviceMesh({w, 1, 1}, iota_ranks(w)));
+        },
+        {"Only 1D mesh"}, {"all_gather_tensor", std::nullopt, std::nullopt});
+  });
+}
+
+TEST_P(InvalidArgumentErrors, InvalidArgumentConsumesNoSequenceNumber) {
+  const int w = GetParam();
+  const std::vector<int> everyone = iota_ranks(w);
+  run_ranks(w, [&] {
+    const std::string group = group_label(everyone);
+    const Tensor x = Tensor::ones({2});
+    // The first op on a group would have had seq 0; failing, it takes none.
+    expect_invalid([&] { (void)all_reduce(x, "band", world()); }, {"band"},
+                   {"all_reduce", 0, group});
+    expect_invalid([&] { (void)reduce_scatter_tensor(x, "sum", 3, world()); }, {"scatter_dim"},
+                   {"reduce_scatter_tensor", 0, group});
+    expect_world_still_pairs_up();  // seq 0 and 1
+    expect_invalid([&] { (void)all_gather_tensor(x, 7, everyone); }, {"gather_dim"},
+                   {"all_gather_tensor", 2, group});
+    expect_invalid([&] { (void)all_reduce(Tensor(), "sum", everyone); }, {"undefined"},
+                   {"all_reduce", 2, group});
+    // Only some ranks make bad calls: the others' sequence numbers must still line up.
+    if (rank() % 2 == 1) {
+      for (int i = 0; i < 3; ++i) {
+        expect_invalid([&] { (void)all_reduce(x, "min_of", world()); }, {"Unrecognized reduce_op"},
+                       {"all_reduce", 2, group});
+      }
+    }
+    expect_world_still_pairs_up();  // seq 2 and 3
+    // A tagged group counts on its own.
+    expect_invalid([&] { (void)all_reduce(x, "bxor", everyone, "other"); }, {"bxor"},
+                   {"all_reduce", 0, group_label(everyone, "other")});
+    expect_invalid([&] { (void)all_reduce(x, "bxor", world()); }, {"bxor"},
+                   {"all_reduce", 4, group});
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, InvalidArgumentErrors, testing::ValuesIn(kWorldSizes), world_name);
+
+// Cases that need at least two ranks (one rank is a member of every valid group and divides
+// every size) or three (two equal sub-lists would be valid).
+class InvalidArgumentMultiRank : public testing::TestWithParam<int> {};
+
+TEST_P(InvalidArgumentMultiRank, ReduceScatterSizeNotDivisibleIsNeverFloored) {
+  const std::int64_t w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    for (const DimCase& c :
+         std::vector<DimCase>{{{w + 1}, 0}, {{2 * w - 1}, -1}, {{3, 2 * w + 1}, 1}, {{1, 3}, 0}}) {
+      expect_invalid(
+          [&] { (void)reduce_scatter_tensor(Tensor::ones(c.shape), "sum", c.dim, world()); },
+          {"not divisible", std::to_string(w)}, {"reduce_scatter_tensor", 0, group});
+    }
+    expect_invalid(
+        [&] {
+          (void)reduce_scatter_tensor_coalesced(
+              {Tensor::ones({w}), Tensor::ones({2, w + 1}, DType::Int32)}, "sum", {0, 1}, world());
+        },
+        {"not divisible"}, {"reduce_scatter_tensor_coalesced", 0, group});
+  });
+}
+
+TEST_P(InvalidArgumentMultiRank, CallingRankNotAMemberOfTheGroup) {
+  const int w = GetParam();
+  run_ranks(w, [&] {
+    const int me = rank();
+    const std::vector<int> other = {(me + 1) % w};
+    const Tensor x = Tensor::ones({2});
+    expect_invalid([&] { (void)all_reduce(x, "sum", other); }, {"not a member"},
+                   {"all_reduce", std::nullopt, group_label(other)});
+    expect_invalid([&] { (void)all_gather_tensor(x, 0, new_group(other, "t")); }, {"not a member"},
+                   {"all_gather_tensor", std::nullopt, group_label(other, "t")});
+    expect_invalid([&] { (void)reduce_scatter_tensor(x, "sum", 0, other); }, {"not a member"},
+                   {"reduce_scatter_tensor", std::nullopt, std::nullopt});
+    expect_invalid([&] { (void)all_reduce_coalesced({x}, "sum", other); }, {"not a member"},
+                   {"all_reduce_coalesced", std::nullopt, std::nullopt});
+    expect_world_still_pairs_up();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, InvalidArgumentMultiRank, testing::Values(2, 3, 4, 8), world_name);
+
+class InvalidArgumentSubLists : public testing::TestWithParam<int> {};
+
+TEST_P(InvalidArgumentSubLists, UnequalSubListsOfARankList) {
+  const int w = GetParam();
+  on_every_rank(w, [&](const std::string&) {
+    const std::vector<std::vector<int>> lists = {{0}, iota_ranks(w - 1, 1)};
+    expect_invalid([&] { (void)all_reduce(Tensor::ones({2}), "sum", lists); },
+                   {"group sizes must be identical"}, {"all_reduce", std::nullopt, std::nullopt});
+    expect_invalid([&] { (void)all_gather_tensor(Tensor::ones({2}), 0, lists, "t"); },
+                   {"group sizes must be identical"},
+                   {"all_gather_tensor", std::nullopt, std::nullopt});
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, InvalidArgumentSubLists, testing::Values(3, 4, 8), world_name);
+
+// =============================================================================================
+// The input is never modified; results do not depend on the seed.
+
+class CollectiveInputs : public testing::TestWithParam<int> {};
+
+TEST_P(CollectiveInputs, AreNeverModified) {
+  const int world_size = GetParam();
+  const std::int64_t w = world_size;
+  run_ranks(world_size, [&] {
+    const int me = rank();
+    const Tensor dense = make_tensor(input_values<float>(me, 2 * w * 3), {2 * w, 3});
+    const Tensor base = make_tensor(input_values<std::int32_t>(me, 2 * w * 6), {2 * w, 6});
+    const Tensor narrowed = base.narrow(1, 1, 3);    // [2W, 3], non-contiguous
+    const Tensor transposed = base.transpose(0, 1);  // [6, 2W]
+    const Bytes dense_before = tensor_bytes(dense);
+    const Bytes base_before = tensor_bytes(base);
+    const std::vector<Tensor> inputs = {dense, narrowed, transposed};
+    const std::vector<Tensor> inputs_copy = inputs;
+
+    std::vector<Tensor> outputs;
+    for (const Tensor& input : inputs) {
+      outputs.push_back(all_reduce(input, "sum", world()));
+      outputs.push_back(all_gather_tensor(input, 0, world()));
+      outputs.push_back(all_gather_tensor(input, 1, world()));
+    }
+    outputs.push_back(reduce_scatter_tensor(dense, "sum", 0, world()));
+    outputs.push_back(reduce_scatter_tensor(narrowed, "max", 0, world()));
+    outputs.push_back(reduce_scatter_tensor(transposed, "avg", 1, world()));
+    for (const std::vector<Tensor>& list :
+         {all_reduce_coalesced(inputs, "max", world()),
+          all_gather_into_tensor_coalesced(inputs, world()),
+          reduce_scatter_tensor_coalesced(inputs, "min", {0, 0, 1}, world())}) {
+      outputs.insert(outputs.end(), list.begin(), list.end());
+    }
+    wait_tensors(outputs);
+    EXPECT_EQ(tensor_bytes(dense), dense_before);
+    EXPECT_EQ(tensor_bytes(base), base_before);
+    // The caller's vector is untouched too.
+    ASSERT_EQ(inputs.size(), inputs_copy.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      EXPECT_TRUE(inputs[i].shares_storage(inputs_copy[i])) << i;
+      EXPECT_EQ(inputs[i].sizes(), inputs_copy[i].sizes()) << i;
+      EXPECT_EQ(inputs[i].strides(), inputs_copy[i].strides()) << i;
+      EXPECT_EQ(inputs[i].storage_offset(), inputs_copy[i].storage_offset()) << i;
+    }
+  });
+}
+
+TEST_P(CollectiveInputs, ResultsDoNotDependOnTheSeed) {
+  const int world_size = GetParam();
+  const std::int64_t w = world_size;
+  // One program: every collective, several groups, order-sensitive floats.
+  const auto program = [&](std::vector<std::vector<Bytes>>& out) {
+    const int me = rank();
+    const Tensor floats = make_tensor(input_values<float>(me, 4 * w), {2, 2 * w});
+    const Tensor halves = make_tensor(input_values<Half>(me, 2 * w), {2 * w});
+    const std::vector<int> reversed = [&] {
+      std::vector<int> ranks;
+      for (int r = world_size - 1; r >= 0; --r) {
+        ranks.push_back(r);
+      }
+      return ranks;
+    }();
+    std::vector<Tensor> outputs = {
+        all_reduce(floats, "sum", world()),
+        all_reduce(halves, "avg", reversed),
+        all_reduce(floats, ReduceOp::premul_sum(0.5), world(), "tagged"),
+        reduce_scatter_tensor(floats, "sum", 1, world()),
+        all_gather_tensor(floats, -1, reversed),
+    };
+    for (const Tensor& output : all_reduce_coalesced({floats, halves}, "max", world())) {
+      outputs.push_back(output);
+    }
+    for (const Tensor& output : outputs) {
+      out[rank_index()].push_back(tensor_bytes(output));
+    }
+  };
+  std::vector<std::vector<Bytes>> first;
+  std::set<std::uint64_t> schedules;
+  for (std::uint64_t seed = 0; seed < 10; ++seed) {
+    std::vector<std::vector<Bytes>> results(static_cast<std::size_t>(world_size));
+    sim::SimOptions options;
+    options.world_size = world_size;
+    options.seed = seed;
+    options.print_failures = false;
+    options.seed_from_environment = false;  // the sweep must really use these seeds
+    const sim::SimReport report = sim::run(options, [&] { program(results); });
+    EXPECT_EQ(report.seed, seed);
+    schedules.insert(report.schedule_hash);
+    if (seed == 0) {
+      first = results;
+      continue;
+    }
+    for (int r = 0; r < world_size; ++r) {
+      ASSERT_EQ(results[static_cast<std::size_t>(r)].size(), 7u);
+      for (std::size_t k = 0; k < 7; ++k) {
+        EXPECT_EQ(results[static_cast<std::size_t>(r)][k], first[static_cast<std::size_t>(r)][k])
+            << "seed " << seed << ", rank " << r << ", output " << k;
+      }
+    }
+  }
+  if (world_size > 1) {
+    EXPECT_GT(schedules.size(), 1u) << "the seeds did not change the schedule";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CollectiveInputs, testing::ValuesIn(kWorldSizes), world_name);
+
+}  // namespace
+}  // namespace chorus

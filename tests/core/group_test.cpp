@@ -1,0 +1,208 @@
+// Group desugaring (DESIGN 2.2, the seed's _expand_group) and every desugaring error.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace chorus {
+namespace {
+
+sim::SimOptions quiet(int world_size) {
+  sim::SimOptions options;
+  options.world_size = world_size;
+  options.print_failures = false;
+  options.seed_from_environment = false;
+  return options;
+}
+
+// Runs `body` on every rank of a world of `size` and rethrows a failed expectation's exception.
+template <class Body>
+void on_ranks(int size, Body body) {
+  sim::run(quiet(size), body);
+}
+
+void expect_invalid(const std::function<void()>& call, const std::string& message_part) {
+  try {
+    call();
+    ADD_FAILURE() << "expected InvalidArgument containing '" << message_part << "'";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(message_part), std::string::npos) << e.what();
+    EXPECT_EQ(e.context().rank, rank());
+  }
+}
+
+TEST(Group, RankListExpandsToItselfWithTheCallTag) {
+  on_ranks(4, [] {
+    const ExpandedGroup group = expand_group({2, 0, 3}, "t");
+    EXPECT_EQ(group.tag, "t");
+    EXPECT_EQ(group.ranks, (std::vector<int>{2, 0, 3}));
+    EXPECT_EQ(group.group_size, 3);
+    EXPECT_EQ(group.members_of(0), (std::vector<int>{2, 0, 3}));
+    EXPECT_TRUE(group.members_of(1).empty());
+  });
+}
+
+TEST(Group, TwoDimensionalListIsMpmdWithTheCallersSubList) {
+  on_ranks(6, [] {
+    const ExpandedGroup group = expand_group({{0, 1, 2}, {3, 4, 5}});
+    EXPECT_EQ(group.ranks, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+    EXPECT_EQ(group.group_size, 3);
+    const std::vector<int> expected =
+        rank() < 3 ? std::vector<int>{0, 1, 2} : std::vector<int>{3, 4, 5};
+    EXPECT_EQ(group.members_of(rank()), expected);
+    // The collective runs within the sub-list.
+    Tensor sum = all_reduce(Tensor::full({1}, rank(), DType::Int32), "sum", {{0, 1, 2}, {3, 4, 5}});
+    EXPECT_EQ(sum.item<std::int32_t>(), rank() < 3 ? 3 : 12);
+  });
+}
+
+TEST(Group, TwoDimensionalListFromVectors) {
+  on_ranks(4, [] {
+    const std::vector<std::vector<int>> lists = {{0, 2}, {1, 3}};
+    const ExpandedGroup group = expand_group(lists);
+    EXPECT_EQ(group.group_size, 2);
+    EXPECT_EQ(group.members_of(3), (std::vector<int>{1, 3}));
+    // One-rank sub-groups need the explicit type: `{{0}, {1}}` is ambiguous in C++.
+    EXPECT_EQ(expand_group(std::vector<std::vector<int>>{{0}, {1}, {2}, {3}}).group_size, 1);
+  });
+}
+
+TEST(Group, WorldIsEveryRankWithTheSameTagEverywhere) {
+  std::vector<std::string> tags(5);
+  on_ranks(5, [&tags] {
+    const ProcessGroup group = world();
+    EXPECT_EQ(group.ranks(), (std::vector<int>{0, 1, 2, 3, 4}));
+    EXPECT_EQ(group.size(), 5);
+    tags[static_cast<std::size_t>(rank())] = group.tag();
+    EXPECT_EQ(expand_group(world()), expand_group({0, 1, 2, 3, 4}));
+  });
+  for (const std::string& tag : tags) {
+    EXPECT_EQ(tag, tags[0]);
+  }
+}
+
+TEST(Group, UntaggedNewGroupIsTheSameGroupAsItsRankList) {
+  on_ranks(3, [] {
+    const ProcessGroup group = new_group({0, 1});
+    EXPECT_EQ(expand_group(group), expand_group({0, 1}));
+    if (rank() < 2) {
+      // Same communicator: the ops pair up in order across both spellings.
+      Tensor a = all_reduce(Tensor::ones({1}), "sum", group);
+      Tensor b = all_reduce(Tensor::ones({2}), "sum", {0, 1});
+      EXPECT_EQ(a.item<float>(), 2.0f);
+      EXPECT_EQ(b.to_vector<float>(), std::vector<float>(2, 2.0f));
+    }
+  });
+}
+
+TEST(Group, TagsMakeDifferentGroups) {
+  on_ranks(2, [] {
+    const ProcessGroup tagged = new_group({0, 1}, "other");
+    EXPECT_EQ(tagged.tag(), "other");
+    EXPECT_NE(expand_group(tagged), expand_group({0, 1}));
+    // Different communicators: issuing them in opposite orders is not a mismatch.
+    Tensor first;
+    Tensor second;
+    if (rank() == 0) {
+      first = all_reduce(Tensor::ones({1}), "sum", tagged);
+      second = all_reduce(Tensor::ones({3}), "sum", {0, 1});
+    } else {
+      second = all_reduce(Tensor::ones({3}), "sum", {0, 1});
+      first = all_reduce(Tensor::ones({1}), "sum", tagged);
+    }
+    EXPECT_EQ(first.item<float>(), 2.0f);
+    EXPECT_EQ(second.to_vector<float>(), std::vector<float>(3, 2.0f));
+    // The call's tag wins over the group's own.
+    EXPECT_EQ(expand_group(tagged, "call").tag, "call");
+  });
+}
+
+TEST(Group, NewGroupIsLocalAndNonMembersCannotUseIt) {
+  on_ranks(3, [] {
+    const ProcessGroup pair = new_group({0, 2});  // every rank may create it
+    EXPECT_EQ(pair.contains(rank()), rank() != 1);
+    EXPECT_EQ(pair.group_rank(2), 1);
+    if (rank() == 1) {
+      expect_invalid([&] { (void)all_reduce(Tensor::ones({1}), "sum", pair); },
+                     "rank 1 is not a member of the group");
+    } else {
+      EXPECT_EQ(all_reduce(Tensor::ones({1}), "sum", pair).item<float>(), 2.0f);
+    }
+  });
+}
+
+TEST(Group, DeviceMeshSlicesAlongADim) {
+  on_ranks(6, [] {
+    const DeviceMesh mesh({2, 3}, {0, 1, 2, 3, 4, 5});
+    EXPECT_EQ(mesh.ndim(), 2);
+    EXPECT_EQ(mesh.size(-1), 3);
+    const int r = rank();
+    const ExpandedGroup rows = expand_group(MeshDim{mesh, 1});
+    const ExpandedGroup columns = expand_group(MeshDim{mesh, 0});
+    const int row = r / 3;
+    const int column = r % 3;
+    EXPECT_EQ(rows.ranks, (std::vector<int>{row * 3, row * 3 + 1, row * 3 + 2}));
+    EXPECT_EQ(columns.ranks, (std::vector<int>{column, column + 3}));
+    Tensor row_sum = all_reduce(Tensor::full({1}, r, DType::Int32), "sum", MeshDim{mesh, 1});
+    Tensor column_sum = all_reduce(Tensor::full({1}, r, DType::Int32), "sum", MeshDim{mesh, -2});
+    EXPECT_EQ(row_sum.item<std::int32_t>(), 9 * row + 3);
+    EXPECT_EQ(column_sum.item<std::int32_t>(), 2 * column + 3);
+    // A 1-D mesh alone is all its ranks.
+    EXPECT_EQ(expand_group(DeviceMesh({6}, {5, 4, 3, 2, 1, 0})).ranks,
+              (std::vector<int>{5, 4, 3, 2, 1, 0}));
+  });
+}
+
+TEST(Group, EveryDesugaringErrorNamesTheProblem) {
+  on_ranks(4, [] {
+    expect_invalid(
+        [] {
+          (void)expand_group({{0, 1}, {2}});
+        },
+        "group sizes must be identical found 2 and 1");
+    expect_invalid(
+        [] {
+          (void)expand_group(DeviceMesh({2, 2}, {0, 1, 2, 3}));
+        },
+        "Only 1D mesh is supported");
+    expect_invalid([] { (void)expand_group(std::vector<int>{}); }, "empty");
+    expect_invalid([] { (void)expand_group({0, 1, 1}); }, "holds rank 1 more than once");
+    expect_invalid([] { (void)expand_group({{0, 1}, {1, 2}}); }, "more than once");
+    expect_invalid([] { (void)expand_group({0, 4}); }, "out of range [0, 4)");
+    expect_invalid([] { (void)expand_group({-1, 0}); }, "out of range");
+    expect_invalid([] { (void)new_group({}); }, "empty");
+    expect_invalid([] { (void)new_group({0, 7}); }, "out of range");
+    expect_invalid([] { (void)new_group({3, 3}); }, "more than once");
+    expect_invalid([] { (void)DeviceMesh({2, 2}, {0, 1, 2}); }, "holds 4 ranks but 3 were given");
+    expect_invalid([] { (void)DeviceMesh({2, 0}, {}); }, "non-positive");
+    expect_invalid([] { (void)DeviceMesh({2}, {1, 1}); }, "repeated rank 1");
+    if (rank() >= 2) {
+      expect_invalid(
+          [] {
+            (void)expand_group(MeshDim{DeviceMesh({2}, {0, 1}), 0});
+          },
+          "is not in the mesh");
+    }
+    expect_invalid(
+        [] {
+          (void)expand_group(MeshDim{DeviceMesh({2, 2}, {0, 1, 2, 3}), 2});
+        },
+        "MeshDim");
+  });
+}
+
+TEST(Group, RankAndWorldSizeOutsideARankThrow) {
+  EXPECT_THROW(rank(), InvalidArgument);
+  EXPECT_THROW(world_size(), InvalidArgument);
+  EXPECT_THROW(world(), InvalidArgument);
+  EXPECT_THROW(new_group({0}), InvalidArgument);
+  // Structure is still checked outside a rank; the range is not known there.
+  EXPECT_THROW(expand_group({0, 0}), InvalidArgument);
+  EXPECT_EQ(expand_group({5, 9}).group_size, 2);
+}
+
+}  // namespace
+}  // namespace chorus

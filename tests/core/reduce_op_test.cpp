@@ -1,0 +1,87 @@
+// ReduceOp names, premul_sum, and the dtype rules of DESIGN 2.3 / 2.7.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <string>
+#include <string_view>
+
+namespace chorus {
+namespace {
+
+using Kind = ReduceOp::Kind;
+
+TEST(ReduceOp, NamesAreCaseInsensitiveFromEveryStringType) {
+  EXPECT_EQ(ReduceOp("sum").kind(), Kind::Sum);
+  EXPECT_EQ(ReduceOp("SUM").kind(), Kind::Sum);
+  EXPECT_EQ(ReduceOp(std::string("Avg")).kind(), Kind::Avg);
+  EXPECT_EQ(ReduceOp(std::string_view("pRoDuCt")).kind(), Kind::Product);
+  EXPECT_EQ(ReduceOp("min").kind(), Kind::Min);
+  EXPECT_EQ(ReduceOp("MAX").kind(), Kind::Max);
+  EXPECT_EQ(ReduceOp("band").kind(), Kind::BAnd);
+  EXPECT_EQ(ReduceOp("BOR").kind(), Kind::BOr);
+  EXPECT_EQ(ReduceOp("bxor").kind(), Kind::BXor);
+}
+
+TEST(ReduceOp, UnknownNamesAreInvalidAndRejectedWithTheName) {
+  const ReduceOp op("summ");
+  EXPECT_FALSE(op.is_valid());
+  EXPECT_EQ(op.invalid_name(), "summ");
+  EXPECT_NE(op.check_dtype(DType::Float32).find("Unrecognized reduce_op 'summ'"),
+            std::string::npos);
+  EXPECT_THROW(ReduceOp::parse("summ"), InvalidArgument);
+  EXPECT_EQ(ReduceOp::parse("Max").kind(), Kind::Max);
+  EXPECT_NE(ReduceOp("premul_sum").check_dtype(DType::Float32).find("ReduceOp::premul_sum(f)"),
+            std::string::npos);
+  EXPECT_FALSE(ReduceOp("").is_valid());
+}
+
+TEST(ReduceOp, PremulSumCarriesItsFactor) {
+  const ReduceOp op = ReduceOp::premul_sum(0.25);
+  EXPECT_EQ(op.kind(), Kind::PremulSum);
+  EXPECT_EQ(op.premul_factor(), 0.25);
+  EXPECT_EQ(op.to_string(), "premul_sum(0.25)");
+  EXPECT_EQ(ReduceOp("sum").premul_factor(), 1.0);
+  EXPECT_NE(ReduceOp::premul_sum(0.5), ReduceOp::premul_sum(2.0));
+  EXPECT_EQ(ReduceOp::premul_sum(0.5), ReduceOp::premul_sum(0.5));
+}
+
+// Which (op, dtype) pairs are allowed: the table of DESIGN 2.3 / 2.7.
+bool allowed(Kind kind, DType dtype) {
+  const bool bitwise = kind == Kind::BAnd || kind == Kind::BOr || kind == Kind::BXor;
+  if (dtype == DType::Bool) {
+    return bitwise || kind == Kind::Min || kind == Kind::Max;
+  }
+  if (is_complex(dtype)) {
+    return kind == Kind::Sum || kind == Kind::Avg || kind == Kind::PremulSum;
+  }
+  if (is_floating(dtype)) {
+    return !bitwise;
+  }
+  return kind != Kind::PremulSum;  // integers
+}
+
+TEST(ReduceOp, DtypeRulesMatchTheDesignTable) {
+  const Kind kinds[] = {Kind::Sum,  Kind::Avg, Kind::Product, Kind::Min,      Kind::Max,
+                        Kind::BAnd, Kind::BOr, Kind::BXor,    Kind::PremulSum};
+  for (Kind kind : kinds) {
+    const ReduceOp op = kind == Kind::PremulSum ? ReduceOp::premul_sum(2.0) : ReduceOp(kind);
+    for (DType dtype : kAllDTypes) {
+      const std::string reason = op.check_dtype(dtype);
+      EXPECT_EQ(reason.empty(), allowed(kind, dtype))
+          << op.to_string() << " on " << dtype_name(dtype) << ": " << reason;
+      if (!reason.empty()) {
+        EXPECT_NE(reason.find(std::string(dtype_name(dtype))), std::string::npos) << reason;
+      }
+    }
+  }
+}
+
+TEST(ReduceOp, NamesPrint) {
+  EXPECT_EQ(ReduceOp(Kind::BXor).to_string(), "bxor");
+  EXPECT_EQ(ReduceOp("nope").to_string(), "'nope'");
+  EXPECT_EQ(reduce_kind_name(Kind::Avg), "avg");
+}
+
+}  // namespace
+}  // namespace chorus

@@ -1,0 +1,411 @@
+// The work registry and the async semantics of pending tensors (Note [Work lifecycle],
+// Note [Pending storage]), driven through a transport whose works complete only when the test
+// says so.
+
+#include "detail/work_registry.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "detail/rank_state.hpp"
+#include "detail/storage.hpp"
+#include "detail/tensor_access.hpp"
+#include "support/fake_transport.hpp"
+
+namespace chorus {
+namespace {
+
+using testing::FakeTransport;
+using testing::FakeWork;
+
+// One rank (world size 1) bound to the test's thread, on the fake transport.
+class FakeRank {
+ public:
+  FakeRank()
+      : transport_(std::make_shared<FakeTransport>()), context_(transport_), binding_(&context_) {}
+
+  FakeTransport& transport() { return *transport_; }
+  RankContext& context() { return context_; }
+  detail::WorkRegistry& registry() { return *context_.state().registry(); }
+
+ private:
+  std::shared_ptr<FakeTransport> transport_;
+  RankContext context_;
+  ScopedRankBinding binding_;
+};
+
+Tensor iota(std::int64_t n) {
+  std::vector<std::int32_t> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    values[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i + 1);
+  }
+  return Tensor::from_vector(values);
+}
+
+TEST(WorkRegistry, CountsThroughIssueWaitWaitByViewAndDrop) {
+  FakeRank rank;
+  EXPECT_EQ(work_registry_size(), 0u);
+  Tensor a = all_reduce(iota(4), "sum", {0});
+  Tensor b = all_reduce(iota(4), "sum", {0});
+  Tensor c = all_reduce(iota(4), "sum", {0});
+  EXPECT_EQ(work_registry_size(), 3u);
+  for (const auto& work : rank.transport().works()) {
+    work->complete();
+  }
+  EXPECT_EQ(work_registry_size(), 3u) << "completion inside the transport does not retire";
+  wait_tensor(a);
+  EXPECT_EQ(work_registry_size(), 2u);
+  wait_tensor(b.narrow(0, 1, 2));  // through a view
+  EXPECT_EQ(work_registry_size(), 1u);
+  c = Tensor();  // drop the last tensor of c's storage
+  EXPECT_EQ(work_registry_size(), 0u);
+  ASSERT_EQ(rank.registry().unwaited().size(), 1u);
+  EXPECT_EQ(rank.registry().unwaited()[0].op, "all_reduce");
+  EXPECT_EQ(rank.registry().unwaited()[0].seq, 2);
+}
+
+TEST(WorkRegistry, ViewsNeverWait) {
+  FakeRank rank;
+  Tensor t = all_reduce(Tensor::arange(24).view({2, 3, 4}), "sum", {0});
+  const auto work = rank.transport().last_work();
+  ASSERT_TRUE(t.is_pending());
+  std::vector<Tensor> views = {t.view({6, 4}),    t.narrow(1, 1, 2),    t.select(0, 1),
+                               t.transpose(0, 2), t.permute({2, 0, 1}), t.flatten(),
+                               t.unsqueeze(0),    t.view({-1})};
+  for (const Tensor& piece : t.chunk(2, 2)) {
+    views.push_back(piece);
+  }
+  for (const Tensor& piece : t.split({1, 2}, 1)) {
+    views.push_back(piece);
+  }
+  for (const Tensor& view : views) {
+    EXPECT_TRUE(view.is_pending());
+    EXPECT_TRUE(view.shares_storage(t));
+    (void)view.sizes();
+    (void)view.strides();
+    (void)view.numel();
+    (void)view.is_contiguous();
+    (void)view.unsafe_data_ptr();
+  }
+  EXPECT_EQ(work->waits(), 0);
+  EXPECT_EQ(work_registry_size(), 1u);
+  work->complete();
+  wait_tensor(t);
+}
+
+TEST(WorkRegistry, DataAccessWaitsFirstAndSecondWaitIsNoOp) {
+  FakeRank rank;
+  Tensor t = all_reduce(iota(5), "sum", {0});
+  const auto work = rank.transport().last_work();
+  work->complete_when_waited();
+  EXPECT_EQ(t.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(work->waits(), 1);
+  EXPECT_FALSE(t.is_pending());
+  wait_tensor(t);
+  wait_tensor(t.narrow(0, 0, 1));
+  (void)t.data_ptr<std::int32_t>();
+  EXPECT_EQ(work->waits(), 1) << "later waits and accesses do not reach the transport";
+}
+
+TEST(WorkRegistry, EveryDataAccessIsAChokePoint) {
+  using Access = void (*)(const Tensor&);
+  const std::vector<std::pair<const char*, Access>> accesses = {
+      {"to_vector", [](const Tensor& t) { (void)t.to_vector<std::int32_t>(); }},
+      {"item", [](const Tensor& t) { (void)t.narrow(0, 0, 1).item<std::int32_t>(); }},
+      {"data_ptr", [](const Tensor& t) { (void)t.data_ptr<std::int32_t>(); }},
+      {"contiguous", [](const Tensor& t) { (void)t.contiguous(); }},
+      {"clone", [](const Tensor& t) { (void)t.clone(); }},
+      {"to", [](const Tensor& t) { (void)t.to(DType::Float64); }},
+      {"equal", [](const Tensor& t) { (void)t.equal(t); }},
+      {"bitwise_equal", [](const Tensor& t) { (void)t.bitwise_equal(t); }},
+      {"copy_ source", [](const Tensor& t) { (void)Tensor::zeros({3}, DType::Int32).copy_(t); }},
+      {"copy_ target", [](const Tensor& t) { Tensor(t).copy_(Tensor::zeros({3}, DType::Int32)); }},
+      {"to_string", [](const Tensor& t) { (void)t.to_string(); }},
+      {"wait_tensor", [](const Tensor& t) { (void)wait_tensor(t); }},
+  };
+  for (const auto& [name, access] : accesses) {
+    FakeRank rank;
+    Tensor t = all_reduce(iota(3), "sum", {0});
+    const auto work = rank.transport().last_work();
+    work->complete_when_waited();
+    access(t);
+    EXPECT_EQ(work->waits(), 1) << name;
+    EXPECT_FALSE(t.is_pending()) << name;
+    EXPECT_EQ(work_registry_size(), 0u) << name;
+  }
+}
+
+TEST(WorkRegistry, CoalescedWorkCountsOnceAndRetiresThroughAnyOutput) {
+  FakeRank rank;
+  std::vector<Tensor> outputs = all_reduce_coalesced({iota(2), iota(3), iota(4)}, "max", {0});
+  ASSERT_EQ(outputs.size(), 3u);
+  EXPECT_EQ(work_registry_size(), 1u);
+  EXPECT_EQ(rank.transport().works().size(), 1u);
+  rank.transport().last_work()->complete();
+  wait_tensor(outputs[1]);
+  EXPECT_EQ(work_registry_size(), 0u);
+  for (const Tensor& output : outputs) {
+    EXPECT_FALSE(output.is_pending());
+  }
+  EXPECT_EQ(outputs[2].to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2, 3, 4}));
+}
+
+TEST(WorkRegistry, CoalescedWorkStaysUntilItsLastOutputIsDropped) {
+  FakeRank rank;
+  std::vector<Tensor> outputs = all_reduce_coalesced({iota(2), iota(3)}, "sum", {0});
+  rank.transport().last_work()->complete();
+  outputs[0] = Tensor();
+  EXPECT_EQ(work_registry_size(), 1u) << "still registered under the other output";
+  EXPECT_TRUE(rank.registry().unwaited().empty());
+  outputs[1] = Tensor();
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_EQ(rank.registry().unwaited().size(), 1u);
+}
+
+TEST(WorkRegistry, WaitTensorsWaitsEachDistinctWorkOnce) {
+  FakeRank rank;
+  std::vector<Tensor> coalesced = all_reduce_coalesced({iota(2), iota(3)}, "sum", {0});
+  Tensor single = all_reduce(iota(4), "sum", {0});
+  for (const auto& work : rank.transport().works()) {
+    work->complete_when_waited();
+  }
+  std::vector<Tensor> all = {coalesced[0], single, coalesced[1], coalesced[0].narrow(0, 0, 1)};
+  std::vector<Tensor> returned = wait_tensors(all);
+  ASSERT_EQ(returned.size(), all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    EXPECT_TRUE(returned[i].shares_storage(all[i]));
+  }
+  for (const auto& work : rank.transport().works()) {
+    EXPECT_EQ(work->waits(), 1);
+  }
+  EXPECT_EQ(work_registry_size(), 0u);
+}
+
+TEST(WorkRegistry, SeveralWorksOnOneStorageAreAllWaited) {
+  FakeRank rank;
+  Tensor t = Tensor::zeros({4}, DType::Int32);
+  const auto& storage = detail::TensorAccess::storage(t);
+  std::vector<std::shared_ptr<FakeWork>> fakes;
+  for (int i = 0; i < 3; ++i) {
+    auto fake =
+        std::make_shared<FakeWork>(transport::Fingerprint{1, i, {}},
+                                   std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+    fakes.push_back(fake);
+    auto work = std::make_shared<detail::PendingWork>(
+        fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr,
+        rank.context().state().transport_ptr(), std::chrono::hours(1));
+    rank.registry().add(work, {storage.get()});
+  }
+  EXPECT_EQ(work_registry_size(), 3u);
+  for (const auto& fake : fakes) {
+    fake->complete_when_waited();
+  }
+  wait_tensor(t);
+  EXPECT_EQ(work_registry_size(), 0u);
+  for (const auto& fake : fakes) {
+    EXPECT_EQ(fake->waits(), 1);
+  }
+}
+
+TEST(WorkRegistry, NewStorageAtRecycledAddressIsNeverConfusedWithAnOldEntry) {
+  FakeRank rank;
+  std::vector<std::int32_t> buffer = {7, 8, 9};
+  Tensor old_tensor = Tensor::from_blob(buffer.data(), {3}, DType::Int32);
+  auto old_fake =
+      std::make_shared<FakeWork>(transport::Fingerprint{1, 0, {}},
+                                 std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+  auto old_work = std::make_shared<detail::PendingWork>(
+      old_fake, detail::WorkInfo{0, "old", 0, "[0]", {}}, nullptr,
+      rank.context().state().transport_ptr(), std::chrono::hours(1));
+  rank.registry().add(old_work, {detail::TensorAccess::storage(old_tensor).get()});
+
+  // A second storage at the very same address is a different storage: nothing pending on it.
+  Tensor same_address = Tensor::from_blob(buffer.data(), {3}, DType::Int32);
+  ASSERT_EQ(same_address.unsafe_data_ptr(), old_tensor.unsafe_data_ptr());
+  EXPECT_FALSE(same_address.is_pending());
+  EXPECT_EQ(same_address.to_vector<std::int32_t>(), (std::vector<std::int32_t>{7, 8, 9}));
+  EXPECT_EQ(old_fake->waits(), 0) << "a read of the new storage must not wait on the old work";
+
+  // The old storage dies (its work completed and retired), a newer storage at the same address
+  // gets a work, and a late cleanup of the old work arrives: the newer entry survives.
+  old_fake->complete();
+  old_tensor = Tensor();
+  EXPECT_EQ(work_registry_size(), 0u);
+  Tensor newer = Tensor::from_blob(buffer.data(), {3}, DType::Int32);
+  auto new_fake =
+      std::make_shared<FakeWork>(transport::Fingerprint{1, 1, {}},
+                                 std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+  auto new_work = std::make_shared<detail::PendingWork>(
+      new_fake, detail::WorkInfo{0, "new", 1, "[0]", {}}, nullptr,
+      rank.context().state().transport_ptr(), std::chrono::hours(1));
+  rank.registry().add(new_work, {detail::TensorAccess::storage(newer).get()});
+  rank.registry().retire(*old_work, nullptr);  // late
+  EXPECT_EQ(work_registry_size(), 1u);
+  EXPECT_TRUE(newer.is_pending());
+  new_fake->complete_when_waited();
+  wait_tensor(newer);
+  EXPECT_EQ(new_fake->waits(), 1);
+  EXPECT_EQ(work_registry_size(), 0u);
+}
+
+// The line of the all_reduce below, for the report check.
+constexpr int kDroppedLine = __LINE__ + 3;
+void issue_and_drop(FakeTransport& transport) {
+  Tensor input = iota(2);
+  Tensor dropped = all_reduce(input, "sum", {0});
+  transport.last_work()->complete_when_waited();
+}
+
+TEST(WorkRegistry, DropCompletesTheWorkAndReportsItsCallSite) {
+  FakeRank rank;
+  issue_and_drop(rank.transport());
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_EQ(rank.transport().last_work()->waits(), 1) << "completed before the storage went";
+  const std::vector<UnwaitedWork> unwaited = rank.registry().unwaited();
+  ASSERT_EQ(unwaited.size(), 1u);
+  EXPECT_EQ(unwaited[0].rank, 0);
+  EXPECT_EQ(unwaited[0].op, "all_reduce");
+  EXPECT_EQ(unwaited[0].seq, 0);
+  EXPECT_EQ(unwaited[0].location.line(), kDroppedLine);
+  EXPECT_NE(std::string(unwaited[0].location.file_name()).find("work_registry_test.cpp"),
+            std::string::npos);
+  EXPECT_FALSE(unwaited[0].at_rank_exit);
+  EXPECT_TRUE(unwaited[0].error.empty());
+  EXPECT_NE(unwaited[0].to_string().find("dropped un-waited"), std::string::npos);
+}
+
+TEST(WorkRegistry, FailedDropIsRaisedAtTheRanksNextCallOnce) {
+  FakeRank rank;
+  {
+    Tensor dropped = all_reduce(iota(2), "sum", {0});
+    rank.transport().last_work()->fail(make_error(
+        ErrorCode::TransportError, ErrorContext{0, "all_reduce", 0, "[0]"}, "link down"));
+  }  // the destructor records the failure and does not throw
+  ASSERT_EQ(rank.registry().unwaited().size(), 1u);
+  EXPECT_NE(rank.registry().unwaited()[0].error.find("link down"), std::string::npos);
+  EXPECT_THROW(all_reduce(iota(2), "sum", {0}), TransportError);
+  // Raised once; this call goes through.
+  Tensor next = all_reduce(iota(2), "sum", {0});
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
+}
+
+TEST(WorkRegistry, FailedWorkMakesItsStorageRaiseOnEveryAccess) {
+  FakeRank rank;
+  Tensor t = all_reduce(iota(2), "sum", {0});
+  rank.transport().last_work()->fail(
+      make_error(ErrorCode::Aborted, ErrorContext{0, "all_reduce", 0, "[0]"}, "aborted"));
+  EXPECT_THROW(wait_tensor(t), Aborted);
+  EXPECT_FALSE(t.is_pending());
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_THROW(t.to_vector<std::int32_t>(), Aborted) << "never read garbage silently";
+  EXPECT_THROW(wait_tensor(t.narrow(0, 0, 1)), Aborted);
+}
+
+TEST(WorkRegistry, IssueOnOneThreadWaitOnAnotherDropOnAThird) {
+  FakeRank rank;
+  Tensor t = all_reduce(iota(6), "sum", {0});
+  Tensor holder = t;
+  const auto work = rank.transport().last_work();
+  std::vector<std::int32_t> seen;
+  std::thread waiter(
+      [view = t.narrow(0, 2, 3), &seen] { seen = wait_tensor(view).to_vector<std::int32_t>(); });
+  std::thread dropper([held = std::move(holder)]() mutable { held = Tensor(); });
+  std::thread completer([work] { work->complete(); });
+  t = Tensor();  // the main thread lets go too
+  dropper.join();
+  completer.join();
+  waiter.join();
+  EXPECT_EQ(seen, (std::vector<std::int32_t>{3, 4, 5}));
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_TRUE(rank.registry().unwaited().empty()) << "waited through a view, not dropped";
+}
+
+TEST(WorkRegistry, LastTensorDroppedOnAnotherThreadWhileCompletedFromAThird) {
+  FakeRank rank;
+  Tensor t = all_reduce(iota(3), "sum", {0});
+  const auto work = rank.transport().last_work();
+  std::thread dropper([held = std::move(t)]() mutable { held = Tensor(); });
+  std::thread completer([work] { work->complete(); });
+  dropper.join();
+  completer.join();
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_EQ(rank.registry().unwaited().size(), 1u);
+}
+
+TEST(WorkRegistry, ConcurrentWaitersRetireTheWorkOnce) {
+  FakeRank rank;
+  Tensor t = all_reduce(iota(8), "sum", {0});
+  const auto work = rank.transport().last_work();
+  std::vector<std::thread> waiters;
+  std::vector<std::vector<std::int32_t>> seen(4);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    waiters.emplace_back([view = t.narrow(0, static_cast<std::int64_t>(i), 2), &seen, i] {
+      seen[i] = view.to_vector<std::int32_t>();
+    });
+  }
+  work->complete();
+  for (std::thread& waiter : waiters) {
+    waiter.join();
+  }
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    const auto first = static_cast<std::int32_t>(i + 1);
+    EXPECT_EQ(seen[i], (std::vector<std::int32_t>{first, first + 1}));
+  }
+  EXPECT_EQ(work_registry_size(), 0u);
+}
+
+TEST(WorkRegistry, RankFinishCompletesLeftoversAndReportsThemAtExit) {
+  auto transport = std::make_shared<FakeTransport>();
+  Tensor kept;
+  RankContext::Summary summary;
+  {
+    RankContext context(transport);
+    {
+      ScopedRankBinding binding(&context);
+      kept = all_reduce(iota(2), "sum", {0});
+    }
+    transport->last_work()->complete();
+    summary = context.finish();
+    EXPECT_EQ(context.state().registry()->size(), 0u);
+  }
+  EXPECT_FALSE(kept.is_pending());
+  EXPECT_EQ(kept.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
+  ASSERT_EQ(summary.unwaited.size(), 1u);
+  EXPECT_TRUE(summary.unwaited[0].at_rank_exit);
+  EXPECT_EQ(summary.error, nullptr);
+}
+
+TEST(WorkRegistry, FailedLeftoverAtRankExitIsReturnedAsTheRanksError) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  Tensor kept;
+  {
+    ScopedRankBinding binding(&context);
+    kept = all_reduce(iota(2), "sum", {0});
+  }
+  transport->last_work()->fail(
+      make_error(ErrorCode::RankFailure, ErrorContext{0, "all_reduce", 0, "[0]"}, "peer died"));
+  RankContext::Summary summary = context.finish();
+  ASSERT_NE(summary.error, nullptr);
+  EXPECT_THROW(std::rethrow_exception(summary.error), RankFailure);
+  ASSERT_EQ(summary.unwaited.size(), 1u);
+  EXPECT_NE(summary.unwaited[0].error.find("peer died"), std::string::npos);
+}
+
+TEST(WorkRegistry, OutsideARankTheRegistryIsUnreachable) {
+  EXPECT_THROW(work_registry_size(), InvalidArgument);
+  EXPECT_THROW(all_reduce(iota(2), "sum", {0}), InvalidArgument);
+  Tensor plain = iota(2);
+  EXPECT_EQ(wait_tensor(plain).to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}))
+      << "waiting a tensor with nothing pending is fine anywhere";
+}
+
+}  // namespace
+}  // namespace chorus

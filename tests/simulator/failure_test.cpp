@@ -1,0 +1,320 @@
+// Hangs and disagreements become errors (Note [Simulator failures]): mismatches, deadlocks, dead
+// peers, peers that leave without joining, virtual-time timeouts, livelock, and the seed +
+// replay line of a failing run.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chorus/chorus.hpp>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace chorus {
+namespace {
+
+using sim::SimOptions;
+using sim::SimReport;
+
+SimOptions quiet(int world_size, std::uint64_t seed = 0) {
+  SimOptions options;
+  options.world_size = world_size;
+  options.seed = seed;
+  options.print_failures = false;
+  options.seed_from_environment = false;
+  return options;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Per-rank outcome of the collective each rank ran: the error caught, if any.
+struct Outcome {
+  std::optional<ErrorCode> code;
+  std::string what;
+  ErrorContext context;
+};
+
+template <class Body>
+std::vector<Outcome> run_catching(int world_size, Body body, std::uint64_t seed = 0) {
+  std::vector<Outcome> outcomes(static_cast<std::size_t>(world_size));
+  sim::run(quiet(world_size, seed), [&] {
+    Outcome& outcome = outcomes[static_cast<std::size_t>(rank())];
+    try {
+      body();
+    } catch (const Error& e) {
+      outcome.code = e.code();
+      outcome.what = e.what();
+      outcome.context = e.context();
+    }
+  });
+  return outcomes;
+}
+
+// A mismatch where rank 1 deviates from rank 0 (and every other rank follows rank 0).
+struct MismatchCase {
+  const char* name;
+  std::function<Tensor(int rank)> issue;
+  const char* rank0_signature;
+  const char* rank1_signature;
+};
+
+class SimMismatch : public ::testing::TestWithParam<MismatchCase> {};
+
+TEST_P(SimMismatch, EveryRankGetsCollectiveMismatchNamingBothSides) {
+  const MismatchCase& c = GetParam();
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    std::vector<Outcome> outcomes = run_catching(
+        3, [&] { (void)c.issue(rank()).to_vector<std::uint8_t>(); }, seed);
+    for (std::size_t r = 0; r < outcomes.size(); ++r) {
+      ASSERT_TRUE(outcomes[r].code.has_value()) << c.name << " rank " << r;
+      EXPECT_EQ(*outcomes[r].code, ErrorCode::CollectiveMismatch) << outcomes[r].what;
+      EXPECT_EQ(outcomes[r].context.rank, static_cast<int>(r));
+      EXPECT_EQ(outcomes[r].context.seq, 0);
+      EXPECT_EQ(outcomes[r].context.group, "[0, 1, 2]");
+      EXPECT_TRUE(contains(outcomes[r].what, c.rank1_signature)) << outcomes[r].what;
+      EXPECT_TRUE(contains(outcomes[r].what, c.rank0_signature)) << outcomes[r].what;
+      EXPECT_TRUE(contains(outcomes[r].what, "failure_test.cpp:")) << "call sites";
+    }
+  }
+}
+
+Tensor bytes(std::int64_t n, DType dtype = DType::UInt8) { return Tensor::ones({n}, dtype); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, SimMismatch,
+    ::testing::Values(
+        MismatchCase{
+            "dtype",
+            [](int r) {
+              return all_reduce(bytes(4, r == 1 ? DType::Int8 : DType::UInt8), "sum", world())
+                  .to(DType::UInt8);
+            },
+            "all_reduce(UInt8, send=4, recv=4, sum)", "all_reduce(Int8, send=4, recv=4, sum)"},
+        MismatchCase{
+            "shape", [](int r) { return all_reduce(bytes(r == 1 ? 5 : 4), "sum", world()); },
+            "all_reduce(UInt8, send=4, recv=4, sum)", "all_reduce(UInt8, send=5, recv=5, sum)"},
+        MismatchCase{"reduce op",
+                     [](int r) { return all_reduce(bytes(4), r == 1 ? "max" : "sum", world()); },
+                     "all_reduce(UInt8, send=4, recv=4, sum)",
+                     "all_reduce(UInt8, send=4, recv=4, max)"},
+        MismatchCase{"op",
+                     [](int r) {
+                       return r == 1 ? all_gather_tensor(bytes(4), 0, world())
+                                     : all_reduce(bytes(12), "sum", world());
+                     },
+                     "all_reduce(UInt8, send=12, recv=12, sum)",
+                     "all_gather(UInt8, send=4, recv=12)"}),
+    [](const ::testing::TestParamInfo<MismatchCase>& param_info) {
+      std::string name = param_info.param.name;
+      for (char& c : name) {
+        c = c == ' ' ? '_' : c;
+      }
+      return name;
+    });
+
+TEST(SimFailure, AfterAMismatchTheCommunicatorIsAborted) {
+  std::vector<Outcome> outcomes = run_catching(2, [] {
+    try {
+      (void)all_reduce(bytes(rank() == 0 ? 1 : 2), "sum", world()).to_vector<std::uint8_t>();
+    } catch (const CollectiveMismatch&) {
+    }
+    (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+  });
+  for (const Outcome& outcome : outcomes) {
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::Aborted) << outcome.what;
+    EXPECT_EQ(outcome.context.seq, 1);
+    EXPECT_TRUE(contains(outcome.what, "collective mismatch")) << outcome.what;
+  }
+}
+
+TEST(SimFailure, DifferentGroupsDeadlockWithEveryRanksPendingOpAndCallSite) {
+  // Rank 0 joins {0, 1}; rank 1 joins {0, 1, 2}; rank 2 joins {1, 2}: nobody can complete.
+  std::vector<Outcome> outcomes = run_catching(3, [] {
+    const std::vector<std::vector<int>> groups = {{0, 1}, {0, 1, 2}, {1, 2}};
+    (void)all_reduce(bytes(2), "sum", groups[static_cast<std::size_t>(rank())])
+        .to_vector<std::uint8_t>();
+  });
+  for (std::size_t r = 0; r < outcomes.size(); ++r) {
+    ASSERT_TRUE(outcomes[r].code.has_value());
+    EXPECT_EQ(*outcomes[r].code, ErrorCode::Deadlock) << outcomes[r].what;
+    const std::string& what = outcomes[r].what;
+    EXPECT_TRUE(contains(what, "no rank can make progress"));
+    EXPECT_TRUE(contains(what, "rank 0: waiting in all_reduce #0 on group [0, 1]")) << what;
+    EXPECT_TRUE(contains(what, "rank 1: waiting in all_reduce #0 on group [0, 1, 2]")) << what;
+    EXPECT_TRUE(contains(what, "rank 2: waiting in all_reduce #0 on group [1, 2]")) << what;
+    EXPECT_TRUE(contains(what, "not yet joined by rank(s)")) << what;
+    EXPECT_TRUE(contains(what, "failure_test.cpp:")) << what;
+  }
+}
+
+TEST(SimFailure, CyclicWaitsAcrossGroupsAreADeadlock) {
+  // Each rank waits on its first group before joining its second: a cycle 0 -> 1 -> 2 -> 0.
+  std::vector<Outcome> outcomes = run_catching(3, [] {
+    const int r = rank();
+    const std::vector<int> first = {r, (r + 1) % 3};
+    const std::vector<int> second = {(r + 2) % 3, r};
+    auto sorted = [](std::vector<int> g) {
+      std::sort(g.begin(), g.end());
+      return g;
+    };
+    (void)all_reduce(bytes(1), "sum", sorted(first)).to_vector<std::uint8_t>();
+    (void)all_reduce(bytes(1), "sum", sorted(second)).to_vector<std::uint8_t>();
+  });
+  for (const Outcome& outcome : outcomes) {
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::Deadlock) << outcome.what;
+  }
+}
+
+TEST(SimFailure, APeerThatReturnsWithoutJoiningIsReportedNotAwaitedForever) {
+  std::vector<Outcome> outcomes = run_catching(3, [] {
+    if (rank() == 0) {
+      (void)all_reduce(bytes(2), "sum", world()).to_vector<std::uint8_t>();
+    }
+  });
+  ASSERT_TRUE(outcomes[0].code.has_value());
+  EXPECT_EQ(*outcomes[0].code, ErrorCode::Deadlock);
+  EXPECT_TRUE(contains(outcomes[0].what, "returned from its rank function without joining"))
+      << outcomes[0].what;
+  EXPECT_FALSE(outcomes[1].code.has_value());
+  EXPECT_FALSE(outcomes[2].code.has_value());
+}
+
+TEST(SimFailure, ADeadPeerGivesItsWaitingPeersRankFailure) {
+  std::vector<Outcome> outcomes(3);
+  EXPECT_THROW(
+      sim::run(
+          quiet(3),
+          [&] {
+            if (rank() == 1) {
+              throw std::runtime_error("rank 1's own bug");
+            }
+            try {
+              (void)all_reduce(bytes(2), "sum", world()).to_vector<std::uint8_t>();
+            } catch (const Error& e) {
+              outcomes[static_cast<std::size_t>(rank())] = Outcome{e.code(), e.what(), e.context()};
+            }
+          }),
+      std::runtime_error)
+      << "sim::run rethrows the first rank error";
+  for (int r : {0, 2}) {
+    const Outcome& outcome = outcomes[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::RankFailure) << outcome.what;
+    EXPECT_TRUE(contains(outcome.what, "rank 1 failed before joining this collective"));
+    EXPECT_TRUE(contains(outcome.what, "rank 1's own bug"));
+    EXPECT_EQ(outcome.context.rank, r);
+    EXPECT_EQ(outcome.context.op, "all_reduce");
+  }
+}
+
+TEST(SimFailure, RankFailureEvenWhenNoRankCanRun) {
+  // Rank 0 blocks first; then rank 1 dies: rank 0 gets RankFailure, never Deadlock.
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    std::vector<Outcome> outcomes(2);
+    SimReport report = sim::simulate(quiet(2, seed), [&] {
+      if (rank() == 1) {
+        (void)all_reduce(bytes(1), "sum", {1}).to_vector<std::uint8_t>();
+        throw InvalidArgument(ErrorContext{1, "user", -1, ""}, "dies");
+      }
+      try {
+        (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+      } catch (const Error& e) {
+        outcomes[0] = Outcome{e.code(), e.what(), e.context()};
+      }
+    });
+    EXPECT_FALSE(report.ok());
+    ASSERT_TRUE(outcomes[0].code.has_value());
+    EXPECT_EQ(*outcomes[0].code, ErrorCode::RankFailure) << outcomes[0].what;
+  }
+}
+
+TEST(SimFailure, RunReturnsNormallyWhenRanksCatchTheirErrors) {
+  SimReport report = sim::run(quiet(2), [] {
+    try {
+      (void)all_reduce(bytes(rank() + 1), "sum", world()).to_vector<std::uint8_t>();
+    } catch (const CollectiveMismatch&) {
+    }
+  });
+  EXPECT_TRUE(report.ok());
+}
+
+TEST(SimFailure, TimeoutIsInVirtualTimeAndDeterministic) {
+  SimOptions options = quiet(2);
+  options.timeout = std::chrono::microseconds(50);  // 50 scheduling steps
+  std::vector<Outcome> outcomes(2);
+  sim::run(options, [&] {
+    try {
+      if (rank() == 1) {
+        // Busy on its own for far longer than rank 0's deadline, then joins.
+        for (int i = 0; i < 200; ++i) {
+          (void)all_reduce(bytes(1), "sum", {1}).to_vector<std::uint8_t>();
+        }
+      }
+      (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+    } catch (const Error& e) {
+      outcomes[static_cast<std::size_t>(rank())] = Outcome{e.code(), e.what(), e.context()};
+      if (rank() == 0) {
+        // The collective is still pending; rank 1 joins eventually, so waiting again works.
+      }
+    }
+  });
+  ASSERT_TRUE(outcomes[0].code.has_value());
+  EXPECT_EQ(*outcomes[0].code, ErrorCode::Timeout) << outcomes[0].what;
+  EXPECT_TRUE(contains(outcomes[0].what, "deadline"));
+  EXPECT_FALSE(outcomes[1].code.has_value()) << outcomes[1].what;
+}
+
+TEST(SimFailure, LivelockHitsTheStepBudget) {
+  SimOptions options = quiet(2);
+  options.max_steps = 500;
+  SimReport report = sim::simulate(options, [] {
+    if (rank() == 0) {
+      while (true) {  // never ends, but calls chorus: the budget stops it
+        (void)all_reduce(bytes(1), "sum", {0}).to_vector<std::uint8_t>();
+      }
+    }
+  });
+  ASSERT_FALSE(report.ok());
+  EXPECT_TRUE(contains(report.rank_errors[0], "step budget")) << report.rank_errors[0];
+}
+
+TEST(SimFailure, AFailingRunPrintsTheSeedAndAReplayCommand) {
+  SimOptions options = quiet(2, 77);
+  options.print_failures = true;
+  ::testing::internal::CaptureStderr();
+  SimReport report = sim::simulate(options, [] {
+    if (rank() == 0) {
+      throw std::runtime_error("boom");
+    }
+  });
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(report.ok());
+  EXPECT_TRUE(contains(printed, "seed 77")) << printed;
+  EXPECT_TRUE(contains(printed, "replay: CHORUS_SIM_SEED=77 ")) << printed;
+  EXPECT_TRUE(contains(printed, "rank 0 failed: boom")) << printed;
+  EXPECT_EQ(report.rank_errors[0], "boom");
+  EXPECT_TRUE(report.rank_errors[1].empty());
+}
+
+TEST(SimFailure, ADroppedWorkThatFailsIsRaisedAtTheRanksNextCall) {
+  std::vector<Outcome> outcomes = run_catching(2, [] {
+    // Rank 0 drops a mismatched collective; completing it fails in the destructor, which
+    // records the error and raises it at rank 0's next chorus call.
+    { Tensor dropped = all_reduce(bytes(rank() + 1), "sum", world()); }
+    (void)all_reduce(bytes(1), "sum", {rank()}).to_vector<std::uint8_t>();
+  });
+  for (const Outcome& outcome : outcomes) {
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::CollectiveMismatch) << outcome.what;
+    EXPECT_EQ(outcome.context.seq, 0);
+  }
+}
+
+}  // namespace
+}  // namespace chorus

@@ -1,0 +1,245 @@
+// The simulator's scheduling: determinism from one seed, interleavings that vary with the seed,
+// one rank at a time, world sizes 1..64, both executors, poisoned pending outputs, the report.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chorus/chorus.hpp>
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace chorus {
+namespace {
+
+using sim::ExecutorKind;
+using sim::SimOptions;
+using sim::SimReport;
+
+SimOptions quiet(int world_size, std::uint64_t seed, ExecutorKind executor = ExecutorKind::Auto) {
+  SimOptions options;
+  options.world_size = world_size;
+  options.seed = seed;
+  options.executor = executor;
+  options.print_failures = false;
+  options.seed_from_environment = false;
+  return options;
+}
+
+// A program whose ranks log the order in which they pass their chorus calls, on a world group
+// and on two overlapping sub-groups.
+struct Trace {
+  std::vector<int> order;     // rank ids in the order they resumed after each call
+  std::vector<float> result;  // rank 0's final values
+};
+
+Trace traced_program(const SimOptions& options, SimReport* report = nullptr) {
+  Trace trace;
+  SimReport result = sim::run(options, [&trace] {
+    const int r = rank();
+    const int size = world_size();
+    Tensor x = Tensor::full({4}, static_cast<double>(r + 1));
+    Tensor a = all_reduce(x, "sum", world());
+    trace.order.push_back(r);
+    const std::vector<int> left = {0, size / 2};
+    std::vector<int> mine = left;
+    if (r != 0 && r != size / 2) {
+      mine = {r};
+    }
+    Tensor b = all_gather_tensor(a, 0, mine);
+    trace.order.push_back(r);
+    Tensor c = reduce_scatter_tensor(Tensor::full({static_cast<std::int64_t>(size)}, r), "max", 0,
+                                     world());
+    trace.order.push_back(r);
+    std::vector<float> values = b.to_vector<float>();
+    values.push_back(c.item<float>());
+    trace.order.push_back(r);
+    if (r == 0) {
+      trace.result = values;
+    }
+  });
+  if (report != nullptr) {
+    *report = result;
+  }
+  return trace;
+}
+
+TEST(SimScheduler, SameSeedGivesTheSameScheduleAndBytes) {
+  for (std::uint64_t seed : {0ull, 1ull, 12345ull}) {
+    SimReport first_report;
+    SimReport second_report;
+    const Trace first = traced_program(quiet(5, seed), &first_report);
+    const Trace second = traced_program(quiet(5, seed), &second_report);
+    EXPECT_EQ(first.order, second.order) << "seed " << seed;
+    EXPECT_EQ(first_report.schedule, second_report.schedule);
+    EXPECT_EQ(first_report.schedule_hash, second_report.schedule_hash);
+    EXPECT_EQ(first_report.steps, second_report.steps);
+    ASSERT_EQ(first.result.size(), second.result.size());
+    EXPECT_EQ(0, std::memcmp(first.result.data(), second.result.data(),
+                             first.result.size() * sizeof(float)));
+  }
+}
+
+TEST(SimScheduler, DifferentSeedsGiveDifferentInterleavingsButTheSameBytes) {
+  std::set<std::vector<int>> orders;
+  std::set<std::uint64_t> hashes;
+  std::vector<float> reference;
+  for (std::uint64_t seed = 0; seed < 16; ++seed) {
+    SimReport report;
+    const Trace trace = traced_program(quiet(5, seed), &report);
+    orders.insert(trace.order);
+    hashes.insert(report.schedule_hash);
+    if (seed == 0) {
+      reference = trace.result;
+    }
+    EXPECT_EQ(0,
+              std::memcmp(reference.data(), trace.result.data(), reference.size() * sizeof(float)))
+        << "results must not depend on the schedule (seed " << seed << ")";
+  }
+  EXPECT_GE(orders.size(), 12u) << "16 seeds should explore distinct interleavings";
+  EXPECT_EQ(hashes.size(), 16u);
+}
+
+TEST(SimScheduler, FibersAndThreadsFollowTheSameSchedule) {
+  SimReport fiber_report;
+  SimReport thread_report;
+  const Trace fibers = traced_program(quiet(4, 99, ExecutorKind::Fibers), &fiber_report);
+  const Trace threads = traced_program(quiet(4, 99, ExecutorKind::Threads), &thread_report);
+  EXPECT_EQ(fibers.order, threads.order);
+  EXPECT_EQ(fiber_report.schedule_hash, thread_report.schedule_hash);
+}
+
+TEST(SimScheduler, OnlyOneRankRunsAtATime) {
+  for (ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    std::atomic<int> running{0};
+    std::atomic<int> most{0};
+    sim::run(quiet(6, 3, executor), [&] {
+      for (int i = 0; i < 5; ++i) {
+        const int now = ++running;
+        most = std::max(most.load(), now);
+        --running;
+        Tensor t = all_reduce(Tensor::ones({2}), "sum", world());
+        const int again = ++running;
+        most = std::max(most.load(), again);
+        --running;
+        (void)t.to_vector<float>();  // a scheduling point: others may run now
+      }
+    });
+    EXPECT_EQ(most.load(), 1);
+  }
+}
+
+class SimWorldSize : public ::testing::TestWithParam<int> {};
+
+TEST_P(SimWorldSize, AllReduceOfRanksIsTheTriangularNumber) {
+  const int size = GetParam();
+  std::vector<std::int64_t> seen(static_cast<std::size_t>(size), -1);
+  SimReport report = sim::run(quiet(size, 7), [&] {
+    Tensor sum = all_reduce(Tensor::full({3}, rank(), DType::Int64), "sum", world());
+    seen[static_cast<std::size_t>(rank())] = sum.to_vector<std::int64_t>()[2];
+  });
+  for (std::int64_t value : seen) {
+    EXPECT_EQ(value, static_cast<std::int64_t>(size) * (size - 1) / 2);
+  }
+  EXPECT_EQ(report.collectives_completed, 1u);
+  EXPECT_EQ(report.world_size, size);
+  EXPECT_TRUE(report.ok());
+  EXPECT_TRUE(report.unwaited.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, SimWorldSize, ::testing::Values(1, 2, 3, 7, 16, 64));
+
+TEST(SimScheduler, VirtualTimeAdvancesOneStepPerDecision) {
+  SimReport report = sim::run(
+      quiet(3, 0), [] { (void)wait_tensor(all_reduce(Tensor::ones({1}), "sum", world())); });
+  EXPECT_EQ(report.virtual_time, sim::kStepDuration * static_cast<std::int64_t>(report.steps));
+  EXPECT_EQ(report.schedule.size(), report.steps);
+}
+
+TEST(SimScheduler, PendingOutputsHoldPoisonUntilCompletion) {
+  // Deterministically observe poison: rank 1 joins the world collective only after rank 0
+  // joined a signal collective on another (tagged) group, which rank 0 does after looking.
+  sim::run(quiet(2, 0), [] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    if (rank() == 0) {
+      Tensor pending = all_reduce(Tensor::ones({3}), "sum", world());
+      const auto* raw = static_cast<const float*>(pending.unsafe_data_ptr());
+      EXPECT_TRUE(pending.is_pending());
+      EXPECT_TRUE(raw[0] != raw[0]) << "expected NaN poison, got " << raw[0];
+      (void)all_reduce(Tensor::ones({1}), "sum", signal).to_vector<float>();
+      EXPECT_EQ(pending.to_vector<float>(), std::vector<float>(3, 2.0f));
+    } else {
+      (void)all_reduce(Tensor::ones({1}), "sum", signal).to_vector<float>();
+      (void)all_reduce(Tensor::ones({3}), "sum", world()).to_vector<float>();
+    }
+  });
+}
+
+// The line of the dropped collective below.
+constexpr int kDroppedLine = __LINE__ + 4;
+TEST(SimScheduler, ReportListsUnwaitedWorksWithCallSites) {
+  Tensor escaped;
+  SimReport report = sim::run(quiet(3, 0), [&escaped] {
+    { Tensor dropped = all_reduce(Tensor::ones({2}), "sum", world()); }
+    Tensor kept = all_gather_tensor(Tensor::ones({1}), 0, world());
+    if (rank() == 2) {
+      escaped = kept;  // outlives the rank: completed at rank exit
+    }
+  });
+  // Each rank drops one all_reduce and leaves one all_gather pending at exit (held by `kept`
+  // until the function returns, then dropped: rank 2's copy is still alive at rank exit).
+  int dropped = 0;
+  int at_exit = 0;
+  for (const UnwaitedWork& work : report.unwaited) {
+    if (work.op == "all_reduce") {
+      ++dropped;
+      EXPECT_EQ(work.location.line(), kDroppedLine);
+      EXPECT_FALSE(work.at_rank_exit);
+    } else {
+      EXPECT_EQ(work.op, "all_gather_tensor");
+      at_exit += work.at_rank_exit ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(dropped, 3);
+  EXPECT_EQ(report.unwaited.size(), 6u);
+  EXPECT_EQ(at_exit, 1);
+  EXPECT_FALSE(escaped.is_pending());
+  EXPECT_EQ(escaped.to_vector<float>(), std::vector<float>(3, 1.0f));
+  EXPECT_NE(report.to_string().find("never waited"), std::string::npos);
+}
+
+TEST(SimScheduler, RegistryIsEmptyAfterEveryRank) {
+  sim::run(quiet(4, 11), [] {
+    std::vector<Tensor> pending;
+    for (int i = 0; i < 5; ++i) {
+      pending.push_back(all_reduce(Tensor::ones({2}), "sum", world()));
+    }
+    EXPECT_EQ(work_registry_size(), 5u);
+    wait_tensors(pending);
+    EXPECT_EQ(work_registry_size(), 0u);
+  });
+}
+
+TEST(SimScheduler, SeedFromEnvironmentOverridesTheOption) {
+  SimOptions options = quiet(2, 1);
+  options.seed_from_environment = true;
+  ::setenv("CHORUS_SIM_SEED", "4242", 1);
+  SimReport report = sim::run(options, [] { (void)world(); });
+  ::unsetenv("CHORUS_SIM_SEED");
+  EXPECT_EQ(report.seed, 4242u);
+  EXPECT_NE(report.replay_command.find("CHORUS_SIM_SEED=4242"), std::string::npos);
+}
+
+TEST(SimScheduler, WorldSizeOutOfRangeIsRejected) {
+  EXPECT_THROW(sim::run(quiet(0, 0), [] {}), InvalidArgument);
+  EXPECT_THROW(sim::run(quiet(sim::kMaxWorldSize + 1, 0), [] {}), InvalidArgument);
+}
+
+TEST(SimScheduler, RunCannotBeNestedInsideARank) {
+  sim::run(quiet(1, 0), [] { EXPECT_THROW(sim::run(quiet(1, 0), [] {}), InvalidArgument); });
+}
+
+}  // namespace
+}  // namespace chorus

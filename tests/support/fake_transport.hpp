@@ -1,0 +1,199 @@
+#pragma once
+
+// A transport for core unit tests that completes nothing on its own: every started operation
+// waits until the test completes (or fails) it by hand, from any thread. One rank, world size 1:
+// completing an operation copies each send buffer to its receive buffer (the result of every
+// collective on a group of one).
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "chorus/transport/transport.hpp"
+
+namespace chorus::testing {
+
+class FakeWork final : public transport::Work {
+ public:
+  FakeWork(transport::Fingerprint fingerprint,
+           std::vector<std::pair<transport::Buffer, transport::Buffer>> copies)
+      : fingerprint_(std::move(fingerprint)), copies_(std::move(copies)) {}
+
+  bool is_completed() override { return status() != transport::WorkStatus::Pending; }
+
+  void wait(transport::Deadline deadline) override {
+    if (complete_when_waited_.exchange(false)) {
+      complete();
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++waits_;
+    const auto until = std::chrono::steady_clock::time_point(
+        deadline.is_never() ? std::chrono::hours(1000000) : deadline.at);
+    if (!done_.wait_until(lock, until, [&] { return status_ != transport::WorkStatus::Pending; })) {
+      throw Timeout(ErrorContext{0, "fake", fingerprint_.seq, ""}, "fake work timed out");
+    }
+    if (error_) {
+      std::rethrow_exception(error_);
+    }
+  }
+
+  void wait_on(void*) override {}
+
+  transport::WorkStatus status() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return status_;
+  }
+  std::exception_ptr error() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
+  const transport::Fingerprint& fingerprint() const override { return fingerprint_; }
+
+  // Moves the bytes and marks the work completed.
+  void complete() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [send, recv] : copies_) {
+      if (send.nbytes() > 0) {
+        std::memmove(recv.data, send.data, send.nbytes());
+      }
+    }
+    status_ = transport::WorkStatus::Completed;
+    done_.notify_all();
+  }
+
+  void fail(std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::move(error);
+    status_ = transport::WorkStatus::Failed;
+    done_.notify_all();
+  }
+
+  // The first wait completes the work itself: proof that an access really reached the
+  // transport's wait, without a race against another thread.
+  void complete_when_waited() { complete_when_waited_.store(true); }
+
+  int waits() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return waits_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable done_;
+  transport::WorkStatus status_ = transport::WorkStatus::Pending;
+  std::exception_ptr error_;
+  int waits_ = 0;
+  std::atomic<bool> complete_when_waited_{false};
+  transport::Fingerprint fingerprint_;
+  std::vector<std::pair<transport::Buffer, transport::Buffer>> copies_;
+};
+
+class FakeTransport;
+
+class FakeComm final : public transport::Comm {
+ public:
+  FakeComm(FakeTransport& owner, std::string tag, std::vector<int> ranks)
+      : owner_(owner), tag_(std::move(tag)), ranks_(std::move(ranks)) {}
+
+  std::uint64_t id() const noexcept override { return 1; }
+  const std::string& tag() const noexcept override { return tag_; }
+  const std::vector<int>& ranks() const noexcept override { return ranks_; }
+  int group_rank() const noexcept override { return 0; }
+
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv, const ReduceOp&,
+                                              const transport::OpInfo& info) override {
+    return add(send, recv, info);
+  }
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override {
+    return add(send, recv, info);
+  }
+  std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
+                                                  const transport::Buffer& recv, const ReduceOp&,
+                                                  const transport::OpInfo& info) override {
+    return add(send, recv, info);
+  }
+  void begin_group() override { batching_ = true; }
+  std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
+
+ private:
+  std::shared_ptr<transport::Work> add(const transport::Buffer& send, const transport::Buffer& recv,
+                                       const transport::OpInfo& info);
+
+  FakeTransport& owner_;
+  std::string tag_;
+  std::vector<int> ranks_;
+  bool batching_ = false;
+  std::vector<std::pair<transport::Buffer, transport::Buffer>> batch_;
+};
+
+class FakeTransport final : public transport::Transport {
+ public:
+  std::string_view name() const noexcept override { return "fake"; }
+  int rank() const noexcept override { return 0; }
+  int world_size() const noexcept override { return 1; }
+  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                               const std::vector<int>& ranks) override {
+    ++comms_created;
+    return std::make_shared<FakeComm>(*this, tag, ranks);
+  }
+  transport::Duration now() override { return std::chrono::steady_clock::now().time_since_epoch(); }
+  std::string supports(transport::OpKind, DType, const ReduceOp&, Device device) const override {
+    return device.is_cpu() ? std::string() : std::string("host memory only");
+  }
+
+  // Every work started so far, in order.
+  std::vector<std::shared_ptr<FakeWork>> works() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return works_;
+  }
+  std::shared_ptr<FakeWork> last_work() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return works_.back();
+  }
+  void record(std::shared_ptr<FakeWork> work) {
+    std::lock_guard<std::mutex> lock(mutex);
+    works_.push_back(std::move(work));
+  }
+
+  int comms_created = 0;
+  std::mutex mutex;
+
+ private:
+  std::vector<std::shared_ptr<FakeWork>> works_;
+};
+
+inline std::shared_ptr<transport::Work> FakeComm::add(const transport::Buffer& send,
+                                                      const transport::Buffer& recv,
+                                                      const transport::OpInfo& info) {
+  if (batching_) {
+    batch_.emplace_back(send, recv);
+    return nullptr;
+  }
+  auto work = std::make_shared<FakeWork>(
+      transport::Fingerprint{1, info.seq, {}},
+      std::vector<std::pair<transport::Buffer, transport::Buffer>>{{send, recv}});
+  owner_.record(work);
+  return work;
+}
+
+inline std::shared_ptr<transport::Work> FakeComm::end_group(const transport::OpInfo& info) {
+  batching_ = false;
+  auto work =
+      std::make_shared<FakeWork>(transport::Fingerprint{1, info.seq, {}}, std::move(batch_));
+  batch_.clear();
+  owner_.record(work);
+  return work;
+}
+
+}  // namespace chorus::testing

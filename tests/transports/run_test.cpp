@@ -1,0 +1,90 @@
+// chorus::run and RunOptions::from_args.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace chorus {
+namespace {
+
+RunOptions parse(std::vector<std::string> words) {
+  std::vector<char*> argv;
+  static char program[] = "program";
+  argv.push_back(program);
+  for (std::string& word : words) {
+    argv.push_back(word.data());
+  }
+  return RunOptions::from_args(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(RunOptions, ReadsItsFlagsInBothSpellingsAndKeepsTheRest) {
+  const RunOptions options = parse({"--ranks=3", "--user-flag", "--seed", "0x10", "--transport=sim",
+                                    "file.txt", "--timeout-ms=250"});
+  EXPECT_EQ(options.ranks, 3);
+  EXPECT_EQ(options.seed, 16u);
+  EXPECT_EQ(options.transport, "sim");
+  EXPECT_EQ(options.timeout, std::chrono::milliseconds(250));
+  EXPECT_EQ(options.args, (std::vector<std::string>{"--user-flag", "file.txt"}));
+}
+
+TEST(RunOptions, DefaultsAreEightSimulatedRanks) {
+  const RunOptions options = parse({});
+  EXPECT_EQ(options.transport, "sim");
+  EXPECT_EQ(options.ranks, 8);
+  EXPECT_EQ(options.seed, 0u);
+}
+
+TEST(RunOptions, MalformedValuesAreRejected) {
+  EXPECT_THROW(parse({"--ranks=0"}), InvalidArgument);
+  EXPECT_THROW(parse({"--ranks=-2"}), InvalidArgument);
+  EXPECT_THROW(parse({"--ranks=many"}), InvalidArgument);
+  EXPECT_THROW(parse({"--seed=1x"}), InvalidArgument);
+  EXPECT_THROW(parse({"--transport=carrier-pigeon"}), InvalidArgument);
+  EXPECT_THROW(parse({"--ranks"}), InvalidArgument);
+}
+
+TEST(Run, ReturnsZeroWhenEveryRankSucceeds) {
+  RunOptions options;
+  options.ranks = 4;
+  std::vector<float> seen(4);
+  EXPECT_EQ(run(options,
+                [&seen] {
+                  seen[static_cast<std::size_t>(rank())] =
+                      all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+                }),
+            0);
+  EXPECT_EQ(seen, std::vector<float>(4, 4.0f));
+}
+
+TEST(Run, ReturnsOneAndPrintsTheReplayWhenARankFails) {
+  RunOptions options;
+  options.ranks = 2;
+  options.seed = 5;
+  ::testing::internal::CaptureStderr();
+  const int status = run(options, [] {
+    if (rank() == 1) {
+      throw std::runtime_error("rank 1 gives up");
+    }
+  });
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(printed.find("rank 1 gives up"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("replay: CHORUS_SIM_SEED="), std::string::npos) << printed;
+}
+
+TEST(Run, UnbuiltTransportsAreRefusedClearly) {
+  RunOptions options;
+  options.transport = "nccl";
+  try {
+    run(options, [] {});
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'nccl' is not built"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace chorus

@@ -1,0 +1,210 @@
+#pragma once
+
+// The transport seam: transports move bytes, core knows tensors (DESIGN section 3).
+//
+// A Transport is one rank's endpoint. It creates a Comm for a group of ranks; a Comm starts
+// collectives on buffers (pointer, count, dtype, device) with NCCL's count semantics and returns a
+// Work. Core calls only this interface, never a concrete transport.
+//
+// Note [Transport contract]
+// - Every started operation is identified by (comm id, seq). Core assigns `seq` per Comm, from 0,
+//   one per started operation (one per begin_group/end_group batch); ranks match operations by it.
+// - Buffers stay alive inside the Work until it completes: a transport keeps `keep_alive` of each
+//   Buffer it was given until the operation finished touching the memory.
+// - Nothing blocks forever: every wait has a deadline on the transport's clock (`now()`).
+// - Failures are status codes inside the transport, turned once into an exception (a
+//   chorus::Error subclass, see make_error) stored in the Work and rethrown by every wait().
+// - A transport states what it supports (`supports`); core lowers or raises InvalidArgument
+//   naming the transport before starting anything unsupported.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chorus/call_site.hpp"
+#include "chorus/device.hpp"
+#include "chorus/dtype.hpp"
+#include "chorus/reduce_op.hpp"
+
+namespace chorus::transport {
+
+using Duration = std::chrono::nanoseconds;
+
+// A point on a transport's clock (nanoseconds since the transport's epoch: virtual time in the
+// simulator, steady_clock time on real transports).
+struct Deadline {
+  Duration at = Duration::max();
+  static constexpr Deadline never() noexcept { return Deadline{}; }
+  constexpr bool is_never() const noexcept { return at == Duration::max(); }
+};
+
+enum class OpKind : std::uint8_t {
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+};
+
+constexpr std::string_view op_kind_name(OpKind kind) noexcept {
+  switch (kind) {
+    case OpKind::AllReduce:
+      return "all_reduce";
+    case OpKind::AllGather:
+      return "all_gather";
+    case OpKind::ReduceScatter:
+      return "reduce_scatter";
+  }
+  return "unknown";
+}
+
+// A contiguous run of `count` elements of `dtype` at `data` on `device`.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+  // Owner of the memory; held by the transport until the operation completes.
+  std::shared_ptr<const void> keep_alive;
+
+  std::size_t nbytes() const noexcept { return count * element_size(dtype); }
+};
+
+// What core tells the transport about an operation beyond its buffers.
+struct OpInfo {
+  std::string_view name;  // the API name, e.g. "all_reduce_coalesced"
+  std::int64_t seq = -1;  // see Note [Transport contract]
+  CallSite site;
+};
+
+// The comparable shape of one operation, used to check that ranks agree.
+struct OpSignature {
+  OpKind kind = OpKind::AllReduce;
+  DType dtype = DType::Float32;
+  std::size_t send_count = 0;
+  std::size_t recv_count = 0;
+  ReduceOp reduce_op = ReduceOp::Kind::Sum;  // Sum for ops without a reduction
+  int root = -1;
+
+  // "all_reduce(Float32, send=4, recv=4, sum)".
+  std::string to_string() const {
+    std::string out(op_kind_name(kind));
+    out += '(';
+    out += dtype_name(dtype);
+    out += ", send=" + std::to_string(send_count) + ", recv=" + std::to_string(recv_count);
+    if (kind == OpKind::AllReduce || kind == OpKind::ReduceScatter) {
+      out += ", " + reduce_op.to_string();
+    }
+    if (root >= 0) {
+      out += ", root=" + std::to_string(root);
+    }
+    out += ')';
+    return out;
+  }
+  friend bool operator==(const OpSignature&, const OpSignature&) = default;
+};
+
+// Everything ranks must agree on for operation `seq` of communicator `comm_id`. A coalesced
+// batch has several signatures.
+struct Fingerprint {
+  std::uint64_t comm_id = 0;
+  std::int64_t seq = -1;
+  std::vector<OpSignature> ops;
+
+  // "all_reduce(Float32, send=4, recv=4, sum)", or "[op, op, ...]" for a batch.
+  std::string to_string() const {
+    if (ops.size() == 1) {
+      return ops.front().to_string();
+    }
+    std::string out = "[";
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      out += (i > 0 ? ", " : "") + ops[i].to_string();
+    }
+    return out + "]";
+  }
+  // Equal apart from comm_id/seq, which the matching already fixed.
+  bool same_ops(const Fingerprint& other) const noexcept { return ops == other.ops; }
+};
+
+enum class WorkStatus : std::uint8_t { Pending, Completed, Failed };
+
+// One started operation, as seen by one rank. Thread-safe: any thread may query or wait.
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // Nonblocking. True once the operation finished (successfully or not). A scheduling point in
+  // the simulator.
+  virtual bool is_completed() = 0;
+
+  // Blocks the host until the operation finished or `deadline` passed. Returns normally on
+  // success; rethrows the stored error on failure; throws Timeout when the deadline passed first
+  // (the operation stays pending). Idempotent.
+  virtual void wait(Deadline deadline) = 0;
+
+  // Device semantics: makes work enqueued later on `stream` (a cudaStream_t; null means the
+  // current stream of the buffers' device) wait for this operation, without blocking the host.
+  // Transports without device streams throw InvalidArgument.
+  virtual void wait_on(void* stream) = 0;
+
+  virtual WorkStatus status() const = 0;
+  // The stored error once status() == Failed, else null.
+  virtual std::exception_ptr error() const = 0;
+  virtual const Fingerprint& fingerprint() const = 0;
+};
+
+// A communicator: one rank's handle on a group. Not thread-safe: a rank starts operations on a
+// Comm from one thread at a time.
+class Comm {
+ public:
+  virtual ~Comm() = default;
+
+  virtual std::uint64_t id() const noexcept = 0;
+  virtual const std::string& tag() const noexcept = 0;
+  virtual const std::vector<int>& ranks() const noexcept = 0;  // global ranks, group order
+  virtual int group_rank() const noexcept = 0;                 // this rank's index in ranks()
+  int size() const noexcept { return static_cast<int>(ranks().size()); }
+
+  // recv.count == send.count; recv may equal send (in place).
+  virtual std::shared_ptr<Work> all_reduce(const Buffer& send, const Buffer& recv,
+                                           const ReduceOp& reduce_op, const OpInfo& info) = 0;
+  // recv.count == send.count * size(); group rank i's data lands at recv + i * send.count.
+  virtual std::shared_ptr<Work> all_gather(const Buffer& send, const Buffer& recv,
+                                           const OpInfo& info) = 0;
+  // send.count == recv.count * size(); this rank gets the reduction of block group_rank().
+  virtual std::shared_ptr<Work> reduce_scatter(const Buffer& send, const Buffer& recv,
+                                               const ReduceOp& reduce_op, const OpInfo& info) = 0;
+
+  // Between begin_group() and end_group(), started operations are batched (NCCL group
+  // semantics): they return null and end_group() returns one Work for the batch. `info` of
+  // end_group carries the batch's seq and name; the ops inside pass the same seq.
+  virtual void begin_group() = 0;
+  virtual std::shared_ptr<Work> end_group(const OpInfo& info) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string_view name() const noexcept = 0;  // "sim", "nccl", "mpi"
+  virtual int rank() const noexcept = 0;
+  virtual int world_size() const noexcept = 0;
+
+  // The communicator for `ranks` (global ranks, group order) and `tag`; this rank must be one of
+  // `ranks`. Same (tag, ranks) on every member -> the same communicator.
+  virtual std::shared_ptr<Comm> create_comm(const std::string& tag,
+                                            const std::vector<int>& ranks) = 0;
+
+  // The transport's clock, for deadlines.
+  virtual Duration now() = 0;
+
+  // Whether `kind` on `dtype` with `reduce_op`, on buffers on `device`, runs natively. An empty
+  // string means yes; otherwise the reason, for the InvalidArgument core raises.
+  virtual std::string supports(OpKind kind, DType dtype, const ReduceOp& reduce_op,
+                               Device device) const = 0;
+};
+
+}  // namespace chorus::transport

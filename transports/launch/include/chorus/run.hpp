@@ -1,0 +1,37 @@
+#pragma once
+
+// chorus::run — one entry point for every transport: the same rank function runs on the
+// simulator, under mpirun or on NCCL, chosen by flags.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace chorus {
+
+struct RunOptions {
+  // "sim" (N ranks in this process, deterministic), "mpi" or "nccl".
+  std::string transport = "sim";
+  // World size for the simulator (other transports take it from their launcher).
+  int ranks = 8;
+  // Seed of the simulator's schedule.
+  std::uint64_t seed = 0;
+  // How long a wait may take before it throws Timeout (virtual time on the simulator).
+  std::chrono::nanoseconds timeout = std::chrono::minutes(10);
+  // Arguments from_args did not consume, in order (argv[0] excluded), for the program.
+  std::vector<std::string> args;
+
+  // Reads --transport=sim|mpi|nccl, --ranks=N, --seed=S, --timeout-ms=T (also as two words,
+  // "--ranks 4"); everything else lands in `args`. Throws InvalidArgument for a malformed value.
+  static RunOptions from_args(int argc, char** argv);
+};
+
+// Runs `rank_main` on every rank of the chosen transport. Returns 0 when every rank returned
+// normally, 1 otherwise (the error, and for the simulator the seed and a replay command, are
+// printed to stderr). Works never waited are reported on stderr with their call sites.
+// Throws InvalidArgument for an unknown or unavailable transport.
+int run(const RunOptions& options, std::function<void()> rank_main);
+
+}  // namespace chorus
