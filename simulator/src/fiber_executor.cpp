@@ -1,6 +1,15 @@
 // The fiber rank executor (Note [Rank executor]): each rank is a Boost.Context fiber with its
 // own guarded stack, switched on the scheduler's thread. Under AddressSanitizer every switch is
 // announced with the sanitizer's fiber API, so ASan follows the stacks.
+//
+// Note [Fiber exception state]
+// The C++ runtime keeps the exceptions being handled (the caught-exception chain that `throw;`
+// and std::current_exception read) and std::uncaught_exceptions() in per-*thread* globals. Fibers
+// share the thread, so a rank that reaches a chorus call inside a catch handler would otherwise
+// see another rank's exception when it resumes. Every switch therefore swaps those globals: each
+// context (the scheduler, each rank) keeps its own copy.
+
+#include <cxxabi.h>
 
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
@@ -53,6 +62,20 @@ inline void finish_switch([[maybe_unused]] void* fake_stack,
 #endif
 }
 
+// The Itanium C++ ABI's per-thread exception globals (libsupc++'s __cxa_eh_globals on x86-64 and
+// AArch64: the caught-exception chain and the uncaught-exception count).
+struct ExceptionGlobals {
+  void* caught_exceptions = nullptr;
+  unsigned int uncaught_exceptions = 0;
+};
+#if defined(__arm__)
+#error "the ARM EH ABI adds fields to __cxa_eh_globals; extend ExceptionGlobals first"
+#endif
+
+ExceptionGlobals* thread_exception_globals() noexcept {
+  return reinterpret_cast<ExceptionGlobals*>(abi::__cxa_get_globals());  // NOLINT: ABI layout
+}
+
 class FiberExecutor final : public RankExecutor {
  public:
   ~FiberExecutor() override { stop(); }
@@ -72,10 +95,18 @@ class FiberExecutor final : public RankExecutor {
   void resume(int rank) override {
     Lane& lane = lanes_.at(static_cast<std::size_t>(rank));
     CHORUS_CHECK(!lane.finished);
+    // Every switch into a rank starts here and every switch out of it returns here, so swapping
+    // the exception globals around this call gives each context its own (Note [Fiber exception
+    // state]).
+    ExceptionGlobals* globals = thread_exception_globals();
+    const ExceptionGlobals scheduler_exceptions = *globals;
+    *globals = lane.exceptions;
     void* fake_stack = nullptr;
     start_switch(&fake_stack, lane.stack);
     lane.fiber = std::move(lane.fiber).resume();
     finish_switch(fake_stack, nullptr);
+    lane.exceptions = *globals;
+    *globals = scheduler_exceptions;
   }
 
   void suspend(int rank) override {
@@ -101,6 +132,7 @@ class FiberExecutor final : public RankExecutor {
     ctx::fiber fiber;      // the rank, while suspended
     ctx::fiber scheduler;  // the scheduler, while the rank runs
     SanitizerStack stack;
+    ExceptionGlobals exceptions;  // this rank's, while it is suspended
     bool finished = false;
   };
 

@@ -7,7 +7,9 @@
 #include <chorus/chorus.hpp>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -230,6 +232,44 @@ TEST(SimScheduler, SeedFromEnvironmentOverridesTheOption) {
   ::unsetenv("CHORUS_SIM_SEED");
   EXPECT_EQ(report.seed, 4242u);
   EXPECT_NE(report.replay_command.find("CHORUS_SIM_SEED=4242"), std::string::npos);
+}
+
+// Note [Fiber exception state]: a rank that reaches a chorus call inside a catch handler must
+// find its own exception when it resumes, whatever other ranks threw and caught meanwhile.
+TEST(SimScheduler, EachRankKeepsItsOwnExceptionStateAcrossSwitches) {
+  for (ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    for (std::uint64_t seed = 0; seed < 10; ++seed) {
+      sim::run(quiet(3, seed, executor), [] {
+        const std::string mine = "rank " + std::to_string(rank());
+        EXPECT_EQ(std::uncaught_exceptions(), 0);
+        try {
+          throw std::runtime_error(mine);
+        } catch (...) {
+          (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();  // switches
+          try {
+            throw;  // the exception being handled: this rank's
+          } catch (const std::runtime_error& e) {
+            EXPECT_EQ(std::string(e.what()), mine);
+          }
+          EXPECT_EQ(std::uncaught_exceptions(), 0);
+        }
+        // Unwinding with a switch in a destructor: the count is this rank's own.
+        struct SwitchesWhileUnwinding {
+          ~SwitchesWhileUnwinding() {
+            EXPECT_EQ(std::uncaught_exceptions(), 1);
+            (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+            EXPECT_EQ(std::uncaught_exceptions(), 1);
+          }
+        };
+        try {
+          SwitchesWhileUnwinding guard;
+          throw std::runtime_error(mine);
+        } catch (const std::runtime_error& e) {
+          EXPECT_EQ(std::string(e.what()), mine);
+        }
+      });
+    }
+  }
 }
 
 TEST(SimScheduler, WorldSizeOutOfRangeIsRejected) {
