@@ -107,5 +107,25 @@ TEST(AsyncSemantics, CoalescedOutputsShareOneWork) {
   });
 }
 
+TEST(AsyncSemantics, PooledOutputAtARecycledAddressIsANewStorage) {
+  sim::run(quiet(2, 4), [] {
+    const Tensor input = Tensor::ones({16}, DType::Int32);
+    const void* first_address = nullptr;
+    {
+      Tensor first = all_reduce(input, "sum", world());
+      first_address = first.unsafe_data_ptr();
+      wait_tensor(first);
+    }  // its block goes back to the rank's pool
+    Tensor second = all_reduce(input, "max", world());
+    // The pool hands the same block out again (that is its job), yet the registry sees only the
+    // new, pending work under the new storage.
+    EXPECT_EQ(second.unsafe_data_ptr(), first_address);
+    EXPECT_TRUE(second.is_pending());
+    EXPECT_EQ(work_registry_size(), 1u);
+    EXPECT_EQ(second.to_vector<std::int32_t>(), std::vector<std::int32_t>(16, 1));
+    EXPECT_EQ(work_registry_size(), 0u);
+  });
+}
+
 }  // namespace
 }  // namespace chorus

@@ -302,6 +302,46 @@ TEST(SimFailure, AFailingRunPrintsTheSeedAndAReplayCommand) {
   EXPECT_TRUE(report.rank_errors[1].empty());
 }
 
+TEST(SimFailure, ReplayingTheSeedReproducesTheFailureExactly) {
+  // A bug that shows only in some interleavings: rank 1 reads a shared flag that rank 0 sets
+  // after its first collective; whether rank 1 sees it depends on the schedule.
+  const auto program = [](bool& flag) {
+    return [&flag] {
+      if (rank() == 0) {
+        (void)all_reduce(bytes(1), "sum", {0}).to_vector<std::uint8_t>();
+        flag = true;
+      } else {
+        (void)all_reduce(bytes(1), "sum", {1}).to_vector<std::uint8_t>();
+        if (flag) {
+          throw std::runtime_error("saw the flag");
+        }
+      }
+    };
+  };
+  std::optional<SimReport> failing;
+  for (std::uint64_t seed = 0; seed < 64 && !failing; ++seed) {
+    bool flag = false;
+    SimReport report = sim::simulate(quiet(2, seed), program(flag));
+    if (!report.ok()) {
+      failing = report;
+    }
+  }
+  ASSERT_TRUE(failing.has_value()) << "some schedule must expose the race";
+  // Replay as the printed command does: through the environment, whatever the options say.
+  SimOptions options = quiet(2, failing->seed + 1);
+  options.seed_from_environment = true;
+  ::setenv("CHORUS_SIM_SEED", std::to_string(failing->seed).c_str(), 1);
+  bool flag = false;
+  SimReport replayed = sim::simulate(options, program(flag));
+  ::unsetenv("CHORUS_SIM_SEED");
+  EXPECT_EQ(replayed.seed, failing->seed);
+  EXPECT_EQ(replayed.schedule_hash, failing->schedule_hash);
+  EXPECT_EQ(replayed.schedule, failing->schedule);
+  EXPECT_EQ(replayed.rank_errors, failing->rank_errors);
+  EXPECT_NE(failing->replay_command.find("CHORUS_SIM_SEED=" + std::to_string(failing->seed)),
+            std::string::npos);
+}
+
 TEST(SimFailure, ADroppedWorkThatFailsIsRaisedAtTheRanksNextCall) {
   std::vector<Outcome> outcomes = run_catching(2, [] {
     // Rank 0 drops a mismatched collective; completing it fails in the destructor, which
