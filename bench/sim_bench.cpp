@@ -1,0 +1,75 @@
+// The simulator's speed: complete schedules per second of a small program, and the bare cost of
+// switching between ranks, on fibers and on threads (Note [Rank executor]).
+//
+//   build/release/bench/bench_sim --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+
+#include <benchmark/benchmark.h>
+
+#include <chorus/chorus.hpp>
+#include <cstdint>
+#include <memory>
+
+#include "executor.hpp"
+
+namespace {
+
+using chorus::sim::ExecutorKind;
+
+// 4 ranks x 8 all_reduces of 64 floats, each waited: the schedule size of issue 4's target.
+void BM_Schedule4Ranks8Collectives(benchmark::State& state) {
+  const auto executor = static_cast<ExecutorKind>(state.range(0));
+  chorus::sim::SimOptions options;
+  options.world_size = 4;
+  options.executor = executor;
+  options.seed_from_environment = false;
+  std::uint64_t seed = 0;
+  std::uint64_t decisions = 0;
+  for (auto _ : state) {
+    options.seed = seed++;
+    const chorus::sim::SimReport report = chorus::sim::run(options, [] {
+      const chorus::Tensor input = chorus::Tensor::ones({64});
+      for (int i = 0; i < 8; ++i) {
+        benchmark::DoNotOptimize(
+            chorus::all_reduce(input, "sum", chorus::world()).data_ptr<float>());
+      }
+    });
+    decisions += report.steps;
+  }
+  state.SetItemsProcessed(state.iterations());  // items = complete schedules
+  state.counters["decisions_per_schedule"] =
+      static_cast<double>(decisions) / static_cast<double>(state.iterations());
+}
+BENCHMARK(BM_Schedule4Ranks8Collectives)
+    ->Arg(static_cast<int>(ExecutorKind::Fibers))
+    ->Arg(static_cast<int>(ExecutorKind::Threads))
+    ->ArgName("executor(1=fibers,2=threads)")
+    ->Unit(benchmark::kMicrosecond);
+
+// One resume + suspend round trip between the scheduler and a rank.
+void BM_ExecutorRoundTrip(benchmark::State& state) {
+  const auto kind = static_cast<ExecutorKind>(state.range(0));
+  std::unique_ptr<chorus::sim::detail::RankExecutor> executor =
+      kind == ExecutorKind::Fibers ? chorus::sim::detail::make_fiber_executor()
+                                   : chorus::sim::detail::make_thread_executor();
+  bool stop = false;
+  executor->start(1, [&](int rank) {
+    while (!stop) {
+      executor->suspend(rank);
+    }
+  });
+  for (auto _ : state) {
+    executor->resume(0);
+  }
+  stop = true;
+  executor->resume(0);
+  executor->stop();
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ExecutorRoundTrip)
+    ->Arg(static_cast<int>(ExecutorKind::Fibers))
+    ->Arg(static_cast<int>(ExecutorKind::Threads))
+    ->ArgName("executor(1=fibers,2=threads)");
+
+}  // namespace
+
+BENCHMARK_MAIN();
