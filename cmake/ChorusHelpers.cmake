@@ -7,7 +7,10 @@ add_library(chorus::options ALIAS chorus_options)
 target_compile_features(chorus_options INTERFACE cxx_std_20)
 target_compile_options(chorus_options INTERFACE
   -Wall -Wextra -Wpedantic -Wshadow -Wconversion
-  $<$<BOOL:${CHORUS_WERROR}>:-Werror>)
+  $<$<BOOL:${CHORUS_WERROR}>:-Werror>
+  # GCC 12 reports -Wrestrict false positives inside libstdc++'s std::string concatenation
+  # ("literal" + std::string) at -O2 and above (GCC bug 105329, fixed in GCC 13).
+  $<$<AND:$<CXX_COMPILER_ID:GNU>,$<VERSION_LESS:$<CXX_COMPILER_VERSION>,13>>:-Wno-restrict>)
 
 if(CHORUS_SANITIZE)
   target_compile_options(chorus_options INTERFACE

@@ -33,16 +33,20 @@ std::string replay_command(std::uint64_t seed) {
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
   std::string raw((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
   std::string arg;
+  const auto append = [&command](const std::string& word) {
+    command += ' ';
+    command += quote(word);
+  };
   for (char c : raw) {
     if (c == '\0') {
-      command += " " + quote(arg);
+      append(arg);
       arg.clear();
     } else {
       arg += c;
     }
   }
   if (!arg.empty()) {
-    command += " " + quote(arg);
+    append(arg);
   }
   return command;
 }
