@@ -49,6 +49,8 @@ std::string_view error_code_name(ErrorCode code) noexcept {
       return "TransportError";
     case ErrorCode::Aborted:
       return "Aborted";
+    case ErrorCode::InputModified:
+      return "InputModified";
   }
   return "Unknown";
 }
@@ -83,8 +85,23 @@ void throw_error(ErrorCode code, ErrorContext context, std::string detail) {
       throw TransportError(std::move(context), std::move(detail));
     case ErrorCode::Aborted:
       throw Aborted(std::move(context), std::move(detail));
+    case ErrorCode::InputModified:
+      throw InputModified(std::move(context), std::move(detail));
   }
   throw Error(code, std::move(context), std::move(detail));
+}
+
+std::string describe(const std::exception_ptr& error) {
+  if (!error) {
+    return "no error";
+  }
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
 }
 
 namespace detail {

@@ -1,5 +1,7 @@
 #include "rng.hpp"
 
+#include <cstring>
+
 #include "chorus/check.hpp"
 
 namespace chorus::sim::detail {
@@ -41,6 +43,23 @@ std::uint64_t Rng::below(std::uint64_t bound) noexcept {
   CHORUS_CHECK_GT(bound, 0u);
   const Uint128 product = static_cast<Uint128>(next()) * bound;
   return static_cast<std::uint64_t>(product >> 64);
+}
+
+std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  std::uint64_t hash = 0xcbf29ce484222325ull ^ size;
+  std::size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, bytes + i, 8);
+    hash = (hash ^ word) * 0x100000001b3ull;
+    hash ^= hash >> 29;
+  }
+  for (; i < size; ++i) {
+    hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+  }
+  std::uint64_t state = hash;
+  return splitmix64(state);
 }
 
 std::uint64_t hash_combine(std::uint64_t hash, std::uint64_t value) noexcept {

@@ -7,14 +7,13 @@
 
 namespace chorus::sim::detail {
 
-SimTransport::SimTransport(std::shared_ptr<SimWorld> world, int rank)
-    : world_(std::move(world)), rank_(rank) {}
+SimTransport::SimTransport(SimWorld& world, int rank) : world_(&world), rank_(rank) {}
 
 int SimTransport::world_size() const noexcept { return world_->world_size(); }
 
 std::shared_ptr<transport::Comm> SimTransport::create_comm(const std::string& tag,
                                                            const std::vector<int>& ranks) {
-  return std::make_shared<SimComm>(world_, world_->group_for(tag, ranks), rank_);
+  return std::make_shared<SimComm>(*world_, world_->group_for(tag, ranks), rank_);
 }
 
 transport::Duration SimTransport::now() { return world_->now(); }
@@ -28,8 +27,8 @@ std::string SimTransport::supports(transport::OpKind /*kind*/, DType /*dtype*/,
   return {};
 }
 
-SimComm::SimComm(std::shared_ptr<SimWorld> world, std::shared_ptr<SimGroup> group, int rank)
-    : world_(std::move(world)),
+SimComm::SimComm(SimWorld& world, std::shared_ptr<SimGroup> group, int rank)
+    : world_(&world),
       group_(std::move(group)),
       rank_(rank),
       group_rank_(group_->group_rank_of(rank)) {

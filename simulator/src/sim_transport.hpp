@@ -1,7 +1,8 @@
 #pragma once
 
 // The simulator behind the transport seam: one SimTransport per rank, one SimComm per rank and
-// group, both thin adaptors over the shared SimWorld.
+// group, both thin adaptors over the shared SimWorld. The world owns every rank's context and
+// with it these objects, so they point at it without owning it.
 
 #include <memory>
 #include <string>
@@ -17,7 +18,7 @@ struct SimOp;
 
 class SimTransport final : public transport::Transport {
  public:
-  SimTransport(std::shared_ptr<SimWorld> world, int rank);
+  SimTransport(SimWorld& world, int rank);
 
   std::string_view name() const noexcept override { return "sim"; }
   int rank() const noexcept override { return rank_; }
@@ -29,13 +30,13 @@ class SimTransport final : public transport::Transport {
                        Device device) const override;
 
  private:
-  std::shared_ptr<SimWorld> world_;
+  SimWorld* world_;
   int rank_;
 };
 
 class SimComm final : public transport::Comm {
  public:
-  SimComm(std::shared_ptr<SimWorld> world, std::shared_ptr<SimGroup> group, int rank);
+  SimComm(SimWorld& world, std::shared_ptr<SimGroup> group, int rank);
   ~SimComm() override;
 
   std::uint64_t id() const noexcept override;
@@ -60,7 +61,7 @@ class SimComm final : public transport::Comm {
  private:
   std::shared_ptr<transport::Work> submit(SimOp op, const transport::OpInfo& info);
 
-  std::shared_ptr<SimWorld> world_;
+  SimWorld* world_;
   std::shared_ptr<SimGroup> group_;
   int rank_;
   int group_rank_;

@@ -20,17 +20,9 @@ struct CurrentRank {
   const SimWorld* world = nullptr;
   int rank = -1;
 };
-thread_local CurrentRank current_rank;
+thread_local CurrentRank this_thread_rank;
 
-std::string what_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
+bool current_rank_of_thread_is_none() noexcept { return this_thread_rank.world == nullptr; }
 
 std::uint64_t decision_code(const Decision& decision) {
   std::uint64_t code = decision.kind == Decision::Kind::RunRank ? 1 : 2;
@@ -60,8 +52,10 @@ SimWork::SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint
       context_(std::move(context)) {}
 
 bool SimWork::is_completed() {
-  if (std::shared_ptr<SimWorld> world = world_.lock(); world && world->is_current_rank(rank_)) {
-    return world->poll_on_rank(*this);
+  if (std::shared_ptr<SimWorld> world = world_.lock()) {
+    if (const int caller = world->current_rank(); caller >= 0) {
+      return world->poll_on_rank(*this, caller);
+    }
   }
   return status() != transport::WorkStatus::Pending;
 }
@@ -71,8 +65,8 @@ void SimWork::wait(transport::Deadline deadline) {
     std::shared_ptr<SimWorld> world = world_.lock();
     // A world ends only after failing every outstanding work (Note [Simulator failures]).
     CHORUS_CHECK(world != nullptr);
-    if (world->is_current_rank(rank_)) {
-      world->wait_on_rank(*this, deadline);
+    if (const int caller = world->current_rank(); caller >= 0) {
+      world->wait_on_rank(*this, deadline, caller);
     } else {
       world->wait_off_rank(*this);
     }
@@ -119,17 +113,17 @@ SimWorld::SimWorld(SimOptions options) : options_(options), rng_(options.seed) {
 
 SimWorld::~SimWorld() = default;
 
-bool SimWorld::is_current_rank(int rank) const noexcept {
-  return current_rank.world == this && current_rank.rank == rank;
+int SimWorld::current_rank() const noexcept {
+  return this_thread_rank.world == this ? this_thread_rank.rank : -1;
 }
 
 void SimWorld::bind(int rank) noexcept {
-  current_rank = CurrentRank{this, rank};
+  this_thread_rank = CurrentRank{this, rank};
   RankContext::bind(ranks_[static_cast<std::size_t>(rank)].context.get());
 }
 
 void SimWorld::yield(int rank) {
-  CHORUS_CHECK(is_current_rank(rank));
+  CHORUS_CHECK_EQ(current_rank(), rank);
   executor_->suspend(rank);
   bind(rank);  // fibers share the OS thread: restore this rank's bindings
 }
@@ -142,7 +136,7 @@ void SimWorld::rank_body(int rank) {
   } catch (...) {
     slot.error = std::current_exception();
     slot.failed = true;
-    slot.failure = what_of(slot.error);
+    slot.failure = describe(slot.error);
   }
   // From here the rank never starts another operation: peers stop waiting for it now, before
   // it completes its leftovers (which may need those peers).
@@ -153,14 +147,14 @@ void SimWorld::rank_body(int rank) {
   if (!slot.error && summary.error) {
     slot.error = summary.error;
     slot.failed = true;
-    slot.failure = what_of(summary.error);
+    slot.failure = describe(summary.error);
   }
   if (slot.error && !first_error_) {
     first_error_ = slot.error;
   }
   slot.phase = Phase::Finished;
   RankContext::bind(nullptr);
-  current_rank = CurrentRank{};
+  this_thread_rank = CurrentRank{};
 }
 
 std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
@@ -190,7 +184,7 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 
 std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<SimOp> ops,
                                          const transport::OpInfo& info) {
-  CHORUS_CHECK(is_current_rank(rank));
+  CHORUS_CHECK_EQ(current_rank(), rank);
   CHORUS_CHECK(!ranks_[static_cast<std::size_t>(rank)].exited);
   const int group_rank = group.group_rank_of(rank);
   CHORUS_CHECK_GE(group_rank, 0);
@@ -227,7 +221,13 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     }
     SimGroup::Arrival& arrival = slot.arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);
-    arrival = SimGroup::Arrival{true, std::move(ops), work, std::string(info.name), info.site};
+    std::vector<std::uint64_t> hashes;
+    hashes.reserve(ops.size());
+    for (const SimOp& op : ops) {
+      hashes.push_back(hash_bytes(op.send.data, op.send.nbytes()));
+    }
+    arrival = SimGroup::Arrival{true,      std::move(ops),   work, std::string(info.name),
+                                info.site, std::move(hashes)};
     slot.arrived += 1;
     // Compare with the first other arrival: every arrival is compared, so all must agree.
     const SimGroup::Arrival* reference = nullptr;
@@ -241,12 +241,16 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     }
     if (reference != nullptr && (!reference->work->fingerprint().same_ops(fingerprint) ||
                                  reference->op_name != info.name)) {
+      const auto issued = [](const std::string& name, const transport::Fingerprint& print) {
+        const std::string ops_text = print.to_string();
+        return ops_text.rfind(name + "(", 0) == 0 ? ops_text : name + " " + ops_text;
+      };
       std::ostringstream detail;
       detail << "ranks disagree on operation #" << info.seq << " of group " << group.label
-             << ": rank " << reference_rank << " issued " << reference->op_name << " "
-             << reference->work->fingerprint().to_string() << " at " << reference->site.to_string()
-             << "; rank " << rank << " issued " << info.name << " " << fingerprint.to_string()
-             << " at " << info.site.to_string();
+             << ": rank " << reference_rank << " issued "
+             << issued(reference->op_name, reference->work->fingerprint()) << " at "
+             << reference->site.to_string() << "; rank " << rank << " issued "
+             << issued(std::string(info.name), fingerprint) << " at " << info.site.to_string();
       fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
       abort_group(group, info.seq + 1,
                   "operation #" + std::to_string(info.seq) + " was a collective mismatch");
@@ -258,50 +262,66 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   return work;
 }
 
-void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline) {
-  const int rank = work.rank();
+void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int rank) {
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   // Every API call is a scheduling point, even when the work is already done.
   yield(rank);
   while (work.status() == transport::WorkStatus::Pending) {
-    if (!deadline.is_never() && now_ >= deadline.at) {
-      slot.timed_out = true;
-    }
-    if (slot.timed_out) {
+    if (slot.timed_out || (!deadline.is_never() && now() >= deadline.at)) {
       slot.timed_out = false;
-      const auto seconds = std::chrono::duration<double>(deadline.at).count();
-      throw Timeout(work.context(), "the wait passed its deadline (virtual time " +
-                                        std::to_string(seconds) +
-                                        " s) before the collective completed");
+      time_out(work, deadline, rank);
+      break;
     }
     slot.phase = Phase::Blocked;
     slot.blocked_on = &work;
     slot.deadline = deadline;
+    work.add_waiter(rank);
     yield(rank);
     CHORUS_CHECK(slot.phase == Phase::Runnable);
   }
   slot.timed_out = false;  // a timeout that raced with completion is moot
 }
 
-bool SimWorld::poll_on_rank(SimWork& work) {
-  yield(work.rank());
+void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter) {
+  SimGroup& group = group_of(work);
+  const std::int64_t seq = work.fingerprint().seq;
+  std::string missing;
+  if (auto it = group.slots.find(seq); it != group.slots.end()) {
+    for (std::size_t i = 0; i < group.ranks.size(); ++i) {
+      if (!it->second.arrivals[i].arrived) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(group.ranks[i]);
+      }
+    }
+  }
+  const auto seconds = std::chrono::duration<double>(deadline.at).count();
+  std::string detail = "rank " + std::to_string(waiter) +
+                       "'s wait passed its deadline (virtual time " + std::to_string(seconds) +
+                       " s) before the collective completed";
+  if (!missing.empty()) {
+    detail += ", when rank(s) " + missing + " had not joined it yet";
+  }
+  detail += "; the communicator is aborted, as a watchdog would";
+  fail_slot(group, seq, ErrorCode::Timeout, detail);
+  abort_group(group, seq + 1, "operation #" + std::to_string(seq) + " timed out");
+}
+
+bool SimWorld::poll_on_rank(SimWork& work, int rank) {
+  yield(rank);
   return work.status() != transport::WorkStatus::Pending;
 }
 
 void SimWorld::wait_off_rank(SimWork& work) {
-  off_rank_waiters_.fetch_add(1, std::memory_order_acq_rel);
-  {
-    std::unique_lock<std::mutex> lock(off_rank_mutex_);
-    off_rank_cv_.wait(lock, [&] { return work.status() != transport::WorkStatus::Pending; });
-  }
-  off_rank_waiters_.fetch_sub(1, std::memory_order_acq_rel);
+  // A rank that waited here would block the thread every rank runs on (fibers) or hold the turn
+  // (threads): ranks wait through wait_on_rank.
+  CHORUS_CHECK(current_rank_of_thread_is_none());
+  std::unique_lock<std::mutex> lock(off_rank_mutex_);
+  off_rank_cv_.wait(lock, [&] { return work.status() != transport::WorkStatus::Pending; });
 }
 
 void SimWorld::notify_off_rank_waiters() {
-  if (off_rank_waiters_.load(std::memory_order_acquire) > 0) {
-    std::lock_guard<std::mutex> lock(off_rank_mutex_);
-    off_rank_cv_.notify_all();
-  }
+  // Always under the lock: a waiter between its check and its sleep cannot miss this.
+  std::lock_guard<std::mutex> lock(off_rank_mutex_);
+  off_rank_cv_.notify_all();
 }
 
 // ---- The scheduler
@@ -313,8 +333,8 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   for (int r = 0; r < size; ++r) {
     RankOptions rank_options;
     rank_options.timeout = options_.timeout;
-    ranks_[static_cast<std::size_t>(r)].context = std::make_unique<RankContext>(
-        std::make_shared<SimTransport>(shared_from_this(), r), rank_options);
+    ranks_[static_cast<std::size_t>(r)].context =
+        std::make_unique<RankContext>(std::make_shared<SimTransport>(*this, r), rank_options);
   }
   executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
                                                                           : make_thread_executor();
@@ -329,7 +349,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   report.schedule_hash = schedule_hash_;
   report.schedule = std::move(schedule_);
   report.collectives_completed = completed_;
-  report.virtual_time = now_;
+  report.virtual_time = now();
   report.rank_errors.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     RankSlot& slot = ranks_[static_cast<std::size_t>(r)];
@@ -341,7 +361,6 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   for (RankSlot& slot : ranks_) {
     slot.context.reset();
   }
-  ended_.store(true, std::memory_order_release);
   return report;
 }
 
@@ -370,7 +389,9 @@ void SimWorld::schedule() {
       if (all_finished) {
         break;
       }
-      declare_deadlock("no rank can make progress (deadlock)");
+      if (!fail_group_mismatches()) {
+        declare_deadlock("no rank can make progress (deadlock)");
+      }
       continue;
     }
     if (steps_ >= options_.max_steps && !livelocked_) {
@@ -386,7 +407,8 @@ void SimWorld::schedule() {
       schedule_.push_back(decision);
     }
     ++steps_;
-    now_ += kStepDuration;
+    now_ns_.store(now_ns_.load(std::memory_order_relaxed) + kStepDuration.count(),
+                  std::memory_order_relaxed);
     execute(decision);
   }
   // Nothing can be outstanding once every rank finished: each rank completed its works before
@@ -402,7 +424,7 @@ void SimWorld::execute(const Decision& decision) {
     CHORUS_CHECK(slot.phase == Phase::Runnable);
     executor_->resume(decision.rank);
     RankContext::bind(nullptr);
-    current_rank = CurrentRank{};
+    this_thread_rank = CurrentRank{};
     if (executor_->finished(decision.rank)) {
       CHORUS_CHECK(slot.phase == Phase::Finished);
     }
@@ -415,9 +437,15 @@ void SimWorld::execute(const Decision& decision) {
 
 void SimWorld::complete_operation(SimGroup& group) {
   auto head = group.slots.begin();
+  const std::int64_t seq = head->first;
+  if (std::string modified = modified_inputs(group, head->second); !modified.empty()) {
+    fail_slot(group, seq, ErrorCode::InputModified, modified);
+    return;
+  }
   SimGroup::Slot slot = std::move(head->second);
   group.slots.erase(head);
   group.next_to_complete += 1;
+  advance_completion(group);
   const std::size_t size = group.ranks.size();
   const std::size_t num_ops = slot.arrivals[0].ops.size();
   std::vector<const void*> sources(size);
@@ -476,19 +504,52 @@ void SimWorld::complete_operation(SimGroup& group) {
   }
   for (SimGroup::Arrival& arrival : slot.arrivals) {
     arrival.work->mark_completed();
-    RankSlot& waiter = ranks_[static_cast<std::size_t>(arrival.work->rank())];
-    if (waiter.phase == Phase::Blocked && waiter.blocked_on == arrival.work.get()) {
-      waiter.phase = Phase::Runnable;
-      waiter.blocked_on = nullptr;
-    }
+    wake_waiters(*arrival.work);
   }
   ++completed_;
   notify_off_rank_waiters();
 }
 
+std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slot& slot) const {
+  std::string detail;
+  for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
+    const SimGroup::Arrival& arrival = slot.arrivals[i];
+    for (std::size_t op = 0; op < arrival.ops.size(); ++op) {
+      const transport::Buffer& send = arrival.ops[op].send;
+      if (hash_bytes(send.data, send.nbytes()) != arrival.input_hashes[op]) {
+        detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
+                  std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
+                  " of " + arrival.op_name + " (issued at " + arrival.site.to_string() + ")";
+      }
+    }
+  }
+  if (!detail.empty()) {
+    detail +=
+        " before the collective completed: the result would depend on timing (on NCCL, a "
+        "data race); wait for the collective before writing its input";
+  }
+  return detail;
+}
+
+void SimWorld::wake_waiters(SimWork& work) {
+  for (int rank : work.take_waiters()) {
+    RankSlot& waiter = ranks_[static_cast<std::size_t>(rank)];
+    if (waiter.phase == Phase::Blocked && waiter.blocked_on == &work) {
+      waiter.phase = Phase::Runnable;
+      waiter.blocked_on = nullptr;
+    }
+  }
+}
+
+void SimWorld::advance_completion(SimGroup& group) {
+  while (group.failures.count(group.next_to_complete) != 0) {
+    group.next_to_complete += 1;
+  }
+}
+
 void SimWorld::wake_timed_out_ranks() {
   for (RankSlot& slot : ranks_) {
-    if (slot.phase == Phase::Blocked && !slot.deadline.is_never() && now_ >= slot.deadline.at) {
+    if (slot.phase == Phase::Blocked && !slot.deadline.is_never() && now() >= slot.deadline.at) {
       slot.phase = Phase::Runnable;
       slot.blocked_on = nullptr;
       slot.timed_out = true;
@@ -500,16 +561,13 @@ void SimWorld::wake_timed_out_ranks() {
 
 void SimWorld::fail_work(SimWork& work, ErrorCode code, const std::string& detail) {
   work.mark_failed(make_error(code, work.context(), detail));
-  RankSlot& waiter = ranks_[static_cast<std::size_t>(work.rank())];
-  if (waiter.phase == Phase::Blocked && waiter.blocked_on == &work) {
-    waiter.phase = Phase::Runnable;
-    waiter.blocked_on = nullptr;
-  }
+  wake_waiters(work);
 }
 
 void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
                          const std::string& detail) {
   group.failures.emplace(seq, SimGroup::Failure{code, detail});
+  advance_completion(group);
   auto it = group.slots.find(seq);
   if (it == group.slots.end()) {
     return;
@@ -602,7 +660,11 @@ std::string SimWorld::rank_table() const {
         break;
       case Phase::Blocked: {
         const SimWork& work = *slot.blocked_on;
-        out << "waiting in " << work.context().op << " #" << work.context().seq << " on group "
+        out << "waiting in ";
+        if (work.rank() != static_cast<int>(r)) {
+          out << "rank " << work.rank() << "'s ";
+        }
+        out << work.context().op << " #" << work.context().seq << " on group "
             << work.context().group;
         const SimGroup& group = *groups_[work.fingerprint().comm_id - 1];
         auto it = group.slots.find(work.context().seq);
@@ -627,6 +689,72 @@ std::string SimWorld::rank_table() const {
     }
   }
   return out.str();
+}
+
+bool SimWorld::fail_group_mismatches() {
+  // For each pair of blocked ranks a < b: a waits on an operation of group G that b has not
+  // joined, b waits on one of group H != G that a has not joined, and each group holds the other
+  // rank. Each waits for the other to join its group first: they disagree on the group.
+  struct Waiting {
+    int rank;
+    SimGroup* group;
+    std::int64_t seq;
+    const SimGroup::Arrival* arrival;  // the waiter's own arrival, for its call site
+  };
+  std::vector<Waiting> waiting;
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    const RankSlot& slot = ranks_[r];
+    if (slot.phase != Phase::Blocked || slot.blocked_on->rank() != static_cast<int>(r)) {
+      continue;
+    }
+    SimGroup& group = group_of(*slot.blocked_on);
+    const std::int64_t seq = slot.blocked_on->fingerprint().seq;
+    auto it = group.slots.find(seq);
+    if (it != group.slots.end()) {
+      const int me = group.group_rank_of(static_cast<int>(r));
+      waiting.push_back(Waiting{static_cast<int>(r), &group, seq,
+                                &it->second.arrivals[static_cast<std::size_t>(me)]});
+    }
+  }
+  const auto has_not_joined = [](const Waiting& w, int rank) {
+    const int member = w.group->group_rank_of(rank);
+    return member >= 0 &&
+           !w.group->slots.at(w.seq).arrivals[static_cast<std::size_t>(member)].arrived;
+  };
+  // Messages first: failing a slot erases it, and `arrival` points into it.
+  struct Disagreement {
+    Waiting a;
+    Waiting b;
+    std::string detail;
+  };
+  std::vector<Disagreement> disagreements;
+  for (std::size_t i = 0; i < waiting.size(); ++i) {
+    for (std::size_t j = i + 1; j < waiting.size(); ++j) {
+      const Waiting& a = waiting[i];
+      const Waiting& b = waiting[j];
+      if (a.group == b.group || !has_not_joined(a, b.rank) || !has_not_joined(b, a.rank)) {
+        continue;
+      }
+      std::ostringstream detail;
+      detail << "ranks disagree on the group of their next collective: rank " << a.rank
+             << " waits in " << a.arrival->op_name << " #" << a.seq << " on group "
+             << a.group->label << " (issued at " << a.arrival->site.to_string() << ") while rank "
+             << b.rank << " waits in " << b.arrival->op_name << " #" << b.seq << " on group "
+             << b.group->label << " (issued at " << b.arrival->site.to_string()
+             << "); each group holds both ranks, so neither can complete";
+      disagreements.push_back(Disagreement{a, b, detail.str()});
+    }
+  }
+  for (const Disagreement& disagreement : disagreements) {
+    for (const Waiting& side : {disagreement.a, disagreement.b}) {
+      if (side.group->slots.count(side.seq) != 0) {
+        fail_slot(*side.group, side.seq, ErrorCode::CollectiveMismatch, disagreement.detail);
+        abort_group(*side.group, side.seq + 1,
+                    "operation #" + std::to_string(side.seq) + " was a collective mismatch");
+      }
+    }
+  }
+  return !disagreements.empty();
 }
 
 void SimWorld::declare_deadlock(const std::string& why) {

@@ -22,7 +22,13 @@
 //   joining") if it returned.
 // - Deadlock: no candidate but an unfinished rank: every outstanding operation fails with
 //   Deadlock, carrying a table of every rank's state, pending op and call site.
-// - Timeout: a blocked rank whose deadline (virtual time) passed resumes with Timeout.
+// - Group disagreement: when nothing can run and two ranks are blocked on different
+//   communicators that each contain the other, they disagree on the group (or tag) of their next
+//   collective: those operations fail with CollectiveMismatch naming both.
+// - Timeout: when a blocked rank's deadline (virtual time) passes, the operation fails with
+//   Timeout on every member and its communicator is aborted (a real transport's watchdog).
+// - Input modified: each send buffer is hashed at issue and again at completion; a change fails
+//   the operation with InputModified on every member (on NCCL it would be a data race).
 // - Livelock: past SimOptions::max_steps decisions, outstanding operations fail with Deadlock and
 //   new ones with Aborted.
 
@@ -76,6 +82,9 @@ class SimWork final : public transport::Work {
   // ---- World side (scheduler).
   void mark_completed() noexcept;
   void mark_failed(std::exception_ptr error) noexcept;
+  // Ranks of this world blocked on this work (any rank may wait on any rank's tensor).
+  void add_waiter(int rank) { waiters_.push_back(rank); }
+  std::vector<int> take_waiters() noexcept { return std::exchange(waiters_, {}); }
   // Rethrows the stored error when failed.
   void rethrow_if_failed() const;
 
@@ -85,6 +94,7 @@ class SimWork final : public transport::Work {
   transport::Fingerprint fingerprint_;
   ErrorContext context_;
   std::exception_ptr error_;  // written before status_ becomes Failed
+  std::vector<int> waiters_;  // touched only by the context that holds the scheduler's turn
   std::atomic<transport::WorkStatus> status_{transport::WorkStatus::Pending};
 };
 
@@ -101,6 +111,7 @@ struct SimGroup {
     std::shared_ptr<SimWork> work;
     std::string op_name;
     CallSite site;
+    std::vector<std::uint64_t> input_hashes;  // of each op's send buffer, at issue
   };
   struct Slot {
     std::vector<Arrival> arrivals;  // by group rank
@@ -133,17 +144,21 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::shared_ptr<SimGroup> group_for(const std::string& tag, const std::vector<int>& ranks);
   std::shared_ptr<SimWork> start(int rank, SimGroup& group, std::vector<SimOp> ops,
                                  const transport::OpInfo& info);
-  // Blocks the calling rank (yielding) until `work` finished or `deadline` passed.
-  void wait_on_rank(SimWork& work, transport::Deadline deadline);
-  // A scheduling point; then whether `work` finished.
-  bool poll_on_rank(SimWork& work);
+  // Blocks simulated rank `rank` (the caller; not necessarily the work's owner) until `work`
+  // finished, yielding to the scheduler. When `deadline` passes first, the operation fails with
+  // Timeout on every member and its communicator is aborted, as a real transport's watchdog does.
+  void wait_on_rank(SimWork& work, transport::Deadline deadline, int rank);
+  // A scheduling point for rank `rank`; then whether `work` finished.
+  bool poll_on_rank(SimWork& work, int rank);
   // Blocks a thread that is not a simulated rank until `work` finished.
   void wait_off_rank(SimWork& work);
 
-  transport::Duration now() const noexcept { return now_; }
+  transport::Duration now() const noexcept {
+    return transport::Duration(now_ns_.load(std::memory_order_relaxed));
+  }
   int world_size() const noexcept { return options_.world_size; }
-  // Whether the caller is simulated rank `rank` of this world.
-  bool is_current_rank(int rank) const noexcept;
+  // The simulated rank of this world running on the calling thread, or -1.
+  int current_rank() const noexcept;
 
  private:
   enum class Phase : std::uint8_t { Runnable, Blocked, Finished };
@@ -174,12 +189,22 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Failure plumbing (Note [Simulator failures]).
   void fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code, const std::string& detail);
   void fail_work(SimWork& work, ErrorCode code, const std::string& detail);
+  void wake_waiters(SimWork& work);
+  void time_out(SimWork& work, transport::Deadline deadline, int waiter);
+  // Operations of a communicator complete in order; failed ones are skipped.
+  void advance_completion(SimGroup& group);
+  // The operation `seq` of `group` an input of which changed since issue, or an empty string.
+  std::string modified_inputs(const SimGroup& group, const SimGroup::Slot& slot) const;
+  // Ranks blocked on different communicators that contain each other disagree on the group:
+  // fails those operations with CollectiveMismatch; returns whether it found any.
+  bool fail_group_mismatches();
   void abort_group(SimGroup& group, std::int64_t from_seq, const std::string& reason);
   void on_rank_exit(int rank);
   // Why `rank` will never arrive at another operation, or empty if it still may.
   std::pair<ErrorCode, std::string> absence(int rank) const;
   void check_absent_members(SimGroup& group, std::int64_t seq);
   void notify_off_rank_waiters();
+  SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 
   SimOptions options_;
   Rng rng_;
@@ -189,7 +214,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<std::shared_ptr<SimGroup>> groups_;  // creation order (deterministic)
   std::map<std::pair<std::string, std::vector<int>>, std::size_t> group_index_;
   std::vector<Decision> candidates_;
-  transport::Duration now_{0};
+  std::atomic<std::int64_t> now_ns_{0};  // read by any thread (deadlines), written by the scheduler
   std::uint64_t steps_ = 0;
   std::uint64_t schedule_hash_ = 0;
   std::vector<Decision> schedule_;
@@ -201,8 +226,6 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Threads that are not ranks wait here (Note [Rank executor]: ranks never block on it).
   std::mutex off_rank_mutex_;
   std::condition_variable off_rank_cv_;
-  std::atomic<int> off_rank_waiters_{0};
-  std::atomic<bool> ended_{false};
 };
 
 }  // namespace chorus::sim::detail

@@ -6,6 +6,7 @@
 
 #include <chorus/chorus.hpp>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace chorus {
@@ -125,6 +126,54 @@ TEST(AsyncSemantics, PooledOutputAtARecycledAddressIsANewStorage) {
     EXPECT_EQ(second.to_vector<std::int32_t>(), std::vector<std::int32_t>(16, 1));
     EXPECT_EQ(work_registry_size(), 0u);
   });
+}
+
+TEST(AsyncSemantics, ARankMayWaitOnAndDropAnotherRanksPendingTensor) {
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    std::vector<Tensor> shared(2);
+    std::vector<std::int32_t> seen(2);
+    sim::SimReport report = sim::run(quiet(2, seed), [&] {
+      const auto r = static_cast<std::size_t>(rank());
+      shared[r] = all_reduce(Tensor::full({2}, rank() + 1, DType::Int32), "sum", {rank()});
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();  // both published
+      // Read the other rank's pending result: this rank waits on a work it does not own.
+      seen[r] = shared[1 - r].to_vector<std::int32_t>()[0];
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();  // both read
+      if (rank() == 0) {
+        // A pending result of rank 0 that only the shared vector holds...
+        shared[0] = all_reduce(Tensor::ones({1}, DType::Int32), "sum", {0});
+      }
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+      if (rank() == 1) {
+        shared[0] = Tensor();  // ...dropped by rank 1: completed and reported on rank 0
+      }
+    });
+    EXPECT_EQ(seen, (std::vector<std::int32_t>{2, 1}));
+    EXPECT_TRUE(report.ok());
+    ASSERT_EQ(report.unwaited.size(), 1u);
+    EXPECT_EQ(report.unwaited[0].rank, 0);
+    EXPECT_EQ(report.unwaited[0].op, "all_reduce");
+    EXPECT_EQ(report.unwaited[0].seq, 1);
+  }
+}
+
+TEST(AsyncSemantics, AThreadThatIsNotARankMayWaitOnAPendingTensor) {
+  for (sim::ExecutorKind executor : {sim::ExecutorKind::Fibers, sim::ExecutorKind::Threads}) {
+    sim::SimOptions options = quiet(3, 2);
+    options.executor = executor;
+    sim::run(options, [] {
+      Tensor sum = all_reduce(Tensor::full({4}, rank(), DType::Int64), "sum", world());
+      std::vector<std::int64_t> seen;
+      std::thread helper([view = sum.narrow(0, 1, 2), &seen] {
+        seen = wait_tensor(view).to_vector<std::int64_t>();
+      });
+      // This rank keeps the simulation going (a chorus call), so the helper's wait can end;
+      // joining before the collective completed would block the rank outside chorus.
+      wait_tensor(sum);
+      helper.join();
+      EXPECT_EQ(seen, (std::vector<std::int64_t>{3, 3}));
+    });
+  }
 }
 
 }  // namespace

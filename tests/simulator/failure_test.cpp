@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chorus/chorus.hpp>
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -132,8 +133,9 @@ TEST(SimFailure, AfterAMismatchTheCommunicatorIsAborted) {
   }
 }
 
-TEST(SimFailure, DifferentGroupsDeadlockWithEveryRanksPendingOpAndCallSite) {
-  // Rank 0 joins {0, 1}; rank 1 joins {0, 1, 2}; rank 2 joins {1, 2}: nobody can complete.
+TEST(SimFailure, RanksThatDisagreeOnTheGroupGetCollectiveMismatchNamingBoth) {
+  // Rank 0 joins {0, 1}; rank 1 joins {0, 1, 2}; rank 2 joins {1, 2}: each waits for a peer
+  // that is waiting in another group holding them both.
   std::vector<Outcome> outcomes = run_catching(3, [] {
     const std::vector<std::vector<int>> groups = {{0, 1}, {0, 1, 2}, {1, 2}};
     (void)all_reduce(bytes(2), "sum", groups[static_cast<std::size_t>(rank())])
@@ -141,33 +143,50 @@ TEST(SimFailure, DifferentGroupsDeadlockWithEveryRanksPendingOpAndCallSite) {
   });
   for (std::size_t r = 0; r < outcomes.size(); ++r) {
     ASSERT_TRUE(outcomes[r].code.has_value());
-    EXPECT_EQ(*outcomes[r].code, ErrorCode::Deadlock) << outcomes[r].what;
-    const std::string& what = outcomes[r].what;
-    EXPECT_TRUE(contains(what, "no rank can make progress"));
-    EXPECT_TRUE(contains(what, "rank 0: waiting in all_reduce #0 on group [0, 1]")) << what;
-    EXPECT_TRUE(contains(what, "rank 1: waiting in all_reduce #0 on group [0, 1, 2]")) << what;
-    EXPECT_TRUE(contains(what, "rank 2: waiting in all_reduce #0 on group [1, 2]")) << what;
-    EXPECT_TRUE(contains(what, "not yet joined by rank(s)")) << what;
-    EXPECT_TRUE(contains(what, "failure_test.cpp:")) << what;
+    EXPECT_EQ(*outcomes[r].code, ErrorCode::CollectiveMismatch) << outcomes[r].what;
+    EXPECT_TRUE(contains(outcomes[r].what, "disagree on the group")) << outcomes[r].what;
+    EXPECT_TRUE(contains(outcomes[r].what, "failure_test.cpp:")) << "call sites";
+  }
+  EXPECT_TRUE(contains(outcomes[0].what, "rank 0 waits in all_reduce #0 on group [0, 1]"));
+  EXPECT_TRUE(contains(outcomes[0].what, "rank 1 waits in all_reduce #0 on group [0, 1, 2]"));
+  EXPECT_TRUE(contains(outcomes[2].what, "rank 2 waits in all_reduce #0 on group [1, 2]"));
+}
+
+TEST(SimFailure, RanksThatDisagreeOnTheTagGetCollectiveMismatch) {
+  std::vector<Outcome> outcomes = run_catching(2, [] {
+    const ProcessGroup group = new_group({0, 1}, rank() == 0 ? "alpha" : "beta");
+    (void)all_reduce(bytes(2), "sum", group).to_vector<std::uint8_t>();
+  });
+  for (const Outcome& outcome : outcomes) {
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::CollectiveMismatch) << outcome.what;
+    EXPECT_TRUE(contains(outcome.what, "'alpha' [0, 1]")) << outcome.what;
+    EXPECT_TRUE(contains(outcome.what, "'beta' [0, 1]")) << outcome.what;
   }
 }
 
-TEST(SimFailure, CyclicWaitsAcrossGroupsAreADeadlock) {
-  // Each rank waits on its first group before joining its second: a cycle 0 -> 1 -> 2 -> 0.
+TEST(SimFailure, CyclicWaitsAcrossGroupsAreADeadlockWithEveryRanksPendingOp) {
+  // Each rank waits on its first group before joining its second: a cycle 0 -> 1 -> 2 -> 0 in
+  // which no group holds both ends of a wait, so nobody disagrees: a plain deadlock.
   std::vector<Outcome> outcomes = run_catching(3, [] {
     const int r = rank();
-    const std::vector<int> first = {r, (r + 1) % 3};
-    const std::vector<int> second = {(r + 2) % 3, r};
-    auto sorted = [](std::vector<int> g) {
-      std::sort(g.begin(), g.end());
-      return g;
-    };
-    (void)all_reduce(bytes(1), "sum", sorted(first)).to_vector<std::uint8_t>();
-    (void)all_reduce(bytes(1), "sum", sorted(second)).to_vector<std::uint8_t>();
+    std::vector<int> first = {r, (r + 1) % 3};
+    std::vector<int> second = {(r + 2) % 3, r};
+    std::sort(first.begin(), first.end());
+    std::sort(second.begin(), second.end());
+    (void)all_reduce(bytes(1), "sum", first).to_vector<std::uint8_t>();
+    (void)all_reduce(bytes(1), "sum", second).to_vector<std::uint8_t>();
   });
   for (const Outcome& outcome : outcomes) {
     ASSERT_TRUE(outcome.code.has_value());
     EXPECT_EQ(*outcome.code, ErrorCode::Deadlock) << outcome.what;
+    const std::string& what = outcome.what;
+    EXPECT_TRUE(contains(what, "no rank can make progress"));
+    EXPECT_TRUE(contains(what, "rank 0: waiting in all_reduce #0 on group [0, 1]")) << what;
+    EXPECT_TRUE(contains(what, "rank 1: waiting in all_reduce #0 on group [1, 2]")) << what;
+    EXPECT_TRUE(contains(what, "rank 2: waiting in all_reduce #0 on group [0, 2]")) << what;
+    EXPECT_TRUE(contains(what, "not yet joined by rank(s) 1")) << what;
+    EXPECT_TRUE(contains(what, "failure_test.cpp:")) << what;
   }
 }
 
@@ -244,11 +263,13 @@ TEST(SimFailure, RunReturnsNormallyWhenRanksCatchTheirErrors) {
   EXPECT_TRUE(report.ok());
 }
 
-TEST(SimFailure, TimeoutIsInVirtualTimeAndDeterministic) {
+TEST(SimFailure, TimeoutFailsTheCollectiveOnEveryRankAndAbortsTheCommunicator) {
   SimOptions options = quiet(2);
-  options.timeout = std::chrono::microseconds(50);  // 50 scheduling steps
-  std::vector<Outcome> outcomes(2);
+  options.timeout = std::chrono::microseconds(50);  // 50 scheduling steps of virtual time
+  std::vector<Outcome> first(2);
+  std::vector<Outcome> second(2);
   sim::run(options, [&] {
+    const auto r = static_cast<std::size_t>(rank());
     try {
       if (rank() == 1) {
         // Busy on its own for far longer than rank 0's deadline, then joins.
@@ -258,16 +279,25 @@ TEST(SimFailure, TimeoutIsInVirtualTimeAndDeterministic) {
       }
       (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
     } catch (const Error& e) {
-      outcomes[static_cast<std::size_t>(rank())] = Outcome{e.code(), e.what(), e.context()};
-      if (rank() == 0) {
-        // The collective is still pending; rank 1 joins eventually, so waiting again works.
-      }
+      first[r] = Outcome{e.code(), e.what(), e.context()};
+    }
+    try {
+      (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+    } catch (const Error& e) {
+      second[r] = Outcome{e.code(), e.what(), e.context()};
     }
   });
-  ASSERT_TRUE(outcomes[0].code.has_value());
-  EXPECT_EQ(*outcomes[0].code, ErrorCode::Timeout) << outcomes[0].what;
-  EXPECT_TRUE(contains(outcomes[0].what, "deadline"));
-  EXPECT_FALSE(outcomes[1].code.has_value()) << outcomes[1].what;
+  for (std::size_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(first[r].code.has_value()) << "rank " << r;
+    EXPECT_EQ(*first[r].code, ErrorCode::Timeout) << first[r].what;
+    EXPECT_TRUE(contains(first[r].what, "deadline")) << first[r].what;
+    EXPECT_TRUE(contains(first[r].what, "communicator is aborted")) << first[r].what;
+    ASSERT_TRUE(second[r].code.has_value());
+    EXPECT_EQ(*second[r].code, ErrorCode::Aborted) << second[r].what;
+    EXPECT_TRUE(contains(second[r].what, "timed out")) << second[r].what;
+  }
+  EXPECT_TRUE(contains(first[1].what, "rank 0's wait passed its deadline")) << first[1].what;
+  EXPECT_TRUE(contains(first[1].what, "when rank(s) 1 had not joined it yet")) << first[1].what;
 }
 
 TEST(SimFailure, LivelockHitsTheStepBudget) {
@@ -353,6 +383,101 @@ TEST(SimFailure, ADroppedWorkThatFailsIsRaisedAtTheRanksNextCall) {
     ASSERT_TRUE(outcome.code.has_value());
     EXPECT_EQ(*outcome.code, ErrorCode::CollectiveMismatch) << outcome.what;
     EXPECT_EQ(outcome.context.seq, 0);
+    EXPECT_EQ(outcome.context.op, "all_reduce");
+    EXPECT_TRUE(contains(outcome.what, "the result of all_reduce #0 (issued at ")) << outcome.what;
+    EXPECT_TRUE(contains(outcome.what, "was dropped un-waited, and completing it failed"))
+        << outcome.what;
+  }
+}
+
+TEST(SimFailure, WritingAnInputBeforeCompletionFailsTheCollectiveEverywhere) {
+  std::vector<Outcome> outcomes = run_catching(2, [] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    Tensor input = Tensor::full({4}, 1, DType::Int32);
+    if (rank() == 0) {
+      Tensor sum = all_reduce(input, "sum", world());
+      input.copy_(Tensor::full({4}, 100, DType::Int32));  // a race on NCCL
+      // Rank 1 joins the world collective only after this signal: it cannot have completed.
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)sum.to_vector<std::int32_t>();
+    } else {
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)all_reduce(input, "sum", world()).to_vector<std::int32_t>();
+    }
+  });
+  for (const Outcome& outcome : outcomes) {
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::InputModified) << outcome.what;
+    EXPECT_EQ(outcome.context.op, "all_reduce");
+    EXPECT_EQ(outcome.context.seq, 0);
+    EXPECT_TRUE(contains(outcome.what, "rank 0 modified input 0 of all_reduce")) << outcome.what;
+  }
+}
+
+TEST(SimFailure, AnInputModifiedCollectiveDoesNotStallTheCommunicator) {
+  std::vector<std::int32_t> after(2);
+  run_catching(2, [&] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    Tensor input = Tensor::full({1}, 1, DType::Int32);
+    Tensor first = all_reduce(input, "sum", world());
+    if (rank() == 0) {
+      input.copy_(Tensor::full({1}, 5, DType::Int32));
+    }
+    (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+    try {
+      (void)first.to_vector<std::int32_t>();
+    } catch (const InputModified&) {
+    }
+    after[static_cast<std::size_t>(rank())] =
+        all_reduce(Tensor::full({1}, 2, DType::Int32), "sum", world()).item<std::int32_t>();
+  });
+  EXPECT_EQ(after, (std::vector<std::int32_t>{4, 4}));
+}
+
+TEST(SimFailure, ARankThatUnwindsWithAPendingResultGivesPeersRankFailureNotDeadlock) {
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    std::vector<Outcome> outcomes(2);
+    SimReport report = sim::simulate(quiet(2, seed), [&] {
+      const ProcessGroup side = new_group({0, 1}, "side");
+      if (rank() == 0) {
+        Tensor pending = all_reduce(bytes(1), "sum", world());  // rank 1 joins it later
+        throw std::runtime_error("rank 0 gives up with a result pending");
+      }
+      try {
+        // Rank 0 never joins this one.
+        (void)all_reduce(bytes(1), "sum", side).to_vector<std::uint8_t>();
+      } catch (const Error& e) {
+        outcomes[1] = Outcome{e.code(), e.what(), e.context()};
+      }
+      (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+    });
+    ASSERT_TRUE(outcomes[1].code.has_value());
+    EXPECT_EQ(*outcomes[1].code, ErrorCode::RankFailure) << outcomes[1].what;
+    EXPECT_TRUE(contains(outcomes[1].what, "rank 0 gives up")) << outcomes[1].what;
+    EXPECT_EQ(report.rank_errors[0], "rank 0 gives up with a result pending");
+    EXPECT_TRUE(report.rank_errors[1].empty()) << report.rank_errors[1];
+    ASSERT_EQ(report.unwaited.size(), 1u);
+    EXPECT_EQ(report.unwaited[0].rank, 0);
+    EXPECT_FALSE(report.unwaited[0].at_rank_exit);
+  }
+}
+
+TEST(SimFailure, PremulSumFactorsMustMatchBitForBit) {
+  std::vector<Outcome> same = run_catching(2, [] {
+    (void)all_reduce(Tensor::ones({1}), ReduceOp::premul_sum(std::nan("")), world()).item<float>();
+  });
+  for (const Outcome& outcome : same) {
+    EXPECT_FALSE(outcome.code.has_value()) << "NaN factors agree: " << outcome.what;
+  }
+  std::vector<Outcome> different = run_catching(2, [] {
+    (void)all_reduce(Tensor::ones({1}), ReduceOp::premul_sum(rank() == 0 ? 0.5 : 2.0), world())
+        .item<float>();
+  });
+  for (const Outcome& outcome : different) {
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::CollectiveMismatch) << outcome.what;
+    EXPECT_TRUE(contains(outcome.what, "premul_sum(0.5)")) << outcome.what;
+    EXPECT_TRUE(contains(outcome.what, "premul_sum(2)")) << outcome.what;
   }
 }
 

@@ -20,6 +20,7 @@ enum class ErrorCode : std::uint8_t {
   RankFailure,         // a peer rank died; this collective can never complete
   TransportError,      // the transport reported a failure
   Aborted,             // the communicator was aborted after an earlier failure
+  InputModified,       // a rank wrote a collective's input before the collective completed
 };
 
 std::string_view error_code_name(ErrorCode code) noexcept;
@@ -64,12 +65,16 @@ CHORUS_DECLARE_ERROR(Deadlock);
 CHORUS_DECLARE_ERROR(RankFailure);
 CHORUS_DECLARE_ERROR(TransportError);
 CHORUS_DECLARE_ERROR(Aborted);
+CHORUS_DECLARE_ERROR(InputModified);
 
 #undef CHORUS_DECLARE_ERROR
 
 // Builds the subclass that matches `code`, for transports that store an error in a Work and
 // rethrow it later with its dynamic type intact.
 std::exception_ptr make_error(ErrorCode code, ErrorContext context, std::string detail);
+
+// what() of `error`, or a fixed text for an exception not derived from std::exception.
+std::string describe(const std::exception_ptr& error);
 
 // Throws the subclass that matches `code`.
 [[noreturn]] void throw_error(ErrorCode code, ErrorContext context, std::string detail);
