@@ -43,7 +43,7 @@ class Call {
                             "given to chorus::run or chorus::sim::run");
     }
     state_ = &context->state();
-    state_->raise_deferred_error();
+    state_->settle_unwaited();
     ExpandedGroup expanded = detail::expand_group_for(group, tag, op);
     members_ = expanded.members_of(state_->rank());
     if (members_.empty()) {
@@ -135,25 +135,53 @@ class Call {
   std::int64_t seq_ = -1;
 };
 
-// A contiguous buffer holding `input`'s elements (the input itself when already contiguous).
-// Reads the input, so it waits for work pending on it first.
-Buffer input_buffer(const Tensor& input) {
-  Tensor contiguous = input.contiguous();
+// A contiguous tensor's elements as a transport buffer that keeps their memory alive.
+Buffer buffer_of(const Tensor& contiguous) {
   const auto& storage = TensorAccess::storage(contiguous);
   return Buffer{contiguous.unsafe_data_ptr(), static_cast<std::size_t>(contiguous.numel()),
                 contiguous.dtype(), contiguous.device(),
                 storage ? std::shared_ptr<const void>(storage->memory()) : nullptr};
 }
 
-// A fresh pending-to-be output of `shape`, and its buffer.
+// A contiguous buffer holding `input`'s elements (the input itself when already contiguous).
+// Reads the input, so it waits for work pending on it first.
+Buffer input_buffer(const Tensor& input) { return buffer_of(input.contiguous()); }
+
+// A fresh output of `shape` (pending once registered), and its buffer.
 std::pair<Tensor, Buffer> new_output(const Shape& shape, DType dtype) {
   Tensor output = Tensor::empty(shape, dtype);
-  const auto& storage = TensorAccess::storage(output);
-  Buffer buffer{output.unsafe_data_ptr(), static_cast<std::size_t>(output.numel()), dtype,
-                output.device(),
-                storage ? std::shared_ptr<const void>(storage->memory()) : nullptr};
+  Buffer buffer = buffer_of(output);
   return {std::move(output), std::move(buffer)};
 }
+
+// The operations of one coalesced call: staged one by one, then started as one NCCL-style group
+// that yields one work, registered under every output.
+class Batch {
+ public:
+  void add(Buffer send, const Shape& output_shape, DType dtype) {
+    auto [output, recv] = new_output(output_shape, dtype);
+    sends_.push_back(std::move(send));
+    outputs_.push_back(std::move(output));
+    recvs_.push_back(std::move(recv));
+  }
+
+  // `start_one(comm, send, recv)` starts one staged operation inside the group.
+  template <class StartOne>
+  std::vector<Tensor> issue(Call& call, StartOne start_one) {
+    transport::Comm& comm = call.start();
+    comm.begin_group();
+    for (std::size_t i = 0; i < sends_.size(); ++i) {
+      CHORUS_CHECK(start_one(comm, sends_[i], recvs_[i]) == nullptr);  // batched: no work yet
+    }
+    call.register_work(comm.end_group(call.info()), outputs_);
+    return std::move(outputs_);
+  }
+
+ private:
+  std::vector<Buffer> sends_;
+  std::vector<Tensor> outputs_;
+  std::vector<Buffer> recvs_;
+};
 
 // ---- Shape rules (one implementation each; DESIGN 2.3).
 
@@ -278,22 +306,13 @@ std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, Redu
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     call.check_input(inputs[i], OpKind::AllReduce, &reduce_op, "input " + std::to_string(i));
   }
-  std::vector<Buffer> sends;
-  std::vector<Tensor> outputs;
-  std::vector<Buffer> recvs;
+  Batch batch;
   for (const Tensor& input : inputs) {
-    sends.push_back(input_buffer(input));
-    auto [output, recv] = new_output(input.sizes(), input.dtype());
-    outputs.push_back(std::move(output));
-    recvs.push_back(std::move(recv));
+    batch.add(input_buffer(input), input.sizes(), input.dtype());
   }
-  transport::Comm& comm = call.start();
-  comm.begin_group();
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    CHORUS_CHECK(comm.all_reduce(sends[i], recvs[i], reduce_op, call.info()) == nullptr);
-  }
-  call.register_work(comm.end_group(call.info()), outputs);
-  return outputs;
+  return batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
+    return comm.all_reduce(send, recv, reduce_op, call.info());
+  });
 }
 
 std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& inputs,
@@ -307,22 +326,13 @@ std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& 
     call.check_input(inputs[i], OpKind::AllGather, nullptr, "input " + std::to_string(i));
   }
   const int size = call.group_size();
-  std::vector<Buffer> sends;
-  std::vector<Tensor> outputs;
-  std::vector<Buffer> recvs;
+  Batch batch;
   for (const Tensor& input : inputs) {
-    sends.push_back(input_buffer(input));
-    auto [output, recv] = new_output(all_gather_shape(input.sizes(), 0, size), input.dtype());
-    outputs.push_back(std::move(output));
-    recvs.push_back(std::move(recv));
+    batch.add(input_buffer(input), all_gather_shape(input.sizes(), 0, size), input.dtype());
   }
-  transport::Comm& comm = call.start();
-  comm.begin_group();
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    CHORUS_CHECK(comm.all_gather(sends[i], recvs[i], call.info()) == nullptr);
-  }
-  call.register_work(comm.end_group(call.info()), outputs);
-  return outputs;
+  return batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
+    return comm.all_gather(send, recv, call.info());
+  });
 }
 
 std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& inputs,
@@ -353,27 +363,26 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
                    " is not divisible by the group size " + std::to_string(size));
     }
   }
-  std::vector<Buffer> sends;
-  std::vector<Tensor> outputs;
-  std::vector<Buffer> recvs;
+  Batch batch;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& input = inputs[i];
-    sends.push_back(input_buffer(dims[i] == 0 ? input : scatter_staging(input, dims[i], size)));
-    auto [output, recv] =
-        new_output(reduce_scatter_shape(input.sizes(), dims[i], size), input.dtype());
-    outputs.push_back(std::move(output));
-    recvs.push_back(std::move(recv));
+    batch.add(input_buffer(dims[i] == 0 ? input : scatter_staging(input, dims[i], size)),
+              reduce_scatter_shape(input.sizes(), dims[i], size), input.dtype());
   }
-  transport::Comm& comm = call.start();
-  comm.begin_group();
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    CHORUS_CHECK(comm.reduce_scatter(sends[i], recvs[i], reduce_op, call.info()) == nullptr);
+  return batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
+    return comm.reduce_scatter(send, recv, reduce_op, call.info());
+  });
+}
+
+// The rank's deferred errors (Note [Work lifecycle], step 3), raised at explicit waits too.
+void settle_calling_rank() {
+  if (RankContext* context = RankContext::current()) {
+    context->state().settle_unwaited();
   }
-  call.register_work(comm.end_group(call.info()), outputs);
-  return outputs;
 }
 
 Tensor wait_tensor(const Tensor& tensor) {
+  settle_calling_rank();
   if (const auto& storage = TensorAccess::storage(tensor)) {
     storage->wait_ready();
   }
@@ -381,6 +390,7 @@ Tensor wait_tensor(const Tensor& tensor) {
 }
 
 std::vector<Tensor> wait_tensors(const std::vector<Tensor>& tensors) {
+  settle_calling_rank();
   // Group the pending storages by registry (normally all the calling rank's), so each distinct
   // work is waited once.
   std::map<detail::WorkRegistry*,
@@ -427,6 +437,7 @@ std::size_t work_registry_size() {
   if (context == nullptr) {
     detail::throw_invalid("work_registry_size", "called outside a rank");
   }
+  context->state().settle_unwaited();
   return context->state().registry()->size();
 }
 

@@ -61,6 +61,13 @@ transport::Comm& RankState::ensure_comm(CommSlot& slot, const std::string& tag,
   return *slot.comm;
 }
 
+void RankState::settle_unwaited() {
+  if (std::uncaught_exceptions() == 0) {
+    registry_->complete_deferred_drops();
+  }
+  raise_deferred_error();
+}
+
 void RankState::raise_deferred_error() {
   if (std::exception_ptr error = registry_->take_deferred_error()) {
     std::rethrow_exception(error);

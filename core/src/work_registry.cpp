@@ -4,10 +4,12 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <unordered_set>
 #include <utility>
 
 #include "chorus/check.hpp"
+#include "chorus/error.hpp"
 #include "detail/storage.hpp"
 
 namespace chorus::detail {
@@ -15,13 +17,21 @@ namespace {
 
 std::atomic<std::uint64_t> next_work_id{1};
 
-std::string describe(const std::exception_ptr& error) {
+// The error of a work nobody waited, reworded so that where it is raised (a later, unrelated
+// call) it says which collective it belongs to. Keeps the error's type.
+std::exception_ptr explain_unwaited_failure(const std::exception_ptr& error, const WorkInfo& info,
+                                            bool at_rank_exit) {
   try {
     std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
+  } catch (const Error& e) {
+    std::string detail =
+        "the result of " + info.op + " #" + std::to_string(info.seq) + " (issued at " +
+        info.site.to_string() + ") " +
+        (at_rank_exit ? "was still pending when the rank ended" : "was dropped un-waited") +
+        ", and completing it failed: " + e.detail();
+    return make_error(e.code(), e.context(), std::move(detail));
   } catch (...) {
-    return "unknown exception";
+    return error;
   }
 }
 
@@ -41,7 +51,7 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
   CHORUS_CHECK(transport_ != nullptr);
 }
 
-void PendingWork::complete() {
+void PendingWork::complete() const {
   if (work_->status() != transport::WorkStatus::Completed) {
     const transport::Duration now = transport_->now();
     const transport::Duration at =
@@ -161,7 +171,12 @@ void WorkRegistry::retire(const PendingWork& work, const std::exception_ptr& err
 }
 
 void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
-  std::vector<std::shared_ptr<PendingWork>> orphans;
+  // While an exception unwinds this thread (or fiber), completing the work could wait for peers
+  // that are themselves waiting for this rank's next collective, which the unwinding rank will
+  // never issue: the peers would be told "deadlock" rather than the truth. So such drops stay
+  // registered and are completed at the rank's next collective or when it ends.
+  const bool unwinding = std::uncaught_exceptions() > 0;
+  std::vector<Claim> claims;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto ids = by_storage_.find(storage.id());
@@ -173,30 +188,54 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
       CHORUS_CHECK(entry != works_.end());
       std::erase(entry->second.storages, &storage);
       if (entry->second.storages.empty()) {
-        orphans.push_back(std::move(entry->second.work));
-        works_.erase(entry);
+        entry->second.dropped = true;
+        if (!unwinding) {
+          claims.push_back(claim_locked(entry->second, /*at_rank_exit=*/false));
+        }
       }
     }
     by_storage_.erase(ids);
   }
-  for (const std::shared_ptr<PendingWork>& work : orphans) {
-    complete_unwaited(work, /*at_exit=*/false);
+  for (const Claim& claim : claims) {
+    finalize(claim);
+  }
+}
+
+void WorkRegistry::complete_deferred_drops() noexcept {
+  std::vector<Claim> claims;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [id, entry] : works_) {
+      if (entry.dropped && !entry.claimed) {
+        claims.push_back(claim_locked(entry, /*at_rank_exit=*/false));
+      }
+    }
+  }
+  for (const Claim& claim : claims) {
+    finalize(claim);
   }
 }
 
 void WorkRegistry::complete_all_at_exit() noexcept {
-  std::vector<std::shared_ptr<PendingWork>> remaining;
+  complete_deferred_drops();
+  std::vector<Claim> claims;
+  std::vector<std::shared_ptr<PendingWork>> finalizing_elsewhere;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    remaining.reserve(works_.size());
     for (auto& [id, entry] : works_) {
-      remaining.push_back(entry.work);
+      if (entry.claimed) {
+        finalizing_elsewhere.push_back(entry.work);  // a drop on another thread or rank
+      } else {
+        claims.push_back(claim_locked(entry, /*at_rank_exit=*/true));
+      }
     }
   }
-  // Oldest first, so the report reads in issue order.
-  std::sort(remaining.begin(), remaining.end(),
-            [](const auto& a, const auto& b) { return a->id() < b->id(); });
-  for (const std::shared_ptr<PendingWork>& work : remaining) {
+  for (const Claim& claim : claims) {
+    finalize(claim);
+  }
+  // Works another context is finalizing: complete and retire them here too (both idempotent),
+  // so the rank ends with an empty registry whatever that context does next.
+  for (const std::shared_ptr<PendingWork>& work : finalizing_elsewhere) {
     std::exception_ptr error;
     try {
       work->complete();
@@ -205,35 +244,42 @@ void WorkRegistry::complete_all_at_exit() noexcept {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     retire_locked(*work, error);
-    UnwaitedWork record{work->info().rank,     work->info().op,
-                        work->info().seq,      work->info().group,
-                        work->info().site,
-                        /*at_rank_exit=*/true, error ? describe(error) : std::string()};
-    unwaited_.push_back(std::move(record));
-    if (error) {
-      deferred_errors_.push_back(error);
-    }
   }
 }
 
-void WorkRegistry::complete_unwaited(const std::shared_ptr<PendingWork>& work,
-                                     bool at_exit) noexcept {
+WorkRegistry::Claim WorkRegistry::claim_locked(Entry& entry, bool at_rank_exit) noexcept {
+  CHORUS_CHECK(!entry.claimed);
+  entry.claimed = true;
+  const WorkInfo& info = entry.work->info();
+  Claim claim{entry.work, unwaited_.size(), at_rank_exit};
+  try {
+    unwaited_.push_back(
+        UnwaitedWork{info.rank, info.op, info.seq, info.group, info.site, at_rank_exit, {}});
+  } catch (...) {
+    claim.record = kNoRecord;  // out of memory: the report loses this line
+  }
+  return claim;
+}
+
+void WorkRegistry::finalize(const Claim& claim) noexcept {
   std::exception_ptr error;
   try {
-    work->complete();
+    claim.work->complete();
   } catch (...) {
     error = std::current_exception();
   }
   try {
     std::lock_guard<std::mutex> lock(mutex_);
-    unwaited_.push_back(UnwaitedWork{work->info().rank, work->info().op, work->info().seq,
-                                     work->info().group, work->info().site, at_exit,
-                                     error ? describe(error) : std::string()});
+    retire_locked(*claim.work, error);
     if (error) {
-      deferred_errors_.push_back(error);
+      if (claim.record != kNoRecord) {
+        unwaited_[claim.record].error = describe(error);
+      }
+      deferred_errors_.push_back(
+          explain_unwaited_failure(error, claim.work->info(), claim.at_rank_exit));
     }
   } catch (...) {
-    // Out of memory while recording: the report loses this line; never throw from a drop.
+    // Out of memory while recording: never throw from a drop.
   }
 }
 

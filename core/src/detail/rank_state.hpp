@@ -43,8 +43,11 @@ class RankState {
                                const std::vector<int>& members);
 
   // Throws the first error recorded while completing a dropped work, once (Note [Work
-  // lifecycle], step 3). Called at the start of every collective.
+  // lifecycle], step 3).
   void raise_deferred_error();
+  // At every collective and explicit wait: completes drops deferred during unwinding (unless an
+  // exception is in flight now), then raises a deferred error.
+  void settle_unwaited();
 
   bool finished = false;
 

@@ -14,8 +14,11 @@
 //    on_storage_dropped: the storage's entries leave; a work left with no storage is completed
 //    right there (the seed's finalizer policy: never leave a collective dangling) and recorded as
 //    unwaited with its call site. A failure while completing is recorded (report + deferred
-//    error raised at the rank's next chorus call or when the rank ends), never thrown from the
-//    destructor; every wait has a deadline, so the destructor cannot block forever.
+//    error raised at the rank's next collective or explicit wait, or when the rank ends), never
+//    thrown from the destructor; every wait has a deadline, so the destructor cannot block
+//    forever. A drop during exception unwinding is completed later instead (at the rank's next
+//    collective or its end): the unwinding rank will not issue the collectives its peers may be
+//    waiting for, so waiting there could only end in a misleading deadlock.
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
 //
@@ -63,7 +66,7 @@ class PendingWork {
 
   // Waits for the transport work and runs the fixup once. Rethrows the work's error (every
   // call, for every caller). Idempotent.
-  void complete();
+  void complete() const;
 
   std::uint64_t id() const noexcept { return id_; }
   const WorkInfo& info() const noexcept { return info_; }
@@ -74,7 +77,7 @@ class PendingWork {
   std::shared_ptr<transport::Work> work_;
   WorkInfo info_;
   std::function<void()> fixup_;
-  std::once_flag fixup_once_;
+  mutable std::once_flag fixup_once_;
   std::shared_ptr<transport::Transport> transport_;
   transport::Duration timeout_;
 };
@@ -103,6 +106,10 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Called by ~Storage (Note [Work lifecycle], step 3). Never throws.
   void on_storage_dropped(const Storage& storage) noexcept;
 
+  // Completes the works whose last storage was dropped while an exception was unwinding (step 3
+  // defers those). Call only when no exception is in flight. Never throws.
+  void complete_deferred_drops() noexcept;
+
   // Completes every remaining work, recording each as unwaited at exit (step 4). Never throws.
   void complete_all_at_exit() noexcept;
 
@@ -119,13 +126,26 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   struct Entry {
     std::shared_ptr<PendingWork> work;
     std::vector<const Storage*> storages;  // valid while listed: ~Storage removes itself first
+    bool dropped = false;  // every storage is gone; the work stays until it completes
+    bool claimed = false;  // someone is completing it as unwaited (its report line exists)
+  };
+  // A work taken for completion as unwaited, and its line in the report.
+  static constexpr std::size_t kNoRecord = static_cast<std::size_t>(-1);
+  struct Claim {
+    std::shared_ptr<PendingWork> work;
+    std::size_t record;
+    bool at_rank_exit;
   };
 
   std::vector<std::shared_ptr<PendingWork>> works_of(const Storage& storage) const;
   // Completes `works`, then retires each; returns the first error.
   std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
   void retire_locked(const PendingWork& work, const std::exception_ptr& error);
-  void complete_unwaited(const std::shared_ptr<PendingWork>& work, bool at_exit) noexcept;
+  // Marks `entry` as being completed as unwaited and writes its report line (step 3 and 4: the
+  // line exists from the drop on, so a report taken meanwhile has it).
+  Claim claim_locked(Entry& entry, bool at_rank_exit) noexcept;
+  // Completes a claimed work, retires it, and records a failure (report, deferred error).
+  void finalize(const Claim& claim) noexcept;
 
   mutable std::mutex mutex_;
   std::unordered_map<std::uint64_t, Entry> works_;  // by work id
