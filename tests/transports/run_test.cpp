@@ -44,6 +44,17 @@ TEST(RunOptions, MalformedValuesAreRejected) {
   EXPECT_THROW(parse({"--seed=1x"}), InvalidArgument);
   EXPECT_THROW(parse({"--transport=carrier-pigeon"}), InvalidArgument);
   EXPECT_THROW(parse({"--ranks"}), InvalidArgument);
+  EXPECT_THROW(parse({"--seed=18446744073709551616"}), InvalidArgument) << "2^64 overflows";
+  EXPECT_THROW(parse({"--seed=+5"}), InvalidArgument);
+  EXPECT_THROW(parse({"--seed=0x"}), InvalidArgument);
+  EXPECT_THROW(parse({"--timeout-ms=0"}), InvalidArgument);
+  EXPECT_THROW(parse({"--timeout-ms=99999999999999999"}), InvalidArgument) << "beyond a year";
+}
+
+TEST(RunOptions, NumbersAreDecimalOrHexNeverOctal) {
+  EXPECT_EQ(parse({"--ranks=010"}).ranks, 10);
+  EXPECT_EQ(parse({"--seed=0x1F"}).seed, 31u);
+  EXPECT_EQ(parse({"--seed=18446744073709551615"}).seed, 18446744073709551615u);
 }
 
 TEST(Run, ReturnsZeroWhenEveryRankSucceeds) {

@@ -2,6 +2,7 @@
 
 // ReduceOp: the reduction of all_reduce, reduce_scatter and their coalesced forms.
 
+#include <bit>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -38,7 +39,9 @@ class ReduceOp {
   ReduceOp(std::string_view name);                         // NOLINT(google-explicit-constructor)
   ReduceOp(const std::string& name);                       // NOLINT(google-explicit-constructor)
 
-  // Sum of `factor * x_r` over ranks. Floating and complex dtypes only.
+  // Sum of `factor * x_r` over ranks. Floating and complex dtypes only. Every rank must pass
+  // the same factor (a different one is a CollectiveMismatch); NCCL also allows per-rank factors,
+  // chorus does not.
   static ReduceOp premul_sum(double factor) noexcept;
 
   // Like the string constructor, but throws InvalidArgument for an unknown name.
@@ -59,8 +62,12 @@ class ReduceOp {
   // otherwise the reason.
   std::string check_dtype(DType dtype) const;
 
+  // Factors compare by bit pattern: premul_sum(NaN) equals itself, and ranks must pass the same
+  // factor bits to agree (chorus applies one factor to every rank's input).
   friend bool operator==(const ReduceOp& a, const ReduceOp& b) noexcept {
-    return a.kind_ == b.kind_ && a.factor_ == b.factor_ && a.invalid_name_ == b.invalid_name_;
+    return a.kind_ == b.kind_ &&
+           std::bit_cast<std::uint64_t>(a.factor_) == std::bit_cast<std::uint64_t>(b.factor_) &&
+           a.invalid_name_ == b.invalid_name_;
   }
 
  private:

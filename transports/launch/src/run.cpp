@@ -1,5 +1,6 @@
 #include "chorus/run.hpp"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -18,14 +19,19 @@ namespace {
                         "flag " + flag + "='" + value + "' is invalid: expected " + expected);
 }
 
+// Decimal, or hexadecimal with a 0x prefix (never octal: "010" is ten). Rejects signs, junk and
+// values that do not fit 64 bits.
 std::uint64_t parse_unsigned(const std::string& flag, const std::string& value) {
-  if (value.empty() || value[0] == '-') {
-    bad_flag(flag, value, "an unsigned integer");
+  const bool hex = value.size() > 2 && value[0] == '0' && (value[1] == 'x' || value[1] == 'X');
+  const std::string digits = hex ? value.substr(2) : value;
+  if (digits.empty() || digits.find_first_not_of(hex ? "0123456789abcdefABCDEF" : "0123456789") !=
+                            std::string::npos) {
+    bad_flag(flag, value, "an unsigned integer (decimal, or hexadecimal with 0x)");
   }
-  char* end = nullptr;
-  const unsigned long long parsed = std::strtoull(value.c_str(), &end, 0);
-  if (end == nullptr || *end != '\0') {
-    bad_flag(flag, value, "an unsigned integer");
+  errno = 0;
+  const unsigned long long parsed = std::strtoull(digits.c_str(), nullptr, hex ? 16 : 10);
+  if (errno == ERANGE) {
+    bad_flag(flag, value, "an unsigned integer below 2^64");
   }
   return parsed;
 }
@@ -69,7 +75,12 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
     } else if (arg == "--seed") {
       options.seed = parse_unsigned(arg, value);
     } else {
-      options.timeout = std::chrono::milliseconds(parse_unsigned(arg, value));
+      constexpr std::uint64_t kTimeoutMsMax = std::uint64_t{1000} * 60 * 60 * 24 * 365;
+      const std::uint64_t milliseconds = parse_unsigned(arg, value);
+      if (milliseconds == 0 || milliseconds > kTimeoutMsMax) {
+        bad_flag(arg, value, "1 to " + std::to_string(kTimeoutMsMax) + " (one year)");
+      }
+      options.timeout = std::chrono::milliseconds(milliseconds);
     }
   }
   return options;
