@@ -9,6 +9,7 @@
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
 #include "detail/errors.hpp"
+#include "detail/format.hpp"
 #include "detail/group_internal.hpp"
 #include "detail/tensor_access.hpp"
 
@@ -87,17 +88,7 @@ std::string_view pick_tag(std::string_view call_tag, const std::string& own_tag)
 
 }  // namespace
 
-std::string ranks_to_string(const std::vector<int>& ranks) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) {
-      out += ", ";
-    }
-    out += std::to_string(ranks[i]);
-  }
-  out += "]";
-  return out;
-}
+std::string ranks_to_string(const std::vector<int>& ranks) { return bracketed(ranks); }
 
 std::string group_label(const std::string& tag, const std::vector<int>& members) {
   if (tag.empty()) {

@@ -20,6 +20,7 @@
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
 #include "detail/errors.hpp"
+#include "detail/format.hpp"
 #include "detail/storage.hpp"
 #include "detail/strided_copy.hpp"
 #include "detail/tensor_access.hpp"
@@ -58,17 +59,7 @@ std::int64_t normalize_dim(std::int64_t dim, std::int64_t ndim, const char* op) 
   return dim < 0 ? dim + ndim : dim;
 }
 
-std::string shape_to_string(const Shape& sizes) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    if (i > 0) {
-      out += ", ";
-    }
-    out += std::to_string(sizes[i]);
-  }
-  out += "]";
-  return out;
-}
+std::string shape_to_string(const Shape& sizes) { return bracketed(sizes); }
 
 // ---- The choke point.
 
@@ -738,37 +729,37 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-bool Tensor::equal(const Tensor& other) const {
-  constexpr const char* kOp = "Tensor::equal";
-  const void* first = checked_data_for_host(kOp);
-  const void* other_first = other.checked_data_for_host(kOp);
-  if (sizes_ != other.sizes_ || dtype_ != other.dtype_) {
+namespace {
+
+// Compares the elements of `a` and `b` (after waiting on both) with `same(a_bytes, b_bytes)` on
+// packed copies; tensors of different shape or dtype are never equal.
+template <class Same>
+bool compare_elements(const Tensor& a, const Tensor& b, const char* op, Same same) {
+  const void* a_first = detail::access_data(a, op, detail::DeviceAccess::Host);
+  const void* b_first = detail::access_data(b, op, detail::DeviceAccess::Host);
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) {
     return false;
   }
-  if (numel() == 0) {
+  if (a.numel() == 0) {
     return true;
   }
-  std::vector<std::byte> scratch;
-  std::vector<std::byte> other_scratch;
-  return kernels::values_equal(packed_elements(*this, first, scratch),
-                               packed_elements(other, other_first, other_scratch), dtype_,
-                               static_cast<std::size_t>(numel()));
+  std::vector<std::byte> a_scratch;
+  std::vector<std::byte> b_scratch;
+  return same(packed_elements(a, a_first, a_scratch), packed_elements(b, b_first, b_scratch));
+}
+
+}  // namespace
+
+bool Tensor::equal(const Tensor& other) const {
+  return compare_elements(*this, other, "Tensor::equal", [&](const void* a, const void* b) {
+    return kernels::values_equal(a, b, dtype_, static_cast<std::size_t>(numel()));
+  });
 }
 
 bool Tensor::bitwise_equal(const Tensor& other) const {
-  constexpr const char* kOp = "Tensor::bitwise_equal";
-  const void* first = checked_data_for_host(kOp);
-  const void* other_first = other.checked_data_for_host(kOp);
-  if (sizes_ != other.sizes_ || dtype_ != other.dtype_) {
-    return false;
-  }
-  if (numel() == 0) {
-    return true;
-  }
-  std::vector<std::byte> scratch;
-  std::vector<std::byte> other_scratch;
-  return std::memcmp(packed_elements(*this, first, scratch),
-                     packed_elements(other, other_first, other_scratch), nbytes()) == 0;
+  return compare_elements(*this, other, "Tensor::bitwise_equal", [&](const void* a, const void* b) {
+    return std::memcmp(a, b, nbytes()) == 0;
+  });
 }
 
 std::string Tensor::to_string(std::int64_t max_values) const {

@@ -17,29 +17,12 @@
 #include "chorus/dtype.hpp"
 #include "chorus/error.hpp"
 #include "chorus/tensor.hpp"
+#include "support/expect_error.hpp"
 
 namespace chorus {
 namespace {
 
-// Runs `statement`, expecting InvalidArgument whose message contains every one of `fragments`.
-void expect_invalid_argument(const std::function<void()>& statement,
-                             std::initializer_list<std::string> fragments,
-                             int line = __builtin_LINE()) {
-  try {
-    statement();
-  } catch (const InvalidArgument& error) {
-    const std::string message = error.what();
-    for (const std::string& fragment : fragments) {
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "line " << line << ": message \"" << message << "\" lacks \"" << fragment << "\"";
-    }
-    return;
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "line " << line << ": expected InvalidArgument, got " << error.what();
-    return;
-  }
-  ADD_FAILURE() << "line " << line << ": expected InvalidArgument, nothing was thrown";
-}
+using testing::expect_invalid_argument;
 
 // A stand-in for a foreign producer (PyTorch, JAX): owns the shape and stride arrays and counts
 // deleter calls.
