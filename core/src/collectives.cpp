@@ -52,7 +52,6 @@ class Call {
           "rank " + std::to_string(state_->rank()) + " is not a member of the group");
     }
     tag_ = std::move(expanded.tag);
-    label_ = detail::group_label(tag_, members_);
     slot_ = &state_->comm_slot(tag_, members_);
   }
 
@@ -60,7 +59,7 @@ class Call {
 
   // The context of errors raised before the op starts: the sequence number it would have had.
   ErrorContext context() const {
-    return ErrorContext{state_->rank(), std::string(op_), slot_->next_seq, label_};
+    return ErrorContext{state_->rank(), std::string(op_), slot_->next_seq, slot_->label};
   }
   [[noreturn]] void invalid(const std::string& detail) const {
     throw InvalidArgument(context(), detail);
@@ -114,7 +113,8 @@ class Call {
                      std::function<void()> fixup = {}) {
     CHORUS_CHECK(seq_ >= 0);
     auto pending = std::make_shared<detail::PendingWork>(
-        std::move(work), detail::WorkInfo{state_->rank(), std::string(op_), seq_, label_, site_},
+        std::move(work),
+        detail::WorkInfo{state_->rank(), std::string(op_), seq_, slot_->label, site_},
         std::move(fixup), state_->transport_ptr(), state_->options().timeout);
     std::vector<detail::Storage*> storages;
     storages.reserve(outputs.size());
@@ -130,7 +130,6 @@ class Call {
   detail::RankState* state_ = nullptr;
   std::vector<int> members_;
   std::string tag_;
-  std::string label_;
   detail::CommSlot* slot_ = nullptr;
   std::int64_t seq_ = -1;
 };

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <ostream>
 #include <string>
-#include <unordered_set>
 #include <utility>
 
 #include "chorus/error.hpp"
@@ -27,34 +26,62 @@ RankContext& require_rank(std::string_view op) {
   return *context;
 }
 
-[[noreturn]] void throw_group_error(std::string_view op, const std::string& group,
+std::string describe(const GroupSpec& group);
+
+// Throws InvalidArgument naming the group as the caller spelled it (`spec`, formatted only here,
+// on the error path; null when there is no spec to name).
+[[noreturn]] void throw_group_error(std::string_view op, const GroupSpec* spec,
                                     std::string detail) {
-  throw InvalidArgument(make_context(op, -1, group), std::move(detail));
+  throw InvalidArgument(make_context(op, -1, spec != nullptr ? describe(*spec) : std::string()),
+                        std::move(detail));
+}
+
+// Index of a repeated rank in `ranks`, or -1. Allocation-free for the group sizes collectives
+// see on every call; sorts a copy for large lists.
+int find_duplicate(const std::vector<int>& ranks) {
+  constexpr std::size_t kPairwiseMax = 64;
+  if (ranks.size() <= kPairwiseMax) {
+    for (std::size_t i = 1; i < ranks.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (ranks[i] == ranks[j]) {
+          return static_cast<int>(i);
+        }
+      }
+    }
+    return -1;
+  }
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  auto repeated = std::adjacent_find(sorted.begin(), sorted.end());
+  if (repeated == sorted.end()) {
+    return -1;
+  }
+  return static_cast<int>(std::find(ranks.begin(), ranks.end(), *repeated) - ranks.begin());
 }
 
 // Checks a flat list of ranks: non-empty, no duplicates, no negative ranks, and below the world
-// size when called inside a rank. `what` names the list in messages; `group` is the group as the
+// size when called inside a rank. `what` names the list in messages; `spec` is the group as the
 // caller spelled it, for the error's context.
-void check_rank_list(const std::vector<int>& ranks, std::string_view op, const std::string& what,
-                     const std::string& group = {}) {
+void check_rank_list(const std::vector<int>& ranks, std::string_view op, const char* what,
+                     const GroupSpec* spec = nullptr) {
   if (ranks.empty()) {
-    throw_group_error(op, group, what + " is empty: a group needs at least one rank");
+    throw_group_error(op, spec, std::string(what) + " is empty: a group needs at least one rank");
   }
   const RankContext* context = RankContext::current();
-  std::unordered_set<int> seen;
   for (int r : ranks) {
     if (r < 0 || (context != nullptr && r >= context->world_size())) {
       std::string range = context != nullptr ? "[0, " + std::to_string(context->world_size()) + ")"
                                              : "non-negative";
-      throw_group_error(op, group,
-                        what + " " + ranks_to_string(ranks) + " holds rank " + std::to_string(r) +
-                            ", out of range " + range);
+      throw_group_error(op, spec,
+                        std::string(what) + " " + ranks_to_string(ranks) + " holds rank " +
+                            std::to_string(r) + ", out of range " + range);
     }
-    if (!seen.insert(r).second) {
-      throw_group_error(op, group,
-                        what + " " + ranks_to_string(ranks) + " holds rank " + std::to_string(r) +
-                            " more than once");
-    }
+  }
+  if (const int repeated = find_duplicate(ranks); repeated >= 0) {
+    throw_group_error(op, spec,
+                      std::string(what) + " " + ranks_to_string(ranks) + " holds rank " +
+                          std::to_string(ranks[static_cast<std::size_t>(repeated)]) +
+                          " more than once");
   }
 }
 
@@ -100,10 +127,9 @@ std::string group_label(const std::string& tag, const std::vector<int>& members)
 ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std::string_view op) {
   ExpandedGroup out;
   const GroupSpec::Value& value = group.value();
-  const std::string spelled = describe(group);
-  const auto fail = [&](std::string detail) { throw_group_error(op, spelled, std::move(detail)); };
+  const auto fail = [&](std::string detail) { throw_group_error(op, &group, std::move(detail)); };
   if (const auto* ranks = std::get_if<std::vector<int>>(&value)) {
-    check_rank_list(*ranks, op, "group", spelled);
+    check_rank_list(*ranks, op, "group", &group);
     out.tag = std::string(tag);
     out.ranks = *ranks;
     out.group_size = static_cast<int>(ranks->size());
@@ -120,11 +146,11 @@ ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std
       group_size = static_cast<int>(list.size());
       out.ranks.insert(out.ranks.end(), list.begin(), list.end());
     }
-    check_rank_list(out.ranks, op, "group (flattened)", spelled);
+    check_rank_list(out.ranks, op, "group (flattened)", &group);
     out.tag = std::string(tag);
     out.group_size = group_size;
   } else if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
-    check_rank_list(process_group->ranks(), op, "process group", spelled);
+    check_rank_list(process_group->ranks(), op, "process group", &group);
     out.tag = std::string(pick_tag(tag, process_group->tag()));
     out.ranks = process_group->ranks();
     out.group_size = process_group->size();
@@ -135,13 +161,13 @@ ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std
           "shape " +
           shape_to_string(mesh->shape()) + ")");
     }
-    check_rank_list(mesh->ranks(), op, "mesh", spelled);
+    check_rank_list(mesh->ranks(), op, "mesh", &group);
     out.tag = std::string(tag);
     out.ranks = mesh->ranks();
     out.group_size = static_cast<int>(mesh->ranks().size());
   } else {
     const auto& mesh_dim = std::get<MeshDim>(value);
-    check_rank_list(mesh_dim.mesh.ranks(), op, "mesh", spelled);
+    check_rank_list(mesh_dim.mesh.ranks(), op, "mesh", &group);
     const int caller = require_rank(op).rank();
     if (!mesh_dim.mesh.contains(caller)) {
       fail("rank " + std::to_string(caller) + " is not in the mesh " +
@@ -203,13 +229,13 @@ DeviceMesh::DeviceMesh(Shape mesh_shape, std::vector<int> ranks)
                                             " holds " + std::to_string(count) + " ranks but " +
                                             std::to_string(ranks_.size()) + " were given");
   }
-  std::unordered_set<int> seen;
-  for (int r : ranks_) {
-    if (r < 0 || !seen.insert(r).second) {
-      detail::throw_invalid("DeviceMesh", "mesh ranks " + detail::ranks_to_string(ranks_) +
-                                              " hold a negative or repeated rank " +
-                                              std::to_string(r));
-    }
+  const auto negative = std::find_if(ranks_.begin(), ranks_.end(), [](int r) { return r < 0; });
+  const int repeated = detail::find_duplicate(ranks_);
+  if (negative != ranks_.end() || repeated >= 0) {
+    const int r = negative != ranks_.end() ? *negative : ranks_[static_cast<std::size_t>(repeated)];
+    detail::throw_invalid("DeviceMesh", "mesh ranks " + detail::ranks_to_string(ranks_) +
+                                            " hold a negative or repeated rank " +
+                                            std::to_string(r));
   }
 }
 

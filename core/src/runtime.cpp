@@ -7,6 +7,7 @@
 
 #include "chorus/check.hpp"
 #include "chorus/transport/transport.hpp"
+#include "detail/group_internal.hpp"
 #include "detail/rank_state.hpp"
 
 namespace chorus {
@@ -48,7 +49,11 @@ RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOption
 }
 
 CommSlot& RankState::comm_slot(const std::string& tag, const std::vector<int>& members) {
-  return comms_[{tag, members}];
+  CommSlot& slot = comms_[{tag, members}];
+  if (slot.label.empty()) {
+    slot.label = group_label(tag, members);
+  }
+  return slot;
 }
 
 transport::Comm& RankState::ensure_comm(CommSlot& slot, const std::string& tag,
