@@ -99,6 +99,18 @@ void SimWork::rethrow_if_failed() const {
   }
 }
 
+std::string SimGroup::missing_members(std::int64_t seq) const {
+  std::string missing;
+  if (auto it = slots.find(seq); it != slots.end()) {
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (!it->second.arrivals[i].arrived) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(ranks[i]);
+      }
+    }
+  }
+  return missing;
+}
+
 int SimGroup::group_rank_of(int rank) const noexcept {
   auto it = std::find(ranks.begin(), ranks.end(), rank);
   return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
@@ -221,13 +233,10 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     }
     SimGroup::Arrival& arrival = slot.arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);
-    std::vector<std::uint64_t> hashes;
-    hashes.reserve(ops.size());
-    for (const SimOp& op : ops) {
-      hashes.push_back(hash_bytes(op.send.data, op.send.nbytes()));
+    for (SimOp& op : ops) {
+      op.input_hash = hash_bytes(op.send.data, op.send.nbytes());
     }
-    arrival = SimGroup::Arrival{true,      std::move(ops),   work, std::string(info.name),
-                                info.site, std::move(hashes)};
+    arrival = SimGroup::Arrival{true, std::move(ops), work, std::string(info.name), info.site};
     slot.arrived += 1;
     // Compare with the first other arrival: every arrival is compared, so all must agree.
     const SimGroup::Arrival* reference = nullptr;
@@ -285,14 +294,7 @@ void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int ran
 void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter) {
   SimGroup& group = group_of(work);
   const std::int64_t seq = work.fingerprint().seq;
-  std::string missing;
-  if (auto it = group.slots.find(seq); it != group.slots.end()) {
-    for (std::size_t i = 0; i < group.ranks.size(); ++i) {
-      if (!it->second.arrivals[i].arrived) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(group.ranks[i]);
-      }
-    }
-  }
+  const std::string missing = group.missing_members(seq);
   const auto seconds = std::chrono::duration<double>(deadline.at).count();
   std::string detail = "rank " + std::to_string(waiter) +
                        "'s wait passed its deadline (virtual time " + std::to_string(seconds) +
@@ -516,7 +518,7 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
     const SimGroup::Arrival& arrival = slot.arrivals[i];
     for (std::size_t op = 0; op < arrival.ops.size(); ++op) {
       const transport::Buffer& send = arrival.ops[op].send;
-      if (hash_bytes(send.data, send.nbytes()) != arrival.input_hashes[op]) {
+      if (hash_bytes(send.data, send.nbytes()) != arrival.ops[op].input_hash) {
         detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
                   std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
                   " of " + arrival.op_name + " (issued at " + arrival.site.to_string() + ")";
@@ -672,13 +674,8 @@ std::string SimWorld::rank_table() const {
           const SimGroup::Arrival& mine =
               it->second.arrivals[static_cast<std::size_t>(group.group_rank_of(work.rank()))];
           out << " (issued at " << mine.site.to_string() << ")";
-          std::string missing;
-          for (std::size_t i = 0; i < group.ranks.size(); ++i) {
-            if (!it->second.arrivals[i].arrived) {
-              missing += (missing.empty() ? "" : ", ") + std::to_string(group.ranks[i]);
-            }
-          }
-          if (!missing.empty()) {
+          if (const std::string missing = group.missing_members(work.context().seq);
+              !missing.empty()) {
             out << "; not yet joined by rank(s) " << missing;
           } else if (group.next_to_complete != work.context().seq) {
             out << "; queued behind #" << group.next_to_complete << " of the same group";

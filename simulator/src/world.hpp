@@ -61,6 +61,7 @@ struct SimOp {
   transport::Buffer send;
   transport::Buffer recv;
   ReduceOp reduce_op = ReduceOp::Kind::Sum;
+  std::uint64_t input_hash = 0;  // of `send` at issue, checked at completion (InputModified)
 };
 
 // One rank's handle on one started operation (a single op or a batch).
@@ -111,7 +112,6 @@ struct SimGroup {
     std::shared_ptr<SimWork> work;
     std::string op_name;
     CallSite site;
-    std::vector<std::uint64_t> input_hashes;  // of each op's send buffer, at issue
   };
   struct Slot {
     std::vector<Arrival> arrivals;  // by group rank
@@ -130,6 +130,9 @@ struct SimGroup {
   std::vector<std::int64_t> issued;  // per group rank: operations started
 
   int group_rank_of(int rank) const noexcept;
+  // "1, 3": the members that have not joined outstanding operation `seq` yet (empty if none or
+  // if `seq` is not outstanding).
+  std::string missing_members(std::int64_t seq) const;
 };
 
 class SimWorld : public std::enable_shared_from_this<SimWorld> {
