@@ -15,10 +15,13 @@
 #include "chorus/check.hpp"
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
+#include "chorus/trace.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/errors.hpp"
+#include "detail/format.hpp"
 #include "detail/group_internal.hpp"
 #include "detail/rank_state.hpp"
+#include "detail/shape_rules.hpp"
 #include "detail/storage.hpp"
 #include "detail/strided_copy.hpp"
 #include "detail/tensor_access.hpp"
@@ -27,11 +30,36 @@
 namespace chorus {
 namespace {
 
+using detail::ShapeRule;
 using detail::TensorAccess;
 using transport::Buffer;
 using transport::OpKind;
 
-// One collective call on the calling rank, from validation to registration.
+// Note [Lowering]
+// Transports see only real, non-Bool buffers: complex tensors travel as pairs of reals (their
+// real view: count doubles, sum/avg/premul_sum act on each part alone, which is exactly the
+// complex result), and Bool as UInt8 (min/max/band/bor/bxor on bytes 0/1 give 0/1, the Bool
+// result). NCCL has neither dtype natively; the simulator could run both, but lowering on every
+// transport keeps the bytes on the wire identical everywhere. Which ops may run on which dtype is
+// checked on the original dtype first (ReduceOp::check_dtype), so e.g. max on complex stays an
+// InvalidArgument rather than a max over real parts.
+DType wire_dtype(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::Complex64:
+      return DType::Float32;
+    case DType::Complex128:
+      return DType::Float64;
+    case DType::Bool:
+      return DType::UInt8;
+    default:
+      return dtype;
+  }
+}
+
+// Wire elements per tensor element.
+std::size_t wire_lanes(DType dtype) noexcept { return is_complex(dtype) ? 2 : 1; }
+
+// One collective call on the calling rank, from validation to registration and tracing.
 class Call {
  public:
   Call(std::string_view op, const GroupSpec& group, std::string_view tag, CallSite site)
@@ -44,65 +72,109 @@ class Call {
     }
     state_ = &context->state();
     state_->settle_unwaited();
-    ExpandedGroup expanded = detail::expand_group_for(group, tag, op);
-    members_ = expanded.members_of(state_->rank());
+    expanded_ = detail::expand_group_for(group, tag, op);
+    members_ = expanded_.members_of(state_->rank());
     if (members_.empty()) {
       throw InvalidArgument(
-          detail::make_context(op, -1, expanded.to_string()),
+          detail::make_context(op, -1, expanded_.to_string()),
           "rank " + std::to_string(state_->rank()) + " is not a member of the group");
     }
-    tag_ = std::move(expanded.tag);
-    slot_ = &state_->comm_slot(tag_, members_);
+    slot_ = &state_->comm_slot(expanded_.tag, members_);
+    trace_ = state_->trace;
   }
 
   int group_size() const noexcept { return static_cast<int>(members_.size()); }
+  int group_rank() const noexcept {
+    return static_cast<int>(std::find(members_.begin(), members_.end(), state_->rank()) -
+                            members_.begin());
+  }
+  // Whether the inputs are meta tensors (traced without communication).
+  bool meta() const noexcept { return meta_; }
 
   // The context of errors raised before the op starts: the sequence number it would have had.
   ErrorContext context() const {
-    return ErrorContext{state_->rank(), std::string(op_), slot_->next_seq, slot_->label};
+    return ErrorContext{state_->rank(), std::string(op_), meta_ ? -1 : slot_->next_seq,
+                        slot_->label};
   }
   [[noreturn]] void invalid(const std::string& detail) const {
     throw InvalidArgument(context(), detail);
   }
+  // The rule's shape, or InvalidArgument with its error.
+  ShapeRule checked(ShapeRule rule) const {
+    if (!rule.ok()) {
+      invalid(rule.error);
+    }
+    return rule;
+  }
 
   // Checks an input tensor, the reduction (null for ops that do not reduce) and that the
-  // transport can run `kind` on it.
+  // transport can run `kind` on it. Meta inputs are accepted under tracing only, and a call's
+  // inputs are all meta or none.
   void check_input(const Tensor& input, OpKind kind, const ReduceOp* reduce_op,
-                   const std::string& which = "input") const {
+                   const std::string& which = "input") {
     if (!input.defined()) {
       invalid(which + " is an undefined tensor");
     }
-    if (input.device().is_meta()) {
-      invalid(which + " is a meta tensor: meta tensors carry no data to communicate");
+    const bool is_meta = input.device().is_meta();
+    if (is_meta && trace_ == nullptr) {
+      invalid(which +
+              " is a meta tensor: meta tensors carry no data to communicate (inside a "
+              "TraceScope they are traced for their shapes, without communication)");
     }
+    if (checked_inputs_ > 0 && is_meta != meta_) {
+      invalid(which + " is " + (is_meta ? "a meta tensor" : "not a meta tensor") +
+              " but the inputs before it are " + (meta_ ? "meta" : "not meta") +
+              ": a call traces all-meta inputs or communicates real ones, not a mix");
+    }
+    meta_ = is_meta;
+    ++checked_inputs_;
     if (reduce_op != nullptr) {
       if (std::string reason = reduce_op->check_dtype(input.dtype()); !reason.empty()) {
         invalid(reason);
       }
     }
+    if (is_meta) {
+      return;
+    }
+    const DType wire = wire_dtype(input.dtype());
     std::string reason = state_->transport().supports(
-        kind, input.dtype(), reduce_op != nullptr ? *reduce_op : ReduceOp(ReduceOp::Kind::Sum),
+        kind, wire, reduce_op != nullptr ? *reduce_op : ReduceOp(ReduceOp::Kind::Sum),
         input.device());
     if (!reason.empty()) {
+      std::string lowered;
+      if (wire != input.dtype()) {
+        lowered = " lowered to " + std::string(dtype_name(wire));
+      }
       invalid("transport '" + std::string(state_->transport().name()) + "' cannot run " +
               std::string(transport::op_kind_name(kind)) + " on " + which + " (" +
-              std::string(dtype_name(input.dtype())) + " on " + input.device().to_string() +
-              "): " + reason);
+              std::string(dtype_name(input.dtype())) + lowered + " on " +
+              input.device().to_string() + "): " + reason);
     }
   }
 
-  std::int64_t normalize_dim(std::int64_t dim, std::int64_t ndim, const char* name) const {
-    if (dim < -ndim || dim >= ndim) {
-      invalid(std::string(name) + " " + std::to_string(dim) + " is out of range for a " +
-              std::to_string(ndim) + "-d input (expected [" + std::to_string(-ndim) + ", " +
-              std::to_string(ndim - 1) + "])");
+  // Checks the caller's output of an in-place form against the shape and dtype the op produces.
+  void check_output(const Tensor& output, const Shape& expected, DType dtype) const {
+    if (!output.defined()) {
+      invalid("output is an undefined tensor");
     }
-    return dim < 0 ? dim + ndim : dim;
+    if (output.device().is_meta() != meta_) {
+      invalid(std::string("output is ") + (meta_ ? "not " : "") + "a meta tensor but the input is" +
+              (meta_ ? "" : " not"));
+    }
+    if (output.sizes() != expected) {
+      invalid("output shape " + detail::bracketed(output.sizes()) +
+              " does not match the result shape " + detail::bracketed(expected));
+    }
+    if (output.dtype() != dtype) {
+      invalid("output dtype " + std::string(dtype_name(output.dtype())) +
+              " does not match the input dtype " + std::string(dtype_name(dtype)));
+    }
   }
 
   // Everything validated: take the sequence number and the communicator.
   transport::Comm& start() {
-    transport::Comm& comm = state_->ensure_comm(*slot_, tag_, members_);
+    CHORUS_CHECK(!meta_);
+    transport::Comm& comm = state_->ensure_comm(*slot_, expanded_.tag, members_);
     seq_ = slot_->next_seq++;
     return comm;
   }
@@ -124,21 +196,52 @@ class Call {
     state_->registry()->add(pending, storages);
   }
 
+  // Under a TraceScope: waits `outputs` and appends the call's record, whose op-specific fields
+  // `describe(record)` fills. Nothing otherwise.
+  template <class Describe>
+  void trace(const std::vector<Tensor>& outputs, Describe describe) const {
+    if (trace_ == nullptr) {
+      return;
+    }
+    if (!meta_) {
+      wait_tensors(outputs);
+    }
+    OpRecord record;
+    record.op = std::string(op_);
+    record.tag = expanded_.tag;
+    record.ranks = expanded_.ranks;
+    record.group_size = group_size();
+    record.rank = state_->rank();
+    record.seq = meta_ ? -1 : seq_;
+    record.meta = meta_;
+    record.site = site_;
+    for (const Tensor& output : outputs) {
+      record.output_shapes.push_back(output.sizes());
+    }
+    describe(record);
+    trace_->append(std::move(record));
+  }
+
  private:
   std::string_view op_;
   CallSite site_;
   detail::RankState* state_ = nullptr;
+  ExpandedGroup expanded_;
   std::vector<int> members_;
-  std::string tag_;
   detail::CommSlot* slot_ = nullptr;
+  TraceScope* trace_ = nullptr;
+  bool meta_ = false;
+  int checked_inputs_ = 0;
   std::int64_t seq_ = -1;
 };
 
-// A contiguous tensor's elements as a transport buffer that keeps their memory alive.
+// A contiguous tensor's elements as a transport buffer (lowered, Note [Lowering]) that keeps
+// their memory alive.
 Buffer buffer_of(const Tensor& contiguous) {
   const auto& storage = TensorAccess::storage(contiguous);
-  return Buffer{contiguous.unsafe_data_ptr(), static_cast<std::size_t>(contiguous.numel()),
-                contiguous.dtype(), contiguous.device(),
+  return Buffer{contiguous.unsafe_data_ptr(),
+                static_cast<std::size_t>(contiguous.numel()) * wire_lanes(contiguous.dtype()),
+                wire_dtype(contiguous.dtype()), contiguous.device(),
                 storage ? std::shared_ptr<const void>(storage->memory()) : nullptr};
 }
 
@@ -151,6 +254,10 @@ std::pair<Tensor, Buffer> new_output(const Shape& shape, DType dtype) {
   Tensor output = Tensor::empty(shape, dtype);
   Buffer buffer = buffer_of(output);
   return {std::move(output), std::move(buffer)};
+}
+
+Tensor meta_output(const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, Device::meta());
 }
 
 // The operations of one coalesced call: staged one by one, then started as one NCCL-style group
@@ -181,23 +288,6 @@ class Batch {
   std::vector<Tensor> outputs_;
   std::vector<Buffer> recvs_;
 };
-
-// ---- Shape rules (one implementation each; DESIGN 2.3).
-
-Shape all_gather_shape(const Shape& input, std::int64_t gather_dim, int group_size) {
-  if (input.empty()) {
-    return Shape{group_size};
-  }
-  Shape out = input;
-  out[static_cast<std::size_t>(gather_dim)] *= group_size;
-  return out;
-}
-
-Shape reduce_scatter_shape(const Shape& input, std::int64_t scatter_dim, int group_size) {
-  Shape out = input;
-  out[static_cast<std::size_t>(scatter_dim)] /= group_size;
-  return out;
-}
 
 // ---- all_gather along a dim other than 0: the transport gathers rank blocks into a staging
 // tensor [W, *input_shape]; completion rearranges them into the output (the seed's
@@ -238,12 +328,13 @@ Tensor scatter_staging(const Tensor& input, std::int64_t scatter_dim, int group_
   return staging;
 }
 
-}  // namespace
+// ---- The single-tensor collectives, shared by the functional and in-place forms. Each issues
+// on a validated Call and returns the pending output (a meta output for meta inputs).
 
-Tensor all_reduce(const Tensor& input, ReduceOp reduce_op, const GroupSpec& group,
-                  std::string_view tag, CallSite site) {
-  Call call("all_reduce", group, tag, site);
-  call.check_input(input, OpKind::AllReduce, &reduce_op);
+Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_op) {
+  if (call.meta()) {
+    return meta_output(input.sizes(), input.dtype());
+  }
   Buffer send = input_buffer(input);
   auto [output, recv] = new_output(input.sizes(), input.dtype());
   transport::Comm& comm = call.start();
@@ -251,26 +342,85 @@ Tensor all_reduce(const Tensor& input, ReduceOp reduce_op, const GroupSpec& grou
   return output;
 }
 
-Tensor all_gather_tensor(const Tensor& input, std::int64_t gather_dim, const GroupSpec& group,
-                         std::string_view tag, CallSite site) {
-  Call call("all_gather_tensor", group, tag, site);
-  call.check_input(input, OpKind::AllGather, nullptr);
-  const std::int64_t dim =
-      call.normalize_dim(gather_dim, std::max<std::int64_t>(input.dim(), 1), "gather_dim");
-  const int size = call.group_size();
+Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) {
+  if (call.meta()) {
+    return meta_output(rule.shape, input.dtype());
+  }
   Buffer send = input_buffer(input);
-  auto [output, recv] = new_output(all_gather_shape(input.sizes(), dim, size), input.dtype());
-  if (dim == 0 || input.dim() == 0) {
+  auto [output, recv] = new_output(rule.shape, input.dtype());
+  if (rule.dim == 0 || input.dim() == 0) {
     transport::Comm& comm = call.start();
     call.register_work(comm.all_gather(send, recv, call.info()), {output});
     return output;
   }
-  Shape staging_shape = {size};
+  Shape staging_shape = {call.group_size()};
   staging_shape.insert(staging_shape.end(), input.sizes().begin(), input.sizes().end());
   auto [staging, staging_buffer] = new_output(staging_shape, input.dtype());
   transport::Comm& comm = call.start();
   call.register_work(comm.all_gather(send, staging_buffer, call.info()), {output},
-                     gather_fixup(staging, output, dim, size));
+                     gather_fixup(staging, output, rule.dim, call.group_size()));
+  return output;
+}
+
+Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& reduce_op,
+                            const ShapeRule& rule) {
+  if (call.meta()) {
+    return meta_output(rule.shape, input.dtype());
+  }
+  Buffer send =
+      input_buffer(rule.dim == 0 ? input : scatter_staging(input, rule.dim, call.group_size()));
+  auto [output, recv] = new_output(rule.shape, input.dtype());
+  transport::Comm& comm = call.start();
+  call.register_work(comm.reduce_scatter(send, recv, reduce_op, call.info()), {output});
+  return output;
+}
+
+// Elements per row of dim 0 (the product of the other dims; 1 for a 1-d input).
+std::size_t row_elements(const Shape& shape) {
+  std::size_t row = 1;
+  for (std::size_t d = 1; d < shape.size(); ++d) {
+    row *= static_cast<std::size_t>(shape[d]);
+  }
+  return row;
+}
+
+// Per-peer wire counts of `rows` rows of `row` elements each.
+std::vector<std::size_t> wire_counts(const std::vector<std::int64_t>& rows, std::size_t row,
+                                     DType dtype) {
+  std::vector<std::size_t> counts(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    counts[i] = static_cast<std::size_t>(rows[i]) * row * wire_lanes(dtype);
+  }
+  return counts;
+}
+
+}  // namespace
+
+Tensor all_reduce(const Tensor& input, ReduceOp reduce_op, const GroupSpec& group,
+                  std::string_view tag, CallSite site) {
+  Call call("all_reduce", group, tag, site);
+  call.check_input(input, OpKind::AllReduce, &reduce_op);
+  Tensor output = issue_all_reduce(call, input, reduce_op);
+  call.trace({output}, [&](OpRecord& record) {
+    record.reduce_op = reduce_op;
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+  });
+  return output;
+}
+
+Tensor all_gather_tensor(const Tensor& input, std::int64_t gather_dim, const GroupSpec& group,
+                         std::string_view tag, CallSite site) {
+  Call call("all_gather_tensor", group, tag, site);
+  call.check_input(input, OpKind::AllGather, nullptr);
+  const ShapeRule rule =
+      call.checked(detail::all_gather_rule(input.sizes(), gather_dim, call.group_size()));
+  Tensor output = issue_all_gather(call, input, rule);
+  call.trace({output}, [&](OpRecord& record) {
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+    record.dims = {rule.dim};
+  });
   return output;
 }
 
@@ -278,60 +428,99 @@ Tensor reduce_scatter_tensor(const Tensor& input, ReduceOp reduce_op, std::int64
                              const GroupSpec& group, std::string_view tag, CallSite site) {
   Call call("reduce_scatter_tensor", group, tag, site);
   call.check_input(input, OpKind::ReduceScatter, &reduce_op);
-  if (input.dim() == 0) {
-    call.invalid("input is 0-d: reduce_scatter needs a dimension to scatter");
-  }
-  const std::int64_t dim = call.normalize_dim(scatter_dim, input.dim(), "scatter_dim");
-  const int size = call.group_size();
-  if (input.size(dim) % size != 0) {
-    call.invalid("input size " + std::to_string(input.size(dim)) + " along scatter_dim " +
-                 std::to_string(dim) + " is not divisible by the group size " +
-                 std::to_string(size));
-  }
-  Buffer send = input_buffer(dim == 0 ? input : scatter_staging(input, dim, size));
-  auto [output, recv] = new_output(reduce_scatter_shape(input.sizes(), dim, size), input.dtype());
-  transport::Comm& comm = call.start();
-  call.register_work(comm.reduce_scatter(send, recv, reduce_op, call.info()), {output});
+  const ShapeRule rule =
+      call.checked(detail::reduce_scatter_rule(input.sizes(), scatter_dim, call.group_size()));
+  Tensor output = issue_reduce_scatter(call, input, reduce_op, rule);
+  call.trace({output}, [&](OpRecord& record) {
+    record.reduce_op = reduce_op;
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+    record.dims = {rule.dim};
+  });
   return output;
 }
+
+// ---- Coalesced forms.
+
+namespace {
+
+// Input shapes and dtypes of a coalesced call, for its record.
+void describe_inputs(OpRecord& record, const std::vector<Tensor>& inputs) {
+  for (const Tensor& input : inputs) {
+    record.input_shapes.push_back(input.sizes());
+  }
+  if (!inputs.empty()) {
+    record.dtype = inputs.front().dtype();
+  }
+  for (const Tensor& input : inputs) {
+    if (input.dtype() != record.dtype) {  // mixed: record every input's dtype
+      for (const Tensor& each : inputs) {
+        record.input_dtypes.push_back(each.dtype());
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, ReduceOp reduce_op,
                                          const GroupSpec& group, std::string_view tag,
                                          CallSite site) {
   Call call("all_reduce_coalesced", group, tag, site);
-  if (inputs.empty()) {
-    return {};  // nothing to communicate; the group was still validated
-  }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     call.check_input(inputs[i], OpKind::AllReduce, &reduce_op, "input " + std::to_string(i));
   }
-  Batch batch;
-  for (const Tensor& input : inputs) {
-    batch.add(input_buffer(input), input.sizes(), input.dtype());
+  std::vector<Tensor> outputs;
+  if (call.meta()) {
+    for (const Tensor& input : inputs) {
+      outputs.push_back(meta_output(input.sizes(), input.dtype()));
+    }
+  } else if (!inputs.empty()) {  // nothing to communicate otherwise; the group was validated
+    Batch batch;
+    for (const Tensor& input : inputs) {
+      batch.add(input_buffer(input), input.sizes(), input.dtype());
+    }
+    outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
+      return comm.all_reduce(send, recv, reduce_op, call.info());
+    });
   }
-  return batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
-    return comm.all_reduce(send, recv, reduce_op, call.info());
+  call.trace(outputs, [&](OpRecord& record) {
+    record.reduce_op = reduce_op;
+    describe_inputs(record, inputs);
   });
+  return outputs;
 }
 
 std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& inputs,
                                                      const GroupSpec& group, std::string_view tag,
                                                      CallSite site) {
   Call call("all_gather_into_tensor_coalesced", group, tag, site);
-  if (inputs.empty()) {
-    return {};
-  }
+  std::vector<Shape> shapes;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     call.check_input(inputs[i], OpKind::AllGather, nullptr, "input " + std::to_string(i));
+    shapes.push_back(
+        call.checked(detail::all_gather_rule(inputs[i].sizes(), 0, call.group_size())).shape);
   }
-  const int size = call.group_size();
-  Batch batch;
-  for (const Tensor& input : inputs) {
-    batch.add(input_buffer(input), all_gather_shape(input.sizes(), 0, size), input.dtype());
+  std::vector<Tensor> outputs;
+  if (call.meta()) {
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      outputs.push_back(meta_output(shapes[i], inputs[i].dtype()));
+    }
+  } else if (!inputs.empty()) {
+    Batch batch;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      batch.add(input_buffer(inputs[i]), shapes[i], inputs[i].dtype());
+    }
+    outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
+      return comm.all_gather(send, recv, call.info());
+    });
   }
-  return batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
-    return comm.all_gather(send, recv, call.info());
+  call.trace(outputs, [&](OpRecord& record) {
+    describe_inputs(record, inputs);
+    record.dims.assign(inputs.size(), 0);
   });
+  return outputs;
 }
 
 std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& inputs,
@@ -344,33 +533,239 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
     call.invalid("scatter_dims has " + std::to_string(scatter_dims.size()) + " entries for " +
                  std::to_string(inputs.size()) + " inputs: expected one per input");
   }
-  if (inputs.empty()) {
-    return {};
-  }
-  const int size = call.group_size();
-  std::vector<std::int64_t> dims(inputs.size());
+  std::vector<ShapeRule> rules;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const std::string which = "input " + std::to_string(i);
     call.check_input(inputs[i], OpKind::ReduceScatter, &reduce_op, which);
-    if (inputs[i].dim() == 0) {
-      call.invalid(which + " is 0-d: reduce_scatter needs a dimension to scatter");
-    }
-    dims[i] = call.normalize_dim(scatter_dims[i], inputs[i].dim(), "scatter_dim");
-    if (inputs[i].size(dims[i]) % size != 0) {
-      call.invalid(which + " size " + std::to_string(inputs[i].size(dims[i])) +
-                   " along scatter_dim " + std::to_string(dims[i]) +
-                   " is not divisible by the group size " + std::to_string(size));
-    }
+    rules.push_back(call.checked(
+        detail::reduce_scatter_rule(inputs[i].sizes(), scatter_dims[i], call.group_size(), which)));
   }
-  Batch batch;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const Tensor& input = inputs[i];
-    batch.add(input_buffer(dims[i] == 0 ? input : scatter_staging(input, dims[i], size)),
-              reduce_scatter_shape(input.sizes(), dims[i], size), input.dtype());
+  std::vector<Tensor> outputs;
+  if (call.meta()) {
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      outputs.push_back(meta_output(rules[i].shape, inputs[i].dtype()));
+    }
+  } else if (!inputs.empty()) {
+    Batch batch;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const Tensor& input = inputs[i];
+      const std::int64_t dim = rules[i].dim;
+      batch.add(input_buffer(dim == 0 ? input : scatter_staging(input, dim, call.group_size())),
+                rules[i].shape, input.dtype());
+    }
+    outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
+      return comm.reduce_scatter(send, recv, reduce_op, call.info());
+    });
   }
-  return batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
-    return comm.reduce_scatter(send, recv, reduce_op, call.info());
+  call.trace(outputs, [&](OpRecord& record) {
+    record.reduce_op = reduce_op;
+    describe_inputs(record, inputs);
+    for (const ShapeRule& rule : rules) {
+      record.dims.push_back(rule.dim);
+    }
   });
+  return outputs;
+}
+
+// ---- all_to_all_single, broadcast, reduce, permute_tensor.
+
+Tensor all_to_all_single(const Tensor& input,
+                         std::optional<std::vector<std::int64_t>> output_split_sizes,
+                         std::optional<std::vector<std::int64_t>> input_split_sizes,
+                         const GroupSpec& group, std::string_view tag, CallSite site) {
+  Call call("all_to_all_single", group, tag, site);
+  call.check_input(input, OpKind::AllToAll, nullptr);
+  const int size = call.group_size();
+  const ShapeRule rule = call.checked(
+      detail::all_to_all_rule(input.sizes(), output_split_sizes, input_split_sizes, size));
+  Tensor output;
+  if (call.meta()) {
+    output = meta_output(rule.shape, input.dtype());
+  } else {
+    const std::size_t row = row_elements(input.sizes());
+    const std::vector<std::int64_t> equal = detail::equal_splits(input.size(0), size);
+    const std::vector<std::size_t> send_counts =
+        wire_counts(input_split_sizes.value_or(equal), row, input.dtype());
+    const std::vector<std::size_t> recv_counts =
+        wire_counts(output_split_sizes.value_or(equal), row, input.dtype());
+    Buffer send = input_buffer(input);
+    auto [fresh, recv] = new_output(rule.shape, input.dtype());
+    output = std::move(fresh);
+    transport::Comm& comm = call.start();
+    call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()),
+                       {output});
+  }
+  call.trace({output}, [&](OpRecord& record) {
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+    record.output_split_sizes = output_split_sizes;
+    record.input_split_sizes = input_split_sizes;
+  });
+  return output;
+}
+
+Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::string_view tag,
+                 CallSite site) {
+  Call call("broadcast", group, tag, site);
+  call.check_input(input, OpKind::Broadcast, nullptr);
+  const ShapeRule rule =
+      call.checked(detail::rooted_rule(input.sizes(), src, call.group_size(), "src"));
+  Tensor output;
+  if (call.meta()) {
+    output = meta_output(rule.shape, input.dtype());
+  } else {
+    auto [fresh, recv] = new_output(rule.shape, input.dtype());
+    output = std::move(fresh);
+    // Only the root's input is read (and so waited for); elsewhere send is a stand-in.
+    Buffer send = call.group_rank() == src ? input_buffer(input) : recv;
+    transport::Comm& comm = call.start();
+    call.register_work(comm.broadcast(send, recv, src, call.info()), {output});
+  }
+  call.trace({output}, [&](OpRecord& record) {
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+    record.src = src;
+  });
+  return output;
+}
+
+Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec& group,
+              std::string_view tag, CallSite site) {
+  Call call("reduce", group, tag, site);
+  call.check_input(input, OpKind::Reduce, &reduce_op);
+  const ShapeRule rule =
+      call.checked(detail::rooted_rule(input.sizes(), dst, call.group_size(), "dst"));
+  Tensor output;
+  if (call.meta()) {
+    output = meta_output(rule.shape, input.dtype());
+  } else {
+    Buffer send = input_buffer(input);
+    // The transport writes the root's output only; the others hold zeros.
+    output = call.group_rank() == dst ? Tensor::empty(rule.shape, input.dtype())
+                                      : Tensor::zeros(rule.shape, input.dtype());
+    Buffer recv = buffer_of(output);
+    transport::Comm& comm = call.start();
+    call.register_work(comm.reduce(send, recv, reduce_op, dst, call.info()), {output});
+  }
+  call.trace({output}, [&](OpRecord& record) {
+    record.reduce_op = reduce_op;
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+    record.src = dst;
+  });
+  return output;
+}
+
+Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, const GroupSpec& group,
+                      std::string_view tag, CallSite site) {
+  Call call("permute_tensor", group, tag, site);
+  call.check_input(input, OpKind::AllToAll, nullptr);
+  const int size = call.group_size();
+  const ShapeRule rule = call.checked(detail::permute_rule(input.sizes(), src_dst, size));
+  Tensor output;
+  if (call.meta()) {
+    output = meta_output(rule.shape, input.dtype());
+  } else {
+    // An all_to_all in which each rank sends its whole input to its destination only, as the
+    // seed lowers it. A rank nobody sends to receives nothing and keeps zeros (JAX semantics).
+    const int me = call.group_rank();
+    const auto elements = static_cast<std::size_t>(input.numel()) * wire_lanes(input.dtype());
+    std::vector<std::size_t> send_counts(static_cast<std::size_t>(size), 0);
+    std::vector<std::size_t> recv_counts(static_cast<std::size_t>(size), 0);
+    bool receives = false;
+    for (int m = 0; m < size; ++m) {
+      if (src_dst[static_cast<std::size_t>(m)] == me) {
+        recv_counts[static_cast<std::size_t>(m)] = elements;
+        receives = true;
+      }
+    }
+    if (const int dst = src_dst[static_cast<std::size_t>(me)]; dst >= 0) {
+      send_counts[static_cast<std::size_t>(dst)] = elements;
+    }
+    Buffer send = input_buffer(input);
+    if (send_counts == std::vector<std::size_t>(send_counts.size(), 0)) {
+      send.count = 0;
+    }
+    output = receives ? Tensor::empty(rule.shape, input.dtype())
+                      : Tensor::zeros(rule.shape, input.dtype());
+    Buffer recv = buffer_of(output);
+    if (!receives) {
+      recv.count = 0;
+    }
+    transport::Comm& comm = call.start();
+    call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()),
+                       {output});
+  }
+  call.trace({output}, [&](OpRecord& record) {
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+    record.src_dst = src_dst;
+  });
+  return output;
+}
+
+// ---- In-place forms: the functional collective, landed in the caller's tensor before return.
+
+Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& group,
+                           std::string_view tag, CallSite site) {
+  Call call("all_reduce_inplace", group, tag, site);
+  call.check_input(tensor, OpKind::AllReduce, &reduce_op, "tensor");
+  if (!call.meta()) {
+    if (tensor.is_contiguous()) {
+      // Truly in place: one buffer is both send and recv, as NCCL allows.
+      wait_tensor(tensor);
+      Buffer buffer = buffer_of(tensor);
+      transport::Comm& comm = call.start();
+      call.register_work(comm.all_reduce(buffer, buffer, reduce_op, call.info()), {tensor});
+      wait_tensor(tensor);
+    } else {
+      tensor.copy_(issue_all_reduce(call, tensor, reduce_op));  // waits for the result
+    }
+  }
+  call.trace({tensor}, [&](OpRecord& record) {
+    record.reduce_op = reduce_op;
+    record.input_shapes = {tensor.sizes()};
+    record.dtype = tensor.dtype();
+  });
+  return tensor;
+}
+
+Tensor& all_gather_tensor_inplace(Tensor& output, const Tensor& input, const GroupSpec& group,
+                                  std::string_view tag, std::int64_t gather_dim, CallSite site) {
+  Call call("all_gather_tensor_inplace", group, tag, site);
+  call.check_input(input, OpKind::AllGather, nullptr);
+  const ShapeRule rule =
+      call.checked(detail::all_gather_rule(input.sizes(), gather_dim, call.group_size()));
+  call.check_output(output, rule.shape, input.dtype());
+  if (!call.meta()) {
+    output.copy_(issue_all_gather(call, input, rule));  // waits for the result
+  }
+  call.trace({output}, [&](OpRecord& record) {
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+    record.dims = {rule.dim};
+  });
+  return output;
+}
+
+Tensor& reduce_scatter_tensor_inplace(Tensor& output, const Tensor& input, ReduceOp reduce_op,
+                                      const GroupSpec& group, std::int64_t scatter_dim,
+                                      std::string_view tag, CallSite site) {
+  Call call("reduce_scatter_tensor_inplace", group, tag, site);
+  call.check_input(input, OpKind::ReduceScatter, &reduce_op);
+  const ShapeRule rule =
+      call.checked(detail::reduce_scatter_rule(input.sizes(), scatter_dim, call.group_size()));
+  call.check_output(output, rule.shape, input.dtype());
+  if (!call.meta()) {
+    output.copy_(issue_reduce_scatter(call, input, reduce_op, rule));
+  }
+  call.trace({output}, [&](OpRecord& record) {
+    record.reduce_op = reduce_op;
+    record.input_shapes = {input.sizes()};
+    record.dtype = input.dtype();
+    record.dims = {rule.dim};
+  });
+  return output;
 }
 
 // The rank's deferred errors (Note [Work lifecycle], step 3), raised at explicit waits too.

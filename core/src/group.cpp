@@ -173,6 +173,12 @@ ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std
       fail("rank " + std::to_string(caller) + " is not in the mesh " +
            ranks_to_string(mesh_dim.mesh.ranks()));
     }
+    const std::int64_t ndim = mesh_dim.mesh.ndim();
+    if (mesh_dim.dim < -ndim || mesh_dim.dim >= ndim) {
+      fail("MeshDim dim " + std::to_string(mesh_dim.dim) + " is out of range for a " +
+           std::to_string(ndim) + "-d mesh (expected [" + std::to_string(-ndim) + ", " +
+           std::to_string(ndim - 1) + "])");
+    }
     out.tag = std::string(tag);
     out.ranks = mesh_dim.mesh.dim_ranks(mesh_dim.dim, caller);
     out.group_size = static_cast<int>(out.ranks.size());

@@ -6,6 +6,19 @@
 #include "world.hpp"
 
 namespace chorus::sim::detail {
+namespace {
+
+SimOp make_op(transport::OpKind kind, const transport::Buffer& send, const transport::Buffer& recv,
+              const ReduceOp& reduce_op) {
+  SimOp op;
+  op.kind = kind;
+  op.send = send;
+  op.recv = recv;
+  op.reduce_op = reduce_op;
+  return op;
+}
+
+}  // namespace
 
 SimTransport::SimTransport(SimWorld& world, int rank) : world_(&world), rank_(rank) {}
 
@@ -47,7 +60,7 @@ std::shared_ptr<transport::Work> SimComm::all_reduce(const transport::Buffer& se
                                                      const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
-  return submit(SimOp{transport::OpKind::AllReduce, send, recv, reduce_op}, info);
+  return submit(make_op(transport::OpKind::AllReduce, send, recv, reduce_op), info);
 }
 
 std::shared_ptr<transport::Work> SimComm::all_gather(const transport::Buffer& send,
@@ -55,7 +68,7 @@ std::shared_ptr<transport::Work> SimComm::all_gather(const transport::Buffer& se
                                                      const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(recv.count, send.count * ranks().size());
   CHORUS_CHECK(send.dtype == recv.dtype);
-  return submit(SimOp{transport::OpKind::AllGather, send, recv, ReduceOp::Kind::Sum}, info);
+  return submit(make_op(transport::OpKind::AllGather, send, recv, ReduceOp::Kind::Sum), info);
 }
 
 std::shared_ptr<transport::Work> SimComm::reduce_scatter(const transport::Buffer& send,
@@ -64,7 +77,57 @@ std::shared_ptr<transport::Work> SimComm::reduce_scatter(const transport::Buffer
                                                          const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(send.count, recv.count * ranks().size());
   CHORUS_CHECK(send.dtype == recv.dtype);
-  return submit(SimOp{transport::OpKind::ReduceScatter, send, recv, reduce_op}, info);
+  return submit(make_op(transport::OpKind::ReduceScatter, send, recv, reduce_op), info);
+}
+
+namespace {
+
+std::size_t total(const std::vector<std::size_t>& counts) {
+  std::size_t sum = 0;
+  for (std::size_t count : counts) {
+    sum += count;
+  }
+  return sum;
+}
+}  // namespace
+
+std::shared_ptr<transport::Work> SimComm::all_to_all(const transport::Buffer& send,
+                                                     const std::vector<std::size_t>& send_counts,
+                                                     const transport::Buffer& recv,
+                                                     const std::vector<std::size_t>& recv_counts,
+                                                     const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(send_counts.size(), ranks().size());
+  CHORUS_CHECK_EQ(recv_counts.size(), ranks().size());
+  CHORUS_CHECK_EQ(send.count, total(send_counts));
+  CHORUS_CHECK_EQ(recv.count, total(recv_counts));
+  CHORUS_CHECK(send.dtype == recv.dtype);
+  SimOp op = make_op(transport::OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum);
+  op.send_counts = send_counts;
+  op.recv_counts = recv_counts;
+  return submit(std::move(op), info);
+}
+
+std::shared_ptr<transport::Work> SimComm::broadcast(const transport::Buffer& send,
+                                                    const transport::Buffer& recv, int root,
+                                                    const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(send.count, recv.count);
+  CHORUS_CHECK(send.dtype == recv.dtype);
+  CHORUS_CHECK(root >= 0 && root < size());
+  SimOp op = make_op(transport::OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum);
+  op.root = root;
+  return submit(std::move(op), info);
+}
+
+std::shared_ptr<transport::Work> SimComm::reduce(const transport::Buffer& send,
+                                                 const transport::Buffer& recv,
+                                                 const ReduceOp& reduce_op, int root,
+                                                 const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(send.count, recv.count);
+  CHORUS_CHECK(send.dtype == recv.dtype);
+  CHORUS_CHECK(root >= 0 && root < size());
+  SimOp op = make_op(transport::OpKind::Reduce, send, recv, reduce_op);
+  op.root = root;
+  return submit(std::move(op), info);
 }
 
 void SimComm::begin_group() {

@@ -55,6 +55,17 @@ class SimComm final : public transport::Comm {
                                                   const transport::Buffer& recv,
                                                   const ReduceOp& reduce_op,
                                                   const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> all_to_all(const transport::Buffer& send,
+                                              const std::vector<std::size_t>& send_counts,
+                                              const transport::Buffer& recv,
+                                              const std::vector<std::size_t>& recv_counts,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> broadcast(const transport::Buffer& send,
+                                             const transport::Buffer& recv, int root,
+                                             const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
+                                          const transport::Buffer& recv, const ReduceOp& reduce_op,
+                                          int root, const transport::OpInfo& info) override;
   void begin_group() override;
   std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
 

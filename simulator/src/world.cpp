@@ -207,7 +207,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   transport::Fingerprint fingerprint{group.id, info.seq, {}};
   for (const SimOp& op : ops) {
     fingerprint.ops.push_back(transport::OpSignature{op.kind, op.send.dtype, op.send.count,
-                                                     op.recv.count, op.reduce_op, -1});
+                                                     op.recv.count, op.reduce_op, op.root});
   }
   auto work =
       std::make_shared<SimWork>(weak_from_this(), rank, fingerprint,
@@ -215,7 +215,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
 
   // Outputs hold poison until completion, so a read that skipped the wait sees garbage.
   for (const SimOp& op : ops) {
-    if (!overlaps(op.send, op.recv) && op.recv.count > 0) {
+    const bool written = op.kind != transport::OpKind::Reduce || op.root == group_rank;
+    if (written && !overlaps(op.send, op.recv) && op.recv.count > 0) {
       kernels::fill_poison(op.recv.data, op.recv.dtype, op.recv.count);
     }
   }
@@ -263,12 +264,54 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
       fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
       abort_group(group, info.seq + 1,
                   "operation #" + std::to_string(info.seq) + " was a collective mismatch");
+    } else if (std::string split = split_disagreement(group, slot, group_rank); !split.empty()) {
+      fail_slot(group, info.seq, ErrorCode::CollectiveMismatch,
+                "ranks disagree on operation #" + std::to_string(info.seq) + " of group " +
+                    group.label + ": " + split);
+      abort_group(group, info.seq + 1,
+                  "operation #" + std::to_string(info.seq) + " was a collective mismatch");
     } else {
       check_absent_members(group, info.seq);
     }
   }
   yield(rank);
   return work;
+}
+
+std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::Slot& slot,
+                                         int group_rank) const {
+  const auto me = static_cast<std::size_t>(group_rank);
+  const SimGroup::Arrival& mine = slot.arrivals[me];
+  for (std::size_t peer = 0; peer < slot.arrivals.size(); ++peer) {
+    const SimGroup::Arrival& theirs = slot.arrivals[peer];
+    if (!theirs.arrived || peer == me) {
+      continue;
+    }
+    for (std::size_t i = 0; i < mine.ops.size(); ++i) {
+      const SimOp& a = mine.ops[i];
+      const SimOp& b = theirs.ops[i];
+      if (a.kind != transport::OpKind::AllToAll) {
+        continue;
+      }
+      const auto describe = [&](std::size_t sender, std::size_t receiver, std::size_t sent,
+                                std::size_t expected) {
+        std::ostringstream out;
+        out << "all_to_all counts disagree: rank " << group.ranks[sender] << " sends " << sent
+            << " elements to rank " << group.ranks[receiver] << " (issued at "
+            << slot.arrivals[sender].site.to_string() << ") but rank " << group.ranks[receiver]
+            << " expects " << expected << " from rank " << group.ranks[sender] << " (issued at "
+            << slot.arrivals[receiver].site.to_string() << ")";
+        return out.str();
+      };
+      if (a.send_counts[peer] != b.recv_counts[me]) {
+        return describe(me, peer, a.send_counts[peer], b.recv_counts[me]);
+      }
+      if (b.send_counts[me] != a.recv_counts[peer]) {
+        return describe(peer, me, b.send_counts[me], a.recv_counts[peer]);
+      }
+    }
+  }
+  return {};
 }
 
 void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int rank) {
@@ -497,6 +540,67 @@ void SimWorld::complete_operation(SimGroup& group) {
           }
           if (count > 0) {
             kernels::reduce(slot.arrivals[dst].ops[i].recv.data, sources.data(), size, count, dtype,
+                            first.reduce_op);
+          }
+        }
+        break;
+      }
+      case transport::OpKind::AllToAll: {
+        // Block j of rank i's send lands as block i of rank j's recv. send_offset[i * size + j]:
+        // where rank i's block for j starts (packed displacements).
+        std::vector<std::size_t> send_offset(size * size, 0);
+        for (std::size_t src = 0; src < size; ++src) {
+          const SimOp& sender = slot.arrivals[src].ops[i];
+          for (std::size_t dst = 1; dst < size; ++dst) {
+            send_offset[src * size + dst] =
+                send_offset[src * size + dst - 1] + sender.send_counts[dst - 1];
+          }
+        }
+        for (std::size_t dst = 0; dst < size; ++dst) {
+          const SimOp& receiver = slot.arrivals[dst].ops[i];
+          auto* recv = static_cast<unsigned char*>(receiver.recv.data);
+          std::size_t recv_offset = 0;
+          for (std::size_t src = 0; src < size; ++src) {
+            const auto* send =
+                static_cast<const unsigned char*>(slot.arrivals[src].ops[i].send.data);
+            const std::size_t bytes = receiver.recv_counts[src] * element;
+            if (bytes > 0) {
+              std::memcpy(recv + recv_offset * element,
+                          send + send_offset[src * size + dst] * element, bytes);
+            }
+            recv_offset += receiver.recv_counts[src];
+          }
+        }
+        break;
+      }
+      case transport::OpKind::Broadcast: {
+        const SimOp& root = slot.arrivals[static_cast<std::size_t>(first.root)].ops[i];
+        for (std::size_t dst = 0; dst < size; ++dst) {
+          const SimOp& receiver = slot.arrivals[dst].ops[i];
+          if (receiver.recv.data != root.send.data && root.send.nbytes() > 0) {
+            std::memmove(receiver.recv.data, root.send.data, root.send.nbytes());
+          }
+        }
+        break;
+      }
+      case transport::OpKind::Reduce: {
+        for (std::size_t j = 0; j < size; ++j) {
+          sources[j] = slot.arrivals[j].ops[i].send.data;
+        }
+        const SimOp& root = slot.arrivals[static_cast<std::size_t>(first.root)].ops[i];
+        bool overlapping = false;
+        for (std::size_t j = 0; j < size; ++j) {
+          overlapping = overlapping || (j != static_cast<std::size_t>(first.root) &&
+                                        overlaps(root.recv, slot.arrivals[j].ops[i].send));
+        }
+        if (first.send.count > 0) {
+          if (overlapping) {
+            scratch_.resize(root.recv.nbytes());
+            kernels::reduce(scratch_.data(), sources.data(), size, first.send.count, dtype,
+                            first.reduce_op);
+            std::memcpy(root.recv.data, scratch_.data(), root.recv.nbytes());
+          } else {
+            kernels::reduce(root.recv.data, sources.data(), size, first.send.count, dtype,
                             first.reduce_op);
           }
         }

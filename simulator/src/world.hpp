@@ -61,6 +61,9 @@ struct SimOp {
   transport::Buffer send;
   transport::Buffer recv;
   ReduceOp reduce_op = ReduceOp::Kind::Sum;
+  int root = -1;                         // broadcast, reduce: the group rank of the root
+  std::vector<std::size_t> send_counts;  // all_to_all: elements sent to each group rank
+  std::vector<std::size_t> recv_counts;  // all_to_all: elements received from each group rank
   std::uint64_t input_hash = 0;  // of `send` at issue, checked at completion (InputModified)
 };
 
@@ -206,6 +209,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Why `rank` will never arrive at another operation, or empty if it still may.
   std::pair<ErrorCode, std::string> absence(int rank) const;
   void check_absent_members(SimGroup& group, std::int64_t seq);
+  // For all_to_all: the first disagreement between `group_rank`'s per-peer counts and those of
+  // the members that arrived before it, described; empty if they agree.
+  std::string split_disagreement(const SimGroup& group, const SimGroup::Slot& slot,
+                                 int group_rank) const;
   void notify_off_rank_waiters();
   SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 

@@ -123,6 +123,24 @@ class FakeComm final : public transport::Comm {
                                                   const transport::OpInfo& info) override {
     return add(send, recv, info);
   }
+  // One rank: every op copies send to recv.
+  std::shared_ptr<transport::Work> all_to_all(const transport::Buffer& send,
+                                              const std::vector<std::size_t>&,
+                                              const transport::Buffer& recv,
+                                              const std::vector<std::size_t>&,
+                                              const transport::OpInfo& info) override {
+    return add(send, recv, info);
+  }
+  std::shared_ptr<transport::Work> broadcast(const transport::Buffer& send,
+                                             const transport::Buffer& recv, int,
+                                             const transport::OpInfo& info) override {
+    return add(send, recv, info);
+  }
+  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
+                                          const transport::Buffer& recv, const ReduceOp&, int,
+                                          const transport::OpInfo& info) override {
+    return add(send, recv, info);
+  }
   void begin_group() override { batching_ = true; }
   std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
 

@@ -8,6 +8,13 @@
 // calling rank's work registry, so it works on the result or on any view of it.
 //
 // Common to all collectives:
+// - Result shapes follow chorus/meta.hpp (the same functions compute them on every path).
+// - Complex tensors travel as pairs of reals and Bool as UInt8 (Note [Lowering] in
+//   core/src/collectives.cpp): complex takes sum, avg and premul_sum only; Bool takes min, max,
+//   band, bor and bxor only.
+// - Inside a TraceScope (chorus/trace.hpp) every collective waits before it returns and is
+//   recorded; meta inputs are accepted there (and only there) and give meta outputs without
+//   communication.
 // - Called from inside a rank (chorus::run / sim::run); outside one they throw InvalidArgument.
 // - The input is never modified; a pending input is waited first (it is read). Non-contiguous
 //   inputs are accepted (copied to contiguous internally).
@@ -21,6 +28,7 @@
 //   is the order of matching). Waiting and dropping results are thread-safe from any thread.
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -67,6 +75,53 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
                                                     const GroupSpec& group,
                                                     std::string_view tag = "",
                                                     CallSite site = CallSite::current());
+
+// Sends block j of `input` along dim 0 (input_split_sizes[j] rows) to group rank j, and returns
+// the blocks received from each group rank i (output_split_sizes[i] rows) concatenated in group
+// rank order. Both lists absent = the equal split (dim 0 divisible by the group size). Exactly
+// one absent, a list without one entry per group rank, a negative entry, or input splits that do
+// not sum to size(0) -> InvalidArgument. Rank i's input_split_sizes[j] must equal rank j's
+// output_split_sizes[i] (else CollectiveMismatch where waited).
+Tensor all_to_all_single(const Tensor& input,
+                         std::optional<std::vector<std::int64_t>> output_split_sizes,
+                         std::optional<std::vector<std::int64_t>> input_split_sizes,
+                         const GroupSpec& group, std::string_view tag = "",
+                         CallSite site = CallSite::current());
+
+// Every member gets group rank `src`'s input (`src` indexes the group's ranks, as in
+// permute_tensor). Every member passes a tensor of the same shape and dtype; only src's is read.
+Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::string_view tag = "",
+                 CallSite site = CallSite::current());
+
+// Group rank `dst` gets the reduction of every member's input; the other members get zeros of
+// the input's shape (so reduce is the exact adjoint of broadcast). Not in PyTorch's functional
+// API (torch.distributed.reduce leaves non-destination outputs unspecified); chorus adds it as
+// broadcast's adjoint, with ncclReduce's semantics.
+Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec& group,
+              std::string_view tag = "", CallSite site = CallSite::current());
+
+// Group rank m sends its input to group rank src_dst[m] (-1: sends nowhere). Destinations must be
+// distinct group ranks (else InvalidArgument). A rank nobody sends to gets zeros of the input's
+// shape (JAX's ppermute semantics; PyTorch returns an uninitialised tensor there). Every member
+// passes the same src_dst and inputs of the same shape and dtype.
+Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, const GroupSpec& group,
+                      std::string_view tag = "", CallSite site = CallSite::current());
+
+// In-place forms: they return after the caller's tensor holds the result (they wait).
+// all_reduce_inplace reduces a contiguous tensor truly in place (one buffer is send and
+// receive, as NCCL allows); a strided one is staged and copied back.
+Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& group,
+                           std::string_view tag = "", CallSite site = CallSite::current());
+// `output` must have exactly the all_gather_tensor result shape and the input's dtype
+// (InvalidArgument otherwise).
+Tensor& all_gather_tensor_inplace(Tensor& output, const Tensor& input, const GroupSpec& group,
+                                  std::string_view tag = "", std::int64_t gather_dim = 0,
+                                  CallSite site = CallSite::current());
+// `output` must have exactly the reduce_scatter_tensor result shape and the input's dtype.
+Tensor& reduce_scatter_tensor_inplace(Tensor& output, const Tensor& input, ReduceOp reduce_op,
+                                      const GroupSpec& group, std::int64_t scatter_dim = 0,
+                                      std::string_view tag = "",
+                                      CallSite site = CallSite::current());
 
 // Waits for every collective pending on `tensor`'s storage (blocking the host for CPU tensors),
 // removes them from the registry, and returns `tensor`. Idempotent: a tensor with nothing

@@ -14,6 +14,10 @@
 #include "detail/host_pool.hpp"
 #include "detail/work_registry.hpp"
 
+namespace chorus {
+class TraceScope;
+}
+
 namespace chorus::detail {
 
 // A communicator as core tracks it: created lazily at the first collective that passes
@@ -51,6 +55,7 @@ class RankState {
   void settle_unwaited();
 
   bool finished = false;
+  TraceScope* trace = nullptr;  // the innermost TraceScope, or null when not tracing
 
  private:
   int rank_;

@@ -47,6 +47,9 @@ enum class OpKind : std::uint8_t {
   AllReduce,
   AllGather,
   ReduceScatter,
+  AllToAll,
+  Broadcast,
+  Reduce,
 };
 
 constexpr std::string_view op_kind_name(OpKind kind) noexcept {
@@ -57,6 +60,12 @@ constexpr std::string_view op_kind_name(OpKind kind) noexcept {
       return "all_gather";
     case OpKind::ReduceScatter:
       return "reduce_scatter";
+    case OpKind::AllToAll:
+      return "all_to_all";
+    case OpKind::Broadcast:
+      return "broadcast";
+    case OpKind::Reduce:
+      return "reduce";
   }
   return "unknown";
 }
@@ -80,7 +89,16 @@ struct OpInfo {
   CallSite site;
 };
 
+// Whether `kind` combines values with a ReduceOp.
+constexpr bool op_kind_reduces(OpKind kind) noexcept {
+  return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter || kind == OpKind::Reduce;
+}
+
 // The comparable shape of one operation, used to check that ranks agree.
+//
+// For all_to_all, send_count and recv_count are this rank's totals, which legitimately differ
+// between ranks (uneven splits); agrees_with() ignores them and transports check the per-peer
+// counts pairwise instead (rank i's send count for j equals rank j's receive count for i).
 struct OpSignature {
   OpKind kind = OpKind::AllReduce;
   DType dtype = DType::Float32;
@@ -95,7 +113,7 @@ struct OpSignature {
     out += '(';
     out += dtype_name(dtype);
     out += ", send=" + std::to_string(send_count) + ", recv=" + std::to_string(recv_count);
-    if (kind == OpKind::AllReduce || kind == OpKind::ReduceScatter) {
+    if (op_kind_reduces(kind)) {
       out += ", " + reduce_op.to_string();
     }
     if (root >= 0) {
@@ -105,6 +123,14 @@ struct OpSignature {
     return out;
   }
   friend bool operator==(const OpSignature&, const OpSignature&) = default;
+
+  // Whether two ranks' signatures of the same operation agree.
+  bool agrees_with(const OpSignature& other) const noexcept {
+    if (kind == OpKind::AllToAll && other.kind == OpKind::AllToAll) {
+      return dtype == other.dtype;
+    }
+    return *this == other;
+  }
 };
 
 // Everything ranks must agree on for operation `seq` of communicator `comm_id`. A coalesced
@@ -125,8 +151,18 @@ struct Fingerprint {
     }
     return out + "]";
   }
-  // Equal apart from comm_id/seq, which the matching already fixed.
-  bool same_ops(const Fingerprint& other) const noexcept { return ops == other.ops; }
+  // Agreeing op by op (OpSignature::agrees_with); comm_id/seq were fixed by the matching.
+  bool same_ops(const Fingerprint& other) const noexcept {
+    if (ops.size() != other.ops.size()) {
+      return false;
+    }
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (!ops[i].agrees_with(other.ops[i])) {
+        return false;
+      }
+    }
+    return true;
+  }
 };
 
 enum class WorkStatus : std::uint8_t { Pending, Completed, Failed };
@@ -177,6 +213,25 @@ class Comm {
   // send.count == recv.count * size(); this rank gets the reduction of block group_rank().
   virtual std::shared_ptr<Work> reduce_scatter(const Buffer& send, const Buffer& recv,
                                                const ReduceOp& reduce_op, const OpInfo& info) = 0;
+
+  // Every rank sends block j of `send` (send_counts[j] elements, blocks back to back in group-rank
+  // order) to group rank j, and receives block i of `recv` (recv_counts[i] elements) from group
+  // rank i (MPI_Alltoallv with packed displacements). Both count lists have size() entries,
+  // send.count and recv.count are their sums, and rank i's send_counts[j] must equal rank j's
+  // recv_counts[i] (a transport that can check reports a CollectiveMismatch).
+  virtual std::shared_ptr<Work> all_to_all(const Buffer& send,
+                                           const std::vector<std::size_t>& send_counts,
+                                           const Buffer& recv,
+                                           const std::vector<std::size_t>& recv_counts,
+                                           const OpInfo& info) = 0;
+  // Group rank `root`'s send is copied into every rank's recv (root's too; recv may equal send).
+  // recv.count == send.count; send is read on root only.
+  virtual std::shared_ptr<Work> broadcast(const Buffer& send, const Buffer& recv, int root,
+                                          const OpInfo& info) = 0;
+  // Group rank `root`'s recv gets the reduction of every rank's send; recv.count == send.count.
+  // recv is written on root only: other ranks' recv is left untouched.
+  virtual std::shared_ptr<Work> reduce(const Buffer& send, const Buffer& recv,
+                                       const ReduceOp& reduce_op, int root, const OpInfo& info) = 0;
 
   // Between begin_group() and end_group(), started operations are batched (NCCL group
   // semantics): they return null and end_group() returns one Work for the batch. `info` of
