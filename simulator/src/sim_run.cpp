@@ -27,9 +27,9 @@ std::string quote(const std::string& arg) {
   return out + "'";
 }
 
-// "CHORUS_SIM_SEED=<seed> <this process's command line>".
-std::string replay_command(std::uint64_t seed) {
-  std::string command = "CHORUS_SIM_SEED=" + std::to_string(seed);
+// "<assignment> <this process's command line>".
+std::string replay_command(const std::string& assignment) {
+  std::string command = assignment;
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
   std::string raw((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
   std::string arg;
@@ -64,6 +64,21 @@ SimOptions effective_options(const SimOptions& options) {
       }
       effective.seed = seed;
     }
+  }
+  if (options.seed_from_environment) {
+    if (const char* text = std::getenv("CHORUS_SIM_REPLAY"); text != nullptr && *text != '\0') {
+      effective.replay = text;
+    }
+  }
+  if (!effective.replay.empty()) {
+    detail::ReplayToken token = detail::decode_replay_token(effective.replay);
+    if (token.world_size != effective.world_size) {
+      throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""},
+                            "the replay token is for " + std::to_string(token.world_size) +
+                                " ranks, but this run has " + std::to_string(effective.world_size));
+    }
+    effective.choices = std::move(token.choices);
+    effective.fuzz_bytes.reset();
   }
   if (options.executor == ExecutorKind::Auto) {
     if (const char* text = std::getenv("CHORUS_SIM_EXECUTOR"); text != nullptr && *text != '\0') {
@@ -129,12 +144,44 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   }
   auto world = std::make_shared<detail::SimWorld>(effective);
   SimReport report = world->run(std::move(rank_main));
-  report.replay_command = replay_command(report.seed);
+  // A seeded run replays from its seed (PCT's priorities come from it too); a run driven by a
+  // list or by fuzzer bytes replays from its token.
+  const bool seeded = !effective.choices && !effective.fuzz_bytes;
+  report.replay_command = seeded || report.replay_token.empty()
+                              ? replay_command("CHORUS_SIM_SEED=" + std::to_string(report.seed))
+                              : replay_command("CHORUS_SIM_REPLAY=" + report.replay_token);
   if (!report.ok() && effective.print_failures) {
     std::fprintf(stderr, "%s", report.to_string().c_str());
     std::fflush(stderr);
   }
   return report;
+}
+
+DeterminismCheck check_determinism(const SimOptions& options, std::function<void()> rank_main) {
+  SimOptions twice = options;
+  twice.hash_data = true;
+  twice.print_failures = false;
+  DeterminismCheck check;
+  check.first = simulate(twice, rank_main);
+  check.second = simulate(twice, rank_main);
+  const auto differs = [&](const char* what, std::uint64_t a, std::uint64_t b) {
+    if (check.deterministic && a != b) {
+      check.deterministic = false;
+      std::ostringstream out;
+      out << what << " differs between two runs with the same options (" << std::hex << a << " vs "
+          << b << ")";
+      check.difference = out.str();
+    }
+  };
+  differs("the decision hash", check.first.schedule_hash, check.second.schedule_hash);
+  differs("the number of decisions", check.first.steps, check.second.steps);
+  differs("the data hash (bytes of collective outputs)", check.first.data_hash,
+          check.second.data_hash);
+  if (check.deterministic && check.first.rank_errors != check.second.rank_errors) {
+    check.deterministic = false;
+    check.difference = "the ranks' errors differ between two runs with the same options";
+  }
+  return check;
 }
 
 SimReport run(const SimOptions& options, std::function<void()> rank_main) {

@@ -118,7 +118,24 @@ int SimGroup::group_rank_of(int rank) const noexcept {
 
 // ---- SimWorld: setup and the rank side
 
-SimWorld::SimWorld(SimOptions options) : options_(options), rng_(options.seed) {
+namespace {
+
+std::unique_ptr<ChoiceSource> source_for(const SimOptions& options) {
+  if (options.choices) {
+    return recorded_source(*options.choices);
+  }
+  if (options.fuzz_bytes) {
+    return bytes_source(*options.fuzz_bytes);
+  }
+  return prng_source(options.seed);
+}
+
+}  // namespace
+
+SimWorld::SimWorld(SimOptions options)
+    : options_(std::move(options)),
+      stream_(source_for(options_), options_.strategy, options_.pct_depth, options_.pct_steps,
+              options_.seed, options_.choices.has_value(), options_.choices_record_max) {
   CHORUS_CHECK_GE(options_.world_size, 1);
   CHORUS_CHECK_LE(options_.world_size, kMaxWorldSize);
 }
@@ -392,6 +409,13 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   report.seed = options_.seed;
   report.steps = steps_;
   report.schedule_hash = schedule_hash_;
+  report.strategy = stream_.strategy();
+  report.choices_exhausted = stream_.exhausted();
+  if (!stream_.overflowed()) {
+    report.choices = stream_.choices();
+    report.replay_token = encode_replay_token(options_.world_size, report.choices);
+  }
+  report.data_hash = data_hash_;
   report.schedule = std::move(schedule_);
   report.collectives_completed = completed_;
   report.virtual_time = now();
@@ -446,7 +470,7 @@ void SimWorld::schedule() {
                        "SimOptions::max_steps exhausted");
       continue;
     }
-    const Decision decision = candidates_[static_cast<std::size_t>(rng_.below(candidates_.size()))];
+    const Decision decision = candidates_[stream_.choose_schedule(candidates_)];
     schedule_hash_ = hash_combine(schedule_hash_, decision_code(decision));
     if (schedule_.size() < options_.schedule_record_max) {
       schedule_.push_back(decision);
@@ -605,6 +629,13 @@ void SimWorld::complete_operation(SimGroup& group) {
           }
         }
         break;
+      }
+    }
+  }
+  if (options_.hash_data) {
+    for (const SimGroup::Arrival& arrival : slot.arrivals) {
+      for (const SimOp& op : arrival.ops) {
+        data_hash_ = hash_combine(data_hash_, hash_bytes(op.recv.data, op.recv.nbytes()));
       }
     }
   }

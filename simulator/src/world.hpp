@@ -48,6 +48,7 @@
 #include "chorus/runtime.hpp"
 #include "chorus/sim/sim.hpp"
 #include "chorus/transport/transport.hpp"
+#include "decision_stream.hpp"
 #include "executor.hpp"
 #include "rng.hpp"
 
@@ -217,7 +218,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 
   SimOptions options_;
-  Rng rng_;
+  DecisionStream stream_;
+  std::uint64_t data_hash_ = 0;
   std::unique_ptr<RankExecutor> executor_;
   std::function<void()> rank_main_;
   std::vector<RankSlot> ranks_;

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "chorus/collectives.hpp"
@@ -143,8 +144,6 @@ template <class T>
 inline constexpr bool kHalfLike = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 template <class T>
 inline constexpr bool kReal = kHalfLike<T> || std::is_floating_point_v<T>;
-template <class T>
-inline constexpr bool kComplex = !kBool<T> && !kInteger<T> && !kReal<T>;
 
 // ---------------------------------------------------------------------------------------------
 // Inputs.
@@ -799,23 +798,26 @@ TEST_P(SurfaceAllToAll, RankJReceivesBlockJOfEveryRankInGroupRankOrder) {
   });
 }
 
-TEST_P(SurfaceAllToAll, CallersSplitListsAndInputAreNotModified) {
+// The input is only read, in every layout, including after the result has been read.
+TEST_P(SurfaceAllToAll, InputIsNeverModified) {
   const int w = std::get<0>(GetParam());
   with_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    const AllToAllCase c = all_to_all_cases()[4];  // uneven_rows3
     surface_run(w, [&] {
       const int me = rank();
-      const std::optional<std::vector<std::int64_t>> out_splits = output_splits(c.rows, me, w);
-      const std::optional<std::vector<std::int64_t>> in_splits = input_splits(c.rows, me, w);
-      const Tensor input = rows_input<T>(me, total(*in_splits), c.tail, c.layout);
-      const Tensor output = wait_tensor(all_to_all_single(input, out_splits, in_splits, world()));
-      EXPECT_EQ(*out_splits, output_splits(c.rows, me, w));
-      EXPECT_EQ(*in_splits, input_splits(c.rows, me, w));
-      EXPECT_TRUE(holds(input, rows_of(total(*in_splits), c.tail),
-                        moved_values<T>(me, total(*in_splits) * 3)));
-      EXPECT_TRUE(
-          holds(output, rows_of(total(*out_splits), c.tail), all_to_all_expected<T>(c, me, w)));
+      for (const AllToAllCase& c : all_to_all_cases()) {
+        const std::vector<std::int64_t> in_splits = input_splits(c.rows, me, w);
+        const Tensor input = rows_input<T>(me, total(in_splits), c.tail, c.layout);
+        const Tensor output =
+            c.equal ? all_to_all_single(input, std::nullopt, std::nullopt, world())
+                    : all_to_all_single(input, output_splits(c.rows, me, w), in_splits, world());
+        EXPECT_TRUE(holds(output, rows_of(total(output_splits(c.rows, me, w)), c.tail),
+                          all_to_all_expected<T>(c, me, w)))
+            << "rank " << me << ", " << c.name;
+        EXPECT_TRUE(holds(input, rows_of(total(in_splits), c.tail),
+                          moved_values<T>(me, total(in_splits) * count_of(c.tail))))
+            << "rank " << me << ", " << c.name;
+      }
     });
   });
 }
@@ -1455,6 +1457,133 @@ INSTANTIATE_TEST_SUITE_P(Surface, SurfaceLowering, testing::ValuesIn(kSurfaceWor
                          surface_world_name);
 
 // =============================================================================================
+// Scalars, empty tensors, and groups whose ranks are not the world's.
+
+class SurfaceShapes : public testing::TestWithParam<SurfaceParam> {};
+
+TEST_P(SurfaceShapes, ScalarsAndEmptyTensorsMoveAndReduceLikeAnyOther) {
+  const int w = std::get<0>(GetParam());
+  const std::vector<Shape> shapes = {{}, {0}, {2, 0}, {1, 1, 1}};
+  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+    using T = typename decltype(element)::type;
+    const ReduceOp op = surface_ops<T>().back();
+    std::vector<int> chain;  // rank 0 receives nothing
+    for (int m = 0; m < w; ++m) {
+      chain.push_back(m + 1 < w ? m + 1 : -1);
+    }
+    surface_run(w, [&] {
+      const int me = rank();
+      for (const Shape& shape : shapes) {
+        const std::int64_t count = count_of(shape);
+        const std::string where = "rank " + std::to_string(me) + ", " + shape_string(shape);
+        const Tensor moved = Tensor::from_vector(moved_values<T>(me, count), shape);
+        const Tensor reduced_input = Tensor::from_vector(reduced_values<T>(me, count), shape);
+        const Tensor b = broadcast(moved, w - 1, world());
+        const Tensor r = reduce(reduced_input, op, 0, world());
+        const Tensor p = permute_tensor(moved, chain, world());
+        EXPECT_TRUE(holds(b, shape, moved_values<T>(w - 1, count))) << where;
+        EXPECT_TRUE(holds(r, shape, me == 0 ? fold_ranks<T>(w, count, op) : zeros_of<T>(count)))
+            << where << ", " << op;
+        EXPECT_TRUE(holds(p, shape, me == 0 ? zeros_of<T>(count) : moved_values<T>(me - 1, count)))
+            << where;
+      }
+    });
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Surface, SurfaceShapes,
+                         testing::Combine(testing::ValuesIn(kSurfaceWorldSizes),
+                                          testing::ValuesIn(kAllDTypes)),
+                         surface_param_name);
+
+class SurfaceGroups : public testing::TestWithParam<int> {};
+
+// Splits, src_dst, src and dst are in group ranks. On the reversed world (group rank g is global
+// rank w - 1 - g) and on the world without rank 0 (group rank g is global rank g + 1, while rank
+// 0 stays out), every block must still come from and go to the right member.
+TEST_P(SurfaceGroups, SplitsDestinationsAndRootsAreGroupRanks) {
+  const int w = GetParam();
+  std::vector<std::vector<int>> groups;
+  std::vector<int> reversed;
+  for (int r = w - 1; r >= 0; --r) {
+    reversed.push_back(r);
+  }
+  groups.push_back(reversed);
+  if (w > 1) {
+    std::vector<int> without_rank0;
+    for (int r = 1; r < w; ++r) {
+      without_rank0.push_back(r);
+    }
+    groups.push_back(without_rank0);
+  }
+  const RowsFn rows = [](int from, int to) { return std::int64_t{(from + 2 * to + 1) % 4}; };
+  surface_run(w, [&] {
+    const int me = rank();
+    for (const std::vector<int>& members : groups) {
+      const int size = static_cast<int>(members.size());
+      int mine = -1;  // my group rank
+      for (int g = 0; g < size; ++g) {
+        if (members[static_cast<std::size_t>(g)] == me) {
+          mine = g;
+        }
+      }
+      if (mine < 0) {
+        continue;  // not a member: stays out
+      }
+      const auto global = [&](int g) { return members[static_cast<std::size_t>(g)]; };
+
+      // all_to_all: each member's input holds its global rank's values.
+      const std::vector<std::int64_t> in_splits = input_splits(rows, mine, size);
+      const std::vector<std::int64_t> out_splits = output_splits(rows, mine, size);
+      const Tensor input =
+          rows_input<std::int32_t>(me, total(in_splits), {3}, RowLayout::Contiguous);
+      std::vector<std::int32_t> received;
+      for (int from = 0; from < size; ++from) {
+        std::int64_t first = 0;
+        for (int k = 0; k < mine; ++k) {
+          first += rows(from, k);
+        }
+        const std::vector<std::int32_t> block =
+            moved_values<std::int32_t>(global(from), rows(from, mine) * 3, first * 3);
+        received.insert(received.end(), block.begin(), block.end());
+      }
+      EXPECT_TRUE(holds(all_to_all_single(input, out_splits, in_splits, members),
+                        {total(out_splits), 3}, received))
+          << "rank " << me;
+
+      // permute_tensor: a cyclic shift in group ranks.
+      std::vector<int> shift;
+      for (int g = 0; g < size; ++g) {
+        shift.push_back((g + 1) % size);
+      }
+      const Tensor mine_values = Tensor::from_vector(moved_values<std::int32_t>(me, 4));
+      EXPECT_TRUE(holds(permute_tensor(mine_values, shift, members), {4},
+                        moved_values<std::int32_t>(global((mine + size - 1) % size), 4)))
+          << "rank " << me;
+
+      // broadcast from group rank 0 and reduce to group rank 0: its global rank is members[0].
+      EXPECT_TRUE(
+          holds(broadcast(mine_values, 0, members), {4}, moved_values<std::int32_t>(global(0), 4)))
+          << "rank " << me;
+      std::vector<std::int32_t> sum(4, 0);
+      for (int g = 0; g < size; ++g) {
+        const std::vector<std::int32_t> values = moved_values<std::int32_t>(global(g), 4);
+        for (std::size_t i = 0; i < 4; ++i) {
+          sum[i] += values[i];
+        }
+      }
+      EXPECT_TRUE(holds(reduce(mine_values, "sum", 0, members), {4},
+                        mine == 0 ? sum : std::vector<std::int32_t>(4, 0)))
+          << "rank " << me;
+    }
+    EXPECT_EQ(work_registry_size(), 0u);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Surface, SurfaceGroups, testing::ValuesIn(kSurfaceWorldSizes),
+                         surface_world_name);
+
+// =============================================================================================
 // Invalid arguments (DESIGN 2.3, 2.6, 2.7): each names rank, op, sequence number and group, and
 // consumes no sequence number.
 
@@ -1645,6 +1774,25 @@ TEST_P(SurfaceErrors, InPlaceFormsRejectOutputsOfTheWrongShapeOrDType) {
                       {"output dtype Float32 does not match the input dtype Int32"}, scatter);
       check();
     }
+    {
+      Tensor undefined;
+      expect_rejected([&] { all_gather_tensor_inplace(undefined, input, world()); },
+                      {"output is an undefined tensor"}, gather);
+      expect_rejected([&] { reduce_scatter_tensor_inplace(undefined, input, "sum", world()); },
+                      {"output is an undefined tensor"}, scatter);
+      Tensor output = Tensor::zeros({2 * w * w, 3}, DType::Int32);
+      expect_rejected([&] { all_gather_tensor_inplace(output, input, world(), "", 2); },
+                      {"gather_dim 2 is out of range for a 2-d input"}, gather);
+      expect_rejected([&] { reduce_scatter_tensor_inplace(output, input, "sum", world(), -3); },
+                      {"scatter_dim -3 is out of range for a 2-d input"}, scatter);
+      if (w > 1) {
+        const Tensor odd = Tensor::zeros({2 * w + 1, 3}, DType::Int32);
+        expect_rejected([&] { reduce_scatter_tensor_inplace(output, odd, "sum", world()); },
+                        {"input size " + std::to_string(2 * w + 1) +
+                         " along scatter_dim 0 is not divisible by the group size " + ws},
+                        scatter);
+      }
+    }
     expect_world_pairs_up();
   });
 }
@@ -1811,6 +1959,41 @@ TEST_P(SurfaceMismatch, BroadcastWithDifferentSrcOnTwoRanksIsACollectiveMismatch
     EXPECT_GE(mismatches, 1) << "seed " << seed;
     EXPECT_EQ(all[seed][0].type, "CollectiveMismatch")
         << "seed " << seed << ": " << all[seed][0].what;
+  }
+}
+
+TEST_P(SurfaceMismatch, PermuteWithDifferentSrcDstOnTwoRanksIsACollectiveMismatch) {
+  const int w = GetParam();
+  // Rank 0 believes it sends to rank 1; every other rank believes nobody sends anywhere.
+  const auto body = [&] {
+    std::vector<int> src_dst(static_cast<std::size_t>(w), -1);
+    if (rank() == 0) {
+      src_dst[0] = 1;
+    }
+    wait_tensor(permute_tensor(Tensor::ones({2}, DType::Int32), src_dst, world()));
+  };
+  const auto all = outcomes_per_seed(w, body);
+  for (std::size_t seed = 0; seed < all.size(); ++seed) {
+    for (int r = 0; r < w; ++r) {
+      const Outcome& outcome = all[seed][static_cast<std::size_t>(r)];
+      const std::string context = "seed " + std::to_string(seed) + " rank " + std::to_string(r) +
+                                  ": " + outcome.type + " " + outcome.what;
+      if (r <= 1) {
+        EXPECT_EQ(outcome.type, "CollectiveMismatch") << context;
+      } else {
+        EXPECT_TRUE(outcome.type == "CollectiveMismatch" || outcome.type == "Aborted") << context;
+      }
+      if (outcome.type == "CollectiveMismatch") {
+        for (const std::string& word : {std::string("[rank ") + std::to_string(r) +
+                                            "] permute_tensor #0 on group " + world_label(w),
+                                        std::string("all_to_all counts disagree"),
+                                        std::string("rank 0 sends 2 elements to rank 1"),
+                                        std::string("rank 1 expects 0 from rank 0")}) {
+          EXPECT_NE(outcome.what.find(word), std::string::npos)
+              << "lacks '" << word << "': " << context;
+        }
+      }
+    }
   }
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,12 @@ namespace chorus::sim {
 // How ranks are multiplexed. Fibers switch in nanoseconds; threads are the fallback where a
 // sanitizer cannot follow fiber switches. Auto picks fibers unless built with ThreadSanitizer.
 enum class ExecutorKind : std::uint8_t { Auto, Fibers, Threads };
+
+// How schedule choices are made (Note [Decision stream], simulator/src/decision_stream.hpp).
+// RandomWalk: uniform among the candidates. Pct: PCT with depth `pct_depth` (finds ordering bugs
+// of depth d with probability >= 1/(n * k^(d-1))). Portfolio: one of them (and a depth in 1..3)
+// picked per run from the seed, for sweeps over many seeds.
+enum class Strategy : std::uint8_t { RandomWalk, Pct, Portfolio };
 
 struct SimOptions {
   int world_size = 8;  // 1 .. kMaxWorldSize
@@ -44,6 +51,27 @@ struct SimOptions {
   bool seed_from_environment = true;
   // Decisions kept in SimReport::schedule (all of them are hashed into schedule_hash).
   std::size_t schedule_record_max = std::size_t{1} << 16;
+
+  // ---- The decision stream (Note [Decision stream], simulator/src/decision_stream.hpp): where
+  // every choice comes from. By default a PRNG seeded with `seed`, through `strategy`.
+  Strategy strategy = Strategy::RandomWalk;
+  int pct_depth = 2;  // PCT's bug depth d >= 1 (Strategy::Pct)
+  // PCT's estimate k of the run's length in scheduling decisions: its d - 1 change points fall
+  // uniformly among the first k (0: 256). Closer to the real length finds bugs more often.
+  std::uint64_t pct_steps = 0;
+  // Follow these choice indices instead (a replay, or a RapidCheck-generated list; indices are
+  // taken modulo the number of options, and every choice past the end is 0).
+  std::optional<std::vector<std::uint64_t>> choices;
+  // Take choices from raw fuzzer bytes (then from a PRNG seeded with a digest of them).
+  std::optional<std::vector<std::uint8_t>> fuzz_bytes;
+  // A replay token (SimReport::replay_token) to follow; with seed_from_environment, the
+  // CHORUS_SIM_REPLAY environment variable sets it. A token from another format version or build
+  // is refused (InvalidArgument).
+  std::string replay;
+  // Choices kept for SimReport::choices and the replay token (a longer run has no token).
+  std::size_t choices_record_max = std::size_t{1} << 20;
+  // Hash every collective's output bytes at completion into SimReport::data_hash.
+  bool hash_data = false;
 };
 
 inline constexpr int kMaxWorldSize = 1024;
@@ -74,10 +102,15 @@ struct SimReport {
   std::vector<Decision> schedule;   // the first SimOptions::schedule_record_max decisions
   std::uint64_t collectives_completed = 0;
   std::chrono::nanoseconds virtual_time{0};
-  std::vector<UnwaitedWork> unwaited;    // every rank's, in rank order
-  std::vector<std::string> rank_errors;  // per rank: what() of its uncaught error, or empty
-  std::exception_ptr first_error;        // the first rank error the simulator saw, or null
-  std::string replay_command;            // reruns this exact schedule
+  std::vector<UnwaitedWork> unwaited;        // every rank's, in rank order
+  std::vector<std::string> rank_errors;      // per rank: what() of its uncaught error, or empty
+  std::exception_ptr first_error;            // the first rank error the simulator saw, or null
+  std::string replay_command;                // reruns this exact schedule
+  Strategy strategy = Strategy::RandomWalk;  // the strategy used (Portfolio resolved)
+  std::vector<std::uint64_t> choices;  // every choice index, in order (Note [Decision stream])
+  bool choices_exhausted = false;      // a recorded list ran out (later choices were 0)
+  std::string replay_token;            // follows exactly these choices; empty if too long
+  std::uint64_t data_hash = 0;         // with SimOptions::hash_data: every output's bytes
 
   bool ok() const noexcept;  // no rank ended in an error
   // A human-readable summary: ranks, steps, collectives, unwaited works, errors, replay.
@@ -91,6 +124,18 @@ struct SimReport {
 // rank error (in the order the simulator saw them) is rethrown. Throws InvalidArgument for a
 // world size outside [1, kMaxWorldSize]. Not reentrant from inside a rank.
 SimReport run(const SimOptions& options, std::function<void()> rank_main);
+
+// Runs the program twice with the same options (and hash_data on) and compares the decision
+// hash, the choices and the data hash. `deterministic` is false, with `difference` saying what
+// differed, when the program's behaviour depends on something outside the simulator's control
+// (wall-clock time, addresses, unsynchronised threads, global state kept across runs).
+struct DeterminismCheck {
+  bool deterministic = true;
+  std::string difference;
+  SimReport first;
+  SimReport second;
+};
+DeterminismCheck check_determinism(const SimOptions& options, std::function<void()> rank_main);
 
 // As run(), but never rethrows a rank's error: it is in the report (first_error, rank_errors).
 // For harnesses that want the report of a failing run (schedule, unwaited works).

@@ -1,0 +1,350 @@
+#include "decision_stream.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "chorus/check.hpp"
+#include "chorus/error.hpp"
+
+namespace chorus::sim::detail {
+namespace {
+
+class PrngSource final : public ChoiceSource {
+ public:
+  explicit PrngSource(std::uint64_t seed) : rng_(seed) {}
+  std::uint64_t next(std::uint64_t n) override { return rng_.below(n); }
+
+ private:
+  Rng rng_;
+};
+
+class RecordedSource final : public ChoiceSource {
+ public:
+  explicit RecordedSource(std::vector<std::uint64_t> choices) : choices_(std::move(choices)) {}
+  std::uint64_t next(std::uint64_t n) override {
+    if (position_ >= choices_.size()) {
+      exhausted_ = true;
+      return 0;
+    }
+    // A recorded index out of range (a list from a generator, or a run that diverged) is folded
+    // into range rather than refused: RapidCheck's lists need not know n.
+    return choices_[position_++] % n;
+  }
+  bool exhausted() const noexcept override { return exhausted_; }
+
+ private:
+  std::vector<std::uint64_t> choices_;
+  std::size_t position_ = 0;
+  bool exhausted_ = false;
+};
+
+class BytesSource final : public ChoiceSource {
+ public:
+  explicit BytesSource(std::span<const std::uint8_t> bytes)
+      : bytes_(bytes.begin(), bytes.end()), rng_(hash_bytes(bytes.data(), bytes.size())) {}
+  std::uint64_t next(std::uint64_t n) override {
+    const std::size_t width = n <= 256 ? 1 : 8;
+    if (position_ + width > bytes_.size()) {
+      exhausted_ = true;
+      return rng_.below(n);
+    }
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < width; ++i) {
+      value |= static_cast<std::uint64_t>(bytes_[position_ + i]) << (8 * i);
+    }
+    position_ += width;
+    return value % n;
+  }
+  bool exhausted() const noexcept override { return exhausted_; }
+
+ private:
+  std::vector<std::uint8_t> bytes_;
+  std::size_t position_ = 0;
+  Rng rng_;
+  bool exhausted_ = false;
+};
+
+// The schedule steps PCT considers when no estimate is given: change points fall among them.
+constexpr std::uint64_t kPctDefaultSteps = 256;
+
+}  // namespace
+
+std::unique_ptr<ChoiceSource> prng_source(std::uint64_t seed) {
+  return std::make_unique<PrngSource>(seed);
+}
+std::unique_ptr<ChoiceSource> recorded_source(std::vector<std::uint64_t> choices) {
+  return std::make_unique<RecordedSource>(std::move(choices));
+}
+std::unique_ptr<ChoiceSource> bytes_source(std::span<const std::uint8_t> bytes) {
+  return std::make_unique<BytesSource>(bytes);
+}
+
+// ---- PCT
+
+PctPicker::PctPicker(int depth, std::uint64_t expected_steps, Rng rng)
+    : depth_(std::max(depth, 1)), rng_(rng) {
+  const std::uint64_t steps = expected_steps > 0 ? expected_steps : kPctDefaultSteps;
+  for (int i = 1; i < depth_; ++i) {
+    change_points_.push_back(rng_.below(steps));
+  }
+  std::sort(change_points_.begin(), change_points_.end());
+}
+
+std::uint64_t PctPicker::priority_of(const Decision& decision) {
+  // Initial priorities are random values above every change-point priority (1 .. depth - 1);
+  // ties (probability 2^-60) break by candidate order.
+  const auto assign = [&](std::vector<std::uint64_t>& table, std::size_t index) {
+    if (table.size() <= index) {
+      table.resize(index + 1, 0);
+    }
+    if (table[index] == 0) {
+      table[index] = static_cast<std::uint64_t>(depth_) + 1 + (rng_.next() >> 4);
+    }
+    return table[index];
+  };
+  if (decision.kind == Decision::Kind::RunRank) {
+    return assign(rank_priority_, static_cast<std::size_t>(decision.rank));
+  }
+  return assign(complete_priority_, static_cast<std::size_t>(decision.comm_id));
+}
+
+std::size_t PctPicker::pick(std::span<const Decision> candidates) {
+  CHORUS_CHECK(!candidates.empty());
+  std::size_t best = 0;
+  std::uint64_t best_priority = 0;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const std::uint64_t priority = priority_of(candidates[i]);
+    if (priority > best_priority) {
+      best = i;
+      best_priority = priority;
+    }
+  }
+  // A change point: the chosen candidate drops below every initial priority.
+  while (next_change_ < change_points_.size() && change_points_[next_change_] == step_) {
+    const Decision& chosen = candidates[best];
+    const auto lowered = static_cast<std::uint64_t>(next_change_ + 1);
+    if (chosen.kind == Decision::Kind::RunRank) {
+      rank_priority_[static_cast<std::size_t>(chosen.rank)] = lowered;
+    } else {
+      complete_priority_[static_cast<std::size_t>(chosen.comm_id)] = lowered;
+    }
+    ++next_change_;
+  }
+  ++step_;
+  return best;
+}
+
+// ---- DecisionStream
+
+DecisionStream::DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy strategy,
+                               int pct_depth, std::uint64_t pct_steps, std::uint64_t seed,
+                               bool replaying, std::size_t record_max)
+    : source_(std::move(source)),
+      strategy_(strategy),
+      replaying_(replaying),
+      record_max_(record_max) {
+  // The strategy's own randomness (PCT priorities, the portfolio's pick) comes from the seed,
+  // not from the choice source: it is not recorded, because the indices it leads to are.
+  Rng strategy_rng(hash_combine(seed, 0x5043545f70637421ULL));
+  if (strategy_ == Strategy::Portfolio) {
+    strategy_ = strategy_rng.below(2) == 0 ? Strategy::RandomWalk : Strategy::Pct;
+    pct_depth = 1 + static_cast<int>(strategy_rng.below(3));
+  }
+  if (strategy_ == Strategy::Pct && !replaying_) {
+    pct_ = std::make_unique<PctPicker>(pct_depth, pct_steps, strategy_rng);
+  }
+}
+
+std::uint64_t DecisionStream::record(std::uint64_t index) {
+  if (choices_.size() < record_max_) {
+    choices_.push_back(index);
+  } else {
+    overflowed_ = true;
+  }
+  return index;
+}
+
+std::uint64_t DecisionStream::choose(std::uint64_t n) {
+  CHORUS_CHECK_GE(n, 1u);
+  return record(source_->next(n));
+}
+
+std::size_t DecisionStream::choose_schedule(std::span<const Decision> candidates) {
+  CHORUS_CHECK(!candidates.empty());
+  if (pct_ != nullptr) {
+    return static_cast<std::size_t>(record(pct_->pick(candidates)));
+  }
+  return static_cast<std::size_t>(choose(candidates.size()));
+}
+
+// ---- Replay tokens
+
+namespace {
+
+// Bump when a choice point is added, removed or reordered: old tokens then mean other runs.
+constexpr std::uint64_t kDecisionSchemeVersion = 1;
+
+constexpr std::string_view kTokenPrefix = "chorus-replay";
+constexpr char kBase64Url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+[[noreturn]] void bad_token(const std::string& detail) {
+  throw InvalidArgument(ErrorContext{-1, "replay token", -1, ""}, detail);
+}
+
+std::string base64url(const std::vector<std::uint8_t>& bytes) {
+  std::string out;
+  std::size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const std::uint32_t v =
+        (std::uint32_t{bytes[i]} << 16) | (std::uint32_t{bytes[i + 1]} << 8) | bytes[i + 2];
+    for (int shift = 18; shift >= 0; shift -= 6) {
+      out += kBase64Url[(v >> shift) & 63];
+    }
+  }
+  if (i < bytes.size()) {
+    std::uint32_t v = std::uint32_t{bytes[i]} << 16;
+    if (i + 1 < bytes.size()) {
+      v |= std::uint32_t{bytes[i + 1]} << 8;
+    }
+    out += kBase64Url[(v >> 18) & 63];
+    out += kBase64Url[(v >> 12) & 63];
+    if (i + 1 < bytes.size()) {
+      out += kBase64Url[(v >> 6) & 63];
+    }
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> from_base64url(std::string_view text) {
+  std::vector<std::uint8_t> out;
+  std::uint32_t bits = 0;
+  int count = 0;
+  for (char c : text) {
+    const char* found = std::strchr(kBase64Url, c);
+    if (c == '\0' || found == nullptr) {
+      bad_token(std::string("the choices hold '") + c + "', which is not base64url");
+    }
+    bits = (bits << 6) | static_cast<std::uint32_t>(found - kBase64Url);
+    count += 6;
+    if (count >= 8) {
+      count -= 8;
+      out.push_back(static_cast<std::uint8_t>((bits >> count) & 0xff));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string_view> split(std::string_view text, char separator) {
+  std::vector<std::string_view> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = text.find(separator, start);
+    parts.push_back(text.substr(start, end == std::string_view::npos ? end : end - start));
+    if (end == std::string_view::npos) {
+      return parts;
+    }
+    start = end + 1;
+  }
+}
+
+std::string hex16(std::uint64_t value) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i) {
+    out[static_cast<std::size_t>(i)] = kDigits[value & 15];
+    value >>= 4;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string build_fingerprint() {
+  std::uint64_t hash = hash_combine(0, kDecisionSchemeVersion);
+  const std::string_view compiler = __VERSION__;
+  hash = hash_combine(hash, hash_bytes(compiler.data(), compiler.size()));
+  hash = hash_combine(hash, sizeof(void*));
+#ifdef NDEBUG
+  hash = hash_combine(hash, 1);
+#endif
+#ifdef CHORUS_ASAN
+  hash = hash_combine(hash, 2);
+#endif
+#ifdef CHORUS_TSAN
+  hash = hash_combine(hash, 3);
+#endif
+  return hex16(hash);
+}
+
+std::string encode_replay_token(int world_size, const std::vector<std::uint64_t>& choices) {
+  std::vector<std::uint8_t> bytes;
+  for (std::uint64_t value : choices) {
+    do {
+      std::uint8_t byte = value & 0x7f;
+      value >>= 7;
+      if (value != 0) {
+        byte |= 0x80;
+      }
+      bytes.push_back(byte);
+    } while (value != 0);
+  }
+  return std::string(kTokenPrefix) + ":" + std::to_string(kReplayFormatVersion) + ":" +
+         build_fingerprint() + ":" + std::to_string(world_size) + ":" + base64url(bytes);
+}
+
+ReplayToken decode_replay_token(std::string_view token) {
+  const std::vector<std::string_view> parts = split(token, ':');
+  if (parts.size() != 5 || parts[0] != kTokenPrefix) {
+    bad_token("'" + std::string(token.substr(0, 64)) +
+              "' is not a replay token (expected chorus-replay:<version>:<build>:<world "
+              "size>:<choices>)");
+  }
+  if (parts[1] != std::to_string(kReplayFormatVersion)) {
+    bad_token("the token has format version " + std::string(parts[1]) + ", this build reads " +
+              std::to_string(kReplayFormatVersion) + ": replay it with the chorus that wrote it");
+  }
+  if (parts[2] != build_fingerprint()) {
+    bad_token("the token was written by build " + std::string(parts[2]) + ", this build is " +
+              build_fingerprint() +
+              " (another compiler, build type or decision scheme): its choices would mean a "
+              "different run here");
+  }
+  ReplayToken out;
+  int world_size = 0;
+  for (char c : parts[3]) {
+    if (c < '0' || c > '9' || world_size > kMaxWorldSize) {
+      bad_token("the token's world size '" + std::string(parts[3]) + "' is not a number");
+    }
+    world_size = world_size * 10 + (c - '0');
+  }
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    bad_token("the token's world size " + std::string(parts[3]) + " is outside [1, " +
+              std::to_string(kMaxWorldSize) + "]");
+  }
+  out.world_size = world_size;
+  std::uint64_t value = 0;
+  int shift = 0;
+  bool open = false;
+  for (std::uint8_t byte : from_base64url(parts[4])) {
+    if (shift > 63) {
+      bad_token("the token's choices hold a value wider than 64 bits");
+    }
+    value |= static_cast<std::uint64_t>(byte & 0x7f) << shift;
+    open = (byte & 0x80) != 0;
+    if (open) {
+      shift += 7;
+    } else {
+      out.choices.push_back(value);
+      value = 0;
+      shift = 0;
+    }
+  }
+  if (open) {
+    bad_token("the token's choices end in the middle of a value (truncated?)");
+  }
+  return out;
+}
+
+}  // namespace chorus::sim::detail

@@ -1,0 +1,126 @@
+#pragma once
+
+// Note [Decision stream]
+// Every nondeterministic choice the simulator makes — which rank runs next, when a ready
+// collective completes (and, as the simulator grows, reduction orders, allocator reuse, faults)
+// — is one call to DecisionStream::choose(n), which returns an index in [0, n). The stream
+// records every index it returned; that list *is* the run: feeding it back through a Recorded
+// source replays the run exactly, whatever produced it (a seed, PCT, RapidCheck, fuzzer bytes).
+//
+// Sources of choices:
+// - Prng: a seeded xoshiro256** (the default; same seed -> same run).
+// - Recorded: a list of indices (replay, RapidCheck-generated lists); past the end of the list
+//   every choice is 0 (the "simplest" choice, so shrinking a list towards shorter and smaller
+//   converges), and exhausted() says so.
+// - Bytes: raw fuzzer input, one little-endian value per choice (1 byte when n <= 256, else 8),
+//   then a PRNG seeded from a digest of the input once the bytes run out.
+// Strategies on top (which index a *schedule* choice takes): uniform random walk, PCT (PCT
+// picks the runnable candidate of highest priority, with d - 1 priority change points), and a
+// portfolio that picks one of them per run from the seed. A strategy only turns candidates
+// into an index; what is recorded is the index, so a replay needs no strategy.
+//
+// A replay token is "chorus-replay:<format version>:<build fingerprint>:<world size>:<choices>"
+// (choices as base64url of LEB128 varints). Tokens from another format version or build are
+// refused with a message saying which, since the same indices mean a different run there.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chorus/sim/sim.hpp"
+#include "rng.hpp"
+
+namespace chorus::sim::detail {
+
+// Where choices come from.
+class ChoiceSource {
+ public:
+  virtual ~ChoiceSource() = default;
+  // An index in [0, n); n >= 1.
+  virtual std::uint64_t next(std::uint64_t n) = 0;
+  // True once a finite source ran out and started answering by its fallback.
+  virtual bool exhausted() const noexcept { return false; }
+};
+
+std::unique_ptr<ChoiceSource> prng_source(std::uint64_t seed);
+std::unique_ptr<ChoiceSource> recorded_source(std::vector<std::uint64_t> choices);
+std::unique_ptr<ChoiceSource> bytes_source(std::span<const std::uint8_t> bytes);
+
+// PCT's state (Burckhardt et al., "A randomized scheduler with probabilistic guarantees of
+// finding bugs", ASPLOS 2010): distinct random priorities per rank (and per communicator's
+// completions), and depth - 1 change points among the first `expected_steps` schedule choices;
+// at the i-th change point the rank that was chosen drops to priority i (below every initial
+// priority). Always picks the candidate of highest priority.
+class PctPicker {
+ public:
+  PctPicker(int depth, std::uint64_t expected_steps, Rng rng);
+  std::size_t pick(std::span<const Decision> candidates);
+
+ private:
+  std::uint64_t priority_of(const Decision& decision);
+
+  int depth_;
+  Rng rng_;
+  std::uint64_t step_ = 0;
+  std::vector<std::uint64_t> change_points_;  // sorted schedule-step indices
+  std::size_t next_change_ = 0;
+  std::vector<std::uint64_t> rank_priority_;      // by rank; 0 = not assigned yet
+  std::vector<std::uint64_t> complete_priority_;  // by comm id; 0 = not assigned yet
+};
+
+class DecisionStream {
+ public:
+  // The source of choices and the strategy for schedule choices. With a recorded source the
+  // strategy is ignored (the indices are the run).
+  // `record_max`: choices kept for choices(); beyond it they are only counted (overflowed()).
+  DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy strategy, int pct_depth,
+                 std::uint64_t pct_steps, std::uint64_t seed, bool replaying,
+                 std::size_t record_max = static_cast<std::size_t>(-1));
+
+  // One choice among n of any kind (reduction order, allocator, fault, ...).
+  std::uint64_t choose(std::uint64_t n);
+  // A schedule choice among `candidates`, through the strategy.
+  std::size_t choose_schedule(std::span<const Decision> candidates);
+
+  // Every index returned so far, in order.
+  const std::vector<std::uint64_t>& choices() const noexcept { return choices_; }
+  bool exhausted() const noexcept { return source_->exhausted(); }
+  // More choices were made than record_max: choices() is a prefix.
+  bool overflowed() const noexcept { return overflowed_; }
+  // The strategy this run uses (Portfolio resolved).
+  Strategy strategy() const noexcept { return strategy_; }
+
+ private:
+  std::uint64_t record(std::uint64_t index);
+
+  std::unique_ptr<ChoiceSource> source_;
+  Strategy strategy_;
+  bool replaying_;
+  std::unique_ptr<PctPicker> pct_;
+  std::vector<std::uint64_t> choices_;
+  std::size_t record_max_;
+  bool overflowed_ = false;
+};
+
+// ---- Replay tokens.
+inline constexpr int kReplayFormatVersion = 1;
+
+// What this build's simulator is: a digest of everything that changes what a list of indices
+// means (the decision scheme version, the compiler, the build type, sanitizers). Hex, 16 digits.
+std::string build_fingerprint();
+
+std::string encode_replay_token(int world_size, const std::vector<std::uint64_t>& choices);
+
+struct ReplayToken {
+  int world_size = 0;
+  std::vector<std::uint64_t> choices;
+};
+// Throws InvalidArgument naming what does not match: malformed text, another format version
+// ("token format 2, this build reads 1"), another build ("built by <fp>, this build is <fp>").
+ReplayToken decode_replay_token(std::string_view token);
+
+}  // namespace chorus::sim::detail

@@ -1,0 +1,189 @@
+// The decision stream's sources, strategies and replay tokens (Note [Decision stream]).
+
+#include "decision_stream.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "rng.hpp"
+#include "shrink.hpp"
+#include "support/expect_error.hpp"
+
+namespace chorus::sim::detail {
+namespace {
+
+std::vector<Decision> ranks(std::initializer_list<int> list) {
+  std::vector<Decision> out;
+  for (int r : list) {
+    out.push_back(Decision{Decision::Kind::RunRank, r, 0, -1});
+  }
+  return out;
+}
+
+TEST(DecisionStream, PrngSourceMatchesTheSeededGenerator) {
+  // The default source draws exactly what the scheduler's Rng draws, so seeds keep their runs.
+  DecisionStream stream(prng_source(42), Strategy::RandomWalk, 2, 0, 42, false);
+  Rng rng(42);
+  const std::vector<Decision> candidates = ranks({0, 1, 2});
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(stream.choose_schedule(candidates), rng.below(3)) << "choice " << i;
+  }
+  EXPECT_EQ(stream.choices().size(), 100u);
+  EXPECT_FALSE(stream.exhausted());
+}
+
+TEST(DecisionStream, RecordedSourceReplaysThenAnswersZero) {
+  DecisionStream stream(recorded_source({2, 1, 7}), Strategy::Pct, 3, 0, 0, true);
+  const std::vector<Decision> candidates = ranks({0, 1, 2});
+  EXPECT_EQ(stream.choose_schedule(candidates), 2u);
+  EXPECT_EQ(stream.choose_schedule(candidates), 1u);
+  EXPECT_EQ(stream.choose_schedule(candidates), 1u);  // 7 folded into range: 7 % 3
+  EXPECT_FALSE(stream.exhausted());
+  EXPECT_EQ(stream.choose(5), 0u);
+  EXPECT_TRUE(stream.exhausted());
+  EXPECT_EQ(stream.choices(), (std::vector<std::uint64_t>{2, 1, 1, 0}));
+}
+
+TEST(DecisionStream, BytesSourceReadsOneByteForSmallChoicesThenFallsBackToAPrng) {
+  const std::vector<std::uint8_t> bytes = {5, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  DecisionStream stream(bytes_source(bytes), Strategy::RandomWalk, 2, 0, 0, false);
+  EXPECT_EQ(stream.choose(4), 1u);  // 5 % 4
+  const std::uint64_t wide = 0x0807060504030201ULL;
+  EXPECT_EQ(stream.choose(1000), wide % 1000);  // 8 bytes, little-endian
+  EXPECT_EQ(stream.choose(4), 1u);              // 9 % 4: the last byte
+  EXPECT_FALSE(stream.exhausted());
+  const std::uint64_t after = stream.choose(4);
+  EXPECT_TRUE(stream.exhausted());
+  // The fallback is seeded from the input, so the same bytes give the same tail.
+  DecisionStream again(bytes_source(bytes), Strategy::RandomWalk, 2, 0, 0, false);
+  again.choose(4);
+  again.choose(1000);
+  again.choose(4);
+  EXPECT_EQ(again.choose(4), after);
+}
+
+TEST(PctPicker, DepthOneRunsTheHighestPriorityRankWhileItIsRunnable) {
+  PctPicker pct(1, 100, Rng(7));
+  const std::vector<Decision> all = ranks({0, 1, 2, 3});
+  const std::size_t first = pct.pick(all);
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(pct.pick(all), first) << "step " << i;  // no change points at depth 1
+  }
+}
+
+TEST(PctPicker, AChangePointDemotesTheRunningRank) {
+  // Depth 2 over 1 expected step: the single change point is at step 0, so the rank chosen
+  // first is demoted right away and a different rank runs from then on.
+  PctPicker pct(2, 1, Rng(11));
+  const std::vector<Decision> all = ranks({0, 1, 2});
+  const std::size_t first = pct.pick(all);
+  const std::size_t second = pct.pick(all);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(pct.pick(all), second);
+}
+
+TEST(DecisionStream, PortfolioResolvesToAConcreteStrategyFromTheSeed) {
+  int pct = 0;
+  for (std::uint64_t seed = 0; seed < 64; ++seed) {
+    DecisionStream stream(prng_source(seed), Strategy::Portfolio, 2, 0, seed, false);
+    EXPECT_NE(stream.strategy(), Strategy::Portfolio);
+    pct += stream.strategy() == Strategy::Pct ? 1 : 0;
+    DecisionStream same(prng_source(seed), Strategy::Portfolio, 2, 0, seed, false);
+    EXPECT_EQ(same.strategy(), stream.strategy());
+  }
+  EXPECT_GT(pct, 0);
+  EXPECT_LT(pct, 64);
+}
+
+TEST(ReplayToken, RoundTripsWorldSizeAndChoices) {
+  const std::vector<std::uint64_t> choices = {0, 1, 127, 128, 300, 0xffffffffffffffffULL, 5};
+  const std::string token = encode_replay_token(12, choices);
+  EXPECT_EQ(token.rfind("chorus-replay:1:" + build_fingerprint() + ":12:", 0), 0u) << token;
+  const ReplayToken decoded = decode_replay_token(token);
+  EXPECT_EQ(decoded.world_size, 12);
+  EXPECT_EQ(decoded.choices, choices);
+  EXPECT_EQ(decode_replay_token(encode_replay_token(1, {})).choices.size(), 0u);
+}
+
+TEST(ReplayToken, ATokenFromAnotherFormatVersionIsRefused) {
+  std::string token = encode_replay_token(2, {1, 0});
+  token.replace(token.find(":1:"), 3, ":2:");
+  testing::expect_invalid_argument([&] { (void)decode_replay_token(token); },
+                                   {"the token has format version 2, this build reads 1"});
+}
+
+TEST(ReplayToken, ATokenFromAnotherBuildIsRefused) {
+  std::string token = encode_replay_token(2, {1, 0});
+  const std::string fingerprint = build_fingerprint();
+  token.replace(token.find(fingerprint), fingerprint.size(), "0123456789abcdef");
+  testing::expect_invalid_argument(
+      [&] { (void)decode_replay_token(token); },
+      {"written by build 0123456789abcdef, this build is " + fingerprint});
+}
+
+TEST(ReplayToken, MalformedTokensAreRefused) {
+  const std::string fingerprint = build_fingerprint();
+  testing::expect_invalid_argument([] { (void)decode_replay_token("seed=5"); },
+                                   {"is not a replay token"});
+  testing::expect_invalid_argument(
+      [&] { (void)decode_replay_token("chorus-replay:1:" + fingerprint + ":0:AA"); },
+      {"world size 0 is outside [1, 1024]"});
+  testing::expect_invalid_argument(
+      [&] { (void)decode_replay_token("chorus-replay:1:" + fingerprint + ":2:A*"); },
+      {"not base64url"});
+  // One byte with the continuation bit set: a value cut in the middle.
+  testing::expect_invalid_argument(
+      [&] { (void)decode_replay_token("chorus-replay:1:" + fingerprint + ":2:gA"); },
+      {"truncated"});
+}
+
+// A planted bug: the run fails when the choices hold a 3 somewhere before a later 5 (an ordering
+// of two events). The hand-minimal failing list is {3, 5}.
+bool planted_bug(const std::vector<std::uint64_t>& choices) {
+  bool seen_three = false;
+  for (std::uint64_t choice : choices) {
+    if (choice == 3) {
+      seen_three = true;
+    } else if (choice == 5 && seen_three) {
+      return true;
+    }
+  }
+  return false;
+}
+
+TEST(ShrinkChoices, FindsTheMinimalOrderingOfAPlantedBug) {
+  const std::vector<std::uint64_t> failing = {1, 4, 2, 3, 7, 0, 6, 1, 5, 2, 9, 9, 3, 1};
+  ASSERT_TRUE(planted_bug(failing));
+  const ShrinkOutcome outcome = shrink_choices(failing, planted_bug);
+  EXPECT_EQ(outcome.choices, (std::vector<std::uint64_t>{3, 5}));
+  EXPECT_TRUE(planted_bug(outcome.choices));
+  EXPECT_GT(outcome.attempts, 0u);
+}
+
+TEST(ShrinkChoices, LowersValuesAndDropsTrailingZeros) {
+  // Fails whenever the first choice is at least 4: the minimum is {4}.
+  const auto fails = [](const std::vector<std::uint64_t>& choices) {
+    return !choices.empty() && choices[0] >= 4;
+  };
+  const ShrinkOutcome outcome = shrink_choices({1000, 7, 0, 3}, fails);
+  EXPECT_EQ(outcome.choices, (std::vector<std::uint64_t>{4}));
+}
+
+TEST(ShrinkChoices, StopsAtTheAttemptBudget) {
+  std::size_t calls = 0;
+  // Fails while at least 33 choices remain: dropping chunks takes many attempts.
+  const auto fails = [&](const std::vector<std::uint64_t>& choices) {
+    ++calls;
+    return choices.size() >= 33;
+  };
+  const ShrinkOutcome outcome = shrink_choices(std::vector<std::uint64_t>(64, 9), fails, 10);
+  EXPECT_EQ(outcome.attempts, 10u);
+  EXPECT_EQ(calls, 10u);
+}
+
+}  // namespace
+}  // namespace chorus::sim::detail
