@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -5,11 +6,13 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <typeinfo>
 #include <utility>
 
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/sim/sim.hpp"
+#include "shrink.hpp"
 #include "world.hpp"
 
 namespace chorus::sim {
@@ -182,6 +185,114 @@ DeterminismCheck check_determinism(const SimOptions& options, std::function<void
     check.difference = "the ranks' errors differ between two runs with the same options";
   }
   return check;
+}
+
+namespace {
+
+// "What kind of failure": the failing ranks and the first error's type.
+std::string failure_signature(const SimReport& report) {
+  std::string signature;
+  for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
+    if (!report.rank_errors[r].empty()) {
+      signature += std::to_string(r) + ",";
+    }
+  }
+  signature += "|";
+  if (report.first_error) {
+    try {
+      std::rethrow_exception(report.first_error);
+    } catch (const Error& error) {
+      signature += std::string(error_code_name(error.code()));
+    } catch (const std::exception& error) {
+      signature += typeid(error).name();
+    } catch (...) {
+      signature += "unknown";
+    }
+  }
+  return signature;
+}
+
+}  // namespace
+
+ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank_main,
+                    const SimReport& failing, std::size_t max_attempts) {
+  if (failing.ok()) {
+    throw InvalidArgument(ErrorContext{-1, "sim::shrink", -1, ""},
+                          "the report is of a run that did not fail: nothing to shrink");
+  }
+  if (failing.replay_token.empty()) {
+    throw InvalidArgument(ErrorContext{-1, "sim::shrink", -1, ""},
+                          "the failing run made more choices than "
+                          "SimOptions::choices_record_max, so its choices were not kept");
+  }
+  const std::string wanted = failure_signature(failing);
+  SimOptions attempt = options;
+  attempt.print_failures = false;
+  attempt.seed_from_environment = false;
+  attempt.replay.clear();
+  attempt.fuzz_bytes.reset();
+  ShrinkResult result;
+  result.minimal = failing;
+  const detail::ShrinkOutcome outcome = detail::shrink_choices(
+      failing.choices,
+      [&](const std::vector<std::uint64_t>& choices) {
+        attempt.choices = choices;
+        SimReport report = simulate(attempt, rank_main);
+        if (failure_signature(report) != wanted) {
+          return false;
+        }
+        result.minimal = std::move(report);
+        return true;
+      },
+      max_attempts);
+  result.choices = outcome.choices;
+  result.attempts = outcome.attempts;
+  // The report of exactly the minimal list (the last successful attempt may have been another).
+  attempt.choices = result.choices;
+  result.minimal = simulate(attempt, rank_main);
+  result.replay_token = detail::encode_replay_token(failing.world_size, result.choices);
+  result.minimal.replay_command = replay_command("CHORUS_SIM_REPLAY=" + result.replay_token);
+  result.timeline = timeline_text(result.minimal);
+  return result;
+}
+
+std::string timeline_text(const SimReport& report) {
+  constexpr int kWidth = 9;
+  const auto cell = [](std::string text) {
+    text.resize(std::max<std::size_t>(text.size(), kWidth), ' ');
+    return text;
+  };
+  std::ostringstream out;
+  out << "step  ";
+  for (int r = 0; r < report.world_size; ++r) {
+    out << cell("rank " + std::to_string(r)) << " ";
+  }
+  out << "completes\n";
+  for (std::size_t step = 0; step < report.schedule.size(); ++step) {
+    const Decision& decision = report.schedule[step];
+    std::string line = std::to_string(step);
+    line.resize(6, ' ');
+    for (int r = 0; r < report.world_size; ++r) {
+      const bool runs = decision.kind == Decision::Kind::RunRank && decision.rank == r;
+      line += cell(runs ? "run" : "") + " ";
+    }
+    if (decision.kind == Decision::Kind::CompleteOp) {
+      line += "comm " + std::to_string(decision.comm_id) + " #" + std::to_string(decision.seq);
+    }
+    while (!line.empty() && line.back() == ' ') {
+      line.pop_back();
+    }
+    out << line << "\n";
+  }
+  if (report.schedule.size() < report.steps) {
+    out << "... " << report.steps - report.schedule.size() << " more decisions not recorded\n";
+  }
+  for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
+    if (!report.rank_errors[r].empty()) {
+      out << "rank " << r << " failed: " << report.rank_errors[r] << "\n";
+    }
+  }
+  return out.str();
 }
 
 SimReport run(const SimOptions& options, std::function<void()> rank_main) {

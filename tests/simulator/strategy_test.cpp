@@ -6,6 +6,7 @@
 #include <chorus/chorus.hpp>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,8 +52,7 @@ SimReport run_depth_two_bug(const SimOptions& options) {
         rank0_at_start = progress[0];
       }
     }
-    if (me == 1 && rank0_at_start >= 1 && progress[0] == rank0_at_start &&
-        progress[0] < kTicks) {
+    if (me == 1 && rank0_at_start >= 1 && progress[0] == rank0_at_start && progress[0] < kTicks) {
       throw std::runtime_error("planted bug: rank 1 ran while rank 0 stalled mid-way");
     }
   });
@@ -223,6 +223,74 @@ TEST(Determinism, StateKeptAcrossRunsIsCaught) {
       });
   EXPECT_FALSE(check.deterministic);
   EXPECT_NE(check.difference.find("data hash"), std::string::npos) << check.difference;
+}
+
+// A planted bug whose hand-minimal schedule is one choice: rank 1 must make its first tick
+// before rank 0 makes any. Choosing rank 1 at the first decision (index 1 of the runnable ranks
+// {0, 1}) is enough; every later choice may be 0. The state lives across runs (shrinking reruns
+// the program), so each rank counts its runs and reads a peer's ticks only from the same run.
+struct FirstTickBug {
+  std::vector<int> runs = {0, 0};
+  std::vector<int> ticks = {0, 0};
+
+  std::function<void()> program() {
+    return [this] {
+      const auto me = static_cast<std::size_t>(rank());
+      const int run = ++runs[me];
+      ticks[me] = 0;
+      for (int i = 0; i < 4; ++i) {
+        tick();
+        ticks[me] += 1;
+        const int rank0_ticks = runs[0] == run ? ticks[0] : 0;
+        if (me == 1 && i == 0 && rank0_ticks == 0) {
+          throw std::runtime_error("planted bug: rank 1 ticked first");
+        }
+      }
+    };
+  }
+};
+
+TEST(Shrink, APlantedBugShrinksToItsHandMinimalScheduleAndReplays) {
+  FirstTickBug bug;
+  SimOptions options = quiet_options(2, 0, Strategy::RandomWalk);
+  SimReport failing;
+  // A failing run with a long schedule (many irrelevant choices to remove).
+  for (std::uint64_t seed = 0; seed < 256; ++seed) {
+    options.seed = seed;
+    SimReport report = sim::simulate(options, bug.program());
+    if (!report.ok() && report.choices.size() > 8) {
+      failing = std::move(report);
+      break;
+    }
+  }
+  ASSERT_FALSE(failing.ok());
+  const sim::ShrinkResult shrunk = sim::shrink(options, bug.program(), failing);
+  // Hand-minimal: {1}. Allowed: one step more.
+  EXPECT_LE(shrunk.choices.size(), 2u) << shrunk.timeline;
+  EXPECT_EQ(shrunk.choices, (std::vector<std::uint64_t>{1}));
+  EXPECT_FALSE(shrunk.minimal.ok());
+  EXPECT_EQ(shrunk.minimal.rank_errors[1], failing.rank_errors[1]);
+  EXPECT_NE(shrunk.minimal.replay_command.find("CHORUS_SIM_REPLAY=" + shrunk.replay_token),
+            std::string::npos);
+  // The timeline shows rank 1 running first, and the failure.
+  EXPECT_EQ(shrunk.timeline.find("step  rank 0    rank 1    completes\n0               run\n"), 0u)
+      << shrunk.timeline;
+  EXPECT_NE(shrunk.timeline.find("rank 1 failed: planted bug: rank 1 ticked first"),
+            std::string::npos);
+  // Its token replays the failure.
+  SimOptions replay = quiet_options(2, 0, Strategy::RandomWalk);
+  replay.replay = shrunk.replay_token;
+  EXPECT_FALSE(sim::simulate(replay, bug.program()).ok());
+}
+
+TEST(Shrink, ARunThatDidNotFailIsRefused) {
+  FirstTickBug bug;
+  SimOptions options = quiet_options(2, 0, Strategy::RandomWalk);
+  options.choices = std::vector<std::uint64_t>{};  // every choice 0: rank 0 ticks first
+  const SimReport passing = sim::simulate(options, bug.program());
+  ASSERT_TRUE(passing.ok());
+  testing::expect_invalid_argument([&] { (void)sim::shrink(options, bug.program(), passing); },
+                                   {"did not fail"});
 }
 
 }  // namespace

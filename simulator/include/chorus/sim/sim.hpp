@@ -137,6 +137,27 @@ struct DeterminismCheck {
 };
 DeterminismCheck check_determinism(const SimOptions& options, std::function<void()> rank_main);
 
+// A failing run reduced to a minimal schedule (Note [Schedule shrinking]).
+struct ShrinkResult {
+  SimReport minimal;                   // the run of the smallest failing choice list found
+  std::vector<std::uint64_t> choices;  // that list (every later choice is 0)
+  std::string replay_token;            // replays it (SimOptions::replay, CHORUS_SIM_REPLAY)
+  std::size_t attempts = 0;            // runs tried
+  std::string timeline;                // timeline_text(minimal)
+};
+
+// Shrinks `failing` (a report of running `rank_main` with `options` that failed) by delta
+// debugging over its choice list: the result fails the same way (the same failing ranks, the
+// first error of the same type) with as short and small a list as `max_attempts` runs find.
+// Throws InvalidArgument if `failing` did not fail or holds no choice list
+// (SimOptions::choices_record_max exceeded).
+ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank_main,
+                    const SimReport& failing, std::size_t max_attempts = 2000);
+
+// A per-rank text timeline of a run's schedule: one line per decision, one column per rank
+// ("run" when the rank was resumed) and one for completions ("comm 2 #0"), then the errors.
+std::string timeline_text(const SimReport& report);
+
 // As run(), but never rethrows a rank's error: it is in the report (first_error, rank_errors).
 // For harnesses that want the report of a failing run (schedule, unwaited works).
 SimReport simulate(const SimOptions& options, std::function<void()> rank_main);
