@@ -1,5 +1,6 @@
-// The simulator's speed: complete schedules per second of a small program, and the bare cost of
-// switching between ranks, on fibers and on threads (Note [Rank executor]).
+// The simulator's speed: complete schedules per second of a small program, scheduling decisions
+// per second of the bare scheduler, and the bare cost of switching between ranks, on fibers and
+// on threads (Note [Rank executor]). Figures and history: docs/performance.md.
 //
 //   build/release/bench/bench_sim --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
@@ -10,6 +11,7 @@
 #include <memory>
 
 #include "executor.hpp"
+#include "world.hpp"
 
 namespace {
 
@@ -44,6 +46,39 @@ BENCHMARK(BM_Schedule4Ranks8Collectives)
     ->Arg(static_cast<int>(ExecutorKind::Threads))
     ->ArgName("executor(1=fibers,2=threads)")
     ->Unit(benchmark::kMicrosecond);
+
+// The bare scheduler: `ranks` ranks that do nothing but reach scheduling points, so every
+// decision is the scheduler's own work (collect the candidates, draw one, hash and record it,
+// advance virtual time) plus one switch into the chosen rank and back. Items = decisions.
+void BM_BareScheduler(benchmark::State& state) {
+  constexpr int kPointsPerRank = 4096;
+  chorus::sim::SimOptions options;
+  options.world_size = static_cast<int>(state.range(0));
+  options.executor = static_cast<ExecutorKind>(state.range(1));
+  std::uint64_t seed = 0;
+  std::uint64_t decisions = 0;
+  for (auto _ : state) {
+    options.seed = seed++;
+    auto world = std::make_shared<chorus::sim::detail::SimWorld>(options);
+    chorus::sim::detail::SimWorld* raw = world.get();
+    const chorus::sim::SimReport report = world->run([raw] {
+      const int rank = raw->current_rank();
+      for (int i = 0; i < kPointsPerRank; ++i) {
+        raw->scheduling_point(rank);
+      }
+    });
+    decisions += report.steps;
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(decisions));
+  state.counters["decisions_per_run"] =
+      static_cast<double>(decisions) / static_cast<double>(state.iterations());
+}
+BENCHMARK(BM_BareScheduler)
+    ->Args({4, static_cast<int>(ExecutorKind::Fibers)})
+    ->Args({64, static_cast<int>(ExecutorKind::Fibers)})
+    ->Args({4, static_cast<int>(ExecutorKind::Threads)})
+    ->ArgNames({"ranks", "executor(1=fibers,2=threads)"})
+    ->Unit(benchmark::kMillisecond);
 
 // One resume + suspend round trip between the scheduler and a rank.
 void BM_ExecutorRoundTrip(benchmark::State& state) {

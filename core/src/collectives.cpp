@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,23 @@ DType wire_dtype(DType dtype) noexcept {
 // Wire elements per tensor element.
 std::size_t wire_lanes(DType dtype) noexcept { return is_complex(dtype) ? 2 : 1; }
 
+// The block of `group`'s ranks that holds `rank` (ExpandedGroup::members_of without the copy),
+// or empty.
+std::span<const int> members_in(const ExpandedGroup& group, int rank) noexcept {
+  if (group.group_size <= 0) {
+    return {};
+  }
+  const auto size = static_cast<std::size_t>(group.group_size);
+  const std::span<const int> ranks(group.ranks);
+  for (std::size_t start = 0; start + size <= ranks.size(); start += size) {
+    const std::span<const int> block = ranks.subspan(start, size);
+    if (std::find(block.begin(), block.end(), rank) != block.end()) {
+      return block;
+    }
+  }
+  return {};
+}
+
 // One collective call on the calling rank, from validation to registration and tracing.
 class Call {
  public:
@@ -73,7 +91,7 @@ class Call {
     state_ = &context->state();
     state_->settle_unwaited();
     expanded_ = detail::expand_group_for(group, tag, op);
-    members_ = expanded_.members_of(state_->rank());
+    members_ = members_in(expanded_, state_->rank());  // a view into expanded_, never copied
     if (members_.empty()) {
       throw InvalidArgument(
           detail::make_context(op, -1, expanded_.to_string()),
@@ -181,13 +199,17 @@ class Call {
   transport::OpInfo info() const { return transport::OpInfo{op_, seq_, site_}; }
 
   // Registers `work` as pending under the storages of `outputs`.
-  void register_work(std::shared_ptr<transport::Work> work, const std::vector<Tensor>& outputs,
+  void register_work(std::shared_ptr<transport::Work> work, std::span<const Tensor> outputs,
                      std::function<void()> fixup = {}) {
     CHORUS_CHECK(seq_ >= 0);
     auto pending = std::make_shared<detail::PendingWork>(
         std::move(work),
         detail::WorkInfo{state_->rank(), std::string(op_), seq_, slot_->label, site_},
         std::move(fixup), state_->transport_ptr(), state_->options().timeout);
+    if (outputs.size() == 1) {  // the common case, without a vector
+      state_->registry()->add(pending, TensorAccess::storage(outputs.front()).get());
+      return;
+    }
     std::vector<detail::Storage*> storages;
     storages.reserve(outputs.size());
     for (const Tensor& output : outputs) {
@@ -195,16 +217,20 @@ class Call {
     }
     state_->registry()->add(pending, storages);
   }
+  void register_work(std::shared_ptr<transport::Work> work, const Tensor& output,
+                     std::function<void()> fixup = {}) {
+    register_work(std::move(work), std::span<const Tensor>(&output, 1), std::move(fixup));
+  }
 
   // Under a TraceScope: waits `outputs` and appends the call's record, whose op-specific fields
   // `describe(record)` fills. Nothing otherwise.
   template <class Describe>
-  void trace(const std::vector<Tensor>& outputs, Describe describe) const {
+  void trace(std::span<const Tensor> outputs, Describe describe) const {
     if (trace_ == nullptr) {
       return;
     }
     if (!meta_) {
-      wait_tensors(outputs);
+      wait_tensors(std::vector<Tensor>(outputs.begin(), outputs.end()));
     }
     OpRecord record;
     record.op = std::string(op_);
@@ -221,13 +247,17 @@ class Call {
     describe(record);
     trace_->append(std::move(record));
   }
+  template <class Describe>
+  void trace(const Tensor& output, Describe describe) const {
+    trace(std::span<const Tensor>(&output, 1), std::move(describe));
+  }
 
  private:
   std::string_view op_;
   CallSite site_;
   detail::RankState* state_ = nullptr;
   ExpandedGroup expanded_;
-  std::vector<int> members_;
+  std::span<const int> members_;  // into expanded_.ranks
   detail::CommSlot* slot_ = nullptr;
   TraceScope* trace_ = nullptr;
   bool meta_ = false;
@@ -247,7 +277,15 @@ Buffer buffer_of(const Tensor& contiguous) {
 
 // A contiguous buffer holding `input`'s elements (the input itself when already contiguous).
 // Reads the input, so it waits for work pending on it first.
-Buffer input_buffer(const Tensor& input) { return buffer_of(input.contiguous()); }
+Buffer input_buffer(const Tensor& input) {
+  if (input.defined() && input.device().is_cpu() && input.is_contiguous()) {
+    // What contiguous() does for a contiguous host tensor (wait, then the tensor itself),
+    // without copying the Tensor.
+    detail::access_data(input, "Tensor::contiguous", detail::DeviceAccess::Host);
+    return buffer_of(input);
+  }
+  return buffer_of(input.contiguous());
+}
 
 // A fresh output of `shape` (pending once registered), and its buffer.
 std::pair<Tensor, Buffer> new_output(const Shape& shape, DType dtype) {
@@ -338,7 +376,7 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
   Buffer send = input_buffer(input);
   auto [output, recv] = new_output(input.sizes(), input.dtype());
   transport::Comm& comm = call.start();
-  call.register_work(comm.all_reduce(send, recv, reduce_op, call.info()), {output});
+  call.register_work(comm.all_reduce(send, recv, reduce_op, call.info()), output);
   return output;
 }
 
@@ -350,14 +388,14 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   auto [output, recv] = new_output(rule.shape, input.dtype());
   if (rule.dim == 0 || input.dim() == 0) {
     transport::Comm& comm = call.start();
-    call.register_work(comm.all_gather(send, recv, call.info()), {output});
+    call.register_work(comm.all_gather(send, recv, call.info()), output);
     return output;
   }
   Shape staging_shape = {call.group_size()};
   staging_shape.insert(staging_shape.end(), input.sizes().begin(), input.sizes().end());
   auto [staging, staging_buffer] = new_output(staging_shape, input.dtype());
   transport::Comm& comm = call.start();
-  call.register_work(comm.all_gather(send, staging_buffer, call.info()), {output},
+  call.register_work(comm.all_gather(send, staging_buffer, call.info()), output,
                      gather_fixup(staging, output, rule.dim, call.group_size()));
   return output;
 }
@@ -371,8 +409,14 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
       input_buffer(rule.dim == 0 ? input : scatter_staging(input, rule.dim, call.group_size()));
   auto [output, recv] = new_output(rule.shape, input.dtype());
   transport::Comm& comm = call.start();
-  call.register_work(comm.reduce_scatter(send, recv, reduce_op, call.info()), {output});
+  call.register_work(comm.reduce_scatter(send, recv, reduce_op, call.info()), output);
   return output;
+}
+
+// The input shape and dtype of a single-tensor call, for its record.
+void describe_input(OpRecord& record, const Tensor& input) {
+  record.input_shapes = {input.sizes()};
+  record.dtype = input.dtype();
 }
 
 // Elements per row of dim 0 (the product of the other dims; 1 for a 1-d input).
@@ -401,10 +445,9 @@ Tensor all_reduce(const Tensor& input, ReduceOp reduce_op, const GroupSpec& grou
   Call call("all_reduce", group, tag, site);
   call.check_input(input, OpKind::AllReduce, &reduce_op);
   Tensor output = issue_all_reduce(call, input, reduce_op);
-  call.trace({output}, [&](OpRecord& record) {
+  call.trace(output, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+    describe_input(record, input);
   });
   return output;
 }
@@ -416,9 +459,8 @@ Tensor all_gather_tensor(const Tensor& input, std::int64_t gather_dim, const Gro
   const ShapeRule rule =
       call.checked(detail::all_gather_rule(input.sizes(), gather_dim, call.group_size()));
   Tensor output = issue_all_gather(call, input, rule);
-  call.trace({output}, [&](OpRecord& record) {
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+  call.trace(output, [&](OpRecord& record) {
+    describe_input(record, input);
     record.dims = {rule.dim};
   });
   return output;
@@ -431,10 +473,9 @@ Tensor reduce_scatter_tensor(const Tensor& input, ReduceOp reduce_op, std::int64
   const ShapeRule rule =
       call.checked(detail::reduce_scatter_rule(input.sizes(), scatter_dim, call.group_size()));
   Tensor output = issue_reduce_scatter(call, input, reduce_op, rule);
-  call.trace({output}, [&](OpRecord& record) {
+  call.trace(output, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+    describe_input(record, input);
     record.dims = {rule.dim};
   });
   return output;
@@ -592,12 +633,10 @@ Tensor all_to_all_single(const Tensor& input,
     auto [fresh, recv] = new_output(rule.shape, input.dtype());
     output = std::move(fresh);
     transport::Comm& comm = call.start();
-    call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()),
-                       {output});
+    call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()), output);
   }
-  call.trace({output}, [&](OpRecord& record) {
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+  call.trace(output, [&](OpRecord& record) {
+    describe_input(record, input);
     record.output_split_sizes = output_split_sizes;
     record.input_split_sizes = input_split_sizes;
   });
@@ -619,11 +658,10 @@ Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::stri
     // Only the root's input is read (and so waited for); elsewhere send is a stand-in.
     Buffer send = call.group_rank() == src ? input_buffer(input) : recv;
     transport::Comm& comm = call.start();
-    call.register_work(comm.broadcast(send, recv, src, call.info()), {output});
+    call.register_work(comm.broadcast(send, recv, src, call.info()), output);
   }
-  call.trace({output}, [&](OpRecord& record) {
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+  call.trace(output, [&](OpRecord& record) {
+    describe_input(record, input);
     record.src = src;
   });
   return output;
@@ -645,12 +683,11 @@ Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec&
                                       : Tensor::zeros(rule.shape, input.dtype());
     Buffer recv = buffer_of(output);
     transport::Comm& comm = call.start();
-    call.register_work(comm.reduce(send, recv, reduce_op, dst, call.info()), {output});
+    call.register_work(comm.reduce(send, recv, reduce_op, dst, call.info()), output);
   }
-  call.trace({output}, [&](OpRecord& record) {
+  call.trace(output, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+    describe_input(record, input);
     record.src = dst;
   });
   return output;
@@ -693,12 +730,10 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
       recv.count = 0;
     }
     transport::Comm& comm = call.start();
-    call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()),
-                       {output});
+    call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()), output);
   }
-  call.trace({output}, [&](OpRecord& record) {
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+  call.trace(output, [&](OpRecord& record) {
+    describe_input(record, input);
     record.src_dst = src_dst;
   });
   return output;
@@ -716,16 +751,15 @@ Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& 
       wait_tensor(tensor);
       Buffer buffer = buffer_of(tensor);
       transport::Comm& comm = call.start();
-      call.register_work(comm.all_reduce(buffer, buffer, reduce_op, call.info()), {tensor});
+      call.register_work(comm.all_reduce(buffer, buffer, reduce_op, call.info()), tensor);
       wait_tensor(tensor);
     } else {
       tensor.copy_(issue_all_reduce(call, tensor, reduce_op));  // waits for the result
     }
   }
-  call.trace({tensor}, [&](OpRecord& record) {
+  call.trace(tensor, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
-    record.input_shapes = {tensor.sizes()};
-    record.dtype = tensor.dtype();
+    describe_input(record, tensor);
   });
   return tensor;
 }
@@ -740,9 +774,8 @@ Tensor& all_gather_tensor_inplace(Tensor& output, const Tensor& input, const Gro
   if (!call.meta()) {
     output.copy_(issue_all_gather(call, input, rule));  // waits for the result
   }
-  call.trace({output}, [&](OpRecord& record) {
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+  call.trace(output, [&](OpRecord& record) {
+    describe_input(record, input);
     record.dims = {rule.dim};
   });
   return output;
@@ -759,10 +792,9 @@ Tensor& reduce_scatter_tensor_inplace(Tensor& output, const Tensor& input, Reduc
   if (!call.meta()) {
     output.copy_(issue_reduce_scatter(call, input, reduce_op, rule));
   }
-  call.trace({output}, [&](OpRecord& record) {
+  call.trace(output, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
-    record.input_shapes = {input.sizes()};
-    record.dtype = input.dtype();
+    describe_input(record, input);
     record.dims = {rule.dim};
   });
   return output;

@@ -1,5 +1,6 @@
 #include "chorus/runtime.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <string>
@@ -48,20 +49,28 @@ RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOption
   CHORUS_CHECK_LT(rank_, world_size_);
 }
 
-CommSlot& RankState::comm_slot(const std::string& tag, const std::vector<int>& members) {
-  CommSlot& slot = comms_[{tag, members}];
-  if (slot.label.empty()) {
-    slot.label = group_label(tag, members);
+CommSlot& RankState::comm_slot(const std::string& tag, std::span<const int> members) {
+  if (last_key_ != nullptr && last_key_->first == tag &&
+      std::ranges::equal(last_key_->second, members)) {
+    return *last_slot_;
   }
+  auto [it, inserted] =
+      comms_.try_emplace(CommKey{tag, std::vector<int>(members.begin(), members.end())});
+  CommSlot& slot = it->second;
+  if (slot.label.empty()) {
+    slot.label = group_label(tag, it->first.second);
+  }
+  last_key_ = &it->first;
+  last_slot_ = &slot;
   return slot;
 }
 
 transport::Comm& RankState::ensure_comm(CommSlot& slot, const std::string& tag,
-                                        const std::vector<int>& members) {
+                                        std::span<const int> members) {
   if (!slot.comm) {
-    slot.comm = transport_->create_comm(tag, members);
+    slot.comm = transport_->create_comm(tag, std::vector<int>(members.begin(), members.end()));
     CHORUS_CHECK(slot.comm != nullptr);
-    CHORUS_CHECK(slot.comm->ranks() == members);
+    CHORUS_CHECK(std::ranges::equal(slot.comm->ranks(), members));
   }
   return *slot.comm;
 }

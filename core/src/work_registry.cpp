@@ -70,20 +70,93 @@ void WorkRegistry::add(const std::shared_ptr<PendingWork>& work,
   CHORUS_CHECK(!storages.empty());
   std::shared_ptr<WorkRegistry> self = shared_from_this();
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry& entry = works_[work->id()];
+  Entry& entry = insert_work_locked(work->id());
   CHORUS_CHECK(entry.work == nullptr);  // a work is registered once
   entry.work = work;
+  entry.storages.reserve(storages.size());
   for (Storage* storage : storages) {
-    CHORUS_CHECK(storage != nullptr);
-    CHORUS_CHECK(std::find(entry.storages.begin(), entry.storages.end(), storage) ==
-                 entry.storages.end());  // no duplicates
-    storage->attach_registry(self);
-    std::vector<std::uint64_t>& ids = by_storage_[storage->id()];
-    CHORUS_CHECK(std::find(ids.begin(), ids.end(), work->id()) == ids.end());
-    ids.push_back(work->id());
-    entry.storages.push_back(storage);
-    storage->add_pending();
+    add_locked(work, entry, storage, self);
   }
+}
+
+void WorkRegistry::add(const std::shared_ptr<PendingWork>& work, Storage* storage) {
+  CHORUS_CHECK(work != nullptr);
+  std::shared_ptr<WorkRegistry> self = shared_from_this();
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& entry = insert_work_locked(work->id());
+  CHORUS_CHECK(entry.work == nullptr);  // a work is registered once
+  entry.work = work;
+  add_locked(work, entry, storage, self);
+}
+
+WorkRegistry::Entry& WorkRegistry::insert_work_locked(std::uint64_t work_id) {
+  if (spare_work_nodes_.empty()) {
+    return works_[work_id];
+  }
+  auto node = std::move(spare_work_nodes_.back());
+  spare_work_nodes_.pop_back();
+  node.key() = work_id;
+  // When `work_id` is registered already the node stays unused and the existing entry is
+  // returned, as operator[] would: the caller's check reports it.
+  return works_.insert(std::move(node)).position->second;
+}
+
+std::vector<std::uint64_t>& WorkRegistry::work_ids_locked(std::uint64_t storage_id) {
+  auto it = by_storage_.find(storage_id);
+  if (it != by_storage_.end()) {
+    return it->second;
+  }
+  if (spare_storage_nodes_.empty()) {
+    return by_storage_[storage_id];
+  }
+  auto node = std::move(spare_storage_nodes_.back());
+  spare_storage_nodes_.pop_back();
+  node.key() = storage_id;
+  return by_storage_.insert(std::move(node)).position->second;
+}
+
+void WorkRegistry::erase_work_locked(std::unordered_map<std::uint64_t, Entry>::iterator it) {
+  auto node = works_.extract(it);
+  if (spare_work_nodes_.size() >= kSpareNodesMax) {
+    return;  // the node is freed here
+  }
+  Entry& entry = node.mapped();
+  entry.work.reset();  // the work goes now, as it did when the node was erased
+  entry.storages.clear();
+  entry.dropped = false;
+  entry.claimed = false;
+  try {
+    spare_work_nodes_.push_back(std::move(node));
+  } catch (...) {
+    // Out of memory for the spare list: the node is freed.
+  }
+}
+
+void WorkRegistry::erase_storage_locked(
+    std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>::iterator it) {
+  auto node = by_storage_.extract(it);
+  if (spare_storage_nodes_.size() >= kSpareNodesMax) {
+    return;
+  }
+  node.mapped().clear();
+  try {
+    spare_storage_nodes_.push_back(std::move(node));
+  } catch (...) {
+    // Out of memory for the spare list: the node is freed.
+  }
+}
+
+void WorkRegistry::add_locked(const std::shared_ptr<PendingWork>& work, Entry& entry,
+                              Storage* storage, const std::shared_ptr<WorkRegistry>& self) {
+  CHORUS_CHECK(storage != nullptr);
+  CHORUS_CHECK(std::find(entry.storages.begin(), entry.storages.end(), storage) ==
+               entry.storages.end());  // no duplicates
+  storage->attach_registry(self);
+  std::vector<std::uint64_t>& ids = work_ids_locked(storage->id());
+  CHORUS_CHECK(std::find(ids.begin(), ids.end(), work->id()) == ids.end());
+  ids.push_back(work->id());
+  entry.storages.push_back(storage);
+  storage->add_pending();
 }
 
 std::vector<std::shared_ptr<PendingWork>> WorkRegistry::works_of(const Storage& storage) const {
@@ -103,7 +176,24 @@ std::vector<std::shared_ptr<PendingWork>> WorkRegistry::works_of(const Storage& 
 }
 
 void WorkRegistry::wait_storage(const Storage& storage) {
-  if (std::exception_ptr error = complete_and_retire(works_of(storage))) {
+  std::shared_ptr<PendingWork> only;  // the storage's work when it has exactly one
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = by_storage_.find(storage.id());
+    if (it == by_storage_.end()) {
+      return;
+    }
+    if (it->second.size() == 1) {
+      auto entry = works_.find(it->second.front());
+      CHORUS_CHECK(entry != works_.end());
+      only = entry->second.work;
+    }
+  }
+  // With several works, or when the works changed since the look above (another thread waited
+  // or issued meanwhile), the general path looks again, as it always did.
+  std::exception_ptr error =
+      only != nullptr ? complete_and_retire_one(only) : complete_and_retire(works_of(storage));
+  if (error) {
     std::rethrow_exception(error);
   }
 }
@@ -144,6 +234,18 @@ std::exception_ptr WorkRegistry::complete_and_retire(
   return first_error;
 }
 
+std::exception_ptr WorkRegistry::complete_and_retire_one(const std::shared_ptr<PendingWork>& work) {
+  std::exception_ptr error;
+  try {
+    work->complete();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  retire_locked(*work, error);
+  return error;
+}
+
 void WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
   auto it = works_.find(work.id());
   if (it == works_.end()) {
@@ -154,7 +256,7 @@ void WorkRegistry::retire_locked(const PendingWork& work, const std::exception_p
     CHORUS_CHECK(ids != by_storage_.end());
     std::erase(ids->second, work.id());
     if (ids->second.empty()) {
-      by_storage_.erase(ids);
+      erase_storage_locked(ids);
     }
     auto* mutable_storage = const_cast<Storage*>(storage);  // NOLINT: registry owns the state word
     if (error) {
@@ -162,7 +264,7 @@ void WorkRegistry::retire_locked(const PendingWork& work, const std::exception_p
     }
     mutable_storage->remove_pending();
   }
-  works_.erase(it);
+  erase_work_locked(it);
 }
 
 void WorkRegistry::retire(const PendingWork& work, const std::exception_ptr& error) {
@@ -191,10 +293,12 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
         entry->second.dropped = true;
         if (!unwinding) {
           claims.push_back(claim_locked(entry->second, /*at_rank_exit=*/false));
+        } else {
+          may_have_deferred_drops_.store(true, std::memory_order_release);
         }
       }
     }
-    by_storage_.erase(ids);
+    erase_storage_locked(ids);
   }
   for (const Claim& claim : claims) {
     finalize(claim);
@@ -202,6 +306,9 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
 }
 
 void WorkRegistry::complete_deferred_drops() noexcept {
+  if (!may_have_deferred_drops_.load(std::memory_order_acquire)) {
+    return;  // no drop was deferred since the last scan
+  }
   std::vector<Claim> claims;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -210,6 +317,7 @@ void WorkRegistry::complete_deferred_drops() noexcept {
         claims.push_back(claim_locked(entry, /*at_rank_exit=*/false));
       }
     }
+    may_have_deferred_drops_.store(false, std::memory_order_relaxed);  // every one is claimed
   }
   for (const Claim& claim : claims) {
     finalize(claim);
@@ -277,6 +385,7 @@ void WorkRegistry::finalize(const Claim& claim) noexcept {
       }
       deferred_errors_.push_back(
           explain_unwaited_failure(error, claim.work->info(), claim.at_rank_exit));
+      has_deferred_errors_.store(true, std::memory_order_release);
     }
   } catch (...) {
     // Out of memory while recording: never throw from a drop.
@@ -294,12 +403,16 @@ std::vector<UnwaitedWork> WorkRegistry::unwaited() const {
 }
 
 std::exception_ptr WorkRegistry::take_deferred_error() {
+  if (!has_deferred_errors_.load(std::memory_order_acquire)) {
+    return nullptr;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (deferred_errors_.empty()) {
     return nullptr;
   }
   std::exception_ptr first = deferred_errors_.front();
   deferred_errors_.clear();
+  has_deferred_errors_.store(false, std::memory_order_relaxed);
   return first;
 }
 

@@ -15,6 +15,7 @@ class PrngSource final : public ChoiceSource {
  public:
   explicit PrngSource(std::uint64_t seed) : rng_(seed) {}
   std::uint64_t next(std::uint64_t n) override { return rng_.below(n); }
+  Rng* prng() noexcept override { return &rng_; }
 
  private:
   Rng rng_;
@@ -68,6 +69,14 @@ class BytesSource final : public ChoiceSource {
 
 // The schedule steps PCT considers when no estimate is given: change points fall among them.
 constexpr std::uint64_t kPctDefaultSteps = 256;
+
+// Note [Recycled choice buffer]
+// A stream records every choice; growing a fresh vector by doubling in every run page-faults on
+// each new block once runs are long (a 16k-decision run spent a fifth of its time there). The
+// list's memory therefore passes from a finished stream to the next one on the same thread, up
+// to kRecycledChoicesMax entries; callers copy choices() out (SimWorld::run does).
+constexpr std::size_t kRecycledChoicesMax = std::size_t{1} << 20;
+thread_local std::vector<std::uint64_t> recycled_choices;
 
 }  // namespace
 
@@ -142,9 +151,12 @@ DecisionStream::DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy st
                                int pct_depth, std::uint64_t pct_steps, std::uint64_t seed,
                                bool replaying, std::size_t record_max)
     : source_(std::move(source)),
+      prng_(source_->prng()),
       strategy_(strategy),
       replaying_(replaying),
+      choices_(std::exchange(recycled_choices, {})),
       record_max_(record_max) {
+  choices_.clear();
   // The strategy's own randomness (PCT priorities, the portfolio's pick) comes from the seed,
   // not from the choice source: it is not recorded, because the indices it leads to are.
   Rng strategy_rng(hash_combine(seed, 0x5043545f70637421ULL));
@@ -157,26 +169,15 @@ DecisionStream::DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy st
   }
 }
 
-std::uint64_t DecisionStream::record(std::uint64_t index) {
-  if (choices_.size() < record_max_) {
-    choices_.push_back(index);
-  } else {
-    overflowed_ = true;
+DecisionStream::~DecisionStream() {
+  if (choices_.capacity() <= kRecycledChoicesMax &&
+      choices_.capacity() > recycled_choices.capacity()) {
+    recycled_choices = std::move(choices_);
   }
-  return index;
 }
 
-std::uint64_t DecisionStream::choose(std::uint64_t n) {
-  CHORUS_CHECK_GE(n, 1u);
-  return record(source_->next(n));
-}
-
-std::size_t DecisionStream::choose_schedule(std::span<const Decision> candidates) {
-  CHORUS_CHECK(!candidates.empty());
-  if (pct_ != nullptr) {
-    return static_cast<std::size_t>(record(pct_->pick(candidates)));
-  }
-  return static_cast<std::size_t>(choose(candidates.size()));
+std::size_t DecisionStream::pick_by_pct(std::span<const Decision> candidates) {
+  return static_cast<std::size_t>(record(pct_->pick(candidates)));
 }
 
 // ---- Replay tokens
@@ -195,13 +196,17 @@ constexpr char kBase64Url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 
 std::string base64url(const std::vector<std::uint8_t>& bytes) {
   std::string out;
+  // Whole groups are written in place (a long run's token has tens of thousands of them).
+  out.resize(bytes.size() / 3 * 4);
   std::size_t i = 0;
+  std::size_t at = 0;
   for (; i + 2 < bytes.size(); i += 3) {
     const std::uint32_t v =
         (std::uint32_t{bytes[i]} << 16) | (std::uint32_t{bytes[i + 1]} << 8) | bytes[i + 2];
-    for (int shift = 18; shift >= 0; shift -= 6) {
-      out += kBase64Url[(v >> shift) & 63];
-    }
+    out[at++] = kBase64Url[(v >> 18) & 63];
+    out[at++] = kBase64Url[(v >> 12) & 63];
+    out[at++] = kBase64Url[(v >> 6) & 63];
+    out[at++] = kBase64Url[v & 63];
   }
   if (i < bytes.size()) {
     std::uint32_t v = std::uint32_t{bytes[i]} << 16;
@@ -259,9 +264,7 @@ std::string hex16(std::uint64_t value) {
   return out;
 }
 
-}  // namespace
-
-std::string build_fingerprint() {
+std::string compute_build_fingerprint() {
   std::uint64_t hash = hash_combine(0, kDecisionSchemeVersion);
   const std::string_view compiler = __VERSION__;
   hash = hash_combine(hash, hash_bytes(compiler.data(), compiler.size()));
@@ -278,18 +281,32 @@ std::string build_fingerprint() {
   return hex16(hash);
 }
 
+}  // namespace
+
+std::string build_fingerprint() {
+  // A constant of the build, computed once: every run's replay token carries it.
+  static const std::string fingerprint = compute_build_fingerprint();
+  return fingerprint;
+}
+
 std::string encode_replay_token(int world_size, const std::vector<std::uint64_t>& choices) {
-  std::vector<std::uint8_t> bytes;
+  // LEB128, sized first and then written in place (a long run has a million choices).
+  std::size_t size = 0;
   for (std::uint64_t value : choices) {
-    do {
-      std::uint8_t byte = value & 0x7f;
-      value >>= 7;
-      if (value != 0) {
-        byte |= 0x80;
-      }
-      bytes.push_back(byte);
-    } while (value != 0);
+    size += 1;
+    for (; value >= 0x80; value >>= 7) {
+      size += 1;
+    }
   }
+  std::vector<std::uint8_t> bytes(size);
+  std::size_t at = 0;
+  for (std::uint64_t value : choices) {
+    for (; value >= 0x80; value >>= 7) {
+      bytes[at++] = static_cast<std::uint8_t>((value & 0x7f) | 0x80);
+    }
+    bytes[at++] = static_cast<std::uint8_t>(value);
+  }
+  CHORUS_CHECK_EQ(at, size);
   return std::string(kTokenPrefix) + ":" + std::to_string(kReplayFormatVersion) + ":" +
          build_fingerprint() + ":" + std::to_string(world_size) + ":" + base64url(bytes);
 }

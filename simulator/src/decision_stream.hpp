@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chorus/check.hpp"
 #include "chorus/sim/sim.hpp"
 #include "rng.hpp"
 
@@ -44,6 +45,9 @@ class ChoiceSource {
   virtual std::uint64_t next(std::uint64_t n) = 0;
   // True once a finite source ran out and started answering by its fallback.
   virtual bool exhausted() const noexcept { return false; }
+  // The generator when this source is a plain seeded PRNG (next(n) == prng()->below(n)), so the
+  // stream can draw without a virtual call; null otherwise.
+  virtual Rng* prng() noexcept { return nullptr; }
 };
 
 std::unique_ptr<ChoiceSource> prng_source(std::uint64_t seed);
@@ -80,11 +84,26 @@ class DecisionStream {
   DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy strategy, int pct_depth,
                  std::uint64_t pct_steps, std::uint64_t seed, bool replaying,
                  std::size_t record_max = static_cast<std::size_t>(-1));
+  // Hands the choice list's memory to the next stream on this thread (Note [Recycled choice
+  // buffer] in decision_stream.cpp).
+  ~DecisionStream();
+  DecisionStream(const DecisionStream&) = delete;
+  DecisionStream& operator=(const DecisionStream&) = delete;
 
-  // One choice among n of any kind (reduction order, allocator, fault, ...).
-  std::uint64_t choose(std::uint64_t n);
+  // One choice among n of any kind (reduction order, allocator, fault, ...). Inline: the
+  // scheduler makes one per decision.
+  std::uint64_t choose(std::uint64_t n) {
+    CHORUS_CHECK_GE(n, 1u);
+    return record(prng_ != nullptr ? prng_->below(n) : source_->next(n));
+  }
   // A schedule choice among `candidates`, through the strategy.
-  std::size_t choose_schedule(std::span<const Decision> candidates);
+  std::size_t choose_schedule(std::span<const Decision> candidates) {
+    CHORUS_CHECK(!candidates.empty());
+    if (pct_ != nullptr) {
+      return pick_by_pct(candidates);
+    }
+    return static_cast<std::size_t>(choose(candidates.size()));
+  }
 
   // Every index returned so far, in order.
   const std::vector<std::uint64_t>& choices() const noexcept { return choices_; }
@@ -95,9 +114,19 @@ class DecisionStream {
   Strategy strategy() const noexcept { return strategy_; }
 
  private:
-  std::uint64_t record(std::uint64_t index);
+  std::uint64_t record(std::uint64_t index) {
+    if (choices_.size() < record_max_) [[likely]] {
+      choices_.push_back(index);
+    } else {
+      overflowed_ = true;
+    }
+    return index;
+  }
+
+  std::size_t pick_by_pct(std::span<const Decision> candidates);
 
   std::unique_ptr<ChoiceSource> source_;
+  Rng* prng_;  // source_->prng(), cached
   Strategy strategy_;
   bool replaying_;
   std::unique_ptr<PctPicker> pct_;

@@ -23,6 +23,7 @@
 #include "executor.hpp"
 
 #if defined(CHORUS_ASAN)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -36,6 +37,62 @@ constexpr std::size_t kStackBytes = std::size_t{8} << 20;  // ASan's redzones gr
 #else
 constexpr std::size_t kStackBytes = std::size_t{1} << 20;
 #endif
+
+// Note [Fiber stack pool]
+// A guarded stack costs an mmap and an mprotect to make, page faults on first use and an munmap
+// (with its TLB shootdown) to free: for a world of 4 ranks that was most of its ~120 us fixed
+// cost (docs/performance.md). Stacks are therefore kept, per OS thread (fibers are created and
+// destroyed on the scheduler's thread), for the next world: up to kPooledStacksMax of them, each
+// keeping the pages its last rank touched. A reused stack holds the previous rank's garbage instead
+// of zeros; a program whose result depends on that reads uninitialised memory, which no schedule
+// makes defined. Under ASan a stack is unpoisoned when it comes back: frames of a fiber that ended
+// by switching away never returned to clear their redzones.
+constexpr std::size_t kPooledStacksMax = 64;
+
+class StackPool {
+ public:
+  StackPool() = default;
+  StackPool(const StackPool&) = delete;
+  StackPool& operator=(const StackPool&) = delete;
+  ~StackPool() {
+    for (ctx::stack_context& stack : free_) {
+      ctx::protected_fixedsize_stack(kStackBytes).deallocate(stack);
+    }
+  }
+
+  ctx::stack_context take() {
+    if (free_.empty()) {
+      return ctx::protected_fixedsize_stack(kStackBytes).allocate();
+    }
+    const ctx::stack_context stack = free_.back();
+    free_.pop_back();
+    return stack;
+  }
+
+  void give_back(ctx::stack_context& stack) noexcept {
+    CHORUS_CHECK(stack.sp != nullptr);
+    if (free_.size() >= kPooledStacksMax) {
+      ctx::protected_fixedsize_stack(kStackBytes).deallocate(stack);
+      return;
+    }
+#if defined(CHORUS_ASAN)
+    // Not the guard page at the bottom: it stays inaccessible.
+    const std::size_t page = ctx::stack_traits::page_size();
+    ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(stack.sp) - stack.size + page,
+                                stack.size - page);
+#endif
+    try {
+      free_.push_back(stack);
+    } catch (...) {
+      ctx::protected_fixedsize_stack(kStackBytes).deallocate(stack);
+    }
+  }
+
+ private:
+  std::vector<ctx::stack_context> free_;
+};
+
+thread_local StackPool stack_pool;
 
 // Announces stack switches to ASan; no-ops otherwise.
 struct SanitizerStack {
@@ -83,6 +140,9 @@ class FiberExecutor final : public RankExecutor {
   void start(int count, std::function<void(int)> body) override {
     CHORUS_CHECK(lanes_.empty());
     body_ = std::move(body);
+    // The scheduler resumes ranks from the thread that starts them: its exception globals stay
+    // where they are (a libstdc++ call and a TLS lookup per switch otherwise).
+    scheduler_thread_globals_ = thread_exception_globals();
     lanes_.resize(static_cast<std::size_t>(count));
     for (int rank = 0; rank < count; ++rank) {
       Lane& lane = lanes_[static_cast<std::size_t>(rank)];
@@ -98,7 +158,7 @@ class FiberExecutor final : public RankExecutor {
     // Every switch into a rank starts here and every switch out of it returns here, so swapping
     // the exception globals around this call gives each context its own (Note [Fiber exception
     // state]).
-    ExceptionGlobals* globals = thread_exception_globals();
+    ExceptionGlobals* globals = scheduler_thread_globals_;
     const ExceptionGlobals scheduler_exceptions = *globals;
     *globals = lane.exceptions;
     void* fake_stack = nullptr;
@@ -136,18 +196,18 @@ class FiberExecutor final : public RankExecutor {
     bool finished = false;
   };
 
-  // A guarded stack that tells its lane where it lives (for the sanitizer annotations).
+  // A guarded stack from this thread's pool (Note [Fiber stack pool]) that tells its lane where
+  // it lives (for the sanitizer annotations).
   struct RecordingStack {
     SanitizerStack* record;
-    ctx::protected_fixedsize_stack stack{kStackBytes};
 
     ctx::stack_context allocate() {
-      ctx::stack_context context = stack.allocate();
+      ctx::stack_context context = stack_pool.take();
       record->bottom = static_cast<char*>(context.sp) - context.size;
       record->size = context.size;
       return context;
     }
-    void deallocate(ctx::stack_context& context) noexcept { stack.deallocate(context); }
+    void deallocate(ctx::stack_context& context) noexcept { stack_pool.give_back(context); }
   };
 
   ctx::fiber run_lane(int rank, ctx::fiber&& scheduler) {
@@ -163,6 +223,7 @@ class FiberExecutor final : public RankExecutor {
   std::function<void(int)> body_;
   std::vector<Lane> lanes_;
   SanitizerStack scheduler_stack_;
+  ExceptionGlobals* scheduler_thread_globals_ = nullptr;
 };
 
 }  // namespace

@@ -30,11 +30,11 @@ std::string quote(const std::string& arg) {
   return out + "'";
 }
 
-// "<assignment> <this process's command line>".
-std::string replay_command(const std::string& assignment) {
-  std::string command = assignment;
+// This process's command line, each argument quoted for the shell and preceded by a space.
+std::string read_command_line() {
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
   std::string raw((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  std::string command;
   std::string arg;
   const auto append = [&command](const std::string& word) {
     command += ' ';
@@ -52,6 +52,14 @@ std::string replay_command(const std::string& assignment) {
     append(arg);
   }
   return command;
+}
+
+// "<assignment> <this process's command line>". The command line is read once per process: it
+// does not change, and reading /proc/self/cmdline (open, read, close) on every run was a large
+// part of a short run's fixed cost.
+std::string replay_command(const std::string& assignment) {
+  static const std::string command_line = read_command_line();
+  return assignment + command_line;
 }
 
 SimOptions effective_options(const SimOptions& options) {

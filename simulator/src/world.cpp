@@ -22,6 +22,14 @@ struct CurrentRank {
 };
 thread_local CurrentRank this_thread_rank;
 
+// Note [Recycled schedule buffer]
+// The decisions a run records (up to SimOptions::schedule_record_max) go into a buffer that
+// outlives the run on its thread: growing a fresh vector by doubling, run after run, page faults
+// on every new block (half the time of a 16k-decision run went there). The report gets an
+// exact-size copy; buffers above kRecycledScheduleMax decisions are not kept.
+constexpr std::size_t kRecycledScheduleMax = std::size_t{1} << 16;
+thread_local std::vector<Decision> recycled_schedule;
+
 bool current_rank_of_thread_is_none() noexcept { return this_thread_rank.world == nullptr; }
 
 std::uint64_t decision_code(const Decision& decision) {
@@ -221,14 +229,16 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   CHORUS_CHECK_EQ(info.seq, group.issued[static_cast<std::size_t>(group_rank)]);
   group.issued[static_cast<std::size_t>(group_rank)] += 1;
 
-  transport::Fingerprint fingerprint{group.id, info.seq, {}};
+  transport::Fingerprint signature{group.id, info.seq, {}};
+  signature.ops.reserve(ops.size());
   for (const SimOp& op : ops) {
-    fingerprint.ops.push_back(transport::OpSignature{op.kind, op.send.dtype, op.send.count,
-                                                     op.recv.count, op.reduce_op, op.root});
+    signature.ops.push_back(transport::OpSignature{op.kind, op.send.dtype, op.send.count,
+                                                   op.recv.count, op.reduce_op, op.root});
   }
   auto work =
-      std::make_shared<SimWork>(weak_from_this(), rank, fingerprint,
+      std::make_shared<SimWork>(weak_from_this(), rank, std::move(signature),
                                 ErrorContext{rank, std::string(info.name), info.seq, group.label});
+  const transport::Fingerprint& fingerprint = work->fingerprint();
 
   // Outputs hold poison until completion, so a read that skipped the wait sees garbage.
   for (const SimOp& op : ops) {
@@ -252,7 +262,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     SimGroup::Arrival& arrival = slot.arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);
     for (SimOp& op : ops) {
-      op.input_hash = hash_bytes(op.send.data, op.send.nbytes());
+      op.input_hash = checksum_bytes(op.send.data, op.send.nbytes());
     }
     arrival = SimGroup::Arrival{true, std::move(ops), work, std::string(info.name), info.site};
     slot.arrived += 1;
@@ -344,6 +354,7 @@ void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int ran
     slot.phase = Phase::Blocked;
     slot.blocked_on = &work;
     slot.deadline = deadline;
+    earliest_deadline_ = std::min(earliest_deadline_, deadline.at);
     work.add_waiter(rank);
     yield(rank);
     CHORUS_CHECK(slot.phase == Phase::Runnable);
@@ -391,12 +402,19 @@ void SimWorld::notify_off_rank_waiters() {
 SimReport SimWorld::run(std::function<void()> rank_main) {
   rank_main_ = std::move(rank_main);
   const int size = options_.world_size;
+  schedule_ = std::exchange(recycled_schedule, {});  // Note [Recycled schedule buffer]
+  schedule_.clear();
   ranks_.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     RankOptions rank_options;
     rank_options.timeout = options_.timeout;
     ranks_[static_cast<std::size_t>(r)].context =
         std::make_unique<RankContext>(std::make_shared<SimTransport>(*this, r), rank_options);
+  }
+  run_codes_.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    run_codes_[static_cast<std::size_t>(r)] =
+        decision_code(Decision{Decision::Kind::RunRank, r, 0, -1});
   }
   executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
                                                                           : make_thread_executor();
@@ -416,7 +434,11 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     report.replay_token = encode_replay_token(options_.world_size, report.choices);
   }
   report.data_hash = data_hash_;
-  report.schedule = std::move(schedule_);
+  report.schedule.assign(schedule_.begin(), schedule_.end());
+  if (schedule_.capacity() <= kRecycledScheduleMax) {
+    schedule_.clear();
+    recycled_schedule = std::move(schedule_);
+  }
   report.collectives_completed = completed_;
   report.virtual_time = now();
   report.rank_errors.resize(static_cast<std::size_t>(size));
@@ -436,7 +458,9 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
 void SimWorld::schedule() {
   const int size = options_.world_size;
   while (true) {
-    wake_timed_out_ranks();
+    if (now() >= earliest_deadline_) {  // Note [Deadline scan]
+      wake_timed_out_ranks();
+    }
     candidates_.clear();
     for (int r = 0; r < size; ++r) {
       if (ranks_[static_cast<std::size_t>(r)].phase == Phase::Runnable) {
@@ -471,7 +495,10 @@ void SimWorld::schedule() {
       continue;
     }
     const Decision decision = candidates_[stream_.choose_schedule(candidates_)];
-    schedule_hash_ = hash_combine(schedule_hash_, decision_code(decision));
+    schedule_hash_ =
+        hash_combine(schedule_hash_, decision.kind == Decision::Kind::RunRank
+                                         ? run_codes_[static_cast<std::size_t>(decision.rank)]
+                                         : decision_code(decision));
     if (schedule_.size() < options_.schedule_record_max) {
       schedule_.push_back(decision);
     }
@@ -517,7 +544,8 @@ void SimWorld::complete_operation(SimGroup& group) {
   advance_completion(group);
   const std::size_t size = group.ranks.size();
   const std::size_t num_ops = slot.arrivals[0].ops.size();
-  std::vector<const void*> sources(size);
+  std::vector<const void*>& sources = sources_;  // kept across operations: no allocation
+  sources.assign(size, nullptr);
   for (std::size_t i = 0; i < num_ops; ++i) {
     const SimOp& first = slot.arrivals[0].ops[i];
     const DType dtype = first.send.dtype;
@@ -653,7 +681,7 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
     const SimGroup::Arrival& arrival = slot.arrivals[i];
     for (std::size_t op = 0; op < arrival.ops.size(); ++op) {
       const transport::Buffer& send = arrival.ops[op].send;
-      if (hash_bytes(send.data, send.nbytes()) != arrival.ops[op].input_hash) {
+      if (checksum_bytes(send.data, send.nbytes()) != arrival.ops[op].input_hash) {
         detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
                   std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
                   " of " + arrival.op_name + " (issued at " + arrival.site.to_string() + ")";
@@ -685,11 +713,18 @@ void SimWorld::advance_completion(SimGroup& group) {
 }
 
 void SimWorld::wake_timed_out_ranks() {
+  // Note [Deadline scan] (world.hpp): before earliest_deadline_ no blocked rank can time out.
+  if (now() < earliest_deadline_) {
+    return;
+  }
+  earliest_deadline_ = transport::Duration::max();
   for (RankSlot& slot : ranks_) {
     if (slot.phase == Phase::Blocked && !slot.deadline.is_never() && now() >= slot.deadline.at) {
       slot.phase = Phase::Runnable;
       slot.blocked_on = nullptr;
       slot.timed_out = true;
+    } else if (slot.phase == Phase::Blocked) {
+      earliest_deadline_ = std::min(earliest_deadline_, slot.deadline.at);
     }
   }
 }

@@ -159,6 +159,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   bool poll_on_rank(SimWork& work, int rank);
   // Blocks a thread that is not a simulated rank until `work` finished.
   void wait_off_rank(SimWork& work);
+  // A scheduling point for rank `rank` (the caller) that does nothing else: the bare
+  // scheduler's cost (bench/sim_bench.cpp).
+  void scheduling_point(int rank) { yield(rank); }
 
   transport::Duration now() const noexcept {
     return transport::Duration(now_ns_.load(std::memory_order_relaxed));
@@ -226,6 +229,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<std::shared_ptr<SimGroup>> groups_;  // creation order (deterministic)
   std::map<std::pair<std::string, std::vector<int>>, std::size_t> group_index_;
   std::vector<Decision> candidates_;
+  std::vector<std::uint64_t> run_codes_;  // decision_code of "run rank r", by r
+  // Note [Deadline scan]: a lower bound on every blocked rank's deadline (virtual time), so the
+  // scheduler scans for timed-out ranks only once one may have passed (with the default timeout
+  // of minutes, never in a typical run).
+  transport::Duration earliest_deadline_ = transport::Duration::max();
   std::atomic<std::int64_t> now_ns_{0};  // read by any thread (deadlines), written by the scheduler
   std::uint64_t steps_ = 0;
   std::uint64_t schedule_hash_ = 0;
@@ -234,6 +242,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   bool livelocked_ = false;
   std::exception_ptr first_error_;
   std::vector<unsigned char> scratch_;
+  std::vector<const void*> sources_;  // complete_operation's reduction sources
 
   // Threads that are not ranks wait here (Note [Rank executor]: ranks never block on it).
   std::mutex off_rank_mutex_;

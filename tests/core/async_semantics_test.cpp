@@ -9,21 +9,16 @@
 #include <thread>
 #include <vector>
 
+#include "support/sim_helpers.hpp"
+
 namespace chorus {
 namespace {
 
-sim::SimOptions quiet(int world_size, std::uint64_t seed = 0) {
-  sim::SimOptions options;
-  options.world_size = world_size;
-  options.seed = seed;
-  options.print_failures = false;
-  options.seed_from_environment = false;
-  return options;
-}
+using testing::quiet_options;
 
 TEST(AsyncSemantics, ResultIsPendingUntilWaitedAndViewsNeverWait) {
   for (std::uint64_t seed = 0; seed < 6; ++seed) {
-    sim::run(quiet(3, seed), [] {
+    sim::run(quiet_options(3, seed), [] {
       Tensor sum = all_reduce(Tensor::arange(6, DType::Int32).view({2, 3}), "sum", world());
       EXPECT_TRUE(sum.is_pending());
       EXPECT_EQ(work_registry_size(), 1u);
@@ -43,7 +38,7 @@ TEST(AsyncSemantics, ResultIsPendingUntilWaitedAndViewsNeverWait) {
 }
 
 TEST(AsyncSemantics, ChainedCollectivesWaitTheirPendingInputs) {
-  sim::run(quiet(4, 3), [] {
+  sim::run(quiet_options(4, 3), [] {
     Tensor once = all_reduce(Tensor::ones({2}, DType::Int64), "sum", world());
     Tensor twice = all_reduce(once, "sum", world());  // reads `once`: waits for it first
     EXPECT_FALSE(once.is_pending());
@@ -52,7 +47,7 @@ TEST(AsyncSemantics, ChainedCollectivesWaitTheirPendingInputs) {
 }
 
 TEST(AsyncSemantics, GatherAlongAnInnerDimDoesNotWaitEarly) {
-  sim::run(quiet(2, 1), [] {
+  sim::run(quiet_options(2, 1), [] {
     const int r = rank();
     Tensor mine = Tensor::full({2, 2}, r + 1, DType::Int32);
     Tensor gathered = all_gather_tensor(mine, 1, world());
@@ -64,7 +59,7 @@ TEST(AsyncSemantics, GatherAlongAnInnerDimDoesNotWaitEarly) {
 }
 
 TEST(AsyncSemantics, InputIsNeverModifiedAndMayBeReusedAfterIssue) {
-  sim::run(quiet(3, 9), [] {
+  sim::run(quiet_options(3, 9), [] {
     Tensor input = Tensor::full({3}, rank() + 1, DType::Int32);
     Tensor sum = all_reduce(input, "sum", world());
     Tensor gathered = all_gather_tensor(input, 0, world());
@@ -78,7 +73,7 @@ TEST(AsyncSemantics, InputIsNeverModifiedAndMayBeReusedAfterIssue) {
 
 TEST(AsyncSemantics, WaitsInAnyOrderAndIdempotent) {
   for (std::uint64_t seed = 0; seed < 8; ++seed) {
-    sim::run(quiet(4, seed), [] {
+    sim::run(quiet_options(4, seed), [] {
       std::vector<Tensor> results;
       for (int i = 0; i < 4; ++i) {
         results.push_back(all_reduce(Tensor::full({1}, i, DType::Int32), "sum", world()));
@@ -98,7 +93,7 @@ TEST(AsyncSemantics, WaitsInAnyOrderAndIdempotent) {
 }
 
 TEST(AsyncSemantics, CoalescedOutputsShareOneWork) {
-  sim::run(quiet(2, 0), [] {
+  sim::run(quiet_options(2, 0), [] {
     std::vector<Tensor> outputs =
         all_gather_into_tensor_coalesced({Tensor::ones({1}), Tensor::zeros({2})}, world());
     EXPECT_EQ(work_registry_size(), 1u);
@@ -109,7 +104,7 @@ TEST(AsyncSemantics, CoalescedOutputsShareOneWork) {
 }
 
 TEST(AsyncSemantics, PooledOutputAtARecycledAddressIsANewStorage) {
-  sim::run(quiet(2, 4), [] {
+  sim::run(quiet_options(2, 4), [] {
     const Tensor input = Tensor::ones({16}, DType::Int32);
     const void* first_address = nullptr;
     {
@@ -132,7 +127,7 @@ TEST(AsyncSemantics, ARankMayWaitOnAndDropAnotherRanksPendingTensor) {
   for (std::uint64_t seed = 0; seed < 8; ++seed) {
     std::vector<Tensor> shared(2);
     std::vector<std::int32_t> seen(2);
-    sim::SimReport report = sim::run(quiet(2, seed), [&] {
+    sim::SimReport report = sim::run(quiet_options(2, seed), [&] {
       const auto r = static_cast<std::size_t>(rank());
       shared[r] = all_reduce(Tensor::full({2}, rank() + 1, DType::Int32), "sum", {rank()});
       (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();  // both published
@@ -159,7 +154,7 @@ TEST(AsyncSemantics, ARankMayWaitOnAndDropAnotherRanksPendingTensor) {
 
 TEST(AsyncSemantics, AThreadThatIsNotARankMayWaitOnAPendingTensor) {
   for (sim::ExecutorKind executor : {sim::ExecutorKind::Fibers, sim::ExecutorKind::Threads}) {
-    sim::SimOptions options = quiet(3, 2);
+    sim::SimOptions options = quiet_options(3, 2);
     options.executor = executor;
     sim::run(options, [] {
       Tensor sum = all_reduce(Tensor::full({4}, rank(), DType::Int64), "sum", world());

@@ -28,132 +28,70 @@
 #include <utility>
 #include <vector>
 
+#include "support/sim_helpers.hpp"
+
 namespace chorus {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Helpers (distinct names: several test files link into one binary).
+// Helpers (distinct names: several test files link into one binary; the shared ones are in
+// tests/support).
 
-sim::SimOptions errdoc_options(int world_size, std::uint64_t seed = 0) {
-  sim::SimOptions options;
-  options.world_size = world_size;
-  options.seed = seed;
-  options.print_failures = false;
-  options.seed_from_environment = false;
-  return options;
-}
+using testing::caught_error;
+using testing::CaughtError;
+using testing::contains;
+using testing::error_code_of;
+using testing::expect_error;
+using testing::expect_error_on_rank;
+using testing::quiet_options;
+using testing::run_catching;
+using testing::run_quietly;
 
-// Runs `body` once on each of `world_size` simulated ranks.
-void errdoc_run(int world_size, const std::function<void()>& body) {
-  sim::run(errdoc_options(world_size), body);
-}
-
-bool errdoc_contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// What a statement threw.
-struct ErrdocCaught {
-  std::optional<ErrorCode> code;
-  std::string what;
-  std::string detail;
-  ErrorContext context;
-};
-
-template <class E>
-ErrorCode errdoc_code_of() {
-  return E(ErrorContext{}, "").code();
-}
-
-// Runs `statement`, expecting an error of exactly type E whose detail contains `detail`.
-template <class E>
-ErrdocCaught errdoc_expect(const std::function<void()>& statement, const std::string& detail,
-                           int line = __builtin_LINE()) {
-  const std::string_view expected = error_code_name(errdoc_code_of<E>());
-  ErrdocCaught caught;
-  try {
-    statement();
-  } catch (const E& error) {
-    caught = ErrdocCaught{error.code(), error.what(), error.detail(), error.context()};
-    EXPECT_EQ(error.code(), errdoc_code_of<E>()) << "line " << line;
-    EXPECT_TRUE(errdoc_contains(error.detail(), detail))
-        << "line " << line << ": detail \"" << error.detail() << "\" lacks \"" << detail << "\"";
-    return caught;
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "line " << line << ": expected " << expected << ", got " << error.what();
-    return caught;
-  }
-  ADD_FAILURE() << "line " << line << ": expected " << expected << ", nothing was thrown";
-  return caught;
-}
-
-// As errdoc_expect, for an error outside any rank and any group: what() is
+// As expect_error<E>, for an error outside any rank and any group: what() is
 // "chorus::<Code>: <op>: <detail>".
 template <class E>
 void errdoc_expect_plain(const std::function<void()>& statement, const std::string& op,
                          const std::string& detail, int line = __builtin_LINE()) {
-  const ErrdocCaught caught = errdoc_expect<E>(statement, detail, line);
+  const CaughtError caught = expect_error<E>(statement, {detail}, line);
   const std::string prefix =
-      "chorus::" + std::string(error_code_name(errdoc_code_of<E>())) + ": " + op + ": ";
+      "chorus::" + std::string(error_code_name(error_code_of<E>())) + ": " + op + ": ";
   EXPECT_EQ(caught.what.rfind(prefix, 0), 0u)
       << "line " << line << ": \"" << caught.what << "\" does not start with \"" << prefix << "\"";
   EXPECT_EQ(caught.context.rank, -1) << "line " << line;
 }
 
-// As errdoc_expect, on a rank: what() is "chorus::<Code>: [rank R] <op> #<seq> on group
-// <group>: <detail>" with R the calling rank (no "#<seq>" when seq is -1, no group part when
-// `group` is empty).
+// expect_error_on_rank<E> with one detail fragment: what() is "chorus::<Code>: [rank R] <op>
+// #<seq> on group <group>: <detail>" with R the calling rank (no "#<seq>" when seq is -1, no group
+// part when `group` is empty).
 template <class E>
-ErrdocCaught errdoc_expect_on_rank(const std::function<void()>& statement, const std::string& op,
-                                   std::int64_t seq, const std::string& group,
-                                   const std::string& detail, int line = __builtin_LINE()) {
-  ErrdocCaught caught = errdoc_expect<E>(statement, detail, line);
-  std::string prefix = "chorus::" + std::string(error_code_name(errdoc_code_of<E>())) + ": [rank " +
-                       std::to_string(rank()) + "] " + op;
-  if (seq >= 0) {
-    prefix += " #" + std::to_string(seq);
-  }
-  if (!group.empty()) {
-    prefix += " on group " + group;
-  }
-  prefix += ": ";
-  EXPECT_EQ(caught.what.rfind(prefix, 0), 0u)
-      << "line " << line << ": \"" << caught.what << "\" does not start with \"" << prefix << "\"";
-  EXPECT_EQ(caught.context.rank, rank()) << "line " << line;
-  EXPECT_EQ(caught.context.op, op) << "line " << line;
-  EXPECT_EQ(caught.context.seq, seq) << "line " << line;
-  EXPECT_EQ(caught.context.group, group) << "line " << line;
-  return caught;
+CaughtError errdoc_expect_on_rank(const std::function<void()>& statement, const std::string& op,
+                                  std::int64_t seq, const std::string& group,
+                                  const std::string& detail, int line = __builtin_LINE()) {
+  return expect_error_on_rank<E>(statement, {detail}, {op, seq, group}, line);
 }
 
-// Runs `body` on every rank, catching a chorus::Error per rank.
-std::vector<ErrdocCaught> errdoc_outcomes(int world_size, const std::function<void()>& body,
-                                          std::uint64_t seed = 0) {
-  std::vector<ErrdocCaught> outcomes(static_cast<std::size_t>(world_size));
-  sim::run(errdoc_options(world_size, seed), [&] {
-    ErrdocCaught& outcome = outcomes[static_cast<std::size_t>(rank())];
-    try {
-      body();
-    } catch (const Error& error) {
-      outcome = ErrdocCaught{error.code(), error.what(), error.detail(), error.context()};
-    }
-  });
-  return outcomes;
+// errdoc_expect_on_rank on every rank of a `world_size`-rank simulation.
+template <class E>
+void errdoc_expect_on_every_rank(int world_size, const std::function<void()>& statement,
+                                 const std::string& op, std::int64_t seq, const std::string& group,
+                                 const std::string& detail, int line = __builtin_LINE()) {
+  run_quietly(world_size,
+              [&] { errdoc_expect_on_rank<E>(statement, op, seq, group, detail, line); });
 }
 
 // Checks that rank `r`'s outcome is `code` with `detail` in it, and that its context names the
 // rank, `op`, `seq` and `group`.
-void errdoc_expect_outcome(const std::vector<ErrdocCaught>& outcomes, int r, ErrorCode code,
+void errdoc_expect_outcome(const std::vector<CaughtError>& outcomes, int r, ErrorCode code,
                            const std::string& op, std::int64_t seq, const std::string& group,
                            const std::string& detail, int line = __builtin_LINE()) {
-  const ErrdocCaught& outcome = outcomes[static_cast<std::size_t>(r)];
+  const CaughtError& outcome = outcomes[static_cast<std::size_t>(r)];
   ASSERT_TRUE(outcome.code.has_value()) << "line " << line << ": rank " << r << " got no error";
   EXPECT_EQ(*outcome.code, code) << "line " << line << ": rank " << r << ": " << outcome.what;
   EXPECT_EQ(outcome.context.rank, r) << "line " << line;
   EXPECT_EQ(outcome.context.op, op) << "line " << line;
   EXPECT_EQ(outcome.context.seq, seq) << "line " << line;
   EXPECT_EQ(outcome.context.group, group) << "line " << line;
-  EXPECT_TRUE(errdoc_contains(outcome.detail, detail))
+  EXPECT_TRUE(contains(outcome.detail, detail))
       << "line " << line << ": rank " << r << ": \"" << outcome.detail << "\" lacks \"" << detail
       << "\"";
   const std::string prefix = "chorus::" + std::string(error_code_name(code)) + ": [rank " +
@@ -616,24 +554,22 @@ TEST(ErrorsDocGroups, NewGroupOutsideRank) {
 }
 
 TEST(ErrorsDocGroups, NewGroupEmpty) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>([] { (void)new_group({}); }, "new_group", -1, "",
-                                           "ranks is empty: a group needs at least one rank");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)new_group({}); }, "new_group", -1, "",
+      "ranks is empty: a group needs at least one rank");
 }
 
 TEST(ErrorsDocGroups, NewGroupDuplicateRank) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)new_group({0, 0});
-        },
-        "new_group", -1, "", "ranks [0, 0] holds rank 0 more than once");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)new_group({0, 0});
+      },
+      "new_group", -1, "", "ranks [0, 0] holds rank 0 more than once");
 }
 
 TEST(ErrorsDocGroups, NewGroupRankOutOfRange) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     errdoc_expect_on_rank<InvalidArgument>(
         [] {
           (void)new_group({0, 2});
@@ -645,25 +581,22 @@ TEST(ErrorsDocGroups, NewGroupRankOutOfRange) {
 }
 
 TEST(ErrorsDocGroups, ExpandEmptyGroup) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>([] { (void)expand_group(std::vector<int>{}); },
-                                           "expand_group", -1, "[]",
-                                           "group is empty: a group needs at least one rank");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)expand_group(std::vector<int>{}); }, "expand_group", -1, "[]",
+      "group is empty: a group needs at least one rank");
 }
 
 TEST(ErrorsDocGroups, ExpandDuplicateRank) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)expand_group({1, 1});
-        },
-        "expand_group", -1, "[1, 1]", "group [1, 1] holds rank 1 more than once");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)expand_group({1, 1});
+      },
+      "expand_group", -1, "[1, 1]", "group [1, 1] holds rank 1 more than once");
 }
 
 TEST(ErrorsDocGroups, ExpandRankOutOfRange) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     errdoc_expect_on_rank<InvalidArgument>(
         [] {
           (void)expand_group({0, 5});
@@ -671,41 +604,37 @@ TEST(ErrorsDocGroups, ExpandRankOutOfRange) {
         "expand_group", -1, "[0, 5]", "group [0, 5] holds rank 5, out of range [0, 2)");
   });
   // Outside a rank the world size is unknown: only negative ranks are refused.
-  errdoc_expect<InvalidArgument>([] { (void)expand_group({-1}); },
-                                 "group [-1] holds rank -1, out of range non-negative");
+  expect_error<InvalidArgument>([] { (void)expand_group({-1}); },
+                                {"group [-1] holds rank -1, out of range non-negative"});
 }
 
 TEST(ErrorsDocGroups, MpmdUnequalSubLists) {
-  errdoc_run(3, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)expand_group({{0, 1}, {2}});
-        },
-        "expand_group", -1, "[[0, 1], [2]]", "group sizes must be identical found 2 and 1");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      3,
+      [] {
+        (void)expand_group({{0, 1}, {2}});
+      },
+      "expand_group", -1, "[[0, 1], [2]]", "group sizes must be identical found 2 and 1");
 }
 
 TEST(ErrorsDocGroups, MpmdEmptyList) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)expand_group(GroupSpec(std::vector<std::vector<int>>{})); }, "expand_group", -1,
-        "[]", "group is an empty list of rank lists");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)expand_group(GroupSpec(std::vector<std::vector<int>>{})); }, "expand_group", -1,
+      "[]", "group is an empty list of rank lists");
 }
 
 TEST(ErrorsDocGroups, MpmdRankInTwoSubLists) {
-  errdoc_run(3, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)expand_group({{0, 1}, {1, 2}});
-        },
-        "expand_group", -1, "[[0, 1], [1, 2]]",
-        "group (flattened) [0, 1, 1, 2] holds rank 1 more than once");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      3,
+      [] {
+        (void)expand_group({{0, 1}, {1, 2}});
+      },
+      "expand_group", -1, "[[0, 1], [1, 2]]",
+      "group (flattened) [0, 1, 1, 2] holds rank 1 more than once");
 }
 
 TEST(ErrorsDocGroups, MpmdCallerInNoSubList) {
-  errdoc_run(3, [] {
+  run_quietly(3, [] {
     if (rank() != 2) {
       return;
     }
@@ -718,19 +647,18 @@ TEST(ErrorsDocGroups, MpmdCallerInNoSubList) {
 }
 
 TEST(ErrorsDocGroups, MultiDimMeshAlone) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)expand_group(DeviceMesh({1, 2}, {0, 1}));
-        },
-        "expand_group", -1, "mesh [1, 2] of [0, 1]",
-        "Only 1D mesh is supported, pass in MeshDim{mesh, dim} together if mesh > 1D (mesh shape "
-        "[1, 2])");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)expand_group(DeviceMesh({1, 2}, {0, 1}));
+      },
+      "expand_group", -1, "mesh [1, 2] of [0, 1]",
+      "Only 1D mesh is supported, pass in MeshDim{mesh, dim} together if mesh > 1D (mesh shape "
+      "[1, 2])");
 }
 
 TEST(ErrorsDocGroups, MeshDimCallerNotInMesh) {
-  errdoc_run(3, [] {
+  run_quietly(3, [] {
     if (rank() != 2) {
       return;
     }
@@ -743,33 +671,31 @@ TEST(ErrorsDocGroups, MeshDimCallerNotInMesh) {
 }
 
 TEST(ErrorsDocGroups, MeshDimOutsideRank) {
-  errdoc_expect<InvalidArgument>(
+  expect_error<InvalidArgument>(
       [] {
         (void)expand_group(MeshDim{DeviceMesh({2}, {0, 1}), 0});
       },
-      kErrdocOutsideRank);
+      {kErrdocOutsideRank});
 }
 
 TEST(ErrorsDocGroups, MeshDimDimOutOfRange) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)expand_group(MeshDim{DeviceMesh({2}, {0, 1}), 1});
-        },
-        "expand_group", -1, "dim 1 of mesh [2] of [0, 1]",
-        "MeshDim dim 1 is out of range for a 1-d mesh (expected [-1, 0])");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)expand_group(MeshDim{DeviceMesh({2}, {0, 1}), 1});
+      },
+      "expand_group", -1, "dim 1 of mesh [2] of [0, 1]",
+      "MeshDim dim 1 is out of range for a 1-d mesh (expected [-1, 0])");
 }
 
 TEST(ErrorsDocGroups, MeshDimDimOutOfRangeInCollectiveNamesOpAndGroup) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)all_reduce(errdoc_bytes(1), "sum", MeshDim{DeviceMesh({2}, {0, 1}), 1});
-        },
-        "all_reduce", -1, "dim 1 of mesh [2] of [0, 1]",
-        "MeshDim dim 1 is out of range for a 1-d mesh (expected [-1, 0])");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)all_reduce(errdoc_bytes(1), "sum", MeshDim{DeviceMesh({2}, {0, 1}), 1});
+      },
+      "all_reduce", -1, "dim 1 of mesh [2] of [0, 1]",
+      "MeshDim dim 1 is out of range for a 1-d mesh (expected [-1, 0])");
 }
 
 TEST(ErrorsDocGroups, MeshShapeDoesNotMatchRanks) {
@@ -820,7 +746,7 @@ TEST(ErrorsDocReduceOp, ParsePremulSumWithoutFactor) {
 }
 
 TEST(ErrorsDocReduceOp, UnknownNameInCollective) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     const ReduceOp unknown("mean");  // converting never throws
     EXPECT_FALSE(unknown.is_valid());
     errdoc_expect_on_rank<InvalidArgument>(
@@ -831,44 +757,35 @@ TEST(ErrorsDocReduceOp, UnknownNameInCollective) {
 }
 
 TEST(ErrorsDocReduceOp, BitwiseOnFloating) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)all_reduce(Tensor::ones({2}), "band", world()); }, "all_reduce", 0, "[0, 1]",
-        "reduce_op band is not supported for dtype Float32: bitwise ops need an integer or Bool "
-        "dtype");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)all_reduce(Tensor::ones({2}), "band", world()); }, "all_reduce", 0, "[0, 1]",
+      "reduce_op band is not supported for dtype Float32: bitwise ops need an integer or Bool "
+      "dtype");
 }
 
 TEST(ErrorsDocReduceOp, ComplexTakesOnlySums) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)all_reduce(Tensor::ones({2}, DType::Complex64), "max", world()); }, "all_reduce",
-        0, "[0, 1]",
-        "reduce_op max is not supported for dtype Complex64: complex dtypes take only sum, avg and "
-        "premul_sum");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)all_reduce(Tensor::ones({2}, DType::Complex64), "max", world()); },
+      "all_reduce", 0, "[0, 1]",
+      "reduce_op max is not supported for dtype Complex64: complex dtypes take only sum, avg and "
+      "premul_sum");
 }
 
 TEST(ErrorsDocReduceOp, BoolTakesOnlyMinMaxBitwise) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)reduce_scatter_tensor(Tensor::ones({2}, DType::Bool), "sum", 0, world()); },
-        "reduce_scatter_tensor", 0, "[0, 1]",
-        "reduce_op sum is not supported for dtype Bool: Bool takes only min, max, band, bor and "
-        "bxor");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)reduce_scatter_tensor(Tensor::ones({2}, DType::Bool), "sum", 0, world()); },
+      "reduce_scatter_tensor", 0, "[0, 1]",
+      "reduce_op sum is not supported for dtype Bool: Bool takes only min, max, band, bor and "
+      "bxor");
 }
 
 TEST(ErrorsDocReduceOp, PremulSumOnInteger) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)reduce(Tensor::ones({2}, DType::Int32), ReduceOp::premul_sum(2.0), 0, world());
-        },
-        "reduce", 0, "[0, 1]",
-        "reduce_op premul_sum(2) is not supported for dtype Int32: premul_sum needs a floating or "
-        "complex dtype");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] { (void)reduce(Tensor::ones({2}, DType::Int32), ReduceOp::premul_sum(2.0), 0, world()); },
+      "reduce", 0, "[0, 1]",
+      "reduce_op premul_sum(2) is not supported for dtype Int32: premul_sum needs a floating or "
+      "complex dtype");
 }
 
 // =============================================================================================
@@ -884,7 +801,7 @@ TEST(ErrorsDocCollectives, CalledOutsideRank) {
 }
 
 TEST(ErrorsDocCollectives, NotAMember) {
-  errdoc_run(3, [] {
+  run_quietly(3, [] {
     const ProcessGroup pair = new_group({0, 1});  // local: rank 2 may create it
     if (rank() != 2) {
       return;
@@ -896,47 +813,40 @@ TEST(ErrorsDocCollectives, NotAMember) {
 }
 
 TEST(ErrorsDocCollectives, InvalidGroup) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)all_reduce(Tensor::ones({2}), "sum", {0, 0});
-        },
-        "all_reduce", -1, "[0, 0]", "group [0, 0] holds rank 0 more than once");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)all_reduce(Tensor::ones({2}), "sum", {0, 0});
+      },
+      "all_reduce", -1, "[0, 0]", "group [0, 0] holds rank 0 more than once");
 }
 
 TEST(ErrorsDocCollectives, UndefinedInput) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>([] { (void)all_gather_tensor(Tensor(), 0, world()); },
-                                           "all_gather_tensor", 0, "[0, 1]",
-                                           "input is an undefined tensor");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)all_gather_tensor(Tensor(), 0, world()); }, "all_gather_tensor", 0, "[0, 1]",
+      "input is an undefined tensor");
 }
 
 TEST(ErrorsDocCollectives, UndefinedInputOfCoalesced) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)all_reduce_coalesced({Tensor::ones({2}), Tensor()}, "sum", world());
-        },
-        "all_reduce_coalesced", 0, "[0, 1]", "input 1 is an undefined tensor");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)all_reduce_coalesced({Tensor::ones({2}), Tensor()}, "sum", world());
+      },
+      "all_reduce_coalesced", 0, "[0, 1]", "input 1 is an undefined tensor");
 }
 
 TEST(ErrorsDocCollectives, MetaInputOutsideTracing) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)all_reduce(Tensor::empty({2}, DType::Float32, Device::meta()), "sum", world());
-        },
-        "all_reduce", 0, "[0, 1]",
-        "input is a meta tensor: meta tensors carry no data to communicate (inside a TraceScope "
-        "they are traced for their shapes, without communication)");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] { (void)all_reduce(Tensor::empty({2}, DType::Float32, Device::meta()), "sum", world()); },
+      "all_reduce", 0, "[0, 1]",
+      "input is a meta tensor: meta tensors carry no data to communicate (inside a TraceScope "
+      "they are traced for their shapes, without communication)");
 }
 
 TEST(ErrorsDocCollectives, MetaAndRealInputsMixed) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     TraceScope scope;
     errdoc_expect_on_rank<InvalidArgument>(
         [] {
@@ -951,7 +861,7 @@ TEST(ErrorsDocCollectives, MetaAndRealInputsMixed) {
 }
 
 TEST(ErrorsDocCollectives, TransportCannotRunIt) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     float values[2] = {1, 2};
     const Tensor on_device = Tensor::from_blob(values, {2}, DType::Float32, Device::cuda(0));
     errdoc_expect_on_rank<InvalidArgument>(
@@ -971,7 +881,7 @@ TEST(ErrorsDocCollectives, TransportCannotRunIt) {
 
 TEST(ErrorsDocCollectives, RejectedCallConsumesNoSequenceNumber) {
   std::vector<float> sums(2);
-  errdoc_run(2, [&] {
+  run_quietly(2, [&] {
     if (rank() == 0) {
       errdoc_expect_on_rank<InvalidArgument>(
           [] { (void)reduce_scatter_tensor(Tensor::ones({3}), "sum", 0, world()); },
@@ -991,79 +901,69 @@ TEST(ErrorsDocCollectives, RejectedCallConsumesNoSequenceNumber) {
 // Collectives: per op
 
 TEST(ErrorsDocCollectives, AllGatherDimOutOfRange) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)all_gather_tensor(Tensor::ones({2, 2}), 2, world());
-        },
-        "all_gather_tensor", 0, "[0, 1]",
-        "gather_dim 2 is out of range for a 2-d input (expected [-2, 1])");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)all_gather_tensor(Tensor::ones({2, 2}), 2, world());
+      },
+      "all_gather_tensor", 0, "[0, 1]",
+      "gather_dim 2 is out of range for a 2-d input (expected [-2, 1])");
 }
 
 TEST(ErrorsDocCollectives, ReduceScatterZeroDim) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)reduce_scatter_tensor(Tensor::ones({}), "sum", 0, world()); },
-        "reduce_scatter_tensor", 0, "[0, 1]",
-        "input is 0-d: reduce_scatter needs a dimension to scatter");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)reduce_scatter_tensor(Tensor::ones({}), "sum", 0, world()); },
+      "reduce_scatter_tensor", 0, "[0, 1]",
+      "input is 0-d: reduce_scatter needs a dimension to scatter");
 }
 
 TEST(ErrorsDocCollectives, ReduceScatterDimOutOfRange) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)reduce_scatter_tensor(Tensor::ones({4}), "sum", -2, world()); },
-        "reduce_scatter_tensor", 0, "[0, 1]",
-        "scatter_dim -2 is out of range for a 1-d input (expected [-1, 0])");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)reduce_scatter_tensor(Tensor::ones({4}), "sum", -2, world()); },
+      "reduce_scatter_tensor", 0, "[0, 1]",
+      "scatter_dim -2 is out of range for a 1-d input (expected [-1, 0])");
 }
 
 TEST(ErrorsDocCollectives, ReduceScatterNotDivisible) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)reduce_scatter_tensor(Tensor::ones({2, 5}), "sum", 1, world());
-        },
-        "reduce_scatter_tensor", 0, "[0, 1]",
-        "input size 5 along scatter_dim 1 is not divisible by the group size 2");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)reduce_scatter_tensor(Tensor::ones({2, 5}), "sum", 1, world());
+      },
+      "reduce_scatter_tensor", 0, "[0, 1]",
+      "input size 5 along scatter_dim 1 is not divisible by the group size 2");
 }
 
 TEST(ErrorsDocCollectives, ReduceScatterCoalescedDimsCount) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)reduce_scatter_tensor_coalesced({Tensor::ones({2}), Tensor::ones({2})}, "sum", {0},
-                                                world());
-        },
-        "reduce_scatter_tensor_coalesced", 0, "[0, 1]",
-        "scatter_dims has 1 entries for 2 inputs: expected one per input");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)reduce_scatter_tensor_coalesced({Tensor::ones({2}), Tensor::ones({2})}, "sum", {0},
+                                              world());
+      },
+      "reduce_scatter_tensor_coalesced", 0, "[0, 1]",
+      "scatter_dims has 1 entries for 2 inputs: expected one per input");
 }
 
 TEST(ErrorsDocCollectives, ReduceScatterCoalescedNotDivisible) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)reduce_scatter_tensor_coalesced({Tensor::ones({2}), Tensor::ones({3})}, "sum",
-                                                {0, 0}, world());
-        },
-        "reduce_scatter_tensor_coalesced", 0, "[0, 1]",
-        "input 1 size 3 along scatter_dim 0 is not divisible by the group size 2");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)reduce_scatter_tensor_coalesced({Tensor::ones({2}), Tensor::ones({3})}, "sum", {0, 0},
+                                              world());
+      },
+      "reduce_scatter_tensor_coalesced", 0, "[0, 1]",
+      "input 1 size 3 along scatter_dim 0 is not divisible by the group size 2");
 }
 
 TEST(ErrorsDocCollectives, AllToAllZeroDim) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)all_to_all_single(Tensor::ones({}), std::nullopt, std::nullopt, world()); },
-        "all_to_all_single", 0, "[0, 1]", "input is 0-d: all_to_all_single splits dimension 0");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)all_to_all_single(Tensor::ones({}), std::nullopt, std::nullopt, world()); },
+      "all_to_all_single", 0, "[0, 1]", "input is 0-d: all_to_all_single splits dimension 0");
 }
 
 TEST(ErrorsDocCollectives, AllToAllOneSplitAbsent) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     errdoc_expect_on_rank<InvalidArgument>(
         [] {
           (void)all_to_all_single(Tensor::ones({2}), std::vector<std::int64_t>{1, 1}, std::nullopt,
@@ -1082,48 +982,43 @@ TEST(ErrorsDocCollectives, AllToAllOneSplitAbsent) {
 }
 
 TEST(ErrorsDocCollectives, AllToAllEqualSplitNotDivisible) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)all_to_all_single(Tensor::ones({3}), std::nullopt, std::nullopt, world()); },
-        "all_to_all_single", 0, "[0, 1]",
-        "input size 3 along dim 0 is not divisible by the group size 2 (no split sizes given, so "
-        "the split is equal)");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)all_to_all_single(Tensor::ones({3}), std::nullopt, std::nullopt, world()); },
+      "all_to_all_single", 0, "[0, 1]",
+      "input size 3 along dim 0 is not divisible by the group size 2 (no split sizes given, so "
+      "the split is equal)");
 }
 
 TEST(ErrorsDocCollectives, AllToAllSplitListLength) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)all_to_all_single(Tensor::ones({2}), std::vector<std::int64_t>{2},
-                                  std::vector<std::int64_t>{1, 1}, world());
-        },
-        "all_to_all_single", 0, "[0, 1]",
-        "output_split_sizes [2] has 1 entries: expected one per group rank (2)");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)all_to_all_single(Tensor::ones({2}), std::vector<std::int64_t>{2},
+                                std::vector<std::int64_t>{1, 1}, world());
+      },
+      "all_to_all_single", 0, "[0, 1]",
+      "output_split_sizes [2] has 1 entries: expected one per group rank (2)");
 }
 
 TEST(ErrorsDocCollectives, AllToAllNegativeSplit) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)all_to_all_single(Tensor::ones({2}), std::vector<std::int64_t>{1, 1},
-                                  std::vector<std::int64_t>{3, -1}, world());
-        },
-        "all_to_all_single", 0, "[0, 1]", "input_split_sizes [3, -1] has a negative entry at 1");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)all_to_all_single(Tensor::ones({2}), std::vector<std::int64_t>{1, 1},
+                                std::vector<std::int64_t>{3, -1}, world());
+      },
+      "all_to_all_single", 0, "[0, 1]", "input_split_sizes [3, -1] has a negative entry at 1");
 }
 
 TEST(ErrorsDocCollectives, AllToAllInputSplitsDoNotSum) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)all_to_all_single(Tensor::ones({4}), std::vector<std::int64_t>{2, 2},
-                                  std::vector<std::int64_t>{1, 1}, world());
-        },
-        "all_to_all_single", 0, "[0, 1]",
-        "input_split_sizes [1, 1] sum to 2, but the input has 4 rows along dim 0");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)all_to_all_single(Tensor::ones({4}), std::vector<std::int64_t>{2, 2},
+                                std::vector<std::int64_t>{1, 1}, world());
+      },
+      "all_to_all_single", 0, "[0, 1]",
+      "input_split_sizes [1, 1] sum to 2, but the input has 4 rows along dim 0");
 }
 
 // BUG: the split sums in all_to_all_rule (core/src/shape_rules.cpp) are plain int64 additions.
@@ -1136,7 +1031,7 @@ TEST(ErrorsDocCollectives, AllToAllInputSplitsDoNotSum) {
 // op "Tensor::empty" and no group.) Expected: InvalidArgument from all_to_all_single naming the
 // overflow.
 TEST(ErrorsDocCollectives, AllToAllSplitSumOverflowIsInvalidArgument) {
-  errdoc_run(3, [] {
+  run_quietly(3, [] {
     // Rank r sends 4 rows to rank 2 - r and INT64_MAX rows to the others (a symmetric matrix,
     // so every pair of ranks agrees): each list sums to 2^64 + 2, which wraps to 2.
     constexpr std::int64_t kHuge = std::numeric_limits<std::int64_t>::max();
@@ -1151,7 +1046,7 @@ TEST(ErrorsDocCollectives, AllToAllSplitSumOverflowIsInvalidArgument) {
 }
 
 TEST(ErrorsDocCollectives, BroadcastSrcNotAGroupRank) {
-  errdoc_run(3, [] {
+  run_quietly(3, [] {
     if (rank() == 0) {
       return;
     }
@@ -1166,72 +1061,64 @@ TEST(ErrorsDocCollectives, BroadcastSrcNotAGroupRank) {
 }
 
 TEST(ErrorsDocCollectives, ReduceDstNotAGroupRank) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)reduce(Tensor::ones({2}), "sum", -1, world()); }, "reduce", 0, "[0, 1]",
-        "dst -1 is not a group rank: expected [0, 1] (an index into the group's ranks, not a "
-        "global rank)");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)reduce(Tensor::ones({2}), "sum", -1, world()); }, "reduce", 0, "[0, 1]",
+      "dst -1 is not a group rank: expected [0, 1] (an index into the group's ranks, not a "
+      "global rank)");
 }
 
 TEST(ErrorsDocCollectives, PermuteWrongLength) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] { (void)permute_tensor(Tensor::ones({2}), {1}, world()); }, "permute_tensor", 0,
-        "[0, 1]", "src_dst [1] has 1 entries: expected one per group rank (2)");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)permute_tensor(Tensor::ones({2}), {1}, world()); }, "permute_tensor", 0,
+      "[0, 1]", "src_dst [1] has 1 entries: expected one per group rank (2)");
 }
 
 TEST(ErrorsDocCollectives, PermuteDestinationOutOfRange) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)permute_tensor(Tensor::ones({2}), {1, 2}, world());
-        },
-        "permute_tensor", 0, "[0, 1]",
-        "src_dst [1, 2]: group rank 1 sends to 2, which is not a group rank (expected [0, 1] or "
-        "-1 for nowhere)");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)permute_tensor(Tensor::ones({2}), {1, 2}, world());
+      },
+      "permute_tensor", 0, "[0, 1]",
+      "src_dst [1, 2]: group rank 1 sends to 2, which is not a group rank (expected [0, 1] or "
+      "-1 for nowhere)");
 }
 
 TEST(ErrorsDocCollectives, PermuteRepeatedDestination) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          (void)permute_tensor(Tensor::ones({2}), {1, 1}, world());
-        },
-        "permute_tensor", 0, "[0, 1]",
-        "src_dst [1, 1]: group ranks 0 and 1 both send to 1 (destinations must be distinct)");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        (void)permute_tensor(Tensor::ones({2}), {1, 1}, world());
+      },
+      "permute_tensor", 0, "[0, 1]",
+      "src_dst [1, 1]: group ranks 0 and 1 both send to 1 (destinations must be distinct)");
 }
 
 // =============================================================================================
 // Collectives: in-place forms
 
 TEST(ErrorsDocCollectives, InplaceUndefinedTensor) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          Tensor undefined;
-          all_reduce_inplace(undefined, "sum", world());
-        },
-        "all_reduce_inplace", 0, "[0, 1]", "tensor is an undefined tensor");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        Tensor undefined;
+        all_reduce_inplace(undefined, "sum", world());
+      },
+      "all_reduce_inplace", 0, "[0, 1]", "tensor is an undefined tensor");
 }
 
 TEST(ErrorsDocCollectives, InplaceOutputUndefined) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          Tensor output;
-          all_gather_tensor_inplace(output, Tensor::ones({2}), world());
-        },
-        "all_gather_tensor_inplace", 0, "[0, 1]", "output is an undefined tensor");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        Tensor output;
+        all_gather_tensor_inplace(output, Tensor::ones({2}), world());
+      },
+      "all_gather_tensor_inplace", 0, "[0, 1]", "output is an undefined tensor");
 }
 
 TEST(ErrorsDocCollectives, InplaceOutputShape) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     errdoc_expect_on_rank<InvalidArgument>(
         [] {
           Tensor output = Tensor::zeros({2});
@@ -1250,27 +1137,24 @@ TEST(ErrorsDocCollectives, InplaceOutputShape) {
 }
 
 TEST(ErrorsDocCollectives, InplaceOutputDType) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          Tensor output = Tensor::zeros({4}, DType::Int32);
-          all_gather_tensor_inplace(output, Tensor::ones({2}), world());
-        },
-        "all_gather_tensor_inplace", 0, "[0, 1]",
-        "output dtype Int32 does not match the input dtype Float32");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        Tensor output = Tensor::zeros({4}, DType::Int32);
+        all_gather_tensor_inplace(output, Tensor::ones({2}), world());
+      },
+      "all_gather_tensor_inplace", 0, "[0, 1]",
+      "output dtype Int32 does not match the input dtype Float32");
 }
 
 TEST(ErrorsDocCollectives, InplaceOutputMeta) {
-  errdoc_run(2, [] {
-    errdoc_expect_on_rank<InvalidArgument>(
-        [] {
-          Tensor output = Tensor::empty({1}, DType::Float32, Device::meta());
-          reduce_scatter_tensor_inplace(output, Tensor::ones({2}), "sum", world());
-        },
-        "reduce_scatter_tensor_inplace", 0, "[0, 1]",
-        "output is a meta tensor but the input is not");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2,
+      [] {
+        Tensor output = Tensor::empty({1}, DType::Float32, Device::meta());
+        reduce_scatter_tensor_inplace(output, Tensor::ones({2}), "sum", world());
+      },
+      "reduce_scatter_tensor_inplace", 0, "[0, 1]", "output is a meta tensor but the input is not");
 }
 
 // =============================================================================================
@@ -1314,7 +1198,7 @@ TEST(ErrorsDocTracing, TraceScopeOutsideRank) {
 }
 
 TEST(ErrorsDocTracing, ExecuteWrongInputCount) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     const OpRecord record = errdoc_record();
     errdoc_expect_on_rank<InvalidArgument>(
         [&] {
@@ -1326,7 +1210,7 @@ TEST(ErrorsDocTracing, ExecuteWrongInputCount) {
 }
 
 TEST(ErrorsDocTracing, ExecuteInputDoesNotFit) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     const OpRecord record = errdoc_record();
     errdoc_expect_on_rank<InvalidArgument>(
         [&] { (void)execute(record, {Tensor::ones({3}, DType::Int32)}); }, "execute", -1, "",
@@ -1335,7 +1219,7 @@ TEST(ErrorsDocTracing, ExecuteInputDoesNotFit) {
 }
 
 TEST(ErrorsDocTracing, ExecuteBadGroupSize) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     OpRecord record = errdoc_record();
     record.group_size = 0;
     errdoc_expect_on_rank<InvalidArgument>(
@@ -1345,7 +1229,7 @@ TEST(ErrorsDocTracing, ExecuteBadGroupSize) {
 }
 
 TEST(ErrorsDocTracing, ExecuteMissingReduceOp) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     OpRecord record = errdoc_record();
     record.reduce_op.reset();
     errdoc_expect_on_rank<InvalidArgument>(
@@ -1355,7 +1239,7 @@ TEST(ErrorsDocTracing, ExecuteMissingReduceOp) {
 }
 
 TEST(ErrorsDocTracing, ExecuteMissingDims) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     OpRecord record = errdoc_record("all_gather_tensor");
     record.reduce_op.reset();
     errdoc_expect_on_rank<InvalidArgument>(
@@ -1365,7 +1249,7 @@ TEST(ErrorsDocTracing, ExecuteMissingDims) {
 }
 
 TEST(ErrorsDocTracing, ExecuteUnknownOp) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     const OpRecord record = errdoc_record("all_scatter");
     errdoc_expect_on_rank<InvalidArgument>(
         [&] { (void)execute(record, {Tensor::ones({2})}); }, "execute", -1, "",
@@ -1374,7 +1258,7 @@ TEST(ErrorsDocTracing, ExecuteUnknownOp) {
 }
 
 TEST(ErrorsDocTracing, ExecuteArgumentTheCollectiveRefuses) {
-  errdoc_run(2, [] {
+  run_quietly(2, [] {
     OpRecord record = errdoc_record("broadcast");
     record.reduce_op.reset();
     record.src = 5;
@@ -1593,23 +1477,21 @@ TEST(ErrorsDocRunning, TransportNotBuilt) {
 }
 
 TEST(ErrorsDocRunning, SimWorldSizeOutOfRange) {
-  errdoc_expect_plain<InvalidArgument>([] { (void)sim::run(errdoc_options(0), [] {}); }, "sim::run",
+  errdoc_expect_plain<InvalidArgument>([] { (void)sim::run(quiet_options(0), [] {}); }, "sim::run",
                                        "world_size 0 is out of range [1, 1024]");
-  errdoc_expect_plain<InvalidArgument>([] { (void)sim::run(errdoc_options(1025), [] {}); },
+  errdoc_expect_plain<InvalidArgument>([] { (void)sim::run(quiet_options(1025), [] {}); },
                                        "sim::run", "world_size 1025 is out of range [1, 1024]");
 }
 
 TEST(ErrorsDocRunning, SimRunInsideRank) {
-  errdoc_run(1, [] {
-    errdoc_expect_on_rank<InvalidArgument>([] { (void)sim::run(errdoc_options(1), [] {}); },
-                                           "sim::run", -1, "",
-                                           "sim::run cannot be called from inside a rank");
-  });
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      1, [] { (void)sim::run(quiet_options(1), [] {}); }, "sim::run", -1, "",
+      "sim::run cannot be called from inside a rank");
 }
 
 TEST(ErrorsDocRunning, SimSeedEnvironmentMalformed) {
   const ErrdocEnvironment seed("CHORUS_SIM_SEED", "12abc");
-  sim::SimOptions options = errdoc_options(1);
+  sim::SimOptions options = quiet_options(1);
   options.seed_from_environment = true;
   errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(options, [] {}); }, "sim::run",
                                        "CHORUS_SIM_SEED='12abc' is not an unsigned integer");
@@ -1618,7 +1500,7 @@ TEST(ErrorsDocRunning, SimSeedEnvironmentMalformed) {
 TEST(ErrorsDocRunning, SimExecutorEnvironmentUnknown) {
   const ErrdocEnvironment executor("CHORUS_SIM_EXECUTOR", "coroutines");
   errdoc_expect_plain<InvalidArgument>(
-      [] { (void)sim::run(errdoc_options(1), [] {}); }, "sim::run",
+      [] { (void)sim::run(quiet_options(1), [] {}); }, "sim::run",
       "CHORUS_SIM_EXECUTOR='coroutines': expected fibers or threads");
 }
 
@@ -1629,7 +1511,7 @@ constexpr const char* kErrdocMismatch0 = "ranks disagree on operation #0 of grou
 
 TEST(ErrorsDocCrossRank, MismatchOp) {
   for (std::uint64_t seed = 0; seed < 4; ++seed) {
-    const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(
+    const std::vector<CaughtError> outcomes = run_catching(
         2,
         [] {
           if (rank() == 0) {
@@ -1643,12 +1525,12 @@ TEST(ErrorsDocCrossRank, MismatchOp) {
                           kErrdocMismatch0);
     errdoc_expect_outcome(outcomes, 1, ErrorCode::CollectiveMismatch, "all_gather_tensor", 0,
                           "[0, 1]", kErrdocMismatch0);
-    for (const ErrdocCaught& outcome : outcomes) {
-      EXPECT_TRUE(errdoc_contains(outcome.detail, "all_reduce(UInt8, send=4, recv=4, sum) at "));
-      EXPECT_TRUE(errdoc_contains(outcome.detail,
-                                  "all_gather_tensor all_gather(UInt8, send=2, recv=4) at "))
+    for (const CaughtError& outcome : outcomes) {
+      EXPECT_TRUE(contains(outcome.detail, "all_reduce(UInt8, send=4, recv=4, sum) at "));
+      EXPECT_TRUE(
+          contains(outcome.detail, "all_gather_tensor all_gather(UInt8, send=2, recv=4) at "))
           << outcome.detail;
-      EXPECT_TRUE(errdoc_contains(outcome.detail, "errors_doc_test.cpp:")) << "call sites";
+      EXPECT_TRUE(contains(outcome.detail, "errors_doc_test.cpp:")) << "call sites";
     }
   }
 }
@@ -1658,14 +1540,14 @@ TEST(ErrorsDocCrossRank, MismatchOp) {
 void errdoc_expect_field_mismatch(const std::function<void(int)>& issue, const std::string& op,
                                   const std::string& usual, const std::string& deviant) {
   for (std::uint64_t seed = 0; seed < 4; ++seed) {
-    const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(
+    const std::vector<CaughtError> outcomes = run_catching(
         3, [&] { issue(rank()); }, seed);
     for (int r = 0; r < 3; ++r) {
       errdoc_expect_outcome(outcomes, r, ErrorCode::CollectiveMismatch, op, 0, "[0, 1, 2]",
                             "ranks disagree on operation #0 of group [0, 1, 2]: rank ");
       const std::string& detail = outcomes[static_cast<std::size_t>(r)].detail;
-      EXPECT_TRUE(errdoc_contains(detail, usual)) << detail;
-      EXPECT_TRUE(errdoc_contains(detail, deviant)) << detail;
+      EXPECT_TRUE(contains(detail, usual)) << detail;
+      EXPECT_TRUE(contains(detail, deviant)) << detail;
     }
   }
 }
@@ -1709,7 +1591,7 @@ TEST(ErrorsDocCrossRank, MismatchRoot) {
 TEST(ErrorsDocCrossRank, MismatchGroup) {
   // Rank 0 joins {0, 1}, rank 1 joins {0, 1, 2}, rank 2 joins {1, 2}: each waits for a peer that
   // waits in another group holding both of them.
-  const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(3, [] {
+  const std::vector<CaughtError> outcomes = run_catching(3, [] {
     const std::vector<std::vector<int>> groups = {{0, 1}, {0, 1, 2}, {1, 2}};
     (void)all_reduce(errdoc_bytes(2), "sum", groups[static_cast<std::size_t>(rank())])
         .to_vector<std::uint8_t>();
@@ -1719,17 +1601,17 @@ TEST(ErrorsDocCrossRank, MismatchGroup) {
     errdoc_expect_outcome(outcomes, r, ErrorCode::CollectiveMismatch, "all_reduce", 0,
                           labels[static_cast<std::size_t>(r)],
                           "ranks disagree on the group of their next collective: rank ");
-    EXPECT_TRUE(errdoc_contains(outcomes[static_cast<std::size_t>(r)].detail,
-                                "each group holds both ranks, so neither can complete"));
+    EXPECT_TRUE(contains(outcomes[static_cast<std::size_t>(r)].detail,
+                         "each group holds both ranks, so neither can complete"));
   }
-  EXPECT_TRUE(errdoc_contains(outcomes[0].detail,
-                              "rank 0 waits in all_reduce #0 on group [0, 1] (issued at "));
-  EXPECT_TRUE(errdoc_contains(outcomes[0].detail,
-                              "rank 1 waits in all_reduce #0 on group [0, 1, 2] (issued at "));
+  EXPECT_TRUE(
+      contains(outcomes[0].detail, "rank 0 waits in all_reduce #0 on group [0, 1] (issued at "));
+  EXPECT_TRUE(
+      contains(outcomes[0].detail, "rank 1 waits in all_reduce #0 on group [0, 1, 2] (issued at "));
 }
 
 TEST(ErrorsDocCrossRank, MismatchTag) {
-  const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(2, [] {
+  const std::vector<CaughtError> outcomes = run_catching(2, [] {
     const ProcessGroup group = new_group({0, 1}, rank() == 0 ? "alpha" : "beta");
     (void)all_reduce(errdoc_bytes(2), "sum", group).to_vector<std::uint8_t>();
   });
@@ -1743,7 +1625,7 @@ TEST(ErrorsDocCrossRank, MismatchTag) {
 
 TEST(ErrorsDocCrossRank, MismatchAllToAllCounts) {
   for (std::uint64_t seed = 0; seed < 4; ++seed) {
-    const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(
+    const std::vector<CaughtError> outcomes = run_catching(
         2,
         [] {
           // Rank 1 keeps both rows (sends 0 to rank 0), but rank 0 expects 1 row from rank 1.
@@ -1758,14 +1640,14 @@ TEST(ErrorsDocCrossRank, MismatchAllToAllCounts) {
                             "[0, 1]",
                             "ranks disagree on operation #0 of group [0, 1]: all_to_all counts "
                             "disagree: rank 1 sends 0 elements to rank 0 (issued at ");
-      EXPECT_TRUE(errdoc_contains(outcomes[static_cast<std::size_t>(r)].detail,
-                                  ") but rank 0 expects 1 from rank 1 (issued at "));
+      EXPECT_TRUE(contains(outcomes[static_cast<std::size_t>(r)].detail,
+                           ") but rank 0 expects 1 from rank 1 (issued at "));
     }
   }
 }
 
 TEST(ErrorsDocCrossRank, MismatchPermutation) {
-  const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(2, [] {
+  const std::vector<CaughtError> outcomes = run_catching(2, [] {
     // Rank 0 thinks the ranks swap; rank 1 thinks only it sends (to rank 0).
     const std::vector<int> src_dst = rank() == 0 ? std::vector<int>{1, 0} : std::vector<int>{-1, 0};
     (void)permute_tensor(Tensor::ones({2}), src_dst, world()).to_vector<float>();
@@ -1774,13 +1656,13 @@ TEST(ErrorsDocCrossRank, MismatchPermutation) {
     errdoc_expect_outcome(outcomes, r, ErrorCode::CollectiveMismatch, "permute_tensor", 0, "[0, 1]",
                           "all_to_all counts disagree: rank 0 sends 2 elements to rank 1 (issued "
                           "at ");
-    EXPECT_TRUE(errdoc_contains(outcomes[static_cast<std::size_t>(r)].detail,
-                                ") but rank 1 expects 0 from rank 0 (issued at "));
+    EXPECT_TRUE(contains(outcomes[static_cast<std::size_t>(r)].detail,
+                         ") but rank 1 expects 0 from rank 0 (issued at "));
   }
 }
 
 TEST(ErrorsDocCrossRank, AbortedAfterMismatch) {
-  const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(2, [] {
+  const std::vector<CaughtError> outcomes = run_catching(2, [] {
     try {
       (void)all_reduce(errdoc_bytes(rank() == 0 ? 1 : 2), "sum", world()).to_vector<std::uint8_t>();
     } catch (const CollectiveMismatch&) {
@@ -1794,7 +1676,7 @@ TEST(ErrorsDocCrossRank, AbortedAfterMismatch) {
 }
 
 TEST(ErrorsDocCrossRank, DeadlockPeerReturned) {
-  const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(2, [] {
+  const std::vector<CaughtError> outcomes = run_catching(2, [] {
     if (rank() == 0) {
       (void)all_reduce(errdoc_bytes(2), "sum", world()).to_vector<std::uint8_t>();
     }
@@ -1807,7 +1689,7 @@ TEST(ErrorsDocCrossRank, DeadlockPeerReturned) {
 
 TEST(ErrorsDocCrossRank, DeadlockCycle) {
   // Each rank waits in its first group before joining its second: 0 -> 1 -> 2 -> 0.
-  const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(3, [] {
+  const std::vector<CaughtError> outcomes = run_catching(3, [] {
     const int r = rank();
     std::vector<int> first = {r, (r + 1) % 3};
     std::vector<int> second = {(r + 2) % 3, r};
@@ -1822,15 +1704,15 @@ TEST(ErrorsDocCrossRank, DeadlockCycle) {
                           labels[static_cast<std::size_t>(r)],
                           "no rank can make progress (deadlock):\n  rank 0: waiting in all_reduce "
                           "#0 on group [0, 1] (issued at ");
-    EXPECT_TRUE(errdoc_contains(outcomes[static_cast<std::size_t>(r)].detail,
-                                "; not yet joined by rank(s) 1"));
+    EXPECT_TRUE(
+        contains(outcomes[static_cast<std::size_t>(r)].detail, "; not yet joined by rank(s) 1"));
   }
 }
 
 TEST(ErrorsDocCrossRank, RankFailure) {
-  std::vector<ErrdocCaught> outcomes(3);
+  std::vector<CaughtError> outcomes(3);
   EXPECT_THROW(
-      sim::run(errdoc_options(3),
+      sim::run(quiet_options(3),
                [&] {
                  if (rank() == 1) {
                    throw std::runtime_error("rank 1 crashed");
@@ -1838,8 +1720,7 @@ TEST(ErrorsDocCrossRank, RankFailure) {
                  try {
                    (void)all_reduce(errdoc_bytes(2), "sum", world()).to_vector<std::uint8_t>();
                  } catch (const Error& error) {
-                   outcomes[static_cast<std::size_t>(rank())] =
-                       ErrdocCaught{error.code(), error.what(), error.detail(), error.context()};
+                   outcomes[static_cast<std::size_t>(rank())] = caught_error(error);
                  }
                }),
       std::runtime_error)
@@ -1851,10 +1732,10 @@ TEST(ErrorsDocCrossRank, RankFailure) {
 }
 
 TEST(ErrorsDocCrossRank, Timeout) {
-  sim::SimOptions options = errdoc_options(2);
+  sim::SimOptions options = quiet_options(2);
   options.timeout = std::chrono::microseconds(50);  // 50 scheduling steps of virtual time
-  std::vector<ErrdocCaught> first(2);
-  std::vector<ErrdocCaught> second(2);
+  std::vector<CaughtError> first(2);
+  std::vector<CaughtError> second(2);
   sim::run(options, [&] {
     const auto r = static_cast<std::size_t>(rank());
     try {
@@ -1865,31 +1746,31 @@ TEST(ErrorsDocCrossRank, Timeout) {
       }
       (void)all_reduce(errdoc_bytes(1), "sum", world()).to_vector<std::uint8_t>();
     } catch (const Error& error) {
-      first[r] = ErrdocCaught{error.code(), error.what(), error.detail(), error.context()};
+      first[r] = caught_error(error);
     }
     try {
       (void)all_reduce(errdoc_bytes(1), "sum", world()).to_vector<std::uint8_t>();
     } catch (const Error& error) {
-      second[r] = ErrdocCaught{error.code(), error.what(), error.detail(), error.context()};
+      second[r] = caught_error(error);
     }
   });
   for (int r = 0; r < 2; ++r) {
     errdoc_expect_outcome(first, r, ErrorCode::Timeout, "all_reduce", 0, "[0, 1]",
                           "rank 0's wait passed its deadline (virtual time ");
-    EXPECT_TRUE(errdoc_contains(first[static_cast<std::size_t>(r)].detail,
-                                " s) before the collective completed, when rank(s) 1 had not "
-                                "joined it yet; the communicator is aborted, as a watchdog would"));
+    EXPECT_TRUE(contains(first[static_cast<std::size_t>(r)].detail,
+                         " s) before the collective completed, when rank(s) 1 had not "
+                         "joined it yet; the communicator is aborted, as a watchdog would"));
     errdoc_expect_outcome(second, r, ErrorCode::Aborted, "all_reduce", 1, "[0, 1]",
                           "the communicator was aborted: operation #0 timed out");
   }
 }
 
 TEST(ErrorsDocCrossRank, Livelock) {
-  sim::SimOptions options = errdoc_options(2);
+  sim::SimOptions options = quiet_options(2);
   options.max_steps = 500;
-  std::vector<ErrdocCaught> outcomes(2);
+  std::vector<CaughtError> outcomes(2);
   sim::run(options, [&] {
-    ErrdocCaught& outcome = outcomes[static_cast<std::size_t>(rank())];
+    CaughtError& outcome = outcomes[static_cast<std::size_t>(rank())];
     try {
       if (rank() == 0) {
         while (true) {  // never joins the world collective, but keeps calling chorus
@@ -1898,7 +1779,7 @@ TEST(ErrorsDocCrossRank, Livelock) {
       }
       (void)all_reduce(errdoc_bytes(1), "sum", world()).to_vector<std::uint8_t>();
     } catch (const Error& error) {
-      outcome = ErrdocCaught{error.code(), error.what(), error.detail(), error.context()};
+      outcome = caught_error(error);
     }
   });
   errdoc_expect_outcome(outcomes, 1, ErrorCode::Deadlock, "all_reduce", 0, "[0, 1]",
@@ -1909,12 +1790,12 @@ TEST(ErrorsDocCrossRank, Livelock) {
   ASSERT_TRUE(outcomes[0].code.has_value());
   EXPECT_EQ(*outcomes[0].code, ErrorCode::Deadlock) << outcomes[0].what;
   EXPECT_EQ(outcomes[0].context.group, "[0]");
-  EXPECT_TRUE(errdoc_contains(outcomes[0].detail, "step budget SimOptions::max_steps exhausted"))
+  EXPECT_TRUE(contains(outcomes[0].detail, "step budget SimOptions::max_steps exhausted"))
       << outcomes[0].what;
 }
 
 TEST(ErrorsDocCrossRank, InputModified) {
-  const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(2, [] {
+  const std::vector<CaughtError> outcomes = run_catching(2, [] {
     const ProcessGroup signal = new_group({0, 1}, "signal");
     Tensor input = Tensor::full({4}, 1, DType::Int32);
     if (rank() == 0) {
@@ -1931,15 +1812,15 @@ TEST(ErrorsDocCrossRank, InputModified) {
   for (int r = 0; r < 2; ++r) {
     errdoc_expect_outcome(outcomes, r, ErrorCode::InputModified, "all_reduce", 0, "[0, 1]",
                           "rank 0 modified input 0 of all_reduce (issued at ");
-    EXPECT_TRUE(errdoc_contains(outcomes[static_cast<std::size_t>(r)].detail,
-                                ") before the collective completed: the result would depend on "
-                                "timing (on NCCL, a data race); wait for the collective before "
-                                "writing its input"));
+    EXPECT_TRUE(contains(outcomes[static_cast<std::size_t>(r)].detail,
+                         ") before the collective completed: the result would depend on "
+                         "timing (on NCCL, a data race); wait for the collective before "
+                         "writing its input"));
   }
 }
 
 TEST(ErrorsDocCrossRank, DroppedResultFailedRaisedAtNextCall) {
-  const std::vector<ErrdocCaught> outcomes = errdoc_outcomes(2, [] {
+  const std::vector<CaughtError> outcomes = run_catching(2, [] {
     { Tensor dropped = all_reduce(errdoc_bytes(rank() + 1), "sum", world()); }
     // The drop completed the mismatched collective; its error comes out of the next call.
     (void)all_reduce(errdoc_bytes(1), "sum", {rank()}).to_vector<std::uint8_t>();
@@ -1947,9 +1828,9 @@ TEST(ErrorsDocCrossRank, DroppedResultFailedRaisedAtNextCall) {
   for (int r = 0; r < 2; ++r) {
     errdoc_expect_outcome(outcomes, r, ErrorCode::CollectiveMismatch, "all_reduce", 0, "[0, 1]",
                           "the result of all_reduce #0 (issued at ");
-    EXPECT_TRUE(errdoc_contains(outcomes[static_cast<std::size_t>(r)].detail,
-                                ") was dropped un-waited, and completing it failed: ranks "
-                                "disagree on operation #0 of group [0, 1]"));
+    EXPECT_TRUE(contains(outcomes[static_cast<std::size_t>(r)].detail,
+                         ") was dropped un-waited, and completing it failed: ranks "
+                         "disagree on operation #0 of group [0, 1]"));
   }
 }
 
@@ -1958,7 +1839,7 @@ TEST(ErrorsDocCrossRank, PendingAtRankExitFailedRaisedByRun) {
   // and the rank's end completes it.
   std::vector<Tensor> kept(2);
   try {
-    sim::run(errdoc_options(2), [&] {
+    sim::run(quiet_options(2), [&] {
       kept[static_cast<std::size_t>(rank())] = all_reduce(errdoc_bytes(rank() + 1), "sum", world());
     });
     ADD_FAILURE() << "sim::run should rethrow the failure found at the end of a rank";
@@ -1966,11 +1847,11 @@ TEST(ErrorsDocCrossRank, PendingAtRankExitFailedRaisedByRun) {
     EXPECT_EQ(error.context().op, "all_reduce");
     EXPECT_EQ(error.context().seq, 0);
     EXPECT_EQ(error.context().group, "[0, 1]");
-    EXPECT_TRUE(errdoc_contains(error.detail(), "the result of all_reduce #0 (issued at "))
+    EXPECT_TRUE(contains(error.detail(), "the result of all_reduce #0 (issued at "))
         << error.what();
-    EXPECT_TRUE(errdoc_contains(error.detail(),
-                                ") was still pending when the rank ended, and completing it "
-                                "failed: ranks disagree on operation #0 of group [0, 1]"))
+    EXPECT_TRUE(contains(error.detail(),
+                         ") was still pending when the rank ended, and completing it "
+                         "failed: ranks disagree on operation #0 of group [0, 1]"))
         << error.what();
   } catch (const std::exception& error) {
     ADD_FAILURE() << "expected CollectiveMismatch, got " << error.what();

@@ -16,10 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <iomanip>
-#include <iterator>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -33,63 +30,49 @@
 #include "chorus/reduce_op.hpp"
 #include "chorus/sim/sim.hpp"
 #include "chorus/tensor.hpp"
+#include "support/sim_helpers.hpp"
 
 namespace chorus {
 namespace {
 
 using Kind = ReduceOp::Kind;
-using ByteVector = std::vector<std::uint8_t>;
 
-// Always world size 1 and non-powers of two (STYLE "Tests").
-constexpr int kSurfaceWorldSizes[] = {1, 2, 3, 4, 8};
-// Cross-rank disagreements need two ranks.
-constexpr int kSurfaceMultiRankSizes[] = {2, 3, 4, 8};
+using testing::allowed_ops;
+using testing::Bytes;
+using testing::capture_every_rank;
+using testing::cyclic_shift;
+using testing::element_count;
+using testing::ErrorSite;
+using testing::expect_error_on_rank;
+using testing::first_ranks;
+using testing::kIsBool;
+using testing::kIsHalfLike;
+using testing::kIsInteger;
+using testing::kMultiRankWorldSizes;
+using testing::kWorldSizes;
+using testing::list_text;
+using testing::matches;
+using testing::normalized_dim;
+using testing::position_of;
+using testing::rank_slot;
+using testing::reference_chunk;
+using testing::reference_concat;
+using testing::reference_reduce;
+using testing::Result;
+using testing::reversed_ranks;
+using testing::run_quietly;
+using testing::sum_of;
+using testing::sweep_name;
+using testing::SweepParam;
+using testing::tensor_bytes;
+using testing::to_index;
+using testing::values_of;
+using testing::visit_element_type;
+using testing::world_label;
+using testing::world_name;
+
 // Schedules tried for the cross-rank failures, whose detection depends on arrival order.
 constexpr std::uint64_t kSurfaceSeeds = 6;
-
-// ---------------------------------------------------------------------------------------------
-// Running ranks.
-
-sim::SimReport surface_run(int world_size, const std::function<void()>& rank_main,
-                           std::uint64_t seed = 0) {
-  sim::SimOptions options;
-  options.world_size = world_size;
-  options.seed = seed;
-  options.print_failures = false;
-  options.seed_from_environment = false;
-  return sim::run(options, rank_main);
-}
-
-std::size_t at(std::int64_t index) { return static_cast<std::size_t>(index); }
-std::size_t my_slot() { return static_cast<std::size_t>(rank()); }
-
-std::vector<int> first_ranks(int count) {
-  std::vector<int> ranks;
-  for (int r = 0; r < count; ++r) {
-    ranks.push_back(r);
-  }
-  return ranks;
-}
-
-std::string world_label(int world_size) {
-  return ExpandedGroup{"", first_ranks(world_size), world_size}.to_string();
-}
-
-std::int64_t count_of(const Shape& shape) {
-  std::int64_t count = 1;
-  for (std::int64_t size : shape) {
-    count *= size;
-  }
-  return count;
-}
-
-std::string shape_string(const Shape& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    out += (i > 0 ? ", " : "") + std::to_string(shape[i]);
-  }
-  return out + "]";
-}
 
 // `rows` rows of `tail`.
 Shape rows_of(std::int64_t rows, const Shape& tail) {
@@ -97,53 +80,6 @@ Shape rows_of(std::int64_t rows, const Shape& tail) {
   shape.insert(shape.end(), tail.begin(), tail.end());
   return shape;
 }
-
-// ---------------------------------------------------------------------------------------------
-// Element types.
-
-template <class T>
-struct Element {
-  using type = T;
-};
-
-// Calls fn(Element<T>{}) with the C++ element type T of `dtype`.
-template <class Fn>
-void with_element_type(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::Bool:
-      return fn(Element<bool>{});
-    case DType::UInt8:
-      return fn(Element<std::uint8_t>{});
-    case DType::Int8:
-      return fn(Element<std::int8_t>{});
-    case DType::Int32:
-      return fn(Element<std::int32_t>{});
-    case DType::Int64:
-      return fn(Element<std::int64_t>{});
-    case DType::Float16:
-      return fn(Element<Half>{});
-    case DType::BFloat16:
-      return fn(Element<BFloat16>{});
-    case DType::Float32:
-      return fn(Element<float>{});
-    case DType::Float64:
-      return fn(Element<double>{});
-    case DType::Complex64:
-      return fn(Element<std::complex<float>>{});
-    case DType::Complex128:
-      return fn(Element<std::complex<double>>{});
-  }
-  ADD_FAILURE() << "unknown dtype " << static_cast<int>(dtype);
-}
-
-template <class T>
-inline constexpr bool kBool = std::is_same_v<T, bool>;
-template <class T>
-inline constexpr bool kInteger = std::is_integral_v<T> && !kBool<T>;
-template <class T>
-inline constexpr bool kHalfLike = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-template <class T>
-inline constexpr bool kReal = kHalfLike<T> || std::is_floating_point_v<T>;
 
 // ---------------------------------------------------------------------------------------------
 // Inputs.
@@ -155,13 +91,13 @@ template <class T>
 T moved_value(int r, std::int64_t i) {
   EXPECT_LT(i, 100) << "moved_value keys must stay distinct";
   const std::int64_t key = r * 100 + i;
-  if constexpr (kBool<T>) {
+  if constexpr (kIsBool<T>) {
     return key % 3 == 0;
   } else if constexpr (std::is_same_v<T, std::uint8_t>) {
     return static_cast<T>(key % 256);
   } else if constexpr (std::is_same_v<T, std::int8_t>) {
     return static_cast<T>(key % 256 - 128);
-  } else if constexpr (kInteger<T>) {
+  } else if constexpr (kIsInteger<T>) {
     return static_cast<T>(key);
   } else if constexpr (std::is_same_v<T, Half>) {
     return Half(static_cast<float>(key));  // below 2^11: exact
@@ -177,11 +113,7 @@ T moved_value(int r, std::int64_t i) {
 
 template <class T>
 std::vector<T> moved_values(int r, std::int64_t count, std::int64_t first = 0) {
-  std::vector<T> out;
-  for (std::int64_t i = first; i < first + count; ++i) {
-    out.push_back(moved_value<T>(r, i));
-  }
-  return out;
+  return values_of<T>(count, [&](std::int64_t i) { return moved_value<T>(r, first + i); });
 }
 
 // Every value is a power of two or 0.25 apart from one, so every sum (multiples of 0.25 below
@@ -190,12 +122,12 @@ std::vector<T> moved_values(int r, std::int64_t count, std::int64_t first = 0) {
 // the accumulation precision.
 constexpr double kReduceTable[] = {1.0, 2.0, -1.0, 0.5, -2.0, -0.5, 0.25};
 
-double reduce_table(std::int64_t key) { return kReduceTable[at(key % 7)]; }
+double reduce_table(std::int64_t key) { return kReduceTable[to_index(key % 7)]; }
 
 // Rank `r`'s element `i` for the reductions.
 template <class T>
 T reduced_value(int r, std::int64_t i) {
-  if constexpr (kBool<T>) {
+  if constexpr (kIsBool<T>) {
     if (i % 4 == 0) {
       return true;  // true on every rank: and gives true
     }
@@ -203,13 +135,13 @@ T reduced_value(int r, std::int64_t i) {
       return false;  // false on every rank: or gives false
     }
     return (r * 3 + i) % 5 < 3;
-  } else if constexpr (kInteger<T>) {
+  } else if constexpr (kIsInteger<T>) {
     if constexpr (std::is_signed_v<T>) {
       return static_cast<T>((r * 3 + i) % 7 - 3);
     } else {
       return static_cast<T>((r * 3 + i) % 5 + 1);  // products wrap for UInt8
     }
-  } else if constexpr (kHalfLike<T>) {
+  } else if constexpr (kIsHalfLike<T>) {
     return T(static_cast<float>(reduce_table(r * 3 + i)));
   } else if constexpr (std::is_floating_point_v<T>) {
     return static_cast<T>(reduce_table(r * 3 + i));
@@ -221,16 +153,12 @@ T reduced_value(int r, std::int64_t i) {
 
 template <class T>
 std::vector<T> reduced_values(int r, std::int64_t count) {
-  std::vector<T> out;
-  for (std::int64_t i = 0; i < count; ++i) {
-    out.push_back(reduced_value<T>(r, i));
-  }
-  return out;
+  return values_of<T>(count, [&](std::int64_t i) { return reduced_value<T>(r, i); });
 }
 
 template <class T>
 std::vector<T> zeros_of(std::int64_t count) {
-  return std::vector<T>(at(count), T{});
+  return std::vector<T>(to_index(count), T{});
 }
 
 // How an input of rows is laid out in memory; its logical values are the same in every layout.
@@ -253,7 +181,7 @@ std::string_view layout_text(RowLayout layout) {
 // Narrowed the middle columns of a [rows, cols + 2] base.
 template <class T>
 Tensor rows_input(int from, std::int64_t rows, const Shape& tail, RowLayout layout) {
-  const std::int64_t row = count_of(tail);
+  const std::int64_t row = element_count(tail);
   if (layout == RowLayout::Contiguous) {
     return Tensor::from_vector<T>(moved_values<T>(from, rows * row), rows_of(rows, tail));
   }
@@ -280,154 +208,7 @@ Tensor rows_input(int from, std::int64_t rows, const Shape& tail, RowLayout layo
 }
 
 // ---------------------------------------------------------------------------------------------
-// The scalar reference (Note [Reduction order]): fold in group-rank order; integers wrap;
-// Float16/BFloat16 accumulate in float and round once; avg = sum / n (integers truncate toward
-// zero); premul_sum = sum of f * x; Bool min = band = and, max = bor = or, bxor = xor.
-
-template <class T>
-struct Accumulate {
-  using type = T;
-};
-template <>
-struct Accumulate<Half> {
-  using type = float;
-};
-template <>
-struct Accumulate<BFloat16> {
-  using type = float;
-};
-
-template <class T>
-T fold(const std::vector<T>& column, const ReduceOp& op) {
-  const Kind kind = op.kind();
-  const std::size_t n = column.size();
-  if constexpr (kBool<T>) {
-    bool acc = column[0];
-    for (std::size_t j = 1; j < n; ++j) {
-      const bool value = column[j];
-      if (kind == Kind::Min || kind == Kind::BAnd) {
-        acc = acc && value;
-      } else if (kind == Kind::Max || kind == Kind::BOr) {
-        acc = acc || value;
-      } else if (kind == Kind::BXor) {
-        acc = acc != value;
-      } else {
-        ADD_FAILURE() << "fold: " << op << " on Bool";
-      }
-    }
-    return acc;
-  } else if constexpr (kInteger<T>) {
-    // Unsigned 64-bit arithmetic on sign-extended values, truncated once: the residues of
-    // wrapping at every step.
-    const auto wide = [](T value) {
-      return static_cast<std::uint64_t>(static_cast<std::int64_t>(value));
-    };
-    std::uint64_t acc = wide(column[0]);
-    T best = column[0];
-    for (std::size_t j = 1; j < n; ++j) {
-      const T value = column[j];
-      switch (kind) {
-        case Kind::Sum:
-        case Kind::Avg:
-          acc += wide(value);
-          break;
-        case Kind::Product:
-          acc *= wide(value);
-          break;
-        case Kind::BAnd:
-          acc &= wide(value);
-          break;
-        case Kind::BOr:
-          acc |= wide(value);
-          break;
-        case Kind::BXor:
-          acc ^= wide(value);
-          break;
-        case Kind::Min:
-          best = value < best ? value : best;
-          break;
-        case Kind::Max:
-          best = value > best ? value : best;
-          break;
-        default:
-          ADD_FAILURE() << "fold: " << op << " on an integer";
-      }
-    }
-    if (kind == Kind::Min || kind == Kind::Max) {
-      return best;
-    }
-    const T wrapped = static_cast<T>(acc);
-    if (kind == Kind::Avg) {
-      return static_cast<T>(static_cast<std::int64_t>(wrapped) / static_cast<std::int64_t>(n));
-    }
-    return wrapped;
-  } else if constexpr (kReal<T>) {
-    using Acc = typename Accumulate<T>::type;
-    const auto factor = static_cast<Acc>(op.premul_factor());
-    Acc acc = static_cast<Acc>(column[0]);
-    if (kind == Kind::PremulSum) {
-      acc = factor * acc;
-    }
-    for (std::size_t j = 1; j < n; ++j) {
-      const auto value = static_cast<Acc>(column[j]);
-      switch (kind) {
-        case Kind::Sum:
-        case Kind::Avg:
-          acc = acc + value;
-          break;
-        case Kind::Product:
-          acc = acc * value;
-          break;
-        case Kind::PremulSum:
-          acc = acc + factor * value;
-          break;
-        case Kind::Min:
-          acc = value < acc ? value : acc;
-          break;
-        case Kind::Max:
-          acc = value > acc ? value : acc;
-          break;
-        default:
-          ADD_FAILURE() << "fold: " << op << " on a floating dtype";
-      }
-    }
-    if (kind == Kind::Avg) {
-      acc = acc / static_cast<Acc>(n);
-    }
-    return T(acc);
-  } else {
-    using F = typename T::value_type;
-    const auto factor = static_cast<F>(op.premul_factor());
-    T acc = kind == Kind::PremulSum ? factor * column[0] : column[0];
-    for (std::size_t j = 1; j < n; ++j) {
-      if (kind == Kind::Sum || kind == Kind::Avg) {
-        acc = acc + column[j];
-      } else if (kind == Kind::PremulSum) {
-        acc = acc + factor * column[j];
-      } else {
-        ADD_FAILURE() << "fold: " << op << " on a complex dtype";
-      }
-    }
-    if (kind == Kind::Avg) {
-      acc = acc / static_cast<F>(n);
-    }
-    return acc;
-  }
-}
-
-// The elementwise fold of `inputs` (one per member, in group-rank order).
-template <class T>
-std::vector<T> fold_all(const std::vector<std::vector<T>>& inputs, const ReduceOp& op) {
-  std::vector<T> out;
-  for (std::size_t i = 0; i < inputs.front().size(); ++i) {
-    std::vector<T> column;
-    for (const std::vector<T>& input : inputs) {
-      column.push_back(input[i]);
-    }
-    out.push_back(fold(column, op));
-  }
-  return out;
-}
+// The scalar reference (tests/support/sim_helpers.hpp) over every rank's input.
 
 // The fold over ranks 0..world_size-1 of reduced_values(r, count).
 template <class T>
@@ -436,201 +217,11 @@ std::vector<T> fold_ranks(int world_size, std::int64_t count, const ReduceOp& op
   for (int r = 0; r < world_size; ++r) {
     inputs.push_back(reduced_values<T>(r, count));
   }
-  return fold_all(inputs, op);
-}
-
-// The ops the rules admit for T (DESIGN 2.3, 2.7); premul_sum with a fractional and a negative
-// factor, both exact.
-template <class T>
-std::vector<ReduceOp> surface_ops() {
-  if constexpr (kBool<T>) {
-    return {"min", "max", "band", "bor", "bxor"};
-  } else if constexpr (kInteger<T>) {
-    return {"sum", "avg", "product", "min", "max", "band", "bor", "bxor"};
-  } else if constexpr (kReal<T>) {
-    return {"sum",
-            "avg",
-            "product",
-            "min",
-            "max",
-            ReduceOp::premul_sum(0.5),
-            ReduceOp::premul_sum(-3.0)};
-  } else {
-    return {"sum", "avg", ReduceOp::premul_sum(0.5), ReduceOp::premul_sum(-3.0)};
-  }
-}
-
-// (outer, size along dim, inner) of `shape` around `dim` (non-negative).
-std::tuple<std::int64_t, std::int64_t, std::int64_t> around(const Shape& shape, std::size_t dim) {
-  std::int64_t outer = 1;
-  std::int64_t inner = 1;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (d < dim) {
-      outer *= shape[d];
-    } else if (d > dim) {
-      inner *= shape[d];
-    }
-  }
-  return {outer, shape[dim], inner};
-}
-
-// Concatenation of `parts` (each of `shape`, in group-rank order) along `dim` (non-negative); a
-// 0-d shape stacks the parts.
-template <class T>
-std::vector<T> concat_reference(const std::vector<std::vector<T>>& parts, const Shape& shape,
-                                std::size_t dim) {
-  std::vector<T> out;
-  if (shape.empty()) {
-    for (const std::vector<T>& part : parts) {
-      out.push_back(part.at(0));
-    }
-    return out;
-  }
-  const auto [outer, size, inner] = around(shape, dim);
-  for (std::int64_t o = 0; o < outer; ++o) {
-    for (const std::vector<T>& part : parts) {
-      for (std::int64_t k = 0; k < size * inner; ++k) {
-        out.push_back(part[at(o * size * inner + k)]);
-      }
-    }
-  }
-  return out;
-}
-
-// Chunk `index` of `count` equal chunks of `values` (of `shape`) along `dim` (non-negative).
-template <class T>
-std::vector<T> chunk_reference(const std::vector<T>& values, const Shape& shape, std::size_t dim,
-                               std::int64_t index, std::int64_t count) {
-  const auto [outer, size, inner] = around(shape, dim);
-  const std::int64_t block = size / count * inner;
-  std::vector<T> out;
-  for (std::int64_t o = 0; o < outer; ++o) {
-    for (std::int64_t k = 0; k < block; ++k) {
-      out.push_back(values[at(o * size * inner + index * block + k)]);
-    }
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Results, compared bitwise.
-
-template <class T>
-ByteVector bytes_of_values(const std::vector<T>& values) {
-  ByteVector out;
-  if constexpr (kBool<T>) {
-    for (bool value : values) {
-      out.push_back(value ? 1 : 0);  // one byte per value, 0 or 1
-    }
-  } else {
-    out.resize(values.size() * sizeof(T));
-    if (!out.empty()) {
-      std::memcpy(out.data(), values.data(), out.size());
-    }
-  }
-  return out;
-}
-
-ByteVector bytes_of_tensor(const Tensor& tensor) {
-  const Tensor contiguous = tensor.contiguous();  // waits
-  ByteVector out(contiguous.nbytes());
-  if (!out.empty()) {
-    std::memcpy(out.data(), contiguous.unsafe_data_ptr(), out.size());
-  }
-  return out;
-}
-
-// A result as read on one rank.
-struct Observed {
-  Shape sizes;
-  DType dtype = DType::Float32;
-  ByteVector bytes;
-};
-
-Observed observe(const Tensor& tensor) {
-  return Observed{tensor.sizes(), tensor.dtype(), bytes_of_tensor(tensor)};
-}
-
-std::string hex_of(const ByteVector& bytes, std::size_t begin, std::size_t count) {
-  std::ostringstream out;
-  for (std::size_t i = begin; i < begin + count && i < bytes.size(); ++i) {
-    out << std::hex << std::setw(2) << std::setfill('0') << static_cast<int>(bytes[i]);
-  }
-  return out.str();
-}
-
-template <class T>
-testing::AssertionResult holds(const Observed& actual, const Shape& shape,
-                               const std::vector<T>& expected) {
-  if (actual.sizes != shape) {
-    return testing::AssertionFailure()
-           << "shape " << shape_string(actual.sizes) << ", expected " << shape_string(shape);
-  }
-  if (actual.dtype != dtype_of<T>) {
-    return testing::AssertionFailure() << "dtype " << actual.dtype << ", expected " << dtype_of<T>;
-  }
-  const ByteVector want = bytes_of_values(expected);
-  if (actual.bytes.size() != want.size()) {
-    return testing::AssertionFailure() << actual.bytes.size() << " bytes, expected " << want.size();
-  }
-  const std::size_t width = element_size(dtype_of<T>);
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (actual.bytes[i] != want[i]) {
-      const std::size_t begin = i / width * width;
-      return testing::AssertionFailure()
-             << "element " << i / width << " is 0x" << hex_of(actual.bytes, begin, width)
-             << ", expected 0x" << hex_of(want, begin, width);
-    }
-  }
-  return testing::AssertionSuccess();
-}
-
-template <class T>
-testing::AssertionResult holds(const Tensor& actual, const Shape& shape,
-                               const std::vector<T>& expected) {
-  return holds(observe(actual), shape, expected);
+  return reference_reduce(inputs, op);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Errors.
-
-// Where an InvalidArgument must say it happened.
-struct Where {
-  std::string op;
-  std::int64_t seq = 0;
-  std::string group;
-};
-
-// Calls `call` on the calling rank and checks it raises InvalidArgument whose detail contains
-// every one of `words` and whose message names this rank, the op, its sequence number and group.
-void expect_rejected(const std::function<void()>& call, const std::vector<std::string>& words,
-                     const Where& where, int line = __builtin_LINE()) {
-  try {
-    call();
-  } catch (const InvalidArgument& error) {
-    const std::string what = error.what();
-    EXPECT_EQ(error.code(), ErrorCode::InvalidArgument) << "line " << line;
-    for (const std::string& word : words) {
-      EXPECT_NE(error.detail().find(word), std::string::npos)
-          << "line " << line << ": detail lacks '" << word << "': " << what;
-    }
-    EXPECT_EQ(error.context().rank, rank()) << "line " << line << ": " << what;
-    EXPECT_EQ(error.context().op, where.op) << "line " << line << ": " << what;
-    EXPECT_EQ(error.context().seq, where.seq) << "line " << line << ": " << what;
-    EXPECT_EQ(error.context().group, where.group) << "line " << line << ": " << what;
-    const std::string prefix = "chorus::InvalidArgument: [rank " + std::to_string(rank()) + "] " +
-                               where.op + " #" + std::to_string(where.seq) + " on group " +
-                               where.group + ": ";
-    EXPECT_EQ(what.rfind(prefix, 0), 0u) << "line " << line << ": " << what;
-    return;
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "line " << line << ": expected InvalidArgument ('" << words.front()
-                  << "'), got " << error.what();
-    return;
-  }
-  ADD_FAILURE() << "line " << line << ": expected InvalidArgument ('" << words.front()
-                << "'), nothing was thrown";
-}
 
 // A valid all_to_all on the world: proves the ranks still pair up. Element j of rank r's input
 // is r * 100 + j, so rank r receives j * 100 + r from rank j.
@@ -663,20 +254,6 @@ Outcome outcome_of(const std::function<void()>& body) {
     return Outcome{"std::exception", error.what()};
   }
   return Outcome{"ok", ""};
-}
-
-// ---------------------------------------------------------------------------------------------
-// Parameters.
-
-using SurfaceParam = std::tuple<int, DType>;
-
-std::string surface_param_name(const testing::TestParamInfo<SurfaceParam>& info) {
-  return "W" + std::to_string(std::get<0>(info.param)) + "_" +
-         std::string(dtype_name(std::get<1>(info.param)));
-}
-
-std::string surface_world_name(const testing::TestParamInfo<int>& info) {
-  return "W" + std::to_string(info.param);
 }
 
 // =============================================================================================
@@ -733,18 +310,10 @@ std::vector<std::int64_t> output_splits(const RowsFn& rows, int to, int world_si
   return splits;
 }
 
-std::int64_t total(const std::vector<std::int64_t>& splits) {
-  std::int64_t sum = 0;
-  for (std::int64_t split : splits) {
-    sum += split;
-  }
-  return sum;
-}
-
 // What group rank `to` receives: block `to` of every rank's input, in group-rank order.
 template <class T>
 std::vector<T> all_to_all_expected(const AllToAllCase& c, int to, int world_size) {
-  const std::int64_t row = count_of(c.tail);
+  const std::int64_t row = element_count(c.tail);
   std::vector<T> out;
   for (int from = 0; from < world_size; ++from) {
     std::int64_t first = 0;
@@ -757,20 +326,19 @@ std::vector<T> all_to_all_expected(const AllToAllCase& c, int to, int world_size
   return out;
 }
 
-class SurfaceAllToAll : public testing::TestWithParam<SurfaceParam> {};
+class SurfaceAllToAll : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(SurfaceAllToAll, RankJReceivesBlockJOfEveryRankInGroupRankOrder) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
     const std::vector<AllToAllCase> cases = all_to_all_cases();
-    std::vector<std::vector<Observed>> seen(static_cast<std::size_t>(w));
-    surface_run(w, [&] {
+    const std::vector<std::vector<Result>> seen = capture_every_rank(w, [&] {
       const int me = rank();
       std::vector<Tensor> outputs;  // all issued before any is read
       for (const AllToAllCase& c : cases) {
         const std::vector<std::int64_t> in_splits = input_splits(c.rows, me, w);
-        const Tensor input = rows_input<T>(me, total(in_splits), c.tail, c.layout);
+        const Tensor input = rows_input<T>(me, sum_of(in_splits), c.tail, c.layout);
         if (c.layout != RowLayout::Contiguous && input.size(0) > 1) {
           EXPECT_FALSE(input.is_contiguous()) << c.name;
         }
@@ -781,17 +349,15 @@ TEST_P(SurfaceAllToAll, RankJReceivesBlockJOfEveryRankInGroupRankOrder) {
               all_to_all_single(input, output_splits(c.rows, me, w), in_splits, world()));
         }
       }
-      for (const Tensor& output : outputs) {
-        seen[my_slot()].push_back(observe(output));
-      }
+      return outputs;
     });
     for (int r = 0; r < w; ++r) {
       const auto& mine = seen[static_cast<std::size_t>(r)];
       ASSERT_EQ(mine.size(), cases.size()) << "rank " << r;
       for (std::size_t k = 0; k < cases.size(); ++k) {
         const AllToAllCase& c = cases[k];
-        const Shape shape = rows_of(total(output_splits(c.rows, r, w)), c.tail);
-        EXPECT_TRUE(holds(mine[k], shape, all_to_all_expected<T>(c, r, w)))
+        const Shape shape = rows_of(sum_of(output_splits(c.rows, r, w)), c.tail);
+        EXPECT_TRUE(matches(mine[k], shape, all_to_all_expected<T>(c, r, w)))
             << "rank " << r << ", " << c.name;
       }
     }
@@ -801,21 +367,21 @@ TEST_P(SurfaceAllToAll, RankJReceivesBlockJOfEveryRankInGroupRankOrder) {
 // The input is only read, in every layout, including after the result has been read.
 TEST_P(SurfaceAllToAll, InputIsNeverModified) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    surface_run(w, [&] {
+    run_quietly(w, [&] {
       const int me = rank();
       for (const AllToAllCase& c : all_to_all_cases()) {
         const std::vector<std::int64_t> in_splits = input_splits(c.rows, me, w);
-        const Tensor input = rows_input<T>(me, total(in_splits), c.tail, c.layout);
+        const Tensor input = rows_input<T>(me, sum_of(in_splits), c.tail, c.layout);
         const Tensor output =
             c.equal ? all_to_all_single(input, std::nullopt, std::nullopt, world())
                     : all_to_all_single(input, output_splits(c.rows, me, w), in_splits, world());
-        EXPECT_TRUE(holds(output, rows_of(total(output_splits(c.rows, me, w)), c.tail),
-                          all_to_all_expected<T>(c, me, w)))
+        EXPECT_TRUE(matches(output, rows_of(sum_of(output_splits(c.rows, me, w)), c.tail),
+                            all_to_all_expected<T>(c, me, w)))
             << "rank " << me << ", " << c.name;
-        EXPECT_TRUE(holds(input, rows_of(total(in_splits), c.tail),
-                          moved_values<T>(me, total(in_splits) * count_of(c.tail))))
+        EXPECT_TRUE(matches(input, rows_of(sum_of(in_splits), c.tail),
+                            moved_values<T>(me, sum_of(in_splits) * element_count(c.tail))))
             << "rank " << me << ", " << c.name;
       }
     });
@@ -823,33 +389,30 @@ TEST_P(SurfaceAllToAll, InputIsNeverModified) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Surface, SurfaceAllToAll,
-                         testing::Combine(testing::ValuesIn(kSurfaceWorldSizes),
-                                          testing::ValuesIn(kAllDTypes)),
-                         surface_param_name);
+                         ::testing::Combine(::testing::ValuesIn(kWorldSizes),
+                                            ::testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
 
 // =============================================================================================
 // broadcast
 
-class SurfaceBroadcast : public testing::TestWithParam<SurfaceParam> {};
+class SurfaceBroadcast : public ::testing::TestWithParam<SweepParam> {};
 
 constexpr RowLayout kRowLayouts[] = {RowLayout::Contiguous, RowLayout::Transposed,
                                      RowLayout::Narrowed};
 
 TEST_P(SurfaceBroadcast, EveryRankGetsTheSourcesInputForEverySource) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    std::vector<std::vector<Observed>> seen(static_cast<std::size_t>(w));
-    surface_run(w, [&] {
+    const std::vector<std::vector<Result>> seen = capture_every_rank(w, [&] {
       std::vector<Tensor> outputs;
       for (int src = 0; src < w; ++src) {
         for (RowLayout layout : kRowLayouts) {
           outputs.push_back(broadcast(rows_input<T>(rank(), 2, {3}, layout), src, world()));
         }
       }
-      for (const Tensor& output : outputs) {
-        seen[my_slot()].push_back(observe(output));
-      }
+      return outputs;
     });
     for (int r = 0; r < w; ++r) {
       const auto& mine = seen[static_cast<std::size_t>(r)];
@@ -857,7 +420,7 @@ TEST_P(SurfaceBroadcast, EveryRankGetsTheSourcesInputForEverySource) {
       std::size_t k = 0;
       for (int src = 0; src < w; ++src) {
         for (RowLayout layout : kRowLayouts) {
-          EXPECT_TRUE(holds(mine[k++], {2, 3}, moved_values<T>(src, 6)))
+          EXPECT_TRUE(matches(mine[k++], {2, 3}, moved_values<T>(src, 6)))
               << "rank " << r << ", src " << src << ", " << layout_text(layout);
         }
       }
@@ -866,19 +429,16 @@ TEST_P(SurfaceBroadcast, EveryRankGetsTheSourcesInputForEverySource) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Surface, SurfaceBroadcast,
-                         testing::Combine(testing::ValuesIn(kSurfaceWorldSizes),
-                                          testing::ValuesIn(kAllDTypes)),
-                         surface_param_name);
+                         ::testing::Combine(::testing::ValuesIn(kWorldSizes),
+                                            ::testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
 
 // src indexes the group's ranks, not the world's: in the reversed world group, src 0 is the
 // last global rank.
 TEST(SurfaceBroadcastGroups, SrcIsAGroupRankOfAReorderedGroup) {
-  for (int w : kSurfaceWorldSizes) {
-    std::vector<int> reversed;
-    for (int r = w - 1; r >= 0; --r) {
-      reversed.push_back(r);
-    }
-    surface_run(w, [&] {
+  for (int w : kWorldSizes) {
+    const std::vector<int> reversed = reversed_ranks(w);
+    run_quietly(w, [&] {
       const Tensor input = Tensor::from_vector(moved_values<std::int32_t>(rank(), 4));
       EXPECT_EQ(broadcast(input, 0, reversed).to_vector<std::int32_t>(),
                 moved_values<std::int32_t>(w - 1, 4))
@@ -893,16 +453,15 @@ TEST(SurfaceBroadcastGroups, SrcIsAGroupRankOfAReorderedGroup) {
 // =============================================================================================
 // reduce
 
-class SurfaceReduce : public testing::TestWithParam<SurfaceParam> {};
+class SurfaceReduce : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(SurfaceReduce, DestinationGetsTheReductionAndEveryOtherRankExactZeros) {
   const int w = std::get<0>(GetParam());
   const Shape shape = {2, 4};
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    const std::vector<ReduceOp> ops = surface_ops<T>();
-    std::vector<std::vector<Observed>> seen(static_cast<std::size_t>(w));
-    surface_run(w, [&] {
+    const std::vector<ReduceOp> ops = allowed_ops<T>();
+    const std::vector<std::vector<Result>> seen = capture_every_rank(w, [&] {
       std::vector<Tensor> outputs;
       for (const ReduceOp& op : ops) {
         for (int dst = 0; dst < w; ++dst) {
@@ -910,9 +469,7 @@ TEST_P(SurfaceReduce, DestinationGetsTheReductionAndEveryOtherRankExactZeros) {
           outputs.push_back(reduce(input, op, dst, world()));
         }
       }
-      for (const Tensor& output : outputs) {
-        seen[my_slot()].push_back(observe(output));
-      }
+      return outputs;
     });
     for (int r = 0; r < w; ++r) {
       const auto& mine = seen[static_cast<std::size_t>(r)];
@@ -921,7 +478,7 @@ TEST_P(SurfaceReduce, DestinationGetsTheReductionAndEveryOtherRankExactZeros) {
       for (const ReduceOp& op : ops) {
         const std::vector<T> reduced = fold_ranks<T>(w, 8, op);
         for (int dst = 0; dst < w; ++dst) {
-          EXPECT_TRUE(holds(mine[k++], shape, r == dst ? reduced : zeros_of<T>(8)))
+          EXPECT_TRUE(matches(mine[k++], shape, r == dst ? reduced : zeros_of<T>(8)))
               << "rank " << r << ", " << op << ", dst " << dst;
         }
       }
@@ -931,10 +488,10 @@ TEST_P(SurfaceReduce, DestinationGetsTheReductionAndEveryOtherRankExactZeros) {
 
 TEST_P(SurfaceReduce, NonContiguousInputsReduceTheirLogicalValues) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    const ReduceOp op = surface_ops<T>().front();
-    surface_run(w, [&] {
+    const ReduceOp op = allowed_ops<T>().front();
+    run_quietly(w, [&] {
       // [3, 4] base, transposed to [4, 3]: logical element (a, b) is base element b * 4 + a.
       const Tensor input =
           Tensor::from_vector(reduced_values<T>(rank(), 12), {3, 4}).transpose(0, 1);
@@ -945,21 +502,22 @@ TEST_P(SurfaceReduce, NonContiguousInputsReduceTheirLogicalValues) {
         std::vector<T> values;
         for (std::int64_t a = 0; a < 4; ++a) {
           for (std::int64_t b = 0; b < 3; ++b) {
-            values.push_back(base[at(b * 4 + a)]);
+            values.push_back(base[to_index(b * 4 + a)]);
           }
         }
         logical.push_back(values);
       }
-      EXPECT_TRUE(holds(output, {4, 3}, rank() == w - 1 ? fold_all(logical, op) : zeros_of<T>(12)))
+      EXPECT_TRUE(matches(output, {4, 3},
+                          rank() == w - 1 ? reference_reduce(logical, op) : zeros_of<T>(12)))
           << "rank " << rank() << ", " << op;
     });
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(Surface, SurfaceReduce,
-                         testing::Combine(testing::ValuesIn(kSurfaceWorldSizes),
-                                          testing::ValuesIn(kAllDTypes)),
-                         surface_param_name);
+                         ::testing::Combine(::testing::ValuesIn(kWorldSizes),
+                                            ::testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
 
 // =============================================================================================
 // permute_tensor
@@ -986,6 +544,16 @@ std::vector<PermuteCase> permute_cases() {
   };
 }
 
+// The src_dst list in which group rank m sends to m + 1 and the last sends nowhere: group rank 0
+// receives nothing.
+std::vector<int> chain_to_next(int w) {
+  std::vector<int> src_dst;
+  for (int m = 0; m < w; ++m) {
+    src_dst.push_back(m + 1 < w ? m + 1 : -1);
+  }
+  return src_dst;
+}
+
 std::vector<int> src_dst_of(const PermuteCase& c, int w) {
   std::vector<int> src_dst;
   for (int m = 0; m < w; ++m) {
@@ -994,15 +562,14 @@ std::vector<int> src_dst_of(const PermuteCase& c, int w) {
   return src_dst;
 }
 
-class SurfacePermute : public testing::TestWithParam<SurfaceParam> {};
+class SurfacePermute : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(SurfacePermute, EachRankGetsItsSourcesInputOrZerosWhenNobodySendsToIt) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
     const std::vector<PermuteCase> cases = permute_cases();
-    std::vector<std::vector<Observed>> seen(static_cast<std::size_t>(w));
-    surface_run(w, [&] {
+    const std::vector<std::vector<Result>> seen = capture_every_rank(w, [&] {
       std::vector<Tensor> outputs;
       for (const PermuteCase& c : cases) {
         const std::vector<int> src_dst = src_dst_of(c, w);
@@ -1010,9 +577,7 @@ TEST_P(SurfacePermute, EachRankGetsItsSourcesInputOrZerosWhenNobodySendsToIt) {
             permute_tensor(rows_input<T>(rank(), 2, {3}, c.layout), src_dst, world()));
         EXPECT_EQ(src_dst, src_dst_of(c, w)) << "the caller's vector is never modified";
       }
-      for (const Tensor& output : outputs) {
-        seen[my_slot()].push_back(observe(output));
-      }
+      return outputs;
     });
     for (int n = 0; n < w; ++n) {
       const auto& mine = seen[static_cast<std::size_t>(n)];
@@ -1025,28 +590,28 @@ TEST_P(SurfacePermute, EachRankGetsItsSourcesInputOrZerosWhenNobodySendsToIt) {
             expected = moved_values<T>(m, 6);
           }
         }
-        EXPECT_TRUE(holds(mine[k], {2, 3}, expected)) << "rank " << n << ", " << cases[k].name;
+        EXPECT_TRUE(matches(mine[k], {2, 3}, expected)) << "rank " << n << ", " << cases[k].name;
       }
     }
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(Surface, SurfacePermute,
-                         testing::Combine(testing::ValuesIn(kSurfaceWorldSizes),
-                                          testing::ValuesIn(kAllDTypes)),
-                         surface_param_name);
+                         ::testing::Combine(::testing::ValuesIn(kWorldSizes),
+                                            ::testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
 
 // =============================================================================================
 // In-place forms
 
-class SurfaceInPlace : public testing::TestWithParam<SurfaceParam> {};
+class SurfaceInPlace : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(SurfaceInPlace, AllReduceInPlaceOnAContiguousTensorReusesItsStorage) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    surface_run(w, [&] {
-      for (const ReduceOp& op : surface_ops<T>()) {
+    run_quietly(w, [&] {
+      for (const ReduceOp& op : allowed_ops<T>()) {
         Tensor tensor = Tensor::from_vector(reduced_values<T>(rank(), 8), {2, 4});
         const Tensor alias = tensor;  // shares the storage
         void* const before = tensor.unsafe_data_ptr();
@@ -1056,10 +621,10 @@ TEST_P(SurfaceInPlace, AllReduceInPlaceOnAContiguousTensorReusesItsStorage) {
         EXPECT_TRUE(tensor.shares_storage(alias));
         EXPECT_FALSE(tensor.is_pending()) << op;
         EXPECT_EQ(work_registry_size(), 0u) << op;
-        EXPECT_TRUE(holds(alias, {2, 4}, fold_ranks<T>(w, 8, op))) << "rank " << rank() << op;
+        EXPECT_TRUE(matches(alias, {2, 4}, fold_ranks<T>(w, 8, op))) << "rank " << rank() << op;
       }
       // A contiguous view with a storage offset: rows 0 and 3 of the base stay as they were.
-      const ReduceOp op = surface_ops<T>().front();
+      const ReduceOp op = allowed_ops<T>().front();
       const Tensor base = Tensor::from_vector(reduced_values<T>(rank(), 8), {4, 2});
       Tensor middle = base.narrow(0, 1, 2);
       ASSERT_TRUE(middle.is_contiguous());
@@ -1071,17 +636,17 @@ TEST_P(SurfaceInPlace, AllReduceInPlaceOnAContiguousTensorReusesItsStorage) {
       for (std::size_t i = 2; i < 6; ++i) {
         expected[i] = reduced[i];
       }
-      EXPECT_TRUE(holds(base, {4, 2}, expected)) << "rank " << rank();
+      EXPECT_TRUE(matches(base, {4, 2}, expected)) << "rank " << rank();
     });
   });
 }
 
 TEST_P(SurfaceInPlace, AllReduceInPlaceOnAStridedViewLeavesTheRestOfTheBaseUntouched) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    surface_run(w, [&] {
-      for (const ReduceOp& op : surface_ops<T>()) {
+    run_quietly(w, [&] {
+      for (const ReduceOp& op : allowed_ops<T>()) {
         // Columns 1..3 of a [4, 5] base, transposed to [3, 4].
         const Tensor base = Tensor::from_vector(reduced_values<T>(rank(), 20), {4, 5});
         void* const before = base.unsafe_data_ptr();
@@ -1097,10 +662,10 @@ TEST_P(SurfaceInPlace, AllReduceInPlaceOnAStridedViewLeavesTheRestOfTheBaseUntou
         const std::vector<T> reduced = fold_ranks<T>(w, 20, op);
         for (std::int64_t a = 0; a < 4; ++a) {
           for (std::int64_t c = 1; c <= 3; ++c) {
-            expected[at(a * 5 + c)] = reduced[at(a * 5 + c)];
+            expected[to_index(a * 5 + c)] = reduced[to_index(a * 5 + c)];
           }
         }
-        EXPECT_TRUE(holds(base, {4, 5}, expected)) << "rank " << rank() << ", " << op;
+        EXPECT_TRUE(matches(base, {4, 5}, expected)) << "rank " << rank() << ", " << op;
 
         // One column (stride 5) of a fresh base.
         const Tensor other = Tensor::from_vector(reduced_values<T>(rank(), 20), {4, 5});
@@ -1108,9 +673,9 @@ TEST_P(SurfaceInPlace, AllReduceInPlaceOnAStridedViewLeavesTheRestOfTheBaseUntou
         all_reduce_inplace(column, op, world());
         std::vector<T> column_expected = reduced_values<T>(rank(), 20);
         for (std::int64_t a = 0; a < 4; ++a) {
-          column_expected[at(a * 5 + 4)] = reduced[at(a * 5 + 4)];
+          column_expected[to_index(a * 5 + 4)] = reduced[to_index(a * 5 + 4)];
         }
-        EXPECT_TRUE(holds(other, {4, 5}, column_expected)) << "rank " << rank() << ", " << op;
+        EXPECT_TRUE(matches(other, {4, 5}, column_expected)) << "rank " << rank() << ", " << op;
       }
     });
   });
@@ -1121,16 +686,17 @@ TEST_P(SurfaceInPlace, AllGatherInPlaceFillsTheCallersOutputAlongEveryDim) {
   const std::vector<std::pair<Shape, std::int64_t>> cases = {
       {{2, 3, 2}, 0}, {{2, 3, 2}, 1}, {{2, 3, 2}, 2}, {{2, 3, 2}, -1}, {{2, 3, 2}, -3},
       {{5}, 0},       {{}, 0},        {{}, -1},       {{0, 3}, 1}};
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    surface_run(w, [&] {
+    run_quietly(w, [&] {
       for (const auto& [shape, dim] : cases) {
-        const std::size_t d = shape.empty() ? 0 : at(dim < 0 ? dim + std::ssize(shape) : dim);
+        const std::int64_t d = normalized_dim(dim, shape.size());
         Shape result = shape.empty() ? Shape{w} : shape;
         if (!shape.empty()) {
-          result[d] *= w;
+          result[to_index(d)] *= w;
         }
-        const Tensor input = Tensor::from_vector(moved_values<T>(rank(), count_of(shape)), shape);
+        const Tensor input =
+            Tensor::from_vector(moved_values<T>(rank(), element_count(shape)), shape);
         Tensor output = Tensor::zeros(result, dtype_of<T>);
         void* const before = output.unsafe_data_ptr();
         Tensor& returned = all_gather_tensor_inplace(output, input, world(), "", dim);
@@ -1140,10 +706,10 @@ TEST_P(SurfaceInPlace, AllGatherInPlaceFillsTheCallersOutputAlongEveryDim) {
         EXPECT_EQ(work_registry_size(), 0u);
         std::vector<std::vector<T>> parts;
         for (int r = 0; r < w; ++r) {
-          parts.push_back(moved_values<T>(r, count_of(shape)));
+          parts.push_back(moved_values<T>(r, element_count(shape)));
         }
-        EXPECT_TRUE(holds(output, result, concat_reference(parts, shape, d)))
-            << "rank " << rank() << ", input " << shape_string(shape) << ", dim " << dim;
+        EXPECT_TRUE(matches(output, result, reference_concat(parts, shape, d)))
+            << "rank " << rank() << ", input " << list_text(shape) << ", dim " << dim;
       }
     });
   });
@@ -1153,15 +719,15 @@ TEST_P(SurfaceInPlace, ReduceScatterInPlaceFillsTheCallersOutputAlongEveryDim) {
   const int w = std::get<0>(GetParam());
   const std::vector<std::pair<Shape, std::int64_t>> cases = {
       {{2 * w, 3}, 0}, {{3, 2 * w}, 1}, {{3, 2 * w}, -1}, {{2, w, 2}, 1}, {{w}, 0}, {{w, 0}, 0}};
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    surface_run(w, [&] {
-      for (const ReduceOp& op : surface_ops<T>()) {
+    run_quietly(w, [&] {
+      for (const ReduceOp& op : allowed_ops<T>()) {
         for (const auto& [shape, dim] : cases) {
-          const std::size_t d = at(dim < 0 ? dim + std::ssize(shape) : dim);
+          const std::int64_t d = normalized_dim(dim, shape.size());
           Shape result = shape;
-          result[d] /= w;
-          const std::int64_t count = count_of(shape);
+          result[to_index(d)] /= w;
+          const std::int64_t count = element_count(shape);
           const Tensor input = Tensor::from_vector(reduced_values<T>(rank(), count), shape);
           Tensor output = Tensor::zeros(result, dtype_of<T>);
           void* const before = output.unsafe_data_ptr();
@@ -1171,9 +737,9 @@ TEST_P(SurfaceInPlace, ReduceScatterInPlaceFillsTheCallersOutputAlongEveryDim) {
           EXPECT_FALSE(output.is_pending());
           EXPECT_EQ(work_registry_size(), 0u);
           const std::vector<T> expected =
-              chunk_reference(fold_ranks<T>(w, count, op), shape, d, rank(), w);
-          EXPECT_TRUE(holds(output, result, expected))
-              << "rank " << rank() << ", " << op << ", input " << shape_string(shape) << ", dim "
+              reference_chunk(fold_ranks<T>(w, count, op), shape, d, rank(), w);
+          EXPECT_TRUE(matches(output, result, expected))
+              << "rank " << rank() << ", " << op << ", input " << list_text(shape) << ", dim "
               << dim;
         }
       }
@@ -1185,23 +751,23 @@ TEST_P(SurfaceInPlace, ReduceScatterInPlaceFillsTheCallersOutputAlongEveryDim) {
 // the base is untouched.
 TEST_P(SurfaceInPlace, GatherAndScatterWriteThroughAStridedOutputView) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    surface_run(w, [&] {
+    run_quietly(w, [&] {
       const int me = rank();
       const T filler = moved_value<T>(me, 99);
       // Base [3, cols + 2]; the output is its middle columns, transposed: output (j, c) is base
       // (c, j + 1).
       const auto strided_output = [&](std::int64_t cols) {
         const Tensor base =
-            Tensor::from_vector(std::vector<T>(at(3 * (cols + 2)), filler), {3, cols + 2});
+            Tensor::from_vector(std::vector<T>(to_index(3 * (cols + 2)), filler), {3, cols + 2});
         return std::pair{base, base.narrow(1, 1, cols).transpose(0, 1)};
       };
       const auto expected_base = [&](std::int64_t cols, const std::vector<T>& result) {
-        std::vector<T> out(at(3 * (cols + 2)), filler);
+        std::vector<T> out(to_index(3 * (cols + 2)), filler);
         for (std::int64_t c = 0; c < 3; ++c) {
           for (std::int64_t j = 0; j < cols; ++j) {
-            out[at(c * (cols + 2) + j + 1)] = result[at(j * 3 + c)];
+            out[to_index(c * (cols + 2) + j + 1)] = result[to_index(j * 3 + c)];
           }
         }
         return out;
@@ -1216,19 +782,19 @@ TEST_P(SurfaceInPlace, GatherAndScatterWriteThroughAStridedOutputView) {
       for (int r = 0; r < w; ++r) {
         parts.push_back(moved_values<T>(r, 6));
       }
-      EXPECT_TRUE(holds(gather_base, {3, 2 * w + 2},
-                        expected_base(2 * w, concat_reference(parts, {2, 3}, 0))))
+      EXPECT_TRUE(matches(gather_base, {3, 2 * w + 2},
+                          expected_base(2 * w, reference_concat(parts, {2, 3}, 0))))
           << "rank " << me;
 
-      const ReduceOp op = surface_ops<T>().front();
+      const ReduceOp op = allowed_ops<T>().front();
       auto [scatter_base, scatter_output] = strided_output(2);
       ASSERT_FALSE(scatter_output.is_contiguous());
       const Tensor big = Tensor::from_vector(reduced_values<T>(me, 6 * w), {2 * w, 3});
       reduce_scatter_tensor_inplace(scatter_output, big, op, world());
       EXPECT_FALSE(scatter_base.is_pending());
       const std::vector<T> mine =
-          chunk_reference(fold_ranks<T>(w, 6 * w, op), {2 * w, 3}, 0, me, w);
-      EXPECT_TRUE(holds(scatter_base, {3, 4}, expected_base(2, mine))) << "rank " << me << op;
+          reference_chunk(fold_ranks<T>(w, 6 * w, op), {2 * w, 3}, 0, me, w);
+      EXPECT_TRUE(matches(scatter_base, {3, 4}, expected_base(2, mine))) << "rank " << me << op;
       EXPECT_EQ(work_registry_size(), 0u);
     });
   });
@@ -1238,14 +804,14 @@ TEST_P(SurfaceInPlace, GatherAndScatterWriteThroughAStridedOutputView) {
 // reduce_scatter's output is the caller's own slice of the input.
 TEST_P(SurfaceInPlace, InputAndOutputMayOverlapAsInNcclsInPlacePattern) {
   const int w = std::get<0>(GetParam());
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    surface_run(w, [&] {
+    run_quietly(w, [&] {
       const int me = rank();
       std::vector<T> initial = zeros_of<T>(6 * w);
       const std::vector<T> mine = moved_values<T>(me, 6);
       for (std::size_t i = 0; i < 6; ++i) {
-        initial[6 * my_slot() + i] = mine[i];
+        initial[6 * rank_slot() + i] = mine[i];
       }
       Tensor gathered = Tensor::from_vector(initial, {2 * w, 3});
       const Tensor slice = gathered.narrow(0, 2 * me, 2);
@@ -1254,29 +820,30 @@ TEST_P(SurfaceInPlace, InputAndOutputMayOverlapAsInNcclsInPlacePattern) {
       for (int r = 0; r < w; ++r) {
         parts.push_back(moved_values<T>(r, 6));
       }
-      EXPECT_TRUE(holds(gathered, {2 * w, 3}, concat_reference(parts, {2, 3}, 0))) << "rank " << me;
+      EXPECT_TRUE(matches(gathered, {2 * w, 3}, reference_concat(parts, {2, 3}, 0)))
+          << "rank " << me;
 
-      const ReduceOp op = surface_ops<T>().front();
+      const ReduceOp op = allowed_ops<T>().front();
       const Tensor input = Tensor::from_vector(reduced_values<T>(me, 6 * w), {2 * w, 3});
       Tensor own = input.narrow(0, 2 * me, 2);
       reduce_scatter_tensor_inplace(own, input, op, world());
       const std::vector<T> reduced = fold_ranks<T>(w, 6 * w, op);
-      EXPECT_TRUE(holds(own, {2, 3}, chunk_reference(reduced, {2 * w, 3}, 0, me, w)))
+      EXPECT_TRUE(matches(own, {2, 3}, reference_chunk(reduced, {2 * w, 3}, 0, me, w)))
           << "rank " << me << ", " << op;
       std::vector<T> whole = reduced_values<T>(me, 6 * w);
       for (std::size_t i = 0; i < 6; ++i) {
-        whole[6 * my_slot() + i] = reduced[6 * my_slot() + i];
+        whole[6 * rank_slot() + i] = reduced[6 * rank_slot() + i];
       }
-      EXPECT_TRUE(holds(input, {2 * w, 3}, whole)) << "rank " << me << ", " << op;
+      EXPECT_TRUE(matches(input, {2 * w, 3}, whole)) << "rank " << me << ", " << op;
       EXPECT_EQ(work_registry_size(), 0u);
     });
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(Surface, SurfaceInPlace,
-                         testing::Combine(testing::ValuesIn(kSurfaceWorldSizes),
-                                          testing::ValuesIn(kAllDTypes)),
-                         surface_param_name);
+                         ::testing::Combine(::testing::ValuesIn(kWorldSizes),
+                                            ::testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
 
 // =============================================================================================
 // Note [Lowering]: complex travels as pairs of reals, Bool as UInt8.
@@ -1310,7 +877,7 @@ template <class C>
 void check_complex_through_every_collective(int w) {
   const std::vector<ReduceOp> ops = {"sum", "avg", ReduceOp::premul_sum(0.5),
                                      ReduceOp::premul_sum(-3.0)};
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const int me = rank();
     const std::string where = std::string(dtype_name(dtype_of<C>)) + " rank " + std::to_string(me);
     const std::int64_t count = 2 * w;
@@ -1320,7 +887,7 @@ void check_complex_through_every_collective(int w) {
       const std::vector<C> reduced = fold_ranks<C>(w, count, op);
       expect_parts(all_reduce(x, op, world()), reduced, name + " all_reduce");
       expect_parts(reduce_scatter_tensor(x, op, 0, world()),
-                   chunk_reference(reduced, {w, 2}, 0, me, w), name + " reduce_scatter");
+                   reference_chunk(reduced, {w, 2}, 0, me, w), name + " reduce_scatter");
       expect_parts(reduce(x, op, w - 1, world()), me == w - 1 ? reduced : zeros_of<C>(count),
                    name + " reduce");
       Tensor copy = x.clone();
@@ -1334,23 +901,19 @@ void check_complex_through_every_collective(int w) {
       const std::vector<C> block = moved_values<C>(r, 2, 2 * me);
       received.insert(received.end(), block.begin(), block.end());
     }
-    expect_parts(all_gather_tensor(m, 0, world()), concat_reference(parts, {w, 2}, 0),
+    expect_parts(all_gather_tensor(m, 0, world()), reference_concat(parts, {w, 2}, 0),
                  where + " all_gather");
-    expect_parts(all_gather_tensor(m, 1, world()), concat_reference(parts, {w, 2}, 1),
+    expect_parts(all_gather_tensor(m, 1, world()), reference_concat(parts, {w, 2}, 1),
                  where + " all_gather dim 1");
     expect_parts(all_to_all_single(m, std::nullopt, std::nullopt, world()), received,
                  where + " all_to_all");
     expect_parts(broadcast(m, w - 1, world()), moved_values<C>(w - 1, count), where + " broadcast");
-    std::vector<int> shift;
-    for (int r = 0; r < w; ++r) {
-      shift.push_back((r + 1) % w);
-    }
-    expect_parts(permute_tensor(m, shift, world()), moved_values<C>((me + w - 1) % w, count),
-                 where + " permute_tensor");
+    expect_parts(permute_tensor(m, cyclic_shift(w), world()),
+                 moved_values<C>((me + w - 1) % w, count), where + " permute_tensor");
   });
 }
 
-class SurfaceLowering : public testing::TestWithParam<int> {};
+class SurfaceLowering : public ::testing::TestWithParam<int> {};
 
 TEST_P(SurfaceLowering, ComplexSumAvgAndPremulSumAndDataMoversKeepBothPartsExact) {
   check_complex_through_every_collective<std::complex<float>>(GetParam());
@@ -1360,7 +923,7 @@ TEST_P(SurfaceLowering, ComplexSumAvgAndPremulSumAndDataMoversKeepBothPartsExact
 TEST_P(SurfaceLowering, ComplexRejectsMaxMinProductAndBitwiseOps) {
   const int w = GetParam();
   const std::string group = world_label(w);
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     for (DType dtype : {DType::Complex64, DType::Complex128}) {
       const std::string name(dtype_name(dtype));
       for (const char* op : {"max", "min", "product", "band", "bor", "bxor"}) {
@@ -1372,21 +935,22 @@ TEST_P(SurfaceLowering, ComplexRejectsMaxMinProductAndBitwiseOps) {
         const Tensor x =
             Tensor::from_vector(moved_values<std::complex<double>>(rank(), 2 * w), {2 * w})
                 .to(dtype);
-        const ByteVector x_bytes = bytes_of_tensor(x);
+        const Bytes x_bytes = tensor_bytes(x);
         Tensor output = Tensor::zeros({2}, dtype);
-        expect_rejected([&] { (void)all_reduce(x, op, world()); }, words, {"all_reduce", 0, group});
-        expect_rejected([&] { (void)reduce_scatter_tensor(x, op, 0, world()); }, words,
-                        {"reduce_scatter_tensor", 0, group});
-        expect_rejected([&] { (void)reduce(x, op, 0, world()); }, words, {"reduce", 0, group});
-        expect_rejected([&] { (void)all_reduce_coalesced({x}, op, world()); }, words,
-                        {"all_reduce_coalesced", 0, group});
+        expect_error_on_rank([&] { (void)all_reduce(x, op, world()); }, words,
+                             {"all_reduce", 0, group});
+        expect_error_on_rank([&] { (void)reduce_scatter_tensor(x, op, 0, world()); }, words,
+                             {"reduce_scatter_tensor", 0, group});
+        expect_error_on_rank([&] { (void)reduce(x, op, 0, world()); }, words, {"reduce", 0, group});
+        expect_error_on_rank([&] { (void)all_reduce_coalesced({x}, op, world()); }, words,
+                             {"all_reduce_coalesced", 0, group});
         Tensor target = x.clone();
-        expect_rejected([&] { all_reduce_inplace(target, op, world()); }, words,
-                        {"all_reduce_inplace", 0, group});
-        expect_rejected([&] { reduce_scatter_tensor_inplace(output, x, op, world()); }, words,
-                        {"reduce_scatter_tensor_inplace", 0, group});
-        EXPECT_EQ(bytes_of_tensor(target), x_bytes) << "a rejected in-place call wrote";
-        EXPECT_EQ(bytes_of_tensor(x), x_bytes);
+        expect_error_on_rank([&] { all_reduce_inplace(target, op, world()); }, words,
+                             {"all_reduce_inplace", 0, group});
+        expect_error_on_rank([&] { reduce_scatter_tensor_inplace(output, x, op, world()); }, words,
+                             {"reduce_scatter_tensor_inplace", 0, group});
+        EXPECT_EQ(tensor_bytes(target), x_bytes) << "a rejected in-place call wrote";
+        EXPECT_EQ(tensor_bytes(x), x_bytes);
       }
     }
     expect_world_pairs_up();
@@ -1396,12 +960,13 @@ TEST_P(SurfaceLowering, ComplexRejectsMaxMinProductAndBitwiseOps) {
 TEST_P(SurfaceLowering, BoolMinMaxAndBitwiseOpsAreAndOrXorOverZeroAndOne) {
   const int w = GetParam();
   const std::int64_t count = 4 * w;
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const int me = rank();
     const Tensor x = Tensor::from_vector(reduced_values<bool>(me, count), {count});
     for (const char* name : {"min", "max", "band", "bor", "bxor"}) {
       const ReduceOp op(name);
-      // Independently of fold(): and for min/band, or for max/bor, xor (odd count) for bxor.
+      // Independently of reference_element(): and for min/band, or for max/bor, xor (odd count) for
+      // bxor.
       std::vector<bool> expected;
       for (std::int64_t i = 0; i < count; ++i) {
         int trues = 0;
@@ -1414,16 +979,16 @@ TEST_P(SurfaceLowering, BoolMinMaxAndBitwiseOpsAreAndOrXorOverZeroAndOne) {
                                                                     : trues % 2 == 1);
       }
       EXPECT_EQ(expected, fold_ranks<bool>(w, count, op)) << "the two references agree";
-      EXPECT_TRUE(holds(all_reduce(x, op, world()), {count}, expected)) << name << " rank " << me;
-      EXPECT_TRUE(holds(reduce_scatter_tensor(x, op, 0, world()), {4},
-                        chunk_reference(expected, {count}, 0, me, w)))
+      EXPECT_TRUE(matches(all_reduce(x, op, world()), {count}, expected)) << name << " rank " << me;
+      EXPECT_TRUE(matches(reduce_scatter_tensor(x, op, 0, world()), {4},
+                          reference_chunk(expected, {count}, 0, me, w)))
           << name << " rank " << me;
-      EXPECT_TRUE(holds(reduce(x, op, 0, world()), {count},
-                        me == 0 ? expected : std::vector<bool>(at(count), false)))
+      EXPECT_TRUE(matches(reduce(x, op, 0, world()), {count},
+                          me == 0 ? expected : std::vector<bool>(to_index(count), false)))
           << name << " rank " << me;
       Tensor copy = x.clone();
       all_reduce_inplace(copy, op, world());
-      EXPECT_TRUE(holds(copy, {count}, expected)) << name << " rank " << me;
+      EXPECT_TRUE(matches(copy, {count}, expected)) << name << " rank " << me;
     }
   });
 }
@@ -1431,7 +996,7 @@ TEST_P(SurfaceLowering, BoolMinMaxAndBitwiseOpsAreAndOrXorOverZeroAndOne) {
 TEST_P(SurfaceLowering, BoolRejectsSumAvgProductAndPremulSum) {
   const int w = GetParam();
   const std::string group = world_label(w);
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const Tensor x = Tensor::from_vector(reduced_values<bool>(rank(), w), {w});
     Tensor output = Tensor::zeros({1}, DType::Bool);
     for (const ReduceOp& op :
@@ -1439,52 +1004,50 @@ TEST_P(SurfaceLowering, BoolRejectsSumAvgProductAndPremulSum) {
       const std::vector<std::string> words = {
           "reduce_op " + op.to_string() + " is not supported for dtype Bool",
           "Bool takes only min, max, band, bor and bxor"};
-      expect_rejected([&] { (void)all_reduce(x, op, world()); }, words, {"all_reduce", 0, group});
-      expect_rejected([&] { (void)reduce_scatter_tensor(x, op, 0, world()); }, words,
-                      {"reduce_scatter_tensor", 0, group});
-      expect_rejected([&] { (void)reduce(x, op, 0, world()); }, words, {"reduce", 0, group});
+      expect_error_on_rank([&] { (void)all_reduce(x, op, world()); }, words,
+                           {"all_reduce", 0, group});
+      expect_error_on_rank([&] { (void)reduce_scatter_tensor(x, op, 0, world()); }, words,
+                           {"reduce_scatter_tensor", 0, group});
+      expect_error_on_rank([&] { (void)reduce(x, op, 0, world()); }, words, {"reduce", 0, group});
       Tensor target = x.clone();
-      expect_rejected([&] { all_reduce_inplace(target, op, world()); }, words,
-                      {"all_reduce_inplace", 0, group});
-      expect_rejected([&] { reduce_scatter_tensor_inplace(output, x, op, world()); }, words,
-                      {"reduce_scatter_tensor_inplace", 0, group});
+      expect_error_on_rank([&] { all_reduce_inplace(target, op, world()); }, words,
+                           {"all_reduce_inplace", 0, group});
+      expect_error_on_rank([&] { reduce_scatter_tensor_inplace(output, x, op, world()); }, words,
+                           {"reduce_scatter_tensor_inplace", 0, group});
     }
     expect_world_pairs_up();
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Surface, SurfaceLowering, testing::ValuesIn(kSurfaceWorldSizes),
-                         surface_world_name);
+INSTANTIATE_TEST_SUITE_P(Surface, SurfaceLowering, ::testing::ValuesIn(kWorldSizes), world_name);
 
 // =============================================================================================
 // Scalars, empty tensors, and groups whose ranks are not the world's.
 
-class SurfaceShapes : public testing::TestWithParam<SurfaceParam> {};
+class SurfaceShapes : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(SurfaceShapes, ScalarsAndEmptyTensorsMoveAndReduceLikeAnyOther) {
   const int w = std::get<0>(GetParam());
   const std::vector<Shape> shapes = {{}, {0}, {2, 0}, {1, 1, 1}};
-  with_element_type(std::get<1>(GetParam()), [&](auto element) {
+  visit_element_type(std::get<1>(GetParam()), [&](auto element) {
     using T = typename decltype(element)::type;
-    const ReduceOp op = surface_ops<T>().back();
-    std::vector<int> chain;  // rank 0 receives nothing
-    for (int m = 0; m < w; ++m) {
-      chain.push_back(m + 1 < w ? m + 1 : -1);
-    }
-    surface_run(w, [&] {
+    const ReduceOp op = allowed_ops<T>().back();
+    const std::vector<int> chain = chain_to_next(w);
+    run_quietly(w, [&] {
       const int me = rank();
       for (const Shape& shape : shapes) {
-        const std::int64_t count = count_of(shape);
-        const std::string where = "rank " + std::to_string(me) + ", " + shape_string(shape);
+        const std::int64_t count = element_count(shape);
+        const std::string where = "rank " + std::to_string(me) + ", " + list_text(shape);
         const Tensor moved = Tensor::from_vector(moved_values<T>(me, count), shape);
         const Tensor reduced_input = Tensor::from_vector(reduced_values<T>(me, count), shape);
         const Tensor b = broadcast(moved, w - 1, world());
         const Tensor r = reduce(reduced_input, op, 0, world());
         const Tensor p = permute_tensor(moved, chain, world());
-        EXPECT_TRUE(holds(b, shape, moved_values<T>(w - 1, count))) << where;
-        EXPECT_TRUE(holds(r, shape, me == 0 ? fold_ranks<T>(w, count, op) : zeros_of<T>(count)))
+        EXPECT_TRUE(matches(b, shape, moved_values<T>(w - 1, count))) << where;
+        EXPECT_TRUE(matches(r, shape, me == 0 ? fold_ranks<T>(w, count, op) : zeros_of<T>(count)))
             << where << ", " << op;
-        EXPECT_TRUE(holds(p, shape, me == 0 ? zeros_of<T>(count) : moved_values<T>(me - 1, count)))
+        EXPECT_TRUE(
+            matches(p, shape, me == 0 ? zeros_of<T>(count) : moved_values<T>(me - 1, count)))
             << where;
       }
     });
@@ -1492,41 +1055,27 @@ TEST_P(SurfaceShapes, ScalarsAndEmptyTensorsMoveAndReduceLikeAnyOther) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Surface, SurfaceShapes,
-                         testing::Combine(testing::ValuesIn(kSurfaceWorldSizes),
-                                          testing::ValuesIn(kAllDTypes)),
-                         surface_param_name);
+                         ::testing::Combine(::testing::ValuesIn(kWorldSizes),
+                                            ::testing::ValuesIn(kAllDTypes)),
+                         sweep_name);
 
-class SurfaceGroups : public testing::TestWithParam<int> {};
+class SurfaceGroups : public ::testing::TestWithParam<int> {};
 
 // Splits, src_dst, src and dst are in group ranks. On the reversed world (group rank g is global
 // rank w - 1 - g) and on the world without rank 0 (group rank g is global rank g + 1, while rank
 // 0 stays out), every block must still come from and go to the right member.
 TEST_P(SurfaceGroups, SplitsDestinationsAndRootsAreGroupRanks) {
   const int w = GetParam();
-  std::vector<std::vector<int>> groups;
-  std::vector<int> reversed;
-  for (int r = w - 1; r >= 0; --r) {
-    reversed.push_back(r);
-  }
-  groups.push_back(reversed);
+  std::vector<std::vector<int>> groups = {reversed_ranks(w)};
   if (w > 1) {
-    std::vector<int> without_rank0;
-    for (int r = 1; r < w; ++r) {
-      without_rank0.push_back(r);
-    }
-    groups.push_back(without_rank0);
+    groups.push_back(first_ranks(w - 1, 1));  // without rank 0
   }
   const RowsFn rows = [](int from, int to) { return std::int64_t{(from + 2 * to + 1) % 4}; };
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const int me = rank();
     for (const std::vector<int>& members : groups) {
       const int size = static_cast<int>(members.size());
-      int mine = -1;  // my group rank
-      for (int g = 0; g < size; ++g) {
-        if (members[static_cast<std::size_t>(g)] == me) {
-          mine = g;
-        }
-      }
+      const int mine = position_of(members, me);  // my group rank
       if (mine < 0) {
         continue;  // not a member: stays out
       }
@@ -1536,7 +1085,7 @@ TEST_P(SurfaceGroups, SplitsDestinationsAndRootsAreGroupRanks) {
       const std::vector<std::int64_t> in_splits = input_splits(rows, mine, size);
       const std::vector<std::int64_t> out_splits = output_splits(rows, mine, size);
       const Tensor input =
-          rows_input<std::int32_t>(me, total(in_splits), {3}, RowLayout::Contiguous);
+          rows_input<std::int32_t>(me, sum_of(in_splits), {3}, RowLayout::Contiguous);
       std::vector<std::int32_t> received;
       for (int from = 0; from < size; ++from) {
         std::int64_t first = 0;
@@ -1547,23 +1096,20 @@ TEST_P(SurfaceGroups, SplitsDestinationsAndRootsAreGroupRanks) {
             moved_values<std::int32_t>(global(from), rows(from, mine) * 3, first * 3);
         received.insert(received.end(), block.begin(), block.end());
       }
-      EXPECT_TRUE(holds(all_to_all_single(input, out_splits, in_splits, members),
-                        {total(out_splits), 3}, received))
+      EXPECT_TRUE(matches(all_to_all_single(input, out_splits, in_splits, members),
+                          {sum_of(out_splits), 3}, received))
           << "rank " << me;
 
       // permute_tensor: a cyclic shift in group ranks.
-      std::vector<int> shift;
-      for (int g = 0; g < size; ++g) {
-        shift.push_back((g + 1) % size);
-      }
+      const std::vector<int> shift = cyclic_shift(size);
       const Tensor mine_values = Tensor::from_vector(moved_values<std::int32_t>(me, 4));
-      EXPECT_TRUE(holds(permute_tensor(mine_values, shift, members), {4},
-                        moved_values<std::int32_t>(global((mine + size - 1) % size), 4)))
+      EXPECT_TRUE(matches(permute_tensor(mine_values, shift, members), {4},
+                          moved_values<std::int32_t>(global((mine + size - 1) % size), 4)))
           << "rank " << me;
 
       // broadcast from group rank 0 and reduce to group rank 0: its global rank is members[0].
-      EXPECT_TRUE(
-          holds(broadcast(mine_values, 0, members), {4}, moved_values<std::int32_t>(global(0), 4)))
+      EXPECT_TRUE(matches(broadcast(mine_values, 0, members), {4},
+                          moved_values<std::int32_t>(global(0), 4)))
           << "rank " << me;
       std::vector<std::int32_t> sum(4, 0);
       for (int g = 0; g < size; ++g) {
@@ -1572,76 +1118,77 @@ TEST_P(SurfaceGroups, SplitsDestinationsAndRootsAreGroupRanks) {
           sum[i] += values[i];
         }
       }
-      EXPECT_TRUE(holds(reduce(mine_values, "sum", 0, members), {4},
-                        mine == 0 ? sum : std::vector<std::int32_t>(4, 0)))
+      EXPECT_TRUE(matches(reduce(mine_values, "sum", 0, members), {4},
+                          mine == 0 ? sum : std::vector<std::int32_t>(4, 0)))
           << "rank " << me;
     }
     EXPECT_EQ(work_registry_size(), 0u);
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Surface, SurfaceGroups, testing::ValuesIn(kSurfaceWorldSizes),
-                         surface_world_name);
+INSTANTIATE_TEST_SUITE_P(Surface, SurfaceGroups, ::testing::ValuesIn(kWorldSizes), world_name);
 
 // =============================================================================================
 // Invalid arguments (DESIGN 2.3, 2.6, 2.7): each names rank, op, sequence number and group, and
 // consumes no sequence number.
 
-class SurfaceErrors : public testing::TestWithParam<int> {};
+class SurfaceErrors : public ::testing::TestWithParam<int> {};
 
 TEST_P(SurfaceErrors, AllToAllRejectsBadSplitLists) {
   const int w = GetParam();
   const std::string group = world_label(w);
-  const Where where{"all_to_all_single", 0, group};
+  const ErrorSite where{"all_to_all_single", 0, group};
   const auto n = static_cast<std::size_t>(w);
   const std::string ws = std::to_string(w);
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const Tensor x = Tensor::zeros({2 * w, 3}, DType::Int32);
     const std::vector<std::int64_t> twos(n, 2);
-    expect_rejected([&] { (void)all_to_all_single(x, twos, std::nullopt, world()); },
-                    {"only output_split_sizes was given",
-                     "pass both split lists, or neither for the equal split"},
-                    where);
-    expect_rejected([&] { (void)all_to_all_single(x, std::nullopt, twos, world()); },
-                    {"only input_split_sizes was given"}, where);
+    expect_error_on_rank([&] { (void)all_to_all_single(x, twos, std::nullopt, world()); },
+                         {"only output_split_sizes was given",
+                          "pass both split lists, or neither for the equal split"},
+                         where);
+    expect_error_on_rank([&] { (void)all_to_all_single(x, std::nullopt, twos, world()); },
+                         {"only input_split_sizes was given"}, where);
 
     std::vector<std::int64_t> negative_in = twos;
     negative_in[0] = -1;
     if (w > 1) {
       negative_in[n - 1] += 3;  // still sums to 2w: only the sign is wrong
     }
-    expect_rejected([&] { (void)all_to_all_single(x, twos, negative_in, world()); },
-                    {"input_split_sizes [", "has a negative entry at 0"}, where);
+    expect_error_on_rank([&] { (void)all_to_all_single(x, twos, negative_in, world()); },
+                         {"input_split_sizes [", "has a negative entry at 0"}, where);
     std::vector<std::int64_t> negative_out = twos;
     negative_out[n - 1] = -2;
-    expect_rejected([&] { (void)all_to_all_single(x, negative_out, twos, world()); },
-                    {"output_split_sizes [", "has a negative entry at " + std::to_string(w - 1)},
-                    where);
+    expect_error_on_rank(
+        [&] { (void)all_to_all_single(x, negative_out, twos, world()); },
+        {"output_split_sizes [", "has a negative entry at " + std::to_string(w - 1)}, where);
 
     std::vector<std::int64_t> one_more = twos;
     one_more[0] = 3;
-    expect_rejected([&] { (void)all_to_all_single(x, twos, one_more, world()); },
-                    {"input_split_sizes [", "sum to " + std::to_string(2 * w + 1),
-                     "but the input has " + std::to_string(2 * w) + " rows along dim 0"},
-                    where);
+    expect_error_on_rank([&] { (void)all_to_all_single(x, twos, one_more, world()); },
+                         {"input_split_sizes [", "sum to " + std::to_string(2 * w + 1),
+                          "but the input has " + std::to_string(2 * w) + " rows along dim 0"},
+                         where);
 
     std::vector<std::int64_t> too_long = twos;
     too_long.push_back(0);
-    expect_rejected(
+    expect_error_on_rank(
         [&] { (void)all_to_all_single(x, twos, too_long, world()); },
         {"input_split_sizes [",
          "has " + std::to_string(w + 1) + " entries: expected one per group rank (" + ws + ")"},
         where);
-    expect_rejected([&] { (void)all_to_all_single(x, too_long, twos, world()); },
-                    {"output_split_sizes [", "entries: expected one per group rank (" + ws + ")"},
-                    where);
-    expect_rejected([&] { (void)all_to_all_single(x, std::vector<std::int64_t>{}, twos, world()); },
-                    {"output_split_sizes [] has 0 entries"}, where);
+    expect_error_on_rank(
+        [&] { (void)all_to_all_single(x, too_long, twos, world()); },
+        {"output_split_sizes [", "entries: expected one per group rank (" + ws + ")"}, where);
+    expect_error_on_rank(
+        [&] { (void)all_to_all_single(x, std::vector<std::int64_t>{}, twos, world()); },
+        {"output_split_sizes [] has 0 entries"}, where);
 
     const Tensor scalar = Tensor::full({}, 1.0, DType::Int32);
-    expect_rejected([&] { (void)all_to_all_single(scalar, std::nullopt, std::nullopt, world()); },
-                    {"input is 0-d", "all_to_all_single splits dimension 0"}, where);
-    expect_rejected(
+    expect_error_on_rank(
+        [&] { (void)all_to_all_single(scalar, std::nullopt, std::nullopt, world()); },
+        {"input is 0-d", "all_to_all_single splits dimension 0"}, where);
+    expect_error_on_rank(
         [&] {
           (void)all_to_all_single(scalar, std::vector<std::int64_t>(n, 0),
                                   std::vector<std::int64_t>(n, 0), world());
@@ -1649,11 +1196,12 @@ TEST_P(SurfaceErrors, AllToAllRejectsBadSplitLists) {
         {"input is 0-d"}, where);
     if (w > 1) {
       const Tensor odd = Tensor::zeros({2 * w + 1, 3}, DType::Int32);
-      expect_rejected([&] { (void)all_to_all_single(odd, std::nullopt, std::nullopt, world()); },
-                      {"input size " + std::to_string(2 * w + 1) +
-                           " along dim 0 is not divisible by the group size " + ws,
-                       "no split sizes given"},
-                      where);
+      expect_error_on_rank(
+          [&] { (void)all_to_all_single(odd, std::nullopt, std::nullopt, world()); },
+          {"input size " + std::to_string(2 * w + 1) +
+               " along dim 0 is not divisible by the group size " + ws,
+           "no split sizes given"},
+          where);
     }
     expect_world_pairs_up();
   });
@@ -1662,16 +1210,18 @@ TEST_P(SurfaceErrors, AllToAllRejectsBadSplitLists) {
 TEST_P(SurfaceErrors, BroadcastAndReduceRejectRootsOutsideTheGroup) {
   const int w = GetParam();
   const std::string group = world_label(w);
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const Tensor x = Tensor::ones({3}, DType::Int64);
     const std::string range = "expected [0, " + std::to_string(w - 1) + "]";
     for (int root : {-1, w, w + 7}) {
       const std::string root_text = std::to_string(root);
-      expect_rejected([&] { (void)broadcast(x, root, world()); },
-                      {"src " + root_text + " is not a group rank", range, "not a global rank"},
-                      {"broadcast", 0, group});
-      expect_rejected([&] { (void)reduce(x, "sum", root, world()); },
-                      {"dst " + root_text + " is not a group rank", range}, {"reduce", 0, group});
+      expect_error_on_rank(
+          [&] { (void)broadcast(x, root, world()); },
+          {"src " + root_text + " is not a group rank", range, "not a global rank"},
+          {"broadcast", 0, group});
+      expect_error_on_rank([&] { (void)reduce(x, "sum", root, world()); },
+                           {"dst " + root_text + " is not a group rank", range},
+                           {"reduce", 0, group});
     }
     expect_world_pairs_up();
   });
@@ -1680,43 +1230,40 @@ TEST_P(SurfaceErrors, BroadcastAndReduceRejectRootsOutsideTheGroup) {
 TEST_P(SurfaceErrors, PermuteRejectsRepeatedOutOfRangeAndMisSizedDestinations) {
   const int w = GetParam();
   const std::string group = world_label(w);
-  const Where where{"permute_tensor", 0, group};
+  const ErrorSite where{"permute_tensor", 0, group};
   const std::string ws = std::to_string(w);
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const Tensor x = Tensor::ones({2}, DType::Float32);
-    std::vector<int> identity;
-    for (int m = 0; m < w; ++m) {
-      identity.push_back(m);
-    }
+    const std::vector<int> identity = first_ranks(w);
     if (w > 1) {
       std::vector<int> repeated = identity;
       repeated[1] = 0;
-      expect_rejected([&] { (void)permute_tensor(x, repeated, world()); },
-                      {"group ranks 0 and 1 both send to 0", "destinations must be distinct"},
-                      where);
+      expect_error_on_rank([&] { (void)permute_tensor(x, repeated, world()); },
+                           {"group ranks 0 and 1 both send to 0", "destinations must be distinct"},
+                           where);
       const std::vector<int> all_last(static_cast<std::size_t>(w), w - 1);
-      expect_rejected([&] { (void)permute_tensor(x, all_last, world()); },
-                      {"both send to " + std::to_string(w - 1)}, where);
+      expect_error_on_rank([&] { (void)permute_tensor(x, all_last, world()); },
+                           {"both send to " + std::to_string(w - 1)}, where);
     }
     std::vector<int> past_end = identity;
     past_end[0] = w;
-    expect_rejected(
+    expect_error_on_rank(
         [&] { (void)permute_tensor(x, past_end, world()); },
         {"group rank 0 sends to " + ws + ", which is not a group rank", "or -1 for nowhere"},
         where);
     std::vector<int> below = identity;
     below.back() = -2;
-    expect_rejected(
+    expect_error_on_rank(
         [&] { (void)permute_tensor(x, below, world()); },
         {"group rank " + std::to_string(w - 1) + " sends to -2, which is not a group rank"}, where);
     std::vector<int> too_long = identity;
     too_long.push_back(-1);
-    expect_rejected(
+    expect_error_on_rank(
         [&] { (void)permute_tensor(x, too_long, world()); },
         {"has " + std::to_string(w + 1) + " entries: expected one per group rank (" + ws + ")"},
         where);
-    expect_rejected([&] { (void)permute_tensor(x, {}, world()); }, {"src_dst [] has 0 entries"},
-                    where);
+    expect_error_on_rank([&] { (void)permute_tensor(x, {}, world()); },
+                         {"src_dst [] has 0 entries"}, where);
     expect_world_pairs_up();
   });
 }
@@ -1725,14 +1272,14 @@ TEST_P(SurfaceErrors, InPlaceFormsRejectOutputsOfTheWrongShapeOrDType) {
   const int w = GetParam();
   const std::string group = world_label(w);
   const std::string ws = std::to_string(w);
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const Tensor input = Tensor::from_vector(moved_values<std::int32_t>(rank(), 6 * w), {2 * w, 3});
     const auto untouched = [&](Tensor& output) {
-      const ByteVector before = bytes_of_tensor(output);
-      return [&output, before] { EXPECT_EQ(bytes_of_tensor(output), before) << "output written"; };
+      const Bytes before = tensor_bytes(output);
+      return [&output, before] { EXPECT_EQ(tensor_bytes(output), before) << "output written"; };
     };
-    const std::string gathered = shape_string({2 * w * w, 3});
-    const Where gather{"all_gather_tensor_inplace", 0, group};
+    const std::string gathered = list_text(Shape{2 * w * w, 3});
+    const ErrorSite gather{"all_gather_tensor_inplace", 0, group};
     for (const Shape& wrong :
          {Shape{2 * w * w + 1, 3}, Shape{2 * w, 3 * w}, Shape{6 * w * w}, Shape{2 * w * w, 3, 1}}) {
       if (wrong == Shape{2 * w * w, 3}) {
@@ -1740,20 +1287,20 @@ TEST_P(SurfaceErrors, InPlaceFormsRejectOutputsOfTheWrongShapeOrDType) {
       }
       Tensor output = Tensor::full(wrong, 7.0, DType::Int32);
       const auto check = untouched(output);
-      expect_rejected(
+      expect_error_on_rank(
           [&] { all_gather_tensor_inplace(output, input, world()); },
-          {"output shape " + shape_string(wrong) + " does not match the result shape " + gathered},
+          {"output shape " + list_text(wrong) + " does not match the result shape " + gathered},
           gather);
       check();
     }
     {
       Tensor output = Tensor::full({2 * w * w, 3}, 7.0, DType::Int64);
       const auto check = untouched(output);
-      expect_rejected([&] { all_gather_tensor_inplace(output, input, world()); },
-                      {"output dtype Int64 does not match the input dtype Int32"}, gather);
+      expect_error_on_rank([&] { all_gather_tensor_inplace(output, input, world()); },
+                           {"output dtype Int64 does not match the input dtype Int32"}, gather);
       check();
     }
-    const Where scatter{"reduce_scatter_tensor_inplace", 0, group};
+    const ErrorSite scatter{"reduce_scatter_tensor_inplace", 0, group};
     // [3, 2] has the result's element count at w = 1, but not its shape.
     for (const Shape& wrong : {Shape{3, 2}, Shape{2 * w, 3}, Shape{2, 3, 1}, Shape{6}}) {
       if (wrong == Shape{2, 3}) {
@@ -1761,36 +1308,37 @@ TEST_P(SurfaceErrors, InPlaceFormsRejectOutputsOfTheWrongShapeOrDType) {
       }
       Tensor output = Tensor::full(wrong, 7.0, DType::Int32);
       const auto check = untouched(output);
-      expect_rejected(
+      expect_error_on_rank(
           [&] { reduce_scatter_tensor_inplace(output, input, "sum", world()); },
-          {"output shape " + shape_string(wrong) + " does not match the result shape [2, 3]"},
+          {"output shape " + list_text(wrong) + " does not match the result shape [2, 3]"},
           scatter);
       check();
     }
     {
       Tensor output = Tensor::full({2, 3}, 7.0, DType::Float32);
       const auto check = untouched(output);
-      expect_rejected([&] { reduce_scatter_tensor_inplace(output, input, "sum", world()); },
-                      {"output dtype Float32 does not match the input dtype Int32"}, scatter);
+      expect_error_on_rank([&] { reduce_scatter_tensor_inplace(output, input, "sum", world()); },
+                           {"output dtype Float32 does not match the input dtype Int32"}, scatter);
       check();
     }
     {
       Tensor undefined;
-      expect_rejected([&] { all_gather_tensor_inplace(undefined, input, world()); },
-                      {"output is an undefined tensor"}, gather);
-      expect_rejected([&] { reduce_scatter_tensor_inplace(undefined, input, "sum", world()); },
-                      {"output is an undefined tensor"}, scatter);
+      expect_error_on_rank([&] { all_gather_tensor_inplace(undefined, input, world()); },
+                           {"output is an undefined tensor"}, gather);
+      expect_error_on_rank([&] { reduce_scatter_tensor_inplace(undefined, input, "sum", world()); },
+                           {"output is an undefined tensor"}, scatter);
       Tensor output = Tensor::zeros({2 * w * w, 3}, DType::Int32);
-      expect_rejected([&] { all_gather_tensor_inplace(output, input, world(), "", 2); },
-                      {"gather_dim 2 is out of range for a 2-d input"}, gather);
-      expect_rejected([&] { reduce_scatter_tensor_inplace(output, input, "sum", world(), -3); },
-                      {"scatter_dim -3 is out of range for a 2-d input"}, scatter);
+      expect_error_on_rank([&] { all_gather_tensor_inplace(output, input, world(), "", 2); },
+                           {"gather_dim 2 is out of range for a 2-d input"}, gather);
+      expect_error_on_rank(
+          [&] { reduce_scatter_tensor_inplace(output, input, "sum", world(), -3); },
+          {"scatter_dim -3 is out of range for a 2-d input"}, scatter);
       if (w > 1) {
         const Tensor odd = Tensor::zeros({2 * w + 1, 3}, DType::Int32);
-        expect_rejected([&] { reduce_scatter_tensor_inplace(output, odd, "sum", world()); },
-                        {"input size " + std::to_string(2 * w + 1) +
-                         " along scatter_dim 0 is not divisible by the group size " + ws},
-                        scatter);
+        expect_error_on_rank([&] { reduce_scatter_tensor_inplace(output, odd, "sum", world()); },
+                             {"input size " + std::to_string(2 * w + 1) +
+                              " along scatter_dim 0 is not divisible by the group size " + ws},
+                             scatter);
       }
     }
     expect_world_pairs_up();
@@ -1803,25 +1351,26 @@ TEST_P(SurfaceErrors, RejectedCallsOnSomeRanksConsumeNoSequenceNumber) {
   const int w = GetParam();
   const std::string group = world_label(w);
   const auto n = static_cast<std::size_t>(w);
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const int me = rank();
     const Tensor x = Tensor::from_vector(moved_values<std::int64_t>(me, 2 * w), {2 * w});
     const auto bad_calls = [&](std::int64_t seq) {
-      expect_rejected(
+      expect_error_on_rank(
           [&] {
             (void)all_to_all_single(x, std::vector<std::int64_t>(n, 2), std::nullopt, world());
           },
           {"only output_split_sizes"}, {"all_to_all_single", seq, group});
-      expect_rejected([&] { (void)broadcast(x, w, world()); }, {"src"}, {"broadcast", seq, group});
-      expect_rejected([&] { (void)reduce(x, "sum", -1, world()); }, {"dst"},
-                      {"reduce", seq, group});
-      expect_rejected([&] { (void)permute_tensor(x, std::vector<int>(n + 1, -1), world()); },
-                      {"entries"}, {"permute_tensor", seq, group});
+      expect_error_on_rank([&] { (void)broadcast(x, w, world()); }, {"src"},
+                           {"broadcast", seq, group});
+      expect_error_on_rank([&] { (void)reduce(x, "sum", -1, world()); }, {"dst"},
+                           {"reduce", seq, group});
+      expect_error_on_rank([&] { (void)permute_tensor(x, std::vector<int>(n + 1, -1), world()); },
+                           {"entries"}, {"permute_tensor", seq, group});
       Tensor wrong = Tensor::zeros({1}, DType::Int64);
-      expect_rejected([&] { all_gather_tensor_inplace(wrong, x, world()); }, {"output shape"},
-                      {"all_gather_tensor_inplace", seq, group});
-      expect_rejected([&] { reduce_scatter_tensor_inplace(wrong, x, "sum", world(), 0); },
-                      {"output shape"}, {"reduce_scatter_tensor_inplace", seq, group});
+      expect_error_on_rank([&] { all_gather_tensor_inplace(wrong, x, world()); }, {"output shape"},
+                           {"all_gather_tensor_inplace", seq, group});
+      expect_error_on_rank([&] { reduce_scatter_tensor_inplace(wrong, x, "sum", world(), 0); },
+                           {"output shape"}, {"reduce_scatter_tensor_inplace", seq, group});
     };
     if (me == 0) {
       bad_calls(0);
@@ -1829,10 +1378,10 @@ TEST_P(SurfaceErrors, RejectedCallsOnSomeRanksConsumeNoSequenceNumber) {
     // seq 0: an uneven all_to_all.
     const AllToAllCase c = all_to_all_cases()[3];  // uneven_1d
     const std::vector<std::int64_t> in_splits = input_splits(c.rows, me, w);
-    const Tensor input = rows_input<std::int64_t>(me, total(in_splits), {}, RowLayout::Contiguous);
-    EXPECT_TRUE(holds(all_to_all_single(input, output_splits(c.rows, me, w), in_splits, world()),
-                      {total(output_splits(c.rows, me, w))},
-                      all_to_all_expected<std::int64_t>(c, me, w)))
+    const Tensor input = rows_input<std::int64_t>(me, sum_of(in_splits), {}, RowLayout::Contiguous);
+    EXPECT_TRUE(matches(all_to_all_single(input, output_splits(c.rows, me, w), in_splits, world()),
+                        {sum_of(output_splits(c.rows, me, w))},
+                        all_to_all_expected<std::int64_t>(c, me, w)))
         << "rank " << me;
     if (me % 2 == 1 || me == w - 1) {
       bad_calls(1);
@@ -1841,11 +1390,7 @@ TEST_P(SurfaceErrors, RejectedCallsOnSomeRanksConsumeNoSequenceNumber) {
     // seq 1 .. 3.
     EXPECT_EQ(broadcast(x, w - 1, world()).to_vector<std::int64_t>(),
               moved_values<std::int64_t>(w - 1, 2 * w));
-    std::vector<int> shift;
-    for (int m = 0; m < w; ++m) {
-      shift.push_back((m + 1) % w);
-    }
-    EXPECT_EQ(permute_tensor(x, shift, world()).to_vector<std::int64_t>(),
+    EXPECT_EQ(permute_tensor(x, cyclic_shift(w), world()).to_vector<std::int64_t>(),
               moved_values<std::int64_t>((me + w - 1) % w, 2 * w));
     const Tensor sum = reduce(x, "sum", 0, world());
     if (me == 0) {
@@ -1867,30 +1412,64 @@ TEST_P(SurfaceErrors, RejectedCallsOnSomeRanksConsumeNoSequenceNumber) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Surface, SurfaceErrors, testing::ValuesIn(kSurfaceWorldSizes),
-                         surface_world_name);
+INSTANTIATE_TEST_SUITE_P(Surface, SurfaceErrors, ::testing::ValuesIn(kWorldSizes), world_name);
 
 // =============================================================================================
 // Cross-rank disagreement (DESIGN 2.7): CollectiveMismatch on the ranks that see it,
 // CollectiveMismatch or Aborted on the others, never a hang. Each rank catches its own error.
 
-class SurfaceMismatch : public testing::TestWithParam<int> {};
+class SurfaceMismatch : public ::testing::TestWithParam<int> {};
 
 // The outcome of `body` on every rank, for each seed.
 std::vector<std::vector<Outcome>> outcomes_per_seed(int w, const std::function<void()>& body) {
   std::vector<std::vector<Outcome>> all;
   for (std::uint64_t seed = 0; seed < kSurfaceSeeds; ++seed) {
     std::vector<Outcome> outcomes(static_cast<std::size_t>(w));
-    surface_run(
+    run_quietly(
         w,
         [&] {
-          outcomes[my_slot()] = outcome_of(body);
+          outcomes[rank_slot()] = outcome_of(body);
           EXPECT_EQ(work_registry_size(), 0u) << "a failed wait leaves no pending work";
         },
         seed);
     all.push_back(outcomes);
   }
   return all;
+}
+
+// Checks the outcomes of every seed of `op` #0 on the world: the ranks below `mismatching_below`
+// got CollectiveMismatch and every other rank CollectiveMismatch or Aborted; each
+// CollectiveMismatch names its rank, the op and the group, and holds every one of `words`.
+// Returns the number of CollectiveMismatch outcomes of each seed.
+std::vector<int> expect_mismatch_or_aborted(const std::vector<std::vector<Outcome>>& all,
+                                            int mismatching_below, const std::string& op,
+                                            const std::vector<std::string>& words) {
+  std::vector<int> mismatches;
+  for (std::size_t seed = 0; seed < all.size(); ++seed) {
+    const int w = static_cast<int>(all[seed].size());
+    mismatches.push_back(0);
+    for (int r = 0; r < w; ++r) {
+      const Outcome& outcome = all[seed][static_cast<std::size_t>(r)];
+      const std::string context = "seed " + std::to_string(seed) + " rank " + std::to_string(r) +
+                                  ": " + outcome.type + " " + outcome.what;
+      if (r < mismatching_below) {
+        EXPECT_EQ(outcome.type, "CollectiveMismatch") << context;
+      } else {
+        EXPECT_TRUE(outcome.type == "CollectiveMismatch" || outcome.type == "Aborted") << context;
+      }
+      if (outcome.type == "CollectiveMismatch") {
+        ++mismatches.back();
+        std::vector<std::string> expected = {"[rank " + std::to_string(r) + "] " + op +
+                                             " #0 on group " + world_label(w)};
+        expected.insert(expected.end(), words.begin(), words.end());
+        for (const std::string& word : expected) {
+          EXPECT_NE(outcome.what.find(word), std::string::npos)
+              << "lacks '" << word << "': " << context;
+        }
+      }
+    }
+  }
+  return mismatches;
 }
 
 TEST_P(SurfaceMismatch, AllToAllCountsThatDisagreeAcrossRanksAreACollectiveMismatch) {
@@ -1906,29 +1485,9 @@ TEST_P(SurfaceMismatch, AllToAllCountsThatDisagreeAcrossRanksAreACollectiveMisma
     const Tensor input = Tensor::from_vector(moved_values<std::int32_t>(rank(), w));
     wait_tensor(all_to_all_single(input, out, std::vector<std::int64_t>(n, 1), world()));
   };
-  const auto all = outcomes_per_seed(w, body);
-  for (std::size_t seed = 0; seed < all.size(); ++seed) {
-    for (int r = 0; r < w; ++r) {
-      const Outcome& outcome = all[seed][static_cast<std::size_t>(r)];
-      const std::string context = "seed " + std::to_string(seed) + " rank " + std::to_string(r) +
-                                  ": " + outcome.type + " " + outcome.what;
-      if (r <= 1) {
-        EXPECT_EQ(outcome.type, "CollectiveMismatch") << context;
-      } else {
-        EXPECT_TRUE(outcome.type == "CollectiveMismatch" || outcome.type == "Aborted") << context;
-      }
-      if (outcome.type == "CollectiveMismatch") {
-        for (const std::string& word : {std::string("[rank ") + std::to_string(r) +
-                                            "] all_to_all_single #0 on group " + world_label(w),
-                                        std::string("all_to_all counts disagree"),
-                                        std::string("rank 0 sends 1 elements to rank 1"),
-                                        std::string("rank 1 expects 2 from rank 0")}) {
-          EXPECT_NE(outcome.what.find(word), std::string::npos)
-              << "lacks '" << word << "': " << context;
-        }
-      }
-    }
-  }
+  expect_mismatch_or_aborted(outcomes_per_seed(w, body), 2, "all_to_all_single",
+                             {"all_to_all counts disagree", "rank 0 sends 1 elements to rank 1",
+                              "rank 1 expects 2 from rank 0"});
 }
 
 TEST_P(SurfaceMismatch, BroadcastWithDifferentSrcOnTwoRanksIsACollectiveMismatchNamingRoot) {
@@ -1939,24 +1498,10 @@ TEST_P(SurfaceMismatch, BroadcastWithDifferentSrcOnTwoRanksIsACollectiveMismatch
     wait_tensor(broadcast(Tensor::ones({4}, DType::Float32), src, world()));
   };
   const auto all = outcomes_per_seed(w, body);
+  const std::vector<int> mismatches =
+      expect_mismatch_or_aborted(all, 0, "broadcast", {"root=0", "root=1"});
   for (std::size_t seed = 0; seed < all.size(); ++seed) {
-    int mismatches = 0;
-    for (int r = 0; r < w; ++r) {
-      const Outcome& outcome = all[seed][static_cast<std::size_t>(r)];
-      const std::string context = "seed " + std::to_string(seed) + " rank " + std::to_string(r) +
-                                  ": " + outcome.type + " " + outcome.what;
-      EXPECT_TRUE(outcome.type == "CollectiveMismatch" || outcome.type == "Aborted") << context;
-      if (outcome.type == "CollectiveMismatch") {
-        ++mismatches;
-        for (const std::string& word : {std::string("[rank ") + std::to_string(r) +
-                                            "] broadcast #0 on group " + world_label(w),
-                                        std::string("root=0"), std::string("root=1")}) {
-          EXPECT_NE(outcome.what.find(word), std::string::npos)
-              << "lacks '" << word << "': " << context;
-        }
-      }
-    }
-    EXPECT_GE(mismatches, 1) << "seed " << seed;
+    EXPECT_GE(mismatches[seed], 1) << "seed " << seed;
     EXPECT_EQ(all[seed][0].type, "CollectiveMismatch")
         << "seed " << seed << ": " << all[seed][0].what;
   }
@@ -1972,49 +1517,26 @@ TEST_P(SurfaceMismatch, PermuteWithDifferentSrcDstOnTwoRanksIsACollectiveMismatc
     }
     wait_tensor(permute_tensor(Tensor::ones({2}, DType::Int32), src_dst, world()));
   };
-  const auto all = outcomes_per_seed(w, body);
-  for (std::size_t seed = 0; seed < all.size(); ++seed) {
-    for (int r = 0; r < w; ++r) {
-      const Outcome& outcome = all[seed][static_cast<std::size_t>(r)];
-      const std::string context = "seed " + std::to_string(seed) + " rank " + std::to_string(r) +
-                                  ": " + outcome.type + " " + outcome.what;
-      if (r <= 1) {
-        EXPECT_EQ(outcome.type, "CollectiveMismatch") << context;
-      } else {
-        EXPECT_TRUE(outcome.type == "CollectiveMismatch" || outcome.type == "Aborted") << context;
-      }
-      if (outcome.type == "CollectiveMismatch") {
-        for (const std::string& word : {std::string("[rank ") + std::to_string(r) +
-                                            "] permute_tensor #0 on group " + world_label(w),
-                                        std::string("all_to_all counts disagree"),
-                                        std::string("rank 0 sends 2 elements to rank 1"),
-                                        std::string("rank 1 expects 0 from rank 0")}) {
-          EXPECT_NE(outcome.what.find(word), std::string::npos)
-              << "lacks '" << word << "': " << context;
-        }
-      }
-    }
-  }
+  expect_mismatch_or_aborted(outcomes_per_seed(w, body), 2, "permute_tensor",
+                             {"all_to_all counts disagree", "rank 0 sends 2 elements to rank 1",
+                              "rank 1 expects 0 from rank 0"});
 }
 
-INSTANTIATE_TEST_SUITE_P(Surface, SurfaceMismatch, testing::ValuesIn(kSurfaceMultiRankSizes),
-                         surface_world_name);
+INSTANTIATE_TEST_SUITE_P(Surface, SurfaceMismatch, ::testing::ValuesIn(kMultiRankWorldSizes),
+                         world_name);
 
 // =============================================================================================
 // Async semantics of the new ops (DESIGN 2.4, 2.7).
 
-class SurfaceAsync : public testing::TestWithParam<int> {};
+class SurfaceAsync : public ::testing::TestWithParam<int> {};
 
 TEST_P(SurfaceAsync, NewOpsArePendingUntilWaitedAndTheirViewsNeverWait) {
   const int w = GetParam();
   const auto n = static_cast<std::size_t>(w);
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const int me = rank();
     const Tensor x = Tensor::from_vector(moved_values<std::int32_t>(me, 2 * w), {w, 2});
-    std::vector<int> chain;  // rank 0 receives nothing
-    for (int m = 0; m < w; ++m) {
-      chain.push_back(m + 1 < w ? m + 1 : -1);
-    }
+    const std::vector<int> chain = chain_to_next(w);
     std::vector<Tensor> results;
     results.push_back(all_to_all_single(x, std::nullopt, std::nullopt, world()));
     results.push_back(broadcast(x, w - 1, world()));
@@ -2062,8 +1584,8 @@ TEST_P(SurfaceAsync, NewOpsArePendingUntilWaitedAndTheirViewsNeverWait) {
     std::vector<std::int32_t> sum(2 * n, 0);
     for (int r = 0; r < w; ++r) {
       const std::vector<std::int32_t> all = moved_values<std::int32_t>(r, 2 * w);
-      received.push_back(all[2 * my_slot()]);
-      received.push_back(all[2 * my_slot() + 1]);
+      received.push_back(all[2 * rank_slot()]);
+      received.push_back(all[2 * rank_slot() + 1]);
       for (std::size_t i = 0; i < 2 * n; ++i) {
         sum[i] += all[i];
       }
@@ -2081,7 +1603,7 @@ TEST_P(SurfaceAsync, NewOpsArePendingUntilWaitedAndTheirViewsNeverWait) {
 
 TEST_P(SurfaceAsync, UnwaitedResultsCountOnePerCallUntilTheyAreWaited) {
   const int w = GetParam();
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const Tensor x = Tensor::ones({w}, DType::Int64);
     std::vector<Tensor> results;
     for (int i = 0; i < 3; ++i) {
@@ -2105,7 +1627,7 @@ TEST_P(SurfaceAsync, UnwaitedResultsCountOnePerCallUntilTheyAreWaited) {
 // broadcast reads only the source's input, so only the source waits for a pending input.
 TEST_P(SurfaceAsync, BroadcastReadsAndSoWaitsOnlyTheSourcesInput) {
   const int w = GetParam();
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const int me = rank();
     const int src = w - 1;
     const Tensor pending = all_reduce(Tensor::full({3}, me + 1, DType::Int64), "sum", world());
@@ -2124,7 +1646,7 @@ TEST_P(SurfaceAsync, BroadcastReadsAndSoWaitsOnlyTheSourcesInput) {
 // results of earlier collectives.
 TEST_P(SurfaceAsync, InPlaceFormsReturnWithNothingPendingEvenOnPendingTensors) {
   const int w = GetParam();
-  surface_run(w, [&] {
+  run_quietly(w, [&] {
     const int me = rank();
     const Tensor x = Tensor::full({2 * w}, me + 1, DType::Int64);
     Tensor pending = broadcast(x, w - 1, world());  // w everywhere
@@ -2132,7 +1654,7 @@ TEST_P(SurfaceAsync, InPlaceFormsReturnWithNothingPendingEvenOnPendingTensors) {
     all_reduce_inplace(pending, "sum", world());
     EXPECT_FALSE(pending.is_pending());
     EXPECT_EQ(work_registry_size(), 0u);
-    EXPECT_EQ(pending.to_vector<std::int64_t>(), std::vector<std::int64_t>(2 * at(w), w * w));
+    EXPECT_EQ(pending.to_vector<std::int64_t>(), std::vector<std::int64_t>(2 * to_index(w), w * w));
 
     Tensor output = all_gather_tensor(x, 0, world());  // pending, of the result shape
     const Tensor second = Tensor::full({2 * w}, 10 * (me + 1), DType::Int64);
@@ -2161,8 +1683,7 @@ TEST_P(SurfaceAsync, InPlaceFormsReturnWithNothingPendingEvenOnPendingTensors) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Surface, SurfaceAsync, testing::ValuesIn(kSurfaceWorldSizes),
-                         surface_world_name);
+INSTANTIATE_TEST_SUITE_P(Surface, SurfaceAsync, ::testing::ValuesIn(kWorldSizes), world_name);
 
 }  // namespace
 }  // namespace chorus

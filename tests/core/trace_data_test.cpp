@@ -939,23 +939,31 @@ std::vector<std::vector<OpRecord>> uneven_all_to_all() {
   return traces;
 }
 
+// uneven_all_to_all() with entry `index` of rank `r`'s `splits` (OpRecord::input_split_sizes or
+// OpRecord::output_split_sizes) set to `value`.
+std::vector<std::vector<OpRecord>> uneven_all_to_all_with(
+    std::size_t r, std::optional<std::vector<std::int64_t>> OpRecord::*splits, std::size_t index,
+    std::int64_t value) {
+  std::vector<std::vector<OpRecord>> traces = uneven_all_to_all();
+  (*(traces[r][0].*splits))[index] = value;
+  return traces;
+}
+
 TEST(CompareTraces, UnevenAllToAllSplitsThatPairUpAgree) {
   EXPECT_FALSE(compare_traces(uneven_all_to_all()).has_value());
 }
 
 TEST(CompareTraces, InconsistentOutputSplitIsReported) {
-  std::vector<std::vector<OpRecord>> traces = uneven_all_to_all();
-  (*traces[2][0].output_split_sizes)[1] = 7;  // rank 1 sends 6
+  // Rank 1 sends 6.
   expect_divergence(
-      compare_traces(traces),
+      compare_traces(uneven_all_to_all_with(2, &OpRecord::output_split_sizes, 1, 7)),
       TraceDivergence{2, 0, "splits", "input_split_sizes[2]=6", "output_split_sizes[1]=7", 1, 0});
 }
 
 TEST(CompareTraces, InconsistentInputSplitIsReportedOnTheHigherRankOfThePair) {
-  std::vector<std::vector<OpRecord>> traces = uneven_all_to_all();
-  (*traces[1][0].input_split_sizes)[0] = 3;  // rank 0 expects 4
+  // Rank 0 expects 4.
   expect_divergence(
-      compare_traces(traces),
+      compare_traces(uneven_all_to_all_with(1, &OpRecord::input_split_sizes, 0, 3)),
       TraceDivergence{1, 0, "splits", "output_split_sizes[1]=4", "input_split_sizes[0]=3", 0, 0});
 }
 
@@ -975,10 +983,9 @@ TEST(CompareTraces, AbsentSplitsMeanEqualSplitsOfInputDim0) {
 }
 
 TEST(CompareTraces, InconsistentSplitWithItselfIsReported) {
-  std::vector<std::vector<OpRecord>> traces = uneven_all_to_all();
-  (*traces[0][0].output_split_sizes)[0] = 5;  // rank 0 keeps 1 row of its own
+  // Rank 0 keeps 1 row of its own.
   expect_divergence(
-      compare_traces(traces),
+      compare_traces(uneven_all_to_all_with(0, &OpRecord::output_split_sizes, 0, 5)),
       TraceDivergence{0, 0, "splits", "input_split_sizes[0]=1", "output_split_sizes[0]=5", 0, 0});
 }
 
@@ -990,8 +997,8 @@ TEST(CompareTraces, SplitListOfTheWrongLength) {
 }
 
 TEST(CompareTraces, FieldBeatsSplitsAtTheSameRecord) {
-  std::vector<std::vector<OpRecord>> traces = uneven_all_to_all();
-  (*traces[2][0].output_split_sizes)[1] = 7;
+  std::vector<std::vector<OpRecord>> traces =
+      uneven_all_to_all_with(2, &OpRecord::output_split_sizes, 1, 7);
   traces[2][0].dtype = DType::Int8;
   expect_divergence(compare_traces(traces),
                     TraceDivergence{2, 0, "dtype", "Float32", "Int8", 0, 0});

@@ -36,53 +36,26 @@
 #include "chorus/sim/sim.hpp"
 #include "chorus/tensor.hpp"
 #include "chorus/trace.hpp"
+#include "support/sim_helpers.hpp"
 
 namespace chorus {
 namespace {
 
-// Always world size 1 and non-powers of two (STYLE "Tests").
-constexpr int kTracingWorldSizes[] = {1, 2, 3, 4, 8};
-
-std::string tracing_world_name(const testing::TestParamInfo<int>& info) {
-  return "W" + std::to_string(info.param);
-}
+using testing::cyclic_shift;
+using testing::element_count;
+using testing::expect_error;
+using testing::expect_invalid_argument;
+using testing::first_ranks;
+using testing::kWorldSizes;
+using testing::list_text;
+using testing::normalized_dim;
+using testing::run_quietly;
+using testing::sum_of;
+using testing::to_index;
+using testing::world_name;
 
 // ---------------------------------------------------------------------------------------------
-// Running ranks, and small helpers.
-
-sim::SimReport run_tracing_ranks(int world_size, const std::function<void()>& rank_main) {
-  sim::SimOptions options;
-  options.world_size = world_size;
-  options.print_failures = false;
-  return sim::run(options, rank_main);
-}
-
-std::size_t slot(int index) { return static_cast<std::size_t>(index); }
-
-std::vector<int> ranks_up_to(int count) {
-  std::vector<int> ranks;
-  for (int r = 0; r < count; ++r) {
-    ranks.push_back(r);
-  }
-  return ranks;
-}
-
-std::int64_t element_count(const Shape& shape) {
-  std::int64_t count = 1;
-  for (std::int64_t size : shape) {
-    count *= size;
-  }
-  return count;
-}
-
-template <class T>
-std::string list_text(const std::vector<T>& values) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    out += (i > 0 ? ", " : "") + std::to_string(values[i]);
-  }
-  return out + "]";
-}
+// Small helpers.
 
 // The full content of a record (every field but `site`), for failure messages.
 std::string record_text(const OpRecord& record) { return to_json({record}); }
@@ -90,34 +63,7 @@ std::string record_text(const OpRecord& record) { return to_json({record}); }
 // The detail text of the InvalidArgument `call` throws; a failure (and "") when it throws
 // nothing or something else.
 std::string invalid_detail(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const InvalidArgument& error) {
-    return error.detail();
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected InvalidArgument, got " << error.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected InvalidArgument, nothing was thrown";
-  return "";
-}
-
-// `call` throws InvalidArgument whose what() contains every one of `words`.
-void expect_invalid_naming(const std::function<void()>& call,
-                           const std::vector<std::string>& words) {
-  try {
-    call();
-  } catch (const InvalidArgument& error) {
-    const std::string what = error.what();
-    for (const std::string& word : words) {
-      EXPECT_NE(what.find(word), std::string::npos) << "'" << word << "' missing from: " << what;
-    }
-    return;
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected InvalidArgument, got " << error.what();
-    return;
-  }
-  ADD_FAILURE() << "expected InvalidArgument naming '" << words.front() << "', nothing thrown";
+  return expect_error<InvalidArgument>(call, {}).detail;
 }
 
 // A valid collective on the world, checked by value: the ranks still pair up.
@@ -197,26 +143,9 @@ std::vector<std::int64_t> uneven_input_splits(int sender, int world) {
 std::vector<std::int64_t> uneven_output_splits(int receiver, int world) {
   std::vector<std::int64_t> splits;
   for (int i = 0; i < world; ++i) {
-    splits.push_back(uneven_input_splits(i, world)[slot(receiver)]);
+    splits.push_back(uneven_input_splits(i, world)[to_index(receiver)]);
   }
   return splits;
-}
-
-std::int64_t total_of(const std::vector<std::int64_t>& values) {
-  std::int64_t total = 0;
-  for (std::int64_t value : values) {
-    total += value;
-  }
-  return total;
-}
-
-// Group rank m sends to m + 1 (mod W).
-std::vector<int> cyclic_shift(int world) {
-  std::vector<int> src_dst;
-  for (int m = 0; m < world; ++m) {
-    src_dst.push_back((m + 1) % world);
-  }
-  return src_dst;
 }
 
 // Group rank 0 sends nowhere, m > 0 sends to m - 1; so group rank W - 1 receives nothing.
@@ -228,17 +157,13 @@ std::vector<int> partial_shift(int world) {
   return src_dst;
 }
 
-std::int64_t normalised(std::int64_t dim, std::size_t ndim) {
-  return dim < 0 ? dim + static_cast<std::int64_t>(ndim) : dim;
-}
-
 // Every collective form on the world (all_gather and reduce_scatter at every dim, negative
 // included, and a 0-d all_gather), then a tagged ProcessGroup, a call tag, and (W even) a 2-D
 // rank list; the world's sequence numbers continue across them.
 std::vector<Step> every_collective_program() {
   const int w = world_size();
   const int me = rank();
-  const std::vector<int> everyone = ranks_up_to(w);
+  const std::vector<int> everyone = first_ranks(w);
   std::map<std::string, std::int64_t> next_seq;  // per communicator: tag and members
   std::vector<Step> steps;
   const auto add = [&](OpRecord expected, const std::vector<int>& members,
@@ -284,7 +209,7 @@ std::vector<Step> every_collective_program() {
   for (std::int64_t dim = -3; dim < 3; ++dim) {
     OpRecord record = on("all_gather_tensor", DType::Int64, {gathered},
                          {meta::all_gather_shape(gathered, dim, w)});
-    record.dims = {normalised(dim, gathered.size())};
+    record.dims = {normalized_dim(dim, gathered.size())};
     add(record, everyone, [gathered, dim](Mode mode) {
       return Tensors{all_gather_tensor(program_tensor(mode, gathered, DType::Int64), dim, world())};
     });
@@ -303,7 +228,7 @@ std::vector<Step> every_collective_program() {
     OpRecord record = on("reduce_scatter_tensor", DType::Int64, {scattered},
                          {meta::reduce_scatter_shape(scattered, dim, w)});
     record.reduce_op = ReduceOp("sum");
-    record.dims = {normalised(dim, scattered.size())};
+    record.dims = {normalized_dim(dim, scattered.size())};
     add(record, everyone, [scattered, dim](Mode mode) {
       return Tensors{reduce_scatter_tensor(program_tensor(mode, scattered, DType::Int64), "sum",
                                            dim, world())};
@@ -372,7 +297,7 @@ std::vector<Step> every_collective_program() {
   {
     const std::vector<std::int64_t> input_splits = uneven_input_splits(me, w);
     const std::vector<std::int64_t> output_splits = uneven_output_splits(me, w);
-    const Shape input = {total_of(input_splits), 2};
+    const Shape input = {sum_of(input_splits), 2};
     OpRecord record = on("all_to_all_single", DType::Float32, {input},
                          {meta::all_to_all_single_shape(input, output_splits, input_splits, w)});
     record.output_split_sizes = output_splits;
@@ -480,38 +405,46 @@ std::vector<Step> every_collective_program() {
     const int half = w / 2;
     std::vector<std::vector<int>> lists(2);
     for (int r = 0; r < w; ++r) {
-      lists[slot(r < half ? 0 : 1)].push_back(r);
+      lists[to_index(r < half ? 0 : 1)].push_back(r);
     }
     const Shape input = {2};
     OpRecord record = on("all_reduce", DType::Int64, {input}, {input});
     record.reduce_op = ReduceOp("sum");
     record.group_size = half;
-    add(record, lists[slot(me < half ? 0 : 1)], [input, lists](Mode mode) {
+    add(record, lists[to_index(me < half ? 0 : 1)], [input, lists](Mode mode) {
       return Tensors{all_reduce(program_tensor(mode, input, DType::Int64), "sum", lists)};
     });
   }
   return steps;
 }
 
+// The records every rank of a `world`-rank simulation leaves running `program` inside a
+// TraceScope, indexed by rank.
+std::vector<std::vector<OpRecord>> traces_of(int world, const std::function<void()>& program) {
+  std::vector<std::vector<OpRecord>> traces(to_index(world));
+  run_quietly(world, [&] {
+    TraceScope scope;
+    program();
+    traces[to_index(rank())] = scope.records();
+  });
+  return traces;
+}
+
 // The records every rank leaves tracing every_collective_program() in `mode` (Traced or
 // Meta), indexed by rank.
 std::vector<std::vector<OpRecord>> trace_program(int world, Mode mode) {
-  std::vector<std::vector<OpRecord>> traces(slot(world));
-  run_tracing_ranks(world, [&] {
-    const std::vector<Step> steps = every_collective_program();
-    TraceScope scope;
-    for (const Step& step : steps) {
+  return traces_of(world, [mode] {
+    // Building the steps issues nothing; only their `issue` calls record.
+    for (const Step& step : every_collective_program()) {
       (void)step.issue(mode);
     }
-    traces[slot(rank())] = scope.records();
   });
-  return traces;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Meta: shapes.
 
-class MetaShapes : public testing::TestWithParam<int> {};
+class MetaShapes : public ::testing::TestWithParam<int> {};
 
 TEST_P(MetaShapes, ShapeFunctionsFollowTheDocumentedRules) {
   const int w = GetParam();
@@ -527,21 +460,22 @@ TEST_P(MetaShapes, ShapeFunctionsFollowTheDocumentedRules) {
   const std::vector<std::int64_t> input_splits = uneven_input_splits(0, w);
   const std::vector<std::int64_t> output_splits = uneven_output_splits(0, w);
   EXPECT_EQ(
-      meta::all_to_all_single_shape({total_of(input_splits), 4}, output_splits, input_splits, w),
-      (Shape{total_of(output_splits), 4}));
+      meta::all_to_all_single_shape({sum_of(input_splits), 4}, output_splits, input_splits, w),
+      (Shape{sum_of(output_splits), 4}));
   EXPECT_EQ(meta::broadcast_shape({4, 1}, w - 1, w), (Shape{4, 1}));
   EXPECT_EQ(meta::reduce_shape({4, 1}, 0, w), (Shape{4, 1}));
   EXPECT_EQ(meta::permute_tensor_shape({3}, partial_shift(w), w), (Shape{3}));
   for (int bad : {0, -1}) {
     SCOPED_TRACE("group_size " + std::to_string(bad));
-    expect_invalid_naming([&] { (void)meta::all_gather_shape({2}, 0, bad); }, {"group_size"});
-    expect_invalid_naming([&] { (void)meta::reduce_scatter_shape({2}, 0, bad); }, {"group_size"});
-    expect_invalid_naming(
+    expect_invalid_argument([&] { (void)meta::all_gather_shape({2}, 0, bad); }, {"group_size"});
+    expect_invalid_argument([&] { (void)meta::reduce_scatter_shape({2}, 0, bad); }, {"group_size"});
+    expect_invalid_argument(
         [&] { (void)meta::all_to_all_single_shape({2}, std::nullopt, std::nullopt, bad); },
         {"group_size"});
-    expect_invalid_naming([&] { (void)meta::broadcast_shape({2}, 0, bad); }, {"group_size"});
-    expect_invalid_naming([&] { (void)meta::reduce_shape({2}, 0, bad); }, {"group_size"});
-    expect_invalid_naming([&] { (void)meta::permute_tensor_shape({2}, {}, bad); }, {"group_size"});
+    expect_invalid_argument([&] { (void)meta::broadcast_shape({2}, 0, bad); }, {"group_size"});
+    expect_invalid_argument([&] { (void)meta::reduce_shape({2}, 0, bad); }, {"group_size"});
+    expect_invalid_argument([&] { (void)meta::permute_tensor_shape({2}, {}, bad); },
+                            {"group_size"});
   }
 }
 
@@ -549,7 +483,7 @@ TEST_P(MetaShapes, ShapeFunctionsFollowTheDocumentedRules) {
 // chorus::meta computes and the input's dtype, and lives on the meta device exactly in the meta
 // run.
 TEST_P(MetaShapes, EveryOpGivesTheShapesOfChorusMetaEagerTracedAndOnMetaTensors) {
-  run_tracing_ranks(GetParam(), [] {
+  run_quietly(GetParam(), [] {
     const std::vector<Step> steps = every_collective_program();
     std::vector<std::vector<std::string>> seen;  // per mode: "dtype [shape]" of every output
     for (Mode mode : {Mode::Eager, Mode::Traced, Mode::Meta}) {
@@ -583,19 +517,18 @@ TEST_P(MetaShapes, EveryOpGivesTheShapesOfChorusMetaEagerTracedAndOnMetaTensors)
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Meta, MetaShapes, testing::ValuesIn(kTracingWorldSizes),
-                         tracing_world_name);
+INSTANTIATE_TEST_SUITE_P(Meta, MetaShapes, ::testing::ValuesIn(kWorldSizes), world_name);
 
 // ---------------------------------------------------------------------------------------------
 // Meta: sequence numbers and misuse.
 
-class MetaCalls : public testing::TestWithParam<int> {};
+class MetaCalls : public ::testing::TestWithParam<int> {};
 
 // Odd ranks trace three meta calls the even ranks never make; the real collectives after them
 // still pair up, and take sequence numbers 0 and 1.
 TEST_P(MetaCalls, ConsumeNoSequenceNumber) {
   const int w = GetParam();
-  run_tracing_ranks(w, [w] {
+  run_quietly(w, [w] {
     TraceScope scope;
     const bool odd = rank() % 2 == 1;
     if (odd) {
@@ -622,7 +555,7 @@ TEST_P(MetaCalls, ConsumeNoSequenceNumber) {
 
 TEST_P(MetaCalls, MetaInputOutsideATraceScopeIsInvalidArgument) {
   const int w = GetParam();
-  run_tracing_ranks(w, [w] {
+  run_quietly(w, [w] {
     ASSERT_EQ(current_trace(), nullptr);
     const auto meta = [](Shape shape) {
       return Tensor::empty(std::move(shape), DType::Float32, Device::meta());
@@ -656,7 +589,7 @@ TEST_P(MetaCalls, MetaInputOutsideATraceScopeIsInvalidArgument) {
     };
     for (std::size_t i = 0; i < calls.size(); ++i) {
       SCOPED_TRACE("call " + std::to_string(i));
-      expect_invalid_naming(calls[i], {"meta"});
+      expect_invalid_argument(calls[i], {"meta"});
     }
     expect_world_pairs_up();
   });
@@ -664,17 +597,17 @@ TEST_P(MetaCalls, MetaInputOutsideATraceScopeIsInvalidArgument) {
 
 TEST_P(MetaCalls, MixingMetaAndRealInputsInOneCallIsInvalidArgument) {
   const int w = GetParam();
-  run_tracing_ranks(w, [w] {
+  run_quietly(w, [w] {
     TraceScope scope;
     const Tensor meta = Tensor::empty({w, 2}, DType::Float32, Device::meta());
     const Tensor real = Tensor::ones({w, 2}, DType::Float32);
     for (const std::vector<Tensor>& inputs :
          {std::vector<Tensor>{meta, real}, std::vector<Tensor>{real, meta}}) {
-      expect_invalid_naming([&] { (void)all_reduce_coalesced(inputs, "sum", world()); },
-                            {"all_reduce_coalesced", "meta"});
-      expect_invalid_naming([&] { (void)all_gather_into_tensor_coalesced(inputs, world()); },
-                            {"all_gather_into_tensor_coalesced", "meta"});
-      expect_invalid_naming(
+      expect_invalid_argument([&] { (void)all_reduce_coalesced(inputs, "sum", world()); },
+                              {"all_reduce_coalesced", "meta"});
+      expect_invalid_argument([&] { (void)all_gather_into_tensor_coalesced(inputs, world()); },
+                              {"all_gather_into_tensor_coalesced", "meta"});
+      expect_invalid_argument(
           [&] {
             (void)reduce_scatter_tensor_coalesced(inputs, "sum", {0, 0}, world());
           },
@@ -683,16 +616,16 @@ TEST_P(MetaCalls, MixingMetaAndRealInputsInOneCallIsInvalidArgument) {
     // An in-place form's output must be meta exactly when its input is.
     Tensor real_gathered = Tensor::empty({w * w, 2}, DType::Float32);
     Tensor meta_gathered = Tensor::empty({w * w, 2}, DType::Float32, Device::meta());
-    expect_invalid_naming([&] { all_gather_tensor_inplace(real_gathered, meta, world()); },
-                          {"all_gather_tensor_inplace", "meta"});
-    expect_invalid_naming([&] { all_gather_tensor_inplace(meta_gathered, real, world()); },
-                          {"all_gather_tensor_inplace", "meta"});
+    expect_invalid_argument([&] { all_gather_tensor_inplace(real_gathered, meta, world()); },
+                            {"all_gather_tensor_inplace", "meta"});
+    expect_invalid_argument([&] { all_gather_tensor_inplace(meta_gathered, real, world()); },
+                            {"all_gather_tensor_inplace", "meta"});
     Tensor real_scattered = Tensor::empty({1, 2}, DType::Float32);
     Tensor meta_scattered = Tensor::empty({1, 2}, DType::Float32, Device::meta());
-    expect_invalid_naming(
+    expect_invalid_argument(
         [&] { reduce_scatter_tensor_inplace(real_scattered, meta, "sum", world()); },
         {"reduce_scatter_tensor_inplace", "meta"});
-    expect_invalid_naming(
+    expect_invalid_argument(
         [&] { reduce_scatter_tensor_inplace(meta_scattered, real, "sum", world()); },
         {"reduce_scatter_tensor_inplace", "meta"});
     EXPECT_TRUE(scope.records().empty()) << "a refused call leaves no record";
@@ -706,7 +639,7 @@ TEST_P(MetaCalls, MixingMetaAndRealInputsInOneCallIsInvalidArgument) {
 // text (Note [One rule, three paths]).
 TEST_P(MetaCalls, ShapeFunctionsThrowTheCollectivesDetailText) {
   const int w = GetParam();
-  run_tracing_ranks(w, [w] {
+  run_quietly(w, [w] {
     struct BadCase {
       std::string name;
       std::function<void()> collective;
@@ -716,11 +649,11 @@ TEST_P(MetaCalls, ShapeFunctionsThrowTheCollectivesDetailText) {
     const Tensor scalar = Tensor::ones({}, DType::Float32);
     const Tensor rows = Tensor::ones({w + 1, 2}, DType::Float32);
     const Tensor column = Tensor::ones({w}, DType::Float32);
-    const std::vector<std::int64_t> ones(slot(w), 1);
-    const std::vector<std::int64_t> too_long(slot(w + 1), 1);
+    const std::vector<std::int64_t> ones(to_index(w), 1);
+    const std::vector<std::int64_t> too_long(to_index(w + 1), 1);
     std::vector<std::int64_t> negative = ones;
     negative[0] = -1;
-    const std::vector<std::int64_t> short_sum(slot(w), 0);
+    const std::vector<std::int64_t> short_sum(to_index(w), 0);
     std::vector<BadCase> cases;
     const auto add = [&](std::string name, std::function<void()> collective,
                          std::function<void()> shape_function) {
@@ -765,37 +698,33 @@ TEST_P(MetaCalls, ShapeFunctionsThrowTheCollectivesDetailText) {
             (void)meta::all_to_all_single_shape({w + 1, 2}, std::nullopt, std::nullopt, w);
           });
     }
-    add(
-        "all_to_all negative input split",
-        [&] { (void)all_to_all_single(column, ones, negative, world()); },
-        [&] { (void)meta::all_to_all_single_shape({w}, ones, negative, w); });
-    add(
-        "all_to_all 0-d", [&] { (void)all_to_all_single(scalar, ones, ones, world()); },
-        [&] { (void)meta::all_to_all_single_shape({}, ones, ones, w); });
-    add(
-        "all_to_all output splits only",
-        [&] { (void)all_to_all_single(column, ones, std::nullopt, world()); },
-        [&] { (void)meta::all_to_all_single_shape({w}, ones, std::nullopt, w); });
-    add(
-        "all_to_all input splits only",
-        [&] { (void)all_to_all_single(column, std::nullopt, ones, world()); },
-        [&] { (void)meta::all_to_all_single_shape({w}, std::nullopt, ones, w); });
-    add(
-        "all_to_all output splits too long",
-        [&] { (void)all_to_all_single(column, too_long, ones, world()); },
-        [&] { (void)meta::all_to_all_single_shape({w}, too_long, ones, w); });
-    add(
-        "all_to_all input splits too long",
-        [&] { (void)all_to_all_single(column, ones, too_long, world()); },
-        [&] { (void)meta::all_to_all_single_shape({w}, ones, too_long, w); });
-    add(
-        "all_to_all negative output split",
-        [&] { (void)all_to_all_single(column, negative, ones, world()); },
-        [&] { (void)meta::all_to_all_single_shape({w}, negative, ones, w); });
-    add(
-        "all_to_all input splits do not sum to dim 0",
-        [&] { (void)all_to_all_single(column, ones, short_sum, world()); },
-        [&] { (void)meta::all_to_all_single_shape({w}, ones, short_sum, w); });
+    // all_to_all_single: the input's shape is what the shape function gets.
+    using Splits = std::optional<std::vector<std::int64_t>>;
+    struct AllToAllCase {
+      std::string name;
+      Tensor input;
+      Splits output_splits;
+      Splits input_splits;
+    };
+    const std::vector<AllToAllCase> all_to_all_cases = {
+        {"negative input split", column, ones, negative},
+        {"0-d", scalar, ones, ones},
+        {"output splits only", column, ones, std::nullopt},
+        {"input splits only", column, std::nullopt, ones},
+        {"output splits too long", column, too_long, ones},
+        {"input splits too long", column, ones, too_long},
+        {"negative output split", column, negative, ones},
+        {"input splits do not sum to dim 0", column, ones, short_sum},
+    };
+    for (const AllToAllCase& c : all_to_all_cases) {
+      add(
+          "all_to_all " + c.name,
+          [c] { (void)all_to_all_single(c.input, c.output_splits, c.input_splits, world()); },
+          [c, w] {
+            (void)meta::all_to_all_single_shape(c.input.sizes(), c.output_splits, c.input_splits,
+                                                w);
+          });
+    }
     for (int root : {-1, w}) {
       add(
           "broadcast src " + std::to_string(root),
@@ -810,7 +739,7 @@ TEST_P(MetaCalls, ShapeFunctionsThrowTheCollectivesDetailText) {
             (void)meta::reduce_shape({2, 3}, root, w);
           });
     }
-    std::vector<std::vector<int>> bad_permutations = {std::vector<int>(slot(w + 1), -1)};
+    std::vector<std::vector<int>> bad_permutations = {std::vector<int>(to_index(w + 1), -1)};
     std::vector<int> out_of_range = cyclic_shift(w);
     out_of_range.back() = w;
     bad_permutations.push_back(out_of_range);
@@ -818,7 +747,7 @@ TEST_P(MetaCalls, ShapeFunctionsThrowTheCollectivesDetailText) {
     below.front() = -2;
     bad_permutations.push_back(below);
     if (w > 1) {
-      bad_permutations.emplace_back(slot(w), 0);  // everyone sends to 0
+      bad_permutations.emplace_back(to_index(w), 0);  // everyone sends to 0
     }
     for (const std::vector<int>& src_dst : bad_permutations) {
       add(
@@ -839,19 +768,18 @@ TEST_P(MetaCalls, ShapeFunctionsThrowTheCollectivesDetailText) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Meta, MetaCalls, testing::ValuesIn(kTracingWorldSizes),
-                         tracing_world_name);
+INSTANTIATE_TEST_SUITE_P(Meta, MetaCalls, ::testing::ValuesIn(kWorldSizes), world_name);
 
 // ---------------------------------------------------------------------------------------------
 // Tracing: records.
 
-class TracingRecords : public testing::TestWithParam<int> {};
+class TracingRecords : public ::testing::TestWithParam<int> {};
 
 // "Traced programs contain no pending tensors": every traced call returns its outputs waited,
 // with nothing left in the registry, and appends exactly the record it describes. The meta run
 // records the same apart from seq (-1) and meta (true).
 TEST_P(TracingRecords, EveryTracedCallReturnsWaitedAndRecordsExactlyItsFields) {
-  run_tracing_ranks(GetParam(), [] {
+  run_quietly(GetParam(), [] {
     {
       // The contrast: outside a scope a call returns pending. (On its own communicator, so the
       // program's sequence numbers are the ones it expects.)
@@ -887,7 +815,7 @@ TEST_P(TracingRecords, EveryTracedCallReturnsWaitedAndRecordsExactlyItsFields) {
 
 // Scopes nest: the innermost records, the outer one resumes when it ends.
 TEST_P(TracingRecords, NestedScopesRecordIntoTheInnermostOnly) {
-  run_tracing_ranks(GetParam(), [] {
+  run_quietly(GetParam(), [] {
     const Tensor x = Tensor::ones({2}, DType::Int64);
     TraceScope outer;
     (void)all_reduce(x, "sum", world());
@@ -914,7 +842,7 @@ TEST_P(TracingRecords, NestedScopesRecordIntoTheInnermostOnly) {
 
 TEST(Tracing, ScopeOutsideARankIsInvalidArgument) {
   EXPECT_EQ(current_trace(), nullptr);
-  expect_invalid_naming([] { TraceScope scope; }, {"TraceScope", "outside a rank"});
+  expect_invalid_argument([] { TraceScope scope; }, {"TraceScope", "outside a rank"});
 }
 
 TEST_P(TracingRecords, RecordsOfARealProgramSurviveAJsonRoundTrip) {
@@ -923,7 +851,7 @@ TEST_P(TracingRecords, RecordsOfARealProgramSurviveAJsonRoundTrip) {
     const std::vector<std::vector<OpRecord>> traces = trace_program(w, mode);
     for (int r = 0; r < w; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
-      const std::vector<OpRecord>& records = traces[slot(r)];
+      const std::vector<OpRecord>& records = traces[to_index(r)];
       ASSERT_FALSE(records.empty());
       const std::vector<OpRecord> back = from_json(to_json(records));
       ASSERT_EQ(back.size(), records.size());
@@ -941,12 +869,12 @@ TEST_P(TracingRecords, MetaTraceEqualsRealTraceApartFromSeqAndMeta) {
   const std::vector<std::vector<OpRecord>> meta = trace_program(w, Mode::Meta);
   for (int r = 0; r < w; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    ASSERT_EQ(meta[slot(r)].size(), real[slot(r)].size());
-    for (std::size_t i = 0; i < real[slot(r)].size(); ++i) {
-      OpRecord expected = real[slot(r)][i];
+    ASSERT_EQ(meta[to_index(r)].size(), real[to_index(r)].size());
+    for (std::size_t i = 0; i < real[to_index(r)].size(); ++i) {
+      OpRecord expected = real[to_index(r)][i];
       expected.seq = -1;
       expected.meta = true;
-      expect_record(meta[slot(r)][i], expected);
+      expect_record(meta[to_index(r)][i], expected);
     }
   }
 }
@@ -962,7 +890,7 @@ TEST_P(TracingRecords, CompareTracesOfAConsistentProgramFindsNothing) {
 // A coalesced call may mix dtypes (the collectives accept it); its record must still describe
 // the call well enough to execute it again on the same inputs (OpRecord::input_dtypes).
 TEST_P(TracingRecords, CoalescedCallWithMixedDTypesExecutesAgainFromItsRecord) {
-  run_tracing_ranks(GetParam(), [] {
+  run_quietly(GetParam(), [] {
     const std::vector<Tensor> inputs = {Tensor::full({2}, rank() + 1, DType::Int32),
                                         Tensor::full({3}, rank() + 1, DType::Float64)};
     OpRecord record;
@@ -988,16 +916,12 @@ TEST_P(TracingRecords, CoalescedCallWithMixedDTypesExecutesAgainFromItsRecord) {
 TEST(Tracing, CompareTracesSeesADTypeDifferenceInALaterCoalescedInput) {
   for (int w : {2, 3, 4, 8}) {
     SCOPED_TRACE("world size " + std::to_string(w));
-    std::vector<std::vector<OpRecord>> traces(slot(w));
-    run_tracing_ranks(w, [&] {
-      TraceScope scope;
+    const std::optional<TraceDivergence> divergence = compare_traces(traces_of(w, [] {
       const DType second = rank() == 1 ? DType::Float32 : DType::Float64;
       (void)all_reduce_coalesced({Tensor::empty({2}, DType::Float64, Device::meta()),
                                   Tensor::empty({3}, second, Device::meta())},
                                  "sum", world());
-      traces[slot(rank())] = scope.records();
-    });
-    const std::optional<TraceDivergence> divergence = compare_traces(traces);
+    }));
     ASSERT_TRUE(divergence.has_value());
     EXPECT_EQ(divergence->rank, 1);
     EXPECT_EQ(divergence->index, 0u);
@@ -1005,8 +929,7 @@ TEST(Tracing, CompareTracesSeesADTypeDifferenceInALaterCoalescedInput) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tracing, TracingRecords, testing::ValuesIn(kTracingWorldSizes),
-                         tracing_world_name);
+INSTANTIATE_TEST_SUITE_P(Tracing, TracingRecords, ::testing::ValuesIn(kWorldSizes), world_name);
 
 // Rank 1 reduces with max where every other rank uses sum, at its third collective. Traced on
 // meta tensors, so no communication can notice; compare_traces does: the reference is the
@@ -1014,17 +937,13 @@ INSTANTIATE_TEST_SUITE_P(Tracing, TracingRecords, testing::ValuesIn(kTracingWorl
 TEST(Tracing, CompareTracesNamesTheRankThatReducesDifferently) {
   for (int w : {2, 3, 4, 8}) {
     SCOPED_TRACE("world size " + std::to_string(w));
-    std::vector<std::vector<OpRecord>> traces(slot(w));
-    run_tracing_ranks(w, [&] {
-      TraceScope scope;
+    const std::optional<TraceDivergence> divergence = compare_traces(traces_of(w, [w] {
       const Tensor meta = Tensor::empty({w, 3}, DType::Float32, Device::meta());
       (void)all_reduce(meta, "sum", world());
       (void)all_gather_tensor(meta, 1, world());
       (void)all_reduce(meta, rank() == 1 ? "max" : "sum", world());
       (void)reduce_scatter_tensor(meta, "sum", 0, world());
-      traces[slot(rank())] = scope.records();
-    });
-    const std::optional<TraceDivergence> divergence = compare_traces(traces);
+    }));
     ASSERT_TRUE(divergence.has_value());
     EXPECT_EQ(divergence->rank, 1);
     EXPECT_EQ(divergence->index, 2u);
@@ -1075,14 +994,14 @@ Tensor documented_replay_input(const OpRecord& record, std::size_t n, std::size_
   }
 }
 
-class ReplayRuns : public testing::TestWithParam<int> {};
+class ReplayRuns : public ::testing::TestWithParam<int> {};
 
 TEST_P(ReplayRuns, ReplayedOutputsEqualADirectExecutionOnTheDocumentedInputsBitwise) {
   const int w = GetParam();
   const std::vector<std::vector<OpRecord>> traces = trace_program(w, Mode::Traced);
-  run_tracing_ranks(w, [&] {
+  run_quietly(w, [&] {
     const int me = rank();
-    const std::vector<OpRecord>& mine = traces[slot(me)];
+    const std::vector<OpRecord>& mine = traces[to_index(me)];
     const std::vector<std::vector<Tensor>> replayed = replay(mine);
     ASSERT_EQ(replayed.size(), mine.size());
     // The first record is all_reduce sum of Float32 [2, 3]: element i is
@@ -1118,10 +1037,10 @@ TEST_P(ReplayRuns, MetaTraceReplaysAsRealCollectivesOfTheRecordedShapes) {
   const int w = GetParam();
   const std::vector<std::vector<OpRecord>> meta_traces = trace_program(w, Mode::Meta);
   const std::vector<std::vector<OpRecord>> real_traces = trace_program(w, Mode::Traced);
-  run_tracing_ranks(w, [&] {
-    const std::vector<OpRecord>& meta_records = meta_traces[slot(rank())];
+  run_quietly(w, [&] {
+    const std::vector<OpRecord>& meta_records = meta_traces[to_index(rank())];
     const std::vector<std::vector<Tensor>> from_meta = replay(meta_records);
-    const std::vector<std::vector<Tensor>> from_real = replay(real_traces[slot(rank())]);
+    const std::vector<std::vector<Tensor>> from_real = replay(real_traces[to_index(rank())]);
     ASSERT_EQ(from_meta.size(), meta_records.size());
     ASSERT_EQ(from_real.size(), meta_records.size());
     for (std::size_t n = 0; n < meta_records.size(); ++n) {
@@ -1145,8 +1064,8 @@ TEST_P(ReplayRuns, ReplayUnderATraceScopeRecordsTheOriginalRecords) {
   const int w = GetParam();
   const std::vector<std::vector<OpRecord>> real_traces = trace_program(w, Mode::Traced);
   const std::vector<std::vector<OpRecord>> meta_traces = trace_program(w, Mode::Meta);
-  run_tracing_ranks(w, [&] {
-    const std::vector<OpRecord>& original = real_traces[slot(rank())];
+  run_quietly(w, [&] {
+    const std::vector<OpRecord>& original = real_traces[to_index(rank())];
     TraceScope scope;
     (void)replay(original);
     ASSERT_EQ(scope.records().size(), original.size());
@@ -1154,14 +1073,14 @@ TEST_P(ReplayRuns, ReplayUnderATraceScopeRecordsTheOriginalRecords) {
       expect_record(scope.records()[n], original[n]);
     }
   });
-  run_tracing_ranks(w, [&] {
-    const std::vector<OpRecord>& original = meta_traces[slot(rank())];
+  run_quietly(w, [&] {
+    const std::vector<OpRecord>& original = meta_traces[to_index(rank())];
     TraceScope scope;
     (void)replay(original);
     ASSERT_EQ(scope.records().size(), original.size());
     for (std::size_t n = 0; n < original.size(); ++n) {
       OpRecord expected = original[n];
-      expected.seq = real_traces[slot(rank())][n].seq;
+      expected.seq = real_traces[to_index(rank())][n].seq;
       expected.meta = false;
       EXPECT_GE(expected.seq, 0);
       expect_record(scope.records()[n], expected);
@@ -1173,8 +1092,8 @@ TEST_P(ReplayRuns, ReplayUnderATraceScopeRecordsTheOriginalRecords) {
 TEST_P(ReplayRuns, FillSuppliesEveryInput) {
   const int w = GetParam();
   const std::vector<std::vector<OpRecord>> traces = trace_program(w, Mode::Meta);
-  run_tracing_ranks(w, [&] {
-    const std::vector<OpRecord>& mine = traces[slot(rank())];
+  run_quietly(w, [&] {
+    const std::vector<OpRecord>& mine = traces[to_index(rank())];
     std::vector<std::string> calls;
     const auto fill = [&](const OpRecord& record, std::size_t k) {
       calls.push_back(record.op + " input " + std::to_string(k));
@@ -1204,8 +1123,7 @@ TEST_P(ReplayRuns, FillSuppliesEveryInput) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Replay, ReplayRuns, testing::ValuesIn(kTracingWorldSizes),
-                         tracing_world_name);
+INSTANTIATE_TEST_SUITE_P(Replay, ReplayRuns, ::testing::ValuesIn(kWorldSizes), world_name);
 
 // ---------------------------------------------------------------------------------------------
 // Adjoints.
@@ -1309,7 +1227,7 @@ std::vector<LinearCase> linear_cases() {
   {
     const std::vector<std::int64_t> input_splits = uneven_input_splits(me, w);
     const std::vector<std::int64_t> output_splits = uneven_output_splits(me, w);
-    add("all_to_all_single uneven", {{total_of(input_splits), 3}},
+    add("all_to_all_single uneven", {{sum_of(input_splits), 3}},
         [input_splits, output_splits](const Tensors& x) {
           return Tensors{all_to_all_single(x[0], output_splits, input_splits, world())};
         })
@@ -1411,10 +1329,10 @@ void expect_adjoint_identity(const LinearCase& linear) {
   }
 }
 
-class AdjointLaws : public testing::TestWithParam<int> {};
+class AdjointLaws : public ::testing::TestWithParam<int> {};
 
 TEST_P(AdjointLaws, DotProductTestHoldsExactlyForEveryLinearOp) {
-  run_tracing_ranks(GetParam(), [] {
+  run_quietly(GetParam(), [] {
     for (const LinearCase& linear : linear_cases()) {
       expect_adjoint_identity(linear);
     }
@@ -1424,7 +1342,7 @@ TEST_P(AdjointLaws, DotProductTestHoldsExactlyForEveryLinearOp) {
 // adjoint(adjoint(A)) == A, every field (A traced on meta tensors: seq -1 and meta true on both
 // sides). The in-place forms are left out: their adjoint's adjoint is their functional form.
 TEST_P(AdjointLaws, AdjointOfAdjointIsTheOriginal) {
-  run_tracing_ranks(GetParam(), [] {
+  run_quietly(GetParam(), [] {
     for (const LinearCase& linear : linear_cases()) {
       if (!linear.functional) {
         continue;
@@ -1447,7 +1365,7 @@ TEST_P(AdjointLaws, AdjointOfAdjointIsTheOriginal) {
 // The in-place forms take the adjoint of their functional form.
 TEST_P(AdjointLaws, InPlaceFormsTakeTheAdjointOfTheirFunctionalForm) {
   const int w = GetParam();
-  run_tracing_ranks(w, [w] {
+  run_quietly(w, [w] {
     TraceScope scope;
     Tensor tensor = Tensor::empty({3}, DType::Int64, Device::meta());
     all_reduce_inplace(tensor, "sum", world());
@@ -1477,7 +1395,7 @@ TEST_P(AdjointLaws, InPlaceFormsTakeTheAdjointOfTheirFunctionalForm) {
 // Ops with no single linear adjoint collective: the error names the op and the reduction.
 TEST_P(AdjointLaws, OpsWithoutALinearAdjointAreInvalidArgument) {
   const int w = GetParam();
-  run_tracing_ranks(w, [w] {
+  run_quietly(w, [w] {
     TraceScope scope;
     const Tensor integers = Tensor::empty({w, 2}, DType::Int64, Device::meta());
     const Tensor floating = Tensor::empty({w, 2}, DType::Float64, Device::meta());
@@ -1503,11 +1421,11 @@ TEST_P(AdjointLaws, OpsWithoutALinearAdjointAreInvalidArgument) {
     ASSERT_EQ(records.size(), reductions.size());
     for (std::size_t i = 0; i < records.size(); ++i) {
       SCOPED_TRACE(record_text(records[i]));
-      expect_invalid_naming([&] { (void)adjoint(records[i]); }, {records[i].op, reductions[i]});
+      expect_invalid_argument([&] { (void)adjoint(records[i]); }, {records[i].op, reductions[i]});
     }
     OpRecord unknown = records.front();
     unknown.op = "all_reduce_sideways";
-    expect_invalid_naming([&] { (void)adjoint(unknown); }, {"all_reduce_sideways"});
+    expect_invalid_argument([&] { (void)adjoint(unknown); }, {"all_reduce_sideways"});
   });
 }
 
@@ -1515,7 +1433,7 @@ TEST_P(AdjointLaws, OpsWithoutALinearAdjointAreInvalidArgument) {
 // gives [1] (one element, as the 0-d input has): documented in adjoint(), and the adjoint
 // record's output_shapes say so.
 TEST_P(AdjointLaws, ZeroDimAllGatherAdjointGivesOneElement) {
-  run_tracing_ranks(GetParam(), [] {
+  run_quietly(GetParam(), [] {
     for (std::int64_t dim : {0, -1}) {
       LinearCase linear;
       linear.name = "all_gather_tensor 0-d dim " + std::to_string(dim);
@@ -1535,8 +1453,7 @@ TEST_P(AdjointLaws, ZeroDimAllGatherAdjointGivesOneElement) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Adjoint, AdjointLaws, testing::ValuesIn(kTracingWorldSizes),
-                         tracing_world_name);
+INSTANTIATE_TEST_SUITE_P(Adjoint, AdjointLaws, ::testing::ValuesIn(kWorldSizes), world_name);
 
 }  // namespace
 }  // namespace chorus

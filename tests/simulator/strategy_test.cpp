@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/expect_error.hpp"
+#include "support/sim_helpers.hpp"
 
 namespace chorus {
 namespace {
@@ -21,12 +22,8 @@ using sim::SimReport;
 using sim::Strategy;
 
 SimOptions quiet_options(int world_size, std::uint64_t seed, Strategy strategy) {
-  SimOptions options;
-  options.world_size = world_size;
-  options.seed = seed;
+  SimOptions options = testing::quiet_options(world_size, seed);
   options.strategy = strategy;
-  options.print_failures = false;
-  options.seed_from_environment = false;
   return options;
 }
 

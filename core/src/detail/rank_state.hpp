@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,11 +42,12 @@ class RankState {
   const std::shared_ptr<WorkRegistry>& registry() const noexcept { return registry_; }
   const std::shared_ptr<HostPool>& host_pool() const noexcept { return host_pool_; }
 
-  // The slot of the group (tag, members); `members` holds this rank.
-  CommSlot& comm_slot(const std::string& tag, const std::vector<int>& members);
+  // The slot of the group (tag, members); `members` holds this rank. Slots live as long as the
+  // rank state.
+  CommSlot& comm_slot(const std::string& tag, std::span<const int> members);
   // Creates the slot's communicator if it does not exist yet.
   transport::Comm& ensure_comm(CommSlot& slot, const std::string& tag,
-                               const std::vector<int>& members);
+                               std::span<const int> members);
 
   // Throws the first error recorded while completing a dropped work, once (Note [Work
   // lifecycle], step 3).
@@ -64,7 +66,12 @@ class RankState {
   RankOptions options_;
   std::shared_ptr<WorkRegistry> registry_;
   std::shared_ptr<HostPool> host_pool_;
-  std::map<std::pair<std::string, std::vector<int>>, CommSlot> comms_;
+  using CommKey = std::pair<std::string, std::vector<int>>;
+  std::map<CommKey, CommSlot> comms_;
+  // The slot comm_slot returned last, and its key (both in comms_, whose nodes never move):
+  // consecutive collectives mostly use one group, and comparing is cheaper than building a key.
+  const CommKey* last_key_ = nullptr;
+  CommSlot* last_slot_ = nullptr;
 };
 
 }  // namespace chorus::detail

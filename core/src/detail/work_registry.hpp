@@ -27,6 +27,7 @@
 // entry cannot remove a newer one. A storage may hold several pending works, and one work may
 // sit under several storages, without duplicates.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -91,6 +92,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Registers `work` under each of `storages` (distinct, alive, not yet attached to another
   // registry).
   void add(const std::shared_ptr<PendingWork>& work, const std::vector<Storage*>& storages);
+  // The same for one storage (every single-output collective), without a vector.
+  void add(const std::shared_ptr<PendingWork>& work, Storage* storage);
 
   // Waits every work pending on `storage`, retires them, and rethrows the first failure after
   // all were waited.
@@ -137,9 +140,21 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
     bool at_rank_exit;
   };
 
+  void add_locked(const std::shared_ptr<PendingWork>& work, Entry& entry, Storage* storage,
+                  const std::shared_ptr<WorkRegistry>& self);
+  // Note [Registry node reuse]: a collective inserts one node in each map and erases both when
+  // it is waited; the erased nodes (with their vectors' capacity) are kept for the next
+  // insertions instead of going back to the heap, up to kSpareNodesMax of each.
+  Entry& insert_work_locked(std::uint64_t work_id);
+  std::vector<std::uint64_t>& work_ids_locked(std::uint64_t storage_id);
+  void erase_work_locked(std::unordered_map<std::uint64_t, Entry>::iterator it);
+  void erase_storage_locked(
+      std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>::iterator it);
   std::vector<std::shared_ptr<PendingWork>> works_of(const Storage& storage) const;
   // Completes `works`, then retires each; returns the first error.
   std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
+  // The same for one work (a storage with one pending work: the common case), without vectors.
+  std::exception_ptr complete_and_retire_one(const std::shared_ptr<PendingWork>& work);
   void retire_locked(const PendingWork& work, const std::exception_ptr& error);
   // Marks `entry` as being completed as unwaited and writes its report line (step 3 and 4: the
   // line exists from the drop on, so a report taken meanwhile has it).
@@ -153,6 +168,16 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
       by_storage_;  // storage id -> work ids
   std::vector<UnwaitedWork> unwaited_;
   std::vector<std::exception_ptr> deferred_errors_;
+  static constexpr std::size_t kSpareNodesMax = 64;
+  std::vector<std::unordered_map<std::uint64_t, Entry>::node_type> spare_work_nodes_;
+  std::vector<std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>::node_type>
+      spare_storage_nodes_;
+  // Every collective settles deferred drops and errors first; these flags (written under
+  // mutex_, read without it) let it skip the lock and the scan of every entry when there is
+  // nothing to settle, which is nearly always. A drop or error racing with the read is settled
+  // at the next collective, exactly as when it raced with taking the lock.
+  std::atomic<bool> may_have_deferred_drops_{false};  // set when a drop is deferred (unwinding)
+  std::atomic<bool> has_deferred_errors_{false};      // !deferred_errors_.empty()
 };
 
 }  // namespace chorus::detail
