@@ -89,30 +89,32 @@ void WorkRegistry::add(const std::shared_ptr<PendingWork>& work, Storage* storag
   add_locked(work, entry, storage, self);
 }
 
-WorkRegistry::Entry& WorkRegistry::insert_work_locked(std::uint64_t work_id) {
-  if (spare_work_nodes_.empty()) {
-    return works_[work_id];
+namespace {
+
+// map[key], taking a node from `spares` (extracted earlier) instead of allocating one when the
+// key is new.
+template <class Map>
+typename Map::mapped_type& find_or_insert_reusing(Map& map,
+                                                  std::vector<typename Map::node_type>& spares,
+                                                  typename Map::key_type key) {
+  if (auto it = map.find(key); it != map.end() || spares.empty()) {
+    return it != map.end() ? it->second : map[key];
   }
-  auto node = std::move(spare_work_nodes_.back());
-  spare_work_nodes_.pop_back();
-  node.key() = work_id;
-  // When `work_id` is registered already the node stays unused and the existing entry is
-  // returned, as operator[] would: the caller's check reports it.
-  return works_.insert(std::move(node)).position->second;
+  auto node = std::move(spares.back());
+  spares.pop_back();
+  node.key() = key;
+  return map.insert(std::move(node)).position->second;
+}
+
+}  // namespace
+
+WorkRegistry::Entry& WorkRegistry::insert_work_locked(std::uint64_t work_id) {
+  // An existing entry is returned, as operator[] would: the caller's check reports it.
+  return find_or_insert_reusing(works_, spare_work_nodes_, work_id);
 }
 
 std::vector<std::uint64_t>& WorkRegistry::work_ids_locked(std::uint64_t storage_id) {
-  auto it = by_storage_.find(storage_id);
-  if (it != by_storage_.end()) {
-    return it->second;
-  }
-  if (spare_storage_nodes_.empty()) {
-    return by_storage_[storage_id];
-  }
-  auto node = std::move(spare_storage_nodes_.back());
-  spare_storage_nodes_.pop_back();
-  node.key() = storage_id;
-  return by_storage_.insert(std::move(node)).position->second;
+  return find_or_insert_reusing(by_storage_, spare_storage_nodes_, storage_id);
 }
 
 void WorkRegistry::erase_work_locked(std::unordered_map<std::uint64_t, Entry>::iterator it) {
