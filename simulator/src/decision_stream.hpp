@@ -63,6 +63,8 @@ class PctPicker {
  public:
   PctPicker(int depth, std::uint64_t expected_steps, Rng rng);
   std::size_t pick(std::span<const Decision> candidates);
+  // Priority change points passed so far.
+  std::size_t change_points_passed() const noexcept { return next_change_; }
 
  private:
   std::uint64_t priority_of(const Decision& decision);
@@ -112,6 +114,10 @@ class DecisionStream {
   bool overflowed() const noexcept { return overflowed_; }
   // The strategy this run uses (Portfolio resolved).
   Strategy strategy() const noexcept { return strategy_; }
+  // PCT's priority change points passed so far (0 for other strategies).
+  std::size_t pct_change_points_passed() const noexcept {
+    return pct_ != nullptr ? pct_->change_points_passed() : 0;
+  }
 
  private:
   std::uint64_t record(std::uint64_t index) {

@@ -118,6 +118,11 @@ std::string Decision::to_string() const {
 
 bool SimReport::ok() const noexcept { return first_error == nullptr; }
 
+std::uint64_t SimReport::mark_count(std::string_view name) const {
+  const auto it = marks.find(name);
+  return it == marks.end() ? 0 : it->second;
+}
+
 std::string SimReport::to_string() const {
   std::ostringstream out;
   out << "chorus sim: " << world_size << " ranks, seed " << seed << ", " << steps

@@ -434,6 +434,13 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     report.replay_token = encode_replay_token(options_.world_size, report.choices);
   }
   report.data_hash = data_hash_;
+  report.marks = marks_;
+  // Strategy marks: which strategy made the schedule choices, and PCT's change points.
+  report.marks[report.strategy == Strategy::Pct ? "strategy.pct" : "strategy.random_walk"] +=
+      steps_;
+  if (const std::size_t passed = stream_.pct_change_points_passed(); passed > 0) {
+    report.marks["strategy.pct.change_point"] += passed;
+  }
   report.schedule.assign(schedule_.begin(), schedule_.end());
   if (schedule_.capacity() <= kRecycledScheduleMax) {
     schedule_.clear();

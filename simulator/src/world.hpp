@@ -167,6 +167,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     return transport::Duration(now_ns_.load(std::memory_order_relaxed));
   }
   int world_size() const noexcept { return options_.world_size; }
+  // Records that the simulator passed the named mark (SimReport::marks). `name` is a literal.
+  void mark(std::string_view name) { ++marks_[std::string(name)]; }
   // The simulated rank of this world running on the calling thread, or -1.
   int current_rank() const noexcept;
 
@@ -223,6 +225,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   SimOptions options_;
   DecisionStream stream_;
   std::uint64_t data_hash_ = 0;
+  std::map<std::string, std::uint64_t, std::less<>> marks_;
   std::unique_ptr<RankExecutor> executor_;
   std::function<void()> rank_main_;
   std::vector<RankSlot> ranks_;

@@ -80,6 +80,19 @@ TEST(Strategies, PctDepthTwoFindsAnOrderingBugThatRandomWalkAndDepthOneMiss) {
   EXPECT_TRUE(run_depth_two_bug(quiet_options(2, 0, Strategy::RandomWalk)).ok());
 }
 
+TEST(Strategies, EachStrategyLeavesItsMark) {
+  SimOptions pct = quiet_options(2, 3, Strategy::Pct);
+  pct.pct_steps = 10;  // change points among the first 10 choices: this run passes them
+  const SimReport by_pct = run_depth_two_bug(pct);
+  EXPECT_EQ(by_pct.mark_count("strategy.pct"), by_pct.steps);
+  EXPECT_EQ(by_pct.mark_count("strategy.pct.change_point"), 1u) << "depth 2: one change point";
+  EXPECT_EQ(by_pct.mark_count("strategy.random_walk"), 0u);
+
+  const SimReport by_walk = run_depth_two_bug(quiet_options(2, 3, Strategy::RandomWalk));
+  EXPECT_EQ(by_walk.mark_count("strategy.random_walk"), by_walk.steps);
+  EXPECT_EQ(by_walk.mark_count("strategy.pct.change_point"), 0u);
+}
+
 TEST(Strategies, PortfolioPicksAStrategyPerSeedAndReportsIt) {
   int pct = 0;
   for (std::uint64_t seed = 0; seed < 32; ++seed) {

@@ -16,8 +16,10 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "chorus/runtime.hpp"
@@ -111,8 +113,14 @@ struct SimReport {
   bool choices_exhausted = false;      // a recorded list ran out (later choices were 0)
   std::string replay_token;            // follows exactly these choices; empty if too long
   std::uint64_t data_hash = 0;         // with SimOptions::hash_data: every output's bytes
+  // Named marks the simulator passed, with how often: each fault kind, strategy, allocator
+  // policy and reduction order leaves one where it acts ("fault.crash", "strategy.pct", ...), so a
+  // test can assert that the mechanism it means to exercise actually fired.
+  std::map<std::string, std::uint64_t, std::less<>> marks;
 
-  bool ok() const noexcept;  // no rank ended in an error
+  bool ok() const noexcept;
+  // How often the mark `name` was passed (0: never).
+  std::uint64_t mark_count(std::string_view name) const;  // no rank ended in an error
   // A human-readable summary: ranks, steps, collectives, unwaited works, errors, replay.
   std::string to_string() const;
 };
