@@ -1,6 +1,7 @@
 #include "detail/storage.hpp"
 
 #include <atomic>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <utility>
@@ -85,7 +86,15 @@ std::shared_ptr<void> allocate_host(std::size_t nbytes) {
     return nullptr;
   }
   if (RankContext* context = RankContext::current()) {
-    return context->state().host_pool()->allocate(nbytes);
+    RankState& state = context->state();
+    if (HostAllocator* allocator = state.options().host_allocator.get()) [[unlikely]] {
+      std::shared_ptr<void> block = allocator->allocate(nbytes);
+      CHORUS_CHECK(block != nullptr);
+      CHORUS_CHECK_EQ(reinterpret_cast<std::uintptr_t>(block.get()) % HostAllocator::kAlignment,
+                      0u);
+      return block;
+    }
+    return state.host_pool()->allocate(nbytes);
   }
   return allocate_unpooled(nbytes);
 }

@@ -42,11 +42,31 @@ struct UnwaitedWork {
   std::string to_string() const;
 };
 
+// Where a rank's CPU tensor storages come from (Tensor's factories and collective outputs). By
+// default a rank keeps a pool of freed blocks (RankOptions::host_pool_bytes_max); a launcher may
+// install its own, as the simulator does to control address reuse (docs/simulator-alloc.md).
+//
+// Thread-safety: allocate() is called only on the rank's own thread/fiber; the returned deleter
+// may run on any thread, also after the rank ended, so it must keep what it needs alive.
+class HostAllocator {
+ public:
+  // Every block is aligned to at least this many bytes (kernels and DLPack rely on it).
+  static constexpr std::size_t kAlignment = 64;
+
+  virtual ~HostAllocator() = default;
+  // At least `nbytes` (> 0) bytes, aligned to kAlignment; the shared_ptr's deleter gives them
+  // back. Never null; throws std::bad_alloc when out of memory.
+  virtual std::shared_ptr<void> allocate(std::size_t nbytes) = 0;
+};
+
 struct RankOptions {
   // How long a wait may take before it throws Timeout (on the transport's clock).
   std::chrono::nanoseconds timeout = std::chrono::minutes(10);
-  // Bytes of freed host storage a rank keeps for reuse.
+  // Bytes of freed host storage a rank keeps for reuse (the default allocator's pool).
   std::size_t host_pool_bytes_max = std::size_t{64} << 20;
+  // The rank's host allocator; null: the pooled default above. Shared: it may outlive the rank
+  // (its blocks' deleters may hold it).
+  std::shared_ptr<HostAllocator> host_allocator;
 };
 
 class RankContext {

@@ -14,11 +14,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "chorus/runtime.hpp"
+
 namespace chorus::detail {
 
 class HostPool : public std::enable_shared_from_this<HostPool> {
  public:
-  static constexpr std::size_t kAlignment = 64;
+  static constexpr std::size_t kAlignment = HostAllocator::kAlignment;
 
   explicit HostPool(std::size_t cached_bytes_max) : cached_bytes_max_(cached_bytes_max) {}
   ~HostPool();
