@@ -154,6 +154,15 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
                           "world_size " + std::to_string(effective.world_size) +
                               " is out of range [1, " + std::to_string(kMaxWorldSize) + "]");
   }
+#if defined(CHORUS_ASAN) || defined(CHORUS_TSAN)
+  if (effective.guard_pending_outputs) {
+    // Note [Guard pages] (guard_pages.hpp): the sanitizer runtime owns SIGSEGV.
+    throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""},
+                          "SimOptions::guard_pending_outputs needs the SIGSEGV handler, which "
+                          "this build's sanitizer runtime (ASan/TSan) owns; use a build without "
+                          "sanitizers for guard mode (poisoned outputs still work here)");
+  }
+#endif
   if (RankContext::current() != nullptr) {
     throw InvalidArgument(ErrorContext{RankContext::current()->rank(), "sim::run", -1, ""},
                           "sim::run cannot be called from inside a rank");

@@ -9,6 +9,7 @@
 
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
+#include "guard_pages.hpp"
 #include "sim_transport.hpp"
 
 namespace chorus::sim::detail {
@@ -49,6 +50,8 @@ bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
 }
 
 }  // namespace
+
+int guard_fault_rank() noexcept { return this_thread_rank.rank; }
 
 // ---- SimWork
 
@@ -146,9 +149,23 @@ SimWorld::SimWorld(SimOptions options)
               options_.seed, options_.choices.has_value(), options_.choices_record_max) {
   CHORUS_CHECK_GE(options_.world_size, 1);
   CHORUS_CHECK_LE(options_.world_size, kMaxWorldSize);
+  if (options_.allocator != AllocatorPolicy::Pooled || options_.guard_pending_outputs) {
+    allocator_ = std::make_shared<SimAllocator>(
+        SimAllocator::Config{options_.allocator, options_.quarantine_frees,
+                             options_.guard_pending_outputs, options_.world_size,
+                             options_.print_failures},
+        stream_);
+  }
+  if (options_.guard_pending_outputs) {
+    install_guard_handler();
+  }
 }
 
-SimWorld::~SimWorld() = default;
+SimWorld::~SimWorld() {
+  if (allocator_ != nullptr) {
+    allocator_->detach();  // blocks kept past the run may still be freed, never allocated
+  }
+}
 
 int SimWorld::current_rank() const noexcept {
   return this_thread_rank.world == this ? this_thread_rank.rank : -1;
@@ -167,6 +184,9 @@ void SimWorld::yield(int rank) {
 
 void SimWorld::rank_body(int rank) {
   bind(rank);
+  if (options_.guard_pending_outputs) {
+    ensure_guard_alt_stack();  // Note [Guard pages]: the handler must not run on a fiber stack
+  }
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   try {
     rank_main_();
@@ -240,11 +260,16 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
                                 ErrorContext{rank, std::string(info.name), info.seq, group.label});
   const transport::Fingerprint& fingerprint = work->fingerprint();
 
-  // Outputs hold poison until completion, so a read that skipped the wait sees garbage.
+  // Outputs hold poison until completion, so a read that skipped the wait sees garbage (with
+  // guard pages, a fault: Note [Guard pages]).
+  guarded_.clear();
   for (const SimOp& op : ops) {
     const bool written = op.kind != transport::OpKind::Reduce || op.root == group_rank;
     if (written && !overlaps(op.send, op.recv) && op.recv.count > 0) {
       kernels::fill_poison(op.recv.data, op.recv.dtype, op.recv.count);
+      if (options_.guard_pending_outputs) {
+        guarded_.push_back(op.recv);
+      }
     }
   }
 
@@ -301,8 +326,29 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
       check_absent_members(group, info.seq);
     }
   }
+  // After the input hashes (an input may share a block with an output of the batch), and only
+  // while the operation is still pending (a failed one is never completed, so never unguarded).
+  if (options_.guard_pending_outputs && work->status() == transport::WorkStatus::Pending) {
+    guard_outputs(*work, group, rank, guarded_, info.site);
+  }
   yield(rank);
   return work;
+}
+
+void SimWorld::guard_outputs(const SimWork& work, const SimGroup& group, int rank,
+                             const std::vector<transport::Buffer>& outputs, const CallSite& site) {
+  CHORUS_CHECK(options_.guard_pending_outputs);
+  const std::string what = "the pending output of " + work.context().op + " #" +
+                           std::to_string(work.context().seq) + " on group " + group.label +
+                           " (issued by rank " + std::to_string(rank) + " at " + site.to_string() +
+                           ")";
+  for (const transport::Buffer& output : outputs) {
+    if (allocator_->protect(output.data, output.nbytes(), &work, what, &steps_)) {
+      mark("guard.protect");
+    } else {
+      mark("guard.unowned");  // caller memory (from_blob): poisoned only
+    }
+  }
 }
 
 std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::Slot& slot,
@@ -408,6 +454,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   for (int r = 0; r < size; ++r) {
     RankOptions rank_options;
     rank_options.timeout = options_.timeout;
+    rank_options.host_allocator = allocator_;
     ranks_[static_cast<std::size_t>(r)].context =
         std::make_unique<RankContext>(std::make_shared<SimTransport>(*this, r), rank_options);
   }
@@ -435,6 +482,11 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   }
   report.data_hash = data_hash_;
   report.marks = marks_;
+  if (allocator_ != nullptr) {
+    for (const auto& [name, count] : allocator_->marks()) {
+      report.marks[name] += count;
+    }
+  }
   // Strategy marks: which strategy made the schedule choices, and PCT's change points.
   report.marks[report.strategy == Strategy::Pct ? "strategy.pct" : "strategy.random_walk"] +=
       steps_;
@@ -541,6 +593,9 @@ void SimWorld::execute(const Decision& decision) {
 void SimWorld::complete_operation(SimGroup& group) {
   auto head = group.slots.begin();
   const std::int64_t seq = head->first;
+  for (const SimGroup::Arrival& arrival : head->second.arrivals) {
+    unguard_outputs(*arrival.work);  // before reading inputs and writing outputs
+  }
   if (std::string modified = modified_inputs(group, head->second); !modified.empty()) {
     fail_slot(group, seq, ErrorCode::InputModified, modified);
     return;
@@ -739,6 +794,7 @@ void SimWorld::wake_timed_out_ranks() {
 // ---- Failures (Note [Simulator failures])
 
 void SimWorld::fail_work(SimWork& work, ErrorCode code, const std::string& detail) {
+  unguard_outputs(work);
   work.mark_failed(make_error(code, work.context(), detail));
   wake_waiters(work);
 }

@@ -51,6 +51,7 @@
 #include "decision_stream.hpp"
 #include "executor.hpp"
 #include "rng.hpp"
+#include "sim_allocator.hpp"
 
 namespace chorus::sim::detail {
 
@@ -220,10 +221,22 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::string split_disagreement(const SimGroup& group, const SimGroup::Slot& slot,
                                  int group_rank) const;
   void notify_off_rank_waiters();
+  // Guard pages (Note [Guard pages]): protects the outputs `start` poisoned, or unprotects a
+  // work's outputs before the simulator touches them. Do nothing without guard mode.
+  void guard_outputs(const SimWork& work, const SimGroup& group, int rank,
+                     const std::vector<transport::Buffer>& outputs, const CallSite& site);
+  void unguard_outputs(const SimWork& work) noexcept {
+    if (options_.guard_pending_outputs) {
+      allocator_->unprotect(&work);
+    }
+  }
   SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 
   SimOptions options_;
   DecisionStream stream_;
+  // Every rank's host allocator, or null for core's pool (Note [Simulator allocator]).
+  std::shared_ptr<SimAllocator> allocator_;
+  std::vector<transport::Buffer> guarded_;  // start's outputs to guard (kept: no allocation)
   std::uint64_t data_hash_ = 0;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
   std::unique_ptr<RankExecutor> executor_;

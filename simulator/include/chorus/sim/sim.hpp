@@ -36,6 +36,16 @@ enum class ExecutorKind : std::uint8_t { Auto, Fibers, Threads };
 // picked per run from the seed, for sweeps over many seeds.
 enum class Strategy : std::uint8_t { RandomWalk, Pct, Portfolio };
 
+// Where the ranks' CPU tensor storages come from (Note [Simulator allocator],
+// simulator/src/sim_allocator.hpp; docs/simulator-alloc.md). Pooled: core's default pool (exact
+// size buckets). The others use the simulator's allocator, whose free blocks go back to the rank
+// that allocated them: LifoReuse hands back the most recently freed block that fits (the same
+// address again and again, to provoke ABA in anything keyed by address); Quarantine keeps a freed
+// block unusable, filled with 0xDD, for the rank's next `quarantine_frees` frees, then reuses it
+// (a write into it meanwhile is reported); Random picks among the fitting free blocks with the
+// decision stream (so a run replays).
+enum class AllocatorPolicy : std::uint8_t { Pooled, LifoReuse, Quarantine, Random };
+
 struct SimOptions {
   int world_size = 8;  // 1 .. kMaxWorldSize
   std::uint64_t seed = 0;
@@ -74,6 +84,19 @@ struct SimOptions {
   std::size_t choices_record_max = std::size_t{1} << 20;
   // Hash every collective's output bytes at completion into SimReport::data_hash.
   bool hash_data = false;
+
+  // ---- Allocator (docs/simulator-alloc.md): where the ranks' tensor storages come from.
+  AllocatorPolicy allocator = AllocatorPolicy::Pooled;
+  // AllocatorPolicy::Quarantine: how many later frees of its rank a freed block waits out.
+  std::size_t quarantine_frees = 16;
+  // Guard pages: every storage gets whole pages, and from issue to completion each pending output
+  // the simulator's allocator made is mprotect'ed PROT_NONE, so touching it without waiting (a
+  // raw unsafe_data_ptr() access) faults; the simulator then prints which rank touched which
+  // collective's output (op, seq, group, call site) at which step, and aborts the process.
+  // Outputs wrapping caller memory (from_blob) are not guarded. Installs a process-wide SIGSEGV
+  // handler (other faults go to the previous handler). Refused (InvalidArgument) in ASan/TSan
+  // builds, whose runtimes own SIGSEGV.
+  bool guard_pending_outputs = false;
 };
 
 inline constexpr int kMaxWorldSize = 1024;

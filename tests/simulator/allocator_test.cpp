@@ -1,0 +1,385 @@
+// The simulator's allocator (Note [Simulator allocator]): LIFO reuse provokes ABA in code keyed
+// by address while chorus's own registry (keyed by storage identity) stays right; quarantine
+// delays reuse for exactly K frees and catches writes after free; random reuse replays from its
+// seed; guard pages make a raw read of a pending output fault with rank, op and step
+// (Note [Guard pages]).
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chorus/chorus.hpp>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "decision_stream.hpp"
+#include "sim_allocator.hpp"
+#include "support/sim_helpers.hpp"
+
+namespace chorus {
+namespace {
+
+using sim::AllocatorPolicy;
+using sim::SimOptions;
+using sim::SimReport;
+using testing::quiet_options;
+
+SimOptions with_allocator(int world_size, AllocatorPolicy policy, std::uint64_t seed = 0) {
+  SimOptions options = quiet_options(world_size, seed);
+  options.allocator = policy;
+  return options;
+}
+
+std::size_t index_of_rank() { return static_cast<std::size_t>(rank()); }
+
+// Sum over ranks r of (r + 1) * factor.
+float rank_sum(int world_size, float factor) {
+  return factor * static_cast<float>(world_size * (world_size + 1) / 2);
+}
+
+TEST(SimAllocator, LifoReuseHandsBackTheFreedAddress) {
+  for (int world_size : testing::kWorldSizes) {
+    std::vector<const void*> freed(static_cast<std::size_t>(world_size));
+    std::vector<const void*> smaller(freed.size());
+    std::vector<const void*> while_taken(freed.size());
+    const SimReport report = sim::run(with_allocator(world_size, AllocatorPolicy::LifoReuse), [&] {
+      Tensor a = Tensor::empty({16});
+      freed[index_of_rank()] = a.unsafe_data_ptr();
+      a = Tensor();
+      const Tensor b = Tensor::empty({3});  // a smaller request takes the larger block
+      smaller[index_of_rank()] = b.unsafe_data_ptr();
+      const Tensor c = Tensor::empty({16});  // while b holds it, a new one
+      while_taken[index_of_rank()] = c.unsafe_data_ptr();
+    });
+    for (std::size_t r = 0; r < freed.size(); ++r) {
+      EXPECT_EQ(smaller[r], freed[r]) << "world " << world_size << " rank " << r;
+      EXPECT_NE(while_taken[r], freed[r]) << "world " << world_size << " rank " << r;
+    }
+    EXPECT_GE(report.mark_count("alloc.lifo_reuse"), static_cast<std::uint64_t>(world_size));
+  }
+}
+
+// A reducer that remembers by address which buffers it already all-reduced (a bug: addresses are
+// reused). Returns the value of a second, smaller tensor after "reducing" it once.
+float reduce_with_address_cache(std::set<const void*>& reduced) {
+  const auto reduce_once = [&](const Tensor& tensor) {
+    if (!reduced.insert(tensor.unsafe_data_ptr()).second) {
+      return tensor;  // "already reduced"
+    }
+    return wait_tensor(all_reduce(tensor, ReduceOp::Kind::Sum, world()));
+  };
+  const auto value = static_cast<float>(rank() + 1);
+  {
+    const Tensor bucket = Tensor::full({64}, value);  // 256 bytes
+    const Tensor reduced_bucket = reduce_once(bucket);
+    EXPECT_EQ(reduced_bucket.to_vector<float>()[0], rank_sum(world_size(), 1));
+  }                                                    // freed: first the result, then the bucket
+  const Tensor small = Tensor::full({4}, 10 * value);  // 16 bytes: another pool size class
+  return reduce_once(small).to_vector<float>()[0];
+}
+
+TEST(SimAllocator, AddressKeyedCacheMeetsAbaUnderLifoReuse) {
+  constexpr int kWorldSize = 3;
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    for (AllocatorPolicy policy : {AllocatorPolicy::Pooled, AllocatorPolicy::LifoReuse}) {
+      std::vector<std::set<const void*>> caches(kWorldSize);
+      std::vector<float> results(kWorldSize);
+      const SimReport report = sim::run(with_allocator(kWorldSize, policy, seed), [&] {
+        results[index_of_rank()] = reduce_with_address_cache(caches[index_of_rank()]);
+      });
+      for (std::size_t r = 0; r < results.size(); ++r) {
+        if (policy == AllocatorPolicy::Pooled) {
+          // The pool buckets by exact size: the small tensor gets a new address, the bug hides.
+          EXPECT_EQ(results[r], rank_sum(kWorldSize, 10)) << "seed " << seed << " rank " << r;
+          EXPECT_EQ(report.mark_count("alloc.lifo_reuse"), 0u);
+        } else {
+          // Its own freed bucket comes back to each rank whatever the schedule: the cache says
+          // "already reduced" and the small tensor is returned unreduced.
+          EXPECT_EQ(results[r], 10 * static_cast<float>(r + 1)) << "seed " << seed;
+          EXPECT_GE(report.mark_count("alloc.lifo_reuse"), 1u);
+        }
+      }
+    }
+  }
+}
+
+TEST(SimAllocator, RegistryStaysRightWhenADroppedPendingOutputsAddressIsReused) {
+  for (int world_size : testing::kWorldSizes) {
+    std::vector<int> same_address(static_cast<std::size_t>(world_size), 0);
+    std::vector<std::vector<float>> kept(same_address.size());
+    std::vector<std::vector<float>> reused(same_address.size());
+    const SimReport report = sim::run(with_allocator(world_size, AllocatorPolicy::LifoReuse), [&] {
+      const auto value = static_cast<float>(rank() + 1);
+      const Tensor input = Tensor::full({8}, value);
+      const Tensor second_input = Tensor::full({8}, 10 * value);
+      const Tensor pending = all_reduce(input, ReduceOp::Kind::Sum, world());
+      Tensor dropped = all_reduce(input, ReduceOp::Kind::Max, world());
+      const void* address = dropped.unsafe_data_ptr();
+      dropped = Tensor();  // dropped while pending: completed, then its block freed
+      const Tensor again = all_reduce(second_input, ReduceOp::Kind::Sum, world());
+      same_address[index_of_rank()] = again.unsafe_data_ptr() == address ? 1 : 0;
+      reused[index_of_rank()] = again.to_vector<float>();
+      kept[index_of_rank()] = pending.to_vector<float>();
+    });
+    for (std::size_t r = 0; r < same_address.size(); ++r) {
+      EXPECT_EQ(same_address[r], 1) << "world " << world_size << " rank " << r;
+      EXPECT_EQ(kept[r], std::vector<float>(8, rank_sum(world_size, 1)));
+      EXPECT_EQ(reused[r], std::vector<float>(8, rank_sum(world_size, 10)));
+    }
+    EXPECT_EQ(report.unwaited.size(), static_cast<std::size_t>(world_size));  // the dropped one
+    EXPECT_GE(report.mark_count("alloc.lifo_reuse"), static_cast<std::uint64_t>(world_size));
+  }
+}
+
+TEST(SimAllocator, QuarantineDelaysReuseForExactlyKFrees) {
+  constexpr std::size_t kQuarantine = 2;
+  for (int world_size : {1, 3}) {
+    SimOptions options = with_allocator(world_size, AllocatorPolicy::Quarantine);
+    options.quarantine_frees = kQuarantine;
+    std::vector<std::vector<int>> reused(static_cast<std::size_t>(world_size));
+    std::vector<int> pattern(reused.size(), 0);
+    const SimReport report = sim::run(options, [&] {
+      Tensor first = Tensor::empty({16});
+      const auto* address = static_cast<const unsigned char*>(first.unsafe_data_ptr());
+      first = Tensor();  // free 1: quarantined
+      // The block stays with the allocator, filled with the pattern.
+      pattern[index_of_rank()] = address[0] == 0xDD && address[63] == 0xDD ? 1 : 0;
+      std::vector<int>& mine = reused[index_of_rank()];
+      for (std::size_t later_frees = 0; later_frees <= kQuarantine; ++later_frees) {
+        Tensor next = Tensor::empty({16});
+        mine.push_back(next.unsafe_data_ptr() == address ? 1 : 0);
+        next = Tensor();
+      }
+    });
+    for (std::size_t r = 0; r < reused.size(); ++r) {
+      EXPECT_EQ(pattern[r], 1);
+      // After 0 and 1 later frees it is still quarantined; after 2 it is reused.
+      EXPECT_EQ(reused[r], (std::vector<int>{0, 0, 1})) << "world " << world_size << " rank " << r;
+    }
+    EXPECT_EQ(report.mark_count("alloc.quarantine"), 4u * static_cast<std::uint64_t>(world_size));
+    EXPECT_EQ(report.mark_count("alloc.quarantine.reuse"), static_cast<std::uint64_t>(world_size));
+    EXPECT_EQ(report.mark_count("alloc.quarantine.overwritten"), 0u);
+  }
+}
+
+TEST(SimAllocator, QuarantineCatchesAWriteAfterFree) {
+  SimOptions options = with_allocator(2, AllocatorPolicy::Quarantine);
+  options.quarantine_frees = 1;
+  const SimReport report = sim::run(options, [] {
+    Tensor tensor = Tensor::zeros({4});
+    auto* dangling = static_cast<float*>(tensor.unsafe_data_ptr());
+    tensor = Tensor();
+    if (rank() == 1) {
+      dangling[2] = 1.0f;  // the bug: a write through a pointer kept past the free
+    }
+    Tensor other = Tensor::zeros({4});
+    other = Tensor();  // the second free ends the first block's quarantine: it is checked
+  });
+  EXPECT_EQ(report.mark_count("alloc.quarantine.overwritten"), 1u);
+}
+
+// For each allocation after a batch was freed: which freed block it got (its index), or -1.
+std::vector<int> random_reuse_pattern() {
+  std::vector<const void*> freed;
+  {
+    std::vector<Tensor> batch;
+    for (std::int64_t i = 0; i < 6; ++i) {
+      batch.push_back(Tensor::empty({16}));
+      freed.push_back(batch.back().unsafe_data_ptr());
+    }
+  }
+  std::vector<int> pattern;
+  std::vector<Tensor> kept;
+  for (std::int64_t i = 0; i < 6; ++i) {
+    kept.push_back(Tensor::empty({4}));
+    const auto it = std::find(freed.begin(), freed.end(), kept.back().unsafe_data_ptr());
+    pattern.push_back(it == freed.end() ? -1 : static_cast<int>(it - freed.begin()));
+  }
+  return pattern;
+}
+
+TEST(SimAllocator, RandomReuseIsDeterministicPerSeedAndReplays) {
+  constexpr int kWorldSize = 2;
+  const auto patterns_of = [&](const SimOptions& options, SimReport* report) {
+    std::vector<std::vector<int>> patterns(kWorldSize);
+    *report = sim::run(options, [&] { patterns[index_of_rank()] = random_reuse_pattern(); });
+    return patterns;
+  };
+  std::set<std::vector<std::vector<int>>> distinct;
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    const SimOptions options = with_allocator(kWorldSize, AllocatorPolicy::Random, seed);
+    SimReport first;
+    SimReport again;
+    SimReport replayed;
+    const auto patterns = patterns_of(options, &first);
+    EXPECT_EQ(patterns_of(options, &again), patterns) << "seed " << seed;
+    SimOptions replay = options;
+    replay.choices = first.choices;
+    EXPECT_EQ(patterns_of(replay, &replayed), patterns) << "seed " << seed;
+    EXPECT_EQ(replayed.choices, first.choices);
+    // Every allocation of the second batch reuses one of the six freed blocks (all fit).
+    for (const std::vector<int>& pattern : patterns) {
+      EXPECT_EQ(std::set<int>(pattern.begin(), pattern.end()).size(), 6u) << "seed " << seed;
+    }
+    // Each rank draws for its first five allocations (two or more blocks fit).
+    EXPECT_EQ(first.mark_count("alloc.random"), 5u * kWorldSize);
+    distinct.insert(patterns);
+  }
+  EXPECT_GE(distinct.size(), 2u);  // the seed decides the addresses
+}
+
+TEST(SimAllocator, DefaultPolicyLeavesTheChoiceListAlone) {
+  const auto body = [] {
+    const Tensor tensor = Tensor::ones({4});
+    EXPECT_EQ(wait_tensor(all_reduce(tensor, ReduceOp::Kind::Sum, world())).to_vector<float>(),
+              std::vector<float>(4, static_cast<float>(world_size())));
+  };
+  const SimReport pooled = sim::run(quiet_options(3, 7), body);
+  const SimReport lifo = sim::run(with_allocator(3, AllocatorPolicy::LifoReuse, 7), body);
+  EXPECT_EQ(lifo.choices, pooled.choices);  // only Random draws
+  EXPECT_EQ(pooled.mark_count("alloc.lifo_reuse"), 0u);
+}
+
+TEST(SimAllocator, ProtectRefusesMemoryItDoesNotOwn) {
+  sim::detail::DecisionStream stream(sim::detail::prng_source(1), sim::Strategy::RandomWalk, 2, 0,
+                                     1, false);
+  auto allocator = std::make_shared<sim::detail::SimAllocator>(
+      sim::detail::SimAllocator::Config{AllocatorPolicy::Pooled, 0, true, 1, false}, stream);
+  std::vector<float> caller_memory(16);
+  const std::uint64_t step = 0;
+  EXPECT_FALSE(allocator->protect(caller_memory.data(), 64, &stream, "x", &step));
+  allocator->unprotect(&stream);  // nothing to undo
+  allocator->detach();
+}
+
+// ---- Guard pages (Note [Guard pages]).
+
+#if defined(CHORUS_ASAN) || defined(CHORUS_TSAN)
+
+TEST(SimGuardPages, RefusedUnderSanitizers) {
+  SimOptions options = quiet_options(2);
+  options.guard_pending_outputs = true;
+  testing::expect_invalid_argument([&] { sim::run(options, [] {}); },
+                                   {"guard_pending_outputs", "sanitizer"});
+}
+
+#else
+
+TEST(SimGuardPages, ACorrectProgramRunsWithItsPendingOutputsProtected) {
+  for (AllocatorPolicy policy : {AllocatorPolicy::Pooled, AllocatorPolicy::LifoReuse}) {
+    for (int world_size : testing::kWorldSizes) {
+      SimOptions options = with_allocator(world_size, policy);
+      options.guard_pending_outputs = true;
+      std::vector<std::vector<float>> results(static_cast<std::size_t>(world_size));
+      const SimReport report = sim::run(options, [&] {
+        const auto value = static_cast<float>(rank() + 1);
+        const Tensor sum = all_reduce(Tensor::full({1000}, value), ReduceOp::Kind::Sum, world());
+        const Tensor gathered = all_gather_tensor(Tensor::full({2}, value), 0, world());
+        // Each is read only after its wait.
+        results[index_of_rank()] = sum.to_vector<float>();
+        EXPECT_EQ(gathered.to_vector<float>()[2 * static_cast<std::size_t>(world_size) - 1],
+                  static_cast<float>(world_size));
+      });
+      for (const std::vector<float>& result : results) {
+        EXPECT_EQ(result, std::vector<float>(1000, rank_sum(world_size, 1)));
+      }
+      EXPECT_EQ(report.mark_count("guard.protect"), 2u * static_cast<std::uint64_t>(world_size));
+      EXPECT_EQ(report.mark_count("guard.unowned"), 0u);
+    }
+  }
+}
+
+// Every collective's outputs can be guarded while several are pending at once: neither core nor
+// the simulator touches a pending output before its completion.
+TEST(SimGuardPages, EveryCollectiveKeepsItsResultsUnderGuard) {
+  for (int world_size : testing::kWorldSizes) {
+    SimOptions options = quiet_options(world_size, static_cast<std::uint64_t>(world_size));
+    options.guard_pending_outputs = true;
+    const auto size = static_cast<std::size_t>(world_size);
+    const float sum = rank_sum(world_size, 1);
+    sim::run(options, [&] {
+      const auto value = static_cast<float>(rank() + 1);
+      const std::int64_t n = world_size;
+      Tensor in_place = Tensor::full({3}, value);
+      std::vector<int> rotate(size);
+      for (std::size_t m = 0; m < size; ++m) {
+        rotate[m] = static_cast<int>((m + 1) % size);
+      }
+      const Tensor reduced = all_reduce(Tensor::full({3}, value), ReduceOp::Kind::Sum, world());
+      const Tensor gathered = all_gather_tensor(Tensor::full({2}, value), 0, world());
+      const Tensor scattered =
+          reduce_scatter_tensor(Tensor::full({2 * n}, value), ReduceOp::Kind::Sum, 0, world());
+      const std::vector<Tensor> coalesced = all_reduce_coalesced(
+          {Tensor::full({3}, value), Tensor::full({5}, value)}, ReduceOp::Kind::Sum, world());
+      const Tensor exchanged =
+          all_to_all_single(Tensor::full({n}, value), std::nullopt, std::nullopt, world());
+      const Tensor broadcasted = broadcast(Tensor::full({2}, value), 0, world());
+      const Tensor reduced_to_0 = reduce(Tensor::full({2}, value), ReduceOp::Kind::Sum, 0, world());
+      const Tensor permuted = permute_tensor(Tensor::full({2}, value), rotate, world());
+      all_reduce_inplace(in_place, ReduceOp::Kind::Sum, world());
+
+      EXPECT_EQ(reduced.to_vector<float>(), std::vector<float>(3, sum));
+      std::vector<float> expected_gather;
+      std::vector<float> expected_exchange;
+      for (std::size_t r = 0; r < size; ++r) {
+        expected_gather.insert(expected_gather.end(), 2, static_cast<float>(r + 1));
+        expected_exchange.push_back(static_cast<float>(r + 1));
+      }
+      EXPECT_EQ(gathered.to_vector<float>(), expected_gather);
+      EXPECT_EQ(scattered.to_vector<float>(), std::vector<float>(2, sum));
+      EXPECT_EQ(coalesced[0].to_vector<float>(), std::vector<float>(3, sum));
+      EXPECT_EQ(coalesced[1].to_vector<float>(), std::vector<float>(5, sum));
+      EXPECT_EQ(exchanged.to_vector<float>(), expected_exchange);
+      EXPECT_EQ(broadcasted.to_vector<float>(), std::vector<float>(2, 1.0f));
+      EXPECT_EQ(reduced_to_0.to_vector<float>(), std::vector<float>(2, rank() == 0 ? sum : 0.0f));
+      const auto sender = static_cast<float>((index_of_rank() + size - 1) % size + 1);
+      EXPECT_EQ(permuted.to_vector<float>(), std::vector<float>(2, sender));
+      EXPECT_EQ(in_place.to_vector<float>(), std::vector<float>(3, sum));
+    });
+  }
+}
+
+TEST(SimGuardPagesDeathTest, RawReadOfAPendingOutputFaultsWithRankOpAndStep) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto read_without_waiting = [] {
+    SimOptions options = quiet_options(2);
+    options.guard_pending_outputs = true;
+    options.choices = std::vector<std::uint64_t>{};  // always choice 0: ranks before completions
+    sim::run(options, [] {
+      const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
+      if (rank() == 1) {
+        volatile float first = *static_cast<const float*>(output.unsafe_data_ptr());
+        (void)first;
+      }
+      wait_tensor(output);
+    });
+  };
+  EXPECT_DEATH(read_without_waiting(),
+               "chorus sim: rank 1 read the pending output of all_reduce #0 on group \\[0, 1\\] "
+               "\\(issued by rank 1 at .*allocator_test.cpp:[0-9]+.*\\) at step [0-9]+ without "
+               "waiting");
+}
+
+TEST(SimGuardPagesDeathTest, UnrelatedFaultsKeepTheirDefaultAction) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto fault_elsewhere = [] {
+    SimOptions options = quiet_options(1);
+    options.guard_pending_outputs = true;
+    sim::run(options, [] {
+      const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
+      volatile int* null_pointer = nullptr;
+      *null_pointer = 1;
+    });
+  };
+  EXPECT_EXIT(fault_elsewhere(), ::testing::KilledBySignal(SIGSEGV), "");
+}
+
+#endif
+
+}  // namespace
+}  // namespace chorus
