@@ -593,8 +593,10 @@ void SimWorld::execute(const Decision& decision) {
 void SimWorld::complete_operation(SimGroup& group) {
   auto head = group.slots.begin();
   const std::int64_t seq = head->first;
-  for (const SimGroup::Arrival& arrival : head->second.arrivals) {
-    unguard_outputs(*arrival.work);  // before reading inputs and writing outputs
+  if (options_.guard_pending_outputs) {
+    for (const SimGroup::Arrival& arrival : head->second.arrivals) {
+      unguard_outputs(*arrival.work);  // before reading inputs and writing outputs
+    }
   }
   if (std::string modified = modified_inputs(group, head->second); !modified.empty()) {
     fail_slot(group, seq, ErrorCode::InputModified, modified);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chorus/chorus.hpp>
+#include <cmath>
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
@@ -233,16 +234,19 @@ TEST(SimAllocator, RandomReuseIsDeterministicPerSeedAndReplays) {
   EXPECT_GE(distinct.size(), 2u);  // the seed decides the addresses
 }
 
-TEST(SimAllocator, DefaultPolicyLeavesTheChoiceListAlone) {
+TEST(SimAllocator, OnlyRandomDrawsChoices) {
   const auto body = [] {
     const Tensor tensor = Tensor::ones({4});
     EXPECT_EQ(wait_tensor(all_reduce(tensor, ReduceOp::Kind::Sum, world())).to_vector<float>(),
               std::vector<float>(4, static_cast<float>(world_size())));
   };
   const SimReport pooled = sim::run(quiet_options(3, 7), body);
-  const SimReport lifo = sim::run(with_allocator(3, AllocatorPolicy::LifoReuse, 7), body);
-  EXPECT_EQ(lifo.choices, pooled.choices);  // only Random draws
+  for (AllocatorPolicy policy : {AllocatorPolicy::LifoReuse, AllocatorPolicy::Quarantine}) {
+    const SimReport other = sim::run(with_allocator(3, policy, 7), body);
+    EXPECT_EQ(other.choices, pooled.choices);  // same run, choice for choice
+  }
   EXPECT_EQ(pooled.mark_count("alloc.lifo_reuse"), 0u);
+  EXPECT_EQ(pooled.mark_count("alloc.quarantine"), 0u);
 }
 
 TEST(SimAllocator, ProtectRefusesMemoryItDoesNotOwn) {
@@ -342,6 +346,32 @@ TEST(SimGuardPages, EveryCollectiveKeepsItsResultsUnderGuard) {
       EXPECT_EQ(in_place.to_vector<float>(), std::vector<float>(3, sum));
     });
   }
+}
+
+// A failed operation's outputs are unprotected when it fails: reading them raw after the failed
+// wait sees the poison, not a fault.
+TEST(SimGuardPages, AFailedOperationReleasesItsGuard) {
+  SimOptions options = quiet_options(2);
+  options.guard_pending_outputs = true;
+  std::vector<std::uint32_t> poison_bits(2);
+  std::vector<int> mismatches(2);
+  const SimReport report = sim::run(options, [&] {
+    const Tensor input = Tensor::ones({4});
+    const Tensor output = rank() == 0 ? all_reduce(input, ReduceOp::Kind::Sum, world())
+                                      : all_reduce(input, ReduceOp::Kind::Max, world());
+    try {
+      wait_tensor(output);
+    } catch (const CollectiveMismatch&) {
+      mismatches[index_of_rank()] = 1;
+    }
+    std::memcpy(&poison_bits[index_of_rank()], output.unsafe_data_ptr(), sizeof(std::uint32_t));
+  });
+  EXPECT_EQ(mismatches, (std::vector<int>{1, 1}));
+  float poison = 0;
+  std::memcpy(&poison, &poison_bits[0], sizeof poison);
+  EXPECT_TRUE(std::isnan(poison));
+  EXPECT_EQ(poison_bits[1], poison_bits[0]);
+  EXPECT_GE(report.mark_count("guard.protect"), 1u);
 }
 
 TEST(SimGuardPagesDeathTest, RawReadOfAPendingOutputFaultsWithRankOpAndStep) {
