@@ -69,6 +69,42 @@ TEST(ScheduleProperties, RapidCheckFindsAPlantedOrderBugAndShrinksItToItsMinimal
   EXPECT_EQ(replayed.rank_errors[1], "planted bug: rank 1 ticked first");
 }
 
+TEST(ScheduleProperties, RapidCheckShrinksAFailingReductionOrderToTheChoicesItNeeds) {
+  // The program assumes the rank-order sum of {1, 1e8, -1e8, 1}, which is 1; pairwise it is 0.
+  SimOptions options = testing::quiet_options(4);
+  options.reduction_order = sim::ReductionOrder::Adversarial;
+  const auto assumes_rank_order = [] {
+    const float values[] = {1.0f, 1e8f, -1e8f, 1.0f};
+    const float sum =
+        all_reduce(Tensor::full({1}, values[testing::rank_slot()]), "sum", world()).item<float>();
+    if (sum != 1.0f) {
+      throw std::runtime_error("the sum was not the rank-order sum");
+    }
+  };
+  const sim::ScheduleCheck check =
+      sim::check_schedules(options, assumes_rank_order, 100, kRapidCheckSeed);
+  ASSERT_FALSE(check.passed);
+  // Shrunk as far as RapidCheck's shrinks go: no trailing 0 (removing it changes nothing), and
+  // every nonzero choice is needed: with it 0 the program passes. The list holds the schedule
+  // up to the completion, then the order choices (n - 1 picks, n - 1 splits).
+  ASSERT_FALSE(check.choices.empty());
+  EXPECT_NE(check.choices.back(), 0u) << check.message;
+  for (std::size_t i = 0; i < check.choices.size(); ++i) {
+    if (check.choices[i] != 0) {
+      SimOptions zeroed = options;
+      zeroed.choices = check.choices;
+      (*zeroed.choices)[i] = 0;
+      EXPECT_TRUE(sim::simulate(zeroed, assumes_rank_order).ok()) << "choice " << i;
+    }
+  }
+  SimOptions replay = testing::quiet_options(4);
+  replay.reduction_order = sim::ReductionOrder::Adversarial;
+  replay.replay = check.replay_token;
+  const SimReport replayed = sim::simulate(replay, assumes_rank_order);
+  EXPECT_FALSE(replayed.ok());
+  EXPECT_EQ(replayed.mark_count("reduction.adversarial"), 1u);
+}
+
 TEST(ScheduleProperties, CheckSchedulesPassesACorrectProgram) {
   const sim::ScheduleCheck check =
       sim::check_schedules(correct_program_options(), correct_program, 100, kRapidCheckSeed);
