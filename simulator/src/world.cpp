@@ -41,6 +41,22 @@ std::uint64_t decision_code(const Decision& decision) {
   return hash_combine(code, static_cast<std::uint64_t>(decision.seq));
 }
 
+// The mark each reduction op leaves in its mode (Note [Reduction order modes]).
+const char* reduction_mark(ReductionOrder order) {
+  switch (order) {
+    case ReductionOrder::Fixed:
+      return "reduction.fixed";
+    case ReductionOrder::Ring:
+      return "reduction.ring";
+    case ReductionOrder::Tree:
+      return "reduction.tree";
+    case ReductionOrder::Adversarial:
+      return "reduction.adversarial";
+  }
+  CHORUS_CHECK_LE(static_cast<int>(order), static_cast<int>(ReductionOrder::Adversarial));
+  return "";
+}
+
 bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
   const auto* a0 = static_cast<const unsigned char*>(a.data);
   const auto* b0 = static_cast<const unsigned char*>(b.data);
@@ -437,11 +453,8 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   }
   report.data_hash = data_hash_;
   report.marks = marks_;
-  if (reductions_ > 0) {  // Note [Reduction order modes]
-    constexpr const char* kReductionMarks[] = {"reduction.fixed", "reduction.ring",
-                                               "reduction.tree", "reduction.adversarial"};
-    report.marks[kReductionMarks[static_cast<std::size_t>(options_.reduction_order)]] +=
-        reductions_;
+  if (reductions_ > 0) {
+    report.marks[reduction_mark(options_.reduction_order)] += reductions_;
   }
   // Strategy marks: which strategy made the schedule choices, and PCT's change points.
   report.marks[report.strategy == Strategy::Pct ? "strategy.pct" : "strategy.random_walk"] +=

@@ -15,8 +15,8 @@ namespace chorus::kernels {
 
 // Note [Reduction order]
 // dst[i] = srcs[0][i] (+) srcs[1][i] (+) ... (+) srcs[n-1][i], folded left to right in the order
-// of `srcs` (callers pass group-rank order), so every rank that runs the same call gets the same
-// bits. Per op:
+// of `srcs` (callers pass group-rank order; other shapes: Note [Reduction programs]), so every
+// rank that runs the same call gets the same bits. Per op:
 // - sum, product, min, max, band, bor, bxor: the fold itself.
 // - avg: the sum divided by n; integers truncate toward zero (C++ division).
 // - premul_sum(f): the sum of f * srcs[j][i].
