@@ -43,10 +43,11 @@ function(chorus_library)
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
 endfunction()
 
-# chorus_test(NAME <name> SOURCES ... [DEPS ...] [LABELS ...])
-# One GoogleTest executable registered with CTest, each test case a CTest test.
+# chorus_test(NAME <name> SOURCES ... [DEPS ...] [LABELS ...] [ENVIRONMENT VAR=value ...])
+# One GoogleTest executable registered with CTest, each test case a CTest test (run with
+# ENVIRONMENT set, e.g. RC_PARAMS to fix RapidCheck's seed).
 function(chorus_test)
-  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;DEPS;LABELS;ENVIRONMENT" ${ARGN})
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
@@ -57,6 +58,6 @@ function(chorus_test)
   target_link_libraries(${ARG_NAME} PRIVATE chorus::options ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   gtest_discover_tests(${ARG_NAME}
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "${ARG_ENVIRONMENT}"
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <type_traits>
+#include <vector>
 
 #include "chorus/check.hpp"
 
@@ -347,15 +349,57 @@ void fold_blocks(void* dst, const void* const* srcs, std::size_t num_srcs, std::
   }
 }
 
-template <class Tag>
-void reduce_typed(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
-                  const ReduceOp& reduce_op) {
+// Note [Reduction programs] (chorus/kernels.hpp): evaluates `program` block by block. Each
+// step runs over a block of elements: a source step loads (and prepares) its block onto a stack
+// of partial-result blocks, a combine step folds the top block into the one below it. The
+// result is stored only after every source of the block was read, so an exact alias of dst with
+// a source is safe. `depth`: the most partial results the program holds at once.
+template <class Tag, class Combine, class Prepare, class Finish>
+void evaluate_program(void* dst, const void* const* srcs, std::size_t count,
+                      std::span<const int> program, std::size_t depth, Combine combine,
+                      Prepare prepare, Finish finish) {
+  using Storage = typename Tag::Storage;
+  using Acc = typename Tag::Acc;
+  constexpr std::size_t kProgramBlockElements = 256;
+  std::vector<Acc> stack(depth * kProgramBlockElements);
+  auto* out = static_cast<Storage*>(dst);
+  for (std::size_t base = 0; base < count; base += kProgramBlockElements) {
+    const std::size_t length = std::min(kProgramBlockElements, count - base);
+    std::size_t top = 0;  // partial results on the stack
+    for (const int step : program) {
+      if (step == kCombine) {
+        CHORUS_CHECK_GE(top, std::size_t{2});
+        Acc* left = stack.data() + (top - 2) * kProgramBlockElements;
+        const Acc* right = left + kProgramBlockElements;
+        for (std::size_t i = 0; i < length; ++i) {
+          left[i] = combine(left[i], right[i]);
+        }
+        --top;
+      } else {
+        CHORUS_CHECK_LT(top, depth);
+        Acc* pushed = stack.data() + top * kProgramBlockElements;
+        const Storage* source =
+            static_cast<const Storage*>(srcs[static_cast<std::size_t>(step)]) + base;
+        for (std::size_t i = 0; i < length; ++i) {
+          pushed[i] = prepare(Tag::load(source[i]));
+        }
+        ++top;
+      }
+    }
+    CHORUS_CHECK_EQ(top, std::size_t{1});
+    for (std::size_t i = 0; i < length; ++i) {
+      out[base + i] = Tag::store(finish(stack[i]));
+    }
+  }
+}
+
+// Calls run(combine, prepare, finish) with the element functions of `reduce_op` on Tag's
+// accumulation type (Note [Reduction order]); `num_srcs` is avg's divisor.
+template <class Tag, class Run>
+void with_op_functions(std::size_t num_srcs, const ReduceOp& reduce_op, Run run) {
   using Acc = typename Tag::Acc;
   const auto keep = [](Acc value) { return value; };
   const auto add = [](Acc left, Acc right) { return static_cast<Acc>(left + right); };
-  const auto run = [&](auto combine, auto prepare, auto finish) {
-    fold_blocks<Tag>(dst, srcs, num_srcs, count, combine, prepare, finish);
-  };
   constexpr bool kArithmetic = !kIsBoolTag<Tag>;
   constexpr bool kOrdered = !kIsComplexTag<Tag>;
   constexpr bool kBitwise = kIsBoolTag<Tag> || kIsIntegerTag<Tag>;
@@ -418,8 +462,8 @@ void reduce_typed(void* dst, const void* const* srcs, std::size_t num_srcs, std:
       break;
   }
   // reduce() checked op_allowed(), which admits exactly the cases handled above.
-  detail::check_failed("reduce_typed handles every case op_allowed() admits", __FILE__, __LINE__,
-                       detail::format_check_values(reduce_op, Tag::kDType));
+  detail::check_failed("with_op_functions handles every case op_allowed() admits", __FILE__,
+                       __LINE__, detail::format_check_values(reduce_op, Tag::kDType));
 }
 
 // Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
@@ -549,6 +593,28 @@ void convert_typed(void* dst, const void* src, std::size_t count) {
 
 }  // namespace
 
+namespace {
+
+// Non-null buffers of `count` >= 1 elements that are exact aliases of dst or do not overlap it
+// (a partial overlap would read values the reduction already wrote).
+void check_buffers(const void* dst, const void* const* srcs, std::size_t num_srcs,
+                   std::size_t count, DType dtype) {
+  CHORUS_CHECK_GE(count, std::size_t{1});
+  const std::size_t size = element_size(dtype);
+  CHORUS_CHECK_LE(count, std::numeric_limits<std::size_t>::max() / size);
+  const std::size_t bytes = count * size;
+  CHORUS_CHECK(dst != nullptr);
+  CHORUS_CHECK(srcs != nullptr);
+  for (std::size_t j = 0; j < num_srcs; ++j) {
+    CHORUS_CHECK(srcs[j] != nullptr);
+    if (srcs[j] != dst) {
+      CHORUS_CHECK(!overlaps(srcs[j], bytes, dst, bytes));
+    }
+  }
+}
+
+}  // namespace
+
 void reduce(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
             DType dtype, const ReduceOp& reduce_op) {
   if (!op_allowed(reduce_op.kind(), dtype)) [[unlikely]] {
@@ -559,18 +625,8 @@ void reduce(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_
   if (count == 0) {
     return;
   }
-  const std::size_t size = element_size(dtype);
-  CHORUS_CHECK_LE(count, std::numeric_limits<std::size_t>::max() / size);
-  const std::size_t bytes = count * size;
-  CHORUS_CHECK(dst != nullptr);
-  CHORUS_CHECK(srcs != nullptr);
-  for (std::size_t j = 0; j < num_srcs; ++j) {
-    CHORUS_CHECK(srcs[j] != nullptr);
-    // Exact aliasing is allowed; a partial overlap would read values this call already wrote.
-    if (srcs[j] != dst) {
-      CHORUS_CHECK(!overlaps(srcs[j], bytes, dst, bytes));
-    }
-  }
+  check_buffers(dst, srcs, num_srcs, count, dtype);
+  const std::size_t bytes = count * element_size(dtype);
 
   const Kind kind = reduce_op.kind();
   if (num_srcs == 1 && kind != Kind::Avg && kind != Kind::PremulSum && dtype != DType::Bool) {
@@ -581,8 +637,53 @@ void reduce(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_
     }
     return;
   }
-  dispatch(dtype,
-           [&](auto tag) { reduce_typed<decltype(tag)>(dst, srcs, num_srcs, count, reduce_op); });
+  dispatch(dtype, [&](auto tag) {
+    using Tag = decltype(tag);
+    with_op_functions<Tag>(num_srcs, reduce_op, [&](auto combine, auto prepare, auto finish) {
+      fold_blocks<Tag>(dst, srcs, num_srcs, count, combine, prepare, finish);
+    });
+  });
+}
+
+void reduce_program(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
+                    DType dtype, const ReduceOp& reduce_op, std::span<const int> program) {
+  // The program must be a full binary tree over the sources, each exactly once.
+  CHORUS_CHECK_GE(num_srcs, std::size_t{1});
+  CHORUS_CHECK_EQ(program.size(), 2 * num_srcs - 1);
+  std::vector<bool> seen(num_srcs, false);
+  std::size_t top = 0;
+  std::size_t depth = 0;
+  for (const int step : program) {
+    if (step == kCombine) {
+      CHORUS_CHECK_GE(top, std::size_t{2});
+      --top;
+    } else {
+      CHORUS_CHECK_GE(step, 0);
+      CHORUS_CHECK_LT(static_cast<std::size_t>(step), num_srcs);
+      CHORUS_CHECK(!seen[static_cast<std::size_t>(step)]);
+      seen[static_cast<std::size_t>(step)] = true;
+      depth = std::max(depth, ++top);
+    }
+  }
+  CHORUS_CHECK_EQ(top, std::size_t{1});
+  // The same checks as reduce() (and its shortcut for one source): then the evaluation.
+  if (num_srcs == 1) {
+    return reduce(dst, srcs, num_srcs, count, dtype, reduce_op);
+  }
+  if (!op_allowed(reduce_op.kind(), dtype)) [[unlikely]] {
+    detail::check_failed("op_allowed(reduce_op.kind(), dtype)", __FILE__, __LINE__,
+                         detail::format_check_values(reduce_op, dtype));
+  }
+  if (count == 0) {
+    return;
+  }
+  check_buffers(dst, srcs, num_srcs, count, dtype);
+  dispatch(dtype, [&](auto tag) {
+    using Tag = decltype(tag);
+    with_op_functions<Tag>(num_srcs, reduce_op, [&](auto combine, auto prepare, auto finish) {
+      evaluate_program<Tag>(dst, srcs, count, program, depth, combine, prepare, finish);
+    });
+  });
 }
 
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t count) {

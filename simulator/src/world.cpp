@@ -1,8 +1,10 @@
 #include "world.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -38,6 +40,22 @@ std::uint64_t decision_code(const Decision& decision) {
   code = hash_combine(code, static_cast<std::uint64_t>(decision.rank));
   code = hash_combine(code, decision.comm_id);
   return hash_combine(code, static_cast<std::uint64_t>(decision.seq));
+}
+
+// The mark each reduction op leaves in its mode (Note [Reduction order modes]).
+const char* reduction_mark(ReductionOrder order) {
+  switch (order) {
+    case ReductionOrder::Fixed:
+      return "reduction.fixed";
+    case ReductionOrder::Ring:
+      return "reduction.ring";
+    case ReductionOrder::Tree:
+      return "reduction.tree";
+    case ReductionOrder::Adversarial:
+      return "reduction.adversarial";
+  }
+  CHORUS_CHECK_LE(static_cast<int>(order), static_cast<int>(ReductionOrder::Adversarial));
+  return "";
 }
 
 bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
@@ -487,6 +505,9 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
       report.marks[name] += count;
     }
   }
+  if (reductions_ > 0) {
+    report.marks[reduction_mark(options_.reduction_order)] += reductions_;
+  }
   // Strategy marks: which strategy made the schedule choices, and PCT's change points.
   report.marks[report.strategy == Strategy::Pct ? "strategy.pct" : "strategy.random_walk"] +=
       steps_;
@@ -628,7 +649,9 @@ void SimWorld::complete_operation(SimGroup& group) {
           scratch_.resize(first.recv.nbytes());
           target = scratch_.data();
         }
-        kernels::reduce(target, sources.data(), size, first.send.count, dtype, first.reduce_op);
+        plan_reduction(size);
+        reduce_contributions(target, sources.data(), size, first.send.count, dtype, first.reduce_op,
+                             seq, size, 0);
         for (std::size_t j = 0; j < size; ++j) {
           void* recv = slot.arrivals[j].ops[i].recv.data;
           if (recv != target && first.recv.nbytes() > 0) {
@@ -649,14 +672,15 @@ void SimWorld::complete_operation(SimGroup& group) {
       }
       case transport::OpKind::ReduceScatter: {
         const std::size_t count = first.recv.count;
+        plan_reduction(size);
         for (std::size_t dst = 0; dst < size; ++dst) {
           for (std::size_t j = 0; j < size; ++j) {
             sources[j] = static_cast<const unsigned char*>(slot.arrivals[j].ops[i].send.data) +
                          dst * count * element;
           }
           if (count > 0) {
-            kernels::reduce(slot.arrivals[dst].ops[i].recv.data, sources.data(), size, count, dtype,
-                            first.reduce_op);
+            reduce_contributions(slot.arrivals[dst].ops[i].recv.data, sources.data(), size, count,
+                                 dtype, first.reduce_op, seq, 1, dst);
           }
         }
         break;
@@ -709,15 +733,17 @@ void SimWorld::complete_operation(SimGroup& group) {
           overlapping = overlapping || (j != static_cast<std::size_t>(first.root) &&
                                         overlaps(root.recv, slot.arrivals[j].ops[i].send));
         }
+        plan_reduction(size);
         if (first.send.count > 0) {
+          void* target = root.recv.data;
           if (overlapping) {
             scratch_.resize(root.recv.nbytes());
-            kernels::reduce(scratch_.data(), sources.data(), size, first.send.count, dtype,
-                            first.reduce_op);
-            std::memcpy(root.recv.data, scratch_.data(), root.recv.nbytes());
-          } else {
-            kernels::reduce(root.recv.data, sources.data(), size, first.send.count, dtype,
-                            first.reduce_op);
+            target = scratch_.data();
+          }
+          reduce_contributions(target, sources.data(), size, first.send.count, dtype,
+                               first.reduce_op, seq, size, 0);
+          if (target != root.recv.data) {
+            std::memcpy(root.recv.data, target, root.recv.nbytes());
           }
         }
         break;
@@ -737,6 +763,105 @@ void SimWorld::complete_operation(SimGroup& group) {
   }
   ++completed_;
   notify_off_rank_waiters();
+}
+
+namespace {
+
+// Appends the pairwise tree over `count` sources from `first` (Note [Reduction order modes]).
+void append_pairwise_tree(std::vector<int>& program, int first, std::size_t count) {
+  CHORUS_CHECK_GE(count, std::size_t{1});
+  if (count == 1) {
+    program.push_back(first);
+    return;
+  }
+  const std::size_t left = std::bit_floor(count - 1);  // the largest power of two below count
+  append_pairwise_tree(program, first, left);
+  append_pairwise_tree(program, first + static_cast<int>(left), count - left);
+  program.push_back(kernels::kCombine);
+}
+
+// Appends a tree over `leaves` whose shape `choose(n)` decides: 1 + choose(k - 1) of k leaves go
+// right, so choices of 0 give the left fold.
+template <class Choose>
+void append_drawn_tree(std::vector<int>& program, std::span<const int> leaves, Choose& choose) {
+  CHORUS_CHECK(!leaves.empty());
+  if (leaves.size() == 1) {
+    program.push_back(leaves.front());
+    return;
+  }
+  const auto right = static_cast<std::size_t>(1 + choose(leaves.size() - 1));
+  CHORUS_CHECK_LT(right, leaves.size());
+  append_drawn_tree(program, leaves.first(leaves.size() - right), choose);
+  append_drawn_tree(program, leaves.last(right), choose);
+  program.push_back(kernels::kCombine);
+}
+
+}  // namespace
+
+void SimWorld::plan_reduction(std::size_t size) {
+  CHORUS_CHECK_GE(size, std::size_t{1});
+  ++reductions_;
+  reduction_program_.clear();
+  switch (options_.reduction_order) {
+    case ReductionOrder::Fixed:
+    case ReductionOrder::Ring:
+      return;
+    case ReductionOrder::Tree:
+      append_pairwise_tree(reduction_program_, 0, size);
+      break;
+    case ReductionOrder::Adversarial: {
+      std::vector<int> left(size);  // members not yet placed, in group-rank order
+      for (std::size_t j = 0; j < size; ++j) {
+        left[j] = static_cast<int>(j);
+      }
+      std::vector<int> order;
+      order.reserve(size);
+      while (left.size() > 1) {
+        const auto pick = static_cast<std::ptrdiff_t>(stream_.choose(left.size()));
+        order.push_back(left[static_cast<std::size_t>(pick)]);
+        left.erase(left.begin() + pick);
+      }
+      order.push_back(left.front());
+      auto choose = [this](std::size_t n) { return stream_.choose(n); };
+      append_drawn_tree(reduction_program_, order, choose);
+      break;
+    }
+  }
+  CHORUS_CHECK_EQ(reduction_program_.size(), 2 * size - 1);
+}
+
+void SimWorld::reduce_contributions(void* dst, const void* const* sources, std::size_t size,
+                                    std::size_t count, DType dtype, const ReduceOp& reduce_op,
+                                    std::int64_t seq, std::size_t ring_chunks,
+                                    std::size_t ring_first_chunk) {
+  switch (options_.reduction_order) {
+    case ReductionOrder::Fixed:
+      kernels::reduce(dst, sources, size, count, dtype, reduce_op);
+      return;
+    case ReductionOrder::Ring: {
+      CHORUS_CHECK_GE(ring_chunks, std::size_t{1});
+      CHORUS_CHECK_GE(seq, 0);
+      const std::size_t element = element_size(dtype);
+      const std::size_t chunk_elements = (count + ring_chunks - 1) / ring_chunks;
+      ring_sources_.resize(size);
+      for (std::size_t c = 0; c < ring_chunks && c * chunk_elements < count; ++c) {
+        const std::size_t begin = c * chunk_elements;
+        const std::size_t length = std::min(chunk_elements, count - begin);
+        const std::size_t start = (static_cast<std::size_t>(seq) + ring_first_chunk + c + 1) % size;
+        for (std::size_t j = 0; j < size; ++j) {
+          ring_sources_[j] =
+              static_cast<const unsigned char*>(sources[(start + j) % size]) + begin * element;
+        }
+        kernels::reduce(static_cast<unsigned char*>(dst) + begin * element, ring_sources_.data(),
+                        size, length, dtype, reduce_op);
+      }
+      return;
+    }
+    case ReductionOrder::Tree:
+    case ReductionOrder::Adversarial:
+      kernels::reduce_program(dst, sources, size, count, dtype, reduce_op, reduction_program_);
+      return;
+  }
 }
 
 std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slot& slot) const {

@@ -7,10 +7,28 @@
 // call of a rank (start an operation, wait, poll) is a scheduling point: the rank records what it
 // did and suspends. The scheduler then collects the candidates — runnable ranks, and the head
 // operation of each communicator once every member arrived at it — and lets the seeded RNG pick
-// one: resume that rank, or complete that operation (move the bytes for every member at once, in
-// group-rank order: bitwise-identical results everywhere). Each decision advances virtual time
+// one: resume that rank, or complete that operation (move the bytes for every member at once,
+// reductions in the order of Note [Reduction order modes]). Each decision advances virtual time
 // by kStepDuration. Every choice is a pure function of the seed and the program, so a seed
 // replays an interleaving exactly.
+//
+// Note [Reduction order modes]
+// A completing reduction combines the members' contributions once, into one buffer that is then
+// copied to every member (reduce_scatter: once per output block), so every rank gets the same
+// bits in every mode. SimOptions::reduction_order picks the order:
+// - Fixed: kernels::reduce in group-rank order (Note [Reduction order] in chorus/kernels.hpp).
+// - Ring: the buffer is cut into one chunk per member (all_reduce, reduce) and chunk c is folded
+//   left to right starting at member (seq + c + 1) mod n and going round: NCCL's ring reduces
+//   chunk c starting after rank c; the sequence number turns the ring per operation. A
+//   reduce_scatter block d is chunk d.
+// - Tree: kernels::reduce_program with the pairwise tree over group-rank order: the left subtree
+//   holds the largest power of two below the member count, ((x0 + x1) + (x2 + x3)) + x4.
+// - Adversarial: per reduction op, a permutation of the members (each pick an index among the
+//   members left, in group-rank order) and a tree shape (each split: 1 + choose(n - 1) members
+//   on the right) from the decision stream, n - 1 + n - 1 choices for n members. All choices 0
+//   give the Fixed order, so shrinking a failing list converges on it.
+// Partial results stay in the kernels' accumulation type; avg divides once, premul_sum scales
+// each contribution once. Each reduction op leaves the mark "reduction.<mode>".
 //
 // Note [Simulator failures]
 // - Mismatch: when a rank arrives at operation `seq` of a communicator with a fingerprint that
@@ -195,6 +213,15 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void schedule();
   void execute(const Decision& decision);
   void complete_operation(SimGroup& group);
+  // Note [Reduction order modes]: readies the order of one reduction op over `size` members
+  // (Tree, Adversarial: into reduction_program_, drawing Adversarial's choices now).
+  void plan_reduction(std::size_t size);
+  // Reduces `count` elements of `size` contributions (group-rank order) into `dst` in the planned
+  // order. Ring: the elements are `ring_chunks` chunks, the first one chunk `ring_first_chunk`.
+  void reduce_contributions(void* dst, const void* const* sources, std::size_t size,
+                            std::size_t count, DType dtype, const ReduceOp& reduce_op,
+                            std::int64_t seq, std::size_t ring_chunks,
+                            std::size_t ring_first_chunk);
   void wake_timed_out_ranks();
   void declare_deadlock(const std::string& why);
   std::string rank_table() const;
@@ -259,6 +286,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::exception_ptr first_error_;
   std::vector<unsigned char> scratch_;
   std::vector<const void*> sources_;  // complete_operation's reduction sources
+  // Note [Reduction order modes]: the planned program (Tree, Adversarial), the ring's rotated
+  // sources, and the reduction ops completed (for the mark of the mode).
+  std::vector<int> reduction_program_;
+  std::vector<const void*> ring_sources_;
+  std::uint64_t reductions_ = 0;
 
   // Threads that are not ranks wait here (Note [Rank executor]: ranks never block on it).
   std::mutex off_rank_mutex_;

@@ -501,6 +501,37 @@ TEST_P(KernelsReduceSweep, DstMayAliasAnySource) {
   }
 }
 
+// {0, 1, kCombine, 2, kCombine, ...}: reduce()'s own order (Note [Reduction programs]).
+std::vector<int> left_fold_program(std::size_t num_srcs) {
+  std::vector<int> program = {0};
+  for (std::size_t j = 1; j < num_srcs; ++j) {
+    program.push_back(static_cast<int>(j));
+    program.push_back(kCombine);
+  }
+  return program;
+}
+
+TEST_P(KernelsReduceSweep, LeftFoldProgramGivesReducesBits) {
+  const auto [dtype, kind] = GetParam();
+  std::uint64_t salt = 500;
+  for (const std::size_t num_srcs : kNumSrcsSweep) {
+    for (const std::size_t count : kCountSweep) {
+      SCOPED_TRACE(::testing::Message() << "num_srcs " << num_srcs << ", count " << count);
+      std::vector<Bytes> srcs = make_sources(dtype, num_srcs, count, salt++);
+      const Bytes expected = run_reduce(srcs, count, dtype, make_op(kind));
+      const std::vector<const void*> pointers = pointers_to(srcs);
+      const std::vector<int> program = left_fold_program(num_srcs);
+      Bytes out(count * element_size(dtype), 0xCD);
+      reduce_program(out.data(), pointers.data(), num_srcs, count, dtype, make_op(kind), program);
+      ASSERT_TRUE(same_elements(dtype, expected, out, count));
+      // In place: dst is the last source.
+      reduce_program(srcs.back().data(), pointers.data(), num_srcs, count, dtype, make_op(kind),
+                     program);
+      ASSERT_TRUE(same_elements(dtype, expected, srcs.back(), count));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDTypesAndOps, KernelsReduceSweep,
                          ::testing::ValuesIn(valid_reduce_cases()), case_name);
 
@@ -686,6 +717,55 @@ TEST(Kernels, SixteenBitFloatsRoundOnceAtTheEnd) {
   EXPECT_EQ(reduce_values<std::uint16_t>(DType::Float16, Kind::Sum,
                                          {{bits_of_half(65504.0f)}, {bits_of_half(16.0f)}}),
             (std::vector<std::uint16_t>{0x7C00}));
+}
+
+// Runs reduce_program over one-element sources.
+template <class T>
+T reduce_one_by_program(DType dtype, const ReduceOp& op, const std::vector<T>& values,
+                        const std::vector<int>& program) {
+  std::vector<const void*> pointers;
+  for (const T& value : values) {
+    pointers.push_back(&value);
+  }
+  T out{};
+  reduce_program(&out, pointers.data(), values.size(), 1, dtype, op, program);
+  return out;
+}
+
+TEST(KernelsProgram, CombinesInTheProgramsShape) {
+  // Sums that depend on the order: 1e8f absorbs a 1 (float spacing there is 8).
+  const std::vector<float> values = {1e8f, 1.0f, -1e8f, 1.0f};
+  const std::vector<int> pairwise = {0, 1, kCombine, 2, 3, kCombine, kCombine};
+  const std::vector<int> reversed = {3, 2, kCombine, 1, kCombine, 0, kCombine};
+  const std::vector<int> cancelling_first = {0, 2, kCombine, 1, kCombine, 3, kCombine};
+  EXPECT_EQ(reduce_one_by_program(DType::Float32, Kind::Sum, values, left_fold_program(4)), 1.0f);
+  EXPECT_EQ(reduce_one_by_program(DType::Float32, Kind::Sum, values, pairwise), 0.0f);
+  EXPECT_EQ(reduce_one_by_program(DType::Float32, Kind::Sum, values, reversed), 0.0f);
+  EXPECT_EQ(reduce_one_by_program(DType::Float32, Kind::Sum, values, cancelling_first), 2.0f);
+  // avg divides the tree's sum by the number of sources once; premul_sum scales each leaf once.
+  EXPECT_EQ(reduce_one_by_program(DType::Float32, Kind::Avg, values, cancelling_first), 0.5f);
+  EXPECT_EQ(
+      reduce_one_by_program(DType::Float32, ReduceOp::premul_sum(0.5), values, cancelling_first),
+      1.0f);
+  EXPECT_EQ(reduce_one_by_program(DType::Int32, Kind::Avg, std::vector<std::int32_t>{7, -2, 4},
+                                  {2, 0, kCombine, 1, kCombine}),
+            3);
+  // 16-bit floats keep partial results in float: 2048 + (1 + 1) = 2050, and (2048 + 1) + 1 too.
+  const std::vector<std::uint16_t> halves = {bits_of_half(2048.0f), bits_of_half(1.0f),
+                                             bits_of_half(1.0f)};
+  EXPECT_EQ(reduce_one_by_program(DType::Float16, Kind::Sum, halves, {0, 1, 2, kCombine, kCombine}),
+            bits_of_half(2050.0f));
+}
+
+TEST(KernelsProgramDeathTest, RejectsMalformedPrograms) {
+  const std::vector<float> values = {1.0f, 2.0f};
+  const auto run = [&](const std::vector<int>& program) {
+    (void)reduce_one_by_program(DType::Float32, Kind::Sum, values, program);
+  };
+  EXPECT_DEATH(run({0, 0, kCombine}), "seen");      // a source twice
+  EXPECT_DEATH(run({0, 1}), "program.size");        // no combine
+  EXPECT_DEATH(run({0, kCombine, 1}), "top");       // combine of one value
+  EXPECT_DEATH(run({0, 2, kCombine}), "num_srcs");  // no such source
 }
 
 TEST(Kernels, BoolOpsGiveZeroOrOne) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "chorus/dtype.hpp"
 #include "chorus/reduce_op.hpp"
@@ -14,8 +15,8 @@ namespace chorus::kernels {
 
 // Note [Reduction order]
 // dst[i] = srcs[0][i] (+) srcs[1][i] (+) ... (+) srcs[n-1][i], folded left to right in the order
-// of `srcs` (callers pass group-rank order), so every rank that runs the same call gets the same
-// bits. Per op:
+// of `srcs` (callers pass group-rank order; other shapes: Note [Reduction programs]), so every
+// rank that runs the same call gets the same bits. Per op:
 // - sum, product, min, max, band, bor, bxor: the fold itself.
 // - avg: the sum divided by n; integers truncate toward zero (C++ division).
 // - premul_sum(f): the sum of f * srcs[j][i].
@@ -28,6 +29,22 @@ namespace chorus::kernels {
 // `reduce_op` must be valid for `dtype` (ReduceOp::check_dtype); violations are CHORUS_CHECKed.
 void reduce(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
             DType dtype, const ReduceOp& reduce_op);
+
+// Note [Reduction programs]
+// reduce_program() reduces in an explicit shape instead of the left fold, for callers that model
+// other orders (the simulator's ring, tree and adversarial reduction orders). `program` is a
+// binary tree in postfix order: a step j >= 0 pushes srcs[j] (times the factor for premul_sum),
+// a kCombine step pops the top two partial results and pushes left (+) right, the left operand
+// being the one pushed first. Every source appears exactly once, so the program has
+// 2 * num_srcs - 1 steps and leaves one value, which is finished as in reduce() (avg divides by
+// num_srcs, 16-bit floats round once) and stored. Partial results stay in the accumulation type
+// of Note [Reduction order], so the left fold {0, 1, kCombine, 2, kCombine, ...} gives exactly
+// reduce()'s bits, and ((s0 + s1) + (s2 + s3)) is {0, 1, kCombine, 2, 3, kCombine, kCombine}.
+// Aliasing and op/dtype rules as for reduce(); a malformed program is CHORUS_CHECKed. Slower
+// than reduce() (not tuned): for simulation, not for hot paths.
+inline constexpr int kCombine = -1;
+void reduce_program(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
+                    DType dtype, const ReduceOp& reduce_op, std::span<const int> program);
 
 // Converts `count` elements from `src_dtype` to `dst_dtype` (as Tensor::to): 16-bit floats
 // round to nearest even; float -> integer truncates toward zero (out-of-range values and NaN give

@@ -46,6 +46,16 @@ enum class Strategy : std::uint8_t { RandomWalk, Pct, Portfolio };
 // decision stream (so a run replays).
 enum class AllocatorPolicy : std::uint8_t { Pooled, LifoReuse, Quarantine, Random };
 
+// How a reduction combines its members' contributions (Note [Reduction order modes],
+// simulator/src/world.hpp). Whatever the mode, the result is computed once and copied to every
+// member, so it is bitwise identical on every rank (as NCCL's are). Fixed: left to right in
+// group-rank order. Ring: left to right from a starting member that turns with the chunk of the
+// buffer and the operation's sequence number, as NCCL's ring reduces each chunk starting after
+// a different rank. Tree: pairwise, ((x0 + x1) + (x2 + x3)). Adversarial: a permutation of the
+// members and a tree shape drawn from the decision stream for each reduction, to expose code
+// that assumes one order (the choices all 0 give the Fixed order).
+enum class ReductionOrder : std::uint8_t { Fixed, Ring, Tree, Adversarial };
+
 struct SimOptions {
   int world_size = 8;  // 1 .. kMaxWorldSize
   std::uint64_t seed = 0;
@@ -97,6 +107,12 @@ struct SimOptions {
   // handler (other faults go to the previous handler). Refused (InvalidArgument) in ASan/TSan
   // builds, whose runtimes own SIGSEGV.
   bool guard_pending_outputs = false;
+
+  // ---- Reduction order (Note [Reduction order modes], simulator/src/world.hpp).
+  // The order of every reduction (all_reduce, reduce_scatter, reduce; every ReduceOp; batched
+  // and coalesced operations). Adversarial draws its choices from the decision stream, so a
+  // replay token replays the orders too when run with the same mode; the other modes draw none.
+  ReductionOrder reduction_order = ReductionOrder::Fixed;
 };
 
 inline constexpr int kMaxWorldSize = 1024;

@@ -1,0 +1,135 @@
+#include "chorus/sim/rapidcheck.hpp"
+
+#include <rapidcheck.h>
+
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "chorus/check.hpp"
+
+namespace chorus::sim {
+namespace {
+
+// `rank_main` under exactly `choices`: a Recorded source, quiet, whatever the environment says.
+SimReport run_choices(SimOptions options, const std::vector<std::uint64_t>& choices,
+                      const std::function<void()>& rank_main) {
+  options.choices = choices;
+  options.replay.clear();
+  options.fuzz_bytes.reset();
+  options.print_failures = false;
+  options.seed_from_environment = false;
+  return simulate(options, rank_main);
+}
+
+// What a failing schedule reports: each failing rank's error, the replay command (with the
+// token) and the timeline.
+std::string failure_message(const SimReport& report) {
+  std::ostringstream out;
+  out << "the program failed under this schedule:\n";
+  for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
+    if (!report.rank_errors[r].empty()) {
+      out << "  rank " << r << ": " << report.rank_errors[r] << "\n";
+    }
+  }
+  out << "  replay: " << report.replay_command << "\n" << timeline_text(report);
+  return out.str();
+}
+
+// Keeps RapidCheck's counterexample of check_schedules: the run that last failed is the
+// counterexample when it is a failing test case or a shrink RapidCheck accepted (a shrink it
+// discarded leaves the previous one). Prints nothing and leaves RapidCheck's global reproduce
+// list alone: check_schedules reports its failures itself.
+class CounterexampleListener final : public rc::detail::TestListener {
+ public:
+  // What the property records before it fails.
+  std::vector<std::uint64_t> run_choices;
+  std::string run_token;
+  // The counterexample so far.
+  std::vector<std::uint64_t> choices;
+  std::string token;
+
+  void onTestCaseFinished(const rc::detail::CaseDescription& description) override {
+    if (description.result.type == rc::detail::CaseResult::Type::Failure) {
+      keep_run();
+    }
+  }
+  void onShrinkTried(const rc::detail::CaseDescription& /*shrink*/, bool accepted) override {
+    if (accepted) {
+      keep_run();
+    }
+  }
+  void onTestFinished(const rc::detail::TestMetadata& /*metadata*/,
+                      const rc::detail::TestResult& /*result*/) override {}
+
+ private:
+  void keep_run() {
+    choices = run_choices;
+    token = run_token;
+  }
+};
+
+}  // namespace
+
+rc::Gen<std::vector<std::uint64_t>> gen_choices(std::size_t length_max, std::uint64_t index_max) {
+  CHORUS_CHECK_LT(index_max, std::numeric_limits<std::uint64_t>::max());
+  // gen::container's lengths grow with the size; inRange shrinks towards 0 and container towards
+  // fewer elements, so shrinking moves towards the all-0 schedule.
+  return rc::gen::map(rc::gen::container<std::vector<std::uint64_t>>(
+                          rc::gen::inRange<std::uint64_t>(0, index_max + 1)),
+                      [length_max](std::vector<std::uint64_t> choices) {
+                        if (choices.size() > length_max) {
+                          choices.resize(length_max);
+                        }
+                        return choices;
+                      });
+}
+
+SimReport check_schedule(SimOptions options, const std::vector<std::uint64_t>& choices,
+                         const std::function<void()>& rank_main) {
+  SimReport report = run_choices(std::move(options), choices, rank_main);
+  if (!report.ok()) {
+    RC_FAIL(failure_message(report));
+  }
+  return report;
+}
+
+ScheduleCheck check_schedules(const SimOptions& options, const std::function<void()>& rank_main,
+                              int schedules, std::uint64_t rapidcheck_seed) {
+  CHORUS_CHECK_GE(schedules, 1);
+  ScheduleCheck check;
+  CounterexampleListener listener;
+  const auto property = [&] {
+    const std::vector<std::uint64_t> choices = *gen_choices();
+    const SimReport report = run_choices(options, choices, rank_main);
+    if (!report.ok()) {
+      listener.run_choices = choices;
+      listener.run_token = report.replay_token;
+      RC_FAIL(failure_message(report));
+    }
+  };
+  rc::detail::TestParams params;
+  params.seed = rapidcheck_seed;
+  params.maxSuccess = schedules;
+  rc::detail::TestMetadata metadata;
+  metadata.id = "chorus::sim::check_schedules";
+  metadata.description = metadata.id;
+  const rc::detail::TestResult result =
+      rc::detail::checkTestable(property, metadata, params, listener);
+  std::ostringstream message;
+  rc::detail::printResultMessage(result, message);
+  if (result.is<rc::detail::SuccessResult>()) {
+    check.schedules_passed = result.get<rc::detail::SuccessResult>().numSuccess;
+    return check;
+  }
+  check.passed = false;
+  check.message = message.str();
+  check.choices = std::move(listener.choices);
+  check.replay_token = std::move(listener.token);
+  if (result.is<rc::detail::FailureResult>()) {
+    check.schedules_passed = result.get<rc::detail::FailureResult>().numSuccess;
+  }
+  return check;
+}
+
+}  // namespace chorus::sim
