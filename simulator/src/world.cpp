@@ -1058,7 +1058,7 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
   const RandomFaults& random = options_.random_faults;
   const bool window_open = random.enabled() && random_faults_fired_ < random.max_faults &&
                            (random.until_step == 0 || steps_ < random.until_step);
-  if (!window_open) {
+  if (!window_open || !firing.empty()) {  // an explicit fault here: no random one
     return firing;
   }
   // One choice among kMillion: [0, quiet) is no fault, so choice 0 (a shrunk list's) is none.

@@ -44,8 +44,9 @@
 // - TransportError, Hang: the rank's arrival marks its slot (Slot::fault). complete_operation
 //   fails a TransportError slot instead of moving bytes and aborts the communicator; a Hang
 //   slot is never a candidate, so its members' waits reach their deadlines (Timeout, abort).
-// Random faults take one choice per operation started while their window is open (choice 0 is
-// "no fault"), and nothing else does: without faults the choice list is unchanged.
+// Random faults take one choice per operation started while their window is open and no
+// explicit fault fires there (choice 0 is "no fault"), and nothing else does: without faults the
+// choice list is unchanged.
 //
 // Note [Virtual time skip]
 // When no rank can run and no operation can complete because of a fault (a Delayed rank, a Hang

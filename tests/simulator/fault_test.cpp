@@ -366,6 +366,28 @@ TEST(SimFaultRandom, DisabledRandomFaultsDrawNoChoice) {
   EXPECT_TRUE(disabled.report.faults_fired.empty());
 }
 
+TEST(SimFaultPlan, TheDocumentedUsageRuns) {
+  // docs/simulator-faults.md, "Usage".
+  SimOptions options = testing::quiet_options(4);
+  options.faults = {Fault::crash(3, 0), Fault::delay(0, 0, 500)};
+  options.random_faults.transport_error_ppm = 10'000;
+  options.random_faults.until_step = 1'000;
+  options.liveness_steps = 10'000;
+  const SimReport report = sim::simulate(options, [] {
+    try {
+      auto sum = all_reduce(Tensor::ones({4}), "sum", world());
+      (void)sum.to_vector<float>();
+    } catch (const RankFailure&) {
+    } catch (const TransportError&) {
+    }
+  });
+  EXPECT_TRUE(report.ok()) << report.to_string();
+  EXPECT_EQ(report.mark_count("fault.crash"), 1u);
+  EXPECT_EQ(report.mark_count("fault.delay"), 1u);
+  EXPECT_EQ(report.mark_count("liveness.violation"), 0u);
+  EXPECT_GE(report.virtual_time, std::chrono::microseconds(500));
+}
+
 TEST(SimFaultPlan, InvalidPlansAreRejected) {
   const auto run_with = [](SimOptions options) {
     return [options] { (void)sim::simulate(options, [] {}); };

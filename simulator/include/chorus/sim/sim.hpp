@@ -75,8 +75,8 @@ struct Fault {
 };
 
 // Faults drawn from the decision stream (Note [Decision stream]): at each operation a rank starts
-// while the window is open, one choice among 1'000'000 decides whether a fault fires there and
-// which; a Delay's length is a second choice. Choice 0 is "no fault", so a shrunk choice list
+// while the window is open (and no explicit fault fires there), one choice among 1'000'000
+// decides whether a fault fires there and which; a Delay's length is a second choice. Choice 0 is "no fault", so a shrunk choice list
 // drops faults. A fired fault is recorded in SimReport::faults_fired as the explicit Fault that
 // reproduces it.
 struct RandomFaults {
