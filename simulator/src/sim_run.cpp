@@ -172,6 +172,16 @@ std::string SimReport::to_string() const {
       out << "  rank " << r << " failed: " << rank_errors[r] << "\n";
     }
   }
+  for (const Fault& fault : faults_fired) {
+    out << "  injected fault: " << fault.to_string() << "\n";
+  }
+  if (!stuck_ranks.empty()) {
+    out << "  liveness violated by rank(s)";
+    for (int r : stuck_ranks) {
+      out << " " << r;
+    }
+    out << "\n";
+  }
   if (!unwaited.empty()) {
     out << "  " << unwaited.size() << " collective(s) never waited:\n";
     for (const UnwaitedWork& work : unwaited) {

@@ -253,6 +253,11 @@ TEST_P(SimFault, LivenessViolationReportsTheStuckRanks) {
   EXPECT_EQ(report.mark_count("liveness.phase"), 1u);
   EXPECT_EQ(report.mark_count("liveness.violation"), 1u);
   EXPECT_EQ(report.stuck_ranks, testing::first_ranks(size));
+  EXPECT_TRUE(
+      contains(report.to_string(), "  injected fault: transport_error at rank 0's operation 0\n"))
+      << report.to_string();
+  EXPECT_TRUE(contains(report.to_string(), "  liveness violated by rank(s) 0 1"))
+      << report.to_string();
   std::string stuck = "0";
   for (int r = 1; r < size; ++r) {
     stuck += ", " + std::to_string(r);

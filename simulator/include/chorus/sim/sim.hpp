@@ -76,9 +76,9 @@ struct Fault {
 
 // Faults drawn from the decision stream (Note [Decision stream]): at each operation a rank starts
 // while the window is open (and no explicit fault fires there), one choice among 1'000'000
-// decides whether a fault fires there and which; a Delay's length is a second choice. Choice 0 is "no fault", so a shrunk choice list
-// drops faults. A fired fault is recorded in SimReport::faults_fired as the explicit Fault that
-// reproduces it.
+// decides whether a fault fires there and which; a Delay's length is a second choice. Choice 0 is
+// "no fault", so a shrunk choice list drops faults. A fired fault is recorded in
+// SimReport::faults_fired as the explicit Fault that reproduces it.
 struct RandomFaults {
   // Probability per started operation, in parts per million, of each kind (their sum at most
   // 1'000'000).
@@ -138,7 +138,8 @@ struct SimOptions {
 
   // ---- Faults (Note [Fault injection], simulator/src/world.hpp; docs/simulator-faults.md).
   // After a fault every rank ends, never hangs: peers get RankFailure, TransportError, Timeout
-  // or Aborted naming the rank, op, sequence number and group. An invalid plan (a rank outside
+  // or Aborted (Deadlock for a hang nobody waits on with a deadline) naming the rank, op,
+  // sequence number and group. An invalid plan (a rank outside
   // the world, a Delay of 0 steps, probabilities above 1'000'000 ppm) throws InvalidArgument.
   std::vector<Fault> faults;   // explicit faults, each firing at most once
   RandomFaults random_faults;  // drawn from the decision stream only when enabled()
@@ -199,7 +200,8 @@ struct SimReport {
   bool ok() const noexcept;
   // How often the mark `name` was passed (0: never).
   std::uint64_t mark_count(std::string_view name) const;  // no rank ended in an error
-  // A human-readable summary: ranks, steps, collectives, unwaited works, errors, replay.
+  // A human-readable summary: ranks, steps, collectives, errors, injected faults, stuck ranks,
+  // unwaited works, replay.
   std::string to_string() const;
 };
 
