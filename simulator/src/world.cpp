@@ -1081,7 +1081,7 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
     if (offset < ppm[k]) {
       Fault fault{kinds[k], rank, op_index, 0};
       if (fault.kind == Fault::Kind::Delay) {
-        fault.delay_steps = 1 + stream_.choose(std::max<std::uint64_t>(random.delay_steps_max, 1));
+        fault.delay_steps = 1 + stream_.choose(random.delay_steps_max);  // >= 1: sim::simulate
       }
       record_fault(fault, true);
       firing.push_back(fault);

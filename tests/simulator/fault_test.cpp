@@ -302,6 +302,43 @@ TEST_P(SimFault, LivenessHoldsWhenRanksGiveUpAfterAFault) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimFault, ::testing::Values(2, 4), testing::world_name);
 
+TEST(SimFaultCrash, RanksOutsideTheDeadRanksGroupsGoOn) {
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    std::vector<std::vector<std::int32_t>> results(4);
+    std::vector<std::vector<CaughtError>> errors(4);
+    SimOptions options = options_for(4, seed, {Fault::crash(3, 0)});
+    options.liveness_steps = 100;
+    const SimReport report = sim::simulate(options, [&] {
+      const std::vector<int> pair = rank() < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+      for (int i = 0; i < 2; ++i) {
+        try {
+          results[rank_slot()].push_back(
+              all_reduce(Tensor::full({1}, rank() + 1, DType::Int32), "sum", pair)
+                  .item<std::int32_t>());
+        } catch (const Error& error) {
+          errors[rank_slot()].push_back(testing::caught_error(error));
+        }
+      }
+    });
+    EXPECT_EQ(report.mark_count("fault.crash"), 1u);
+    EXPECT_EQ(report.mark_count("liveness.violation"), 0u);
+    EXPECT_EQ(results[0], (std::vector<std::int32_t>{3, 3}));
+    EXPECT_EQ(results[1], (std::vector<std::int32_t>{3, 3}));
+    EXPECT_TRUE(errors[0].empty());
+    EXPECT_TRUE(errors[1].empty());
+    for (std::size_t r : {2u, 3u}) {
+      EXPECT_TRUE(results[r].empty());
+      ASSERT_EQ(errors[r].size(), 2u);
+      for (std::size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(errors[r][i].code, ErrorCode::RankFailure) << errors[r][i].what;
+        EXPECT_EQ(errors[r][i].context.seq, static_cast<std::int64_t>(i));
+        EXPECT_EQ(errors[r][i].context.group, "[2, 3]");
+        EXPECT_TRUE(contains(errors[r][i].detail, "rank 3 crashed")) << errors[r][i].what;
+      }
+    }
+  }
+}
+
 TEST(SimFaultRandom, EveryRunEndsWithFaultErrorsOnlyAndEveryKindFires) {
   // A quarter of a chance of each kind at every operation, one fault per run: over the seeds
   // every kind fires, and every rank of every run ends with no error or a fault's error.

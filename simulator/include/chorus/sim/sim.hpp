@@ -93,7 +93,8 @@ struct RandomFaults {
   std::uint64_t max_faults = 1;
 
   bool enabled() const noexcept {
-    return crash_ppm + transport_error_ppm + hang_ppm + delay_ppm > 0 && max_faults > 0;
+    return std::uint64_t{crash_ppm} + transport_error_ppm + hang_ppm + delay_ppm > 0 &&
+           max_faults > 0;
   }
 };
 
@@ -139,8 +140,8 @@ struct SimOptions {
   // ---- Faults (Note [Fault injection], simulator/src/world.hpp; docs/simulator-faults.md).
   // After a fault every rank ends, never hangs: peers get RankFailure, TransportError, Timeout
   // or Aborted (Deadlock for a hang nobody waits on with a deadline) naming the rank, op,
-  // sequence number and group. An invalid plan (a rank outside
-  // the world, a Delay of 0 steps, probabilities above 1'000'000 ppm) throws InvalidArgument.
+  // sequence number and group. An invalid plan (a rank outside the world, a Delay of 0 steps,
+  // probabilities above 1'000'000 ppm in all) makes sim::run throw InvalidArgument.
   std::vector<Fault> faults;   // explicit faults, each firing at most once
   RandomFaults random_faults;  // drawn from the decision stream only when enabled()
   // The liveness phase (0: off): once no fault can fire any more (every explicit fault fired or
