@@ -107,7 +107,44 @@ SimOptions effective_options(const SimOptions& options) {
   return effective;
 }
 
+// Throws InvalidArgument for a fault plan this world cannot run (SimOptions::faults,
+// random_faults).
+void check_fault_plan(const SimOptions& options) {
+  const auto invalid = [](const std::string& detail) {
+    throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""}, detail);
+  };
+  for (const Fault& fault : options.faults) {
+    if (fault.rank < 0 || fault.rank >= options.world_size) {
+      invalid("fault '" + fault.to_string() + "' names rank " + std::to_string(fault.rank) +
+              ", outside the world of " + std::to_string(options.world_size) + " ranks");
+    }
+    if (fault.kind == Fault::Kind::Delay && fault.delay_steps == 0) {
+      invalid("fault '" + fault.to_string() + "' delays by 0 steps: a delay is at least 1 step");
+    }
+  }
+  const RandomFaults& random = options.random_faults;
+  const std::uint64_t total = std::uint64_t{random.crash_ppm} + random.transport_error_ppm +
+                              random.hang_ppm + random.delay_ppm;
+  if (total > 1'000'000) {
+    invalid("random fault probabilities add up to " + std::to_string(total) +
+            " ppm, above 1000000 (certainty)");
+  }
+  if (random.enabled() && random.delay_ppm > 0 && random.delay_steps_max == 0) {
+    invalid("random delays need RandomFaults::delay_steps_max >= 1");
+  }
+}
+
 }  // namespace
+
+std::string Fault::to_string() const {
+  static constexpr const char* kNames[] = {"crash", "transport_error", "hang", "delay"};
+  std::string text = std::string(kNames[static_cast<std::size_t>(kind)]) + " at rank " +
+                     std::to_string(rank) + "'s operation " + std::to_string(at_op);
+  if (kind == Kind::Delay) {
+    text += " by " + std::to_string(delay_steps) + " steps";
+  }
+  return text;
+}
 
 std::string Decision::to_string() const {
   if (kind == Kind::RunRank) {
@@ -134,6 +171,16 @@ std::string SimReport::to_string() const {
     if (!rank_errors[r].empty()) {
       out << "  rank " << r << " failed: " << rank_errors[r] << "\n";
     }
+  }
+  for (const Fault& fault : faults_fired) {
+    out << "  injected fault: " << fault.to_string() << "\n";
+  }
+  if (!stuck_ranks.empty()) {
+    out << "  liveness violated by rank(s)";
+    for (int r : stuck_ranks) {
+      out << " " << r;
+    }
+    out << "\n";
   }
   if (!unwaited.empty()) {
     out << "  " << unwaited.size() << " collective(s) never waited:\n";
@@ -163,6 +210,7 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
                           "sanitizers for guard mode (poisoned outputs still work here)");
   }
 #endif
+  check_fault_plan(effective);
   if (RankContext::current() != nullptr) {
     throw InvalidArgument(ErrorContext{RankContext::current()->rank(), "sim::run", -1, ""},
                           "sim::run cannot be called from inside a rank");

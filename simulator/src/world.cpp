@@ -177,6 +177,8 @@ SimWorld::SimWorld(SimOptions options)
   if (options_.guard_pending_outputs) {
     install_guard_handler();
   }
+  faults_planned_ = !options_.faults.empty() || options_.random_faults.enabled();
+  fault_spent_.assign(options_.faults.size(), false);
 }
 
 SimWorld::~SimWorld() {
@@ -260,7 +262,29 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<SimOp> ops,
                                          const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(current_rank(), rank);
-  CHORUS_CHECK(!ranks_[static_cast<std::size_t>(rank)].exited);
+  RankSlot& me = ranks_[static_cast<std::size_t>(rank)];
+  CHORUS_CHECK(!me.exited);
+  if (me.crashed) {
+    throw_crashed(rank, group, info);
+  }
+  const std::uint64_t op_index = me.ops_started++;
+  // Note [Fault injection]: a Delay stalls here, a Crash throws; the others mark the slot below.
+  std::optional<Fault::Kind> slot_fault;
+  if (faults_planned_) [[unlikely]] {
+    for (const Fault& fault : fire_faults(rank, op_index)) {
+      switch (fault.kind) {
+        case Fault::Kind::Delay:
+          stall(rank, fault.delay_steps);
+          break;
+        case Fault::Kind::Crash:
+          crash(rank, group, info, op_index);
+        case Fault::Kind::TransportError:
+        case Fault::Kind::Hang:
+          slot_fault = fault.kind;
+          break;
+      }
+    }
+  }
   const int group_rank = group.group_rank_of(rank);
   CHORUS_CHECK_GE(group_rank, 0);
   // Core numbers each communicator's operations 0, 1, 2, ... (Note [Transport contract]).
@@ -293,6 +317,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
 
   if (auto failed = group.failures.find(info.seq); failed != group.failures.end()) {
     fail_work(*work, failed->second.code, failed->second.detail);
+  } else if (!liveness_violation_.empty()) {
+    fail_work(*work, ErrorCode::Deadlock, liveness_violation_);
   } else if (livelocked_) {
     fail_work(*work, ErrorCode::Aborted, "the simulation exceeded its step budget and was aborted");
   } else if (group.aborted_from >= 0 && info.seq >= group.aborted_from) {
@@ -341,6 +367,13 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
       abort_group(group, info.seq + 1,
                   "operation #" + std::to_string(info.seq) + " was a collective mismatch");
     } else {
+      if (slot_fault) {
+        slot.fault = slot_fault;
+        slot.fault_detail =
+            (*slot_fault == Fault::Kind::Hang ? "it hung" : "the transport reported a failure") +
+            std::string(" (injected fault: ") + Fault{*slot_fault, rank, op_index, 0}.to_string() +
+            ")";
+      }
       check_absent_members(group, info.seq);
     }
   }
@@ -437,6 +470,9 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
   if (!missing.empty()) {
     detail += ", when rank(s) " + missing + " had not joined it yet";
   }
+  if (auto it = group.slots.find(seq); it != group.slots.end() && it->second.fault) {
+    detail += ": " + it->second.fault_detail;
+  }
   detail += "; the communicator is aborted, as a watchdog would";
   fail_slot(group, seq, ErrorCode::Timeout, detail);
   abort_group(group, seq + 1, "operation #" + std::to_string(seq) + " timed out");
@@ -508,6 +544,8 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   if (reductions_ > 0) {
     report.marks[reduction_mark(options_.reduction_order)] += reductions_;
   }
+  report.faults_fired = faults_fired_;
+  report.stuck_ranks = stuck_ranks_;
   // Strategy marks: which strategy made the schedule choices, and PCT's change points.
   report.marks[report.strategy == Strategy::Pct ? "strategy.pct" : "strategy.random_walk"] +=
       steps_;
@@ -539,7 +577,7 @@ void SimWorld::schedule() {
   const int size = options_.world_size;
   while (true) {
     if (now() >= earliest_deadline_) {  // Note [Deadline scan]
-      wake_timed_out_ranks();
+      wake_due_ranks();
     }
     candidates_.clear();
     for (int r = 0; r < size; ++r) {
@@ -550,7 +588,8 @@ void SimWorld::schedule() {
     for (const std::shared_ptr<SimGroup>& group : groups_) {
       auto head = group->slots.begin();
       if (head != group->slots.end() && head->first == group->next_to_complete &&
-          head->second.arrived == static_cast<int>(group->ranks.size())) {
+          head->second.arrived == static_cast<int>(group->ranks.size()) &&
+          head->second.fault != Fault::Kind::Hang) {
         candidates_.push_back(Decision{Decision::Kind::CompleteOp, -1, group->id, head->first});
       }
     }
@@ -562,9 +601,12 @@ void SimWorld::schedule() {
       if (all_finished) {
         break;
       }
-      if (!fail_group_mismatches()) {
+      if (!fail_group_mismatches() && !skip_virtual_time()) {
         declare_deadlock("no rank can make progress (deadlock)");
       }
+      continue;
+    }
+    if (options_.liveness_steps > 0 && check_liveness()) {
       continue;
     }
     if (steps_ >= options_.max_steps && !livelocked_) {
@@ -618,6 +660,14 @@ void SimWorld::complete_operation(SimGroup& group) {
     for (const SimGroup::Arrival& arrival : head->second.arrivals) {
       unguard_outputs(*arrival.work);  // before reading inputs and writing outputs
     }
+  }
+  if (head->second.fault == Fault::Kind::TransportError) {  // Note [Fault injection]
+    const std::string detail =
+        head->second.fault_detail + "; the communicator is aborted, as a real transport would";
+    fail_slot(group, seq, ErrorCode::TransportError, detail);
+    abort_group(group, seq + 1,
+                "operation #" + std::to_string(seq) + " failed with a transport error");
+    return;
   }
   if (std::string modified = modified_inputs(group, head->second); !modified.empty()) {
     fail_slot(group, seq, ErrorCode::InputModified, modified);
@@ -901,8 +951,9 @@ void SimWorld::advance_completion(SimGroup& group) {
   }
 }
 
-void SimWorld::wake_timed_out_ranks() {
-  // Note [Deadline scan] (world.hpp): before earliest_deadline_ no blocked rank can time out.
+void SimWorld::wake_due_ranks() {
+  // Note [Deadline scan] (world.hpp): before earliest_deadline_ no blocked rank can time out
+  // and no delayed rank wakes.
   if (now() < earliest_deadline_) {
     return;
   }
@@ -914,6 +965,10 @@ void SimWorld::wake_timed_out_ranks() {
       slot.timed_out = true;
     } else if (slot.phase == Phase::Blocked) {
       earliest_deadline_ = std::min(earliest_deadline_, slot.deadline.at);
+    } else if (slot.phase == Phase::Delayed && now() >= slot.wake_at) {
+      slot.phase = Phase::Runnable;
+    } else if (slot.phase == Phase::Delayed) {
+      earliest_deadline_ = std::min(earliest_deadline_, slot.wake_at);
     }
   }
 }
@@ -963,6 +1018,9 @@ void SimWorld::abort_group(SimGroup& group, std::int64_t from_seq, const std::st
 
 std::pair<ErrorCode, std::string> SimWorld::absence(int rank) const {
   const RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
+  if (slot.crashed) {
+    return {ErrorCode::RankFailure, slot.crash};
+  }
   if (!slot.exited) {
     return {ErrorCode::Aborted, {}};
   }
@@ -1017,6 +1075,10 @@ std::string SimWorld::rank_table() const {
       case Phase::Runnable:
         out << (slot.exited ? "ended, completing its un-waited collectives" : "runnable");
         break;
+      case Phase::Delayed:
+        out << "delayed by an injected fault until virtual time "
+            << std::chrono::duration<double>(slot.wake_at).count() << " s";
+        break;
       case Phase::Finished:
         out << (slot.failed ? "ended with an error: " + slot.failure : "finished");
         break;
@@ -1037,6 +1099,8 @@ std::string SimWorld::rank_table() const {
           if (const std::string missing = group.missing_members(work.context().seq);
               !missing.empty()) {
             out << "; not yet joined by rank(s) " << missing;
+          } else if (it->second.fault) {
+            out << "; " << it->second.fault_detail;
           } else if (group.next_to_complete != work.context().seq) {
             out << "; queued behind #" << group.next_to_complete << " of the same group";
           }
@@ -1133,6 +1197,201 @@ void SimWorld::declare_deadlock(const std::string& why) {
   for (const RankSlot& slot : ranks_) {
     CHORUS_CHECK(slot.phase != Phase::Blocked);
   }
+}
+
+// ---- Faults (Note [Fault injection], Note [Virtual time skip], Note [Liveness phase])
+
+namespace {
+
+std::string_view fault_mark(Fault::Kind kind) {
+  switch (kind) {
+    case Fault::Kind::Crash:
+      return "fault.crash";
+    case Fault::Kind::TransportError:
+      return "fault.transport_error";
+    case Fault::Kind::Hang:
+      return "fault.hang";
+    case Fault::Kind::Delay:
+      return "fault.delay";
+  }
+  return "fault.unknown";
+}
+
+}  // namespace
+
+void SimWorld::record_fault(const Fault& fault, bool random) {
+  mark(fault_mark(fault.kind));
+  if (random) {
+    mark("fault.random");
+    random_faults_fired_ += 1;
+  }
+  faults_fired_.push_back(fault);
+}
+
+std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
+  std::vector<Fault> firing;
+  for (std::size_t i = 0; i < options_.faults.size(); ++i) {
+    const Fault& fault = options_.faults[i];
+    if (!fault_spent_[i] && fault.rank == rank && fault.at_op == op_index) {
+      fault_spent_[i] = true;
+      record_fault(fault, false);
+      firing.push_back(fault);
+    }
+  }
+  const RandomFaults& random = options_.random_faults;
+  const bool window_open = random.enabled() && random_faults_fired_ < random.max_faults &&
+                           (random.until_step == 0 || steps_ < random.until_step);
+  if (!window_open || !firing.empty()) {  // an explicit fault here: no random one
+    return firing;
+  }
+  // One choice among kMillion: [0, quiet) is no fault, so choice 0 (a shrunk list's) is none.
+  constexpr std::uint64_t kMillion = 1'000'000;
+  const std::uint64_t ppm[] = {random.crash_ppm, random.transport_error_ppm, random.hang_ppm,
+                               random.delay_ppm};
+  const Fault::Kind kinds[] = {Fault::Kind::Crash, Fault::Kind::TransportError, Fault::Kind::Hang,
+                               Fault::Kind::Delay};
+  std::uint64_t total = 0;
+  for (std::uint64_t p : ppm) {
+    total += p;
+  }
+  CHORUS_CHECK_LE(total, kMillion);  // checked by sim::simulate
+  const std::uint64_t choice = stream_.choose(kMillion);
+  if (choice < kMillion - total) {
+    return firing;
+  }
+  std::uint64_t offset = choice - (kMillion - total);
+  for (std::size_t k = 0; k < std::size(kinds); ++k) {
+    if (offset < ppm[k]) {
+      Fault fault{kinds[k], rank, op_index, 0};
+      if (fault.kind == Fault::Kind::Delay) {
+        fault.delay_steps = 1 + stream_.choose(random.delay_steps_max);  // >= 1: sim::simulate
+      }
+      record_fault(fault, true);
+      firing.push_back(fault);
+      return firing;
+    }
+    offset -= ppm[k];
+  }
+  CHORUS_CHECK(false);  // offset < total
+  return firing;
+}
+
+void SimWorld::stall(int rank, std::uint64_t steps) {
+  CHORUS_CHECK_GE(steps, 1u);
+  RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
+  CHORUS_CHECK(slot.phase == Phase::Runnable);
+  slot.phase = Phase::Delayed;
+  slot.wake_at = now() + kStepDuration * static_cast<std::int64_t>(steps);
+  earliest_deadline_ = std::min(earliest_deadline_, slot.wake_at);
+  yield(rank);
+  CHORUS_CHECK(slot.phase == Phase::Runnable);
+}
+
+void SimWorld::throw_crashed(int rank, const SimGroup& group, const transport::OpInfo& info) const {
+  throw RankFailure(ErrorContext{rank, std::string(info.name), info.seq, group.label},
+                    ranks_[static_cast<std::size_t>(rank)].crash);
+}
+
+void SimWorld::crash(int rank, const SimGroup& group, const transport::OpInfo& info,
+                     std::uint64_t op_index) {
+  RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
+  CHORUS_CHECK(!slot.crashed);
+  slot.crashed = true;
+  slot.crash = "rank " + std::to_string(rank) +
+               " crashed (injected fault: " + Fault::crash(rank, op_index).to_string() +
+               ", starting " + std::string(info.name) + " #" + std::to_string(info.seq) +
+               " on group " + group.label + ")";
+  // Its operations in flight die with it; those it has not joined yet fail through absence().
+  for (const std::shared_ptr<SimGroup>& member_of : groups_) {
+    if (member_of->group_rank_of(rank) < 0) {
+      continue;
+    }
+    std::vector<std::int64_t> seqs;
+    for (const auto& [seq, outstanding] : member_of->slots) {
+      seqs.push_back(seq);
+    }
+    for (std::int64_t seq : seqs) {
+      fail_slot(*member_of, seq, ErrorCode::RankFailure, slot.crash);
+    }
+  }
+  throw_crashed(rank, group, info);
+}
+
+bool SimWorld::skip_virtual_time() {
+  // Only a fault stalls the world in a way that time resolves.
+  transport::Duration next = transport::Duration::max();
+  bool hung = false;
+  for (const RankSlot& slot : ranks_) {
+    if (slot.phase == Phase::Delayed) {
+      next = std::min(next, slot.wake_at);
+    }
+  }
+  for (const std::shared_ptr<SimGroup>& group : groups_) {
+    for (const auto& [seq, slot] : group->slots) {
+      hung = hung || slot.fault == Fault::Kind::Hang;
+    }
+  }
+  if (next == transport::Duration::max() && !hung) {
+    return false;
+  }
+  for (const RankSlot& slot : ranks_) {
+    if (slot.phase == Phase::Blocked && !slot.deadline.is_never()) {
+      next = std::min(next, slot.deadline.at);
+    }
+  }
+  if (next == transport::Duration::max()) {
+    return false;  // a hang nobody waits on with a deadline: declare_deadlock names it
+  }
+  // wake_due_ranks ran: every wake-up and deadline still pending lies ahead.
+  CHORUS_CHECK(next > now());
+  now_ns_.store(next.count(), std::memory_order_relaxed);
+  earliest_deadline_ = std::min(earliest_deadline_, next);
+  mark("fault.time_skip");
+  return true;
+}
+
+bool SimWorld::faults_over() const {
+  const RandomFaults& random = options_.random_faults;
+  if (random.enabled() && random_faults_fired_ < random.max_faults &&
+      (random.until_step == 0 || steps_ < random.until_step)) {
+    return false;
+  }
+  for (std::size_t i = 0; i < options_.faults.size(); ++i) {
+    const RankSlot& slot = ranks_[static_cast<std::size_t>(options_.faults[i].rank)];
+    if (!fault_spent_[i] && !slot.exited && !slot.crashed) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool SimWorld::check_liveness() {
+  if (!liveness_from_) {
+    if (!faults_over()) {
+      return false;
+    }
+    liveness_from_ = steps_;
+    mark("liveness.phase");
+  }
+  if (!liveness_violation_.empty() || steps_ - *liveness_from_ < options_.liveness_steps) {
+    return false;
+  }
+  std::string stuck;
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_[r].phase != Phase::Finished) {
+      stuck_ranks_.push_back(static_cast<int>(r));
+      stuck += (stuck.empty() ? "" : ", ") + std::to_string(r);
+    }
+  }
+  CHORUS_CHECK(!stuck_ranks_.empty());  // the scheduler had candidates
+  liveness_violation_ = "liveness violated: rank(s) " + stuck +
+                        " did not finish within SimOptions::liveness_steps = " +
+                        std::to_string(options_.liveness_steps) +
+                        " scheduling decisions once no fault could fire (from decision " +
+                        std::to_string(*liveness_from_) + ")";
+  mark("liveness.violation");
+  declare_deadlock(liveness_violation_);
+  return true;
 }
 
 }  // namespace chorus::sim::detail

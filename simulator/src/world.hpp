@@ -49,6 +49,36 @@
 //   the operation with InputModified on every member (on NCCL it would be a data race).
 // - Livelock: past SimOptions::max_steps decisions, outstanding operations fail with Deadlock and
 //   new ones with Aborted.
+//
+// Note [Fault injection]
+// Faults (SimOptions::faults, random_faults) fire in start(), when a rank starts its k-th
+// operation (RankSlot::ops_started), and each leaves a mark ("fault.<kind>", plus
+// "fault.random" for a drawn one):
+// - Delay: the rank goes Delayed until virtual time passes wake_at (a deadline of its own in
+//   Note [Deadline scan]), then starts the operation.
+// - Crash: the rank is `crashed`: start() throws RankFailure on it (now and at any later call),
+//   every outstanding operation of its communicators fails with RankFailure, and absence()
+//   reports it to peers arriving later, as for a rank that ended with an error.
+// - TransportError, Hang: the rank's arrival marks its slot (Slot::fault). complete_operation
+//   fails a TransportError slot instead of moving bytes and aborts the communicator; a Hang
+//   slot is never a candidate, so its members' waits reach their deadlines (Timeout, abort).
+// Random faults take one choice per operation started while their window is open and no
+// explicit fault fires there (choice 0 is "no fault"), and nothing else does: without faults the
+// choice list is unchanged.
+//
+// Note [Virtual time skip]
+// When no rank can run and no operation can complete because of a fault (a Delayed rank, a Hang
+// slot), virtual time jumps to the earliest wake-up or wait deadline instead of declaring a
+// deadlock ("fault.time_skip"): a slow rank then arrives, a watchdog fires. Without such a fault
+// the world is genuinely stuck and Deadlock is declared as before. A skip is not a decision.
+//
+// Note [Liveness phase]
+// With SimOptions::liveness_steps, the phase begins at the first decision after which no fault
+// can fire any more ("liveness.phase"). If some rank has not finished liveness_steps decisions
+// later, the run is over: the ranks not finished are the stuck ones ("liveness.violation",
+// SimReport::stuck_ranks), every outstanding operation fails with Deadlock naming them with the
+// rank table (what each is blocked on), and every operation started after fails the same way,
+// so a rank retrying forever (catching Aborted, say) ends too.
 
 #include <atomic>
 #include <condition_variable>
@@ -58,6 +88,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,6 +170,10 @@ struct SimGroup {
   struct Slot {
     std::vector<Arrival> arrivals;  // by group rank
     int arrived = 0;
+    // An injected TransportError or Hang on this operation (Note [Fault injection]), and its
+    // description for the members' errors.
+    std::optional<Fault::Kind> fault;
+    std::string fault_detail;
   };
   struct Failure {
     ErrorCode code;
@@ -192,7 +227,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   int current_rank() const noexcept;
 
  private:
-  enum class Phase : std::uint8_t { Runnable, Blocked, Finished };
+  // Delayed: stalled by a Delay fault until virtual time wake_at (Note [Fault injection]).
+  enum class Phase : std::uint8_t { Runnable, Blocked, Delayed, Finished };
 
   struct RankSlot {
     Phase phase = Phase::Runnable;
@@ -205,6 +241,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     std::string failure;  // what() of that exception
     std::exception_ptr error;
     std::vector<UnwaitedWork> unwaited;
+    // Faults (Note [Fault injection]).
+    std::uint64_t ops_started = 0;   // operations started: the index faults count in
+    transport::Duration wake_at{0};  // Delayed: until when
+    bool crashed = false;            // a Crash fault killed it: it never arrives again
+    std::string crash;               // what killed it, for its own and its peers' errors
   };
 
   void rank_body(int rank);
@@ -222,7 +263,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
                             std::size_t count, DType dtype, const ReduceOp& reduce_op,
                             std::int64_t seq, std::size_t ring_chunks,
                             std::size_t ring_first_chunk);
-  void wake_timed_out_ranks();
+  // Wakes the Delayed ranks whose wake_at passed and the Blocked ones whose deadline passed.
+  void wake_due_ranks();
   void declare_deadlock(const std::string& why);
   std::string rank_table() const;
 
@@ -257,6 +299,24 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
       allocator_->unprotect(&work);
     }
   }
+
+  // Faults (Note [Fault injection]): the faults that fire as `rank` starts its operation
+  // `op_index` (explicit ones, then one drawn from the stream), recorded and marked.
+  std::vector<Fault> fire_faults(int rank, std::uint64_t op_index);
+  void record_fault(const Fault& fault, bool random);
+  // Stalls the calling rank `rank` for `steps` steps of virtual time.
+  void stall(int rank, std::uint64_t steps);
+  // Kills the calling rank `rank` as it starts `info` on `group`; throws its RankFailure.
+  [[noreturn]] void crash(int rank, const SimGroup& group, const transport::OpInfo& info,
+                          std::uint64_t op_index);
+  [[noreturn]] void throw_crashed(int rank, const SimGroup& group,
+                                  const transport::OpInfo& info) const;
+  // Note [Virtual time skip]: whether virtual time jumped.
+  bool skip_virtual_time();
+  // Note [Liveness phase]: whether a violation was declared now.
+  bool check_liveness();
+  // No fault can fire any more.
+  bool faults_over() const;
   SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 
   SimOptions options_;
@@ -275,7 +335,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<std::uint64_t> run_codes_;  // decision_code of "run rank r", by r
   // Note [Deadline scan]: a lower bound on every blocked rank's deadline (virtual time), so the
   // scheduler scans for timed-out ranks only once one may have passed (with the default timeout
-  // of minutes, never in a typical run).
+  // of minutes, never in a typical run). A Delayed rank's wake_at counts as a deadline.
   transport::Duration earliest_deadline_ = transport::Duration::max();
   std::atomic<std::int64_t> now_ns_{0};  // read by any thread (deadlines), written by the scheduler
   std::uint64_t steps_ = 0;
@@ -283,6 +343,14 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<Decision> schedule_;
   std::uint64_t completed_ = 0;
   bool livelocked_ = false;
+  // Faults (Note [Fault injection], Note [Liveness phase]).
+  bool faults_planned_ = false;    // any explicit fault, or random ones enabled
+  std::vector<bool> fault_spent_;  // by index in options_.faults: fired
+  std::uint64_t random_faults_fired_ = 0;
+  std::vector<Fault> faults_fired_;
+  std::optional<std::uint64_t> liveness_from_;  // the decision the liveness phase began at
+  std::string liveness_violation_;              // why the run was ended, once it was
+  std::vector<int> stuck_ranks_;
   std::exception_ptr first_error_;
   std::vector<unsigned char> scratch_;
   std::vector<const void*> sources_;  // complete_operation's reduction sources

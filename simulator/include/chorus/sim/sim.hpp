@@ -56,6 +56,68 @@ enum class AllocatorPolicy : std::uint8_t { Pooled, LifoReuse, Quarantine, Rando
 // that assumes one order (the choices all 0 give the Fixed order).
 enum class ReductionOrder : std::uint8_t { Fixed, Ring, Tree, Adversarial };
 
+// One injected fault (Note [Fault injection], simulator/src/world.hpp). It fires when rank `rank`
+// starts its operation number `at_op`: 0-based, counting every transport start of that rank (a
+// collective, or a coalesced batch as one); waits and polls do not count.
+struct Fault {
+  enum class Kind : std::uint8_t {
+    // The rank dies as it starts the operation: the call throws RankFailure on that rank (and
+    // again at every later call, should it catch the error), and every operation of its
+    // communicators still outstanding or yet to come fails with RankFailure on the peers.
+    Crash,
+    // The operation fails with TransportError on every member where it would have completed
+    // (raised at the wait), and later operations of that communicator fail with Aborted.
+    TransportError,
+    // The operation never completes: every member's wait ends in Timeout at its deadline in
+    // virtual time (a watchdog), and later operations of that communicator fail with Aborted.
+    // Without a deadline (an infinite timeout) the members get Deadlock instead.
+    Hang,
+    // The rank stalls for `delay_steps` kStepDuration of virtual time before starting the
+    // operation (a slow rank). Peers whose deadline passes meanwhile get Timeout.
+    Delay,
+  };
+  Kind kind = Kind::Crash;
+  int rank = 0;
+  std::uint64_t at_op = 0;
+  std::uint64_t delay_steps = 0;  // Delay only: >= 1
+
+  static Fault crash(int rank, std::uint64_t at_op) { return {Kind::Crash, rank, at_op, 0}; }
+  static Fault transport_error(int rank, std::uint64_t at_op) {
+    return {Kind::TransportError, rank, at_op, 0};
+  }
+  static Fault hang(int rank, std::uint64_t at_op) { return {Kind::Hang, rank, at_op, 0}; }
+  static Fault delay(int rank, std::uint64_t at_op, std::uint64_t steps) {
+    return {Kind::Delay, rank, at_op, steps};
+  }
+  // "crash at rank 1's operation 2", "delay at rank 0's operation 1 by 40 steps".
+  std::string to_string() const;
+  friend bool operator==(const Fault&, const Fault&) = default;
+};
+
+// Faults drawn from the decision stream (Note [Decision stream]): at each operation a rank starts
+// while the window is open (and no explicit fault fires there), one choice among 1'000'000
+// decides whether a fault fires there and which; a Delay's length is a second choice. Choice 0 is
+// "no fault", so a shrunk choice list drops faults. A fired fault is recorded in
+// SimReport::faults_fired as the explicit Fault that reproduces it.
+struct RandomFaults {
+  // Probability per started operation, in parts per million, of each kind (their sum at most
+  // 1'000'000).
+  std::uint32_t crash_ppm = 0;
+  std::uint32_t transport_error_ppm = 0;
+  std::uint32_t hang_ppm = 0;
+  std::uint32_t delay_ppm = 0;
+  std::uint64_t delay_steps_max = 100;  // a random Delay lasts 1 .. delay_steps_max steps
+  // The window: faults are drawn only before scheduling decision `until_step` (0: no limit) and
+  // until `max_faults` of them fired.
+  std::uint64_t until_step = 0;
+  std::uint64_t max_faults = 1;
+
+  bool enabled() const noexcept {
+    return std::uint64_t{crash_ppm} + transport_error_ppm + hang_ppm + delay_ppm > 0 &&
+           max_faults > 0;
+  }
+};
+
 struct SimOptions {
   int world_size = 8;  // 1 .. kMaxWorldSize
   std::uint64_t seed = 0;
@@ -113,6 +175,20 @@ struct SimOptions {
   // and coalesced operations). Adversarial draws its choices from the decision stream, so a
   // replay token replays the orders too when run with the same mode; the other modes draw none.
   ReductionOrder reduction_order = ReductionOrder::Fixed;
+
+  // ---- Faults (Note [Fault injection], simulator/src/world.hpp; docs/simulator-faults.md).
+  // After a fault every rank ends, never hangs: peers get RankFailure, TransportError, Timeout
+  // or Aborted (Deadlock for a hang nobody waits on with a deadline) naming the rank, op,
+  // sequence number and group. An invalid plan (a rank outside the world, a Delay of 0 steps,
+  // probabilities above 1'000'000 ppm in all) makes sim::run throw InvalidArgument.
+  std::vector<Fault> faults;   // explicit faults, each firing at most once
+  RandomFaults random_faults;  // drawn from the decision stream only when enabled()
+  // The liveness phase (0: off): once no fault can fire any more (every explicit fault fired or
+  // its rank ended, and the random window closed), every rank must finish within this many
+  // scheduling decisions. Else the run ends: outstanding operations fail with Deadlock naming
+  // the stuck ranks and what each is blocked on, later ones too, and SimReport::stuck_ranks
+  // lists them.
+  std::uint64_t liveness_steps = 0;
 };
 
 inline constexpr int kMaxWorldSize = 1024;
@@ -157,10 +233,15 @@ struct SimReport {
   // test can assert that the mechanism it means to exercise actually fired.
   std::map<std::string, std::uint64_t, std::less<>> marks;
 
+  // ---- Faults (SimOptions::faults, random_faults, liveness_steps).
+  std::vector<Fault> faults_fired;  // in firing order; random ones as the explicit Fault
+  std::vector<int> stuck_ranks;     // ranks that broke the liveness phase's budget, ascending
+
   bool ok() const noexcept;
   // How often the mark `name` was passed (0: never).
   std::uint64_t mark_count(std::string_view name) const;  // no rank ended in an error
-  // A human-readable summary: ranks, steps, collectives, unwaited works, errors, replay.
+  // A human-readable summary: ranks, steps, collectives, errors, injected faults, stuck ranks,
+  // unwaited works, replay.
   std::string to_string() const;
 };
 
