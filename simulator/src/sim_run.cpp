@@ -346,6 +346,7 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
   attempt.choices = result.choices;
   attempt.timeline_path = options.timeline_path;
   attempt.trace_path = options.trace_path;
+  attempt.record_events = true;  // for the per-rank story in the timeline (draws no choice)
   result.minimal = simulate(attempt, rank_main);
   result.replay_token = detail::encode_replay_token(failing.world_size, result.choices);
   result.minimal.replay_command = replay_command("CHORUS_SIM_REPLAY=" + result.replay_token);
@@ -383,6 +384,16 @@ std::string timeline_text(const SimReport& report) {
   }
   if (report.schedule.size() < report.steps) {
     out << "... " << report.steps - report.schedule.size() << " more decisions not recorded\n";
+  }
+  // With an event log: what each rank did, rank by rank (the first line of each detail).
+  for (int r = 0; r < report.world_size && !report.events.empty(); ++r) {
+    out << "rank " << r << ":\n";
+    for (const SimEvent& event : report.events) {
+      if (event.rank == r) {
+        const std::string text = event.to_string();
+        out << "  " << text.substr(0, text.find('\n')) << "\n";
+      }
+    }
   }
   for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
     if (!report.rank_errors[r].empty()) {

@@ -519,6 +519,21 @@ TEST(TimelineFiles, ShrinkWritesTheMinimalRunOnly) {
   std::remove(svg_path.c_str());
 }
 
+TEST(TextTimeline, TellsEachRanksStoryOfTheMinimalFailingRun) {
+  const SimOptions options = testing::quiet_options(3, 11);
+  const SimReport failing = sim::simulate(options, mismatch_at_second_op);
+  ASSERT_FALSE(failing.ok());
+  const sim::ShrinkResult shrunk = sim::shrink(options, mismatch_at_second_op, failing);
+  const std::string& text = shrunk.timeline;
+  for (const char* line : {"rank 0:\n", "rank 1:\n", "rank 2:\n"}) {
+    EXPECT_EQ(count_of(text, line), 1u) << text;
+  }
+  EXPECT_NE(text.find("rank 2 issue all_gather_tensor #1 on [0, 1, 2]"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 2 fail all_gather_tensor #1 on [0, 1, 2]"), std::string::npos) << text;
+  EXPECT_NE(text.find(": CollectiveMismatch: ranks disagree on operation #1"), std::string::npos)
+      << text;
+}
+
 TEST(RunReport, NamesRanksOperationsDecisionsAndUnwaitedWorksWithCallSites) {
   const SimReport report = sim::run(lowest_rank_first(2), waited_then_dropped);
   const std::string text = report.to_string();

@@ -217,7 +217,9 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
                     const SimReport& failing, std::size_t max_attempts = 2000);
 
 // A per-rank text timeline of a run's schedule: one line per decision, one column per rank
-// ("run" when the rank was resumed) and one for completions ("comm 2 #0"), then the errors.
+// ("run" when the rank was resumed) and one for completions ("comm 2 #0"); with an event log
+// (SimOptions::record_events; shrink records one for its minimal run), each rank's events in
+// order; then the errors.
 std::string timeline_text(const SimReport& report);
 
 // The run's events (SimReport::events) as Chrome trace event JSON, for Perfetto
