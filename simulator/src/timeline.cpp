@@ -222,7 +222,7 @@ std::string to_perfetto_json(const SimReport& report) {
   begin_event() << R"({"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":)"
                 << json_string(process) << "}}";
   for (int rank = 0; rank < report.world_size; ++rank) {
-    const int rows = layout.rows.empty() ? 1 : layout.rows[static_cast<std::size_t>(rank)];
+    const int rows = layout.rows[static_cast<std::size_t>(rank)];
     for (int row = 0; row < rows; ++row) {
       const int thread = thread_of(report.world_size, rank, row);
       std::string name = "rank " + std::to_string(rank);
@@ -348,8 +348,7 @@ std::string to_svg_timeline(const SimReport& report) {
   double y = kTop;
   for (int rank = 0; rank < report.world_size; ++rank) {
     lane_top.push_back(y);
-    y += kRowHeight * (layout.rows.empty() ? 1 : layout.rows[static_cast<std::size_t>(rank)]) +
-         kLaneGap;
+    y += kRowHeight * layout.rows[static_cast<std::size_t>(rank)] + kLaneGap;
   }
   const double lanes_bottom = y;
   const double width = std::max(x_of(total_us * 1000) + kRight, kLegendWidth);
@@ -383,7 +382,7 @@ std::string to_svg_timeline(const SimReport& report) {
 
   // Lanes and the time axis.
   for (int rank = 0; rank < report.world_size; ++rank) {
-    const int rows = layout.rows.empty() ? 1 : layout.rows[static_cast<std::size_t>(rank)];
+    const int rows = layout.rows[static_cast<std::size_t>(rank)];
     out << R"(<g class="lane" data-rank=")" << rank << R"(">)"
         << R"(<rect class="lane-bg" x=")" << px(kLabelWidth) << R"(" y=")" << px(row_y(rank, 0))
         << R"(" width=")" << px(x_of(total_us * 1000) - kLabelWidth) << R"(" height=")"
