@@ -3,7 +3,15 @@
 // rank applies the same update. The result is checked, bitwise, against a single-rank reference
 // that averages the same per-shard gradients in the same (group-rank) order.
 //
-//   data_parallel [--ranks=N] [--seed=S] [--steps=K]
+//   data_parallel [--ranks=N] [--seed=S] [--steps=K] [--timeline=out.svg] [--trace=out.json]
+//                 [--bug=unbucketed]
+//
+// --timeline / --trace write the simulated run's SVG timeline / Perfetto trace JSON
+// (docs/simulator-timeline.md). --bug=unbucketed plants a real bug to look at: from step 1 on, the
+// last rank averages its two gradients with two separate all_reduces instead of the one
+// coalesced all_reduce the other ranks issue, a collective mismatch the simulator reports.
+// docs/images/failing-run.svg is
+//   data_parallel --ranks=4 --steps=2 --bug=unbucketed --timeline=docs/images/failing-run.svg
 
 #include <chorus/chorus.hpp>
 #include <cstdio>
@@ -109,15 +117,18 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 int main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   int steps = 5;
+  bool unbucketed = false;
   for (const std::string& arg : options.args) {
     if (arg.rfind("--steps=", 0) == 0) {
       steps = std::stoi(arg.substr(8));
+    } else if (arg == "--bug=unbucketed") {
+      unbucketed = true;
     }
   }
   std::printf("data_parallel: %d simulated ranks (seed %llu), %d samples per rank, %d steps\n",
               options.ranks, static_cast<unsigned long long>(options.seed), kSamplesPerRank, steps);
 
-  const int status = chorus::run(options, [steps] {
+  const int status = chorus::run(options, [steps, unbucketed] {
     const int rank = chorus::rank();
     const Shard shard = make_shard(rank);
     std::vector<float> weights(kFeatures, 0.0f);
@@ -129,8 +140,14 @@ int main(int argc, char** argv) {
       chorus::Tensor bias_and_loss =
           chorus::Tensor::from_vector(std::vector<float>(local.begin() + kFeatures, local.end()));
       // One bucket, one communication; the results are pending until first read.
-      std::vector<chorus::Tensor> averaged =
-          chorus::all_reduce_coalesced({weight_grad, bias_and_loss}, "avg", chorus::world());
+      std::vector<chorus::Tensor> averaged;
+      if (unbucketed && step >= 1 && rank == chorus::world_size() - 1) {
+        averaged = {chorus::all_reduce(weight_grad, "avg", chorus::world()),
+                    chorus::all_reduce(bias_and_loss, "avg", chorus::world())};
+      } else {
+        averaged =
+            chorus::all_reduce_coalesced({weight_grad, bias_and_loss}, "avg", chorus::world());
+      }
       std::vector<float> gradient = averaged[0].to_vector<float>();  // waits here
       const std::vector<float> tail = averaged[1].to_vector<float>();
       gradient.insert(gradient.end(), tail.begin(), tail.end());

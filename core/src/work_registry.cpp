@@ -293,6 +293,7 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
       std::erase(entry->second.storages, &storage);
       if (entry->second.storages.empty()) {
         entry->second.dropped = true;
+        entry->second.work->work().on_dropped();
         if (!unwinding) {
           claims.push_back(claim_locked(entry->second, /*at_rank_exit=*/false));
         } else {
@@ -378,6 +379,7 @@ void WorkRegistry::finalize(const Claim& claim) noexcept {
   } catch (...) {
     error = std::current_exception();
   }
+  claim.work->work().on_finalized(claim.at_rank_exit, error != nullptr);
   try {
     std::lock_guard<std::mutex> lock(mutex_);
     retire_locked(*claim.work, error);

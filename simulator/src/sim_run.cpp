@@ -80,6 +80,15 @@ SimOptions effective_options(const SimOptions& options) {
     if (const char* text = std::getenv("CHORUS_SIM_REPLAY"); text != nullptr && *text != '\0') {
       effective.replay = text;
     }
+    if (const char* text = std::getenv("CHORUS_SIM_TIMELINE"); text != nullptr && *text != '\0') {
+      effective.timeline_path = text;
+    }
+    if (const char* text = std::getenv("CHORUS_SIM_TRACE"); text != nullptr && *text != '\0') {
+      effective.trace_path = text;
+    }
+  }
+  if (!effective.timeline_path.empty() || !effective.trace_path.empty()) {
+    effective.record_events = true;
   }
   if (!effective.replay.empty()) {
     detail::ReplayToken token = detail::decode_replay_token(effective.replay);
@@ -134,6 +143,20 @@ void check_fault_plan(const SimOptions& options) {
   }
 }
 
+// Writes `text` to `path` (SimOptions::timeline_path, trace_path) and leaves `mark` in `report`.
+void write_output(const std::string& path, const std::string& text, std::string_view mark,
+                  SimReport& report) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << text;
+  file.close();
+  if (!file) {
+    throw InvalidArgument(
+        ErrorContext{-1, "sim::run", -1, ""},
+        "cannot write the simulator's " + std::string(mark) + " to '" + path + "'");
+  }
+  report.marks[std::string(mark)] += 1;
+}
+
 }  // namespace
 
 std::string Fault::to_string() const {
@@ -144,6 +167,42 @@ std::string Fault::to_string() const {
     text += " by " + std::to_string(delay_steps) + " steps";
   }
   return text;
+}
+
+std::string_view event_kind_name(SimEvent::Kind kind) noexcept {
+  switch (kind) {
+    case SimEvent::Kind::Issue:
+      return "issue";
+    case SimEvent::Kind::Arrive:
+      return "arrive";
+    case SimEvent::Kind::Complete:
+      return "complete";
+    case SimEvent::Kind::WaitBegin:
+      return "wait_begin";
+    case SimEvent::Kind::WaitEnd:
+      return "wait_end";
+    case SimEvent::Kind::Drop:
+      return "drop";
+    case SimEvent::Kind::Finalize:
+      return "finalize";
+    case SimEvent::Kind::Fail:
+      return "fail";
+  }
+  return "unknown";
+}
+
+std::string SimEvent::to_string() const {
+  std::ostringstream out;
+  out << "step " << step << " t=" << std::chrono::duration<double, std::micro>(time).count()
+      << "us rank " << rank << " " << event_kind_name(kind) << " ";
+  if (owner != rank) {
+    out << "rank " << owner << "'s ";
+  }
+  out << op << " #" << seq << " on " << group << " (" << site.to_string() << ")";
+  if (!detail.empty()) {
+    out << ": " << detail;
+  }
+  return out.str();
 }
 
 std::string Decision::to_string() const {
@@ -167,6 +226,20 @@ std::string SimReport::to_string() const {
       << " collectives completed, virtual time "
       << std::chrono::duration<double, std::micro>(virtual_time).count() << " us, schedule hash "
       << std::hex << schedule_hash << std::dec << "\n";
+  if (!ops_issued.empty()) {
+    out << "  operations issued per rank:";
+    for (std::size_t r = 0; r < ops_issued.size(); ++r) {
+      out << (r == 0 ? " " : ", ") << r << ": " << ops_issued[r];
+    }
+    out << "\n";
+  }
+  if (!events.empty() || events_not_recorded > 0) {
+    out << "  " << events.size() << " events recorded";
+    if (events_not_recorded > 0) {
+      out << " (" << events_not_recorded << " more not recorded)";
+    }
+    out << "\n";
+  }
   for (std::size_t r = 0; r < rank_errors.size(); ++r) {
     if (!rank_errors[r].empty()) {
       out << "  rank " << r << " failed: " << rank_errors[r] << "\n";
@@ -226,6 +299,12 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   if (!report.ok() && effective.print_failures) {
     std::fprintf(stderr, "%s", report.to_string().c_str());
     std::fflush(stderr);
+  }
+  if (!effective.timeline_path.empty()) {
+    write_output(effective.timeline_path, to_svg_timeline(report), "timeline.svg_written", report);
+  }
+  if (!effective.trace_path.empty()) {
+    write_output(effective.trace_path, to_perfetto_json(report), "timeline.trace_written", report);
   }
   return report;
 }
@@ -301,6 +380,9 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
   attempt.seed_from_environment = false;
   attempt.replay.clear();
   attempt.fuzz_bytes.reset();
+  // Only the minimal run writes the timeline and trace files (below).
+  attempt.timeline_path.clear();
+  attempt.trace_path.clear();
   ShrinkResult result;
   result.minimal = failing;
   const detail::ShrinkOutcome outcome = detail::shrink_choices(
@@ -319,6 +401,9 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
   result.attempts = outcome.attempts;
   // The report of exactly the minimal list (the last successful attempt may have been another).
   attempt.choices = result.choices;
+  attempt.timeline_path = options.timeline_path;
+  attempt.trace_path = options.trace_path;
+  attempt.record_events = true;  // for the per-rank story in the timeline (draws no choice)
   result.minimal = simulate(attempt, rank_main);
   result.replay_token = detail::encode_replay_token(failing.world_size, result.choices);
   result.minimal.replay_command = replay_command("CHORUS_SIM_REPLAY=" + result.replay_token);
@@ -356,6 +441,16 @@ std::string timeline_text(const SimReport& report) {
   }
   if (report.schedule.size() < report.steps) {
     out << "... " << report.steps - report.schedule.size() << " more decisions not recorded\n";
+  }
+  // With an event log: what each rank did, rank by rank (the first line of each detail).
+  for (int r = 0; r < report.world_size && !report.events.empty(); ++r) {
+    out << "rank " << r << ":\n";
+    for (const SimEvent& event : report.events) {
+      if (event.rank == r) {
+        const std::string text = event.to_string();
+        out << "  " << text.substr(0, text.find('\n')) << "\n";
+      }
+    }
   }
   for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
     if (!report.rank_errors[r].empty()) {

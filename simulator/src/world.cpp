@@ -74,11 +74,24 @@ int guard_fault_rank() noexcept { return this_thread_rank.rank; }
 // ---- SimWork
 
 SimWork::SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint fingerprint,
-                 ErrorContext context)
+                 ErrorContext context, CallSite site)
     : world_(std::move(world)),
       rank_(rank),
       fingerprint_(std::move(fingerprint)),
-      context_(std::move(context)) {}
+      context_(std::move(context)),
+      site_(site) {}
+
+void SimWork::on_dropped() const noexcept {
+  if (std::shared_ptr<SimWorld> world = world_.lock()) {
+    world->on_work_dropped(*this);
+  }
+}
+
+void SimWork::on_finalized(bool at_rank_exit, bool failed) const noexcept {
+  if (std::shared_ptr<SimWorld> world = world_.lock()) {
+    world->on_work_finalized(*this, at_rank_exit, failed);
+  }
+}
 
 bool SimWork::is_completed() {
   if (std::shared_ptr<SimWorld> world = world_.lock()) {
@@ -297,10 +310,12 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     signature.ops.push_back(transport::OpSignature{op.kind, op.send.dtype, op.send.count,
                                                    op.recv.count, op.reduce_op, op.root});
   }
-  auto work =
-      std::make_shared<SimWork>(weak_from_this(), rank, std::move(signature),
-                                ErrorContext{rank, std::string(info.name), info.seq, group.label});
+  auto work = std::make_shared<SimWork>(
+      weak_from_this(), rank, std::move(signature),
+      ErrorContext{rank, std::string(info.name), info.seq, group.label}, info.site);
   const transport::Fingerprint& fingerprint = work->fingerprint();
+  ops_issued_[static_cast<std::size_t>(rank)] += 1;
+  record(SimEvent::Kind::Issue, rank, *work);
 
   // Outputs hold poison until completion, so a read that skipped the wait sees garbage (with
   // guard pages, a fault: Note [Guard pages]).
@@ -335,6 +350,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     }
     arrival = SimGroup::Arrival{true, std::move(ops), work, std::string(info.name), info.site};
     slot.arrived += 1;
+    record(SimEvent::Kind::Arrive, rank, *work);
     // Compare with the first other arrival: every arrival is compared, so all must agree.
     const SimGroup::Arrival* reference = nullptr;
     int reference_rank = -1;
@@ -442,6 +458,7 @@ void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int ran
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   // Every API call is a scheduling point, even when the work is already done.
   yield(rank);
+  bool blocked = false;
   while (work.status() == transport::WorkStatus::Pending) {
     if (slot.timed_out || (!deadline.is_never() && now() >= deadline.at)) {
       slot.timed_out = false;
@@ -453,8 +470,15 @@ void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int ran
     slot.deadline = deadline;
     earliest_deadline_ = std::min(earliest_deadline_, deadline.at);
     work.add_waiter(rank);
+    if (!blocked) {
+      blocked = true;
+      record(SimEvent::Kind::WaitBegin, rank, work);
+    }
     yield(rank);
     CHORUS_CHECK(slot.phase == Phase::Runnable);
+  }
+  if (blocked) {
+    record(SimEvent::Kind::WaitEnd, rank, work);
   }
   slot.timed_out = false;  // a timeout that raced with completion is moot
 }
@@ -513,6 +537,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
         std::make_unique<RankContext>(std::make_shared<SimTransport>(*this, r), rank_options);
   }
   run_codes_.resize(static_cast<std::size_t>(size));
+  ops_issued_.assign(static_cast<std::size_t>(size), 0);
   for (int r = 0; r < size; ++r) {
     run_codes_[static_cast<std::size_t>(r)] =
         decision_code(Decision{Decision::Kind::RunRank, r, 0, -1});
@@ -553,6 +578,15 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     report.marks["strategy.pct.change_point"] += passed;
   }
   report.schedule.assign(schedule_.begin(), schedule_.end());
+  report.ops_issued = ops_issued_;
+  if (options_.record_events) {
+    report.marks["timeline.events"] += events_.size();
+    if (events_not_recorded_ > 0) {
+      report.marks["timeline.events_not_recorded"] += events_not_recorded_;
+    }
+  }
+  report.events = std::move(events_);
+  report.events_not_recorded = events_not_recorded_;
   if (schedule_.capacity() <= kRecycledScheduleMax) {
     schedule_.clear();
     recycled_schedule = std::move(schedule_);
@@ -809,6 +843,7 @@ void SimWorld::complete_operation(SimGroup& group) {
   }
   for (SimGroup::Arrival& arrival : slot.arrivals) {
     arrival.work->mark_completed();
+    record(SimEvent::Kind::Complete, arrival.work->rank(), *arrival.work);
     wake_waiters(*arrival.work);
   }
   ++completed_;
@@ -978,7 +1013,61 @@ void SimWorld::wake_due_ranks() {
 void SimWorld::fail_work(SimWork& work, ErrorCode code, const std::string& detail) {
   unguard_outputs(work);
   work.mark_failed(make_error(code, work.context(), detail));
+  if (options_.record_events) {
+    record_event(SimEvent::Kind::Fail, work.rank(), work,
+                 std::string(error_code_name(code)) + ": " + detail);
+  }
   wake_waiters(work);
+}
+
+// ---- The event log (Note [Event log])
+
+void SimWorld::record_event(SimEvent::Kind kind, int rank, const SimWork& work,
+                            std::string detail) {
+  if (events_.size() >= options_.events_record_max) {
+    ++events_not_recorded_;
+    return;
+  }
+  SimEvent& event = events_.emplace_back();
+  event.kind = kind;
+  event.step = steps_;
+  event.time = now();
+  event.rank = rank;
+  event.op = work.context().op;
+  event.comm_id = work.fingerprint().comm_id;
+  event.group = work.context().group;
+  event.seq = work.context().seq;
+  event.owner = work.rank();
+  event.site = work.site();
+  event.detail = std::move(detail);
+}
+
+void SimWorld::on_work_dropped(const SimWork& work) noexcept {
+  const int rank = current_rank();
+  if (rank < 0) {
+    return;  // a thread that is not a rank: it may not touch the world's state
+  }
+  try {
+    mark("timeline.drop");
+    record(SimEvent::Kind::Drop, rank, work);
+  } catch (...) {
+    // Out of memory while logging: the log loses this event.
+  }
+}
+
+void SimWorld::on_work_finalized(const SimWork& work, bool at_rank_exit, bool failed) noexcept {
+  const int rank = current_rank();
+  if (rank < 0) {
+    return;  // as on_work_dropped
+  }
+  try {
+    mark(at_rank_exit ? "timeline.finalize.at_rank_exit" : "timeline.finalize");
+    record(
+        SimEvent::Kind::Finalize, rank, work,
+        std::string(at_rank_exit ? "at rank exit" : "after a drop") + (failed ? ", failed" : ""));
+  } catch (...) {
+    // As on_work_dropped.
+  }
 }
 
 void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,

@@ -80,6 +80,15 @@
 // rank table (what each is blocked on), and every operation started after fails the same way,
 // so a rank retrying forever (catching Aborted, say) ends too.
 
+// Note [Event log]
+// With SimOptions::record_events the world logs what each rank did (SimReport::events) in the
+// order it happened: issue and arrive in start(), wait begin and end in wait_on_rank (only when
+// the rank really blocked), complete in complete_operation, fail in fail_work, and drop and
+// finalize from core through transport::Work's hooks (only core knows when a result tensor
+// died). Each event is appended by the context holding the scheduler's turn, so the log needs no
+// lock, and logging draws no choice: a run with the log makes exactly the decisions of one
+// without. The log is drawn by simulator/src/timeline.cpp (Perfetto JSON, SVG).
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -122,7 +131,7 @@ struct SimOp {
 class SimWork final : public transport::Work {
  public:
   SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint fingerprint,
-          ErrorContext context);
+          ErrorContext context, CallSite site);
 
   bool is_completed() override;
   void wait(transport::Deadline deadline) override;
@@ -130,9 +139,13 @@ class SimWork final : public transport::Work {
   transport::WorkStatus status() const override { return status_.load(std::memory_order_acquire); }
   std::exception_ptr error() const override;
   const transport::Fingerprint& fingerprint() const override { return fingerprint_; }
+  // Core's drops and finalizations go to the event log (SimWorld::on_work_dropped).
+  void on_dropped() const noexcept override;
+  void on_finalized(bool at_rank_exit, bool failed) const noexcept override;
 
   int rank() const noexcept { return rank_; }
   const ErrorContext& context() const noexcept { return context_; }
+  const CallSite& site() const noexcept { return site_; }
 
   // ---- World side (scheduler).
   void mark_completed() noexcept;
@@ -148,6 +161,7 @@ class SimWork final : public transport::Work {
   int rank_;
   transport::Fingerprint fingerprint_;
   ErrorContext context_;
+  CallSite site_;
   std::exception_ptr error_;  // written before status_ becomes Failed
   std::vector<int> waiters_;  // touched only by the context that holds the scheduler's turn
   std::atomic<transport::WorkStatus> status_{transport::WorkStatus::Pending};
@@ -223,6 +237,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   int world_size() const noexcept { return options_.world_size; }
   // Records that the simulator passed the named mark (SimReport::marks). `name` is a literal.
   void mark(std::string_view name) { ++marks_[std::string(name)]; }
+  // Core dropped / finalized `work` (transport::Work's hooks): marks "timeline.drop" /
+  // "timeline.finalize" and logs the event. Acts only on the simulated rank holding the turn
+  // (the only context that touches the world's state); never throws.
+  void on_work_dropped(const SimWork& work) noexcept;
+  void on_work_finalized(const SimWork& work, bool at_rank_exit, bool failed) noexcept;
   // The simulated rank of this world running on the calling thread, or -1.
   int current_rank() const noexcept;
 
@@ -317,6 +336,14 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   bool check_liveness();
   // No fault can fire any more.
   bool faults_over() const;
+  // Note [Event log]: appends an event about `work` that happened on `rank` now, when
+  // SimOptions::record_events; costs a branch otherwise.
+  void record(SimEvent::Kind kind, int rank, const SimWork& work, std::string detail = {}) {
+    if (options_.record_events) {
+      record_event(kind, rank, work, std::move(detail));
+    }
+  }
+  void record_event(SimEvent::Kind kind, int rank, const SimWork& work, std::string detail);
   SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 
   SimOptions options_;
@@ -359,6 +386,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<int> reduction_program_;
   std::vector<const void*> ring_sources_;
   std::uint64_t reductions_ = 0;
+  std::vector<const void*> sources_;       // complete_operation's reduction sources
+  std::vector<std::uint64_t> ops_issued_;  // by rank
+  std::vector<SimEvent> events_;           // Note [Event log]
+  std::uint64_t events_not_recorded_ = 0;
 
   // Threads that are not ranks wait here (Note [Rank executor]: ranks never block on it).
   std::mutex off_rank_mutex_;

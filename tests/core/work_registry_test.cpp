@@ -296,6 +296,39 @@ TEST(WorkRegistry, FailedDropIsRaisedAtTheRanksNextCallOnce) {
   EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
 }
 
+TEST(WorkRegistry, TellsTheTransportWorkOfADropAndItsFinalizationOnly) {
+  FakeRank rank;
+  Tensor waited = all_reduce(iota(2), "sum", {0});
+  const auto waited_work = rank.transport().last_work();
+  waited_work->complete();
+  wait_tensor(waited);
+  EXPECT_EQ(waited_work->drops(), 0) << "a waited work is neither dropped nor finalized";
+  EXPECT_EQ(waited_work->finalizations(), 0);
+  issue_and_drop(rank.transport());
+  const auto dropped_work = rank.transport().last_work();
+  EXPECT_EQ(dropped_work->drops(), 1);
+  EXPECT_EQ(dropped_work->finalizations(), 1);
+  EXPECT_FALSE(dropped_work->finalized_at_rank_exit());
+  EXPECT_FALSE(dropped_work->finalized_failed());
+}
+
+TEST(WorkRegistry, TellsTheTransportWorkOfAFailedFinalizationAtRankExit) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  Tensor kept;
+  {
+    ScopedRankBinding binding(&context);
+    kept = all_reduce(iota(2), "sum", {0});
+  }
+  const auto work = transport->last_work();
+  work->fail(make_error(ErrorCode::Aborted, ErrorContext{0, "all_reduce", 0, "[0]"}, "aborted"));
+  context.finish();
+  EXPECT_EQ(work->drops(), 0) << "its tensor is still alive";
+  EXPECT_EQ(work->finalizations(), 1);
+  EXPECT_TRUE(work->finalized_at_rank_exit());
+  EXPECT_TRUE(work->finalized_failed());
+}
+
 TEST(WorkRegistry, FailedWorkMakesItsStorageRaiseOnEveryAccess) {
   FakeRank rank;
   Tensor t = all_reduce(iota(2), "sum", {0});

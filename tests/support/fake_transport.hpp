@@ -85,6 +85,18 @@ class FakeWork final : public transport::Work {
     return waits_;
   }
 
+  // The lifecycle hooks core called (Note [Work lifecycle]): how often, and the last arguments.
+  void on_dropped() const noexcept override { drops_.fetch_add(1); }
+  void on_finalized(bool at_rank_exit, bool failed) const noexcept override {
+    finalized_at_rank_exit_.store(at_rank_exit);
+    finalized_failed_.store(failed);
+    finalizations_.fetch_add(1);
+  }
+  int drops() const { return drops_.load(); }
+  int finalizations() const { return finalizations_.load(); }
+  bool finalized_at_rank_exit() const { return finalized_at_rank_exit_.load(); }
+  bool finalized_failed() const { return finalized_failed_.load(); }
+
  private:
   mutable std::mutex mutex_;
   std::condition_variable done_;
@@ -92,6 +104,10 @@ class FakeWork final : public transport::Work {
   std::exception_ptr error_;
   int waits_ = 0;
   std::atomic<bool> complete_when_waited_{false};
+  mutable std::atomic<int> drops_{0};
+  mutable std::atomic<int> finalizations_{0};
+  mutable std::atomic<bool> finalized_at_rank_exit_{false};
+  mutable std::atomic<bool> finalized_failed_{false};
   transport::Fingerprint fingerprint_;
   std::vector<std::pair<transport::Buffer, transport::Buffer>> copies_;
 };

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -28,6 +31,14 @@ TEST(RunOptions, ReadsItsFlagsInBothSpellingsAndKeepsTheRest) {
   EXPECT_EQ(options.transport, "sim");
   EXPECT_EQ(options.timeout, std::chrono::milliseconds(250));
   EXPECT_EQ(options.args, (std::vector<std::string>{"--user-flag", "file.txt"}));
+}
+
+TEST(RunOptions, ReadsTheTimelineAndTracePaths) {
+  const RunOptions options = parse({"--timeline=out.svg", "--trace", "out.json"});
+  EXPECT_EQ(options.timeline_path, "out.svg");
+  EXPECT_EQ(options.trace_path, "out.json");
+  EXPECT_TRUE(options.args.empty());
+  EXPECT_THROW(parse({"--timeline="}), InvalidArgument);
 }
 
 TEST(RunOptions, DefaultsAreEightSimulatedRanks) {
@@ -84,6 +95,28 @@ TEST(Run, ReturnsOneAndPrintsTheReplayWhenARankFails) {
   EXPECT_EQ(status, 1);
   EXPECT_NE(printed.find("rank 1 gives up"), std::string::npos) << printed;
   EXPECT_NE(printed.find("replay: CHORUS_SIM_SEED="), std::string::npos) << printed;
+}
+
+TEST(Run, WritesTheTimelineAndTraceOfAFailingRun) {
+  RunOptions options;
+  options.ranks = 2;
+  options.timeline_path = ::testing::TempDir() + "chorus_run_test.svg";
+  options.trace_path = ::testing::TempDir() + "chorus_run_test.json";
+  ::testing::internal::CaptureStderr();
+  const int status = run(options, [] {
+    wait_tensor(all_reduce(Tensor::ones({rank() + 1}), "sum", world()));  // sizes disagree
+  });
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(status, 1);
+  const auto read = [](const std::string& path) {
+    std::ifstream file(path);
+    return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  };
+  const std::string svg = read(options.timeline_path);
+  EXPECT_NE(svg.find("<rect class=\"op failed\" data-rank=\"1\""), std::string::npos) << svg;
+  EXPECT_NE(read(options.trace_path).find("\"traceEvents\""), std::string::npos);
+  std::remove(options.timeline_path.c_str());
+  std::remove(options.trace_path.c_str());
 }
 
 TEST(Run, UnbuiltTransportsAreRefusedClearly) {

@@ -21,6 +21,9 @@
 //    waiting for, so waiting there could only end in a misleading deadlock.
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
+// The transport work hears of steps 3 and 4 (transport::Work::on_dropped when its last storage
+// goes, on_finalized once core completed it as unwaited), so that a transport can log them: the
+// simulator's event log draws drops and finalizations (Note [Event log], simulator/src/world.hpp).
 //
 // Entries are keyed by Storage::id(), a generation that is never reused, never by address: a
 // new storage at a recycled address cannot match a stale entry, and a late cleanup of an old

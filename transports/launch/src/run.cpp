@@ -49,8 +49,8 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       arg = arg.substr(0, equals);
       has_value = true;
     }
-    const bool known =
-        arg == "--transport" || arg == "--ranks" || arg == "--seed" || arg == "--timeout-ms";
+    const bool known = arg == "--transport" || arg == "--ranks" || arg == "--seed" ||
+                       arg == "--timeout-ms" || arg == "--timeline" || arg == "--trace";
     if (!known) {
       options.args.push_back(argv[i]);
       continue;
@@ -74,6 +74,11 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       options.ranks = static_cast<int>(ranks);
     } else if (arg == "--seed") {
       options.seed = parse_unsigned(arg, value);
+    } else if (arg == "--timeline" || arg == "--trace") {
+      if (value.empty()) {
+        bad_flag(arg, value, "a file path");
+      }
+      (arg == "--timeline" ? options.timeline_path : options.trace_path) = value;
     } else {
       constexpr std::uint64_t kTimeoutMsMax = std::uint64_t{1000} * 60 * 60 * 24 * 365;
       const std::uint64_t milliseconds = parse_unsigned(arg, value);
@@ -96,6 +101,8 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
   sim_options.world_size = options.ranks;
   sim_options.seed = options.seed;
   sim_options.timeout = options.timeout;
+  sim_options.timeline_path = options.timeline_path;
+  sim_options.trace_path = options.trace_path;
   const sim::SimReport report = sim::simulate(sim_options, std::move(rank_main));
   if (report.ok() && !report.unwaited.empty()) {
     std::fprintf(stderr, "%s", report.to_string().c_str());  // failures printed already

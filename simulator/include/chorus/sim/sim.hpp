@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chorus/call_site.hpp"
 #include "chorus/runtime.hpp"
 
 namespace chorus::sim {
@@ -189,6 +190,19 @@ struct SimOptions {
   // the stuck ranks and what each is blocked on, later ones too, and SimReport::stuck_ranks
   // lists them.
   std::uint64_t liveness_steps = 0;
+
+  // ---- Events and timelines (docs/simulator-timeline.md): what each rank did, when, for
+  // SimReport::events, to_perfetto_json and to_svg_timeline. Off by default: the log costs an
+  // allocation or two per event.
+  bool record_events = false;
+  // Events kept in SimReport::events; later ones are counted in SimReport::events_not_recorded.
+  std::size_t events_record_max = std::size_t{1} << 20;
+  // When non-empty, the run's SVG timeline (to_svg_timeline) / Chrome trace JSON
+  // (to_perfetto_json) is written to this file at the end of the run, failing or not; either one
+  // turns record_events on. With seed_from_environment, CHORUS_SIM_TIMELINE / CHORUS_SIM_TRACE
+  // set them. A file that cannot be written throws InvalidArgument after the run.
+  std::string timeline_path;
+  std::string trace_path;
 };
 
 inline constexpr int kMaxWorldSize = 1024;
@@ -210,6 +224,39 @@ struct Decision {
   std::string to_string() const;  // "run 3" / "complete comm 2 #5"
   friend bool operator==(const Decision&, const Decision&) = default;
 };
+
+// One thing a rank did, in the order the simulator saw it (SimOptions::record_events).
+struct SimEvent {
+  enum class Kind : std::uint8_t {
+    Issue,      // the rank started the operation (a transport call)
+    Arrive,     // its arrival was registered at the operation's rendezvous
+    Complete,   // the scheduler completed the operation (the bytes moved, on every member)
+    WaitBegin,  // the rank blocked waiting for the operation (possibly another rank's)
+    WaitEnd,    // ... and was woken (completed, failed or timed out)
+    Drop,       // every result tensor of the operation died before a wait (core's drop)
+    Finalize,   // core completed the operation nobody waited (after a drop or at rank exit)
+    Fail,       // the operation failed on this rank
+  };
+  Kind kind = Kind::Issue;
+  std::uint64_t step = 0;            // scheduling decisions taken before it
+  std::chrono::nanoseconds time{0};  // virtual time
+  int rank = -1;                     // the rank it happened on
+  std::string op;                    // "all_reduce", "all_reduce_coalesced", ...
+  std::uint64_t comm_id = 0;         // the communicator (Decision::comm_id)
+  std::string group;                 // its label: "[0, 1]" or "'tp' [0, 1]"
+  std::int64_t seq = -1;             // the operation's number on that communicator
+  int owner = -1;                    // whose work it is (a rank may wait on another's tensor)
+  CallSite site;                     // where the owner issued it
+  // Fail: the error ("Timeout: ..."); Finalize: "at rank exit" or "after a drop", plus
+  // ", failed" when completing it failed.
+  std::string detail;
+
+  // "step 12 t=12us rank 1 complete all_reduce #0 on [0, 1] (a.cpp:3 (f))".
+  std::string to_string() const;
+};
+
+// "issue", "arrive", "complete", "wait_begin", "wait_end", "drop", "finalize", "fail".
+std::string_view event_kind_name(SimEvent::Kind kind) noexcept;
 
 struct SimReport {
   int world_size = 0;
@@ -237,11 +284,16 @@ struct SimReport {
   std::vector<Fault> faults_fired;  // in firing order; random ones as the explicit Fault
   std::vector<int> stuck_ranks;     // ranks that broke the liveness phase's budget, ascending
 
-  bool ok() const noexcept;
+  // ---- Events and timelines
+  std::vector<std::uint64_t> ops_issued;  // per rank: operations it started (always counted)
+  std::vector<SimEvent> events;           // with SimOptions::record_events, in order
+  std::uint64_t events_not_recorded = 0;  // past SimOptions::events_record_max
+
+  bool ok() const noexcept;  // no rank ended in an error
   // How often the mark `name` was passed (0: never).
-  std::uint64_t mark_count(std::string_view name) const;  // no rank ended in an error
-  // A human-readable summary: ranks, steps, collectives, errors, injected faults, stuck ranks,
-  // unwaited works, replay.
+  std::uint64_t mark_count(std::string_view name) const;
+  // The run report: ranks, operations per rank, decisions, collectives, injected faults, stuck
+  // ranks, unwaited works with their call sites, errors, replay command.
   std::string to_string() const;
 };
 
@@ -277,14 +329,30 @@ struct ShrinkResult {
 // Shrinks `failing` (a report of running `rank_main` with `options` that failed) by delta
 // debugging over its choice list: the result fails the same way (the same failing ranks, the
 // first error of the same type) with as short and small a list as `max_attempts` runs find.
-// Throws InvalidArgument if `failing` did not fail or holds no choice list
+// Only the minimal run writes options.timeline_path / trace_path (the environment's are not
+// read). Throws InvalidArgument if `failing` did not fail or holds no choice list
 // (SimOptions::choices_record_max exceeded).
 ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank_main,
                     const SimReport& failing, std::size_t max_attempts = 2000);
 
 // A per-rank text timeline of a run's schedule: one line per decision, one column per rank
-// ("run" when the rank was resumed) and one for completions ("comm 2 #0"), then the errors.
+// ("run" when the rank was resumed) and one for completions ("comm 2 #0"); with an event log
+// (SimOptions::record_events; shrink records one for its minimal run), each rank's events in
+// order; then the errors.
 std::string timeline_text(const SimReport& report);
+
+// The run's events (SimReport::events) as Chrome trace event JSON, for Perfetto
+// (ui.perfetto.dev) or chrome://tracing: one thread per rank ("rank r"), a span ("ph":"X") per
+// operation from issue to completion or failure and per wait, instants ("ph":"i") for arrive,
+// drop, finalize and fail; timestamps in microseconds of virtual time; args with seq, group, owner
+// and call site. Deterministic: the same run gives the same bytes. Empty "traceEvents" without
+// SimOptions::record_events.
+std::string to_perfetto_json(const SimReport& report);
+
+// The same lanes drawn as a standalone SVG image: one lane per rank, a box per operation (red
+// when it failed) and per wait, markers for drops and finalizations, labels and a legend.
+// Deterministic: the same run gives the same bytes.
+std::string to_svg_timeline(const SimReport& report);
 
 // As run(), but never rethrows a rank's error: it is in the report (first_error, rank_errors).
 // For harnesses that want the report of a failing run (schedule, unwaited works).

@@ -190,6 +190,15 @@ class Work {
   // The stored error once status() == Failed, else null.
   virtual std::exception_ptr error() const = 0;
   virtual const Fingerprint& fingerprint() const = 0;
+
+  // Observer hooks for core's work lifecycle (Note [Work lifecycle], core/src/detail): core calls
+  // on_dropped when every result tensor of this operation died before a wait, and on_finalized
+  // once core itself completed an operation nobody waited (after a drop, or when the rank ended;
+  // `failed`: completing it failed). They let a transport log what happened (the simulator's
+  // event log); by default they do nothing. Called on the rank's thread, on_dropped with core's
+  // registry lock held: they must not block, throw or call into chorus.
+  virtual void on_dropped() const noexcept {}
+  virtual void on_finalized(bool /*at_rank_exit*/, bool /*failed*/) const noexcept {}
 };
 
 // A communicator: one rank's handle on a group. Not thread-safe: a rank starts operations on a

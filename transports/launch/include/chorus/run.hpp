@@ -20,11 +20,16 @@ struct RunOptions {
   std::uint64_t seed = 0;
   // How long a wait may take before it throws Timeout (virtual time on the simulator).
   std::chrono::nanoseconds timeout = std::chrono::minutes(10);
+  // Simulator only: write the run's SVG timeline / Chrome trace JSON here at its end, failing or
+  // not (sim::SimOptions::timeline_path, trace_path; docs/simulator-timeline.md).
+  std::string timeline_path;
+  std::string trace_path;
   // Arguments from_args did not consume, in order (argv[0] excluded), for the program.
   std::vector<std::string> args;
 
-  // Reads --transport=sim|mpi|nccl, --ranks=N, --seed=S, --timeout-ms=T (also as two words,
-  // "--ranks 4"); everything else lands in `args`. Throws InvalidArgument for a malformed value.
+  // Reads --transport=sim|mpi|nccl, --ranks=N, --seed=S, --timeout-ms=T, --timeline=out.svg,
+  // --trace=out.json (also as two words, "--ranks 4"); everything else lands in `args`. Throws
+  // InvalidArgument for a malformed value.
   static RunOptions from_args(int argc, char** argv);
 };
 

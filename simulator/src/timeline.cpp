@@ -1,0 +1,496 @@
+// The event log drawn two ways: Chrome trace event JSON (Perfetto) and a standalone SVG.
+//
+// Note [Timeline layout]
+// Both drawings show the same spans (SimReport::events, Note [Event log] in world.hpp): per rank,
+// an operation from its issue to its completion or failure, and a wait from the moment the rank
+// blocked to the moment it woke. Within a rank these overlap without nesting (an operation
+// completes while the rank's wait on it lasts until the rank is resumed; asynchronous operations
+// overlap each other), but the slices of one trace thread must nest. So a rank's lane is split
+// into rows: each span, in the order they begin, goes to the first row whose open spans all
+// enclose it. Row 0 is the trace thread "rank r"; row k > 0 is "rank r (row k+1)", sorted right
+// under it. Instants (arrive, drop, finalize, fail) sit on row 0.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "chorus/check.hpp"
+#include "chorus/sim/sim.hpp"
+
+namespace chorus::sim {
+namespace {
+
+using Kind = SimEvent::Kind;
+
+struct Span {
+  bool wait = false;                // a wait, else an operation
+  const SimEvent* begin = nullptr;  // Issue or WaitBegin
+  const SimEvent* end = nullptr;    // Complete, Fail or WaitEnd; null: open when the run ended
+  std::int64_t begin_ns = 0;
+  std::int64_t end_ns = 0;
+  int row = 0;
+
+  bool failed() const { return end != nullptr && end->kind == Kind::Fail; }
+};
+
+struct Layout {
+  std::vector<Span> spans;                // in the order they begin
+  std::vector<const SimEvent*> instants;  // arrive, drop, finalize, fail
+  std::vector<int> rows;                  // per rank: rows of its lane (>= 1)
+  std::int64_t end_ns = 0;                // the run's virtual end
+};
+
+bool is_instant(Kind kind) {
+  return kind == Kind::Arrive || kind == Kind::Drop || kind == Kind::Finalize || kind == Kind::Fail;
+}
+
+// Note [Timeline layout]: pairs the events into spans and gives each span its row.
+Layout lay_out(const SimReport& report) {
+  const auto size = static_cast<std::size_t>(std::max(report.world_size, 0));
+  Layout layout;
+  layout.rows.assign(size, 1);
+  layout.end_ns = report.virtual_time.count();
+  std::map<std::tuple<int, std::uint64_t, std::int64_t>, std::size_t> open_ops;
+  std::vector<std::size_t> open_wait(size, SIZE_MAX);
+  const auto close = [&](std::size_t index, const SimEvent& event) {
+    layout.spans[index].end = &event;
+    layout.spans[index].end_ns = event.time.count();
+  };
+  for (const SimEvent& event : report.events) {
+    CHORUS_CHECK(event.rank >= 0 && static_cast<std::size_t>(event.rank) < size);
+    layout.end_ns = std::max(layout.end_ns, event.time.count());
+    const auto rank = static_cast<std::size_t>(event.rank);
+    const auto key = std::make_tuple(event.rank, event.comm_id, event.seq);
+    switch (event.kind) {
+      case Kind::Issue:
+        CHORUS_CHECK(open_ops.count(key) == 0);
+        open_ops.emplace(key, layout.spans.size());
+        layout.spans.push_back(Span{false, &event, nullptr, event.time.count(), -1, 0});
+        break;
+      case Kind::WaitBegin:
+        CHORUS_CHECK_EQ(open_wait[rank], SIZE_MAX);  // a blocked rank cannot start another wait
+        open_wait[rank] = layout.spans.size();
+        layout.spans.push_back(Span{true, &event, nullptr, event.time.count(), -1, 0});
+        break;
+      case Kind::WaitEnd:
+        CHORUS_CHECK_NE(open_wait[rank], SIZE_MAX);
+        close(open_wait[rank], event);
+        open_wait[rank] = SIZE_MAX;
+        break;
+      case Kind::Complete:
+      case Kind::Fail:
+        if (auto it = open_ops.find(key); it != open_ops.end()) {
+          close(it->second, event);
+          open_ops.erase(it);
+        }
+        break;
+      case Kind::Arrive:
+      case Kind::Drop:
+      case Kind::Finalize:
+        break;
+    }
+    if (is_instant(event.kind)) {
+      layout.instants.push_back(&event);
+    }
+  }
+  // Rows: per rank, a stack of open spans per row.
+  std::vector<std::vector<std::vector<const Span*>>> stacks(size);
+  for (Span& span : layout.spans) {
+    if (span.end == nullptr) {
+      span.end_ns = layout.end_ns;
+    }
+    CHORUS_CHECK_LE(span.begin_ns, span.end_ns);
+    auto& rows = stacks[static_cast<std::size_t>(span.begin->rank)];
+    std::size_t row = 0;
+    for (; row < rows.size(); ++row) {
+      std::vector<const Span*>& stack = rows[row];
+      while (!stack.empty() && stack.back()->end_ns <= span.begin_ns) {
+        stack.pop_back();
+      }
+      if (stack.empty() || stack.back()->end_ns >= span.end_ns) {
+        break;
+      }
+    }
+    if (row == rows.size()) {
+      rows.emplace_back();
+    }
+    rows[row].push_back(&span);
+    span.row = static_cast<int>(row);
+    int& lane_rows = layout.rows[static_cast<std::size_t>(span.begin->rank)];
+    lane_rows = std::max(lane_rows, span.row + 1);
+  }
+  return layout;
+}
+
+// "all_reduce #3", with "rank 2's " first when `event` happened on another rank than the owner's.
+std::string op_label(const SimEvent& event) {
+  std::string label = event.op + " #" + std::to_string(event.seq);
+  return event.owner != event.rank ? "rank " + std::to_string(event.owner) + "'s " + label : label;
+}
+
+// The run's first failure, in one line: "rank 1: CollectiveMismatch: ranks disagree ...".
+std::string first_failure(const SimReport& report) {
+  for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
+    if (!report.rank_errors[r].empty()) {
+      std::string text = "rank " + std::to_string(r) + ": " + report.rank_errors[r];
+      return text.substr(0, text.find('\n'));
+    }
+  }
+  return {};
+}
+
+// ---- JSON
+
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+          out += escaped;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// Microseconds of virtual time, exactly: "12" or "12.345".
+std::string microseconds(std::int64_t ns) {
+  std::string text = std::to_string(ns / 1000);
+  if (const std::int64_t rest = ns % 1000; rest != 0) {
+    char fraction[8];
+    std::snprintf(fraction, sizeof fraction, ".%03lld", static_cast<long long>(rest));
+    text += fraction;
+  }
+  return text;
+}
+
+// The trace thread of row `row` of `rank`'s lane (Note [Timeline layout]).
+int thread_of(int world_size, int rank, int row) { return row * world_size + rank; }
+
+std::string json_args(const SimEvent& event) {
+  std::string args =
+      "{\"seq\":" + std::to_string(event.seq) + ",\"group\":" + json_string(event.group) +
+      ",\"comm\":" + std::to_string(event.comm_id) + ",\"owner\":" + std::to_string(event.owner) +
+      ",\"site\":" + json_string(event.site.to_string()) +
+      ",\"step\":" + std::to_string(event.step);
+  if (!event.detail.empty()) {
+    args += ",\"detail\":" + json_string(event.detail);
+  }
+  return args + "}";
+}
+
+}  // namespace
+
+std::string to_perfetto_json(const SimReport& report) {
+  const Layout layout = lay_out(report);
+  std::ostringstream out;
+  bool first = true;
+  const auto begin_event = [&]() -> std::ostringstream& {
+    out << (first ? "\n" : ",\n");
+    first = false;
+    return out;
+  };
+  out << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[";
+  std::string process = "chorus sim: " + std::to_string(report.world_size) + " ranks, seed " +
+                        std::to_string(report.seed);
+  if (const std::string failure = first_failure(report); !failure.empty()) {
+    process += " (failed: " + failure + ")";
+  }
+  begin_event() << R"({"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":)"
+                << json_string(process) << "}}";
+  for (int rank = 0; rank < report.world_size; ++rank) {
+    const int rows = layout.rows[static_cast<std::size_t>(rank)];
+    for (int row = 0; row < rows; ++row) {
+      const int thread = thread_of(report.world_size, rank, row);
+      std::string name = "rank " + std::to_string(rank);
+      if (row > 0) {
+        name += " (row " + std::to_string(row + 1) + ")";
+      }
+      begin_event() << R"({"name":"thread_name","ph":"M","pid":0,"tid":)" << thread
+                    << R"(,"args":{"name":)" << json_string(name) << "}}";
+      begin_event() << R"({"name":"thread_sort_index","ph":"M","pid":0,"tid":)" << thread
+                    << R"(,"args":{"sort_index":)" << rank * 1024 + row << "}}";
+    }
+  }
+  for (const Span& span : layout.spans) {
+    const SimEvent& begin = *span.begin;
+    begin_event() << "{\"name\":" << json_string((span.wait ? "wait " : "") + op_label(begin))
+                  << ",\"cat\":\"" << (span.wait ? "wait" : "op")
+                  << "\",\"ph\":\"X\",\"ts\":" << microseconds(span.begin_ns)
+                  << ",\"dur\":" << microseconds(span.end_ns - span.begin_ns)
+                  << ",\"pid\":0,\"tid\":" << thread_of(report.world_size, begin.rank, span.row)
+                  << (span.failed() ? R"(,"cname":"terrible")" : "")
+                  << ",\"args\":" << json_args(span.end != nullptr ? *span.end : begin) << "}";
+  }
+  for (const SimEvent* event : layout.instants) {
+    begin_event() << "{\"name\":"
+                  << json_string(std::string(event_kind_name(event->kind)) + " " + op_label(*event))
+                  << ",\"cat\":\"" << event_kind_name(event->kind)
+                  << "\",\"ph\":\"i\",\"s\":\"t\",\"ts\":" << microseconds(event->time.count())
+                  << ",\"pid\":0,\"tid\":" << thread_of(report.world_size, event->rank, 0)
+                  << (event->kind == Kind::Fail ? R"(,"cname":"terrible")" : "")
+                  << ",\"args\":" << json_args(*event) << "}";
+  }
+  out << "\n]}\n";
+  return out.str();
+}
+
+// ---- SVG
+
+namespace {
+
+constexpr double kLabelWidth = 90;  // px left of the time axis, for "rank r"
+constexpr double kRowHeight = 22;   // px per row of a lane
+constexpr double kLaneGap = 8;      // px between lanes
+constexpr double kTop = 48;         // px above the first lane (title, axis)
+constexpr double kRight = 24;       // px right of the last microsecond
+constexpr double kPlotWidthMax = 1400;
+constexpr double kMicrosecondWidthMax = 28;  // px per microsecond of virtual time, at most
+constexpr double kMicrosecondWidthMin = 1;
+constexpr double kLegendWidth = 940;   // px: the image is at least as wide as the legend
+constexpr double kBoxWidthMin = 8;     // px: the narrowest operation box
+constexpr double kMarkerSpacing = 10;  // px between markers of one rank at the same moment
+constexpr double kCharWidth = 6.7;     // px per character of 11px monospace, about
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// Pixels with one decimal, the same on every machine.
+std::string px(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", value);
+  return text;
+}
+
+// A tick spacing of 1, 2 or 5 times a power of ten microseconds giving at most ~12 ticks.
+std::int64_t tick_spacing_us(std::int64_t total_us) {
+  std::int64_t spacing = 1;
+  while (true) {
+    for (const std::int64_t factor : {1, 2, 5}) {
+      if (total_us / (spacing * factor) <= 12) {
+        return spacing * factor;
+      }
+    }
+    spacing *= 10;
+  }
+}
+
+constexpr const char* kStyle = R"(
+  text { font-family: monospace; font-size: 11px; fill: #222; }
+  .title { font-size: 13px; font-weight: bold; }
+  .failure { fill: #b00; }
+  .lane-bg { fill: #f4f4f4; }
+  .axis { stroke: #bbb; stroke-width: 1; }
+  .op { fill: #9ecae1; stroke: #3182bd; stroke-width: 1; }
+  .op.failed { fill: #d62728; stroke: #7f0000; }
+  .wait { fill: #fdd49e; stroke: #e6550d; stroke-width: 1; }
+  .label { font-size: 10px; }
+  .arrive { stroke: #31a354; stroke-width: 2; }
+  .drop { fill: #756bb1; }
+  .finalize { fill: #ffffff; stroke: #756bb1; stroke-width: 2; }
+  .fail { stroke: #d62728; stroke-width: 2.5; }
+)";
+
+}  // namespace
+
+std::string to_svg_timeline(const SimReport& report) {
+  const Layout layout = lay_out(report);
+  const std::int64_t total_us = std::max<std::int64_t>((layout.end_ns + 999) / 1000, 1);
+  const double us_width = std::clamp(kPlotWidthMax / static_cast<double>(total_us),
+                                     kMicrosecondWidthMin, kMicrosecondWidthMax);
+  const auto x_of = [&](std::int64_t ns) {
+    return kLabelWidth + static_cast<double>(ns) / 1000.0 * us_width;
+  };
+  std::vector<double> lane_top;
+  double y = kTop;
+  for (int rank = 0; rank < report.world_size; ++rank) {
+    lane_top.push_back(y);
+    y += kRowHeight * layout.rows[static_cast<std::size_t>(rank)] + kLaneGap;
+  }
+  const double lanes_bottom = y;
+  const double width = std::max(x_of(total_us * 1000) + kRight, kLegendWidth);
+  const double height = lanes_bottom + 60;  // axis labels and legend
+  const auto row_y = [&](int rank, int row) {
+    return lane_top[static_cast<std::size_t>(rank)] + kRowHeight * row;
+  };
+
+  std::ostringstream out;
+  out << R"(<svg xmlns="http://www.w3.org/2000/svg" width=")" << px(width) << R"(" height=")"
+      << px(height) << R"(" viewBox="0 0 )" << px(width) << " " << px(height) << R"(">)"
+      << "\n";
+  out << "<style>" << kStyle << "</style>\n";
+  out << R"(<rect width="100%" height="100%" fill="#ffffff"/>)"
+      << "\n";
+  out << R"(<text class="title" x="8" y="16">)"
+      << xml_escape("chorus sim: " + std::to_string(report.world_size) + " ranks, seed " +
+                    std::to_string(report.seed) + ", " + std::to_string(report.steps) +
+                    " decisions, " + std::to_string(report.collectives_completed) +
+                    " collectives completed")
+      << "</text>\n";
+  if (const std::string failure = first_failure(report); !failure.empty()) {
+    const auto failure_chars = static_cast<std::size_t>((width - 16) / kCharWidth) - 12;
+    std::string shown = failure.substr(0, failure_chars);
+    if (failure.size() > failure_chars) {
+      shown += "...";
+    }
+    out << R"(<text class="failure" x="8" y="32">)" << xml_escape("failed: " + shown) << "<title>"
+        << xml_escape(failure) << "</title></text>\n";
+  }
+
+  // Lanes and the time axis.
+  for (int rank = 0; rank < report.world_size; ++rank) {
+    const int rows = layout.rows[static_cast<std::size_t>(rank)];
+    out << R"(<g class="lane" data-rank=")" << rank << R"(">)"
+        << R"(<rect class="lane-bg" x=")" << px(kLabelWidth) << R"(" y=")" << px(row_y(rank, 0))
+        << R"(" width=")" << px(x_of(total_us * 1000) - kLabelWidth) << R"(" height=")"
+        << px(kRowHeight * rows) << R"("/>)"
+        << R"(<text x="8" y=")" << px(row_y(rank, 0) + 15) << R"(">rank )" << rank
+        << "</text></g>\n";
+  }
+  const std::int64_t spacing = tick_spacing_us(total_us);
+  for (std::int64_t us = 0; us <= total_us; us += spacing) {
+    const double x = x_of(us * 1000);
+    out << R"(<line class="axis" x1=")" << px(x) << R"(" y1=")" << px(kTop - 4) << R"(" x2=")"
+        << px(x) << R"(" y2=")" << px(lanes_bottom) << R"("/>)"
+        << R"(<text class="label" x=")" << px(x + 2) << R"(" y=")" << px(lanes_bottom + 12)
+        << R"(">)" << us << "us</text>\n";
+  }
+
+  // Spans: operations, then waits, in the order they began (Note [Timeline layout]).
+  for (const Span& span : layout.spans) {
+    const SimEvent& begin = *span.begin;
+    const double x = x_of(span.begin_ns);
+    // An operation that failed as it was issued still gets a box to see.
+    const double box_width = std::max(x_of(span.end_ns) - x, span.wait ? 2.0 : kBoxWidthMin);
+    const double top = row_y(begin.rank, span.row) + (span.wait ? 6 : 2);
+    const double box_height = span.wait ? kRowHeight - 12 : kRowHeight - 4;
+    const std::string label = (span.wait ? "wait " : "") + op_label(begin);
+    std::string tip = label + " on " + begin.group + ", issued at " + begin.site.to_string() +
+                      ", " + microseconds(span.begin_ns) + "-" + microseconds(span.end_ns) + "us";
+    if (span.failed()) {
+      tip += "\n" + span.end->detail;
+    }
+    out << R"(<rect class=")"
+        << (span.wait       ? "wait"
+            : span.failed() ? "op failed"
+                            : "op")
+        << R"(" data-rank=")" << begin.rank << R"(" data-op=")" << xml_escape(begin.op)
+        << R"(" data-seq=")" << begin.seq << R"(" x=")" << px(x) << R"(" y=")" << px(top)
+        << R"(" width=")" << px(box_width) << R"(" height=")" << px(box_height) << R"(">)"
+        << "<title>" << xml_escape(tip) << "</title></rect>\n";
+    // A label where it fits (about 6.2 px per character at 10px monospace).
+    const auto fits = static_cast<std::size_t>((box_width - 4) / 6.2);
+    if (!span.wait && fits >= 4) {
+      std::string shown = label.size() <= fits ? label : label.substr(0, fits - 1) + "~";
+      out << R"(<text class="label" x=")" << px(x + 2) << R"(" y=")" << px(top + 12) << R"(">)"
+          << xml_escape(shown) << "</text>\n";
+    }
+  }
+
+  // Instants, on row 0 of their rank's lane; those at the same moment side by side.
+  std::map<std::pair<int, std::int64_t>, int> at_same_moment;
+  for (const SimEvent* event : layout.instants) {
+    // Arrivals are ticks at the bottom edge: they never hide another marker.
+    const int earlier =
+        event->kind == Kind::Arrive ? 0 : at_same_moment[{event->rank, event->time.count()}]++;
+    const double x = x_of(event->time.count()) + kMarkerSpacing * earlier;
+    const double top = row_y(event->rank, 0);
+    const std::string tip = std::string(event_kind_name(event->kind)) + " " + op_label(*event) +
+                            " at " + microseconds(event->time.count()) + "us" +
+                            (event->detail.empty() ? "" : ": " + event->detail);
+    out << "<g class=\"" << event_kind_name(event->kind) << "\" data-rank=\"" << event->rank
+        << "\"><title>" << xml_escape(tip) << "</title>";
+    switch (event->kind) {
+      case Kind::Arrive:
+        out << R"(<line class="arrive" x1=")" << px(x) << R"(" y1=")" << px(top + kRowHeight - 6)
+            << R"(" x2=")" << px(x) << R"(" y2=")" << px(top + kRowHeight) << R"("/>)";
+        break;
+      // Failures in the upper half of the row, drops and finalizations in the lower, so that
+      // a drop during the unwinding of a failure stays visible.
+      case Kind::Drop:
+        out << R"(<path class="drop" d="M )" << px(x - 5) << " " << px(top + 12) << " L "
+            << px(x + 5) << " " << px(top + 12) << " L " << px(x) << " " << px(top + 20)
+            << R"( Z"/>)";
+        break;
+      case Kind::Finalize:
+        out << R"(<circle class="finalize" cx=")" << px(x) << R"(" cy=")" << px(top + 16)
+            << R"(" r="4"/>)";
+        break;
+      default:  // Fail
+        out << R"(<path class="fail" d="M )" << px(x - 4) << " " << px(top + 1) << " L "
+            << px(x + 4) << " " << px(top + 9) << " M " << px(x + 4) << " " << px(top + 1) << " L "
+            << px(x - 4) << " " << px(top + 9) << R"("/>)";
+        break;
+    }
+    out << "</g>\n";
+  }
+
+  // Legend.
+  const double legend_y = lanes_bottom + 26;
+  out << R"(<g class="legend">)"
+      << R"(<rect class="op" x="8" y=")" << px(legend_y) << R"(" width="18" height="12"/>)"
+      << R"(<text x="30" y=")" << px(legend_y + 10) << R"(">operation (issue to complete)</text>)"
+      << R"(<rect class="op failed" x="250" y=")" << px(legend_y) << R"(" width="18" height="12"/>)"
+      << R"(<text x="272" y=")" << px(legend_y + 10) << R"(">failed</text>)"
+      << R"(<rect class="wait" x="340" y=")" << px(legend_y + 2) << R"(" width="18" height="8"/>)"
+      << R"(<text x="362" y=")" << px(legend_y + 10) << R"(">rank blocked in wait</text>)"
+      << R"(<line class="arrive" x1="530" y1=")" << px(legend_y) << R"(" x2="530" y2=")"
+      << px(legend_y + 12) << R"("/>)"
+      << R"(<text x="538" y=")" << px(legend_y + 10) << R"(">arrive</text>)"
+      << R"(<path class="drop" d="M 600 )" << px(legend_y + 2) << " L 610 " << px(legend_y + 2)
+      << " L 605 " << px(legend_y + 10) << R"( Z"/>)"
+      << R"(<text x="616" y=")" << px(legend_y + 10) << R"(">dropped un-waited</text>)"
+      << R"(<circle class="finalize" cx="760" cy=")" << px(legend_y + 6) << R"(" r="4"/>)"
+      << R"(<text x="770" y=")" << px(legend_y + 10) << R"(">finalized</text>)"
+      << R"(<path class="fail" d="M 850 )" << px(legend_y + 1) << " L 860 " << px(legend_y + 11)
+      << " M 860 " << px(legend_y + 1) << " L 850 " << px(legend_y + 11) << R"("/>)"
+      << R"(<text x="866" y=")" << px(legend_y + 10) << R"(">failure</text>)"
+      << "</g>\n";
+  out << "</svg>\n";
+  return out.str();
+}
+
+}  // namespace chorus::sim

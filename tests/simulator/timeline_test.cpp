@@ -1,0 +1,549 @@
+// The event log (Note [Event log]), its Perfetto trace JSON and SVG timeline (Note [Timeline
+// layout]), the files SimOptions::timeline_path / trace_path write, and the run report.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/sim_helpers.hpp"
+
+namespace chorus {
+namespace {
+
+using sim::SimEvent;
+using sim::SimOptions;
+using sim::SimReport;
+using Kind = SimEvent::Kind;
+
+// ---- A tiny strict JSON reader: enough to check that the trace parses and to read it back.
+
+struct Json {
+  enum class Type { Null, Bool, Number, String, Array, Object } type = Type::Null;
+  bool boolean = false;
+  double number = 0;
+  std::string text;
+  std::vector<Json> items;
+  std::vector<std::pair<std::string, Json>> members;
+
+  const Json* find(const std::string& key) const {
+    for (const auto& [name, value] : members) {
+      if (name == key) {
+        return &value;
+      }
+    }
+    return nullptr;
+  }
+  const Json& at(const std::string& key) const {
+    const Json* value = find(key);
+    if (value == nullptr) {
+      throw std::runtime_error("no member " + key);
+    }
+    return *value;
+  }
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(const std::string& text) : text_(text) {}
+
+  Json read_document() {
+    Json value = read_value();
+    skip_space();
+    expect(pos_ == text_.size(), "trailing characters");
+    return value;
+  }
+
+ private:
+  void expect(bool ok, const char* what) const {
+    if (!ok) {
+      throw std::runtime_error(std::string("bad JSON at ") + std::to_string(pos_) + ": " + what);
+    }
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' ||
+                                   text_[pos_] == '\t' || text_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  char peek() {
+    skip_space();
+    expect(pos_ < text_.size(), "unexpected end");
+    return text_[pos_];
+  }
+  void take(char c) {
+    expect(peek() == c, "unexpected character");
+    ++pos_;
+  }
+  bool take_word(const std::string& word) {
+    if (text_.compare(pos_, word.size(), word) == 0) {
+      pos_ += word.size();
+      return true;
+    }
+    return false;
+  }
+  std::string read_string() {
+    take('"');
+    std::string out;
+    while (true) {
+      expect(pos_ < text_.size(), "unterminated string");
+      const char c = text_[pos_++];
+      expect(static_cast<unsigned char>(c) >= 0x20, "control character in a string");
+      if (c == '"') {
+        return out;
+      }
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      expect(pos_ < text_.size(), "unterminated escape");
+      const char escaped = text_[pos_++];
+      switch (escaped) {
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'u':
+          expect(pos_ + 4 <= text_.size(), "short \\u escape");
+          out += static_cast<char>(std::stoi(text_.substr(pos_, 4), nullptr, 16));
+          pos_ += 4;
+          break;
+        default:
+          expect(escaped == '"' || escaped == '\\' || escaped == '/', "unknown escape");
+          out += escaped;
+      }
+    }
+  }
+  Json read_value() {
+    Json value;
+    const char c = peek();
+    if (c == '{') {
+      value.type = Json::Type::Object;
+      take('{');
+      if (peek() != '}') {
+        do {
+          std::string key = read_string();
+          take(':');
+          value.members.emplace_back(std::move(key), read_value());
+        } while (peek() == ',' && (take(','), true));
+      }
+      take('}');
+    } else if (c == '[') {
+      value.type = Json::Type::Array;
+      take('[');
+      if (peek() != ']') {
+        do {
+          value.items.push_back(read_value());
+        } while (peek() == ',' && (take(','), true));
+      }
+      take(']');
+    } else if (c == '"') {
+      value.type = Json::Type::String;
+      value.text = read_string();
+    } else if (take_word("true") || take_word("false")) {
+      value.type = Json::Type::Bool;
+      value.boolean = text_[pos_ - 1] == 'e' && text_[pos_ - 2] == 'u';
+    } else if (take_word("null")) {
+      value.type = Json::Type::Null;
+    } else {
+      std::size_t used = 0;
+      value.type = Json::Type::Number;
+      value.number = std::stod(text_.substr(pos_), &used);
+      expect(used > 0, "not a value");
+      pos_ += used;
+    }
+    return value;
+  }
+
+  const std::string& text_;
+  std::size_t pos_ = 0;
+};
+
+Json parse_json(const std::string& text) { return JsonReader(text).read_document(); }
+
+// ---- Programs and helpers.
+
+SimOptions recording(int world_size, std::uint64_t seed = 0) {
+  SimOptions options = testing::quiet_options(world_size, seed);
+  options.record_events = true;
+  return options;
+}
+
+// Every choice 0 (Note [Decision stream]): the lowest runnable rank runs whenever one can, so a
+// rank always blocks in its wait before the collective completes: the events are exact.
+SimOptions lowest_rank_first(int world_size) {
+  SimOptions options = recording(world_size);
+  options.choices = std::vector<std::uint64_t>{};
+  return options;
+}
+
+Tensor rank_tensor() { return Tensor::from_vector(std::vector<std::int32_t>{rank(), rank() + 1}); }
+
+// One all_reduce waited, one dropped un-waited.
+void waited_then_dropped() {
+  Tensor waited = all_reduce(rank_tensor(), "sum", world());
+  wait_tensor(waited);
+  { Tensor dropped = all_reduce(rank_tensor(), "sum", world()); }
+}
+
+// Ops #0 agree; at #1 the last rank issues all_gather where the others issue all_reduce: a
+// CollectiveMismatch on every rank.
+void mismatch_at_second_op() {
+  wait_tensor(all_reduce(rank_tensor(), "sum", world()));
+  if (rank() == world_size() - 1) {
+    wait_tensor(all_gather_tensor(rank_tensor(), 0, world()));
+  } else {
+    wait_tensor(all_reduce(rank_tensor(), "sum", world()));
+  }
+}
+
+std::map<Kind, int> count_kinds(const SimReport& report) {
+  std::map<Kind, int> counts;
+  for (const SimEvent& event : report.events) {
+    counts[event.kind] += 1;
+  }
+  return counts;
+}
+
+std::size_t count_of(const std::string& text, const std::string& part) {
+  std::size_t count = 0;
+  for (std::size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+// ---- The event log
+
+TEST(EventLog, IsOffByDefaultButOperationsAreCounted) {
+  const SimReport report = sim::run(testing::quiet_options(3), waited_then_dropped);
+  EXPECT_TRUE(report.events.empty());
+  EXPECT_EQ(report.mark_count("timeline.events"), 0u);
+  EXPECT_EQ(report.ops_issued, (std::vector<std::uint64_t>{2, 2, 2}));
+}
+
+TEST(EventLog, RecordsEachRanksIssueArriveWaitCompleteDropAndFinalize) {
+  const SimReport report = sim::run(lowest_rank_first(2), waited_then_dropped);
+  const std::map<Kind, int> expected = {
+      {Kind::Issue, 4},   {Kind::Arrive, 4}, {Kind::Complete, 4}, {Kind::WaitBegin, 4},
+      {Kind::WaitEnd, 4}, {Kind::Drop, 2},   {Kind::Finalize, 2}};
+  EXPECT_EQ(count_kinds(report), expected);
+  EXPECT_EQ(report.mark_count("timeline.events"), 24u);
+  EXPECT_EQ(report.mark_count("timeline.drop"), 2u);
+  EXPECT_EQ(report.mark_count("timeline.finalize"), 2u);
+  // Rank 0's story, in order.
+  std::vector<std::pair<Kind, std::int64_t>> rank0;
+  for (const SimEvent& event : report.events) {
+    if (event.rank == 0) {
+      rank0.emplace_back(event.kind, event.seq);
+    }
+  }
+  const std::vector<std::pair<Kind, std::int64_t>> story = {
+      {Kind::Issue, 0},     {Kind::Arrive, 0},   {Kind::WaitBegin, 0}, {Kind::Complete, 0},
+      {Kind::WaitEnd, 0},   {Kind::Issue, 1},    {Kind::Arrive, 1},    {Kind::Drop, 1},
+      {Kind::WaitBegin, 1}, {Kind::Complete, 1}, {Kind::WaitEnd, 1},   {Kind::Finalize, 1}};
+  EXPECT_EQ(rank0, story);
+  for (const SimEvent& event : report.events) {
+    EXPECT_EQ(event.op, "all_reduce");
+    EXPECT_EQ(event.group, "[0, 1]");
+    EXPECT_EQ(event.owner, event.rank);
+    EXPECT_EQ(event.time, sim::kStepDuration * static_cast<std::int64_t>(event.step));
+    EXPECT_NE(std::string(event.site.file_name()).find("timeline_test.cpp"), std::string::npos);
+    if (event.kind == Kind::Finalize) {
+      EXPECT_EQ(event.detail, "after a drop");
+    }
+  }
+}
+
+TEST(EventLog, TimesNeverGoBackwards) {
+  const SimReport report = sim::run(recording(4, 7), waited_then_dropped);
+  ASSERT_FALSE(report.events.empty());
+  for (std::size_t i = 1; i < report.events.size(); ++i) {
+    EXPECT_LE(report.events[i - 1].step, report.events[i].step);
+  }
+}
+
+TEST(EventLog, DoesNotChangeTheSchedule) {
+  for (std::uint64_t seed : {0u, 1u, 2u, 3u}) {
+    const SimReport plain = sim::run(testing::quiet_options(3, seed), waited_then_dropped);
+    const SimReport logged = sim::run(recording(3, seed), waited_then_dropped);
+    EXPECT_EQ(plain.schedule_hash, logged.schedule_hash) << "seed " << seed;
+    EXPECT_EQ(plain.choices, logged.choices) << "seed " << seed;
+  }
+}
+
+TEST(EventLog, FailuresAreLoggedWithTheirError) {
+  const SimReport report = sim::simulate(lowest_rank_first(3), mismatch_at_second_op);
+  ASSERT_FALSE(report.ok());
+  int fails = 0;
+  for (const SimEvent& event : report.events) {
+    if (event.kind == Kind::Fail) {
+      ++fails;
+      EXPECT_EQ(event.seq, 1);
+      EXPECT_EQ(event.detail.rfind("CollectiveMismatch: ranks disagree on operation #1", 0), 0u)
+          << event.detail;
+    }
+  }
+  EXPECT_EQ(fails, 3);
+}
+
+TEST(EventLog, FinalizationAtRankExitIsLogged) {
+  Tensor kept[2];
+  const SimReport report = sim::run(lowest_rank_first(2), [&] {
+    kept[rank()] = all_reduce(rank_tensor(), "sum", world());  // never waited, never dropped
+  });
+  EXPECT_EQ(report.mark_count("timeline.finalize.at_rank_exit"), 2u);
+  EXPECT_EQ(report.mark_count("timeline.drop"), 0u);
+  EXPECT_EQ(count_kinds(report)[Kind::Finalize], 2);
+  for (const SimEvent& event : report.events) {
+    if (event.kind == Kind::Finalize) {
+      EXPECT_EQ(event.detail, "at rank exit");
+    }
+  }
+}
+
+TEST(EventLog, StopsAtItsCapAndCountsTheRest) {
+  SimOptions options = lowest_rank_first(2);
+  options.events_record_max = 5;
+  const SimReport report = sim::run(options, waited_then_dropped);
+  EXPECT_EQ(report.events.size(), 5u);
+  EXPECT_EQ(report.events_not_recorded, 19u);
+  EXPECT_EQ(report.mark_count("timeline.events_not_recorded"), 19u);
+}
+
+// ---- Perfetto JSON
+
+TEST(PerfettoJson, ParsesBackWithOneSpanPerOperationAndWaitAndOneInstantPerMarker) {
+  const SimReport report = sim::run(lowest_rank_first(2), waited_then_dropped);
+  const Json trace = parse_json(sim::to_perfetto_json(report));
+  const Json& events = trace.at("traceEvents");
+  ASSERT_EQ(events.type, Json::Type::Array);
+  std::map<std::string, int> by_phase;
+  std::map<std::string, int> by_category;
+  std::vector<std::string> rank_threads;
+  for (const Json& event : events.items) {
+    const std::string phase = event.at("ph").text;
+    by_phase[phase] += 1;
+    EXPECT_EQ(event.at("pid").number, 0);
+    if (phase == "M" && event.at("name").text == "thread_name") {
+      const std::string name = event.at("args").at("name").text;
+      if (name.find("row") == std::string::npos) {
+        rank_threads.push_back(name + " tid " + std::to_string(int(event.at("tid").number)));
+      }
+    }
+    if (phase != "M") {
+      by_category[event.at("cat").text] += 1;
+      EXPECT_GE(event.at("ts").number, 1);
+      EXPECT_EQ(event.at("args").at("group").text, "[0, 1]");
+      EXPECT_NE(event.at("args").at("site").text.find("timeline_test.cpp"), std::string::npos);
+    }
+    if (phase == "X") {
+      EXPECT_GE(event.at("dur").number, 1);
+    }
+  }
+  EXPECT_EQ(by_phase["X"], 8);  // 4 operations (2 per rank), 4 waits
+  EXPECT_EQ(by_phase["i"], 8);  // 4 arrivals, 2 drops, 2 finalizations
+  const std::map<std::string, int> categories = {
+      {"op", 4}, {"wait", 4}, {"arrive", 4}, {"drop", 2}, {"finalize", 2}};
+  EXPECT_EQ(by_category, categories);
+  EXPECT_EQ(rank_threads, (std::vector<std::string>{"rank 0 tid 0", "rank 1 tid 1"}));
+}
+
+TEST(PerfettoJson, SlicesOfEachThreadNest) {
+  // Operations overlap their waits without nesting: the layout moves them to rows (threads).
+  for (std::uint64_t seed : {0u, 5u, 9u}) {
+    const SimReport report = sim::run(recording(3, seed), [] {
+      Tensor a = all_reduce(rank_tensor(), "sum", world());
+      Tensor b = all_gather_tensor(rank_tensor(), 0, world());
+      wait_tensor(b);
+      wait_tensor(a);
+    });
+    const Json trace = parse_json(sim::to_perfetto_json(report));
+    std::map<int, std::vector<std::pair<double, double>>> slices;  // tid -> (begin, end)
+    for (const Json& event : trace.at("traceEvents").items) {
+      if (event.at("ph").text == "X") {
+        const double ts = event.at("ts").number;
+        slices[int(event.at("tid").number)].emplace_back(ts, ts + event.at("dur").number);
+      }
+    }
+    ASSERT_FALSE(slices.empty());
+    for (const auto& [tid, spans] : slices) {
+      for (std::size_t i = 0; i < spans.size(); ++i) {
+        for (std::size_t j = i + 1; j < spans.size(); ++j) {
+          const auto [a0, a1] = spans[i];
+          const auto [b0, b1] = spans[j];
+          const bool disjoint = a1 <= b0 || b1 <= a0;
+          const bool nested = (a0 <= b0 && b1 <= a1) || (b0 <= a0 && a1 <= b1);
+          EXPECT_TRUE(disjoint || nested) << "seed " << seed << " tid " << tid;
+        }
+      }
+    }
+  }
+}
+
+TEST(PerfettoJson, EscapesStringsAndMarksFailures) {
+  const SimReport report = sim::simulate(lowest_rank_first(3), mismatch_at_second_op);
+  const std::string json = sim::to_perfetto_json(report);
+  const Json trace = parse_json(json);  // the mismatch's detail has quotes and newlines
+  int failed_spans = 0;
+  int fail_instants = 0;
+  for (const Json& event : trace.at("traceEvents").items) {
+    if (event.find("cname") != nullptr) {
+      EXPECT_EQ(event.at("cname").text, "terrible");
+      (event.at("ph").text == "X" ? failed_spans : fail_instants) += 1;
+      EXPECT_NE(event.at("args").at("detail").text.find("CollectiveMismatch"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(failed_spans, 3);
+  EXPECT_EQ(fail_instants, 3);
+  EXPECT_NE(trace.at("traceEvents").items[0].at("args").at("name").text.find("failed: rank"),
+            std::string::npos);
+}
+
+TEST(PerfettoJson, IsEmptyWithoutEvents) {
+  const SimReport report = sim::run(testing::quiet_options(2), waited_then_dropped);
+  const Json trace = parse_json(sim::to_perfetto_json(report));
+  for (const Json& event : trace.at("traceEvents").items) {
+    EXPECT_EQ(event.at("ph").text, "M");
+  }
+}
+
+// ---- SVG
+
+TEST(SvgTimeline, DrawsOneLanePerRankAndOneBoxPerOperationWithTheFailingOnesRed) {
+  const SimReport report = sim::simulate(lowest_rank_first(4), mismatch_at_second_op);
+  const std::string svg = sim::to_svg_timeline(report);
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  EXPECT_EQ(count_of(svg, "<g class=\"lane\""), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(count_of(svg, "<g class=\"lane\" data-rank=\"" + std::to_string(r) + "\">"), 1u);
+  }
+  EXPECT_EQ(count_of(svg, "<rect class=\"op\" data-rank="), 4u);         // ops #0
+  EXPECT_EQ(count_of(svg, "<rect class=\"op failed\" data-rank="), 4u);  // ops #1, the mismatch
+  EXPECT_EQ(count_of(svg,
+                     "<rect class=\"op failed\" data-rank=\"3\" data-op=\"all_gather_tensor\" "
+                     "data-seq=\"1\""),
+            1u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(count_of(svg, "<rect class=\"op failed\" data-rank=\"" + std::to_string(r) +
+                                "\" data-op=\"all_reduce\" data-seq=\"1\""),
+              1u);
+  }
+  EXPECT_EQ(count_of(svg, "<g class=\"fail\""), 4u);
+  EXPECT_NE(svg.find(".op.failed { fill: #d62728;"), std::string::npos) << "failures are red";
+  EXPECT_NE(svg.find("class=\"failure\""), std::string::npos) << "the error is in the title";
+  EXPECT_NE(svg.find("<g class=\"legend\">"), std::string::npos);
+  EXPECT_EQ(svg.find("<g class=\"drop\""), std::string::npos);
+}
+
+TEST(SvgTimeline, MarksDropsAndFinalizations) {
+  const SimReport report = sim::run(lowest_rank_first(2), waited_then_dropped);
+  const std::string svg = sim::to_svg_timeline(report);
+  EXPECT_EQ(count_of(svg, "<g class=\"drop\""), 2u);
+  EXPECT_EQ(count_of(svg, "<g class=\"finalize\""), 2u);
+  EXPECT_EQ(count_of(svg, "<g class=\"arrive\""), 4u);
+  EXPECT_EQ(count_of(svg, "<rect class=\"wait\" data-rank="), 4u);
+  EXPECT_EQ(count_of(svg, "<rect class=\"op\" data-rank="), 4u);
+}
+
+TEST(SvgTimeline, SameRunGivesTheSameBytes) {
+  const SimReport first = sim::simulate(recording(4, 3), mismatch_at_second_op);
+  const SimReport second = sim::simulate(recording(4, 3), mismatch_at_second_op);
+  EXPECT_EQ(sim::to_svg_timeline(first), sim::to_svg_timeline(second));
+  EXPECT_EQ(sim::to_perfetto_json(first), sim::to_perfetto_json(second));
+}
+
+// ---- Files and the run report
+
+TEST(TimelineFiles, WrittenAtTheEndOfAFailingRun) {
+  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_test.svg";
+  const std::string json_path = ::testing::TempDir() + "chorus_timeline_test.json";
+  SimOptions options = testing::quiet_options(3);
+  options.timeline_path = svg_path;
+  options.trace_path = json_path;
+  const SimReport report = sim::simulate(options, mismatch_at_second_op);
+  EXPECT_FALSE(report.ok());
+  EXPECT_FALSE(report.events.empty()) << "a path turns the log on";
+  EXPECT_EQ(report.mark_count("timeline.svg_written"), 1u);
+  EXPECT_EQ(report.mark_count("timeline.trace_written"), 1u);
+  EXPECT_EQ(read_file(svg_path), sim::to_svg_timeline(report));
+  EXPECT_EQ(read_file(json_path), sim::to_perfetto_json(report));
+  std::remove(svg_path.c_str());
+  std::remove(json_path.c_str());
+}
+
+TEST(TimelineFiles, TheEnvironmentSetsThePaths) {
+  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_env_test.svg";
+  SimOptions options = testing::quiet_options(2);
+  options.seed_from_environment = true;
+  ::setenv("CHORUS_SIM_TIMELINE", svg_path.c_str(), 1);
+  const SimReport report = sim::simulate(options, waited_then_dropped);
+  ::unsetenv("CHORUS_SIM_TIMELINE");
+  EXPECT_EQ(report.mark_count("timeline.svg_written"), 1u);
+  EXPECT_EQ(read_file(svg_path), sim::to_svg_timeline(report));
+  std::remove(svg_path.c_str());
+}
+
+TEST(TimelineFiles, AnUnwritablePathIsInvalidArgument) {
+  SimOptions options = testing::quiet_options(2);
+  options.trace_path = "/nonexistent-directory/trace.json";
+  EXPECT_THROW(sim::simulate(options, waited_then_dropped), InvalidArgument);
+}
+
+TEST(TimelineFiles, ShrinkWritesTheMinimalRunOnly) {
+  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_shrink_test.svg";
+  SimOptions options = testing::quiet_options(3, 11);
+  const SimReport failing = sim::simulate(options, mismatch_at_second_op);
+  ASSERT_FALSE(failing.ok());
+  options.timeline_path = svg_path;
+  const sim::ShrinkResult shrunk = sim::shrink(options, mismatch_at_second_op, failing);
+  EXPECT_EQ(shrunk.minimal.mark_count("timeline.svg_written"), 1u);
+  EXPECT_EQ(read_file(svg_path), sim::to_svg_timeline(shrunk.minimal));
+  std::remove(svg_path.c_str());
+}
+
+TEST(TextTimeline, TellsEachRanksStoryOfTheMinimalFailingRun) {
+  const SimOptions options = testing::quiet_options(3, 11);
+  const SimReport failing = sim::simulate(options, mismatch_at_second_op);
+  ASSERT_FALSE(failing.ok());
+  const sim::ShrinkResult shrunk = sim::shrink(options, mismatch_at_second_op, failing);
+  const std::string& text = shrunk.timeline;
+  for (const char* line : {"rank 0:\n", "rank 1:\n", "rank 2:\n"}) {
+    EXPECT_EQ(count_of(text, line), 1u) << text;
+  }
+  EXPECT_NE(text.find("rank 2 issue all_gather_tensor #1 on [0, 1, 2]"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 2 fail all_gather_tensor #1 on [0, 1, 2]"), std::string::npos) << text;
+  EXPECT_NE(text.find(": CollectiveMismatch: ranks disagree on operation #1"), std::string::npos)
+      << text;
+}
+
+TEST(RunReport, NamesRanksOperationsDecisionsAndUnwaitedWorksWithCallSites) {
+  const SimReport report = sim::run(lowest_rank_first(2), waited_then_dropped);
+  const std::string text = report.to_string();
+  EXPECT_NE(text.find("chorus sim: 2 ranks"), std::string::npos) << text;
+  EXPECT_NE(text.find(std::to_string(report.steps) + " scheduling decisions"), std::string::npos);
+  EXPECT_NE(text.find("operations issued per rank: 0: 2, 1: 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("24 events recorded"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 collective(s) never waited"), std::string::npos) << text;
+  EXPECT_EQ(count_of(text, "timeline_test.cpp"), 2u) << "each unwaited work's call site";
+}
+
+}  // namespace
+}  // namespace chorus
