@@ -386,7 +386,6 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<int> reduction_program_;
   std::vector<const void*> ring_sources_;
   std::uint64_t reductions_ = 0;
-  std::vector<const void*> sources_;       // complete_operation's reduction sources
   std::vector<std::uint64_t> ops_issued_;  // by rank
   std::vector<SimEvent> events_;           // Note [Event log]
   std::uint64_t events_not_recorded_ = 0;
