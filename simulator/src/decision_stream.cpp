@@ -181,11 +181,22 @@ std::size_t DecisionStream::pick_by_pct(std::span<const Decision> candidates) {
 }
 
 // ---- Replay tokens
+//
+// Note [Replay tokens]
+// "chorus-replay:<format>:<build fingerprint>:<world size>:<shape>:<choices>". The choices are a
+// run only together with the program and the options that decide what a choice means or what
+// happens around it: the reduction order (Adversarial draws choices), the allocator policy
+// (Random draws), faults (random faults draw; explicit ones change the run), the liveness
+// budget, the timeout and step budget. Those travel as the shape (run_shape: readable, "-" for
+// all defaults), and a replay under other options is refused naming both shapes, rather than
+// silently being another run. The program is the caller's part: the replay command reruns the
+// same command line.
 
 namespace {
 
 // Bump when a choice point is added, removed or reordered: old tokens then mean other runs.
-constexpr std::uint64_t kDecisionSchemeVersion = 1;
+// 2: reduction orders, allocator reuse and random faults draw choices (each only in its mode).
+constexpr std::uint64_t kDecisionSchemeVersion = 2;
 
 constexpr std::string_view kTokenPrefix = "chorus-replay";
 constexpr char kBase64Url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -289,7 +300,58 @@ std::string build_fingerprint() {
   return fingerprint;
 }
 
-std::string encode_replay_token(int world_size, const std::vector<std::uint64_t>& choices) {
+std::string run_shape(const SimOptions& options) {
+  std::vector<std::string> parts;
+  static constexpr const char* kOrders[] = {"fixed", "ring", "tree", "adversarial"};
+  if (options.reduction_order != ReductionOrder::Fixed) {
+    parts.push_back(std::string("order=") +
+                    kOrders[static_cast<std::size_t>(options.reduction_order)]);
+  }
+  static constexpr const char* kPolicies[] = {"pooled", "lifo", "quarantine", "random"};
+  if (options.allocator != AllocatorPolicy::Pooled) {
+    parts.push_back(std::string("alloc=") + kPolicies[static_cast<std::size_t>(options.allocator)]);
+    if (options.allocator == AllocatorPolicy::Quarantine) {
+      parts.push_back("quarantine=" + std::to_string(options.quarantine_frees));
+    }
+  }
+  static constexpr const char* kFaults[] = {"crash", "transport_error", "hang", "delay"};
+  for (const Fault& fault : options.faults) {
+    std::string text = std::string("fault=") + kFaults[static_cast<std::size_t>(fault.kind)] + "@" +
+                       std::to_string(fault.rank) + "." + std::to_string(fault.at_op);
+    if (fault.kind == Fault::Kind::Delay) {
+      text += "x" + std::to_string(fault.delay_steps);
+    }
+    parts.push_back(std::move(text));
+  }
+  if (const RandomFaults& random = options.random_faults; random.enabled()) {
+    parts.push_back("random_faults=c" + std::to_string(random.crash_ppm) + ".t" +
+                    std::to_string(random.transport_error_ppm) + ".h" +
+                    std::to_string(random.hang_ppm) + ".d" + std::to_string(random.delay_ppm) +
+                    ".x" + std::to_string(random.delay_steps_max) + ".u" +
+                    std::to_string(random.until_step) + ".n" + std::to_string(random.max_faults));
+  }
+  if (options.liveness_steps != 0) {
+    parts.push_back("liveness=" + std::to_string(options.liveness_steps));
+  }
+  const SimOptions defaults;
+  if (options.timeout != defaults.timeout) {
+    parts.push_back("timeout_ns=" + std::to_string(options.timeout.count()));
+  }
+  if (options.max_steps != defaults.max_steps) {
+    parts.push_back("max_steps=" + std::to_string(options.max_steps));
+  }
+  if (parts.empty()) {
+    return "-";
+  }
+  std::string shape = parts[0];
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    shape += "," + parts[i];
+  }
+  return shape;
+}
+
+std::string encode_replay_token(int world_size, std::string_view shape,
+                                const std::vector<std::uint64_t>& choices) {
   // LEB128, sized first and then written in place (a long run has a million choices).
   std::size_t size = 0;
   for (std::uint64_t value : choices) {
@@ -308,15 +370,16 @@ std::string encode_replay_token(int world_size, const std::vector<std::uint64_t>
   }
   CHORUS_CHECK_EQ(at, size);
   return std::string(kTokenPrefix) + ":" + std::to_string(kReplayFormatVersion) + ":" +
-         build_fingerprint() + ":" + std::to_string(world_size) + ":" + base64url(bytes);
+         build_fingerprint() + ":" + std::to_string(world_size) + ":" + std::string(shape) + ":" +
+         base64url(bytes);
 }
 
 ReplayToken decode_replay_token(std::string_view token) {
   const std::vector<std::string_view> parts = split(token, ':');
-  if (parts.size() != 5 || parts[0] != kTokenPrefix) {
+  if (parts.size() < 2 || parts[0] != kTokenPrefix) {
     bad_token("'" + std::string(token.substr(0, 64)) +
               "' is not a replay token (expected chorus-replay:<version>:<build>:<world "
-              "size>:<choices>)");
+              "size>:<shape>:<choices>)");
   }
   if (parts[1] != std::to_string(kReplayFormatVersion)) {
     bad_token("the token has format version " + std::string(parts[1]) + ", this build reads " +
@@ -327,6 +390,11 @@ ReplayToken decode_replay_token(std::string_view token) {
               build_fingerprint() +
               " (another compiler, build type or decision scheme): its choices would mean a "
               "different run here");
+  }
+  if (parts.size() != 6) {
+    bad_token("'" + std::string(token.substr(0, 64)) + "' has " + std::to_string(parts.size()) +
+              " fields, expected 6 (chorus-replay:<version>:<build>:<world "
+              "size>:<shape>:<choices>)");
   }
   ReplayToken out;
   int world_size = 0;
@@ -341,10 +409,11 @@ ReplayToken decode_replay_token(std::string_view token) {
               std::to_string(kMaxWorldSize) + "]");
   }
   out.world_size = world_size;
+  out.shape = std::string(parts[4]);
   std::uint64_t value = 0;
   int shift = 0;
   bool open = false;
-  for (std::uint8_t byte : from_base64url(parts[4])) {
+  for (std::uint8_t byte : from_base64url(parts[5])) {
     if (shift > 63) {
       bad_token("the token's choices hold a value wider than 64 bits");
     }

@@ -19,9 +19,11 @@
 // portfolio that picks one of them per run from the seed. A strategy only turns candidates
 // into an index; what is recorded is the index, so a replay needs no strategy.
 //
-// A replay token is "chorus-replay:<format version>:<build fingerprint>:<world size>:<choices>"
-// (choices as base64url of LEB128 varints). Tokens from another format version or build are
-// refused with a message saying which, since the same indices mean a different run there.
+// A replay token is
+// "chorus-replay:<format version>:<build fingerprint>:<world size>:<run shape>:<choices>"
+// (choices as base64url of LEB128 varints; the shape is run_shape(), Note [Replay tokens]).
+// Tokens from another format version, build or run shape are refused with a message saying
+// which, since the same indices mean a different run there.
 
 #include <cstddef>
 #include <cstdint>
@@ -141,21 +143,28 @@ class DecisionStream {
   bool overflowed_ = false;
 };
 
-// ---- Replay tokens.
-inline constexpr int kReplayFormatVersion = 1;
+// ---- Replay tokens (Note [Replay tokens] in decision_stream.cpp).
+inline constexpr int kReplayFormatVersion = 2;
 
 // What this build's simulator is: a digest of everything that changes what a list of indices
 // means (the decision scheme version, the compiler, the build type, sanitizers). Hex, 16 digits.
 std::string build_fingerprint();
 
-std::string encode_replay_token(int world_size, const std::vector<std::uint64_t>& choices);
+// The options besides the program that shape a run, as compact readable text ("-" when all are
+// defaults): "order=adversarial,alloc=random,fault=crash@1.2". Equal shapes + equal choices =
+// the same run.
+std::string run_shape(const SimOptions& options);
+
+std::string encode_replay_token(int world_size, std::string_view shape,
+                                const std::vector<std::uint64_t>& choices);
 
 struct ReplayToken {
   int world_size = 0;
+  std::string shape;  // run_shape() of the options it was recorded under
   std::vector<std::uint64_t> choices;
 };
 // Throws InvalidArgument naming what does not match: malformed text, another format version
-// ("token format 2, this build reads 1"), another build ("built by <fp>, this build is <fp>").
+// ("token format 1, this build reads 2"), another build ("built by <fp>, this build is <fp>").
 ReplayToken decode_replay_token(std::string_view token);
 
 }  // namespace chorus::sim::detail

@@ -97,6 +97,13 @@ SimOptions effective_options(const SimOptions& options) {
                             "the replay token is for " + std::to_string(token.world_size) +
                                 " ranks, but this run has " + std::to_string(effective.world_size));
     }
+    if (const std::string shape = detail::run_shape(effective); token.shape != shape) {
+      throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""},
+                            "the replay token was recorded with run options {" + token.shape +
+                                "}, but this run has {" + shape +
+                                "}: replay it with the same SimOptions (reduction order, "
+                                "allocator, faults, liveness, timeout, max_steps)");
+    }
     effective.choices = std::move(token.choices);
     effective.fuzz_bytes.reset();
   }
@@ -405,7 +412,8 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
   attempt.trace_path = options.trace_path;
   attempt.record_events = true;  // for the per-rank story in the timeline (draws no choice)
   result.minimal = simulate(attempt, rank_main);
-  result.replay_token = detail::encode_replay_token(failing.world_size, result.choices);
+  result.replay_token =
+      detail::encode_replay_token(failing.world_size, detail::run_shape(options), result.choices);
   result.minimal.replay_command = replay_command("CHORUS_SIM_REPLAY=" + result.replay_token);
   result.timeline = timeline_text(result.minimal);
   return result;

@@ -557,7 +557,8 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   report.choices_exhausted = stream_.exhausted();
   if (!stream_.overflowed()) {
     report.choices = stream_.choices();
-    report.replay_token = encode_replay_token(options_.world_size, report.choices);
+    report.replay_token =
+        encode_replay_token(options_.world_size, run_shape(options_), report.choices);
   }
   report.data_hash = data_hash_;
   report.marks = marks_;

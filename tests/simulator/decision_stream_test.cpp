@@ -101,23 +101,47 @@ TEST(DecisionStream, PortfolioResolvesToAConcreteStrategyFromTheSeed) {
 
 TEST(ReplayToken, RoundTripsWorldSizeAndChoices) {
   const std::vector<std::uint64_t> choices = {0, 1, 127, 128, 300, 0xffffffffffffffffULL, 5};
-  const std::string token = encode_replay_token(12, choices);
-  EXPECT_EQ(token.rfind("chorus-replay:1:" + build_fingerprint() + ":12:", 0), 0u) << token;
+  const std::string token = encode_replay_token(12, "order=tree", choices);
+  EXPECT_EQ(token.rfind("chorus-replay:2:" + build_fingerprint() + ":12:order=tree:", 0), 0u)
+      << token;
   const ReplayToken decoded = decode_replay_token(token);
   EXPECT_EQ(decoded.world_size, 12);
+  EXPECT_EQ(decoded.shape, "order=tree");
   EXPECT_EQ(decoded.choices, choices);
-  EXPECT_EQ(decode_replay_token(encode_replay_token(1, {})).choices.size(), 0u);
+  EXPECT_EQ(decode_replay_token(encode_replay_token(1, "-", {})).choices.size(), 0u);
+}
+
+TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
+  SimOptions options;
+  EXPECT_EQ(run_shape(options), "-");
+  options.reduction_order = ReductionOrder::Adversarial;
+  options.allocator = AllocatorPolicy::Quarantine;
+  options.quarantine_frees = 3;
+  options.faults = {Fault::crash(1, 2), Fault::delay(0, 1, 40)};
+  options.random_faults.hang_ppm = 5;
+  options.liveness_steps = 100;
+  options.timeout = std::chrono::microseconds(7);
+  options.max_steps = 1000;
+  EXPECT_EQ(run_shape(options),
+            "order=adversarial,alloc=quarantine,quarantine=3,fault=crash@1.2,fault=delay@0.1x40,"
+            "random_faults=c0.t0.h5.d0.x100.u0.n1,liveness=100,timeout_ns=7000,max_steps=1000");
+  // Options that do not change the run (strategy: a replay ignores it; outputs) stay out.
+  SimOptions outputs;
+  outputs.strategy = Strategy::Pct;
+  outputs.record_events = true;
+  outputs.hash_data = true;
+  EXPECT_EQ(run_shape(outputs), "-");
 }
 
 TEST(ReplayToken, ATokenFromAnotherFormatVersionIsRefused) {
-  std::string token = encode_replay_token(2, {1, 0});
-  token.replace(token.find(":1:"), 3, ":2:");
+  std::string token = encode_replay_token(2, "-", {1, 0});
+  token.replace(token.find(":2:"), 3, ":1:");
   testing::expect_invalid_argument([&] { (void)decode_replay_token(token); },
-                                   {"the token has format version 2, this build reads 1"});
+                                   {"the token has format version 1, this build reads 2"});
 }
 
 TEST(ReplayToken, ATokenFromAnotherBuildIsRefused) {
-  std::string token = encode_replay_token(2, {1, 0});
+  std::string token = encode_replay_token(2, "-", {1, 0});
   const std::string fingerprint = build_fingerprint();
   token.replace(token.find(fingerprint), fingerprint.size(), "0123456789abcdef");
   testing::expect_invalid_argument(
@@ -130,15 +154,18 @@ TEST(ReplayToken, MalformedTokensAreRefused) {
   testing::expect_invalid_argument([] { (void)decode_replay_token("seed=5"); },
                                    {"is not a replay token"});
   testing::expect_invalid_argument(
-      [&] { (void)decode_replay_token("chorus-replay:1:" + fingerprint + ":0:AA"); },
+      [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":0:-:AA"); },
       {"world size 0 is outside [1, 1024]"});
   testing::expect_invalid_argument(
-      [&] { (void)decode_replay_token("chorus-replay:1:" + fingerprint + ":2:A*"); },
+      [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":2:-:A*"); },
       {"not base64url"});
   // One byte with the continuation bit set: a value cut in the middle.
   testing::expect_invalid_argument(
-      [&] { (void)decode_replay_token("chorus-replay:1:" + fingerprint + ":2:gA"); },
+      [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":2:-:gA"); },
       {"truncated"});
+  testing::expect_invalid_argument(
+      [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":2:AA"); },
+      {"has 5 fields, expected 6"});
 }
 
 // A planted bug: the run fails when the choices hold a 3 somewhere before a later 5 (an ordering

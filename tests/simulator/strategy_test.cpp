@@ -171,7 +171,7 @@ TEST(Replay, FuzzerBytesDriveTheRunDeterministically) {
   EXPECT_EQ(first.schedule.front().rank, 3);  // 3 % 4 runnable ranks
 }
 
-TEST(Replay, ATokenForAnotherWorldSizeOrFormatIsRefused) {
+TEST(Replay, ATokenForAnotherWorldSizeFormatOrRunShapeIsRefused) {
   SimOptions options = quiet_options(4, 5, Strategy::RandomWalk);
   SimReport original;
   (void)mixed_program_result(options, &original);
@@ -182,11 +182,27 @@ TEST(Replay, ATokenForAnotherWorldSizeOrFormatIsRefused) {
                                    {"the replay token is for 4 ranks, but this run has 3"});
 
   std::string other_format = original.replay_token;
-  other_format.replace(other_format.find(":1:"), 3, ":9:");
+  other_format.replace(other_format.find(":2:"), 3, ":9:");
   SimOptions wrong_format = quiet_options(4, 0, Strategy::RandomWalk);
   wrong_format.replay = other_format;
   testing::expect_invalid_argument([&] { (void)sim::simulate(wrong_format, [] {}); },
-                                   {"format version 9, this build reads 1"});
+                                   {"format version 9, this build reads 2"});
+
+  // The same choices under another reduction order would be another run.
+  SimOptions adversarial = quiet_options(4, 5, Strategy::RandomWalk);
+  adversarial.reduction_order = sim::ReductionOrder::Adversarial;
+  SimReport drawn;
+  (void)mixed_program_result(adversarial, &drawn);
+  SimOptions fixed = quiet_options(4, 0, Strategy::RandomWalk);
+  fixed.replay = drawn.replay_token;
+  testing::expect_invalid_argument(
+      [&] { (void)sim::simulate(fixed, [] {}); },
+      {"recorded with run options {order=adversarial}, but this run has {-}"});
+  adversarial.replay = drawn.replay_token;
+  SimReport replayed;
+  (void)mixed_program_result(adversarial, &replayed);
+  EXPECT_EQ(replayed.choices, drawn.choices);
+  EXPECT_EQ(replayed.schedule_hash, drawn.schedule_hash);
 }
 
 TEST(Replay, AFailingRunPrintsAReplayCommandThatReproducesIt) {
