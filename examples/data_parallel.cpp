@@ -1,7 +1,10 @@
 // Data-parallel training of a linear model: every rank computes the gradient of its own shard of
 // the data, the ranks average their gradients with one coalesced all_reduce per step, and every
-// rank applies the same update. The result is checked, bitwise, against a single-rank reference
-// that averages the same per-shard gradients in the same (group-rank) order.
+// rank applies the same update. Every rank must hold the same model, bitwise (all_gather and
+// compare), and that model must equal a single-rank reference that averages the same per-shard
+// gradients in group-rank order: bitwise under the simulator's fixed reduction order, within
+// kReorderTolerance under the others (--reduction-order=ring|tree|adversarial), whose float sums
+// round differently, as NCCL's ring does.
 //
 //   data_parallel [--ranks=N] [--seed=S] [--steps=K] [--timeline=out.svg] [--trace=out.json]
 //                 [--bug=unbucketed]
@@ -13,7 +16,9 @@
 // docs/images/failing-run.svg is
 //   data_parallel --ranks=4 --steps=2 --bug=unbucketed --timeline=docs/images/failing-run.svg
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -112,6 +117,23 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// A gradient average summed in another order differs from the rank-order one by a few ulps per
+// step; over a handful of steps of this well-conditioned model that stays far below 1e-4
+// relative (measured: at most 1.8e-7 over 5 steps on 8 ranks, every order, seeds 1-6).
+constexpr float kReorderTolerance = 1e-4f;
+
+bool close_to(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::fabs(a[i] - b[i]) > kReorderTolerance * std::max(1.0f, std::fabs(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,7 +150,8 @@ int main(int argc, char** argv) {
   std::printf("data_parallel: %d simulated ranks (seed %llu), %d samples per rank, %d steps\n",
               options.ranks, static_cast<unsigned long long>(options.seed), kSamplesPerRank, steps);
 
-  const int status = chorus::run(options, [steps, unbucketed] {
+  const bool rank_order = options.reduction_order == chorus::sim::ReductionOrder::Fixed;
+  const int status = chorus::run(options, [steps, unbucketed, rank_order] {
     const int rank = chorus::rank();
     const Shard shard = make_shard(rank);
     std::vector<float> weights(kFeatures, 0.0f);
@@ -159,7 +182,19 @@ int main(int argc, char** argv) {
     }
     std::vector<float> model = weights;
     model.push_back(bias);
-    if (!same_bits(model, reference_model(chorus::world_size(), steps))) {
+    const std::vector<float> everyone =
+        chorus::all_gather_tensor(chorus::Tensor::from_vector(model), 0, chorus::world())
+            .to_vector<float>();
+    for (int r = 0; r < chorus::world_size(); ++r) {
+      const auto row = everyone.begin() + static_cast<std::ptrdiff_t>(r * model.size());
+      if (!same_bits(model,
+                     std::vector<float>(row, row + static_cast<std::ptrdiff_t>(model.size())))) {
+        throw std::runtime_error("rank " + std::to_string(rank) + ": model differs from rank " +
+                                 std::to_string(r) + "'s");
+      }
+    }
+    const std::vector<float> reference = reference_model(chorus::world_size(), steps);
+    if (rank_order ? !same_bits(model, reference) : !close_to(model, reference)) {
       throw std::runtime_error("rank " + std::to_string(rank) +
                                ": model differs from the single-rank reference");
     }
@@ -168,7 +203,8 @@ int main(int argc, char** argv) {
     }
   });
   if (status == 0) {
-    std::printf("data_parallel: all %d ranks hold the reference model, bitwise\n", options.ranks);
+    std::printf("data_parallel: all %d ranks hold the same model, %s the reference\n",
+                options.ranks, rank_order ? "bitwise" : "within kReorderTolerance of");
   }
   return status;
 }

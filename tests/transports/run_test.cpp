@@ -41,6 +41,76 @@ TEST(RunOptions, ReadsTheTimelineAndTracePaths) {
   EXPECT_THROW(parse({"--timeline="}), InvalidArgument);
 }
 
+TEST(RunOptions, ReadsTheSimulatorsExplorationFlags) {
+  const RunOptions options = parse(
+      {"--strategy=pct", "--pct-depth", "3", "--reduction-order=adversarial", "--allocator=lifo",
+       "--guard-pages", "--check-determinism", "--replay=chorus-replay:x"});
+  EXPECT_EQ(options.strategy, sim::Strategy::Pct);
+  EXPECT_EQ(options.pct_depth, 3);
+  EXPECT_EQ(options.reduction_order, sim::ReductionOrder::Adversarial);
+  EXPECT_EQ(options.allocator, sim::AllocatorPolicy::LifoReuse);
+  EXPECT_TRUE(options.guard_pages);
+  EXPECT_TRUE(options.check_determinism);
+  EXPECT_EQ(options.replay, "chorus-replay:x");
+  EXPECT_TRUE(options.args.empty());
+
+  EXPECT_EQ(parse({"--strategy=portfolio"}).strategy, sim::Strategy::Portfolio);
+  EXPECT_EQ(parse({"--reduction-order=tree"}).reduction_order, sim::ReductionOrder::Tree);
+  EXPECT_EQ(parse({"--allocator=quarantine"}).allocator, sim::AllocatorPolicy::Quarantine);
+  const RunOptions defaults = parse({});
+  EXPECT_EQ(defaults.strategy, sim::Strategy::RandomWalk);
+  EXPECT_FALSE(defaults.guard_pages);
+  EXPECT_FALSE(defaults.check_determinism);
+
+  testing::internal::CaptureStderr();
+  const std::string message = [] {
+    try {
+      (void)parse({"--strategy=bfs"});
+    } catch (const InvalidArgument& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  }();
+  (void)testing::internal::GetCapturedStderr();
+  EXPECT_NE(
+      message.find("flag --strategy='bfs' is invalid: expected one of random, pct, portfolio"),
+      std::string::npos)
+      << message;
+  EXPECT_THROW(parse({"--pct-depth=4"}), InvalidArgument);
+  EXPECT_THROW(parse({"--pct-depth=0"}), InvalidArgument);
+  EXPECT_THROW(parse({"--reduction-order=random"}), InvalidArgument);
+  EXPECT_THROW(parse({"--allocator=malloc"}), InvalidArgument);
+  EXPECT_THROW(parse({"--check-determinism=yes"}), InvalidArgument);
+  EXPECT_THROW(parse({"--replay="}), InvalidArgument);
+}
+
+TEST(Run, CheckDeterminismPassesADeterministicProgramAndCatchesStateKeptAcrossRuns) {
+  RunOptions options;
+  options.ranks = 3;
+  options.check_determinism = true;
+  options.reduction_order = sim::ReductionOrder::Adversarial;
+  testing::internal::CaptureStderr();
+  const int clean = run(options, [] {
+    Tensor sum = all_reduce(Tensor::full({2}, rank() + 1), "sum", world());
+    EXPECT_EQ(sum.to_vector<float>(), (std::vector<float>{6, 6}));
+  });
+  const std::string clean_log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(clean, 0);
+  EXPECT_NE(clean_log.find("determinism check passed"), std::string::npos) << clean_log;
+
+  int runs = 0;  // state kept across the two runs: the second run sums other values
+  testing::internal::CaptureStderr();
+  const int leaky = run(options, [&runs] {
+    if (rank() == 0) {
+      ++runs;
+    }
+    (void)all_reduce(Tensor::full({2}, runs), "sum", world()).to_vector<float>();
+  });
+  const std::string leaky_log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(leaky, 1);
+  EXPECT_NE(leaky_log.find("determinism check failed"), std::string::npos) << leaky_log;
+}
+
 TEST(RunOptions, DefaultsAreEightSimulatedRanks) {
   const RunOptions options = parse({});
   EXPECT_EQ(options.transport, "sim");

@@ -1,5 +1,6 @@
 #include "chorus/run.hpp"
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,24 @@ std::uint64_t parse_unsigned(const std::string& flag, const std::string& value) 
   return parsed;
 }
 
+// The index of `value` among `names` (a flag's spelling of an enum), or a bad_flag error.
+template <std::size_t N>
+std::size_t pick_name(const std::string& flag, const std::string& value,
+                      const std::array<const char*, N>& names) {
+  std::string expected = "one of";
+  for (std::size_t i = 0; i < N; ++i) {
+    if (value == names[i]) {
+      return i;
+    }
+    expected += std::string(i == 0 ? " " : ", ") + names[i];
+  }
+  bad_flag(flag, value, expected);
+}
+
+constexpr std::array<const char*, 3> kStrategyNames = {"random", "pct", "portfolio"};
+constexpr std::array<const char*, 4> kOrderNames = {"fixed", "ring", "tree", "adversarial"};
+constexpr std::array<const char*, 4> kAllocatorNames = {"pooled", "lifo", "quarantine", "random"};
+
 }  // namespace
 
 RunOptions RunOptions::from_args(int argc, char** argv) {
@@ -49,8 +68,17 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       arg = arg.substr(0, equals);
       has_value = true;
     }
+    if (arg == "--guard-pages" || arg == "--check-determinism") {
+      if (has_value) {
+        bad_flag(arg, value, "no value (a switch)");
+      }
+      (arg == "--guard-pages" ? options.guard_pages : options.check_determinism) = true;
+      continue;
+    }
     const bool known = arg == "--transport" || arg == "--ranks" || arg == "--seed" ||
-                       arg == "--timeout-ms" || arg == "--timeline" || arg == "--trace";
+                       arg == "--timeout-ms" || arg == "--timeline" || arg == "--trace" ||
+                       arg == "--strategy" || arg == "--pct-depth" || arg == "--reduction-order" ||
+                       arg == "--allocator" || arg == "--replay";
     if (!known) {
       options.args.push_back(argv[i]);
       continue;
@@ -79,6 +107,24 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
         bad_flag(arg, value, "a file path");
       }
       (arg == "--timeline" ? options.timeline_path : options.trace_path) = value;
+    } else if (arg == "--strategy") {
+      options.strategy = static_cast<sim::Strategy>(pick_name(arg, value, kStrategyNames));
+    } else if (arg == "--pct-depth") {
+      const std::uint64_t depth = parse_unsigned(arg, value);
+      if (depth < 1 || depth > 3) {
+        bad_flag(arg, value, "1, 2 or 3");
+      }
+      options.pct_depth = static_cast<int>(depth);
+    } else if (arg == "--reduction-order") {
+      options.reduction_order =
+          static_cast<sim::ReductionOrder>(pick_name(arg, value, kOrderNames));
+    } else if (arg == "--allocator") {
+      options.allocator = static_cast<sim::AllocatorPolicy>(pick_name(arg, value, kAllocatorNames));
+    } else if (arg == "--replay") {
+      if (value.empty()) {
+        bad_flag(arg, value, "a replay token (chorus-replay:...)");
+      }
+      options.replay = value;
     } else {
       constexpr std::uint64_t kTimeoutMsMax = std::uint64_t{1000} * 60 * 60 * 24 * 365;
       const std::uint64_t milliseconds = parse_unsigned(arg, value);
@@ -103,6 +149,29 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
   sim_options.timeout = options.timeout;
   sim_options.timeline_path = options.timeline_path;
   sim_options.trace_path = options.trace_path;
+  sim_options.strategy = options.strategy;
+  sim_options.pct_depth = options.pct_depth;
+  sim_options.reduction_order = options.reduction_order;
+  sim_options.allocator = options.allocator;
+  sim_options.guard_pending_outputs = options.guard_pages;
+  sim_options.replay = options.replay;
+  if (options.check_determinism) {
+    const sim::DeterminismCheck check = sim::check_determinism(sim_options, std::move(rank_main));
+    if (!check.first.ok()) {
+      std::fprintf(stderr, "%s", check.first.to_string().c_str());  // both runs print quietly
+    }
+    if (!check.deterministic) {
+      std::fprintf(stderr, "chorus: determinism check failed: %s\n", check.difference.c_str());
+    } else {
+      std::fprintf(stderr,
+                   "chorus: determinism check passed: two runs took the same %llu decisions "
+                   "(schedule hash %016llx) and wrote the same bytes (data hash %016llx)\n",
+                   static_cast<unsigned long long>(check.first.steps),
+                   static_cast<unsigned long long>(check.first.schedule_hash),
+                   static_cast<unsigned long long>(check.first.data_hash));
+    }
+    return check.deterministic && check.first.ok() && check.second.ok() ? 0 : 1;
+  }
   const sim::SimReport report = sim::simulate(sim_options, std::move(rank_main));
   if (report.ok() && !report.unwaited.empty()) {
     std::fprintf(stderr, "%s", report.to_string().c_str());  // failures printed already

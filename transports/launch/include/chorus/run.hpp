@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "chorus/sim/sim.hpp"
+
 namespace chorus {
 
 struct RunOptions {
@@ -24,19 +26,31 @@ struct RunOptions {
   // not (sim::SimOptions::timeline_path, trace_path; docs/simulator-timeline.md).
   std::string timeline_path;
   std::string trace_path;
+  // Simulator only (docs/simulator.md): how schedules are explored, reductions ordered and
+  // storages allocated; a replay token to follow; run twice and compare (sim::check_determinism).
+  sim::Strategy strategy = sim::Strategy::RandomWalk;
+  int pct_depth = 2;
+  sim::ReductionOrder reduction_order = sim::ReductionOrder::Fixed;
+  sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
+  bool guard_pages = false;
+  bool check_determinism = false;
+  std::string replay;
   // Arguments from_args did not consume, in order (argv[0] excluded), for the program.
   std::vector<std::string> args;
 
   // Reads --transport=sim|mpi|nccl, --ranks=N, --seed=S, --timeout-ms=T, --timeline=out.svg,
-  // --trace=out.json (also as two words, "--ranks 4"); everything else lands in `args`. Throws
-  // InvalidArgument for a malformed value.
+  // --trace=out.json, --strategy=random|pct|portfolio, --pct-depth=1..3,
+  // --reduction-order=fixed|ring|tree|adversarial, --allocator=pooled|lifo|quarantine|random,
+  // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages and
+  // --check-determinism; everything else lands in `args`. Throws InvalidArgument for a malformed
+  // value.
   static RunOptions from_args(int argc, char** argv);
 };
 
 // Runs `rank_main` on every rank of the chosen transport. Returns 0 when every rank returned
-// normally, 1 otherwise (the error, and for the simulator the seed and a replay command, are
-// printed to stderr). Works never waited are reported on stderr with their call sites.
-// Throws InvalidArgument for an unknown or unavailable transport.
+// normally (and, with check_determinism, both runs agreed), 1 otherwise (the error, and for the
+// simulator the seed and a replay command, are printed to stderr). Works never waited are reported
+// on stderr with their call sites. Throws InvalidArgument for an unknown or unavailable transport.
 int run(const RunOptions& options, std::function<void()> rank_main);
 
 }  // namespace chorus
