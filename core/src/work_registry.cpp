@@ -278,7 +278,8 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
   // While an exception unwinds this thread (or fiber), completing the work could wait for peers
   // that are themselves waiting for this rank's next collective, which the unwinding rank will
   // never issue: the peers would be told "deadlock" rather than the truth. So such drops stay
-  // registered and are completed at the rank's next collective or when it ends.
+  // registered and are completed at the rank's next collective or when it ends. The transport
+  // may defer any other drop the same way (Note [Work lifecycle], step 3).
   const bool unwinding = std::uncaught_exceptions() > 0;
   std::vector<Claim> claims;
   {
@@ -293,8 +294,9 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
       std::erase(entry->second.storages, &storage);
       if (entry->second.storages.empty()) {
         entry->second.dropped = true;
-        entry->second.work->work().on_dropped();
-        if (!unwinding) {
+        const transport::Work& work = entry->second.work->work();
+        work.on_dropped();
+        if (!unwinding && !work.defer_finalization()) {
           claims.push_back(claim_locked(entry->second, /*at_rank_exit=*/false));
         } else {
           may_have_deferred_drops_.store(true, std::memory_order_release);

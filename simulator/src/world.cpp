@@ -93,6 +93,11 @@ void SimWork::on_finalized(bool at_rank_exit, bool failed) const noexcept {
   }
 }
 
+bool SimWork::defer_finalization() const noexcept {
+  std::shared_ptr<SimWorld> world = world_.lock();
+  return world != nullptr && world->choose_deferred_finalization();
+}
+
 bool SimWork::is_completed() {
   if (std::shared_ptr<SimWorld> world = world_.lock()) {
     if (const int caller = world->current_rank(); caller >= 0) {
@@ -1068,6 +1073,19 @@ void SimWorld::on_work_finalized(const SimWork& work, bool at_rank_exit, bool fa
         std::string(at_rank_exit ? "at rank exit" : "after a drop") + (failed ? ", failed" : ""));
   } catch (...) {
     // As on_work_dropped.
+  }
+}
+
+bool SimWorld::choose_deferred_finalization() noexcept {
+  if (!options_.choose_finalization || current_rank() < 0) {
+    return false;  // no choice: finalize now (as on_work_dropped, only a rank may draw)
+  }
+  try {
+    const bool defer = stream_.choose(2) == 1;
+    mark(defer ? "finalize.deferred" : "finalize.now");
+    return defer;
+  } catch (...) {
+    return false;  // out of memory recording the choice: finalize now
   }
 }
 

@@ -80,6 +80,16 @@
 // rank table (what each is blocked on), and every operation started after fails the same way,
 // so a rank retrying forever (catching Aborted, say) ends too.
 
+// Note [Finalization choice]
+// When core finalizes a result dropped un-waited is not fixed on a real runtime, so with
+// SimOptions::choose_finalization it is a choice: core asks transport::Work::defer_finalization
+// at each drop (not while an exception unwinds: that drop is deferred anyway), and the world
+// answers with stream_.choose(2) — 0: finalize now ("finalize.now"), 1: defer to the rank's next
+// collective, explicit wait or exit ("finalize.deferred"), where core's settle_unwaited
+// completes it (Note [Work lifecycle], step 3). A drop off the simulated ranks (a thread that is
+// not a rank) takes no choice and is finalized now. Without the option nothing is drawn, so the
+// choice lists of default runs are unchanged.
+
 // Note [Event log]
 // With SimOptions::record_events the world logs what each rank did (SimReport::events) in the
 // order it happened: issue and arrive in start(), wait begin and end in wait_on_rank (only when
@@ -142,6 +152,8 @@ class SimWork final : public transport::Work {
   // Core's drops and finalizations go to the event log (SimWorld::on_work_dropped).
   void on_dropped() const noexcept override;
   void on_finalized(bool at_rank_exit, bool failed) const noexcept override;
+  // Note [Finalization choice] (SimWorld::choose_deferred_finalization).
+  bool defer_finalization() const noexcept override;
 
   int rank() const noexcept { return rank_; }
   const ErrorContext& context() const noexcept { return context_; }
@@ -242,6 +254,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // (the only context that touches the world's state); never throws.
   void on_work_dropped(const SimWork& work) noexcept;
   void on_work_finalized(const SimWork& work, bool at_rank_exit, bool failed) noexcept;
+  // Note [Finalization choice]: whether core should defer finalizing a result just dropped on
+  // the calling rank (a choice of the stream when SimOptions::choose_finalization). Never throws.
+  bool choose_deferred_finalization() noexcept;
   // The simulated rank of this world running on the calling thread, or -1.
   int current_rank() const noexcept;
 

@@ -9,6 +9,7 @@
 #include <chorus/chorus.hpp>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -307,6 +308,7 @@ TEST(WorkRegistry, TellsTheTransportWorkOfADropAndItsFinalizationOnly) {
   issue_and_drop(rank.transport());
   const auto dropped_work = rank.transport().last_work();
   EXPECT_EQ(dropped_work->drops(), 1);
+  EXPECT_EQ(dropped_work->defer_asked(), 1) << "asked once, at the drop; the fake says now";
   EXPECT_EQ(dropped_work->finalizations(), 1);
   EXPECT_FALSE(dropped_work->finalized_at_rank_exit());
   EXPECT_FALSE(dropped_work->finalized_failed());
@@ -327,6 +329,137 @@ TEST(WorkRegistry, TellsTheTransportWorkOfAFailedFinalizationAtRankExit) {
   EXPECT_EQ(work->finalizations(), 1);
   EXPECT_TRUE(work->finalized_at_rank_exit());
   EXPECT_TRUE(work->finalized_failed());
+}
+
+// The line of the all_reduce below, for the report check. Its work asks core to defer its
+// finalization (transport::Work::defer_finalization) and completes once waited.
+constexpr int kDeferredLine = __LINE__ + 3;
+std::shared_ptr<FakeWork> issue_and_drop_deferred(FakeTransport& transport) {
+  Tensor input = iota(2);
+  Tensor dropped = all_reduce(input, "sum", {0});
+  std::shared_ptr<FakeWork> work = transport.last_work();
+  work->defer_finalization_when_dropped();
+  work->complete_when_waited();
+  return work;
+}
+
+// Expects `unwaited` to be the one report line of the drop in issue_and_drop_deferred, which
+// issued operation `seq`.
+void expect_deferred_drop_reported(const std::vector<UnwaitedWork>& unwaited,
+                                   std::int64_t seq = 0) {
+  ASSERT_EQ(unwaited.size(), 1u);
+  EXPECT_EQ(unwaited[0].op, "all_reduce");
+  EXPECT_EQ(unwaited[0].seq, seq);
+  EXPECT_EQ(unwaited[0].location.line(), kDeferredLine);
+  EXPECT_FALSE(unwaited[0].at_rank_exit) << "a deferred drop is still a drop";
+}
+
+TEST(WorkRegistry, DeferredDropIsFinalizedAtTheRanksNextCollective) {
+  FakeRank rank;
+  const auto dropped = issue_and_drop_deferred(rank.transport());
+  EXPECT_EQ(dropped->drops(), 1);
+  EXPECT_EQ(dropped->defer_asked(), 1);
+  EXPECT_EQ(dropped->finalizations(), 0) << "deferred: not finalized at the drop";
+  EXPECT_EQ(dropped->waits(), 0);
+  EXPECT_EQ(rank.registry().size(), 1u);
+  EXPECT_TRUE(rank.registry().unwaited().empty()) << "reported when finalized";
+  Tensor next = all_reduce(iota(2), "sum", {0});  // finalizes the dropped work first
+  EXPECT_EQ(dropped->finalizations(), 1);
+  EXPECT_EQ(dropped->waits(), 1);
+  EXPECT_FALSE(dropped->finalized_at_rank_exit());
+  expect_deferred_drop_reported(rank.registry().unwaited());
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
+  EXPECT_EQ(rank.registry().size(), 0u);
+  expect_deferred_drop_reported(rank.registry().unwaited());  // once
+}
+
+TEST(WorkRegistry, DeferredDropIsFinalizedAtAnExplicitWait) {
+  FakeRank rank;
+  Tensor kept = all_reduce(iota(2), "sum", {0});
+  const auto kept_work = rank.transport().last_work();
+  const auto dropped = issue_and_drop_deferred(rank.transport());
+  EXPECT_EQ(dropped->finalizations(), 0);
+  kept_work->complete();
+  wait_tensor(kept);
+  EXPECT_EQ(dropped->finalizations(), 1);
+  expect_deferred_drop_reported(rank.registry().unwaited(), 1);
+  EXPECT_EQ(rank.registry().size(), 0u);
+}
+
+TEST(WorkRegistry, DeferredDropIsFinalizedAtRankExitAsADrop) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  std::shared_ptr<FakeWork> dropped;
+  {
+    ScopedRankBinding binding(&context);
+    dropped = issue_and_drop_deferred(*transport);
+  }
+  EXPECT_EQ(dropped->finalizations(), 0);
+  const RankContext::Summary summary = context.finish();
+  EXPECT_EQ(dropped->finalizations(), 1);
+  EXPECT_FALSE(dropped->finalized_at_rank_exit());
+  expect_deferred_drop_reported(summary.unwaited);
+  EXPECT_EQ(summary.error, nullptr);
+}
+
+TEST(WorkRegistry, FailedDeferredDropIsRaisedAtTheRanksNextCollectiveOnce) {
+  FakeRank rank;
+  {
+    Tensor dropped = all_reduce(iota(2), "sum", {0});
+    rank.transport().last_work()->defer_finalization_when_dropped();
+    rank.transport().last_work()->fail(make_error(
+        ErrorCode::TransportError, ErrorContext{0, "all_reduce", 0, "[0]"}, "link down"));
+  }
+  EXPECT_TRUE(rank.registry().unwaited().empty()) << "not finalized yet: no error recorded";
+  try {
+    all_reduce(iota(2), "sum", {0});
+    ADD_FAILURE() << "the deferred finalization's failure was not raised";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("dropped un-waited"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("link down"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(rank.transport().works().size(), 1u) << "raised before the new collective started";
+  ASSERT_EQ(rank.registry().unwaited().size(), 1u);
+  EXPECT_NE(rank.registry().unwaited()[0].error.find("link down"), std::string::npos);
+  Tensor next = all_reduce(iota(2), "sum", {0});  // raised once
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
+}
+
+TEST(WorkRegistry, FailedDeferredDropIsTheRanksErrorAtExit) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  {
+    ScopedRankBinding binding(&context);
+    Tensor dropped = all_reduce(iota(2), "sum", {0});
+    transport->last_work()->defer_finalization_when_dropped();
+    transport->last_work()->fail(
+        make_error(ErrorCode::RankFailure, ErrorContext{0, "all_reduce", 0, "[0]"}, "peer died"));
+  }
+  const RankContext::Summary summary = context.finish();
+  ASSERT_NE(summary.error, nullptr);
+  EXPECT_THROW(std::rethrow_exception(summary.error), RankFailure);
+  ASSERT_EQ(summary.unwaited.size(), 1u);
+  EXPECT_FALSE(summary.unwaited[0].at_rank_exit);
+  EXPECT_NE(summary.unwaited[0].error.find("peer died"), std::string::npos);
+}
+
+TEST(WorkRegistry, DropWhileUnwindingIsDeferredWithoutAskingTheTransport) {
+  FakeRank rank;
+  std::shared_ptr<FakeWork> dropped;
+  try {
+    Tensor result = all_reduce(iota(2), "sum", {0});
+    dropped = rank.transport().last_work();
+    dropped->complete_when_waited();
+    throw std::runtime_error("user error");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(dropped->drops(), 1);
+  EXPECT_EQ(dropped->defer_asked(), 0) << "deferred anyway: no question to ask";
+  EXPECT_EQ(dropped->finalizations(), 0);
+  EXPECT_EQ(work_registry_size(), 0u);  // settles it
+  EXPECT_EQ(dropped->finalizations(), 1);
 }
 
 TEST(WorkRegistry, FailedWorkMakesItsStorageRaiseOnEveryAccess) {

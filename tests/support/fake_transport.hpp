@@ -92,6 +92,14 @@ class FakeWork final : public transport::Work {
     finalized_failed_.store(failed);
     finalizations_.fetch_add(1);
   }
+  // Whether core should defer finalizing this work when dropped (transport::Work's hook), and
+  // how often core asked.
+  bool defer_finalization() const noexcept override {
+    defer_asked_.fetch_add(1);
+    return defer_when_dropped_.load();
+  }
+  void defer_finalization_when_dropped() { defer_when_dropped_.store(true); }
+  int defer_asked() const { return defer_asked_.load(); }
   int drops() const { return drops_.load(); }
   int finalizations() const { return finalizations_.load(); }
   bool finalized_at_rank_exit() const { return finalized_at_rank_exit_.load(); }
@@ -104,6 +112,8 @@ class FakeWork final : public transport::Work {
   std::exception_ptr error_;
   int waits_ = 0;
   std::atomic<bool> complete_when_waited_{false};
+  std::atomic<bool> defer_when_dropped_{false};
+  mutable std::atomic<int> defer_asked_{0};
   mutable std::atomic<int> drops_{0};
   mutable std::atomic<int> finalizations_{0};
   mutable std::atomic<bool> finalized_at_rank_exit_{false};

@@ -18,7 +18,12 @@
 //    thrown from the destructor; every wait has a deadline, so the destructor cannot block
 //    forever. A drop during exception unwinding is completed later instead (at the rank's next
 //    collective or its end): the unwinding rank will not issue the collectives its peers may be
-//    waiting for, so waiting there could only end in a misleading deadlock.
+//    waiting for, so waiting there could only end in a misleading deadlock. Any other drop is
+//    deferred the same way when the transport work asks for it (defer_finalization): when a
+//    dropped result is finalized is not fixed on a real runtime, and the simulator makes it a
+//    choice of its decision stream. A deferred drop is completed by settle_unwaited (the rank's
+//    next collective, wait_tensor, wait_tensors, work_registry_size) or at rank exit, and is
+//    reported as dropped (not "at exit"); a failure is raised by that same settle_unwaited.
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
 // The transport work hears of steps 3 and 4 (transport::Work::on_dropped when its last storage
@@ -112,8 +117,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Called by ~Storage (Note [Work lifecycle], step 3). Never throws.
   void on_storage_dropped(const Storage& storage) noexcept;
 
-  // Completes the works whose last storage was dropped while an exception was unwinding (step 3
-  // defers those). Call only when no exception is in flight. Never throws.
+  // Completes the works whose drop step 3 deferred (while an exception was unwinding, or because
+  // the transport work asked). Call only when no exception is in flight. Never throws.
   void complete_deferred_drops() noexcept;
 
   // Completes every remaining work, recording each as unwaited at exit (step 4). Never throws.
@@ -160,7 +165,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   std::exception_ptr complete_and_retire_one(const std::shared_ptr<PendingWork>& work);
   void retire_locked(const PendingWork& work, const std::exception_ptr& error);
   // Marks `entry` as being completed as unwaited and writes its report line (step 3 and 4: the
-  // line exists from the drop on, so a report taken meanwhile has it).
+  // line exists from the claim on, so a report taken meanwhile has it; a deferred drop is
+  // claimed when it is completed).
   Claim claim_locked(Entry& entry, bool at_rank_exit) noexcept;
   // Completes a claimed work, retires it, and records a failure (report, deferred error).
   void finalize(const Claim& claim) noexcept;
@@ -179,7 +185,7 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // mutex_, read without it) let it skip the lock and the scan of every entry when there is
   // nothing to settle, which is nearly always. A drop or error racing with the read is settled
   // at the next collective, exactly as when it raced with taking the lock.
-  std::atomic<bool> may_have_deferred_drops_{false};  // set when a drop is deferred (unwinding)
+  std::atomic<bool> may_have_deferred_drops_{false};  // set when a drop is deferred
   std::atomic<bool> has_deferred_errors_{false};      // !deferred_errors_.empty()
 };
 

@@ -203,6 +203,16 @@ struct SimOptions {
   // set them. A file that cannot be written throws InvalidArgument after the run.
   std::string timeline_path;
   std::string trace_path;
+
+  // ---- Finalization (docs/simulator-finalize.md): when core finalizes a result dropped
+  // un-waited (Note [Work lifecycle], core/src/detail/work_registry.hpp). A real runtime does
+  // not fix that moment (a garbage collector's timing). When true, each such drop on a simulated
+  // rank takes one choice of the decision stream: 0 finalizes it at once, as when off (so
+  // shrinking a failing list goes toward it; mark "finalize.now"); 1 defers it to the rank's
+  // next collective, wait_tensor, wait_tensors or work_registry_size call, or to its end (mark
+  // "finalize.deferred"), where a failure of the operation is then raised. It is still reported
+  // once, as dropped, with its call site. Off: no choice is drawn.
+  bool choose_finalization = false;
 };
 
 inline constexpr int kMaxWorldSize = 1024;

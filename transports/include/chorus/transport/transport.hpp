@@ -199,6 +199,12 @@ class Work {
   // registry lock held: they must not block, throw or call into chorus.
   virtual void on_dropped() const noexcept {}
   virtual void on_finalized(bool /*at_rank_exit*/, bool /*failed*/) const noexcept {}
+  // Asked by core right after on_dropped (same thread, lock and rules), unless core defers the
+  // drop anyway (an exception is unwinding): whether to finalize this dropped operation later —
+  // at the rank's next collective or explicit wait, or when the rank ends — rather than now. A
+  // real runtime does not fix when a dropped result is finalized (a garbage collector's timing);
+  // the simulator draws the answer from its decision stream. By default: now.
+  virtual bool defer_finalization() const noexcept { return false; }
 };
 
 // A communicator: one rank's handle on a group. Not thread-safe: a rank starts operations on a
