@@ -186,7 +186,8 @@ std::size_t DecisionStream::pick_by_pct(std::span<const Decision> candidates) {
 // "chorus-replay:<format>:<build fingerprint>:<world size>:<shape>:<choices>". The choices are a
 // run only together with the program and the options that decide what a choice means or what
 // happens around it: the reduction order (Adversarial draws choices), the allocator policy
-// (Random draws), faults (random faults draw; explicit ones change the run), the liveness
+// (Random draws), finalization (chosen: each drop draws), faults (random faults draw; explicit
+// ones change the run), the liveness
 // budget, the timeout and step budget. Those travel as the shape (run_shape: readable, "-" for
 // all defaults), and a replay under other options is refused naming both shapes, rather than
 // silently being another run. The program is the caller's part: the replay command reruns the
@@ -329,6 +330,9 @@ std::string run_shape(const SimOptions& options) {
                     std::to_string(random.hang_ppm) + ".d" + std::to_string(random.delay_ppm) +
                     ".x" + std::to_string(random.delay_steps_max) + ".u" +
                     std::to_string(random.until_step) + ".n" + std::to_string(random.max_faults));
+  }
+  if (options.choose_finalization) {
+    parts.push_back("finalization=chosen");
   }
   if (options.liveness_steps != 0) {
     parts.push_back("liveness=" + std::to_string(options.liveness_steps));
