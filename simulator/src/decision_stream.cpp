@@ -315,6 +315,9 @@ std::string run_shape(const SimOptions& options) {
       parts.push_back("quarantine=" + std::to_string(options.quarantine_frees));
     }
   }
+  if (options.guard_pending_outputs) {
+    parts.push_back("guard");  // whole pages per storage: Random's fitting blocks change
+  }
   static constexpr const char* kFaults[] = {"crash", "transport_error", "hang", "delay"};
   for (const Fault& fault : options.faults) {
     std::string text = std::string("fault=") + kFaults[static_cast<std::size_t>(fault.kind)] + "@" +
@@ -389,16 +392,16 @@ ReplayToken decode_replay_token(std::string_view token) {
     bad_token("the token has format version " + std::string(parts[1]) + ", this build reads " +
               std::to_string(kReplayFormatVersion) + ": replay it with the chorus that wrote it");
   }
+  if (parts.size() != 6) {
+    bad_token("'" + std::string(token.substr(0, 64)) + "' has " + std::to_string(parts.size()) +
+              " fields, expected 6 (chorus-replay:<version>:<build>:<world "
+              "size>:<shape>:<choices>)");
+  }
   if (parts[2] != build_fingerprint()) {
     bad_token("the token was written by build " + std::string(parts[2]) + ", this build is " +
               build_fingerprint() +
               " (another compiler, build type or decision scheme): its choices would mean a "
               "different run here");
-  }
-  if (parts.size() != 6) {
-    bad_token("'" + std::string(token.substr(0, 64)) + "' has " + std::to_string(parts.size()) +
-              " fields, expected 6 (chorus-replay:<version>:<build>:<world "
-              "size>:<shape>:<choices>)");
   }
   ReplayToken out;
   int world_size = 0;

@@ -134,6 +134,10 @@ void check_fault_plan(const SimOptions& options) {
       invalid("fault '" + fault.to_string() + "' names rank " + std::to_string(fault.rank) +
               ", outside the world of " + std::to_string(options.world_size) + " ranks");
     }
+    if (fault.kind == Fault::Kind::Delay && fault.delay_steps > kDelayStepsMax) {
+      invalid("fault '" + fault.to_string() + "' delays by more than kDelayStepsMax (" +
+              std::to_string(kDelayStepsMax) + ") steps");
+    }
     if (fault.kind == Fault::Kind::Delay && fault.delay_steps == 0) {
       invalid("fault '" + fault.to_string() + "' delays by 0 steps: a delay is at least 1 step");
     }
@@ -147,6 +151,10 @@ void check_fault_plan(const SimOptions& options) {
   }
   if (random.enabled() && random.delay_ppm > 0 && random.delay_steps_max == 0) {
     invalid("random delays need RandomFaults::delay_steps_max >= 1");
+  }
+  if (random.delay_steps_max > kDelayStepsMax) {
+    invalid("RandomFaults::delay_steps_max " + std::to_string(random.delay_steps_max) +
+            " is above kDelayStepsMax (" + std::to_string(kDelayStepsMax) + ")");
   }
 }
 
@@ -334,6 +342,21 @@ DeterminismCheck check_determinism(const SimOptions& options, std::function<void
   };
   differs("the decision hash", check.first.schedule_hash, check.second.schedule_hash);
   differs("the number of decisions", check.first.steps, check.second.steps);
+  // Choices beyond the schedule (reduction orders, allocator reuse, faults) are not in the
+  // decision hash.
+  const std::vector<std::uint64_t>& a = check.first.choices;
+  const std::vector<std::uint64_t>& b = check.second.choices;
+  if (check.deterministic && a != b) {
+    const auto [at_a, at_b] = std::ranges::mismatch(a, b);
+    const auto index = static_cast<std::size_t>(at_a - a.begin());
+    const auto value = [](const std::vector<std::uint64_t>& list, std::size_t i) {
+      return i < list.size() ? std::to_string(list[i]) : std::string("none (the list ended)");
+    };
+    check.deterministic = false;
+    check.difference = "choice " + std::to_string(index) +
+                       " differs between two runs with the same options (" + value(a, index) +
+                       " vs " + value(b, index) + ")";
+  }
   differs("the data hash (bytes of collective outputs)", check.first.data_hash,
           check.second.data_hash);
   if (check.deterministic && check.first.rank_errors != check.second.rank_errors) {

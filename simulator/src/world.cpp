@@ -1342,16 +1342,24 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
     const Fault& fault = options_.faults[i];
     if (!fault_spent_[i] && fault.rank == rank && fault.at_op == op_index) {
       fault_spent_[i] = true;
-      record_fault(fault, false);
       firing.push_back(fault);
     }
   }
-  const RandomFaults& random = options_.random_faults;
-  const bool window_open = random.enabled() && random_faults_fired_ < random.max_faults &&
-                           (random.until_step == 0 || steps_ < random.until_step);
-  if (!window_open || !firing.empty()) {  // an explicit fault here: no random one
+  // A crash here ends the rank before it arrives: a transport error or hang of this operation
+  // never happens (and is not reported), a delay happens first.
+  const auto is_crash = [](const Fault& fault) { return fault.kind == Fault::Kind::Crash; };
+  if (const auto crash = std::ranges::find_if(firing, is_crash); crash != firing.end()) {
+    const Fault fatal = *crash;
+    std::erase_if(firing, [](const Fault& fault) { return fault.kind != Fault::Kind::Delay; });
+    firing.push_back(fatal);
+  }
+  for (const Fault& fault : firing) {
+    record_fault(fault, false);
+  }
+  if (!random_window_open() || !firing.empty()) {  // an explicit fault here: no random one
     return firing;
   }
+  const RandomFaults& random = options_.random_faults;
   // One choice among kMillion: [0, quiet) is no fault, so choice 0 (a shrunk list's) is none.
   constexpr std::uint64_t kMillion = 1'000'000;
   const std::uint64_t ppm[] = {random.crash_ppm, random.transport_error_ppm, random.hang_ppm,
@@ -1458,10 +1466,19 @@ bool SimWorld::skip_virtual_time() {
   return true;
 }
 
-bool SimWorld::faults_over() const {
+bool SimWorld::random_window_open() const {
   const RandomFaults& random = options_.random_faults;
-  if (random.enabled() && random_faults_fired_ < random.max_faults &&
-      (random.until_step == 0 || steps_ < random.until_step)) {
+  return random.enabled() && random_faults_fired_ < random.max_faults &&
+         (random.until_step == 0 || steps_ < random.until_step);
+}
+
+bool SimWorld::faults_over() const {
+  if (random_window_open()) {
+    return false;
+  }
+  // A delayed rank is still inside its fault: the phase starts once it woke.
+  if (std::ranges::any_of(ranks_,
+                          [](const RankSlot& slot) { return slot.phase == Phase::Delayed; })) {
     return false;
   }
   for (std::size_t i = 0; i < options_.faults.size(); ++i) {

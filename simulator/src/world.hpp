@@ -351,6 +351,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   bool check_liveness();
   // No fault can fire any more.
   bool faults_over() const;
+  // Random faults may still be drawn (enabled, under max_faults, before until_step).
+  bool random_window_open() const;
   // Note [Event log]: appends an event about `work` that happened on `rank` now, when
   // SimOptions::record_events; costs a branch otherwise.
   void record(SimEvent::Kind kind, int rank, const SimWork& work, std::string detail = {}) {

@@ -117,15 +117,18 @@ TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
   options.reduction_order = ReductionOrder::Adversarial;
   options.allocator = AllocatorPolicy::Quarantine;
   options.quarantine_frees = 3;
+  options.guard_pending_outputs = true;
   options.faults = {Fault::crash(1, 2), Fault::delay(0, 1, 40)};
   options.random_faults.hang_ppm = 5;
   options.choose_finalization = true;
   options.liveness_steps = 100;
   options.timeout = std::chrono::microseconds(7);
   options.max_steps = 1000;
-  EXPECT_EQ(run_shape(options),
-            "order=adversarial,alloc=quarantine,quarantine=3,fault=crash@1.2,fault=delay@0.1x40,"
-            "random_faults=c0.t0.h5.d0.x100.u0.n1,finalization=chosen,liveness=100,timeout_ns=7000,max_steps=1000");
+  EXPECT_EQ(
+      run_shape(options),
+      "order=adversarial,alloc=quarantine,quarantine=3,guard,fault=crash@1.2,fault=delay@0.1x40,"
+      "random_faults=c0.t0.h5.d0.x100.u0.n1,finalization=chosen,liveness=100,timeout_ns=7000,"
+      "max_steps=1000");
   // Options that do not change the run (strategy: a replay ignores it; outputs) stay out.
   SimOptions outputs;
   outputs.strategy = Strategy::Pct;
@@ -167,6 +170,8 @@ TEST(ReplayToken, MalformedTokensAreRefused) {
   testing::expect_invalid_argument(
       [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":2:AA"); },
       {"has 5 fields, expected 6"});
+  testing::expect_invalid_argument([] { (void)decode_replay_token("chorus-replay:2"); },
+                                   {"has 2 fields, expected 6"});
 }
 
 // A planted bug: the run fails when the choices hold a 3 somewhere before a later 5 (an ordering

@@ -300,6 +300,45 @@ TEST_P(SimFault, LivenessHoldsWhenRanksGiveUpAfterAFault) {
   }
 }
 
+TEST_P(SimFault, LivenessStartsOnlyOnceADelayedRankWoke) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    // Rank 0 is slow (400 steps) at its first operation; meanwhile its peers work alone for more
+    // decisions than the liveness budget. A slow rank is not a stuck one.
+    SimOptions options = options_for(size, seed, {Fault::delay(0, 0, 400)});
+    options.liveness_steps = 30;
+    std::vector<std::int32_t> sums(static_cast<std::size_t>(size));
+    const SimReport report = sim::simulate(options, [&] {
+      if (rank() != 0) {
+        for (int i = 0; i < 20; ++i) {
+          (void)all_reduce(Tensor::ones({1}), "sum", {rank()}).item<float>();
+        }
+      }
+      sums[rank_slot()] =
+          all_reduce(Tensor::full({1}, 1, DType::Int32), "sum", world()).item<std::int32_t>();
+    });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    EXPECT_EQ(report.mark_count("fault.delay"), 1u);
+    EXPECT_EQ(report.mark_count("liveness.phase"), 1u);
+    EXPECT_EQ(report.mark_count("liveness.violation"), 0u);
+    EXPECT_EQ(sums, std::vector<std::int32_t>(static_cast<std::size_t>(size), size));
+  }
+}
+
+TEST_P(SimFault, ACrashAtTheSameOperationPreemptsItsHangAndReportsOnlyWhatHappened) {
+  const int size = GetParam();
+  SimOptions options = options_for(size, 0, {Fault::hang(1, 0), Fault::crash(1, 0)});
+  const SimReport report = sim::simulate(options, [] {
+    try {
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+    } catch (const RankFailure&) {
+    }
+  });
+  EXPECT_EQ(report.faults_fired, std::vector<Fault>{Fault::crash(1, 0)});
+  EXPECT_EQ(report.mark_count("fault.crash"), 1u);
+  EXPECT_EQ(report.mark_count("fault.hang"), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimFault, ::testing::Values(2, 4), testing::world_name);
 
 TEST(SimFaultCrash, RanksOutsideTheDeadRanksGroupsGoOn) {
@@ -442,6 +481,13 @@ TEST(SimFaultPlan, InvalidPlansAreRejected) {
   SimOptions no_delay = testing::quiet_options(2);
   no_delay.faults = {Fault::delay(0, 0, 0)};
   testing::expect_invalid_argument(run_with(no_delay), {"delays by 0 steps"});
+  SimOptions long_delay = testing::quiet_options(2);
+  long_delay.faults = {Fault::delay(0, 0, sim::kDelayStepsMax + 1)};
+  testing::expect_invalid_argument(run_with(long_delay), {"delays by more than kDelayStepsMax"});
+  SimOptions long_random = testing::quiet_options(2);
+  long_random.random_faults.delay_ppm = 1;
+  long_random.random_faults.delay_steps_max = sim::kDelayStepsMax + 1;
+  testing::expect_invalid_argument(run_with(long_random), {"is above kDelayStepsMax"});
   SimOptions too_likely = testing::quiet_options(2);
   too_likely.random_faults.crash_ppm = 600'000;
   too_likely.random_faults.hang_ppm = 600'000;

@@ -252,6 +252,29 @@ TEST(Determinism, StateKeptAcrossRunsIsCaught) {
   EXPECT_NE(check.difference.find("data hash"), std::string::npos) << check.difference;
 }
 
+TEST(Determinism, AChoiceOutsideTheScheduleThatDiffersIsCaught) {
+  // The second run frees two blocks before an allocation where the first freed one, so only it
+  // draws a Random-allocator choice: same schedule, same bytes, different choices.
+  static int runs = 0;
+  runs = 0;
+  SimOptions options = quiet_options(1, 0, Strategy::RandomWalk);
+  options.allocator = sim::AllocatorPolicy::Random;
+  const sim::DeterminismCheck check = sim::check_determinism(options, [] {
+    ++runs;
+    {
+      std::vector<Tensor> freed;
+      for (int i = 0; i < runs; ++i) {
+        freed.push_back(Tensor::zeros({16}));
+      }
+    }
+    (void)Tensor::zeros({16});
+  });
+  EXPECT_FALSE(check.deterministic);
+  EXPECT_EQ(check.first.schedule_hash, check.second.schedule_hash);
+  EXPECT_NE(check.difference.find("choice "), std::string::npos) << check.difference;
+  EXPECT_EQ(check.second.mark_count("alloc.random"), 1u);
+}
+
 TEST(Shrink, APlantedBugShrinksToItsHandMinimalScheduleAndReplays) {
   FirstTickBug bug;
   SimOptions options = quiet_options(2, 0, Strategy::RandomWalk);

@@ -216,6 +216,9 @@ struct SimOptions {
 };
 
 inline constexpr int kMaxWorldSize = 1024;
+// The longest injected delay, in steps (2^40 us of virtual time, about 12.7 days): longer ones
+// would overflow virtual time.
+inline constexpr std::uint64_t kDelayStepsMax = std::uint64_t{1} << 40;
 inline constexpr std::chrono::nanoseconds kStepDuration = std::chrono::microseconds(1);
 
 using chorus::UnwaitedWork;
