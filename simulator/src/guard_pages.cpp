@@ -90,8 +90,18 @@ void on_segv(int signal, siginfo_t* info, void* context) {
     (void)written;
     std::abort();
   }
-  // Not a guarded page: hand the fault to whoever handled SIGSEGV before us. Returning re-executes
-  // the faulting access under that disposition; a signal sent by kill() has to be raised again.
+  // Not a guarded page: hand the fault to whoever handled SIGSEGV before us, staying installed
+  // for later guard-mode runs. A handler is called directly; the default action (or ignoring,
+  // which the kernel does not honour for a real fault) is restored so that returning re-executes
+  // the access under it, and a signal sent by kill() is raised again.
+  if ((previous_action.sa_flags & SA_SIGINFO) != 0 && previous_action.sa_sigaction != nullptr) {
+    previous_action.sa_sigaction(signal, info, context);
+    return;
+  }
+  if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN) {
+    previous_action.sa_handler(signal);
+    return;
+  }
   sigaction(SIGSEGV, &previous_action, nullptr);
   if (info->si_code <= 0) {
     raise(signal);
@@ -157,8 +167,7 @@ int add_guarded_range(const void* begin, std::size_t nbytes, const std::string& 
     range.begin.store(reinterpret_cast<std::uintptr_t>(begin), std::memory_order_release);
     return static_cast<int>(i);
   }
-  CHORUS_CHECK(false && "more than kGuardedRangesMax pending outputs guarded at once");
-  return -1;
+  return -1;  // full: the caller leaves this output unprotected (poisoned only)
 }
 
 void remove_guarded_range(int index) noexcept {

@@ -215,18 +215,31 @@ bool SimAllocator::protect(const void* data, std::size_t nbytes, const void* own
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.upper_bound(address);
   if (it == live_.begin()) {
+    ++marks_["guard.unowned"];
     return false;
   }
   --it;
   if (address + nbytes > it->first + it->second.capacity) {
+    ++marks_["guard.unowned"];
     return false;
   }
   LiveBlock& live = it->second;
-  if (live.guards++ == 0) {
-    live.guard_entry =
+  if (live.guards > 0 && live.guard_owner != owner) {
+    ++marks_["guard.shared"];
+    return false;
+  }
+  if (live.guards == 0) {
+    const int entry =
         add_guarded_range(reinterpret_cast<const void*>(it->first), live.capacity, what, step);
+    if (entry < 0) {
+      ++marks_["guard.table_full"];
+      return false;
+    }
+    live.guard_entry = entry;
+    live.guard_owner = owner;
     CHORUS_CHECK_EQ(mprotect(reinterpret_cast<void*>(it->first), live.capacity, PROT_NONE), 0);
   }
+  live.guards += 1;
   guarded_by_owner_.emplace(owner, it->first);
   return true;
 }
@@ -252,6 +265,7 @@ void SimAllocator::unguard(std::uintptr_t address, LiveBlock& live) noexcept {
                   0);
   remove_guarded_range(live.guard_entry);
   live.guards = 0;
+  live.guard_owner = nullptr;
   live.guard_entry = -1;
 }
 

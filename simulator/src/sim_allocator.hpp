@@ -66,8 +66,12 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
 
   // ---- Guard pages (Note [Guard pages]); whole_pages only.
   // Protects the block holding [data, data + nbytes) on behalf of `owner` (a work), with the
-  // fault report `what`; `step` is read at fault time. False when no live block of this
-  // allocator holds that range (caller memory: from_blob).
+  // fault report `what`; `step` is read at fault time. False, leaving it unprotected, when no
+  // live block of this allocator holds that range (caller memory: from_blob; mark
+  // "guard.unowned"), when another work already protects the block (two pending outputs in one
+  // storage: the simulator must write the first one's results while the second is pending; mark
+  // "guard.shared"), or when the process-wide table of guarded ranges is full
+  // ("guard.table_full").
   bool protect(const void* data, std::size_t nbytes, const void* owner, const std::string& what,
                const std::uint64_t* step);
   // Unprotects every block protected on behalf of `owner`. Cheap when there is none.
@@ -81,8 +85,9 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
   struct LiveBlock {
     std::size_t capacity = 0;
     int rank = -1;
-    int guards = 0;        // owners that protect it
-    int guard_entry = -1;  // its guarded range while guards > 0
+    int guards = 0;                     // outputs of `guard_owner` that protect it
+    int guard_entry = -1;               // its guarded range while guards > 0
+    const void* guard_owner = nullptr;  // the one work whose outputs protect it
   };
   struct RankLists {
     std::vector<Block> available;   // reusable, oldest first

@@ -269,11 +269,10 @@ constexpr double kTop = 48;         // px above the first lane (title, axis)
 constexpr double kRight = 24;       // px right of the last microsecond
 constexpr double kPlotWidthMax = 1400;
 constexpr double kMicrosecondWidthMax = 28;  // px per microsecond of virtual time, at most
-constexpr double kMicrosecondWidthMin = 1;
-constexpr double kLegendWidth = 940;   // px: the image is at least as wide as the legend
-constexpr double kBoxWidthMin = 8;     // px: the narrowest operation box
-constexpr double kMarkerSpacing = 10;  // px between markers of one rank at the same moment
-constexpr double kCharWidth = 6.7;     // px per character of 11px monospace, about
+constexpr double kLegendWidth = 940;         // px: the image is at least as wide as the legend
+constexpr double kBoxWidthMin = 8;           // px: the narrowest operation box
+constexpr double kMarkerSpacing = 10;        // px between markers of one rank at the same moment
+constexpr double kCharWidth = 6.7;           // px per character of 11px monospace, about
 
 std::string xml_escape(std::string_view text) {
   std::string out;
@@ -339,8 +338,10 @@ constexpr const char* kStyle = R"(
 std::string to_svg_timeline(const SimReport& report) {
   const Layout layout = lay_out(report);
   const std::int64_t total_us = std::max<std::int64_t>((layout.end_ns + 999) / 1000, 1);
-  const double us_width = std::clamp(kPlotWidthMax / static_cast<double>(total_us),
-                                     kMicrosecondWidthMin, kMicrosecondWidthMax);
+  // Long runs (a watchdog's timeout skips minutes of virtual time) shrink to the plot's width:
+  // Perfetto's trace is for zooming in.
+  const double us_width =
+      std::min(kPlotWidthMax / static_cast<double>(total_us), kMicrosecondWidthMax);
   const auto x_of = [&](std::int64_t ns) {
     return kLabelWidth + static_cast<double>(ns) / 1000.0 * us_width;
   };

@@ -417,9 +417,7 @@ void SimWorld::guard_outputs(const SimWork& work, const SimGroup& group, int ran
   for (const transport::Buffer& output : outputs) {
     if (allocator_->protect(output.data, output.nbytes(), &work, what, &steps_)) {
       mark("guard.protect");
-    } else {
-      mark("guard.unowned");  // caller memory (from_blob): poisoned only
-    }
+    }  // else poisoned only; the allocator marked why (guard.unowned, shared, table_full)
   }
 }
 

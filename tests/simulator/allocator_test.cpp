@@ -20,6 +20,7 @@
 
 #include "decision_stream.hpp"
 #include "sim_allocator.hpp"
+#include "support/fake_transport.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -258,6 +259,30 @@ TEST(SimAllocator, ProtectRefusesMemoryItDoesNotOwn) {
   const std::uint64_t step = 0;
   EXPECT_FALSE(allocator->protect(caller_memory.data(), 64, &stream, "x", &step));
   allocator->unprotect(&stream);  // nothing to undo
+  allocator->detach();
+}
+
+TEST(SimAllocator, ProtectRefusesASecondWorkOnAGuardedBlock) {
+  sim::detail::DecisionStream stream(sim::detail::prng_source(1), sim::Strategy::RandomWalk, 2, 0,
+                                     1, false);
+  auto allocator = std::make_shared<sim::detail::SimAllocator>(
+      sim::detail::SimAllocator::Config{AllocatorPolicy::LifoReuse, 0, true, 1, false}, stream);
+  RankContext context(std::make_shared<testing::FakeTransport>());
+  ScopedRankBinding binding(&context);
+  {
+    std::shared_ptr<void> block = allocator->allocate(256);
+    const char* data = static_cast<const char*>(block.get());
+    const int first_work = 0;
+    const int second_work = 0;
+    const std::uint64_t step = 0;
+    EXPECT_TRUE(allocator->protect(data, 64, &first_work, "first", &step));
+    EXPECT_TRUE(allocator->protect(data + 64, 64, &first_work, "first", &step)) << "same work";
+    EXPECT_FALSE(allocator->protect(data + 128, 64, &second_work, "second", &step));
+    EXPECT_EQ(allocator->marks()["guard.shared"], 1u);
+    allocator->unprotect(&first_work);
+    EXPECT_TRUE(allocator->protect(data + 128, 64, &second_work, "second", &step));
+    allocator->unprotect(&second_work);
+  }
   allocator->detach();
 }
 

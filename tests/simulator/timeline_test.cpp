@@ -470,6 +470,22 @@ TEST(SvgTimeline, SameRunGivesTheSameBytes) {
   EXPECT_EQ(sim::to_perfetto_json(first), sim::to_perfetto_json(second));
 }
 
+TEST(SvgTimeline, AWatchdogTimeoutsMinutesOfVirtualTimeFitTheWidth) {
+  SimOptions options = recording(2, 0);
+  options.faults = {sim::Fault::hang(1, 0)};  // the default 10-minute timeout fires
+  const SimReport report = sim::simulate(options, [] {
+    try {
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+    } catch (const Timeout&) {
+    }
+  });
+  ASSERT_GE(report.virtual_time, std::chrono::minutes(10));
+  const std::string svg = sim::to_svg_timeline(report);
+  const std::size_t at = svg.find("width=\"") + 7;
+  const double width = std::stod(svg.substr(at, svg.find('"', at) - at));
+  EXPECT_LE(width, 2000.0) << "one pixel per microsecond would be 600 million";
+}
+
 // ---- Files and the run report
 
 TEST(TimelineFiles, WrittenAtTheEndOfAFailingRun) {
