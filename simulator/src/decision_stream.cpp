@@ -303,14 +303,11 @@ std::string build_fingerprint() {
 
 std::string run_shape(const SimOptions& options) {
   std::vector<std::string> parts;
-  static constexpr const char* kOrders[] = {"fixed", "ring", "tree", "adversarial"};
   if (options.reduction_order != ReductionOrder::Fixed) {
-    parts.push_back(std::string("order=") +
-                    kOrders[static_cast<std::size_t>(options.reduction_order)]);
+    parts.push_back(std::string("order=") + std::string(name(options.reduction_order)));
   }
-  static constexpr const char* kPolicies[] = {"pooled", "lifo", "quarantine", "random"};
   if (options.allocator != AllocatorPolicy::Pooled) {
-    parts.push_back(std::string("alloc=") + kPolicies[static_cast<std::size_t>(options.allocator)]);
+    parts.push_back(std::string("alloc=") + std::string(name(options.allocator)));
     if (options.allocator == AllocatorPolicy::Quarantine) {
       parts.push_back("quarantine=" + std::to_string(options.quarantine_frees));
     }
@@ -318,9 +315,8 @@ std::string run_shape(const SimOptions& options) {
   if (options.guard_pending_outputs) {
     parts.push_back("guard");  // whole pages per storage: Random's fitting blocks change
   }
-  static constexpr const char* kFaults[] = {"crash", "transport_error", "hang", "delay"};
   for (const Fault& fault : options.faults) {
-    std::string text = std::string("fault=") + kFaults[static_cast<std::size_t>(fault.kind)] + "@" +
+    std::string text = std::string("fault=") + std::string(name(fault.kind)) + "@" +
                        std::to_string(fault.rank) + "." + std::to_string(fault.at_op);
     if (fault.kind == Fault::Kind::Delay) {
       text += "x" + std::to_string(fault.delay_steps);

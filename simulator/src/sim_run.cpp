@@ -174,10 +174,63 @@ void write_output(const std::string& path, const std::string& text, std::string_
 
 }  // namespace
 
+std::string_view name(Strategy strategy) noexcept {
+  switch (strategy) {
+    case Strategy::RandomWalk:
+      return "random";
+    case Strategy::Pct:
+      return "pct";
+    case Strategy::Portfolio:
+      return "portfolio";
+  }
+  return "unknown";
+}
+
+std::string_view name(ReductionOrder order) noexcept {
+  switch (order) {
+    case ReductionOrder::Fixed:
+      return "fixed";
+    case ReductionOrder::Ring:
+      return "ring";
+    case ReductionOrder::Tree:
+      return "tree";
+    case ReductionOrder::Adversarial:
+      return "adversarial";
+  }
+  return "unknown";
+}
+
+std::string_view name(AllocatorPolicy policy) noexcept {
+  switch (policy) {
+    case AllocatorPolicy::Pooled:
+      return "pooled";
+    case AllocatorPolicy::LifoReuse:
+      return "lifo";
+    case AllocatorPolicy::Quarantine:
+      return "quarantine";
+    case AllocatorPolicy::Random:
+      return "random";
+  }
+  return "unknown";
+}
+
+std::string_view name(Fault::Kind kind) noexcept {
+  switch (kind) {
+    case Fault::Kind::Crash:
+      return "crash";
+    case Fault::Kind::TransportError:
+      return "transport_error";
+    case Fault::Kind::Hang:
+      return "hang";
+    case Fault::Kind::Delay:
+      return "delay";
+  }
+  return "unknown";
+}
+
 std::string Fault::to_string() const {
-  static constexpr const char* kNames[] = {"crash", "transport_error", "hang", "delay"};
-  std::string text = std::string(kNames[static_cast<std::size_t>(kind)]) + " at rank " +
-                     std::to_string(rank) + "'s operation " + std::to_string(at_op);
+  std::string text = std::string(name(kind)) + " at rank " + std::to_string(rank) +
+                     "'s operation " + std::to_string(at_op);
   if (kind == Kind::Delay) {
     text += " by " + std::to_string(delay_steps) + " steps";
   }

@@ -43,20 +43,7 @@ std::uint64_t decision_code(const Decision& decision) {
 }
 
 // The mark each reduction op leaves in its mode (Note [Reduction order modes]).
-const char* reduction_mark(ReductionOrder order) {
-  switch (order) {
-    case ReductionOrder::Fixed:
-      return "reduction.fixed";
-    case ReductionOrder::Ring:
-      return "reduction.ring";
-    case ReductionOrder::Tree:
-      return "reduction.tree";
-    case ReductionOrder::Adversarial:
-      return "reduction.adversarial";
-  }
-  CHORUS_CHECK_LE(static_cast<int>(order), static_cast<int>(ReductionOrder::Adversarial));
-  return "";
-}
+std::string reduction_mark(ReductionOrder order) { return "reduction." + std::string(name(order)); }
 
 bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
   const auto* a0 = static_cast<const unsigned char*>(a.data);
@@ -1309,19 +1296,7 @@ void SimWorld::declare_deadlock(const std::string& why) {
 
 namespace {
 
-std::string_view fault_mark(Fault::Kind kind) {
-  switch (kind) {
-    case Fault::Kind::Crash:
-      return "fault.crash";
-    case Fault::Kind::TransportError:
-      return "fault.transport_error";
-    case Fault::Kind::Hang:
-      return "fault.hang";
-    case Fault::Kind::Delay:
-      return "fault.delay";
-  }
-  return "fault.unknown";
-}
+std::string fault_mark(Fault::Kind kind) { return "fault." + std::string(name(kind)); }
 
 }  // namespace
 

@@ -37,23 +37,26 @@ std::uint64_t parse_unsigned(const std::string& flag, const std::string& value) 
   return parsed;
 }
 
-// The index of `value` among `names` (a flag's spelling of an enum), or a bad_flag error.
-template <std::size_t N>
-std::size_t pick_name(const std::string& flag, const std::string& value,
-                      const std::array<const char*, N>& names) {
+// The enum value among `values` whose sim::name is `value`, or a bad_flag error listing them.
+template <typename Enum, std::size_t N>
+Enum parse_name(const std::string& flag, const std::string& value,
+                const std::array<Enum, N>& values) {
   std::string expected = "one of";
   for (std::size_t i = 0; i < N; ++i) {
-    if (value == names[i]) {
-      return i;
+    if (value == sim::name(values[i])) {
+      return values[i];
     }
-    expected += std::string(i == 0 ? " " : ", ") + names[i];
+    expected += std::string(i == 0 ? " " : ", ") + std::string(sim::name(values[i]));
   }
   bad_flag(flag, value, expected);
 }
 
-constexpr std::array<const char*, 3> kStrategyNames = {"random", "pct", "portfolio"};
-constexpr std::array<const char*, 4> kOrderNames = {"fixed", "ring", "tree", "adversarial"};
-constexpr std::array<const char*, 4> kAllocatorNames = {"pooled", "lifo", "quarantine", "random"};
+constexpr std::array kStrategies = {sim::Strategy::RandomWalk, sim::Strategy::Pct,
+                                    sim::Strategy::Portfolio};
+constexpr std::array kOrders = {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring,
+                                sim::ReductionOrder::Tree, sim::ReductionOrder::Adversarial};
+constexpr std::array kAllocators = {sim::AllocatorPolicy::Pooled, sim::AllocatorPolicy::LifoReuse,
+                                    sim::AllocatorPolicy::Quarantine, sim::AllocatorPolicy::Random};
 
 }  // namespace
 
@@ -108,7 +111,7 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       }
       (arg == "--timeline" ? options.timeline_path : options.trace_path) = value;
     } else if (arg == "--strategy") {
-      options.strategy = static_cast<sim::Strategy>(pick_name(arg, value, kStrategyNames));
+      options.strategy = parse_name(arg, value, kStrategies);
     } else if (arg == "--pct-depth") {
       const std::uint64_t depth = parse_unsigned(arg, value);
       if (depth < 1 || depth > 3) {
@@ -116,10 +119,9 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       }
       options.pct_depth = static_cast<int>(depth);
     } else if (arg == "--reduction-order") {
-      options.reduction_order =
-          static_cast<sim::ReductionOrder>(pick_name(arg, value, kOrderNames));
+      options.reduction_order = parse_name(arg, value, kOrders);
     } else if (arg == "--allocator") {
-      options.allocator = static_cast<sim::AllocatorPolicy>(pick_name(arg, value, kAllocatorNames));
+      options.allocator = parse_name(arg, value, kAllocators);
     } else if (arg == "--replay") {
       if (value.empty()) {
         bad_flag(arg, value, "a replay token (chorus-replay:...)");

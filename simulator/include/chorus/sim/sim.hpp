@@ -215,6 +215,13 @@ struct SimOptions {
   bool choose_finalization = false;
 };
 
+// Spellings of the option enums, shared by the launcher's flags (--strategy=pct), replay
+// tokens' run shapes and marks ("reduction.tree", "fault.crash").
+std::string_view name(Strategy strategy) noexcept;       // random, pct, portfolio
+std::string_view name(ReductionOrder order) noexcept;    // fixed, ring, tree, adversarial
+std::string_view name(AllocatorPolicy policy) noexcept;  // pooled, lifo, quarantine, random
+std::string_view name(Fault::Kind kind) noexcept;        // crash, transport_error, hang, delay
+
 inline constexpr int kMaxWorldSize = 1024;
 // The longest injected delay, in steps (2^40 us of virtual time, about 12.7 days): longer ones
 // would overflow virtual time.
