@@ -412,6 +412,10 @@ std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::
                                          int group_rank) const {
   const auto me = static_cast<std::size_t>(group_rank);
   const SimGroup::Arrival& mine = slot.arrivals[me];
+  const auto is_all_to_all = [](const SimOp& op) { return op.kind == transport::OpKind::AllToAll; };
+  if (std::none_of(mine.ops.begin(), mine.ops.end(), is_all_to_all)) {
+    return {};  // only all_to_all's counts can split (the common case: no scan of the peers)
+  }
   for (std::size_t peer = 0; peer < slot.arrivals.size(); ++peer) {
     const SimGroup::Arrival& theirs = slot.arrivals[peer];
     if (!theirs.arrived || peer == me) {
@@ -962,13 +966,14 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
 }
 
 void SimWorld::wake_waiters(SimWork& work) {
-  for (int rank : work.take_waiters()) {
+  for (int rank : work.waiters()) {
     RankSlot& waiter = ranks_[static_cast<std::size_t>(rank)];
     if (waiter.phase == Phase::Blocked && waiter.blocked_on == &work) {
       waiter.phase = Phase::Runnable;
       waiter.blocked_on = nullptr;
     }
   }
+  work.clear_waiters();
 }
 
 void SimWorld::advance_completion(SimGroup& group) {
@@ -1053,9 +1058,11 @@ void SimWorld::on_work_finalized(const SimWork& work, bool at_rank_exit, bool fa
   }
   try {
     mark(at_rank_exit ? "timeline.finalize.at_rank_exit" : "timeline.finalize");
-    record(
-        SimEvent::Kind::Finalize, rank, work,
-        std::string(at_rank_exit ? "at rank exit" : "after a drop") + (failed ? ", failed" : ""));
+    if (options_.record_events) {  // the detail is built only for the log
+      record_event(
+          SimEvent::Kind::Finalize, rank, work,
+          std::string(at_rank_exit ? "at rank exit" : "after a drop") + (failed ? ", failed" : ""));
+    }
   } catch (...) {
     // As on_work_dropped.
   }

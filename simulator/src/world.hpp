@@ -100,6 +100,7 @@
 // without. The log is drawn by simulator/src/timeline.cpp (Perfetto JSON, SVG).
 
 #include <atomic>
+#include <boost/container/small_vector.hpp>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -108,6 +109,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -164,7 +166,8 @@ class SimWork final : public transport::Work {
   void mark_failed(std::exception_ptr error) noexcept;
   // Ranks of this world blocked on this work (any rank may wait on any rank's tensor).
   void add_waiter(int rank) { waiters_.push_back(rank); }
-  std::vector<int> take_waiters() noexcept { return std::exchange(waiters_, {}); }
+  std::span<const int> waiters() const noexcept { return {waiters_.data(), waiters_.size()}; }
+  void clear_waiters() noexcept { waiters_.clear(); }
   // Rethrows the stored error when failed.
   void rethrow_if_failed() const;
 
@@ -175,7 +178,9 @@ class SimWork final : public transport::Work {
   ErrorContext context_;
   CallSite site_;
   std::exception_ptr error_;  // written before status_ becomes Failed
-  std::vector<int> waiters_;  // touched only by the context that holds the scheduler's turn
+  // Touched only by the context that holds the scheduler's turn. Usually one rank (the owner)
+  // waits: inline storage spares a work an allocation.
+  boost::container::small_vector<int, 2> waiters_;
   std::atomic<transport::WorkStatus> status_{transport::WorkStatus::Pending};
 };
 
@@ -248,7 +253,14 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   }
   int world_size() const noexcept { return options_.world_size; }
   // Records that the simulator passed the named mark (SimReport::marks). `name` is a literal.
-  void mark(std::string_view name) { ++marks_[std::string(name)]; }
+  // Builds the key string only the first time a name fires.
+  void mark(std::string_view name) {
+    if (auto it = marks_.find(name); it != marks_.end()) {
+      ++it->second;
+    } else {
+      marks_.emplace(name, 1);
+    }
+  }
   // Core dropped / finalized `work` (transport::Work's hooks): marks "timeline.drop" /
   // "timeline.finalize" and logs the event. Acts only on the simulated rank holding the turn
   // (the only context that touches the world's state); never throws.
