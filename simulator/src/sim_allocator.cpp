@@ -16,8 +16,10 @@
 namespace chorus::sim::detail {
 namespace {
 
-// Freed bytes kept reusable per world; past it a freed block goes back to the heap.
-constexpr std::size_t kCachedBytesMax = std::size_t{256} << 20;
+// Freed bytes each rank keeps reusable (as core's pool: RankOptions::host_pool_bytes_max); past
+// it a freed block goes back to the heap. Per rank, so whether a rank gets its own block back
+// never depends on what other ranks freed (Note [Simulator allocator]).
+constexpr std::size_t kCachedBytesPerRankMax = std::size_t{64} << 20;
 // What a quarantined block holds (Note [Simulator allocator]).
 constexpr unsigned char kQuarantineByte = 0xDD;
 
@@ -128,8 +130,8 @@ std::byte* SimAllocator::take_free(RankLists& lists, std::size_t rounded, std::s
   }
   const Block block = available[index];
   available.erase(available.begin() + static_cast<std::ptrdiff_t>(index));
-  CHORUS_CHECK_GE(cached_bytes_, block.capacity);
-  cached_bytes_ -= block.capacity;
+  CHORUS_CHECK_GE(lists.cached_bytes, block.capacity);
+  lists.cached_bytes -= block.capacity;
   if (config_.policy == AllocatorPolicy::LifoReuse) {
     ++marks_["alloc.lifo_reuse"];
   } else if (config_.policy == AllocatorPolicy::Quarantine) {
@@ -170,13 +172,13 @@ void SimAllocator::release(std::byte* data) noexcept {
 }
 
 void SimAllocator::make_available(RankLists& lists, Block block) noexcept {
-  if (cached_bytes_ + block.capacity > kCachedBytesMax) {
+  if (lists.cached_bytes + block.capacity > kCachedBytesPerRankMax) {
     std::free(block.data);
     return;
   }
   try {
     lists.available.push_back(block);
-    cached_bytes_ += block.capacity;
+    lists.cached_bytes += block.capacity;
   } catch (...) {
     std::free(block.data);  // out of memory for the list
   }

@@ -92,13 +92,14 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
   struct RankLists {
     std::vector<Block> available;   // reusable, oldest first
     std::deque<Block> quarantined;  // Quarantine: oldest first
+    std::size_t cached_bytes = 0;   // in `available`
   };
 
   std::size_t round_up(std::size_t nbytes) const noexcept;
   // A free block of `rank` for `rounded` bytes, per the policy, or null; under the lock.
   std::byte* take_free(RankLists& lists, std::size_t rounded, std::size_t* capacity);
   void release(std::byte* data) noexcept;
-  // Makes a block available again (or frees it past kCachedBytesMax); under the lock.
+  // Makes a block available again (or frees it past kCachedBytesPerRankMax); under the lock.
   void make_available(RankLists& lists, Block block) noexcept;
   void check_quarantine_pattern(const Block& block, int rank) noexcept;
   void unguard(std::uintptr_t address, LiveBlock& live) noexcept;
@@ -111,7 +112,6 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
   std::map<std::uintptr_t, LiveBlock> live_;  // allocated blocks by address
   std::multimap<const void*, std::uintptr_t> guarded_by_owner_;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
-  std::size_t cached_bytes_ = 0;  // in the available lists
 };
 
 }  // namespace chorus::sim::detail
