@@ -28,6 +28,8 @@
 //     defer_finalization asked, on_finalized;
 //   - the unwaited report: the works finalized after a drop, by op and sequence number;
 //   - every value read, bitwise.
+// After the last command the rank ends (RankContext::finish): deferred drops are reported as
+// drops, the other registered works as pending at rank exit, and nothing stays pending.
 // Drops follow Note [Work lifecycle] step 3: the last storage of a registered work dying
 // finalizes it right there, unless its transport work asked to defer (Issue's `defer`); a
 // deferred drop stays registered until the rank settles (its next collective, wait_tensor,
