@@ -199,9 +199,12 @@ PropertyResult drive(const Property& property, const CheckOptions& options,
 std::string rank_failures(const std::vector<std::string>& errors) {
   std::ostringstream out;
   for (std::size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r].empty()) {
-      out << "  rank " << r << ": " << errors[r] << "\n";
+    if (errors[r].empty()) {
+      continue;
     }
+    // Env's failures name the rank already.
+    const std::string prefix = "rank " + std::to_string(r) + ": ";
+    out << "  " << (errors[r].rfind(prefix, 0) == 0 ? "" : prefix) << errors[r] << "\n";
   }
   return out.str();
 }
@@ -528,6 +531,31 @@ Token parse_token(std::string_view token) {
   return parsed;
 }
 
+// The `index`-th shrink of `input` (a step of a token's shrink path).
+// GCC 12 at -O2 and above reports a -Wmaybe-uninitialized false positive inside rc::Maybe's
+// destructor here (the Maybe is always constructed by Seq::next()).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+rc::Shrinkable<SimInput> nth_shrink(const rc::Shrinkable<SimInput>& input, int index,
+                                    std::string_view token) {
+  rc::Seq<rc::Shrinkable<SimInput>> shrinks = input.shrinks();
+  for (int k = 0; k < index; ++k) {
+    if (!shrinks.next()) {
+      bad_token(token, "its shrink path leaves the generated case's shrinks (another build?)");
+    }
+  }
+  rc::Maybe<rc::Shrinkable<SimInput>> shrink = shrinks.next();
+  if (!shrink) {
+    bad_token(token, "its shrink path leaves the generated case's shrinks (another build?)");
+  }
+  return std::move(*shrink);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 }  // namespace
 
 std::string_view name(Verdict verdict) noexcept {
@@ -628,15 +656,7 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
   rc::Shrinkable<SimInput> input = gen(case_random(options.seed, property.name, parsed.case_index),
                                        case_size(parsed.case_index, options.cases));
   for (const int index : parsed.path) {
-    rc::Seq<rc::Shrinkable<SimInput>> shrinks = input.shrinks();
-    rc::Maybe<rc::Shrinkable<SimInput>> shrink;
-    for (int k = 0; k <= index; ++k) {
-      shrink = shrinks.next();
-      if (!shrink) {
-        bad_token(token, "its shrink path leaves the generated case's shrinks (another build?)");
-      }
-    }
-    input = std::move(*shrink);
+    input = nth_shrink(input, index, token);
   }
   const SimInput value = input.value();
   sim::SimOptions sim_options = simulator_options(property, options);
@@ -700,7 +720,7 @@ std::string summary_table(const CheckReport& report) {
   return out.str();
 }
 
-std::string failure_report(const PropertyResult& result) {
+std::string failure_report(const PropertyResult& result, std::string_view replay_with) {
   std::ostringstream out;
   out << "property " << result.name << " FAILED";
   if (result.shrink_steps > 0) {
@@ -711,7 +731,7 @@ std::string failure_report(const PropertyResult& result) {
   if (!result.timeline.empty()) {
     out << "timeline of the minimal failing run:\n" << result.timeline;
   }
-  out << "replay: chorus replay " << result.replay_token << "\n";
+  out << "replay: " << replay_with << " " << result.replay_token << "\n";
   return out.str();
 }
 

@@ -30,7 +30,7 @@ TEST(Battery, PlantedLastBitOnOneRankFailsWithAShrunkReplayableCounterexample) {
   const PropertyResult result = check_one("reduce.all_reduce", options);
   ASSERT_EQ(result.verdict, Verdict::Failed);
   // Only the planted rank's result is wrong, and the report says which element.
-  EXPECT_NE(result.failure.find("rank 1: rank 1: all_reduce result: element "), std::string::npos)
+  EXPECT_NE(result.failure.find("rank 1: all_reduce result: element "), std::string::npos)
       << result.failure;
   EXPECT_EQ(result.failure.find("rank 0:"), std::string::npos) << result.failure;
   // Shrunk from a larger case to a small one: the whole world, sum, data seed 0, the all-0
@@ -76,7 +76,7 @@ TEST(Battery, PlantedEarlyCompletionIsCaughtByTheReductionAndWaitProperties) {
   for (const std::string name : {"reduce.all_reduce", "async.wait_orders"}) {
     const PropertyResult result = check_one(name, options);
     ASSERT_EQ(result.verdict, Verdict::Failed) << name;
-    EXPECT_NE(result.failure.find("rank 2: rank 2:"), std::string::npos) << result.failure;
+    EXPECT_NE(result.failure.find("  rank 2: "), std::string::npos) << result.failure;
     EXPECT_EQ(result.failure.find("rank 0:"), std::string::npos) << result.failure;
   }
 }
@@ -113,7 +113,7 @@ TEST(Battery, LockstepRanksAgreeOnTheVerdictAndShrinkTogether) {
     const PropertyResult& failed = report.results[0];
     EXPECT_EQ(failed.verdict, Verdict::Failed);
     // Every rank learned rank 1's message, and they took the same shrinking path.
-    EXPECT_NE(failed.failure.find("rank 1: rank 1: all_reduce result"), std::string::npos)
+    EXPECT_NE(failed.failure.find("rank 1: all_reduce result"), std::string::npos)
         << failed.failure;
     EXPECT_EQ(failed.replay_token, reports[0].results[0].replay_token);
     EXPECT_EQ(failed.counterexample, reports[0].results[0].counterexample);

@@ -123,7 +123,10 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
 
 // A table: property, cases, runs, time, verdict; then the total.
 std::string summary_table(const CheckReport& report);
-// A failed property's minimal counterexample, errors, timeline and replay command.
-std::string failure_report(const PropertyResult& result);
+// A failed property's minimal counterexample, errors, timeline and replay command: `replay_with`
+// followed by the token (a program checking its own properties names itself, and passes the
+// token to props::replay with its own property list).
+std::string failure_report(const PropertyResult& result,
+                           std::string_view replay_with = "chorus replay");
 
 }  // namespace chorus::props
