@@ -1,8 +1,9 @@
 // A stand-in for libFuzzer's main() where libFuzzer is not linked (any compiler other than clang
 // with CHORUS_LIBFUZZER=ON): runs LLVMFuzzerTestOneInput on every file given (a directory: every
 // file in it, in name order), then on `-runs=N` inputs of up to `-max_len=M` bytes from a PRNG
-// seeded with `-seed=S` (libFuzzer's spellings; `--runs=N` etc. work too). It prints what it ran.
-// It does not mutate or learn coverage: it replays corpora and smoke-tests in CTest.
+// seeded with `-seed=S` (libFuzzer's spellings; `--runs=N` etc. work too): random bytes, and
+// corpus inputs with a few random byte edits. It prints what it ran. It learns no coverage: it
+// replays corpora and smoke-tests in CTest; scripts/fuzz runs libFuzzer for real fuzzing.
 //
 // When an input aborts (a violated invariant, a CHORUS_CHECK, a sanitizer report with
 // abort_on_error=1), the input is written to `crash-standalone-<n>` in the working directory and
@@ -81,6 +82,51 @@ std::uint64_t next_random(std::uint64_t& state) {
   return z ^ (z >> 31);
 }
 
+// A generated input: a quarter are fresh random bytes, the others a corpus input (when there is
+// one) with 1 to 8 random byte edits (overwrite, insert, erase, truncate).
+std::vector<std::uint8_t> generate(const std::vector<std::vector<std::uint8_t>>& corpus,
+                                   std::uint64_t max_len, std::uint64_t& state) {
+  const auto below = [&state](std::uint64_t n) { return n == 0 ? 0 : next_random(state) % n; };
+  std::vector<std::uint8_t> input;
+  if (corpus.empty() || below(4) == 0) {
+    const std::uint64_t length = below(max_len + 1);
+    for (std::uint64_t i = 0; i < length; ++i) {
+      input.push_back(static_cast<std::uint8_t>(next_random(state)));
+    }
+    return input;
+  }
+  input = corpus[below(corpus.size())];
+  const std::uint64_t edits = 1 + below(8);
+  for (std::uint64_t e = 0; e < edits; ++e) {
+    const auto at = static_cast<std::ptrdiff_t>(below(input.size() + 1));
+    const auto byte = static_cast<std::uint8_t>(next_random(state));
+    switch (below(4)) {
+      case 0:
+        if (at < static_cast<std::ptrdiff_t>(input.size())) {
+          input[static_cast<std::size_t>(at)] = byte;
+        }
+        break;
+      case 1:
+        if (input.size() < max_len) {
+          input.insert(input.begin() + at, byte);
+        }
+        break;
+      case 2:
+        if (at < static_cast<std::ptrdiff_t>(input.size())) {
+          input.erase(input.begin() + at);
+        }
+        break;
+      default:
+        input.resize(static_cast<std::size_t>(at));
+        break;
+    }
+  }
+  if (input.size() > max_len) {
+    input.resize(max_len);
+  }
+  return input;
+}
+
 // The value of `-name=V` or `--name=V` in `arg`, or null.
 const char* flag_value(std::string_view arg, std::string_view name) {
   while (!arg.empty() && arg.front() == '-') {
@@ -135,18 +181,14 @@ int main(int argc, char** argv) {
   std::signal(SIGABRT, on_abort);
 
   std::size_t index = 0;
+  std::vector<std::vector<std::uint8_t>> corpus;
   for (const std::filesystem::path& path : files) {
-    run_input(read_file(path), index++);
+    corpus.push_back(read_file(path));
+    run_input(corpus.back(), index++);
   }
   std::uint64_t state = seed;
   for (std::uint64_t run = 0; run < runs; ++run) {
-    const std::uint64_t length = max_len == 0 ? 0 : next_random(state) % (max_len + 1);
-    std::vector<std::uint8_t> input;
-    input.reserve(length);
-    for (std::uint64_t i = 0; i < length; ++i) {
-      input.push_back(static_cast<std::uint8_t>(next_random(state)));
-    }
-    run_input(input, index++);
+    run_input(generate(corpus, max_len, state), index++);
   }
   std::printf(
       "standalone fuzz driver: ran %zu corpus files and %llu generated inputs (seed %llu)\n",
