@@ -7,8 +7,8 @@ import pathlib
 
 POOLED, LIFO, QUARANTINE, RANDOM = range(4)
 WAIT_ALL, DROP, KEEP, DROP_REVERSED = range(4)
-(ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST, COALESCED, WAIT, WAIT_TWO, DROP_HANDLE,
- NARROW, READ_PTR, WRITE_PTR, SCRATCH, REGISTRY, CHECK_ALL, TO_VECTOR) = range(16)
+(ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST, COALESCED, WAIT, WAIT_TWO,
+ DROP_HANDLE, NARROW, READ_PTR, WRITE_PTR, SCRATCH, REGISTRY, CHECK_ALL, TO_VECTOR) = range(16)
 
 
 def program(world, instructions, stream=b"", allocator=POOLED, finalization=False,
@@ -46,18 +46,22 @@ SEEDS = {
                                             on(0, DROP_HANDLE, 0), *every(4, READ_PTR, 1),
                                             *every(4, CHECK_ALL)], ends=(DROP,) * 4),
     "04-drop-deferred": program(3, [op(ALL_REDUCE, 1), op(BROADCAST, 9), *every(3, DROP_HANDLE, 0),
-                                    op(ALL_GATHER, 2), *every(3, REGISTRY)], stream=b"\x01\x00\x01\x01",
+                                    op(ALL_GATHER, 2), *every(3, REGISTRY)],
+                                stream=b"\x01\x00\x01\x01",
                                 finalization=True),
     "05-lifo-reuse": program(2, [op(ALL_REDUCE, 4), *every(2, WAIT), *every(2, DROP_HANDLE),
-                                 *every(2, SCRATCH, 0x80), op(ALL_REDUCE, 4), *every(2, SCRATCH, 0x81),
+                                 *every(2, SCRATCH, 0x80), op(ALL_REDUCE, 4),
+                                 *every(2, SCRATCH, 0x81),
                                  *every(2, CHECK_ALL), *every(2, DROP_HANDLE), op(ALL_REDUCE, 4),
                                  *every(2, REGISTRY), *every(2, CHECK_ALL)], allocator=LIFO),
     "06-keep-past-end": program(3, [op(ALL_REDUCE, 2), op(REDUCE_SCATTER, 1), on(1, WAIT, 1),
                                     *every(3, NARROW, 0x10)], ends=(KEEP, KEEP, KEEP)),
-    "07-all-to-all-uneven": program(3, [op(ALL_TO_ALL, 0x80), op(ALL_TO_ALL, 0x81), op(ALL_TO_ALL, 2),
+    "07-all-to-all-uneven": program(3, [op(ALL_TO_ALL, 0x80), op(ALL_TO_ALL, 0x81),
+                                        op(ALL_TO_ALL, 2),
                                         *every(3, TO_VECTOR, 0), *every(3, WAIT_TWO, 0x12),
                                         *every(3, CHECK_ALL)]),
-    "08-scatter-inner-dim-adversarial": program(4, [op(REDUCE_SCATTER, 0x83), op(REDUCE_SCATTER, 0xC1),
+    "08-scatter-inner-dim-adversarial": program(4, [op(REDUCE_SCATTER, 0x83),
+                                                    op(REDUCE_SCATTER, 0xC1),
                                                     op(ALL_REDUCE, 4), *every(4, WAIT_TWO, 0x10),
                                                     *every(4, READ_PTR, 2)],
                                                 stream=bytes(range(7, 60, 3)), adversarial=True,
