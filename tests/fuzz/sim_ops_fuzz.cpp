@@ -48,21 +48,10 @@
 #include <vector>
 
 #include "chorus/sim/sim.hpp"
+#include "violation.hpp"
 
 namespace chorus::fuzz {
 namespace {
-
-[[noreturn]] void violated(const std::string& what) {
-  std::fprintf(stderr, "chorus fuzz: invariant violated: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-void check(bool condition, const std::string& what) {
-  if (!condition) {
-    violated(what);
-  }
-}
 
 bool planted_bug() {
   const char* value = std::getenv("CHORUS_FUZZ_PLANT_BUG");

@@ -31,16 +31,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 namespace {
 
 // The input running now, for the SIGABRT handler (which may only make async-signal-safe calls).
-const std::uint8_t* g_input = nullptr;
-std::size_t g_input_size = 0;
-char g_crash_name[64] = "crash-standalone";
+const std::uint8_t* running_input = nullptr;
+std::size_t runninrunning_input_size = 0;
+char crash_file_name[64] = "crash-standalone";
 
 extern "C" void on_abort(int signal_number) {
-  const int fd = ::open(g_crash_name, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int fd = ::open(crash_file_name, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd >= 0) {
     std::size_t written = 0;
-    while (written < g_input_size) {
-      const ssize_t n = ::write(fd, g_input + written, g_input_size - written);
+    while (written < runninrunning_input_size) {
+      const ssize_t n = ::write(fd, running_input + written, runninrunning_input_size - written);
       if (n <= 0) {
         break;
       }
@@ -49,7 +49,7 @@ extern "C" void on_abort(int signal_number) {
     ::close(fd);
     const char prefix[] = "standalone fuzz driver: the input that aborted is in ";
     (void)!::write(STDERR_FILENO, prefix, sizeof(prefix) - 1);
-    (void)!::write(STDERR_FILENO, g_crash_name, std::strlen(g_crash_name));
+    (void)!::write(STDERR_FILENO, crash_file_name, std::strlen(crash_file_name));
     (void)!::write(STDERR_FILENO, "\n", 1);
   }
   std::signal(signal_number, SIG_DFL);
@@ -57,12 +57,12 @@ extern "C" void on_abort(int signal_number) {
 }
 
 void run_input(const std::vector<std::uint8_t>& input, std::size_t index) {
-  std::snprintf(g_crash_name, sizeof(g_crash_name), "crash-standalone-%zu", index);
-  g_input = input.data();
-  g_input_size = input.size();
+  std::snprintf(crash_file_name, sizeof(crash_file_name), "crash-standalone-%zu", index);
+  running_input = input.data();
+  runninrunning_input_size = input.size();
   (void)LLVMFuzzerTestOneInput(input.data(), input.size());
-  g_input = nullptr;
-  g_input_size = 0;
+  running_input = nullptr;
+  runninrunning_input_size = 0;
 }
 
 std::vector<std::uint8_t> read_file(const std::filesystem::path& path) {

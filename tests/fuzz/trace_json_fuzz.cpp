@@ -20,14 +20,10 @@
 #include <string_view>
 #include <vector>
 
+#include "violation.hpp"
+
 namespace chorus::fuzz {
 namespace {
-
-[[noreturn]] void violated(const std::string& what) {
-  std::fprintf(stderr, "chorus fuzz: invariant violated: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
 
 bool has_nan_factor(const std::vector<OpRecord>& records) {
   for (const OpRecord& record : records) {
