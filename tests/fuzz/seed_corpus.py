@@ -85,6 +85,13 @@ SEEDS = {
                                                  op(COALESCED, 0x52), *every(2, WAIT, 3),
                                                  *every(2, REGISTRY), *every(2, CHECK_ALL)],
                                              allocator=LIFO),
+    # Bit 7 of a broadcast makes it an exchange: each rank waits on (0x80) or reads (0xC0) a
+    # copy of a peer's result between two barriers.
+    "13-exchange-wait-peer": program(3, [op(ALL_REDUCE, 2), op(COALESCED, 0x21),
+                                         op(BROADCAST, 0x80), *every(3, REGISTRY), op(ALL_GATHER, 0x81),
+                                         op(BROADCAST, 0xC9), *every(3, REGISTRY),
+                                         *every(3, CHECK_ALL)], allocator=LIFO,
+                                     ends=(KEEP, DROP, WAIT_ALL)),
 }
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@
 //            each, then the decision stream
 //
 // An instruction is (a, b). a % 16 < 6 is a collective every rank issues, in program order (so
-// ranks agree); the others are local actions of rank (a / 16) % W only: waits on a result or a
-// view of it, drops of a handle, narrow views, reads and writes through data_ptr (which wait),
-// scratch allocations of the same size (address reuse under LifoReuse), registry and is_pending
-// checks. Every collective has exact Int64 inputs, distinct per rank, input and element, so a
-// value read is compared bitwise with the one the model computes.
+// ranks agree), or an exchange in which every rank waits on a copy of a peer's result between two
+// barriers; the others are local actions of rank (a / 16) % W only: waits on a result or a view
+// of it, drops of a handle, narrow views, reads and writes through data_ptr (which wait), scratch
+// allocations of the same size (address reuse under LifoReuse), registry and is_pending checks.
+// Every collective has exact Int64 inputs, distinct per rank, input and element, so a value read is
+// compared bitwise with the one the model computes.
 //
 // Invariants (a violation prints "chorus fuzz: invariant violated: ..." and aborts):
 // - every value read (after a wait, through data_ptr, or raw once the model says not pending)
@@ -199,21 +200,29 @@ struct Scratch {
   std::vector<std::int64_t> expected;
 };
 
+class RankModel;
+
+// A copy of a handle one rank lends another during an exchange (RankModel::exchange).
+struct Lent {
+  RankModel* owner = nullptr;
+  Handle handle;
+};
+
 // What SimReport::unwaited must list.
 using UnwaitedKey = std::tuple<int, bool, std::int64_t, std::string>;  // rank, exit, seq, op
 
 class RankModel {
  public:
-  RankModel(const Program& program, int r, std::vector<UnwaitedKey>& unwaited)
-      : program_(program), rank_(r), unwaited_(unwaited) {}
+  RankModel(const Program& program, int r, std::vector<UnwaitedKey>& unwaited,
+            std::vector<Lent>& lent)
+      : program_(program), rank_(r), unwaited_(unwaited), lent_(lent) {}
 
   void run() {
     int seq = 0;
     for (std::size_t i = 0; i < program_.instructions.size(); ++i) {
       const Instruction& instruction = program_.instructions[i];
       if (instruction.collective()) {
-        issue(instruction, seq);
-        ++seq;
+        seq += issue(instruction, seq);
       } else if (instruction.target(program_.world_size) == rank_) {
         act(instruction);
       }
@@ -260,7 +269,55 @@ class RankModel {
     handles_.push_back(Handle{tensor, storages_.size() - 1, 0, tensor.numel()});
   }
 
-  void issue(const Instruction& instruction, int seq) {
+  // A collective on the world with nothing pending after it: a barrier.
+  void barrier() {
+    const auto sum =
+        all_reduce(Tensor::ones({1}, DType::Int64), "sum", world()).item<std::int64_t>();
+    check(sum == program_.world_size, where() + "barrier all_reduce gave " + std::to_string(sum));
+  }
+
+  // Every rank lends a copy of one of its handles (if it holds any); after a barrier each waits
+  // on (or reads) the copy a peer lent it, drops it, and a second barrier keeps every owner from
+  // acting on its own results meanwhile: a rank may wait on another rank's pending tensor, and
+  // the wait retires the owner's work (its is_pending, registry and report). Two sequence numbers.
+  int exchange(std::uint8_t v) {
+    const int world_size = program_.world_size;
+    Lent& mine = lent_[static_cast<std::size_t>(rank_)];
+    mine = Lent{};
+    if (!handles_.empty()) {
+      mine = Lent{this, handle_at(v)};
+      storages_[mine.handle.storage].handles += 1;
+    }
+    barrier();
+    const int peer = (rank_ + 1 + (v / 8) % (world_size - 1)) % world_size;
+    Lent& theirs = lent_[static_cast<std::size_t>(peer)];
+    if (theirs.owner != nullptr) {
+      RankModel& owner = *theirs.owner;
+      Handle handle = std::move(theirs.handle);
+      theirs = Lent{};
+      const std::string route = " on rank " + std::to_string(rank_);
+      if ((v & 0x40) != 0) {
+        const std::vector<std::int64_t> values = handle.tensor.to_vector<std::int64_t>();
+        owner.waited(handle);
+        owner.check_values(handle, values.data(), "to_vector" + route);
+      } else {
+        (void)wait_tensor(handle.tensor);
+        owner.waited(handle);
+        owner.check_raw(handle, "wait_tensor" + route);
+      }
+      handle.tensor = Tensor();
+      owner.drop_model(handle);
+    }
+    barrier();
+    return 2;
+  }
+
+  // Issues the collective of `instruction` as sequence number `seq`; returns the sequence numbers
+  // it took.
+  int issue(const Instruction& instruction, int seq) {
+    if (instruction.kind() == 4 && (instruction.b & 0x80) != 0) {
+      return exchange(instruction.b);
+    }
     const int world_size = program_.world_size;
     const int r = rank_;
     const std::uint8_t v = instruction.b;
@@ -377,7 +434,7 @@ class RankModel {
         }
         break;
       }
-      case 4: {  // broadcast
+      case 4: {  // broadcast (bit 7: an exchange, above)
         op = "broadcast";
         const int src = (v / 8) % world_size;
         Tensor out = broadcast(input_tensor(part, {n}), src, world());
@@ -446,6 +503,7 @@ class RankModel {
                                      ": a result is not pending right after issue");
       add_result(works_[work_index], work_index, tensor, std::move(expected));
     }
+    return 1;
   }
 
   // ---- Local actions (this rank only).
@@ -690,6 +748,7 @@ class RankModel {
   const Program& program_;
   int rank_;
   std::vector<UnwaitedKey>& unwaited_;
+  std::vector<Lent>& lent_;  // by rank, shared by every rank's model
   std::vector<StorageModel> storages_;
   std::vector<WorkModel> works_;
   std::vector<Handle> handles_;
@@ -715,9 +774,10 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   const auto ranks = static_cast<std::size_t>(program.world_size);
   std::vector<std::vector<UnwaitedKey>> expected_unwaited(ranks);
   std::vector<std::vector<std::pair<Tensor, std::vector<std::int64_t>>>> kept(ranks);
+  std::vector<Lent> lent(ranks);
   const sim::SimReport report = sim::simulate(options, [&] {
     const auto r = static_cast<std::size_t>(rank());
-    RankModel model(program, rank(), expected_unwaited[r]);
+    RankModel model(program, rank(), expected_unwaited[r], lent);
     model.run();
     kept[r] = std::move(model.kept);
   });
