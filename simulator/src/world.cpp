@@ -527,8 +527,13 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     RankOptions rank_options;
     rank_options.timeout = options_.timeout;
     rank_options.host_allocator = allocator_;
+    std::shared_ptr<transport::Transport> rank_transport = std::make_shared<SimTransport>(*this, r);
+    if (options_.wrap_transport) {
+      rank_transport = options_.wrap_transport(std::move(rank_transport));
+      CHORUS_CHECK(rank_transport != nullptr);
+    }
     ranks_[static_cast<std::size_t>(r)].context =
-        std::make_unique<RankContext>(std::make_shared<SimTransport>(*this, r), rank_options);
+        std::make_unique<RankContext>(std::move(rank_transport), rank_options);
   }
   run_codes_.resize(static_cast<std::size_t>(size));
   ops_issued_.assign(static_cast<std::size_t>(size), 0);

@@ -17,6 +17,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,10 @@
 
 #include "chorus/call_site.hpp"
 #include "chorus/runtime.hpp"
+
+namespace chorus::transport {
+class Transport;
+}
 
 namespace chorus::sim {
 
@@ -213,6 +218,13 @@ struct SimOptions {
   // "finalize.deferred"), where a failure of the operation is then raised. It is still reported
   // once, as dropped, with its call site. Off: no choice is drawn.
   bool choose_finalization = false;
+
+  // ---- Test hook: when set, each rank's transport is this function of the simulator's (the
+  // rank's transport in every chorus call), so a test can plant a transport bug — a wrong
+  // reduction on one rank, a work that reports completion before its data is written — and check
+  // that a property catches it. Not part of the run shape: a replay must set it again.
+  std::function<std::shared_ptr<transport::Transport>(std::shared_ptr<transport::Transport>)>
+      wrap_transport;
 };
 
 // Spellings of the option enums, shared by the launcher's flags (--strategy=pct), replay

@@ -1,0 +1,251 @@
+// The `chorus` command: check (run the property battery), replay (rerun a failing case from its
+// token), list (the properties). See docs/properties.md.
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chorus/chorus.hpp>
+#include <chorus/props/battery.hpp>
+#include <chorus/props/runner.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+
+namespace {
+
+using namespace chorus;
+
+// A progress bar on a terminal (redrawn in place on stderr), one plain line per property
+// otherwise.
+class Progress final : public props::Listener {
+ public:
+  explicit Progress(bool terminal) : terminal_(terminal) {}
+
+  void on_property_start(const props::Property& property, int index, int count) override {
+    index_ = index;
+    count_ = count;
+    name_ = property.name;
+    draw(0, 1);
+  }
+  void on_case(const props::Property& /*property*/, int case_index, int cases) override {
+    // Redraw at most ~20 times a property: the cases are fast.
+    if (terminal_ && (case_index * 20 / cases != (case_index + 1) * 20 / cases)) {
+      draw(case_index + 1, cases);
+    }
+  }
+  void on_shrink(const props::Property& /*property*/, int steps) override {
+    if (terminal_) {
+      std::fprintf(stderr, "\r\033[K[%d/%d] %s: failed, shrinking (%d steps)", index_ + 1, count_,
+                   name_.c_str(), steps);
+    }
+  }
+  void on_property_end(const props::PropertyResult& result) override {
+    if (terminal_) {
+      std::fprintf(stderr, "\r\033[K");
+    }
+    std::fprintf(stderr, "[%d/%d] %s: %s (%d cases, %.2f s)\n", index_ + 1, count_,
+                 result.name.c_str(), std::string(props::name(result.verdict)).c_str(),
+                 result.cases, std::chrono::duration<double>(result.time).count());
+  }
+
+ private:
+  void draw(int done, int total) const {
+    if (!terminal_) {
+      return;
+    }
+    constexpr int kWidth = 30;
+    const int filled = total == 0 ? 0 : done * kWidth / total;
+    std::fprintf(stderr, "\r\033[K[%d/%d] [%s%s] %s %d/%d", index_ + 1, count_,
+                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(kWidth - filled), '.').c_str(), name_.c_str(),
+                 done, total);
+  }
+
+  bool terminal_ = false;
+  int index_ = 0;
+  int count_ = 0;
+  std::string name_;
+};
+
+struct CheckFlags {
+  std::string transport = "sim";
+  std::string runner = "simulator";
+  int ranks = 8;
+  std::uint64_t seed = 0;
+  int cases = 100;
+  std::string property = "*";
+  std::string strategy = "generated";
+  int pct_depth = 2;
+  std::string reduction_order = "fixed";
+  int shrink_runs = 2000;
+};
+
+template <class Enum>
+Enum parse_enum(const std::string& text, std::initializer_list<Enum> values, const char* flag) {
+  for (const Enum value : values) {
+    if (text == sim::name(value)) {
+      return value;
+    }
+  }
+  throw InvalidArgument({}, std::string("chorus: unknown ") + flag + " '" + text + "'");
+}
+
+void print_report(const props::CheckReport& report) {
+  for (const props::PropertyResult& result : report.results) {
+    if (result.verdict == props::Verdict::Failed) {
+      std::cout << "\n" << props::failure_report(result);
+    }
+  }
+  std::cout << "\n" << props::summary_table(report);
+}
+
+int run_check(const CheckFlags& flags) {
+  props::CheckOptions options;
+  options.ranks = flags.ranks;
+  options.seed = flags.seed;
+  options.cases = flags.cases;
+  options.pct_depth = flags.pct_depth;
+  options.shrink_runs_max = flags.shrink_runs;
+  if (flags.strategy != "generated") {
+    options.strategy = parse_enum(
+        flags.strategy, {sim::Strategy::RandomWalk, sim::Strategy::Pct, sim::Strategy::Portfolio},
+        "--strategy");
+  }
+  options.reduction_order =
+      parse_enum(flags.reduction_order,
+                 {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring, sim::ReductionOrder::Tree,
+                  sim::ReductionOrder::Adversarial},
+                 "--reduction-order");
+  Progress progress(isatty(STDERR_FILENO) != 0);
+  options.listener = &progress;
+  const std::vector<props::Property> properties = props::select(props::battery(), flags.property);
+  if (properties.empty()) {
+    std::cerr << "chorus check: no property matches '" << flags.property
+              << "' (chorus list shows them)\n";
+    return 2;
+  }
+  if (flags.transport == "sim" && flags.runner == "simulator") {
+    std::cout << "chorus check: " << properties.size() << " properties, " << options.cases
+              << " cases each, " << options.ranks << " simulated ranks, seed " << options.seed
+              << "\n";
+    std::cout.flush();
+    const props::CheckReport report = props::check_on_simulator(properties, options);
+    print_report(report);
+    return report.passed() ? 0 : 1;
+  }
+  // Lockstep: the same cases on every rank of a transport, verdicts agreed by all-reduce.
+  RunOptions run_options;
+  run_options.transport = flags.transport;
+  run_options.ranks = flags.ranks;
+  run_options.seed = flags.seed;
+  bool passed = true;
+  const int status = run(run_options, [&] {
+    if (rank() == 0) {
+      std::cout << "chorus check (lockstep on " << flags.transport << "): " << properties.size()
+                << " properties, " << options.cases << " cases each, " << world_size()
+                << " ranks, seed " << options.seed << "\n";
+      std::cout.flush();
+    }
+    const props::CheckReport report = props::check_in_lockstep(properties, options);
+    if (rank() == 0) {
+      print_report(report);
+      passed = report.passed();
+    }
+  });
+  return status == 0 && passed ? 0 : 1;
+}
+
+int run_replay(const std::string& token, const std::string& trace, const std::string& timeline) {
+  sim::SimOptions extra;
+  extra.trace_path = trace;
+  extra.timeline_path = timeline;
+  const props::Replay replayed = props::replay(props::battery(), token, extra);
+  std::cout << "property " << replayed.result.name << "\ncase:\n  "
+            << replayed.result.counterexample << "\n";
+  if (replayed.result.verdict == props::Verdict::Failed) {
+    std::cout << "FAILED:\n" << replayed.result.failure << replayed.result.timeline;
+  } else {
+    std::cout << "passed (the failure did not reproduce)\n";
+  }
+  if (!trace.empty()) {
+    std::cout << "trace: " << trace << "\n";
+  }
+  if (!timeline.empty()) {
+    std::cout << "timeline: " << timeline << "\n";
+  }
+  return replayed.result.verdict == props::Verdict::Failed ? 1 : 0;
+}
+
+int run_list() {
+  for (const props::Property& property : props::battery()) {
+    std::cout << property.name << (property.needs.simulator_only ? "  [simulator]" : "") << "\n    "
+              << property.description << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "chorus: functional collectives, checked. Runs the property battery on the "
+      "simulator or a real transport."};
+  app.require_subcommand(1);
+
+  CheckFlags flags;
+  CLI::App* check = app.add_subcommand("check", "run the property battery");
+  check->add_option("--transport", flags.transport, "sim, mpi or nccl")
+      ->check(CLI::IsMember({"sim", "mpi", "nccl"}))
+      ->capture_default_str();
+  check
+      ->add_option("--runner", flags.runner,
+                   "simulator (RapidCheck shrinks cases and schedules) or lockstep (the real-"
+                   "transport runner, here on simulated ranks)")
+      ->check(CLI::IsMember({"simulator", "lockstep"}))
+      ->capture_default_str();
+  check->add_option("--ranks", flags.ranks, "simulated ranks")->capture_default_str();
+  check->add_option("--seed", flags.seed, "decides every case and schedule")->capture_default_str();
+  check->add_option("--cases", flags.cases, "cases per property")->capture_default_str();
+  check->add_option("--property", flags.property, "glob(s) over property names, comma-separated")
+      ->capture_default_str();
+  check
+      ->add_option("--strategy", flags.strategy,
+                   "simulator schedules: generated (RapidCheck choice lists, shrinkable), random, "
+                   "pct or portfolio")
+      ->check(CLI::IsMember({"generated", "random", "pct", "portfolio"}))
+      ->capture_default_str();
+  check->add_option("--pct-depth", flags.pct_depth, "PCT bug depth (1..3)")->capture_default_str();
+  check->add_option("--reduction-order", flags.reduction_order, "fixed, ring, tree or adversarial")
+      ->capture_default_str();
+  check->add_option("--shrink-runs", flags.shrink_runs, "runs allowed while shrinking a failure")
+      ->capture_default_str();
+
+  std::string token;
+  std::string trace;
+  std::string timeline;
+  CLI::App* replay = app.add_subcommand("replay", "rerun a failing case from its replay token");
+  replay->add_option("token", token, "the token `chorus check` printed")->required();
+  replay->add_option("--trace", trace, "write a Chrome/Perfetto trace JSON of the run");
+  replay->add_option("--timeline", timeline, "write an SVG timeline of the run");
+
+  CLI::App* list = app.add_subcommand("list", "list the battery's properties");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (check->parsed()) {
+      return run_check(flags);
+    }
+    if (replay->parsed()) {
+      return run_replay(token, trace, timeline);
+    }
+    if (list->parsed()) {
+      return run_list();
+    }
+  } catch (const std::exception& error) {
+    std::cerr << error.what() << "\n";
+    return 2;
+  }
+  return 2;
+}

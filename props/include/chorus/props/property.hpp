@@ -1,0 +1,163 @@
+#pragma once
+
+// chorus::props — properties of SPMD programs, written once and run by any runner (Note
+// [Property runners], chorus/props/runner.hpp): on the simulator, where RapidCheck shrinks the
+// case and the schedule together, or on a real transport, where every rank generates the same
+// cases and the ranks agree on each verdict.
+//
+// A property is a generator of cases (a RapidCheck rc::Gen, from the world size alone, so every
+// rank can generate the same case) and a check that every rank runs on the case:
+//
+//   struct MyCase { std::int64_t rows; };
+//   void showValue(const MyCase& c, std::ostream& out) { out << "rows=" << c.rows; }
+//
+//   props::Property my_layer_property() {
+//     return props::make_property<MyCase>(
+//         "user.my_layer", "my tensor-parallel layer equals the single-rank layer",
+//         [](const props::World&) {
+//           return rc::gen::build<MyCase>(rc::gen::set(&MyCase::rows, rc::gen::inRange(1, 9)));
+//         },
+//         [](const MyCase& c, props::Env& env) {
+//           const Tensor out = my_layer(input(c), world());
+//           env.require_bitwise_equal(out, single_rank_layer(c), "my_layer output");
+//         });
+//   }
+//
+// Checks throw PropertyFailure (Env::require*); any other exception a rank throws fails the case
+// too. Every rank must reach the same collectives (the check is SPMD code), and every rank's
+// work registry must be empty when the check returns (the runners check it).
+
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "chorus/chorus.hpp"
+
+namespace chorus::props {
+
+// What a case generator may depend on: the same on every rank of a run.
+struct World {
+  int size = 1;
+};
+
+// A failed check: what differs, on which rank.
+class PropertyFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A case of any type, shared read-only by every rank of a simulated run, with its description.
+class Case {
+ public:
+  Case() = default;
+  template <class T>
+  explicit Case(T value)
+      : value_(std::make_shared<const T>(std::move(value))),
+        text_(rc::toString(*std::static_pointer_cast<const T>(value_))) {}
+
+  template <class T>
+  const T& as() const {
+    return *std::static_pointer_cast<const T>(value_);
+  }
+  const std::string& text() const noexcept { return text_; }
+
+ private:
+  std::shared_ptr<const void> value_;
+  std::string text_;
+};
+
+inline void showValue(const Case& c, std::ostream& out) { out << c.text(); }
+
+// What a check may use besides the case: assertions that say which rank failed, and a digest of
+// the results it records (the simulator's schedule-independence runs compare it across
+// schedules). One Env per rank per run; not shared between ranks.
+class Env {
+ public:
+  explicit Env(int rank) : rank_(rank) {}
+
+  int rank() const noexcept { return rank_; }
+
+  // Throws PropertyFailure "rank R: <what>".
+  [[noreturn]] void fail(std::string_view what) const;
+  // Throws PropertyFailure "rank R: <what>" unless `condition`.
+  void require(bool condition, std::string_view what) const;
+  // Throws PropertyFailure unless `actual` has `expected`'s dtype and shape and the same bytes
+  // (waits on both). The message names the first differing element and both values.
+  void require_bitwise_equal(const Tensor& actual, const Tensor& expected,
+                             std::string_view what) const;
+  // Throws PropertyFailure unless calling `body` throws an error of type E (a chorus::Error
+  // subclass); returns its message.
+  template <class E, class F>
+  std::string require_throws(F&& body, std::string_view what) const;
+
+  // Mixes `tensor`'s dtype, shape and bytes (waits) into this rank's result digest.
+  void record(const Tensor& tensor);
+  std::uint64_t digest() const noexcept { return digest_; }
+
+ private:
+  int rank_ = 0;
+  std::uint64_t digest_ = 0xcbf29ce484222325ull;
+};
+
+// Which runs a property needs; the runners skip a property whose needs they cannot meet, and say
+// why in the summary.
+struct Needs {
+  // Needs the simulator's control (schedules, faults, allocator policy, cross-rank mismatches
+  // that would hang or abort a real communicator).
+  bool simulator_only = false;
+  // The smallest world the property means something on.
+  int world_size_min = 1;
+  // Simulator allocator policy to run under (e.g. LifoReuse for address-reuse properties).
+  sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
+  // The simulator runner also runs each case under other schedules and reduction orders and
+  // requires every rank's Env digest to be the same in all of them.
+  bool schedule_independent = false;
+};
+
+struct Property {
+  std::string name;         // "family.name", e.g. "reduce.all_reduce"
+  std::string description;  // one line
+  Needs needs;
+  std::function<rc::Gen<Case>(const World&)> cases;
+  std::function<void(const Case&, Env&)> check;
+};
+
+// A Property from a typed generator and check. T must be copyable and printable by RapidCheck
+// (rc::toString: standard types, or a showValue(const T&, std::ostream&) overload).
+template <class T>
+Property make_property(std::string name, std::string description,
+                       std::function<rc::Gen<T>(const World&)> cases,
+                       std::function<void(const T&, Env&)> check, Needs needs = {}) {
+  Property property;
+  property.name = std::move(name);
+  property.description = std::move(description);
+  property.needs = needs;
+  property.cases = [cases = std::move(cases)](const World& world) {
+    return rc::gen::map(cases(world), [](T value) { return Case(std::move(value)); });
+  };
+  property.check = [check = std::move(check)](const Case& c, Env& env) { check(c.as<T>(), env); };
+  return property;
+}
+
+template <class E, class F>
+std::string Env::require_throws(F&& body, std::string_view what) const {
+  try {
+    std::forward<F>(body)();
+  } catch (const E& error) {
+    return error.what();
+  } catch (const std::exception& error) {
+    fail(std::string(what) + ": threw the wrong error: " + error.what());
+  }
+  fail(std::string(what) + ": threw nothing");
+}
+
+}  // namespace chorus::props

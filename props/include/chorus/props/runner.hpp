@@ -1,0 +1,129 @@
+#pragma once
+
+// Note [Property runners]
+// One driver runs every property, whatever the transport: for case i it generates an input from
+// rc::Random(mix(seed, property name, i)) at size i * 100 / cases (so a property's cases do not
+// depend on which other properties run), executes it, and on the first failure shrinks it
+// greedily: it walks the failing input's RapidCheck shrinks in order, executes each, moves to the
+// first that still fails and starts again, until no shrink fails (or the run budget is spent).
+// The path of shrink indices taken, with the seed and case number, names the minimal input
+// exactly, which is what a replay token carries.
+//
+// The runners differ only in how they execute an input:
+// - check_on_simulator (called outside any rank): the input is the case plus a schedule — a
+//   RapidCheck-generated choice list by default, so schedules shrink with the case, or a seed for
+//   the random/pct/portfolio strategies. Each execution is one sim::simulate of options.ranks
+//   ranks running the property's check; the verdict is "no rank failed". Properties marked
+//   schedule_independent run again under other strategies and reduction orders and must give
+//   each rank the same result digest.
+// - check_in_lockstep (called on every rank of any transport, inside chorus::run): every rank
+//   generates the same inputs (the generation depends only on the seed and the world size), runs
+//   the check, and the ranks agree on the verdict with an all_reduce, so every rank takes the
+//   same shrinking path and reaches the same collectives. Failing ranks' messages are gathered so
+//   that every rank can report them. Properties that need the simulator are skipped.
+// A rank's work registry must be empty when a check returns: the runners check it after every
+// case.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chorus/props/property.hpp"
+
+namespace chorus::transport {
+class Transport;
+}
+
+namespace chorus::props {
+
+// The tag of the communicator (every rank of the world) the lockstep runner agrees on verdicts
+// over: its own, so that the properties' collectives, and their sequence numbers on world(), are
+// theirs alone.
+inline constexpr std::string_view kVerdictGroupTag = "chorus.check.verdicts";
+
+enum class Verdict { Passed, Failed, Skipped };
+std::string_view name(Verdict verdict) noexcept;  // passed, FAILED, skipped
+
+struct PropertyResult {
+  std::string name;
+  Verdict verdict = Verdict::Passed;
+  int cases = 0;           // generated cases executed (the failing one included)
+  std::uint64_t runs = 0;  // executions: cases, schedule variants and shrinking steps
+  std::chrono::nanoseconds time{0};
+  std::string skip_reason;  // Skipped: why
+  // Failed, after shrinking:
+  std::string counterexample;  // the minimal case (and schedule), as RapidCheck shows it
+  std::string failure;         // every failing rank's error
+  std::string timeline;        // simulator: per-rank timeline of the minimal failing run
+  std::string replay_token;    // "chorus-check:1:..."; `chorus replay TOKEN`
+  int shrink_steps = 0;        // shrinks taken from the first failing case
+};
+
+struct CheckReport {
+  std::vector<PropertyResult> results;
+  std::chrono::nanoseconds time{0};
+  bool passed() const noexcept;  // no property failed
+};
+
+// Progress callbacks (the CLI draws its bar with them). The lockstep runner calls them on rank 0
+// only. Called on the thread that runs the runner.
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  virtual void on_property_start(const Property& /*property*/, int /*index*/, int /*count*/) {}
+  virtual void on_case(const Property& /*property*/, int /*case_index*/, int /*cases*/) {}
+  virtual void on_shrink(const Property& /*property*/, int /*steps*/) {}
+  virtual void on_property_end(const PropertyResult& /*result*/) {}
+};
+
+struct CheckOptions {
+  int ranks = 8;           // simulator world size (check_in_lockstep: the transport's)
+  std::uint64_t seed = 0;  // decides every case and schedule
+  int cases = 100;         // per property
+  // Simulator schedules: nullopt generates choice lists with RapidCheck (they shrink); a
+  // strategy draws each case's schedule from a generated seed instead.
+  std::optional<sim::Strategy> strategy;
+  int pct_depth = 2;
+  sim::ReductionOrder reduction_order = sim::ReductionOrder::Fixed;
+  // Executions allowed while shrinking one failure.
+  int shrink_runs_max = 2000;
+  // Test hook, simulator only: wraps each rank's transport (tests plant bugs with it).
+  std::function<std::shared_ptr<transport::Transport>(std::shared_ptr<transport::Transport>)>
+      wrap_transport;
+  Listener* listener = nullptr;
+};
+
+// The properties whose names match `glob` ('*' any run of characters, '?' one character), in
+// order. Several globs may be given separated by commas.
+std::vector<Property> select(const std::vector<Property>& properties, std::string_view glob);
+
+// Runs every property on the simulator (Note [Property runners]). Blocks; call it outside any
+// rank. Throws InvalidArgument for options out of range.
+CheckReport check_on_simulator(const std::vector<Property>& properties,
+                               const CheckOptions& options);
+
+// Runs every property on the calling rank's transport in lockstep with the other ranks (Note
+// [Property runners]); call it on every rank, with the same properties and options. Every rank
+// returns the same report.
+CheckReport check_in_lockstep(const std::vector<Property>& properties, const CheckOptions& options);
+
+// Reruns a failing case from its replay token on the simulator, with events recorded (for
+// timelines and traces): returns the run's report, `result` filled as a check would.
+struct Replay {
+  PropertyResult result;
+  sim::SimReport report;
+};
+Replay replay(const std::vector<Property>& properties, std::string_view token,
+              sim::SimOptions extra = {});
+
+// A table: property, cases, runs, time, verdict; then the total.
+std::string summary_table(const CheckReport& report);
+// A failed property's minimal counterexample, errors, timeline and replay command.
+std::string failure_report(const PropertyResult& result);
+
+}  // namespace chorus::props

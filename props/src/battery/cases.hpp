@@ -1,0 +1,115 @@
+#pragma once
+
+// The battery's case pieces: group layouts, shapes, exact inputs and the reference model they
+// are checked against. Internal to chorus::props.
+//
+// Note [Exact inputs]
+// Every input element is a small integer (or a complex number with small integer parts) drawn
+// from a hash of (data seed, rank, element index), in a range chosen per op and dtype so that
+// every partial result of any reduction order is exactly representable: sums of at most 1024
+// values in [-4, 4], products of values in [-2, 2] over at most 8 ranks (|p| <= 256, a power of
+// two times small factors: exact in bfloat16), premul_sum factors that are powers of two. The
+// reference folds in int64, double or complex<double> and converts once to the dtype, which
+// rounds exactly as chorus does (avg's one division: rounding the exact quotient to double and
+// then to the dtype equals rounding it to the dtype once, since 53 >= 2p + 2 for p = 24, 11, 8;
+// chorus rounds it to float and then to a 16-bit type, innocuous for the same reason). So the
+// comparison is bitwise, with no tolerance.
+
+#include <rapidcheck.h>
+
+#include <complex>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "chorus/chorus.hpp"
+#include "chorus/props/property.hpp"
+
+namespace chorus::props::families {
+
+// ---- Generators that shrink (rc::gen::element and elementOf do not).
+
+// One of `values`, shrinking towards the first.
+template <class T>
+rc::Gen<T> gen_element_of(std::vector<T> values) {
+  const std::size_t count = values.size();
+  return rc::gen::map(rc::gen::inRange<std::size_t>(0, count),
+                      [values = std::move(values)](std::size_t i) { return values[i]; });
+}
+// false or true, shrinking towards false.
+inline rc::Gen<bool> gen_flag() {
+  return rc::gen::map(rc::gen::inRange(0, 2), [](int bit) { return bit == 1; });
+}
+
+// ---- Group layouts: every form a GroupSpec takes.
+struct Layout {
+  enum class Kind { World, Subset, Lists, Mesh };
+  Kind kind = Kind::World;
+  // World, Subset: one list (group order). Lists: the sub-lists. Mesh: every slice along
+  // mesh_dim (to answer members_of); the spec is the MeshDim.
+  std::vector<std::vector<int>> lists;
+  Shape mesh_shape;
+  std::vector<int> mesh_ranks;
+  std::int64_t mesh_dim = 0;
+
+  GroupSpec spec() const;
+  // The caller's group, in group order; empty when `rank` is not a member.
+  const std::vector<int>* members_of(int rank) const;
+  int group_size() const { return static_cast<int>(lists.front().size()); }
+};
+void showValue(const Layout& layout, std::ostream& out);
+rc::Gen<Layout> gen_layout(int world_size);
+// Only layouts where every rank is a member (World, Lists, Mesh).
+rc::Gen<Layout> gen_covering_layout(int world_size);
+
+// A permutation of 0..n-1 that shrinks towards the identity.
+rc::Gen<std::vector<int>> gen_permutation(int n);
+
+// ---- Shapes: up to `dims_max` dims of 0..4 elements (0 sometimes: empty tensors are a case).
+rc::Gen<Shape> gen_shape(int dims_max = 3);
+std::string shape_text(const Shape& shape);
+
+// ---- Dtypes and ops.
+rc::Gen<DType> gen_dtype();
+// An (op, dtype) pair the op allows; premul_sum with a power-of-two factor.
+struct OpDType {
+  ReduceOp op = ReduceOp::Kind::Sum;
+  DType dtype = DType::Float32;
+};
+void showValue(const OpDType& value, std::ostream& out);
+rc::Gen<OpDType> gen_op_dtype();
+// Pairs the op does not allow (for the bad-input properties).
+rc::Gen<OpDType> gen_disallowed_op_dtype();
+
+// ---- Exact inputs (Note [Exact inputs]).
+// Rank `rank`'s input for `op` (sum if none) of `shape` and `dtype`, for a group of
+// `group_size` (products need smaller values in larger groups).
+Tensor exact_input(std::uint64_t data_seed, int rank, const Shape& shape, DType dtype,
+                   const ReduceOp& op = ReduceOp::Kind::Sum, int group_size = 1);
+// The reduction of the members' exact inputs, folded in group order by the reference model.
+Tensor reference_reduce(std::uint64_t data_seed, const std::vector<int>& members,
+                        const Shape& shape, DType dtype, const ReduceOp& op);
+
+// ---- The common case: a group, an (op, dtype), a shape, an extra integer and a data seed.
+struct ReduceCase {
+  Layout layout;
+  OpDType op;
+  Shape shape;
+  std::int64_t dim = 0;  // the scatter/gather dim, or a root (reduce's dst, broadcast's src)
+  std::uint64_t data_seed = 0;
+};
+void showValue(const ReduceCase& c, std::ostream& out);
+// `dim` a group rank (a root); any_dtype: the dtype need not suit the op (copies).
+rc::Gen<ReduceCase> gen_reduce_case(const World& world, bool any_dtype);
+// At least one dim, whose size at `dim` is a multiple of the group size; `dim` negative (counted
+// from the end) half of the time.
+rc::Gen<ReduceCase> gen_scatter_case(const World& world);
+// `dim` in [0, ndim) (normalised form of a possibly negative dim).
+std::int64_t normalized_dim(std::int64_t dim, const Shape& shape);
+
+// The caller's index in `members` (its group rank); -1 if absent.
+int index_of(const std::vector<int>& members, int rank);
+
+}  // namespace chorus::props::families

@@ -1,0 +1,215 @@
+// errors.*: bad input raises the documented error on every rank that passes it, naming the rank,
+// and consumes no sequence number (a good call afterwards still pairs up); ranks that disagree
+// end with CollectiveMismatch or Aborted, never a hang.
+
+#include "battery/cases.hpp"
+#include "battery/families.hpp"
+
+namespace chorus::props::families {
+namespace {
+
+enum class Bad {
+  OpForDType,        // an op the dtype does not allow
+  UnknownOp,         // "bogus_op"
+  ScatterDivisible,  // reduce_scatter along a dim the group size does not divide
+  GatherDim,         // gather_dim out of range
+  SplitCount,        // all_to_all split lists without one entry per group rank
+  BroadcastSrc,      // src outside the group
+  PermuteDuplicate,  // two members send to the same destination
+  NotAMember,        // a group without the caller
+};
+constexpr int kBadCount = 8;
+constexpr const char* kBadNames[] = {
+    "op not allowed for the dtype",   "unknown reduce op",  "scatter dim not divisible",
+    "gather_dim out of range",        "wrong split count",  "broadcast src out of range",
+    "duplicate permute destinations", "caller not a member"};
+
+struct BadCase {
+  Layout layout;
+  Bad bad = Bad::OpForDType;
+  OpDType disallowed;
+  Shape shape;
+  std::uint64_t data_seed = 0;
+};
+
+void showValue(const BadCase& c, std::ostream& out) {
+  out << kBadNames[static_cast<int>(c.bad)] << " on group ";
+  showValue(c.layout, out);
+  out << ", shape " << shape_text(c.shape);
+  if (c.bad == Bad::OpForDType) {
+    out << ", ";
+    showValue(c.disallowed, out);
+  }
+  out << ", data seed " << c.data_seed;
+}
+
+rc::Gen<BadCase> gen_bad_case(const World& world) {
+  return rc::gen::exec([world] {
+    BadCase c;
+    c.layout = *gen_layout(world.size);
+    c.bad = static_cast<Bad>(*rc::gen::inRange(0, kBadCount));
+    c.disallowed = *gen_disallowed_op_dtype();
+    c.shape = *gen_shape(2);
+    if (c.shape.empty()) {
+      c.shape.push_back(1);
+    }
+    c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
+    return c;
+  });
+}
+
+// Issues the bad call (the result is dropped at once, if any call returns).
+void issue_bad(const BadCase& c, const Tensor& input, int group_size) {
+  const GroupSpec group = c.layout.spec();
+  switch (c.bad) {
+    case Bad::OpForDType:
+      (void)all_reduce(Tensor::zeros(c.shape, c.disallowed.dtype), c.disallowed.op, group);
+      return;
+    case Bad::UnknownOp:
+      (void)all_reduce(input, "bogus_op", group);
+      return;
+    case Bad::ScatterDivisible: {
+      // group_size * 2 + 1 is never divisible by group_size > 1; for a group of one, a scatter
+      // dim past the end instead.
+      Shape shape = c.shape;
+      shape[0] = group_size * 2 + 1;
+      (void)reduce_scatter_tensor(Tensor::zeros(shape, DType::Float32), "sum",
+                                  group_size > 1 ? 0 : static_cast<std::int64_t>(shape.size()),
+                                  group);
+      return;
+    }
+    case Bad::GatherDim:
+      (void)all_gather_tensor(input, static_cast<std::int64_t>(c.shape.size()), group);
+      return;
+    case Bad::SplitCount: {
+      const std::vector<std::int64_t> splits(static_cast<std::size_t>(group_size + 1), 0);
+      (void)all_to_all_single(Tensor::zeros({0}, DType::Float32), splits, splits, group);
+      return;
+    }
+    case Bad::BroadcastSrc:
+      (void)broadcast(input, group_size, group);
+      return;
+    case Bad::PermuteDuplicate: {
+      // Everyone sends to group rank 0 (with one member: to 1, out of range).
+      const std::vector<int> src_dst(static_cast<std::size_t>(group_size), group_size > 1 ? 0 : 1);
+      (void)permute_tensor(input, src_dst, group);
+      return;
+    }
+    case Bad::NotAMember: {
+      std::vector<int> others;
+      for (int r = 0; r < world_size(); ++r) {
+        if (r != rank()) {
+          others.push_back(r);
+        }
+      }
+      if (others.empty()) {
+        others.push_back(rank() + 1);  // a world of one: a rank that does not exist
+      }
+      (void)all_reduce(input, "sum", GroupSpec(others));
+      return;
+    }
+  }
+}
+
+void check_bad_input(const BadCase& c, Env& env) {
+  const std::vector<int>* members = c.layout.members_of(env.rank());
+  if (members == nullptr) {
+    return;
+  }
+  const int size = c.layout.group_size();
+  const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, DType::Float32);
+  const std::string message = env.require_throws<InvalidArgument>(
+      [&] { issue_bad(c, input, size); }, std::string(kBadNames[static_cast<int>(c.bad)]));
+  const std::string named = "[rank " + std::to_string(env.rank()) + "]";
+  env.require(message.find(named) != std::string::npos,
+              "the error names the rank (" + named + "): " + message);
+  env.require(work_registry_size() == 0, "a refused call registers nothing");
+  // No sequence number was consumed: a good call still pairs up with the other members'.
+  const Tensor good = all_reduce(input, "sum", c.layout.spec());
+  env.require_bitwise_equal(good,
+                            reference_reduce(c.data_seed, *members, c.shape, DType::Float32, "sum"),
+                            "a good all_reduce after the refused call");
+}
+
+// ---- Mismatches between ranks (simulator only: on a real transport they would abort it)
+
+enum class Mismatch { Shape, DType, ReduceOp, Op, Root };
+constexpr int kMismatchCount = 5;
+constexpr const char* kMismatchNames[] = {"shape", "dtype", "reduce op", "op", "broadcast root"};
+
+struct MismatchCase {
+  Mismatch kind = Mismatch::Shape;
+  int odd = 0;  // the rank that differs
+  Shape shape;
+};
+
+void showValue(const MismatchCase& c, std::ostream& out) {
+  out << "rank " << c.odd << " passes a different " << kMismatchNames[static_cast<int>(c.kind)]
+      << ", shape " << shape_text(c.shape);
+}
+
+rc::Gen<MismatchCase> gen_mismatch_case(const World& world) {
+  return rc::gen::exec([world] {
+    MismatchCase c;
+    c.kind = static_cast<Mismatch>(*rc::gen::inRange(0, kMismatchCount));
+    c.odd = *rc::gen::inRange(0, world.size);
+    c.shape = *gen_shape(2);
+    return c;
+  });
+}
+
+void check_mismatch(const MismatchCase& c, Env& env) {
+  const bool odd = env.rank() == c.odd;
+  // A different shape is one with a different element count: transports compare counts (as
+  // NCCL does), so [2, 3] against [3, 2] is not a mismatch (docs/errors.md).
+  Shape shape = c.shape;
+  if (odd && c.kind == Mismatch::Shape) {
+    std::int64_t count = 1;
+    for (const std::int64_t size : c.shape) {
+      count *= size;
+    }
+    shape = {count + 1};
+  }
+  const DType dtype = odd && c.kind == Mismatch::DType ? DType::Float64 : DType::Float32;
+  const Tensor input = Tensor::ones(shape, dtype);
+  std::string outcome = "returned normally";
+  try {
+    Tensor result;
+    if (c.kind == Mismatch::Op && odd) {
+      result = all_gather_tensor(input, 0, world());
+    } else if (c.kind == Mismatch::Root) {
+      result = broadcast(input, odd ? 1 : 0, world());
+    } else {
+      result = all_reduce(input, odd && c.kind == Mismatch::ReduceOp ? "max" : "sum", world());
+    }
+    (void)wait_tensor(result);
+  } catch (const CollectiveMismatch&) {
+    return;
+  } catch (const Aborted&) {
+    return;
+  } catch (const std::exception& error) {
+    outcome = std::string("threw ") + error.what();
+  }
+  env.fail("a rank of a mismatched collective " + outcome +
+           " (expected CollectiveMismatch or Aborted)");
+}
+
+}  // namespace
+
+std::vector<Property> error_properties() {
+  Needs mismatch_needs;
+  mismatch_needs.simulator_only = true;
+  mismatch_needs.world_size_min = 2;
+  return {
+      make_property<BadCase>("errors.invalid_argument",
+                             "bad arguments raise InvalidArgument naming the rank on every "
+                             "member, and consume no sequence number",
+                             gen_bad_case, check_bad_input),
+      make_property<MismatchCase>("errors.mismatch",
+                                  "ranks that disagree on shape, dtype, reduce op, op or root "
+                                  "end with CollectiveMismatch or Aborted, never a hang",
+                                  gen_mismatch_case, check_mismatch, mismatch_needs),
+  };
+}
+
+}  // namespace chorus::props::families

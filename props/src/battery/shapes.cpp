@@ -1,0 +1,149 @@
+// shape.*: the result shape of each collective is the same eagerly, on meta tensors under
+// tracing, in the traced OpRecord, and from the public rule in chorus::meta.
+
+#include "battery/cases.hpp"
+#include "battery/families.hpp"
+
+namespace chorus::props::families {
+namespace {
+
+constexpr const char* kShapeOps[] = {
+    "all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast",
+    "reduce",     "permute_tensor"};
+constexpr int kShapeOpCount = static_cast<int>(std::size(kShapeOps));
+
+struct ShapeCase {
+  ReduceCase base;  // base.dim: gather/scatter dim
+  int op = 0;       // index into kShapeOps
+  bool equal_split = true;
+};
+
+void showValue(const ShapeCase& c, std::ostream& out) {
+  out << kShapeOps[c.op] << (c.op == 3 ? (c.equal_split ? " (equal split)" : " (splits)") : "")
+      << ", ";
+  showValue(c.base, out);
+}
+
+rc::Gen<ShapeCase> gen_shape_case(const World& world) {
+  return rc::gen::exec([world] {
+    ShapeCase c;
+    c.op = *rc::gen::inRange(0, kShapeOpCount);
+    // A scatter case fits every op: dim's size is a multiple of the group size.
+    c.base = *gen_scatter_case(world);
+    if (c.op == 3) {
+      // all_to_all splits along dim 0: make dim 0 the divisible one.
+      c.base.shape[0] =
+          c.base.shape[static_cast<std::size_t>(normalized_dim(c.base.dim, c.base.shape))];
+      c.equal_split = !*gen_flag();
+    }
+    return c;
+  });
+}
+
+// Rows group rank m sends to n in the split form: 1 or 2, the same table on every rank.
+std::int64_t rows_between(std::size_t m, std::size_t n) {
+  return 1 + static_cast<std::int64_t>((m + n) % 2);
+}
+
+struct Call {
+  Tensor result;
+  Shape rule;  // chorus::meta's answer
+};
+
+Call call(const ShapeCase& c, const Tensor& input, const std::vector<int>& members) {
+  const ReduceCase& b = c.base;
+  const GroupSpec group = b.layout.spec();
+  const int size = b.layout.group_size();
+  const auto me = static_cast<std::size_t>(index_of(members, rank()));
+  switch (c.op) {
+    case 0:
+      return {all_reduce(input, b.op.op, group), meta::all_reduce_shape(input.sizes())};
+    case 1:
+      return {all_gather_tensor(input, b.dim, group),
+              meta::all_gather_shape(input.sizes(), b.dim, size)};
+    case 2:
+      return {reduce_scatter_tensor(input, b.op.op, b.dim, group),
+              meta::reduce_scatter_shape(input.sizes(), b.dim, size)};
+    case 3: {
+      if (c.equal_split) {
+        return {all_to_all_single(input, std::nullopt, std::nullopt, group),
+                meta::all_to_all_single_shape(input.sizes(), std::nullopt, std::nullopt, size)};
+      }
+      std::vector<std::int64_t> sends;
+      std::vector<std::int64_t> receives;
+      for (std::size_t n = 0; n < members.size(); ++n) {
+        sends.push_back(rows_between(me, n));
+        receives.push_back(rows_between(n, me));
+      }
+      return {all_to_all_single(input, receives, sends, group),
+              meta::all_to_all_single_shape(input.sizes(), receives, sends, size)};
+    }
+    case 4:
+      return {broadcast(input, 0, group), meta::broadcast_shape(input.sizes(), 0, size)};
+    case 5:
+      return {reduce(input, b.op.op, size - 1, group),
+              meta::reduce_shape(input.sizes(), size - 1, size)};
+    default: {
+      std::vector<int> rotate;
+      for (int m = 0; m < size; ++m) {
+        rotate.push_back((m + 1) % size);
+      }
+      return {permute_tensor(input, rotate, group),
+              meta::permute_tensor_shape(input.sizes(), rotate, size)};
+    }
+  }
+}
+
+void check_shapes(const ShapeCase& c, Env& env) {
+  const std::vector<int>* members = c.base.layout.members_of(env.rank());
+  if (members == nullptr) {
+    return;
+  }
+  Shape shape = c.base.shape;
+  if (c.op == 3 && !c.equal_split) {
+    // Input rows: what this rank sends in the split form.
+    const auto me = static_cast<std::size_t>(index_of(*members, env.rank()));
+    shape[0] = 0;
+    for (std::size_t n = 0; n < members->size(); ++n) {
+      shape[0] += rows_between(me, n);
+    }
+  }
+  const DType dtype = c.base.op.dtype;
+  const TraceScope trace;
+  const Call eager = call(c,
+                          exact_input(c.base.data_seed, env.rank(), shape, dtype, c.base.op.op,
+                                      c.base.layout.group_size()),
+                          *members);
+  const Call traced_meta = call(c, Tensor::empty(shape, dtype, Device::meta()), *members);
+  env.require(trace.records().size() == 2, "two records traced");
+  const OpRecord& eager_record = trace.records()[0];
+  const OpRecord& meta_record = trace.records()[1];
+  const auto text = [](const Shape& s) { return shape_text(s); };
+  env.require(eager.result.sizes() == eager.rule, std::string(kShapeOps[c.op]) + ": eager shape " +
+                                                      text(eager.result.sizes()) +
+                                                      " but chorus::meta says " + text(eager.rule));
+  env.require(traced_meta.result.sizes() == eager.rule,
+              std::string(kShapeOps[c.op]) + ": meta shape " + text(traced_meta.result.sizes()) +
+                  " but eager " + text(eager.rule));
+  env.require(traced_meta.result.device().is_meta(), "a meta input gives a meta output");
+  env.require(eager_record.output_shapes == std::vector<Shape>{eager.rule} &&
+                  meta_record.output_shapes == std::vector<Shape>{eager.rule},
+              "traced output shapes equal the eager shape");
+  env.require(
+      meta_record.meta && meta_record.seq == -1 && !eager_record.meta && eager_record.seq >= 0,
+      "the meta record communicates nothing (seq -1), the eager one does");
+  env.require(eager_record.op == kShapeOps[c.op] && meta_record.op == kShapeOps[c.op],
+              "records name the op");
+  env.record(eager.result);
+}
+
+}  // namespace
+
+std::vector<Property> shape_properties() {
+  return {make_property<ShapeCase>(
+      "shape.eager_meta_traced",
+      "result shapes agree: eager, meta under tracing, the traced record and chorus::meta",
+      gen_shape_case, check_shapes)};
+}
+
+}  // namespace chorus::props::families

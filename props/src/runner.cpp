@@ -1,0 +1,718 @@
+#include "chorus/props/runner.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <exception>
+#include <iomanip>
+#include <sstream>
+#include <utility>
+
+#include "chorus/check.hpp"
+#include "chorus/sim/rapidcheck.hpp"
+
+namespace chorus::props {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// RapidCheck's nominal largest size: case i of n is generated at size i * kSizeMax / n.
+constexpr int kSizeMax = 100;
+constexpr std::string_view kTokenPrefix = "chorus-check:1:";
+// Bytes of each rank's failure message the lockstep runner gathers (longer ones are cut).
+constexpr std::int64_t kGatheredMessageBytes = 1024;
+
+std::uint64_t splitmix(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t hash_name(std::string_view name) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : name) {
+    h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+rc::Random case_random(std::uint64_t seed, std::string_view property, int case_index) {
+  return rc::Random(
+      splitmix(splitmix(seed ^ hash_name(property)) + static_cast<std::uint64_t>(case_index)));
+}
+
+int case_size(int case_index, int cases) { return cases <= 1 ? 0 : case_index * kSizeMax / cases; }
+
+bool glob_match(std::string_view pattern, std::string_view text) {
+  // Iterative matcher with backtracking to the last '*'.
+  std::size_t p = 0;
+  std::size_t t = 0;
+  std::size_t star = std::string_view::npos;
+  std::size_t star_text = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      star_text = t;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      t = ++star_text;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') {
+    ++p;
+  }
+  return p == pattern.size();
+}
+
+// ---- The simulator's inputs: a case and its schedule.
+
+struct Schedule {
+  bool seeded = false;                 // a strategy's seed rather than a choice list
+  std::vector<std::uint64_t> choices;  // generated choice list (past its end: 0)
+  std::uint64_t seed = 0;
+};
+
+void showValue(const Schedule& schedule, std::ostream& out) {
+  if (schedule.seeded) {
+    out << "schedule seed " << schedule.seed;
+    return;
+  }
+  out << "schedule choices [";
+  for (std::size_t i = 0; i < schedule.choices.size(); ++i) {
+    out << (i == 0 ? "" : " ") << schedule.choices[i];
+  }
+  out << "] (then 0)";
+}
+
+struct SimInput {
+  Case value;
+  Schedule schedule;
+};
+
+void showValue(const SimInput& input, std::ostream& out) {
+  out << input.value.text() << "\n  ";
+  showValue(input.schedule, out);
+}
+
+// What executing an input found.
+struct Outcome {
+  bool passed = true;
+  std::string failure;   // every failing rank's error
+  std::string timeline;  // simulator only
+  std::string sim_token;
+  std::uint64_t runs = 1;
+};
+
+struct ShrinkBudget {
+  int runs_max = 0;
+};
+
+// The driver of Note [Property runners]: cases, then greedy shrinking of the first failure.
+// `execute` runs one input everywhere and returns the verdict every rank agrees on.
+template <class Input, class Execute, class Show>
+PropertyResult drive(const Property& property, const CheckOptions& options,
+                     const std::function<rc::Gen<Input>()>& generator, Execute&& execute,
+                     Show&& show) {
+  const Clock::time_point start = Clock::now();
+  PropertyResult result;
+  result.name = property.name;
+  const rc::Gen<Input> gen = generator();
+  for (int i = 0; i < options.cases; ++i) {
+    if (options.listener != nullptr) {
+      options.listener->on_case(property, i, options.cases);
+    }
+    rc::Shrinkable<Input> current =
+        gen(case_random(options.seed, property.name, i), case_size(i, options.cases));
+    ++result.cases;
+    Outcome outcome = execute(current.value());
+    result.runs += outcome.runs;
+    if (outcome.passed) {
+      continue;
+    }
+    // Shrink: the first failing shrink, again and again.
+    std::vector<int> path;
+    int runs_left = options.shrink_runs_max;
+    bool improved = true;
+    while (improved && runs_left > 0) {
+      improved = false;
+      rc::Seq<rc::Shrinkable<Input>> shrinks = current.shrinks();
+      int index = 0;
+      while (runs_left > 0) {
+        rc::Maybe<rc::Shrinkable<Input>> shrink = shrinks.next();
+        if (!shrink) {
+          break;
+        }
+        --runs_left;
+        Outcome attempt;
+        try {
+          attempt = execute(shrink->value());
+        } catch (const rc::GenerationFailure&) {
+          ++index;  // a shrink the generator cannot produce: skip it
+          continue;
+        }
+        result.runs += attempt.runs;
+        if (!attempt.passed) {
+          current = std::move(*shrink);
+          outcome = std::move(attempt);
+          path.push_back(index);
+          improved = true;
+          if (options.listener != nullptr) {
+            options.listener->on_shrink(property, static_cast<int>(path.size()));
+          }
+          break;
+        }
+        ++index;
+      }
+    }
+    result.verdict = Verdict::Failed;
+    result.shrink_steps = static_cast<int>(path.size());
+    result.counterexample = show(current.value());
+    result.failure = std::move(outcome.failure);
+    result.timeline = std::move(outcome.timeline);
+    std::ostringstream token;
+    token << kTokenPrefix << property.name << ":" << options.ranks << ":" << options.seed << ":"
+          << options.cases << ":" << i << ":"
+          << (options.strategy ? std::string(sim::name(*options.strategy)) : "generated") << ":"
+          << options.pct_depth << ":" << sim::name(options.reduction_order) << ":";
+    if (path.empty()) {
+      token << "-";
+    }
+    for (std::size_t k = 0; k < path.size(); ++k) {
+      token << (k == 0 ? "" : ".") << path[k];
+    }
+    token << ":" << (outcome.sim_token.empty() ? "-" : outcome.sim_token);
+    result.replay_token = token.str();
+    break;
+  }
+  result.time = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start);
+  return result;
+}
+
+// ---- Simulator execution.
+
+std::string rank_failures(const std::vector<std::string>& errors) {
+  std::ostringstream out;
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) {
+      out << "  rank " << r << ": " << errors[r] << "\n";
+    }
+  }
+  return out.str();
+}
+
+void require_registry_empty(Env& env) {
+  const std::size_t pending = work_registry_size();
+  env.require(pending == 0, "the work registry holds " + std::to_string(pending) +
+                                " pending work(s) after the case (a leak: every result was "
+                                "dropped or waited)");
+}
+
+struct SimRun {
+  sim::SimReport report;
+  std::vector<std::uint64_t> digests;
+};
+
+sim::SimOptions simulator_options(const Property& property, const CheckOptions& options) {
+  sim::SimOptions sim_options;
+  sim_options.world_size = options.ranks;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  sim_options.reduction_order = options.reduction_order;
+  sim_options.allocator = property.needs.allocator;
+  sim_options.wrap_transport = options.wrap_transport;
+  return sim_options;
+}
+
+void apply_schedule(const Schedule& schedule, const CheckOptions& options,
+                    sim::SimOptions& sim_options) {
+  if (schedule.seeded) {
+    sim_options.seed = schedule.seed;
+    sim_options.strategy = options.strategy.value_or(sim::Strategy::RandomWalk);
+    sim_options.pct_depth = options.pct_depth;
+  } else {
+    sim_options.choices = schedule.choices;
+  }
+}
+
+SimRun simulate_case(const Property& property, const Case& value, sim::SimOptions sim_options) {
+  SimRun run;
+  run.digests.assign(static_cast<std::size_t>(sim_options.world_size), 0);
+  run.report = sim::simulate(sim_options, [&property, &value, &run] {
+    Env env(rank());
+    property.check(value, env);
+    require_registry_empty(env);
+    run.digests[static_cast<std::size_t>(rank())] = env.digest();
+  });
+  return run;
+}
+
+// The other schedules a schedule-independent property must agree with: other strategies and
+// every non-default reduction order.
+struct Variant {
+  sim::Strategy strategy;
+  sim::ReductionOrder order;
+};
+constexpr Variant kVariants[] = {
+    {sim::Strategy::RandomWalk, sim::ReductionOrder::Ring},
+    {sim::Strategy::Pct, sim::ReductionOrder::Tree},
+    {sim::Strategy::RandomWalk, sim::ReductionOrder::Adversarial},
+    {sim::Strategy::Pct, sim::ReductionOrder::Adversarial},
+};
+
+Outcome execute_on_simulator(const Property& property, const CheckOptions& options,
+                             const SimInput& input, bool with_timeline) {
+  sim::SimOptions sim_options = simulator_options(property, options);
+  apply_schedule(input.schedule, options, sim_options);
+  sim_options.record_events = with_timeline;
+  SimRun run = simulate_case(property, input.value, sim_options);
+  Outcome outcome;
+  outcome.sim_token = run.report.replay_token;
+  if (!run.report.ok()) {
+    outcome.passed = false;
+    outcome.failure = rank_failures(run.report.rank_errors);
+    outcome.timeline = sim::timeline_text(run.report);
+    return outcome;
+  }
+  if (!property.needs.schedule_independent) {
+    return outcome;
+  }
+  for (std::size_t v = 0; v < std::size(kVariants); ++v) {
+    sim::SimOptions variant = simulator_options(property, options);
+    variant.strategy = kVariants[v].strategy;
+    variant.reduction_order = kVariants[v].order;
+    variant.seed = splitmix(input.schedule.seed + v + 1);
+    SimRun other = simulate_case(property, input.value, variant);
+    ++outcome.runs;
+    std::ostringstream what;
+    what << "under strategy " << sim::name(kVariants[v].strategy) << ", reduction order "
+         << sim::name(kVariants[v].order) << ", seed " << variant.seed << ": ";
+    if (!other.report.ok()) {
+      outcome.passed = false;
+      outcome.failure = what.str() + "\n" + rank_failures(other.report.rank_errors);
+      outcome.timeline = sim::timeline_text(other.report);
+      return outcome;
+    }
+    for (std::size_t r = 0; r < run.digests.size(); ++r) {
+      if (run.digests[r] != other.digests[r]) {
+        outcome.passed = false;
+        std::ostringstream message;
+        message << "  rank " << r << ": " << what.str()
+                << "the results differ from the first schedule's (digest " << std::hex
+                << other.digests[r] << " vs " << run.digests[r] << ")\n";
+        outcome.failure = message.str();
+        return outcome;
+      }
+    }
+  }
+  return outcome;
+}
+
+std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
+                                                       const CheckOptions& options) {
+  return [&property, &options] {
+    rc::Gen<Schedule> schedules =
+        options.strategy ? rc::gen::map(rc::gen::arbitrary<std::uint64_t>(),
+                                        [](std::uint64_t seed) {
+                                          return Schedule{true, {}, seed};
+                                        })
+                         : rc::gen::map(sim::gen_choices(), [](std::vector<std::uint64_t> choices) {
+                             return Schedule{false, std::move(choices), 0};
+                           });
+    return rc::gen::map(rc::gen::pair(property.cases(World{options.ranks}), std::move(schedules)),
+                        [](std::pair<Case, Schedule> pair) {
+                          return SimInput{std::move(pair.first), std::move(pair.second)};
+                        });
+  };
+}
+
+void check_options(const CheckOptions& options) {
+  if (options.ranks < 1 || options.ranks > 1024) {
+    throw InvalidArgument(
+        {}, "chorus check: ranks must lie in [1, 1024], got " + std::to_string(options.ranks));
+  }
+  if (options.cases < 1) {
+    throw InvalidArgument(
+        {}, "chorus check: cases must be at least 1, got " + std::to_string(options.cases));
+  }
+  if (options.shrink_runs_max < 0) {
+    throw InvalidArgument({}, "chorus check: shrink_runs_max must not be negative");
+  }
+}
+
+std::string skip_reason(const Property& property, int ranks, bool simulator) {
+  if (!simulator && property.needs.simulator_only) {
+    return "needs the simulator";
+  }
+  if (ranks < property.needs.world_size_min) {
+    return "needs at least " + std::to_string(property.needs.world_size_min) + " ranks";
+  }
+  return {};
+}
+
+PropertyResult skipped(const Property& property, std::string reason) {
+  PropertyResult result;
+  result.name = property.name;
+  result.verdict = Verdict::Skipped;
+  result.skip_reason = std::move(reason);
+  return result;
+}
+
+template <class RunOne>
+CheckReport run_all(const std::vector<Property>& properties, const CheckOptions& options,
+                    bool simulator, bool report_progress, RunOne&& run_one) {
+  check_options(options);
+  const Clock::time_point start = Clock::now();
+  CheckReport report;
+  Listener* listener = report_progress ? options.listener : nullptr;
+  CheckOptions quiet = options;
+  quiet.listener = listener;
+  for (std::size_t i = 0; i < properties.size(); ++i) {
+    const Property& property = properties[i];
+    if (listener != nullptr) {
+      listener->on_property_start(property, static_cast<int>(i),
+                                  static_cast<int>(properties.size()));
+    }
+    std::string reason = skip_reason(property, options.ranks, simulator);
+    PropertyResult result =
+        reason.empty() ? run_one(property, quiet) : skipped(property, std::move(reason));
+    if (listener != nullptr) {
+      listener->on_property_end(result);
+    }
+    report.results.push_back(std::move(result));
+  }
+  report.time = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start);
+  return report;
+}
+
+// ---- Lockstep execution.
+
+// Agrees on the verdict: every rank learns which ranks failed and their messages.
+Outcome agree(const std::string& local_failure) {
+  std::vector<int> everyone(static_cast<std::size_t>(world_size()));
+  for (int r = 0; r < world_size(); ++r) {
+    everyone[static_cast<std::size_t>(r)] = r;
+  }
+  const ProcessGroup verdicts = new_group(everyone, std::string(kVerdictGroupTag));
+  const int failed_here = local_failure.empty() ? 0 : 1;
+  const Tensor failures = all_reduce(Tensor::full({1}, failed_here, DType::Int32), "sum", verdicts);
+  Outcome outcome;
+  if (failures.item<std::int32_t>() == 0) {
+    return outcome;
+  }
+  outcome.passed = false;
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(kGatheredMessageBytes), 0);
+  std::memcpy(bytes.data(), local_failure.data(), std::min(local_failure.size(), bytes.size() - 1));
+  const std::vector<std::uint8_t> all =
+      all_gather_tensor(Tensor::from_vector(bytes), 0, verdicts).to_vector<std::uint8_t>();
+  std::vector<std::string> errors(static_cast<std::size_t>(world_size()));
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    const char* text = reinterpret_cast<const char*>(all.data()) +
+                       r * static_cast<std::size_t>(kGatheredMessageBytes);
+    errors[r] = std::string(text, strnlen(text, static_cast<std::size_t>(kGatheredMessageBytes)));
+  }
+  outcome.failure = rank_failures(errors);
+  return outcome;
+}
+
+Outcome execute_in_lockstep(const Property& property, const Case& value) {
+  std::string failure;
+  try {
+    Env env(rank());
+    property.check(value, env);
+    require_registry_empty(env);
+  } catch (const std::exception& error) {
+    failure = error.what();
+    if (failure.empty()) {
+      failure = "an exception with an empty message";
+    }
+  }
+  return agree(failure);
+}
+
+// ---- Replay tokens: chorus-check:1:<property>:<ranks>:<seed>:<cases>:<case>:<schedules>:
+// <pct depth>:<reduction order>:<shrink path>:<simulator token>
+
+struct Token {
+  std::string property;
+  int ranks = 0;
+  std::uint64_t seed = 0;
+  int cases = 0;
+  int case_index = 0;
+  std::optional<sim::Strategy> strategy;
+  int pct_depth = 2;
+  sim::ReductionOrder order = sim::ReductionOrder::Fixed;
+  std::vector<int> path;
+  std::string sim_token;
+};
+
+[[noreturn]] void bad_token(std::string_view token, std::string_view why) {
+  throw InvalidArgument(
+      {}, "chorus replay: malformed token '" + std::string(token) + "': " + std::string(why));
+}
+
+template <class T>
+T parse_number(std::string_view text, std::string_view token, std::string_view field) {
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    bad_token(token, std::string(field) + " is not a number: '" + std::string(text) + "'");
+  }
+  return value;
+}
+
+Token parse_token(std::string_view token) {
+  if (token.substr(0, kTokenPrefix.size()) != kTokenPrefix) {
+    bad_token(token, "it does not start with '" + std::string(kTokenPrefix) + "'");
+  }
+  std::string_view rest = token.substr(kTokenPrefix.size());
+  std::vector<std::string_view> fields;
+  // Ten fields; the last (the simulator's token) holds colons itself.
+  for (int i = 0; i < 9; ++i) {
+    const std::size_t colon = rest.find(':');
+    if (colon == std::string_view::npos) {
+      bad_token(token, "too few fields");
+    }
+    fields.push_back(rest.substr(0, colon));
+    rest = rest.substr(colon + 1);
+  }
+  fields.push_back(rest);
+  Token parsed;
+  parsed.property = std::string(fields[0]);
+  parsed.ranks = parse_number<int>(fields[1], token, "ranks");
+  parsed.seed = parse_number<std::uint64_t>(fields[2], token, "seed");
+  parsed.cases = parse_number<int>(fields[3], token, "cases");
+  parsed.case_index = parse_number<int>(fields[4], token, "case");
+  if (fields[5] != "generated") {
+    bool found = false;
+    for (const sim::Strategy strategy :
+         {sim::Strategy::RandomWalk, sim::Strategy::Pct, sim::Strategy::Portfolio}) {
+      if (fields[5] == sim::name(strategy)) {
+        parsed.strategy = strategy;
+        found = true;
+      }
+    }
+    if (!found) {
+      bad_token(token, "unknown schedule source '" + std::string(fields[5]) + "'");
+    }
+  }
+  parsed.pct_depth = parse_number<int>(fields[6], token, "pct depth");
+  bool order_found = false;
+  for (const sim::ReductionOrder order :
+       {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring, sim::ReductionOrder::Tree,
+        sim::ReductionOrder::Adversarial}) {
+    if (fields[7] == sim::name(order)) {
+      parsed.order = order;
+      order_found = true;
+    }
+  }
+  if (!order_found) {
+    bad_token(token, "unknown reduction order '" + std::string(fields[7]) + "'");
+  }
+  if (fields[8] != "-") {
+    std::string_view path = fields[8];
+    while (!path.empty()) {
+      const std::size_t dot = path.find('.');
+      parsed.path.push_back(parse_number<int>(path.substr(0, dot), token, "shrink path"));
+      path = dot == std::string_view::npos ? std::string_view() : path.substr(dot + 1);
+    }
+  }
+  if (fields[9] != "-") {
+    parsed.sim_token = std::string(fields[9]);
+  }
+  return parsed;
+}
+
+}  // namespace
+
+std::string_view name(Verdict verdict) noexcept {
+  switch (verdict) {
+    case Verdict::Passed:
+      return "passed";
+    case Verdict::Failed:
+      return "FAILED";
+    case Verdict::Skipped:
+      return "skipped";
+  }
+  return "?";
+}
+
+bool CheckReport::passed() const noexcept {
+  return std::none_of(results.begin(), results.end(),
+                      [](const PropertyResult& r) { return r.verdict == Verdict::Failed; });
+}
+
+std::vector<Property> select(const std::vector<Property>& properties, std::string_view glob) {
+  std::vector<std::string_view> patterns;
+  while (true) {
+    const std::size_t comma = glob.find(',');
+    patterns.push_back(glob.substr(0, comma));
+    if (comma == std::string_view::npos) {
+      break;
+    }
+    glob = glob.substr(comma + 1);
+  }
+  std::vector<Property> selected;
+  for (const Property& property : properties) {
+    if (std::any_of(patterns.begin(), patterns.end(),
+                    [&](std::string_view pattern) { return glob_match(pattern, property.name); })) {
+      selected.push_back(property);
+    }
+  }
+  return selected;
+}
+
+CheckReport check_on_simulator(const std::vector<Property>& properties,
+                               const CheckOptions& options) {
+  return run_all(properties, options, /*simulator=*/true, /*report_progress=*/true,
+                 [](const Property& property, const CheckOptions& quiet) {
+                   auto execute = [&](const SimInput& input) {
+                     return execute_on_simulator(property, quiet, input, false);
+                   };
+                   PropertyResult result = drive<SimInput>(
+                       property, quiet, simulator_generator(property, quiet), execute,
+                       [](const SimInput& input) { return rc::toString(input); });
+                   if (result.verdict == Verdict::Failed) {
+                     // Rerun the minimal input once with events recorded, for its timeline.
+                     const Replay again = replay({property}, result.replay_token, [&] {
+                       sim::SimOptions extra;
+                       extra.wrap_transport = quiet.wrap_transport;
+                       return extra;
+                     }());
+                     if (!again.result.timeline.empty()) {
+                       result.timeline = again.result.timeline;
+                     }
+                   }
+                   return result;
+                 });
+}
+
+CheckReport check_in_lockstep(const std::vector<Property>& properties,
+                              const CheckOptions& options) {
+  CheckOptions lockstep = options;
+  lockstep.ranks = world_size();
+  return run_all(properties, lockstep, /*simulator=*/false, /*report_progress=*/rank() == 0,
+                 [](const Property& property, const CheckOptions& quiet) {
+                   const World world{quiet.ranks};
+                   return drive<Case>(
+                       property, quiet, [&] { return property.cases(world); },
+                       [&](const Case& value) { return execute_in_lockstep(property, value); },
+                       [](const Case& value) { return value.text(); });
+                 });
+}
+
+Replay replay(const std::vector<Property>& properties, std::string_view token,
+              sim::SimOptions extra) {
+  const Token parsed = parse_token(token);
+  const auto found = std::find_if(properties.begin(), properties.end(),
+                                  [&](const Property& p) { return p.name == parsed.property; });
+  if (found == properties.end()) {
+    throw InvalidArgument(
+        {}, "chorus replay: no property named '" + parsed.property + "' (chorus list shows them)");
+  }
+  const Property& property = *found;
+  CheckOptions options;
+  options.ranks = parsed.ranks;
+  options.seed = parsed.seed;
+  options.cases = parsed.cases;
+  options.strategy = parsed.strategy;
+  options.pct_depth = parsed.pct_depth;
+  options.reduction_order = parsed.order;
+  check_options(options);
+  const rc::Gen<SimInput> gen = simulator_generator(property, options)();
+  rc::Shrinkable<SimInput> input = gen(case_random(options.seed, property.name, parsed.case_index),
+                                       case_size(parsed.case_index, options.cases));
+  for (const int index : parsed.path) {
+    rc::Seq<rc::Shrinkable<SimInput>> shrinks = input.shrinks();
+    rc::Maybe<rc::Shrinkable<SimInput>> shrink;
+    for (int k = 0; k <= index; ++k) {
+      shrink = shrinks.next();
+      if (!shrink) {
+        bad_token(token, "its shrink path leaves the generated case's shrinks (another build?)");
+      }
+    }
+    input = std::move(*shrink);
+  }
+  const SimInput value = input.value();
+  sim::SimOptions sim_options = simulator_options(property, options);
+  sim_options.wrap_transport = extra.wrap_transport;
+  sim_options.record_events = true;
+  sim_options.timeline_path = extra.timeline_path;
+  sim_options.trace_path = extra.trace_path;
+  if (parsed.sim_token.empty()) {
+    apply_schedule(value.schedule, options, sim_options);
+  } else {
+    sim_options.replay = parsed.sim_token;
+  }
+  Replay result;
+  SimRun run = simulate_case(property, value.value, sim_options);
+  result.report = std::move(run.report);
+  result.result.name = property.name;
+  result.result.cases = 1;
+  result.result.runs = 1;
+  result.result.counterexample = rc::toString(value);
+  result.result.replay_token = std::string(token);
+  if (!result.report.ok()) {
+    result.result.verdict = Verdict::Failed;
+    result.result.failure = rank_failures(result.report.rank_errors);
+    result.result.timeline = sim::timeline_text(result.report);
+  }
+  return result;
+}
+
+std::string summary_table(const CheckReport& report) {
+  std::size_t width = 8;
+  for (const PropertyResult& result : report.results) {
+    width = std::max(width, result.name.size());
+  }
+  std::ostringstream out;
+  out << std::left << std::setw(static_cast<int>(width)) << "property"
+      << "  " << std::right << std::setw(6) << "cases"
+      << "  " << std::setw(8) << "runs"
+      << "  " << std::setw(9) << "time (s)"
+      << "  verdict\n";
+  int passed = 0;
+  int failed = 0;
+  int skipped_count = 0;
+  std::uint64_t runs = 0;
+  for (const PropertyResult& result : report.results) {
+    out << std::left << std::setw(static_cast<int>(width)) << result.name << "  " << std::right
+        << std::setw(6) << result.cases << "  " << std::setw(8) << result.runs << "  "
+        << std::setw(9) << std::fixed << std::setprecision(2)
+        << std::chrono::duration<double>(result.time).count() << "  " << name(result.verdict);
+    if (result.verdict == Verdict::Skipped) {
+      out << " (" << result.skip_reason << ")";
+    }
+    out << "\n";
+    runs += result.runs;
+    passed += result.verdict == Verdict::Passed ? 1 : 0;
+    failed += result.verdict == Verdict::Failed ? 1 : 0;
+    skipped_count += result.verdict == Verdict::Skipped ? 1 : 0;
+  }
+  out << passed << " passed, " << failed << " failed, " << skipped_count << " skipped; " << runs
+      << " runs in " << std::fixed << std::setprecision(2)
+      << std::chrono::duration<double>(report.time).count() << " s\n";
+  return out.str();
+}
+
+std::string failure_report(const PropertyResult& result) {
+  std::ostringstream out;
+  out << "property " << result.name << " FAILED";
+  if (result.shrink_steps > 0) {
+    out << " (shrunk in " << result.shrink_steps << " steps)";
+  }
+  out << "\nminimal counterexample:\n  " << result.counterexample << "\nerrors:\n"
+      << result.failure;
+  if (!result.timeline.empty()) {
+    out << "timeline of the minimal failing run:\n" << result.timeline;
+  }
+  out << "replay: chorus replay " << result.replay_token << "\n";
+  return out.str();
+}
+
+}  // namespace chorus::props

@@ -1,0 +1,173 @@
+// The property battery and its runners: planted transport bugs make it fail with a shrunk,
+// replayable counterexample (so a passing battery means something), both runners agree, and the
+// replay tokens and property selection behave.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <chorus/props/battery.hpp>
+#include <chorus/props/runner.hpp>
+
+#include "props/planted_transport.hpp"
+#include "support/expect_error.hpp"
+
+namespace chorus::props {
+namespace {
+
+using testing::plant;
+using testing::PlantedBug;
+
+PropertyResult check_one(const std::string& name, CheckOptions options) {
+  const CheckReport report = check_on_simulator(select(battery(), name), options);
+  EXPECT_EQ(report.results.size(), 1u);
+  return report.results.at(0);
+}
+
+TEST(Battery, PlantedLastBitOnOneRankFailsWithAShrunkReplayableCounterexample) {
+  CheckOptions options;
+  options.ranks = 4;
+  options.wrap_transport = plant(PlantedBug::LastBitOnOneRank, 1);
+  const PropertyResult result = check_one("reduce.all_reduce", options);
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  // Only the planted rank's result is wrong, and the report says which element.
+  EXPECT_NE(result.failure.find("rank 1: rank 1: all_reduce result: element "), std::string::npos)
+      << result.failure;
+  EXPECT_EQ(result.failure.find("rank 0:"), std::string::npos) << result.failure;
+  // Shrunk from a larger case to a small one: the whole world, sum, data seed 0, the all-0
+  // schedule, and a shape of the fewest elements the bug touches: testing::kLargeResult transport
+  // elements (4 bytes-wide elements, or 2 complex ones, which travel as 4 real values).
+  EXPECT_NE(result.counterexample.find("group world [0, 1, 2, 3], sum on "), std::string::npos)
+      << result.counterexample;
+  EXPECT_TRUE(result.counterexample.find("shape [4]") != std::string::npos ||
+              result.counterexample.find("shape [2]") != std::string::npos ||
+              result.counterexample.find("shape [2, 2]") != std::string::npos)
+      << result.counterexample;
+  EXPECT_NE(result.counterexample.find("data seed 0"), std::string::npos) << result.counterexample;
+  EXPECT_NE(result.counterexample.find("schedule choices [] (then 0)"), std::string::npos)
+      << result.counterexample;
+  EXPECT_GT(result.shrink_steps, 0);
+  EXPECT_NE(result.timeline.find("rank 1"), std::string::npos);
+  EXPECT_EQ(result.replay_token.rfind("chorus-check:1:reduce.all_reduce:4:0:100:", 0), 0u)
+      << result.replay_token;
+
+  // The token replays the failure with the bug planted, and passes without it.
+  sim::SimOptions with_bug;
+  with_bug.wrap_transport = plant(PlantedBug::LastBitOnOneRank, 1);
+  const Replay again = replay(battery(), result.replay_token, with_bug);
+  EXPECT_EQ(again.result.verdict, Verdict::Failed);
+  EXPECT_EQ(again.result.failure, result.failure);
+  EXPECT_EQ(again.result.counterexample, result.counterexample);
+  EXPECT_EQ(replay(battery(), result.replay_token).result.verdict, Verdict::Passed);
+
+  // The summary says FAILED and the failure report carries the replay command.
+  CheckReport report;
+  report.results.push_back(result);
+  EXPECT_FALSE(report.passed());
+  EXPECT_NE(summary_table(report).find("FAILED"), std::string::npos);
+  EXPECT_NE(failure_report(result).find("replay: chorus replay " + result.replay_token),
+            std::string::npos);
+}
+
+TEST(Battery, PlantedEarlyCompletionIsCaughtByTheReductionAndWaitProperties) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.cases = 50;
+  options.wrap_transport = plant(PlantedBug::CompletesBeforeData, 2);
+  for (const std::string name : {"reduce.all_reduce", "async.wait_orders"}) {
+    const PropertyResult result = check_one(name, options);
+    ASSERT_EQ(result.verdict, Verdict::Failed) << name;
+    EXPECT_NE(result.failure.find("rank 2: rank 2:"), std::string::npos) << result.failure;
+    EXPECT_EQ(result.failure.find("rank 0:"), std::string::npos) << result.failure;
+  }
+}
+
+TEST(Battery, PassesWithoutAPlantedBug) {
+  CheckOptions options;
+  options.ranks = 4;
+  options.cases = 10;
+  const CheckReport report = check_on_simulator(battery(), options);
+  EXPECT_TRUE(report.passed()) << summary_table(report);
+  EXPECT_EQ(report.results.size(), battery().size());
+  for (const PropertyResult& result : report.results) {
+    EXPECT_EQ(result.verdict, Verdict::Passed) << result.name;
+    EXPECT_EQ(result.cases, 10) << result.name;
+  }
+}
+
+TEST(Battery, LockstepRanksAgreeOnTheVerdictAndShrinkTogether) {
+  CheckOptions options;
+  options.cases = 100;
+  const std::vector<Property> properties = select(battery(), "reduce.all_reduce,errors.mismatch");
+  std::vector<CheckReport> reports(4);
+  sim::SimOptions sim_options;
+  sim_options.world_size = 4;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  sim_options.wrap_transport = plant(PlantedBug::LastBitOnOneRank, 1);
+  const sim::SimReport run = sim::run(sim_options, [&] {
+    reports[static_cast<std::size_t>(rank())] = check_in_lockstep(properties, options);
+  });
+  ASSERT_TRUE(run.ok());
+  for (const CheckReport& report : reports) {
+    ASSERT_EQ(report.results.size(), 2u);
+    const PropertyResult& failed = report.results[0];
+    EXPECT_EQ(failed.verdict, Verdict::Failed);
+    // Every rank learned rank 1's message, and they took the same shrinking path.
+    EXPECT_NE(failed.failure.find("rank 1: rank 1: all_reduce result"), std::string::npos)
+        << failed.failure;
+    EXPECT_EQ(failed.replay_token, reports[0].results[0].replay_token);
+    EXPECT_EQ(failed.counterexample, reports[0].results[0].counterexample);
+    EXPECT_NE(failed.counterexample.find("group world [0, 1, 2, 3], sum on "), std::string::npos)
+        << failed.counterexample;
+    EXPECT_EQ(report.results[1].verdict, Verdict::Skipped);
+    EXPECT_EQ(report.results[1].skip_reason, "needs the simulator");
+  }
+}
+
+TEST(Battery, SelectTakesCommaSeparatedGlobs) {
+  const std::vector<Property> all = battery();
+  EXPECT_EQ(select(all, "*").size(), all.size());
+  const std::vector<Property> reductions = select(all, "reduce.*");
+  ASSERT_EQ(reductions.size(), 4u);
+  EXPECT_EQ(reductions[0].name, "reduce.all_reduce");
+  const std::vector<Property> two = select(all, "*.mismatch,law.gather_?im");
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].name, "law.gather_dim");
+  EXPECT_EQ(two[1].name, "errors.mismatch");
+  EXPECT_TRUE(select(all, "no.such").empty());
+}
+
+TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
+  const std::vector<Property> all = battery();
+  testing::expect_invalid_argument([&] { (void)replay(all, "chorus-replay:2:x"); },
+                                   {"does not start with"});
+  testing::expect_invalid_argument([&] { (void)replay(all, "chorus-check:1:reduce.all_reduce:4"); },
+                                   {"too few fields"});
+  testing::expect_invalid_argument(
+      [&] { (void)replay(all, "chorus-check:1:no.such:4:0:100:0:generated:2:fixed:-:-"); },
+      {"no property named 'no.such'"});
+  testing::expect_invalid_argument(
+      [&] {
+        (void)replay(all, "chorus-check:1:reduce.all_reduce:four:0:100:0:generated:2:fixed:-:-");
+      },
+      {"ranks is not a number"});
+  testing::expect_invalid_argument(
+      [&] { (void)replay(all, "chorus-check:1:reduce.all_reduce:4:0:100:0:psychic:2:fixed:-:-"); },
+      {"unknown schedule source 'psychic'"});
+  testing::expect_invalid_argument(
+      [&] {
+        (void)replay(all, "chorus-check:1:reduce.all_reduce:4:0:100:0:generated:2:fixed:999:-");
+      },
+      {"shrink path"});
+}
+
+TEST(Battery, ReplayWithoutASimulatorTokenRegeneratesTheSchedule) {
+  const Replay replayed =
+      replay(battery(), "chorus-check:1:law.gather_dim:3:5:100:7:generated:2:fixed:-:-");
+  EXPECT_EQ(replayed.result.verdict, Verdict::Passed);
+  EXPECT_EQ(replayed.report.world_size, 3);
+  EXPECT_FALSE(replayed.report.events.empty());  // replays record events for traces
+}
+
+}  // namespace
+}  // namespace chorus::props

@@ -1,0 +1,180 @@
+#pragma once
+
+// Transports with planted bugs, wrapped around the simulator's (SimOptions::wrap_transport), to
+// prove that the property battery fails when the transport underneath is wrong.
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "chorus/transport/transport.hpp"
+
+namespace chorus::testing {
+
+enum class PlantedBug {
+  // On one rank, an all_reduce result of at least kLargeResult elements has the lowest bit of its
+  // last element flipped when the work completes: what a different reduction order gives on
+  // inexact inputs, for large enough buffers only (so the minimal counterexample has to be found
+  // by shrinking).
+  LastBitOnOneRank,
+  // On one rank, each all_reduce reports completion at once: wait() returns before the data is
+  // written (the reader sees the simulator's poison).
+  CompletesBeforeData,
+};
+
+inline constexpr std::size_t kLargeResult = 4;
+
+class PlantedWork final : public transport::Work {
+ public:
+  PlantedWork(std::shared_ptr<transport::Work> inner, PlantedBug bug, transport::Buffer recv)
+      : inner_(std::move(inner)), bug_(bug), recv_(std::move(recv)) {}
+
+  bool is_completed() override {
+    if (bug_ == PlantedBug::CompletesBeforeData) {
+      return true;
+    }
+    const bool completed = inner_->is_completed();
+    if (completed) {
+      corrupt_once();
+    }
+    return completed;
+  }
+  void wait(transport::Deadline deadline) override {
+    if (bug_ == PlantedBug::CompletesBeforeData) {
+      return;
+    }
+    inner_->wait(deadline);
+    corrupt_once();
+  }
+  void wait_on(void* stream) override { inner_->wait_on(stream); }
+  transport::WorkStatus status() const override {
+    return bug_ == PlantedBug::CompletesBeforeData ? transport::WorkStatus::Completed
+                                                   : inner_->status();
+  }
+  std::exception_ptr error() const override { return inner_->error(); }
+  const transport::Fingerprint& fingerprint() const override { return inner_->fingerprint(); }
+  void on_dropped() const noexcept override { inner_->on_dropped(); }
+  void on_finalized(bool at_rank_exit, bool failed) const noexcept override {
+    inner_->on_finalized(at_rank_exit, failed);
+  }
+  bool defer_finalization() const noexcept override { return inner_->defer_finalization(); }
+
+ private:
+  void corrupt_once() {
+    if (bug_ != PlantedBug::LastBitOnOneRank || recv_.count < kLargeResult ||
+        corrupted_.exchange(true)) {
+      return;
+    }
+    auto* last =
+        static_cast<unsigned char*>(recv_.data) + (recv_.count - 1) * element_size(recv_.dtype);
+    last[0] ^= 1;  // the lowest bit of the last element (little-endian)
+  }
+
+  std::shared_ptr<transport::Work> inner_;
+  PlantedBug bug_;
+  transport::Buffer recv_;
+  std::atomic<bool> corrupted_{false};
+};
+
+class PlantedComm final : public transport::Comm {
+ public:
+  PlantedComm(std::shared_ptr<transport::Comm> inner, PlantedBug bug)
+      : inner_(std::move(inner)), bug_(bug) {}
+
+  std::uint64_t id() const noexcept override { return inner_->id(); }
+  const std::string& tag() const noexcept override { return inner_->tag(); }
+  const std::vector<int>& ranks() const noexcept override { return inner_->ranks(); }
+  int group_rank() const noexcept override { return inner_->group_rank(); }
+
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const ReduceOp& reduce_op,
+                                              const transport::OpInfo& info) override {
+    std::shared_ptr<transport::Work> work = inner_->all_reduce(send, recv, reduce_op, info);
+    if (work == nullptr) {
+      return work;  // inside begin_group/end_group
+    }
+    return std::make_shared<PlantedWork>(std::move(work), bug_, recv);
+  }
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override {
+    return inner_->all_gather(send, recv, info);
+  }
+  std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
+                                                  const transport::Buffer& recv,
+                                                  const ReduceOp& reduce_op,
+                                                  const transport::OpInfo& info) override {
+    return inner_->reduce_scatter(send, recv, reduce_op, info);
+  }
+  std::shared_ptr<transport::Work> all_to_all(const transport::Buffer& send,
+                                              const std::vector<std::size_t>& send_counts,
+                                              const transport::Buffer& recv,
+                                              const std::vector<std::size_t>& recv_counts,
+                                              const transport::OpInfo& info) override {
+    return inner_->all_to_all(send, send_counts, recv, recv_counts, info);
+  }
+  std::shared_ptr<transport::Work> broadcast(const transport::Buffer& send,
+                                             const transport::Buffer& recv, int root,
+                                             const transport::OpInfo& info) override {
+    return inner_->broadcast(send, recv, root, info);
+  }
+  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
+                                          const transport::Buffer& recv, const ReduceOp& reduce_op,
+                                          int root, const transport::OpInfo& info) override {
+    return inner_->reduce(send, recv, reduce_op, root, info);
+  }
+  void begin_group() override { inner_->begin_group(); }
+  std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override {
+    return inner_->end_group(info);
+  }
+
+ private:
+  std::shared_ptr<transport::Comm> inner_;
+  PlantedBug bug_;
+};
+
+class PlantedTransport final : public transport::Transport {
+ public:
+  PlantedTransport(std::shared_ptr<transport::Transport> inner, PlantedBug bug)
+      : inner_(std::move(inner)), bug_(bug) {}
+
+  std::string_view name() const noexcept override { return inner_->name(); }
+  int rank() const noexcept override { return inner_->rank(); }
+  int world_size() const noexcept override { return inner_->world_size(); }
+  // Communicators whose tag starts with "chorus." are chorus's own (the lockstep runner agrees
+  // on verdicts over one): the bug is planted under the program's collectives only.
+  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                               const std::vector<int>& ranks) override {
+    std::shared_ptr<transport::Comm> comm = inner_->create_comm(tag, ranks);
+    if (tag.rfind("chorus.", 0) == 0) {
+      return comm;
+    }
+    return std::make_shared<PlantedComm>(std::move(comm), bug_);
+  }
+  transport::Duration now() override { return inner_->now(); }
+  std::string supports(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
+                       Device device) const override {
+    return inner_->supports(kind, dtype, reduce_op, device);
+  }
+
+ private:
+  std::shared_ptr<transport::Transport> inner_;
+  PlantedBug bug_;
+};
+
+// A SimOptions::wrap_transport / CheckOptions::wrap_transport that plants `bug` on rank
+// `buggy_rank` only.
+inline auto plant(PlantedBug bug, int buggy_rank) {
+  return [bug, buggy_rank](
+             std::shared_ptr<transport::Transport> inner) -> std::shared_ptr<transport::Transport> {
+    if (inner->rank() != buggy_rank) {
+      return inner;
+    }
+    return std::make_shared<PlantedTransport>(std::move(inner), bug);
+  };
+}
+
+}  // namespace chorus::testing
