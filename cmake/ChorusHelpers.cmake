@@ -24,6 +24,17 @@ if(CHORUS_SANITIZE)
   endif()
 endif()
 
+# libFuzzer (the `fuzz` preset): every library and test is built with coverage instrumentation
+# for libFuzzer (-fsanitize=fuzzer-no-link); only the fuzz targets link libFuzzer itself
+# (chorus_fuzz_target). Clang only.
+if(CHORUS_LIBFUZZER)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "CHORUS_LIBFUZZER needs clang (libFuzzer); "
+                        "other compilers build the fuzz targets with tests/fuzz/standalone_main.cpp")
+  endif()
+  target_compile_options(chorus_options INTERFACE -fsanitize=fuzzer-no-link)
+endif()
+
 # chorus_library(NAME <name> [ALIAS <alias>] [SOURCES ...] [PUBLIC_INCLUDE <dir>]
 #                [PUBLIC_DEPS ...] [PRIVATE_DEPS ...])
 # A static library `chorus_<name>` with the alias `chorus::<name>` (or ALIAS when given).
@@ -60,4 +71,34 @@ function(chorus_test)
   gtest_discover_tests(${ARG_NAME}
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "${ARG_ENVIRONMENT}"
     DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# chorus_fuzz_target(NAME <name> SOURCES ... [DEPS ...] [RUNS <n>] [TIMEOUT <s>])
+# A fuzz target (a source defining LLVMFuzzerTestOneInput): linked with libFuzzer when
+# CHORUS_LIBFUZZER is on, else with tests/fuzz/standalone_main.cpp. CTest (label `fuzz`) runs it
+# on its committed seed corpus tests/fuzz/corpus/<name>/ plus RUNS more inputs (libFuzzer's
+# mutations, or the standalone driver's PRNG inputs, seed 1); new corpus entries and crash files
+# land in the build tree, never in the committed corpus. scripts/fuzz runs it for longer.
+function(chorus_fuzz_target)
+  cmake_parse_arguments(ARG "" "NAME;RUNS;TIMEOUT" "SOURCES;DEPS" ${ARGN})
+  if(NOT ARG_RUNS)
+    set(ARG_RUNS 1000)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE chorus::options ${ARG_DEPS})
+  if(CHORUS_LIBFUZZER)
+    target_link_options(${ARG_NAME} PRIVATE -fsanitize=fuzzer)
+  else()
+    target_sources(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/fuzz/standalone_main.cpp)
+  endif()
+  set(corpus ${CMAKE_CURRENT_SOURCE_DIR}/corpus/${ARG_NAME})
+  set(work_dir ${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}.ctest)
+  file(MAKE_DIRECTORY ${work_dir}/corpus)
+  add_test(NAME ${ARG_NAME}
+           COMMAND ${ARG_NAME} -runs=${ARG_RUNS} -seed=1 -max_len=512 ${work_dir}/corpus ${corpus}
+           WORKING_DIRECTORY ${work_dir})
+  set_tests_properties(${ARG_NAME} PROPERTIES LABELS fuzz TIMEOUT ${ARG_TIMEOUT})
 endfunction()
