@@ -28,9 +28,9 @@ namespace {
 using namespace chorus;
 
 struct LayerCase {
-  std::int64_t rows = 1;          // batch rows of x
-  std::int64_t inner = 1;         // x's columns (W's rows) per rank, for row-parallel
-  std::int64_t columns = 1;       // W's columns per rank, for column-parallel
+  std::int64_t rows = 1;     // batch rows of x
+  std::int64_t inner = 1;    // x's columns (W's rows) per rank, for row-parallel
+  std::int64_t columns = 1;  // W's columns per rank, for column-parallel
   std::uint64_t data_seed = 0;
 };
 
@@ -209,9 +209,8 @@ int main(int argc, char** argv) {
     }
     for (const props::PropertyResult& result : report.results) {
       if (result.verdict == props::Verdict::Failed) {
-        const std::string replay_with = std::string(argv[0]) +
-                                        (planted_offset_bug ? " --bug=offset" : "") +
-                                        " --replay-case";
+        const std::string replay_with =
+            std::string(argv[0]) + (planted_offset_bug ? " --bug=offset" : "") + " --replay-case";
         std::cout << props::failure_report(result, replay_with) << "\n";
       }
     }

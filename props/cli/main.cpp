@@ -13,9 +13,8 @@
 #include <optional>
 #include <string>
 
+namespace chorus::cli {
 namespace {
-
-using namespace chorus;
 
 // A progress bar on a terminal (redrawn in place on stderr), one plain line per property
 // otherwise.
@@ -187,8 +186,10 @@ int run_list() {
 }
 
 }  // namespace
+}  // namespace chorus::cli
 
 int main(int argc, char** argv) {
+  using namespace chorus::cli;  // NOLINT(google-build-using-namespace): main's own helpers
   CLI::App app{
       "chorus: functional collectives, checked. Runs the property battery on the "
       "simulator or a real transport."};

@@ -33,26 +33,32 @@ void Env::fail(std::string_view what) const {
   throw PropertyFailure("rank " + std::to_string(rank_) + ": " + std::string(what));
 }
 
-void Env::require(bool condition, std::string_view what) const {
-  if (!condition) {
+bool Env::failed(std::string_view what) {
+  if (on_failure_ == OnFailure::Throw) {
     fail(what);
   }
+  if (failures_++ == 0) {
+    first_failure_ = "rank " + std::to_string(rank_) + ": " + std::string(what);
+  }
+  return false;
 }
 
-void Env::require_bitwise_equal(const Tensor& actual, const Tensor& expected,
-                                std::string_view what) const {
+bool Env::require(bool condition, std::string_view what) { return condition || failed(what); }
+
+bool Env::require_bitwise_equal(const Tensor& actual, const Tensor& expected,
+                                std::string_view what) {
   if (actual.dtype() != expected.dtype()) {
-    fail(std::string(what) + ": dtype " + std::string(dtype_name(actual.dtype())) + ", expected " +
-         std::string(dtype_name(expected.dtype())));
+    return failed(std::string(what) + ": dtype " + std::string(dtype_name(actual.dtype())) +
+                  ", expected " + std::string(dtype_name(expected.dtype())));
   }
   if (actual.sizes() != expected.sizes()) {
-    fail(std::string(what) + ": shape " + shape_text(actual.sizes()) + ", expected " +
-         shape_text(expected.sizes()));
+    return failed(std::string(what) + ": shape " + shape_text(actual.sizes()) + ", expected " +
+                  shape_text(expected.sizes()));
   }
   const std::vector<unsigned char> actual_bytes = element_bytes(actual);
   const std::vector<unsigned char> expected_bytes = element_bytes(expected);
   if (actual_bytes == expected_bytes) {
-    return;
+    return true;
   }
   const std::size_t element = actual.element_size();
   std::size_t index = 0;
@@ -74,9 +80,9 @@ void Env::require_bitwise_equal(const Tensor& actual, const Tensor& expected,
     }
     return text + ")";
   };
-  fail(std::string(what) + ": element " + std::to_string(index) + " (flat) is " +
-       single(actual, actual_bytes) + ", expected " + single(expected, expected_bytes) +
-       "; whole result " + actual.to_string(8) + ", expected " + expected.to_string(8));
+  return failed(std::string(what) + ": element " + std::to_string(index) + " (flat) is " +
+                single(actual, actual_bytes) + ", expected " + single(expected, expected_bytes) +
+                "; whole result " + actual.to_string(8) + ", expected " + expected.to_string(8));
 }
 
 void Env::record(const Tensor& tensor) {

@@ -42,7 +42,10 @@ rc::Random case_random(std::uint64_t seed, std::string_view property, int case_i
       splitmix(splitmix(seed ^ hash_name(property)) + static_cast<std::uint64_t>(case_index)));
 }
 
-int case_size(int case_index, int cases) { return cases <= 1 ? 0 : case_index * kSizeMax / cases; }
+int case_size(int case_index, int cases) {
+  return cases <= 1 ? 0
+                    : static_cast<int>(std::int64_t{case_index} * kSizeMax / std::int64_t{cases});
+}
 
 bool glob_match(std::string_view pattern, std::string_view text) {
   // Iterative matcher with backtracking to the last '*'.
@@ -107,18 +110,16 @@ struct Outcome {
   std::string timeline;  // simulator only
   std::string sim_token;
   std::uint64_t runs = 1;
-};
-
-struct ShrinkBudget {
-  int runs_max = 0;
+  sim::SimReport report;  // replays only: the report of the run that decided the verdict
 };
 
 // The driver of Note [Property runners]: cases, then greedy shrinking of the first failure.
 // `execute` runs one input everywhere and returns the verdict every rank agrees on.
+// `schedules` is the replay token's schedule field: "generated", a strategy, or "lockstep".
 template <class Input, class Execute, class Show>
 PropertyResult drive(const Property& property, const CheckOptions& options,
-                     const std::function<rc::Gen<Input>()>& generator, Execute&& execute,
-                     Show&& show) {
+                     std::string_view schedules, const std::function<rc::Gen<Input>()>& generator,
+                     Execute&& execute, Show&& show) {
   const Clock::time_point start = Clock::now();
   PropertyResult result;
   result.name = property.name;
@@ -130,7 +131,16 @@ PropertyResult drive(const Property& property, const CheckOptions& options,
     rc::Shrinkable<Input> current =
         gen(case_random(options.seed, property.name, i), case_size(i, options.cases));
     ++result.cases;
-    Outcome outcome = execute(current.value());
+    Input input;
+    try {
+      input = current.value();
+    } catch (const std::exception& error) {
+      // Gen::operator() defers a generator's exception to value(): the generator is broken.
+      result.verdict = Verdict::Failed;
+      result.failure = std::string("  the case generator failed: ") + error.what() + "\n";
+      break;
+    }
+    Outcome outcome = execute(input);
     result.runs += outcome.runs;
     if (outcome.passed) {
       continue;
@@ -149,13 +159,14 @@ PropertyResult drive(const Property& property, const CheckOptions& options,
           break;
         }
         --runs_left;
-        Outcome attempt;
+        Input smaller;
         try {
-          attempt = execute(shrink->value());
-        } catch (const rc::GenerationFailure&) {
+          smaller = shrink->value();
+        } catch (const std::exception&) {
           ++index;  // a shrink the generator cannot produce: skip it
           continue;
         }
+        Outcome attempt = execute(smaller);
         result.runs += attempt.runs;
         if (!attempt.passed) {
           current = std::move(*shrink);
@@ -177,9 +188,8 @@ PropertyResult drive(const Property& property, const CheckOptions& options,
     result.timeline = std::move(outcome.timeline);
     std::ostringstream token;
     token << kTokenPrefix << property.name << ":" << options.ranks << ":" << options.seed << ":"
-          << options.cases << ":" << i << ":"
-          << (options.strategy ? std::string(sim::name(*options.strategy)) : "generated") << ":"
-          << options.pct_depth << ":" << sim::name(options.reduction_order) << ":";
+          << options.cases << ":" << i << ":" << schedules << ":" << options.pct_depth << ":"
+          << sim::name(options.reduction_order) << ":";
     if (path.empty()) {
       token << "-";
     }
@@ -268,28 +278,67 @@ constexpr Variant kVariants[] = {
     {sim::Strategy::Pct, sim::ReductionOrder::Adversarial},
 };
 
+// What a replay adds to a run: the simulator's own token for the first run (its choices, checked
+// against this build and these options), events, trace and timeline files, a planted bug.
+struct ReplaySetup {
+  std::string sim_token;
+  sim::SimOptions extra;
+};
+
+void apply_setup(const ReplaySetup& setup, sim::SimOptions& sim_options) {
+  sim_options.record_events = true;
+  sim_options.timeline_path = setup.extra.timeline_path;
+  sim_options.trace_path = setup.extra.trace_path;
+  if (setup.extra.wrap_transport) {
+    sim_options.wrap_transport = setup.extra.wrap_transport;
+  }
+}
+
+// Runs `input` (and, for a schedule-independent property, its variants); `setup` for replays.
 Outcome execute_on_simulator(const Property& property, const CheckOptions& options,
-                             const SimInput& input, bool with_timeline) {
+                             const SimInput& input, const ReplaySetup* setup = nullptr) {
   sim::SimOptions sim_options = simulator_options(property, options);
   apply_schedule(input.schedule, options, sim_options);
-  sim_options.record_events = with_timeline;
+  if (setup != nullptr) {
+    apply_setup(*setup, sim_options);
+    if (!setup->sim_token.empty()) {
+      sim_options.choices.reset();
+      sim_options.replay = setup->sim_token;
+    }
+  }
   SimRun run = simulate_case(property, input.value, sim_options);
   Outcome outcome;
   outcome.sim_token = run.report.replay_token;
+  // A replay keeps the report of the run that decided the verdict.
+  const auto decided_by = [&](sim::SimReport& report) {
+    if (setup != nullptr) {
+      outcome.report = std::move(report);
+    }
+    return std::move(outcome);
+  };
   if (!run.report.ok()) {
     outcome.passed = false;
     outcome.failure = rank_failures(run.report.rank_errors);
     outcome.timeline = sim::timeline_text(run.report);
-    return outcome;
+    return decided_by(run.report);
   }
   if (!property.needs.schedule_independent) {
-    return outcome;
+    return decided_by(run.report);
+  }
+  // Variant seeds come from the case's schedule, so every case tries other schedules.
+  std::uint64_t schedule_hash = splitmix(input.schedule.seed);
+  for (const std::uint64_t choice : input.schedule.choices) {
+    schedule_hash = splitmix(schedule_hash ^ choice);
   }
   for (std::size_t v = 0; v < std::size(kVariants); ++v) {
     sim::SimOptions variant = simulator_options(property, options);
+    if (setup != nullptr) {
+      apply_setup(*setup, variant);
+    }
     variant.strategy = kVariants[v].strategy;
+    variant.pct_depth = options.pct_depth;
     variant.reduction_order = kVariants[v].order;
-    variant.seed = splitmix(input.schedule.seed + v + 1);
+    variant.seed = splitmix(schedule_hash + v + 1);
     SimRun other = simulate_case(property, input.value, variant);
     ++outcome.runs;
     std::ostringstream what;
@@ -299,7 +348,7 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
       outcome.passed = false;
       outcome.failure = what.str() + "\n" + rank_failures(other.report.rank_errors);
       outcome.timeline = sim::timeline_text(other.report);
-      return outcome;
+      return decided_by(other.report);
     }
     for (std::size_t r = 0; r < run.digests.size(); ++r) {
       if (run.digests[r] != other.digests[r]) {
@@ -309,11 +358,12 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
                 << "the results differ from the first schedule's (digest " << std::hex
                 << other.digests[r] << " vs " << run.digests[r] << ")\n";
         outcome.failure = message.str();
-        return outcome;
+        outcome.timeline = sim::timeline_text(other.report);
+        return decided_by(other.report);
       }
     }
   }
-  return outcome;
+  return decided_by(run.report);
 }
 
 std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
@@ -373,8 +423,15 @@ CheckReport run_all(const std::vector<Property>& properties, const CheckOptions&
   const Clock::time_point start = Clock::now();
   CheckReport report;
   Listener* listener = report_progress ? options.listener : nullptr;
-  CheckOptions quiet = options;
-  quiet.listener = listener;
+  CheckOptions per_property = options;
+  per_property.listener = listener;
+  for (const Property& property : properties) {
+    if (property.name.empty() || property.name.find_first_of(": \t\n") != std::string::npos) {
+      throw InvalidArgument({}, "chorus check: property name '" + property.name +
+                                    "' is empty or holds ':' or whitespace (replay tokens carry "
+                                    "it)");
+    }
+  }
   for (std::size_t i = 0; i < properties.size(); ++i) {
     const Property& property = properties[i];
     if (listener != nullptr) {
@@ -383,7 +440,7 @@ CheckReport run_all(const std::vector<Property>& properties, const CheckOptions&
     }
     std::string reason = skip_reason(property, options.ranks, simulator);
     PropertyResult result =
-        reason.empty() ? run_one(property, quiet) : skipped(property, std::move(reason));
+        reason.empty() ? run_one(property, per_property) : skipped(property, std::move(reason));
     if (listener != nullptr) {
       listener->on_property_end(result);
     }
@@ -424,16 +481,28 @@ Outcome agree(const std::string& local_failure) {
 }
 
 Outcome execute_in_lockstep(const Property& property, const Case& value) {
+  // Env records failed requirements rather than throwing, so this rank keeps reaching the
+  // collectives its peers reach (Env's comment).
+  Env env(rank(), Env::OnFailure::Record);
   std::string failure;
   try {
-    Env env(rank());
     property.check(value, env);
     require_registry_empty(env);
+    if (env.failures() > 0) {
+      failure = env.first_failure();
+      if (env.failures() > 1) {
+        failure += " (and " + std::to_string(env.failures() - 1) + " more)";
+      }
+    }
   } catch (const std::exception& error) {
     failure = error.what();
     if (failure.empty()) {
       failure = "an exception with an empty message";
     }
+  } catch (const rc::detail::CaseResult& result) {
+    failure = "a RapidCheck assertion (RC_ASSERT, RC_FAIL) failed: " + result.description;
+  } catch (...) {
+    failure = "an exception that is not a std::exception";
   }
   return agree(failure);
 }
@@ -448,6 +517,7 @@ struct Token {
   int cases = 0;
   int case_index = 0;
   std::optional<sim::Strategy> strategy;
+  bool lockstep = false;  // found by the lockstep runner: the case alone, the all-0 schedule
   int pct_depth = 2;
   sim::ReductionOrder order = sim::ReductionOrder::Fixed;
   std::vector<int> path;
@@ -491,7 +561,9 @@ Token parse_token(std::string_view token) {
   parsed.seed = parse_number<std::uint64_t>(fields[2], token, "seed");
   parsed.cases = parse_number<int>(fields[3], token, "cases");
   parsed.case_index = parse_number<int>(fields[4], token, "case");
-  if (fields[5] != "generated") {
+  if (fields[5] == "lockstep") {
+    parsed.lockstep = true;
+  } else if (fields[5] != "generated") {
     bool found = false;
     for (const sim::Strategy strategy :
          {sim::Strategy::RandomWalk, sim::Strategy::Pct, sim::Strategy::Portfolio}) {
@@ -538,15 +610,15 @@ Token parse_token(std::string_view token) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-rc::Shrinkable<SimInput> nth_shrink(const rc::Shrinkable<SimInput>& input, int index,
-                                    std::string_view token) {
-  rc::Seq<rc::Shrinkable<SimInput>> shrinks = input.shrinks();
+template <class T>
+rc::Shrinkable<T> nth_shrink(const rc::Shrinkable<T>& input, int index, std::string_view token) {
+  rc::Seq<rc::Shrinkable<T>> shrinks = input.shrinks();
   for (int k = 0; k < index; ++k) {
     if (!shrinks.next()) {
       bad_token(token, "its shrink path leaves the generated case's shrinks (another build?)");
     }
   }
-  rc::Maybe<rc::Shrinkable<SimInput>> shrink = shrinks.next();
+  rc::Maybe<rc::Shrinkable<T>> shrink = shrinks.next();
   if (!shrink) {
     bad_token(token, "its shrink path leaves the generated case's shrinks (another build?)");
   }
@@ -597,27 +669,30 @@ std::vector<Property> select(const std::vector<Property>& properties, std::strin
 
 CheckReport check_on_simulator(const std::vector<Property>& properties,
                                const CheckOptions& options) {
-  return run_all(properties, options, /*simulator=*/true, /*report_progress=*/true,
-                 [](const Property& property, const CheckOptions& quiet) {
-                   auto execute = [&](const SimInput& input) {
-                     return execute_on_simulator(property, quiet, input, false);
-                   };
-                   PropertyResult result = drive<SimInput>(
-                       property, quiet, simulator_generator(property, quiet), execute,
-                       [](const SimInput& input) { return rc::toString(input); });
-                   if (result.verdict == Verdict::Failed) {
-                     // Rerun the minimal input once with events recorded, for its timeline.
-                     const Replay again = replay({property}, result.replay_token, [&] {
-                       sim::SimOptions extra;
-                       extra.wrap_transport = quiet.wrap_transport;
-                       return extra;
-                     }());
-                     if (!again.result.timeline.empty()) {
-                       result.timeline = again.result.timeline;
-                     }
-                   }
-                   return result;
-                 });
+  return run_all(
+      properties, options, /*simulator=*/true, /*report_progress=*/true,
+      [](const Property& property, const CheckOptions& per_property) {
+        auto execute = [&](const SimInput& input) {
+          return execute_on_simulator(property, per_property, input);
+        };
+        const std::string schedules =
+            per_property.strategy ? std::string(sim::name(*per_property.strategy)) : "generated";
+        PropertyResult result = drive<SimInput>(
+            property, per_property, schedules, simulator_generator(property, per_property), execute,
+            [](const SimInput& input) { return rc::toString(input); });
+        if (result.verdict == Verdict::Failed && !result.replay_token.empty()) {
+          // Rerun the minimal input once with events recorded, for its timeline.
+          const Replay again = replay({property}, result.replay_token, [&] {
+            sim::SimOptions extra;
+            extra.wrap_transport = per_property.wrap_transport;
+            return extra;
+          }());
+          if (!again.result.timeline.empty()) {
+            result.timeline = again.result.timeline;
+          }
+        }
+        return result;
+      });
 }
 
 CheckReport check_in_lockstep(const std::vector<Property>& properties,
@@ -625,10 +700,10 @@ CheckReport check_in_lockstep(const std::vector<Property>& properties,
   CheckOptions lockstep = options;
   lockstep.ranks = world_size();
   return run_all(properties, lockstep, /*simulator=*/false, /*report_progress=*/rank() == 0,
-                 [](const Property& property, const CheckOptions& quiet) {
-                   const World world{quiet.ranks};
+                 [](const Property& property, const CheckOptions& per_property) {
+                   const World world{per_property.ranks};
                    return drive<Case>(
-                       property, quiet, [&] { return property.cases(world); },
+                       property, per_property, "lockstep", [&] { return property.cases(world); },
                        [&](const Case& value) { return execute_in_lockstep(property, value); },
                        [](const Case& value) { return value.text(); });
                  });
@@ -652,35 +727,38 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
   options.pct_depth = parsed.pct_depth;
   options.reduction_order = parsed.order;
   check_options(options);
-  const rc::Gen<SimInput> gen = simulator_generator(property, options)();
-  rc::Shrinkable<SimInput> input = gen(case_random(options.seed, property.name, parsed.case_index),
-                                       case_size(parsed.case_index, options.cases));
-  for (const int index : parsed.path) {
-    input = nth_shrink(input, index, token);
-  }
-  const SimInput value = input.value();
-  sim::SimOptions sim_options = simulator_options(property, options);
-  sim_options.wrap_transport = extra.wrap_transport;
-  sim_options.record_events = true;
-  sim_options.timeline_path = extra.timeline_path;
-  sim_options.trace_path = extra.trace_path;
-  if (parsed.sim_token.empty()) {
-    apply_schedule(value.schedule, options, sim_options);
+  const rc::Random random = case_random(options.seed, property.name, parsed.case_index);
+  const int size = case_size(parsed.case_index, options.cases);
+  SimInput value;
+  if (parsed.lockstep) {
+    // The lockstep runner generates the case alone (no schedule): follow its path in that tree.
+    rc::Shrinkable<Case> input = property.cases(World{options.ranks})(random, size);
+    for (const int index : parsed.path) {
+      input = nth_shrink(input, index, token);
+    }
+    value.value = input.value();
   } else {
-    sim_options.replay = parsed.sim_token;
+    rc::Shrinkable<SimInput> input = simulator_generator(property, options)()(random, size);
+    for (const int index : parsed.path) {
+      input = nth_shrink(input, index, token);
+    }
+    value = input.value();
   }
+  ReplaySetup setup;
+  setup.sim_token = parsed.sim_token;
+  setup.extra = std::move(extra);
+  Outcome outcome = execute_on_simulator(property, options, value, &setup);
   Replay result;
-  SimRun run = simulate_case(property, value.value, sim_options);
-  result.report = std::move(run.report);
+  result.report = std::move(outcome.report);
   result.result.name = property.name;
   result.result.cases = 1;
-  result.result.runs = 1;
-  result.result.counterexample = rc::toString(value);
+  result.result.runs = outcome.runs;
+  result.result.counterexample = parsed.lockstep ? value.value.text() : rc::toString(value);
   result.result.replay_token = std::string(token);
-  if (!result.report.ok()) {
+  if (!outcome.passed) {
     result.result.verdict = Verdict::Failed;
-    result.result.failure = rank_failures(result.report.rank_errors);
-    result.result.timeline = sim::timeline_text(result.report);
+    result.result.failure = std::move(outcome.failure);
+    result.result.timeline = std::move(outcome.timeline);
   }
   return result;
 }

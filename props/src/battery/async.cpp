@@ -246,12 +246,19 @@ void check_reuse(const ReuseCase& c, Env& env) {
     const std::uint64_t seed = c.data_seed + static_cast<std::uint64_t>(round) * 2;
     Tensor dropped =
         all_reduce(exact_input(seed, env.rank(), c.shape, DType::Int64), "sum", world());
-    dropped = Tensor();  // dropped pending: its work is finalized, its block freed
+    const void* dropped_address = dropped.unsafe_data_ptr();
+    dropped = Tensor();  // dropped pending: its work is finalized, its blocks freed
     env.require(work_registry_size() == 0, "a dropped pending result leaves the registry");
-    // Likely the same address (LIFO): a fresh tensor there is not pending, and stays as written
-    // whatever the dropped collective does.
+    // Under LIFO reuse the next blocks of this size are the freed ones (the dropped output's and
+    // its input's): one of two fresh tensors sits at the dropped output's address. It is not
+    // pending, and stays as written whatever the dropped collective does.
     const Tensor fresh = Tensor::full(c.shape, 7, DType::Int64);
-    env.require(!fresh.is_pending(), "a fresh tensor at a reused address is not pending");
+    const Tensor fresh_too = Tensor::full(c.shape, 7, DType::Int64);
+    const bool reused = fresh.unsafe_data_ptr() == dropped_address ||
+                        fresh_too.unsafe_data_ptr() == dropped_address;
+    env.require(reused, "the LIFO allocator hands the dropped output's block out again");
+    env.require(!fresh.is_pending() && !fresh_too.is_pending(),
+                "a fresh tensor at a reused address is not pending");
     const Tensor next =
         all_reduce(exact_input(seed + 1, env.rank(), c.shape, DType::Int64), "sum", world());
     env.require(work_registry_size() == 1, "one pending work after the next call");
@@ -259,6 +266,8 @@ void check_reuse(const ReuseCase& c, Env& env) {
                               "the result of a call issued after the drop");
     env.require_bitwise_equal(fresh, Tensor::full(c.shape, 7, DType::Int64),
                               "a fresh tensor allocated after the drop (untouched)");
+    env.require_bitwise_equal(fresh_too, Tensor::full(c.shape, 7, DType::Int64),
+                              "a second fresh tensor allocated after the drop (untouched)");
     env.record(next);
   }
 }

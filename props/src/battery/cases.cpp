@@ -39,7 +39,7 @@ Range value_range(DType dtype, ReduceOp::Kind op, int group_size) {
   const bool is_unsigned = dtype == DType::UInt8;
   switch (op) {
     case ReduceOp::Kind::Product:
-      if (dtype == DType::Int8 || is_unsigned || group_size > 16) {
+      if (dtype == DType::Int8 || is_unsigned || group_size > 8) {
         return {is_unsigned ? 0 : -1, 1};
       }
       return {-2, 2};

@@ -8,7 +8,8 @@
 // from a hash of (data seed, rank, element index), in a range chosen per op and dtype so that
 // every partial result of any reduction order is exactly representable: sums of at most 1024
 // values in [-4, 4], products of values in [-2, 2] over at most 8 ranks (|p| <= 256, a power of
-// two times small factors: exact in bfloat16), premul_sum factors that are powers of two. The
+// two: exact in bfloat16; larger groups, Int8 and UInt8 use [-1, 1] or [0, 1]), premul_sum
+// factors that are powers of two. The
 // reference folds in int64, double or complex<double> and converts once to the dtype, which
 // rounds exactly as chorus does (avg's one division: rounding the exact quotient to double and
 // then to the dtype equals rounding it to the dtype once, since 53 >= 2p + 2 for p = 24, 11, 8;

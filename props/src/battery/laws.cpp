@@ -90,7 +90,10 @@ void check_coalesced(const CoalescedCase& c, Env& env) {
   }
   env.require(work_registry_size() == 1, "a coalesced call registers one work, registry holds " +
                                              std::to_string(work_registry_size()));
-  env.require(coalesced.size() == inputs.size(), "one coalesced output per input");
+  if (coalesced.size() != inputs.size()) {
+    env.fail("a coalesced call returned " + std::to_string(coalesced.size()) + " outputs for " +
+             std::to_string(inputs.size()) + " inputs");
+  }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Tensor separate = c.form == 0   ? all_reduce(inputs[i], c.op.op, group)
                             : c.form == 1 ? all_gather_tensor(inputs[i], 0, group)

@@ -115,7 +115,9 @@ void check_shapes(const ShapeCase& c, Env& env) {
                                       c.base.layout.group_size()),
                           *members);
   const Call traced_meta = call(c, Tensor::empty(shape, dtype, Device::meta()), *members);
-  env.require(trace.records().size() == 2, "two records traced");
+  if (trace.records().size() != 2) {
+    env.fail("traced " + std::to_string(trace.records().size()) + " records, expected 2");
+  }
   const OpRecord& eager_record = trace.records()[0];
   const OpRecord& meta_record = trace.records()[1];
   const auto text = [](const Shape& s) { return shape_text(s); };

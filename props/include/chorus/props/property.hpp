@@ -37,9 +37,11 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
+#include "chorus/check.hpp"
 #include "chorus/chorus.hpp"
 
 namespace chorus::props {
@@ -62,16 +64,20 @@ class Case {
   template <class T>
   explicit Case(T value)
       : value_(std::make_shared<const T>(std::move(value))),
+        type_(&typeid(T)),
         text_(rc::toString(*std::static_pointer_cast<const T>(value_))) {}
 
+  // The value; T must be the type it was made from (CHORUS_CHECKed).
   template <class T>
   const T& as() const {
+    CHORUS_CHECK(type_ != nullptr && *type_ == typeid(T));
     return *std::static_pointer_cast<const T>(value_);
   }
   const std::string& text() const noexcept { return text_; }
 
  private:
   std::shared_ptr<const void> value_;
+  const std::type_info* type_ = nullptr;
   std::string text_;
 };
 
@@ -79,32 +85,52 @@ inline void showValue(const Case& c, std::ostream& out) { out << c.text(); }
 
 // What a check may use besides the case: assertions that say which rank failed, and a digest of
 // the results it records (the simulator's schedule-independence runs compare it across
-// schedules). One Env per rank per run; not shared between ranks.
+// schedules). One Env per rank per run; not shared between ranks or threads.
+//
+// How a failed require* reports depends on the runner. On the simulator it throws
+// PropertyFailure at once. In lockstep on a real transport (Note [Property runners]) it records
+// the first failure and returns false, so the check goes on and this rank still reaches every
+// collective its peers reach; the runner reports the recorded failure when the check returns.
+// fail() and require_throws always throw: after them a lockstep check leaves its peers to the
+// transport's deadline.
 class Env {
  public:
-  explicit Env(int rank) : rank_(rank) {}
+  enum class OnFailure { Throw, Record };
+
+  explicit Env(int rank, OnFailure on_failure = OnFailure::Throw)
+      : rank_(rank), on_failure_(on_failure) {}
 
   int rank() const noexcept { return rank_; }
 
-  // Throws PropertyFailure "rank R: <what>".
+  // Throws PropertyFailure "rank R: <what>" (whatever OnFailure says).
   [[noreturn]] void fail(std::string_view what) const;
-  // Throws PropertyFailure "rank R: <what>" unless `condition`.
-  void require(bool condition, std::string_view what) const;
-  // Throws PropertyFailure unless `actual` has `expected`'s dtype and shape and the same bytes
-  // (waits on both). The message names the first differing element and both values.
-  void require_bitwise_equal(const Tensor& actual, const Tensor& expected,
-                             std::string_view what) const;
+  // Fails with "rank R: <what>" unless `condition`. Returns `condition`.
+  bool require(bool condition, std::string_view what);
+  // Fails unless `actual` has `expected`'s dtype and shape and the same bytes (waits on both).
+  // The message names the first differing element with its value and bytes. Returns whether
+  // they are equal.
+  bool require_bitwise_equal(const Tensor& actual, const Tensor& expected, std::string_view what);
   // Throws PropertyFailure unless calling `body` throws an error of type E (a chorus::Error
   // subclass); returns its message.
   template <class E, class F>
   std::string require_throws(F&& body, std::string_view what) const;
+
+  // OnFailure::Record: the first failure's message (empty if none) and how many failed.
+  const std::string& first_failure() const noexcept { return first_failure_; }
+  int failures() const noexcept { return failures_; }
 
   // Mixes `tensor`'s dtype, shape and bytes (waits) into this rank's result digest.
   void record(const Tensor& tensor);
   std::uint64_t digest() const noexcept { return digest_; }
 
  private:
+  // Throws, or records and returns false.
+  bool failed(std::string_view what);
+
   int rank_ = 0;
+  OnFailure on_failure_ = OnFailure::Throw;
+  std::string first_failure_;
+  int failures_ = 0;
   std::uint64_t digest_ = 0xcbf29ce484222325ull;
 };
 
@@ -127,21 +153,24 @@ struct Property {
   std::string name;         // "family.name", e.g. "reduce.all_reduce"
   std::string description;  // one line
   Needs needs;
-  std::function<rc::Gen<Case>(const World&)> cases;
+  std::function<rc::Gen<Case>(World)> cases;
   std::function<void(const Case&, Env&)> check;
 };
 
 // A Property from a typed generator and check. T must be copyable and printable by RapidCheck
-// (rc::toString: standard types, or a showValue(const T&, std::ostream&) overload).
+// (rc::toString: standard types, or a showValue(const T&, std::ostream&) overload), and is
+// spelled out (make_property<MyCase>): it cannot be deduced from lambdas. The check runs on every
+// rank: on a real transport concurrently, so what it captures must be safe to share. Names must
+// not contain ':' or whitespace (replay tokens carry them).
 template <class T>
 Property make_property(std::string name, std::string description,
-                       std::function<rc::Gen<T>(const World&)> cases,
+                       std::function<rc::Gen<T>(World)> cases,
                        std::function<void(const T&, Env&)> check, Needs needs = {}) {
   Property property;
   property.name = std::move(name);
   property.description = std::move(description);
   property.needs = needs;
-  property.cases = [cases = std::move(cases)](const World& world) {
+  property.cases = [cases = std::move(cases)](World world) {
     return rc::gen::map(cases(world), [](T value) { return Case(std::move(value)); });
   };
   property.check = [check = std::move(check)](const Case& c, Env& env) { check(c.as<T>(), env); };
