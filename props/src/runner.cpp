@@ -94,12 +94,13 @@ void showValue(const Schedule& schedule, std::ostream& out) {
 }
 
 struct SimInput {
+  int world_size = 1;  // generated too: counterexamples shrink to the smallest world
   Case value;
   Schedule schedule;
 };
 
 void showValue(const SimInput& input, std::ostream& out) {
-  out << input.value.text() << "\n  ";
+  out << input.world_size << " ranks: " << input.value.text() << "\n  ";
   showValue(input.schedule, out);
 }
 
@@ -231,9 +232,10 @@ struct SimRun {
   std::vector<std::uint64_t> digests;
 };
 
-sim::SimOptions simulator_options(const Property& property, const CheckOptions& options) {
+sim::SimOptions simulator_options(const Property& property, const CheckOptions& options,
+                                  int world_size) {
   sim::SimOptions sim_options;
-  sim_options.world_size = options.ranks;
+  sim_options.world_size = world_size;
   sim_options.print_failures = false;
   sim_options.seed_from_environment = false;
   sim_options.reduction_order = options.reduction_order;
@@ -297,7 +299,7 @@ void apply_setup(const ReplaySetup& setup, sim::SimOptions& sim_options) {
 // Runs `input` (and, for a schedule-independent property, its variants); `setup` for replays.
 Outcome execute_on_simulator(const Property& property, const CheckOptions& options,
                              const SimInput& input, const ReplaySetup* setup = nullptr) {
-  sim::SimOptions sim_options = simulator_options(property, options);
+  sim::SimOptions sim_options = simulator_options(property, options, input.world_size);
   apply_schedule(input.schedule, options, sim_options);
   if (setup != nullptr) {
     apply_setup(*setup, sim_options);
@@ -331,7 +333,7 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
     schedule_hash = splitmix(schedule_hash ^ choice);
   }
   for (std::size_t v = 0; v < std::size(kVariants); ++v) {
-    sim::SimOptions variant = simulator_options(property, options);
+    sim::SimOptions variant = simulator_options(property, options, input.world_size);
     if (setup != nullptr) {
       apply_setup(*setup, variant);
     }
@@ -366,6 +368,9 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
   return decided_by(run.report);
 }
 
+// Half the cases run on the full world (options.ranks), half on a world of any size the
+// property allows (the lockstep runner cannot: its world is the transport's); shrinking moves
+// towards the smallest.
 std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
                                                        const CheckOptions& options) {
   return [&property, &options] {
@@ -377,10 +382,18 @@ std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
                          : rc::gen::map(sim::gen_choices(), [](std::vector<std::uint64_t> choices) {
                              return Schedule{false, std::move(choices), 0};
                            });
-    return rc::gen::map(rc::gen::pair(property.cases(World{options.ranks}), std::move(schedules)),
-                        [](std::pair<Case, Schedule> pair) {
-                          return SimInput{std::move(pair.first), std::move(pair.second)};
-                        });
+    return rc::gen::exec([&property, &options, schedules] {
+      SimInput input;
+      // k in [0, 2 * span): the upper half is the full world, the lower half every size from
+      // the smallest up; k shrinks towards 0, i.e. through smaller worlds to the smallest.
+      const int smallest = std::min(options.ranks, property.needs.world_size_min);
+      const int span = options.ranks - smallest + 1;
+      const int k = *rc::gen::inRange(0, 2 * span);
+      input.world_size = k < span ? smallest + k : options.ranks;
+      input.value = *property.cases(World{input.world_size});
+      input.schedule = *schedules;
+      return input;
+    });
   };
 }
 
@@ -737,6 +750,7 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
       input = nth_shrink(input, index, token);
     }
     value.value = input.value();
+    value.world_size = options.ranks;
   } else {
     rc::Shrinkable<SimInput> input = simulator_generator(property, options)()(random, size);
     for (const int index : parsed.path) {
