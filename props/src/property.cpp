@@ -3,8 +3,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "shape_text.hpp"
+
 namespace chorus::props {
-namespace {
 
 std::string shape_text(const Shape& shape) {
   std::ostringstream out;
@@ -15,6 +16,8 @@ std::string shape_text(const Shape& shape) {
   out << "]";
   return out.str();
 }
+
+namespace {
 
 // The bytes of a tensor's elements in row-major order (waits).
 std::vector<unsigned char> element_bytes(const Tensor& tensor) {

@@ -275,16 +275,6 @@ rc::Gen<Shape> gen_shape(int dims_max) {
   });
 }
 
-std::string shape_text(const Shape& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    out << (i == 0 ? "" : ", ") << shape[i];
-  }
-  out << "]";
-  return out.str();
-}
-
 rc::Gen<DType> gen_dtype() {
   return gen_element_of(std::vector<DType>(std::begin(kAllDTypes), std::end(kAllDTypes)));
 }

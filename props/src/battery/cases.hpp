@@ -27,6 +27,7 @@
 
 #include "chorus/chorus.hpp"
 #include "chorus/props/property.hpp"
+#include "shape_text.hpp"
 
 namespace chorus::props::families {
 
@@ -70,7 +71,6 @@ rc::Gen<std::vector<int>> gen_permutation(int n);
 
 // ---- Shapes: up to `dims_max` dims of 0..4 elements (0 sometimes: empty tensors are a case).
 rc::Gen<Shape> gen_shape(int dims_max = 3);
-std::string shape_text(const Shape& shape);
 
 // ---- Dtypes and ops.
 rc::Gen<DType> gen_dtype();
