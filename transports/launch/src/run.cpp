@@ -11,6 +11,10 @@
 #include "chorus/error.hpp"
 #include "chorus/sim/sim.hpp"
 
+#if defined(CHORUS_HAVE_MPI)
+#include "chorus/mpi/mpi.hpp"
+#endif
+
 namespace chorus {
 namespace {
 
@@ -57,6 +61,15 @@ constexpr std::array kOrders = {sim::ReductionOrder::Fixed, sim::ReductionOrder:
                                 sim::ReductionOrder::Tree, sim::ReductionOrder::Adversarial};
 constexpr std::array kAllocators = {sim::AllocatorPolicy::Pooled, sim::AllocatorPolicy::LifoReuse,
                                     sim::AllocatorPolicy::Quarantine, sim::AllocatorPolicy::Random};
+
+// "(built: sim, mpi)": what this build offers instead.
+std::string built_transports() {
+#if defined(CHORUS_HAVE_MPI)
+  return "(built: sim, mpi)";
+#else
+  return "(built: sim)";
+#endif
+}
 
 }  // namespace
 
@@ -140,10 +153,15 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
 }
 
 int run(const RunOptions& options, std::function<void()> rank_main) {
+#if defined(CHORUS_HAVE_MPI)
+  if (options.transport == "mpi") {
+    return mpi::run(options.timeout, std::move(rank_main));
+  }
+#endif
   if (options.transport != "sim") {
     throw InvalidArgument(ErrorContext{-1, "chorus::run", -1, ""},
-                          "transport '" + options.transport +
-                              "' is not built into this chorus yet; use --transport=sim");
+                          "transport '" + options.transport + "' is not built into this chorus " +
+                              built_transports());
   }
   sim::SimOptions sim_options;
   sim_options.world_size = options.ranks;

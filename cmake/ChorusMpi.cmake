@@ -1,0 +1,28 @@
+# chorus_mpi_test(NAME <name> NP <n> COMMAND <exe> <args...> [EXIT_STATUS])
+# A ctest (labels mpi) that runs `mpirun -np <n> <exe> <args>` on this machine: shared memory
+# only, as root if need be, more ranks than cores allowed. EXIT_STATUS runs it through sh and
+# prints "mpirun exit status <s>" last, for tests that expect the job to fail in a given way.
+include_guard(GLOBAL)
+
+set(CHORUS_MPIEXEC_FLAGS --oversubscribe --mca btl self,vader
+    # Containers often forbid the cross-memory-attach syscalls vader uses for large messages.
+    --mca btl_vader_single_copy_mechanism none)
+if(CMAKE_HOST_UNIX)
+  execute_process(COMMAND id -u OUTPUT_VARIABLE chorus_uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(chorus_uid STREQUAL "0")
+    list(APPEND CHORUS_MPIEXEC_FLAGS --allow-run-as-root)
+  endif()
+endif()
+
+function(chorus_mpi_test)
+  cmake_parse_arguments(ARG "EXIT_STATUS" "NAME;NP" "COMMAND" ${ARGN})
+  set(command ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ARG_NP} ${CHORUS_MPIEXEC_FLAGS}
+      ${ARG_COMMAND})
+  if(ARG_EXIT_STATUS)
+    add_test(NAME ${ARG_NAME}
+             COMMAND sh -c "\"$@\" 2>&1; echo \"mpirun exit status $?\"" sh ${command})
+  else()
+    add_test(NAME ${ARG_NAME} COMMAND ${command})
+  endif()
+  set_tests_properties(${ARG_NAME} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${ARG_NP})
+endfunction()

@@ -1,0 +1,227 @@
+// One MPI job per ctest (tests/CMakeLists.txt, label mpi), run under mpirun with
+// --transport=mpi. Each --mode is a behaviour the job must show; a wrong result throws, which
+// aborts the job (chorus::mpi::run) and fails the test.
+//
+//   ops      collectives on the world and on subgroups, in place, coalesced, waited from another
+//            thread, and Open MPI's saturating 8-bit sums (ompi#8045) avoided; exit 0.
+//   throw    rank 1 throws after its first collective; the job ends non-zero naming rank 1.
+//   timeout  rank 0 issues an all_reduce on [0, 1] that rank 1 never issues: rank 0's Timeout
+//            names rank 1 as missing (Note [Communicator rendezvous]), and the job ends.
+//   timeout_op  the same after the group exists: rank 0's Timeout names its rank, op, sequence
+//            number and group.
+//   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
+//            next one; mpirun ends the job non-zero.
+
+#include <chorus/chorus.hpp>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+void require(bool condition, const std::string& what) {
+  if (!condition) {
+    throw std::runtime_error("rank " + std::to_string(chorus::rank()) + ": " + what);
+  }
+}
+
+template <typename T>
+std::vector<T> iota_like(std::size_t n, T first) {
+  std::vector<T> values(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    values[i] = static_cast<T>(first + static_cast<T>(i));
+  }
+  return values;
+}
+
+void ops() {
+  const int rank = chorus::rank();
+  const int n = chorus::world_size();
+
+  // 40 Int8 elements per rank (past Open MPI's 16-element AVX path), sums that wrap.
+  constexpr std::size_t kBytes = 40;
+  std::vector<std::int8_t> bytes(kBytes);
+  for (std::size_t i = 0; i < kBytes; ++i) {
+    bytes[i] = static_cast<std::int8_t>(static_cast<int>(i) * 13 - 100 + rank * 50);
+  }
+  const std::vector<std::int8_t> byte_sum =
+      chorus::all_reduce(chorus::Tensor::from_vector(bytes), "sum", chorus::world())
+          .to_vector<std::int8_t>();
+  for (std::size_t i = 0; i < kBytes; ++i) {
+    std::uint8_t expected = 0;
+    for (int r = 0; r < n; ++r) {
+      expected = static_cast<std::uint8_t>(
+          expected + static_cast<std::uint8_t>(static_cast<int>(i) * 13 - 100 + r * 50));
+    }
+    require(static_cast<std::uint8_t>(byte_sum[i]) == expected,
+            "Int8 sum element " + std::to_string(i) + " is " + std::to_string(byte_sum[i]));
+  }
+
+  // ones * rank over the world, in place.
+  chorus::Tensor ones =
+      chorus::Tensor::from_vector(std::vector<float>(5, static_cast<float>(rank)));
+  chorus::all_reduce_inplace(ones, "sum", chorus::world());
+  for (const float value : ones.to_vector<float>()) {
+    require(value == static_cast<float>(n * (n - 1) / 2), "in-place sum " + std::to_string(value));
+  }
+
+  // Even and odd ranks as two groups (2-D MPMD lists): each group's max of its ranks.
+  std::vector<std::vector<int>> parity(2);
+  for (int r = 0; r < n; ++r) {
+    parity[static_cast<std::size_t>(r % 2)].push_back(r);
+  }
+  if (n % 2 == 0) {  // 2-D lists need equal sizes
+    const std::vector<int>& mine = parity[static_cast<std::size_t>(rank % 2)];
+    const std::vector<std::int32_t> max =
+        chorus::all_reduce(chorus::Tensor::from_vector(std::vector<std::int32_t>{rank, -rank}),
+                           "max", parity)
+            .to_vector<std::int32_t>();
+    require(max[0] == mine.back() && max[1] == -mine.front(), "parity max");
+  }
+
+  // all_gather on dim 1, reduce_scatter back, broadcast from the last rank, reduce to rank 0.
+  const chorus::Tensor row =
+      chorus::Tensor::from_vector(iota_like<std::int64_t>(3, 10 * rank), {1, 3});
+  const std::vector<std::int64_t> gathered =
+      chorus::all_gather_tensor(row, 1, chorus::world()).to_vector<std::int64_t>();
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < 3; ++i) {
+      require(gathered[static_cast<std::size_t>(3 * r + i)] == 10 * r + i, "all_gather dim 1");
+    }
+  }
+  const std::vector<double> scattered =
+      chorus::reduce_scatter_tensor(
+          chorus::Tensor::from_vector(iota_like<double>(static_cast<std::size_t>(2 * n), 1.0)),
+          "avg", 0, chorus::world())
+          .to_vector<double>();
+  require(scattered == std::vector<double>{2.0 * rank + 1, 2.0 * rank + 2}, "reduce_scatter avg");
+  const std::vector<std::int32_t> broadcast =
+      chorus::broadcast(chorus::Tensor::from_vector(std::vector<std::int32_t>{rank, 7}), n - 1,
+                        chorus::world())
+          .to_vector<std::int32_t>();
+  require(broadcast == std::vector<std::int32_t>{n - 1, 7}, "broadcast");
+  const std::vector<std::int32_t> reduced =
+      chorus::reduce(chorus::Tensor::from_vector(std::vector<std::int32_t>{rank + 1}), "product", 0,
+                     chorus::world())
+          .to_vector<std::int32_t>();
+  if (rank == 0) {
+    std::int32_t factorial = 1;
+    for (int r = 1; r <= n; ++r) {
+      factorial *= r;
+    }
+    require(reduced[0] == factorial, "reduce product");
+  }
+
+  // Uneven all_to_all_single: rank r sends j + 1 copies of r to rank j.
+  std::vector<std::int64_t> send_sizes;
+  std::vector<std::int64_t> recv_sizes;
+  std::vector<float> outgoing;
+  for (int j = 0; j < n; ++j) {
+    send_sizes.push_back(j + 1);
+    recv_sizes.push_back(rank + 1);
+    outgoing.insert(outgoing.end(), static_cast<std::size_t>(j + 1), static_cast<float>(rank));
+  }
+  const std::vector<float> incoming =
+      chorus::all_to_all_single(chorus::Tensor::from_vector(outgoing), recv_sizes, send_sizes,
+                                chorus::world())
+          .to_vector<float>();
+  std::size_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int copy = 0; copy <= rank; ++copy) {
+      require(incoming[at++] == static_cast<float>(i),
+              "all_to_all_single block " + std::to_string(i));
+    }
+  }
+
+  // A coalesced pair, waited by another thread.
+  std::vector<chorus::Tensor> pair =
+      chorus::all_reduce_coalesced({chorus::Tensor::from_vector(std::vector<float>{1.0f}),
+                                    chorus::Tensor::from_vector(std::vector<std::int32_t>{rank})},
+                                   "sum", chorus::world());
+  std::thread waiter([&pair] { chorus::wait_tensors(pair); });
+  waiter.join();
+  require(pair[0].to_vector<float>()[0] == static_cast<float>(n), "coalesced float");
+  require(pair[1].to_vector<std::int32_t>()[0] == n * (n - 1) / 2, "coalesced int");
+  require(chorus::work_registry_size() == 0, "registry empty at the end");
+  if (rank == 0) {
+    std::printf("mpi_job ops: all checks passed on %d ranks\n", n);
+  }
+}
+
+void throwing() {
+  (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                           chorus::world())
+      .to_vector<float>();
+  if (chorus::rank() == 1) {
+    throw std::runtime_error("planted failure in rank 1's own code");
+  }
+  // The others wait here for rank 1, which never comes: the abort ends them.
+  (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                           chorus::world())
+      .to_vector<float>();
+}
+
+void timeout_op() {
+  (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                           chorus::world())
+      .to_vector<float>();
+  if (chorus::rank() == 0) {
+    (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                             chorus::world())
+        .to_vector<float>();  // rank 1 never issues it
+  }
+}
+
+void timeout() {
+  if (chorus::rank() == 0) {
+    (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                             chorus::world())
+        .to_vector<float>();  // rank 1 never issues it
+  }
+}
+
+void sigkill() {
+  (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                           chorus::world())
+      .to_vector<float>();
+  if (chorus::rank() == 1) {
+    std::fflush(stdout);
+    std::raise(SIGKILL);
+  }
+  (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                           chorus::world())
+      .to_vector<float>();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
+  std::string mode = "ops";
+  for (const std::string& arg : options.args) {
+    if (arg.rfind("--mode=", 0) == 0) {
+      mode = arg.substr(7);
+    }
+  }
+  if (mode == "ops") {
+    return chorus::run(options, ops);
+  }
+  if (mode == "throw") {
+    return chorus::run(options, throwing);
+  }
+  if (mode == "timeout") {
+    return chorus::run(options, timeout);
+  }
+  if (mode == "timeout_op") {
+    return chorus::run(options, timeout_op);
+  }
+  if (mode == "sigkill") {
+    return chorus::run(options, sigkill);
+  }
+  std::fprintf(stderr, "mpi_job: unknown --mode=%s\n", mode.c_str());
+  return 2;
+}

@@ -1,0 +1,52 @@
+#pragma once
+
+// chorus::mpi — the MPI transport (docs/mpi.md). One MPI process is one chorus rank; the world is
+// MPI_COMM_WORLD. Users reach it through chorus::run with --transport=mpi under mpirun; this
+// header is for the launcher and for tests. It does not include <mpi.h>.
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "chorus/dtype.hpp"
+#include "chorus/reduce_op.hpp"
+
+namespace chorus::mpi {
+
+// How a (dtype, reduction) pair is carried out on MPI, for documentation and tests; computed
+// without calling MPI. Names are MPI's ("MPI_FLOAT", "MPI_SUM"), or "chorus_fp16_sum" for the
+// user-defined operations chorus registers where MPI has none (or where MPI's differs: NaN
+// propagation of float min/max).
+struct Mapping {
+  std::string datatype;  // the MPI datatype the elements travel as
+  std::string op;        // the MPI_Op, or a chorus user-defined op name
+  bool user_op = false;  // op is a chorus user-defined MPI_Op (MPI_Op_create)
+  // avg: the transport sums, then divides every result element by the group size (integers
+  // truncate toward zero, as chorus::kernels do).
+  bool divide_after = false;
+  // premul_sum(f): the transport sums a scaled copy (f * x, rounded to the dtype) of the input.
+  bool scale_input = false;
+};
+
+// The mapping of `reduce_op` on `dtype`. `reduce_op` must be valid for `dtype`
+// (ReduceOp::check_dtype); throws InvalidArgument otherwise. Never blocks; thread-safe.
+Mapping describe_mapping(DType dtype, const ReduceOp& reduce_op);
+
+// Whether this process was started by an MPI launcher (mpirun, mpiexec, srun with PMI): one of
+// OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK is set. Thread-safe.
+bool launched_by_mpi() noexcept;
+
+// Runs `rank_main` as this process's rank (chorus::run with transport "mpi" calls this):
+// initialises MPI (MPI_THREAD_SERIALIZED or better; every MPI call chorus makes holds one
+// per-process lock, so any thread may wait on a Work), binds a RankContext whose waits time out
+// after `timeout`, runs the rank function, finishes the rank (completing leftover works, printing
+// unwaited ones to stderr prefixed by the rank), and finalises MPI if it initialised it.
+//
+// Returns 0 when the rank succeeded. When the rank function throws, or finishing the rank raises
+// a deferred error, prints "chorus: rank R of N failed: <error>" and the abort notice to stderr
+// and calls MPI_Abort(MPI_COMM_WORLD, 1): every other rank of the job ends too (mpirun exits
+// non-zero) instead of hanging in a collective the failed rank will never join. Does not return
+// in that case.
+int run(std::chrono::nanoseconds timeout, std::function<void()> rank_main);
+
+}  // namespace chorus::mpi

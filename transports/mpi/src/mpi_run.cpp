@@ -1,0 +1,83 @@
+// chorus::mpi::run — one MPI process as one chorus rank (chorus/mpi/mpi.hpp).
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "chorus/mpi/mpi.hpp"
+#include "chorus/runtime.hpp"
+#include "mpi_transport.hpp"
+
+namespace chorus::mpi {
+namespace {
+
+[[noreturn]] void abort_job(int rank, int world_size, const std::string& what) {
+  std::fprintf(stderr,
+               "chorus: rank %d of %d failed: %s\n"
+               "chorus: aborting the MPI job (MPI_Abort) so no other rank waits for rank %d\n",
+               rank, world_size, what.c_str(), rank);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; if it did, end this process anyway
+}
+
+// Like the simulator's report: the first kUnwaitedListedMax, then a count.
+void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {
+  constexpr std::size_t kUnwaitedListedMax = 16;
+  for (std::size_t i = 0; i < unwaited.size() && i < kUnwaitedListedMax; ++i) {
+    std::fprintf(stderr, "chorus: %s\n", unwaited[i].to_string().c_str());
+  }
+  if (unwaited.size() > kUnwaitedListedMax) {
+    std::fprintf(stderr, "chorus: rank %d: ... and %zu more works never waited (%zu in all)\n",
+                 unwaited.front().rank, unwaited.size() - kUnwaitedListedMax, unwaited.size());
+  }
+}
+
+}  // namespace
+
+bool launched_by_mpi() noexcept {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(name) != nullptr) {  // NOLINT(concurrency-mt-unsafe): read-only use
+      return true;
+    }
+  }
+  return false;
+}
+
+int run(std::chrono::nanoseconds timeout, std::function<void()> rank_main) {
+  auto process = std::make_shared<detail::MpiProcess>();
+  const int rank = process->rank();
+  const int world_size = process->world_size();
+  {
+    RankOptions options;
+    options.timeout = timeout;
+    RankContext context(std::make_shared<detail::MpiTransport>(process, timeout), options);
+    const ScopedRankBinding binding(&context);
+    std::exception_ptr error;
+    try {
+      rank_main();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (error) {
+      // Do not finish the rank: its leftover works may wait on peers that wait on this rank.
+      abort_job(rank, world_size, describe(error));
+    }
+    RankContext::Summary summary = context.finish();
+    report_unwaited(summary.unwaited);
+    if (summary.error) {
+      abort_job(rank, world_size, describe(summary.error));
+    }
+  }
+  // Every rank got here: the communicators are freed (with the context); finalise.
+  process.reset();
+  return 0;
+}
+
+}  // namespace chorus::mpi

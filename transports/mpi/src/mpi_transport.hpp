@@ -1,0 +1,196 @@
+#pragma once
+
+// The MPI transport behind the transport seam (docs/mpi.md): MpiTransport is this process's
+// rank, MpiComm an MPI communicator per group, MpiWork one or more nonblocking MPI requests.
+//
+// Note [MPI locking]
+// chorus asks for MPI_THREAD_SERIALIZED and makes every MPI call while holding
+// MpiProcess::mutex, so any thread may start, test or wait on operations (core allows waits from
+// any thread) without MPI_THREAD_MULTIPLE. Waits poll (MPI_Testall under the lock, then release
+// it and yield) so a waiting thread never blocks others for longer than one MPI_Testall, and the
+// deadline is checked between polls: a wait can end in Timeout; MPI_Wait could not.
+
+#include <mpi.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "chorus/transport/transport.hpp"
+#include "mapping.hpp"
+
+namespace chorus::mpi::detail {
+
+// Requests and the steps around them of one started operation (or a coalesced batch).
+struct Started {
+  std::vector<MPI_Request> requests;
+  // Run once, in order, after every request completed successfully (avg's division, ...).
+  std::vector<std::function<void()>> after;
+  // Buffers and scratch memory the requests use, released at completion.
+  std::vector<std::shared_ptr<const void>> keep_alive;
+  std::vector<transport::OpSignature> signatures;
+};
+
+// What one process shares between its transport, communicators and works: MPI itself.
+// Initialises MPI in the constructor unless the program already did, and finalises in the
+// destructor what it initialised. Outlived by nothing that calls MPI (comms and works hold it).
+class MpiProcess {
+ public:
+  MpiProcess();
+  ~MpiProcess();
+  MpiProcess(const MpiProcess&) = delete;
+  MpiProcess& operator=(const MpiProcess&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  std::mutex& mutex() noexcept { return mutex_; }  // Note [MPI locking]
+  UserOps& user_ops() noexcept { return *user_ops_; }
+  // Keeps the requests and buffers of a work destroyed while pending (after a Timeout: MPI
+  // cannot cancel a collective) until the process ends. Takes the MPI lock.
+  void park(Started started);
+  std::chrono::steady_clock::time_point epoch() const noexcept { return epoch_; }
+  // A private duplicate of MPI_COMM_WORLD for chorus's own point-to-point messages
+  // (Note [Communicator rendezvous]).
+  MPI_Comm control() const noexcept { return control_; }
+
+ private:
+  std::mutex mutex_;
+  bool initialized_here_ = false;
+  int rank_ = 0;
+  int world_size_ = 1;
+  MPI_Comm control_ = MPI_COMM_NULL;
+  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  std::unique_ptr<UserOps> user_ops_;  // freed before MPI_Finalize
+  std::vector<Started> parked_;
+};
+
+// "MPI_ERR_TRUNCATE: message truncated" for an MPI error code.
+std::string mpi_error_text(int code);
+
+class MpiWork final : public transport::Work {
+ public:
+  MpiWork(std::shared_ptr<MpiProcess> process, Started started, transport::Fingerprint fingerprint,
+          ErrorContext context);
+  ~MpiWork() override;
+
+  bool is_completed() override;
+  void wait(transport::Deadline deadline) override;
+  void wait_on(void* stream) override;
+  transport::WorkStatus status() const override;
+  std::exception_ptr error() const override;
+  const transport::Fingerprint& fingerprint() const override { return fingerprint_; }
+
+ private:
+  // Tests the requests once (Note [MPI locking]); finishes the work when they completed.
+  void poll();
+
+  std::shared_ptr<MpiProcess> process_;
+  Started started_;
+  transport::Fingerprint fingerprint_;
+  ErrorContext context_;
+  mutable std::mutex mutex_;  // guards everything below and serialises poll()
+  transport::WorkStatus status_ = transport::WorkStatus::Pending;
+  std::exception_ptr error_;
+};
+
+class MpiComm final : public transport::Comm {
+ public:
+  MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, std::string tag,
+          std::vector<int> ranks, std::uint64_t id);
+  ~MpiComm() override;
+
+  std::uint64_t id() const noexcept override { return id_; }
+  const std::string& tag() const noexcept override { return tag_; }
+  const std::vector<int>& ranks() const noexcept override { return ranks_; }
+  int group_rank() const noexcept override { return group_rank_; }
+
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const ReduceOp& reduce_op,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
+                                                  const transport::Buffer& recv,
+                                                  const ReduceOp& reduce_op,
+                                                  const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> all_to_all(const transport::Buffer& send,
+                                              const std::vector<std::size_t>& send_counts,
+                                              const transport::Buffer& recv,
+                                              const std::vector<std::size_t>& recv_counts,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> broadcast(const transport::Buffer& send,
+                                             const transport::Buffer& recv, int root,
+                                             const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
+                                          const transport::Buffer& recv, const ReduceOp& reduce_op,
+                                          int root, const transport::OpInfo& info) override;
+  void begin_group() override;
+  std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
+
+ private:
+  // Starts a batch member or a single op: `start` issues the requests into a Started.
+  std::shared_ptr<transport::Work> submit(Started started, const transport::OpInfo& info);
+  ErrorContext context_of(const transport::OpInfo& info) const;
+  // Throws TransportError for an MPI failure while starting an operation.
+  void check(int code, const char* call, const transport::OpInfo& info) const;
+  // Throws InvalidArgument for a count MPI cannot express (int).
+  int to_int_count(std::size_t count, const transport::OpInfo& info) const;
+  // The MPI datatype and op of a reduction, creating chorus user ops on first use; and a scaled
+  // copy of `send` for premul_sum (returned, else `send.data`).
+  void reduction(const transport::Buffer& send, const ReduceOp& reduce_op, Plan& plan,
+                 MPI_Datatype& datatype, MPI_Op& op);
+  const void* scaled_input(const transport::Buffer& send, const ReduceOp& reduce_op,
+                           Started& started);
+
+  std::shared_ptr<MpiProcess> process_;
+  MPI_Comm comm_;
+  std::string tag_;
+  std::vector<int> ranks_;
+  std::string label_;
+  std::uint64_t id_;
+  int group_rank_ = -1;
+  bool batching_ = false;
+  Started batch_;
+};
+
+// Note [Communicator rendezvous]
+// Creating an MPI communicator blocks until every member calls it, and nothing bounds the wait:
+// a member that never issues an operation on the group (it returned, it diverged, it is stuck)
+// would hang the others inside MPI_Comm_create_group forever. So before creating one, every
+// member sends every other member the group's id on the control communicator and polls for
+// theirs, under the rank's timeout. A missing member becomes a Timeout naming it ("ranks [1]
+// of group [0, 1] did not reach it"); a member setting up another group at the same time
+// becomes a CollectiveMismatch. Only then is MPI_Comm_create_group called, which returns
+// promptly since every member is there.
+class MpiTransport final : public transport::Transport {
+ public:
+  // `timeout` bounds communicator set-up (Note [Communicator rendezvous]).
+  MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout);
+
+  std::string_view name() const noexcept override { return "mpi"; }
+  int rank() const noexcept override { return process_->rank(); }
+  int world_size() const noexcept override { return process_->world_size(); }
+  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                               const std::vector<int>& ranks) override;
+  transport::Duration now() override;
+  std::string supports(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
+                       Device device) const override;
+
+ private:
+  // Throws Timeout or CollectiveMismatch (Note [Communicator rendezvous]).
+  void rendezvous(const std::vector<int>& ranks, std::uint64_t id, const ErrorContext& context);
+
+  std::shared_ptr<MpiProcess> process_;
+  std::chrono::nanoseconds timeout_;
+};
+
+// "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
+std::string group_label(const std::string& tag, const std::vector<int>& ranks);
+
+}  // namespace chorus::mpi::detail
