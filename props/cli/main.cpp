@@ -78,6 +78,7 @@ struct CheckFlags {
   std::string strategy = "generated";
   int pct_depth = 2;
   std::string reduction_order = "fixed";
+  bool check_collectives = false;
   int shrink_runs = 2000;
 };
 
@@ -139,6 +140,7 @@ int run_check(const CheckFlags& flags) {
   run_options.transport = flags.transport;
   run_options.ranks = flags.ranks;
   run_options.seed = flags.seed;
+  run_options.check_collectives = flags.check_collectives;
   bool passed = true;
   const int status = run(run_options, [&] {
     if (rank() == 0) {
@@ -222,6 +224,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   check->add_option("--shrink-runs", flags.shrink_runs, "runs allowed while shrinking a failure")
       ->capture_default_str();
+  check->add_flag("--check-collectives", flags.check_collectives,
+                  "mpi: members compare every operation before starting it (docs/mpi.md)");
 
   std::string token;
   std::string trace;

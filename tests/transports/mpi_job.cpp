@@ -9,6 +9,10 @@
 //            names rank 1 as missing (Note [Communicator rendezvous]), and the job ends.
 //   timeout_op  the same after the group exists: rank 0's Timeout names its rank, op, sequence
 //            number and group.
+//   mismatch  (with --check-collectives) the last rank issues all_gather where the others
+//            all_reduce: CollectiveMismatch naming both sides (Note [Collective check]).
+//   splits   (with --check-collectives) all_to_all_single where rank 1 sends rank 0 one element
+//            more than rank 0 expects: CollectiveMismatch naming the pair.
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 
@@ -184,6 +188,33 @@ void timeout() {
   }
 }
 
+void mismatch() {
+  const chorus::Tensor input = chorus::Tensor::from_vector(std::vector<float>{1, 2, 3, 4});
+  if (chorus::rank() == chorus::world_size() - 1) {
+    (void)chorus::all_gather_tensor(input, 0, chorus::world()).to_vector<float>();
+  } else {
+    (void)chorus::all_reduce(input, "sum", chorus::world()).to_vector<float>();
+  }
+}
+
+void splits() {
+  // Everyone sends one element to everyone, except rank 1, which sends rank 0 two.
+  const int n = chorus::world_size();
+  std::vector<std::int64_t> send_sizes(static_cast<std::size_t>(n), 1);
+  const std::vector<std::int64_t> recv_sizes(static_cast<std::size_t>(n), 1);
+  if (chorus::rank() == 1) {
+    send_sizes[0] = 2;
+  }
+  std::int64_t total = 0;
+  for (const std::int64_t size : send_sizes) {
+    total += size;
+  }
+  const chorus::Tensor input =
+      chorus::Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(total), 1.0f));
+  (void)chorus::all_to_all_single(input, recv_sizes, send_sizes, chorus::world())
+      .to_vector<float>();
+}
+
 void sigkill() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -218,6 +249,12 @@ int main(int argc, char** argv) {
   }
   if (mode == "timeout_op") {
     return chorus::run(options, timeout_op);
+  }
+  if (mode == "mismatch") {
+    return chorus::run(options, mismatch);
+  }
+  if (mode == "splits") {
+    return chorus::run(options, splits);
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);

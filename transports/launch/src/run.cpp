@@ -84,11 +84,13 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       arg = arg.substr(0, equals);
       has_value = true;
     }
-    if (arg == "--guard-pages" || arg == "--check-determinism") {
+    if (arg == "--guard-pages" || arg == "--check-determinism" || arg == "--check-collectives") {
       if (has_value) {
         bad_flag(arg, value, "no value (a switch)");
       }
-      (arg == "--guard-pages" ? options.guard_pages : options.check_determinism) = true;
+      (arg == "--guard-pages"         ? options.guard_pages
+       : arg == "--check-determinism" ? options.check_determinism
+                                      : options.check_collectives) = true;
       continue;
     }
     const bool known = arg == "--transport" || arg == "--ranks" || arg == "--seed" ||
@@ -155,7 +157,10 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
 int run(const RunOptions& options, std::function<void()> rank_main) {
 #if defined(CHORUS_HAVE_MPI)
   if (options.transport == "mpi") {
-    return mpi::run(options.timeout, std::move(rank_main));
+    mpi::MpiRunOptions mpi_options;
+    mpi_options.timeout = options.timeout;
+    mpi_options.check_collectives = options.check_collectives;
+    return mpi::run(mpi_options, std::move(rank_main));
   }
 #endif
   if (options.transport != "sim") {

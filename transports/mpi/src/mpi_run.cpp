@@ -50,14 +50,16 @@ bool launched_by_mpi() noexcept {
   return false;
 }
 
-int run(std::chrono::nanoseconds timeout, std::function<void()> rank_main) {
+int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
   auto process = std::make_shared<detail::MpiProcess>();
   const int rank = process->rank();
   const int world_size = process->world_size();
   {
     RankOptions options;
-    options.timeout = timeout;
-    RankContext context(std::make_shared<detail::MpiTransport>(process, timeout), options);
+    options.timeout = run_options.timeout;
+    RankContext context(std::make_shared<detail::MpiTransport>(process, run_options.timeout,
+                                                               run_options.check_collectives),
+                        options);
     const ScopedRankBinding binding(&context);
     std::exception_ptr error;
     try {

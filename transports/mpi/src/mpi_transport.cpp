@@ -1,10 +1,13 @@
 #include "mpi_transport.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "chorus/check.hpp"
@@ -224,14 +227,18 @@ std::exception_ptr MpiWork::error() const {
 // ---------------------------------------------------------------------------------------------
 // MpiComm
 
-MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, std::string tag,
-                 std::vector<int> ranks, std::uint64_t id)
+MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm,
+                 std::string tag, std::vector<int> ranks, std::uint64_t id,
+                 std::chrono::nanoseconds timeout)
     : process_(std::move(process)),
       comm_(comm),
+      check_comm_(check_comm),
+      check_collectives_(check_comm != MPI_COMM_NULL),
       tag_(std::move(tag)),
       ranks_(std::move(ranks)),
       label_(group_label(tag_, ranks_)),
-      id_(id) {
+      id_(id),
+      timeout_(timeout) {
   CHORUS_CHECK(comm_ != MPI_COMM_NULL);
   MPI_Comm_rank(comm_, &group_rank_);
   CHORUS_CHECK_GE(group_rank_, 0);
@@ -244,6 +251,9 @@ MpiComm::~MpiComm() {
   MPI_Finalized(&finalized);
   if (finalized == 0) {
     MPI_Comm_free(&comm_);
+    if (check_comm_ != MPI_COMM_NULL) {
+      MPI_Comm_free(&check_comm_);
+    }
   }
 }
 
@@ -284,22 +294,28 @@ const void* MpiComm::scaled_input(const Buffer& send, const ReduceOp& reduce_op,
   return copy.get();
 }
 
-std::shared_ptr<transport::Work> MpiComm::submit(Started started, const OpInfo& info) {
+std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature,
+                                                 const OpInfo& info,
+                                                 std::function<void(Started&)> start,
+                                                 const std::vector<std::size_t>* send_counts,
+                                                 const std::vector<std::size_t>* recv_counts) {
   if (batching_) {
-    for (MPI_Request request : started.requests) {
-      batch_.requests.push_back(request);
-    }
-    for (std::function<void()>& step : started.after) {
-      batch_.after.push_back(std::move(step));
-    }
-    for (std::shared_ptr<const void>& kept : started.keep_alive) {
-      batch_.keep_alive.push_back(std::move(kept));
-    }
-    for (const OpSignature& op : started.signatures) {
-      batch_.signatures.push_back(op);
-    }
+    // NCCL group semantics: the batch starts at end_group, after its check.
+    CHORUS_CHECK(send_counts == nullptr);
+    batch_signatures_.push_back(op_signature);
+    batch_starts_.push_back(std::move(start));
     return nullptr;
   }
+  if (check_collectives_) {
+    verify(std::vector<OpSignature>{op_signature}, info, send_counts, recv_counts);
+  }
+  Started started;
+  started.signatures.push_back(op_signature);
+  start(started);
+  return make_work(std::move(started), info);
+}
+
+std::shared_ptr<transport::Work> MpiComm::make_work(Started started, const OpInfo& info) {
   transport::Fingerprint fingerprint{id_, info.seq, std::move(started.signatures)};
   return std::make_shared<MpiWork>(process_, std::move(started), std::move(fingerprint),
                                    context_of(info));
@@ -311,27 +327,27 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(send.count, info);
-  Started started;
-  started.signatures.push_back(signature(OpKind::AllReduce, send, recv, reduce_op, -1));
-  started.keep_alive = {send.keep_alive, recv.keep_alive};
-  MPI_Request request = MPI_REQUEST_NULL;
-  Plan plan;
-  {
-    const std::lock_guard mpi_lock(process_->mutex());
-    MPI_Datatype datatype = MPI_DATATYPE_NULL;
-    MPI_Op op = MPI_OP_NULL;
-    reduction(send, reduce_op, plan, datatype, op);
-    const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-    check(MPI_Iallreduce(input == recv.data ? MPI_IN_PLACE : input, recv.data, count, datatype, op,
-                         comm_, &request),
-          "MPI_Iallreduce", info);
-  }
-  started.requests.push_back(request);
-  if (plan.divide_after) {
-    started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
-                                size = size()] { divide_in_place(data, dtype, n, size); });
-  }
-  return submit(std::move(started), info);
+  const OpSignature op_signature = signature(OpKind::AllReduce, send, recv, reduce_op, -1);
+  return launch(op_signature, info, [=, this](Started& started) {
+    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    MPI_Request request = MPI_REQUEST_NULL;
+    Plan plan;
+    {
+      const std::lock_guard mpi_lock(process_->mutex());
+      MPI_Datatype datatype = MPI_DATATYPE_NULL;
+      MPI_Op op = MPI_OP_NULL;
+      reduction(send, reduce_op, plan, datatype, op);
+      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
+      check(MPI_Iallreduce(input == recv.data ? MPI_IN_PLACE : input, recv.data, count, datatype,
+                           op, comm_, &request),
+            "MPI_Iallreduce", info);
+    }
+    started.requests.push_back(request);
+    if (plan.divide_after) {
+      started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
+                                  size = size()] { divide_in_place(data, dtype, n, size); });
+    }
+  });
 }
 
 std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const Buffer& recv,
@@ -340,22 +356,23 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(send.count, info);
   to_int_count(recv.count, info);
-  Started started;
-  started.signatures.push_back(signature(OpKind::AllGather, send, recv, ReduceOp::Kind::Sum, -1));
-  started.keep_alive = {send.keep_alive, recv.keep_alive};
-  const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
-  // In place when send is this rank's own block of recv.
-  const bool in_place = send.data == static_cast<const char*>(recv.data) +
-                                         static_cast<std::size_t>(group_rank_) * send.nbytes();
-  MPI_Request request = MPI_REQUEST_NULL;
-  {
-    const std::lock_guard mpi_lock(process_->mutex());
-    check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data, count, datatype, recv.data, count,
-                         datatype, comm_, &request),
-          "MPI_Iallgather", info);
-  }
-  started.requests.push_back(request);
-  return submit(std::move(started), info);
+  const OpSignature op_signature =
+      signature(OpKind::AllGather, send, recv, ReduceOp::Kind::Sum, -1);
+  return launch(op_signature, info, [=, this](Started& started) {
+    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
+    // In place when send is this rank's own block of recv.
+    const bool in_place = send.data == static_cast<const char*>(recv.data) +
+                                           static_cast<std::size_t>(group_rank_) * send.nbytes();
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      const std::lock_guard mpi_lock(process_->mutex());
+      check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data, count, datatype, recv.data, count,
+                           datatype, comm_, &request),
+            "MPI_Iallgather", info);
+    }
+    started.requests.push_back(request);
+  });
 }
 
 std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, const Buffer& recv,
@@ -365,26 +382,26 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(recv.count, info);
   to_int_count(send.count, info);
-  Started started;
-  started.signatures.push_back(signature(OpKind::ReduceScatter, send, recv, reduce_op, -1));
-  started.keep_alive = {send.keep_alive, recv.keep_alive};
-  MPI_Request request = MPI_REQUEST_NULL;
-  Plan plan;
-  {
-    const std::lock_guard mpi_lock(process_->mutex());
-    MPI_Datatype datatype = MPI_DATATYPE_NULL;
-    MPI_Op op = MPI_OP_NULL;
-    reduction(send, reduce_op, plan, datatype, op);
-    const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-    check(MPI_Ireduce_scatter_block(input, recv.data, count, datatype, op, comm_, &request),
-          "MPI_Ireduce_scatter_block", info);
-  }
-  started.requests.push_back(request);
-  if (plan.divide_after) {
-    started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
-                                size = size()] { divide_in_place(data, dtype, n, size); });
-  }
-  return submit(std::move(started), info);
+  const OpSignature op_signature = signature(OpKind::ReduceScatter, send, recv, reduce_op, -1);
+  return launch(op_signature, info, [=, this](Started& started) {
+    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    MPI_Request request = MPI_REQUEST_NULL;
+    Plan plan;
+    {
+      const std::lock_guard mpi_lock(process_->mutex());
+      MPI_Datatype datatype = MPI_DATATYPE_NULL;
+      MPI_Op op = MPI_OP_NULL;
+      reduction(send, reduce_op, plan, datatype, op);
+      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
+      check(MPI_Ireduce_scatter_block(input, recv.data, count, datatype, op, comm_, &request),
+            "MPI_Ireduce_scatter_block", info);
+    }
+    started.requests.push_back(request);
+    if (plan.divide_after) {
+      started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
+                                  size = size()] { divide_in_place(data, dtype, n, size); });
+    }
+  });
 }
 
 std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
@@ -412,28 +429,31 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   }
   CHORUS_CHECK_EQ(static_cast<std::size_t>(send_offset), send.count);
   CHORUS_CHECK_EQ(static_cast<std::size_t>(recv_offset), recv.count);
-  Started started;
-  started.signatures.push_back(signature(OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1));
-  started.keep_alive = {send.keep_alive, recv.keep_alive, layout};
-  const void* input = send.data;
-  if (send.data == recv.data && send.count > 0) {
-    // MPI's in-place alltoallv has other semantics: exchange from a copy.
-    std::shared_ptr<void> copy = scratch(send.nbytes());
-    std::memcpy(copy.get(), send.data, send.nbytes());
-    input = copy.get();
-    started.keep_alive.push_back(copy);
-  }
-  const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
-  const int* counts = layout->data();
-  MPI_Request request = MPI_REQUEST_NULL;
-  {
-    const std::lock_guard mpi_lock(process_->mutex());
-    check(MPI_Ialltoallv(input, counts, counts + n, datatype, recv.data, counts + 2 * n,
-                         counts + 3 * n, datatype, comm_, &request),
-          "MPI_Ialltoallv", info);
-  }
-  started.requests.push_back(request);
-  return submit(std::move(started), info);
+  const OpSignature op_signature = signature(OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1);
+  return launch(
+      op_signature, info,
+      [=, this](Started& started) {
+        started.keep_alive = {send.keep_alive, recv.keep_alive, layout};
+        const void* input = send.data;
+        if (send.data == recv.data && send.count > 0) {
+          // MPI's in-place alltoallv has other semantics: exchange from a copy.
+          std::shared_ptr<void> copy = scratch(send.nbytes());
+          std::memcpy(copy.get(), send.data, send.nbytes());
+          input = copy.get();
+          started.keep_alive.push_back(copy);
+        }
+        const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
+        const int* counts = layout->data();
+        MPI_Request request = MPI_REQUEST_NULL;
+        {
+          const std::lock_guard mpi_lock(process_->mutex());
+          check(MPI_Ialltoallv(input, counts, counts + n, datatype, recv.data, counts + 2 * n,
+                               counts + 3 * n, datatype, comm_, &request),
+                "MPI_Ialltoallv", info);
+        }
+        started.requests.push_back(request);
+      },
+      &send_counts, &recv_counts);
 }
 
 std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Buffer& recv,
@@ -441,20 +461,21 @@ std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Bu
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(recv.count, info);
-  Started started;
-  started.signatures.push_back(signature(OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum, root));
-  started.keep_alive = {send.keep_alive, recv.keep_alive};
-  if (group_rank_ == root && send.data != recv.data && recv.count > 0) {
-    std::memcpy(recv.data, send.data, recv.nbytes());
-  }
-  const MPI_Datatype datatype = mpi_datatype(movement_element(recv.dtype));
-  MPI_Request request = MPI_REQUEST_NULL;
-  {
-    const std::lock_guard mpi_lock(process_->mutex());
-    check(MPI_Ibcast(recv.data, count, datatype, root, comm_, &request), "MPI_Ibcast", info);
-  }
-  started.requests.push_back(request);
-  return submit(std::move(started), info);
+  const OpSignature op_signature =
+      signature(OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum, root);
+  return launch(op_signature, info, [=, this](Started& started) {
+    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    if (group_rank_ == root && send.data != recv.data && recv.count > 0) {
+      std::memcpy(recv.data, send.data, recv.nbytes());
+    }
+    const MPI_Datatype datatype = mpi_datatype(movement_element(recv.dtype));
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      const std::lock_guard mpi_lock(process_->mutex());
+      check(MPI_Ibcast(recv.data, count, datatype, root, comm_, &request), "MPI_Ibcast", info);
+    }
+    started.requests.push_back(request);
+  });
 }
 
 std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffer& recv,
@@ -463,51 +484,261 @@ std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffe
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(send.count, info);
-  Started started;
-  started.signatures.push_back(signature(OpKind::Reduce, send, recv, reduce_op, root));
-  started.keep_alive = {send.keep_alive, recv.keep_alive};
-  const bool is_root = group_rank_ == root;
+  const OpSignature op_signature = signature(OpKind::Reduce, send, recv, reduce_op, root);
+  return launch(op_signature, info, [=, this](Started& started) {
+    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    const bool is_root = group_rank_ == root;
+    MPI_Request request = MPI_REQUEST_NULL;
+    Plan plan;
+    {
+      const std::lock_guard mpi_lock(process_->mutex());
+      MPI_Datatype datatype = MPI_DATATYPE_NULL;
+      MPI_Op op = MPI_OP_NULL;
+      reduction(send, reduce_op, plan, datatype, op);
+      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
+      // recv is written on root only (Comm::reduce); only root may reduce in place.
+      const void* send_arg = is_root && input == recv.data ? MPI_IN_PLACE : input;
+      check(MPI_Ireduce(send_arg, is_root ? recv.data : nullptr, count, datatype, op, root, comm_,
+                        &request),
+            "MPI_Ireduce", info);
+    }
+    started.requests.push_back(request);
+    if (plan.divide_after && is_root) {
+      started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
+                                  size = size()] { divide_in_place(data, dtype, n, size); });
+    }
+  });
+}
+
+namespace {
+
+// Note [Collective check]
+// With --check-collectives every operation starts only after its group's members exchanged a
+// fixed-size description of it (MPI_Iallgather on the communicator's private twin) and found
+// them equal, so ranks that issue different collectives get CollectiveMismatch on every rank,
+// naming both sides, instead of MPI's truncation error or a hang. all_to_all descriptions leave
+// out the counts (uneven splits legitimately differ); a second exchange checks them pairwise
+// (rank i's send count for j is rank j's receive count for i) and a third agrees on the verdict,
+// so every rank fails together. It costs one to three small collectives per operation: a
+// debugging mode, off by default (as PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL).
+struct WireSignature {
+  std::int64_t seq = -1;
+  std::uint64_t digest = 0;  // FNV-1a over the name and every op (all_to_all: no counts)
+  std::uint64_t send_count = 0;
+  std::uint64_t recv_count = 0;
+  std::uint64_t factor_bits = 0;
+  std::int32_t root = -1;
+  std::uint32_t ops = 0;
+  std::uint8_t kind = 0;
+  std::uint8_t dtype = 0;
+  std::uint8_t reduce_kind = 0;
+  char name[45] = {};  // NUL-terminated, cut to fit
+};
+static_assert(std::is_trivially_copyable_v<WireSignature>);
+static_assert(sizeof(WireSignature) == 96);
+
+WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& info) {
+  CHORUS_CHECK(!signatures.empty());
+  WireSignature wire;
+  wire.seq = info.seq;
+  wire.ops = static_cast<std::uint32_t>(signatures.size());
+  const OpSignature& first = signatures.front();
+  wire.kind = static_cast<std::uint8_t>(first.kind);
+  wire.dtype = static_cast<std::uint8_t>(first.dtype);
+  wire.reduce_kind = static_cast<std::uint8_t>(first.reduce_op.kind());
+  wire.factor_bits = std::bit_cast<std::uint64_t>(first.reduce_op.premul_factor());
+  wire.send_count = first.send_count;
+  wire.recv_count = first.recv_count;
+  wire.root = first.root;
+  const std::size_t length = std::min(info.name.size(), sizeof(wire.name) - 1);
+  std::memcpy(wire.name, info.name.data(), length);
+  std::uint64_t digest = 14695981039346656037ULL;
+  const auto mix = [&digest](std::uint64_t value) {
+    for (int shift = 0; shift < 64; shift += 8) {
+      digest ^= (value >> shift) & 0xFFU;
+      digest *= 1099511628211ULL;
+    }
+  };
+  for (const char c : info.name) {
+    mix(static_cast<unsigned char>(c));
+  }
+  for (const OpSignature& op : signatures) {
+    mix(static_cast<std::uint64_t>(op.kind));
+    mix(static_cast<std::uint64_t>(op.dtype));
+    if (op.kind != OpKind::AllToAll) {
+      mix(op.send_count);
+      mix(op.recv_count);
+    }
+    mix(static_cast<std::uint64_t>(op.reduce_op.kind()));
+    mix(std::bit_cast<std::uint64_t>(op.reduce_op.premul_factor()));
+    mix(static_cast<std::uint64_t>(static_cast<std::int64_t>(op.root)));
+  }
+  wire.digest = digest;
+  return wire;
+}
+
+bool same_operation(const WireSignature& a, const WireSignature& b) {
+  return a.seq == b.seq && a.digest == b.digest && a.ops == b.ops;
+}
+
+// "all_reduce(Float32, send=4, recv=4, sum)", "all_reduce_coalesced [2 ops, the first
+// all_reduce(...)]".
+std::string describe(const WireSignature& wire) {
+  OpSignature first;
+  first.kind = static_cast<OpKind>(wire.kind);
+  first.dtype = static_cast<DType>(wire.dtype);
+  first.send_count = wire.send_count;
+  first.recv_count = wire.recv_count;
+  first.root = wire.root;
+  const auto kind = static_cast<ReduceOp::Kind>(wire.reduce_kind);
+  first.reduce_op = kind == ReduceOp::Kind::PremulSum
+                        ? ReduceOp::premul_sum(std::bit_cast<double>(wire.factor_bits))
+                        : ReduceOp(kind);
+  const std::string name(wire.name);
+  const std::string text = first.to_string();
+  if (wire.ops == 1 && text.rfind(name + "(", 0) == 0) {
+    return text;
+  }
+  return name + (wire.ops == 1 ? " " + text
+                               : " [" + std::to_string(wire.ops) + " ops, the first " + text + "]");
+}
+
+}  // namespace
+
+void MpiComm::await_requests(Started& pending, const OpInfo& info, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (;;) {
+    int done = 0;
+    int code = MPI_SUCCESS;
+    {
+      const std::lock_guard mpi_lock(process_->mutex());
+      code = MPI_Testall(static_cast<int>(pending.requests.size()), pending.requests.data(), &done,
+                         MPI_STATUSES_IGNORE);
+    }
+    check(code, "MPI_Testall (collective check)", info);
+    if (done != 0) {
+      return;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      process_->park(std::move(pending));
+      throw Timeout(context_of(info), "not started: waited for " + what +
+                                          " (--check-collectives) past the deadline; a member "
+                                          "of the group has not issued it");
+    }
+    std::this_thread::yield();
+  }
+}
+
+void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& info,
+                     const std::vector<std::size_t>* send_counts,
+                     const std::vector<std::size_t>* recv_counts) {
+  const std::size_t n = ranks_.size();
+  const auto me = static_cast<std::size_t>(group_rank_);
+  auto wires = std::make_shared<std::vector<WireSignature>>(n + 1);  // [members..., mine]
+  (*wires)[n] = wire_of(signatures, info);
+  Started pending;
+  pending.keep_alive.push_back(wires);
   MPI_Request request = MPI_REQUEST_NULL;
-  Plan plan;
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    MPI_Datatype datatype = MPI_DATATYPE_NULL;
-    MPI_Op op = MPI_OP_NULL;
-    reduction(send, reduce_op, plan, datatype, op);
-    const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-    // recv is written on root only (Comm::reduce); only root may reduce in place.
-    const void* send_arg = is_root && input == recv.data ? MPI_IN_PLACE : input;
-    check(MPI_Ireduce(send_arg, is_root ? recv.data : nullptr, count, datatype, op, root, comm_,
-                      &request),
-          "MPI_Ireduce", info);
+    check(MPI_Iallgather(&(*wires)[n], sizeof(WireSignature), MPI_BYTE, wires->data(),
+                         sizeof(WireSignature), MPI_BYTE, check_comm_, &request),
+          "MPI_Iallgather (collective check)", info);
   }
-  started.requests.push_back(request);
-  if (plan.divide_after && is_root) {
-    started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
-                                size = size()] { divide_in_place(data, dtype, n, size); });
+  pending.requests.push_back(request);
+  await_requests(pending, info, "every member's description of this operation");
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i != me && !same_operation((*wires)[i], (*wires)[n])) {
+      throw CollectiveMismatch(
+          context_of(info),
+          "ranks disagree on operation #" + std::to_string(info.seq) + " of group " + label_ +
+              ": rank " + std::to_string(ranks_[i]) + " issued " + describe((*wires)[i]) +
+              (((*wires)[i].seq != info.seq)
+                   ? " as its operation #" + std::to_string((*wires)[i].seq)
+                   : "") +
+              "; rank " + std::to_string(process_->rank()) + " issued " + describe((*wires)[n]));
+    }
   }
-  return submit(std::move(started), info);
+  if (send_counts == nullptr) {
+    return;
+  }
+  CHORUS_CHECK(recv_counts != nullptr);
+  // Pairwise: what each member sends me must be what I expect from it.
+  auto counts = std::make_shared<std::vector<std::uint64_t>>(2 * n);  // [mine to j, j's to me]
+  for (std::size_t j = 0; j < n; ++j) {
+    (*counts)[j] = (*send_counts)[j];
+  }
+  auto verdicts = std::make_shared<std::vector<std::int32_t>>(n + 1, 0);
+  Started exchange;
+  exchange.keep_alive = {counts, verdicts};
+  {
+    const std::lock_guard mpi_lock(process_->mutex());
+    check(MPI_Ialltoall(counts->data(), 1, MPI_UINT64_T, counts->data() + n, 1, MPI_UINT64_T,
+                        check_comm_, &request),
+          "MPI_Ialltoall (collective check)", info);
+  }
+  exchange.requests = {request};
+  await_requests(exchange, info, "every member's all_to_all split sizes");
+  std::string problem;
+  for (std::size_t j = 0; j < n && problem.empty(); ++j) {
+    if ((*counts)[n + j] != (*recv_counts)[j]) {
+      problem = "rank " + std::to_string(ranks_[j]) + " sends " + std::to_string((*counts)[n + j]) +
+                " elements to rank " + std::to_string(process_->rank()) + ", which expects " +
+                std::to_string((*recv_counts)[j]);
+    }
+  }
+  (*verdicts)[n] = problem.empty() ? 0 : 1;
+  {
+    const std::lock_guard mpi_lock(process_->mutex());
+    check(MPI_Iallgather(&(*verdicts)[n], 1, MPI_INT32_T, verdicts->data(), 1, MPI_INT32_T,
+                         check_comm_, &request),
+          "MPI_Iallgather (collective check)", info);
+  }
+  exchange.requests = {request};
+  await_requests(exchange, info, "every member's verdict on the split sizes");
+  for (std::size_t j = 0; j < n && problem.empty(); ++j) {
+    if ((*verdicts)[j] != 0) {
+      problem = "rank " + std::to_string(ranks_[j]) +
+                " receives split sizes other than its peers send it";
+    }
+  }
+  if (!problem.empty()) {
+    throw CollectiveMismatch(context_of(info), "ranks disagree on the split sizes of operation #" +
+                                                   std::to_string(info.seq) + " of group " +
+                                                   label_ + ": " + problem);
+  }
 }
 
 void MpiComm::begin_group() {
   CHORUS_CHECK(!batching_);
+  CHORUS_CHECK(batch_starts_.empty());
   batching_ = true;
-  batch_ = Started{};
 }
 
 std::shared_ptr<transport::Work> MpiComm::end_group(const OpInfo& info) {
   CHORUS_CHECK(batching_);
   batching_ = false;
-  Started batch = std::move(batch_);
-  batch_ = Started{};
-  return submit(std::move(batch), info);
+  std::vector<OpSignature> signatures = std::move(batch_signatures_);
+  std::vector<std::function<void(Started&)>> starts = std::move(batch_starts_);
+  batch_signatures_.clear();
+  batch_starts_.clear();
+  if (check_collectives_) {
+    verify(signatures, info, nullptr, nullptr);
+  }
+  Started started;
+  started.signatures = std::move(signatures);
+  for (const std::function<void(Started&)>& start : starts) {
+    start(started);
+  }
+  return make_work(std::move(started), info);
 }
 
 // ---------------------------------------------------------------------------------------------
 // MpiTransport
 
-MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout)
-    : process_(std::move(process)), timeout_(timeout) {}
+MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout,
+                           bool check_collectives)
+    : process_(std::move(process)), timeout_(timeout), check_collectives_(check_collectives) {}
 
 void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
                               const ErrorContext& context) {
@@ -586,6 +817,7 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
   const std::uint64_t id = comm_id_of(tag, ranks);
   rendezvous(ranks, id, context);
   MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm check_comm = MPI_COMM_NULL;
   {
     const std::lock_guard mpi_lock(process_->mutex());
     // Collective over the members only (MPI 3); all of them are here (the rendezvous).
@@ -601,8 +833,15 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
       throw TransportError(context, "MPI_Comm_create_group failed: " + mpi_error_text(code));
     }
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    if (check_collectives_) {
+      // Note [Collective check]: the descriptions travel on a twin, apart from the data.
+      if (const int dup = MPI_Comm_dup(comm, &check_comm); dup != MPI_SUCCESS) {
+        MPI_Comm_free(&comm);
+        throw TransportError(context, "MPI_Comm_dup failed: " + mpi_error_text(dup));
+      }
+    }
   }
-  return std::make_shared<MpiComm>(process_, comm, tag, ranks, id);
+  return std::make_shared<MpiComm>(process_, comm, check_comm, tag, ranks, id, timeout_);
 }
 
 transport::Duration MpiTransport::now() {

@@ -99,8 +99,10 @@ class MpiWork final : public transport::Work {
 
 class MpiComm final : public transport::Comm {
  public:
-  MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, std::string tag,
-          std::vector<int> ranks, std::uint64_t id);
+  // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
+  // `timeout` bounds the check's exchanges. Owns both communicators.
+  MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm, std::string tag,
+          std::vector<int> ranks, std::uint64_t id, std::chrono::nanoseconds timeout);
   ~MpiComm() override;
 
   std::uint64_t id() const noexcept override { return id_; }
@@ -130,19 +132,33 @@ class MpiComm final : public transport::Comm {
   std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
                                           const transport::Buffer& recv, const ReduceOp& reduce_op,
                                           int root, const transport::OpInfo& info) override;
+  // Operations between begin_group and end_group start together at end_group (after one check
+  // of the whole batch), NCCL's group semantics.
   void begin_group() override;
   std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
 
  private:
-  // Starts a batch member or a single op: `start` issues the requests into a Started.
-  std::shared_ptr<transport::Work> submit(Started started, const transport::OpInfo& info);
+  // Starts one operation now (after its check), or defers it into the open batch. `start`
+  // issues its MPI requests into a Started. all_to_all passes its per-peer counts for the check.
+  std::shared_ptr<transport::Work> launch(const transport::OpSignature& op_signature,
+                                          const transport::OpInfo& info,
+                                          std::function<void(Started&)> start,
+                                          const std::vector<std::size_t>* send_counts = nullptr,
+                                          const std::vector<std::size_t>* recv_counts = nullptr);
+  std::shared_ptr<transport::Work> make_work(Started started, const transport::OpInfo& info);
+  // Note [Collective check]: throws CollectiveMismatch, Timeout or TransportError.
+  void verify(const std::vector<transport::OpSignature>& signatures, const transport::OpInfo& info,
+              const std::vector<std::size_t>* send_counts,
+              const std::vector<std::size_t>* recv_counts);
+  // Polls `pending` until done or the timeout (then parks it and throws Timeout).
+  void await_requests(Started& pending, const transport::OpInfo& info, const std::string& what);
   ErrorContext context_of(const transport::OpInfo& info) const;
   // Throws TransportError for an MPI failure while starting an operation.
   void check(int code, const char* call, const transport::OpInfo& info) const;
   // Throws InvalidArgument for a count MPI cannot express (int).
   int to_int_count(std::size_t count, const transport::OpInfo& info) const;
-  // The MPI datatype and op of a reduction, creating chorus user ops on first use; and a scaled
-  // copy of `send` for premul_sum (returned, else `send.data`).
+  // The MPI datatype and op of a reduction, creating chorus user ops on first use (call with
+  // the MPI lock held); and a scaled copy of `send` for premul_sum.
   void reduction(const transport::Buffer& send, const ReduceOp& reduce_op, Plan& plan,
                  MPI_Datatype& datatype, MPI_Op& op);
   const void* scaled_input(const transport::Buffer& send, const ReduceOp& reduce_op,
@@ -150,13 +166,17 @@ class MpiComm final : public transport::Comm {
 
   std::shared_ptr<MpiProcess> process_;
   MPI_Comm comm_;
+  MPI_Comm check_comm_;
+  bool check_collectives_;
   std::string tag_;
   std::vector<int> ranks_;
   std::string label_;
   std::uint64_t id_;
+  std::chrono::nanoseconds timeout_;
   int group_rank_ = -1;
   bool batching_ = false;
-  Started batch_;
+  std::vector<transport::OpSignature> batch_signatures_;
+  std::vector<std::function<void(Started&)>> batch_starts_;
 };
 
 // Note [Communicator rendezvous]
@@ -170,8 +190,10 @@ class MpiComm final : public transport::Comm {
 // promptly since every member is there.
 class MpiTransport final : public transport::Transport {
  public:
-  // `timeout` bounds communicator set-up (Note [Communicator rendezvous]).
-  MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout);
+  // `timeout` bounds communicator set-up (Note [Communicator rendezvous]) and the collective
+  // check's exchanges (Note [Collective check], on when `check_collectives`).
+  MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout,
+               bool check_collectives);
 
   std::string_view name() const noexcept override { return "mpi"; }
   int rank() const noexcept override { return process_->rank(); }
@@ -188,6 +210,7 @@ class MpiTransport final : public transport::Transport {
 
   std::shared_ptr<MpiProcess> process_;
   std::chrono::nanoseconds timeout_;
+  bool check_collectives_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.

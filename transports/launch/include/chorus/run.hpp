@@ -34,6 +34,10 @@ struct RunOptions {
   sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
   bool guard_pages = false;
   bool check_determinism = false;
+  // MPI only: members compare each operation before starting it, so ranks that issue different
+  // collectives get CollectiveMismatch instead of a hang (docs/mpi.md, "Checking collectives").
+  // The simulator always checks.
+  bool check_collectives = false;
   std::string replay;
   // Arguments from_args did not consume, in order (argv[0] excluded), for the program.
   std::vector<std::string> args;
@@ -41,9 +45,9 @@ struct RunOptions {
   // Reads --transport=sim|mpi|nccl, --ranks=N, --seed=S, --timeout-ms=T, --timeline=out.svg,
   // --trace=out.json, --strategy=random|pct|portfolio, --pct-depth=1..3,
   // --reduction-order=fixed|ring|tree|adversarial, --allocator=pooled|lifo|quarantine|random,
-  // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages and
-  // --check-determinism; everything else lands in `args`. Throws InvalidArgument for a malformed
-  // value.
+  // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
+  // --check-determinism and --check-collectives; everything else lands in `args`. Throws
+  // InvalidArgument for a malformed value.
   static RunOptions from_args(int argc, char** argv);
 };
 

@@ -36,17 +36,27 @@ Mapping describe_mapping(DType dtype, const ReduceOp& reduce_op);
 // OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK is set. Thread-safe.
 bool launched_by_mpi() noexcept;
 
+struct MpiRunOptions {
+  // How long a wait (and a communicator's set-up) may take before it throws Timeout.
+  std::chrono::nanoseconds timeout = std::chrono::minutes(10);
+  // Before each operation, its group's members compare what they issued (docs/mpi.md,
+  // "Checking collectives"): CollectiveMismatch on every rank instead of MPI's truncation error
+  // or a hang. One to three small extra collectives per operation: for debugging.
+  bool check_collectives = false;
+};
+
 // Runs `rank_main` as this process's rank (chorus::run with transport "mpi" calls this):
 // initialises MPI (MPI_THREAD_SERIALIZED or better; every MPI call chorus makes holds one
 // per-process lock, so any thread may wait on a Work), binds a RankContext whose waits time out
-// after `timeout`, runs the rank function, finishes the rank (completing leftover works, printing
-// unwaited ones to stderr prefixed by the rank), and finalises MPI if it initialised it.
+// after `options.timeout`, runs the rank function, finishes the rank (completing leftover works,
+// printing unwaited ones to stderr prefixed by the rank), and finalises MPI if it initialised
+// it. Collective over MPI_COMM_WORLD: every process of the job calls it.
 //
 // Returns 0 when the rank succeeded. When the rank function throws, or finishing the rank raises
 // a deferred error, prints "chorus: rank R of N failed: <error>" and the abort notice to stderr
 // and calls MPI_Abort(MPI_COMM_WORLD, 1): every other rank of the job ends too (mpirun exits
 // non-zero) instead of hanging in a collective the failed rank will never join. Does not return
-// in that case.
-int run(std::chrono::nanoseconds timeout, std::function<void()> rank_main);
+// in that case. Throws TransportError if MPI cannot start.
+int run(const MpiRunOptions& options, std::function<void()> rank_main);
 
 }  // namespace chorus::mpi
