@@ -231,6 +231,21 @@ TEST(Store, MultiGetAndWaitAreReleasedKeyByKey) {
   EXPECT_EQ(seen, (std::vector<std::string>{"one", "2", "3"}));
 }
 
+TEST(Store, RepeatedMultiGetSeesLatestValuesAndDeletions) {
+  Server server;
+  auto client = connect(server);
+  client->multi_set({{"a", "1"}, {"b", "2"}});
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"1", "2"}));
+  client->set("a", "one");  // the same key list again: the server's shortcut must see this
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"one", "2"}));
+  EXPECT_EQ(client->multi_get({"b", "a"}), (std::vector<std::string>{"2", "one"}));
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"one", "2"}));
+  client->delete_key("b");
+  EXPECT_THROW(client->multi_get({"a", "b"}, milliseconds(20)), Timeout);
+  client->set("b", "two");
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"one", "two"}));
+}
+
 TEST(Store, DeadlinePassingIsTimeoutNamingTheKeyAndTheClientStaysUsable) {
   Server server;
   auto client = connect(server);
