@@ -197,10 +197,10 @@ double run_once(int k, const Options& options) {
 int main(int argc, char** argv) {
   const Options options = parse(argc, argv);
   const rlim_t descriptors = raise_descriptor_limit();
-  std::printf("bench_store: each client connects, sets its key, then %s; %d runs, median shown\n",
-              options.multi_get ? "reads all K keys with one multi_get"
-                                : "reads all K keys with K gets",
-              options.runs);
+  std::printf(
+      "bench_store: each client connects, sets its key, then %s; %d runs, median shown\n",
+      options.multi_get ? "reads all K keys with one multi_get" : "reads all K keys with K gets",
+      options.runs);
   std::printf("%8s %10s %10s %10s %14s %14s\n", "clients", "median_s", "min_s", "max_s",
               "requests/s", "keys_read/s");
   int status = 0;
@@ -229,8 +229,8 @@ int main(int argc, char** argv) {
     const double requests =
         static_cast<double>(k) * (options.multi_get ? 3.0 : 2.0 + static_cast<double>(k));
     const double keys_read = static_cast<double>(k) * static_cast<double>(k);
-    std::printf("%8d %10.3f %10.3f %10.3f %14.0f %14.0f\n", k, median, times.front(),
-                times.back(), requests / median, keys_read / median);
+    std::printf("%8d %10.3f %10.3f %10.3f %14.0f %14.0f\n", k, median, times.front(), times.back(),
+                requests / median, keys_read / median);
     std::fflush(stdout);
   }
   return status;

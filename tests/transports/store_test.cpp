@@ -246,6 +246,55 @@ TEST(Store, RepeatedMultiGetSeesLatestValuesAndDeletions) {
   EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"one", "two"}));
 }
 
+TEST(Store, WaitersForTheSameKeysAreAnsweredTogetherWhenOneLeaves) {
+  Server server;
+  constexpr int kWaiters = 3;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<std::string>> seen(kWaiters);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWaiters; ++w) {
+    clients.push_back(connect(server));
+  }
+  for (int w = 0; w < kWaiters; ++w) {
+    threads.emplace_back([&, w] {
+      seen[static_cast<std::size_t>(w)] =
+          clients[static_cast<std::size_t>(w)]->multi_get({"a", "b"}, kHang);
+    });
+  }
+  eventually([&] { return server.waiting() == kWaiters; }, "three multi_gets wait");
+  // A fourth wait for the same keys times out, a fifth is cancelled, a sixth's connection
+  // closes: the others keep waiting.
+  auto impatient = connect(server);
+  EXPECT_THROW(impatient->multi_get({"a", "b"}, milliseconds(20)), Timeout);
+  auto cancelled = connect(server);
+  std::thread cancelling([&] { EXPECT_THROW(cancelled->wait({"a", "b"}, kHang), Aborted); });
+  eventually([&] { return server.waiting() == kWaiters + 1; }, "the wait waits");
+  cancelled->cancel();
+  cancelling.join();
+  {
+    RawSocket leaving(server.port());
+    leaving.send(hello_frame());
+    std::string body("\x09", 1);                        // multi_get
+    body += std::string("\x10\x27\0\0\0\0\0\0", 8);     // 10000 ms
+    body += std::string("\x02\0\0\0", 4);               // two keys
+    body += std::string("\x01\0\0\0a\x01\0\0\0b", 10);  // "a", "b"
+    leaving.send(frame(body));
+    eventually([&] { return server.waiting() == kWaiters + 1; }, "the raw multi_get waits");
+  }
+  eventually([&] { return server.waiting() == kWaiters; }, "the closed connection's wait ends");
+  auto writer = connect(server);
+  writer->set("b", "2");
+  writer->set("a", "1");
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  for (const auto& values : seen) {
+    EXPECT_EQ(values, (std::vector<std::string>{"1", "2"}));
+  }
+  EXPECT_EQ(server.waiting(), 0U);
+  EXPECT_EQ(impatient->multi_get({"a", "b"}), (std::vector<std::string>{"1", "2"}));
+}
+
 TEST(Store, DeadlinePassingIsTimeoutNamingTheKeyAndTheClientStaysUsable) {
   Server server;
   auto client = connect(server);

@@ -106,6 +106,23 @@ std::optional<std::int64_t> parse_int64(std::string_view text) {
 
 struct Session;
 
+// Note [Store waits]: the sessions waiting for one list of keys.
+struct WaitGroup {
+  struct Member {
+    std::weak_ptr<Session> session;
+    std::uint64_t wait_id;
+  };
+
+  Op op = Op::Wait;
+  std::vector<std::string> keys;
+  std::vector<const std::string*> values;  // Get/MultiGet: filled up to the cursor
+  std::size_t cursor = 0;
+  std::uint64_t deletions_seen = 0;
+  std::vector<Member> members;
+  std::size_t live = 0;  // members still waiting
+  bool done = false;
+};
+
 struct Server::Impl {
   explicit Impl(ServerOptions options_in);
 
@@ -113,9 +130,13 @@ struct Server::Impl {
   void serve(const std::shared_ptr<Session>& session);
   void handle(const std::shared_ptr<Session>& session, Request request);
   void start_wait(const std::shared_ptr<Session>& session, Request request);
-  void advance(const std::shared_ptr<Session>& session);
-  void finish_wait(const std::shared_ptr<Session>& session, Status status,
-                   const std::string& message);
+  void advance(const std::shared_ptr<WaitGroup>& group);
+  void finish_group(const std::shared_ptr<WaitGroup>& group);
+  std::vector<std::uint8_t> answer(Op op, std::span<const std::string* const> values) const;
+  // A member's wait ends: answered, timed out, cancelled, or its connection closed.
+  void end_wait(Session& s);
+  void abandon_wait(const std::shared_ptr<Session>& session, Status status,
+                    const std::string& message);
   void notify(const std::string& key);
   void erase_session(std::uint64_t id);
   // Refusal when creating `new_keys` keys would pass keys_max.
@@ -135,11 +156,10 @@ struct Server::Impl {
 
   // Owned by the server thread from here on.
   std::unordered_map<std::string, std::string> data;
-  struct Waiter {
-    std::weak_ptr<Session> session;
-    std::uint64_t wait_id;
-  };
-  std::unordered_map<std::string, std::vector<Waiter>> waiters;
+  // Each waiting group is registered under the key at its cursor.
+  std::unordered_map<std::string, std::vector<std::weak_ptr<WaitGroup>>> waiters;
+  // The group created last and still waiting: a wait for the same keys joins it.
+  std::weak_ptr<WaitGroup> latest_group;
   std::uint64_t deletions = 0;
   // Note [Store waits]: the last multi_get's keys and value pointers, valid while `deletions`
   // equals resolved_deletions.
@@ -261,10 +281,9 @@ struct Session : std::enable_shared_from_this<Session> {
       return;
     }
     closed = true;
-    if (pending.has_value() && pending->counted) {
-      server.waiting.fetch_sub(1, std::memory_order_relaxed);
+    if (pending.has_value()) {
+      server.end_wait(*this);
     }
-    pending.reset();
     boost::system::error_code ignored;
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);
@@ -275,11 +294,7 @@ struct Session : std::enable_shared_from_this<Session> {
   // Note [Store waits].
   struct PendingWait {
     std::uint64_t wait_id = 0;
-    Op op = Op::Wait;
-    std::vector<std::string> keys;
-    std::vector<const std::string*> values;  // MultiGet/Get: filled up to the cursor
-    std::size_t cursor = 0;
-    std::uint64_t deletions_seen = 0;
+    std::shared_ptr<WaitGroup> group;
     std::chrono::milliseconds timeout{0};
     bool counted = false;  // in Server::waiting()
   };
@@ -414,8 +429,10 @@ void Server::Impl::handle(const std::shared_ptr<Session>& session, Request reque
   }
   if (s.pending.has_value()) {
     if (op == Op::Cancel) {
-      finish_wait(session, Status::Cancelled,
-                  "cancelled while waiting for key " + quoted(s.pending->keys[s.pending->cursor]));
+      const WaitGroup& group = *s.pending->group;
+      CHORUS_CHECK(group.cursor < group.keys.size());
+      abandon_wait(session, Status::Cancelled,
+                   "cancelled while waiting for key " + quoted(group.keys[group.cursor]));
     } else {
       s.close();  // a second request while one is pending breaks the protocol
     }
@@ -545,51 +562,71 @@ void Server::Impl::start_wait(const std::shared_ptr<Session>& session, Request r
   Session& s = *session;
   CHORUS_CHECK(!s.pending.has_value());
   CHORUS_CHECK(request.number >= 0);
+  const Op op = request.op;
+  // The last multi_get answered asked for these very keys, and nothing was deleted since.
+  if (op == Op::MultiGet && resolved_deletions == deletions && !resolved_keys.empty() &&
+      request.keys == resolved_keys) {
+    s.send(answer(op, resolved_values));
+    return;
+  }
+  // A group already waits for these very keys: join it.
+  std::shared_ptr<WaitGroup> group = latest_group.lock();
+  const bool join = group && !group->done && group->op == op && group->keys == request.keys;
+  if (!join) {
+    group = std::make_shared<WaitGroup>();
+    group->op = op;
+    group->keys = std::move(request.keys);
+    if (op != Op::Wait) {
+      group->values.assign(group->keys.size(), nullptr);
+    }
+    group->deletions_seen = deletions;
+  }
+  const std::uint64_t wait_id = next_wait_id++;
+  group->members.push_back(WaitGroup::Member{session, wait_id});
+  ++group->live;
   Session::PendingWait wait;
-  wait.wait_id = next_wait_id++;
-  wait.op = request.op;
-  wait.keys = std::move(request.keys);
-  if (wait.op != Op::Wait) {
-    wait.values.assign(wait.keys.size(), nullptr);
-  }
-  wait.deletions_seen = deletions;
+  wait.wait_id = wait_id;
+  wait.group = group;
   wait.timeout = std::chrono::milliseconds(request.number);
-  if (wait.op == Op::MultiGet && resolved_deletions == deletions && !resolved_keys.empty() &&
-      wait.keys == resolved_keys) {
-    CHORUS_CHECK_EQ(resolved_values.size(), wait.keys.size());
-    wait.values = resolved_values;
-    wait.cursor = wait.keys.size();
-  }
   s.pending = std::move(wait);
-  advance(session);
-  if (s.pending.has_value() && !s.closed) {
-    s.pending->counted = true;
-    waiting.fetch_add(1, std::memory_order_relaxed);
-    const std::uint64_t wait_id = s.pending->wait_id;
-    s.timer.expires_after(s.pending->timeout);
-    s.timer.async_wait([this, session, wait_id](const boost::system::error_code& error) {
-      Session& late = *session;
-      if (error || !late.pending.has_value() || late.pending->wait_id != wait_id) {
-        return;
-      }
-      const Session::PendingWait& timed_out = *late.pending;
-      std::string message = "key " + quoted(timed_out.keys[timed_out.cursor]) +
-                            " was not set within " + std::to_string(timed_out.timeout.count()) +
-                            " ms";
-      if (timed_out.keys.size() > 1) {
-        message += " (" + std::to_string(timed_out.cursor) + " of " +
-                   std::to_string(timed_out.keys.size()) + " keys were)";
-      }
-      finish_wait(session, Status::Timeout, message);
-    });
+  if (!join) {
+    advance(group);
+    if (!group->done) {
+      latest_group = group;
+    }
   }
+  if (!s.pending.has_value() || s.closed) {
+    return;  // answered at once
+  }
+  s.pending->counted = true;
+  waiting.fetch_add(1, std::memory_order_relaxed);
+  s.timer.expires_after(s.pending->timeout);
+  s.timer.async_wait([this, session, wait_id](const boost::system::error_code& error) {
+    Session& late = *session;
+    if (error || !late.pending.has_value() || late.pending->wait_id != wait_id) {
+      return;
+    }
+    const WaitGroup& timed_out = *late.pending->group;
+    CHORUS_CHECK(timed_out.cursor < timed_out.keys.size());
+    std::string message = "key " + quoted(timed_out.keys[timed_out.cursor]) +
+                          " was not set within " + std::to_string(late.pending->timeout.count()) +
+                          " ms";
+    if (timed_out.keys.size() > 1) {
+      message += " (" + std::to_string(timed_out.cursor) + " of " +
+                 std::to_string(timed_out.keys.size()) + " keys were)";
+    }
+    abandon_wait(session, Status::Timeout, message);
+  });
 }
 
 // Note [Store waits].
-void Server::Impl::advance(const std::shared_ptr<Session>& session) {
-  Session& s = *session;
-  CHORUS_CHECK(s.pending.has_value());
-  Session::PendingWait& wait = *s.pending;
+void Server::Impl::advance(const std::shared_ptr<WaitGroup>& group) {
+  WaitGroup& wait = *group;
+  CHORUS_CHECK(!wait.done);
+  if (wait.live == 0) {
+    wait.done = true;  // every member timed out, cancelled or left: nobody to answer
+    return;
+  }
   if (wait.deletions_seen != deletions) {
     wait.deletions_seen = deletions;
     wait.cursor = 0;  // a key the cursor passed may be gone (and its value pointer with it)
@@ -598,16 +635,16 @@ void Server::Impl::advance(const std::shared_ptr<Session>& session) {
     const std::string& key = wait.keys[wait.cursor];
     auto found = data.find(key);
     if (found == data.end()) {
-      std::vector<Waiter>& list = waiters[key];
-      // Drop entries of waits that ended (timeout, cancel, close) before the key appeared, so a
-      // key that is never set cannot collect garbage without bound.
+      std::vector<std::weak_ptr<WaitGroup>>& list = waiters[key];
+      // Drop entries of groups that ended before the key appeared, so a key that is never set
+      // cannot collect garbage without bound.
       if (list.size() >= 16 && (list.size() & (list.size() - 1)) == 0) {
-        std::erase_if(list, [](const Waiter& waiter) {
-          const auto other = waiter.session.lock();
-          return !other || !other->pending.has_value() || other->pending->wait_id != waiter.wait_id;
+        std::erase_if(list, [](const std::weak_ptr<WaitGroup>& entry) {
+          const auto other = entry.lock();
+          return !other || other->done;
         });
       }
-      list.push_back(Waiter{session, wait.wait_id});
+      list.push_back(group);
       return;
     }
     if (!wait.values.empty()) {
@@ -615,53 +652,74 @@ void Server::Impl::advance(const std::shared_ptr<Session>& session) {
     }
     ++wait.cursor;
   }
-  finish_wait(session, Status::Ok, "");
+  finish_group(group);
 }
 
-void Server::Impl::finish_wait(const std::shared_ptr<Session>& session, Status status,
-                               const std::string& message) {
-  Session& s = *session;
-  CHORUS_CHECK(s.pending.has_value());
-  Session::PendingWait wait = std::move(*s.pending);
-  s.pending.reset();
-  s.timer.cancel();
-  if (wait.counted) {
-    waiting.fetch_sub(1, std::memory_order_relaxed);
-  }
-  if (status != Status::Ok) {
-    s.send(detail::encode_response(wait.op, refusal(status, message)));
-    return;
-  }
-  CHORUS_CHECK_EQ(wait.cursor, wait.keys.size());
-  switch (wait.op) {
+std::vector<std::uint8_t> Server::Impl::answer(Op op,
+                                               std::span<const std::string* const> values) const {
+  switch (op) {
     case Op::Wait:
-      s.send(detail::encode_response(wait.op, Response{}));
-      return;
+      return detail::encode_response(op, Response{});
     case Op::Get:
-      CHORUS_CHECK(wait.values.size() == 1 && wait.values[0] != nullptr);
-      s.send(detail::encode_response(wait.op, ok_value(*wait.values[0])));
-      return;
+      CHORUS_CHECK(values.size() == 1 && values[0] != nullptr);
+      return detail::encode_response(op, ok_value(*values[0]));
     case Op::MultiGet: {
-      const std::size_t bytes = detail::multi_get_values_bytes(wait.values);
+      const std::size_t bytes = detail::multi_get_values_bytes(values);
       if (bytes > options.frame_bytes_max) {
-        s.send(detail::encode_response(
-            wait.op, refusal(Status::InvalidArgument,
-                             "the values of " + std::to_string(wait.keys.size()) + " keys take " +
-                                 std::to_string(bytes) + " bytes, over the frame limit of " +
-                                 std::to_string(options.frame_bytes_max) + " bytes")));
-        return;
+        return detail::encode_response(
+            op, refusal(Status::InvalidArgument,
+                        "the values of " + std::to_string(values.size()) + " keys take " +
+                            std::to_string(bytes) + " bytes, over the frame limit of " +
+                            std::to_string(options.frame_bytes_max) + " bytes"));
       }
-      s.send(detail::encode_multi_get_values(wait.values));
-      if (wait.deletions_seen == deletions) {
-        resolved_keys = std::move(wait.keys);
-        resolved_values = std::move(wait.values);
-        resolved_deletions = deletions;
-      }
-      return;
+      return detail::encode_multi_get_values(values);
     }
     default:
       CHORUS_CHECK(false);
   }
+  return {};
+}
+
+// Every member still waiting gets the same answer, encoded once.
+void Server::Impl::finish_group(const std::shared_ptr<WaitGroup>& group) {
+  WaitGroup& wait = *group;
+  CHORUS_CHECK(!wait.done);
+  CHORUS_CHECK_EQ(wait.cursor, wait.keys.size());
+  CHORUS_CHECK_EQ(wait.deletions_seen, deletions);
+  wait.done = true;
+  const std::vector<std::uint8_t> frame = answer(wait.op, wait.values);
+  for (const WaitGroup::Member& member : wait.members) {
+    const std::shared_ptr<Session> session = member.session.lock();
+    if (session && session->pending.has_value() && session->pending->wait_id == member.wait_id) {
+      end_wait(*session);
+      session->send(frame);
+    }
+  }
+  CHORUS_CHECK_EQ(wait.live, std::size_t{0});
+  if (wait.op == Op::MultiGet) {
+    resolved_keys = std::move(wait.keys);
+    resolved_values = std::move(wait.values);
+    resolved_deletions = deletions;
+  }
+}
+
+void Server::Impl::end_wait(Session& s) {
+  CHORUS_CHECK(s.pending.has_value());
+  WaitGroup& group = *s.pending->group;
+  CHORUS_CHECK(group.live > 0);
+  --group.live;
+  if (s.pending->counted) {
+    waiting.fetch_sub(1, std::memory_order_relaxed);
+  }
+  s.pending.reset();
+  s.timer.cancel();
+}
+
+void Server::Impl::abandon_wait(const std::shared_ptr<Session>& session, Status status,
+                                const std::string& message) {
+  CHORUS_CHECK(status != Status::Ok);
+  end_wait(*session);
+  session->send(detail::encode_response(Op::Wait, refusal(status, message)));
 }
 
 void Server::Impl::notify(const std::string& key) {
@@ -669,13 +727,12 @@ void Server::Impl::notify(const std::string& key) {
   if (found == waiters.end()) {
     return;
   }
-  const std::vector<Waiter> list = std::move(found->second);
+  const std::vector<std::weak_ptr<WaitGroup>> list = std::move(found->second);
   waiters.erase(found);
-  for (const Waiter& waiter : list) {
-    const std::shared_ptr<Session> session = waiter.session.lock();
-    if (session && !session->closed && session->pending.has_value() &&
-        session->pending->wait_id == waiter.wait_id) {
-      advance(session);
+  for (const std::weak_ptr<WaitGroup>& entry : list) {
+    const std::shared_ptr<WaitGroup> group = entry.lock();
+    if (group && !group->done) {
+      advance(group);
     }
   }
 }
