@@ -20,6 +20,11 @@
 #include <thread>
 #include <vector>
 
+// The public header keeps Boost private (pimpl): nothing above may have pulled it in.
+#if defined(BOOST_ASIO_VERSION) || defined(BOOST_CONFIG_HPP) || defined(BOOST_VERSION)
+#error "<chorus/store/store.hpp> must not reach a Boost header"
+#endif
+
 namespace chorus::store {
 namespace {
 
