@@ -16,7 +16,10 @@
 // key). The server keeps the key list of the last multi_get it answered, with its value
 // pointers: a multi_get with an equal list, and no delete_key since, takes those pointers after
 // one pass of string comparisons (sequential, a few ns each) instead of K hash lookups. Values
-// are read through the pointers when answering, so a set since then is seen.
+// are read through the pointers when answering, so a set since then is seen; the encoded answer
+// is kept too, and reused until the next write or delete. Waiting sessions that ask for the same
+// keys share a WaitGroup (one cursor, one encoded answer sent to all): a wait for keys equal to
+// the latest group's joins it.
 
 #include <array>
 #include <atomic>
@@ -55,6 +58,9 @@ using detail::refusal;
 using detail::Request;
 using detail::Response;
 using detail::Status;
+
+// An encoded frame, shared by every session it is sent to (a wait group's answer).
+using Frame = std::shared_ptr<const std::vector<std::uint8_t>>;
 
 // A failed accept (out of descriptors, say) is retried after this pause rather than at once.
 constexpr std::chrono::milliseconds kAcceptRetry{20};
@@ -166,6 +172,11 @@ struct Server::Impl {
   std::vector<std::string> resolved_keys;
   std::vector<const std::string*> resolved_values;
   std::uint64_t resolved_deletions = 0;
+  // Its encoded answer, valid while `mutations` equals resolved_frame_mutations.
+  Frame resolved_frame;
+  std::uint64_t resolved_frame_mutations = 0;
+  // Counts every write and delete (every call of notify, every delete_key that removed a key).
+  std::uint64_t mutations = 0;
   std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions;
   std::uint64_t next_session_id = 0;
   std::uint64_t next_wait_id = 0;
@@ -245,6 +256,10 @@ struct Session : std::enable_shared_from_this<Session> {
   }
 
   void send(std::vector<std::uint8_t> frame) {
+    send(std::make_shared<const std::vector<std::uint8_t>>(std::move(frame)));
+  }
+
+  void send(Frame frame) {
     if (closed) {
       return;
     }
@@ -257,7 +272,7 @@ struct Session : std::enable_shared_from_this<Session> {
   void write_front() {
     auto self = shared_from_this();
     asio::async_write(
-        socket, asio::buffer(outbox.front()),
+        socket, asio::buffer(*outbox.front()),
         [self](const boost::system::error_code& error, std::size_t) { self->on_written(error); });
   }
 
@@ -305,7 +320,7 @@ struct Session : std::enable_shared_from_this<Session> {
   std::uint64_t id;
   std::array<std::uint8_t, detail::kFrameHeaderBytes> header{};
   std::vector<std::uint8_t> body;
-  std::deque<std::vector<std::uint8_t>> outbox;
+  std::deque<Frame> outbox;
   bool authenticated = false;
   bool reading = false;
   bool closed = false;
@@ -523,6 +538,7 @@ void Server::Impl::handle(const std::shared_ptr<Session>& session, Request reque
       const bool existed = data.erase(request.keys[0]) == 1;
       if (existed) {
         ++deletions;
+        ++mutations;
       }
       s.send(detail::encode_response(op, ok_number(existed ? 1 : 0)));
       return;
@@ -566,7 +582,12 @@ void Server::Impl::start_wait(const std::shared_ptr<Session>& session, Request r
   // The last multi_get answered asked for these very keys, and nothing was deleted since.
   if (op == Op::MultiGet && resolved_deletions == deletions && !resolved_keys.empty() &&
       request.keys == resolved_keys) {
-    s.send(answer(op, resolved_values));
+    if (!resolved_frame || resolved_frame_mutations != mutations) {
+      resolved_frame =
+          std::make_shared<const std::vector<std::uint8_t>>(answer(op, resolved_values));
+      resolved_frame_mutations = mutations;
+    }
+    s.send(resolved_frame);
     return;
   }
   // A group already waits for these very keys: join it.
@@ -687,7 +708,8 @@ void Server::Impl::finish_group(const std::shared_ptr<WaitGroup>& group) {
   CHORUS_CHECK_EQ(wait.cursor, wait.keys.size());
   CHORUS_CHECK_EQ(wait.deletions_seen, deletions);
   wait.done = true;
-  const std::vector<std::uint8_t> frame = answer(wait.op, wait.values);
+  const Frame frame =
+      std::make_shared<const std::vector<std::uint8_t>>(answer(wait.op, wait.values));
   for (const WaitGroup::Member& member : wait.members) {
     const std::shared_ptr<Session> session = member.session.lock();
     if (session && session->pending.has_value() && session->pending->wait_id == member.wait_id) {
@@ -700,6 +722,8 @@ void Server::Impl::finish_group(const std::shared_ptr<WaitGroup>& group) {
     resolved_keys = std::move(wait.keys);
     resolved_values = std::move(wait.values);
     resolved_deletions = deletions;
+    resolved_frame = frame;
+    resolved_frame_mutations = mutations;
   }
 }
 
@@ -723,6 +747,7 @@ void Server::Impl::abandon_wait(const std::shared_ptr<Session>& session, Status 
 }
 
 void Server::Impl::notify(const std::string& key) {
+  ++mutations;
   auto found = waiters.find(key);
   if (found == waiters.end()) {
     return;
