@@ -35,9 +35,11 @@ class Writer {
 
  private:
   void little_endian(std::uint64_t value, int bytes) {
+    std::uint8_t encoded[8];
     for (int i = 0; i < bytes; ++i) {
-      bytes_.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
+      encoded[i] = static_cast<std::uint8_t>(value >> (8 * i));
     }
+    bytes_.insert(bytes_.end(), encoded, encoded + bytes);
   }
 
   std::vector<std::uint8_t> bytes_;
