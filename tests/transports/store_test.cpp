@@ -598,6 +598,27 @@ TEST(Store, ServerDeathIsTransportErrorPromptly) {
   EXPECT_THROW((Client{options, milliseconds(50)}), Timeout);  // nobody listens any more
 }
 
+TEST(Store, ClientRetriesUntilTheServerListens) {
+  std::uint16_t port = 0;
+  {
+    Server first;  // learn a free port, then free it
+    port = first.port();
+  }
+  std::string seen;
+  std::thread early([&] {
+    ClientOptions options;
+    options.port = port;
+    Client client(options, kHang);  // connection refused at first: retried
+    seen = client.get("k", kHang);
+  });
+  ServerOptions options;
+  options.port = port;
+  Server server(options);
+  connect(server)->set("k", "v");
+  early.join();
+  EXPECT_EQ(seen, "v");
+}
+
 TEST(Store, ManyConnectionsOnOneServerThread) {
   Server server;
   constexpr int kClients = 300;
