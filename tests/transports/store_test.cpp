@@ -7,12 +7,14 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chorus/error.hpp>
 #include <chorus/store/store.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -617,6 +619,50 @@ TEST(Store, ClientRetriesUntilTheServerListens) {
   connect(server)->set("k", "v");
   early.join();
   EXPECT_EQ(seen, "v");
+}
+
+// The server's process is killed (no stop(), no destructor): the kernel closes its sockets, and a
+// client blocked in get learns it at once.
+TEST(Store, KilledServerProcessIsTransportErrorPromptly) {
+  int port_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(port_pipe[0]);
+    Server server;
+    const std::uint16_t port = server.port();
+    if (::write(port_pipe[1], &port, sizeof port) != static_cast<ssize_t>(sizeof port)) {
+      ::_exit(1);
+    }
+    for (;;) {
+      ::pause();  // serve until killed
+    }
+  }
+  ::close(port_pipe[1]);
+  std::uint16_t port = 0;
+  ASSERT_EQ(::read(port_pipe[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ::close(port_pipe[0]);
+  ClientOptions options;
+  options.port = port;
+  Client client(options, kHang);
+  client.set("k", "v");
+  std::atomic<bool> transport_error = false;
+  std::thread blocked([&] {
+    try {
+      client.get("never", kHang);
+    } catch (const TransportError&) {
+      transport_error = true;
+    }
+  });
+  const auto start = Clock::now();
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  blocked.join();
+  EXPECT_LT(Clock::now() - start, kPrompt);
+  EXPECT_TRUE(transport_error);
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status));
 }
 
 TEST(Store, ManyConnectionsOnOneServerThread) {
