@@ -242,7 +242,9 @@ class PrefixStore final : public Store {
 // Byte collectives over a store, for bootstrapping communicators (NCCL's unique id, Gloo's
 // addresses). Every rank of a world of `world_size` constructs one Rendezvous on the same store
 // (or the same prefix) and makes the same calls in the same order: each call uses fresh keys
-// (numbered per Rendezvous), and the last rank through a call deletes them.
+// (numbered per Rendezvous), and the last rank through a call deletes them. Errors are those of
+// the store calls underneath (Timeout naming the key of a rank that has not arrived). Not
+// thread-safe: one Rendezvous per rank, used by one thread at a time.
 class Rendezvous {
  public:
   // InvalidArgument unless 0 <= rank < world_size.
