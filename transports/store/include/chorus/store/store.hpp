@@ -5,7 +5,9 @@
 // See docs/store.md for the wire protocol, the limits and the security model.
 //
 //   chorus::store::Server server;                            // 127.0.0.1, a free port
-//   chorus::store::Client client({.port = server.port()});
+//   chorus::store::ClientOptions options;
+//   options.port = server.port();
+//   chorus::store::Client client(options);                   // connects (retrying) and says hello
 //   client.set("rank/0", "hello");
 //   std::string value = client.get("rank/1", std::chrono::seconds(30));   // blocks until set
 //
