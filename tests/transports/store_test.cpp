@@ -1,0 +1,703 @@
+// The TCP rendezvous store (transports/store, docs/store.md): every call, blocking and
+// cancellation, limits, the token, garbage on the wire, and a server that dies under its clients.
+// Everything runs on loopback in this process; nothing sleeps to synchronise (a test that must
+// know a client is blocked polls Server::waiting() under a deadline).
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chorus/error.hpp>
+#include <chorus/store/store.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+// The public header keeps Boost private (pimpl): nothing above may have pulled it in.
+#if defined(BOOST_ASIO_VERSION) || defined(BOOST_CONFIG_HPP) || defined(BOOST_VERSION)
+#error "<chorus/store/store.hpp> must not reach a Boost header"
+#endif
+
+namespace chorus::store {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+// Far longer than anything here should take: a deadline that only a hang reaches.
+constexpr seconds kHang{60};
+// A bound on "promptly" (a server's death, a handshake refusal): generous for loaded CI
+// machines, and still far below kHang.
+constexpr seconds kPrompt{10};
+
+ClientOptions options_for(const Server& server, std::optional<std::string> token = std::nullopt) {
+  ClientOptions options;
+  options.port = server.port();
+  options.token = std::move(token);
+  return options;
+}
+
+std::unique_ptr<Client> connect(const Server& server,
+                                std::optional<std::string> token = std::nullopt) {
+  return std::make_unique<Client>(options_for(server, std::move(token)), kHang);
+}
+
+// Polls (no sleep) until `condition` holds; fails the test at kHang.
+template <class Condition>
+void eventually(Condition condition, const char* what) {
+  const Deadline deadline(kHang);
+  while (!condition()) {
+    ASSERT_FALSE(deadline.passed()) << "never happened: " << what;
+    std::this_thread::yield();
+  }
+}
+
+// A raw TCP connection to the server, for speaking garbage.
+class RawSocket {
+ public:
+  explicit RawSocket(std::uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    EXPECT_GE(fd_, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  }
+  ~RawSocket() { ::close(fd_); }
+  RawSocket(const RawSocket&) = delete;
+  RawSocket& operator=(const RawSocket&) = delete;
+
+  void send(std::string_view bytes) const {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  // True when the server closed the connection before the deadline (all data read is dropped).
+  bool closed_by_peer(Deadline deadline) const {
+    char buffer[256];
+    while (!deadline.passed()) {
+      pollfd entry{fd_, POLLIN, 0};
+      if (::poll(&entry, 1, static_cast<int>(deadline.remaining().count())) <= 0) {
+        continue;
+      }
+      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
+      if (n <= 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  int fd_;
+};
+
+std::string frame(std::string_view body) {
+  std::string out(4, '\0');
+  const auto n = static_cast<std::uint32_t>(body.size());
+  for (int i = 0; i < 4; ++i) {
+    out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  }
+  return out + std::string(body);
+}
+
+// A valid hello (version 1, no token), as docs/store.md spells it.
+std::string hello_frame() {
+  std::string body;
+  body += '\x01';                              // Op::Hello
+  body += std::string("CHST", 4);              // magic
+  body += std::string("\x01\x00", 2);          // version 1
+  body += std::string("\x00\x00\x00\x00", 4);  // empty token
+  return frame(body);
+}
+
+TEST(Store, SetGetOverwriteAndBinaryValues) {
+  Server server;
+  auto client = connect(server);
+  client->set("a", "1");
+  EXPECT_EQ(client->get("a"), "1");
+  client->set("a", "2");
+  EXPECT_EQ(client->get("a"), "2");
+  const std::string binary("\0\xff\x01zero", 7);
+  client->set(std::string("k\0ey", 4), binary);
+  EXPECT_EQ(client->get(std::string("k\0ey", 4)), binary);
+  client->set("empty", "");
+  EXPECT_EQ(client->get("empty"), "");
+  EXPECT_GT(server.port(), 0);
+  EXPECT_EQ(server.host(), "127.0.0.1");
+}
+
+TEST(Store, AddIsAtomicAcrossClients) {
+  Server server;
+  constexpr int kClients = 8;
+  constexpr int kAdds = 50;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&server] {
+      auto client = connect(server);
+      for (int i = 0; i < kAdds; ++i) {
+        client->add("counter", 1);
+      }
+    });
+  }
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  auto client = connect(server);
+  EXPECT_EQ(client->add("counter", 0), kClients * kAdds);
+  EXPECT_EQ(client->get("counter"), std::to_string(kClients * kAdds));
+  EXPECT_EQ(client->add("fresh", -5), -5);
+  EXPECT_EQ(client->add("fresh", 7), 2);
+}
+
+TEST(Store, AddOnTextOrOverflowIsInvalidArgumentAndTheClientStaysUsable) {
+  Server server;
+  auto client = connect(server);
+  client->set("text", "hello");
+  EXPECT_THROW(client->add("text", 1), InvalidArgument);
+  client->set("big", std::to_string(std::numeric_limits<std::int64_t>::max()));
+  EXPECT_THROW(client->add("big", 1), InvalidArgument);
+  EXPECT_EQ(client->get("text"), "hello");
+}
+
+TEST(Store, CompareSetSemantics) {
+  Server server;
+  auto client = connect(server);
+  // Absent and a non-empty expected value: nothing happens.
+  EXPECT_EQ(client->compare_set("k", "x", "y"), std::nullopt);
+  EXPECT_EQ(client->num_keys(), 0);
+  // Absent and an empty expected value: created.
+  EXPECT_EQ(client->compare_set("k", "", "first"), "first");
+  // Present and matching: swapped.
+  EXPECT_EQ(client->compare_set("k", "first", "second"), "second");
+  // Present and not matching: the current value comes back, unchanged.
+  EXPECT_EQ(client->compare_set("k", "first", "third"), "second");
+  EXPECT_EQ(client->get("k"), "second");
+}
+
+TEST(Store, DeleteKeyAndNumKeys) {
+  Server server;
+  auto client = connect(server);
+  EXPECT_EQ(client->num_keys(), 0);
+  client->set("a", "1");
+  client->set("b", "2");
+  EXPECT_EQ(client->num_keys(), 2);
+  EXPECT_TRUE(client->delete_key("a"));
+  EXPECT_FALSE(client->delete_key("a"));
+  EXPECT_EQ(client->num_keys(), 1);
+  EXPECT_THROW(client->get("a", milliseconds(20)), Timeout);
+}
+
+TEST(Store, MultiSetAndMultiGetKeepOrder) {
+  Server server;
+  auto client = connect(server);
+  client->multi_set({{"x", "1"}, {"y", "2"}, {"z", "3"}});
+  EXPECT_EQ(client->multi_get({"z", "x", "y", "x"}),
+            (std::vector<std::string>{"3", "1", "2", "1"}));
+  EXPECT_EQ(client->multi_get({}), std::vector<std::string>{});
+  client->wait({"x", "y", "z"}, milliseconds(100));
+}
+
+TEST(Store, BlockingGetIsReleasedBySetFromAnotherClient) {
+  Server server;
+  auto getter = connect(server);
+  std::string seen;
+  std::thread blocked([&] { seen = getter->get("late", kHang); });
+  eventually([&] { return server.waiting() == 1; }, "the get waits on the server");
+  connect(server)->set("late", "value");
+  blocked.join();
+  EXPECT_EQ(seen, "value");
+  EXPECT_EQ(server.waiting(), 0U);
+}
+
+TEST(Store, MultiGetAndWaitAreReleasedKeyByKey) {
+  Server server;
+  auto waiter = connect(server);
+  std::vector<std::string> seen;
+  std::thread blocked([&] { seen = waiter->multi_get({"a", "b", "c"}, kHang); });
+  eventually([&] { return server.waiting() == 1; }, "the multi_get waits");
+  auto writer = connect(server);
+  writer->set("c", "3");
+  writer->set("a", "1");
+  EXPECT_EQ(server.waiting(), 1U);
+  // A deleted key the wait already passed must be waited for again.
+  writer->delete_key("a");
+  writer->set("b", "2");
+  EXPECT_EQ(server.waiting(), 1U);
+  writer->set("a", "one");
+  blocked.join();
+  EXPECT_EQ(seen, (std::vector<std::string>{"one", "2", "3"}));
+}
+
+TEST(Store, RepeatedMultiGetSeesLatestValuesAndDeletions) {
+  Server server;
+  auto client = connect(server);
+  client->multi_set({{"a", "1"}, {"b", "2"}});
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"1", "2"}));
+  client->set("a", "one");  // the same key list again: the server's shortcut must see this
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"one", "2"}));
+  EXPECT_EQ(client->multi_get({"b", "a"}), (std::vector<std::string>{"2", "one"}));
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"one", "2"}));
+  client->delete_key("b");
+  EXPECT_THROW(client->multi_get({"a", "b"}, milliseconds(20)), Timeout);
+  client->set("b", "two");
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{"one", "two"}));
+}
+
+TEST(Store, WaitersForTheSameKeysAreAnsweredTogetherWhenOneLeaves) {
+  Server server;
+  constexpr int kWaiters = 3;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<std::string>> seen(kWaiters);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWaiters; ++w) {
+    clients.push_back(connect(server));
+  }
+  for (int w = 0; w < kWaiters; ++w) {
+    threads.emplace_back([&, w] {
+      seen[static_cast<std::size_t>(w)] =
+          clients[static_cast<std::size_t>(w)]->multi_get({"a", "b"}, kHang);
+    });
+  }
+  eventually([&] { return server.waiting() == kWaiters; }, "three multi_gets wait");
+  // A fourth wait for the same keys times out, a fifth is cancelled, a sixth's connection
+  // closes: the others keep waiting.
+  auto impatient = connect(server);
+  EXPECT_THROW(impatient->multi_get({"a", "b"}, milliseconds(20)), Timeout);
+  auto cancelled = connect(server);
+  std::thread cancelling([&] { EXPECT_THROW(cancelled->wait({"a", "b"}, kHang), Aborted); });
+  eventually([&] { return server.waiting() == kWaiters + 1; }, "the wait waits");
+  cancelled->cancel();
+  cancelling.join();
+  {
+    RawSocket leaving(server.port());
+    leaving.send(hello_frame());
+    std::string body("\x09", 1);                        // multi_get
+    body += std::string("\x10\x27\0\0\0\0\0\0", 8);     // 10000 ms
+    body += std::string("\x02\0\0\0", 4);               // two keys
+    body += std::string("\x01\0\0\0a\x01\0\0\0b", 10);  // "a", "b"
+    leaving.send(frame(body));
+    eventually([&] { return server.waiting() == kWaiters + 1; }, "the raw multi_get waits");
+  }
+  eventually([&] { return server.waiting() == kWaiters; }, "the closed connection's wait ends");
+  auto writer = connect(server);
+  writer->set("b", "2");
+  writer->set("a", "1");
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  for (const auto& values : seen) {
+    EXPECT_EQ(values, (std::vector<std::string>{"1", "2"}));
+  }
+  EXPECT_EQ(server.waiting(), 0U);
+  EXPECT_EQ(impatient->multi_get({"a", "b"}), (std::vector<std::string>{"1", "2"}));
+}
+
+TEST(Store, DeadlinePassingIsTimeoutNamingTheKeyAndTheClientStaysUsable) {
+  Server server;
+  auto client = connect(server);
+  const auto start = Clock::now();
+  try {
+    client->get("never-set", milliseconds(50));
+    FAIL() << "get returned";
+  } catch (const Timeout& error) {
+    EXPECT_NE(std::string(error.what()).find("never-set"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("store.get"), std::string::npos) << error.what();
+  }
+  const auto elapsed = Clock::now() - start;
+  EXPECT_GE(elapsed, milliseconds(50));
+  EXPECT_LT(elapsed, kPrompt);
+  try {
+    client->wait({"here", "missing"}, milliseconds(20));
+    FAIL() << "wait returned";
+  } catch (const Timeout& error) {
+    EXPECT_NE(std::string(error.what()).find("here"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(client->multi_get({"missing"}, milliseconds(0)), Timeout);
+  client->set("here", "1");
+  EXPECT_EQ(client->get("here"), "1");
+  EXPECT_EQ(server.waiting(), 0U);
+}
+
+TEST(Store, CancelReleasesABlockedWaitWithAborted) {
+  Server server;
+  auto client = connect(server);
+  client->cancel();  // nothing in flight: no effect
+  std::atomic<bool> aborted = false;
+  std::thread blocked([&] {
+    try {
+      client->wait({"never"}, kHang);
+    } catch (const Aborted& error) {
+      aborted = std::string(error.what()).find("never") != std::string::npos;
+    }
+  });
+  eventually([&] { return server.waiting() == 1; }, "the wait waits");
+  const auto start = Clock::now();
+  client->cancel();
+  blocked.join();
+  EXPECT_LT(Clock::now() - start, kPrompt);
+  EXPECT_TRUE(aborted);
+  // The connection is still in step: the next calls work.
+  client->set("after", "cancel");
+  EXPECT_EQ(client->get("after"), "cancel");
+  client->cancel();
+  EXPECT_EQ(client->get("after"), "cancel");
+}
+
+TEST(Store, CancelThroughAPrefixView) {
+  Server server;
+  auto client = connect(server);
+  PrefixStore view("pg", *client);
+  std::atomic<bool> aborted = false;
+  std::thread blocked([&] {
+    try {
+      view.get("never", kHang);
+    } catch (const Aborted&) {
+      aborted = true;
+    }
+  });
+  eventually([&] { return server.waiting() == 1; }, "the get waits");
+  view.cancel();
+  blocked.join();
+  EXPECT_TRUE(aborted);
+}
+
+TEST(Store, PrefixViewsAreIsolated) {
+  Server server;
+  auto client = connect(server);
+  PrefixStore group0("pg0", *client);
+  PrefixStore group1("pg1", *client);
+  PrefixStore nested("sub", group0);
+  group0.set("x", "zero");
+  group1.set("x", "one");
+  nested.set("x", "nested");
+  EXPECT_EQ(group0.get("x"), "zero");
+  EXPECT_EQ(group1.get("x"), "one");
+  EXPECT_EQ(client->get("pg0/x"), "zero");
+  EXPECT_EQ(client->get("pg0/sub/x"), "nested");
+  EXPECT_EQ(group0.add("n", 2), 2);
+  EXPECT_EQ(group1.add("n", 5), 5);
+  EXPECT_TRUE(group0.delete_key("x"));
+  EXPECT_EQ(group1.get("x"), "one");
+  EXPECT_EQ(group0.multi_get({"n"}), std::vector<std::string>{"2"});
+  EXPECT_THROW(group0.get("x", milliseconds(10)), Timeout);
+  EXPECT_EQ(client->num_keys(), group0.num_keys());  // num_keys counts the whole store
+}
+
+TEST(Store, RendezvousBroadcastAllgatherAndBarrierOnEightClients) {
+  Server server;
+  constexpr int kWorld = 8;
+  constexpr int kRounds = 3;
+  std::vector<std::vector<std::string>> gathered(kWorld);
+  std::vector<std::vector<std::string>> broadcasts(kWorld);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ranks.emplace_back([&, rank] {
+      auto client = connect(server);
+      PrefixStore world("world", *client);
+      Rendezvous rendezvous(world, rank, kWorld);
+      for (int round = 0; round < kRounds; ++round) {
+        const std::vector<std::string> all =
+            rendezvous.allgather_bytes("r" + std::to_string(rank) + "." + std::to_string(round));
+        gathered[static_cast<std::size_t>(rank)].insert(
+            gathered[static_cast<std::size_t>(rank)].end(), all.begin(), all.end());
+        const int root = (round * 3) % kWorld;
+        broadcasts[static_cast<std::size_t>(rank)].push_back(rendezvous.broadcast_bytes(
+            root, rank == root ? std::string("from ") + std::to_string(root) : "ignored"));
+        rendezvous.barrier();
+      }
+    });
+  }
+  for (auto& thread : ranks) {
+    thread.join();
+  }
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::vector<std::string> expected_gather;
+    std::vector<std::string> expected_broadcast;
+    for (int round = 0; round < kRounds; ++round) {
+      for (int r = 0; r < kWorld; ++r) {
+        expected_gather.push_back("r" + std::to_string(r) + "." + std::to_string(round));
+      }
+      expected_broadcast.push_back("from " + std::to_string((round * 3) % kWorld));
+    }
+    EXPECT_EQ(gathered[static_cast<std::size_t>(rank)], expected_gather) << "rank " << rank;
+    EXPECT_EQ(broadcasts[static_cast<std::size_t>(rank)], expected_broadcast) << "rank " << rank;
+  }
+  // The last rank through each call removed its keys.
+  EXPECT_EQ(connect(server)->num_keys(), 0);
+}
+
+TEST(Store, RendezvousRefusesRanksOutsideTheWorld) {
+  Server server;
+  auto client = connect(server);
+  EXPECT_THROW((Rendezvous{*client, 2, 2}), InvalidArgument);
+  EXPECT_THROW((Rendezvous{*client, -1, 2}), InvalidArgument);
+  Rendezvous alone(*client, 0, 1);
+  EXPECT_THROW(alone.broadcast_bytes(1, "x"), InvalidArgument);
+  EXPECT_EQ(alone.broadcast_bytes(0, "x"), "x");
+  EXPECT_EQ(alone.allgather_bytes("y"), std::vector<std::string>{"y"});
+}
+
+TEST(Store, FrameSizeLimitIsInvalidArgumentAndTheClientStaysUsable) {
+  ServerOptions options;
+  options.frame_bytes_max = 8192;
+  Server server(options);
+  auto client = connect(server);
+  EXPECT_EQ(client->frame_bytes_max(), 8192U);
+  try {
+    client->set("big", std::string(10'000, 'x'));
+    FAIL() << "set of 10000 bytes accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("frame limit of 8192"), std::string::npos)
+        << error.what();
+  }
+  // Each value fits; their multi_get answer does not.
+  for (const char* key : {"a", "b", "c"}) {
+    client->set(key, std::string(3000, 'v'));
+  }
+  EXPECT_THROW(client->multi_get({"a", "b", "c"}), InvalidArgument);
+  EXPECT_EQ(client->multi_get({"a", "b"}).size(), 2U);
+  ServerOptions zero;
+  zero.frame_bytes_max = 0;
+  EXPECT_THROW(Server{zero}, InvalidArgument);
+}
+
+TEST(Store, KeyCountLimitIsInvalidArgument) {
+  ServerOptions options;
+  options.keys_max = 3;
+  Server server(options);
+  auto client = connect(server);
+  client->multi_set({{"a", "1"}, {"b", "2"}, {"c", "3"}});
+  try {
+    client->set("d", "4");
+    FAIL() << "a fourth key was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("limit of 3 keys"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(client->add("d", 1), InvalidArgument);
+  EXPECT_THROW(client->compare_set("d", "", "4"), InvalidArgument);
+  client->set("a", "replaced");  // replacing creates nothing
+  EXPECT_TRUE(client->delete_key("a"));
+  // A multi_set that would pass the limit creates nothing.
+  EXPECT_THROW(client->multi_set({{"x", "1"}, {"y", "2"}}), InvalidArgument);
+  EXPECT_EQ(client->num_keys(), 2);
+  client->set("d", "4");
+  EXPECT_EQ(client->num_keys(), 3);
+}
+
+TEST(Store, WrongOrMissingTokenIsRefusedAtConnect) {
+  ServerOptions options;
+  options.token = "s3cret";
+  Server server(options);
+  try {
+    Client client(options_for(server, ""), kHang);
+    FAIL() << "a client without a token was accepted";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what()).find("requires a token"), std::string::npos)
+        << error.what();
+  }
+  try {
+    Client client(options_for(server, "guess"), kHang);
+    FAIL() << "a client with a wrong token was accepted";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what()).find("wrong token"), std::string::npos) << error.what();
+  }
+  auto client = connect(server, "s3cret");
+  client->set("k", "v");
+  EXPECT_EQ(client->get("k"), "v");
+  eventually([&] { return server.connections() == 1; }, "refused connections are closed");
+}
+
+TEST(Store, TokenFromTheEnvironment) {
+  ASSERT_EQ(::setenv(std::string(kTokenEnvironmentVariable).c_str(), "from-env", 1), 0);
+  Server server;  // token unset in the options: the environment's
+  EXPECT_THROW((Client{options_for(server, "other"), kHang}), TransportError);
+  Client client(options_for(server), kHang);  // the environment's, too
+  ASSERT_EQ(::unsetenv(std::string(kTokenEnvironmentVariable).c_str()), 0);
+  client.set("k", "v");
+  EXPECT_THROW((Client{options_for(server), kHang}), TransportError);
+}
+
+TEST(Store, GarbageClosesOnlyThatConnection) {
+  Server server;
+  auto good = connect(server);
+  good->set("k", "v");
+  {
+    // Not a chorus client at all: the length word reads as ~540 MB, past the hello limit.
+    RawSocket http(server.port());
+    http.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_TRUE(http.closed_by_peer(kPrompt));
+  }
+  {
+    // A frame whose body does not parse, before any hello.
+    RawSocket junk(server.port());
+    junk.send(frame("\x63junk"));
+    EXPECT_TRUE(junk.closed_by_peer(kPrompt));
+  }
+  {
+    // A proper hello, then an unknown opcode.
+    RawSocket rogue(server.port());
+    rogue.send(hello_frame());
+    rogue.send(frame("\x7f"));
+    EXPECT_TRUE(rogue.closed_by_peer(kPrompt));
+  }
+  {
+    // A proper hello, then a set whose key length runs past the body.
+    RawSocket truncated(server.port());
+    truncated.send(hello_frame());
+    truncated.send(frame(std::string("\x02\xff\x00\x00\x00k", 6)));
+    EXPECT_TRUE(truncated.closed_by_peer(kPrompt));
+  }
+  EXPECT_EQ(good->get("k"), "v");
+  good->set("k", "still serving");
+  EXPECT_EQ(connect(server)->get("k"), "still serving");
+  eventually([&] { return server.connections() == 1; }, "garbage connections are closed");
+}
+
+TEST(Store, SilentConnectionIsClosedAfterTheHandshakeTimeout) {
+  ServerOptions options;
+  options.handshake_timeout = milliseconds(50);
+  Server server(options);
+  RawSocket silent(server.port());
+  EXPECT_TRUE(silent.closed_by_peer(kPrompt));
+  auto client = connect(server);  // a real client's hello comes in time
+  client->set("k", "v");
+}
+
+TEST(Store, ServerDeathIsTransportErrorPromptly) {
+  auto server = std::make_unique<Server>();
+  auto blocked_client = connect(*server);
+  auto idle_client = connect(*server);
+  const std::uint16_t port = server->port();
+  std::atomic<bool> transport_error = false;
+  std::thread blocked([&] {
+    try {
+      blocked_client->get("never", kHang);
+    } catch (const TransportError&) {
+      transport_error = true;
+    }
+  });
+  eventually([&] { return server->waiting() == 1; }, "the get waits");
+  const auto start = Clock::now();
+  server->stop();
+  blocked.join();
+  EXPECT_LT(Clock::now() - start, kPrompt);  // not at the 60 s deadline
+  EXPECT_TRUE(transport_error);
+  EXPECT_THROW(idle_client->set("k", "v", kHang), TransportError);
+  EXPECT_THROW(idle_client->num_keys(kHang), TransportError);  // closed for good
+  server.reset();
+  ClientOptions options;
+  options.port = port;
+  EXPECT_THROW((Client{options, milliseconds(50)}), Timeout);  // nobody listens any more
+}
+
+TEST(Store, ClientRetriesUntilTheServerListens) {
+  std::uint16_t port = 0;
+  {
+    Server first;  // learn a free port, then free it
+    port = first.port();
+  }
+  std::string seen;
+  std::thread early([&] {
+    ClientOptions options;
+    options.port = port;
+    Client client(options, kHang);  // connection refused at first: retried
+    seen = client.get("k", kHang);
+  });
+  ServerOptions options;
+  options.port = port;
+  Server server(options);
+  connect(server)->set("k", "v");
+  early.join();
+  EXPECT_EQ(seen, "v");
+}
+
+// The server's process is killed (no stop(), no destructor): the kernel closes its sockets, and a
+// client blocked in get learns it at once.
+TEST(Store, KilledServerProcessIsTransportErrorPromptly) {
+  int port_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(port_pipe[0]);
+    Server server;
+    const std::uint16_t port = server.port();
+    if (::write(port_pipe[1], &port, sizeof port) != static_cast<ssize_t>(sizeof port)) {
+      ::_exit(1);
+    }
+    for (;;) {
+      ::pause();  // serve until killed
+    }
+  }
+  ::close(port_pipe[1]);
+  std::uint16_t port = 0;
+  ASSERT_EQ(::read(port_pipe[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ::close(port_pipe[0]);
+  ClientOptions options;
+  options.port = port;
+  Client client(options, kHang);
+  client.set("k", "v");
+  std::atomic<bool> transport_error = false;
+  std::thread blocked([&] {
+    try {
+      client.get("never", kHang);
+    } catch (const TransportError&) {
+      transport_error = true;
+    }
+  });
+  const auto start = Clock::now();
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  blocked.join();
+  EXPECT_LT(Clock::now() - start, kPrompt);
+  EXPECT_TRUE(transport_error);
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status));
+}
+
+TEST(Store, ManyConnectionsOnOneServerThread) {
+  Server server;
+  constexpr int kClients = 300;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.push_back(connect(server));
+    clients.back()->set("rank/" + std::to_string(c), std::to_string(c));
+  }
+  EXPECT_EQ(server.connections(), static_cast<std::size_t>(kClients));
+  std::vector<std::string> keys;
+  for (int c = 0; c < kClients; ++c) {
+    keys.push_back("rank/" + std::to_string(c));
+  }
+  const std::vector<std::string> values = clients[kClients / 2]->multi_get(keys);
+  for (int c = 0; c < kClients; ++c) {
+    EXPECT_EQ(values[static_cast<std::size_t>(c)], std::to_string(c));
+  }
+  clients.clear();
+  eventually([&] { return server.connections() == 0; }, "closed clients leave the server");
+}
+
+TEST(Store, DeadlinesFromDurationsAndTimePoints) {
+  const Deadline never(std::chrono::hours::max());
+  EXPECT_GT(never.remaining(), std::chrono::hours(24 * 365));
+  EXPECT_FALSE(never.passed());
+  const Deadline past(milliseconds(-5));
+  EXPECT_TRUE(past.passed());
+  EXPECT_EQ(past.remaining(), milliseconds(0));
+  const Deadline at(Clock::now() + seconds(10));
+  EXPECT_LE(at.remaining(), seconds(10));
+  EXPECT_THROW((Client{ClientOptions{"no.such.host.invalid", 1, std::nullopt}, milliseconds(10)}),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace chorus::store

@@ -1,0 +1,371 @@
+// Client: one TCP connection to a Server.
+//
+// Why POSIX sockets here and Boost.Asio only in the server: a client is a blocking object (one
+// call at a time on the caller's thread), and an Asio socket needs an io_context whose reactor
+// costs three descriptors (epoll, eventfd, timerfd) per context. A process running thousands of
+// clients on loopback (bench/store_bench.cpp: 4096 clients and the server in one process) would
+// need four descriptors per client instead of one. A non-blocking socket, poll() with the
+// deadline, and one mutex for writes give the same behaviour at one descriptor each.
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chorus/check.hpp>
+#include <chorus/error.hpp>
+#include <chorus/store/store.hpp>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "protocol.hpp"
+
+namespace chorus::store {
+namespace {
+
+using detail::error_context;
+using detail::make_request;
+using detail::ok_number;
+using detail::ok_value;
+using detail::Op;
+using detail::refusal;
+using detail::Request;
+using detail::Response;
+using detail::Status;
+
+// How long after a blocking call's deadline the client still waits for the server's own
+// Timeout answer (the server times the wait; this only guards against a wedged server).
+constexpr std::chrono::seconds kAnswerGrace{2};
+// Bounds on the pause between connection attempts while the server is not up yet.
+constexpr std::chrono::milliseconds kRetryFirst{5};
+constexpr std::chrono::milliseconds kRetryLongest{250};
+// A cancel frame is tiny; if it cannot be written in this time the connection is stuck anyway.
+constexpr std::chrono::seconds kCancelWriteTimeout{1};
+
+// The deadline passed inside an I/O loop (turned into chorus::Timeout by the caller, which knows
+// what it was waiting for).
+struct DeadlinePassed {};
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+std::optional<std::string> token_from(const std::optional<std::string>& option) {
+  if (option.has_value()) {
+    return option->empty() ? std::nullopt : option;
+  }
+  const char* value = std::getenv(std::string(kTokenEnvironmentVariable).c_str());
+  if (value == nullptr || *value == '\0') {
+    return std::nullopt;
+  }
+  return std::string(value);
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes (DeadlinePassed).
+void poll_until(int fd, short events, const Deadline& deadline) {
+  for (;;) {
+    const std::chrono::milliseconds left = deadline.remaining();
+    if (left.count() <= 0) {
+      throw DeadlinePassed{};
+    }
+    pollfd entry{fd, events, 0};
+    const int ready =
+        ::poll(&entry, 1, static_cast<int>(std::min<std::int64_t>(left.count(), INT_MAX)));
+    if (ready > 0) {
+      return;  // readable, writable, or an error/hangup the next recv/send reports
+    }
+    if (ready < 0 && errno != EINTR) {
+      throw TransportError(error_context("store"), "poll failed: " + errno_text(errno));
+    }
+  }
+}
+
+}  // namespace
+
+struct Client::Impl {
+  ClientOptions options;
+  std::string address;  // host:port, for messages
+  std::size_t frame_bytes_max = 0;
+
+  // Held for a whole call: one request on the wire at a time.
+  std::mutex call_mutex;
+  // Held while writing a frame and while changing the fields below (cancel() writes too).
+  std::mutex write_mutex;
+  int fd = -1;
+  bool blocking_in_flight = false;
+  bool cancel_sent = false;
+  // Why the connection was closed (empty while it is usable). Guarded by call_mutex.
+  std::string closed_because;
+
+  ~Impl() { close_socket(); }
+
+  void close_socket() noexcept {
+    const std::lock_guard lock(write_mutex);
+    if (fd >= 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+
+  // Closes the connection for good: its state is unknown after a failure mid-call.
+  void fail(std::string why) {
+    closed_because = std::move(why);
+    close_socket();
+  }
+
+  // Caller holds write_mutex.
+  void send_all(const std::vector<std::uint8_t>& frame, const Deadline& deadline) const {
+    CHORUS_CHECK(fd >= 0);
+    std::size_t sent = 0;
+    while (sent < frame.size()) {
+      const ssize_t n = ::send(fd, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<std::size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        poll_until(fd, POLLOUT, deadline);
+      } else {
+        throw TransportError(
+            error_context("store"),
+            "the store at " + address + " closed the connection (send: " + errno_text(errno) + ")");
+      }
+    }
+  }
+
+  void read_exact(std::uint8_t* out, std::size_t bytes, const Deadline& deadline) const {
+    while (bytes > 0) {
+      const ssize_t n = ::recv(fd, out, bytes, 0);
+      if (n > 0) {
+        out += n;
+        bytes -= static_cast<std::size_t>(n);
+      } else if (n == 0) {
+        throw TransportError(error_context("store"),
+                             "the store at " + address + " closed the connection (server gone?)");
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        poll_until(fd, POLLIN, deadline);
+      } else {
+        throw TransportError(error_context("store"), "the connection to the store at " + address +
+                                                         " failed: " + errno_text(errno));
+      }
+    }
+  }
+
+  std::vector<std::uint8_t> read_frame(const Deadline& deadline) const {
+    std::uint8_t header[detail::kFrameHeaderBytes];
+    read_exact(header, sizeof header, deadline);
+    const std::uint32_t bytes = detail::read_frame_header(header);
+    if (frame_bytes_max != 0 && bytes > frame_bytes_max) {
+      throw TransportError(error_context("store"), "the store at " + address + " sent a frame of " +
+                                                       std::to_string(bytes) + " bytes (limit " +
+                                                       std::to_string(frame_bytes_max) + ")");
+    }
+    std::vector<std::uint8_t> body(bytes);
+    read_exact(body.data(), body.size(), deadline);
+    return body;
+  }
+
+  void connect(const Deadline& deadline) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    const int resolved =
+        ::getaddrinfo(options.host.c_str(), std::to_string(options.port).c_str(), &hints, &found);
+    if (resolved != 0) {
+      throw InvalidArgument(
+          error_context("store.connect"),
+          "cannot resolve store host '" + options.host + "': " + ::gai_strerror(resolved));
+    }
+    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
+    std::string last_error = "no address";
+    std::chrono::milliseconds pause = kRetryFirst;
+    for (;;) {
+      for (const addrinfo* at = addresses.get(); at != nullptr; at = at->ai_next) {
+        const int socket_fd =
+            ::socket(at->ai_family, at->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (socket_fd < 0) {
+          throw TransportError(error_context("store.connect"),
+                               "socket() failed: " + errno_text(errno));
+        }
+        int error = 0;
+        if (::connect(socket_fd, at->ai_addr, at->ai_addrlen) != 0) {
+          error = errno;
+          if (error == EINPROGRESS) {
+            try {
+              poll_until(socket_fd, POLLOUT, deadline);
+            } catch (...) {
+              ::close(socket_fd);
+              throw Timeout(error_context("store.connect"), "could not connect to the store at " +
+                                                                address + " before the deadline");
+            }
+            socklen_t length = sizeof error;
+            ::getsockopt(socket_fd, SOL_SOCKET, SO_ERROR, &error, &length);
+          }
+        }
+        if (error == 0) {
+          const int one = 1;
+          ::setsockopt(socket_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          fd = socket_fd;
+          return;
+        }
+        ::close(socket_fd);
+        last_error = errno_text(error);
+      }
+      if (deadline.remaining() <= std::chrono::milliseconds(0)) {
+        throw Timeout(
+            error_context("store.connect"),
+            "could not connect to the store at " + address + " before the deadline: " + last_error);
+      }
+      // The server may not be listening yet (ranks start in any order): try again.
+      std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
+      pause = std::min(pause * 2, kRetryLongest);
+    }
+  }
+
+  void hello(const Deadline& deadline) {
+    Request request = detail::make_request(Op::Hello, {}, {token_from(options.token).value_or("")},
+                                           detail::kVersion);
+    Response response;
+    try {
+      {
+        const std::lock_guard lock(write_mutex);
+        send_all(detail::encode_request(request), deadline);
+      }
+      response = detail::parse_response(Op::Hello, read_frame(deadline));
+    } catch (const DeadlinePassed&) {
+      close_socket();
+      throw Timeout(error_context("store.connect"),
+                    "the store at " + address + " did not answer the handshake in time");
+    } catch (const detail::ProtocolError& error) {
+      close_socket();
+      throw TransportError(
+          error_context("store.connect"),
+          "the store at " + address + " answered the handshake with garbage: " + error.what());
+    } catch (...) {
+      close_socket();
+      throw;
+    }
+    if (response.status != Status::Ok) {
+      close_socket();
+      throw TransportError(
+          error_context("store.connect"),
+          "the store at " + address + " refused the connection: " + response.message);
+    }
+    if (response.number <= 0) {
+      close_socket();
+      throw TransportError(error_context("store.connect"), "the store at " + address +
+                                                               " reported a frame limit of " +
+                                                               std::to_string(response.number));
+    }
+    frame_bytes_max = static_cast<std::size_t>(response.number);
+  }
+};
+
+Client::Client(ClientOptions options, Deadline deadline) : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->address = impl_->options.host + ":" + std::to_string(impl_->options.port);
+  impl_->connect(deadline);
+  impl_->hello(deadline);
+}
+
+Client::~Client() = default;
+
+std::size_t Client::frame_bytes_max() const noexcept { return impl_->frame_bytes_max; }
+
+void Client::cancel() noexcept {
+  Impl& impl = *impl_;
+  const std::lock_guard lock(impl.write_mutex);
+  if (impl.fd < 0 || !impl.blocking_in_flight || impl.cancel_sent) {
+    return;
+  }
+  impl.cancel_sent = true;
+  try {
+    impl.send_all(detail::encode_request(detail::make_request(Op::Cancel)),
+                  Deadline(kCancelWriteTimeout));
+  } catch (...) {
+    // The call in flight sees the broken connection itself.
+  }
+}
+
+Response Client::round_trip(Request& request, Deadline deadline) {
+  Impl& impl = *impl_;
+  const std::lock_guard call_lock(impl.call_mutex);
+  const std::string op = "store." + std::string(detail::op_name(request.op));
+  if (!impl.closed_because.empty()) {
+    throw TransportError(error_context(op),
+                         "the connection to the store at " + impl.address +
+                             " was closed after an earlier failure: " + impl.closed_because);
+  }
+  std::vector<std::uint8_t> frame = detail::encode_request(request);
+  const std::size_t body_bytes = frame.size() - detail::kFrameHeaderBytes;
+  if (body_bytes > impl.frame_bytes_max) {
+    throw InvalidArgument(error_context(op), "the request takes " + std::to_string(body_bytes) +
+                                                 " bytes, over the store's frame limit of " +
+                                                 std::to_string(impl.frame_bytes_max) + " bytes");
+  }
+  const bool blocking = detail::is_blocking(request.op);
+  // The server answers a blocking call at its deadline itself (Timeout); the grace only guards
+  // against a server that never answers.
+  const Deadline answer_deadline =
+      blocking ? Deadline(deadline.at() + kAnswerGrace) : Deadline(deadline);
+  auto describe_keys = [&request] {
+    if (request.keys.empty()) {
+      return std::string();
+    }
+    std::string text = " for key '" + request.keys[0] + "'";
+    if (request.keys.size() > 1) {
+      text += " (and " + std::to_string(request.keys.size() - 1) + " more)";
+    }
+    return text;
+  };
+  std::vector<std::uint8_t> body;
+  try {
+    {
+      const std::lock_guard lock(impl.write_mutex);
+      impl.send_all(frame, deadline);
+      impl.blocking_in_flight = blocking;
+      impl.cancel_sent = false;
+    }
+    body = impl.read_frame(answer_deadline);
+  } catch (const DeadlinePassed&) {
+    impl.fail("a " + op + " timed out mid-call");
+    {
+      const std::lock_guard lock(impl.write_mutex);
+      impl.blocking_in_flight = false;
+    }
+    throw Timeout(error_context(op), "no answer from the store at " + impl.address +
+                                         describe_keys() +
+                                         " before the deadline; the connection is closed");
+  } catch (const Error& error) {
+    impl.fail(error.detail());
+    {
+      const std::lock_guard lock(impl.write_mutex);
+      impl.blocking_in_flight = false;
+    }
+    throw TransportError(error_context(op), error.detail());
+  }
+  {
+    const std::lock_guard lock(impl.write_mutex);
+    impl.blocking_in_flight = false;
+  }
+  try {
+    return detail::parse_response(request.op, body);
+  } catch (const detail::ProtocolError& error) {
+    impl.fail(std::string("garbage answer: ") + error.what());
+    throw TransportError(error_context(op), "the store at " + impl.address +
+                                                " answered with garbage: " + error.what());
+  }
+}
+
+}  // namespace chorus::store

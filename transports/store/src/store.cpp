@@ -1,0 +1,231 @@
+// Store (the request building and error mapping shared by every client), Deadline, PrefixStore
+// and Rendezvous. The wire lives in protocol.cpp, the connection in client.cpp.
+
+#include <algorithm>
+#include <chorus/check.hpp>
+#include <chorus/error.hpp>
+#include <chorus/store/store.hpp>
+#include <string>
+
+#include "protocol.hpp"
+
+namespace chorus::store {
+namespace {
+
+using detail::error_context;
+using detail::make_request;
+using detail::ok_number;
+using detail::ok_value;
+using detail::Op;
+using detail::refusal;
+using detail::Request;
+using detail::Response;
+using detail::Status;
+
+std::int64_t timeout_ms(const Deadline& deadline) {
+  const auto ms = static_cast<std::uint64_t>(deadline.remaining().count());
+  return static_cast<std::int64_t>(std::min(ms, detail::kTimeoutMsMax));
+}
+
+ErrorContext context(Op op) { return error_context("store." + std::string(op_name(op))); }
+
+// Turns a refusal into the matching chorus error.
+void check(Op op, const Response& response) {
+  switch (response.status) {
+    case Status::Ok:
+      return;
+    case Status::Timeout:
+      throw Timeout(context(op), response.message);
+    case Status::Cancelled:
+      throw Aborted(context(op), response.message);
+    case Status::InvalidArgument:
+      throw InvalidArgument(context(op), response.message);
+    case Status::Refused:
+      throw TransportError(context(op), response.message);
+  }
+  CHORUS_CHECK(false);
+}
+
+}  // namespace
+
+Deadline::Clock::time_point Deadline::from_timeout(Clock::duration timeout) noexcept {
+  return Clock::now() + timeout;
+}
+
+std::chrono::milliseconds Deadline::remaining() const noexcept {
+  const Clock::duration left = at_ - Clock::now();
+  if (left <= Clock::duration::zero()) {
+    return std::chrono::milliseconds(0);
+  }
+  return std::chrono::ceil<std::chrono::milliseconds>(left);
+}
+
+Store::~Store() = default;
+
+Response Store::forward(Store& store, Request& request, Deadline deadline) {
+  return store.round_trip(request, deadline);
+}
+
+void Store::set(std::string_view key, std::string_view value, Deadline deadline) {
+  Request request = make_request(Op::Set, {std::string(key)}, {std::string(value)});
+  check(request.op, round_trip(request, deadline));
+}
+
+std::string Store::get(std::string_view key, Deadline deadline) {
+  Request request = make_request(Op::Get, {std::string(key)}, {}, timeout_ms(deadline));
+  Response response = round_trip(request, deadline);
+  check(request.op, response);
+  CHORUS_CHECK_EQ(response.values.size(), std::size_t{1});
+  return std::move(response.values[0]);
+}
+
+std::int64_t Store::add(std::string_view key, std::int64_t delta, Deadline deadline) {
+  Request request = make_request(Op::Add, {std::string(key)}, {}, delta);
+  const Response response = round_trip(request, deadline);
+  check(request.op, response);
+  return response.number;
+}
+
+std::optional<std::string> Store::compare_set(std::string_view key, std::string_view expected,
+                                              std::string_view desired, Deadline deadline) {
+  Request request = make_request(Op::CompareSet, {std::string(key)},
+                                 {std::string(expected), std::string(desired)});
+  Response response = round_trip(request, deadline);
+  check(request.op, response);
+  if (response.values.empty()) {
+    return std::nullopt;
+  }
+  return std::move(response.values[0]);
+}
+
+void Store::wait(const std::vector<std::string>& keys, Deadline deadline) {
+  Request request = make_request(Op::Wait, keys, {}, timeout_ms(deadline));
+  check(request.op, round_trip(request, deadline));
+}
+
+bool Store::delete_key(std::string_view key, Deadline deadline) {
+  Request request = make_request(Op::DeleteKey, {std::string(key)});
+  const Response response = round_trip(request, deadline);
+  check(request.op, response);
+  return response.number == 1;
+}
+
+std::int64_t Store::num_keys(Deadline deadline) {
+  Request request = make_request(Op::NumKeys);
+  const Response response = round_trip(request, deadline);
+  check(request.op, response);
+  return response.number;
+}
+
+std::vector<std::string> Store::multi_get(const std::vector<std::string>& keys, Deadline deadline) {
+  Request request = make_request(Op::MultiGet, keys, {}, timeout_ms(deadline));
+  Response response = round_trip(request, deadline);
+  check(request.op, response);
+  if (response.values.size() != keys.size()) {
+    throw TransportError(context(request.op),
+                         "the store answered " + std::to_string(response.values.size()) +
+                             " values for " + std::to_string(keys.size()) + " keys");
+  }
+  return std::move(response.values);
+}
+
+void Store::multi_set(const std::vector<std::pair<std::string, std::string>>& items,
+                      Deadline deadline) {
+  Request request = make_request(Op::MultiSet);
+  request.keys.reserve(items.size());
+  request.values.reserve(items.size());
+  for (const auto& [key, value] : items) {
+    request.keys.push_back(key);
+    request.values.push_back(value);
+  }
+  check(request.op, round_trip(request, deadline));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+PrefixStore::PrefixStore(std::string prefix, Store& base)
+    : prefix_(std::move(prefix)), base_(base) {}
+
+void PrefixStore::cancel() noexcept { base_.cancel(); }
+
+Response PrefixStore::round_trip(Request& request, Deadline deadline) {
+  for (std::string& key : request.keys) {
+    key.insert(0, prefix_ + "/");
+  }
+  return forward(base_, request, deadline);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Rendezvous::Rendezvous(Store& store, int rank, int world_size)
+    : store_(store), rank_(rank), world_size_(world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw InvalidArgument(error_context("store.rendezvous", rank),
+                          "rank " + std::to_string(rank) + " is not in a world of size " +
+                              std::to_string(world_size));
+  }
+}
+
+std::string Rendezvous::next_name(std::string_view what) {
+  return "chorus.rendezvous/" + std::to_string(calls_++) + "/" + std::string(what);
+}
+
+// Every rank counts itself out; the last one removes the call's keys, so repeated calls do not
+// accumulate keys (the store has a key limit). Nobody reads them after counting out.
+void Rendezvous::finish(const std::string& name, std::vector<std::string> keys, Deadline deadline) {
+  const std::string done = name + "/done";
+  const std::int64_t finished = store_.add(done, 1, deadline);
+  CHORUS_CHECK(finished >= 1 && finished <= world_size_);
+  if (finished == world_size_) {
+    keys.push_back(done);
+    for (const std::string& key : keys) {
+      store_.delete_key(key, deadline);
+    }
+  }
+}
+
+std::string Rendezvous::broadcast_bytes(int root, std::string_view blob, Deadline deadline) {
+  if (root < 0 || root >= world_size_) {
+    throw InvalidArgument(error_context("store.broadcast_bytes", rank_),
+                          "root " + std::to_string(root) + " is not in a world of size " +
+                              std::to_string(world_size_));
+  }
+  const std::string name = next_name("broadcast");
+  const std::string key = name + "/value";
+  std::string result;
+  if (rank_ == root) {
+    store_.set(key, blob, deadline);
+    result = std::string(blob);
+  } else {
+    result = store_.get(key, deadline);
+  }
+  finish(name, {key}, deadline);
+  return result;
+}
+
+std::vector<std::string> Rendezvous::allgather_bytes(std::string_view blob, Deadline deadline) {
+  const std::string name = next_name("allgather");
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(world_size_));
+  for (int r = 0; r < world_size_; ++r) {
+    keys.push_back(name + "/" + std::to_string(r));
+  }
+  store_.set(keys[static_cast<std::size_t>(rank_)], blob, deadline);
+  std::vector<std::string> values = store_.multi_get(keys, deadline);
+  CHORUS_CHECK_EQ(values.size(), keys.size());
+  finish(name, std::move(keys), deadline);
+  return values;
+}
+
+void Rendezvous::barrier(Deadline deadline) {
+  const std::string name = next_name("barrier");
+  const std::string arrived = name + "/arrived";
+  const std::string released = name + "/released";
+  if (store_.add(arrived, 1, deadline) == world_size_) {
+    store_.set(released, "1", deadline);
+  }
+  store_.wait({released}, deadline);
+  finish(name, {arrived, released}, deadline);
+}
+
+}  // namespace chorus::store
