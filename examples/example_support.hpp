@@ -277,9 +277,15 @@ inline std::string first_difference(const chorus::Tensor& actual, const chorus::
 
 // Throws WrongResult, naming the calling rank, the first result that differs and its first
 // differing element, unless `actual` and `expected` hold the same names in the same order with
-// the same dtype, shape and bytes. Waits on every result.
+// the same dtype, shape and bytes. Waits on every result first, so that a failure leaves no
+// collective un-waited.
 inline void require_bitwise_equal(const Results& actual, const Results& expected) {
   const std::string where = "rank " + std::to_string(chorus::rank()) + ": ";
+  std::vector<chorus::Tensor> pending;
+  for (const Result& result : actual) {
+    pending.push_back(result.tensor);
+  }
+  chorus::wait_tensors(pending);
   if (actual.size() != expected.size()) {
     throw WrongResult(where + std::to_string(actual.size()) + " results, the reference has " +
                       std::to_string(expected.size()));

@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
         examples::name(variant), options.transport.c_str(),
         static_cast<long long>(c.tokens_per_rank), static_cast<long long>(c.model),
         static_cast<long long>(c.hidden_per_rank));
+    std::fflush(stdout);  // before the run's own reports on stderr
     const int status = chorus::run(options, [&c, variant] {
       const examples::Results results = examples::run_mlp(c, variant);
       const examples::Results reference =
