@@ -66,11 +66,11 @@ int main(int argc, char** argv) {
   }
 
   std::printf(
-      "ddp_buckets: transport %s, %lld layers of width %lld, %lld samples per rank, "
+      "ddp_buckets: %s, %lld layers of width %lld, %lld samples per rank, "
       "%lld steps, buckets of at most %lld elements:",
-      options.transport.c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.width),
-      static_cast<long long>(c.batch_per_rank), static_cast<long long>(c.steps),
-      static_cast<long long>(c.bucket_elements));
+      examples::describe(options).c_str(), static_cast<long long>(c.layers),
+      static_cast<long long>(c.width), static_cast<long long>(c.batch_per_rank),
+      static_cast<long long>(c.steps), static_cast<long long>(c.bucket_elements));
   for (const std::vector<std::size_t>& bucket : examples::ddp_detail::assign_buckets(c)) {
     std::printf(" [");
     for (std::size_t i = 0; i < bucket.size(); ++i) {

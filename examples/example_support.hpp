@@ -232,6 +232,14 @@ void require_exact_product(const Matrix<T>& a, const Matrix<T>& b, const std::st
   }
 }
 
+// "sim, 8 ranks, seed 0" or "mpi": the transport a program runs on, for its first line.
+inline std::string describe(const chorus::RunOptions& options) {
+  if (options.transport != "sim") {
+    return options.transport;
+  }
+  return "sim, " + std::to_string(options.ranks) + " ranks, seed " + std::to_string(options.seed);
+}
+
 // A result of an example, by name: what a rank holds (maybe still pending) or what the reference
 // says it must hold.
 struct Result {

@@ -66,9 +66,9 @@ int main(int argc, char** argv) {
   }
 
   std::printf(
-      "moe_dispatch: transport %s, up to %lld tokens per rank of %lld features, %lld "
+      "moe_dispatch: %s, up to %lld tokens per rank of %lld features, %lld "
       "experts per rank, top-%lld routing\n",
-      options.transport.c_str(), static_cast<long long>(c.max_tokens),
+      examples::describe(options).c_str(), static_cast<long long>(c.max_tokens),
       static_cast<long long>(c.features), static_cast<long long>(c.experts_per_rank),
       static_cast<long long>(c.top_k));
   std::fflush(stdout);  // before the run's own reports on stderr

@@ -62,9 +62,9 @@ int main(int argc, char** argv) {
   }
 
   std::printf(
-      "sharded_optimizer: transport %s, %lld x %lld linear layer (+ bias), %lld samples "
+      "sharded_optimizer: %s, %lld x %lld linear layer (+ bias), %lld samples "
       "per rank, %lld steps\n",
-      options.transport.c_str(), static_cast<long long>(c.inputs),
+      examples::describe(options).c_str(), static_cast<long long>(c.inputs),
       static_cast<long long>(c.outputs), static_cast<long long>(c.batch_per_rank),
       static_cast<long long>(c.steps));
   std::fflush(stdout);  // before the run's own reports on stderr

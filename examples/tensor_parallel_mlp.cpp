@@ -70,9 +70,9 @@ int main(int argc, char** argv) {
 
   for (const MlpVariant variant : variants) {
     std::printf(
-        "tensor_parallel_mlp (%s): transport %s, %lld tokens/rank, model %lld, %lld "
+        "tensor_parallel_mlp (%s): %s, %lld tokens/rank, model %lld, %lld "
         "hidden units/rank\n",
-        examples::name(variant), options.transport.c_str(),
+        examples::name(variant), examples::describe(options).c_str(),
         static_cast<long long>(c.tokens_per_rank), static_cast<long long>(c.model),
         static_cast<long long>(c.hidden_per_rank));
     std::fflush(stdout);  // before the run's own reports on stderr
