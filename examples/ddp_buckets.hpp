@@ -187,16 +187,17 @@ inline Results run_ddp_buckets(const DdpCase& c) {
     // Backward, issuing each bucket as soon as its last gradient is ready.
     std::vector<std::vector<chorus::Tensor>> gradients(buckets.size());
     std::vector<std::vector<chorus::Tensor>> reduced(buckets.size());
-    backward(c, parameters, make_batch(c, rank, step), [&](std::size_t p, DoubleMatrix gradient) {
-      const std::size_t b = bucket_of[p];
-      gradients[b].push_back(gradient.tensor());
-      if (gradients[b].size() == buckets[b].size()) {
-        reduced[b] = chorus::all_reduce_coalesced(gradients[b], "sum", chorus::world());
-        if (c.bug_wait_in_backward) {
-          chorus::wait_tensors(reduced[b]);
-        }
-      }
-    });
+    backward(c, parameters, make_batch(c, rank, step),
+             [&](std::size_t p, const DoubleMatrix& gradient) {
+               const std::size_t b = bucket_of[p];
+               gradients[b].push_back(gradient.tensor());
+               if (gradients[b].size() == buckets[b].size()) {
+                 reduced[b] = chorus::all_reduce_coalesced(gradients[b], "sum", chorus::world());
+                 if (c.bug_wait_in_backward) {
+                   chorus::wait_tensors(reduced[b]);
+                 }
+               }
+             });
     // Nothing waited so far: every bucket is in flight, one work each.
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       CHORUS_CHECK_EQ(reduced[b].size(), buckets[b].size());

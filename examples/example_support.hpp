@@ -84,7 +84,7 @@ struct Matrix {
     }
     return m;
   }
-  // A [rows, cols] tensor of its own (waits for nothing).
+  // A copy of a 2-d tensor's values (waits for it).
   static Matrix from(const chorus::Tensor& tensor) {
     CHORUS_CHECK_EQ(tensor.dim(), 2);
     return Matrix{tensor.size(0), tensor.size(1), tensor.to_vector<T>()};
@@ -248,17 +248,18 @@ struct Result {
 };
 using Results = std::vector<Result>;
 
-// "element 5: 3 (0x40400000) != 4 (0x40800000)" for the first element where `actual` and
+// "element 5: 3 (0x40400000) != expected 4 (0x40800000)" for the first element where `actual` and
 // `expected` differ (same dtype and shape), or "" when they are bitwise equal. Waits on both.
 inline std::string first_difference(const chorus::Tensor& actual, const chorus::Tensor& expected) {
   const auto describe = [](const auto& a, const auto& b) -> std::string {
     using Element = typename std::decay_t<decltype(a)>::value_type;
     for (std::size_t i = 0; i < a.size(); ++i) {
-      if (std::memcmp(&a[i], &b[i], sizeof(Element)) != 0) {
-        std::uint64_t bits_a = 0;
-        std::uint64_t bits_b = 0;
-        std::memcpy(&bits_a, &a[i], sizeof(Element));
-        std::memcpy(&bits_b, &b[i], sizeof(Element));
+      static_assert(sizeof(Element) <= sizeof(std::uint64_t));
+      std::uint64_t bits_a = 0;
+      std::uint64_t bits_b = 0;
+      std::memcpy(&bits_a, &a[i], sizeof(Element));
+      std::memcpy(&bits_b, &b[i], sizeof(Element));
+      if (bits_a != bits_b) {
         char text[160];
         std::snprintf(text, sizeof(text), "element %zu: %.17g (0x%llx) != expected %.17g (0x%llx)",
                       i, static_cast<double>(a[i]), static_cast<unsigned long long>(bits_a),

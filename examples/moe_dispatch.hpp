@@ -148,7 +148,7 @@ inline FloatMatrix combine(const MoeCase& c, std::int64_t token_count,
   return combined;
 }
 
-inline chorus::Tensor int64_tensor(std::vector<std::int64_t> values) {
+inline chorus::Tensor int64_tensor(const std::vector<std::int64_t>& values) {
   return chorus::Tensor::from_vector(values);
 }
 
@@ -263,7 +263,7 @@ inline Results reference_moe_dispatch(const MoeCase& c, int world_size, int rank
   }
   const auto received_rows = static_cast<std::int64_t>(received_experts.size());
   return {{"received tokens", FloatMatrix{received_rows, c.features, std::move(received)}.tensor()},
-          {"received expert ids", int64_tensor(std::move(received_experts))},
+          {"received expert ids", int64_tensor(received_experts)},
           {"combined output", combine(c, x.rows, choices, outputs).tensor()}};
 }
 
