@@ -56,6 +56,11 @@ namespace moe_detail {
 
 constexpr std::int64_t kValueBound = 2;       // token features and expert weights
 constexpr std::int64_t kPickBound = 1 << 20;  // router draws, reduced modulo the candidates
+// small_integer streams, far enough apart for sim::kMaxWorldSize ranks and their experts.
+constexpr std::uint64_t kExpertStream = 1'000'000;
+constexpr std::uint64_t kTokenStream = 2'000'000;
+constexpr std::uint64_t kRouterStream = 3'000'000;
+constexpr std::uint64_t kGateStream = 4'000'000;
 
 using FloatMatrix = Matrix<float>;
 
@@ -64,13 +69,13 @@ inline std::int64_t tokens_of(const MoeCase& c, int rank) {
 }
 
 inline FloatMatrix tokens(const MoeCase& c, int rank) {
-  return FloatMatrix::generate(c.data_seed, 1000 + static_cast<std::uint64_t>(rank),
+  return FloatMatrix::generate(c.data_seed, kTokenStream + static_cast<std::uint64_t>(rank),
                                tokens_of(c, rank), c.features, kValueBound);
 }
 
 inline FloatMatrix expert_weights(const MoeCase& c, std::int64_t expert) {
-  return FloatMatrix::generate(c.data_seed, 500000 + static_cast<std::uint64_t>(expert), c.features,
-                               c.features, kValueBound);
+  return FloatMatrix::generate(c.data_seed, kExpertStream + static_cast<std::uint64_t>(expert),
+                               c.features, c.features, kValueBound);
 }
 
 // One routing choice of one token.
@@ -99,12 +104,14 @@ inline std::vector<Choice> route(const MoeCase& c, int rank, int world_size) {
   for (std::int64_t token = 0; token < tokens_of(c, rank); ++token) {
     std::vector<std::int64_t> left = candidates;
     for (std::int64_t j = 0; j < k; ++j) {
-      const std::int64_t index = token * 16 + j;
+      const std::int64_t index = token * k + j;
       const auto pick = static_cast<std::size_t>(
-          small_integer(c.data_seed, 2000 + static_cast<std::uint64_t>(rank), index, kPickBound) +
+          small_integer(c.data_seed, kRouterStream + static_cast<std::uint64_t>(rank), index,
+                        kPickBound) +
           kPickBound);
-      const float gate = std::ldexp(
-          1.0f, static_cast<int>(small_integer(c.data_seed, 3000, index, 1)) - 1);  // 1/4..1
+      const std::int64_t halvings =  // 0, 1 or 2: the gate is 1, 1/2 or 1/4
+          small_integer(c.data_seed, kGateStream + static_cast<std::uint64_t>(rank), index, 1) + 1;
+      const float gate = std::ldexp(1.0f, -static_cast<int>(halvings));
       const std::size_t slot = pick % left.size();
       choices.push_back({token, left[slot], gate});
       left.erase(left.begin() + static_cast<std::ptrdiff_t>(slot));
