@@ -190,6 +190,9 @@ inline Results run_ddp_buckets(const DdpCase& c) {
     backward(c, parameters, make_batch(c, rank, step),
              [&](std::size_t p, const DoubleMatrix& gradient) {
                const std::size_t b = bucket_of[p];
+               // Backward produces a bucket's gradients in the bucket's order, so output i of
+               // its all_reduce_coalesced is the gradient of buckets[b][i].
+               CHORUS_CHECK_EQ(buckets[b][gradients[b].size()], p);
                gradients[b].push_back(gradient.tensor());
                if (gradients[b].size() == buckets[b].size()) {
                  reduced[b] = chorus::all_reduce_coalesced(gradients[b], "sum", chorus::world());
