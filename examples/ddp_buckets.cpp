@@ -12,7 +12,8 @@
 // --bug=wait-in-backward plants a bug to see the check fail: backward waits for each bucket as
 // soon as it is issued, so nothing overlaps (the values are still right).
 // Exit status 0 when every rank matches the reference; 1 on a wrong result or a failed run
-// (the error names the rank, the result and its first differing element); 2 on bad arguments.
+// (the error names the rank, the result and its first differing element); 2 on bad arguments or
+// an unavailable transport.
 
 #include "ddp_buckets.hpp"
 
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
   std::fflush(stdout);  // before the run's own reports on stderr
-  const int status = chorus::run(options, [&c] {
+  const int status = examples::run_ranks("ddp_buckets", options, [&c] {
     const examples::Results results = examples::run_ddp_buckets(c);
     const examples::Results reference = examples::reference_ddp_buckets(c, chorus::world_size());
     examples::require_bitwise_equal(results, reference);

@@ -27,10 +27,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace examples {
@@ -238,6 +240,18 @@ inline std::string describe(const chorus::RunOptions& options) {
     return options.transport;
   }
   return "sim, " + std::to_string(options.ranks) + " ranks, seed " + std::to_string(options.seed);
+}
+
+// chorus::run, except that an error it throws before any rank runs (an unknown or unavailable
+// transport) is printed as "<program>: <message>" and becomes exit status 2.
+inline int run_ranks(const char* program, const chorus::RunOptions& options,
+                     std::function<void()> rank_main) {
+  try {
+    return chorus::run(options, std::move(rank_main));
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "%s: %s\n", program, error.what());
+    return 2;
+  }
 }
 
 // A result of an example, by name: what a rank holds (maybe still pending) or what the reference

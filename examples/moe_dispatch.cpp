@@ -12,7 +12,8 @@
 // --bug=unpermuted plants a bug to see the check fail: the combined rows are attached to tokens
 // in dispatch order, the inverse permutation forgotten.
 // Exit status 0 when every rank matches the reference; 1 on a wrong result or a failed run
-// (the error names the rank, the result and its first differing element); 2 on bad arguments.
+// (the error names the rank, the result and its first differing element); 2 on bad arguments or
+// an unavailable transport.
 
 #include "moe_dispatch.hpp"
 
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
       static_cast<long long>(c.features), static_cast<long long>(c.experts_per_rank),
       static_cast<long long>(c.top_k));
   std::fflush(stdout);  // before the run's own reports on stderr
-  const int status = chorus::run(options, [&c] {
+  const int status = examples::run_ranks("moe_dispatch", options, [&c] {
     if (chorus::rank() == 0 && chorus::world_size() <= kPrintRanksMax) {
       std::printf("  rows dispatched, source rank (row) to destination rank (column):\n");
       for (const std::vector<std::int64_t>& row :

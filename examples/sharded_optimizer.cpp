@@ -11,7 +11,8 @@
 // --bug=local-gradient plants a bug to see the check fail: each rank updates its shard with its
 // own gradient instead of the reduce_scatter result.
 // Exit status 0 when every rank matches the reference; 1 on a wrong result or a failed run
-// (the error names the rank, the result and its first differing element); 2 on bad arguments.
+// (the error names the rank, the result and its first differing element); 2 on bad arguments or
+// an unavailable transport.
 
 #include "sharded_optimizer.hpp"
 
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
       static_cast<long long>(c.outputs), static_cast<long long>(c.batch_per_rank),
       static_cast<long long>(c.steps));
   std::fflush(stdout);  // before the run's own reports on stderr
-  const int status = chorus::run(options, [&c] {
+  const int status = examples::run_ranks("sharded_optimizer", options, [&c] {
     const examples::Results results = examples::run_sharded_optimizer(c);
     const examples::Results reference =
         examples::reference_sharded_optimizer(c, chorus::world_size(), chorus::rank());

@@ -10,7 +10,8 @@
 //
 // --bug=local-dx plants a bug to see the check fail: the backward skips dx's collective.
 // Exit status 0 when every rank matches the reference; 1 on a wrong result or a failed run
-// (the error names the rank, the result and its first differing element); 2 on bad arguments.
+// (the error names the rank, the result and its first differing element); 2 on bad arguments or
+// an unavailable transport.
 
 #include "tensor_parallel_mlp.hpp"
 
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
         static_cast<long long>(c.tokens_per_rank), static_cast<long long>(c.model),
         static_cast<long long>(c.hidden_per_rank));
     std::fflush(stdout);  // before the run's own reports on stderr
-    const int status = chorus::run(options, [&c, variant] {
+    const int status = examples::run_ranks("tensor_parallel_mlp", options, [&c, variant] {
       const examples::Results results = examples::run_mlp(c, variant);
       const examples::Results reference =
           examples::reference_mlp(c, variant, chorus::world_size(), chorus::rank());
