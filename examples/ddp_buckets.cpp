@@ -66,38 +66,36 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::printf(
-      "ddp_buckets: %s, %lld layers of width %lld, %lld samples per rank, "
-      "%lld steps, buckets of at most %lld elements:",
-      examples::describe(options).c_str(), static_cast<long long>(c.layers),
-      static_cast<long long>(c.width), static_cast<long long>(c.batch_per_rank),
-      static_cast<long long>(c.steps), static_cast<long long>(c.bucket_elements));
-  for (const std::vector<std::size_t>& bucket : examples::ddp_detail::assign_buckets(c)) {
-    std::printf(" [");
-    for (std::size_t i = 0; i < bucket.size(); ++i) {
-      std::printf("%s%s", i == 0 ? "" : " ",
-                  examples::ddp_detail::parameter_name(bucket[i]).c_str());
+  const int status = examples::run_ranks("ddp_buckets", options, [&c, &options] {
+    if (chorus::rank() == 0) {
+      std::printf(
+          "ddp_buckets: %s, %lld layers of width %lld, %lld samples per rank, %lld steps, "
+          "buckets of at most %lld elements:",
+          examples::describe_world(options).c_str(), static_cast<long long>(c.layers),
+          static_cast<long long>(c.width), static_cast<long long>(c.batch_per_rank),
+          static_cast<long long>(c.steps), static_cast<long long>(c.bucket_elements));
+      for (const std::vector<std::size_t>& bucket : examples::ddp_detail::assign_buckets(c)) {
+        std::printf(" [");
+        for (std::size_t i = 0; i < bucket.size(); ++i) {
+          std::printf("%s%s", i == 0 ? "" : " ",
+                      examples::ddp_detail::parameter_name(bucket[i]).c_str());
+        }
+        std::printf("]");
+      }
+      std::printf("\n");
+      std::fflush(stdout);  // before any report on stderr
     }
-    std::printf("]");
-  }
-  std::printf("\n");
-  std::fflush(stdout);  // before the run's own reports on stderr
-  const int status = examples::run_ranks("ddp_buckets", options, [&c] {
-    const examples::Results results = examples::run_ddp_buckets(c);
-    const examples::Results reference = examples::reference_ddp_buckets(c, chorus::world_size());
-    examples::require_bitwise_equal(results, reference);
-    if (chorus::work_registry_size() != 0) {
-      throw examples::WrongResult("rank " + std::to_string(chorus::rank()) +
-                                  ": collectives left pending");
+    examples::require_reference_on_every_rank(
+        examples::run_ddp_buckets(c), examples::reference_ddp_buckets(c, chorus::world_size()));
+    if (chorus::rank() == 0) {
+      std::printf(
+          "ddp_buckets: every bucket overlapped backward and was waited only when "
+          "consumed; every rank's parameters and summed gradients equal the single-rank "
+          "reference, bitwise\n");
     }
   });
   if (status != 0) {
     std::fprintf(stderr, "ddp_buckets: FAILED\n");
-    return status;
   }
-  std::printf(
-      "ddp_buckets: every bucket overlapped backward and was waited only when consumed; "
-      "every rank's parameters and summed gradients equal the single-rank reference, "
-      "bitwise\n");
-  return 0;
+  return status;
 }

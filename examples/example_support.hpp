@@ -234,12 +234,16 @@ void require_exact_product(const Matrix<T>& a, const Matrix<T>& b, const std::st
   }
 }
 
-// "sim, 8 ranks, seed 0" or "mpi": the transport a program runs on, for its first line.
-inline std::string describe(const chorus::RunOptions& options) {
-  if (options.transport != "sim") {
-    return options.transport;
+// "8 ranks on sim (seed 0)" or "4 ranks on mpi": the world a program runs on, for its first
+// line. Call it on a rank.
+inline std::string describe_world(const chorus::RunOptions& options) {
+  const int size = chorus::world_size();
+  std::string text =
+      std::to_string(size) + (size == 1 ? " rank on " : " ranks on ") + options.transport;
+  if (options.transport == "sim") {
+    text += " (seed " + std::to_string(options.seed) + ")";
   }
-  return "sim, " + std::to_string(options.ranks) + " ranks, seed " + std::to_string(options.seed);
+  return text;
 }
 
 // chorus::run, except that an error it throws before any rank runs (an unknown or unavailable
@@ -325,6 +329,37 @@ inline void require_bitwise_equal(const Results& actual, const Results& expected
       throw WrongResult(where + actual[i].name + " differs from the single-rank reference at " +
                         first_difference(a, e));
     }
+  }
+}
+
+// The end of every example program's rank function: compares what the rank holds with the
+// reference (require_bitwise_equal), checks that no collective is left pending, then agrees with
+// every other rank over world() with one all_reduce, so that on any transport every process
+// knows whether all ranks matched. Returns normally on every rank when they all did; otherwise
+// throws WrongResult on every rank: a rank that differs with its first difference, the others
+// with how many ranks differ. SPMD: every rank calls it.
+inline void require_reference_on_every_rank(const Results& actual, const Results& expected) {
+  const std::string where = "rank " + std::to_string(chorus::rank()) + ": ";
+  std::string failure;
+  try {
+    require_bitwise_equal(actual, expected);
+    if (chorus::work_registry_size() != 0) {
+      failure = where + std::to_string(chorus::work_registry_size()) +
+                " collectives left pending at the end";
+    }
+  } catch (const WrongResult& error) {
+    failure = error.what();
+  }
+  const auto differing =
+      chorus::all_reduce(chorus::Tensor::full({1}, failure.empty() ? 0 : 1, chorus::DType::Int64),
+                         "sum", chorus::world())
+          .item<std::int64_t>();
+  if (!failure.empty()) {
+    throw WrongResult(failure);
+  }
+  if (differing != 0) {
+    throw WrongResult(where + "matches the reference, but " + std::to_string(differing) +
+                      " other rank(s) do not");
   }
 }
 

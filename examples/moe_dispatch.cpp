@@ -66,41 +66,38 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::printf(
-      "moe_dispatch: %s, up to %lld tokens per rank of %lld features, %lld "
-      "experts per rank, top-%lld routing\n",
-      examples::describe(options).c_str(), static_cast<long long>(c.max_tokens),
-      static_cast<long long>(c.features), static_cast<long long>(c.experts_per_rank),
-      static_cast<long long>(c.top_k));
-  std::fflush(stdout);  // before the run's own reports on stderr
-  const int status = examples::run_ranks("moe_dispatch", options, [&c] {
-    if (chorus::rank() == 0 && chorus::world_size() <= kPrintRanksMax) {
-      std::printf("  rows dispatched, source rank (row) to destination rank (column):\n");
-      for (const std::vector<std::int64_t>& row :
-           examples::routing_counts(c, chorus::world_size())) {
-        std::printf("   ");
-        for (const std::int64_t count : row) {
-          std::printf(" %2lld", static_cast<long long>(count));
+  const int status = examples::run_ranks("moe_dispatch", options, [&c, &options] {
+    if (chorus::rank() == 0) {
+      std::printf(
+          "moe_dispatch: %s, up to %lld tokens per rank of %lld features, %lld experts "
+          "per rank, top-%lld routing\n",
+          examples::describe_world(options).c_str(), static_cast<long long>(c.max_tokens),
+          static_cast<long long>(c.features), static_cast<long long>(c.experts_per_rank),
+          static_cast<long long>(c.top_k));
+      if (chorus::world_size() <= kPrintRanksMax) {
+        std::printf("  rows dispatched, source rank (row) to destination rank (column):\n");
+        for (const std::vector<std::int64_t>& row :
+             examples::routing_counts(c, chorus::world_size())) {
+          std::printf("   ");
+          for (const std::int64_t count : row) {
+            std::printf(" %2lld", static_cast<long long>(count));
+          }
+          std::printf("\n");
         }
-        std::printf("\n");
       }
-      std::fflush(stdout);
+      std::fflush(stdout);  // before any report on stderr
     }
-    const examples::Results results = examples::run_moe_dispatch(c);
-    const examples::Results reference =
-        examples::reference_moe_dispatch(c, chorus::world_size(), chorus::rank());
-    examples::require_bitwise_equal(results, reference);
-    if (chorus::work_registry_size() != 0) {
-      throw examples::WrongResult("rank " + std::to_string(chorus::rank()) +
-                                  ": collectives left pending");
+    examples::require_reference_on_every_rank(
+        examples::run_moe_dispatch(c),
+        examples::reference_moe_dispatch(c, chorus::world_size(), chorus::rank()));
+    if (chorus::rank() == 0) {
+      std::printf(
+          "moe_dispatch: every rank's received tokens, expert ids and combined outputs "
+          "equal the single-rank reference, bitwise\n");
     }
   });
   if (status != 0) {
     std::fprintf(stderr, "moe_dispatch: FAILED\n");
-    return status;
   }
-  std::printf(
-      "moe_dispatch: every rank's received tokens, expert ids and combined outputs equal "
-      "the single-rank reference, bitwise\n");
-  return 0;
+  return status;
 }

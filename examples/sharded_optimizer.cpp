@@ -62,29 +62,27 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::printf(
-      "sharded_optimizer: %s, %lld x %lld linear layer (+ bias), %lld samples "
-      "per rank, %lld steps\n",
-      examples::describe(options).c_str(), static_cast<long long>(c.inputs),
-      static_cast<long long>(c.outputs), static_cast<long long>(c.batch_per_rank),
-      static_cast<long long>(c.steps));
-  std::fflush(stdout);  // before the run's own reports on stderr
-  const int status = examples::run_ranks("sharded_optimizer", options, [&c] {
-    const examples::Results results = examples::run_sharded_optimizer(c);
-    const examples::Results reference =
-        examples::reference_sharded_optimizer(c, chorus::world_size(), chorus::rank());
-    examples::require_bitwise_equal(results, reference);
-    if (chorus::work_registry_size() != 0) {
-      throw examples::WrongResult("rank " + std::to_string(chorus::rank()) +
-                                  ": collectives left pending");
+  const int status = examples::run_ranks("sharded_optimizer", options, [&c, &options] {
+    if (chorus::rank() == 0) {
+      std::printf(
+          "sharded_optimizer: %s, %lld x %lld linear layer (+ bias), %lld samples per "
+          "rank, %lld steps\n",
+          examples::describe_world(options).c_str(), static_cast<long long>(c.inputs),
+          static_cast<long long>(c.outputs), static_cast<long long>(c.batch_per_rank),
+          static_cast<long long>(c.steps));
+      std::fflush(stdout);  // before any report on stderr
+    }
+    examples::require_reference_on_every_rank(
+        examples::run_sharded_optimizer(c),
+        examples::reference_sharded_optimizer(c, chorus::world_size(), chorus::rank()));
+    if (chorus::rank() == 0) {
+      std::printf(
+          "sharded_optimizer: every rank's parameter shard, gradient shard and gathered "
+          "parameters equal the single-rank reference, bitwise\n");
     }
   });
   if (status != 0) {
     std::fprintf(stderr, "sharded_optimizer: FAILED\n");
-    return status;
   }
-  std::printf(
-      "sharded_optimizer: every rank's parameter shard, gradient shard and gathered "
-      "parameters equal the single-rank reference, bitwise\n");
-  return 0;
+  return status;
 }

@@ -69,32 +69,32 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  for (const MlpVariant variant : variants) {
-    std::printf(
-        "tensor_parallel_mlp (%s): %s, %lld tokens/rank, model %lld, %lld "
-        "hidden units/rank\n",
-        examples::name(variant), examples::describe(options).c_str(),
-        static_cast<long long>(c.tokens_per_rank), static_cast<long long>(c.model),
-        static_cast<long long>(c.hidden_per_rank));
-    std::fflush(stdout);  // before the run's own reports on stderr
-    const int status = examples::run_ranks("tensor_parallel_mlp", options, [&c, variant] {
-      const examples::Results results = examples::run_mlp(c, variant);
-      const examples::Results reference =
-          examples::reference_mlp(c, variant, chorus::world_size(), chorus::rank());
-      examples::require_bitwise_equal(results, reference);
-      if (chorus::work_registry_size() != 0) {
-        throw examples::WrongResult("rank " + std::to_string(chorus::rank()) +
-                                    ": collectives left pending");
+  // One run for both variants: a process is one rank of one run under mpirun.
+  const int status = examples::run_ranks("tensor_parallel_mlp", options, [&c, &options, &variants] {
+    for (const MlpVariant variant : variants) {
+      if (chorus::rank() == 0) {
+        std::printf(
+            "tensor_parallel_mlp (%s): %s, %lld tokens/rank, model %lld, %lld hidden "
+            "units/rank\n",
+            examples::name(variant), examples::describe_world(options).c_str(),
+            static_cast<long long>(c.tokens_per_rank), static_cast<long long>(c.model),
+            static_cast<long long>(c.hidden_per_rank));
+        std::fflush(stdout);  // before any report on stderr
       }
-    });
-    if (status != 0) {
-      std::fprintf(stderr, "tensor_parallel_mlp (%s): FAILED\n", examples::name(variant));
-      return status;
+      examples::require_reference_on_every_rank(
+          examples::run_mlp(c, variant),
+          examples::reference_mlp(c, variant, chorus::world_size(), chorus::rank()));
+      if (chorus::rank() == 0) {
+        std::printf(
+            "tensor_parallel_mlp (%s): every rank's y, dx, dW1 and dW2 shards equal "
+            "the single-rank reference, bitwise\n",
+            examples::name(variant));
+        std::fflush(stdout);
+      }
     }
-    std::printf(
-        "tensor_parallel_mlp (%s): every rank's y, dx, dW1 and dW2 shards equal the "
-        "single-rank reference, bitwise\n",
-        examples::name(variant));
+  });
+  if (status != 0) {
+    std::fprintf(stderr, "tensor_parallel_mlp: FAILED\n");
   }
-  return 0;
+  return status;
 }
