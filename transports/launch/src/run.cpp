@@ -168,6 +168,16 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
                           "transport '" + options.transport + "' is not built into this chorus " +
                               built_transports());
   }
+#if defined(CHORUS_HAVE_MPI)
+  if (mpi::launched_by_mpi()) {
+    // mpirun -np 4 prog without --transport=mpi: four independent simulations, surely not meant.
+    std::fprintf(stderr,
+                 "chorus: this process was started by an MPI launcher but runs the simulator "
+                 "(--transport=sim): every process simulates its own %d ranks; pass "
+                 "--transport=mpi to make each process one rank\n",
+                 options.ranks);
+  }
+#endif
   sim::SimOptions sim_options;
   sim_options.world_size = options.ranks;
   sim_options.seed = options.seed;
