@@ -13,6 +13,9 @@
 //            all_reduce: CollectiveMismatch naming both sides (Note [Collective check]).
 //   splits   (with --check-collectives) all_to_all_single where rank 1 sends rank 0 one element
 //            more than rank 0 expects: CollectiveMismatch naming the pair.
+//   group_order  ranks 0 and 1 first use two groups they share in opposite orders (MPI would
+//            deadlock creating the communicators): CollectiveMismatch on both
+//            (Note [Communicator rendezvous]).
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 
@@ -215,6 +218,19 @@ void splits() {
       .to_vector<float>();
 }
 
+void group_order() {
+  const chorus::ProcessGroup first = chorus::new_group({0, 1}, "a");
+  const chorus::ProcessGroup second = chorus::new_group({0, 1}, "b");
+  const chorus::Tensor input = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  if (chorus::rank() == 0) {
+    (void)chorus::all_reduce(input, "sum", first).to_vector<float>();
+    (void)chorus::all_reduce(input, "sum", second).to_vector<float>();
+  } else if (chorus::rank() == 1) {
+    (void)chorus::all_reduce(input, "sum", second).to_vector<float>();
+    (void)chorus::all_reduce(input, "sum", first).to_vector<float>();
+  }
+}
+
 void sigkill() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -255,6 +271,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "splits") {
     return chorus::run(options, splits);
+  }
+  if (mode == "group_order") {
+    return chorus::run(options, group_order);
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);

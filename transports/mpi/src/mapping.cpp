@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "chorus/check.hpp"
 #include "chorus/error.hpp"
@@ -115,11 +116,23 @@ MPI_User_function* user_function(ReduceOp::Kind kind) {
   }
 }
 
+// Integers: the element read as its own type, widened, divided by the whole group size (a
+// narrowed divisor would be wrong from 128 ranks on Int8, and zero at 256 on UInt8), narrowed
+// back: C++ division toward zero, as the kernels' avg.
 template <typename T>
-void divide_typed(void* data, std::size_t count, int divisor) {
+void divide_integers(void* data, std::size_t count, int divisor) {
+  using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
   T* values = static_cast<T*>(data);
   for (std::size_t i = 0; i < count; ++i) {
-    values[i] = static_cast<T>(values[i] / static_cast<T>(divisor));
+    values[i] = static_cast<T>(static_cast<Wide>(values[i]) / static_cast<Wide>(divisor));
+  }
+}
+
+template <typename T>
+void divide_floats(void* data, std::size_t count, int divisor) {
+  T* values = static_cast<T*>(data);
+  for (std::size_t i = 0; i < count; ++i) {
+    values[i] = values[i] / static_cast<T>(divisor);
   }
 }
 
@@ -340,8 +353,10 @@ MPI_Op UserOps::get(DType dtype, ReduceOp::Kind kind) {
       default:
         CHORUS_CHECK(false);
     }
-    // Commutative: every step is a kernels fold of two operands, and a + b == b + a bitwise.
-    CHORUS_CHECK_EQ(MPI_Op_create(function, /*commute=*/1, &ops_[dtype_index][index]), MPI_SUCCESS);
+    // Sums and products commute bitwise (a + b == b + a). min/max do not quite: on ties (-0 and
+    // +0, NaN payloads) the kernels keep the left operand, so MPI must keep rank order.
+    const int commute = kind == ReduceOp::Kind::Sum || kind == ReduceOp::Kind::Product ? 1 : 0;
+    CHORUS_CHECK_EQ(MPI_Op_create(function, commute, &ops_[dtype_index][index]), MPI_SUCCESS);
     created_[dtype_index][index] = true;
   }
   return ops_[dtype_index][index];
@@ -351,16 +366,16 @@ void divide_in_place(void* data, DType dtype, std::size_t count, int divisor) {
   CHORUS_CHECK_GT(divisor, 0);
   switch (dtype) {
     case DType::UInt8:
-      divide_typed<std::uint8_t>(data, count, divisor);
+      divide_integers<std::uint8_t>(data, count, divisor);
       break;
     case DType::Int8:
-      divide_typed<std::int8_t>(data, count, divisor);
+      divide_integers<std::int8_t>(data, count, divisor);
       break;
     case DType::Int32:
-      divide_typed<std::int32_t>(data, count, divisor);
+      divide_integers<std::int32_t>(data, count, divisor);
       break;
     case DType::Int64:
-      divide_typed<std::int64_t>(data, count, divisor);
+      divide_integers<std::int64_t>(data, count, divisor);
       break;
     case DType::Float16:
       divide_16bit<&half_bits_to_float, &float_to_half_bits>(data, count, divisor);
@@ -369,16 +384,16 @@ void divide_in_place(void* data, DType dtype, std::size_t count, int divisor) {
       divide_16bit<&bfloat16_bits_to_float, &float_to_bfloat16_bits>(data, count, divisor);
       break;
     case DType::Float32:
-      divide_typed<float>(data, count, divisor);
+      divide_floats<float>(data, count, divisor);
       break;
     case DType::Float64:
-      divide_typed<double>(data, count, divisor);
+      divide_floats<double>(data, count, divisor);
       break;
     case DType::Complex64:
-      divide_typed<float>(data, 2 * count, divisor);  // real and imaginary parts
+      divide_floats<float>(data, 2 * count, divisor);  // real and imaginary parts
       break;
     case DType::Complex128:
-      divide_typed<double>(data, 2 * count, divisor);
+      divide_floats<double>(data, 2 * count, divisor);
       break;
     case DType::Bool:
       CHORUS_CHECK(false);  // check_dtype refuses avg on Bool

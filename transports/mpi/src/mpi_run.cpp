@@ -16,13 +16,16 @@
 namespace chorus::mpi {
 namespace {
 
-[[noreturn]] void abort_job(int rank, int world_size, const std::string& what) {
+[[noreturn]] void abort_job(detail::MpiProcess& process, const std::string& what) {
+  const int rank = process.rank();
+  const int world_size = process.world_size();
   std::fprintf(stderr,
                "chorus: rank %d of %d failed: %s\n"
                "chorus: aborting the MPI job (MPI_Abort) so no other rank waits for rank %d\n",
                rank, world_size, what.c_str(), rank);
   std::fflush(stderr);
   std::fflush(stdout);
+  const std::lock_guard mpi_lock(process.mutex());  // Note [MPI locking]
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; if it did, end this process anyway
 }
@@ -52,8 +55,6 @@ bool launched_by_mpi() noexcept {
 
 int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
   auto process = std::make_shared<detail::MpiProcess>();
-  const int rank = process->rank();
-  const int world_size = process->world_size();
   {
     RankOptions options;
     options.timeout = run_options.timeout;
@@ -69,12 +70,12 @@ int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
     }
     if (error) {
       // Do not finish the rank: its leftover works may wait on peers that wait on this rank.
-      abort_job(rank, world_size, describe(error));
+      abort_job(*process, describe(error));
     }
     RankContext::Summary summary = context.finish();
     report_unwaited(summary.unwaited);
     if (summary.error) {
-      abort_job(rank, world_size, describe(summary.error));
+      abort_job(*process, describe(summary.error));
     }
   }
   // Every rank got here: the communicators are freed (with the context); finalise.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -55,9 +56,15 @@ std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) 
 // Tags of chorus's control messages and MPI_Comm_create_group: the least MPI_TAG_UB the
 // standard allows.
 constexpr std::uint64_t kControlTagCount = 32767;
+// The tag of every communicator set-up message (Note [Communicator rendezvous]).
+constexpr int kRendezvousTag = 1;
 
 std::shared_ptr<void> scratch(std::size_t nbytes) {
-  return {std::malloc(nbytes == 0 ? 1 : nbytes), &std::free};
+  void* block = std::malloc(nbytes == 0 ? 1 : nbytes);
+  if (block == nullptr) {
+    throw std::bad_alloc();
+  }
+  return {block, &std::free};
 }
 
 }  // namespace
@@ -85,22 +92,37 @@ std::string mpi_error_text(int code) {
 // MpiProcess
 
 MpiProcess::MpiProcess() : user_ops_(std::make_unique<UserOps>()) {
+  const ErrorContext context{-1, "chorus::mpi::run", -1, ""};
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized != 0) {
+    // MPI cannot start twice in a process: a second chorus::run on MPI, or after the program's
+    // own MPI_Finalize.
+    throw TransportError(context,
+                         "MPI was already finalised in this process; the mpi transport "
+                         "runs once per process");
+  }
   int initialized = 0;
   MPI_Initialized(&initialized);
+  int provided = MPI_THREAD_SINGLE;
   if (initialized == 0) {
-    int provided = MPI_THREAD_SINGLE;
     if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
-      throw TransportError(ErrorContext{-1, "MPI_Init_thread", -1, ""}, "MPI failed to start");
+      throw TransportError(context, "MPI failed to start (MPI_Init_thread)");
     }
     initialized_here_ = true;
-    if (provided < MPI_THREAD_SERIALIZED) {
-      MPI_Finalize();
-      throw TransportError(ErrorContext{-1, "MPI_Init_thread", -1, ""},
-                           "this MPI provides thread level " + std::to_string(provided) +
-                               "; chorus needs MPI_THREAD_SERIALIZED (Note [MPI locking])");
-    }
+    // chorus's own communicators return their errors; MPI_COMM_WORLD too, since MPI is ours.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  } else {
+    MPI_Query_thread(&provided);  // the program's MPI: leave its error handler alone
   }
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    if (initialized_here_) {
+      MPI_Finalize();
+    }
+    throw TransportError(context, "this MPI runs at thread level " + std::to_string(provided) +
+                                      "; chorus needs MPI_THREAD_SERIALIZED (Note [MPI locking]): "
+                                      "initialise MPI with MPI_Init_thread, or let chorus do it");
+  }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
   // Every rank starts here together (chorus::mpi::run), so this collective cannot strand one.
@@ -108,23 +130,28 @@ MpiProcess::MpiProcess() : user_ops_(std::make_unique<UserOps>()) {
     throw TransportError(ErrorContext{rank_, "MPI_Comm_dup", -1, ""},
                          "creating chorus's control communicator failed: " + mpi_error_text(code));
   }
+  MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
 }
 
 MpiProcess::~MpiProcess() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized != 0) {
-    return;  // the program finalised MPI itself: the ops went with it
+    // The program finalised MPI itself: its objects went with it; do not free them again.
+    (void)user_ops_.release();  // NOLINT(bugprone-unused-return-value): owned by MPI's teardown
+    return;
   }
   user_ops_.reset();
   MPI_Comm_free(&control_);
   if (initialized_here_) {
+    // Works parked after a caught Timeout may still be pending; MPI_Finalize with pending
+    // requests is erroneous, so they are left to the process's end (docs/mpi.md).
     MPI_Finalize();
   }
 }
 
 void MpiProcess::park(Started started) {
-  // Called with the work's lock held, not the MPI lock.
+  // Callers hold no MPI lock (the MPI lock orders after a work's own lock).
   const std::lock_guard lock(mutex_);
   parked_.push_back(std::move(started));
 }
@@ -140,9 +167,10 @@ MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, Started started,
       context_(std::move(context)) {}
 
 MpiWork::~MpiWork() {
-  if (status_ == transport::WorkStatus::Pending && !started_.requests.empty()) {
+  if (status_ != transport::WorkStatus::Completed && !started_.requests.empty()) {
     // MPI cannot cancel a collective: its buffers must outlive it, so they stay with the process
-    // (a work is dropped pending only after a Timeout, on the way to ending the job).
+    // (a work is dropped pending only after a Timeout, on the way to ending the job; a failed
+    // test leaves its requests in an unknown state, so those stay too).
     process_->park(std::move(started_));
   }
 }
@@ -152,15 +180,17 @@ void MpiWork::poll() {
     return;
   }
   int done = 0;
-  int code = MPI_SUCCESS;
+  std::string failure;
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    code = MPI_Testall(static_cast<int>(started_.requests.size()), started_.requests.data(), &done,
-                       MPI_STATUSES_IGNORE);
+    const int code = MPI_Testall(static_cast<int>(started_.requests.size()),
+                                 started_.requests.data(), &done, MPI_STATUSES_IGNORE);
+    if (code != MPI_SUCCESS) {
+      failure = "MPI_Testall failed: " + mpi_error_text(code);
+    }
   }
-  if (code != MPI_SUCCESS) {
-    error_ = make_error(ErrorCode::TransportError, context_,
-                        "MPI_Testall failed: " + mpi_error_text(code));
+  if (!failure.empty()) {
+    error_ = make_error(ErrorCode::TransportError, context_, failure);
     status_ = transport::WorkStatus::Failed;
     return;
   }
@@ -240,7 +270,10 @@ MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm ch
       id_(id),
       timeout_(timeout) {
   CHORUS_CHECK(comm_ != MPI_COMM_NULL);
-  MPI_Comm_rank(comm_, &group_rank_);
+  {
+    const std::lock_guard mpi_lock(process_->mutex());
+    MPI_Comm_rank(comm_, &group_rank_);
+  }
   CHORUS_CHECK_GE(group_rank_, 0);
   CHORUS_CHECK_EQ(ranks_[static_cast<std::size_t>(group_rank_)], process_->rank());
 }
@@ -324,6 +357,7 @@ std::shared_ptr<transport::Work> MpiComm::make_work(Started started, const OpInf
 std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const Buffer& recv,
                                                      const ReduceOp& reduce_op,
                                                      const OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(send.count, info);
@@ -352,6 +386,7 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
 
 std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const Buffer& recv,
                                                      const OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(recv.count, send.count * ranks_.size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(send.count, info);
@@ -378,6 +413,7 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
 std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, const Buffer& recv,
                                                          const ReduceOp& reduce_op,
                                                          const OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count * ranks_.size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(recv.count, info);
@@ -409,6 +445,7 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
                                                      const Buffer& recv,
                                                      const std::vector<std::size_t>& recv_counts,
                                                      const OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send_counts.size(), ranks_.size());
   CHORUS_CHECK_EQ(recv_counts.size(), ranks_.size());
   CHORUS_CHECK(send.dtype == recv.dtype);
@@ -458,6 +495,7 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
 
 std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Buffer& recv,
                                                     int root, const OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(recv.count, info);
@@ -481,6 +519,7 @@ std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Bu
 std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffer& recv,
                                                  const ReduceOp& reduce_op, int root,
                                                  const OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(send.count, info);
@@ -520,7 +559,11 @@ namespace {
 // out the counts (uneven splits legitimately differ); a second exchange checks them pairwise
 // (rank i's send count for j is rank j's receive count for i) and a third agrees on the verdict,
 // so every rank fails together. It costs one to three small collectives per operation: a
-// debugging mode, off by default (as PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL).
+// debugging mode, off by default (as PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL). Issuing blocks
+// until the members described theirs, so under the check ranks must issue the operations of
+// different groups in the same order; a program that interleaves two groups differently per rank
+// (legal on MPI, whose nonblocking collectives on different communicators may start in any
+// order) times out under the check.
 struct WireSignature {
   std::int64_t seq = -1;
   std::uint64_t digest = 0;  // FNV-1a over the name and every op (all_to_all: no counts)
@@ -609,13 +652,12 @@ void MpiComm::await_requests(Started& pending, const OpInfo& info, const std::st
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   for (;;) {
     int done = 0;
-    int code = MPI_SUCCESS;
     {
       const std::lock_guard mpi_lock(process_->mutex());
-      code = MPI_Testall(static_cast<int>(pending.requests.size()), pending.requests.data(), &done,
-                         MPI_STATUSES_IGNORE);
+      check(MPI_Testall(static_cast<int>(pending.requests.size()), pending.requests.data(), &done,
+                        MPI_STATUSES_IGNORE),
+            "MPI_Testall (collective check)", info);  // a throw here releases the lock first
     }
-    check(code, "MPI_Testall (collective check)", info);
     if (done != 0) {
       return;
     }
@@ -709,6 +751,15 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   }
 }
 
+MpiComm::BatchAbandon::~BatchAbandon() {
+  if (std::uncaught_exceptions() > exceptions_ && comm_->batching_) {
+    // core will not call end_group: drop the batch (nothing of it started yet).
+    comm_->batching_ = false;
+    comm_->batch_signatures_.clear();
+    comm_->batch_starts_.clear();
+  }
+}
+
 void MpiComm::begin_group() {
   CHORUS_CHECK(!batching_);
   CHORUS_CHECK(batch_starts_.empty());
@@ -727,8 +778,13 @@ std::shared_ptr<transport::Work> MpiComm::end_group(const OpInfo& info) {
   }
   Started started;
   started.signatures = std::move(signatures);
-  for (const std::function<void(Started&)>& start : starts) {
-    start(started);
+  try {
+    for (const std::function<void(Started&)>& start : starts) {
+      start(started);
+    }
+  } catch (...) {
+    process_->park(std::move(started));  // what did start keeps its buffers until the end
+    throw;
   }
   return make_work(std::move(started), info);
 }
@@ -749,7 +805,17 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   Started pending;
   pending.keep_alive.push_back(ids);
   std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
-  const int tag = static_cast<int>(id % kControlTagCount);
+  // An MPI failure: the call and its text, taken under the MPI lock, thrown outside it.
+  std::string failure;
+  const auto fail_if_any = [&] {
+    if (!failure.empty()) {
+      for (MPI_Request request : receives) {
+        pending.requests.push_back(request);
+      }
+      process_->park(std::move(pending));
+      throw TransportError(context, failure);
+    }
+  };
   {
     const std::lock_guard mpi_lock(process_->mutex());
     for (std::size_t i = 0; i < n; ++i) {
@@ -757,11 +823,24 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         continue;
       }
       MPI_Request send = MPI_REQUEST_NULL;
-      MPI_Isend(&(*ids)[n], 1, MPI_UINT64_T, ranks[i], tag, process_->control(), &send);
+      // One tag for every set-up: between two ranks, set-ups pair up in the order each starts
+      // them, so a peer busy setting up another group is seen at once (its id differs).
+      if (const int code = MPI_Isend(&(*ids)[n], 1, MPI_UINT64_T, ranks[i], kRendezvousTag,
+                                     process_->control(), &send);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Isend (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
       pending.requests.push_back(send);
-      MPI_Irecv(&(*ids)[i], 1, MPI_UINT64_T, ranks[i], tag, process_->control(), &receives[i]);
+      if (const int code = MPI_Irecv(&(*ids)[i], 1, MPI_UINT64_T, ranks[i], kRendezvousTag,
+                                     process_->control(), &receives[i]);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
     }
   }
+  fail_if_any();
   const auto deadline = now() + timeout_;
   for (;;) {
     std::vector<int> missing;
@@ -770,13 +849,18 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       for (std::size_t i = 0; i < n; ++i) {
         int arrived = 1;
         if (receives[i] != MPI_REQUEST_NULL) {
-          MPI_Test(&receives[i], &arrived, MPI_STATUS_IGNORE);
+          if (const int code = MPI_Test(&receives[i], &arrived, MPI_STATUS_IGNORE);
+              code != MPI_SUCCESS) {
+            failure = "MPI_Test (communicator set-up) failed: " + mpi_error_text(code);
+            break;
+          }
         }
         if (arrived == 0) {
           missing.push_back(ranks[i]);
         }
       }
     }
+    fail_if_any();
     if (missing.empty()) {
       break;
     }
@@ -796,16 +880,25 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
     }
     std::this_thread::yield();
   }
+  // Every peer's id arrived, so every peer posted its sends to us; ours are 8-byte eager
+  // messages whose receives the peers posted with theirs: this completes without waiting on
+  // anyone's progress but MPI's.
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    MPI_Waitall(static_cast<int>(pending.requests.size()), pending.requests.data(),
-                MPI_STATUSES_IGNORE);  // every peer received: the sends are done or nearly
+    if (const int code = MPI_Waitall(static_cast<int>(pending.requests.size()),
+                                     pending.requests.data(), MPI_STATUSES_IGNORE);
+        code != MPI_SUCCESS) {
+      throw TransportError(context,
+                           "MPI_Waitall (communicator set-up) failed: " + mpi_error_text(code));
+    }
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (ranks[i] != process_->rank() && (*ids)[i] != id) {
-      throw CollectiveMismatch(context, "rank " + std::to_string(ranks[i]) +
-                                            " is setting up a different group at the same time "
-                                            "(its ranks or tag differ)");
+      throw CollectiveMismatch(
+          context, "rank " + std::to_string(ranks[i]) +
+                       " is setting up a different group at the same time (ranks or tag "
+                       "differ): ranks must first use the groups they share in the same order, "
+                       "or MPI would hang creating their communicators");
     }
   }
 }

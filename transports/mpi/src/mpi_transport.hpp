@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -138,6 +139,20 @@ class MpiComm final : public transport::Comm {
   std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
 
  private:
+  // Ends the open batch when an operation method throws inside it (core then never calls
+  // end_group), so the communicator is usable again.
+  class BatchAbandon {
+   public:
+    explicit BatchAbandon(MpiComm& comm) noexcept : comm_(&comm) {}
+    ~BatchAbandon();
+    BatchAbandon(const BatchAbandon&) = delete;
+    BatchAbandon& operator=(const BatchAbandon&) = delete;
+
+   private:
+    MpiComm* comm_;
+    int exceptions_ = std::uncaught_exceptions();
+  };
+
   // Starts one operation now (after its check), or defers it into the open batch. `start`
   // issues its MPI requests into a Started. all_to_all passes its per-peer counts for the check.
   std::shared_ptr<transport::Work> launch(const transport::OpSignature& op_signature,
@@ -183,9 +198,11 @@ class MpiComm final : public transport::Comm {
 // Creating an MPI communicator blocks until every member calls it, and nothing bounds the wait:
 // a member that never issues an operation on the group (it returned, it diverged, it is stuck)
 // would hang the others inside MPI_Comm_create_group forever. So before creating one, every
-// member sends every other member the group's id on the control communicator and polls for
-// theirs, under the rank's timeout. A missing member becomes a Timeout naming it ("ranks [1]
-// of group [0, 1] did not reach it"); a member setting up another group at the same time
+// member sends every other member the group's id on the control communicator, always with the
+// same tag, and polls for theirs under the rank's timeout. Between two ranks, set-ups pair up in
+// the order each rank starts them: a member that never arrives becomes a Timeout naming it
+// ("ranks [1] of group [0, 1] did not reach it"), and a member setting up another group first
+// (the two ranks first use their shared groups in different orders, which would deadlock MPI)
 // becomes a CollectiveMismatch. Only then is MPI_Comm_create_group called, which returns
 // promptly since every member is there.
 class MpiTransport final : public transport::Transport {

@@ -1,11 +1,15 @@
 // Note [MPI mapping]: which MPI datatype and operation carry each (dtype, reduction). Pure
 // functions: no MPI process needed.
 
+#include "mapping.hpp"
+
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "chorus/error.hpp"
+#include "chorus/half.hpp"
 #include "chorus/mpi/mpi.hpp"
 
 namespace chorus::mpi {
@@ -116,3 +120,49 @@ TEST(MpiMappingSweep, RefusesWhatChorusRefuses) {
 
 }  // namespace
 }  // namespace chorus::mpi
+
+namespace chorus::mpi::detail {
+namespace {
+
+// avg's post step divides by the whole group size: never narrowed to the element type.
+TEST(MpiDivideInPlace, IntegersDivideByTheWholeGroupSizeTowardZero) {
+  std::int8_t int8[3] = {-128, 100, -7};
+  divide_in_place(int8, DType::Int8, 3, 128);
+  EXPECT_EQ(int8[0], -1);
+  EXPECT_EQ(int8[1], 0);
+  EXPECT_EQ(int8[2], 0);
+  std::int8_t hundred = 100;
+  divide_in_place(&hundred, DType::Int8, 1, 200);
+  EXPECT_EQ(hundred, 0);
+  std::uint8_t uint8[2] = {255, 3};
+  divide_in_place(uint8, DType::UInt8, 2, 256);  // a narrowed divisor would be 0
+  EXPECT_EQ(uint8[0], 0);
+  EXPECT_EQ(uint8[1], 0);
+  std::int32_t int32[2] = {-7, 7};
+  divide_in_place(int32, DType::Int32, 2, 2);
+  EXPECT_EQ(int32[0], -3);
+  EXPECT_EQ(int32[1], 3);
+  std::int64_t int64 = -(std::int64_t{1} << 40);
+  divide_in_place(&int64, DType::Int64, 1, 1024);
+  EXPECT_EQ(int64, -(std::int64_t{1} << 30));
+}
+
+TEST(MpiDivideInPlace, FloatsAndComplexDivideEveryPart) {
+  float f32[2] = {3.0f, -1.0f};
+  divide_in_place(f32, DType::Float32, 2, 4);
+  EXPECT_EQ(f32[0], 0.75f);
+  EXPECT_EQ(f32[1], -0.25f);
+  double complex128[2] = {6.0, -3.0};  // one Complex128 element: real, imaginary
+  divide_in_place(complex128, DType::Complex128, 1, 3);
+  EXPECT_EQ(complex128[0], 2.0);
+  EXPECT_EQ(complex128[1], -1.0);
+  std::uint16_t half = float_to_half_bits(3.0f);
+  divide_in_place(&half, DType::Float16, 1, 2);
+  EXPECT_EQ(half, float_to_half_bits(1.5f));
+  std::uint16_t bf16 = float_to_bfloat16_bits(-5.0f);
+  divide_in_place(&bf16, DType::BFloat16, 1, 4);
+  EXPECT_EQ(bf16, float_to_bfloat16_bits(-1.25f));
+}
+
+}  // namespace
+}  // namespace chorus::mpi::detail
