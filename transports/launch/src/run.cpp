@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "chorus/error.hpp"
+#include "chorus/launch_environment.hpp"
 #include "chorus/sim/sim.hpp"
 
 #if defined(CHORUS_HAVE_MPI)
@@ -155,6 +156,22 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
 }
 
 int run(const RunOptions& options, std::function<void()> rank_main) {
+  if (options.transport != "sim") {
+    // One process per rank: who this process is comes from its launcher's variables. Read (and
+    // checked: a malformed value is an InvalidArgument naming it) before any transport starts.
+    const LaunchEnvironment environment = launch_environment();
+    if (options.transport == "mpi" && environment.source == LaunchSource::Torchrun &&
+        environment.world_size > 1) {
+      // MPI would start each process as a world of its own: W silent one-rank jobs.
+      throw InvalidArgument(
+          ErrorContext{environment.rank, "chorus::run", -1, ""},
+          "transport 'mpi' needs processes started by mpirun (or srun), but this one was started "
+          "by chorus launch or torchrun as rank " +
+              std::to_string(environment.rank) + " of " + std::to_string(environment.world_size) +
+              " (RANK/WORLD_SIZE): run `mpirun -np " + std::to_string(environment.world_size) +
+              " ...` instead");
+    }
+  }
 #if defined(CHORUS_HAVE_MPI)
   if (options.transport == "mpi") {
     mpi::MpiRunOptions mpi_options;

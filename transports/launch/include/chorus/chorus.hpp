@@ -19,6 +19,7 @@
 #include "chorus/error.hpp"
 #include "chorus/group.hpp"
 #include "chorus/half.hpp"
+#include "chorus/launch_environment.hpp"
 #include "chorus/meta.hpp"
 #include "chorus/reduce_op.hpp"
 #include "chorus/run.hpp"

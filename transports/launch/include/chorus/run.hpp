@@ -55,6 +55,11 @@ struct RunOptions {
 // normally (and, with check_determinism, both runs agreed), 1 otherwise (the error, and for the
 // simulator the seed and a replay command, are printed to stderr). Works never waited are reported
 // on stderr with their call sites. Throws InvalidArgument for an unknown or unavailable transport.
+// A transport other than sim reads this process's rank and world size from its launcher's
+// environment (launch_environment(), <chorus/launch_environment.hpp>): malformed variables throw
+// InvalidArgument naming them, and --transport=mpi in a process started by `chorus launch` or
+// torchrun (RANK/WORLD_SIZE with WORLD_SIZE > 1) throws InvalidArgument rather than run W
+// separate one-rank MPI worlds.
 int run(const RunOptions& options, std::function<void()> rank_main);
 
 }  // namespace chorus

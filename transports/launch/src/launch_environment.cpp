@@ -1,0 +1,115 @@
+#include "chorus/launch_environment.hpp"
+
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "chorus/error.hpp"
+
+namespace chorus {
+namespace {
+
+struct SourceNames {
+  LaunchSource source;
+  const char* rank;
+  const char* world_size;
+  const char* local_rank;
+  const char* local_world_size;  // nullptr: this source has none
+};
+
+// In precedence order (launch_environment.hpp says why).
+constexpr SourceNames kSources[] = {
+    {LaunchSource::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {LaunchSource::OpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {LaunchSource::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+
+[[noreturn]] void bad_variable(const std::string& variable, const std::string& value,
+                               const std::string& expected) {
+  throw InvalidArgument(
+      ErrorContext{-1, "launch_environment", -1, ""},
+      "environment variable " + variable + "='" + value + "' is invalid: expected " + expected);
+}
+
+// A plain decimal integer in [low, high]: digits only, at most 9 of them (so it fits an int).
+int parse_int(const char* variable, const char* text, int low, int high) {
+  const std::string value = text;
+  const std::string expected =
+      "a decimal integer from " + std::to_string(low) + " to " + std::to_string(high);
+  if (value.empty() || value.size() > 9 ||
+      value.find_first_not_of("0123456789") != std::string::npos) {
+    bad_variable(variable, value, expected);
+  }
+  const long parsed = std::strtol(value.c_str(), nullptr, 10);
+  if (parsed < low || parsed > high) {
+    bad_variable(variable, value, expected);
+  }
+  return static_cast<int>(parsed);
+}
+
+}  // namespace
+
+std::string_view name(LaunchSource source) noexcept {
+  switch (source) {
+    case LaunchSource::None:
+      return "none";
+    case LaunchSource::Torchrun:
+      return "torchrun";
+    case LaunchSource::OpenMpi:
+      return "openmpi";
+    case LaunchSource::Slurm:
+      return "slurm";
+  }
+  return "?";
+}
+
+LaunchEnvironment launch_environment(const GetEnv& getenv) {
+  const GetEnv lookup = getenv ? getenv : GetEnv([](const char* variable) -> const char* {
+    return std::getenv(variable);  // NOLINT(concurrency-mt-unsafe): reading only
+  });
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  LaunchEnvironment environment;
+  for (const SourceNames& names : kSources) {
+    const char* rank = lookup(names.rank);
+    const char* world_size = lookup(names.world_size);
+    if (rank == nullptr && world_size == nullptr) {
+      continue;
+    }
+    if (rank == nullptr || world_size == nullptr) {
+      const char* missing = rank == nullptr ? names.rank : names.world_size;
+      const char* present = rank == nullptr ? names.world_size : names.rank;
+      throw InvalidArgument(ErrorContext{-1, "launch_environment", -1, ""},
+                            std::string("environment variable ") + missing + " is unset while " +
+                                present + " is set: a launcher sets both");
+    }
+    environment.source = names.source;
+    environment.world_size = parse_int(names.world_size, world_size, 1, kIntMax);
+    environment.rank = parse_int(names.rank, rank, 0, environment.world_size - 1);
+    int local_high = environment.world_size - 1;
+    if (names.local_world_size != nullptr) {
+      if (const char* local_world_size = lookup(names.local_world_size)) {
+        environment.local_world_size =
+            parse_int(names.local_world_size, local_world_size, 1, environment.world_size);
+        local_high = *environment.local_world_size - 1;
+      }
+    }
+    const char* local_rank = lookup(names.local_rank);
+    environment.local_rank = local_rank == nullptr
+                                 ? environment.rank
+                                 : parse_int(names.local_rank, local_rank, 0, local_high);
+    break;
+  }
+  if (const char* address = lookup("MASTER_ADDR")) {
+    if (*address == '\0') {
+      bad_variable("MASTER_ADDR", address, "a host name or address");
+    }
+    environment.master_addr = address;
+  }
+  if (const char* port = lookup("MASTER_PORT")) {
+    environment.master_port = static_cast<std::uint16_t>(parse_int("MASTER_PORT", port, 1, 65535));
+  }
+  return environment;
+}
+
+}  // namespace chorus
