@@ -1,10 +1,12 @@
 // The `chorus` command: check (run the property battery), replay (rerun a failing case from its
-// token), list (the properties). See docs/properties.md.
+// token), list (the properties), launch (start N local ranks of a program). See
+// docs/properties.md and docs/launch.md.
 
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chorus/chorus.hpp>
+#include <chorus/launcher.hpp>
 #include <chorus/props/battery.hpp>
 #include <chorus/props/runner.hpp>
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace chorus::cli {
 namespace {
@@ -187,6 +190,28 @@ int run_list() {
   return 0;
 }
 
+// `chorus launch [options] -- program args`: the index of the "--" that ends the launcher's
+// options (argc when there is none). A "--" after the program is the program's. CLI11's prefix
+// command handles everything else (it would take this "--" as an unexpected positional).
+int launch_separator(int argc, char** argv) {
+  if (argc < 2 || std::string_view(argv[1]) != "launch") {
+    return argc;
+  }
+  for (int i = 2; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word == "--") {
+      return i;
+    }
+    if (word.empty() || word[0] != '-') {
+      return argc;  // the program: everything from here on is its
+    }
+    if (word == "-n" || word == "--nproc" || word == "--grace-ms") {
+      ++i;  // the option's value
+    }
+  }
+  return argc;
+}
+
 }  // namespace
 }  // namespace chorus::cli
 
@@ -237,7 +262,21 @@ int main(int argc, char** argv) {
 
   CLI::App* list = app.add_subcommand("list", "list the battery's properties");
 
-  CLI11_PARSE(app, argc, argv);
+  chorus::launcher::LaunchOptions launch_options;
+  std::int64_t grace_ms = launch_options.grace.count();
+  CLI::App* launch = app.add_subcommand(
+      "launch",
+      "start N local ranks of a program with torchrun's environment (RANK WORLD_SIZE LOCAL_RANK "
+      "MASTER_ADDR MASTER_PORT) and a rendezvous store: chorus launch -n N [--] program args...");
+  launch->add_option("-n,--nproc", launch_options.ranks, "ranks to start")->required();
+  launch->add_option("--grace-ms", grace_ms, "after SIGTERM, how long a rank has before SIGKILL")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  // Everything from the program on is the program's, flags included.
+  launch->prefix_command();
+
+  const int separator = launch_separator(argc, argv);
+  CLI11_PARSE(app, separator, argv);
   try {
     if (check->parsed()) {
       return run_check(flags);
@@ -247,6 +286,23 @@ int main(int argc, char** argv) {
     }
     if (list->parsed()) {
       return run_list();
+    }
+    if (launch->parsed()) {
+      launch_options.command = launch->remaining();
+      if (separator < argc) {
+        if (!launch_options.command.empty()) {
+          std::cerr << "chorus launch: unexpected '" << launch_options.command.front()
+                    << "' before --\n";
+          return 2;
+        }
+        launch_options.command.assign(argv + separator + 1, argv + argc);
+      }
+      if (launch_options.command.empty()) {
+        std::cerr << "chorus launch: no program to run (chorus launch -n N [--] program args...)\n";
+        return 2;
+      }
+      launch_options.grace = std::chrono::milliseconds(grace_ms);
+      return chorus::launcher::launch(launch_options);
     }
   } catch (const std::exception& error) {
     std::cerr << error.what() << "\n";

@@ -1,0 +1,130 @@
+// A rank program for the launcher's tests (launcher_test.cpp, the launch.cli.* ctests):
+//
+//   launch_probe ok               two stdout lines, one stderr line, a last line without '\n'
+//   launch_probe env              prints its launch environment, then meets the other ranks at
+//                                 the launcher's store (set/get, an allgather)
+//   launch_probe exit R CODE      every rank meets at a store barrier; then rank R exits CODE and
+//                                 the others wait in pause() until the launcher stops them
+//   launch_probe sigkill R        the same, but rank R SIGKILLs itself
+//   launch_probe stubborn R       the same as `exit R 1`, but the others ignore SIGTERM
+//
+// Ranks meet at a barrier before one fails, so the failure always finds the others running.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chorus/launch_environment.hpp>
+#include <chorus/store/store.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+
+const char* variable(const char* name) {
+  const char* value = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): one thread
+  return value == nullptr ? "<unset>" : value;
+}
+
+chorus::store::ClientOptions client_options(const chorus::LaunchEnvironment& environment) {
+  chorus::store::ClientOptions options;
+  options.host = environment.master_addr.value_or("127.0.0.1");
+  options.port = environment.master_port.value_or(0);
+  return options;  // the token: $CHORUS_STORE_TOKEN
+}
+
+int print_environment() {
+  const chorus::LaunchEnvironment environment = chorus::launch_environment();
+  const std::string token = variable("CHORUS_STORE_TOKEN");
+  std::printf(
+      "env RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s "
+      "token_chars=%zu\n",
+      variable("RANK"), variable("WORLD_SIZE"), variable("LOCAL_RANK"),
+      variable("LOCAL_WORLD_SIZE"), variable("MASTER_ADDR"), token.size());
+  std::printf(
+      "parsed source=%s rank=%d world_size=%d local_rank=%d port_matches=%d\n",
+      std::string(chorus::name(environment.source)).c_str(), environment.rank,
+      environment.world_size, environment.local_rank,
+      environment.master_port && std::to_string(*environment.master_port) == variable("MASTER_PORT")
+          ? 1
+          : 0);
+  chorus::store::Client client(client_options(environment), 30s);
+  const int rank = environment.rank;
+  const int world_size = environment.world_size;
+  client.set("probe/" + std::to_string(rank), "value of " + std::to_string(rank), 30s);
+  const int next = (rank + 1) % world_size;
+  std::printf("get probe/%d = %s\n", next,
+              client.get("probe/" + std::to_string(next), 30s).c_str());
+  chorus::store::PrefixStore group("probe", client);
+  chorus::store::Rendezvous rendezvous(group, rank, world_size);
+  std::string gathered;
+  for (const std::string& blob : rendezvous.allgather_bytes("r" + std::to_string(rank), 30s)) {
+    gathered += (gathered.empty() ? "" : ",") + blob;
+  }
+  std::printf("allgather %s\n", gathered.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+// Every rank meets the others, then `failing` fails as `fail` says and the others wait.
+template <class Fail>
+int fail_one(int failing, bool ignore_sigterm, Fail fail) {
+  if (ignore_sigterm) {
+    ::signal(SIGTERM, SIG_IGN);
+  }
+  const chorus::LaunchEnvironment environment = chorus::launch_environment();
+  chorus::store::Client client(client_options(environment), 30s);
+  chorus::store::Rendezvous rendezvous(client, environment.rank, environment.world_size);
+  if (environment.rank != failing) {
+    // Before the barrier, so that it is out before the failure.
+    std::printf("rank %d waits\n", environment.rank);
+    std::fflush(stdout);
+  }
+  rendezvous.barrier(30s);
+  if (environment.rank == failing) {
+    std::printf("rank %d fails now\n", environment.rank);
+    std::fflush(stdout);
+    fail();
+  }
+  for (;;) {
+    ::pause();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.size() == 1 && args[0] == "ok") {
+      std::printf("first line\nsecond line\n");
+      std::fflush(stdout);
+      std::fprintf(stderr, "a line on stderr\n");
+      std::printf("no newline at the end");
+      return 0;
+    }
+    if (args.size() == 1 && args[0] == "env") {
+      return print_environment();
+    }
+    if (args.size() == 3 && args[0] == "exit") {
+      const int code = std::stoi(args[2]);
+      return fail_one(std::stoi(args[1]), false, [code] { std::exit(code); });
+    }
+    if (args.size() == 2 && args[0] == "sigkill") {
+      return fail_one(std::stoi(args[1]), false, [] { ::raise(SIGKILL); });
+    }
+    if (args.size() == 2 && args[0] == "stubborn") {
+      return fail_one(std::stoi(args[1]), true, [] { std::exit(1); });
+    }
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "launch_probe: %s\n", error.what());
+    return 1;
+  }
+  std::fprintf(stderr, "usage: launch_probe ok|env|exit R CODE|sigkill R|stubborn R\n");
+  return 2;
+}

@@ -1,0 +1,247 @@
+// chorus::launcher::launch — the engine of `chorus launch` — on real processes
+// (tests/transports/launch_probe.cpp), with its output captured in temporary files. No sleeps:
+// the failing rank meets the others at a store barrier first, so it always finds them running.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chorus/error.hpp>
+#include <chorus/launcher.hpp>
+#include <chrono>
+#include <cstdio>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef CHORUS_LAUNCH_PROBE
+#error "CHORUS_LAUNCH_PROBE must name the launch_probe executable"
+#endif
+
+namespace chorus::launcher {
+namespace {
+
+// A temporary file to hand the launcher as an output descriptor.
+class Capture {
+ public:
+  Capture() : file_(std::tmpfile()) { EXPECT_NE(file_, nullptr); }
+  ~Capture() { std::fclose(file_); }
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+
+  int fd() const { return fileno(file_); }
+  std::string text() const {
+    std::string text;
+    char buffer[4096];
+    ::lseek(fd(), 0, SEEK_SET);
+    for (ssize_t count = ::read(fd(), buffer, sizeof buffer); count > 0;
+         count = ::read(fd(), buffer, sizeof buffer)) {
+      text.append(buffer, static_cast<std::size_t>(count));
+    }
+    return text;
+  }
+  std::vector<std::string> lines() const {
+    std::vector<std::string> lines;
+    std::istringstream stream(text());
+    for (std::string line; std::getline(stream, line);) {
+      lines.push_back(line);
+    }
+    return lines;
+  }
+
+ private:
+  std::FILE* file_;
+};
+
+struct Outcome {
+  int status = -1;
+  std::string out;
+  std::string err;
+  std::vector<std::string> out_lines;
+};
+
+Outcome run_probe(int ranks, std::vector<std::string> args,
+                  std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
+  Capture out;
+  Capture err;
+  LaunchOptions options;
+  options.ranks = ranks;
+  options.command = {CHORUS_LAUNCH_PROBE};
+  options.command.insert(options.command.end(), args.begin(), args.end());
+  options.grace = grace;
+  options.stdout_fd = out.fd();
+  options.stderr_fd = err.fd();
+  Outcome outcome;
+  outcome.status = launch(options);
+  outcome.out = out.text();
+  outcome.err = err.text();
+  outcome.out_lines = out.lines();
+  return outcome;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Launcher, AllRanksSucceedAndEveryLineIsPrefixed) {
+  const Outcome outcome = run_probe(3, {"ok"});
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  ASSERT_EQ(outcome.out_lines.size(), 9u) << outcome.out;
+  for (const std::string& line : outcome.out_lines) {
+    EXPECT_TRUE(std::regex_match(line, std::regex(R"(\[rank [0-2]\] .+)"))) << line;
+  }
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+    EXPECT_TRUE(contains(outcome.out, prefix + "first line\n" + prefix + "second line\n"))
+        << outcome.out;
+    // The partial last line is flushed, with a newline added.
+    EXPECT_TRUE(contains(outcome.out, prefix + "no newline at the end\n")) << outcome.out;
+    EXPECT_TRUE(contains(outcome.err, prefix + "a line on stderr\n")) << outcome.err;
+  }
+  EXPECT_FALSE(contains(outcome.err, "chorus launch:")) << outcome.err;
+}
+
+TEST(Launcher, EachRankGetsItsEnvironmentAndMeetsTheOthersAtTheStore) {
+  constexpr int kRanks = 4;
+  const Outcome outcome = run_probe(kRanks, {"env"});
+  ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+    const std::string r = std::to_string(rank);
+    EXPECT_TRUE(contains(outcome.out, prefix + "env RANK=" + r + " WORLD_SIZE=4 LOCAL_RANK=" + r +
+                                          " LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 "
+                                          "token_chars=32\n"))
+        << outcome.out;
+    EXPECT_TRUE(contains(outcome.out, prefix + "parsed source=torchrun rank=" + r +
+                                          " world_size=4 local_rank=" + r + " port_matches=1\n"))
+        << outcome.out;
+    const std::string next = std::to_string((rank + 1) % kRanks);
+    EXPECT_TRUE(contains(outcome.out, prefix + "get probe/" + next + " = value of " + next + "\n"))
+        << outcome.out;
+    EXPECT_TRUE(contains(outcome.out, prefix + "allgather r0,r1,r2,r3\n")) << outcome.out;
+  }
+}
+
+TEST(Launcher, ARankThatExitsNonZeroStopsTheOthers) {
+  const Outcome outcome = run_probe(4, {"exit", "2", "3"});
+  EXPECT_EQ(outcome.status, 3);
+  EXPECT_TRUE(std::regex_search(
+      outcome.err,
+      std::regex(
+          R"(chorus launch: rank 2 \(pid [0-9]+\) exited with code 3; stopping the other 3 ranks\n)")))
+      << outcome.err;
+  EXPECT_TRUE(contains(outcome.out, "[rank 2] rank 2 fails now\n")) << outcome.out;
+  // The others were waiting, and SIGTERM ended them within the grace period.
+  EXPECT_TRUE(contains(outcome.out, "[rank 0] rank 0 waits\n")) << outcome.out;
+  EXPECT_FALSE(contains(outcome.err, "SIGKILL")) << outcome.err;
+}
+
+TEST(Launcher, ARankKilledBySignalIsNamedWithTheSignal) {
+  const Outcome outcome = run_probe(3, {"sigkill", "1"});
+  EXPECT_EQ(outcome.status, 128 + SIGKILL);
+  EXPECT_TRUE(std::regex_search(
+      outcome.err,
+      std::regex(
+          R"(chorus launch: rank 1 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\); stopping the other 2 ranks\n)")))
+      << outcome.err;
+}
+
+TEST(Launcher, RanksThatIgnoreSigtermGetSigkillAfterTheGracePeriod) {
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome outcome = run_probe(3, {"stubborn", "0"}, std::chrono::milliseconds(200));
+  EXPECT_EQ(outcome.status, 1);
+  EXPECT_TRUE(contains(outcome.err, "rank 0 (pid ")) << outcome.err;
+  for (const char* rank : {"rank 1", "rank 2"}) {
+    EXPECT_TRUE(std::regex_search(
+        outcome.err,
+        std::regex(std::string("chorus launch: ") + rank +
+                   R"( \(pid [0-9]+\) did not exit within 200 ms of SIGTERM; sending SIGKILL)")))
+        << outcome.err;
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+}
+
+TEST(Launcher, ForwardsSigtermToTheRanks) {
+  // The ranks' stdout goes to a pipe read by a thread that sends this process SIGTERM once every
+  // rank said it waits: the launcher (blocking it in the main thread) must forward it.
+  constexpr int kRanks = 3;
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  std::string out;
+  std::thread reader([&] {
+    sigset_t signals;
+    sigemptyset(&signals);
+    for (const int signal_number : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) {
+      sigaddset(&signals, signal_number);
+    }
+    // Blocked here too, so the process-directed signal waits for the launcher's signalfd.
+    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    int waiting = 0;
+    char buffer[4096];
+    for (ssize_t count = ::read(pipe_fds[0], buffer, sizeof buffer); count > 0;
+         count = ::read(pipe_fds[0], buffer, sizeof buffer)) {
+      out.append(buffer, static_cast<std::size_t>(count));
+      const bool before = waiting == kRanks;
+      waiting = 0;
+      for (std::size_t at = out.find(" waits\n"); at != std::string::npos;
+           at = out.find(" waits\n", at + 1)) {
+        ++waiting;
+      }
+      if (!before && waiting == kRanks) {
+        ::kill(::getpid(), SIGTERM);
+      }
+    }
+  });
+  Capture err;
+  LaunchOptions options;
+  options.ranks = kRanks;
+  options.command = {CHORUS_LAUNCH_PROBE, "exit", "99", "0"};  // nobody fails: all wait
+  options.stdout_fd = pipe_fds[1];
+  options.stderr_fd = err.fd();
+  const int status = launch(options);
+  ::close(pipe_fds[1]);
+  reader.join();
+  ::close(pipe_fds[0]);
+  EXPECT_EQ(status, 128 + SIGTERM);
+  EXPECT_TRUE(contains(err.text(),
+                       "chorus launch: received SIGTERM; forwarding it to the 3 "
+                       "running ranks\n"))
+      << err.text();
+  EXPECT_FALSE(contains(err.text(), "SIGKILL")) << err.text();
+}
+
+TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
+  LaunchOptions options;
+  options.command = {CHORUS_LAUNCH_PROBE, "ok"};
+  options.ranks = 0;
+  EXPECT_THROW(launch(options), InvalidArgument);
+  options.ranks = kRanksMax + 1;
+  EXPECT_THROW(launch(options), InvalidArgument);
+  options.ranks = 1;
+  options.command = {};
+  EXPECT_THROW(launch(options), InvalidArgument);
+  options.command = {"chorus-no-such-program-anywhere"};
+  try {
+    launch(options);
+    ADD_FAILURE() << "a missing program was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_TRUE(contains(error.what(), "cannot find program 'chorus-no-such-program-anywhere'"))
+        << error.what();
+  }
+}
+
+TEST(Launcher, FindsProgramsOnPath) {
+  Capture out;
+  LaunchOptions options;
+  options.ranks = 2;
+  options.command = {"sh", "-c", "echo rank $RANK of $WORLD_SIZE"};
+  options.stdout_fd = out.fd();
+  EXPECT_EQ(launch(options), 0);
+  EXPECT_TRUE(contains(out.text(), "[rank 1] rank 1 of 2\n")) << out.text();
+  EXPECT_TRUE(contains(out.text(), "[rank 0] rank 0 of 2\n")) << out.text();
+}
+
+}  // namespace
+}  // namespace chorus::launcher

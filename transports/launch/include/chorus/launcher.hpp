@@ -1,0 +1,59 @@
+#pragma once
+
+// chorus::launcher — `chorus launch -n N [--] program args...`: starts N local processes of one
+// SPMD program with torchrun's environment (RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+// MASTER_ADDR MASTER_PORT) plus CHORUS_STORE_TOKEN, hosts the rendezvous store they meet at
+// (chorus::store::Server on 127.0.0.1, a free port), streams their output prefixed by rank, and
+// stops them all when one dies. See docs/launch.md.
+//
+//   chorus::launcher::LaunchOptions options;
+//   options.ranks = 4;
+//   options.command = {"build/dev/examples/data_parallel", "--transport=nccl"};
+//   return chorus::launcher::launch(options);   // an exit status for the launcher's main
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace chorus::launcher {
+
+// Limits: ranks per launch (each costs two pipes and a process).
+inline constexpr int kRanksMax = 1024;
+// A line longer than this is written out in pieces (each prefixed), so a child that never writes
+// a newline cannot make the launcher buffer without bound.
+inline constexpr std::size_t kLineBytesMax = std::size_t{64} << 10;
+
+struct LaunchOptions {
+  // Processes to start, 1..kRanksMax.
+  int ranks = 1;
+  // The program (a path, or a name looked up on PATH) and its arguments.
+  std::vector<std::string> command;
+  // After SIGTERM, how long a rank has to exit before it gets SIGKILL.
+  std::chrono::milliseconds grace{2000};
+  // Where the ranks' prefixed stdout lines go, and their stderr lines plus the launcher's own
+  // messages ("chorus launch: ..."). The launcher does not close them.
+  int stdout_fd = 1;
+  int stderr_fd = 2;
+  // The store's shared secret, passed to the ranks as CHORUS_STORE_TOKEN. nullopt: a fresh
+  // random one (128 bits from std::random_device).
+  std::optional<std::string> token;
+};
+
+// Runs the job and returns the launcher's exit status:
+// - 0 when every rank exited 0;
+// - when a rank exits non-zero or is killed by a signal: that rank's code (or 128 + the signal),
+//   after the message "chorus launch: rank R (pid P) exited with code C" / "was killed by signal
+//   S (SIGNAME)" and stopping the others (SIGTERM, then SIGKILL after `grace`);
+// - when the launcher receives SIGINT, SIGTERM or SIGHUP: 128 + that signal, after forwarding it
+//   to every rank (then SIGKILL after `grace`);
+// - 127 when the program cannot be executed (reported by rank 0 and the others).
+// Blocks until every rank has been reaped. While it runs, SIGINT, SIGTERM, SIGHUP and SIGCHLD
+// are blocked in the calling thread (read through a signalfd) and restored afterwards; call it
+// from the main thread of a process with no other threads that leave those signals unblocked.
+// Not re-entrant. Throws InvalidArgument for bad options or a program that cannot be found,
+// TransportError when a system call fails or the store cannot start.
+int launch(const LaunchOptions& options);
+
+}  // namespace chorus::launcher

@@ -1,0 +1,560 @@
+#include "chorus/launcher.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "chorus/check.hpp"
+#include "chorus/error.hpp"
+#include "chorus/store/store.hpp"
+
+extern char** environ;  // NOLINT(readability-redundant-declaration): POSIX, not in unistd.h
+
+namespace chorus::launcher {
+namespace {
+
+// Note [Launcher events]
+// One thread, one poll(): the signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP, blocked for the
+// duration so they arrive only there) and the read end of every rank's stdout and stderr pipe.
+// The poll timeout is the SIGTERM grace deadline while stopping, else infinite: no sleeps. A
+// SIGCHLD reaps with waitpid(pid, WNOHANG) on our own pids only (the caller may have other
+// children), then drains what the dead rank left in its pipes, so its last lines come out
+// before the message about its death. The loop ends when every rank is reaped; pipes a
+// grandchild still holds are drained once more without blocking and closed.
+
+const ErrorContext kContext{-1, "chorus launch", -1, ""};
+
+[[noreturn]] void system_error(const std::string& what) {
+  const int error = errno;
+  throw TransportError(kContext, what + ": " + std::strerror(error));
+}
+
+// Writes everything, retrying on EINTR and waiting out EAGAIN; gives up silently on other
+// errors (a closed terminal must not stop the launcher from stopping its ranks).
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t written = ::write(fd, data.data(), data.size());
+    if (written < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      if (errno == EAGAIN) {
+        pollfd writable{fd, POLLOUT, 0};
+        ::poll(&writable, 1, -1);
+        continue;
+      }
+      return;
+    }
+    data.remove_prefix(static_cast<std::size_t>(written));
+  }
+}
+
+std::string signal_name(int signal_number) {
+  const char* abbreviation = ::sigabbrev_np(signal_number);
+  return abbreviation == nullptr ? "an unknown signal" : std::string("SIG") + abbreviation;
+}
+
+// "exited with code 3", "was killed by signal 9 (SIGKILL)".
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) {
+    return "exited with code " + std::to_string(WEXITSTATUS(status));
+  }
+  const int signal_number = WTERMSIG(status);
+  return "was killed by signal " + std::to_string(signal_number) + " (" +
+         signal_name(signal_number) + ")" + (WCOREDUMP(status) ? ", core dumped" : "");
+}
+
+// The shell's convention: the code, or 128 + the signal.
+int exit_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string random_token() {
+  std::random_device device;
+  std::string token;
+  constexpr char kHex[] = "0123456789abcdef";
+  for (int word = 0; word < 4; ++word) {
+    std::uint32_t bits = device();
+    for (int nibble = 0; nibble < 8; ++nibble) {
+      token += kHex[bits & 0xFU];
+      bits >>= 4U;
+    }
+  }
+  return token;
+}
+
+// The program's path: as given when it holds a '/', else the first executable match on PATH.
+std::string resolve_program(const std::string& program) {
+  if (program.empty()) {
+    throw InvalidArgument(kContext, "no program to run");
+  }
+  if (program.find('/') != std::string::npos) {
+    if (::access(program.c_str(), X_OK) != 0) {
+      throw InvalidArgument(kContext, "cannot execute '" + program + "': " + std::strerror(errno));
+    }
+    return program;
+  }
+  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): reading only
+  const std::string directories = path == nullptr ? "/usr/local/bin:/usr/bin:/bin" : path;
+  std::size_t start = 0;
+  while (start <= directories.size()) {
+    std::size_t end = directories.find(':', start);
+    if (end == std::string::npos) {
+      end = directories.size();
+    }
+    const std::string directory = directories.substr(start, end - start);
+    const std::string candidate = (directory.empty() ? "." : directory) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+    start = end + 1;
+  }
+  throw InvalidArgument(kContext, "cannot find program '" + program + "' on PATH");
+}
+
+// One direction of one rank's output: the pipe and the partial line read so far.
+struct Stream {
+  int fd = -1;
+  int out_fd = -1;
+  std::string prefix;
+  std::string pending;
+
+  // Writes every complete line of `pending` (and a too-long partial one), prefixed.
+  void emit_lines() {
+    std::size_t start = 0;
+    for (std::size_t newline = pending.find('\n'); newline != std::string::npos;
+         newline = pending.find('\n', start)) {
+      write_all(out_fd, prefix + pending.substr(start, newline + 1 - start));
+      start = newline + 1;
+    }
+    pending.erase(0, start);
+    while (pending.size() >= kLineBytesMax) {
+      write_all(out_fd, prefix + pending.substr(0, kLineBytesMax) + "\n");
+      pending.erase(0, kLineBytesMax);
+    }
+  }
+  // The last partial line, with a newline added.
+  void flush() {
+    if (!pending.empty()) {
+      write_all(out_fd, prefix + pending + "\n");
+      pending.clear();
+    }
+  }
+  // Reads once (or, with `drain`, until nothing is left now, up to a bound); closes the pipe
+  // and flushes at end of file.
+  void read_available(bool drain) {
+    constexpr std::size_t kDrainBytesMax = std::size_t{4} << 20;
+    std::size_t total = 0;
+    char buffer[16384];
+    while (fd >= 0) {
+      const ssize_t count = ::read(fd, buffer, sizeof buffer);
+      if (count < 0 && errno == EINTR) {
+        continue;
+      }
+      if (count < 0 && errno == EAGAIN) {
+        return;
+      }
+      if (count <= 0) {  // end of file, or an error: either way nothing more will come
+        ::close(fd);
+        fd = -1;
+        flush();
+        return;
+      }
+      pending.append(buffer, static_cast<std::size_t>(count));
+      emit_lines();
+      total += static_cast<std::size_t>(count);
+      if (!drain || total >= kDrainBytesMax) {
+        return;
+      }
+    }
+  }
+  void close_now() {
+    if (fd >= 0) {
+      read_available(/*drain=*/true);
+    }
+    if (fd >= 0) {
+      ::close(fd);
+      fd = -1;
+    }
+    flush();
+  }
+};
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  Stream out;
+  Stream err;
+};
+
+// Blocks `signals` in this thread for its lifetime (threads started meanwhile inherit that).
+class SignalBlock {
+ public:
+  explicit SignalBlock(const sigset_t& signals) {
+    if (::pthread_sigmask(SIG_BLOCK, &signals, &previous_) != 0) {
+      system_error("pthread_sigmask");
+    }
+  }
+  ~SignalBlock() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  SignalBlock(const SignalBlock&) = delete;
+  SignalBlock& operator=(const SignalBlock&) = delete;
+  const sigset_t& previous() const { return previous_; }
+
+ private:
+  sigset_t previous_{};
+};
+
+class Launch {
+ public:
+  Launch(const LaunchOptions& options, const sigset_t& child_mask, int signal_fd)
+      : options_(options), child_mask_(child_mask), signal_fd_(signal_fd) {}
+
+  int run() {
+    const std::string program = resolve_program(options_.command.front());
+    store::ServerOptions server_options;
+    server_options.host = "127.0.0.1";
+    server_options.port = 0;
+    server_options.token = options_.token ? *options_.token : random_token();
+    store::Server server(server_options);
+    ranks_.resize(static_cast<std::size_t>(options_.ranks));
+    for (int rank = 0; rank < options_.ranks && !stopping_; ++rank) {
+      start(rank, program, server.port(), *server_options.token);
+      // A rank that died already (the program fails at once) stops the launch early.
+      reap();
+    }
+    while (running_ > 0) {
+      wait_for_events();
+    }
+    for (Rank& rank : ranks_) {
+      rank.out.close_now();
+      rank.err.close_now();
+    }
+    if (failed_status_) {
+      return exit_code(*failed_status_);
+    }
+    return received_signal_ != 0 ? 128 + received_signal_ : 0;
+  }
+
+  // Kills whatever is still running (an exception is unwinding): a launch never leaves orphans.
+  ~Launch() {
+    for (Rank& rank : ranks_) {
+      if (rank.running) {
+        ::kill(rank.pid, SIGKILL);
+        int status = 0;
+        ::waitpid(rank.pid, &status, 0);
+      }
+      for (Stream* stream : {&rank.out, &rank.err}) {
+        if (stream->fd >= 0) {
+          ::close(stream->fd);
+        }
+      }
+    }
+  }
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+
+ private:
+  void message(const std::string& text) const {
+    write_all(options_.stderr_fd, "chorus launch: " + text + "\n");
+  }
+
+  std::vector<std::string> environment(int rank, std::uint16_t port,
+                                       const std::string& token) const {
+    const std::vector<std::pair<std::string, std::string>> ours = {
+        {"RANK", std::to_string(rank)},
+        {"WORLD_SIZE", std::to_string(options_.ranks)},
+        {"LOCAL_RANK", std::to_string(rank)},
+        {"LOCAL_WORLD_SIZE", std::to_string(options_.ranks)},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", std::to_string(port)},
+        {std::string(store::kTokenEnvironmentVariable), token},
+    };
+    std::vector<std::string> variables;
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+      const std::string_view variable = *entry;
+      const std::string_view key = variable.substr(0, variable.find('='));
+      bool replaced = false;
+      for (const auto& [name, value] : ours) {
+        replaced = replaced || key == name;
+      }
+      if (!replaced) {
+        variables.emplace_back(variable);
+      }
+    }
+    for (const auto& [name, value] : ours) {
+      variables.push_back(name + "=" + value);
+    }
+    return variables;
+  }
+
+  // Forks rank `rank`. Everything the child needs is prepared before fork(): between fork and
+  // exec the child (of a process with a store thread) may only make async-signal-safe calls.
+  void start(int rank_index, const std::string& program, std::uint16_t port,
+             const std::string& token) {
+    Rank& rank = ranks_[static_cast<std::size_t>(rank_index)];
+    std::vector<std::string> variables = environment(rank_index, port, token);
+    std::vector<char*> envp;
+    for (std::string& variable : variables) {
+      envp.push_back(variable.data());
+    }
+    envp.push_back(nullptr);
+    std::vector<std::string> words = options_.command;
+    std::vector<char*> argv;
+    for (std::string& word : words) {
+      argv.push_back(word.data());
+    }
+    argv.push_back(nullptr);
+    const std::string exec_failed = "chorus launch: cannot execute " + program + ": ";
+
+    int out_pipe[2];
+    int err_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
+      system_error("pipe2");
+    }
+    if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+      const int error = errno;
+      ::close(out_pipe[0]);
+      ::close(out_pipe[1]);
+      errno = error;
+      system_error("pipe2");
+    }
+    rank.out =
+        Stream{out_pipe[0], options_.stdout_fd, "[rank " + std::to_string(rank_index) + "] ", {}};
+    rank.err = Stream{err_pipe[0], options_.stderr_fd, rank.out.prefix, {}};
+    rlimit files{};
+    ::getrlimit(RLIMIT_NOFILE, &files);
+    const int fd_end = files.rlim_cur == RLIM_INFINITY || files.rlim_cur > 65536
+                           ? 65536
+                           : static_cast<int>(files.rlim_cur);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const int error = errno;
+      ::close(out_pipe[1]);
+      ::close(err_pipe[1]);
+      errno = error;
+      system_error("fork");
+    }
+    if (pid == 0) {
+      // The child. Async-signal-safe calls only.
+      ::dup2(out_pipe[1], STDOUT_FILENO);
+      ::dup2(err_pipe[1], STDERR_FILENO);
+      // Die with the launcher, even when it is SIGKILLed (and if it died already, now).
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) {
+        ::_exit(127);
+      }
+      // No descriptor of the launcher (the store's sockets, other ranks' pipes) leaks in.
+      if (::close_range(3, ~0U, 0) != 0) {
+        for (int fd = 3; fd < fd_end; ++fd) {
+          ::close(fd);
+        }
+      }
+      ::pthread_sigmask(SIG_SETMASK, &child_mask_, nullptr);
+      ::execve(program.c_str(), argv.data(), envp.data());
+      const char* reason = ::strerrordesc_np(errno);
+      ::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
+      ::write(STDERR_FILENO, reason, std::strlen(reason));
+      ::write(STDERR_FILENO, "\n", 1);
+      ::_exit(127);
+    }
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    for (const int fd : {out_pipe[0], err_pipe[0]}) {
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
+    rank.pid = pid;
+    rank.running = true;
+    ++running_;
+  }
+
+  // Reaps every rank that has ended (ours only) and reacts to the first failure.
+  void reap() {
+    for (std::size_t index = 0; index < ranks_.size(); ++index) {
+      Rank& rank = ranks_[index];
+      if (!rank.running) {
+        continue;
+      }
+      int status = 0;
+      const pid_t done = ::waitpid(rank.pid, &status, WNOHANG);
+      if (done == 0 || (done < 0 && errno == EINTR)) {
+        continue;
+      }
+      // Only this object reaps its pids; anything else is a bug (or a caller reaping with -1).
+      CHORUS_CHECK(done == rank.pid);
+      rank.running = false;
+      --running_;
+      rank.out.read_available(/*drain=*/true);
+      rank.err.read_available(/*drain=*/true);
+      const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+      if (failed && !stopping_) {
+        failed_status_ = status;
+        std::string text = "rank " + std::to_string(index) + " (pid " + std::to_string(rank.pid) +
+                           ") " + describe_status(status);
+        if (running_ > 0) {
+          text += "; stopping the other " + std::to_string(running_) +
+                  (running_ == 1 ? " rank" : " ranks");
+        }
+        message(text);
+        stop(SIGTERM);
+      }
+    }
+  }
+
+  // Sends `signal_number` to every running rank and starts the grace period.
+  void stop(int signal_number) {
+    for (const Rank& rank : ranks_) {
+      if (rank.running) {
+        ::kill(rank.pid, signal_number);
+      }
+    }
+    if (!stopping_) {
+      stopping_ = true;
+      stop_signal_ = signal_number;
+      kill_at_ = std::chrono::steady_clock::now() + options_.grace;
+    }
+  }
+
+  void kill_remaining() {
+    for (std::size_t index = 0; index < ranks_.size(); ++index) {
+      const Rank& rank = ranks_[index];
+      if (rank.running) {
+        message("rank " + std::to_string(index) + " (pid " + std::to_string(rank.pid) +
+                ") did not exit within " + std::to_string(options_.grace.count()) + " ms of " +
+                signal_name(stop_signal_) + "; sending SIGKILL");
+        ::kill(rank.pid, SIGKILL);
+      }
+    }
+    killed_ = true;
+  }
+
+  void on_signal(int signal_number) {
+    if (signal_number == SIGCHLD) {
+      reap();
+      return;
+    }
+    if (stopping_) {
+      // A second interrupt while stopping: no more grace.
+      if (!killed_) {
+        message("received " + signal_name(signal_number) + " again; sending SIGKILL");
+        kill_at_ = std::chrono::steady_clock::now();
+      }
+      return;
+    }
+    received_signal_ = signal_number;
+    message("received " + signal_name(signal_number) + "; forwarding it to the " +
+            std::to_string(running_) + " running " + (running_ == 1 ? "rank" : "ranks"));
+    stop(signal_number);
+  }
+
+  void wait_for_events() {
+    std::vector<pollfd> fds;
+    std::vector<Stream*> streams;
+    fds.push_back({signal_fd_, POLLIN, 0});
+    for (Rank& rank : ranks_) {
+      for (Stream* stream : {&rank.out, &rank.err}) {
+        if (stream->fd >= 0) {
+          fds.push_back({stream->fd, POLLIN, 0});
+          streams.push_back(stream);
+        }
+      }
+    }
+    int timeout_ms = -1;
+    if (stopping_ && !killed_) {
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(kill_at_ - std::chrono::steady_clock::now());
+      timeout_ms = static_cast<int>(std::max<std::int64_t>(0, left.count()));
+    }
+    const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (ready < 0 && errno != EINTR) {
+      system_error("poll");
+    }
+    if (stopping_ && !killed_ && std::chrono::steady_clock::now() >= kill_at_) {
+      kill_remaining();
+    }
+    if (ready <= 0) {
+      return;
+    }
+    for (std::size_t index = 0; index < streams.size(); ++index) {
+      if ((fds[index + 1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        streams[index]->read_available(/*drain=*/false);
+      }
+    }
+    if ((fds[0].revents & POLLIN) != 0) {
+      signalfd_siginfo info{};
+      while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+        on_signal(static_cast<int>(info.ssi_signo));
+      }
+    }
+  }
+
+  const LaunchOptions& options_;
+  sigset_t child_mask_;
+  int signal_fd_;
+  std::vector<Rank> ranks_;
+  int running_ = 0;
+  bool stopping_ = false;
+  bool killed_ = false;
+  int stop_signal_ = SIGTERM;
+  int received_signal_ = 0;
+  std::optional<int> failed_status_;
+  std::chrono::steady_clock::time_point kill_at_;
+};
+
+}  // namespace
+
+int launch(const LaunchOptions& options) {
+  if (options.ranks < 1 || options.ranks > kRanksMax) {
+    throw InvalidArgument(kContext, "-n " + std::to_string(options.ranks) +
+                                        ": the number of ranks must be 1 to " +
+                                        std::to_string(kRanksMax));
+  }
+  if (options.command.empty()) {
+    throw InvalidArgument(kContext, "no program to run");
+  }
+  if (options.grace.count() < 0) {
+    throw InvalidArgument(kContext, "the grace period must not be negative");
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (const int signal_number : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) {
+    sigaddset(&signals, signal_number);
+  }
+  // Blocked before the store's thread starts, so that it inherits the mask and these signals
+  // reach the signalfd only (Note [Launcher events]).
+  const SignalBlock block(signals);
+  const int signal_fd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd < 0) {
+    system_error("signalfd");
+  }
+  int status = 0;
+  try {
+    Launch job(options, block.previous(), signal_fd);
+    status = job.run();
+  } catch (...) {
+    ::close(signal_fd);
+    throw;
+  }
+  ::close(signal_fd);
+  return status;
+}
+
+}  // namespace chorus::launcher
