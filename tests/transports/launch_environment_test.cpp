@@ -128,6 +128,8 @@ TEST(LaunchEnvironment, HalfASourceIsAnError) {
             std::string::npos);
   EXPECT_NE(error_of({{"SLURM_NTASKS", "4"}}).find("SLURM_PROCID is unset while SLURM_NTASKS"),
             std::string::npos);
+  // Except a Slurm batch script's own SLURM_PROCID (sbatch without --ntasks, no srun).
+  EXPECT_EQ(read({{"SLURM_PROCID", "0"}}).source, LaunchSource::None);
 }
 
 TEST(LaunchEnvironment, TheDefaultReadsTheProcessEnvironment) {

@@ -76,6 +76,11 @@ LaunchEnvironment launch_environment(const GetEnv& getenv) {
     if (rank == nullptr && world_size == nullptr) {
       continue;
     }
+    // A Slurm batch script (no srun) may see SLURM_PROCID without SLURM_NTASKS (sbatch without
+    // --ntasks): not a task of a parallel step, so not a launch.
+    if (names.source == LaunchSource::Slurm && world_size == nullptr) {
+      continue;
+    }
     if (rank == nullptr || world_size == nullptr) {
       const char* missing = rank == nullptr ? names.rank : names.world_size;
       const char* present = rank == nullptr ? names.world_size : names.rank;

@@ -58,7 +58,8 @@ using GetEnv = std::function<const char*(const char* name)>;
 // Integers are plain decimal (no sign, no spaces). Throws InvalidArgument naming the variable
 // when a value is malformed or out of range (rank outside [0, world_size), world_size < 1,
 // local rank outside [0, local world size), a port outside 1..65535), or when a source's rank
-// is set without its size or the other way round. Never blocks; thread-safe when `getenv` is.
+// is set without its size or the other way round (except SLURM_PROCID alone, which a batch
+// script outside srun sees: ignored). Never blocks; thread-safe when `getenv` is.
 LaunchEnvironment launch_environment(const GetEnv& getenv = {});
 
 }  // namespace chorus
