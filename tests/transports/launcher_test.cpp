@@ -212,6 +212,15 @@ TEST(Launcher, ForwardsSigtermToTheRanks) {
   EXPECT_FALSE(contains(err.text(), "SIGKILL")) << err.text();
 }
 
+TEST(Launcher, WorksWhenTheCallerIgnoresSigchld) {
+  ::signal(SIGCHLD, SIG_IGN);  // children would be reaped by the kernel, statuses lost
+  const Outcome outcome = run_probe(2, {"exit", "1", "5"});
+  EXPECT_EQ(::signal(SIGCHLD, SIG_DFL), SIG_IGN);  // restored
+  EXPECT_EQ(outcome.status, 5);
+  EXPECT_TRUE(contains(outcome.err, "exited with code 5; stopping the other 1 rank\n"))
+      << outcome.err;
+}
+
 TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
   LaunchOptions options;
   options.command = {CHORUS_LAUNCH_PROBE, "ok"};

@@ -121,7 +121,7 @@ std::string resolve_program(const std::string& program) {
       end = directories.size();
     }
     const std::string directory = directories.substr(start, end - start);
-    const std::string candidate = (directory.empty() ? "." : directory) + "/" + program;
+    std::string candidate = (directory.empty() ? "." : directory) + "/" + program;
     if (::access(candidate.c_str(), X_OK) == 0) {
       return candidate;
     }
@@ -541,6 +541,22 @@ int launch(const LaunchOptions& options) {
   // Blocked before the store's thread starts, so that it inherits the mask and these signals
   // reach the signalfd only (Note [Launcher events]).
   const SignalBlock block(signals);
+  // With SIGCHLD ignored the kernel reaps children itself and waitpid cannot report how a rank
+  // ended: the default disposition (which also ignores it, but keeps zombies) for the launch.
+  struct sigaction child_action {};
+  ::sigaction(SIGCHLD, nullptr, &child_action);
+  const bool child_ignored = child_action.sa_handler == SIG_IGN;  // NOLINT: a union member
+  if (child_ignored) {
+    ::signal(SIGCHLD, SIG_DFL);
+  }
+  struct RestoreChild {
+    bool ignored;
+    ~RestoreChild() {
+      if (ignored) {
+        ::signal(SIGCHLD, SIG_IGN);
+      }
+    }
+  } restore_child{child_ignored};
   const int signal_fd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd < 0) {
     system_error("signalfd");

@@ -50,7 +50,8 @@ struct LaunchOptions {
 //   to every rank (then SIGKILL after `grace`);
 // - 127 when the program cannot be executed (reported by rank 0 and the others).
 // Blocks until every rank has been reaped. While it runs, SIGINT, SIGTERM, SIGHUP and SIGCHLD
-// are blocked in the calling thread (read through a signalfd) and restored afterwards; call it
+// are blocked in the calling thread (read through a signalfd) and restored afterwards (as is an
+// ignored SIGCHLD, set to its default meanwhile so that waitpid sees the ranks end); call it
 // from the main thread of a process with no other threads that leave those signals unblocked.
 // Not re-entrant. Throws InvalidArgument for bad options or a program that cannot be found,
 // TransportError when a system call fails or the store cannot start.
