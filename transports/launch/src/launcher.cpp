@@ -310,6 +310,7 @@ class Launch {
   void start(int rank_index, const std::string& program, std::uint16_t port,
              const std::string& token) {
     Rank& rank = ranks_[static_cast<std::size_t>(rank_index)];
+    CHORUS_CHECK(!rank.running && rank.pid == -1);  // each rank starts once
     std::vector<std::string> variables = environment(rank_index, port, token);
     std::vector<char*> envp;
     for (std::string& variable : variables) {
@@ -402,6 +403,7 @@ class Launch {
       CHORUS_CHECK(done == rank.pid);
       rank.running = false;
       --running_;
+      CHORUS_CHECK(running_ >= 0);
       rank.out.read_available(/*drain=*/true);
       rank.err.read_available(/*drain=*/true);
       const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
