@@ -195,6 +195,19 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
                  options.ranks);
   }
 #endif
+  // The same for `chorus launch -n 4 prog` (or torchrun) without a transport. A malformed
+  // variable does not matter to the simulator: no hint then.
+  try {
+    const LaunchEnvironment environment = launch_environment();
+    if (environment.source == LaunchSource::Torchrun && environment.world_size > 1) {
+      std::fprintf(stderr,
+                   "chorus: this process was started by chorus launch or torchrun as rank %d of "
+                   "%d but runs the simulator (--transport=sim): every process simulates its own "
+                   "%d ranks; pass the transport that makes each process one rank\n",
+                   environment.rank, environment.world_size, options.ranks);
+    }
+  } catch (const InvalidArgument&) {  // NOLINT(bugprone-empty-catch): a hint only
+  }
   sim::SimOptions sim_options;
   sim_options.world_size = options.ranks;
   sim_options.seed = options.seed;
