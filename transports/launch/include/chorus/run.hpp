@@ -59,7 +59,8 @@ struct RunOptions {
 // environment (launch_environment(), <chorus/launch_environment.hpp>): malformed variables throw
 // InvalidArgument naming them, and --transport=mpi in a process started by `chorus launch` or
 // torchrun (RANK/WORLD_SIZE with WORLD_SIZE > 1) throws InvalidArgument rather than run W
-// separate one-rank MPI worlds.
+// separate one-rank MPI worlds; the simulator in such a process prints a hint on stderr (each
+// process would simulate a whole world).
 int run(const RunOptions& options, std::function<void()> rank_main);
 
 }  // namespace chorus
