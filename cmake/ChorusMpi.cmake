@@ -4,6 +4,9 @@
 # prints "mpirun exit status <s>" last, for tests that expect the job to fail in a given way.
 include_guard(GLOBAL)
 
+# The flags live in a global property: with the global include guard, a variable set here would be
+# seen only by the first directory that includes this file.
+
 set(CHORUS_MPIEXEC_FLAGS --oversubscribe --mca btl self,vader
     # Containers often forbid the cross-memory-attach syscalls vader uses for large messages.
     --mca btl_vader_single_copy_mechanism none)
@@ -13,9 +16,11 @@ if(CMAKE_HOST_UNIX)
     list(APPEND CHORUS_MPIEXEC_FLAGS --allow-run-as-root)
   endif()
 endif()
+set_property(GLOBAL PROPERTY CHORUS_MPIEXEC_FLAGS ${CHORUS_MPIEXEC_FLAGS})
 
 function(chorus_mpi_test)
   cmake_parse_arguments(ARG "EXIT_STATUS" "NAME;NP" "COMMAND" ${ARGN})
+  get_property(CHORUS_MPIEXEC_FLAGS GLOBAL PROPERTY CHORUS_MPIEXEC_FLAGS)
   set(command ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ARG_NP} ${CHORUS_MPIEXEC_FLAGS}
       ${ARG_COMMAND})
   if(ARG_EXIT_STATUS)
