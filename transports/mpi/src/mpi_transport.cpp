@@ -1,6 +1,7 @@
 #include "mpi_transport.hpp"
 
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -105,6 +106,17 @@ MpiProcess::MpiProcess() : user_ops_(std::make_unique<UserOps>()) {
     throw TransportError(ErrorContext{rank_, "MPI_Comm_dup", -1, ""},
                          "creating chorus's control communicator failed: " + mpi_error_text(code));
   }
+  // Ranks sharing this node (collective too, as above): Note [Wait backoff].
+  MPI_Comm node = MPI_COMM_NULL;
+  int node_size = world_size_;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+  }
+  // All CPUs of the node, not this process's affinity mask: mpirun may bind each rank to one.
+  const unsigned cpus = std::thread::hardware_concurrency();
+  spin_waits_ = cpus > 0 && static_cast<unsigned>(node_size) <= cpus;
 }
 
 MpiProcess::~MpiProcess() {
@@ -184,7 +196,11 @@ bool MpiWork::is_completed() {
 }
 
 void MpiWork::wait(transport::Deadline deadline) {
-  for (;;) {
+  // Note [Wait backoff]: spin, yielding every kPollsPerYield polls, unless oversubscribed.
+  constexpr std::uint32_t kPollsPerYield = 64;
+  static_assert((kPollsPerYield & (kPollsPerYield - 1)) == 0, "a power of two");
+  const std::uint32_t yield_mask = process_->spin_waits() ? kPollsPerYield - 1 : 0;
+  for (std::uint32_t polls = 1;; ++polls) {
     {
       const std::lock_guard lock(mutex_);
       poll();
@@ -203,7 +219,10 @@ void MpiWork::wait(transport::Deadline deadline) {
                     "group has not issued it (or issued something else: MPI cannot tell which), "
                     "or is stuck");
     }
-    std::this_thread::yield();  // Note [MPI locking]: never hold the MPI lock while waiting
+    // Note [MPI locking]: never hold the MPI lock while waiting.
+    if ((polls & yield_mask) == 0) {
+      std::this_thread::yield();
+    }
   }
 }
 
