@@ -196,11 +196,11 @@ bool MpiWork::is_completed() {
 }
 
 void MpiWork::wait(transport::Deadline deadline) {
-  // Note [Wait backoff]: spin, yielding every kPollsPerYield polls, unless oversubscribed.
-  constexpr std::uint32_t kPollsPerYield = 64;
-  static_assert((kPollsPerYield & (kPollsPerYield - 1)) == 0, "a power of two");
-  const std::uint32_t yield_mask = process_->spin_waits() ? kPollsPerYield - 1 : 0;
-  for (std::uint32_t polls = 1;; ++polls) {
+  // Note [Wait backoff]: spin, yielding once per kSpinBetweenYields, unless oversubscribed.
+  constexpr auto kSpinBetweenYields = std::chrono::microseconds(100);
+  const bool spin = process_->spin_waits();
+  auto last_yield = std::chrono::steady_clock::now();
+  for (;;) {
     {
       const std::lock_guard lock(mutex_);
       poll();
@@ -211,17 +211,17 @@ void MpiWork::wait(transport::Deadline deadline) {
         return;
       }
     }
-    const auto now = std::chrono::duration_cast<transport::Duration>(
-        std::chrono::steady_clock::now() - process_->epoch());
-    if (now >= deadline.at) {
+    const auto clock_now = std::chrono::steady_clock::now();
+    if (clock_now - process_->epoch() >= deadline.at) {
       throw Timeout(context_,
                     "not completed by its deadline; the operation stays pending. A peer of the "
                     "group has not issued it (or issued something else: MPI cannot tell which), "
                     "or is stuck");
     }
     // Note [MPI locking]: never hold the MPI lock while waiting.
-    if ((polls & yield_mask) == 0) {
+    if (!spin || clock_now - last_yield >= kSpinBetweenYields) {
       std::this_thread::yield();
+      last_yield = clock_now;
     }
   }
 }

@@ -16,11 +16,13 @@
 // Yielding the CPU after every unsuccessful poll (sched_yield) costs a system call and, on a
 // loaded machine, the rest of a time slice; a small all_reduce completes within a few polls, so
 // yielding each time made an 8-byte all_reduce ~3 us slower than MPI_Allreduce, which spins in
-// MPI's progress engine (bench_mpi, docs/performance.md). So a wait spins, yielding only every
-// kPollsPerYield polls (so another thread waiting for the MPI lock gets it), as MPI_Wait does
-// when the node is not oversubscribed. When this node runs more ranks than it has CPUs, a peer
-// may need this CPU to make progress, and a wait yields after every poll (what Open MPI's
-// mpi_yield_when_idle does when oversubscribed).
+// MPI's progress engine (bench_mpi, docs/performance.md). So a wait spins, as MPI_Wait does when
+// the node is not oversubscribed, yielding once per 100 us of spinning (so another thread waiting
+// for the MPI lock or for this CPU gets a turn; yielding every 64 polls, ~6 us, still cost ~1-6 us
+// per small op on a loaded machine: a yield there can give the CPU away for a time slice).
+// When this node runs more ranks than it has CPUs, a peer may need this CPU to make progress,
+// and a wait yields after every poll (what Open MPI's mpi_yield_when_idle does when
+// oversubscribed).
 
 #include <mpi.h>
 
