@@ -18,8 +18,8 @@
 // yielding each time made an 8-byte all_reduce ~3 us slower than MPI_Allreduce, which spins in
 // MPI's progress engine (bench_mpi, docs/performance.md). So a wait spins, as MPI_Wait does when
 // the node is not oversubscribed, yielding once per 100 us of spinning (so another thread waiting
-// for the MPI lock or for this CPU gets a turn; yielding every 64 polls, ~6 us, still cost ~1-6 us
-// per small op on a loaded machine: a yield there can give the CPU away for a time slice).
+// for the MPI lock or for this CPU gets a turn, while a small op, done in a few us, never yields:
+// on a loaded machine a yield can give the CPU away for a whole time slice).
 // When this node runs more ranks than it has CPUs, a peer may need this CPU to make progress,
 // and a wait yields after every poll (what Open MPI's mpi_yield_when_idle does when
 // oversubscribed).
