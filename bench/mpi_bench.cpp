@@ -357,8 +357,14 @@ Row measure(OpCase& op, const BenchOptions& options, MPI_Comm comm) {
   }
   row.iters = options.iters;
   if (row.iters == 0) {
-    // Calibrate on the raw path; every rank takes the slowest rank's estimate.
-    const double per_op_us = std::max(time_batch(false, op, 2, comm), 0.05);
+    // Calibrate on the raw path: the fastest of a few two-op batches (one preempted batch must
+    // not shrink every batch of the row to one op); each batch is the slowest rank's.
+    constexpr int kCalibrationBatches = 5;
+    double per_op_us = time_batch(false, op, 2, comm);
+    for (int i = 1; i < kCalibrationBatches; ++i) {
+      per_op_us = std::min(per_op_us, time_batch(false, op, 2, comm));
+    }
+    per_op_us = std::max(per_op_us, 0.05);
     row.iters = std::clamp(static_cast<int>(options.batch_ms * 1000.0 / per_op_us), 1, kItersMax);
   }
   std::vector<double> chorus_times;
