@@ -17,7 +17,9 @@
 // elements that differ from the exact expected value, summed over ranks, for both paths.
 //
 // --iters=0 (the default) picks per size the number of operations that makes a raw batch take
-// about --batch-ms (1 to 1000 operations), agreed by all ranks.
+// about --batch-ms (1 to 1000 operations), agreed by all ranks. --raw=nonblocking makes the raw
+// path call MPI_I* + MPI_Wait, what chorus calls, to tell chorus's own cost from Open MPI's
+// nonblocking algorithms.
 //
 // Raw MPI calls are safe here: chorus makes its MPI calls only inside its own functions
 // (Note [MPI locking]) and nothing else runs on this process, so MPI_THREAD_SERIALIZED holds,
