@@ -4,20 +4,23 @@
 # prints "mpirun exit status <s>" last, for tests that expect the job to fail in a given way.
 include_guard(GLOBAL)
 
-# The flags are computed in the function, not at include time: include_guard(GLOBAL) includes
-# this file once, into the first directory that asks (examples/ or tests/), and a variable set
-# here would be missing in the other.
-function(chorus_mpi_test)
-  set(CHORUS_MPIEXEC_FLAGS --oversubscribe --mca btl self,vader
-      # Containers often forbid the cross-memory-attach syscalls vader uses for large messages.
-      --mca btl_vader_single_copy_mechanism none)
-  if(CMAKE_HOST_UNIX)
-    execute_process(COMMAND id -u OUTPUT_VARIABLE chorus_uid OUTPUT_STRIP_TRAILING_WHITESPACE)
-    if(chorus_uid STREQUAL "0")
-      list(APPEND CHORUS_MPIEXEC_FLAGS --allow-run-as-root)
-    endif()
+# The flags live in a global property: with the global include guard, a variable set here would be
+# seen only by the first directory that includes this file.
+
+set(CHORUS_MPIEXEC_FLAGS --oversubscribe --mca btl self,vader
+    # Containers often forbid the cross-memory-attach syscalls vader uses for large messages.
+    --mca btl_vader_single_copy_mechanism none)
+if(CMAKE_HOST_UNIX)
+  execute_process(COMMAND id -u OUTPUT_VARIABLE chorus_uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(chorus_uid STREQUAL "0")
+    list(APPEND CHORUS_MPIEXEC_FLAGS --allow-run-as-root)
   endif()
+endif()
+set_property(GLOBAL PROPERTY CHORUS_MPIEXEC_FLAGS ${CHORUS_MPIEXEC_FLAGS})
+
+function(chorus_mpi_test)
   cmake_parse_arguments(ARG "EXIT_STATUS" "NAME;NP" "COMMAND" ${ARGN})
+  get_property(CHORUS_MPIEXEC_FLAGS GLOBAL PROPERTY CHORUS_MPIEXEC_FLAGS)
   set(command ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ARG_NP} ${CHORUS_MPIEXEC_FLAGS}
       ${ARG_COMMAND})
   if(ARG_EXIT_STATUS)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -131,6 +132,17 @@ MpiProcess::MpiProcess() : user_ops_(std::make_unique<UserOps>()) {
                          "creating chorus's control communicator failed: " + mpi_error_text(code));
   }
   MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+  // Ranks sharing this node (collective too, as above): Note [Wait backoff].
+  MPI_Comm node = MPI_COMM_NULL;
+  int node_size = world_size_;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+  }
+  // All CPUs of the node, not this process's affinity mask: mpirun may bind each rank to one.
+  const unsigned cpus = std::thread::hardware_concurrency();
+  spin_waits_ = cpus > 0 && static_cast<unsigned>(node_size) <= cpus;
 }
 
 MpiProcess::~MpiProcess() {
@@ -217,6 +229,10 @@ bool MpiWork::is_completed() {
 }
 
 void MpiWork::wait(transport::Deadline deadline) {
+  // Note [Wait backoff]: spin, yielding once per kSpinBetweenYields, unless oversubscribed.
+  constexpr auto kSpinBetweenYields = std::chrono::microseconds(100);
+  const bool spin = process_->spin_waits();
+  auto last_yield = std::chrono::steady_clock::now();
   for (;;) {
     {
       const std::lock_guard lock(mutex_);
@@ -228,15 +244,18 @@ void MpiWork::wait(transport::Deadline deadline) {
         return;
       }
     }
-    const auto now = std::chrono::duration_cast<transport::Duration>(
-        std::chrono::steady_clock::now() - process_->epoch());
-    if (now >= deadline.at) {
+    const auto clock_now = std::chrono::steady_clock::now();
+    if (clock_now - process_->epoch() >= deadline.at) {
       throw Timeout(context_,
                     "not completed by its deadline; the operation stays pending. A peer of the "
                     "group has not issued it (or issued something else: MPI cannot tell which), "
                     "or is stuck");
     }
-    std::this_thread::yield();  // Note [MPI locking]: never hold the MPI lock while waiting
+    // Note [MPI locking]: never hold the MPI lock while waiting.
+    if (!spin || clock_now - last_yield >= kSpinBetweenYields) {
+      std::this_thread::yield();
+      last_yield = clock_now;
+    }
   }
 }
 

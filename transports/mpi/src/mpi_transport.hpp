@@ -7,8 +7,22 @@
 // chorus asks for MPI_THREAD_SERIALIZED and makes every MPI call while holding
 // MpiProcess::mutex, so any thread may start, test or wait on operations (core allows waits from
 // any thread) without MPI_THREAD_MULTIPLE. Waits poll (MPI_Testall under the lock, then release
-// it and yield) so a waiting thread never blocks others for longer than one MPI_Testall, and the
-// deadline is checked between polls: a wait can end in Timeout; MPI_Wait could not.
+// it) so a waiting thread never blocks others for longer than one MPI_Testall, and the deadline
+// is checked between polls: a wait can end in Timeout; MPI_Wait could not.
+//
+// Between polls a wait spins or yields (Note [Wait backoff]).
+//
+// Note [Wait backoff]
+// Yielding the CPU after every unsuccessful poll (sched_yield) costs a system call and, on a
+// loaded machine, the rest of a time slice; a small all_reduce completes within a few polls, so
+// yielding each time made an 8-byte all_reduce ~3 us slower than MPI_Allreduce, which spins in
+// MPI's progress engine (bench_mpi, docs/performance.md). So a wait spins, as MPI_Wait does when
+// the node is not oversubscribed, yielding once per 100 us of spinning (so another thread waiting
+// for the MPI lock or for this CPU gets a turn, while a small op, done in a few us, never yields:
+// on a loaded machine a yield can give the CPU away for a whole time slice).
+// When this node runs more ranks than it has CPUs, a peer may need this CPU to make progress,
+// and a wait yields after every poll (what Open MPI's mpi_yield_when_idle does when
+// oversubscribed).
 
 #include <mpi.h>
 
@@ -57,6 +71,9 @@ class MpiProcess {
   // A private duplicate of MPI_COMM_WORLD for chorus's own point-to-point messages
   // (Note [Communicator rendezvous]).
   MPI_Comm control() const noexcept { return control_; }
+  // Whether waits spin between polls (Note [Wait backoff]): this node runs no more ranks than
+  // it has CPUs.
+  bool spin_waits() const noexcept { return spin_waits_; }
 
  private:
   std::mutex mutex_;
@@ -64,6 +81,7 @@ class MpiProcess {
   int rank_ = 0;
   int world_size_ = 1;
   MPI_Comm control_ = MPI_COMM_NULL;
+  bool spin_waits_ = false;
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::unique_ptr<UserOps> user_ops_;  // freed before MPI_Finalize
   std::vector<Started> parked_;
