@@ -15,6 +15,9 @@
 #if defined(CHORUS_HAVE_MPI)
 #include "chorus/mpi/mpi.hpp"
 #endif
+#if defined(CHORUS_HAVE_NCCL)
+#include "chorus/nccl/nccl.hpp"
+#endif
 
 namespace chorus {
 namespace {
@@ -65,11 +68,14 @@ constexpr std::array kAllocators = {sim::AllocatorPolicy::Pooled, sim::Allocator
 
 // "(built: sim, mpi)": what this build offers instead.
 std::string built_transports() {
+  std::string built = "(built: sim";
 #if defined(CHORUS_HAVE_MPI)
-  return "(built: sim, mpi)";
-#else
-  return "(built: sim)";
+  built += ", mpi";
 #endif
+#if defined(CHORUS_HAVE_NCCL)
+  built += ", nccl";
+#endif
+  return built + ")";
 }
 
 }  // namespace
@@ -178,6 +184,15 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
     mpi_options.timeout = options.timeout;
     mpi_options.check_collectives = options.check_collectives;
     return mpi::run(mpi_options, std::move(rank_main));
+  }
+#endif
+#if defined(CHORUS_HAVE_NCCL)
+  if (options.transport == "nccl") {
+    // Rank, world size and the store's address from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT;
+    // TransportError "no CUDA device: ..." on a machine without a GPU.
+    nccl::NcclRunOptions nccl_options;
+    nccl_options.timeout = options.timeout;
+    return nccl::run(nccl_options, std::move(rank_main));
   }
 #endif
   if (options.transport != "sim") {

@@ -1,0 +1,130 @@
+// Real collectives on the NCCL transport (label gpu, docs/nccl.md): one rank on one CUDA device
+// through chorus::run --transport=nccl, CPU tensors (staged through the device) and CUDA tensors
+// (device memory wrapped with from_blob). Exact inputs, bitwise comparison.
+//
+// Without a CUDA device it prints "skipped: no CUDA device" and exits with kSkip (ctest's
+// SKIP_RETURN_CODE). Started alone, it hosts the store itself (MASTER_PORT: a free port).
+
+#include <cuda_runtime.h>
+
+#include <chorus/chorus.hpp>
+#include <chorus/nccl/nccl.hpp>
+#include <chorus/store/store.hpp>
+#include <complex>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kSkip = 77;
+int failures = 0;
+
+template <class T>
+void expect_equal(const std::vector<T>& actual, const std::vector<T>& expected, const char* what) {
+  if (actual != expected) {
+    std::fprintf(stderr, "FAILED: %s\n", what);
+    ++failures;
+  } else {
+    std::printf("ok: %s\n", what);
+  }
+}
+
+void rank_main() {
+  using chorus::Tensor;
+  const auto group = chorus::world();
+  const int world = chorus::world_size();
+  const float w = static_cast<float>(world);
+
+  // CPU tensors: staged through device scratch.
+  const Tensor x = Tensor::from_vector<float>({1, 2, 3, 4});
+  expect_equal(chorus::all_reduce(x, "sum", group).to_vector<float>(),
+               std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "all_reduce sum f32");
+  expect_equal(chorus::all_reduce(x, "avg", group).to_vector<float>(),
+               std::vector<float>{1, 2, 3, 4}, "all_reduce avg f32");
+  expect_equal(chorus::all_reduce(x, "max", group).to_vector<float>(),
+               std::vector<float>{1, 2, 3, 4}, "all_reduce max f32");
+  expect_equal(chorus::all_reduce(x, chorus::ReduceOp::premul_sum(0.5), group).to_vector<float>(),
+               std::vector<float>{0.5f * w, w, 1.5f * w, 2 * w}, "all_reduce premul_sum f32");
+  const Tensor ints = Tensor::from_vector<std::int32_t>({-3, 7});
+  expect_equal(chorus::all_reduce(ints, "min", group).to_vector<std::int32_t>(),
+               std::vector<std::int32_t>{-3, 7}, "all_reduce min i32");
+  const Tensor complex = Tensor::from_vector<std::complex<double>>({{1.0, -2.0}, {0.5, 4.0}});
+  expect_equal(chorus::all_reduce(complex, "sum", group).to_vector<std::complex<double>>(),
+               std::vector<std::complex<double>>{{w, -2 * w}, {0.5 * w, 4 * w}},
+               "all_reduce sum complex128");
+  const Tensor half = Tensor::full({3}, 1.5, chorus::DType::BFloat16);
+  const Tensor half_sum = chorus::all_reduce(half, "sum", group);
+  expect_equal(half_sum.to_vector<chorus::BFloat16>().size() == 3 ? std::vector<int>{1}
+                                                                  : std::vector<int>{0},
+               std::vector<int>{1}, "all_reduce sum bf16 (shape)");
+  const Tensor gathered = chorus::all_gather_tensor(x, 0, group);
+  expect_equal(
+      static_cast<int>(gathered.numel()) == 4 * world ? std::vector<int>{1} : std::vector<int>{0},
+      std::vector<int>{1}, "all_gather numel");
+  expect_equal(
+      chorus::reduce_scatter_tensor(chorus::all_gather_tensor(x, 0, group), "sum", 0, group)
+          .to_vector<float>(),
+      std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "reduce_scatter of all_gather");
+  expect_equal(chorus::broadcast(x, 0, group).to_vector<float>(), std::vector<float>{1, 2, 3, 4},
+               "broadcast");
+  if (world == 1) {
+    expect_equal(chorus::all_to_all_single(x, std::nullopt, std::nullopt, group).to_vector<float>(),
+                 std::vector<float>{1, 2, 3, 4}, "all_to_all_single world 1");
+  }
+  const std::vector<Tensor> coalesced = chorus::all_reduce_coalesced({x, x}, "sum", group);
+  expect_equal(coalesced[1].to_vector<float>(), std::vector<float>{w, 2 * w, 3 * w, 4 * w},
+               "all_reduce_coalesced (one NCCL group)");
+  const Tensor bits = Tensor::from_vector<bool>({true, false});
+  expect_equal(chorus::all_reduce(bits, "bor", group).to_vector<bool>(),
+               std::vector<bool>{true, false}, "all_reduce bor Bool");
+
+  // A CUDA tensor, in place (core allocates no device storage yet: from_blob).
+  void* device_data = nullptr;
+  if (cudaMalloc(&device_data, 4 * sizeof(float)) != cudaSuccess) {
+    std::fprintf(stderr, "FAILED: cudaMalloc\n");
+    ++failures;
+    return;
+  }
+  const std::vector<float> host = {1, 2, 3, 4};
+  cudaMemcpy(device_data, host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice);
+  Tensor on_device = Tensor::from_blob(device_data, {4}, chorus::DType::Float32,
+                                       chorus::Device::cuda(0), [](void* data) { cudaFree(data); });
+  chorus::all_reduce_inplace(on_device, "sum", group);
+  chorus::wait_tensor(on_device);
+  std::vector<float> back(4);
+  cudaMemcpy(back.data(), device_data, 4 * sizeof(float), cudaMemcpyDeviceToHost);
+  expect_equal(back, std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "all_reduce_inplace on cuda:0");
+  if (failures > 0) {
+    throw std::runtime_error(std::to_string(failures) + " checks failed");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const chorus::nccl::DeviceCount devices = chorus::nccl::cuda_device_count();
+  if (devices.count == 0) {
+    std::printf("skipped: no CUDA device (%s)\n", devices.problem.c_str());
+    return kSkip;
+  }
+  // Alone: a one-rank world whose store this process hosts (rank 0 then finds the port taken
+  // and connects to it, the launcher path of Note [NCCL store]).
+  std::unique_ptr<chorus::store::Server> server;
+  if (std::getenv("MASTER_PORT") == nullptr) {  // NOLINT(concurrency-mt-unsafe): before threads
+    server = std::make_unique<chorus::store::Server>();
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(server->port()).c_str(), 1);
+  }
+  std::vector<char*> args(argv, argv + argc);
+  std::string transport = "--transport=nccl";
+  args.push_back(transport.data());
+  const int status = chorus::run(
+      chorus::RunOptions::from_args(static_cast<int>(args.size()), args.data()), rank_main);
+  std::printf("%s\n", status == 0 ? "nccl gpu job: passed" : "nccl gpu job: FAILED");
+  return status;
+}

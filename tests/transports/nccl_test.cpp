@@ -1,0 +1,277 @@
+// The NCCL transport without a device (docs/nccl.md): the dtype/op mapping, the environment, the
+// unique-id exchange through the store, and the no-device error of --transport=nccl.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <chorus/nccl/nccl.hpp>
+#include <chorus/store/store.hpp>
+#include <map>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace chorus::nccl {
+namespace {
+
+// ---- Mapping
+
+struct Row {
+  DType dtype;
+  ReduceOp::Kind op;
+  const char* datatype;  // nullptr: InvalidArgument
+  const char* nccl_op;
+  int count_factor;
+};
+
+// Note [NCCL mapping], the whole table: every dtype with every op it accepts.
+const Row kTable[] = {
+    {DType::Bool, ReduceOp::Kind::Min, "ncclUint8", "ncclMin", 1},
+    {DType::Bool, ReduceOp::Kind::Max, "ncclUint8", "ncclMax", 1},
+    {DType::Bool, ReduceOp::Kind::BAnd, "ncclUint8", "ncclMin", 1},
+    {DType::Bool, ReduceOp::Kind::BOr, "ncclUint8", "ncclMax", 1},
+    {DType::Bool, ReduceOp::Kind::BXor, nullptr, nullptr, 0},
+    {DType::UInt8, ReduceOp::Kind::Sum, "ncclUint8", "ncclSum", 1},
+    {DType::UInt8, ReduceOp::Kind::Avg, "ncclUint8", "ncclAvg", 1},
+    {DType::UInt8, ReduceOp::Kind::Max, "ncclUint8", "ncclMax", 1},
+    {DType::UInt8, ReduceOp::Kind::BAnd, nullptr, nullptr, 0},
+    {DType::Int8, ReduceOp::Kind::Sum, "ncclUint8", "ncclSum", 1},
+    {DType::Int8, ReduceOp::Kind::Product, "ncclUint8", "ncclProd", 1},
+    {DType::Int8, ReduceOp::Kind::Min, "ncclInt8", "ncclMin", 1},
+    {DType::Int8, ReduceOp::Kind::Avg, "ncclInt8", "ncclAvg", 1},
+    {DType::Int8, ReduceOp::Kind::BXor, nullptr, nullptr, 0},
+    {DType::Int32, ReduceOp::Kind::Sum, "ncclUint32", "ncclSum", 1},
+    {DType::Int32, ReduceOp::Kind::Max, "ncclInt32", "ncclMax", 1},
+    {DType::Int32, ReduceOp::Kind::Avg, "ncclInt32", "ncclAvg", 1},
+    {DType::Int32, ReduceOp::Kind::BOr, nullptr, nullptr, 0},
+    {DType::Int64, ReduceOp::Kind::Product, "ncclUint64", "ncclProd", 1},
+    {DType::Int64, ReduceOp::Kind::Min, "ncclInt64", "ncclMin", 1},
+    {DType::Int64, ReduceOp::Kind::BAnd, nullptr, nullptr, 0},
+    {DType::Float16, ReduceOp::Kind::Sum, "ncclFloat16", "ncclSum", 1},
+    {DType::Float16, ReduceOp::Kind::Avg, "ncclFloat16", "ncclAvg", 1},
+    {DType::Float16, ReduceOp::Kind::PremulSum, "ncclFloat16", "ncclRedOpCreatePreMulSum", 1},
+    {DType::BFloat16, ReduceOp::Kind::Sum, "ncclBfloat16", "ncclSum", 1},
+    {DType::BFloat16, ReduceOp::Kind::Min, "ncclBfloat16", "ncclMin", 1},
+    {DType::Float32, ReduceOp::Kind::Product, "ncclFloat32", "ncclProd", 1},
+    {DType::Float32, ReduceOp::Kind::Max, "ncclFloat32", "ncclMax", 1},
+    {DType::Float64, ReduceOp::Kind::Avg, "ncclFloat64", "ncclAvg", 1},
+    {DType::Float64, ReduceOp::Kind::PremulSum, "ncclFloat64", "ncclRedOpCreatePreMulSum", 1},
+    {DType::Complex64, ReduceOp::Kind::Sum, "ncclFloat32", "ncclSum", 2},
+    {DType::Complex64, ReduceOp::Kind::Avg, "ncclFloat32", "ncclAvg", 2},
+    {DType::Complex128, ReduceOp::Kind::PremulSum, "ncclFloat64", "ncclRedOpCreatePreMulSum", 2},
+};
+
+ReduceOp op_of(ReduceOp::Kind kind) {
+  return kind == ReduceOp::Kind::PremulSum ? ReduceOp::premul_sum(0.5) : ReduceOp(kind);
+}
+
+TEST(NcclMapping, MatchesTheTable) {
+  for (const Row& row : kTable) {
+    SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " " + std::string(reduce_kind_name(row.op)));
+    if (row.datatype == nullptr) {
+      EXPECT_THROW((void)describe_mapping(row.dtype, op_of(row.op)), InvalidArgument);
+      const std::string problem = mapping_problem(row.dtype, op_of(row.op));
+      EXPECT_EQ(problem.rfind("nccl: ", 0), 0u) << problem;  // names the backend
+      EXPECT_NE(problem.find("not supported by the NCCL backend"), std::string::npos) << problem;
+      continue;
+    }
+    const Mapping mapping = describe_mapping(row.dtype, op_of(row.op));
+    EXPECT_EQ(mapping.datatype, row.datatype);
+    EXPECT_EQ(mapping.op, row.nccl_op);
+    EXPECT_EQ(mapping.count_factor, row.count_factor);
+    EXPECT_EQ(mapping_problem(row.dtype, op_of(row.op)), "");
+  }
+}
+
+// Every (dtype, op) pair: either ReduceOp::check_dtype refuses it (and so does the mapping, with
+// the same reason), or the mapping succeeds, or it is one of the bitwise combinations NCCL lacks.
+TEST(NcclMapping, CoversEveryDTypeAndOp) {
+  const ReduceOp::Kind kinds[] = {
+      ReduceOp::Kind::Sum, ReduceOp::Kind::Avg,  ReduceOp::Kind::Product,
+      ReduceOp::Kind::Min, ReduceOp::Kind::Max,  ReduceOp::Kind::BAnd,
+      ReduceOp::Kind::BOr, ReduceOp::Kind::BXor, ReduceOp::Kind::PremulSum};
+  int supported = 0;
+  for (const DType dtype : kAllDTypes) {
+    for (const ReduceOp::Kind kind : kinds) {
+      const ReduceOp op = op_of(kind);
+      const std::string refused = op.check_dtype(dtype);
+      const std::string problem = mapping_problem(dtype, op);
+      if (!refused.empty()) {
+        EXPECT_EQ(problem, refused);
+        continue;
+      }
+      const bool bitwise = kind == ReduceOp::Kind::BAnd || kind == ReduceOp::Kind::BOr ||
+                           kind == ReduceOp::Kind::BXor;
+      if (bitwise && !(dtype == DType::Bool && kind != ReduceOp::Kind::BXor)) {
+        EXPECT_NE(problem, "") << dtype_name(dtype) << " " << reduce_kind_name(kind);
+        continue;
+      }
+      EXPECT_EQ(problem, "") << dtype_name(dtype) << " " << reduce_kind_name(kind);
+      ++supported;
+    }
+  }
+  // 4 integer dtypes x 5 (sum avg product min max) + 4 floating x 6 (+ premul_sum)
+  // + 2 complex x 3 (sum avg premul_sum) + Bool x 4 (min max band bor).
+  EXPECT_EQ(supported, 4 * 5 + 4 * 6 + 2 * 3 + 4);
+}
+
+TEST(NcclMapping, RefusesAnUnrecognizedOp) {
+  EXPECT_THROW((void)describe_mapping(DType::Float32, ReduceOp("median")), InvalidArgument);
+  EXPECT_EQ(mapping_problem(DType::Float32, ReduceOp("median")), "Unrecognized reduce_op 'median'");
+}
+
+// ---- Environment
+
+using Variables = std::map<std::string, std::string>;
+
+Environment parse(const Variables& variables) {
+  return parse_environment([&variables](const char* name) -> const char* {
+    const auto found = variables.find(name);
+    return found == variables.end() ? nullptr : found->second.c_str();
+  });
+}
+
+const Variables kGood = {
+    {"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+
+TEST(NcclEnvironment, ReadsTorchrunsVariables) {
+  Environment environment = parse(kGood);
+  EXPECT_EQ(environment.rank, 2);
+  EXPECT_EQ(environment.world_size, 4);
+  EXPECT_EQ(environment.local_rank, 2);  // LOCAL_RANK unset: RANK
+  EXPECT_EQ(environment.master_addr, "127.0.0.1");
+  EXPECT_EQ(environment.master_port, 29500);
+  Variables with_local = kGood;
+  with_local["LOCAL_RANK"] = "0";
+  EXPECT_EQ(parse(with_local).local_rank, 0);
+}
+
+TEST(NcclEnvironment, NamesAMissingOrMalformedVariable) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"RANK", "", "environment variable RANK is not set"},
+      {"RANK", "4", "environment variable RANK='4' is invalid: expected an integer from 0 to 3"},
+      {"RANK", "-1", "RANK='-1' is invalid"},
+      {"WORLD_SIZE", "0", "WORLD_SIZE='0' is invalid"},
+      {"WORLD_SIZE", "two", "WORLD_SIZE='two' is invalid"},
+      {"MASTER_ADDR", "", "environment variable MASTER_ADDR is not set"},
+      {"MASTER_PORT", "65536",
+       "MASTER_PORT='65536' is invalid: expected an integer from 1 to 65535"},
+      {"MASTER_PORT", "99999999999999999999999", "MASTER_PORT='99999999999999999999999'"},
+      {"LOCAL_RANK", "x", "LOCAL_RANK='x' is invalid"},
+  };
+  for (const auto& [name, value, expected] : cases) {
+    Variables variables = kGood;
+    if (value.empty()) {
+      variables.erase(name);
+    } else {
+      variables[name] = value;
+    }
+    try {
+      (void)parse(variables);
+      ADD_FAILURE() << name << "=" << value << " was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  }
+}
+
+// ---- Unique-id exchange through the store
+
+class NcclUniqueIdExchange : public testing::TestWithParam<int> {};
+
+TEST_P(NcclUniqueIdExchange, EveryRankGetsRankZerosBytes) {
+  const int world_size = GetParam();
+  store::Server server;
+  // A fake id: 128 bytes (NCCL_UNIQUE_ID_BYTES) with NULs and high bytes in it.
+  std::string id(128, '\0');
+  for (std::size_t i = 0; i < id.size(); ++i) {
+    id[i] = static_cast<char>((i * 37 + 11) % 256);
+  }
+  std::vector<std::string> received(static_cast<std::size_t>(world_size));
+  std::vector<int> made(static_cast<std::size_t>(world_size), 0);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      store::ClientOptions options;
+      options.port = server.port();
+      store::Client client(options, std::chrono::seconds(30));
+      store::PrefixStore prefix("chorus/nccl/comm/test", client);
+      store::Rendezvous rendezvous(prefix, rank, world_size);
+      const auto index = static_cast<std::size_t>(rank);
+      received[index] = exchange_unique_id(
+          rendezvous, id.size(),
+          [&] {
+            ++made[index];
+            return id;
+          },
+          std::chrono::seconds(30));
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  for (int rank = 0; rank < world_size; ++rank) {
+    const auto index = static_cast<std::size_t>(rank);
+    EXPECT_EQ(received[index], id) << "rank " << rank;
+    EXPECT_EQ(made[index], rank == 0 ? 1 : 0) << "only rank 0 makes the id";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclUniqueIdExchange, testing::Values(1, 2, 3, 4));
+
+TEST(NcclUniqueIdExchangeErrors, ATruncatedIdIsRefusedOnRankZero) {
+  store::Server server;
+  store::ClientOptions options;
+  options.port = server.port();
+  store::Client client(options, std::chrono::seconds(30));
+  store::Rendezvous rendezvous(client, 0, 1);
+  EXPECT_THROW((void)exchange_unique_id(
+                   rendezvous, 128, [] { return std::string(5, 'x'); }, std::chrono::seconds(5)),
+               InvalidArgument);
+}
+
+TEST(NcclUniqueIdExchangeErrors, ARankWaitsForRankZeroUntilTheDeadline) {
+  store::Server server;
+  store::ClientOptions options;
+  options.port = server.port();
+  store::Client client(options, std::chrono::seconds(30));
+  store::Rendezvous rendezvous(client, 1, 2);
+  EXPECT_THROW(
+      (void)exchange_unique_id(
+          rendezvous, 128, [] { return std::string(128, 'x'); }, std::chrono::milliseconds(200)),
+      Timeout);
+}
+
+// ---- Without a device
+
+TEST(NcclNoDevice, TransportNcclFailsWithAClearError) {
+  const DeviceCount devices = cuda_device_count();
+  if (devices.count > 0) {
+    GTEST_SKIP() << "a CUDA device is present: the gpu tests cover it";
+  }
+  EXPECT_NE(devices.problem.find("no CUDA device: cudaGetDeviceCount returned"), std::string::npos)
+      << devices.problem;
+  RunOptions options;
+  options.transport = "nccl";
+  bool ran = false;
+  try {
+    (void)chorus::run(options, [&] { ran = true; });
+    ADD_FAILURE() << "chorus::run --transport=nccl succeeded without a device";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what()).find("no CUDA device: cudaGetDeviceCount returned"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(ran);
+}
+
+TEST(NcclNoDevice, TheFlagIsAccepted) {
+  char program[] = "program";
+  char flag[] = "--transport=nccl";
+  char* argv[] = {program, flag};
+  EXPECT_EQ(RunOptions::from_args(2, argv).transport, "nccl");
+}
+
+}  // namespace
+}  // namespace chorus::nccl

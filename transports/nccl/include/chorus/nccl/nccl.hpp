@@ -1,0 +1,91 @@
+#pragma once
+
+// chorus::nccl — the NCCL transport (docs/nccl.md). One process is one chorus rank on one CUDA
+// device; ranks find each other through the TCP rendezvous store (chorus/store/store.hpp).
+// Users reach it through chorus::run with --transport=nccl; this header is for the launcher and
+// for tests. It includes neither <cuda_runtime.h> nor <nccl.h>: CUDA and NCCL are private
+// dependencies of chorus::nccl.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "chorus/dtype.hpp"
+#include "chorus/reduce_op.hpp"
+#include "chorus/store/store.hpp"
+
+namespace chorus::nccl {
+
+// How a (dtype, reduction) pair runs on NCCL, for documentation, tests and Transport::supports;
+// computed without calling CUDA or NCCL. Names are NCCL's ("ncclFloat32", "ncclSum"), or
+// "ncclRedOpCreatePreMulSum" for premul_sum.
+struct Mapping {
+  std::string datatype;  // the ncclDataType_t the elements travel as
+  std::string op;        // the ncclRedOp_t
+  // Elements per chorus element: 2 for complex dtypes (reduced as pairs of real parts).
+  int count_factor = 1;
+};
+
+// The mapping of `reduce_op` on `dtype`. Throws InvalidArgument when `reduce_op` is not valid
+// for `dtype` (ReduceOp::check_dtype) or when NCCL cannot carry it out (bitwise ops on integers,
+// bxor on Bool); the message names the backend ("nccl: ..."). Never blocks; thread-safe.
+Mapping describe_mapping(DType dtype, const ReduceOp& reduce_op);
+
+// Empty when describe_mapping(dtype, reduce_op) succeeds, else its reason. Never throws.
+std::string mapping_problem(DType dtype, const ReduceOp& reduce_op);
+
+// Where this process sits in the job and where the store is: torchrun's environment variables.
+struct Environment {
+  int rank = 0;                   // RANK
+  int world_size = 1;             // WORLD_SIZE
+  int local_rank = 0;             // LOCAL_RANK (unset: RANK); picks the CUDA device
+  std::string master_addr;        // MASTER_ADDR
+  std::uint16_t master_port = 0;  // MASTER_PORT
+};
+
+// Reads the Environment through `lookup` (a getenv; null result = unset). Throws
+// InvalidArgument naming the variable when one is missing or malformed (RANK, WORLD_SIZE,
+// MASTER_ADDR and MASTER_PORT are required; 0 <= RANK < WORLD_SIZE; 1 <= MASTER_PORT <= 65535).
+// Thread-safe when `lookup` is.
+Environment parse_environment(const std::function<const char*(const char*)>& lookup);
+// parse_environment over the process environment (std::getenv).
+Environment read_environment();
+
+// The unique-id exchange of communicator set-up: rank 0 of `rendezvous` calls `make_id` (NCCL's
+// ncclGetUniqueId, serialised) and every rank returns its bytes (Rendezvous::broadcast_bytes).
+// Throws InvalidArgument when rank 0's id is not `id_bytes` long, and the store's errors
+// (Timeout when rank 0 does not publish by `deadline`). Blocks; one thread per Rendezvous.
+std::string exchange_unique_id(store::Rendezvous& rendezvous, std::size_t id_bytes,
+                               const std::function<std::string()>& make_id,
+                               store::Deadline deadline);
+
+// The number of CUDA devices the runtime sees, or the reason there are none: the error text of
+// cudaGetDeviceCount ("no CUDA device: cudaGetDeviceCount returned cudaErrorNoDevice (...)").
+// Never throws.
+struct DeviceCount {
+  int count = 0;
+  std::string problem;  // empty when count > 0
+};
+DeviceCount cuda_device_count() noexcept;
+
+struct NcclRunOptions {
+  // How long a wait, a communicator's set-up and an operation watched by the watchdog may take
+  // before they end in Timeout.
+  std::chrono::nanoseconds timeout = std::chrono::minutes(10);
+  // The environment; nullopt: read_environment().
+  std::optional<Environment> environment;
+};
+
+// Runs `rank_main` as this process's rank (chorus::run with transport "nccl" calls this): checks
+// that a CUDA device exists (else throws TransportError "no CUDA device: ..."), selects device
+// LOCAL_RANK % device count, connects to the store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it),
+// binds a RankContext over the NCCL transport, runs the rank function, finishes the rank and
+// destroys its communicators (finalize, then destroy). Returns 0 when the rank succeeded; when
+// it failed, prints "chorus: rank R of N failed: <error>", aborts its communicators (so peers
+// see an error instead of hanging) and returns 1. Throws InvalidArgument for a bad environment.
+int run(const NcclRunOptions& options, std::function<void()> rank_main);
+
+}  // namespace chorus::nccl

@@ -1,0 +1,141 @@
+// chorus::nccl::run — one process as one chorus rank on one CUDA device (chorus/nccl/nccl.hpp).
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "chorus/nccl/nccl.hpp"
+#include "chorus/runtime.hpp"
+#include "nccl_transport.hpp"
+
+namespace chorus::nccl {
+namespace {
+
+void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {
+  constexpr std::size_t kUnwaitedListedMax = 16;
+  for (std::size_t i = 0; i < unwaited.size() && i < kUnwaitedListedMax; ++i) {
+    std::fprintf(stderr, "chorus: %s\n", unwaited[i].to_string().c_str());
+  }
+  if (unwaited.size() > kUnwaitedListedMax) {
+    std::fprintf(stderr, "chorus: rank %d: ... and %zu more works never waited (%zu in all)\n",
+                 unwaited.front().rank, unwaited.size() - kUnwaitedListedMax, unwaited.size());
+  }
+}
+
+// Note [NCCL store]
+// Rank 0 hosts the store at MASTER_ADDR:MASTER_PORT, as torch's TCPStore does under torchrun.
+// When that address is taken — a launcher (chorus launch) hosts the store there already — rank 0
+// connects to it like every other rank. The server lives until every rank passed the exit
+// barrier, so no rank loses the store while it still sets up a communicator.
+struct StoreConnection {
+  std::unique_ptr<store::Server> server;
+  std::shared_ptr<store::Client> client;
+};
+
+StoreConnection connect_store(const Environment& environment, std::chrono::nanoseconds timeout) {
+  StoreConnection connection;
+  if (environment.rank == 0) {
+    store::ServerOptions server_options;
+    server_options.host = environment.master_addr;
+    server_options.port = environment.master_port;
+    try {
+      connection.server = std::make_unique<store::Server>(server_options);
+    } catch (const TransportError&) {
+      connection.server.reset();  // hosted by the launcher (Note [NCCL store])
+    }
+  }
+  store::ClientOptions client_options;
+  client_options.host = environment.master_addr;
+  client_options.port = environment.master_port;
+  connection.client = std::make_shared<store::Client>(client_options, timeout);
+  return connection;
+}
+
+}  // namespace
+
+DeviceCount cuda_device_count() noexcept {
+  DeviceCount result;
+  int count = 0;
+  const cudaError_t code = cudaGetDeviceCount(&count);
+  if (code != cudaSuccess) {
+    try {
+      result.problem =
+          "no CUDA device: cudaGetDeviceCount returned " + detail::cuda_error_text(code);
+    } catch (...) {
+      result.problem.clear();  // out of memory for the text: the count alone says it
+    }
+    return result;
+  }
+  result.count = count;
+  if (count <= 0) {
+    result.count = 0;
+    result.problem = "no CUDA device: cudaGetDeviceCount returned 0 devices";
+  }
+  return result;
+}
+
+int run(const NcclRunOptions& options, std::function<void()> rank_main) {
+  const DeviceCount devices = cuda_device_count();
+  if (devices.count == 0) {
+    throw TransportError(ErrorContext{-1, "nccl::run", -1, ""},
+                         devices.problem.empty() ? "no CUDA device" : devices.problem);
+  }
+  const Environment environment = options.environment ? *options.environment : read_environment();
+  const int rank = environment.rank;
+  const int world_size = environment.world_size;
+  const int device = environment.local_rank % devices.count;
+  if (const cudaError_t code = cudaSetDevice(device); code != cudaSuccess) {
+    throw TransportError(ErrorContext{rank, "nccl::run", -1, ""},
+                         "nccl: cudaSetDevice(" + std::to_string(device) +
+                             ") failed: " + detail::cuda_error_text(code));
+  }
+  StoreConnection connection = connect_store(environment, options.timeout);
+  int status = 0;
+  {
+    auto transport = std::make_shared<detail::NcclTransport>(environment, connection.client, device,
+                                                             options.timeout);
+    RankOptions rank_options;
+    rank_options.timeout = options.timeout;
+    RankContext context(transport, rank_options);
+    const ScopedRankBinding binding(&context);
+    std::exception_ptr error;
+    try {
+      rank_main();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (!error) {
+      RankContext::Summary summary = context.finish();
+      report_unwaited(summary.unwaited);
+      error = summary.error;
+    }
+    if (error) {
+      std::fprintf(stderr,
+                   "chorus: rank %d of %d failed: %s\n"
+                   "chorus: aborting rank %d's NCCL communicators so no other rank waits for it\n",
+                   rank, world_size, describe(error).c_str(), rank);
+      std::fflush(stderr);
+      transport->abort_all(error);
+      status = 1;
+    }
+  }
+  if (status == 0) {
+    // Note [NCCL store]: rank 0's server stays up until every rank is done with it.
+    try {
+      store::PrefixStore prefix("chorus/nccl/exit", *connection.client);
+      store::Rendezvous(prefix, rank, world_size).barrier(options.timeout);
+    } catch (const Error& barrier_error) {
+      std::fprintf(stderr, "chorus: rank %d: exit barrier: %s\n", rank, barrier_error.what());
+      status = 1;
+    }
+  }
+  return status;
+}
+
+}  // namespace chorus::nccl

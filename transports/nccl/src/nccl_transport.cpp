@@ -1,0 +1,860 @@
+#include "nccl_transport.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "chorus/check.hpp"
+
+namespace chorus::nccl::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
+  const Clock::time_point now = Clock::now();
+  if (timeout >=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::time_point::max() - now)) {
+    return Clock::time_point::max();
+  }
+  return now + std::chrono::duration_cast<Clock::duration>(timeout);
+}
+
+std::string milliseconds_text(std::chrono::nanoseconds duration) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(duration).count()) +
+         " ms";
+}
+
+// Polls (yielding) instead of blocking in CUDA or NCCL, so every wait has a deadline.
+void pause_briefly() { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
+
+// Pinned host memory, freed with cudaFreeHost.
+std::shared_ptr<void> pinned(std::size_t bytes) {
+  void* data = nullptr;
+  const cudaError_t code = cudaMallocHost(&data, std::max<std::size_t>(bytes, 1));
+  if (code != cudaSuccess) {
+    throw TransportError(ErrorContext{}, "nccl: cudaMallocHost(" + std::to_string(bytes) +
+                                             ") failed: " + cuda_error_text(code));
+  }
+  return {data, [](void* pointer) { cudaFreeHost(pointer); }};
+}
+
+// FNV-1a of the group's key: the same id on every member (fingerprints compare it).
+std::uint64_t comm_id_of(const std::string& key) {
+  std::uint64_t hash = 14695981039346656037ULL;
+  for (const char byte : key) {
+    hash ^= static_cast<unsigned char>(byte);
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+}  // namespace
+
+ncclDataType_t nccl_type(Type type) {
+  switch (type) {
+    case Type::Int8:
+      return ncclInt8;
+    case Type::Uint8:
+      return ncclUint8;
+    case Type::Int32:
+      return ncclInt32;
+    case Type::Uint32:
+      return ncclUint32;
+    case Type::Int64:
+      return ncclInt64;
+    case Type::Uint64:
+      return ncclUint64;
+    case Type::Float16:
+      return ncclFloat16;
+    case Type::Float32:
+      return ncclFloat32;
+    case Type::Float64:
+      return ncclFloat64;
+    case Type::Bfloat16:
+      return ncclBfloat16;
+  }
+  CHORUS_CHECK(false);
+  return ncclUint8;
+}
+
+std::string cuda_error_text(cudaError_t code) {
+  return std::string(cudaGetErrorName(code)) + " (" + cudaGetErrorString(code) + ")";
+}
+
+std::string nccl_error_text(ncclResult_t code, ncclComm_t comm) {
+  std::string text = ncclGetErrorString(code);
+  if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0') {
+    text += ": ";
+    text += last;
+  }
+  return text;
+}
+
+std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
+  std::string label = tag.empty() ? "" : "'" + tag + "' ";
+  label += '[';
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    label += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
+  }
+  return label + ']';
+}
+
+// ---------------------------------------------------------------------------------------------
+// CommState
+
+CommState::CommState(ncclComm_t comm, cudaStream_t stream, int device, std::string label,
+                     std::chrono::nanoseconds timeout)
+    : comm_(comm), stream_(stream), device_(device), label_(std::move(label)), timeout_(timeout) {}
+
+CommState::~CommState() {
+  const std::lock_guard lock(mutex_);
+  cudaSetDevice(device_);
+  if (!aborted_) {
+    // Note [NCCL work lifecycle]: finalize (flushes outstanding operations), then destroy.
+    ncclResult_t result = ncclCommFinalize(comm_);
+    if (result == ncclSuccess || result == ncclInProgress) {
+      result = settle(deadline_after(timeout_));
+    }
+    if (result == ncclSuccess) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+  }
+  cudaStreamDestroy(stream_);
+}
+
+ncclResult_t CommState::settle(Clock::time_point deadline) {
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
+    if (result != ncclSuccess) {
+      return result;
+    }
+    if (state != ncclInProgress || Clock::now() >= deadline) {
+      return state;
+    }
+    pause_briefly();
+  }
+}
+
+ncclResult_t CommState::async_error() {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
+  return result != ncclSuccess ? result : state;
+}
+
+bool CommState::aborted() {
+  const std::lock_guard lock(mutex_);
+  return aborted_;
+}
+
+void CommState::track(const std::shared_ptr<NcclWork>& work) {
+  std::erase_if(outstanding_, [](const std::weak_ptr<NcclWork>& entry) { return entry.expired(); });
+  outstanding_.push_back(work);
+}
+
+void CommState::abort(const std::exception_ptr& error) {
+  std::vector<std::shared_ptr<NcclWork>> works;
+  {
+    const std::lock_guard lock(mutex_);
+    if (aborted_) {
+      return;
+    }
+    aborted_ = true;
+    cudaSetDevice(device_);
+    ncclCommAbort(comm_);
+    for (const std::weak_ptr<NcclWork>& entry : outstanding_) {
+      if (std::shared_ptr<NcclWork> work = entry.lock()) {
+        works.push_back(std::move(work));
+      }
+    }
+    outstanding_.clear();
+  }
+  for (const std::shared_ptr<NcclWork>& work : works) {
+    work->fail(error);  // outside the comm lock: poll() takes the work lock, then this one
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NcclWork
+
+NcclWork::NcclWork(std::shared_ptr<CommState> comm, cudaEvent_t event, Started started,
+                   transport::Fingerprint fingerprint, ErrorContext context)
+    : comm_(std::move(comm)),
+      event_(event),
+      started_(std::move(started)),
+      fingerprint_(std::move(fingerprint)),
+      context_(std::move(context)) {}
+
+NcclWork::~NcclWork() {
+  // A work destroyed while pending (after a Timeout) leaves its memory to the stream: the event
+  // is destroyed lazily by CUDA once it completes; staging memory is leaked rather than freed
+  // under a running kernel.
+  if (status_ == transport::WorkStatus::Pending) {
+    for (auto& keep : started_.keep_alive) {
+      new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
+    }
+  }
+  cudaEventDestroy(event_);
+}
+
+std::exception_ptr NcclWork::poll(std::chrono::nanoseconds timeout) {
+  const std::lock_guard lock(mutex_);
+  if (status_ != transport::WorkStatus::Pending) {
+    return nullptr;
+  }
+  const cudaError_t query = cudaEventQuery(event_);
+  if (query == cudaSuccess) {
+    try {
+      for (const std::function<void()>& step : started_.after) {
+        step();
+      }
+      status_ = transport::WorkStatus::Completed;
+    } catch (...) {
+      status_ = transport::WorkStatus::Failed;
+      error_ = std::current_exception();
+    }
+    started_.after.clear();
+    started_.keep_alive.clear();
+    return nullptr;
+  }
+  if (query != cudaErrorNotReady) {
+    return make_error(ErrorCode::TransportError, context_,
+                      "nccl: cudaEventQuery failed: " + cuda_error_text(query));
+  }
+  if (const ncclResult_t state = comm_->async_error();
+      state != ncclSuccess && state != ncclInProgress) {
+    return make_error(ErrorCode::TransportError, context_,
+                      "nccl: asynchronous error on communicator " + comm_->label() + ": " +
+                          nccl_error_text(state, comm_->comm()) + "; communicator aborted");
+  }
+  if (Clock::now() - started_at_ > timeout) {
+    return make_error(ErrorCode::Timeout, context_,
+                      "nccl: the operation did not complete within " + milliseconds_text(timeout) +
+                          " (watchdog); communicator " + comm_->label() + " aborted");
+  }
+  return nullptr;
+}
+
+void NcclWork::fail(const std::exception_ptr& error) {
+  const std::lock_guard lock(mutex_);
+  if (status_ != transport::WorkStatus::Pending) {
+    return;
+  }
+  status_ = transport::WorkStatus::Failed;
+  error_ = error;
+  started_.after.clear();
+  started_.keep_alive.clear();  // the communicator was aborted: its kernels no longer run
+}
+
+bool NcclWork::is_completed() {
+  if (std::exception_ptr fatal = poll(std::chrono::nanoseconds::max())) {
+    comm_->abort(fatal);
+  }
+  return status() != transport::WorkStatus::Pending;
+}
+
+void NcclWork::wait(transport::Deadline deadline) {
+  while (true) {
+    if (std::exception_ptr fatal = poll(std::chrono::nanoseconds::max())) {
+      comm_->abort(fatal);
+    }
+    {
+      const std::lock_guard lock(mutex_);
+      if (status_ == transport::WorkStatus::Completed) {
+        return;
+      }
+      if (status_ == transport::WorkStatus::Failed) {
+        std::rethrow_exception(error_);
+      }
+    }
+    // The deadline is on the transport's clock: steady_clock time (NcclTransport::now()).
+    if (!deadline.is_never() && std::chrono::duration_cast<transport::Duration>(
+                                    Clock::now().time_since_epoch()) >= deadline.at) {
+      throw Timeout(context_, "nccl: wait passed its deadline; the operation is still pending");
+    }
+    pause_briefly();
+  }
+}
+
+void NcclWork::wait_on(void* stream) {
+  cudaSetDevice(comm_->device());
+  const cudaError_t code = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0);
+  if (code != cudaSuccess) {
+    throw TransportError(context_, "nccl: cudaStreamWaitEvent failed: " + cuda_error_text(code));
+  }
+}
+
+transport::WorkStatus NcclWork::status() const {
+  const std::lock_guard lock(mutex_);
+  return status_;
+}
+
+std::exception_ptr NcclWork::error() const {
+  const std::lock_guard lock(mutex_);
+  return error_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watchdog
+
+Watchdog::Watchdog(std::chrono::nanoseconds timeout, int device)
+    : timeout_(timeout), device_(device), thread_([this] { loop(); }) {}
+
+Watchdog::~Watchdog() {
+  {
+    const std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Watchdog::add(const std::shared_ptr<NcclWork>& work) {
+  const std::lock_guard lock(mutex_);
+  works_.push_back(work);
+}
+
+std::size_t Watchdog::aborts() const noexcept {
+  const std::lock_guard lock(mutex_);
+  return aborts_;
+}
+
+void Watchdog::loop() {
+  cudaSetDevice(device_);
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    wake_.wait_for(lock, kPollInterval);
+    std::vector<std::shared_ptr<NcclWork>> pending;
+    std::erase_if(works_, [&pending](const std::weak_ptr<NcclWork>& entry) {
+      std::shared_ptr<NcclWork> work = entry.lock();
+      if (!work || work->status() != transport::WorkStatus::Pending) {
+        return true;
+      }
+      pending.push_back(std::move(work));
+      return false;
+    });
+    lock.unlock();
+    for (const std::shared_ptr<NcclWork>& work : pending) {
+      if (std::exception_ptr fatal = work->poll(timeout_)) {
+        work->comm()->abort(fatal);
+        const std::lock_guard count_lock(mutex_);
+        ++aborts_;
+      }
+    }
+    pending.clear();
+    lock.lock();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NcclComm
+
+NcclComm::NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> watchdog,
+                   std::string tag, std::vector<int> ranks, int group_rank, std::uint64_t id,
+                   int rank, std::chrono::nanoseconds timeout)
+    : state_(std::move(state)),
+      watchdog_(std::move(watchdog)),
+      tag_(std::move(tag)),
+      ranks_(std::move(ranks)),
+      group_rank_(group_rank),
+      id_(id),
+      rank_(rank),
+      timeout_(timeout) {
+  CHORUS_CHECK_GE(group_rank_, 0);
+  CHORUS_CHECK_LT(group_rank_, size());
+}
+
+ErrorContext NcclComm::context_of(const transport::OpInfo& info) const {
+  return ErrorContext{rank_, std::string(info.name), info.seq, group_label(tag_, ranks_)};
+}
+
+void NcclComm::check_device(const transport::Buffer& buffer, const transport::OpInfo& info) const {
+  if (buffer.device.is_meta() ||
+      (buffer.device.is_cuda() && buffer.device.index() != state_->device())) {
+    throw InvalidArgument(context_of(info),
+                          "nccl: buffer on " + buffer.device.to_string() +
+                              ", expected cpu or cuda:" + std::to_string(state_->device()));
+  }
+}
+
+Plan NcclComm::plan_or_throw(DType dtype, const ReduceOp& reduce_op,
+                             const transport::OpInfo& info) const {
+  std::string problem;
+  std::optional<Plan> plan = plan_reduction(dtype, reduce_op, problem);
+  if (!plan) {
+    throw InvalidArgument(context_of(info), problem);
+  }
+  return *plan;
+}
+
+void* NcclComm::stage_in(const transport::Buffer& buffer, bool copy_in, Started& started) {
+  started.keep_alive.push_back(buffer.keep_alive);
+  if (buffer.device.is_cuda()) {
+    return buffer.data;
+  }
+  const std::size_t bytes = std::max<std::size_t>(buffer.nbytes(), 1);
+  void* device_data = nullptr;
+  cudaError_t code = cudaMallocAsync(&device_data, bytes, state_->stream());
+  if (code != cudaSuccess) {
+    throw TransportError(ErrorContext{}, "nccl: cudaMallocAsync(" + std::to_string(bytes) +
+                                             ") failed: " + cuda_error_text(code));
+  }
+  // Freed (in stream order) when the Work releases its keep_alive, after the operation and the
+  // copy back completed.
+  started.keep_alive.push_back(
+      std::shared_ptr<const void>(device_data, [stream = state_->stream()](const void* pointer) {
+        cudaFreeAsync(const_cast<void*>(pointer), stream);
+      }));
+  if (copy_in && buffer.nbytes() > 0) {
+    std::shared_ptr<void> host = pinned(buffer.nbytes());
+    std::memcpy(host.get(), buffer.data, buffer.nbytes());
+    code = cudaMemcpyAsync(device_data, host.get(), buffer.nbytes(), cudaMemcpyHostToDevice,
+                           state_->stream());
+    if (code != cudaSuccess) {
+      throw TransportError(ErrorContext{},
+                           "nccl: cudaMemcpyAsync failed: " + cuda_error_text(code));
+    }
+    started.keep_alive.push_back(std::move(host));
+  }
+  return device_data;
+}
+
+void NcclComm::stage_out(const transport::Buffer& buffer, void* device_data, Started& started) {
+  if (buffer.device.is_cuda() || buffer.nbytes() == 0) {
+    return;
+  }
+  std::shared_ptr<void> host = pinned(buffer.nbytes());
+  const cudaError_t code = cudaMemcpyAsync(host.get(), device_data, buffer.nbytes(),
+                                           cudaMemcpyDeviceToHost, state_->stream());
+  if (code != cudaSuccess) {
+    throw TransportError(ErrorContext{}, "nccl: cudaMemcpyAsync failed: " + cuda_error_text(code));
+  }
+  started.after.emplace_back([data = buffer.data, host, bytes = buffer.nbytes()] {
+    std::memcpy(data, host.get(), bytes);
+  });
+  started.keep_alive.push_back(std::move(host));
+}
+
+ncclRedOp_t NcclComm::reduction(const Plan& plan, const ReduceOp& reduce_op,
+                                std::vector<ncclRedOp_t>& created) {
+  switch (plan.op) {
+    case Op::Sum:
+      return ncclSum;
+    case Op::Prod:
+      return ncclProd;
+    case Op::Max:
+      return ncclMax;
+    case Op::Min:
+      return ncclMin;
+    case Op::Avg:
+      return ncclAvg;
+    case Op::PremulSum:
+      break;
+  }
+  std::string scalar = premul_scalar(plan.type, reduce_op.premul_factor());
+  ncclRedOp_t op{};
+  const ncclResult_t result = ncclRedOpCreatePreMulSum(&op, scalar.data(), nccl_type(plan.type),
+                                                       ncclScalarHostImmediate, state_->comm());
+  if (result != ncclSuccess) {
+    throw TransportError(ErrorContext{}, "nccl: ncclRedOpCreatePreMulSum failed: " +
+                                             nccl_error_text(result, state_->comm()));
+  }
+  created.push_back(op);
+  return op;
+}
+
+std::shared_ptr<transport::Work> NcclComm::launch(const transport::OpSignature& signature,
+                                                  const transport::OpInfo& info, Enqueue enqueue) {
+  if (batching_) {
+    batch_.push_back(std::move(enqueue));
+    batch_signatures_.push_back(signature);
+    return nullptr;
+  }
+  std::vector<Enqueue> enqueues;
+  enqueues.push_back(std::move(enqueue));
+  return start(std::move(enqueues), {signature}, info);
+}
+
+std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
+                                                 std::vector<transport::OpSignature> signatures,
+                                                 const transport::OpInfo& info) {
+  const ErrorContext context = context_of(info);
+  std::unique_lock lock(state_->mutex());
+  if (state_->aborted_locked()) {
+    throw Aborted(
+        context, "nccl: communicator " + state_->label() + " was aborted after an earlier failure");
+  }
+  cudaSetDevice(state_->device());
+  auto check_cuda = [&context](cudaError_t code, const char* call) {
+    if (code != cudaSuccess) {
+      throw TransportError(context,
+                           std::string("nccl: ") + call + " failed: " + cuda_error_text(code));
+    }
+  };
+  // Order the operation after the caller's work on the legacy default stream.
+  cudaEvent_t ready = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(ready, nullptr), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(state_->stream(), ready, 0), "cudaStreamWaitEvent");
+  cudaEventDestroy(ready);
+
+  Started started;
+  started.signatures = std::move(signatures);
+  std::vector<ncclRedOp_t> created;
+  ncclResult_t result = ncclGroupStart();
+  if (result == ncclSuccess) {
+    try {
+      for (const Enqueue& enqueue : enqueues) {
+        enqueue(started, created);
+      }
+    } catch (...) {
+      ncclGroupEnd();
+      throw;
+    }
+    result = ncclGroupEnd();
+  }
+  const auto deadline = deadline_after(timeout_);
+  if (result == ncclInProgress || result == ncclSuccess) {
+    result = state_->settle(deadline);
+  }
+  for (ncclRedOp_t op : created) {
+    ncclRedOpDestroy(op, state_->comm());
+  }
+  if (result != ncclSuccess) {
+    const bool timed_out = result == ncclInProgress;
+    std::exception_ptr error =
+        timed_out ? make_error(ErrorCode::Timeout, context,
+                               "nccl: enqueueing did not finish within " +
+                                   milliseconds_text(timeout_) + "; communicator aborted")
+                  : make_error(ErrorCode::TransportError, context,
+                               "nccl: " + nccl_error_text(result, state_->comm()) +
+                                   "; communicator aborted");
+    lock.unlock();  // abort() takes the comm lock
+    state_->abort(error);
+    std::rethrow_exception(error);
+  }
+  // Copy-backs of staged CPU outputs ran inside the enqueues, after each op on the stream.
+  cudaEvent_t event = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(event, state_->stream()), "cudaEventRecord");
+  transport::Fingerprint fingerprint{id_, info.seq, started.signatures};
+  auto work = std::make_shared<NcclWork>(state_, event, std::move(started), std::move(fingerprint),
+                                         context);
+  state_->track(work);
+  watchdog_->add(work);
+  return work;
+}
+
+std::shared_ptr<transport::Work> NcclComm::all_reduce(const transport::Buffer& send,
+                                                      const transport::Buffer& recv,
+                                                      const ReduceOp& reduce_op,
+                                                      const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(send.count, recv.count);
+  check_device(send, info);
+  check_device(recv, info);
+  const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
+  const transport::OpSignature signature{
+      transport::OpKind::AllReduce, send.dtype, send.count, recv.count, reduce_op, -1};
+  return launch(
+      signature, info,
+      [this, send, recv, reduce_op, plan](Started& started, std::vector<ncclRedOp_t>& ops) {
+        void* in = stage_in(send, true, started);
+        void* out = recv.data == send.data ? in : stage_in(recv, false, started);
+        const ncclRedOp_t op = reduction(plan, reduce_op, ops);
+        const std::size_t count = send.count * static_cast<std::size_t>(plan.count_factor);
+        const ncclResult_t result = ncclAllReduce(in, out, count, nccl_type(plan.type), op,
+                                                  state_->comm(), state_->stream());
+        if (result != ncclSuccess && result != ncclInProgress) {
+          throw TransportError(ErrorContext{},
+                               "nccl: ncclAllReduce: " + nccl_error_text(result, state_->comm()));
+        }
+        stage_out(recv, out, started);
+      });
+}
+
+std::shared_ptr<transport::Work> NcclComm::all_gather(const transport::Buffer& send,
+                                                      const transport::Buffer& recv,
+                                                      const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(recv.count, send.count * static_cast<std::size_t>(size()));
+  check_device(send, info);
+  check_device(recv, info);
+  const transport::OpSignature signature{
+      transport::OpKind::AllGather, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, -1};
+  return launch(signature, info, [this, send, recv](Started& started, std::vector<ncclRedOp_t>&) {
+    void* in = stage_in(send, true, started);
+    void* out = stage_in(recv, false, started);
+    const ncclResult_t result =
+        ncclAllGather(in, out, send.nbytes(), ncclUint8, state_->comm(), state_->stream());
+    if (result != ncclSuccess && result != ncclInProgress) {
+      throw TransportError(ErrorContext{},
+                           "nccl: ncclAllGather: " + nccl_error_text(result, state_->comm()));
+    }
+    stage_out(recv, out, started);
+  });
+}
+
+std::shared_ptr<transport::Work> NcclComm::reduce_scatter(const transport::Buffer& send,
+                                                          const transport::Buffer& recv,
+                                                          const ReduceOp& reduce_op,
+                                                          const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(send.count, recv.count * static_cast<std::size_t>(size()));
+  check_device(send, info);
+  check_device(recv, info);
+  const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
+  const transport::OpSignature signature{
+      transport::OpKind::ReduceScatter, send.dtype, send.count, recv.count, reduce_op, -1};
+  return launch(
+      signature, info,
+      [this, send, recv, reduce_op, plan](Started& started, std::vector<ncclRedOp_t>& ops) {
+        void* in = stage_in(send, true, started);
+        void* out = stage_in(recv, false, started);
+        const ncclRedOp_t op = reduction(plan, reduce_op, ops);
+        const std::size_t count = recv.count * static_cast<std::size_t>(plan.count_factor);
+        const ncclResult_t result = ncclReduceScatter(in, out, count, nccl_type(plan.type), op,
+                                                      state_->comm(), state_->stream());
+        if (result != ncclSuccess && result != ncclInProgress) {
+          throw TransportError(ErrorContext{}, "nccl: ncclReduceScatter: " +
+                                                   nccl_error_text(result, state_->comm()));
+        }
+        stage_out(recv, out, started);
+      });
+}
+
+std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& send,
+                                                      const std::vector<std::size_t>& send_counts,
+                                                      const transport::Buffer& recv,
+                                                      const std::vector<std::size_t>& recv_counts,
+                                                      const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(send_counts.size(), static_cast<std::size_t>(size()));
+  CHORUS_CHECK_EQ(recv_counts.size(), static_cast<std::size_t>(size()));
+  check_device(send, info);
+  check_device(recv, info);
+  const transport::OpSignature signature{
+      transport::OpKind::AllToAll, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, -1};
+  return launch(
+      signature, info,
+      [this, send, recv, send_counts, recv_counts](Started& started, std::vector<ncclRedOp_t>&) {
+        auto* in = static_cast<char*>(stage_in(send, true, started));
+        auto* out = static_cast<char*>(stage_in(recv, false, started));
+        const std::size_t element = element_size(send.dtype);
+        std::size_t send_offset = 0;
+        std::size_t recv_offset = 0;
+        // Nested inside start()'s group: NCCL fuses every send and receive.
+        for (int peer = 0; peer < size(); ++peer) {
+          const auto index = static_cast<std::size_t>(peer);
+          const std::size_t send_bytes = send_counts[index] * element;
+          const std::size_t recv_bytes = recv_counts[index] * element;
+          ncclResult_t result = ncclSend(in + send_offset, send_bytes, ncclUint8, peer,
+                                         state_->comm(), state_->stream());
+          if (result == ncclSuccess || result == ncclInProgress) {
+            result = ncclRecv(out + recv_offset, recv_bytes, ncclUint8, peer, state_->comm(),
+                              state_->stream());
+          }
+          if (result != ncclSuccess && result != ncclInProgress) {
+            throw TransportError(ErrorContext{}, "nccl: ncclSend/ncclRecv: " +
+                                                     nccl_error_text(result, state_->comm()));
+          }
+          send_offset += send_bytes;
+          recv_offset += recv_bytes;
+        }
+        CHORUS_CHECK_EQ(send_offset, send.nbytes());
+        CHORUS_CHECK_EQ(recv_offset, recv.nbytes());
+        stage_out(recv, out, started);
+      });
+}
+
+std::shared_ptr<transport::Work> NcclComm::broadcast(const transport::Buffer& send,
+                                                     const transport::Buffer& recv, int root,
+                                                     const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(send.count, recv.count);
+  CHORUS_CHECK(root >= 0 && root < size());
+  check_device(send, info);
+  check_device(recv, info);
+  const transport::OpSignature signature{
+      transport::OpKind::Broadcast, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, root};
+  return launch(
+      signature, info, [this, send, recv, root](Started& started, std::vector<ncclRedOp_t>&) {
+        const bool is_root = group_rank_ == root;
+        void* in = stage_in(send, is_root, started);  // read on the root only
+        void* out = recv.data == send.data ? in : stage_in(recv, false, started);
+        const ncclResult_t result = ncclBroadcast(in, out, send.nbytes(), ncclUint8, root,
+                                                  state_->comm(), state_->stream());
+        if (result != ncclSuccess && result != ncclInProgress) {
+          throw TransportError(ErrorContext{},
+                               "nccl: ncclBroadcast: " + nccl_error_text(result, state_->comm()));
+        }
+        stage_out(recv, out, started);
+      });
+}
+
+std::shared_ptr<transport::Work> NcclComm::reduce(const transport::Buffer& send,
+                                                  const transport::Buffer& recv,
+                                                  const ReduceOp& reduce_op, int root,
+                                                  const transport::OpInfo& info) {
+  CHORUS_CHECK_EQ(send.count, recv.count);
+  CHORUS_CHECK(root >= 0 && root < size());
+  check_device(send, info);
+  check_device(recv, info);
+  const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
+  const transport::OpSignature signature{
+      transport::OpKind::Reduce, send.dtype, send.count, recv.count, reduce_op, root};
+  return launch(
+      signature, info,
+      [this, send, recv, reduce_op, plan, root](Started& started, std::vector<ncclRedOp_t>& ops) {
+        void* in = stage_in(send, true, started);
+        void* out = recv.data == send.data ? in : stage_in(recv, false, started);
+        const ncclRedOp_t op = reduction(plan, reduce_op, ops);
+        const std::size_t count = send.count * static_cast<std::size_t>(plan.count_factor);
+        const ncclResult_t result = ncclReduce(in, out, count, nccl_type(plan.type), op, root,
+                                               state_->comm(), state_->stream());
+        if (result != ncclSuccess && result != ncclInProgress) {
+          throw TransportError(ErrorContext{},
+                               "nccl: ncclReduce: " + nccl_error_text(result, state_->comm()));
+        }
+        if (group_rank_ == root) {
+          stage_out(recv, out, started);  // recv is written on the root only
+        }
+      });
+}
+
+void NcclComm::begin_group() {
+  CHORUS_CHECK(!batching_);
+  CHORUS_CHECK(batch_.empty());
+  batching_ = true;
+}
+
+std::shared_ptr<transport::Work> NcclComm::end_group(const transport::OpInfo& info) {
+  CHORUS_CHECK(batching_);
+  batching_ = false;
+  std::vector<Enqueue> enqueues = std::move(batch_);
+  std::vector<transport::OpSignature> signatures = std::move(batch_signatures_);
+  batch_.clear();
+  batch_signatures_.clear();
+  return start(std::move(enqueues), std::move(signatures), info);
+}
+
+// ---------------------------------------------------------------------------------------------
+// NcclTransport
+
+NcclTransport::NcclTransport(Environment environment, std::shared_ptr<store::Store> store,
+                             int device, std::chrono::nanoseconds timeout)
+    : environment_(std::move(environment)),
+      store_(std::move(store)),
+      device_(device),
+      timeout_(timeout),
+      watchdog_(std::make_shared<Watchdog>(timeout, device)) {}
+
+NcclTransport::~NcclTransport() {
+  comms_.clear();
+  states_.clear();  // the last owners finalize and destroy (Note [NCCL work lifecycle])
+}
+
+transport::Duration NcclTransport::now() {
+  return std::chrono::duration_cast<transport::Duration>(Clock::now().time_since_epoch());
+}
+
+std::string NcclTransport::supports(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
+                                    Device device) const {
+  if (device.is_meta()) {
+    return "nccl: meta tensors have no storage to communicate";
+  }
+  if (device.is_cuda() && device.index() != device_) {
+    return "nccl: this rank runs on cuda:" + std::to_string(device_) + ", not " +
+           device.to_string();
+  }
+  if (transport::op_kind_reduces(kind)) {
+    return mapping_problem(dtype, reduce_op);
+  }
+  return {};
+}
+
+void NcclTransport::abort_all(const std::exception_ptr& error) {
+  for (const std::shared_ptr<CommState>& state : states_) {
+    state->abort(error);
+  }
+}
+
+std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& tag,
+                                                            const std::vector<int>& ranks) {
+  const std::string label = group_label(tag, ranks);
+  const ErrorContext context{environment_.rank, "create_comm", -1, label};
+  const auto member = std::find(ranks.begin(), ranks.end(), environment_.rank);
+  if (member == ranks.end()) {
+    throw InvalidArgument(context, "nccl: rank " + std::to_string(environment_.rank) +
+                                       " is not a member of the group");
+  }
+  std::string key = tag + "/";
+  for (int rank : ranks) {
+    key += std::to_string(rank) + ",";
+  }
+  if (auto found = comms_.find(key); found != comms_.end()) {
+    return found->second;
+  }
+  const int group_rank = static_cast<int>(member - ranks.begin());
+  const int group_size = static_cast<int>(ranks.size());
+
+  // Note [NCCL communicator set-up]
+  // Every group gets its own unique id through the store (a prefix per group), not
+  // ncclCommSplit: the seam's create_comm is called by the group's members only, while
+  // ncclCommSplit is collective over the parent communicator, so non-members would have to call
+  // it too (with NCCL_SPLIT_NOCOLOR), and they never learn that the group exists.
+  store::PrefixStore prefix("chorus/nccl/comm/" + key, *store_);
+  store::Rendezvous rendezvous(prefix, group_rank, group_size);
+  const auto deadline = deadline_after(timeout_);
+  const std::string id_bytes = exchange_unique_id(
+      rendezvous, sizeof(ncclUniqueId),
+      [&context] {
+        ncclUniqueId id{};
+        const ncclResult_t result = ncclGetUniqueId(&id);
+        if (result != ncclSuccess) {
+          throw TransportError(
+              context, "nccl: ncclGetUniqueId failed: " + std::string(ncclGetErrorString(result)));
+        }
+        return std::string(id.internal, sizeof(id.internal));
+      },
+      store::Deadline(deadline));
+  ncclUniqueId id{};
+  std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
+
+  cudaSetDevice(device_);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // Note [NCCL work lifecycle]: poll with a deadline instead
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclCommInitRankConfig(&comm, group_size, id, group_rank, &config);
+  cudaStream_t stream = nullptr;
+  if (const cudaError_t code = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      code != cudaSuccess) {
+    if (comm != nullptr) {
+      ncclCommAbort(comm);
+    }
+    throw TransportError(context, "nccl: cudaStreamCreate failed: " + cuda_error_text(code));
+  }
+  auto state = std::make_shared<CommState>(comm, stream, device_, label, timeout_);
+  if (result == ncclSuccess || result == ncclInProgress) {
+    const std::lock_guard lock(state->mutex());
+    result = state->settle(deadline);
+  }
+  if (result != ncclSuccess) {
+    const bool timed_out = result == ncclInProgress;
+    std::exception_ptr error =
+        timed_out
+            ? make_error(ErrorCode::Timeout, context,
+                         "nccl: ncclCommInitRankConfig did not finish within " +
+                             milliseconds_text(timeout_) + " (a member did not join?)")
+            : make_error(ErrorCode::TransportError, context,
+                         "nccl: ncclCommInitRankConfig failed: " + nccl_error_text(result, comm));
+    state->abort(error);
+    std::rethrow_exception(error);
+  }
+  auto created = std::make_shared<NcclComm>(state, watchdog_, tag, ranks, group_rank,
+                                            comm_id_of(key), environment_.rank, timeout_);
+  states_.push_back(state);
+  comms_.emplace(key, created);
+  return created;
+}
+
+}  // namespace chorus::nccl::detail

@@ -1,0 +1,270 @@
+#pragma once
+
+// The NCCL transport behind the transport seam (docs/nccl.md): NcclTransport is this process's
+// rank on one CUDA device, NcclComm an NCCL communicator per group, NcclWork a CUDA event
+// recorded on the communicator's stream after the operation.
+//
+// Note [NCCL work lifecycle]
+// - Communicators are non-blocking (ncclConfig_t::blocking = 0): every NCCL call may return
+//   ncclInProgress, and the transport polls ncclCommGetAsyncError until it leaves that state or
+//   the deadline passes (then Timeout, and the communicator is aborted). Nothing waits inside
+//   NCCL without a deadline.
+// - An operation runs on the communicator's own stream, after the work already enqueued on the
+//   legacy default stream (an event orders them), then an event is recorded: the Work.
+//   is_completed() queries it; wait(deadline) polls it and ncclCommGetAsyncError until the
+//   deadline; wait_on(stream) makes `stream` wait on it (no host block).
+// - CPU buffers are staged: copied into pinned host memory and device scratch before the
+//   operation, copied back into pinned memory after it on the stream, and into the caller's
+//   buffer by the Work when it completes. So core's CPU tensors run on NCCL too (core cannot
+//   allocate CUDA storage yet); CUDA buffers are used in place.
+// - Buffers (and staging memory) are kept alive until the Work completed or failed.
+// - A watchdog thread polls every outstanding Work: an asynchronous NCCL error, or an operation
+//   older than the timeout, fails every outstanding Work of that communicator (TransportError
+//   or Timeout) and aborts the communicator (ncclCommAbort); later operations on it throw
+//   Aborted.
+// - On normal exit a communicator is finalized (ncclCommFinalize, polled to completion under the
+//   timeout), then destroyed; an aborted one is not touched again.
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/error.hpp"
+#include "chorus/nccl/nccl.hpp"
+#include "chorus/store/store.hpp"
+#include "chorus/transport/transport.hpp"
+#include "mapping.hpp"
+
+namespace chorus::nccl::detail {
+
+ncclDataType_t nccl_type(Type type);
+// "cudaErrorNoDevice (no CUDA-capable device is detected)".
+std::string cuda_error_text(cudaError_t code);
+// "ncclSystemError (unhandled system error): <ncclGetLastError>".
+std::string nccl_error_text(ncclResult_t code, ncclComm_t comm);
+
+class NcclWork;
+class Watchdog;
+
+// One NCCL communicator and its stream, shared by the Comm and its Works.
+class CommState {
+ public:
+  CommState(ncclComm_t comm, cudaStream_t stream, int device, std::string label,
+            std::chrono::nanoseconds timeout);
+  // Finalize then destroy, or nothing after an abort (Note [NCCL work lifecycle]).
+  ~CommState();
+  CommState(const CommState&) = delete;
+  CommState& operator=(const CommState&) = delete;
+
+  // Fails every outstanding Work with `error` and aborts the communicator. Idempotent.
+  void abort(const std::exception_ptr& error);
+  // Polls ncclCommGetAsyncError until it leaves ncclInProgress. Returns ncclSuccess or the
+  // error; ncclInProgress when `deadline` passed first. Call with mutex() held.
+  ncclResult_t settle(std::chrono::steady_clock::time_point deadline);
+  // The asynchronous error state (ncclSuccess, ncclInProgress or an error). Thread-safe.
+  ncclResult_t async_error();
+
+  std::mutex& mutex() noexcept { return mutex_; }
+  ncclComm_t comm() const noexcept { return comm_; }
+  cudaStream_t stream() const noexcept { return stream_; }
+  int device() const noexcept { return device_; }
+  const std::string& label() const noexcept { return label_; }
+  bool aborted();  // takes mutex()
+  bool aborted_locked() const noexcept { return aborted_; }
+  // Remembers `work` for abort(); call with mutex() held.
+  void track(const std::shared_ptr<NcclWork>& work);
+
+ private:
+  std::mutex mutex_;  // guards enqueues, abort and the list below
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  int device_;
+  std::string label_;
+  std::chrono::nanoseconds timeout_;
+  bool aborted_ = false;
+  std::vector<std::weak_ptr<NcclWork>> outstanding_;
+};
+
+// What one started operation (or coalesced batch) leaves to its Work.
+struct Started {
+  // Run once, in order, after the event completed (copy staged results into CPU buffers).
+  std::vector<std::function<void()>> after;
+  std::vector<std::shared_ptr<const void>> keep_alive;
+  std::vector<transport::OpSignature> signatures;
+};
+
+class NcclWork final : public transport::Work, public std::enable_shared_from_this<NcclWork> {
+ public:
+  NcclWork(std::shared_ptr<CommState> comm, cudaEvent_t event, Started started,
+           transport::Fingerprint fingerprint, ErrorContext context);
+  ~NcclWork() override;
+
+  bool is_completed() override;
+  void wait(transport::Deadline deadline) override;
+  void wait_on(void* stream) override;
+  transport::WorkStatus status() const override;
+  std::exception_ptr error() const override;
+  const transport::Fingerprint& fingerprint() const override { return fingerprint_; }
+
+  // Fails the work with `error` unless it finished already (abort, watchdog).
+  void fail(const std::exception_ptr& error);
+  // Queries the event once and finishes the work when it completed. Returns the error that
+  // must abort the communicator (an asynchronous NCCL error, or the op exceeded `timeout`), or
+  // null. Called by waits and the watchdog.
+  std::exception_ptr poll(std::chrono::nanoseconds timeout);
+  const std::shared_ptr<CommState>& comm() const noexcept { return comm_; }
+
+ private:
+  std::shared_ptr<CommState> comm_;
+  cudaEvent_t event_;
+  Started started_;
+  transport::Fingerprint fingerprint_;
+  ErrorContext context_;
+  std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
+  mutable std::mutex mutex_;  // guards everything below and serialises poll()
+  transport::WorkStatus status_ = transport::WorkStatus::Pending;
+  std::exception_ptr error_;
+};
+
+// The watchdog of one process (Note [NCCL work lifecycle]): a thread polling every registered
+// pending Work every kPollInterval.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::nanoseconds timeout, int device);
+  ~Watchdog();  // stops and joins the thread
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  void add(const std::shared_ptr<NcclWork>& work);
+  // Watchdog aborts so far (tests, logs).
+  std::size_t aborts() const noexcept;
+
+ private:
+  static constexpr std::chrono::milliseconds kPollInterval{10};
+  void loop();
+
+  std::chrono::nanoseconds timeout_;
+  int device_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::size_t aborts_ = 0;
+  std::vector<std::weak_ptr<NcclWork>> works_;
+  std::thread thread_;
+};
+
+class NcclComm final : public transport::Comm {
+ public:
+  NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> watchdog, std::string tag,
+           std::vector<int> ranks, int group_rank, std::uint64_t id, int rank,
+           std::chrono::nanoseconds timeout);
+
+  std::uint64_t id() const noexcept override { return id_; }
+  const std::string& tag() const noexcept override { return tag_; }
+  const std::vector<int>& ranks() const noexcept override { return ranks_; }
+  int group_rank() const noexcept override { return group_rank_; }
+
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const ReduceOp& reduce_op,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
+                                                  const transport::Buffer& recv,
+                                                  const ReduceOp& reduce_op,
+                                                  const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> all_to_all(const transport::Buffer& send,
+                                              const std::vector<std::size_t>& send_counts,
+                                              const transport::Buffer& recv,
+                                              const std::vector<std::size_t>& recv_counts,
+                                              const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> broadcast(const transport::Buffer& send,
+                                             const transport::Buffer& recv, int root,
+                                             const transport::OpInfo& info) override;
+  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
+                                          const transport::Buffer& recv, const ReduceOp& reduce_op,
+                                          int root, const transport::OpInfo& info) override;
+  // Operations between begin_group and end_group are enqueued inside one
+  // ncclGroupStart/ncclGroupEnd at end_group.
+  void begin_group() override;
+  std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
+
+ private:
+  // Enqueues the NCCL calls of one operation on the comm's stream (device pointers resolved by
+  // staging), recording what the Work must keep and do.
+  using Enqueue = std::function<void(Started&, std::vector<ncclRedOp_t>&)>;
+  std::shared_ptr<transport::Work> launch(const transport::OpSignature& signature,
+                                          const transport::OpInfo& info, Enqueue enqueue);
+  std::shared_ptr<transport::Work> start(std::vector<Enqueue> enqueues,
+                                         std::vector<transport::OpSignature> signatures,
+                                         const transport::OpInfo& info);
+  ErrorContext context_of(const transport::OpInfo& info) const;
+  // The device pointer for `buffer`: the buffer itself on CUDA, else device scratch, filled
+  // from the buffer when `copy_in` (staging, Note [NCCL work lifecycle]).
+  void* stage_in(const transport::Buffer& buffer, bool copy_in, Started& started);
+  // After the operation: copies `device_data` back into a CPU `buffer` (nothing for CUDA).
+  void stage_out(const transport::Buffer& buffer, void* device_data, Started& started);
+  // The NCCL op for `plan` (premul_sum: a new op, destroyed after the enqueue).
+  ncclRedOp_t reduction(const Plan& plan, const ReduceOp& reduce_op,
+                        std::vector<ncclRedOp_t>& created);
+  Plan plan_or_throw(DType dtype, const ReduceOp& reduce_op, const transport::OpInfo& info) const;
+  void check_device(const transport::Buffer& buffer, const transport::OpInfo& info) const;
+
+  std::shared_ptr<CommState> state_;
+  std::shared_ptr<Watchdog> watchdog_;
+  std::string tag_;
+  std::vector<int> ranks_;
+  int group_rank_;
+  std::uint64_t id_;
+  int rank_;
+  std::chrono::nanoseconds timeout_;
+  bool batching_ = false;
+  std::vector<Enqueue> batch_;
+  std::vector<transport::OpSignature> batch_signatures_;
+};
+
+class NcclTransport final : public transport::Transport {
+ public:
+  // `store` is shared by every rank of the job (rank 0's server); `device` this rank's CUDA
+  // device. `timeout` bounds communicator set-up, enqueues and (watchdog) every operation.
+  NcclTransport(Environment environment, std::shared_ptr<store::Store> store, int device,
+                std::chrono::nanoseconds timeout);
+  ~NcclTransport() override;
+
+  std::string_view name() const noexcept override { return "nccl"; }
+  int rank() const noexcept override { return environment_.rank; }
+  int world_size() const noexcept override { return environment_.world_size; }
+  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                               const std::vector<int>& ranks) override;
+  transport::Duration now() override;
+  std::string supports(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
+                       Device device) const override;
+
+  // Aborts every communicator (a failed rank: peers get an error instead of hanging).
+  void abort_all(const std::exception_ptr& error);
+
+ private:
+  Environment environment_;
+  std::shared_ptr<store::Store> store_;
+  int device_;
+  std::chrono::nanoseconds timeout_;
+  std::shared_ptr<Watchdog> watchdog_;
+  std::map<std::string, std::shared_ptr<NcclComm>> comms_;
+  std::vector<std::shared_ptr<CommState>> states_;
+};
+
+// "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
+std::string group_label(const std::string& tag, const std::vector<int>& ranks);
+
+}  // namespace chorus::nccl::detail
