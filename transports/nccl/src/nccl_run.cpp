@@ -46,8 +46,10 @@ StoreConnection connect_store(const Environment& environment, std::chrono::nanos
     server_options.port = environment.master_port;
     try {
       connection.server = std::make_unique<store::Server>(server_options);
-    } catch (const TransportError&) {
-      connection.server.reset();  // hosted by the launcher (Note [NCCL store])
+    } catch (const Error&) {
+      // Taken (a launcher hosts the store, Note [NCCL store]) or not bindable here: connect, and
+      // let the client report what is wrong.
+      connection.server.reset();
     }
   }
   store::ClientOptions client_options;

@@ -505,25 +505,33 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
   Started started;
   started.signatures = std::move(signatures);
   std::vector<ncclRedOp_t> created;
-  ncclResult_t result = ncclGroupStart();
-  if (result == ncclSuccess) {
-    try {
-      for (const Enqueue& enqueue : enqueues) {
-        enqueue(started, created);
-      }
-    } catch (...) {
-      ncclGroupEnd();
-      throw;
+  auto destroy_created = [&] {
+    for (ncclRedOp_t op : created) {
+      ncclRedOpDestroy(op, state_->comm());  // allowed once the last call using it returned
     }
-    result = ncclGroupEnd();
+    created.clear();
+  };
+  try {
+    for (const Enqueue& enqueue : enqueues) {
+      enqueue.before(started, created);
+    }
+  } catch (...) {
+    destroy_created();
+    throw;
+  }
+  ncclResult_t result = ncclGroupStart();
+  for (std::size_t i = 0;
+       i < enqueues.size() && (result == ncclSuccess || result == ncclInProgress); ++i) {
+    result = enqueues[i].call();
+  }
+  if (const ncclResult_t end = ncclGroupEnd(); result == ncclSuccess || result == ncclInProgress) {
+    result = end;
   }
   const auto deadline = deadline_after(timeout_);
   if (result == ncclInProgress || result == ncclSuccess) {
     result = state_->settle(deadline);
   }
-  for (ncclRedOp_t op : created) {
-    ncclRedOpDestroy(op, state_->comm());
-  }
+  destroy_created();
   if (result != ncclSuccess) {
     const bool timed_out = result == ncclInProgress;
     std::exception_ptr error =
@@ -537,7 +545,9 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
     state_->abort(error);
     std::rethrow_exception(error);
   }
-  // Copy-backs of staged CPU outputs ran inside the enqueues, after each op on the stream.
+  for (const Enqueue& enqueue : enqueues) {
+    enqueue.after(started);  // copies back, behind NCCL's kernels on the stream
+  }
   cudaEvent_t event = nullptr;
   check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
   check_cuda(cudaEventRecord(event, state_->stream()), "cudaEventRecord");
@@ -559,21 +569,20 @@ std::shared_ptr<transport::Work> NcclComm::all_reduce(const transport::Buffer& s
   const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
   const transport::OpSignature signature{
       transport::OpKind::AllReduce, send.dtype, send.count, recv.count, reduce_op, -1};
-  return launch(
-      signature, info,
-      [this, send, recv, reduce_op, plan](Started& started, std::vector<ncclRedOp_t>& ops) {
-        void* in = stage_in(send, true, started);
-        void* out = recv.data == send.data ? in : stage_in(recv, false, started);
-        const ncclRedOp_t op = reduction(plan, reduce_op, ops);
-        const std::size_t count = send.count * static_cast<std::size_t>(plan.count_factor);
-        const ncclResult_t result = ncclAllReduce(in, out, count, nccl_type(plan.type), op,
-                                                  state_->comm(), state_->stream());
-        if (result != ncclSuccess && result != ncclInProgress) {
-          throw TransportError(ErrorContext{},
-                               "nccl: ncclAllReduce: " + nccl_error_text(result, state_->comm()));
-        }
-        stage_out(recv, out, started);
-      });
+  auto p = std::make_shared<Pointers>();
+  Enqueue enqueue;
+  enqueue.before = [this, p, send, recv, reduce_op, plan](Started& started,
+                                                          std::vector<ncclRedOp_t>& created) {
+    p->in = stage_in(send, true, started);
+    p->out = recv.data == send.data ? p->in : stage_in(recv, false, started);
+    p->op = reduction(plan, reduce_op, created);
+  };
+  enqueue.call = [this, p, count = send.count * static_cast<std::size_t>(plan.count_factor),
+                  type = nccl_type(plan.type)] {
+    return ncclAllReduce(p->in, p->out, count, type, p->op, state_->comm(), state_->stream());
+  };
+  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  return launch(signature, info, std::move(enqueue));
 }
 
 std::shared_ptr<transport::Work> NcclComm::all_gather(const transport::Buffer& send,
@@ -584,17 +593,17 @@ std::shared_ptr<transport::Work> NcclComm::all_gather(const transport::Buffer& s
   check_device(recv, info);
   const transport::OpSignature signature{
       transport::OpKind::AllGather, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, -1};
-  return launch(signature, info, [this, send, recv](Started& started, std::vector<ncclRedOp_t>&) {
-    void* in = stage_in(send, true, started);
-    void* out = stage_in(recv, false, started);
-    const ncclResult_t result =
-        ncclAllGather(in, out, send.nbytes(), ncclUint8, state_->comm(), state_->stream());
-    if (result != ncclSuccess && result != ncclInProgress) {
-      throw TransportError(ErrorContext{},
-                           "nccl: ncclAllGather: " + nccl_error_text(result, state_->comm()));
-    }
-    stage_out(recv, out, started);
-  });
+  auto p = std::make_shared<Pointers>();
+  Enqueue enqueue;
+  enqueue.before = [this, p, send, recv](Started& started, std::vector<ncclRedOp_t>&) {
+    p->in = stage_in(send, true, started);
+    p->out = stage_in(recv, false, started);
+  };
+  enqueue.call = [this, p, bytes = send.nbytes()] {
+    return ncclAllGather(p->in, p->out, bytes, ncclUint8, state_->comm(), state_->stream());
+  };
+  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  return launch(signature, info, std::move(enqueue));
 }
 
 std::shared_ptr<transport::Work> NcclComm::reduce_scatter(const transport::Buffer& send,
@@ -607,21 +616,20 @@ std::shared_ptr<transport::Work> NcclComm::reduce_scatter(const transport::Buffe
   const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
   const transport::OpSignature signature{
       transport::OpKind::ReduceScatter, send.dtype, send.count, recv.count, reduce_op, -1};
-  return launch(
-      signature, info,
-      [this, send, recv, reduce_op, plan](Started& started, std::vector<ncclRedOp_t>& ops) {
-        void* in = stage_in(send, true, started);
-        void* out = stage_in(recv, false, started);
-        const ncclRedOp_t op = reduction(plan, reduce_op, ops);
-        const std::size_t count = recv.count * static_cast<std::size_t>(plan.count_factor);
-        const ncclResult_t result = ncclReduceScatter(in, out, count, nccl_type(plan.type), op,
-                                                      state_->comm(), state_->stream());
-        if (result != ncclSuccess && result != ncclInProgress) {
-          throw TransportError(ErrorContext{}, "nccl: ncclReduceScatter: " +
-                                                   nccl_error_text(result, state_->comm()));
-        }
-        stage_out(recv, out, started);
-      });
+  auto p = std::make_shared<Pointers>();
+  Enqueue enqueue;
+  enqueue.before = [this, p, send, recv, reduce_op, plan](Started& started,
+                                                          std::vector<ncclRedOp_t>& created) {
+    p->in = stage_in(send, true, started);
+    p->out = stage_in(recv, false, started);
+    p->op = reduction(plan, reduce_op, created);
+  };
+  enqueue.call = [this, p, count = recv.count * static_cast<std::size_t>(plan.count_factor),
+                  type = nccl_type(plan.type)] {
+    return ncclReduceScatter(p->in, p->out, count, type, p->op, state_->comm(), state_->stream());
+  };
+  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  return launch(signature, info, std::move(enqueue));
 }
 
 std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& send,
@@ -635,36 +643,39 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
   check_device(recv, info);
   const transport::OpSignature signature{
       transport::OpKind::AllToAll, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, -1};
-  return launch(
-      signature, info,
-      [this, send, recv, send_counts, recv_counts](Started& started, std::vector<ncclRedOp_t>&) {
-        auto* in = static_cast<char*>(stage_in(send, true, started));
-        auto* out = static_cast<char*>(stage_in(recv, false, started));
-        const std::size_t element = element_size(send.dtype);
-        std::size_t send_offset = 0;
-        std::size_t recv_offset = 0;
-        // Nested inside start()'s group: NCCL fuses every send and receive.
-        for (int peer = 0; peer < size(); ++peer) {
-          const auto index = static_cast<std::size_t>(peer);
-          const std::size_t send_bytes = send_counts[index] * element;
-          const std::size_t recv_bytes = recv_counts[index] * element;
-          ncclResult_t result = ncclSend(in + send_offset, send_bytes, ncclUint8, peer,
-                                         state_->comm(), state_->stream());
-          if (result == ncclSuccess || result == ncclInProgress) {
-            result = ncclRecv(out + recv_offset, recv_bytes, ncclUint8, peer, state_->comm(),
-                              state_->stream());
-          }
-          if (result != ncclSuccess && result != ncclInProgress) {
-            throw TransportError(ErrorContext{}, "nccl: ncclSend/ncclRecv: " +
-                                                     nccl_error_text(result, state_->comm()));
-          }
-          send_offset += send_bytes;
-          recv_offset += recv_bytes;
-        }
-        CHORUS_CHECK_EQ(send_offset, send.nbytes());
-        CHORUS_CHECK_EQ(recv_offset, recv.nbytes());
-        stage_out(recv, out, started);
-      });
+  auto p = std::make_shared<Pointers>();
+  Enqueue enqueue;
+  enqueue.before = [this, p, send, recv](Started& started, std::vector<ncclRedOp_t>&) {
+    p->in = stage_in(send, true, started);
+    p->out = stage_in(recv, false, started);
+  };
+  enqueue.call = [this, p, send, recv, send_counts, recv_counts] {
+    const std::size_t element = element_size(send.dtype);
+    std::size_t send_offset = 0;
+    std::size_t recv_offset = 0;
+    // Inside start()'s group: NCCL fuses every send and receive.
+    for (int peer = 0; peer < size(); ++peer) {
+      const auto index = static_cast<std::size_t>(peer);
+      const std::size_t send_bytes = send_counts[index] * element;
+      const std::size_t recv_bytes = recv_counts[index] * element;
+      ncclResult_t result = ncclSend(static_cast<char*>(p->in) + send_offset, send_bytes, ncclUint8,
+                                     peer, state_->comm(), state_->stream());
+      if (result == ncclSuccess || result == ncclInProgress) {
+        result = ncclRecv(static_cast<char*>(p->out) + recv_offset, recv_bytes, ncclUint8, peer,
+                          state_->comm(), state_->stream());
+      }
+      if (result != ncclSuccess && result != ncclInProgress) {
+        return result;
+      }
+      send_offset += send_bytes;
+      recv_offset += recv_bytes;
+    }
+    CHORUS_CHECK_EQ(send_offset, send.nbytes());
+    CHORUS_CHECK_EQ(recv_offset, recv.nbytes());
+    return ncclSuccess;
+  };
+  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  return launch(signature, info, std::move(enqueue));
 }
 
 std::shared_ptr<transport::Work> NcclComm::broadcast(const transport::Buffer& send,
@@ -676,19 +687,17 @@ std::shared_ptr<transport::Work> NcclComm::broadcast(const transport::Buffer& se
   check_device(recv, info);
   const transport::OpSignature signature{
       transport::OpKind::Broadcast, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, root};
-  return launch(
-      signature, info, [this, send, recv, root](Started& started, std::vector<ncclRedOp_t>&) {
-        const bool is_root = group_rank_ == root;
-        void* in = stage_in(send, is_root, started);  // read on the root only
-        void* out = recv.data == send.data ? in : stage_in(recv, false, started);
-        const ncclResult_t result = ncclBroadcast(in, out, send.nbytes(), ncclUint8, root,
-                                                  state_->comm(), state_->stream());
-        if (result != ncclSuccess && result != ncclInProgress) {
-          throw TransportError(ErrorContext{},
-                               "nccl: ncclBroadcast: " + nccl_error_text(result, state_->comm()));
-        }
-        stage_out(recv, out, started);
-      });
+  auto p = std::make_shared<Pointers>();
+  Enqueue enqueue;
+  enqueue.before = [this, p, send, recv, root](Started& started, std::vector<ncclRedOp_t>&) {
+    p->in = stage_in(send, group_rank_ == root, started);  // read on the root only
+    p->out = recv.data == send.data ? p->in : stage_in(recv, false, started);
+  };
+  enqueue.call = [this, p, root, bytes = send.nbytes()] {
+    return ncclBroadcast(p->in, p->out, bytes, ncclUint8, root, state_->comm(), state_->stream());
+  };
+  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  return launch(signature, info, std::move(enqueue));
 }
 
 std::shared_ptr<transport::Work> NcclComm::reduce(const transport::Buffer& send,
@@ -702,23 +711,24 @@ std::shared_ptr<transport::Work> NcclComm::reduce(const transport::Buffer& send,
   const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
   const transport::OpSignature signature{
       transport::OpKind::Reduce, send.dtype, send.count, recv.count, reduce_op, root};
-  return launch(
-      signature, info,
-      [this, send, recv, reduce_op, plan, root](Started& started, std::vector<ncclRedOp_t>& ops) {
-        void* in = stage_in(send, true, started);
-        void* out = recv.data == send.data ? in : stage_in(recv, false, started);
-        const ncclRedOp_t op = reduction(plan, reduce_op, ops);
-        const std::size_t count = send.count * static_cast<std::size_t>(plan.count_factor);
-        const ncclResult_t result = ncclReduce(in, out, count, nccl_type(plan.type), op, root,
-                                               state_->comm(), state_->stream());
-        if (result != ncclSuccess && result != ncclInProgress) {
-          throw TransportError(ErrorContext{},
-                               "nccl: ncclReduce: " + nccl_error_text(result, state_->comm()));
-        }
-        if (group_rank_ == root) {
-          stage_out(recv, out, started);  // recv is written on the root only
-        }
-      });
+  auto p = std::make_shared<Pointers>();
+  Enqueue enqueue;
+  enqueue.before = [this, p, send, recv, reduce_op, plan](Started& started,
+                                                          std::vector<ncclRedOp_t>& created) {
+    p->in = stage_in(send, true, started);
+    p->out = recv.data == send.data ? p->in : stage_in(recv, false, started);
+    p->op = reduction(plan, reduce_op, created);
+  };
+  enqueue.call = [this, p, root, count = send.count * static_cast<std::size_t>(plan.count_factor),
+                  type = nccl_type(plan.type)] {
+    return ncclReduce(p->in, p->out, count, type, p->op, root, state_->comm(), state_->stream());
+  };
+  enqueue.after = [this, p, recv, root](Started& started) {
+    if (group_rank_ == root) {
+      stage_out(recv, p->out, started);  // recv is written on the root only
+    }
+  };
+  return launch(signature, info, std::move(enqueue));
 }
 
 void NcclComm::begin_group() {

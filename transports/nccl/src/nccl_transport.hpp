@@ -201,9 +201,20 @@ class NcclComm final : public transport::Comm {
   std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
 
  private:
-  // Enqueues the NCCL calls of one operation on the comm's stream (device pointers resolved by
-  // staging), recording what the Work must keep and do.
-  using Enqueue = std::function<void(Started&, std::vector<ncclRedOp_t>&)>;
+  // One operation in three phases, so that a batch is one NCCL group and stream order stays
+  // right: `before` stages CPU inputs in and creates premul_sum ops (outside the group), `call`
+  // makes the NCCL calls (inside ncclGroupStart/ncclGroupEnd), `after` enqueues the copies back
+  // of staged outputs (once the group settled: only then are NCCL's kernels on the stream).
+  struct Pointers {
+    void* in = nullptr;
+    void* out = nullptr;
+    ncclRedOp_t op = ncclSum;
+  };
+  struct Enqueue {
+    std::function<void(Started&, std::vector<ncclRedOp_t>&)> before;
+    std::function<ncclResult_t()> call;
+    std::function<void(Started&)> after;
+  };
   std::shared_ptr<transport::Work> launch(const transport::OpSignature& signature,
                                           const transport::OpInfo& info, Enqueue enqueue);
   std::shared_ptr<transport::Work> start(std::vector<Enqueue> enqueues,
