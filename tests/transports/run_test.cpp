@@ -190,13 +190,20 @@ TEST(Run, WritesTheTimelineAndTraceOfAFailingRun) {
 }
 
 TEST(Run, UnbuiltTransportsAreRefusedClearly) {
-  RunOptions options;
-  options.transport = "nccl";
-  try {
-    run(options, [] {});
-    ADD_FAILURE() << "expected InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("'nccl' is not built"), std::string::npos) << e.what();
+  std::vector<std::string> names = {"gloo"};
+#if !defined(CHORUS_TEST_HAVE_NCCL)
+  names.push_back("nccl");
+#endif
+  for (const std::string& name : names) {
+    RunOptions options;
+    options.transport = name;
+    try {
+      run(options, [] {});
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + name + "' is not built"), std::string::npos)
+          << e.what();
+    }
   }
 }
 
