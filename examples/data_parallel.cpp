@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -136,7 +137,7 @@ bool close_to(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   int steps = 5;
   bool unbucketed = false;
@@ -213,4 +214,13 @@ int main(int argc, char** argv) {
     }
   });
   return status;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& error) {  // a bad flag, or a transport this build or machine lacks
+    std::fprintf(stderr, "data_parallel: %s\n", error.what());
+    return 2;
+  }
 }

@@ -12,6 +12,7 @@
 #include <chorus/chorus.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -79,7 +80,7 @@ chorus::Tensor integers(const chorus::Shape& shape, int salt) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   bool print_json = false;
   for (const std::string& arg : options.args) {
@@ -134,4 +135,13 @@ int main(int argc, char** argv) {
     }
   });
   return failures == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& error) {  // a bad flag, or a transport this build or machine lacks
+    std::fprintf(stderr, "trace_replay: %s\n", error.what());
+    return 2;
+  }
 }
