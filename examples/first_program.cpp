@@ -1,0 +1,42 @@
+// The user guide's first program (docs/guide/getting-started.md): every rank contributes its rank
+// number, the ranks sum with one all_reduce, and every rank checks the sum against the closed
+// form 0 + 1 + ... + (W - 1). --bug=skip plants a bug to read: the last rank skips the all_reduce.
+//
+//   first_program [--ranks=N] [--seed=S] [--transport=sim|mpi] [--bug=skip]
+
+#include <chorus/chorus.hpp>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+int main(int argc, char** argv) {
+  chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
+  bool skip = false;
+  for (const std::string& arg : options.args) {
+    skip = skip || arg == "--bug=skip";
+  }
+  return chorus::run(options, [skip] {
+    const int rank = chorus::rank();
+    const int world = chorus::world_size();
+    if (skip && rank == world - 1) {
+      return;  // the planted bug: this rank never joins the all_reduce
+    }
+    chorus::Tensor x = chorus::Tensor::full({4}, rank);
+    chorus::Tensor sum = chorus::all_reduce(x, "sum", chorus::world());  // returns at once
+    chorus::Tensor row = sum.view({2, 2}).select(0, 1);                 // views never wait
+    const std::vector<float> values = row.to_vector<float>();            // waits here
+    const float expected = static_cast<float>(world * (world - 1) / 2);
+    for (const float value : values) {
+      if (value != expected) {
+        throw std::runtime_error("rank " + std::to_string(rank) + ": got " +
+                                 std::to_string(value) + ", expected " +
+                                 std::to_string(expected));
+      }
+    }
+    if (rank == 0) {
+      std::printf("first_program: %d ranks agree, the sum is %g\n", world,
+                  static_cast<double>(expected));
+    }
+  });
+}
