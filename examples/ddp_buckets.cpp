@@ -24,18 +24,6 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-std::int64_t at_least(const std::string& arg, std::size_t prefix, std::int64_t minimum) {
-  const std::int64_t value = std::stoll(arg.substr(prefix));
-  if (value < minimum) {
-    throw std::invalid_argument(arg + ": must be at least " + std::to_string(minimum));
-  }
-  return value;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   chorus::RunOptions options;
   examples::DdpCase c;
@@ -43,15 +31,15 @@ int main(int argc, char** argv) {
     options = chorus::RunOptions::from_args(argc, argv);
     for (const std::string& arg : options.args) {
       if (arg.rfind("--steps=", 0) == 0) {
-        c.steps = at_least(arg, 8, 0);
+        c.steps = examples::flag_at_least(arg, 8, 0);
       } else if (arg.rfind("--layers=", 0) == 0) {
-        c.layers = at_least(arg, 9, 1);
+        c.layers = examples::flag_at_least(arg, 9, 1);
       } else if (arg.rfind("--width=", 0) == 0) {
-        c.width = at_least(arg, 8, 1);
+        c.width = examples::flag_at_least(arg, 8, 1);
       } else if (arg.rfind("--batch-per-rank=", 0) == 0) {
-        c.batch_per_rank = at_least(arg, 17, 1);
+        c.batch_per_rank = examples::flag_at_least(arg, 17, 1);
       } else if (arg.rfind("--bucket-elements=", 0) == 0) {
-        c.bucket_elements = at_least(arg, 18, 1);
+        c.bucket_elements = examples::flag_at_least(arg, 18, 1);
       } else if (arg.rfind("--data-seed=", 0) == 0) {
         c.data_seed = std::stoull(arg.substr(12));
       } else if (arg == "--bug=wait-in-backward") {

@@ -363,4 +363,15 @@ inline void require_reference_on_every_rank(const Results& actual, const Results
   }
 }
 
+// The integer value of a flag `arg` ("--steps=3") after its `prefix` characters; throws
+// std::invalid_argument below `minimum` (std::stoll's own errors for a malformed number).
+inline std::int64_t flag_at_least(const std::string& arg, std::size_t prefix,
+                                  std::int64_t minimum) {
+  const std::int64_t value = std::stoll(arg.substr(prefix));
+  if (value < minimum) {
+    throw std::invalid_argument(arg + ": must be at least " + std::to_string(minimum));
+  }
+  return value;
+}
+
 }  // namespace examples

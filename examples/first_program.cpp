@@ -24,14 +24,13 @@ int main(int argc, char** argv) {
     }
     chorus::Tensor x = chorus::Tensor::full({4}, rank);
     chorus::Tensor sum = chorus::all_reduce(x, "sum", chorus::world());  // returns at once
-    chorus::Tensor row = sum.view({2, 2}).select(0, 1);                 // views never wait
+    chorus::Tensor row = sum.view({2, 2}).select(0, 1);                  // views never wait
     const std::vector<float> values = row.to_vector<float>();            // waits here
     const float expected = static_cast<float>(world * (world - 1) / 2);
     for (const float value : values) {
       if (value != expected) {
-        throw std::runtime_error("rank " + std::to_string(rank) + ": got " +
-                                 std::to_string(value) + ", expected " +
-                                 std::to_string(expected));
+        throw std::runtime_error("rank " + std::to_string(rank) + ": got " + std::to_string(value) +
+                                 ", expected " + std::to_string(expected));
       }
     }
     if (rank == 0) {

@@ -28,14 +28,6 @@ namespace {
 
 constexpr int kPrintRanksMax = 16;  // larger worlds skip printing the split matrix
 
-std::int64_t at_least(const std::string& arg, std::size_t prefix, std::int64_t minimum) {
-  const std::int64_t value = std::stoll(arg.substr(prefix));
-  if (value < minimum) {
-    throw std::invalid_argument(arg + ": must be at least " + std::to_string(minimum));
-  }
-  return value;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,13 +37,13 @@ int main(int argc, char** argv) {
     options = chorus::RunOptions::from_args(argc, argv);
     for (const std::string& arg : options.args) {
       if (arg.rfind("--max-tokens=", 0) == 0) {
-        c.max_tokens = at_least(arg, 13, 0);
+        c.max_tokens = examples::flag_at_least(arg, 13, 0);
       } else if (arg.rfind("--features=", 0) == 0) {
-        c.features = at_least(arg, 11, 1);
+        c.features = examples::flag_at_least(arg, 11, 1);
       } else if (arg.rfind("--experts-per-rank=", 0) == 0) {
-        c.experts_per_rank = at_least(arg, 19, 1);
+        c.experts_per_rank = examples::flag_at_least(arg, 19, 1);
       } else if (arg.rfind("--top-k=", 0) == 0) {
-        c.top_k = at_least(arg, 8, 1);
+        c.top_k = examples::flag_at_least(arg, 8, 1);
       } else if (arg.rfind("--data-seed=", 0) == 0) {
         c.data_seed = std::stoull(arg.substr(12));
       } else if (arg == "--bug=unpermuted") {

@@ -22,18 +22,6 @@
 #include <stdexcept>
 #include <string>
 
-namespace {
-
-std::int64_t at_least(const std::string& arg, std::size_t prefix, std::int64_t minimum) {
-  const std::int64_t value = std::stoll(arg.substr(prefix));
-  if (value < minimum) {
-    throw std::invalid_argument(arg + ": must be at least " + std::to_string(minimum));
-  }
-  return value;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   chorus::RunOptions options;
   examples::ShardedCase c;
@@ -41,13 +29,13 @@ int main(int argc, char** argv) {
     options = chorus::RunOptions::from_args(argc, argv);
     for (const std::string& arg : options.args) {
       if (arg.rfind("--steps=", 0) == 0) {
-        c.steps = at_least(arg, 8, 0);
+        c.steps = examples::flag_at_least(arg, 8, 0);
       } else if (arg.rfind("--inputs=", 0) == 0) {
-        c.inputs = at_least(arg, 9, 1);
+        c.inputs = examples::flag_at_least(arg, 9, 1);
       } else if (arg.rfind("--outputs=", 0) == 0) {
-        c.outputs = at_least(arg, 10, 1);
+        c.outputs = examples::flag_at_least(arg, 10, 1);
       } else if (arg.rfind("--batch-per-rank=", 0) == 0) {
-        c.batch_per_rank = at_least(arg, 17, 1);
+        c.batch_per_rank = examples::flag_at_least(arg, 17, 1);
       } else if (arg.rfind("--data-seed=", 0) == 0) {
         c.data_seed = std::stoull(arg.substr(12));
       } else if (arg == "--bug=local-gradient") {

@@ -26,14 +26,6 @@ namespace {
 using examples::MlpCase;
 using examples::MlpVariant;
 
-std::int64_t positive(const std::string& arg, std::size_t prefix) {
-  const std::int64_t value = std::stoll(arg.substr(prefix));
-  if (value < 1) {
-    throw std::invalid_argument(arg + ": must be at least 1");
-  }
-  return value;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,11 +42,11 @@ int main(int argc, char** argv) {
       } else if (arg == "--variant=both") {
         variants = {MlpVariant::TensorParallel, MlpVariant::SequenceParallel};
       } else if (arg.rfind("--tokens-per-rank=", 0) == 0) {
-        c.tokens_per_rank = positive(arg, 18);
+        c.tokens_per_rank = examples::flag_at_least(arg, 18, 1);
       } else if (arg.rfind("--model=", 0) == 0) {
-        c.model = positive(arg, 8);
+        c.model = examples::flag_at_least(arg, 8, 1);
       } else if (arg.rfind("--hidden-per-rank=", 0) == 0) {
-        c.hidden_per_rank = positive(arg, 18);
+        c.hidden_per_rank = examples::flag_at_least(arg, 18, 1);
       } else if (arg.rfind("--data-seed=", 0) == 0) {
         c.data_seed = std::stoull(arg.substr(12));
       } else if (arg == "--bug=local-dx") {
