@@ -1,7 +1,9 @@
 # chorus_mpi_test(NAME <name> NP <n> COMMAND <exe> <args...> [EXIT_STATUS])
 # A ctest (labels mpi) that runs `mpirun -np <n> <exe> <args>` on this machine: shared memory
 # only, as root if need be, more ranks than cores allowed. EXIT_STATUS runs it through sh and
-# prints "mpirun exit status <s>" last, for tests that expect the job to fail in a given way.
+# prints "mpirun exit status <s>" last, for tests that expect the job to fail in a given way
+# (their PASS_REGULAR_EXPRESSION judges the output; how mpirun itself ends does not count: Open
+# MPI 4.1's mpirun sometimes segfaults in PMIx_server_finalize after an MPI_Abort).
 include_guard(GLOBAL)
 
 # The flags live in a global property: with the global include guard, a variable set here would be
