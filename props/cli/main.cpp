@@ -1,13 +1,15 @@
 // The `chorus` command: check (run the property battery), replay (rerun a failing case from its
-// token), list (the properties), launch (start N local ranks of a program). See
-// docs/properties.md and docs/launch.md.
+// token), list (the properties), bench (nccl-tests' table for chorus on any transport), launch
+// (start N local ranks of a program). See docs/properties.md, docs/bench.md and docs/launch.md.
 
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <chorus/chorus.hpp>
 #include <chorus/launcher.hpp>
 #include <chorus/props/battery.hpp>
+#include <chorus/props/bench.hpp>
 #include <chorus/props/runner.hpp>
 #include <chrono>
 #include <cstdio>
@@ -182,6 +184,53 @@ int run_replay(const std::string& token, const std::string& trace, const std::st
   return replayed.result.verdict == props::Verdict::Failed ? 1 : 0;
 }
 
+struct BenchFlags {
+  props::BenchOptions options;
+  std::string ops = "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast";
+  std::string min_bytes = "8";
+  std::string max_bytes = "256M";
+  std::string dtype = "float32";
+};
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  for (const char c : text + ",") {
+    if (c == ',') {
+      if (!word.empty()) {
+        words.push_back(word);
+      }
+      word.clear();
+    } else {
+      word += c;
+    }
+  }
+  return words;
+}
+
+DType parse_dtype(const std::string& text) {
+  for (const DType dtype : kAllDTypes) {
+    std::string name(dtype_name(dtype));
+    for (char& c : name) {
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    if (name == text) {
+      return dtype;
+    }
+  }
+  throw InvalidArgument({}, "chorus bench: unknown dtype '" + text + "'");
+}
+
+int run_bench(BenchFlags& flags) {
+  props::BenchOptions& options = flags.options;
+  options.ops = split_commas(flags.ops);
+  options.min_bytes = props::parse_bytes(flags.min_bytes);
+  options.max_bytes = props::parse_bytes(flags.max_bytes);
+  options.dtype = parse_dtype(flags.dtype);
+  const props::BenchReport report = props::run_bench(options, std::cout);
+  return report.ok ? 0 : 1;
+}
+
 int run_list() {
   for (const props::Property& property : props::battery()) {
     std::cout << property.name << (property.needs.simulator_only ? "  [simulator]" : "") << "\n    "
@@ -262,6 +311,47 @@ int main(int argc, char** argv) {
 
   CLI::App* list = app.add_subcommand("list", "list the battery's properties");
 
+  BenchFlags bench_flags;
+  chorus::props::BenchOptions& bench_options = bench_flags.options;
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "time collectives through chorus and print nccl-tests' table (size, count, type, redop, "
+      "time, algbw, busbw, #wrong); on the simulator also its all_reduce memory throughput against "
+      "a memory-bandwidth probe (docs/bench.md)");
+  bench->add_option("--transport", bench_options.transport, "sim, mpi or nccl")
+      ->check(CLI::IsMember({"sim", "mpi", "nccl"}))
+      ->capture_default_str();
+  bench->add_option("-n,--ranks", bench_options.ranks, "simulated ranks")->capture_default_str();
+  bench->add_option("--ops", bench_flags.ops, "comma-separated operations")->capture_default_str();
+  bench->add_option("-b,--min-bytes", bench_flags.min_bytes, "smallest size (bytes, K, M, G)")
+      ->capture_default_str();
+  bench->add_option("-e,--max-bytes", bench_flags.max_bytes, "largest size")->capture_default_str();
+  bench->add_option("-f,--step-factor", bench_options.step_factor, "size multiplier per row")
+      ->capture_default_str();
+  bench
+      ->add_option("-d,--dtype", bench_flags.dtype,
+                   "uint8, int8, int32, int64, float16, bfloat16, float32 or float64")
+      ->capture_default_str();
+  bench->add_option("-o,--op", bench_options.reduce_op, "reduction: sum, prod, max or min")
+      ->capture_default_str();
+  bench->add_option("--iters", bench_options.iters, "operations per timed batch (0: adaptive)")
+      ->capture_default_str();
+  bench->add_option("--batch-ms", bench_options.batch_ms, "adaptive iters: time per batch")
+      ->capture_default_str();
+  bench->add_option("-w,--warmup", bench_options.warmup, "untimed operations per size")
+      ->capture_default_str();
+  bench->add_option("--reps", bench_options.reps, "timed batches per size (the median is shown)")
+      ->capture_default_str();
+  bench->add_option("-c,--check", bench_options.check, "count #wrong after timing (1 or 0)")
+      ->capture_default_str();
+  bench->add_flag("--sim-checks", bench_options.sim_checks,
+                  "simulator: keep poisoning pending outputs and checksumming inputs");
+  bench
+      ->add_option("--probe", bench_options.memory_probe,
+                   "simulator: measure the memory-bandwidth probe (1 or 0)")
+      ->capture_default_str();
+  bench->add_option("--seed", bench_options.seed, "simulator schedule seed")->capture_default_str();
+
   chorus::launcher::LaunchOptions launch_options;
   std::int64_t grace_ms = launch_options.grace.count();
   CLI::App* launch = app.add_subcommand(
@@ -286,6 +376,9 @@ int main(int argc, char** argv) {
     }
     if (list->parsed()) {
       return run_list();
+    }
+    if (bench->parsed()) {
+      return run_bench(bench_flags);
     }
     if (launch->parsed()) {
       launch_options.command = launch->remaining();

@@ -45,6 +45,10 @@ std::uint64_t decision_code(const Decision& decision) {
 // The mark each reduction op leaves in its mode (Note [Reduction order modes]).
 std::string reduction_mark(ReductionOrder order) { return "reduction." + std::string(name(order)); }
 
+// Note [All-reduce blocks] (world.hpp): small enough that a block of every input and the result
+// stay in L1/L2 while it is reduced and copied out.
+constexpr std::size_t kAllReduceBlockBytes = std::size_t{32} << 10;
+
 bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
   const auto* a0 = static_cast<const unsigned char*>(a.data);
   const auto* b0 = static_cast<const unsigned char*>(b.data);
@@ -310,12 +314,14 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   record(SimEvent::Kind::Issue, rank, *work);
 
   // Outputs hold poison until completion, so a read that skipped the wait sees garbage (with
-  // guard pages, a fault: Note [Guard pages]).
+  // guard pages, a fault: Note [Guard pages]). Note [Buffer checks].
   guarded_.clear();
   for (const SimOp& op : ops) {
     const bool written = op.kind != transport::OpKind::Reduce || op.root == group_rank;
     if (written && !overlaps(op.send, op.recv) && op.recv.count > 0) {
-      kernels::fill_poison(op.recv.data, op.recv.dtype, op.recv.count);
+      if (options_.check_buffers) {
+        kernels::fill_poison(op.recv.data, op.recv.dtype, op.recv.count);
+      }
       if (options_.guard_pending_outputs) {
         guarded_.push_back(op.recv);
       }
@@ -337,8 +343,10 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     }
     SimGroup::Arrival& arrival = slot.arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);
-    for (SimOp& op : ops) {
-      op.input_hash = checksum_bytes(op.send.data, op.send.nbytes());
+    if (options_.check_buffers) {
+      for (SimOp& op : ops) {
+        op.input_hash = checksum_bytes(op.send.data, op.send.nbytes());
+      }
     }
     arrival = SimGroup::Arrival{true, std::move(ops), work, std::string(info.name), info.site};
     slot.arrived += 1;
@@ -703,7 +711,8 @@ void SimWorld::complete_operation(SimGroup& group) {
                 "operation #" + std::to_string(seq) + " failed with a transport error");
     return;
   }
-  if (std::string modified = modified_inputs(group, head->second); !modified.empty()) {
+  if (std::string modified = options_.check_buffers ? modified_inputs(group, head->second) : "";
+      !modified.empty()) {
     fail_slot(group, seq, ErrorCode::InputModified, modified);
     return;
   }
@@ -734,12 +743,30 @@ void SimWorld::complete_operation(SimGroup& group) {
           target = scratch_.data();
         }
         plan_reduction(size);
-        reduce_contributions(target, sources.data(), size, first.send.count, dtype, first.reduce_op,
-                             seq, size, 0);
-        for (std::size_t j = 0; j < size; ++j) {
-          void* recv = slot.arrivals[j].ops[i].recv.data;
-          if (recv != target && first.recv.nbytes() > 0) {
-            std::memcpy(recv, target, first.recv.nbytes());
+        // Note [All-reduce blocks]: a block at a time, reduced and then copied to the other
+        // outputs while it is still in cache. Ring orders depend on where a segment starts, so
+        // they reduce the whole buffer first.
+        const std::size_t count = first.send.count;
+        std::size_t block = count;
+        if (options_.reduction_order != ReductionOrder::Ring &&
+            count * element > kAllReduceBlockBytes && !cross_aliased(slot, i)) {
+          block = std::max<std::size_t>(kAllReduceBlockBytes / element, 1);
+        }
+        block_sources_.resize(size);
+        for (std::size_t begin = 0; begin < count; begin += block) {
+          const std::size_t length = std::min(block, count - begin);
+          const std::size_t offset = begin * element;
+          for (std::size_t j = 0; j < size; ++j) {
+            block_sources_[j] = static_cast<const unsigned char*>(sources[j]) + offset;
+          }
+          unsigned char* reduced = static_cast<unsigned char*>(target) + offset;
+          reduce_contributions(reduced, block_sources_.data(), size, length, dtype, first.reduce_op,
+                               seq, size, 0);
+          for (std::size_t j = 0; j < size; ++j) {
+            auto* recv = static_cast<unsigned char*>(slot.arrivals[j].ops[i].recv.data) + offset;
+            if (recv != reduced) {
+              std::memcpy(recv, reduced, length * element);
+            }
           }
         }
         break;
@@ -947,6 +974,20 @@ void SimWorld::reduce_contributions(void* dst, const void* const* sources, std::
       kernels::reduce_program(dst, sources, size, count, dtype, reduce_op, reduction_program_);
       return;
   }
+}
+
+bool SimWorld::cross_aliased(const SimGroup::Slot& slot, std::size_t op) {
+  for (std::size_t j = 0; j < slot.arrivals.size(); ++j) {
+    const transport::Buffer& recv = slot.arrivals[j].ops[op].recv;
+    for (std::size_t k = 0; k < slot.arrivals.size(); ++k) {
+      const transport::Buffer& send = slot.arrivals[k].ops[op].send;
+      const bool in_place = k == j && send.data == recv.data;
+      if (!in_place && overlaps(recv, send)) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slot& slot) const {

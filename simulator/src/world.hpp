@@ -90,6 +90,25 @@
 // not a rank) takes no choice and is finalized now. Without the option nothing is drawn, so the
 // choice lists of default runs are unchanged.
 
+// Note [All-reduce blocks]
+// An all_reduce is reduced into one output (rank 0's, or scratch when that overlaps an input)
+// and copied to the others. Done for the whole buffer at once, the copies read the result back
+// from memory once per other rank once it is larger than the caches; done a block of
+// kAllReduceBlockBytes (world.cpp) at a time, they read it from cache, and the operation moves
+// about what the least any all_reduce in one memory moves (every input read once, every output
+// written once: the memory probe of `chorus bench`). Every order but Ring is elementwise, so blocks
+// change no result bit; Ring's segments depend on the whole count, so it is reduced whole, and so
+// is an operation where an output overlaps another member's input (a block copied early would
+// overwrite input not yet read; SimWorld::cross_aliased).
+
+// Note [Buffer checks]
+// A pending output holds poison (quiet NaN, 0xA5 bytes) from issue to completion, so a read that
+// skipped the wait sees garbage; every input is checksummed at issue and again at completion, so
+// a write to it in between is InputModified. Together they read the inputs twice and write the
+// outputs once more than the collective itself, about tripling an all_reduce's memory traffic.
+// SimOptions::check_buffers turns both off for throughput measurements (`chorus bench`, Note
+// [chorus bench]); the bugs they catch then go unnoticed.
+
 // Note [Event log]
 // With SimOptions::record_events the world logs what each rank did (SimReport::events) in the
 // order it happened: issue and arrive in start(), wait begin and end in wait_on_rank (only when
@@ -322,6 +341,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Operations of a communicator complete in order; failed ones are skipped.
   void advance_completion(SimGroup& group);
   // The operation `seq` of `group` an input of which changed since issue, or an empty string.
+  // Note [All-reduce blocks]: whether some member's output of operation `op` overlaps an input
+  // other than its own in-place one, so the result must be reduced whole before any copy.
+  static bool cross_aliased(const SimGroup::Slot& slot, std::size_t op);
   std::string modified_inputs(const SimGroup& group, const SimGroup::Slot& slot) const;
   // Ranks blocked on different communicators that contain each other disagree on the group:
   // fails those operations with CollectiveMismatch; returns whether it found any.
@@ -414,6 +436,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // sources, and the reduction ops completed (for the mark of the mode).
   std::vector<int> reduction_program_;
   std::vector<const void*> ring_sources_;
+  std::vector<const void*> block_sources_;  // Note [All-reduce blocks]
   std::uint64_t reductions_ = 0;
   std::vector<std::uint64_t> ops_issued_;  // by rank
   std::vector<SimEvent> events_;           // Note [Event log]

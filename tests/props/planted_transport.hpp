@@ -4,6 +4,7 @@
 // prove that the property battery fails when the transport underneath is wrong.
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -22,14 +23,22 @@ enum class PlantedBug {
   // On one rank, each all_reduce reports completion at once: wait() returns before the data is
   // written (the reader sees the simulator's poison).
   CompletesBeforeData,
+  // On one rank, each Float32 all_reduce of at least kLargeResult elements contributes a copy of
+  // its input whose last element has the top mantissa bit flipped (2 becomes 3): every rank's
+  // result is wrong in that element, whatever the schedule.
+  WrongLastContribution,
 };
 
 inline constexpr std::size_t kLargeResult = 4;
 
 class PlantedWork final : public transport::Work {
  public:
-  PlantedWork(std::shared_ptr<transport::Work> inner, PlantedBug bug, transport::Buffer recv)
-      : inner_(std::move(inner)), bug_(bug), recv_(std::move(recv)) {}
+  PlantedWork(std::shared_ptr<transport::Work> inner, PlantedBug bug, transport::Buffer recv,
+              std::shared_ptr<std::vector<float>> contribution = nullptr)
+      : inner_(std::move(inner)),
+        bug_(bug),
+        recv_(std::move(recv)),
+        contribution_(std::move(contribution)) {}
 
   bool is_completed() override {
     if (bug_ == PlantedBug::CompletesBeforeData) {
@@ -75,6 +84,7 @@ class PlantedWork final : public transport::Work {
   std::shared_ptr<transport::Work> inner_;
   PlantedBug bug_;
   transport::Buffer recv_;
+  std::shared_ptr<std::vector<float>> contribution_;  // WrongLastContribution's, until done
   std::atomic<bool> corrupted_{false};
 };
 
@@ -92,6 +102,19 @@ class PlantedComm final : public transport::Comm {
                                               const transport::Buffer& recv,
                                               const ReduceOp& reduce_op,
                                               const transport::OpInfo& info) override {
+    if (bug_ == PlantedBug::WrongLastContribution && send.dtype == DType::Float32 &&
+        send.count >= kLargeResult) {
+      const auto* values = static_cast<const float*>(send.data);
+      auto contribution = std::make_shared<std::vector<float>>(values, values + send.count);
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &contribution->back(), sizeof bits);
+      bits ^= std::uint32_t{1} << 22;
+      std::memcpy(&contribution->back(), &bits, sizeof bits);
+      transport::Buffer wrong = send;
+      wrong.data = contribution->data();
+      std::shared_ptr<transport::Work> work = inner_->all_reduce(wrong, recv, reduce_op, info);
+      return std::make_shared<PlantedWork>(std::move(work), bug_, recv, std::move(contribution));
+    }
     std::shared_ptr<transport::Work> work = inner_->all_reduce(send, recv, reduce_op, info);
     if (work == nullptr) {
       return work;  // inside begin_group/end_group

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chorus/chorus.hpp>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -412,6 +413,43 @@ TEST(SimFailure, WritingAnInputBeforeCompletionFailsTheCollectiveEverywhere) {
     EXPECT_EQ(outcome.context.seq, 0);
     EXPECT_TRUE(contains(outcome.what, "rank 0 modified input 0 of all_reduce")) << outcome.what;
   }
+}
+
+// SimOptions::check_buffers = false (Note [Buffer checks], for `chorus bench`): the same race
+// goes unnoticed, and a pending output is not poisoned (it keeps what the allocator gave it).
+TEST(SimFailure, WithoutBufferChecksAModifiedInputAndAnEarlyReadGoUnnoticed) {
+  SimOptions options = quiet(2);
+  options.check_buffers = false;
+  std::vector<std::int32_t> sums(2);
+  std::int32_t early = 0;
+  const SimReport report = sim::run(options, [&] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    const ProcessGroup late = new_group({0, 1}, "late");
+    const auto me = static_cast<std::size_t>(rank());
+    Tensor input = Tensor::full({4}, 1, DType::Int32);
+    if (rank() == 0) {
+      {
+        // Its block goes back to the rank's pool, and the next output of that size gets it.
+        const Tensor freed = Tensor::full({4}, -7, DType::Int32);
+      }
+      // Rank 1 joins both collectives only after the signal: neither can have completed.
+      const Tensor early_result = all_reduce(input, "sum", world());
+      std::memcpy(&early, early_result.unsafe_data_ptr(), sizeof early);
+      Tensor sum = all_reduce(input, "sum", late);
+      input.copy_(Tensor::full({4}, 100, DType::Int32));  // a race on NCCL
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      sums[me] = sum.to_vector<std::int32_t>().back();
+      EXPECT_EQ(early_result.to_vector<std::int32_t>().back(), 101);
+    } else {
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      EXPECT_EQ(all_reduce(input, "sum", world()).to_vector<std::int32_t>().back(), 101);
+      sums[me] = all_reduce(input, "sum", late).to_vector<std::int32_t>().back();
+    }
+  });
+  EXPECT_TRUE(report.ok());
+  EXPECT_EQ(early, -7);  // not poisoned: the value it had
+  // Both collectives completed after rank 0 wrote 100 into their input, and read it.
+  EXPECT_EQ(sums, (std::vector<std::int32_t>{101, 101}));
 }
 
 TEST(SimFailure, AnInputModifiedCollectiveDoesNotStallTheCommunicator) {

@@ -180,6 +180,70 @@ TEST(ReductionOrder, ReduceScatterReduceAndCoalescedOpsFollowTheOrder) {
   EXPECT_EQ(report.mark_count("reduction.tree"), 4u);
 }
 
+// Note [All-reduce blocks]: an all_reduce larger than a block (32 KiB) is reduced and copied out
+// a block at a time. 20000 floats are three blocks, the last one partial; every element of every
+// block must sum in the mode's order, out of place and in place.
+TEST(ReductionOrder, LargeAllReducesSumEveryBlockInTheModesOrder) {
+  constexpr std::int64_t kCount = 20000;
+  const auto program = [](float contribution) {
+    std::vector<float> values =
+        all_reduce(Tensor::full({kCount}, contribution), "sum", world()).to_vector<float>();
+    Tensor in_place = Tensor::full({kCount}, contribution);
+    for (const float value : all_reduce_inplace(in_place, "sum", world()).to_vector<float>()) {
+      values.push_back(value);
+    }
+    return values;
+  };
+  expect_on_every_rank(bits_per_rank(options_for(ReductionOrder::Fixed), program),
+                       std::vector<float>(2 * kCount, 1.0f));
+  expect_on_every_rank(bits_per_rank(options_for(ReductionOrder::Tree), program),
+                       std::vector<float>(2 * kCount, 0.0f));
+  // Ring's chunks are quarters of the whole buffer (rank c + 1 first for chunk c, operation #0).
+  std::vector<float> ring;
+  for (const float chunk : {2.0f, 0.0f, 0.0f, 1.0f}) {
+    ring.insert(ring.end(), kCount / kRanks, chunk);
+  }
+  for (const float chunk : {0.0f, 0.0f, 1.0f, 2.0f}) {  // operation #1 turns by one
+    ring.insert(ring.end(), kCount / kRanks, chunk);
+  }
+  expect_on_every_rank(bits_per_rank(options_for(ReductionOrder::Ring), program), ring);
+  // One drawn order per operation, the same for every block.
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    const auto bits = bits_per_rank(options_for(ReductionOrder::Adversarial, seed), program);
+    for (const auto& rank_bits : bits) {
+      ASSERT_EQ(rank_bits.size(), 2u * kCount);
+      EXPECT_TRUE(std::all_of(rank_bits.begin(), rank_bits.begin() + kCount,
+                              [&](std::uint32_t b) { return b == rank_bits.front(); }));
+      EXPECT_TRUE(std::all_of(rank_bits.begin() + kCount, rank_bits.end(),
+                              [&](std::uint32_t b) { return b == rank_bits.back(); }));
+      EXPECT_EQ(rank_bits, bits.front());
+    }
+  }
+}
+
+// An output that overlaps another member's input a block further on: copying a block out early
+// would overwrite input not yet read, so such an operation is reduced whole first (Note
+// [All-reduce blocks]). Ranks 0 and 1 reduce in place on one buffer, rank 1's tensor starting a
+// block after rank 0's; every element must be 1 + 1 + 2 + 3 = 7, never 7 + 1 + 5.
+TEST(ReductionOrder, AnOutputOverlappingAnotherMembersInputIsReducedWhole) {
+  constexpr std::int64_t kBlock = 8192;  // floats in 32 KiB
+  constexpr std::int64_t kCount = 3 * kBlock;
+  std::vector<float> shared(static_cast<std::size_t>(kCount + kBlock), 1.0f);
+  std::vector<std::vector<float>> results(kRanks);
+  const SimReport report = sim::run(options_for(ReductionOrder::Fixed), [&] {
+    const std::size_t me = testing::rank_slot();
+    Tensor tensor = me == 0   ? Tensor::from_blob(shared.data(), {kCount}, DType::Float32)
+                    : me == 1 ? Tensor::from_blob(shared.data() + kBlock, {kCount}, DType::Float32)
+                              : Tensor::full({kCount}, static_cast<double>(me));
+    results[me] = all_reduce_inplace(tensor, "sum", world()).to_vector<float>();
+  });
+  EXPECT_TRUE(report.ok());
+  for (std::size_t r = 2; r < results.size(); ++r) {
+    EXPECT_EQ(results[r], std::vector<float>(kCount, 7.0f)) << "rank " << r;
+  }
+  EXPECT_EQ(shared, std::vector<float>(shared.size(), 7.0f));
+}
+
 TEST(ReductionOrder, AvgAndPremulSumCombineInTheOrder) {
   const auto program = [](float contribution) {
     const Tensor input = Tensor::full({1}, contribution);

@@ -162,6 +162,12 @@ struct SimOptions {
   std::size_t choices_record_max = std::size_t{1} << 20;
   // Hash every collective's output bytes at completion into SimReport::data_hash.
   bool hash_data = false;
+  // The buffer checks (Note [Buffer checks], simulator/src/world.hpp): pending
+  // outputs hold poison until completion, and inputs are checksummed at issue and at completion
+  // (InputModified). They read or write every buffer twice more than the collective does; off
+  // only for measuring throughput (`chorus bench`), where early reads and modified inputs then go
+  // unnoticed.
+  bool check_buffers = true;
 
   // ---- Allocator (docs/simulator-alloc.md): where the ranks' tensor storages come from.
   AllocatorPolicy allocator = AllocatorPolicy::Pooled;

@@ -1,0 +1,136 @@
+// `chorus bench` (Note [chorus bench]): nccl-tests' rows with exact sizes, counts and bus factors,
+// #wrong that counts a planted wrong element, crafted inputs exact in every benchmarked dtype, and
+// clear refusals of bad options.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <chorus/props/bench.hpp>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "props/planted_transport.hpp"
+#include "support/expect_error.hpp"
+
+namespace chorus::props {
+namespace {
+
+using testing::plant;
+using testing::PlantedBug;
+
+BenchOptions quick(int ranks) {
+  BenchOptions options;
+  options.ranks = ranks;
+  options.max_bytes = std::size_t{64} << 10;
+  options.iters = 2;
+  options.warmup = 1;
+  options.reps = 1;
+  return options;
+}
+
+TEST(Bench, RowsFollowNcclTestsSizesCountsAndBusFactors) {
+  std::ostringstream out;
+  const BenchReport report = run_bench(quick(4), out);
+  EXPECT_TRUE(report.ok) << out.str();
+  EXPECT_EQ(report.ranks, 4);
+  std::map<std::string, std::vector<const BenchRow*>> by_op;
+  for (const BenchRow& row : report.rows) {
+    by_op[row.op].push_back(&row);
+    EXPECT_EQ(row.wrong, 0) << row.op << " " << row.bytes;
+    EXPECT_EQ(row.iters, 2);
+    EXPECT_GT(row.time_us, 0.0);
+    EXPECT_DOUBLE_EQ(row.algbw_gbps, static_cast<double>(row.bytes) / (row.time_us * 1e3));
+    const double factor = row.op == "all_reduce" ? 1.5 : row.op == "broadcast" ? 1.0 : 0.75;
+    EXPECT_DOUBLE_EQ(row.busbw_gbps, row.algbw_gbps * factor) << row.op;
+    EXPECT_EQ(row.bytes, static_cast<std::size_t>(row.count) * 4);
+    // The probe runs for all_reduce from 64 KiB only.
+    EXPECT_EQ(row.probe_gbps > 0, row.op == "all_reduce" && row.bytes == 65536) << row.op;
+  }
+  // all_reduce and broadcast: 8 B to 64 KiB, 14 rows. The others need a whole element per rank:
+  // 8 B is 2 floats, none for each of 4 ranks, so they start at 16 B.
+  ASSERT_EQ(by_op["all_reduce"].size(), 14u);
+  ASSERT_EQ(by_op["broadcast"].size(), 14u);
+  ASSERT_EQ(by_op["all_gather"].size(), 13u);
+  ASSERT_EQ(by_op["reduce_scatter"].size(), 13u);
+  ASSERT_EQ(by_op["all_to_all"].size(), 13u);
+  EXPECT_EQ(by_op["all_reduce"].front()->count, 2);
+  EXPECT_EQ(by_op["all_gather"].front()->count, 4);
+  EXPECT_EQ(by_op["all_gather"].back()->count, 16384);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("#wrong"), std::string::npos) << text;
+  EXPECT_NE(text.find("of probe"), std::string::npos) << text;
+  EXPECT_NE(text.find("# wrong elements: 0 OK"), std::string::npos) << text;
+  EXPECT_NE(text.find("# simulator: 8-byte all_reduce: "), std::string::npos) << text;
+}
+
+TEST(Bench, WrongCountsTheElementsAPlantedTransportBugGetsWrong) {
+  // Rank 1 contributes 1 too much in the last element of each all_reduce of at least 4 elements:
+  // that element is wrong on all 4 ranks in those rows, and nothing else is.
+  BenchOptions options = quick(4);
+  options.max_bytes = 64;
+  options.wrap_transport = plant(PlantedBug::WrongLastContribution, 1);
+  std::ostringstream out;
+  const BenchReport report = run_bench(options, out);
+  EXPECT_FALSE(report.ok);
+  int flagged = 0;
+  for (const BenchRow& row : report.rows) {
+    const bool buggy = row.op == "all_reduce" && row.count >= 4;
+    EXPECT_EQ(row.wrong, buggy ? 4 : 0) << row.op << " " << row.bytes;
+    flagged += buggy ? 1 : 0;
+  }
+  EXPECT_EQ(flagged, 3);  // 16, 32 and 64 bytes
+  EXPECT_NE(out.str().find("# wrong elements: 12 FAILED"), std::string::npos) << out.str();
+}
+
+TEST(Bench, CraftedInputsAreExactInEveryDTypeAndReduction) {
+  for (const DType dtype : {DType::UInt8, DType::Int8, DType::Int32, DType::Int64, DType::Float16,
+                            DType::BFloat16, DType::Float64}) {
+    for (const char* reduce_op : {"sum", "prod", "max", "min"}) {
+      BenchOptions options = quick(3);
+      options.max_bytes = 256;
+      options.dtype = dtype;
+      options.reduce_op = reduce_op;
+      options.iters = 1;
+      options.warmup = 0;
+      std::ostringstream out;
+      const BenchReport report = run_bench(options, out);
+      EXPECT_TRUE(report.ok) << dtype_name(dtype) << " " << reduce_op << "\n" << out.str();
+      EXPECT_FALSE(report.rows.empty());
+    }
+  }
+}
+
+TEST(Bench, SizesParseWithSuffixes) {
+  EXPECT_EQ(parse_bytes("8"), 8u);
+  EXPECT_EQ(parse_bytes("64K"), std::size_t{65536});
+  EXPECT_EQ(parse_bytes("256M"), std::size_t{256} << 20);
+  EXPECT_EQ(parse_bytes("1g"), std::size_t{1} << 30);
+  EXPECT_THROW(parse_bytes("lots"), InvalidArgument);
+  EXPECT_THROW(parse_bytes("5Q"), InvalidArgument);
+}
+
+TEST(Bench, BadOptionsAreRefusedBeforeAnythingRuns) {
+  const auto refused = [](BenchOptions options, const std::string& why) {
+    std::ostringstream out;
+    testing::expect_invalid_argument([&] { (void)run_bench(options, out); }, {why});
+    EXPECT_EQ(out.str(), "");
+  };
+  BenchOptions options = quick(2);
+  options.ops = {"all_reduce", "gossip"};
+  refused(options, "chorus bench: unknown op 'gossip'");
+  options = quick(2);
+  options.reduce_op = "avg";
+  refused(options, "unknown reduce op 'avg'");
+  options = quick(2);
+  options.dtype = DType::Bool;
+  refused(options, "dtype Bool is not benchmarked");
+  options = quick(2);
+  options.min_bytes = 1024;
+  options.max_bytes = 8;
+  refused(options, "0 < min-bytes <= max-bytes");
+}
+
+}  // namespace
+}  // namespace chorus::props
