@@ -81,7 +81,7 @@ std::span<const int> members_in(const ExpandedGroup& group, int rank) noexcept {
 class Call {
  public:
   Call(std::string_view op, const GroupSpec& group, std::string_view tag, CallSite site)
-      : op_(op), site_(site) {
+      : op_(op), site_(site), group_(&group) {
     RankContext* context = RankContext::current();
     if (context == nullptr) {
       throw InvalidArgument(detail::make_context(op),
@@ -192,7 +192,13 @@ class Call {
   // Everything validated: take the sequence number and the communicator.
   transport::Comm& start() {
     CHORUS_CHECK(!meta_);
-    transport::Comm& comm = state_->ensure_comm(*slot_, expanded_.tag, members_);
+    std::span<const int> parts;
+    int part_size = 0;
+    std::vector<int> storage;  // a MeshDim's parts
+    transport::Comm& comm =
+        detail::world_partition(*group_, expanded_, state_->world_size(), parts, part_size, storage)
+            ? state_->ensure_partition_comm(*slot_, expanded_.tag, members_, parts, part_size)
+            : state_->ensure_comm(*slot_, expanded_.tag, members_);
     seq_ = slot_->next_seq++;
     return comm;
   }
@@ -255,6 +261,7 @@ class Call {
  private:
   std::string_view op_;
   CallSite site_;
+  const GroupSpec* group_;  // the caller's, alive for the call
   detail::RankState* state_ = nullptr;
   ExpandedGroup expanded_;
   std::span<const int> members_;  // into expanded_.ranks

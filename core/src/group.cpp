@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "chorus/check.hpp"
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
 #include "detail/errors.hpp"
@@ -184,6 +185,50 @@ ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std
     out.group_size = static_cast<int>(out.ranks.size());
   }
   return out;
+}
+
+bool world_partition(const GroupSpec& group, const ExpandedGroup& expanded, int world_size,
+                     std::span<const int>& parts, int& part_size, std::vector<int>& storage) {
+  const GroupSpec::Value& value = group.value();
+  const auto world = static_cast<std::size_t>(world_size);
+  if (std::holds_alternative<std::vector<std::vector<int>>>(value)) {
+    if (expanded.ranks.size() != world) {
+      return false;  // some rank is in no sub-list: not every rank reaches this operation
+    }
+    CHORUS_CHECK_GT(expanded.group_size, 0);
+    CHORUS_CHECK_EQ(world % static_cast<std::size_t>(expanded.group_size), 0u);
+    parts = expanded.ranks;
+    part_size = expanded.group_size;
+    return true;
+  }
+  const auto* mesh_dim = std::get_if<MeshDim>(&value);
+  if (mesh_dim == nullptr || mesh_dim->mesh.ranks().size() != world) {
+    return false;
+  }
+  const DeviceMesh& mesh = mesh_dim->mesh;
+  const auto d = static_cast<std::size_t>(normalize_dim(mesh_dim->dim, mesh.ndim(), "MeshDim"));
+  // Row-major, as DeviceMesh::dim_ranks: a slice starts at each position whose coordinate along
+  // d is 0, and steps by the stride of d.
+  std::int64_t stride = 1;
+  for (std::size_t i = d + 1; i < mesh.shape().size(); ++i) {
+    stride *= mesh.shape()[i];
+  }
+  const std::int64_t size = mesh.shape()[d];
+  storage.clear();
+  storage.reserve(world);
+  for (std::int64_t position = 0; position < static_cast<std::int64_t>(world); ++position) {
+    if ((position / stride) % size != 0) {
+      continue;
+    }
+    for (std::int64_t i = 0; i < size; ++i) {
+      storage.push_back(mesh.ranks()[static_cast<std::size_t>(position + i * stride)]);
+    }
+  }
+  CHORUS_CHECK_EQ(storage.size(), world);
+  CHORUS_CHECK_EQ(static_cast<std::int64_t>(expanded.ranks.size()), size);
+  parts = storage;
+  part_size = static_cast<int>(size);
+  return true;
 }
 
 }  // namespace detail

@@ -75,6 +75,42 @@ transport::Comm& RankState::ensure_comm(CommSlot& slot, const std::string& tag,
   return *slot.comm;
 }
 
+transport::Comm& RankState::ensure_partition_comm(CommSlot& slot, const std::string& tag,
+                                                  std::span<const int> members,
+                                                  std::span<const int> parts, int part_size) {
+  CHORUS_CHECK_GT(part_size, 0);
+  CHORUS_CHECK_EQ(parts.size(), static_cast<std::size_t>(world_size_));
+  CHORUS_CHECK_EQ(parts.size() % static_cast<std::size_t>(part_size), 0u);
+  CHORUS_CHECK_EQ(members.size(), static_cast<std::size_t>(part_size));
+  const PartitionKey key{tag, part_size, parts};
+  if (partitions_.find(key) == partitions_.end()) {
+    // Note [Partitioned groups]: the first operation on this partition, on every world rank.
+    transport::Partition partition;
+    const auto size = static_cast<std::size_t>(part_size);
+    for (std::size_t start = 0; start < parts.size(); start += size) {
+      const std::span<const int> part = parts.subspan(start, size);
+      if (std::ranges::equal(part, members)) {
+        partition.index = static_cast<int>(partition.parts.size());
+      }
+      partition.parts.emplace_back(part.begin(), part.end());
+    }
+    CHORUS_CHECK_EQ(partition.problem(world_size_, rank_), std::string());
+    std::shared_ptr<transport::Comm> comm =
+        transport_->create_partition_comm(tag, partition, slot.comm);
+    CHORUS_CHECK(comm != nullptr);
+    if (slot.comm) {
+      CHORUS_CHECK(comm == slot.comm);
+    } else {
+      CHORUS_CHECK(std::ranges::equal(comm->ranks(), members));
+      slot.comm = std::move(comm);
+    }
+    partitions_.insert(
+        PartitionEntry{tag, part_size, std::vector<int>(parts.begin(), parts.end())});
+  }
+  CHORUS_CHECK(slot.comm != nullptr);
+  return *slot.comm;
+}
+
 void RankState::settle_unwaited() {
   if (std::uncaught_exceptions() == 0) {
     registry_->complete_deferred_drops();

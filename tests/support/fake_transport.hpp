@@ -191,16 +191,32 @@ class FakeComm final : public transport::Comm {
   std::vector<std::pair<transport::Buffer, transport::Buffer>> batch_;
 };
 
+// By default rank 0 of a world of 1; a test of group set-up may place it elsewhere (its works
+// still complete as on a group of one: send copied to receive).
 class FakeTransport final : public transport::Transport {
  public:
+  explicit FakeTransport(int rank = 0, int world_size = 1) : rank_(rank), world_size_(world_size) {}
+
   std::string_view name() const noexcept override { return "fake"; }
-  int rank() const noexcept override { return 0; }
-  int world_size() const noexcept override { return 1; }
+  int rank() const noexcept override { return rank_; }
+  int world_size() const noexcept override { return world_size_; }
   std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
                                                const std::vector<int>& ranks) override {
     ++comms_created;
     return std::make_shared<FakeComm>(*this, tag, ranks);
   }
+  // Records the call (Note [Partitioned groups]), then the default behaviour.
+  std::shared_ptr<transport::Comm> create_partition_comm(
+      const std::string& tag, const transport::Partition& partition,
+      const std::shared_ptr<transport::Comm>& existing) override {
+    partition_calls.push_back(PartitionCall{tag, partition, existing != nullptr});
+    return Transport::create_partition_comm(tag, partition, existing);
+  }
+  struct PartitionCall {
+    std::string tag;
+    transport::Partition partition;
+    bool had_existing = false;
+  };
   transport::Duration now() override { return std::chrono::steady_clock::now().time_since_epoch(); }
   std::string supports(transport::OpKind, DType, const ReduceOp&, Device device) const override {
     return device.is_cpu() ? std::string() : std::string("host memory only");
@@ -220,10 +236,13 @@ class FakeTransport final : public transport::Transport {
     works_.push_back(std::move(work));
   }
 
-  int comms_created = 0;
+  int comms_created = 0;  // create_comm calls, the partition default's included
+  std::vector<PartitionCall> partition_calls;
   std::mutex mutex;
 
  private:
+  int rank_;
+  int world_size_;
   std::vector<std::shared_ptr<FakeWork>> works_;
 };
 

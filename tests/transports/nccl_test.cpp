@@ -1,8 +1,10 @@
 // The NCCL transport without a device (docs/nccl.md): the dtype/op mapping, the environment, the
-// unique-id exchange through the store, and the no-device error of --transport=nccl.
+// unique-id exchange through the store, the ncclCommSplit plan of a partition of the world, and the
+// no-device error of --transport=nccl.
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
 #include <chorus/nccl/nccl.hpp>
 #include <chorus/store/store.hpp>
@@ -10,6 +12,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace chorus::nccl {
@@ -241,6 +244,70 @@ TEST(NcclUniqueIdExchangeErrors, ARankWaitsForRankZeroUntilTheDeadline) {
       (void)exchange_unique_id(
           rendezvous, 128, [] { return std::string(128, 'x'); }, std::chrono::milliseconds(200)),
       Timeout);
+}
+
+// ---- Splitting a partition of the world (Note [NCCL communicator set-up])
+
+using Parts = std::vector<std::vector<int>>;
+
+// Every rank of every partition: the color is its part's index, the key its position there,
+// so each part comes out of ncclCommSplit in group order; ranks that have theirs take part
+// without a color.
+TEST(NcclSplitPlan, ColorIsThePartAndKeyThePositionOnEveryRank) {
+  const std::vector<Parts> cases = {
+      {{0}},                     // world 1
+      {{0, 1}, {2, 3}},          // list of lists
+      {{3, 1}, {0, 2}},          // permuted parts
+      {{0}, {1}, {2}},           // parts of one, world 3
+      {{0, 3}, {1, 4}, {2, 5}},  // columns of a 2 x 3 mesh
+      {{4, 0, 2}, {1, 3, 5}},    // odd part size
+  };
+  for (const Parts& parts : cases) {
+    int world_size = 0;
+    for (const auto& part : parts) {
+      world_size += static_cast<int>(part.size());
+    }
+    std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, rank)
+    for (std::size_t index = 0; index < parts.size(); ++index) {
+      for (std::size_t position = 0; position < parts[index].size(); ++position) {
+        const int rank = parts[index][position];
+        const transport::Partition partition{parts, static_cast<int>(index)};
+        const SplitPlan plan = split_plan(partition, world_size, rank, false);
+        EXPECT_EQ(plan.color, static_cast<int>(index));
+        EXPECT_EQ(plan.key, static_cast<int>(position));
+        by_color[plan.color].emplace_back(plan.key, rank);
+        EXPECT_EQ(split_plan(partition, world_size, rank, true).color, kNoColor);
+      }
+    }
+    // What ncclCommSplit makes of it: per color, ranks ordered by key are the part.
+    ASSERT_EQ(by_color.size(), parts.size());
+    for (auto& [color, members] : by_color) {
+      std::sort(members.begin(), members.end());
+      std::vector<int> ordered;
+      for (const auto& [key, rank] : members) {
+        ordered.push_back(rank);
+      }
+      EXPECT_EQ(ordered, parts[static_cast<std::size_t>(color)]);
+    }
+  }
+}
+
+TEST(NcclSplitPlan, RefusesWhatIsNotAPartitionOfTheWorld) {
+  const auto refused = [](const transport::Partition& partition, int world_size, int rank) {
+    try {
+      (void)split_plan(partition, world_size, rank, false);
+      ADD_FAILURE() << "accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find("nccl: not a partition of the world"),
+                std::string::npos)
+          << error.what();
+    }
+  };
+  refused({Parts{{0, 1}}, 0}, 4, 0);          // leaves ranks 2 and 3 out
+  refused({Parts{{0, 1}, {2, 3}}, 0}, 4, 2);  // rank 2 is not in part 0
+  refused({Parts{{0, 1}, {1, 2}}, 0}, 3, 0);  // rank 1 twice
+  refused({Parts{{0, 1}, {2, 3}}, 5}, 4, 0);  // no part 5
+  refused({Parts{}, 0}, 1, 0);
 }
 
 // ---- Without a device

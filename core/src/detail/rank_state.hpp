@@ -2,11 +2,14 @@
 
 // Everything chorus keeps for one rank (behind RankContext's public face).
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -48,6 +51,13 @@ class RankState {
   // Creates the slot's communicator if it does not exist yet.
   transport::Comm& ensure_comm(CommSlot& slot, const std::string& tag,
                                std::span<const int> members);
+  // ensure_comm for a group that is a part of a partition of the world (Note [Partitioned
+  // groups]): `parts` holds the partition's parts back to back, each `part_size` ranks long;
+  // `members` is the part that holds this rank. At this rank's first operation on (tag, parts)
+  // the transport's create_partition_comm runs, even when the slot has its communicator.
+  transport::Comm& ensure_partition_comm(CommSlot& slot, const std::string& tag,
+                                         std::span<const int> members, std::span<const int> parts,
+                                         int part_size);
 
   // Throws the first error recorded while completing a dropped work, once (Note [Work
   // lifecycle], step 3).
@@ -68,6 +78,41 @@ class RankState {
   std::shared_ptr<HostPool> host_pool_;
   using CommKey = std::pair<std::string, std::vector<int>>;
   std::map<CommKey, CommSlot> comms_;
+  // The partitions this rank has set up (ensure_partition_comm), as (tag, part size, parts back
+  // to back); looked up without building a key.
+  struct PartitionKey {
+    std::string_view tag;
+    int part_size = 0;
+    std::span<const int> parts;
+  };
+  struct PartitionEntry {
+    std::string tag;
+    int part_size = 0;
+    std::vector<int> parts;
+    PartitionKey key() const noexcept { return {tag, part_size, parts}; }
+  };
+  struct PartitionLess {
+    using is_transparent = void;
+    static bool less(const PartitionKey& a, const PartitionKey& b) noexcept {
+      if (a.tag != b.tag) {
+        return a.tag < b.tag;
+      }
+      if (a.part_size != b.part_size) {
+        return a.part_size < b.part_size;
+      }
+      return std::ranges::lexicographical_compare(a.parts, b.parts);
+    }
+    bool operator()(const PartitionEntry& a, const PartitionEntry& b) const noexcept {
+      return less(a.key(), b.key());
+    }
+    bool operator()(const PartitionEntry& a, const PartitionKey& b) const noexcept {
+      return less(a.key(), b);
+    }
+    bool operator()(const PartitionKey& a, const PartitionEntry& b) const noexcept {
+      return less(a, b.key());
+    }
+  };
+  std::set<PartitionEntry, PartitionLess> partitions_;
   // The slot comm_slot returned last, and its key (both in comms_, whose nodes never move):
   // consecutive collectives mostly use one group, and comparing is cheaper than building a key.
   const CommKey* last_key_ = nullptr;

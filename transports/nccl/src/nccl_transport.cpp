@@ -50,6 +50,17 @@ std::uint64_t comm_id_of(const std::string& key) {
   return hash;
 }
 
+// The cache key of a group, and (under "chorus/nccl/comm/") its store prefix: "tag/0,1,".
+std::string comm_key(const std::string& tag, const std::vector<int>& ranks) {
+  std::string key = tag + "/";
+  for (const int rank : ranks) {
+    key += std::to_string(rank) + ",";
+  }
+  return key;
+}
+
+static_assert(kNoColor == NCCL_SPLIT_NOCOLOR);
+
 }  // namespace
 
 ncclDataType_t nccl_type(Type type) {
@@ -797,10 +808,7 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
     throw InvalidArgument(context, "nccl: rank " + std::to_string(environment_.rank) +
                                        " is not a member of the group");
   }
-  std::string key = tag + "/";
-  for (int rank : ranks) {
-    key += std::to_string(rank) + ",";
-  }
+  const std::string key = comm_key(tag, ranks);
   if (auto found = comms_.find(key); found != comms_.end()) {
     return found->second;
   }
@@ -808,10 +816,24 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   const int group_size = static_cast<int>(ranks.size());
 
   // Note [NCCL communicator set-up]
-  // Every group gets its own unique id through the store (a prefix per group), not
-  // ncclCommSplit: the seam's create_comm is called by the group's members only, while
-  // ncclCommSplit is collective over the parent communicator, so non-members would have to call
-  // it too (with NCCL_SPLIT_NOCOLOR), and they never learn that the group exists.
+  // Two ways, by how core names the group (Note [Partitioned groups], transport.hpp); either
+  // way the communicator is non-blocking, cached per (tag, ranks), and finalized and destroyed
+  // as every other (Note [NCCL work lifecycle]).
+  // - A group named by one rank list (create_comm, here) gets its own unique id through the
+  //   store (a prefix per group), not ncclCommSplit: only its members call create_comm, while
+  //   ncclCommSplit is collective over the parent communicator, so non-members would have to
+  //   call it too (with NCCL_SPLIT_NOCOLOR), and they never learn that the group exists.
+  // - A part of a partition of the world (create_partition_comm: a list of rank lists or a
+  //   MeshDim covering the world) is split from the world communicator, since every world rank
+  //   reaches that operation: ncclCommSplit(world, color = the part's index, key = the rank's
+  //   position in it) (split_plan). A rank whose part's communicator exists already still calls
+  //   it, with NCCL_SPLIT_NOCOLOR: the split is collective over the world. The world
+  //   communicator is created first (unique id) when needed. The split holds the world
+  //   communicator's lock and is polled on it (settle) until it finished or the timeout passed;
+  //   a timeout (Timeout) or a failed split (TransportError) aborts the world communicator, as a
+  //   failed enqueue on it would. NCCL writes the new communicator only once the split finished;
+  //   then it is polled in turn, as a unique-id set-up is.
+  // - A partition of one part is the unique-id set-up: every rank is a member.
   store::PrefixStore prefix("chorus/nccl/comm/" + key, *store_);
   store::Rendezvous rendezvous(prefix, group_rank, group_size);
   const auto deadline = deadline_after(timeout_);
@@ -834,7 +856,20 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // Note [NCCL work lifecycle]: poll with a deadline instead
   ncclComm_t comm = nullptr;
-  ncclResult_t result = ncclCommInitRankConfig(&comm, group_size, id, group_rank, &config);
+  const ncclResult_t result = ncclCommInitRankConfig(&comm, group_size, id, group_rank, &config);
+  return adopt(comm, result, key, tag, ranks, group_rank, context, deadline,
+               "ncclCommInitRankConfig", "a member did not join?");
+}
+
+std::shared_ptr<NcclComm> NcclTransport::adopt(ncclComm_t comm, ncclResult_t result,
+                                               const std::string& key, const std::string& tag,
+                                               const std::vector<int>& ranks, int group_rank,
+                                               const ErrorContext& context,
+                                               Clock::time_point deadline, const char* set_up_call,
+                                               const std::string& hint) {
+  CHORUS_CHECK(!comms_.contains(key));
+  CHORUS_CHECK_GE(group_rank, 0);
+  CHORUS_CHECK_LT(static_cast<std::size_t>(group_rank), ranks.size());
   cudaStream_t stream = nullptr;
   if (const cudaError_t code = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
       code != cudaSuccess) {
@@ -843,7 +878,7 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
     }
     throw TransportError(context, "nccl: cudaStreamCreate failed: " + cuda_error_text(code));
   }
-  auto state = std::make_shared<CommState>(comm, stream, device_, label, timeout_);
+  auto state = std::make_shared<CommState>(comm, stream, device_, context.group, timeout_);
   if (result == ncclSuccess || result == ncclInProgress) {
     const std::lock_guard lock(state->mutex());
     result = state->settle(deadline);
@@ -851,12 +886,12 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   if (result != ncclSuccess) {
     const bool timed_out = result == ncclInProgress;
     std::exception_ptr error =
-        timed_out
-            ? make_error(ErrorCode::Timeout, context,
-                         "nccl: ncclCommInitRankConfig did not finish within " +
-                             milliseconds_text(timeout_) + " (a member did not join?)")
-            : make_error(ErrorCode::TransportError, context,
-                         "nccl: ncclCommInitRankConfig failed: " + nccl_error_text(result, comm));
+        timed_out ? make_error(ErrorCode::Timeout, context,
+                               std::string("nccl: ") + set_up_call + " did not finish within " +
+                                   milliseconds_text(timeout_) + " (" + hint + ")")
+                  : make_error(ErrorCode::TransportError, context,
+                               std::string("nccl: ") + set_up_call +
+                                   " failed: " + nccl_error_text(result, comm));
     state->abort(error);
     std::rethrow_exception(error);
   }
@@ -865,6 +900,91 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   states_.push_back(state);
   comms_.emplace(key, created);
   return created;
+}
+
+std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
+    const std::string& tag, const transport::Partition& partition,
+    const std::shared_ptr<transport::Comm>& existing) {
+  const int rank = environment_.rank;
+  // Note [NCCL communicator set-up]. Throws InvalidArgument for anything but a partition of the
+  // world holding this rank.
+  const SplitPlan plan = split_plan(partition, environment_.world_size, rank, existing != nullptr);
+  const std::vector<int>& ranks = partition.own();
+  const ErrorContext context{rank, "create_comm", -1, group_label(tag, ranks)};
+  if (partition.parts.size() == 1) {
+    // One part: every rank is a member, so the members-only set-up is collective over the world
+    // already, and a split would only copy the world communicator.
+    return existing ? existing : create_comm(tag, ranks);
+  }
+  const std::string key = comm_key(tag, ranks);
+  if (existing) {
+    CHORUS_CHECK(comms_.contains(key));  // core's communicator is this transport's
+    CHORUS_CHECK_EQ(plan.color, kNoColor);
+  } else {
+    // Only a one-part partition's key ("" and the world) can be cached without core knowing.
+    CHORUS_CHECK(!comms_.contains(key));
+    CHORUS_CHECK_EQ(plan.color, partition.index);
+  }
+
+  // The parent: the world communicator, created first if this is the job's first use of it
+  // (every world rank is in this operation, so all of them create it together).
+  std::vector<int> world(static_cast<std::size_t>(environment_.world_size));
+  for (std::size_t i = 0; i < world.size(); ++i) {
+    world[i] = static_cast<int>(i);
+  }
+  const std::shared_ptr<CommState> parent =
+      std::static_pointer_cast<NcclComm>(create_comm("", world))->state();
+
+  const auto deadline = deadline_after(timeout_);
+  const std::string what = "ncclCommSplit of the world communicator (color " +
+                           std::to_string(plan.color) + ", key " + std::to_string(plan.key) + ")";
+  // NCCL writes the new communicator when the split finished, from its own thread (the parent
+  // is non-blocking): the slot lives on the heap, and is leaked if the split never finishes.
+  auto child = std::make_unique<ncclComm_t>(nullptr);
+  ncclResult_t result = ncclSuccess;
+  {
+    std::unique_lock lock(parent->mutex());  // the split is an operation on the parent
+    if (parent->aborted_locked()) {
+      throw Aborted(context, "nccl: the world communicator was aborted after an earlier failure; " +
+                                 what + " is impossible");
+    }
+    cudaSetDevice(device_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // Note [NCCL work lifecycle]: poll with a deadline instead
+    result = ncclCommSplit(parent->comm(), plan.color, plan.key, child.get(), &config);
+    if (result == ncclSuccess || result == ncclInProgress) {
+      result = parent->settle(deadline);
+    }
+    if (result != ncclSuccess) {
+      const bool timed_out = result == ncclInProgress;
+      std::exception_ptr error =
+          timed_out
+              ? make_error(ErrorCode::Timeout, context,
+                           "nccl: " + what + " did not finish within " +
+                               milliseconds_text(timeout_) +
+                               " (a world rank did not reach this operation?); world "
+                               "communicator aborted")
+              : make_error(ErrorCode::TransportError, context,
+                           "nccl: " + what + " failed: " + nccl_error_text(result, parent->comm()) +
+                               "; world communicator aborted");
+      if (timed_out) {
+        (void)child.release();  // NOLINT: NCCL may still write it (see above)
+      }
+      lock.unlock();  // abort() takes the comm lock
+      parent->abort(error);
+      std::rethrow_exception(error);
+    }
+  }
+  if (existing) {
+    CHORUS_CHECK(*child == nullptr);  // NCCL_SPLIT_NOCOLOR makes no communicator
+    return existing;
+  }
+  if (*child == nullptr) {
+    throw TransportError(context, "nccl: " + what + " finished without a communicator");
+  }
+  // The split settled on the parent; the child may still be finishing its own set-up.
+  return adopt(*child, ncclInProgress, key, tag, ranks, plan.key, context, deadline,
+               "ncclCommSplit", "the new communicator did not finish its set-up");
 }
 
 }  // namespace chorus::nccl::detail

@@ -200,6 +200,8 @@ class NcclComm final : public transport::Comm {
   void begin_group() override;
   std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
 
+  const std::shared_ptr<CommState>& state() const noexcept { return state_; }
+
  private:
   // One operation in three phases, so that a batch is one NCCL group and stream order stays
   // right: `before` stages CPU inputs in and creates premul_sum ops (outside the group), `call`
@@ -258,6 +260,10 @@ class NcclTransport final : public transport::Transport {
   int world_size() const noexcept override { return environment_.world_size; }
   std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
                                                const std::vector<int>& ranks) override;
+  // ncclCommSplit of the world communicator (Note [NCCL communicator set-up]).
+  std::shared_ptr<transport::Comm> create_partition_comm(
+      const std::string& tag, const transport::Partition& partition,
+      const std::shared_ptr<transport::Comm>& existing) override;
   transport::Duration now() override;
   std::string supports(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
                        Device device) const override;
@@ -266,6 +272,15 @@ class NcclTransport final : public transport::Transport {
   void abort_all(const std::exception_ptr& error);
 
  private:
+  // Wraps a communicator whose set-up finished (or is being polled by `settle_new`): the
+  // stream, the CommState and the NcclComm, cached under `key`. Aborts `comm` on failure.
+  // `result` is what the set-up call returned.
+  std::shared_ptr<NcclComm> adopt(ncclComm_t comm, ncclResult_t result, const std::string& key,
+                                  const std::string& tag, const std::vector<int>& ranks,
+                                  int group_rank, const ErrorContext& context,
+                                  std::chrono::steady_clock::time_point deadline,
+                                  const char* set_up_call, const std::string& hint);
+
   Environment environment_;
   std::shared_ptr<store::Store> store_;
   int device_;

@@ -17,6 +17,7 @@
 // - A transport states what it supports (`supports`); core lowers or raises InvalidArgument
 //   naming the transport before starting anything unsupported.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -255,6 +256,67 @@ class Comm {
   virtual std::shared_ptr<Work> end_group(const OpInfo& info) = 0;
 };
 
+// Note [Partitioned groups]
+// Most group specs name one group, known to its members only: a rank list, a ProcessGroup, a 1-D
+// mesh. Two name a partition that every world rank issues together: a list of rank lists that
+// covers the world ({{0, 1}, {2, 3}} in a world of 4), and a MeshDim of a mesh over the whole
+// world (its slices along the dim). Every world rank is then in exactly one part, and every rank
+// reaches the set-up of its own part in the same operation, so a transport may build the parts
+// together from the world (NCCL: ncclCommSplit of the world communicator) instead of one
+// members-only set-up per group.
+// - Core calls create_partition_comm on every world rank at its first operation on a given
+//   (tag, partition), in program order, so all ranks call it for the same partitions in the same
+//   order. It calls it even when this rank already has the communicator of its part from an
+//   earlier operation (`existing`: a plain-list operation on the same tag and ranks, or another
+//   partition sharing that part); a transport whose set-up is collective over the world must
+//   still take part, and returns `existing`. Members of one part agree on whether they have it:
+//   they created it together.
+// - Later operations on the partition reuse core's communicator: no transport call.
+// - A group named by one rank list never comes here, even when it covers the world: only its
+//   members call create_comm, and non-members never learn that the group exists.
+
+// A partition of the world [0, world_size) into parts of equal size, and the part that holds the
+// calling rank.
+struct Partition {
+  std::vector<std::vector<int>> parts;  // global ranks, group order
+  int index = -1;                       // parts[index] holds the calling rank
+
+  const std::vector<int>& own() const { return parts.at(static_cast<std::size_t>(index)); }
+
+  // Empty when `parts` is a partition of [0, world_size) into non-empty parts of equal size and
+  // parts[index] holds `rank`; otherwise what is wrong. Never throws (but on allocation).
+  std::string problem(int world_size, int rank) const {
+    if (parts.empty()) {
+      return "the partition has no parts";
+    }
+    if (index < 0 || static_cast<std::size_t>(index) >= parts.size()) {
+      return "part index " + std::to_string(index) + " is out of range";
+    }
+    std::vector<int> seen(static_cast<std::size_t>(world_size > 0 ? world_size : 0), 0);
+    std::size_t covered = 0;
+    for (const std::vector<int>& part : parts) {
+      if (part.empty() || part.size() != parts.front().size()) {
+        return "the parts are empty or of unequal size";
+      }
+      for (const int member : part) {
+        if (member < 0 || member >= world_size || seen[static_cast<std::size_t>(member)]++ > 0) {
+          return "rank " + std::to_string(member) + " is out of range or in two parts";
+        }
+        ++covered;
+      }
+    }
+    if (covered != seen.size()) {
+      return "the parts cover " + std::to_string(covered) + " of " + std::to_string(world_size) +
+             " ranks";
+    }
+    const std::vector<int>& mine = own();
+    if (std::find(mine.begin(), mine.end(), rank) == mine.end()) {
+      return "rank " + std::to_string(rank) + " is not in part " + std::to_string(index);
+    }
+    return {};
+  }
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -265,8 +327,24 @@ class Transport {
 
   // The communicator for `ranks` (global ranks, group order) and `tag`; this rank must be one of
   // `ranks`. Same (tag, ranks) on every member -> the same communicator.
+  // Blocks until the set-up finished or the transport's timeout passed (Timeout);
+  // TransportError when it failed. Called by the members of `ranks` only.
   virtual std::shared_ptr<Comm> create_comm(const std::string& tag,
                                             const std::vector<int>& ranks) = 0;
+
+  // The communicator for (tag, partition.own()) when the group is a part of a partition of the
+  // world (Note [Partitioned groups]): called on every world rank at its first operation on
+  // (tag, partition), with `existing` this rank's communicator for (tag, partition.own()) when
+  // it has one already (then it is returned). Blocks and throws as create_comm. By default: the
+  // members-only set-up, `existing` or create_comm(tag, partition.own()).
+  virtual std::shared_ptr<Comm> create_partition_comm(const std::string& tag,
+                                                      const Partition& partition,
+                                                      const std::shared_ptr<Comm>& existing) {
+    if (existing) {
+      return existing;
+    }
+    return create_comm(tag, partition.own());
+  }
 
   // The transport's clock, for deadlines.
   virtual Duration now() = 0;

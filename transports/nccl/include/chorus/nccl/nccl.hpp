@@ -16,6 +16,7 @@
 #include "chorus/dtype.hpp"
 #include "chorus/reduce_op.hpp"
 #include "chorus/store/store.hpp"
+#include "chorus/transport/transport.hpp"
 
 namespace chorus::nccl {
 
@@ -70,6 +71,22 @@ struct DeviceCount {
   std::string problem;  // empty when count > 0
 };
 DeviceCount cuda_device_count() noexcept;
+
+// How the transport builds a part of a partition of the world (Note [Partitioned groups],
+// Note [NCCL communicator set-up]) with ncclCommSplit of the world communicator: color = the
+// index of the calling rank's part, key = its position in that part (so the new communicator's
+// ranks are in group order). A rank that has its part's communicator already (`has_existing`)
+// still takes part, with kNoColor (NCCL_SPLIT_NOCOLOR), and gets no new communicator.
+// Computed without calling CUDA or NCCL; never blocks; thread-safe. Throws InvalidArgument
+// ("nccl: ...") when `partition` is not a partition of [0, world_size) whose part
+// `partition.index` holds `rank`.
+inline constexpr int kNoColor = -1;
+struct SplitPlan {
+  int color = kNoColor;
+  int key = 0;
+};
+SplitPlan split_plan(const transport::Partition& partition, int world_size, int rank,
+                     bool has_existing);
 
 struct NcclRunOptions {
   // How long a wait, a communicator's set-up and an operation watched by the watchdog may take
