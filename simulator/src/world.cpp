@@ -534,6 +534,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   for (int r = 0; r < size; ++r) {
     RankOptions rank_options;
     rank_options.timeout = options_.timeout;
+    rank_options.host_pool_bytes_max = options_.host_pool_bytes_max;
     rank_options.host_allocator = allocator_;
     std::shared_ptr<transport::Transport> rank_transport = std::make_shared<SimTransport>(*this, r);
     if (options_.wrap_transport) {

@@ -84,20 +84,27 @@ TEST(Bench, WrongCountsTheElementsAPlantedTransportBugGetsWrong) {
   EXPECT_NE(out.str().find("# wrong elements: 12 FAILED"), std::string::npos) << out.str();
 }
 
-TEST(Bench, CraftedInputsAreExactInEveryDTypeAndReduction) {
+// At 64 ranks too: an Int8 product of 2s would wrap from 8 ranks, an Int8 sum of 1..4 from 51, a
+// Float16 product overflow from 16 (Crafted keeps every result exact).
+TEST(Bench, CraftedInputsAreExactInEveryDTypeAndReductionAtAnyWorldSize) {
   for (const DType dtype : {DType::UInt8, DType::Int8, DType::Int32, DType::Int64, DType::Float16,
                             DType::BFloat16, DType::Float64}) {
     for (const char* reduce_op : {"sum", "prod", "max", "min"}) {
-      BenchOptions options = quick(3);
-      options.max_bytes = 256;
-      options.dtype = dtype;
-      options.reduce_op = reduce_op;
-      options.iters = 1;
-      options.warmup = 0;
-      std::ostringstream out;
-      const BenchReport report = run_bench(options, out);
-      EXPECT_TRUE(report.ok) << dtype_name(dtype) << " " << reduce_op << "\n" << out.str();
-      EXPECT_FALSE(report.rows.empty());
+      for (const int ranks : {3, 64}) {
+        BenchOptions options = quick(ranks);
+        options.ops = {"all_reduce", "reduce_scatter"};
+        options.max_bytes = 256;
+        options.dtype = dtype;
+        options.reduce_op = reduce_op;
+        options.iters = 1;
+        options.warmup = 0;
+        std::ostringstream out;
+        const BenchReport report = run_bench(options, out);
+        EXPECT_TRUE(report.ok) << dtype_name(dtype) << " " << reduce_op << " on " << ranks
+                               << " ranks\n"
+                               << out.str();
+        EXPECT_FALSE(report.rows.empty());
+      }
     }
   }
 }
@@ -126,6 +133,9 @@ TEST(Bench, BadOptionsAreRefusedBeforeAnythingRuns) {
   options = quick(2);
   options.dtype = DType::Bool;
   refused(options, "dtype Bool is not benchmarked");
+  options = quick(2);
+  options.ranks = 0;
+  refused(options, "--ranks must be between 1 and 1024");
   options = quick(2);
   options.min_bytes = 1024;
   options.max_bytes = 8;

@@ -250,10 +250,10 @@ TEST(NcclUniqueIdExchangeErrors, ARankWaitsForRankZeroUntilTheDeadline) {
 
 using Parts = std::vector<std::vector<int>>;
 
-// Every rank of every partition: the color is its part's index, the key its position there,
-// so each part comes out of ncclCommSplit in group order; ranks that have theirs take part
+// Every rank of every partition: the color is its part's smallest rank, the key its position
+// there, so each part comes out of ncclCommSplit in group order; ranks that have theirs take part
 // without a color.
-TEST(NcclSplitPlan, ColorIsThePartAndKeyThePositionOnEveryRank) {
+TEST(NcclSplitPlan, ColorIsThePartsSmallestRankAndKeyThePositionOnEveryRank) {
   const std::vector<Parts> cases = {
       {{0}},                     // world 1
       {{0, 1}, {2, 3}},          // list of lists
@@ -268,14 +268,16 @@ TEST(NcclSplitPlan, ColorIsThePartAndKeyThePositionOnEveryRank) {
       world_size += static_cast<int>(part.size());
     }
     std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, rank)
+    std::map<int, std::size_t> part_of_color;
     for (std::size_t index = 0; index < parts.size(); ++index) {
       for (std::size_t position = 0; position < parts[index].size(); ++position) {
         const int rank = parts[index][position];
         const transport::Partition partition{parts, static_cast<int>(index)};
         const SplitPlan plan = split_plan(partition, world_size, rank, false);
-        EXPECT_EQ(plan.color, static_cast<int>(index));
+        EXPECT_EQ(plan.color, *std::min_element(parts[index].begin(), parts[index].end()));
         EXPECT_EQ(plan.key, static_cast<int>(position));
         by_color[plan.color].emplace_back(plan.key, rank);
+        part_of_color[plan.color] = index;
         EXPECT_EQ(split_plan(partition, world_size, rank, true).color, kNoColor);
       }
     }
@@ -287,9 +289,22 @@ TEST(NcclSplitPlan, ColorIsThePartAndKeyThePositionOnEveryRank) {
       for (const auto& [key, rank] : members) {
         ordered.push_back(rank);
       }
-      EXPECT_EQ(ordered, parts[static_cast<std::size_t>(color)]);
+      EXPECT_EQ(ordered, parts[part_of_color[color]]);
     }
   }
+}
+
+// Ranks 0 and 1 list {{0, 1}, {2, 3}}, ranks 2 and 3 {{2, 3}, {0, 1}}: the same groups, so the
+// same communicators on the simulator and MPI. Colors from each rank's own list would be 0 for
+// all four (one communicator of four); the smallest rank gives each part its own.
+TEST(NcclSplitPlan, RanksThatListThePartsInOtherOrdersStillSplitIntoTheParts) {
+  const Parts first = {{0, 1}, {2, 3}};
+  const Parts second = {{2, 3}, {0, 1}};
+  EXPECT_EQ(split_plan({first, 0}, 4, 0, false).color, 0);
+  EXPECT_EQ(split_plan({first, 0}, 4, 1, false).color, 0);
+  EXPECT_EQ(split_plan({second, 0}, 4, 2, false).color, 2);
+  EXPECT_EQ(split_plan({second, 0}, 4, 3, false).color, 2);
+  EXPECT_EQ(split_plan({second, 0}, 4, 3, false).key, 1);
 }
 
 TEST(NcclSplitPlan, RefusesWhatIsNotAPartitionOfTheWorld) {

@@ -183,6 +183,7 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
     mpi::MpiRunOptions mpi_options;
     mpi_options.timeout = options.timeout;
     mpi_options.check_collectives = options.check_collectives;
+    mpi_options.host_pool_bytes_max = options.host_pool_bytes_max;
     return mpi::run(mpi_options, std::move(rank_main));
   }
 #endif
@@ -192,6 +193,7 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
     // TransportError "no CUDA device: ..." on a machine without a GPU.
     nccl::NcclRunOptions nccl_options;
     nccl_options.timeout = options.timeout;
+    nccl_options.host_pool_bytes_max = options.host_pool_bytes_max;
     return nccl::run(nccl_options, std::move(rank_main));
   }
 #endif
@@ -233,6 +235,7 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
   sim_options.pct_depth = options.pct_depth;
   sim_options.reduction_order = options.reduction_order;
   sim_options.allocator = options.allocator;
+  sim_options.host_pool_bytes_max = options.host_pool_bytes_max;
   sim_options.guard_pending_outputs = options.guard_pages;
   sim_options.replay = options.replay;
   if (options.check_determinism) {

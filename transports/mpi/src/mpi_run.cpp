@@ -58,6 +58,7 @@ int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
   {
     RankOptions options;
     options.timeout = run_options.timeout;
+    options.host_pool_bytes_max = run_options.host_pool_bytes_max;
     RankContext context(std::make_shared<detail::MpiTransport>(process, run_options.timeout,
                                                                run_options.check_collectives),
                         options);

@@ -3,9 +3,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -100,10 +102,14 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
   StoreConnection connection = connect_store(environment, options.timeout);
   int status = 0;
   {
+    const char* split = std::getenv("CHORUS_NCCL_SPLIT");
+    const bool split_partitions =
+        options.split_partitions || (split != nullptr && std::string_view(split) == "1");
     auto transport = std::make_shared<detail::NcclTransport>(environment, connection.client, device,
-                                                             options.timeout);
+                                                             options.timeout, split_partitions);
     RankOptions rank_options;
     rank_options.timeout = options.timeout;
+    rank_options.host_pool_bytes_max = options.host_pool_bytes_max;
     RankContext context(transport, rank_options);
     const ScopedRankBinding binding(&context);
     std::exception_ptr error;

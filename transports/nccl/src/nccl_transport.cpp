@@ -762,11 +762,12 @@ std::shared_ptr<transport::Work> NcclComm::end_group(const transport::OpInfo& in
 // NcclTransport
 
 NcclTransport::NcclTransport(Environment environment, std::shared_ptr<store::Store> store,
-                             int device, std::chrono::nanoseconds timeout)
+                             int device, std::chrono::nanoseconds timeout, bool split_partitions)
     : environment_(std::move(environment)),
       store_(std::move(store)),
       device_(device),
       timeout_(timeout),
+      split_partitions_(split_partitions),
       watchdog_(std::make_shared<Watchdog>(timeout, device)) {}
 
 NcclTransport::~NcclTransport() {
@@ -823,17 +824,27 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   //   store (a prefix per group), not ncclCommSplit: only its members call create_comm, while
   //   ncclCommSplit is collective over the parent communicator, so non-members would have to
   //   call it too (with NCCL_SPLIT_NOCOLOR), and they never learn that the group exists.
-  // - A part of a partition of the world (create_partition_comm: a list of rank lists or a
-  //   MeshDim covering the world) is split from the world communicator, since every world rank
-  //   reaches that operation: ncclCommSplit(world, color = the part's index, key = the rank's
-  //   position in it) (split_plan). A rank whose part's communicator exists already still calls
-  //   it, with NCCL_SPLIT_NOCOLOR: the split is collective over the world. The world
-  //   communicator is created first (unique id) when needed. The split holds the world
-  //   communicator's lock and is polled on it (settle) until it finished or the timeout passed;
-  //   a timeout (Timeout) or a failed split (TransportError) aborts the world communicator, as a
-  //   failed enqueue on it would. NCCL writes the new communicator only once the split finished;
-  //   then it is polled in turn, as a unique-id set-up is.
-  // - A partition of one part is the unique-id set-up: every rank is a member.
+  // - With NcclRunOptions::split_partitions (or CHORUS_NCCL_SPLIT=1), a part of a partition of
+  //   the world (create_partition_comm: a list of rank lists or a MeshDim covering the world) is
+  //   split from the world communicator, since every world rank reaches that operation:
+  //   ncclCommSplit(world, color = the part's smallest rank, key = the rank's position in it)
+  //   (split_plan; the smallest rank, not the part's index in the caller's list, so ranks that
+  //   list the parts in other orders still agree). A rank whose part's communicator exists
+  //   already still calls it, with NCCL_SPLIT_NOCOLOR: the split is collective over the world.
+  //   The world communicator is created first (unique id) when needed. The split holds the
+  //   world communicator's lock and is polled on it (settle) until it finished or the timeout
+  //   passed; a timeout (Timeout) or a failed split (TransportError) aborts the world
+  //   communicator, as a failed enqueue on it would. NCCL writes the new communicator only once
+  //   the split finished; then it is polled in turn, as a unique-id set-up is, and its size and
+  //   this rank's place in it are checked against the part (ranks that reached their first
+  //   operations on two partitions in different orders pair the wrong splits: TransportError
+  //   instead of a communicator of other ranks).
+  //   Off by default, because the split makes the set-up collective over the whole world where
+  //   the simulator and MPI need only the part's members: a program that uses a partition on
+  //   some ranks only, or first uses partitions in different orders, would wait in the split
+  //   until the timeout and abort the world communicator. Nothing checks that contract before
+  //   the split yet.
+  // - Otherwise, and for a partition of one part, the part gets the unique-id set-up above.
   store::PrefixStore prefix("chorus/nccl/comm/" + key, *store_);
   store::Rendezvous rendezvous(prefix, group_rank, group_size);
   const auto deadline = deadline_after(timeout_);
@@ -911,7 +922,9 @@ std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
   const SplitPlan plan = split_plan(partition, environment_.world_size, rank, existing != nullptr);
   const std::vector<int>& ranks = partition.own();
   const ErrorContext context{rank, "create_comm", -1, group_label(tag, ranks)};
-  if (partition.parts.size() == 1) {
+  if (!split_partitions_ || partition.parts.size() == 1) {
+    // Not splitting (the default: NcclRunOptions::split_partitions), or one part: every rank is
+    // a member, so the members-only set-up is collective over the world already.
     // One part: every rank is a member, so the members-only set-up is collective over the world
     // already, and a split would only copy the world communicator.
     return existing ? existing : create_comm(tag, ranks);
@@ -923,7 +936,7 @@ std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
   } else {
     // Only a one-part partition's key ("" and the world) can be cached without core knowing.
     CHORUS_CHECK(!comms_.contains(key));
-    CHORUS_CHECK_EQ(plan.color, partition.index);
+    CHORUS_CHECK_NE(plan.color, kNoColor);
   }
 
   // The parent: the world communicator, created first if this is the job's first use of it
@@ -983,8 +996,29 @@ std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
     throw TransportError(context, "nccl: " + what + " finished without a communicator");
   }
   // The split settled on the parent; the child may still be finishing its own set-up.
-  return adopt(*child, ncclInProgress, key, tag, ranks, plan.key, context, deadline,
-               "ncclCommSplit", "the new communicator did not finish its set-up");
+  std::shared_ptr<NcclComm> made =
+      adopt(*child, ncclInProgress, key, tag, ranks, plan.key, context, deadline, "ncclCommSplit",
+            "the new communicator did not finish its set-up");
+  // A split pairs the world's calls in order: ranks that first used partitions in different
+  // orders get communicators of other ranks. Refuse one that is not this part.
+  int count = 0;
+  int user_rank = -1;
+  {
+    const std::lock_guard lock(made->state()->mutex());
+    (void)ncclCommCount(made->state()->comm(), &count);
+    (void)ncclCommUserRank(made->state()->comm(), &user_rank);
+  }
+  if (count != static_cast<int>(ranks.size()) || user_rank != plan.key) {
+    std::exception_ptr error = make_error(
+        ErrorCode::TransportError, context,
+        "nccl: " + what + " made a communicator of " + std::to_string(count) +
+            " ranks where this rank is " + std::to_string(user_rank) + ", not the part " +
+            group_label(tag, ranks) +
+            " (world ranks reached their first operations on partitions in different orders?)");
+    made->state()->abort(error);
+    std::rethrow_exception(error);
+  }
+  return made;
 }
 
 }  // namespace chorus::nccl::detail

@@ -251,8 +251,9 @@ class NcclTransport final : public transport::Transport {
  public:
   // `store` is shared by every rank of the job (rank 0's server); `device` this rank's CUDA
   // device. `timeout` bounds communicator set-up, enqueues and (watchdog) every operation.
+  // `split_partitions`: NcclRunOptions::split_partitions.
   NcclTransport(Environment environment, std::shared_ptr<store::Store> store, int device,
-                std::chrono::nanoseconds timeout);
+                std::chrono::nanoseconds timeout, bool split_partitions = false);
   ~NcclTransport() override;
 
   std::string_view name() const noexcept override { return "nccl"; }
@@ -285,6 +286,7 @@ class NcclTransport final : public transport::Transport {
   std::shared_ptr<store::Store> store_;
   int device_;
   std::chrono::nanoseconds timeout_;
+  bool split_partitions_;  // NcclRunOptions::split_partitions
   std::shared_ptr<Watchdog> watchdog_;
   std::map<std::string, std::shared_ptr<NcclComm>> comms_;
   std::vector<std::shared_ptr<CommState>> states_;

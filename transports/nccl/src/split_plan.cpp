@@ -24,8 +24,8 @@ SplitPlan split_plan(const transport::Partition& partition, int world_size, int 
   if (has_existing) {
     return SplitPlan{kNoColor, static_cast<int>(position)};
   }
-  CHORUS_CHECK_GE(partition.index, 0);
-  return SplitPlan{partition.index, static_cast<int>(position)};
+  // The part's smallest rank: the same on every member, however each listed the parts.
+  return SplitPlan{*std::min_element(part.begin(), part.end()), static_cast<int>(position)};
 }
 
 }  // namespace chorus::nccl

@@ -57,7 +57,7 @@ struct BenchOptions {
   int iters = 0;  // operations per timed batch; 0: adaptive, batches of about batch_ms
   double batch_ms = 20;
   int warmup = 5;
-  int reps = 3;
+  int reps = 5;
   bool check = true;  // count #wrong after timing
   // Simulator only.
   bool sim_checks = false;   // keep poisoning and input checksums on (SimOptions::check_buffers)

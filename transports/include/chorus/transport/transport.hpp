@@ -264,13 +264,16 @@ class Comm {
 // reaches the set-up of its own part in the same operation, so a transport may build the parts
 // together from the world (NCCL: ncclCommSplit of the world communicator) instead of one
 // members-only set-up per group.
-// - Core calls create_partition_comm on every world rank at its first operation on a given
-//   (tag, partition), in program order, so all ranks call it for the same partitions in the same
-//   order. It calls it even when this rank already has the communicator of its part from an
-//   earlier operation (`existing`: a plain-list operation on the same tag and ranks, or another
-//   partition sharing that part); a transport whose set-up is collective over the world must
-//   still take part, and returns `existing`. Members of one part agree on whether they have it:
-//   they created it together.
+// - Core calls create_partition_comm on every world rank that reaches its first operation on a
+//   given (tag, partition), in program order. Whether all ranks reach it, and in the same order
+//   relative to other partitions, is up to the program: the simulator and MPI do not need it (a
+//   partition used by some ranks only is fine there), so a transport whose set-up is collective
+//   over the world (NCCL's split) must be opt-in and say so (Note [NCCL communicator set-up]). It
+//   calls it even when this rank already has the communicator of its part from an earlier operation
+//   (`existing`: a plain-list operation on the same tag and ranks, or another partition sharing
+//   that part); a transport whose set-up is collective over the world must still take part, and
+//   returns `existing`. Members of one part agree on whether they have it: they created it
+//   together.
 // - Later operations on the partition reuse core's communicator: no transport call.
 // - A group named by one rank list never comes here, even when it covers the world: only its
 //   members call create_comm, and non-members never learn that the group exists.

@@ -38,6 +38,10 @@ struct RunOptions {
   // collectives get CollectiveMismatch instead of a hang (docs/mpi.md, "Checking collectives").
   // The simulator always checks.
   bool check_collectives = false;
+  // Bytes of freed host storage each rank keeps for reuse (RankOptions::host_pool_bytes_max).
+  // Outputs larger than this come fresh from the heap every time, paying first touch of every
+  // page; `chorus bench` raises it to keep its largest outputs.
+  std::size_t host_pool_bytes_max = std::size_t{64} << 20;
   std::string replay;
   // Arguments from_args did not consume, in order (argv[0] excluded), for the program.
   std::vector<std::string> args;

@@ -43,6 +43,10 @@ struct MpiRunOptions {
   // "Checking collectives"): CollectiveMismatch on every rank instead of MPI's truncation error
   // or a hang. One to three small extra collectives per operation: for debugging.
   bool check_collectives = false;
+  // Bytes of freed host storage each rank keeps for reuse (RankOptions::host_pool_bytes_max).
+  // Outputs larger than this come fresh from the heap every time, paying first touch of every
+  // page; `chorus bench` raises it to keep its largest outputs.
+  std::size_t host_pool_bytes_max = std::size_t{64} << 20;
 };
 
 // Runs `rank_main` as this process's rank (chorus::run with transport "mpi" calls this):

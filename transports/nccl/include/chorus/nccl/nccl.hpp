@@ -74,10 +74,11 @@ DeviceCount cuda_device_count() noexcept;
 
 // How the transport builds a part of a partition of the world (Note [Partitioned groups],
 // Note [NCCL communicator set-up]) with ncclCommSplit of the world communicator: color = the
-// index of the calling rank's part, key = its position in that part (so the new communicator's
-// ranks are in group order). A rank that has its part's communicator already (`has_existing`)
-// still takes part, with kNoColor (NCCL_SPLIT_NOCOLOR), and gets no new communicator.
-// Computed without calling CUDA or NCCL; never blocks; thread-safe. Throws InvalidArgument
+// smallest rank of the calling rank's part (the same on every member however each lists the
+// parts), key = its position in that part (so the new communicator's ranks are in group order). A
+// rank that has its part's communicator already (`has_existing`) still takes part, with kNoColor
+// (NCCL_SPLIT_NOCOLOR), and gets no new communicator. Computed without calling CUDA or NCCL; never
+// blocks; thread-safe. Throws InvalidArgument
 // ("nccl: ...") when `partition` is not a partition of [0, world_size) whose part
 // `partition.index` holds `rank`.
 inline constexpr int kNoColor = -1;
@@ -94,6 +95,19 @@ struct NcclRunOptions {
   std::chrono::nanoseconds timeout = std::chrono::minutes(10);
   // The environment; nullopt: read_environment().
   std::optional<Environment> environment;
+  // Build the parts of a partition of the world (a list of rank lists, a MeshDim) with
+  // ncclCommSplit of the world communicator instead of a unique id per part (Note [NCCL
+  // communicator set-up]). Off by default: a split is collective over the whole world, so every
+  // world rank must reach the first operation on each partition, in the same order relative to
+  // its other partitions — a program that uses a partition on some ranks only, or first uses two
+  // partitions in different orders on different ranks, runs on the simulator and MPI but would
+  // wait in the split until the timeout. The environment variable CHORUS_NCCL_SPLIT=1 turns it
+  // on as well.
+  bool split_partitions = false;
+  // Bytes of freed host storage each rank keeps for reuse (RankOptions::host_pool_bytes_max).
+  // Outputs larger than this come fresh from the heap every time, paying first touch of every
+  // page; `chorus bench` raises it to keep its largest outputs.
+  std::size_t host_pool_bytes_max = std::size_t{64} << 20;
 };
 
 // Runs `rank_main` as this process's rank (chorus::run with transport "nccl" calls this): checks
