@@ -11,6 +11,7 @@
 #include <cstring>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
@@ -234,34 +235,42 @@ std::int64_t count_wrong(const Tensor& result, const std::vector<double>& expect
 }
 
 // The memory-bandwidth probe: copies n buffers of `bytes` into n others, the traffic every
-// all_reduce of n ranks in one memory needs at least. Seconds per pass, median of `reps` batches of
-// `iters` passes.
-double probe_seconds(int n, std::size_t bytes, int iters, int reps) {
-  std::vector<std::vector<unsigned char>> inputs(static_cast<std::size_t>(n));
-  std::vector<std::vector<unsigned char>> outputs(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    inputs[static_cast<std::size_t>(r)].assign(bytes, static_cast<unsigned char>(r + 1));
-    outputs[static_cast<std::size_t>(r)].assign(bytes, 0);  // touched: no page faults timed
-  }
-  const auto pass = [&] {
-    for (std::size_t r = 0; r < inputs.size(); ++r) {
-      std::memcpy(outputs[r].data(), inputs[r].data(), bytes);
+// all_reduce of n ranks in one memory needs at least. Its batches run between the simulator's,
+// so both see the same machine (a shared one's bandwidth drifts within seconds).
+class Probe {
+ public:
+  Probe(int n, std::size_t bytes)
+      : inputs_(static_cast<std::size_t>(n)), outputs_(static_cast<std::size_t>(n)), bytes_(bytes) {
+    for (std::size_t r = 0; r < inputs_.size(); ++r) {
+      inputs_[r].assign(bytes, static_cast<unsigned char>(r + 1));
+      outputs_[r].assign(bytes, 0);  // touched: no page faults timed
     }
-  };
-  pass();
-  std::vector<double> batches;
-  for (int rep = 0; rep < reps; ++rep) {
+    pass();
+    if (std::memcmp(outputs_.back().data(), inputs_.back().data(), bytes) != 0) {
+      throw std::logic_error("chorus bench: the memory probe's copy is wrong");
+    }
+  }
+
+  // Seconds per pass over `iters` passes.
+  double batch(int iters) {
     const auto start = Clock::now();
     for (int i = 0; i < iters; ++i) {
       pass();
     }
-    batches.push_back(std::chrono::duration<double>(Clock::now() - start).count() / iters);
+    return std::chrono::duration<double>(Clock::now() - start).count() / iters;
   }
-  if (std::memcmp(outputs.back().data(), inputs.back().data(), bytes) != 0) {
-    throw std::logic_error("chorus bench: the memory probe's copy is wrong");
+
+ private:
+  void pass() {
+    for (std::size_t r = 0; r < inputs_.size(); ++r) {
+      std::memcpy(outputs_[r].data(), inputs_[r].data(), bytes_);
+    }
   }
-  return median(batches);
-}
+
+  std::vector<std::vector<unsigned char>> inputs_;
+  std::vector<std::vector<unsigned char>> outputs_;
+  std::size_t bytes_;
+};
 
 // Operations per timed batch so that a batch takes about options.batch_ms, from the warmup's time
 // per operation (the slowest rank's, so that every rank runs the same number).
@@ -329,7 +338,7 @@ class Table {
       line << std::setw(10) << std::setprecision(3) << row.time_us / n;
       if (row.probe_gbps > 0) {
         line << std::setprecision(2) << std::setw(9) << row.memory_gbps << std::setw(9)
-             << row.probe_gbps << std::setw(10) << row.memory_gbps / row.probe_gbps;
+             << row.probe_gbps << std::setw(10) << row.of_probe;
       }
     }
     out_ << line.str() << "\n";
@@ -447,7 +456,15 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
         const int iters = options.iters > 0
                               ? options.iters
                               : adaptive_iters(options, Clock::now() - warmup_start, warmup);
+        const std::size_t row_bytes = static_cast<std::size_t>(shape.count()) * element;
+        const bool probing =
+            simulator && options.memory_probe && op == "all_reduce" && row_bytes >= kProbeBytesMin;
+        std::optional<Probe> probe;
+        if (probing && printer) {
+          probe.emplace(n, row_bytes);
+        }
         std::vector<double> batches;
+        std::vector<double> probe_batches;  // seconds per pass, rank 0
         for (int rep = 0; rep < options.reps; ++rep) {
           barrier();
           const auto start = Clock::now();
@@ -455,27 +472,35 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
             wait_tensor(issue(op, input, reduce_op));
           }
           batches.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+          if (probing) {
+            // Every rank has its batch's end time; the others wait here while rank 0, holding
+            // the simulator's one thread, runs the probe's batch.
+            barrier();
+            if (probe) {
+              probe_batches.push_back(probe->batch(iters));
+            }
+          }
         }
+        probe.reset();
         batches = agree(batches, "max");  // a batch takes as long as its slowest rank
 
         BenchRow row;
         row.op = op;
         row.count = shape.count();
-        row.bytes = static_cast<std::size_t>(row.count) * element;
+        row.bytes = row_bytes;
         row.iters = iters;
         row.time_us = median(batches) / iters * 1e6;
         row.algbw_gbps = static_cast<double>(row.bytes) / (row.time_us * 1e3);
         row.busbw_gbps = row.algbw_gbps * bus_factor(op, n);
-        if (simulator && options.memory_probe && op == "all_reduce" &&
-            row.bytes >= kProbeBytesMin) {
-          // Inside the world: the other ranks wait at the barrier, so rank 0 has the thread.
-          if (printer) {
-            const double probe = probe_seconds(n, row.bytes, iters, options.reps);
-            const double moved = 2.0 * n * static_cast<double>(row.bytes);
-            row.probe_gbps = moved / probe / 1e9;
-            row.memory_gbps = moved / (row.time_us * 1e3);
+        if (!probe_batches.empty()) {
+          const double moved = 2.0 * n * static_cast<double>(row.bytes);
+          row.probe_gbps = moved / median(probe_batches) / 1e9;
+          row.memory_gbps = moved / (row.time_us * 1e3);
+          std::vector<double> ratios;  // per batch: the probe's time over the simulator's
+          for (std::size_t rep = 0; rep < probe_batches.size(); ++rep) {
+            ratios.push_back(probe_batches[rep] / (batches[rep] / iters));
           }
-          barrier();
+          row.of_probe = median(ratios);
         }
         if (options.check) {
           const Tensor result = wait_tensor(issue(op, input, reduce_op));
@@ -550,7 +575,7 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
             << std::setprecision(3) << smallest << " us per rank (" << report.ranks << " ranks)\n";
       }
       if (row.probe_gbps > 0 && row.bytes >= (std::size_t{1} << 20)) {
-        const double fraction = row.memory_gbps / row.probe_gbps;
+        const double fraction = row.of_probe;
         worst_fraction = worst_fraction < 0 ? fraction : std::min(worst_fraction, fraction);
         best_fraction = std::max(best_fraction, fraction);
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <sstream>
@@ -13,6 +14,10 @@
 #include "chorus/kernels.hpp"
 #include "guard_pages.hpp"
 #include "sim_transport.hpp"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace chorus::sim::detail {
 namespace {
@@ -48,6 +53,36 @@ std::string reduction_mark(ReductionOrder order) { return "reduction." + std::st
 // Note [All-reduce blocks] (world.hpp): small enough that a block of every input and the result
 // stay in L1/L2 while it is reduced and copied out.
 constexpr std::size_t kAllReduceBlockBytes = std::size_t{32} << 10;
+// Note [All-reduce blocks]: from this many output bytes in all (every member's output), the
+// copies stream past the caches.
+constexpr std::size_t kStreamingOutputBytes = std::size_t{16} << 20;
+
+// Copies `bytes` with non-temporal stores where the target has SSE2 (what glibc's memcpy does for
+// copies larger than the caches): the destination's lines are not read first, and the result
+// does not evict what the caches hold. The caller issues a store fence (fence_streaming) before
+// anyone may read the copies.
+void copy_streaming(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+#if defined(__SSE2__)
+  constexpr std::size_t kVector = 16;
+  const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(dst) % kVector;
+  const std::size_t head = std::min(bytes, misaligned == 0 ? 0 : kVector - misaligned);
+  std::memcpy(dst, src, head);
+  std::size_t i = head;
+  for (; i + kVector <= bytes; i += kVector) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void fence_streaming() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
 
 bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
   const auto* a0 = static_cast<const unsigned char*>(a.data);
@@ -749,9 +784,11 @@ void SimWorld::complete_operation(SimGroup& group) {
         // they reduce the whole buffer first.
         const std::size_t count = first.send.count;
         std::size_t block = count;
+        bool streaming = false;
         if (options_.reduction_order != ReductionOrder::Ring &&
             count * element > kAllReduceBlockBytes && !cross_aliased(slot, i)) {
           block = std::max<std::size_t>(kAllReduceBlockBytes / element, 1);
+          streaming = size * count * element >= kStreamingOutputBytes;
         }
         block_sources_.resize(size);
         for (std::size_t begin = 0; begin < count; begin += block) {
@@ -765,10 +802,19 @@ void SimWorld::complete_operation(SimGroup& group) {
                                seq, size, 0);
           for (std::size_t j = 0; j < size; ++j) {
             auto* recv = static_cast<unsigned char*>(slot.arrivals[j].ops[i].recv.data) + offset;
-            if (recv != reduced) {
+            if (recv == reduced) {
+              continue;
+            }
+            if (streaming) {
+              copy_streaming(recv, reduced, length * element);
+            } else {
               std::memcpy(recv, reduced, length * element);
             }
           }
+        }
+        if (streaming) {
+          fence_streaming();
+          mark("allreduce.streaming");
         }
         break;
       }

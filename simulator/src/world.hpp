@@ -99,7 +99,11 @@
 // written once: the memory probe of `chorus bench`). Every order but Ring is elementwise, so blocks
 // change no result bit; Ring's segments depend on the whole count, so it is reduced whole, and so
 // is an operation where an output overlaps another member's input (a block copied early would
-// overwrite input not yet read; SimWorld::cross_aliased).
+// overwrite input not yet read; SimWorld::cross_aliased). When the outputs together reach
+// kStreamingOutputBytes (16 MiB, about what the caches hold), the copies use non-temporal stores
+// (copy_streaming, as glibc's memcpy does for copies that large): the outputs' lines are not
+// read before being written, which otherwise costs a read per written byte (mark
+// "allreduce.streaming").
 
 // Note [Buffer checks]
 // A pending output holds poison (quiet NaN, 0xA5 bytes) from issue to completion, so a read that

@@ -47,6 +47,7 @@ TEST(Bench, RowsFollowNcclTestsSizesCountsAndBusFactors) {
     EXPECT_EQ(row.bytes, static_cast<std::size_t>(row.count) * 4);
     // The probe runs for all_reduce from 64 KiB only.
     EXPECT_EQ(row.probe_gbps > 0, row.op == "all_reduce" && row.bytes == 65536) << row.op;
+    EXPECT_EQ(row.of_probe > 0, row.probe_gbps > 0) << row.op;
   }
   // all_reduce and broadcast: 8 B to 64 KiB, 14 rows. The others need a whole element per rank:
   // 8 B is 2 floats, none for each of 4 ranks, so they start at 16 B.

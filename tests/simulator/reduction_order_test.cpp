@@ -221,6 +221,39 @@ TEST(ReductionOrder, LargeAllReducesSumEveryBlockInTheModesOrder) {
   }
 }
 
+// Outputs of 16 MiB or more in all are copied out with non-temporal stores (Note [All-reduce
+// blocks]): 4 ranks x (2^20 + 3) floats, out of place and in place on memory 4 bytes off a
+// 16-byte boundary, so the copies have an unaligned head and a tail.
+TEST(ReductionOrder, LargeOutputsStreamedPastTheCachesHoldEveryElement) {
+  constexpr std::int64_t kCount = (std::int64_t{1} << 20) + 3;
+  std::vector<std::vector<float>> buffers(kRanks, std::vector<float>(kCount + 4));
+  std::vector<int> wrong(kRanks, -1);
+  const SimReport report = sim::run(options_for(ReductionOrder::Fixed), [&] {
+    const std::size_t me = testing::rank_slot();
+    const float contribution = kContribution[me];
+    const std::vector<float> out_of_place =
+        all_reduce(Tensor::full({kCount}, contribution), "sum", world()).to_vector<float>();
+    std::vector<float>& buffer = buffers[me];
+    std::fill(buffer.begin(), buffer.end(), contribution);
+    Tensor in_place = Tensor::from_blob(buffer.data() + 1, {kCount}, DType::Float32);
+    all_reduce_inplace(in_place, "sum", world());
+    int count = 0;
+    for (const float value : out_of_place) {
+      count += std::bit_cast<std::uint32_t>(value) == std::bit_cast<std::uint32_t>(1.0f) ? 0 : 1;
+    }
+    for (std::int64_t i = 1; i <= kCount; ++i) {
+      count += buffer[static_cast<std::size_t>(i)] == 1.0f ? 0 : 1;
+    }
+    // The neighbours of the in-place tensor are untouched.
+    count += buffer.front() == contribution ? 0 : 1;
+    count += buffer[static_cast<std::size_t>(kCount) + 1] == contribution ? 0 : 1;
+    wrong[me] = count;
+  });
+  EXPECT_TRUE(report.ok());
+  EXPECT_EQ(wrong, std::vector<int>(kRanks, 0));
+  EXPECT_EQ(report.mark_count("allreduce.streaming"), 2u);
+}
+
 // An output that overlaps another member's input a block further on: copying a block out early
 // would overwrite input not yet read, so such an operation is reduced whole first (Note
 // [All-reduce blocks]). Ranks 0 and 1 reduce in place on one buffer, rank 1's tensor starting a

@@ -24,6 +24,9 @@
 // that copies N input buffers of the size into N outputs (the least traffic any all_reduce of N
 // ranks in one memory has: read every input once, write every output once) and prints the
 // simulator's all_reduce throughput over those same 2 N size bytes as a fraction of the probe's.
+// The probe's batches alternate with the simulator's (rank 0 runs one after each timed batch,
+// while the other ranks wait at a barrier), and the fraction is the median of the per-batch
+// ratios, so a shared machine's drifting bandwidth affects both sides alike.
 // By default the simulator skips its buffer checks while benchmarking (poisoned pending outputs
 // and input checksums, SimOptions::check_buffers), which triple the memory traffic and which no
 // real transport has; `--sim-checks` keeps them, to see what they cost.
@@ -81,6 +84,7 @@ struct BenchRow {
   // Simulator all_reduce with the probe; 0 when not measured.
   double memory_gbps = 0;  // 2 N bytes / time_us
   double probe_gbps = 0;   // the same bytes / the probe's time
+  double of_probe = 0;     // median over batches of the probe's time / the simulator's
 };
 
 struct BenchReport {
