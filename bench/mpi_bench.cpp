@@ -42,6 +42,8 @@
 #include <string>
 #include <vector>
 
+#include "sweep_flags.hpp"
+
 namespace {
 
 struct BenchOptions {
@@ -60,24 +62,6 @@ struct BenchOptions {
 
 constexpr int kItersMax = 1000;
 constexpr int kRepsMax = 101;
-
-// "64K", "8M", "1G" or a plain number of bytes.
-std::size_t parse_bytes(const std::string& text) {
-  std::size_t used = 0;
-  const unsigned long long value = std::stoull(text, &used);
-  std::size_t multiplier = 1;
-  const std::string suffix = text.substr(used);
-  if (suffix == "K" || suffix == "k") {
-    multiplier = std::size_t{1} << 10;
-  } else if (suffix == "M" || suffix == "m") {
-    multiplier = std::size_t{1} << 20;
-  } else if (suffix == "G" || suffix == "g") {
-    multiplier = std::size_t{1} << 30;
-  } else if (!suffix.empty()) {
-    throw std::invalid_argument("bad size '" + text + "'");
-  }
-  return static_cast<std::size_t>(value) * multiplier;
-}
 
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> parts;
@@ -99,22 +83,11 @@ std::vector<std::string> split_commas(const std::string& text) {
 BenchOptions parse_options(const std::vector<std::string>& args) {
   BenchOptions options;
   for (const std::string& arg : args) {
-    const std::size_t equals = arg.find('=');
-    const std::string key = arg.substr(0, equals);
-    const std::string value = equals == std::string::npos ? "" : arg.substr(equals + 1);
-    if (key == "--min-bytes") {
-      options.min_bytes = parse_bytes(value);
-    } else if (key == "--max-bytes") {
-      options.max_bytes = parse_bytes(value);
-    } else if (key == "--step") {
-      options.step = parse_bytes(value);
-    } else if (key == "--iters") {
-      options.iters = std::stoi(value);
-    } else if (key == "--warmup") {
-      options.warmup = std::stoi(value);
-    } else if (key == "--reps") {
-      options.reps = std::stoi(value);
-    } else if (key == "--batch-ms") {
+    const auto [key, value] = chorus::bench::split_flag(arg);
+    if (chorus::bench::apply_sweep_flag(options, key, value)) {
+      continue;
+    }
+    if (key == "--batch-ms") {
       options.batch_ms = std::stod(value);
     } else if (key == "--raw") {
       if (value != "blocking" && value != "nonblocking") {

@@ -47,6 +47,8 @@
 #include <string>
 #include <vector>
 
+#include "sweep_flags.hpp"
+
 namespace {
 
 constexpr int kSkip = 77;
@@ -66,44 +68,15 @@ constexpr int kItersSmall = 200;
 constexpr int kItersLarge = 20;
 constexpr std::size_t kLargeBytes = std::size_t{1} << 20;
 
-// "64K", "8M", "1G" or a plain number of bytes.
-std::size_t parse_bytes(const std::string& text) {
-  std::size_t used = 0;
-  const unsigned long long value = std::stoull(text, &used);
-  const std::string suffix = text.substr(used);
-  std::size_t multiplier = 1;
-  if (suffix == "K" || suffix == "k") {
-    multiplier = std::size_t{1} << 10;
-  } else if (suffix == "M" || suffix == "m") {
-    multiplier = std::size_t{1} << 20;
-  } else if (suffix == "G" || suffix == "g") {
-    multiplier = std::size_t{1} << 30;
-  } else if (!suffix.empty()) {
-    throw std::invalid_argument("bad size '" + text + "'");
-  }
-  return static_cast<std::size_t>(value) * multiplier;
-}
-
 BenchOptions parse_options(int argc, char** argv) {
   BenchOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    const std::size_t equals = arg.find('=');
-    const std::string key = arg.substr(0, equals);
-    const std::string value = equals == std::string::npos ? "" : arg.substr(equals + 1);
-    if (key == "--min-bytes") {
-      options.min_bytes = parse_bytes(value);
-    } else if (key == "--max-bytes") {
-      options.max_bytes = parse_bytes(value);
-    } else if (key == "--step") {
-      options.step = parse_bytes(value);
-    } else if (key == "--iters") {
-      options.iters = std::stoi(value);
-    } else if (key == "--warmup") {
-      options.warmup = std::stoi(value);
-    } else if (key == "--reps") {
-      options.reps = std::stoi(value);
-    } else if (key == "--transport") {
+    const auto [key, value] = chorus::bench::split_flag(arg);
+    if (chorus::bench::apply_sweep_flag(options, key, value)) {
+      continue;
+    }
+    if (key == "--transport") {
       // chorus::run's flag: accepted, and always nccl.
     } else {
       throw std::invalid_argument("unknown argument '" + arg + "'");

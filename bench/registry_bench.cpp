@@ -122,6 +122,15 @@ class OneRank {
   chorus::ScopedRankBinding binding_;
 };
 
+// `count` results left pending (not waited) on the registry.
+std::vector<chorus::Tensor> issue_pending(const chorus::Tensor& input, std::int64_t count) {
+  std::vector<chorus::Tensor> pending;
+  for (std::int64_t i = 0; i < count; ++i) {
+    pending.push_back(chorus::all_reduce(input, "sum", {0}));
+  }
+  return pending;
+}
+
 // A whole collective through core: issue (checks, output, registry add), then wait_tensor
 // (registry lookup by storage, retire).
 void BM_IssueAndWait(benchmark::State& state) {
@@ -138,10 +147,7 @@ BENCHMARK(BM_IssueAndWait);
 void BM_IssueAndWaitWithOthersPending(benchmark::State& state) {
   const OneRank rank;
   const chorus::Tensor input = chorus::Tensor::ones({1});
-  std::vector<chorus::Tensor> pending;
-  for (std::int64_t i = 0; i < state.range(0); ++i) {
-    pending.push_back(chorus::all_reduce(input, "sum", {0}));
-  }
+  const std::vector<chorus::Tensor> pending = issue_pending(input, state.range(0));
   for (auto _ : state) {
     benchmark::DoNotOptimize(chorus::wait_tensor(chorus::all_reduce(input, "sum", {0})));
   }
@@ -175,11 +181,8 @@ BENCHMARK(BM_IssueAndReadData);
 // work_registry_size() with `pending` results outstanding.
 void BM_RegistrySize(benchmark::State& state) {
   const OneRank rank;
-  const chorus::Tensor input = chorus::Tensor::ones({1});
-  std::vector<chorus::Tensor> pending;
-  for (std::int64_t i = 0; i < state.range(0); ++i) {
-    pending.push_back(chorus::all_reduce(input, "sum", {0}));
-  }
+  const std::vector<chorus::Tensor> pending =
+      issue_pending(chorus::Tensor::ones({1}), state.range(0));
   for (auto _ : state) {
     benchmark::DoNotOptimize(chorus::work_registry_size());
   }
