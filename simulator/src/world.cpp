@@ -51,8 +51,10 @@ std::uint64_t decision_code(const Decision& decision) {
 std::string reduction_mark(ReductionOrder order) { return "reduction." + std::string(name(order)); }
 
 // Note [All-reduce blocks] (world.hpp): small enough that a block of every input and the result
-// stay in L1/L2 while it is reduced and copied out.
-constexpr std::size_t kAllReduceBlockBytes = std::size_t{32} << 10;
+// stay in L2 while it is reduced and copied out. 128 KiB gave 0.67-0.74 of chorus bench's memory
+// probe at 1 MiB per rank on 8 ranks where 32 KiB gave 0.43-0.70 (4 KiB and 8 KiB did worse),
+// interleaved in one session (docs/performance.md).
+constexpr std::size_t kAllReduceBlockBytes = std::size_t{128} << 10;
 // Note [All-reduce blocks]: from this many output bytes in all (every member's output), the
 // copies stream past the caches.
 constexpr std::size_t kStreamingOutputBytes = std::size_t{16} << 20;

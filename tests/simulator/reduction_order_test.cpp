@@ -180,11 +180,11 @@ TEST(ReductionOrder, ReduceScatterReduceAndCoalescedOpsFollowTheOrder) {
   EXPECT_EQ(report.mark_count("reduction.tree"), 4u);
 }
 
-// Note [All-reduce blocks]: an all_reduce larger than a block (32 KiB) is reduced and copied out
-// a block at a time. 20000 floats are three blocks, the last one partial; every element of every
+// Note [All-reduce blocks]: an all_reduce larger than a block (128 KiB) is reduced and copied out
+// a block at a time. 80000 floats are three blocks, the last one partial; every element of every
 // block must sum in the mode's order, out of place and in place.
 TEST(ReductionOrder, LargeAllReducesSumEveryBlockInTheModesOrder) {
-  constexpr std::int64_t kCount = 20000;
+  constexpr std::int64_t kCount = 80000;
   const auto program = [](float contribution) {
     std::vector<float> values =
         all_reduce(Tensor::full({kCount}, contribution), "sum", world()).to_vector<float>();
@@ -259,7 +259,7 @@ TEST(ReductionOrder, LargeOutputsStreamedPastTheCachesHoldEveryElement) {
 // [All-reduce blocks]). Ranks 0 and 1 reduce in place on one buffer, rank 1's tensor starting a
 // block after rank 0's; every element must be 1 + 1 + 2 + 3 = 7, never 7 + 1 + 5.
 TEST(ReductionOrder, AnOutputOverlappingAnotherMembersInputIsReducedWhole) {
-  constexpr std::int64_t kBlock = 8192;  // floats in 32 KiB
+  constexpr std::int64_t kBlock = 32768;  // floats in 128 KiB
   constexpr std::int64_t kCount = 3 * kBlock;
   std::vector<float> shared(static_cast<std::size_t>(kCount + kBlock), 1.0f);
   std::vector<std::vector<float>> results(kRanks);
