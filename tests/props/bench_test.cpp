@@ -85,20 +85,25 @@ TEST(Bench, WrongCountsTheElementsAPlantedTransportBugGetsWrong) {
   EXPECT_NE(out.str().find("# wrong elements: 12 FAILED"), std::string::npos) << out.str();
 }
 
+// One bench run of `dtype` and `reduce_op` on `options`: every rank finished, no wrong element.
+void expect_exact(BenchOptions options, DType dtype, const char* reduce_op) {
+  options.dtype = dtype;
+  options.reduce_op = reduce_op;
+  options.iters = 1;
+  options.warmup = 0;
+  std::ostringstream out;
+  const BenchReport report = run_bench(options, out);
+  EXPECT_TRUE(report.ok) << dtype_name(dtype) << " " << reduce_op << "\n" << out.str();
+  EXPECT_FALSE(report.rows.empty());
+}
+
 TEST(Bench, CraftedInputsAreExactInEveryDTypeAndReduction) {
+  BenchOptions options = quick(3);
+  options.max_bytes = 256;
   for (const DType dtype : {DType::UInt8, DType::Int8, DType::Int32, DType::Int64, DType::Float16,
                             DType::BFloat16, DType::Float64}) {
     for (const char* reduce_op : {"sum", "prod", "max", "min"}) {
-      BenchOptions options = quick(3);
-      options.max_bytes = 256;
-      options.dtype = dtype;
-      options.reduce_op = reduce_op;
-      options.iters = 1;
-      options.warmup = 0;
-      std::ostringstream out;
-      const BenchReport report = run_bench(options, out);
-      EXPECT_TRUE(report.ok) << dtype_name(dtype) << " " << reduce_op << "\n" << out.str();
-      EXPECT_FALSE(report.rows.empty());
+      expect_exact(options, dtype, reduce_op);
     }
   }
 }
@@ -107,20 +112,13 @@ TEST(Bench, CraftedInputsAreExactInEveryDTypeAndReduction) {
 // (past 31 ranks), a Float16 or BFloat16 one would leave the exact integers: Crafted makes the
 // ranks past what the dtype holds contribute the identity, so every result stays exact.
 TEST(Bench, CraftedInputsStayExactOnManyRanks) {
+  BenchOptions options = quick(64);
+  options.ops = {"all_reduce", "reduce_scatter"};
+  options.min_bytes = 64;
+  options.max_bytes = 128;
   for (const DType dtype : {DType::UInt8, DType::Int8, DType::Float16, DType::BFloat16}) {
     for (const char* reduce_op : {"sum", "prod"}) {
-      BenchOptions options = quick(64);
-      options.ops = {"all_reduce", "reduce_scatter"};
-      options.min_bytes = 64;
-      options.max_bytes = 128;
-      options.dtype = dtype;
-      options.reduce_op = reduce_op;
-      options.iters = 1;
-      options.warmup = 0;
-      std::ostringstream out;
-      const BenchReport report = run_bench(options, out);
-      EXPECT_TRUE(report.ok) << dtype_name(dtype) << " " << reduce_op << "\n" << out.str();
-      EXPECT_FALSE(report.rows.empty());
+      expect_exact(options, dtype, reduce_op);
     }
   }
 }
