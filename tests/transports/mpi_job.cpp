@@ -18,8 +18,12 @@
 //            (Note [Communicator rendezvous]).
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
+//   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
+//            flight at once and waited in reverse, coalesced, in place; exact results (run with
+//            CHORUS_MPI_ALLREDUCE=ring to test Note [Ring all_reduce], and without).
 
 #include <chorus/chorus.hpp>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -159,6 +163,122 @@ void ops() {
   }
 }
 
+// Rank r's exact small-integer input element i, and the sum over ranks of it.
+double ring_input(int rank, std::size_t i) {
+  return static_cast<double>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 11) -
+                             5);
+}
+
+chorus::Tensor ring_tensor(int rank, std::size_t count, chorus::DType dtype) {
+  std::vector<double> values(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    values[i] = ring_input(rank, i);
+  }
+  return chorus::Tensor::from_vector(values).to(dtype);
+}
+
+void rings() {
+  const int rank = chorus::rank();
+  const int n = chorus::world_size();
+  // Counts below, at and above the group size, and many chunks with a remainder.
+  const std::vector<std::size_t> counts = {1, static_cast<std::size_t>(n) + 1, 10007, 65536 + 3};
+  const std::vector<chorus::DType> dtypes = {chorus::DType::Int8,     chorus::DType::Int32,
+                                             chorus::DType::Int64,    chorus::DType::Float16,
+                                             chorus::DType::BFloat16, chorus::DType::Float32,
+                                             chorus::DType::Float64,  chorus::DType::Complex64};
+  // Everything issued first, then waited newest first: every ring in flight at once.
+  struct Issued {
+    chorus::Tensor result;
+    std::size_t count;
+    chorus::DType dtype;
+  };
+  std::vector<Issued> issued;
+  for (const chorus::DType dtype : dtypes) {
+    for (const std::size_t count : counts) {
+      issued.push_back({chorus::all_reduce(ring_tensor(rank, count, dtype), "sum", chorus::world()),
+                        count, dtype});
+    }
+  }
+  for (auto it = issued.rbegin(); it != issued.rend(); ++it) {
+    chorus::wait_tensor(it->result);
+    const std::vector<double> got =
+        it->result.to(chorus::DType::Float64).to_vector<double>();  // complex: the real part
+    for (std::size_t i = 0; i < it->count; ++i) {
+      double expected = 0;
+      for (int r = 0; r < n; ++r) {
+        expected += ring_input(r, i);
+      }
+      if (it->dtype == chorus::DType::Int8) {  // wraps
+        expected = static_cast<double>(static_cast<std::int8_t>(static_cast<int>(expected)));
+      }
+      require(got[i] == expected, std::string(chorus::dtype_name(it->dtype)) + " sum of " +
+                                      std::to_string(it->count) + ", element " + std::to_string(i) +
+                                      ": " + std::to_string(got[i]));
+    }
+  }
+
+  // max (NaN from the last rank propagates), avg (integers truncate), premul_sum, product.
+  const std::size_t count = 10007;
+  chorus::Tensor with_nan = ring_tensor(rank, count, chorus::DType::Float32);
+  if (rank == n - 1) {
+    with_nan.data_ptr<float>()[5] = std::nanf("");
+  }
+  const std::vector<float> max =
+      chorus::all_reduce(with_nan, "max", chorus::world()).to_vector<float>();
+  const std::vector<std::int32_t> avg =
+      chorus::all_reduce(ring_tensor(rank, count, chorus::DType::Int32), "avg", chorus::world())
+          .to_vector<std::int32_t>();
+  const std::vector<double> premul =
+      chorus::all_reduce(ring_tensor(rank, count, chorus::DType::Float64),
+                         chorus::ReduceOp::premul_sum(0.5), chorus::world())
+          .to_vector<double>();
+  std::vector<double> twos(count, 1.0);
+  twos[count - 1] = 2.0;
+  const std::vector<double> product =
+      chorus::all_reduce(chorus::Tensor::from_vector(twos), "product", chorus::world())
+          .to_vector<double>();
+  for (std::size_t i = 0; i < count; ++i) {
+    double sum = 0;
+    double largest = ring_input(0, i);
+    for (int r = 0; r < n; ++r) {
+      sum += ring_input(r, i);
+      largest = std::max(largest, ring_input(r, i));
+    }
+    require(i == 5 ? std::isnan(max[i]) : max[i] == static_cast<float>(largest),
+            "max element " + std::to_string(i));
+    require(avg[i] == static_cast<std::int32_t>(sum) / n, "avg element " + std::to_string(i));
+    require(premul[i] == 0.5 * sum, "premul_sum element " + std::to_string(i));
+    require(product[i] == (i == count - 1 ? std::ldexp(1.0, n) : 1.0),
+            "product element " + std::to_string(i));
+  }
+
+  // In place, and a coalesced pair of different sizes.
+  chorus::Tensor in_place = ring_tensor(rank, count, chorus::DType::Float32);
+  chorus::all_reduce_inplace(in_place, "sum", chorus::world());
+  std::vector<chorus::Tensor> pair = chorus::all_reduce_coalesced(
+      {ring_tensor(rank, count, chorus::DType::Int64), ring_tensor(rank, 3, chorus::DType::Int64)},
+      "sum", chorus::world());
+  chorus::wait_tensors(pair);
+  const std::vector<float> in_place_values = in_place.to_vector<float>();
+  const std::vector<std::int64_t> first = pair[0].to_vector<std::int64_t>();
+  const std::vector<std::int64_t> second = pair[1].to_vector<std::int64_t>();
+  for (std::size_t i = 0; i < count; ++i) {
+    double sum = 0;
+    for (int r = 0; r < n; ++r) {
+      sum += ring_input(r, i);
+    }
+    require(in_place_values[i] == static_cast<float>(sum), "in place element " + std::to_string(i));
+    require(first[i] == static_cast<std::int64_t>(sum), "coalesced element " + std::to_string(i));
+    if (i < 3) {
+      require(second[i] == static_cast<std::int64_t>(sum), "coalesced small element");
+    }
+  }
+  require(chorus::work_registry_size() == 0, "registry empty at the end");
+  if (rank == 0) {
+    std::printf("mpi_job rings: all checks passed on %d ranks\n", n);
+  }
+}
+
 void throwing() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -277,6 +397,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);
+  }
+  if (mode == "rings") {
+    return chorus::run(options, rings);
   }
   std::fprintf(stderr, "mpi_job: unknown --mode=%s\n", mode.c_str());
   return 2;

@@ -42,7 +42,40 @@ void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {
   }
 }
 
+// options.all_reduce, with Auto replaced by CHORUS_MPI_ALLREDUCE when that is set.
+AllReduceSchedule resolve_schedule(const MpiRunOptions& options) {
+  if (options.all_reduce != AllReduceSchedule::Auto) {
+    return options.all_reduce;
+  }
+  const char* name = std::getenv("CHORUS_MPI_ALLREDUCE");  // NOLINT(concurrency-mt-unsafe)
+  return name == nullptr ? AllReduceSchedule::Auto : parse_schedule(name);
+}
+
 }  // namespace
+
+std::string_view schedule_name(AllReduceSchedule schedule) noexcept {
+  switch (schedule) {
+    case AllReduceSchedule::Auto:
+      return "auto";
+    case AllReduceSchedule::Mpi:
+      return "mpi";
+    case AllReduceSchedule::Ring:
+      return "ring";
+  }
+  return "auto";
+}
+
+AllReduceSchedule parse_schedule(std::string_view name) {
+  for (const AllReduceSchedule schedule :
+       {AllReduceSchedule::Auto, AllReduceSchedule::Mpi, AllReduceSchedule::Ring}) {
+    if (name == schedule_name(schedule)) {
+      return schedule;
+    }
+  }
+  throw InvalidArgument(ErrorContext{-1, "chorus::mpi::run", -1, ""},
+                        "unknown MPI all_reduce schedule '" + std::string(name) +
+                            "' (CHORUS_MPI_ALLREDUCE): expected auto, mpi or ring");
+}
 
 bool launched_by_mpi() noexcept {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
@@ -54,13 +87,14 @@ bool launched_by_mpi() noexcept {
 }
 
 int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
+  const AllReduceSchedule schedule = resolve_schedule(run_options);
   auto process = std::make_shared<detail::MpiProcess>();
   {
     RankOptions options;
     options.timeout = run_options.timeout;
     options.host_pool_bytes_max = run_options.host_pool_bytes_max;
-    RankContext context(std::make_shared<detail::MpiTransport>(process, run_options.timeout,
-                                                               run_options.check_collectives),
+    RankContext context(std::make_shared<detail::MpiTransport>(
+                            process, run_options.timeout, run_options.check_collectives, schedule),
                         options);
     const ScopedRankBinding binding(&context);
     std::exception_ptr error;

@@ -179,7 +179,8 @@ MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, Started started,
       context_(std::move(context)) {}
 
 MpiWork::~MpiWork() {
-  if (status_ != transport::WorkStatus::Completed && !started_.requests.empty()) {
+  if (status_ != transport::WorkStatus::Completed &&
+      (!started_.requests.empty() || !started_.rings.empty())) {
     // MPI cannot cancel a collective: its buffers must outlive it, so they stay with the process
     // (a work is dropped pending only after a Timeout, on the way to ending the job; a failed
     // test leaves its requests in an unknown state, so those stay too).
@@ -200,6 +201,15 @@ void MpiWork::poll() {
     if (code != MPI_SUCCESS) {
       failure = "MPI_Testall failed: " + mpi_error_text(code);
     }
+    try {
+      for (const std::unique_ptr<RingAllReduce>& ring : started_.rings) {
+        if (!ring->finished() && !ring->progress()) {
+          done = 0;
+        }
+      }
+    } catch (const RingFailure& ring_failure) {
+      failure = ring_failure.what;
+    }
   }
   if (!failure.empty()) {
     error_ = make_error(ErrorCode::TransportError, context_, failure);
@@ -219,6 +229,7 @@ void MpiWork::poll() {
     status_ = transport::WorkStatus::Failed;
   }
   started_.after.clear();
+  started_.rings.clear();
   started_.keep_alive.clear();
 }
 
@@ -278,7 +289,7 @@ std::exception_ptr MpiWork::error() const {
 
 MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm,
                  std::string tag, std::vector<int> ranks, std::uint64_t id,
-                 std::chrono::nanoseconds timeout)
+                 std::chrono::nanoseconds timeout, AllReduceSchedule schedule)
     : process_(std::move(process)),
       comm_(comm),
       check_comm_(check_comm),
@@ -287,7 +298,8 @@ MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm ch
       ranks_(std::move(ranks)),
       label_(group_label(tag_, ranks_)),
       id_(id),
-      timeout_(timeout) {
+      timeout_(timeout),
+      schedule_(schedule) {
   CHORUS_CHECK(comm_ != MPI_COMM_NULL);
   {
     const std::lock_guard mpi_lock(process_->mutex());
@@ -346,6 +358,22 @@ const void* MpiComm::scaled_input(const Buffer& send, const ReduceOp& reduce_op,
   return copy.get();
 }
 
+bool MpiComm::use_ring(std::size_t nbytes) const {
+  const int n = size();
+  if (n < 2 || schedule_ == AllReduceSchedule::Mpi) {
+    return false;
+  }
+  // One chunk's bytes must fit an int (the ring sends MPI_BYTE).
+  if (nbytes / static_cast<std::size_t>(n) + 16 > static_cast<std::size_t>(INT_MAX)) {
+    return false;
+  }
+  if (schedule_ == AllReduceSchedule::Ring) {
+    return true;
+  }
+  // Oversubscribed, each of the ring's 2(n-1) handoffs waits for the peer to get a CPU.
+  return process_->spin_waits() && kRingMinBytes <= nbytes && nbytes <= kRingMaxBytes;
+}
+
 std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature,
                                                  const OpInfo& info,
                                                  std::function<void(Started&)> start,
@@ -391,11 +419,29 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
       const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      check(MPI_Iallreduce(input == recv.data ? MPI_IN_PLACE : input, recv.data, count, datatype,
-                           op, comm_, &request),
-            "MPI_Iallreduce", info);
+      if (use_ring(send.nbytes())) {
+        // Note [Ring all_reduce]: avg and premul_sum are sums here (divided after, or scaled).
+        const ReduceOp step_op =
+            plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
+        auto ring =
+            std::make_unique<RingAllReduce>(input, recv.data, send.count, send.dtype, step_op,
+                                            comm_, group_rank_, size(), next_ring_tag_);
+        next_ring_tag_ = (next_ring_tag_ + 1) % kRingTags;
+        try {
+          ring->start();
+        } catch (const RingFailure& failure) {
+          throw TransportError(context_of(info), failure.what);
+        }
+        started.rings.push_back(std::move(ring));
+      } else {
+        check(MPI_Iallreduce(input == recv.data ? MPI_IN_PLACE : input, recv.data, count, datatype,
+                             op, comm_, &request),
+              "MPI_Iallreduce", info);
+      }
     }
-    started.requests.push_back(request);
+    if (request != MPI_REQUEST_NULL) {
+      started.requests.push_back(request);
+    }
     if (plan.divide_after) {
       started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
                                   size = size()] { divide_in_place(data, dtype, n, size); });
@@ -812,8 +858,11 @@ std::shared_ptr<transport::Work> MpiComm::end_group(const OpInfo& info) {
 // MpiTransport
 
 MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout,
-                           bool check_collectives)
-    : process_(std::move(process)), timeout_(timeout), check_collectives_(check_collectives) {}
+                           bool check_collectives, AllReduceSchedule schedule)
+    : process_(std::move(process)),
+      timeout_(timeout),
+      check_collectives_(check_collectives),
+      schedule_(schedule) {}
 
 void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
                               const ErrorContext& context) {
@@ -953,7 +1002,7 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
       }
     }
   }
-  return std::make_shared<MpiComm>(process_, comm, check_comm, tag, ranks, id, timeout_);
+  return std::make_shared<MpiComm>(process_, comm, check_comm, tag, ranks, id, timeout_, schedule_);
 }
 
 transport::Duration MpiTransport::now() {

@@ -35,8 +35,10 @@
 #include <vector>
 
 #include "chorus/error.hpp"
+#include "chorus/mpi/mpi.hpp"
 #include "chorus/transport/transport.hpp"
 #include "mapping.hpp"
+#include "ring_all_reduce.hpp"
 
 namespace chorus::mpi::detail {
 
@@ -48,6 +50,8 @@ struct Started {
   // Buffers and scratch memory the requests use, released at completion.
   std::vector<std::shared_ptr<const void>> keep_alive;
   std::vector<transport::OpSignature> signatures;
+  // chorus's own schedules (Note [Ring all_reduce]), advanced by every poll.
+  std::vector<std::unique_ptr<RingAllReduce>> rings;
 };
 
 // What one process shares between its transport, communicators and works: MPI itself.
@@ -120,8 +124,10 @@ class MpiComm final : public transport::Comm {
  public:
   // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
   // `timeout` bounds the check's exchanges. Owns both communicators.
+  // `schedule`: how all_reduce runs (Note [Ring all_reduce]).
   MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm, std::string tag,
-          std::vector<int> ranks, std::uint64_t id, std::chrono::nanoseconds timeout);
+          std::vector<int> ranks, std::uint64_t id, std::chrono::nanoseconds timeout,
+          AllReduceSchedule schedule);
   ~MpiComm() override;
 
   std::uint64_t id() const noexcept override { return id_; }
@@ -196,6 +202,8 @@ class MpiComm final : public transport::Comm {
                  MPI_Datatype& datatype, MPI_Op& op);
   const void* scaled_input(const transport::Buffer& send, const ReduceOp& reduce_op,
                            Started& started);
+  // Whether an all_reduce of `nbytes` per rank runs as chorus's ring (Note [Ring all_reduce]).
+  bool use_ring(std::size_t nbytes) const;
 
   std::shared_ptr<MpiProcess> process_;
   MPI_Comm comm_;
@@ -207,6 +215,8 @@ class MpiComm final : public transport::Comm {
   std::uint64_t id_;
   std::chrono::nanoseconds timeout_;
   int group_rank_ = -1;
+  AllReduceSchedule schedule_;
+  int next_ring_tag_ = 0;  // Note [Ring all_reduce]
   bool batching_ = false;
   std::vector<transport::OpSignature> batch_signatures_;
   std::vector<std::function<void(Started&)>> batch_starts_;
@@ -227,8 +237,9 @@ class MpiTransport final : public transport::Transport {
  public:
   // `timeout` bounds communicator set-up (Note [Communicator rendezvous]) and the collective
   // check's exchanges (Note [Collective check], on when `check_collectives`).
+  // `schedule`: how all_reduce runs on every communicator (Note [Ring all_reduce]).
   MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout,
-               bool check_collectives);
+               bool check_collectives, AllReduceSchedule schedule);
 
   std::string_view name() const noexcept override { return "mpi"; }
   int rank() const noexcept override { return process_->rank(); }
@@ -246,6 +257,7 @@ class MpiTransport final : public transport::Transport {
   std::shared_ptr<MpiProcess> process_;
   std::chrono::nanoseconds timeout_;
   bool check_collectives_;
+  AllReduceSchedule schedule_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.

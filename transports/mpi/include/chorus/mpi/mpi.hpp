@@ -5,8 +5,10 @@
 // header is for the launcher and for tests. It does not include <mpi.h>.
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "chorus/dtype.hpp"
 #include "chorus/reduce_op.hpp"
@@ -36,6 +38,31 @@ Mapping describe_mapping(DType dtype, const ReduceOp& reduce_op);
 // OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK is set. Thread-safe.
 bool launched_by_mpi() noexcept;
 
+// How the transport carries out all_reduce (docs/mpi.md, "How all_reduce runs").
+enum class AllReduceSchedule {
+  // The ring from kRingMinBytes up to kRingMaxBytes on groups of two or more when this node
+  // runs no more ranks than it has CPUs; MPI_Iallreduce otherwise. The environment variable
+  // CHORUS_MPI_ALLREDUCE (auto, mpi or ring) replaces Auto.
+  Auto,
+  // Always MPI_Iallreduce: Open MPI's nonblocking algorithms (coll/libnbc).
+  Mpi,
+  // chorus's ring over MPI_Isend/MPI_Irecv on every group of two or more ranks, progressed by
+  // the work's polls: a reduce-scatter and an all-gather, each chunk reduced at one rank so
+  // every rank gets the same bits. Falls back to MPI_Iallreduce when one chunk exceeds 2^31-1
+  // bytes.
+  Ring,
+};
+
+// Auto's ring range, in bytes of one rank's buffer.
+inline constexpr std::size_t kRingMinBytes = std::size_t{4} << 10;
+inline constexpr std::size_t kRingMaxBytes = std::size_t{16} << 20;
+
+// "auto", "mpi", "ring".
+std::string_view schedule_name(AllReduceSchedule schedule) noexcept;
+// The schedule named `name` (as schedule_name gives it); throws InvalidArgument naming the
+// accepted names otherwise.
+AllReduceSchedule parse_schedule(std::string_view name);
+
 struct MpiRunOptions {
   // How long a wait (and a communicator's set-up) may take before it throws Timeout.
   std::chrono::nanoseconds timeout = std::chrono::minutes(10);
@@ -47,6 +74,8 @@ struct MpiRunOptions {
   // Outputs larger than this come fresh from the heap every time, paying first touch of every
   // page; `chorus bench` raises it to keep its largest outputs.
   std::size_t host_pool_bytes_max = std::size_t{64} << 20;
+  // How all_reduce runs; Auto also reads CHORUS_MPI_ALLREDUCE.
+  AllReduceSchedule all_reduce = AllReduceSchedule::Auto;
 };
 
 // Runs `rank_main` as this process's rank (chorus::run with transport "mpi" calls this):

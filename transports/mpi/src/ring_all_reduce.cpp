@@ -1,0 +1,129 @@
+// chorus's ring all_reduce over MPI point-to-point messages (Note [Ring all_reduce]).
+
+#include "ring_all_reduce.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "chorus/check.hpp"
+#include "chorus/kernels.hpp"
+
+namespace chorus::mpi::detail {
+namespace {
+
+void check_call(int code, const char* call) {
+  if (code != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING] = {};
+    int length = 0;
+    MPI_Error_string(code, text, &length);
+    throw RingFailure{std::string(call) +
+                      " failed (ring all_reduce): " + std::string(text, length)};
+  }
+}
+
+}  // namespace
+
+std::size_t RingAllReduce::chunk_offset(std::size_t count, int size, int chunk) {
+  const auto n = static_cast<std::size_t>(size);
+  const auto c = static_cast<std::size_t>(chunk);
+  return c * (count / n) + std::min(c, count % n);
+}
+
+std::size_t RingAllReduce::chunk_count(std::size_t count, int size, int chunk) {
+  const auto n = static_cast<std::size_t>(size);
+  return count / n + (static_cast<std::size_t>(chunk) < count % n ? 1 : 0);
+}
+
+RingAllReduce::RingAllReduce(const void* input, void* output, std::size_t count, DType dtype,
+                             const ReduceOp& step_op, MPI_Comm comm, int group_rank, int group_size,
+                             int tag)
+    : input_(static_cast<const char*>(input)),
+      output_(static_cast<char*>(output)),
+      count_(count),
+      dtype_(dtype),
+      element_size_(element_size(dtype)),
+      step_op_(step_op),
+      comm_(comm),
+      rank_(group_rank),
+      size_(group_size),
+      tag_(tag),
+      total_steps_(2 * (group_size - 1)),
+      scratch_(std::make_unique_for_overwrite<char[]>(chunk_count(count, group_size, 0) *
+                                                      element_size(dtype))) {
+  CHORUS_CHECK(group_size >= 2);
+  CHORUS_CHECK(0 <= group_rank && group_rank < group_size);
+  // One chunk's bytes travel as an int count of MPI_BYTE.
+  CHORUS_CHECK(chunk_count(count, group_size, 0) * element_size_ <=
+               static_cast<std::size_t>(std::numeric_limits<int>::max()));
+}
+
+// Parked rings (after a Timeout) are destroyed after MPI_Finalize: no MPI calls here.
+RingAllReduce::~RingAllReduce() = default;
+
+char* RingAllReduce::output_chunk(int chunk) const {
+  return output_ + chunk_offset(count_, size_, chunk) * element_size_;
+}
+
+const char* RingAllReduce::input_chunk(int chunk) const {
+  return input_ + chunk_offset(count_, size_, chunk) * element_size_;
+}
+
+int RingAllReduce::chunk_bytes(int chunk) const {
+  return static_cast<int>(chunk_count(count_, size_, chunk) * element_size_);
+}
+
+void RingAllReduce::start() { post_step(); }
+
+void RingAllReduce::post_step() {
+  const int right = wrap(rank_ + 1);
+  const int left = wrap(rank_ - 1);
+  const void* send = nullptr;
+  void* receive = nullptr;
+  int send_chunk = 0;
+  int receive_chunk = 0;
+  if (step_ < size_ - 1) {  // reduce-scatter
+    send_chunk = wrap(rank_ - step_);
+    receive_chunk = wrap(rank_ - step_ - 1);
+    send = step_ == 0 ? input_chunk(send_chunk) : output_chunk(send_chunk);
+    receive = scratch_.get();
+  } else {  // all-gather
+    const int t = step_ - (size_ - 1);
+    send_chunk = wrap(rank_ + 1 - t);
+    receive_chunk = wrap(rank_ - t);
+    send = output_chunk(send_chunk);
+    receive = output_chunk(receive_chunk);
+  }
+  check_call(
+      MPI_Irecv(receive, chunk_bytes(receive_chunk), MPI_BYTE, left, tag_, comm_, &requests_[0]),
+      "MPI_Irecv");
+  check_call(MPI_Isend(send, chunk_bytes(send_chunk), MPI_BYTE, right, tag_, comm_, &requests_[1]),
+             "MPI_Isend");
+}
+
+void RingAllReduce::finish_step() {
+  if (step_ >= size_ - 1) {
+    return;  // all-gather steps received straight into the output
+  }
+  const int chunk = wrap(rank_ - step_ - 1);
+  const void* sources[2] = {scratch_.get(), input_chunk(chunk)};
+  kernels::reduce(output_chunk(chunk), sources, 2, chunk_count(count_, size_, chunk), dtype_,
+                  step_op_);
+}
+
+bool RingAllReduce::progress() {
+  while (step_ < total_steps_) {
+    int done = 0;
+    check_call(MPI_Testall(2, requests_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done == 0) {
+      return false;
+    }
+    finish_step();
+    ++step_;
+    if (step_ < total_steps_) {
+      post_step();
+    }
+  }
+  return true;
+}
+
+}  // namespace chorus::mpi::detail

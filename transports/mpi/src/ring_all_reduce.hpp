@@ -1,0 +1,98 @@
+#pragma once
+
+// chorus's own all_reduce schedule over MPI point-to-point messages (Note [Ring all_reduce]).
+
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "chorus/dtype.hpp"
+#include "chorus/reduce_op.hpp"
+
+namespace chorus::mpi::detail {
+
+// Note [Ring all_reduce]
+// Open MPI's nonblocking all_reduce (coll/libnbc) runs at 0.6-0.8 of its blocking one
+// (coll/tuned) between a few KiB and 2 MiB on shared memory (docs/performance.md), and chorus
+// makes nonblocking calls only: a blocking call could not honour a wait's deadline. So for
+// those sizes the transport runs its own schedule, the ring that tuned and NCCL use: a
+// reduce-scatter, then an all-gather, n - 1 steps each, as MPI_Isend/MPI_Irecv pairs on the
+// group's communicator. A step is posted when the previous one completed, from the work's polls
+// (is_completed, wait), as libnbc's schedules are progressed.
+//
+// The buffer is cut into n chunks (the first count % n of them one element longer; chunks may
+// be empty). Reduce-scatter step s: rank r sends chunk r - s to rank r + 1 (its own input at
+// s = 0, then the partial result it computed the step before), receives chunk r - s - 1 from
+// rank r - 1 into scratch memory, and stores partial (+) own input of that chunk in its output.
+// After n - 1 steps rank r holds the finished chunk r + 1, computed there alone:
+// chunk c = (((x_c (+) x_c+1) (+) x_c+2) ... (+) x_c+n-1), ranks taken mod n, one rounding per
+// step (chorus::kernels with two sources). All-gather step t: send chunk r + 1 - t, receive chunk
+// r - t into the output; every rank ends with the same bits.
+//
+// Buffers: the output is written only in chunks the schedule has finished with, so input and
+// output may be the same buffer (in place). avg and premul_sum reach the ring as sums (the
+// work divides afterwards or the input was scaled first, Note [MPI mapping]).
+//
+// Messages: each ring on a communicator takes the next of kRingTags tags, in issue order (the
+// same on every rank, coalesced batches included), so rings in flight at the same time never
+// match each other's messages; MPI keeps point-to-point traffic apart from collectives on the
+// same communicator. Two rings share a tag only if kRingTags others were issued while the first
+// was still pending.
+inline constexpr int kRingTags = 32767;  // the least MPI_TAG_UB the standard allows
+
+class RingAllReduce {
+ public:
+  // `input` and `output` hold `count` elements of `dtype` (they may be the same buffer);
+  // `step_op` is the reduction of one step (sum for avg and premul_sum). The caller keeps the
+  // buffers alive until progress() returned true. Call every member with the MPI lock held.
+  RingAllReduce(const void* input, void* output, std::size_t count, DType dtype,
+                const ReduceOp& step_op, MPI_Comm comm, int group_rank, int group_size, int tag);
+  ~RingAllReduce();
+  RingAllReduce(const RingAllReduce&) = delete;
+  RingAllReduce& operator=(const RingAllReduce&) = delete;
+
+  // Posts the first step.
+  void start();
+  // Advances as far as completed messages allow: true once the output is final. Throws
+  // RingFailure when an MPI call fails.
+  bool progress();
+  bool finished() const noexcept { return step_ == total_steps_; }
+
+  // Chunk c's first element and element count (public for tests of the layout).
+  static std::size_t chunk_offset(std::size_t count, int size, int chunk);
+  static std::size_t chunk_count(std::size_t count, int size, int chunk);
+
+ private:
+  void post_step();
+  void finish_step();
+  int wrap(int chunk) const noexcept { return ((chunk % size_) + size_) % size_; }
+  char* output_chunk(int chunk) const;
+  const char* input_chunk(int chunk) const;
+  int chunk_bytes(int chunk) const;
+
+  const char* input_;
+  char* output_;
+  std::size_t count_;
+  DType dtype_;
+  std::size_t element_size_;
+  ReduceOp step_op_;
+  MPI_Comm comm_;
+  int rank_;
+  int size_;
+  int tag_;
+  int step_ = 0;
+  int total_steps_;
+  std::unique_ptr<char[]> scratch_;
+  std::array<MPI_Request, 2> requests_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+};
+
+// An MPI call of a ring failed; the work turns it into TransportError.
+struct RingFailure {
+  std::string what;
+};
+
+}  // namespace chorus::mpi::detail
