@@ -93,9 +93,16 @@ int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
     RankOptions options;
     options.timeout = run_options.timeout;
     options.host_pool_bytes_max = run_options.host_pool_bytes_max;
-    RankContext context(std::make_shared<detail::MpiTransport>(
-                            process, run_options.timeout, run_options.check_collectives, schedule),
-                        options);
+    std::shared_ptr<detail::MpiTransport> transport;
+    try {
+      transport = std::make_shared<detail::MpiTransport>(process, run_options.timeout,
+                                                         run_options.check_collectives, schedule);
+    } catch (...) {
+      // The ranks disagree on the all_reduce schedule: every rank found it (the comparison is
+      // collective), and every rank ends the job the way a failed rank does.
+      abort_job(*process, describe(std::current_exception()));
+    }
+    RankContext context(transport, options);
     const ScopedRankBinding binding(&context);
     std::exception_ptr error;
     try {

@@ -370,8 +370,9 @@ bool MpiComm::use_ring(std::size_t nbytes) const {
   if (schedule_ == AllReduceSchedule::Ring) {
     return true;
   }
-  // Oversubscribed, each of the ring's 2(n-1) handoffs waits for the peer to get a CPU.
-  return process_->spin_waits() && kRingMinBytes <= nbytes && nbytes <= kRingMaxBytes;
+  // Auto (which MpiTransport already turned into Mpi on oversubscribed jobs): the same answer
+  // on every rank, since the group's members issued the same byte count.
+  return kRingMinBytes <= nbytes && nbytes <= kRingMaxBytes;
 }
 
 std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature,
@@ -862,7 +863,47 @@ MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nan
     : process_(std::move(process)),
       timeout_(timeout),
       check_collectives_(check_collectives),
-      schedule_(schedule) {}
+      schedule_(agree_on_schedule(schedule)) {}
+
+AllReduceSchedule MpiTransport::agree_on_schedule(AllReduceSchedule requested) {
+  // Every member of a group must run the same schedule for the same all_reduce, or the ring's
+  // messages and MPI_Iallreduce wait for each other forever. What each rank requested (its own
+  // environment) and whether its node has a CPU per rank can differ between processes, so the
+  // ranks compare both once, here: every rank constructs its transport at the start of
+  // chorus::mpi::run, together, so this collective strands no one.
+  const int world_size = process_->world_size();
+  std::vector<int> mine = {static_cast<int>(requested), process_->spin_waits() ? 1 : 0};
+  std::vector<int> all(2 * static_cast<std::size_t>(world_size));
+  {
+    const std::lock_guard mpi_lock(process_->mutex());
+    if (const int code =
+            MPI_Allgather(mine.data(), 2, MPI_INT, all.data(), 2, MPI_INT, process_->control());
+        code != MPI_SUCCESS) {
+      throw TransportError(ErrorContext{process_->rank(), "chorus::mpi::run", -1, ""},
+                           "agreeing on the all_reduce schedule failed: " + mpi_error_text(code));
+    }
+  }
+  bool every_node_spins = true;
+  for (int r = 0; r < world_size; ++r) {
+    const auto schedule = static_cast<AllReduceSchedule>(all[2 * static_cast<std::size_t>(r)]);
+    if (schedule != requested) {
+      throw InvalidArgument(ErrorContext{process_->rank(), "chorus::mpi::run", -1, ""},
+                            "ranks disagree on the MPI all_reduce schedule: rank " +
+                                std::to_string(process_->rank()) + " asks for '" +
+                                std::string(schedule_name(requested)) + "', rank " +
+                                std::to_string(r) + " for '" +
+                                std::string(schedule_name(schedule)) +
+                                "' (MpiRunOptions::all_reduce, CHORUS_MPI_ALLREDUCE)");
+    }
+    every_node_spins = every_node_spins && all[2 * static_cast<std::size_t>(r) + 1] == 1;
+  }
+  // Oversubscribed, each of the ring's 2(n-1) handoffs waits for a peer to get a CPU
+  // (Note [Ring all_reduce]): Auto keeps to MPI_Iallreduce unless every node has a CPU per rank.
+  if (requested == AllReduceSchedule::Auto && !every_node_spins) {
+    return AllReduceSchedule::Mpi;
+  }
+  return requested;
+}
 
 void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
                               const ErrorContext& context) {

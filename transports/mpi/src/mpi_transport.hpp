@@ -251,6 +251,9 @@ class MpiTransport final : public transport::Transport {
                        Device device) const override;
 
  private:
+  // The schedule every rank runs (Note [Ring all_reduce]): the same `requested` on every rank,
+  // else InvalidArgument; Auto becomes Mpi unless every node has a CPU per rank. Collective.
+  AllReduceSchedule agree_on_schedule(AllReduceSchedule requested);
   // Throws Timeout or CollectiveMismatch (Note [Communicator rendezvous]).
   void rendezvous(const std::vector<int>& ranks, std::uint64_t id, const ErrorContext& context);
 
