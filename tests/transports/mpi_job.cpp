@@ -27,6 +27,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -214,6 +215,37 @@ void rings() {
       require(got[i] == expected, std::string(chorus::dtype_name(it->dtype)) + " sum of " +
                                       std::to_string(it->count) + ", element " + std::to_string(i) +
                                       ": " + std::to_string(got[i]));
+    }
+  }
+
+  // Waited in opposite orders on odd and even ranks: each ring needs its peers' polls, which a
+  // wait on another operation must give (Note [Ring all_reduce], "Progress").
+  {
+    std::vector<chorus::Tensor> pending;
+    for (int i = 0; i < 4; ++i) {
+      pending.push_back(chorus::all_reduce(ring_tensor(rank, 20000, chorus::DType::Float32), "sum",
+                                           chorus::world()));
+    }
+    for (int i = 0; i < 4; ++i) {
+      chorus::wait_tensor(pending[static_cast<std::size_t>(rank % 2 == 0 ? i : 3 - i)]);
+    }
+  }
+
+  // Inexact float sums: whatever the order, every rank gets the same bits.
+  {
+    std::vector<float> values(10007);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = 0.1f * static_cast<float>(i) + static_cast<float>(rank) / 3.0f + 1e-7f;
+    }
+    const chorus::Tensor sum =
+        chorus::all_reduce(chorus::Tensor::from_vector(values), "sum", chorus::world());
+    // all_gather moves bytes unchanged; compare each rank's block with rank 0's bit for bit.
+    const std::vector<float> all =
+        chorus::all_gather_tensor(sum, 0, chorus::world()).to_vector<float>();
+    for (int r = 1; r < n; ++r) {
+      require(std::memcmp(all.data(), all.data() + static_cast<std::size_t>(r) * values.size(),
+                          values.size() * sizeof(float)) == 0,
+              "rank " + std::to_string(r) + "'s inexact sum differs from rank 0's");
     }
   }
 

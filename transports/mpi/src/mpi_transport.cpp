@@ -68,6 +68,13 @@ std::shared_ptr<void> scratch(std::size_t nbytes) {
   return {block, &std::free};
 }
 
+// Adds an operation's buffers to what `started` keeps alive: a coalesced batch starts several
+// operations into one Started, and each must keep its own (the ring reads its input until its
+// last reduce-scatter step).
+void keep(Started& started, std::initializer_list<std::shared_ptr<const void>> buffers) {
+  started.keep_alive.insert(started.keep_alive.end(), buffers);
+}
+
 }  // namespace
 
 std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
@@ -162,6 +169,21 @@ MpiProcess::~MpiProcess() {
   }
 }
 
+void MpiProcess::add_ring(std::shared_ptr<RingAllReduce> ring) {
+  rings_.push_back(std::move(ring));
+}
+
+void MpiProcess::progress_rings() {
+  for (std::size_t i = 0; i < rings_.size();) {
+    if (rings_[i]->progress()) {
+      rings_[i] = std::move(rings_.back());  // done (finished or failed): no longer in flight
+      rings_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
 void MpiProcess::park(Started started) {
   // Callers hold no MPI lock (the MPI lock orders after a work's own lock).
   const std::lock_guard lock(mutex_);
@@ -201,14 +223,13 @@ void MpiWork::poll() {
     if (code != MPI_SUCCESS) {
       failure = "MPI_Testall failed: " + mpi_error_text(code);
     }
-    try {
-      for (const std::unique_ptr<RingAllReduce>& ring : started_.rings) {
-        if (!ring->finished() && !ring->progress()) {
-          done = 0;
-        }
+    process_->progress_rings();  // this work's and everyone else's (Note [Ring all_reduce])
+    for (const std::shared_ptr<RingAllReduce>& ring : started_.rings) {
+      if (ring->failed()) {
+        failure = ring->failure();
+      } else if (!ring->finished()) {
+        done = 0;
       }
-    } catch (const RingFailure& ring_failure) {
-      failure = ring_failure.what;
     }
   }
   if (!failure.empty()) {
@@ -392,7 +413,12 @@ std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature
   }
   Started started;
   started.signatures.push_back(op_signature);
-  start(started);
+  try {
+    start(started);
+  } catch (...) {
+    process_->park(std::move(started));  // what did start keeps its buffers until the end
+    throw;
+  }
   return make_work(std::move(started), info);
 }
 
@@ -411,7 +437,7 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
   const int count = to_int_count(send.count, info);
   const OpSignature op_signature = signature(OpKind::AllReduce, send, recv, reduce_op, -1);
   return launch(op_signature, info, [=, this](Started& started) {
-    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    keep(started, {send.keep_alive, recv.keep_alive});
     MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
     {
@@ -425,15 +451,15 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
         const ReduceOp step_op =
             plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
         auto ring =
-            std::make_unique<RingAllReduce>(input, recv.data, send.count, send.dtype, step_op,
+            std::make_shared<RingAllReduce>(input, recv.data, send.count, send.dtype, step_op,
                                             comm_, group_rank_, size(), next_ring_tag_);
         next_ring_tag_ = (next_ring_tag_ + 1) % kRingTags;
-        try {
-          ring->start();
-        } catch (const RingFailure& failure) {
-          throw TransportError(context_of(info), failure.what);
+        started.rings.push_back(ring);  // kept (parked) with its buffers even if start fails
+        ring->start();
+        if (ring->failed()) {
+          throw TransportError(context_of(info), ring->failure());
         }
-        started.rings.push_back(std::move(ring));
+        process_->add_ring(std::move(ring));
       } else {
         check(MPI_Iallreduce(input == recv.data ? MPI_IN_PLACE : input, recv.data, count, datatype,
                              op, comm_, &request),
@@ -460,7 +486,7 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
   const OpSignature op_signature =
       signature(OpKind::AllGather, send, recv, ReduceOp::Kind::Sum, -1);
   return launch(op_signature, info, [=, this](Started& started) {
-    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    keep(started, {send.keep_alive, recv.keep_alive});
     const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
     // In place when send is this rank's own block of recv.
     const bool in_place = send.data == static_cast<const char*>(recv.data) +
@@ -486,7 +512,7 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
   to_int_count(send.count, info);
   const OpSignature op_signature = signature(OpKind::ReduceScatter, send, recv, reduce_op, -1);
   return launch(op_signature, info, [=, this](Started& started) {
-    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    keep(started, {send.keep_alive, recv.keep_alive});
     MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
     {
@@ -536,7 +562,7 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   return launch(
       op_signature, info,
       [=, this](Started& started) {
-        started.keep_alive = {send.keep_alive, recv.keep_alive, layout};
+        keep(started, {send.keep_alive, recv.keep_alive, layout});
         const void* input = send.data;
         if (send.data == recv.data && send.count > 0) {
           // MPI's in-place alltoallv has other semantics: exchange from a copy.
@@ -568,7 +594,7 @@ std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Bu
   const OpSignature op_signature =
       signature(OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum, root);
   return launch(op_signature, info, [=, this](Started& started) {
-    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    keep(started, {send.keep_alive, recv.keep_alive});
     if (group_rank_ == root && send.data != recv.data && recv.count > 0) {
       std::memcpy(recv.data, send.data, recv.nbytes());
     }
@@ -591,7 +617,7 @@ std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffe
   const int count = to_int_count(send.count, info);
   const OpSignature op_signature = signature(OpKind::Reduce, send, recv, reduce_op, root);
   return launch(op_signature, info, [=, this](Started& started) {
-    started.keep_alive = {send.keep_alive, recv.keep_alive};
+    keep(started, {send.keep_alive, recv.keep_alive});
     const bool is_root = group_rank_ == root;
     MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
@@ -720,6 +746,7 @@ void MpiComm::await_requests(Started& pending, const OpInfo& info, const std::st
     int done = 0;
     {
       const std::lock_guard mpi_lock(process_->mutex());
+      process_->progress_rings();  // a peer may be waiting on one (Note [Ring all_reduce])
       check(MPI_Testall(static_cast<int>(pending.requests.size()), pending.requests.data(), &done,
                         MPI_STATUSES_IGNORE),
             "MPI_Testall (collective check)", info);  // a throw here releases the lock first
@@ -955,6 +982,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
     std::vector<int> missing;
     {
       const std::lock_guard mpi_lock(process_->mutex());
+      process_->progress_rings();  // a peer may be waiting on one (Note [Ring all_reduce])
       for (std::size_t i = 0; i < n; ++i) {
         int arrived = 1;
         if (receives[i] != MPI_REQUEST_NULL) {

@@ -51,7 +51,7 @@ struct Started {
   std::vector<std::shared_ptr<const void>> keep_alive;
   std::vector<transport::OpSignature> signatures;
   // chorus's own schedules (Note [Ring all_reduce]), advanced by every poll.
-  std::vector<std::unique_ptr<RingAllReduce>> rings;
+  std::vector<std::shared_ptr<RingAllReduce>> rings;
 };
 
 // What one process shares between its transport, communicators and works: MPI itself.
@@ -72,6 +72,10 @@ class MpiProcess {
   // cannot cancel a collective) until the process ends. Takes the MPI lock.
   void park(Started started);
   std::chrono::steady_clock::time_point epoch() const noexcept { return epoch_; }
+  // Note [Ring all_reduce], "Progress": every ring in flight in this process, advanced by every
+  // poll of the transport. Call both with the MPI lock held.
+  void add_ring(std::shared_ptr<RingAllReduce> ring);
+  void progress_rings();
   // A private duplicate of MPI_COMM_WORLD for chorus's own point-to-point messages
   // (Note [Communicator rendezvous]).
   MPI_Comm control() const noexcept { return control_; }
@@ -89,6 +93,7 @@ class MpiProcess {
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::unique_ptr<UserOps> user_ops_;  // freed before MPI_Finalize
   std::vector<Started> parked_;
+  std::vector<std::shared_ptr<RingAllReduce>> rings_;  // in flight; guarded by mutex_
 };
 
 // "MPI_ERR_TRUNCATE: message truncated" for an MPI error code.

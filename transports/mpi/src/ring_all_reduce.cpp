@@ -11,6 +11,11 @@
 namespace chorus::mpi::detail {
 namespace {
 
+// An MPI call of a ring failed (caught in start() and progress()).
+struct RingFailure {
+  std::string what;
+};
+
 void check_call(int code, const char* call) {
   if (code != MPI_SUCCESS) {
     char text[MPI_MAX_ERROR_STRING] = {};
@@ -72,7 +77,13 @@ int RingAllReduce::chunk_bytes(int chunk) const {
   return static_cast<int>(chunk_count(count_, size_, chunk) * element_size_);
 }
 
-void RingAllReduce::start() { post_step(); }
+void RingAllReduce::start() {
+  try {
+    post_step();
+  } catch (const RingFailure& failure) {
+    failure_ = failure.what;
+  }
+}
 
 void RingAllReduce::post_step() {
   const int right = wrap(rank_ + 1);
@@ -111,17 +122,21 @@ void RingAllReduce::finish_step() {
 }
 
 bool RingAllReduce::progress() {
-  while (step_ < total_steps_) {
-    int done = 0;
-    check_call(MPI_Testall(2, requests_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (done == 0) {
-      return false;
+  try {
+    while (!done()) {
+      int completed = 0;
+      check_call(MPI_Testall(2, requests_.data(), &completed, MPI_STATUSES_IGNORE), "MPI_Testall");
+      if (completed == 0) {
+        return false;
+      }
+      finish_step();
+      ++step_;
+      if (step_ < total_steps_) {
+        post_step();
+      }
     }
-    finish_step();
-    ++step_;
-    if (step_ < total_steps_) {
-      post_step();
-    }
+  } catch (const RingFailure& failure) {
+    failure_ = failure.what;
   }
   return true;
 }

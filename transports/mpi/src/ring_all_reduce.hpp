@@ -37,6 +37,15 @@ namespace chorus::mpi::detail {
 // output may be the same buffer (in place). avg and premul_sum reach the ring as sums (the
 // work divides afterwards or the input was scaled first, Note [MPI mapping]).
 //
+// Progress: Open MPI advances every nonblocking collective of the process from any MPI test
+// call, so a rank waiting on one operation still plays its part in the others. A ring needs the
+// same: otherwise two ranks waiting on two rings in opposite orders, or a rank blocked setting
+// up a communicator while a peer waits on its ring, would wait for each other until the
+// deadline. So the process keeps every ring in flight (MpiProcess::add_ring) and every poll of
+// the transport advances them all (MpiProcess::progress_rings): a work's wait or
+// is_completed, the collective check's exchanges and communicator set-up. The reductions run
+// under the MPI lock, like MPI's own in MPI_Test.
+//
 // Messages: each ring on a communicator takes the next of kRingTags tags, in issue order (the
 // same on every rank, coalesced batches included), so rings in flight at the same time never
 // match each other's messages; MPI keeps point-to-point traffic apart from collectives on the
@@ -55,12 +64,16 @@ class RingAllReduce {
   RingAllReduce(const RingAllReduce&) = delete;
   RingAllReduce& operator=(const RingAllReduce&) = delete;
 
-  // Posts the first step.
+  // Posts the first step. An MPI failure is kept (failed(), failure()).
   void start();
-  // Advances as far as completed messages allow: true once the output is final. Throws
-  // RingFailure when an MPI call fails.
+  // Advances as far as completed messages allow; returns done(). An MPI failure is kept and
+  // ends the ring (its requests are left as they are).
   bool progress();
   bool finished() const noexcept { return step_ == total_steps_; }
+  bool failed() const noexcept { return !failure_.empty(); }
+  bool done() const noexcept { return finished() || failed(); }
+  // "MPI_Isend failed (ring all_reduce): ..." once failed().
+  const std::string& failure() const noexcept { return failure_; }
 
   // Chunk c's first element and element count (public for tests of the layout).
   static std::size_t chunk_offset(std::size_t count, int size, int chunk);
@@ -88,11 +101,7 @@ class RingAllReduce {
   int total_steps_;
   std::unique_ptr<char[]> scratch_;
   std::array<MPI_Request, 2> requests_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-};
-
-// An MPI call of a ring failed; the work turns it into TransportError.
-struct RingFailure {
-  std::string what;
+  std::string failure_;
 };
 
 }  // namespace chorus::mpi::detail
