@@ -20,7 +20,7 @@
 //            next one; mpirun ends the job non-zero.
 //   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
 //            flight at once and waited in reverse, coalesced, in place; exact results (run with
-//            CHORUS_MPI_ALLREDUCE=ring to test Note [Ring all_reduce], and without).
+//            CHORUS_MPI_SCHEDULE=ring to test Note [Ring all_reduce], and without).
 
 #include <chorus/chorus.hpp>
 #include <cmath>
@@ -282,6 +282,31 @@ void rings() {
     require(premul[i] == 0.5 * sum, "premul_sum element " + std::to_string(i));
     require(product[i] == (i == count - 1 ? std::ldexp(1.0, n) : 1.0),
             "product element " + std::to_string(i));
+  }
+
+  // reduce_scatter and all_gather over the same data (Note [Direct exchanges] under chorus's
+  // schedule): rank r's block of the sum, then every block back.
+  for (const chorus::DType dtype : {chorus::DType::Int8, chorus::DType::Float16,
+                                    chorus::DType::Float32, chorus::DType::Complex64}) {
+    const std::size_t block = 4099;
+    const std::size_t total = block * static_cast<std::size_t>(n);
+    const chorus::Tensor mine =
+        chorus::reduce_scatter_tensor(ring_tensor(rank, total, dtype), "sum", 0, chorus::world());
+    const std::vector<double> everything = chorus::all_gather_tensor(mine, 0, chorus::world())
+                                               .to(chorus::DType::Float64)
+                                               .to_vector<double>();
+    for (std::size_t i = 0; i < total; ++i) {
+      double expected = 0;
+      for (int r = 0; r < n; ++r) {
+        expected += ring_input(r, i);
+      }
+      if (dtype == chorus::DType::Int8) {
+        expected = static_cast<double>(static_cast<std::int8_t>(static_cast<int>(expected)));
+      }
+      require(everything[i] == expected, std::string(chorus::dtype_name(dtype)) +
+                                             " reduce_scatter + all_gather element " +
+                                             std::to_string(i));
+    }
   }
 
   // In place, and a coalesced pair of different sizes.

@@ -42,39 +42,38 @@ void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {
   }
 }
 
-// options.all_reduce, with Auto replaced by CHORUS_MPI_ALLREDUCE when that is set.
-AllReduceSchedule resolve_schedule(const MpiRunOptions& options) {
-  if (options.all_reduce != AllReduceSchedule::Auto) {
-    return options.all_reduce;
+// options.all_reduce, with Auto replaced by CHORUS_MPI_SCHEDULE when that is set.
+MpiSchedule resolve_schedule(const MpiRunOptions& options) {
+  if (options.schedule != MpiSchedule::Auto) {
+    return options.schedule;
   }
-  const char* name = std::getenv("CHORUS_MPI_ALLREDUCE");  // NOLINT(concurrency-mt-unsafe)
-  return name == nullptr ? AllReduceSchedule::Auto : parse_schedule(name);
+  const char* name = std::getenv("CHORUS_MPI_SCHEDULE");  // NOLINT(concurrency-mt-unsafe)
+  return name == nullptr ? MpiSchedule::Auto : parse_schedule(name);
 }
 
 }  // namespace
 
-std::string_view schedule_name(AllReduceSchedule schedule) noexcept {
+std::string_view schedule_name(MpiSchedule schedule) noexcept {
   switch (schedule) {
-    case AllReduceSchedule::Auto:
+    case MpiSchedule::Auto:
       return "auto";
-    case AllReduceSchedule::Mpi:
+    case MpiSchedule::Mpi:
       return "mpi";
-    case AllReduceSchedule::Ring:
-      return "ring";
+    case MpiSchedule::Chorus:
+      return "chorus";
   }
   return "auto";
 }
 
-AllReduceSchedule parse_schedule(std::string_view name) {
-  for (const AllReduceSchedule schedule :
-       {AllReduceSchedule::Auto, AllReduceSchedule::Mpi, AllReduceSchedule::Ring}) {
+MpiSchedule parse_schedule(std::string_view name) {
+  for (const MpiSchedule schedule : {MpiSchedule::Auto, MpiSchedule::Mpi, MpiSchedule::Chorus}) {
     if (name == schedule_name(schedule)) {
       return schedule;
     }
   }
   throw InvalidArgument(ErrorContext{-1, "chorus::mpi::run", -1, ""},
-                        "unknown MPI all_reduce schedule '" + std::string(name) +
-                            "' (CHORUS_MPI_ALLREDUCE): expected auto, mpi or ring");
+                        "unknown MPI schedule '" + std::string(name) +
+                            "' (CHORUS_MPI_SCHEDULE): expected auto, mpi or chorus");
 }
 
 bool launched_by_mpi() noexcept {
@@ -87,7 +86,7 @@ bool launched_by_mpi() noexcept {
 }
 
 int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
-  const AllReduceSchedule schedule = resolve_schedule(run_options);
+  const MpiSchedule schedule = resolve_schedule(run_options);
   auto process = std::make_shared<detail::MpiProcess>();
   {
     RankOptions options;

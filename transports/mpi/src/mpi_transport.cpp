@@ -310,7 +310,7 @@ std::exception_ptr MpiWork::error() const {
 
 MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm,
                  std::string tag, std::vector<int> ranks, std::uint64_t id,
-                 std::chrono::nanoseconds timeout, AllReduceSchedule schedule)
+                 std::chrono::nanoseconds timeout, MpiSchedule schedule)
     : process_(std::move(process)),
       comm_(comm),
       check_comm_(check_comm),
@@ -379,21 +379,39 @@ const void* MpiComm::scaled_input(const Buffer& send, const ReduceOp& reduce_op,
   return copy.get();
 }
 
-bool MpiComm::use_ring(std::size_t nbytes) const {
-  const int n = size();
-  if (n < 2 || schedule_ == AllReduceSchedule::Mpi) {
+bool MpiComm::use_chorus_schedule(std::size_t nbytes) const {
+  if (size() < 2 || schedule_ == MpiSchedule::Mpi) {
     return false;
   }
-  // One chunk's bytes must fit an int (the ring sends MPI_BYTE).
-  if (nbytes / static_cast<std::size_t>(n) + 16 > static_cast<std::size_t>(INT_MAX)) {
-    return false;
-  }
-  if (schedule_ == AllReduceSchedule::Ring) {
+  if (schedule_ == MpiSchedule::Chorus) {
     return true;
   }
   // Auto (which MpiTransport already turned into Mpi on oversubscribed jobs): the same answer
   // on every rank, since the group's members issued the same byte count.
-  return kRingMinBytes <= nbytes && nbytes <= kRingMaxBytes;
+  return kChorusScheduleMinBytes <= nbytes && nbytes <= kChorusScheduleMaxBytes;
+}
+
+int MpiComm::take_p2p_tag() {
+  const int tag = next_p2p_tag_;
+  next_p2p_tag_ = (next_p2p_tag_ + 1) % kP2pTags;
+  return tag;
+}
+
+void MpiComm::post_exchange(Started& started, const std::vector<Message>& messages,
+                            MPI_Datatype datatype, const OpInfo& info) {
+  const int tag = take_p2p_tag();
+  const std::lock_guard mpi_lock(process_->mutex());
+  for (const Message& message : messages) {
+    MPI_Request receive = MPI_REQUEST_NULL;
+    check(MPI_Irecv(message.receive, message.receive_count, datatype, message.peer, tag, comm_,
+                    &receive),
+          "MPI_Irecv", info);
+    started.requests.push_back(receive);
+    MPI_Request send = MPI_REQUEST_NULL;
+    check(MPI_Isend(message.send, message.send_count, datatype, message.peer, tag, comm_, &send),
+          "MPI_Isend", info);
+    started.requests.push_back(send);
+  }
 }
 
 std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature,
@@ -446,14 +464,15 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
       const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      if (use_ring(send.nbytes())) {
+      // The ring sends a chunk as MPI_BYTE: its bytes must fit an int.
+      if (use_chorus_schedule(send.nbytes()) &&
+          send.nbytes() / ranks_.size() + 16 <= static_cast<std::size_t>(INT_MAX)) {
         // Note [Ring all_reduce]: avg and premul_sum are sums here (divided after, or scaled).
         const ReduceOp step_op =
             plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
         auto ring =
             std::make_shared<RingAllReduce>(input, recv.data, send.count, send.dtype, step_op,
-                                            comm_, group_rank_, size(), next_ring_tag_);
-        next_ring_tag_ = (next_ring_tag_ + 1) % kRingTags;
+                                            comm_, group_rank_, size(), take_p2p_tag());
         started.rings.push_back(ring);  // kept (parked) with its buffers even if start fails
         ring->start();
         if (ring->failed()) {
@@ -491,6 +510,25 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
     // In place when send is this rank's own block of recv.
     const bool in_place = send.data == static_cast<const char*>(recv.data) +
                                            static_cast<std::size_t>(group_rank_) * send.nbytes();
+    if (use_chorus_schedule(recv.nbytes())) {
+      // Note [Direct exchanges]: this rank's block to every peer, every peer's into its place.
+      if (!in_place && send.nbytes() > 0) {
+        std::memcpy(
+            static_cast<char*>(recv.data) + static_cast<std::size_t>(group_rank_) * send.nbytes(),
+            send.data, send.nbytes());
+      }
+      std::vector<Message> messages;
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer != group_rank_) {
+          messages.push_back(
+              {peer, send.data, count,
+               static_cast<char*>(recv.data) + static_cast<std::size_t>(peer) * send.nbytes(),
+               count});
+        }
+      }
+      post_exchange(started, messages, datatype, info);
+      return;
+    }
     MPI_Request request = MPI_REQUEST_NULL;
     {
       const std::lock_guard mpi_lock(process_->mutex());
@@ -515,16 +553,48 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
     keep(started, {send.keep_alive, recv.keep_alive});
     MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
+    const void* input = nullptr;
+    const bool direct = use_chorus_schedule(send.nbytes());
     {
       const std::lock_guard mpi_lock(process_->mutex());
       MPI_Datatype datatype = MPI_DATATYPE_NULL;
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
-      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      check(MPI_Ireduce_scatter_block(input, recv.data, count, datatype, op, comm_, &request),
-            "MPI_Ireduce_scatter_block", info);
+      input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
+      if (!direct) {
+        check(MPI_Ireduce_scatter_block(input, recv.data, count, datatype, op, comm_, &request),
+              "MPI_Ireduce_scatter_block", info);
+      }
     }
-    started.requests.push_back(request);
+    if (direct) {
+      // Note [Direct exchanges]: block p of the input to rank p; every peer's block of this
+      // rank's chunk into scratch; reduced in group-rank order once all arrived.
+      const std::size_t block = recv.nbytes();
+      const int n = size();
+      std::shared_ptr<void> received = scratch(static_cast<std::size_t>(n - 1) * block);
+      started.keep_alive.push_back(received);
+      std::vector<Message> messages;
+      auto sources = std::make_shared<std::vector<const void*>>(static_cast<std::size_t>(n));
+      for (int peer = 0, slot = 0; peer < n; ++peer) {
+        const char* own = static_cast<const char*>(input) + static_cast<std::size_t>(peer) * block;
+        if (peer == group_rank_) {
+          (*sources)[static_cast<std::size_t>(peer)] = own;
+          continue;
+        }
+        char* place = static_cast<char*>(received.get()) + static_cast<std::size_t>(slot++) * block;
+        (*sources)[static_cast<std::size_t>(peer)] = place;
+        messages.push_back({peer, own, count, place, count});
+      }
+      post_exchange(started, messages, mpi_datatype(movement_element(send.dtype)), info);
+      const ReduceOp step_op =
+          plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
+      started.after.emplace_back(
+          [sources, data = recv.data, n = recv.count, dtype = recv.dtype, step_op] {
+            kernels::reduce(data, sources->data(), sources->size(), n, dtype, step_op);
+          });
+    } else {
+      started.requests.push_back(request);
+    }
     if (plan.divide_after) {
       started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
                                   size = size()] { divide_in_place(data, dtype, n, size); });
@@ -573,6 +643,40 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
         }
         const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
         const int* counts = layout->data();
+        // Not by size: ranks' totals differ in an uneven all_to_all, and every rank must choose
+        // the same schedule.
+        if (use_chorus_schedule(kChorusScheduleMinBytes)) {
+          // Note [Direct exchanges]: each peer's slice straight to it; this rank's own by copy.
+          const std::size_t element = element_size(send.dtype);
+          const auto me = static_cast<std::size_t>(group_rank_);
+          if (counts[me] != counts[2 * n + me]) {
+            throw InvalidArgument(context_of(info),
+                                  "this rank sends itself " + std::to_string(counts[me]) +
+                                      " elements but expects " +
+                                      std::to_string(counts[2 * n + me]) + " from itself");
+          }
+          if (counts[me] > 0) {
+            std::memcpy(static_cast<char*>(recv.data) +
+                            static_cast<std::size_t>(counts[3 * n + me]) * element,
+                        static_cast<const char*>(input) +
+                            static_cast<std::size_t>(counts[n + me]) * element,
+                        static_cast<std::size_t>(counts[me]) * element);
+          }
+          std::vector<Message> messages;
+          for (std::size_t peer = 0; peer < n; ++peer) {
+            if (peer != me) {
+              messages.push_back({static_cast<int>(peer),
+                                  static_cast<const char*>(input) +
+                                      static_cast<std::size_t>(counts[n + peer]) * element,
+                                  counts[peer],
+                                  static_cast<char*>(recv.data) +
+                                      static_cast<std::size_t>(counts[3 * n + peer]) * element,
+                                  counts[2 * n + peer]});
+            }
+          }
+          post_exchange(started, messages, datatype, info);
+          return;
+        }
         MPI_Request request = MPI_REQUEST_NULL;
         {
           const std::lock_guard mpi_lock(process_->mutex());
@@ -886,13 +990,13 @@ std::shared_ptr<transport::Work> MpiComm::end_group(const OpInfo& info) {
 // MpiTransport
 
 MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout,
-                           bool check_collectives, AllReduceSchedule schedule)
+                           bool check_collectives, MpiSchedule schedule)
     : process_(std::move(process)),
       timeout_(timeout),
       check_collectives_(check_collectives),
       schedule_(agree_on_schedule(schedule)) {}
 
-AllReduceSchedule MpiTransport::agree_on_schedule(AllReduceSchedule requested) {
+MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
   // Every member of a group must run the same schedule for the same all_reduce, or the ring's
   // messages and MPI_Iallreduce wait for each other forever. What each rank requested (its own
   // environment) and whether its node has a CPU per rank can differ between processes, so the
@@ -912,22 +1016,21 @@ AllReduceSchedule MpiTransport::agree_on_schedule(AllReduceSchedule requested) {
   }
   bool every_node_spins = true;
   for (int r = 0; r < world_size; ++r) {
-    const auto schedule = static_cast<AllReduceSchedule>(all[2 * static_cast<std::size_t>(r)]);
+    const auto schedule = static_cast<MpiSchedule>(all[2 * static_cast<std::size_t>(r)]);
     if (schedule != requested) {
-      throw InvalidArgument(ErrorContext{process_->rank(), "chorus::mpi::run", -1, ""},
-                            "ranks disagree on the MPI all_reduce schedule: rank " +
-                                std::to_string(process_->rank()) + " asks for '" +
-                                std::string(schedule_name(requested)) + "', rank " +
-                                std::to_string(r) + " for '" +
-                                std::string(schedule_name(schedule)) +
-                                "' (MpiRunOptions::all_reduce, CHORUS_MPI_ALLREDUCE)");
+      throw InvalidArgument(
+          ErrorContext{process_->rank(), "chorus::mpi::run", -1, ""},
+          "ranks disagree on the MPI schedule: rank " + std::to_string(process_->rank()) +
+              " asks for '" + std::string(schedule_name(requested)) + "', rank " +
+              std::to_string(r) + " for '" + std::string(schedule_name(schedule)) +
+              "' (MpiRunOptions::schedule, CHORUS_MPI_SCHEDULE)");
     }
     every_node_spins = every_node_spins && all[2 * static_cast<std::size_t>(r) + 1] == 1;
   }
   // Oversubscribed, each of the ring's 2(n-1) handoffs waits for a peer to get a CPU
   // (Note [Ring all_reduce]): Auto keeps to MPI_Iallreduce unless every node has a CPU per rank.
-  if (requested == AllReduceSchedule::Auto && !every_node_spins) {
-    return AllReduceSchedule::Mpi;
+  if (requested == MpiSchedule::Auto && !every_node_spins) {
+    return MpiSchedule::Mpi;
   }
   return requested;
 }

@@ -125,6 +125,17 @@ class MpiWork final : public transport::Work {
   std::exception_ptr error_;
 };
 
+// Note [Direct exchanges]
+// Under chorus's schedule (MpiSchedule) reduce_scatter, all_gather and all_to_all post every
+// message at once, an MPI_Irecv and an MPI_Isend per peer on the group's communicator, under one
+// tag of the communicator's point-to-point sequence (Note [Ring all_reduce], "Messages"). MPI's
+// progress engine moves point-to-point messages from any MPI call, so they need nothing more
+// than the work's MPI_Testall. reduce_scatter receives every peer's block of this rank's chunk
+// into scratch memory and, once all arrived, reduces the n blocks in group-rank order
+// (chorus::kernels, the fold the simulator's fixed order uses): each block is computed once, at
+// its owner. Open MPI's blocking reduce_scatter measured 0.35-0.7 as fast as this on 2 ranks
+// (docs/performance.md). all_to_all takes chorus's schedule whatever its sizes, because ranks'
+// totals differ and every rank must choose alike.
 class MpiComm final : public transport::Comm {
  public:
   // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
@@ -132,7 +143,7 @@ class MpiComm final : public transport::Comm {
   // `schedule`: how all_reduce runs (Note [Ring all_reduce]).
   MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm, std::string tag,
           std::vector<int> ranks, std::uint64_t id, std::chrono::nanoseconds timeout,
-          AllReduceSchedule schedule);
+          MpiSchedule schedule);
   ~MpiComm() override;
 
   std::uint64_t id() const noexcept override { return id_; }
@@ -207,8 +218,23 @@ class MpiComm final : public transport::Comm {
                  MPI_Datatype& datatype, MPI_Op& op);
   const void* scaled_input(const transport::Buffer& send, const ReduceOp& reduce_op,
                            Started& started);
-  // Whether an all_reduce of `nbytes` per rank runs as chorus's ring (Note [Ring all_reduce]).
-  bool use_ring(std::size_t nbytes) const;
+  // Whether an operation of `nbytes` per rank (the larger buffer) runs on chorus's schedule
+  // (MpiSchedule; Note [Ring all_reduce], Note [Direct exchanges]).
+  bool use_chorus_schedule(std::size_t nbytes) const;
+  // The next tag of this communicator's point-to-point sequence (Note [Ring all_reduce],
+  // "Messages"); every member takes tags in the same (issue) order.
+  int take_p2p_tag();
+  // One peer's part of a direct exchange: what this rank sends it and where its data lands.
+  struct Message {
+    int peer;
+    const void* send;
+    int send_count;
+    void* receive;
+    int receive_count;
+  };
+  // Posts every message's MPI_Irecv and MPI_Isend under one new tag into `started`.
+  void post_exchange(Started& started, const std::vector<Message>& messages, MPI_Datatype datatype,
+                     const transport::OpInfo& info);
 
   std::shared_ptr<MpiProcess> process_;
   MPI_Comm comm_;
@@ -220,8 +246,8 @@ class MpiComm final : public transport::Comm {
   std::uint64_t id_;
   std::chrono::nanoseconds timeout_;
   int group_rank_ = -1;
-  AllReduceSchedule schedule_;
-  int next_ring_tag_ = 0;  // Note [Ring all_reduce]
+  MpiSchedule schedule_;
+  int next_p2p_tag_ = 0;  // Note [Ring all_reduce]
   bool batching_ = false;
   std::vector<transport::OpSignature> batch_signatures_;
   std::vector<std::function<void(Started&)>> batch_starts_;
@@ -244,7 +270,7 @@ class MpiTransport final : public transport::Transport {
   // check's exchanges (Note [Collective check], on when `check_collectives`).
   // `schedule`: how all_reduce runs on every communicator (Note [Ring all_reduce]).
   MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout,
-               bool check_collectives, AllReduceSchedule schedule);
+               bool check_collectives, MpiSchedule schedule);
 
   std::string_view name() const noexcept override { return "mpi"; }
   int rank() const noexcept override { return process_->rank(); }
@@ -258,14 +284,14 @@ class MpiTransport final : public transport::Transport {
  private:
   // The schedule every rank runs (Note [Ring all_reduce]): the same `requested` on every rank,
   // else InvalidArgument; Auto becomes Mpi unless every node has a CPU per rank. Collective.
-  AllReduceSchedule agree_on_schedule(AllReduceSchedule requested);
+  MpiSchedule agree_on_schedule(MpiSchedule requested);
   // Throws Timeout or CollectiveMismatch (Note [Communicator rendezvous]).
   void rendezvous(const std::vector<int>& ranks, std::uint64_t id, const ErrorContext& context);
 
   std::shared_ptr<MpiProcess> process_;
   std::chrono::nanoseconds timeout_;
   bool check_collectives_;
-  AllReduceSchedule schedule_;
+  MpiSchedule schedule_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.

@@ -21,8 +21,8 @@ namespace chorus::mpi::detail {
 // makes nonblocking calls only: a blocking call could not honour a wait's deadline. So for
 // those sizes the transport runs its own schedule, the ring that tuned and NCCL use: a
 // reduce-scatter, then an all-gather, n - 1 steps each, as MPI_Isend/MPI_Irecv pairs on the
-// group's communicator. A step is posted when the previous one completed, from the work's polls
-// (is_completed, wait), as libnbc's schedules are progressed.
+// group's communicator. A step is posted when the previous one completed, from the transport's
+// polls ("Progress" below). MpiSchedule chooses between this and MPI_Iallreduce.
 //
 // The buffer is cut into n chunks (the first count % n of them one element longer; chunks may
 // be empty). Reduce-scatter step s: rank r sends chunk r - s to rank r + 1 (its own input at
@@ -46,12 +46,12 @@ namespace chorus::mpi::detail {
 // is_completed, the collective check's exchanges and communicator set-up. The reductions run
 // under the MPI lock, like MPI's own in MPI_Test.
 //
-// Messages: each ring on a communicator takes the next of kRingTags tags, in issue order (the
-// same on every rank, coalesced batches included), so rings in flight at the same time never
-// match each other's messages; MPI keeps point-to-point traffic apart from collectives on the
-// same communicator. Two rings share a tag only if kRingTags others were issued while the first
-// was still pending.
-inline constexpr int kRingTags = 32767;  // the least MPI_TAG_UB the standard allows
+// Messages: each ring on a communicator takes the next of kP2pTags tags (MpiComm::take_p2p_tag,
+// shared with Note [Direct exchanges]), in issue order (the same on every rank, coalesced
+// batches included), so operations in flight at the same time never match each other's
+// messages; MPI keeps point-to-point traffic apart from collectives on the same communicator.
+// Two operations share a tag only if kP2pTags others were issued while the first was pending.
+inline constexpr int kP2pTags = 32767;  // the least MPI_TAG_UB the standard allows
 
 class RingAllReduce {
  public:

@@ -38,30 +38,32 @@ Mapping describe_mapping(DType dtype, const ReduceOp& reduce_op);
 // OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK is set. Thread-safe.
 bool launched_by_mpi() noexcept;
 
-// How the transport carries out all_reduce (docs/mpi.md, "How all_reduce runs").
-enum class AllReduceSchedule {
-  // The ring from kRingMinBytes up to kRingMaxBytes on groups of two or more when this node
-  // runs no more ranks than it has CPUs; MPI_Iallreduce otherwise. The environment variable
-  // CHORUS_MPI_ALLREDUCE (auto, mpi or ring) replaces Auto.
+// Who schedules all_reduce, reduce_scatter, all_gather and all_to_all (docs/mpi.md, "chorus's
+// own schedules").
+enum class MpiSchedule {
+  // chorus's schedules from kChorusScheduleMinBytes up to kChorusScheduleMaxBytes per rank on
+  // groups of two or more, when every node runs no more ranks than it has CPUs; MPI's
+  // nonblocking collectives otherwise. The environment variable CHORUS_MPI_SCHEDULE (auto, mpi
+  // or chorus) replaces Auto.
   Auto,
-  // Always MPI_Iallreduce: Open MPI's nonblocking algorithms (coll/libnbc).
+  // Always MPI's nonblocking collectives (MPI_Iallreduce, ...: Open MPI's coll/libnbc).
   Mpi,
-  // chorus's ring over MPI_Isend/MPI_Irecv on every group of two or more ranks, progressed by
-  // the work's polls: a reduce-scatter and an all-gather, each chunk reduced at one rank so
-  // every rank gets the same bits. Falls back to MPI_Iallreduce when one chunk exceeds 2^31-1
-  // bytes.
-  Ring,
+  // chorus's schedules over MPI_Isend/MPI_Irecv on every group of two or more ranks: a ring
+  // all_reduce, and direct exchanges for reduce_scatter (reduced in rank order), all_gather and
+  // all_to_all. Each result element is reduced at one rank, so every rank gets the same bits.
+  // An operation with a message over 2^31-1 bytes falls back to MPI's.
+  Chorus,
 };
 
-// Auto's ring range, in bytes of one rank's buffer.
-inline constexpr std::size_t kRingMinBytes = std::size_t{4} << 10;
-inline constexpr std::size_t kRingMaxBytes = std::size_t{16} << 20;
+// Auto's range for chorus's schedules, in bytes of one rank's larger buffer.
+inline constexpr std::size_t kChorusScheduleMinBytes = std::size_t{4} << 10;
+inline constexpr std::size_t kChorusScheduleMaxBytes = std::size_t{16} << 20;
 
-// "auto", "mpi", "ring".
-std::string_view schedule_name(AllReduceSchedule schedule) noexcept;
+// "auto", "mpi", "chorus".
+std::string_view schedule_name(MpiSchedule schedule) noexcept;
 // The schedule named `name` (as schedule_name gives it); throws InvalidArgument naming the
 // accepted names otherwise.
-AllReduceSchedule parse_schedule(std::string_view name);
+MpiSchedule parse_schedule(std::string_view name);
 
 struct MpiRunOptions {
   // How long a wait (and a communicator's set-up) may take before it throws Timeout.
@@ -74,8 +76,8 @@ struct MpiRunOptions {
   // Outputs larger than this come fresh from the heap every time, paying first touch of every
   // page; `chorus bench` raises it to keep its largest outputs.
   std::size_t host_pool_bytes_max = std::size_t{64} << 20;
-  // How all_reduce runs; Auto also reads CHORUS_MPI_ALLREDUCE.
-  AllReduceSchedule all_reduce = AllReduceSchedule::Auto;
+  // Who schedules the collectives; Auto also reads CHORUS_MPI_SCHEDULE.
+  MpiSchedule schedule = MpiSchedule::Auto;
 };
 
 // Runs `rank_main` as this process's rank (chorus::run with transport "mpi" calls this):
