@@ -325,6 +325,102 @@ TEST(NcclSplitPlan, RefusesWhatIsNotAPartitionOfTheWorld) {
   refused({Parts{}, 0}, 1, 0);
 }
 
+// ---- Agreeing on a split before it (Note [Split agreement])
+
+TEST(NcclSplitAgreement, TheDescriptionListsPartsBySmallestRankAndKeepsMemberOrder) {
+  EXPECT_EQ(split_description("tp", {Parts{{2, 3}, {0, 1}}, 0}), "'tp' [[0, 1], [2, 3]]");
+  EXPECT_EQ(split_description("tp", {Parts{{0, 1}, {2, 3}}, 1}), "'tp' [[0, 1], [2, 3]]");
+  EXPECT_EQ(split_description("", {Parts{{3, 1}, {2, 0}}, 0}), "'' [[2, 0], [3, 1]]");
+  EXPECT_NE(split_description("tp", {Parts{{1, 0}, {2, 3}}, 0}),
+            split_description("tp", {Parts{{0, 1}, {2, 3}}, 0}));
+  EXPECT_NE(split_description("dp", {Parts{{0, 1}, {2, 3}}, 0}),
+            split_description("tp", {Parts{{0, 1}, {2, 3}}, 0}));
+}
+
+// Runs agree_on_split for round `round` on `descriptions.size()` ranks, each a thread with its
+// own client; rank r skips the round when descriptions[r] is empty. Returns each rank's error
+// text ("" when it agreed).
+std::vector<std::string> agree(store::Server& server, const std::vector<std::string>& descriptions,
+                               std::int64_t round, std::chrono::milliseconds timeout) {
+  const int world_size = static_cast<int>(descriptions.size());
+  std::vector<std::string> errors(descriptions.size());
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const auto index = static_cast<std::size_t>(rank);
+    if (descriptions[index].empty()) {
+      continue;
+    }
+    threads.emplace_back([&, rank, index] {
+      store::ClientOptions options;
+      options.port = server.port();
+      store::Client client(options, std::chrono::seconds(30));
+      try {
+        agree_on_split(client, rank, world_size, round, descriptions[index], "'tp' [..]", timeout);
+      } catch (const Error& error) {
+        errors[index] = error.what();
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  return errors;
+}
+
+TEST(NcclSplitAgreement, RanksSplittingTheSamePartitionAgreeAndLeaveNoKeys) {
+  store::Server server;
+  store::ClientOptions options;
+  options.port = server.port();
+  store::Client probe(options, std::chrono::seconds(30));
+  const std::int64_t keys_before = probe.num_keys();
+  const std::string same = split_description("tp", {Parts{{0, 1}, {2, 3}}, 0});
+  for (std::int64_t round = 0; round < 3; ++round) {
+    const std::vector<std::string> errors =
+        agree(server, {same, same, same, same}, round, std::chrono::seconds(30));
+    EXPECT_EQ(errors, std::vector<std::string>(4)) << "round " << round;
+  }
+  EXPECT_EQ(probe.num_keys(), keys_before);
+}
+
+// Rank 2 first uses another partition: every rank gets CollectiveMismatch before the split.
+TEST(NcclSplitAgreement, ADifferentPartitionIsAMismatchOnEveryRank) {
+  store::Server server;
+  const std::string tp = split_description("tp", {Parts{{0, 1}, {2, 3}}, 0});
+  const std::string dp = split_description("dp", {Parts{{0, 2}, {1, 3}}, 0});
+  const std::vector<std::string> errors =
+      agree(server, {tp, tp, dp, tp}, 7, std::chrono::seconds(30));
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string& error = errors[static_cast<std::size_t>(rank)];
+    EXPECT_NE(error.find("chorus::CollectiveMismatch: [rank " + std::to_string(rank) +
+                         "] create_comm on group 'tp' [..]: nccl: ranks disagree on split #7 of "
+                         "the world"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find(rank == 2 ? "rank 2 splits partition 'dp' [[0, 2], [1, 3]], rank 0 "
+                                     "splits partition 'tp' [[0, 1], [2, 3]]"
+                                   : "splits partition 'tp' [[0, 1], [2, 3]], rank 2 splits "
+                                     "partition 'dp' [[0, 2], [1, 3]]"),
+              std::string::npos)
+        << error;
+  }
+}
+
+// Ranks 1 and 3 never reach the split: the others time out naming them, without waiting in NCCL.
+TEST(NcclSplitAgreement, RanksThatNeverArriveAreNamedInTheTimeout) {
+  store::Server server;
+  const std::string tp = split_description("tp", {Parts{{0, 1}, {2, 3}}, 0});
+  const std::vector<std::string> errors =
+      agree(server, {tp, "", tp, ""}, 0, std::chrono::milliseconds(300));
+  for (const int rank : {0, 2}) {
+    const std::string& error = errors[static_cast<std::size_t>(rank)];
+    EXPECT_NE(error.find("chorus::Timeout: [rank " + std::to_string(rank) +
+                         "] create_comm on group 'tp' [..]: nccl: world ranks [1, 3] did not "
+                         "reach split #0 (partition 'tp' [[0, 1], [2, 3]]) by the deadline"),
+              std::string::npos)
+        << error;
+  }
+}
+
 // ---- Without a device
 
 TEST(NcclNoDevice, TransportNcclFailsWithAClearError) {

@@ -842,8 +842,8 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   //   Off by default, because the split makes the set-up collective over the whole world where
   //   the simulator and MPI need only the part's members: a program that uses a partition on
   //   some ranks only, or first uses partitions in different orders, would wait in the split
-  //   until the timeout and abort the world communicator. Nothing checks that contract before
-  //   the split yet.
+  //   until the timeout and abort the world communicator; Note [Split agreement] turns that
+  //   into a Timeout naming the missing ranks, or a CollectiveMismatch, before the split.
   // - Otherwise, and for a partition of one part, the part gets the unique-id set-up above.
   store::PrefixStore prefix("chorus/nccl/comm/" + key, *store_);
   store::Rendezvous rendezvous(prefix, group_rank, group_size);
@@ -929,6 +929,11 @@ std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
     // already, and a split would only copy the world communicator.
     return existing ? existing : create_comm(tag, ranks);
   }
+  // Note [Split agreement]: every world rank splits the same partition as its split #k, or
+  // every rank learns who does not, before anyone enters the split.
+  agree_on_split(*store_, rank, environment_.world_size, splits_++,
+                 split_description(tag, partition), context.group,
+                 store::Deadline(deadline_after(timeout_)));
   const std::string key = comm_key(tag, ranks);
   if (existing) {
     CHORUS_CHECK(comms_.contains(key));  // core's communicator is this transport's

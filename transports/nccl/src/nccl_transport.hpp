@@ -286,7 +286,8 @@ class NcclTransport final : public transport::Transport {
   std::shared_ptr<store::Store> store_;
   int device_;
   std::chrono::nanoseconds timeout_;
-  bool split_partitions_;  // NcclRunOptions::split_partitions
+  bool split_partitions_;    // NcclRunOptions::split_partitions
+  std::int64_t splits_ = 0;  // rounds of Note [Split agreement] so far
   std::shared_ptr<Watchdog> watchdog_;
   std::map<std::string, std::shared_ptr<NcclComm>> comms_;
   std::vector<std::shared_ptr<CommState>> states_;

@@ -89,6 +89,32 @@ struct SplitPlan {
 SplitPlan split_plan(const transport::Partition& partition, int world_size, int rank,
                      bool has_existing);
 
+// Note [Split agreement]
+// ncclCommSplit is collective over the whole world communicator and pairs the world's calls in
+// order, so a program that uses a partition on some ranks only, or first uses two partitions in
+// different orders, would wait inside the split until the timeout (and abort the world
+// communicator) or get communicators of other ranks. Before its k-th split every rank therefore
+// publishes, through the store, which partition it splits (split_description), waits for every
+// world rank's, and compares:
+// - ranks that do not publish by the deadline: Timeout naming them, before any rank enters the
+//   split (the world communicator is untouched);
+// - a rank whose description differs: CollectiveMismatch on every rank, naming the first such
+//   rank and both partitions.
+// The last rank to finish removes the round's keys.
+
+// The tag and the parts of a partition in a form every member computes alike: parts keep their
+// members' order (the group order, which the split's keys follow) and are listed by smallest
+// rank, however the caller ordered them. "'tp' [[0, 1], [2, 3]]".
+std::string split_description(const std::string& tag, const transport::Partition& partition);
+
+// Note [Split agreement], round `split_index` of this process, on `store` (keys under
+// "chorus/nccl/split/<split_index>/"). `rank` and `world_size` are the world's; `label` names
+// the group in errors. Blocks until every rank published or `deadline`; one call per rank and
+// round.
+void agree_on_split(store::Store& store, int rank, int world_size, std::int64_t split_index,
+                    const std::string& description, const std::string& label,
+                    store::Deadline deadline);
+
 struct NcclRunOptions {
   // How long a wait, a communicator's set-up and an operation watched by the watchdog may take
   // before they end in Timeout.
