@@ -19,8 +19,10 @@
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 //   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
-//            flight at once and waited in reverse, coalesced, in place; exact results (run with
-//            CHORUS_MPI_SCHEDULE=ring to test Note [Ring all_reduce], and without).
+//            flight at once and waited in reverse or in opposite orders, coalesced, in place;
+//            reduce_scatter then all_gather; exact results, and inexact sums bit-identical on
+//            every rank (run with CHORUS_MPI_SCHEDULE=chorus to test Note [Ring all_reduce] and
+//            Note [Direct exchanges], and without).
 
 #include <chorus/chorus.hpp>
 #include <cmath>

@@ -341,7 +341,8 @@ TEST(NcclSplitAgreement, TheDescriptionListsPartsBySmallestRankAndKeepsMemberOrd
 // own client; rank r skips the round when descriptions[r] is empty. Returns each rank's error
 // text ("" when it agreed).
 std::vector<std::string> agree(store::Server& server, const std::vector<std::string>& descriptions,
-                               std::int64_t round, std::chrono::milliseconds timeout) {
+                               std::int64_t round,
+                               const std::vector<std::chrono::milliseconds>& timeouts) {
   const int world_size = static_cast<int>(descriptions.size());
   std::vector<std::string> errors(descriptions.size());
   std::vector<std::thread> threads;
@@ -355,7 +356,8 @@ std::vector<std::string> agree(store::Server& server, const std::vector<std::str
       options.port = server.port();
       store::Client client(options, std::chrono::seconds(30));
       try {
-        agree_on_split(client, rank, world_size, round, descriptions[index], "'tp' [..]", timeout);
+        agree_on_split(client, rank, world_size, round, descriptions[index], "'tp' [..]",
+                       timeouts[index]);
       } catch (const Error& error) {
         errors[index] = error.what();
       }
@@ -365,6 +367,13 @@ std::vector<std::string> agree(store::Server& server, const std::vector<std::str
     thread.join();
   }
   return errors;
+}
+
+// The same deadline on every rank.
+std::vector<std::string> agree(store::Server& server, const std::vector<std::string>& descriptions,
+                               std::int64_t round, std::chrono::milliseconds timeout) {
+  return agree(server, descriptions, round,
+               std::vector<std::chrono::milliseconds>(descriptions.size(), timeout));
 }
 
 TEST(NcclSplitAgreement, RanksSplittingTheSamePartitionAgreeAndLeaveNoKeys) {
@@ -382,9 +391,14 @@ TEST(NcclSplitAgreement, RanksSplittingTheSamePartitionAgreeAndLeaveNoKeys) {
   EXPECT_EQ(probe.num_keys(), keys_before);
 }
 
-// Rank 2 first uses another partition: every rank gets CollectiveMismatch before the split.
+// Rank 2 first uses another partition: every rank gets CollectiveMismatch before the split, and
+// the round's keys are gone.
 TEST(NcclSplitAgreement, ADifferentPartitionIsAMismatchOnEveryRank) {
   store::Server server;
+  store::ClientOptions options;
+  options.port = server.port();
+  store::Client probe(options, std::chrono::seconds(30));
+  const std::int64_t keys_before = probe.num_keys();
   const std::string tp = split_description("tp", {Parts{{0, 1}, {2, 3}}, 0});
   const std::string dp = split_description("dp", {Parts{{0, 2}, {1, 3}}, 0});
   const std::vector<std::string> errors =
@@ -403,22 +417,69 @@ TEST(NcclSplitAgreement, ADifferentPartitionIsAMismatchOnEveryRank) {
               std::string::npos)
         << error;
   }
+  EXPECT_EQ(probe.num_keys(), keys_before);
+}
+
+// Rank 2 never arrives; rank 0 stops waiting first and marks rank 2's key, so rank 1, still
+// waiting with a long deadline, learns it at once instead of waiting for its own deadline.
+TEST(NcclSplitAgreement, ARankStillWaitingLearnsThatAnotherGaveUp) {
+  store::Server server;
+  const std::string tp = split_description("tp", {Parts{{0}, {1}, {2}}, 0});
+  const std::vector<std::string> errors =
+      agree(server, {tp, tp, ""}, 0,
+            {std::chrono::milliseconds(200), std::chrono::minutes(5), std::chrono::minutes(5)});
+  EXPECT_NE(errors[0].find("nccl: world ranks [2] did not reach split #0"), std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("chorus::Timeout: [rank 1] create_comm on group 'tp' [..]: nccl: "
+                           "split #0 (partition 'tp' [[0], [1], [2]]) did not happen: world rank "
+                           "2 had not reached it when rank 0 stopped waiting for it at its "
+                           "deadline"),
+            std::string::npos)
+      << errors[1];
+}
+
+// Rank 1 arrives after rank 0 stopped waiting: it must not go on into the split (where it would
+// wait alone in NCCL), but end in Timeout at once, naming who gave up.
+TEST(NcclSplitAgreement, ARankArrivingAfterAnotherGaveUpDoesNotEnterTheSplit) {
+  store::Server server;
+  const std::string tp = split_description("tp", {Parts{{0}, {1}}, 0});
+  const std::vector<std::string> first = agree(server, {tp, ""}, 3, std::chrono::milliseconds(200));
+  EXPECT_NE(first[0].find("nccl: world ranks [1] did not reach split #3"), std::string::npos)
+      << first[0];
+  const std::vector<std::string> late = agree(server, {"", tp}, 3, std::chrono::seconds(30));
+  EXPECT_NE(late[1].find("chorus::Timeout: [rank 1] create_comm on group 'tp' [..]: nccl: "
+                         "reached split #3 (partition 'tp' [[0], [1]]) too late: rank 0 stopped "
+                         "waiting for it at its deadline"),
+            std::string::npos)
+      << late[1];
 }
 
 // Ranks 1 and 3 never reach the split: the others time out naming them, without waiting in NCCL.
+// Whichever of ranks 0 and 2 stops waiting first names both; the other either does the same (its
+// deadline passed too) or finds the first one's marks and names the first missing rank.
 TEST(NcclSplitAgreement, RanksThatNeverArriveAreNamedInTheTimeout) {
   store::Server server;
   const std::string tp = split_description("tp", {Parts{{0, 1}, {2, 3}}, 0});
   const std::vector<std::string> errors =
       agree(server, {tp, "", tp, ""}, 0, std::chrono::milliseconds(300));
+  int naming_both = 0;
   for (const int rank : {0, 2}) {
     const std::string& error = errors[static_cast<std::size_t>(rank)];
-    EXPECT_NE(error.find("chorus::Timeout: [rank " + std::to_string(rank) +
-                         "] create_comm on group 'tp' [..]: nccl: world ranks [1, 3] did not "
-                         "reach split #0 (partition 'tp' [[0, 1], [2, 3]]) by the deadline"),
-              std::string::npos)
-        << error;
+    const std::string prefix = "chorus::Timeout: [rank " + std::to_string(rank) +
+                               "] create_comm on group 'tp' [..]: nccl: ";
+    const bool names_both =
+        error.find(prefix +
+                   "world ranks [1, 3] did not reach split #0 (partition 'tp' [[0, 1], "
+                   "[2, 3]]) by the deadline") != std::string::npos;
+    const bool found_marks =
+        error.find(prefix +
+                   "split #0 (partition 'tp' [[0, 1], [2, 3]]) did not happen: world "
+                   "rank 1 had not reached it when rank " +
+                   std::to_string(2 - rank) + " stopped waiting") != std::string::npos;
+    EXPECT_TRUE(names_both || found_marks) << error;
+    naming_both += names_both ? 1 : 0;
   }
+  EXPECT_GE(naming_both, 1);
 }
 
 // ---- Without a device

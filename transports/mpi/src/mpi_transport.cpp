@@ -638,6 +638,15 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   }
   CHORUS_CHECK_EQ(static_cast<std::size_t>(send_offset), send.count);
   CHORUS_CHECK_EQ(static_cast<std::size_t>(recv_offset), recv.count);
+  if (const auto me = static_cast<std::size_t>(group_rank_); send_counts[me] != recv_counts[me]) {
+    // Checked before anything is posted, on either schedule. Only this rank knows: without
+    // --check-collectives its peers wait for its messages until their deadline (or until this
+    // rank's failure ends the job).
+    throw InvalidArgument(context_of(info), "this rank sends itself " +
+                                                std::to_string(send_counts[me]) +
+                                                " elements but expects " +
+                                                std::to_string(recv_counts[me]) + " from itself");
+  }
   const OpSignature op_signature = signature(OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1);
   return launch(
       op_signature, info,
@@ -659,12 +668,6 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
           // Note [Direct exchanges]: each peer's slice straight to it; this rank's own by copy.
           const std::size_t element = element_size(send.dtype);
           const auto me = static_cast<std::size_t>(group_rank_);
-          if (counts[me] != counts[2 * n + me]) {
-            throw InvalidArgument(context_of(info),
-                                  "this rank sends itself " + std::to_string(counts[me]) +
-                                      " elements but expects " +
-                                      std::to_string(counts[2 * n + me]) + " from itself");
-          }
           if (counts[me] > 0) {
             std::memcpy(static_cast<char*>(recv.data) +
                             static_cast<std::size_t>(counts[3 * n + me]) * element,

@@ -133,8 +133,8 @@ class MpiWork final : public transport::Work {
 // than the work's MPI_Testall. reduce_scatter receives every peer's block of this rank's chunk
 // into scratch memory and, once all arrived, reduces the n blocks in group-rank order
 // (chorus::kernels, the fold the simulator's fixed order uses): each block is computed once, at
-// its owner. Open MPI's blocking reduce_scatter measured 0.35-0.7 as fast as this on 2 ranks
-// (docs/performance.md). all_to_all takes chorus's schedule whatever its sizes, because ranks'
+// its owner. On 2 ranks this measured 0.98-2.15 of blocking MPI_Reduce_scatter_block's busbw
+// from 64 KiB to 16 MiB, where MPI_Ireduce_scatter_block gave 0.47-0.98 (docs/performance.md). all_to_all takes chorus's schedule whatever its sizes, because ranks'
 // totals differ and every rank must choose alike.
 class MpiComm final : public transport::Comm {
  public:

@@ -53,62 +53,97 @@ std::string split_description(const std::string& tag, const transport::Partition
   return text + "]";
 }
 
-void agree_on_split(store::Store& store, int rank, int world_size, std::int64_t split_index,
-                    const std::string& description, const std::string& label,
-                    store::Deadline deadline) {
-  const ErrorContext context{rank, "create_comm", -1, label};
-  const std::string round = "chorus/nccl/split/" + std::to_string(split_index) + "/";
-  std::vector<std::string> keys;
-  keys.reserve(static_cast<std::size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) {
-    keys.push_back(round + std::to_string(r));
-  }
-  store.set(keys[static_cast<std::size_t>(rank)], description, deadline);
-  std::vector<std::string> descriptions;
-  try {
-    descriptions = store.multi_get(keys, deadline);
-  } catch (const Timeout&) {
-    // Which ranks never published: a key that holds anything is not swapped by compare_set with
-    // an expected value no description has, and an absent one stays absent.
-    const std::string impossible(1, '\0');
-    std::string missing;
-    for (int r = 0; r < world_size; ++r) {
-      if (!store.compare_set(keys[static_cast<std::size_t>(r)], impossible, "",
-                             store::Deadline(std::chrono::seconds(5)))) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-    }
-    throw Timeout(context,
-                  "nccl: world ranks [" + missing + "] did not reach split #" +
-                      std::to_string(split_index) + " (partition " + description +
-                      ") by the deadline; ncclCommSplit is collective over the world, so with "
-                      "split_partitions every rank must use the same partitions in the same "
-                      "order (docs/nccl.md)");
-  }
-  for (int r = 0; r < world_size; ++r) {
-    const std::string& theirs = descriptions[static_cast<std::size_t>(r)];
-    if (theirs != description) {
-      // Count out first, so the keys are removed even though this round fails.
-      if (store.add(round + "done", 1, deadline) == world_size) {
-        for (const std::string& key : keys) {
-          store.delete_key(key, deadline);
-        }
-        store.delete_key(round + "done", deadline);
-      }
-      throw CollectiveMismatch(
-          context, "nccl: ranks disagree on split #" + std::to_string(split_index) +
-                       " of the world: rank " + std::to_string(rank) + " splits partition " +
-                       description + ", rank " + std::to_string(r) + " splits partition " + theirs +
-                       " (ncclCommSplit is collective over the world: every "
-                       "rank must use the same partitions in the same order)");
-    }
-  }
+namespace {
+
+// A rank that stops waiting writes this into every key still absent, so that a rank arriving
+// later cannot enter the split alone (Note [Split agreement]). No description starts with it.
+constexpr char kGaveUp = '\x01';
+
+bool gave_up(const std::string& value) { return !value.empty() && value.front() == kGaveUp; }
+
+// Every rank that ends the round counts itself out; the last one removes the round's keys. A
+// rank that never arrives never counts out, so a round that timed out keeps its keys.
+void count_out(store::Store& store, const std::string& round, const std::vector<std::string>& keys,
+               int world_size, store::Deadline deadline) {
   if (store.add(round + "done", 1, deadline) == world_size) {
     for (const std::string& key : keys) {
       store.delete_key(key, deadline);
     }
     store.delete_key(round + "done", deadline);
   }
+}
+
+}  // namespace
+
+void agree_on_split(store::Store& store, int rank, int world_size, std::int64_t split_index,
+                    const std::string& description, const std::string& label,
+                    store::Deadline deadline) {
+  const ErrorContext context{rank, "create_comm", -1, label};
+  const std::string round = "chorus/nccl/split/" + std::to_string(split_index) + "/";
+  const std::string split =
+      "split #" + std::to_string(split_index) + " (partition " + description + ")";
+  const std::string contract =
+      "ncclCommSplit is collective over the world, so with split_partitions every rank must use "
+      "the same partitions in the same order (docs/nccl.md)";
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    keys.push_back(round + std::to_string(r));
+  }
+  // After the deadline: a few seconds for the store calls that settle the round.
+  const store::Deadline settle(std::chrono::seconds(5));
+
+  // Publish, unless a rank that stopped waiting has written its mark here already.
+  const std::optional<std::string> published =
+      store.compare_set(keys[static_cast<std::size_t>(rank)], "", description, deadline);
+  if (published && gave_up(*published)) {
+    count_out(store, round, keys, world_size, settle);
+    throw Timeout(context, "nccl: reached " + split + " too late: " + published->substr(1) +
+                               "; no rank enters the split. " + contract);
+  }
+  std::vector<std::string> descriptions;
+  try {
+    descriptions = store.multi_get(keys, deadline);
+  } catch (const Timeout&) {
+    // Mark every key still absent (compare_set from absent with an empty expected value), so no
+    // rank arriving later enters the split alone; a key another rank marked is missing too.
+    const std::string mark = std::string(1, kGaveUp) + "rank " + std::to_string(rank) +
+                             " stopped waiting for it at its deadline";
+    std::string missing;
+    for (int r = 0; r < world_size; ++r) {
+      const std::optional<std::string> value =
+          store.compare_set(keys[static_cast<std::size_t>(r)], "", mark, settle);
+      if (!value || gave_up(*value)) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    if (!missing.empty()) {
+      count_out(store, round, keys, world_size, settle);
+      throw Timeout(context, "nccl: world ranks [" + missing + "] did not reach " + split +
+                                 " by the deadline; no rank enters the split. " + contract);
+    }
+    descriptions = store.multi_get(keys, settle);  // every rank arrived just in time
+  }
+  for (int r = 0; r < world_size; ++r) {
+    const std::string& theirs = descriptions[static_cast<std::size_t>(r)];
+    if (gave_up(theirs)) {
+      count_out(store, round, keys, world_size, settle);
+      throw Timeout(context, "nccl: " + split + " did not happen: world rank " + std::to_string(r) +
+                                 " had not reached it when " + theirs.substr(1) + ". " + contract);
+    }
+  }
+  for (int r = 0; r < world_size; ++r) {
+    const std::string& theirs = descriptions[static_cast<std::size_t>(r)];
+    if (theirs != description) {
+      count_out(store, round, keys, world_size, settle);
+      throw CollectiveMismatch(context, "nccl: ranks disagree on split #" +
+                                            std::to_string(split_index) + " of the world: rank " +
+                                            std::to_string(rank) + " splits partition " +
+                                            description + ", rank " + std::to_string(r) +
+                                            " splits partition " + theirs + " (" + contract + ")");
+    }
+  }
+  count_out(store, round, keys, world_size, settle);
 }
 
 }  // namespace chorus::nccl

@@ -41,9 +41,10 @@ bool launched_by_mpi() noexcept;
 // Who schedules all_reduce, reduce_scatter, all_gather and all_to_all (docs/mpi.md, "chorus's
 // own schedules").
 enum class MpiSchedule {
-  // chorus's schedules from kChorusScheduleMinBytes up to kChorusScheduleMaxBytes per rank on
-  // groups of two or more, when every node runs no more ranks than it has CPUs; MPI's
-  // nonblocking collectives otherwise. The environment variable CHORUS_MPI_SCHEDULE (auto, mpi
+  // chorus's schedules from kChorusScheduleMinBytes up to kChorusScheduleMaxBytes per rank
+  // (all_to_all at every size: ranks' totals differ, and all must choose alike) on groups of two
+  // or more, when every node runs no more ranks than it has CPUs; MPI's nonblocking collectives
+  // otherwise. The environment variable CHORUS_MPI_SCHEDULE (auto, mpi
   // or chorus) replaces Auto.
   Auto,
   // Always MPI's nonblocking collectives (MPI_Iallreduce, ...: Open MPI's coll/libnbc).
@@ -51,7 +52,8 @@ enum class MpiSchedule {
   // chorus's schedules over MPI_Isend/MPI_Irecv on every group of two or more ranks: a ring
   // all_reduce, and direct exchanges for reduce_scatter (reduced in rank order), all_gather and
   // all_to_all. Each result element is reduced at one rank, so every rank gets the same bits.
-  // An operation with a message over 2^31-1 bytes falls back to MPI's.
+  // A ring chunk over 2^31-1 bytes makes that all_reduce fall back to MPI_Iallreduce (the same
+  // on every rank); direct exchanges send element counts, which are ints already.
   Chorus,
 };
 

@@ -97,10 +97,14 @@ SplitPlan split_plan(const transport::Partition& partition, int world_size, int 
 // publishes, through the store, which partition it splits (split_description), waits for every
 // world rank's, and compares:
 // - ranks that do not publish by the deadline: Timeout naming them, before any rank enters the
-//   split (the world communicator is untouched);
+//   split (the world communicator is untouched). Deadlines differ between ranks (each starts
+//   when its rank arrives), so a rank that stops waiting first marks every key still absent
+//   (compare_set from absent): a rank arriving later finds the mark in its own key, and a rank
+//   waiting meanwhile finds it among the others', and both end in Timeout too. No rank enters
+//   the split alone;
 // - a rank whose description differs: CollectiveMismatch on every rank, naming the first such
 //   rank and both partitions.
-// The last rank to finish removes the round's keys.
+// The last rank to finish removes the round's keys; a round some rank never reached keeps them.
 
 // The tag and the parts of a partition in a form every member computes alike: parts keep their
 // members' order (the group order, which the split's keys follow) and are listed by smallest
