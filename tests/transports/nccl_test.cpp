@@ -18,6 +18,13 @@
 namespace chorus::nccl {
 namespace {
 
+// Client options that reach `server` on loopback.
+store::ClientOptions options_for(const store::Server& server) {
+  store::ClientOptions options;
+  options.port = server.port();
+  return options;
+}
+
 // ---- Mapping
 
 struct Row {
@@ -196,9 +203,7 @@ TEST_P(NcclUniqueIdExchange, EveryRankGetsRankZerosBytes) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
-      store::ClientOptions options;
-      options.port = server.port();
-      store::Client client(options, std::chrono::seconds(30));
+      store::Client client(options_for(server), std::chrono::seconds(30));
       store::PrefixStore prefix("chorus/nccl/comm/test", client);
       store::Rendezvous rendezvous(prefix, rank, world_size);
       const auto index = static_cast<std::size_t>(rank);
@@ -225,9 +230,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclUniqueIdExchange, testing::Values(1, 2,
 
 TEST(NcclUniqueIdExchangeErrors, ATruncatedIdIsRefusedOnRankZero) {
   store::Server server;
-  store::ClientOptions options;
-  options.port = server.port();
-  store::Client client(options, std::chrono::seconds(30));
+  store::Client client(options_for(server), std::chrono::seconds(30));
   store::Rendezvous rendezvous(client, 0, 1);
   EXPECT_THROW((void)exchange_unique_id(
                    rendezvous, 128, [] { return std::string(5, 'x'); }, std::chrono::seconds(5)),
@@ -236,9 +239,7 @@ TEST(NcclUniqueIdExchangeErrors, ATruncatedIdIsRefusedOnRankZero) {
 
 TEST(NcclUniqueIdExchangeErrors, ARankWaitsForRankZeroUntilTheDeadline) {
   store::Server server;
-  store::ClientOptions options;
-  options.port = server.port();
-  store::Client client(options, std::chrono::seconds(30));
+  store::Client client(options_for(server), std::chrono::seconds(30));
   store::Rendezvous rendezvous(client, 1, 2);
   EXPECT_THROW(
       (void)exchange_unique_id(
@@ -352,9 +353,7 @@ std::vector<std::string> agree(store::Server& server, const std::vector<std::str
       continue;
     }
     threads.emplace_back([&, rank, index] {
-      store::ClientOptions options;
-      options.port = server.port();
-      store::Client client(options, std::chrono::seconds(30));
+      store::Client client(options_for(server), std::chrono::seconds(30));
       try {
         agree_on_split(client, rank, world_size, round, descriptions[index], "'tp' [..]",
                        timeouts[index]);
@@ -378,9 +377,7 @@ std::vector<std::string> agree(store::Server& server, const std::vector<std::str
 
 TEST(NcclSplitAgreement, RanksSplittingTheSamePartitionAgreeAndLeaveNoKeys) {
   store::Server server;
-  store::ClientOptions options;
-  options.port = server.port();
-  store::Client probe(options, std::chrono::seconds(30));
+  store::Client probe(options_for(server), std::chrono::seconds(30));
   const std::int64_t keys_before = probe.num_keys();
   const std::string same = split_description("tp", {Parts{{0, 1}, {2, 3}}, 0});
   for (std::int64_t round = 0; round < 3; ++round) {
@@ -395,9 +392,7 @@ TEST(NcclSplitAgreement, RanksSplittingTheSamePartitionAgreeAndLeaveNoKeys) {
 // the round's keys are gone.
 TEST(NcclSplitAgreement, ADifferentPartitionIsAMismatchOnEveryRank) {
   store::Server server;
-  store::ClientOptions options;
-  options.port = server.port();
-  store::Client probe(options, std::chrono::seconds(30));
+  store::Client probe(options_for(server), std::chrono::seconds(30));
   const std::int64_t keys_before = probe.num_keys();
   const std::string tp = split_description("tp", {Parts{{0, 1}, {2, 3}}, 0});
   const std::string dp = split_description("dp", {Parts{{0, 2}, {1, 3}}, 0});
