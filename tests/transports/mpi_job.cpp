@@ -13,6 +13,8 @@
 //            all_reduce: CollectiveMismatch naming both sides (Note [Collective check]).
 //   splits   (with --check-collectives) all_to_all_single where rank 1 sends rank 0 one element
 //            more than rank 0 expects: CollectiveMismatch naming the pair.
+//   self_split  rank 0's all_to_all_single sends itself more than it expects from itself:
+//            InvalidArgument naming the counts, on either MPI schedule.
 //   group_order  ranks 0 and 1 first use two groups they share in opposite orders (MPI would
 //            deadlock creating the communicators): CollectiveMismatch on both
 //            (Note [Communicator rendezvous]).
@@ -397,6 +399,25 @@ void splits() {
       .to_vector<float>();
 }
 
+// Rank 0 sends itself two elements but expects one from itself: InvalidArgument before anything
+// is posted (the peers' counts agree with each other, so only rank 0 can tell).
+void self_split() {
+  const int n = chorus::world_size();
+  std::vector<std::int64_t> send_sizes(static_cast<std::size_t>(n), 1);
+  const std::vector<std::int64_t> recv_sizes(static_cast<std::size_t>(n), 1);
+  if (chorus::rank() == 0) {
+    send_sizes[0] = 2;
+  }
+  std::int64_t total = 0;
+  for (const std::int64_t size : send_sizes) {
+    total += size;
+  }
+  (void)chorus::all_to_all_single(
+      chorus::Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(total), 1.0f)),
+      recv_sizes, send_sizes, chorus::world())
+      .to_vector<float>();
+}
+
 void group_order() {
   const chorus::ProcessGroup first = chorus::new_group({0, 1}, "a");
   const chorus::ProcessGroup second = chorus::new_group({0, 1}, "b");
@@ -456,6 +477,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);
+  }
+  if (mode == "self_split") {
+    return chorus::run(options, self_split);
   }
   if (mode == "rings") {
     return chorus::run(options, rings);
