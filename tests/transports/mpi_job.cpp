@@ -381,13 +381,14 @@ void mismatch() {
   }
 }
 
-void splits() {
-  // Everyone sends one element to everyone, except rank 1, which sends rank 0 two.
+// all_to_all_single of one element from every rank to every rank, except that rank `sender`
+// sends rank `receiver` two (its split sizes disagree with what `receiver` expects).
+void all_to_all_with_one_extra(int sender, int receiver) {
   const int n = chorus::world_size();
   std::vector<std::int64_t> send_sizes(static_cast<std::size_t>(n), 1);
   const std::vector<std::int64_t> recv_sizes(static_cast<std::size_t>(n), 1);
-  if (chorus::rank() == 1) {
-    send_sizes[0] = 2;
+  if (chorus::rank() == sender) {
+    send_sizes[static_cast<std::size_t>(receiver)] = 2;
   }
   std::int64_t total = 0;
   for (const std::int64_t size : send_sizes) {
@@ -399,24 +400,12 @@ void splits() {
       .to_vector<float>();
 }
 
+// Rank 1 sends rank 0 one element more than rank 0 expects.
+void splits() { all_to_all_with_one_extra(1, 0); }
+
 // Rank 0 sends itself two elements but expects one from itself: InvalidArgument before anything
 // is posted (the peers' counts agree with each other, so only rank 0 can tell).
-void self_split() {
-  const int n = chorus::world_size();
-  std::vector<std::int64_t> send_sizes(static_cast<std::size_t>(n), 1);
-  const std::vector<std::int64_t> recv_sizes(static_cast<std::size_t>(n), 1);
-  if (chorus::rank() == 0) {
-    send_sizes[0] = 2;
-  }
-  std::int64_t total = 0;
-  for (const std::int64_t size : send_sizes) {
-    total += size;
-  }
-  (void)chorus::all_to_all_single(
-      chorus::Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(total), 1.0f)),
-      recv_sizes, send_sizes, chorus::world())
-      .to_vector<float>();
-}
+void self_split() { all_to_all_with_one_extra(0, 0); }
 
 void group_order() {
   const chorus::ProcessGroup first = chorus::new_group({0, 1}, "a");

@@ -42,7 +42,7 @@ void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {
   }
 }
 
-// options.all_reduce, with Auto replaced by CHORUS_MPI_SCHEDULE when that is set.
+// options.schedule, with Auto replaced by CHORUS_MPI_SCHEDULE when that is set.
 MpiSchedule resolve_schedule(const MpiRunOptions& options) {
   if (options.schedule != MpiSchedule::Auto) {
     return options.schedule;
@@ -97,8 +97,8 @@ int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
       transport = std::make_shared<detail::MpiTransport>(process, run_options.timeout,
                                                          run_options.check_collectives, schedule);
     } catch (...) {
-      // The ranks disagree on the all_reduce schedule: every rank found it (the comparison is
-      // collective), and every rank ends the job the way a failed rank does.
+      // The ranks disagree on the schedule: every rank found it (the comparison is collective),
+      // and every rank ends the job the way a failed rank does.
       abort_job(*process, describe(std::current_exception()));
     }
     RankContext context(transport, options);

@@ -75,6 +75,12 @@ void keep(Started& started, std::initializer_list<std::shared_ptr<const void>> b
   started.keep_alive.insert(started.keep_alive.end(), buffers);
 }
 
+// The reduction of one step of chorus's schedules (Note [Ring all_reduce], Note [Direct
+// exchanges]): avg and premul_sum are sums there (divided afterwards, or of a scaled input).
+ReduceOp step_op(const Plan& plan, const ReduceOp& reduce_op) {
+  return plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
+}
+
 }  // namespace
 
 std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
@@ -389,16 +395,16 @@ const void* MpiComm::scaled_input(const Buffer& send, const ReduceOp& reduce_op,
   return copy.get();
 }
 
+bool MpiComm::chorus_schedule_allowed() const {
+  // Auto was already turned into Mpi on oversubscribed jobs (MpiTransport::agree_on_schedule).
+  return size() >= 2 && schedule_ != MpiSchedule::Mpi;
+}
+
 bool MpiComm::use_chorus_schedule(std::size_t nbytes) const {
-  if (size() < 2 || schedule_ == MpiSchedule::Mpi) {
-    return false;
-  }
-  if (schedule_ == MpiSchedule::Chorus) {
-    return true;
-  }
-  // Auto (which MpiTransport already turned into Mpi on oversubscribed jobs): the same answer
-  // on every rank, since the group's members issued the same byte count.
-  return kChorusScheduleMinBytes <= nbytes && nbytes <= kChorusScheduleMaxBytes;
+  // Auto: the same answer on every rank, since the group's members issued the same byte count.
+  return chorus_schedule_allowed() &&
+         (schedule_ == MpiSchedule::Chorus ||
+          (kChorusScheduleMinBytes <= nbytes && nbytes <= kChorusScheduleMaxBytes));
 }
 
 int MpiComm::take_p2p_tag() {
@@ -474,15 +480,11 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
       const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      // The ring sends a chunk as MPI_BYTE: its bytes must fit an int.
       if (use_chorus_schedule(send.nbytes()) &&
-          send.nbytes() / ranks_.size() + 16 <= static_cast<std::size_t>(INT_MAX)) {
-        // Note [Ring all_reduce]: avg and premul_sum are sums here (divided after, or scaled).
-        const ReduceOp step_op =
-            plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
-        auto ring =
-            std::make_shared<RingAllReduce>(input, recv.data, send.count, send.dtype, step_op,
-                                            comm_, group_rank_, size(), take_p2p_tag());
+          RingAllReduce::fits(send.count, send.dtype, size())) {
+        auto ring = std::make_shared<RingAllReduce>(input, recv.data, send.count, send.dtype,
+                                                    step_op(plan, reduce_op), comm_, group_rank_,
+                                                    size(), take_p2p_tag());
         started.rings.push_back(ring);  // kept (parked) with its buffers even if start fails
         ring->start();
         if (ring->failed()) {
@@ -596,12 +598,10 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
         messages.push_back({peer, own, count, place, count});
       }
       post_exchange(started, messages, mpi_datatype(movement_element(send.dtype)), info);
-      const ReduceOp step_op =
-          plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
-      started.after.emplace_back(
-          [sources, data = recv.data, n = recv.count, dtype = recv.dtype, step_op] {
-            kernels::reduce(data, sources->data(), sources->size(), n, dtype, step_op);
-          });
+      started.after.emplace_back([sources, data = recv.data, n = recv.count, dtype = recv.dtype,
+                                  op = step_op(plan, reduce_op)] {
+        kernels::reduce(data, sources->data(), sources->size(), n, dtype, op);
+      });
     } else {
       started.requests.push_back(request);
     }
@@ -664,7 +664,7 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
         const int* counts = layout->data();
         // Not by size: ranks' totals differ in an uneven all_to_all, and every rank must choose
         // the same schedule.
-        if (use_chorus_schedule(kChorusScheduleMinBytes)) {
+        if (chorus_schedule_allowed()) {
           // Note [Direct exchanges]: each peer's slice straight to it; this rank's own by copy.
           const std::size_t element = element_size(send.dtype);
           const auto me = static_cast<std::size_t>(group_rank_);

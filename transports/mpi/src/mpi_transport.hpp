@@ -134,13 +134,14 @@ class MpiWork final : public transport::Work {
 // into scratch memory and, once all arrived, reduces the n blocks in group-rank order
 // (chorus::kernels, the fold the simulator's fixed order uses): each block is computed once, at
 // its owner. On 2 ranks this measured 0.98-2.15 of blocking MPI_Reduce_scatter_block's busbw
-// from 64 KiB to 16 MiB, where MPI_Ireduce_scatter_block gave 0.47-0.98 (docs/performance.md). all_to_all takes chorus's schedule whatever its sizes, because ranks'
-// totals differ and every rank must choose alike.
+// from 64 KiB to 16 MiB, where MPI_Ireduce_scatter_block gave 0.47-0.98 (docs/performance.md).
+// all_to_all takes chorus's schedule whatever its sizes, because ranks' totals differ and every
+// rank must choose alike.
 class MpiComm final : public transport::Comm {
  public:
   // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
   // `timeout` bounds the check's exchanges. Owns both communicators.
-  // `schedule`: how all_reduce runs (Note [Ring all_reduce]).
+  // `schedule`: who schedules its collectives (MpiSchedule, already agreed by the ranks).
   MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm, std::string tag,
           std::vector<int> ranks, std::uint64_t id, std::chrono::nanoseconds timeout,
           MpiSchedule schedule);
@@ -218,8 +219,10 @@ class MpiComm final : public transport::Comm {
                  MPI_Datatype& datatype, MPI_Op& op);
   const void* scaled_input(const transport::Buffer& send, const ReduceOp& reduce_op,
                            Started& started);
-  // Whether an operation of `nbytes` per rank (the larger buffer) runs on chorus's schedule
-  // (MpiSchedule; Note [Ring all_reduce], Note [Direct exchanges]).
+  // Whether this communicator may run chorus's schedules at all (MpiSchedule; Note [Ring
+  // all_reduce], Note [Direct exchanges]), and whether an operation of `nbytes` per rank (the
+  // larger buffer) does.
+  bool chorus_schedule_allowed() const;
   bool use_chorus_schedule(std::size_t nbytes) const;
   // The next tag of this communicator's point-to-point sequence (Note [Ring all_reduce],
   // "Messages"); every member takes tags in the same (issue) order.
@@ -268,7 +271,7 @@ class MpiTransport final : public transport::Transport {
  public:
   // `timeout` bounds communicator set-up (Note [Communicator rendezvous]) and the collective
   // check's exchanges (Note [Collective check], on when `check_collectives`).
-  // `schedule`: how all_reduce runs on every communicator (Note [Ring all_reduce]).
+  // `schedule`: who schedules the collectives of every communicator (MpiSchedule).
   MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nanoseconds timeout,
                bool check_collectives, MpiSchedule schedule);
 

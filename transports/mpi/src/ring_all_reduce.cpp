@@ -39,6 +39,11 @@ std::size_t RingAllReduce::chunk_count(std::size_t count, int size, int chunk) {
   return count / n + (static_cast<std::size_t>(chunk) < count % n ? 1 : 0);
 }
 
+bool RingAllReduce::fits(std::size_t count, DType dtype, int group_size) {
+  return chunk_count(count, group_size, 0) <=
+         static_cast<std::size_t>(std::numeric_limits<int>::max()) / element_size(dtype);
+}
+
 RingAllReduce::RingAllReduce(const void* input, void* output, std::size_t count, DType dtype,
                              const ReduceOp& step_op, MPI_Comm comm, int group_rank, int group_size,
                              int tag)
@@ -57,9 +62,7 @@ RingAllReduce::RingAllReduce(const void* input, void* output, std::size_t count,
                                                       element_size(dtype))) {
   CHORUS_CHECK(group_size >= 2);
   CHORUS_CHECK(0 <= group_rank && group_rank < group_size);
-  // One chunk's bytes travel as an int count of MPI_BYTE.
-  CHORUS_CHECK(chunk_count(count, group_size, 0) * element_size_ <=
-               static_cast<std::size_t>(std::numeric_limits<int>::max()));
+  CHORUS_CHECK(fits(count, dtype, group_size));
 }
 
 // Parked rings (after a Timeout) are destroyed after MPI_Finalize: no MPI calls here.

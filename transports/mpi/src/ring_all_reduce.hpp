@@ -75,6 +75,9 @@ class RingAllReduce {
   // "MPI_Isend failed (ring all_reduce): ..." once failed().
   const std::string& failure() const noexcept { return failure_; }
 
+  // Whether a ring can carry `count` elements of `dtype` over `group_size` ranks: one chunk's
+  // bytes travel as an int count of MPI_BYTE.
+  static bool fits(std::size_t count, DType dtype, int group_size);
   // Chunk c's first element and element count (public for tests of the layout).
   static std::size_t chunk_offset(std::size_t count, int size, int chunk);
   static std::size_t chunk_count(std::size_t count, int size, int chunk);
