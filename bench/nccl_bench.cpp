@@ -12,18 +12,24 @@
 // What is timed, per size (float32 elements, sum): `iters` back-to-back operations, each issued
 // and completed before the next, alternating a chorus batch and a raw batch `reps` times (which
 // goes first alternates too); the printed time per operation is the median over the reps.
-// - chorus: chorus::all_reduce_inplace on device memory wrapped with Tensor::from_blob (core
-//   cannot allocate CUDA storage yet, so the out-of-place all_reduce is not available on CUDA
-//   tensors; the in-place form is what tests/transports/nccl_gpu_job.cpp uses). The in-place form
-//   returns once the result is in the tensor: core waits on the host (it does not use
-//   Work::wait_on yet), i.e. the NCCL transport polls its completion event.
+// - chorus: chorus::all_reduce_inplace on device memory wrapped with Tensor::from_blob (which
+//   returns after ordering the legacy default stream behind the operation, DESIGN 2.4), then
+//   cudaStreamSynchronize of that stream, as the raw side synchronises its own.
 // - raw: ncclAllReduce in place on a buffer of the same size, on a communicator of its own
 //   (ncclCommInitRank, one rank, default blocking config) and a non-blocking stream of its own,
 //   then cudaStreamSynchronize: the same issue-and-complete per operation, written by hand.
 // So "added" is everything chorus adds per operation on top of raw NCCL, enqueue and completion
 // both: validation, the work registry, the transport's event and stream ordering, its polled
-// waits. A pure enqueue figure needs core to allocate CUDA results or order streams with
-// wait_on (docs/nccl.md, "Not done").
+// waits.
+//
+// The second table is the enqueue alone (issue 6's "chorus adds under 2 us per op"): `iters`
+// operations issued back to back with no host wait between them, then one device synchronise
+// outside the timed loop.
+// - chorus: `out = chorus::all_reduce(input, "sum", group); chorus::wait_tensor(out);` on a CUDA
+//   tensor core allocated, i.e. validation, a fresh CUDA output (cudaMallocAsync, and the
+//   previous output's cudaFreeAsync), the work registry, the transport's events and the stream
+//   wait of DESIGN 2.4 (Work::wait_on: the host does not block).
+// - raw: ncclAllReduce from the input into an output buffer on the raw communicator's stream.
 //
 // Exactness: before timing, each path's buffer is filled with ones * (rank + 1) and reduced once;
 // every element must equal the sum over ranks of (rank + 1), bitwise. With one rank the timed
@@ -172,6 +178,12 @@ class RawNccl {
   RawNccl(const RawNccl&) = delete;
   RawNccl& operator=(const RawNccl&) = delete;
 
+  // Enqueues only: no synchronisation.
+  void enqueue_all_reduce(const float* input, float* output, std::size_t count) {
+    check_nccl(ncclAllReduce(input, output, count, ncclFloat32, ncclSum, comm_, stream_),
+               "ncclAllReduce");
+  }
+
   void all_reduce(float* data, std::size_t count) {
     check_nccl(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_),
                "ncclAllReduce");
@@ -211,7 +223,8 @@ std::size_t run_size(const BenchOptions& options, RawNccl& raw, std::size_t byte
   const auto time_chorus = [&](int n) {
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) {
-      chorus::all_reduce_inplace(tensor, "sum", group);
+      chorus::all_reduce_inplace(tensor, "sum", group);  // returns after a stream wait
+      check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
     }
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
         .count();
@@ -241,6 +254,75 @@ std::size_t run_size(const BenchOptions& options, RawNccl& raw, std::size_t byte
     wrong += count_wrong(chorus_data.get(), count, expected);
     wrong += count_wrong(raw_data.get(), count, expected);
   }
+  const double chorus_median = median(chorus_us);
+  const double raw_median = median(raw_us);
+  if (rank == 0) {
+    std::printf("%12zu %8d %12.2f %12.2f %10.2f %8.2f %7zu\n", bytes, iters, chorus_median,
+                raw_median, chorus_median - raw_median,
+                raw_median > 0 ? chorus_median / raw_median : 0.0, wrong);
+    std::fflush(stdout);
+  }
+  return wrong;
+}
+
+// One row of the enqueue table (see the top of the file). Returns the number of wrong elements.
+std::size_t run_enqueue_size(const BenchOptions& options, RawNccl& raw, std::size_t bytes) {
+  const std::size_t count = bytes / sizeof(float);
+  const int rank = chorus::rank();
+  const int world_size = chorus::world_size();
+  const float expected = static_cast<float>(world_size) * static_cast<float>(world_size + 1) / 2;
+  const auto group = chorus::world();
+  const chorus::Device gpu = chorus::Device::cuda(current_device());
+  const auto shape = chorus::Shape{static_cast<std::int64_t>(count)};
+  const chorus::Tensor input =
+      chorus::Tensor::full(shape, static_cast<double>(rank + 1), chorus::DType::Float32, gpu);
+  std::shared_ptr<float> raw_input = device_floats(count);
+  std::shared_ptr<float> raw_output = device_floats(count);
+  fill(raw_input.get(), count, static_cast<float>(rank + 1));
+  chorus::Tensor out;
+
+  const int iters =
+      options.iters > 0 ? options.iters : (bytes <= kLargeBytes ? kItersSmall : kItersLarge);
+  const auto time_chorus = [&](int n) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      out = chorus::all_reduce(input, "sum", group);
+      chorus::wait_tensor(out);
+    }
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    return us;
+  };
+  const auto time_raw = [&](int n) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      raw.enqueue_all_reduce(raw_input.get(), raw_output.get(), count);
+    }
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    return us;
+  };
+  (void)time_chorus(options.warmup);
+  (void)time_raw(options.warmup);
+  std::vector<double> chorus_us;
+  std::vector<double> raw_us;
+  for (int rep = 0; rep < options.reps; ++rep) {
+    if (rep % 2 == 0) {
+      chorus_us.push_back(time_chorus(iters) / iters);
+      raw_us.push_back(time_raw(iters) / iters);
+    } else {
+      raw_us.push_back(time_raw(iters) / iters);
+      chorus_us.push_back(time_chorus(iters) / iters);
+    }
+  }
+  // The last results, bitwise: chorus's read back through core (to(cpu) after the stream wait).
+  std::size_t wrong = 0;
+  for (const float value : out.to(chorus::Device::cpu()).to_vector<float>()) {
+    wrong += std::memcmp(&value, &expected, sizeof(float)) != 0 ? 1 : 0;
+  }
+  wrong += count_wrong(raw_output.get(), count, expected);
   const double chorus_median = median(chorus_us);
   const double raw_median = median(raw_us);
   if (rank == 0) {
@@ -290,13 +372,24 @@ int main(int argc, char** argv) {
           "complete\n",
           chorus::world_size());
       std::printf(
-          "# chorus: all_reduce_inplace on from_blob device memory; raw: ncclAllReduce + "
-          "cudaStreamSynchronize\n");
+          "# chorus: all_reduce_inplace on from_blob device memory + cudaStreamSynchronize; raw: "
+          "ncclAllReduce + cudaStreamSynchronize\n");
       std::printf("%12s %8s %12s %12s %10s %8s %7s\n", "size(B)", "iters", "chorus(us)", "raw(us)",
                   "added(us)", "ratio", "#wrong");
     }
     for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= options.step) {
       wrong += run_size(options, raw, bytes);
+    }
+    if (chorus::rank() == 0) {
+      std::printf(
+          "\n# enqueue only: `iters` ops back to back, one device synchronise after the timed "
+          "loop\n# chorus: out = all_reduce(cuda input) + wait_tensor(out) (a stream wait); "
+          "raw: ncclAllReduce(input, output)\n");
+      std::printf("%12s %8s %12s %12s %10s %8s %7s\n", "size(B)", "iters", "chorus(us)", "raw(us)",
+                  "added(us)", "ratio", "#wrong");
+    }
+    for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= options.step) {
+      wrong += run_enqueue_size(options, raw, bytes);
     }
   });
   if (status != 0) {

@@ -144,8 +144,18 @@ class Call {
               " but the inputs before it are " + (meta_ ? "meta" : "not meta") +
               ": a call traces all-meta inputs or communicates real ones, not a mix");
     }
+    if (checked_inputs_ > 0 && !is_meta && input.device() != device_) {
+      invalid(which + " is on " + input.device().to_string() + " but the inputs before it are on " +
+              device_.to_string() + ": a call's tensors share one device");
+    }
     meta_ = is_meta;
+    device_ = input.device();
     ++checked_inputs_;
+    if (input.device().is_cuda() && !input.is_contiguous()) {
+      invalid(which + " is a non-contiguous " + input.device().to_string() + " tensor of shape " +
+              detail::bracketed(input.sizes()) +
+              ": packing it needs a device kernel, and chorus has none (pass a contiguous one)");
+    }
     if (reduce_op != nullptr) {
       if (std::string reason = reduce_op->check_dtype(input.dtype()); !reason.empty()) {
         invalid(reason);
@@ -187,6 +197,27 @@ class Call {
       invalid("output dtype " + std::string(dtype_name(output.dtype())) +
               " does not match the input dtype " + std::string(dtype_name(dtype)));
     }
+    if (!meta_ && output.device() != device_) {
+      invalid("output is on " + output.device().to_string() + " but the input is on " +
+              device_.to_string());
+    }
+    if (output.device().is_cuda() && !output.is_contiguous()) {
+      invalid("output is a non-contiguous " + output.device().to_string() +
+              " tensor: writing it needs a device kernel, and chorus has none");
+    }
+  }
+
+  // The device of the call's tensors (checked to be one by check_input).
+  Device device() const noexcept { return device_; }
+
+  // InvalidArgument unless the call's tensors are host tensors: `what` needs a host step
+  // (rearranging blocks), and chorus has no device kernels.
+  void require_host(const std::string& what) const {
+    if (device_.is_cuda()) {
+      invalid(what + " on " + device_.to_string() +
+              " rearranges blocks with a host copy, and chorus has no device kernels (use dim 0, "
+              "or copy to the host with to(Device::cpu()))");
+    }
   }
 
   // Everything validated: take the sequence number and the communicator.
@@ -208,10 +239,12 @@ class Call {
   void register_work(std::shared_ptr<transport::Work> work, std::span<const Tensor> outputs,
                      std::function<void()> fixup = {}) {
     CHORUS_CHECK(seq_ >= 0);
+    const detail::Completion completion =
+        device_.is_cuda() ? detail::Completion::Stream : detail::Completion::Host;
     auto pending = std::make_shared<detail::PendingWork>(
         std::move(work),
         detail::WorkInfo{state_->rank(), std::string(op_), seq_, slot_->label, site_},
-        std::move(fixup), state_->transport_ptr(), state_->options().timeout);
+        std::move(fixup), state_->transport_ptr(), state_->options().timeout, completion);
     if (outputs.size() == 1) {  // the common case, without a vector
       state_->registry()->add(pending, TensorAccess::storage(outputs.front()).get());
       return;
@@ -268,6 +301,7 @@ class Call {
   detail::CommSlot* slot_ = nullptr;
   TraceScope* trace_ = nullptr;
   bool meta_ = false;
+  Device device_;  // of the checked inputs
   int checked_inputs_ = 0;
   std::int64_t seq_ = -1;
 };
@@ -294,9 +328,9 @@ Buffer input_buffer(const Tensor& input) {
   return buffer_of(input.contiguous());
 }
 
-// A fresh output of `shape` (pending once registered), and its buffer.
-std::pair<Tensor, Buffer> new_output(const Shape& shape, DType dtype) {
-  Tensor output = Tensor::empty(shape, dtype);
+// A fresh output of `shape` on `device` (pending once registered), and its buffer.
+std::pair<Tensor, Buffer> new_output(const Shape& shape, DType dtype, Device device) {
+  Tensor output = Tensor::empty(shape, dtype, device);
   Buffer buffer = buffer_of(output);
   return {std::move(output), std::move(buffer)};
 }
@@ -309,8 +343,8 @@ Tensor meta_output(const Shape& shape, DType dtype) {
 // that yields one work, registered under every output.
 class Batch {
  public:
-  void add(Buffer send, const Shape& output_shape, DType dtype) {
-    auto [output, recv] = new_output(output_shape, dtype);
+  void add(Buffer send, const Shape& output_shape, DType dtype, Device device) {
+    auto [output, recv] = new_output(output_shape, dtype, device);
     sends_.push_back(std::move(send));
     outputs_.push_back(std::move(output));
     recvs_.push_back(std::move(recv));
@@ -381,7 +415,7 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
     return meta_output(input.sizes(), input.dtype());
   }
   Buffer send = input_buffer(input);
-  auto [output, recv] = new_output(input.sizes(), input.dtype());
+  auto [output, recv] = new_output(input.sizes(), input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(comm.all_reduce(send, recv, reduce_op, call.info()), output);
   return output;
@@ -391,16 +425,20 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   if (call.meta()) {
     return meta_output(rule.shape, input.dtype());
   }
+  const bool rearranges = rule.dim != 0 && input.dim() != 0;
+  if (rearranges) {
+    call.require_host("all_gather along dim " + std::to_string(rule.dim));
+  }
   Buffer send = input_buffer(input);
-  auto [output, recv] = new_output(rule.shape, input.dtype());
-  if (rule.dim == 0 || input.dim() == 0) {
+  auto [output, recv] = new_output(rule.shape, input.dtype(), input.device());
+  if (!rearranges) {
     transport::Comm& comm = call.start();
     call.register_work(comm.all_gather(send, recv, call.info()), output);
     return output;
   }
   Shape staging_shape = {call.group_size()};
   staging_shape.insert(staging_shape.end(), input.sizes().begin(), input.sizes().end());
-  auto [staging, staging_buffer] = new_output(staging_shape, input.dtype());
+  auto [staging, staging_buffer] = new_output(staging_shape, input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(comm.all_gather(send, staging_buffer, call.info()), output,
                      gather_fixup(staging, output, rule.dim, call.group_size()));
@@ -412,9 +450,12 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
   if (call.meta()) {
     return meta_output(rule.shape, input.dtype());
   }
+  if (rule.dim != 0) {
+    call.require_host("reduce_scatter along dim " + std::to_string(rule.dim));
+  }
   Buffer send =
       input_buffer(rule.dim == 0 ? input : scatter_staging(input, rule.dim, call.group_size()));
-  auto [output, recv] = new_output(rule.shape, input.dtype());
+  auto [output, recv] = new_output(rule.shape, input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(comm.reduce_scatter(send, recv, reduce_op, call.info()), output);
   return output;
@@ -527,7 +568,7 @@ std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, Redu
   } else if (!inputs.empty()) {  // nothing to communicate otherwise; the group was validated
     Batch batch;
     for (const Tensor& input : inputs) {
-      batch.add(input_buffer(input), input.sizes(), input.dtype());
+      batch.add(input_buffer(input), input.sizes(), input.dtype(), input.device());
     }
     outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
       return comm.all_reduce(send, recv, reduce_op, call.info());
@@ -558,7 +599,7 @@ std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& 
   } else if (!inputs.empty()) {
     Batch batch;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      batch.add(input_buffer(inputs[i]), shapes[i], inputs[i].dtype());
+      batch.add(input_buffer(inputs[i]), shapes[i], inputs[i].dtype(), inputs[i].device());
     }
     outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
       return comm.all_gather(send, recv, call.info());
@@ -587,6 +628,10 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
     call.check_input(inputs[i], OpKind::ReduceScatter, &reduce_op, which);
     rules.push_back(call.checked(
         detail::reduce_scatter_rule(inputs[i].sizes(), scatter_dims[i], call.group_size(), which)));
+    if (rules.back().dim != 0) {
+      call.require_host("reduce_scatter of " + which + " along dim " +
+                        std::to_string(rules.back().dim));
+    }
   }
   std::vector<Tensor> outputs;
   if (call.meta()) {
@@ -599,7 +644,7 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
       const Tensor& input = inputs[i];
       const std::int64_t dim = rules[i].dim;
       batch.add(input_buffer(dim == 0 ? input : scatter_staging(input, dim, call.group_size())),
-                rules[i].shape, input.dtype());
+                rules[i].shape, input.dtype(), input.device());
     }
     outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
       return comm.reduce_scatter(send, recv, reduce_op, call.info());
@@ -637,7 +682,7 @@ Tensor all_to_all_single(const Tensor& input,
     const std::vector<std::size_t> recv_counts =
         wire_counts(output_split_sizes.value_or(equal), row, input.dtype());
     Buffer send = input_buffer(input);
-    auto [fresh, recv] = new_output(rule.shape, input.dtype());
+    auto [fresh, recv] = new_output(rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
     transport::Comm& comm = call.start();
     call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()), output);
@@ -660,7 +705,7 @@ Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::stri
   if (call.meta()) {
     output = meta_output(rule.shape, input.dtype());
   } else {
-    auto [fresh, recv] = new_output(rule.shape, input.dtype());
+    auto [fresh, recv] = new_output(rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
     // Only the root's input is read (and so waited for); elsewhere send is a stand-in.
     Buffer send = call.group_rank() == src ? input_buffer(input) : recv;
@@ -686,8 +731,8 @@ Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec&
   } else {
     Buffer send = input_buffer(input);
     // The transport writes the root's output only; the others hold zeros.
-    output = call.group_rank() == dst ? Tensor::empty(rule.shape, input.dtype())
-                                      : Tensor::zeros(rule.shape, input.dtype());
+    output = call.group_rank() == dst ? Tensor::empty(rule.shape, input.dtype(), input.device())
+                                      : Tensor::zeros(rule.shape, input.dtype(), input.device());
     Buffer recv = buffer_of(output);
     transport::Comm& comm = call.start();
     call.register_work(comm.reduce(send, recv, reduce_op, dst, call.info()), output);
@@ -730,8 +775,8 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
     if (send_counts == std::vector<std::size_t>(send_counts.size(), 0)) {
       send.count = 0;
     }
-    output = receives ? Tensor::empty(rule.shape, input.dtype())
-                      : Tensor::zeros(rule.shape, input.dtype());
+    output = receives ? Tensor::empty(rule.shape, input.dtype(), input.device())
+                      : Tensor::zeros(rule.shape, input.dtype(), input.device());
     Buffer recv = buffer_of(output);
     if (!receives) {
       recv.count = 0;

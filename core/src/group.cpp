@@ -8,6 +8,7 @@
 #include "chorus/check.hpp"
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
+#include "chorus/transport/transport.hpp"
 #include "detail/errors.hpp"
 #include "detail/format.hpp"
 #include "detail/group_internal.hpp"
@@ -367,5 +368,6 @@ ExpandedGroup expand_group(const GroupSpec& group, std::string_view tag) {
 
 int rank() { return detail::require_rank("rank").rank(); }
 int world_size() { return detail::require_rank("world_size").world_size(); }
+Device local_device() { return detail::require_rank("local_device").transport().device(); }
 
 }  // namespace chorus

@@ -4,10 +4,13 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "chorus/check.hpp"
 #include "chorus/runtime.hpp"
+#include "chorus/transport/transport.hpp"
+#include "detail/errors.hpp"
 #include "detail/host_pool.hpp"
 #include "detail/rank_state.hpp"
 #include "detail/work_registry.hpp"
@@ -26,7 +29,7 @@ Storage::Storage(std::shared_ptr<void> memory, std::size_t nbytes, Device device
       memory_(std::move(memory)),
       nbytes_(nbytes),
       device_(device) {
-  if (nbytes_ > 0 && device_.is_cpu()) {
+  if (nbytes_ > 0 && !device_.is_meta()) {
     CHORUS_CHECK(memory_ != nullptr);
   }
 }
@@ -101,6 +104,37 @@ std::shared_ptr<void> allocate_host(std::size_t nbytes) {
 
 std::shared_ptr<Storage> make_host_storage(std::size_t nbytes) {
   return std::make_shared<Storage>(allocate_host(nbytes), nbytes, Device::cpu());
+}
+
+DeviceMemory& device_memory_for(Device device, const char* op) {
+  RankContext* context = RankContext::current();
+  if (context == nullptr) {
+    throw_invalid(op, "cannot use " + device.to_string() +
+                          " memory outside a rank: device memory belongs to a rank's launcher "
+                          "(wrap existing device memory with Tensor::from_blob)");
+  }
+  DeviceMemory* memory = context->state().options().device_memory.get();
+  if (memory == nullptr) {
+    throw_invalid(op, "rank " + std::to_string(context->rank()) + " on transport '" +
+                          std::string(context->transport().name()) + "' has no memory for " +
+                          device.to_string() +
+                          " (RankOptions::device_memory; the NCCL launcher installs one): "
+                          "wrap existing device memory with Tensor::from_blob");
+  }
+  return *memory;
+}
+
+std::shared_ptr<Storage> make_storage(std::size_t nbytes, Device device, const char* op) {
+  CHORUS_CHECK(!device.is_meta());
+  if (device.is_cpu()) {
+    return make_host_storage(nbytes);
+  }
+  std::shared_ptr<void> memory;
+  if (nbytes > 0) {
+    memory = device_memory_for(device, op).allocate(device, nbytes);
+    CHORUS_CHECK(memory != nullptr);
+  }
+  return std::make_shared<Storage>(std::move(memory), nbytes, device);
 }
 
 }  // namespace chorus::detail

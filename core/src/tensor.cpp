@@ -19,6 +19,7 @@
 
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
+#include "chorus/runtime.hpp"
 #include "detail/errors.hpp"
 #include "detail/format.hpp"
 #include "detail/storage.hpp"
@@ -77,7 +78,8 @@ std::byte* access_data(const Tensor& tensor, const char* op, DeviceAccess access
   }
   if (device.is_cuda() && access == detail::DeviceAccess::Host) {
     throw_invalid(op, "host data access on a " + device.to_string() +
-                          " tensor; chorus has no device kernels (copy it to the host first)");
+                          " tensor; chorus has no device kernels (copy it to the host with "
+                          "to(Device::cpu()) first)");
   }
   const std::shared_ptr<Storage>& storage = TensorAccess::storage(tensor);
   CHORUS_CHECK(storage != nullptr);
@@ -279,15 +281,22 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   if (device.is_meta()) {
     return {nullptr, std::move(shape), std::move(strides), 0, dtype, device};
   }
-  if (device.is_cuda()) {
-    throw_invalid("Tensor::empty", "cannot allocate on " + device.to_string() +
-                                       ": no device allocator: wrap device memory with from_blob");
+  if (device.index() < 0) {
+    throw_invalid("Tensor::empty", "device index must be >= 0, got " + device.to_string());
   }
-  return {
-      detail::make_host_storage(nbytes), std::move(shape), std::move(strides), 0, dtype, device};
+  return {detail::make_storage(nbytes, device, "Tensor::empty"),
+          std::move(shape),
+          std::move(strides),
+          0,
+          dtype,
+          device};
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  if (device.is_cuda()) {  // no device kernels: filled on the host, then copied
+    detail::device_memory_for(device, "Tensor::empty");  // the factories' error when there is none
+    return zeros(std::move(shape), dtype, Device::cpu()).to(device);
+  }
   Tensor tensor = empty(std::move(shape), dtype, device);
   // Fresh storage: nothing can be pending on it, so writing without waiting is safe.
   if (void* data = tensor.unsafe_data_ptr(); data != nullptr) {
@@ -301,6 +310,10 @@ Tensor Tensor::ones(Shape shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::full(Shape shape, double value, DType dtype, Device device) {
+  if (device.is_cuda()) {  // no device kernels: filled on the host, then copied
+    detail::device_memory_for(device, "Tensor::empty");  // the factories' error when there is none
+    return full(std::move(shape), value, dtype, Device::cpu()).to(device);
+  }
   Tensor tensor = empty(std::move(shape), dtype, device);
   // Fresh storage: nothing can be pending on it, so writing without waiting is safe.
   if (void* data = tensor.unsafe_data_ptr(); data != nullptr) {
@@ -640,6 +653,101 @@ void Tensor::copy_to_host_bytes(void* out, DType expected) const {
   detail::strided_copy(out, contiguous_strides(sizes_), first, strides_, sizes_, element_size());
 }
 
+namespace {
+
+// Note [Device copies]
+// Core has no device kernels, so what it does with CUDA bytes is whole contiguous copies through
+// the rank's DeviceMemory (Note [Device memory]): between host and device, and device to device.
+// Packing a non-contiguous CUDA tensor or converting its dtype would need a kernel: those throw
+// InvalidArgument saying so. Waiting on a CUDA source orders the device's stream after its pending
+// collectives (no host block); the copy, enqueued after, then reads the result.
+
+// "<what> of a cuda:0 tensor of shape [2, 3] needs a device kernel, and chorus has none (<hint>)".
+[[noreturn]] void throw_needs_kernel(const char* op, const Tensor& tensor, const char* what,
+                                     const char* hint) {
+  throw_invalid(op, std::string(what) + " of a " + tensor.device().to_string() +
+                        " tensor of shape " + shape_to_string(tensor.sizes()) +
+                        " needs a device kernel, and chorus has none (" + hint + ")");
+}
+
+constexpr const char* kContiguousOnly = "chorus copies whole contiguous device tensors only";
+constexpr const char* kConvertOnHost = "convert on the host: to(Device::cpu()).to(dtype)";
+
+// The device whose memory interface moves bytes between `a` and `b` (the CUDA one of the two).
+Device copying_device(Device a, Device b) { return a.is_cuda() ? a : b; }
+
+// `dst` (contiguous, not pending) gets `src`'s bytes; one of the two is a CUDA tensor; `src` is
+// contiguous with dst's shape and dtype. Waits on `src` (in stream order when it is a device
+// tensor).
+void copy_contiguous_bytes(const Tensor& dst, const Tensor& src, const char* op) {
+  const void* first = detail::access_data(src, op, detail::DeviceAccess::OrderedByWait);
+  if (src.nbytes() == 0) {
+    return;
+  }
+  detail::device_memory_for(copying_device(dst.device(), src.device()), op)
+      .copy(dst.unsafe_data_ptr(), dst.device(), first, src.device(), src.nbytes());
+}
+
+// A contiguous copy of `tensor` on `device`; one of the two devices is CUDA.
+Tensor copy_between_devices(const Tensor& tensor, Device device, const char* op) {
+  if (!tensor.defined()) {
+    throw_invalid(op, "the tensor is undefined");
+  }
+  if (tensor.device().is_meta() || device.is_meta()) {
+    throw_invalid(op, "cannot copy between " + tensor.device().to_string() + " and " +
+                          device.to_string() + ": meta tensors carry shapes only");
+  }
+  // A CPU source is packed on the host; a CUDA one must be contiguous already.
+  const Tensor source = tensor.device().is_cpu() ? tensor.contiguous() : tensor;
+  if (!source.is_contiguous()) {
+    throw_needs_kernel(op, tensor, "packing the elements", kContiguousOnly);
+  }
+  CHORUS_CHECK(source.device().is_cuda() || device.is_cuda());
+  detail::device_memory_for(copying_device(source.device(), device), op);  // names `op` if none
+  Tensor out = Tensor::empty(source.sizes(), source.dtype(), device);
+  copy_contiguous_bytes(out, source, op);
+  return out;
+}
+
+void copy_device_bytes(Tensor& dst, const Tensor& src, const char* op) {
+  if (dst.device().is_meta() || src.device().is_meta()) {
+    throw_invalid(op, "cannot copy between " + src.device().to_string() + " and " +
+                          dst.device().to_string() + ": meta tensors carry shapes only");
+  }
+  if (dst.dtype() != src.dtype()) {
+    throw_needs_kernel(op, dst.device().is_cuda() ? dst : src, "converting the dtype",
+                       kConvertOnHost);
+  }
+  if (!dst.is_contiguous()) {
+    throw_needs_kernel(op, dst, "writing non-contiguous elements", kContiguousOnly);
+  }
+  // The destination's pending collectives finish (in stream order) before it is overwritten.
+  detail::access_data(dst, op, detail::DeviceAccess::OrderedByWait);
+  if (dst.shares_storage(src)) {
+    // Overlapping ranges: read from a private copy.
+    copy_contiguous_bytes(dst, copy_between_devices(src, src.device(), op), op);
+    return;
+  }
+  if (src.device().is_cpu()) {
+    copy_contiguous_bytes(dst, src.contiguous(), op);
+    return;
+  }
+  if (!src.is_contiguous()) {
+    throw_needs_kernel(op, src, "reading non-contiguous elements", kContiguousOnly);
+  }
+  copy_contiguous_bytes(dst, src, op);
+}
+
+}  // namespace
+
+Tensor Tensor::to(Device device) const {
+  constexpr const char* kOp = "Tensor::to";
+  if (defined_ && device == device_) {
+    return *this;  // as torch: no copy when already there
+  }
+  return copy_between_devices(*this, device, kOp);
+}
+
 Tensor Tensor::contiguous() const {
   constexpr const char* kOp = "Tensor::contiguous";
   if (defined_ && device_.is_meta()) {  // shapes only: nothing to wait for or copy
@@ -659,6 +767,9 @@ Tensor Tensor::clone() const {
   if (defined_ && device_.is_meta()) {
     return empty(sizes_, dtype_, device_);
   }
+  if (defined_ && device_.is_cuda()) {
+    return copy_between_devices(*this, device_, kOp);
+  }
   const void* first = checked_data_for_host(kOp);
   Tensor out = empty(sizes_, dtype_, device_);
   detail::strided_copy(out.unsafe_data_ptr(), out.strides_, first, strides_, sizes_,
@@ -670,6 +781,12 @@ Tensor Tensor::to(DType dtype) const {
   constexpr const char* kOp = "Tensor::to";
   if (defined_ && device_.is_meta()) {
     return empty(sizes_, dtype, device_);
+  }
+  if (defined_ && device_.is_cuda()) {
+    if (dtype != dtype_) {
+      throw_needs_kernel(kOp, *this, "converting the dtype", kConvertOnHost);
+    }
+    return clone();
   }
   const void* first = checked_data_for_host(kOp);
   if (dtype == dtype_) {
@@ -701,6 +818,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
       throw_invalid(kOp, "the destination has stride 0 in dim " + std::to_string(i) +
                              ", so several elements share one memory location");
     }
+  }
+  if (device_.is_cuda() || src.device_.is_cuda()) {
+    copy_device_bytes(*this, src, kOp);
+    return *this;
   }
   void* dst = checked_data_for_host(kOp);
   const void* first = src.checked_data_for_host(kOp);

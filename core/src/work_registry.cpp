@@ -40,18 +40,27 @@ std::exception_ptr explain_unwaited_failure(const std::exception_ptr& error, con
 PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
                          std::function<void()> fixup,
                          std::shared_ptr<transport::Transport> transport,
-                         transport::Duration timeout)
+                         transport::Duration timeout, Completion completion)
     : id_(next_work_id.fetch_add(1, std::memory_order_relaxed)),
       work_(std::move(work)),
       info_(std::move(info)),
       fixup_(std::move(fixup)),
       transport_(std::move(transport)),
-      timeout_(timeout) {
+      timeout_(timeout),
+      completion_(completion) {
   CHORUS_CHECK(work_ != nullptr);
   CHORUS_CHECK(transport_ != nullptr);
+  CHORUS_CHECK(completion_ == Completion::Host || !fixup_);
 }
 
 void PendingWork::complete() const {
+  if (completion_ == Completion::Stream) {
+    if (work_->status() == transport::WorkStatus::Failed) {
+      std::rethrow_exception(work_->error());
+    }
+    work_->wait_on(nullptr);  // the current stream of the buffers' device
+    return;
+  }
   if (work_->status() != transport::WorkStatus::Completed) {
     const transport::Duration now = transport_->now();
     const transport::Duration at =

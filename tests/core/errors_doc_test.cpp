@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/fake_transport.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -216,10 +217,35 @@ TEST(ErrorsDocTensorFactories, TooLargeToAddress) {
       "Tensor::empty", "shape [4611686018427387904, 4] of Float32 is too large to address");
 }
 
-TEST(ErrorsDocTensorFactories, CudaAllocation) {
+TEST(ErrorsDocTensorFactories, CudaAllocationOutsideRank) {
+  constexpr const char* kDetail =
+      "cannot use cuda:0 memory outside a rank: device memory belongs to a rank's launcher (wrap "
+      "existing device memory with Tensor::from_blob)";
   errdoc_expect_plain<InvalidArgument>(
-      [] { (void)Tensor::ones({2}, DType::Float32, Device::cuda(0)); }, "Tensor::empty",
-      "cannot allocate on cuda:0: no device allocator: wrap device memory with from_blob");
+      [] { (void)Tensor::ones({2}, DType::Float32, Device::cuda(0)); }, "Tensor::empty", kDetail);
+  errdoc_expect_plain<InvalidArgument>(
+      [] { (void)Tensor::empty({2}, DType::Float32, Device::cuda(0)); }, "Tensor::empty", kDetail);
+  errdoc_expect_plain<InvalidArgument>([] { (void)Tensor::zeros({2}).to(Device::cuda(0)); },
+                                       "Tensor::to", kDetail);
+}
+
+TEST(ErrorsDocTensorFactories, CudaAllocation) {
+  run_quietly(1, [] {
+    constexpr const char* kDetail =
+        "rank 0 on transport 'sim' has no memory for cuda:1 (RankOptions::device_memory; the NCCL "
+        "launcher installs one): wrap existing device memory with Tensor::from_blob";
+    errdoc_expect_on_rank<InvalidArgument>(
+        [] { (void)Tensor::full({2}, 3.0, DType::Float32, Device::cuda(1)); }, "Tensor::empty", -1,
+        "", kDetail);
+    errdoc_expect_on_rank<InvalidArgument>([] { (void)Tensor::arange(2).to(Device::cuda(1)); },
+                                           "Tensor::to", -1, "", kDetail);
+  });
+}
+
+TEST(ErrorsDocTensorFactories, EmptyNegativeDeviceIndex) {
+  errdoc_expect_plain<InvalidArgument>(
+      [] { (void)Tensor::empty({1}, DType::Float32, Device::cuda(-1)); }, "Tensor::empty",
+      "device index must be >= 0, got cuda:-1");
 }
 
 TEST(ErrorsDocTensorFactories, ArangeNegative) {
@@ -417,7 +443,67 @@ TEST(ErrorsDocTensorData, HostAccessOnCuda) {
       },
       "Tensor::to_vector",
       "host data access on a cuda:0 tensor; chorus has no device kernels (copy it to the host "
-      "first)");
+      "with to(Device::cpu()) first)");
+}
+
+// Device memory wrapped with from_blob (host memory posing as cuda:0: every one of these is
+// refused before any byte is copied).
+Tensor errdoc_cuda_matrix(float (&values)[6]) {
+  return Tensor::from_blob(values, {2, 3}, DType::Float32, Device::cuda(0));
+}
+
+TEST(ErrorsDocDeviceCopies, PackingNonContiguous) {
+  float values[6] = {};
+  const Tensor matrix = errdoc_cuda_matrix(values);
+  constexpr const char* kDetail =
+      "packing the elements of a cuda:0 tensor of shape [3, 2] needs a device kernel, and chorus "
+      "has none (chorus copies whole contiguous device tensors only)";
+  errdoc_expect_plain<InvalidArgument>([&] { (void)matrix.transpose(0, 1).to(Device::cpu()); },
+                                       "Tensor::to", kDetail);
+  errdoc_expect_plain<InvalidArgument>([&] { (void)matrix.transpose(0, 1).clone(); },
+                                       "Tensor::clone", kDetail);
+}
+
+TEST(ErrorsDocDeviceCopies, ConvertingTheDtype) {
+  float values[6] = {};
+  const Tensor matrix = errdoc_cuda_matrix(values);
+  constexpr const char* kDetail =
+      "converting the dtype of a cuda:0 tensor of shape [2, 3] needs a device kernel, and chorus "
+      "has none (convert on the host: to(Device::cpu()).to(dtype))";
+  errdoc_expect_plain<InvalidArgument>([&] { (void)matrix.to(DType::Float64); }, "Tensor::to",
+                                       kDetail);
+  Tensor doubles = Tensor::zeros({2, 3}, DType::Float64);
+  errdoc_expect_plain<InvalidArgument>([&] { doubles.copy_(matrix); }, "Tensor::copy_", kDetail);
+}
+
+TEST(ErrorsDocDeviceCopies, WritingNonContiguous) {
+  float values[6] = {};
+  Tensor transposed = errdoc_cuda_matrix(values).transpose(0, 1);
+  errdoc_expect_plain<InvalidArgument>(
+      [&] {
+        transposed.copy_(Tensor::zeros({3, 2}));
+      },
+      "Tensor::copy_",
+      "writing non-contiguous elements of a cuda:0 tensor of shape [3, 2] needs a device kernel, "
+      "and chorus has none (chorus copies whole contiguous device tensors only)");
+}
+
+TEST(ErrorsDocDeviceCopies, ReadingNonContiguous) {
+  float values[6] = {};
+  float others[6] = {};
+  Tensor destination = errdoc_cuda_matrix(others).view({3, 2});
+  const Tensor source = errdoc_cuda_matrix(values).transpose(0, 1);
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { destination.copy_(source); }, "Tensor::copy_",
+      "reading non-contiguous elements of a cuda:0 tensor of shape [3, 2] needs a device kernel, "
+      "and chorus has none (chorus copies whole contiguous device tensors only)");
+}
+
+TEST(ErrorsDocDeviceCopies, ToMeta) {
+  errdoc_expect_plain<InvalidArgument>(
+      [] { (void)Tensor::zeros({2}).to(Device::meta()); }, "Tensor::to",
+      "cannot copy between cpu and meta: meta tensors carry shapes "
+      "only");
 }
 
 TEST(ErrorsDocTensorData, CopyShapesDiffer) {
@@ -545,6 +631,8 @@ TEST(ErrorsDocGroups, WorldOutsideRank) {
 TEST(ErrorsDocGroups, RankOutsideRank) {
   errdoc_expect_plain<InvalidArgument>([] { (void)rank(); }, "rank", kErrdocOutsideRank);
   errdoc_expect_plain<InvalidArgument>([] { (void)world_size(); }, "world_size",
+                                       kErrdocOutsideRank);
+  errdoc_expect_plain<InvalidArgument>([] { (void)local_device(); }, "local_device",
                                        kErrdocOutsideRank);
 }
 
@@ -877,6 +965,95 @@ TEST(ErrorsDocCollectives, TransportCannotRunIt) {
         "transport 'sim' cannot run all_gather on input (Complex64 lowered to Float32 on cuda:0): "
         "the simulator moves host memory only");
   });
+}
+
+TEST(ErrorsDocCollectives, NonContiguousCudaInput) {
+  run_quietly(2, [] {
+    float values[6] = {};
+    const Tensor transposed = errdoc_cuda_matrix(values).transpose(0, 1);
+    errdoc_expect_on_rank<InvalidArgument>(
+        [&] { (void)all_reduce(transposed, "sum", world()); }, "all_reduce", 0, "[0, 1]",
+        "input is a non-contiguous cuda:0 tensor of shape [3, 2]: packing it needs a device "
+        "kernel, and chorus has none (pass a contiguous one)");
+  });
+}
+
+TEST(ErrorsDocCollectives, InputsOnDifferentDevices) {
+  run_quietly(2, [] {
+    float values[6] = {};
+    const Tensor on_device = errdoc_cuda_matrix(values);
+    errdoc_expect_on_rank<InvalidArgument>(
+        [&] {
+          (void)all_reduce_coalesced({Tensor::zeros({2}), on_device}, "sum", world());
+        },
+        "all_reduce_coalesced", 0, "[0, 1]",
+        "input 1 is on cuda:0 but the inputs before it are on cpu: a call's tensors share one "
+        "device");
+  });
+}
+
+// One rank of world 1 on the fake transport, which takes CUDA buffers: the errors below come
+// after the transport's own check, which the simulator (host memory only) fails first.
+class ErrdocCudaRank {
+ public:
+  ErrdocCudaRank()
+      : transport_(std::make_shared<testing::FakeTransport>()),
+        context_(transport_),
+        binding_(&context_) {
+    transport_->accepts_cuda_buffers = true;
+  }
+  testing::FakeTransport& transport() { return *transport_; }
+
+ private:
+  std::shared_ptr<testing::FakeTransport> transport_;
+  RankContext context_;
+  ScopedRankBinding binding_;
+};
+
+TEST(ErrorsDocCollectives, CudaAlongAnotherDim) {
+  ErrdocCudaRank rank;
+  float values[6] = {};
+  const Tensor matrix = errdoc_cuda_matrix(values);
+  errdoc_expect_on_rank<InvalidArgument>(
+      [&] { (void)all_gather_tensor(matrix, 1, {0}); }, "all_gather_tensor", 0, "[0]",
+      "all_gather along dim 1 on cuda:0 rearranges blocks with a host copy, and chorus has no "
+      "device kernels (use dim 0, or copy to the host with to(Device::cpu()))");
+  errdoc_expect_on_rank<InvalidArgument>(
+      [&] {
+        (void)reduce_scatter_tensor(matrix.view({3, 2}), "sum", 1, {0});
+      },
+      "reduce_scatter_tensor", 0, "[0]", "reduce_scatter along dim 1 on cuda:0 rearranges blocks");
+  errdoc_expect_on_rank<InvalidArgument>(
+      [&] {
+        (void)reduce_scatter_tensor_coalesced({matrix, matrix}, "sum", {0, 1}, {0});
+      },
+      "reduce_scatter_tensor_coalesced", 0, "[0]",
+      "reduce_scatter of input 1 along dim 1 on cuda:0 rearranges blocks");
+  EXPECT_TRUE(rank.transport().works().empty());
+}
+
+TEST(ErrorsDocCollectives, InplaceOutputDevice) {
+  run_quietly(2, [] {
+    float values[6] = {};
+    Tensor on_device = errdoc_cuda_matrix(values).view({6});
+    errdoc_expect_on_rank<InvalidArgument>(
+        [&] { all_gather_tensor_inplace(on_device, Tensor::zeros({3}), world()); },
+        "all_gather_tensor_inplace", 0, "[0, 1]", "output is on cuda:0 but the input is on cpu");
+  });
+}
+
+TEST(ErrorsDocCollectives, InplaceOutputNonContiguousCuda) {
+  ErrdocCudaRank rank;
+  float values[6] = {};
+  float others[6] = {};
+  Tensor transposed = errdoc_cuda_matrix(values).transpose(0, 1);
+  const Tensor input = errdoc_cuda_matrix(others).view({3, 2});
+  errdoc_expect_on_rank<InvalidArgument>(
+      [&] { all_gather_tensor_inplace(transposed, input, {0}); }, "all_gather_tensor_inplace", 0,
+      "[0]",
+      "output is a non-contiguous cuda:0 tensor: writing it needs a device kernel, and chorus has "
+      "none");
+  EXPECT_TRUE(rank.transport().works().empty());
 }
 
 TEST(ErrorsDocCollectives, RejectedCallConsumesNoSequenceNumber) {

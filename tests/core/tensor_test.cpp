@@ -190,11 +190,13 @@ TEST(TensorFactory, HugeShapesThrow) {
   expect_invalid_argument([&] { (void)Tensor::empty({big, big}); }, {"Tensor::empty", "too large"});
 }
 
-TEST(TensorFactory, CudaFactoriesThrowWithoutAllocator) {
+TEST(TensorFactory, CudaFactoriesThrowOutsideARank) {
+  // Device memory belongs to a rank (RankOptions::device_memory); tests/core/device_memory_test
+  // covers ranks with and without it.
   expect_invalid_argument([] { (void)Tensor::zeros({2}, DType::Float32, Device::cuda()); },
-                          {"no device allocator", "from_blob"});
+                          {"outside a rank", "from_blob"});
   expect_invalid_argument([] { (void)Tensor::empty({2}, DType::Int32, Device::cuda(1)); },
-                          {"cuda:1", "no device allocator"});
+                          {"cuda:1", "outside a rank"});
 }
 
 TEST(TensorFactory, FromVectorChecksElementCount) {

@@ -45,7 +45,18 @@ class FakeWork final : public transport::Work {
     }
   }
 
-  void wait_on(void*) override {}
+  // Counts the stream waits core made (Completion::Stream); the work stays as it is, as a real
+  // stream wait does not complete anything on the host.
+  void wait_on(void*) override {
+    stream_waits_.fetch_add(1);
+    if (complete_on_stream_wait_.load()) {
+      complete();
+    }
+  }
+  // A stream wait completes the work: the "stream" runs the collective before what follows the
+  // wait, as a real one does (a test that proves the host does not wait leaves this off).
+  void complete_on_stream_wait() { complete_on_stream_wait_.store(true); }
+  int stream_waits() const { return stream_waits_.load(); }
 
   transport::WorkStatus status() const override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -122,6 +133,8 @@ class FakeWork final : public transport::Work {
   std::exception_ptr error_;
   int waits_ = 0;
   std::atomic<bool> complete_when_waited_{false};
+  std::atomic<int> stream_waits_{0};
+  std::atomic<bool> complete_on_stream_wait_{false};
   std::atomic<bool> defer_when_dropped_{false};
   mutable std::atomic<int> defer_asked_{0};
   mutable std::atomic<int> drops_{0};
@@ -219,8 +232,21 @@ class FakeTransport final : public transport::Transport {
   };
   transport::Duration now() override { return std::chrono::steady_clock::now().time_since_epoch(); }
   std::string supports(transport::OpKind, DType, const ReduceOp&, Device device) const override {
-    return device.is_cpu() ? std::string() : std::string("host memory only");
+    return device.is_cpu() || (device.is_cuda() && accepts_cuda_buffers)
+               ? std::string()
+               : std::string("host memory only");
   }
+
+  // What device() reports (chorus::local_device).
+  Device local_device = Device::cpu();
+  Device device() const noexcept override { return local_device; }
+
+  // Whether the works started from now on complete at their first stream wait
+  // (FakeWork::complete_on_stream_wait).
+  bool completes_on_stream_wait = false;
+  // Whether CUDA buffers are accepted (tests of core's device path, whose "device" memory is host
+  // memory: completing a work still copies the bytes on the host).
+  bool accepts_cuda_buffers = false;
 
   // Every work started so far, in order.
   std::vector<std::shared_ptr<FakeWork>> works() {
@@ -232,6 +258,9 @@ class FakeTransport final : public transport::Transport {
     return works_.back();
   }
   void record(std::shared_ptr<FakeWork> work) {
+    if (completes_on_stream_wait) {
+      work->complete_on_stream_wait();
+    }
     std::lock_guard<std::mutex> lock(mutex);
     works_.push_back(std::move(work));
   }

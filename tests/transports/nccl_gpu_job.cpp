@@ -1,6 +1,7 @@
 // Real collectives on the NCCL transport (label gpu, docs/nccl.md): one rank on one CUDA device
 // through chorus::run --transport=nccl, CPU tensors (staged through the device) and CUDA tensors
-// (device memory wrapped with from_blob). Exact inputs, bitwise comparison.
+// (device memory wrapped with from_blob, and core's own Device::cuda storages). Exact inputs,
+// bitwise comparison.
 //
 // Without a CUDA device it prints "skipped: no CUDA device" and exits with kSkip (ctest's
 // SKIP_RETURN_CODE). Started alone, it hosts the store itself (MASTER_PORT: a free port).
@@ -81,7 +82,7 @@ void rank_main() {
   expect_equal(chorus::all_reduce(bits, "bor", group).to_vector<bool>(),
                std::vector<bool>{true, false}, "all_reduce bor Bool");
 
-  // A CUDA tensor, in place (core allocates no device storage yet: from_blob).
+  // A CUDA tensor wrapped with from_blob, in place.
   void* device_data = nullptr;
   if (cudaMalloc(&device_data, 4 * sizeof(float)) != cudaSuccess) {
     std::fprintf(stderr, "FAILED: cudaMalloc\n");
@@ -97,6 +98,57 @@ void rank_main() {
   std::vector<float> back(4);
   cudaMemcpy(back.data(), device_data, 4 * sizeof(float), cudaMemcpyDeviceToHost);
   expect_equal(back, std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "all_reduce_inplace on cuda:0");
+
+  // CUDA tensors allocated by core (RankOptions::device_memory, which chorus::nccl::run
+  // installs): results stay on the device, waits order the legacy default stream, to(cpu) reads.
+  const chorus::Device gpu = chorus::Device::cuda(on_device.device().index());
+  const auto host_floats = [](const Tensor& t) {
+    return t.to(chorus::Device::cpu()).to_vector<float>();
+  };
+  const Tensor dx = x.to(gpu);
+  const Tensor dsum = chorus::all_reduce(dx, "sum", group);
+  expect_equal(std::vector<int>{dsum.device() == gpu ? 1 : 0}, std::vector<int>{1},
+               "all_reduce of a cuda tensor returns a cuda tensor");
+  chorus::wait_tensor(dsum);
+  expect_equal(std::vector<int>{dsum.is_pending() ? 0 : 1}, std::vector<int>{1},
+               "wait_tensor retires a cuda result");
+  expect_equal(host_floats(dsum), std::vector<float>{w, 2 * w, 3 * w, 4 * w},
+               "all_reduce sum on cuda, read with to(cpu)");
+  expect_equal(host_floats(chorus::all_reduce(dx, "avg", group)), std::vector<float>{1, 2, 3, 4},
+               "all_reduce avg on cuda");
+  expect_equal(host_floats(chorus::all_reduce(dx, chorus::ReduceOp::premul_sum(0.5), group)),
+               std::vector<float>{0.5f * w, w, 1.5f * w, 2 * w}, "all_reduce premul_sum on cuda");
+  // First use without an explicit wait: to(cpu) waits (on the stream), then copies.
+  expect_equal(host_floats(chorus::reduce_scatter_tensor(chorus::all_gather_tensor(dx, 0, group),
+                                                         "sum", 0, group)),
+               std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "reduce_scatter of all_gather on cuda");
+  expect_equal(host_floats(chorus::broadcast(dx, 0, group)), std::vector<float>{1, 2, 3, 4},
+               "broadcast on cuda");
+  const std::vector<Tensor> dcoalesced =
+      chorus::all_reduce_coalesced({dx, dx.clone()}, "sum", group);
+  chorus::wait_tensors(dcoalesced);
+  expect_equal(host_floats(dcoalesced[1]), std::vector<float>{w, 2 * w, 3 * w, 4 * w},
+               "all_reduce_coalesced on cuda");
+  expect_equal(host_floats(Tensor::full({2}, 2.5, chorus::DType::Float32, gpu)),
+               std::vector<float>{2.5F, 2.5F}, "Tensor::full on cuda");
+  Tensor dzeros = Tensor::zeros({4}, chorus::DType::Float32, gpu);
+  dzeros.copy_(dsum);
+  expect_equal(host_floats(dzeros), std::vector<float>{w, 2 * w, 3 * w, 4 * w},
+               "copy_ device to device");
+  bool refused = false;
+  try {
+    (void)dsum.to_vector<float>();
+  } catch (const chorus::InvalidArgument&) {
+    refused = true;
+  }
+  expect_equal(std::vector<int>{refused ? 1 : 0}, std::vector<int>{1},
+               "host access to a cuda tensor is refused");
+  // Many results in flight, dropped un-waited: finalized on the stream, memory freed in order.
+  for (int i = 0; i < 64; ++i) {
+    (void)chorus::all_reduce(Tensor::full({1024}, 1.0, chorus::DType::Float32, gpu), "sum", group);
+  }
+  expect_equal(host_floats(chorus::all_reduce(dx, "sum", group)),
+               std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "all_reduce after 64 dropped results");
   if (failures > 0) {
     throw std::runtime_error(std::to_string(failures) + " checks failed");
   }

@@ -128,6 +128,11 @@ ExpandedGroup expand_group(const GroupSpec& group, std::string_view tag = "");
 // Throw InvalidArgument outside a rank.
 int rank();
 int world_size();
+// Where the calling rank computes: Device::cuda(i) on the NCCL transport (the rank's GPU,
+// LOCAL_RANK % device count), Device::cpu() on the simulator and MPI. Code that places its
+// tensors with it (Tensor::zeros(shape, dtype, local_device()), t.to(local_device())) runs
+// unchanged on every transport. Throws InvalidArgument outside a rank.
+Device local_device();
 
 std::ostream& operator<<(std::ostream& out, const ExpandedGroup& group);
 

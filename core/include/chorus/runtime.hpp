@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "chorus/call_site.hpp"
+#include "chorus/device.hpp"
 
 namespace chorus {
 
@@ -59,6 +60,35 @@ class HostAllocator {
   virtual std::shared_ptr<void> allocate(std::size_t nbytes) = 0;
 };
 
+// Note [Device memory]
+// Where a rank's Device::cuda storages come from. Core has no device kernels and includes no CUDA
+// header: it asks this interface for memory and for contiguous copies, nothing else. A launcher
+// whose transport has devices installs one (RankOptions::device_memory; the NCCL launcher does);
+// without one, allocating a device tensor throws InvalidArgument.
+//
+// Ordering follows the device's *current stream* (for CUDA, as the NCCL transport defines it: the
+// legacy default stream): memory returned by allocate() is usable by work enqueued after the call;
+// copy() runs after work enqueued before it. A wait on a device tensor orders that stream after
+// the collective (Work::wait_on) instead of blocking the host, so a copy to the host that follows
+// the wait sees the collective's result.
+//
+// Thread-safety: allocate() and copy() are called on the rank's own thread/fiber; the deleter of a
+// block may run on any thread, also after the rank ended, so it must keep what it needs alive.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // At least `nbytes` (> 0) bytes on `device`, aligned to HostAllocator::kAlignment at least; the
+  // shared_ptr's deleter frees them in stream order. Never null. Throws InvalidArgument for a
+  // device this rank cannot use, TransportError (or std::bad_alloc) when allocation fails.
+  virtual std::shared_ptr<void> allocate(Device device, std::size_t nbytes) = 0;
+  // Copies `nbytes` contiguous bytes from `src` (on `src_device`) to `dst` (on `dst_device`);
+  // either side may be Device::cpu(). Returns once `dst` may be read on the host when it is host
+  // memory; a copy into device memory may still be in flight on the stream. Throws
+  // TransportError when the device reports an error.
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device,
+                    std::size_t nbytes) = 0;
+};
+
 struct RankOptions {
   // How long a wait may take before it throws Timeout (on the transport's clock).
   std::chrono::nanoseconds timeout = std::chrono::minutes(10);
@@ -67,6 +97,9 @@ struct RankOptions {
   // The rank's host allocator; null: the pooled default above. Shared: it may outlive the rank
   // (its blocks' deleters may hold it).
   std::shared_ptr<HostAllocator> host_allocator;
+  // The rank's device memory (Note [Device memory]); null: Device::cuda storages cannot be
+  // allocated (from_blob and from_dlpack still wrap existing device memory).
+  std::shared_ptr<DeviceMemory> device_memory;
 };
 
 class RankContext {

@@ -38,8 +38,9 @@ class Tensor {
 
   // ---- Factories. CPU storage comes from the calling rank's pooled allocator (plain heap
   // memory outside a rank). Device::meta() makes a storage-less tensor. Device::cuda() storage
-  // needs a transport that provides device memory (not yet: InvalidArgument); wrap existing
-  // device memory with from_blob instead. Negative sizes throw InvalidArgument.
+  // comes from the rank's device memory (RankOptions::device_memory, which the NCCL launcher
+  // installs; without it InvalidArgument, and from_blob wraps existing device memory instead);
+  // zeros/ones/full fill on the host and copy. Negative sizes throw InvalidArgument.
   static Tensor empty(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu());
   static Tensor zeros(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu());
   static Tensor ones(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu());
@@ -122,8 +123,14 @@ class Tensor {
   Tensor clone() const;
   // A copy converted to `dtype` (same conversions as full()).
   Tensor to(DType dtype) const;
+  // A contiguous copy on `device`; *this when already there (as torch). Copies between host and
+  // CUDA memory go through the rank's device memory (Note [Device memory]); waiting on a CUDA
+  // source orders the copy after its pending collectives. Core has no device kernels: a
+  // non-contiguous CUDA source throws InvalidArgument (a CPU source is packed on the host).
+  Tensor to(Device device) const;
   // Copies `src` into this tensor's elements (shapes must be equal; dtypes may differ and are
-  // converted as by to()). Waits on both. Returns *this.
+  // converted as by to()). Waits on both. Returns *this. With a CUDA tensor on either side, the
+  // dtypes must match and the CUDA side(s) be contiguous (no device kernels: InvalidArgument).
   Tensor& copy_(const Tensor& src);
   // Same shape, same dtype, equal values (floating: NaN != NaN, -0 == +0, as torch.equal).
   bool equal(const Tensor& other) const;

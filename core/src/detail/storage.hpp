@@ -22,6 +22,10 @@
 
 #include "chorus/device.hpp"
 
+namespace chorus {
+class DeviceMemory;
+}
+
 namespace chorus::detail {
 
 class WorkRegistry;
@@ -89,5 +93,13 @@ std::shared_ptr<void> allocate_host(std::size_t nbytes);
 
 // A storage of `nbytes` uninitialised host bytes.
 std::shared_ptr<Storage> make_host_storage(std::size_t nbytes);
+
+// The calling rank's device memory (Note [Device memory]), or InvalidArgument naming `op` and
+// `device` when there is none (outside a rank, or a rank whose launcher installed none).
+DeviceMemory& device_memory_for(Device device, const char* op);
+
+// A storage of `nbytes` uninitialised bytes on `device` (CPU or CUDA; not meta). CUDA bytes come
+// from the calling rank's device memory; see device_memory_for for the errors.
+std::shared_ptr<Storage> make_storage(std::size_t nbytes, Device device, const char* op);
 
 }  // namespace chorus::detail

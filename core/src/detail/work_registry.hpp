@@ -65,16 +65,26 @@ struct WorkInfo {
 
 // One issued collective as core sees it: the transport Work plus what must happen when it
 // completes. Thread-safe.
+// How a wait completes a work: DESIGN 2.4's device semantics.
+enum class Completion : std::uint8_t {
+  Host,    // CPU outputs: the host blocks until the transport work finished
+  Stream,  // CUDA outputs: the device's current stream waits on it (Work::wait_on), no host block
+};
+
 class PendingWork {
  public:
   // `fixup` runs once, after the transport work completed successfully, before any waiter
   // returns (e.g. all_gather's rearrangement for gather_dim != 0). It must not wait on any
-  // storage. `timeout` bounds each wait on `transport`'s clock.
+  // storage; Completion::Stream works have none (a host fixup cannot follow a stream wait).
+  // `timeout` bounds each wait on `transport`'s clock.
   PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info, std::function<void()> fixup,
-              std::shared_ptr<transport::Transport> transport, transport::Duration timeout);
+              std::shared_ptr<transport::Transport> transport, transport::Duration timeout,
+              Completion completion = Completion::Host);
 
-  // Waits for the transport work and runs the fixup once. Rethrows the work's error (every
-  // call, for every caller). Idempotent.
+  // Completion::Host: waits for the transport work and runs the fixup once. Completion::Stream:
+  // orders the current stream after it (what follows on the stream sees the result; the host
+  // does not wait). Rethrows the work's error (every call, for every caller; a stream wait sees
+  // only errors known by then). Idempotent.
   void complete() const;
 
   std::uint64_t id() const noexcept { return id_; }
@@ -89,6 +99,7 @@ class PendingWork {
   mutable std::once_flag fixup_once_;
   std::shared_ptr<transport::Transport> transport_;
   transport::Duration timeout_;
+  Completion completion_;
 };
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {

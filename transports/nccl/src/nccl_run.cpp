@@ -110,6 +110,7 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
     RankOptions rank_options;
     rank_options.timeout = options.timeout;
     rank_options.host_pool_bytes_max = options.host_pool_bytes_max;
+    rank_options.device_memory = cuda_device_memory(device);
     RankContext context(transport, rank_options);
     const ScopedRankBinding binding(&context);
     std::exception_ptr error;

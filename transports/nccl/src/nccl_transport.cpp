@@ -292,6 +292,12 @@ void NcclWork::wait(transport::Deadline deadline) {
 }
 
 void NcclWork::wait_on(void* stream) {
+  {
+    const std::lock_guard lock(mutex_);
+    if (status_ == transport::WorkStatus::Failed) {
+      std::rethrow_exception(error_);  // known failed (watchdog, abort): no stream wait hides it
+    }
+  }
   cudaSetDevice(comm_->device());
   const cudaError_t code = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0);
   if (code != cudaSuccess) {

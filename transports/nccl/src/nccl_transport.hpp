@@ -259,6 +259,7 @@ class NcclTransport final : public transport::Transport {
   std::string_view name() const noexcept override { return "nccl"; }
   int rank() const noexcept override { return environment_.rank; }
   int world_size() const noexcept override { return environment_.world_size; }
+  Device device() const noexcept override { return Device::cuda(device_); }
   std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
                                                const std::vector<int>& ranks) override;
   // ncclCommSplit of the world communicator (Note [NCCL communicator set-up]).

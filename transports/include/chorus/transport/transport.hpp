@@ -327,6 +327,9 @@ class Transport {
   virtual std::string_view name() const noexcept = 0;  // "sim", "nccl", "mpi"
   virtual int rank() const noexcept = 0;
   virtual int world_size() const noexcept = 0;
+  // Where this rank computes (chorus::local_device): the rank's GPU for a device transport
+  // (NCCL), the host for the others.
+  virtual Device device() const noexcept { return Device::cpu(); }
 
   // The communicator for `ranks` (global ranks, group order) and `tag`; this rank must be one of
   // `ranks`. Same (tag, ranks) on every member -> the same communicator.

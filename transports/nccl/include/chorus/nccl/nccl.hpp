@@ -9,12 +9,14 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "chorus/dtype.hpp"
 #include "chorus/reduce_op.hpp"
+#include "chorus/runtime.hpp"
 #include "chorus/store/store.hpp"
 #include "chorus/transport/transport.hpp"
 
@@ -140,10 +142,17 @@ struct NcclRunOptions {
   std::size_t host_pool_bytes_max = std::size_t{64} << 20;
 };
 
+// Device::cuda storages on CUDA device `device` (Note [Device memory] in chorus/runtime.hpp),
+// stream-ordered on the legacy default stream, the stream the NCCL transport orders its
+// operations and waits by. run() installs one for the rank's device; a launcher of its own
+// passes it in RankOptions::device_memory.
+std::shared_ptr<DeviceMemory> cuda_device_memory(int device);
+
 // Runs `rank_main` as this process's rank (chorus::run with transport "nccl" calls this): checks
 // that a CUDA device exists (else throws TransportError "no CUDA device: ..."), selects device
 // LOCAL_RANK % device count, connects to the store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it),
-// binds a RankContext over the NCCL transport, runs the rank function, finishes the rank and
+// binds a RankContext over the NCCL transport (with cuda_device_memory(device), so the rank
+// can allocate Device::cuda(device) tensors), runs the rank function, finishes the rank and
 // destroys its communicators (finalize, then destroy). Returns 0 when the rank succeeded; when
 // it failed, prints "chorus: rank R of N failed: <error>", aborts its communicators (so peers
 // see an error instead of hanging) and returns 1. Throws InvalidArgument for a bad environment.

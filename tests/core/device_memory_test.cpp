@@ -1,0 +1,347 @@
+// Core's device path (Note [Device memory], Note [Device copies]): Device::cuda storages from the
+// rank's DeviceMemory, copies between host and device, and DESIGN 2.4's device semantics of a
+// wait (the stream waits on the collective; the host does not). No GPU here: the "device" memory
+// is host memory behind a recording DeviceMemory, and the transport is the fake one, which takes
+// CUDA buffers when asked to and counts stream waits apart from host waits.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "support/expect_error.hpp"
+#include "support/fake_transport.hpp"
+
+namespace chorus {
+namespace {
+
+using testing::expect_error;
+using testing::expect_invalid_argument;
+using testing::FakeTransport;
+using testing::FakeWork;
+
+// Host memory posing as device memory; records every call.
+class RecordingDeviceMemory final : public DeviceMemory {
+ public:
+  struct Copy {
+    Device dst;
+    Device src;
+    std::size_t nbytes;
+  };
+
+  std::shared_ptr<void> allocate(Device device, std::size_t nbytes) override {
+    EXPECT_TRUE(device.is_cuda());
+    EXPECT_GT(nbytes, 0u);
+    void* block = std::aligned_alloc(HostAllocator::kAlignment,
+                                     (nbytes + HostAllocator::kAlignment - 1) /
+                                         HostAllocator::kAlignment * HostAllocator::kAlignment);
+    std::lock_guard lock(mutex_);
+    allocations_.push_back(nbytes);
+    return {block, [counts = counts_](void* p) {
+              std::free(p);
+              ++*counts;
+            }};
+  }
+
+  void copy(void* dst, Device dst_device, const void* src, Device src_device,
+            std::size_t nbytes) override {
+    std::memcpy(dst, src, nbytes);
+    std::lock_guard lock(mutex_);
+    copies_.push_back(Copy{dst_device, src_device, nbytes});
+  }
+
+  std::vector<std::size_t> allocations() const {
+    std::lock_guard lock(mutex_);
+    return allocations_;
+  }
+  std::vector<Copy> copies() const {
+    std::lock_guard lock(mutex_);
+    return copies_;
+  }
+  int frees() const { return *counts_; }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::size_t> allocations_;
+  std::vector<Copy> copies_;
+  std::shared_ptr<int> counts_ = std::make_shared<int>(0);  // frees; deleters may outlive us
+};
+
+// One rank of world 1 on the fake transport, with (or without) device memory. Waits time out
+// after a short while, so a wait that blocks the host on a pending work fails the test with
+// Timeout instead of hanging it.
+class DeviceRank {
+ public:
+  explicit DeviceRank(bool with_device_memory = true)
+      : memory_(with_device_memory ? std::make_shared<RecordingDeviceMemory>() : nullptr),
+        transport_(std::make_shared<FakeTransport>()),
+        context_(transport_, options(memory_)),
+        binding_(&context_) {
+    transport_->accepts_cuda_buffers = true;
+  }
+
+  RecordingDeviceMemory& memory() { return *memory_; }
+  FakeTransport& transport() { return *transport_; }
+  RankContext& context() { return context_; }
+
+ private:
+  static RankOptions options(std::shared_ptr<RecordingDeviceMemory> memory) {
+    RankOptions rank_options;
+    rank_options.timeout = std::chrono::milliseconds(200);
+    rank_options.device_memory = std::move(memory);
+    return rank_options;
+  }
+
+  std::shared_ptr<RecordingDeviceMemory> memory_;
+  std::shared_ptr<FakeTransport> transport_;
+  RankContext context_;
+  ScopedRankBinding binding_;
+};
+
+const Device kGpu = Device::cuda(0);
+
+Tensor on_gpu(const std::vector<float>& values) { return Tensor::from_vector(values).to(kGpu); }
+
+std::vector<float> host_values(const Tensor& tensor) {
+  return tensor.to(Device::cpu()).to_vector<float>();
+}
+
+TEST(DeviceMemory, WithoutOneAllocatingADeviceTensorSaysWhatIsMissing) {
+  expect_invalid_argument([] { Tensor::empty({4}, DType::Float32, kGpu); },
+                          {"Tensor::empty", "outside a rank", "cuda:0", "from_blob"});
+  DeviceRank rank(/*with_device_memory=*/false);
+  expect_invalid_argument([] { Tensor::zeros({4}, DType::Float32, kGpu); },
+                          {"rank 0", "transport 'fake'", "no memory for cuda:0",
+                           "RankOptions::device_memory", "from_blob"});
+  expect_invalid_argument([] { Tensor::from_vector(std::vector<float>{1}).to(kGpu); },
+                          {"Tensor::to", "no memory for cuda:0"});
+  EXPECT_EQ(rank.transport().works().size(), 0u);
+  expect_invalid_argument([] { Tensor::empty({1}, DType::Float32, Device::cuda(-1)); },
+                          {"device index must be >= 0", "cuda:-1"});
+}
+
+TEST(DeviceMemory, LocalDeviceIsTheTransports) {
+  {
+    DeviceRank rank;
+    EXPECT_EQ(local_device(), Device::cpu());
+    rank.transport().local_device = Device::cuda(3);
+    EXPECT_EQ(local_device(), Device::cuda(3));
+  }
+  sim::SimOptions options;
+  options.world_size = 2;
+  int seen = 0;
+  sim::run(options, [&] {
+    EXPECT_EQ(local_device(), Device::cpu());
+    ++seen;
+  });
+  EXPECT_EQ(seen, 2);
+}
+
+TEST(DeviceMemory, DeviceTensorsAreAllocatedAndFreedThroughIt) {
+  DeviceRank rank;
+  {
+    const Tensor t = Tensor::empty({2, 3}, DType::Int32, kGpu);
+    EXPECT_EQ(t.device(), kGpu);
+    EXPECT_EQ(t.nbytes(), 24u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.unsafe_data_ptr()) % HostAllocator::kAlignment,
+              0u);
+    EXPECT_EQ(rank.memory().allocations(), std::vector<std::size_t>{24});
+    EXPECT_EQ(rank.memory().frees(), 0);
+    const Tensor none = Tensor::empty({0}, DType::Int32, kGpu);
+    EXPECT_EQ(none.unsafe_data_ptr(), nullptr);
+    EXPECT_EQ(rank.memory().allocations().size(), 1u) << "no bytes, no allocation";
+  }
+  EXPECT_EQ(rank.memory().frees(), 1);
+}
+
+TEST(DeviceMemory, FactoriesFillOnTheHostAndCopy) {
+  DeviceRank rank;
+  const Tensor full = Tensor::full({3}, 2.5, DType::Float32, kGpu);
+  const Tensor zeros = Tensor::zeros({2}, DType::Float32, kGpu);
+  const Tensor ones = Tensor::ones({2}, DType::Float32, kGpu);
+  EXPECT_EQ(full.device(), kGpu);
+  const auto copies = rank.memory().copies();
+  ASSERT_EQ(copies.size(), 3u);
+  EXPECT_EQ(copies[0].dst, kGpu);
+  EXPECT_EQ(copies[0].src, Device::cpu());
+  EXPECT_EQ(copies[0].nbytes, 12u);
+  EXPECT_EQ(host_values(full), (std::vector<float>{2.5F, 2.5F, 2.5F}));
+  EXPECT_EQ(host_values(zeros), (std::vector<float>{0.0F, 0.0F}));
+  EXPECT_EQ(host_values(ones), (std::vector<float>{1.0F, 1.0F}));
+  const auto after = rank.memory().copies();
+  ASSERT_EQ(after.size(), 6u);
+  EXPECT_EQ(after[3].dst, Device::cpu());
+  EXPECT_EQ(after[3].src, kGpu);
+}
+
+TEST(DeviceMemory, CopiesBetweenDevicesKeepEveryBit) {
+  DeviceRank rank;
+  // A NaN payload and a negative zero survive the round trip: the copies move bytes.
+  std::uint32_t nan_bits = 0x7fc00123U;
+  float nan_payload = 0;
+  std::memcpy(&nan_payload, &nan_bits, sizeof nan_payload);
+  const Tensor host = Tensor::from_vector(std::vector<float>{nan_payload, -0.0F, 3.0F});
+  const Tensor device = host.to(kGpu);
+  EXPECT_TRUE(device.to(Device::cpu()).bitwise_equal(host));
+  EXPECT_TRUE(device.to(kGpu).shares_storage(device)) << "to() its own device is itself";
+  const Tensor cloned = device.clone();
+  EXPECT_FALSE(cloned.shares_storage(device));
+  EXPECT_EQ(cloned.device(), kGpu);
+  EXPECT_EQ(rank.memory().copies().back().src, kGpu);
+  EXPECT_EQ(rank.memory().copies().back().dst, kGpu);
+  EXPECT_TRUE(cloned.to(Device::cpu()).bitwise_equal(host));
+  EXPECT_TRUE(device.to(DType::Float32).to(Device::cpu()).bitwise_equal(host));
+  // A non-contiguous host tensor is packed on the host, then copied.
+  const Tensor matrix = Tensor::arange(6, DType::Int32).view({2, 3});
+  EXPECT_EQ(matrix.transpose(0, 1).to(kGpu).to(Device::cpu()).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{0, 3, 1, 4, 2, 5}));
+}
+
+TEST(DeviceMemory, CopyIntoADeviceTensor) {
+  DeviceRank rank;
+  Tensor device = Tensor::zeros({2, 3}, DType::Int32, kGpu);
+  const Tensor host = Tensor::arange(6, DType::Int32).view({3, 2}).transpose(0, 1);
+  device.copy_(host);
+  EXPECT_EQ(host_values(device.view({6}).to(DType::Int32).to(Device::cpu()).to(DType::Float32)),
+            (std::vector<float>{0, 2, 4, 1, 3, 5}));
+  Tensor back = Tensor::zeros({2, 3}, DType::Int32);
+  back.copy_(device);
+  EXPECT_EQ(back.to_vector<std::int32_t>(), (std::vector<std::int32_t>{0, 2, 4, 1, 3, 5}));
+  // Overlapping device ranges read from a private copy.
+  Tensor row = device.narrow(0, 0, 1);
+  row.copy_(device.narrow(0, 1, 1));
+  EXPECT_EQ(device.to(Device::cpu()).to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{1, 3, 5, 1, 3, 5}));
+}
+
+TEST(DeviceMemory, WhatNeedsADeviceKernelIsRefused) {
+  DeviceRank rank;
+  const Tensor device = Tensor::arange(6, DType::Int32).to(kGpu).view({2, 3});
+  expect_invalid_argument([&] { device.to_vector<std::int32_t>(); },
+                          {"host data access", "cuda:0", "to(Device::cpu())"});
+  expect_invalid_argument([&] { device.transpose(0, 1).to(Device::cpu()); },
+                          {"Tensor::to", "packing the elements", "cuda:0", "[3, 2]"});
+  expect_invalid_argument([&] { device.transpose(0, 1).clone(); }, {"Tensor::clone"});
+  expect_invalid_argument([&] { device.to(DType::Float32); }, {"Tensor::to", "cuda:0"});
+  Tensor other = Tensor::zeros({2, 3}, DType::Float32, kGpu);
+  expect_invalid_argument([&] { other.copy_(device); },
+                          {"Tensor::copy_", "converting the dtype", "device kernel"});
+  Tensor strided = Tensor::zeros({3, 2}, DType::Int32, kGpu).transpose(0, 1);
+  expect_invalid_argument([&] { strided.copy_(device); },
+                          {"Tensor::copy_", "writing non-contiguous elements"});
+  expect_invalid_argument([&] { device.to(Device::meta()); }, {"meta tensors carry shapes only"});
+}
+
+TEST(DeviceMemory, WaitingADeviceResultOrdersTheStreamAndNeverBlocksTheHost) {
+  DeviceRank rank;
+  const Tensor input = on_gpu({1, 2, 3, 4});
+  const Tensor out = all_reduce(input, "sum", {0});
+  EXPECT_EQ(out.device(), kGpu);
+  EXPECT_EQ(rank.memory().allocations().back(), 16u) << "the output is device memory";
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  ASSERT_TRUE(out.is_pending());
+  // The work is still pending in the transport: a host wait would time out (200 ms) and throw.
+  wait_tensor(out);
+  EXPECT_EQ(work->stream_waits(), 1);
+  EXPECT_EQ(work->waits(), 0) << "the host waited on a device result";
+  EXPECT_FALSE(out.is_pending());
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_EQ(work->status(), transport::WorkStatus::Pending);
+  // The "stream" runs the collective, then the copy to the host that follows the wait.
+  work->complete();
+  EXPECT_EQ(host_values(out), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(work->waits(), 0);
+}
+
+TEST(DeviceMemory, FirstUseOfADeviceResultWaitsOnTheStream) {
+  DeviceRank rank;
+  const Tensor out = all_gather_tensor(on_gpu({5, 6}), 0, {0});
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  work->complete();
+  EXPECT_EQ(host_values(out), (std::vector<float>{5, 6}));  // to(cpu) is the first use
+  EXPECT_EQ(work->stream_waits(), 1);
+  EXPECT_EQ(work->waits(), 0);
+}
+
+TEST(DeviceMemory, AFailedDeviceCollectiveIsRaisedAtItsWait) {
+  DeviceRank rank;
+  const Tensor out = all_reduce(on_gpu({1}), "sum", {0});
+  rank.transport().last_work()->fail(
+      std::make_exception_ptr(TransportError(ErrorContext{0, "all_reduce", 0, "[0]"}, "boom")));
+  expect_error<TransportError>([&] { wait_tensor(out); }, {"boom"});
+  expect_error<TransportError>([&] { out.to(Device::cpu()); }, {"boom"});
+}
+
+TEST(DeviceMemory, InPlaceAndCoalescedDeviceCollectives) {
+  DeviceRank rank;
+  Tensor tensor = on_gpu({7, 8});
+  all_reduce_inplace(tensor, "sum", {0});
+  const std::shared_ptr<FakeWork> in_place = rank.transport().last_work();
+  EXPECT_EQ(in_place->stream_waits(), 1);
+  EXPECT_EQ(in_place->waits(), 0);
+  in_place->complete();
+  EXPECT_EQ(host_values(tensor), (std::vector<float>{7, 8}));
+
+  const std::vector<Tensor> outs = all_reduce_coalesced({on_gpu({1}), on_gpu({2, 3})}, "sum", {0});
+  ASSERT_EQ(outs.size(), 2u);
+  EXPECT_EQ(outs[1].device(), kGpu);
+  const std::shared_ptr<FakeWork> batch = rank.transport().last_work();
+  wait_tensors(outs);
+  EXPECT_EQ(batch->stream_waits(), 1) << "one stream wait for the batch";
+  EXPECT_EQ(batch->waits(), 0);
+  batch->complete();
+  EXPECT_EQ(host_values(outs[1]), (std::vector<float>{2, 3}));
+
+  // The result lands in the caller's tensor by a device copy behind the stream wait.
+  rank.transport().completes_on_stream_wait = true;
+  Tensor gathered = Tensor::zeros({2}, DType::Float32, kGpu);
+  all_gather_tensor_inplace(gathered, on_gpu({4, 5}), {0});
+  const std::shared_ptr<FakeWork> gather = rank.transport().last_work();
+  EXPECT_EQ(gather->stream_waits(), 1);
+  EXPECT_EQ(gather->waits(), 0);
+  EXPECT_EQ(host_values(gathered), (std::vector<float>{4, 5}));
+}
+
+TEST(DeviceMemory, ADroppedDeviceResultIsFinalizedOnTheStream) {
+  DeviceRank rank;
+  { const Tensor out = all_reduce(on_gpu({1}), "sum", {0}); }
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  EXPECT_EQ(work->stream_waits(), 1);
+  EXPECT_EQ(work->waits(), 0);
+  EXPECT_EQ(work->finalizations(), 1);
+  EXPECT_EQ(work_registry_size(), 0u);
+}
+
+TEST(DeviceMemory, DeviceCallsCoreCannotRunAreRefusedBeforeAnythingStarts) {
+  DeviceRank rank;
+  const Tensor matrix = Tensor::arange(4).view({2, 2}).to(kGpu);
+  expect_invalid_argument([&] { all_gather_tensor(matrix, 1, {0}); },
+                          {"all_gather along dim 1 on cuda:0", "no device kernels"});
+  expect_invalid_argument([&] { reduce_scatter_tensor(matrix, "sum", 1, {0}); },
+                          {"reduce_scatter along dim 1 on cuda:0"});
+  expect_invalid_argument([&] { all_reduce(matrix.transpose(0, 1), "sum", {0}); },
+                          {"non-contiguous cuda:0 tensor", "[2, 2]", "device kernel"});
+  expect_invalid_argument(
+      [&] {
+        all_reduce_coalesced({Tensor::arange(2), matrix}, "sum", {0});
+      },
+      {"input 1 is on cuda:0 but the inputs before it are on cpu", "one device"});
+  Tensor host_out = Tensor::zeros({2, 2});
+  expect_invalid_argument([&] { all_gather_tensor_inplace(host_out, matrix, {0}); },
+                          {"output is on cpu but the input is on cuda:0"});
+  EXPECT_TRUE(rank.transport().works().empty()) << "a refused call started something";
+  rank.transport().accepts_cuda_buffers = false;
+  expect_invalid_argument(
+      [&] { all_reduce(matrix, "sum", {0}); },
+      {"transport 'fake' cannot run all_reduce", "on cuda:0", "host memory only"});
+}
+
+}  // namespace
+}  // namespace chorus

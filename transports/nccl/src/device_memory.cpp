@@ -1,0 +1,115 @@
+// chorus::nccl::cuda_device_memory — Device::cuda storages for a rank on the NCCL transport
+// (Note [Device memory] in chorus/runtime.hpp; Note [CUDA device memory] below).
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "chorus/error.hpp"
+#include "chorus/nccl/nccl.hpp"
+#include "chorus/runtime.hpp"
+#include "nccl_transport.hpp"
+
+namespace chorus::nccl {
+namespace {
+
+// Note [CUDA device memory]
+// The NCCL transport orders every operation after the caller's work on the legacy default stream
+// and a wait makes that stream wait on the operation's event (Note [NCCL work lifecycle]), so the
+// legacy default stream is "the current stream" of core's device semantics. Memory follows it:
+// - allocate: cudaMallocAsync on the legacy default stream. Work enqueued later on it (and the
+//   NCCL operations, which are ordered after it) may use the block.
+// - free: cudaFreeAsync on the same stream, on the block's device. A collective that still
+//   writes the block holds it through its Work's keep-alive until the operation completed, and a
+//   waited or finalized collective has ordered the stream after itself, so the free never
+//   overtakes a collective.
+// - copy: cudaMemcpy, which runs on the legacy default stream: after every collective waited
+//   before it, and, for a copy into host memory, returning once the bytes arrived.
+// The deleter may run on any thread: it selects the block's device first and puts the thread's
+// previous device back.
+
+// Selects `device` on the calling thread for a scope.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      previous_ = -1;
+    }
+    if (previous_ != device) {
+      cudaSetDevice(device);
+    }
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) {
+      cudaSetDevice(previous_);
+    }
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+class CudaDeviceMemory final : public DeviceMemory {
+ public:
+  explicit CudaDeviceMemory(int device) : device_(device) {}
+
+  std::shared_ptr<void> allocate(Device device, std::size_t nbytes) override {
+    check_device(device, "allocate");
+    const DeviceScope scope(device_);
+    void* block = nullptr;
+    if (const cudaError_t code = cudaMallocAsync(&block, nbytes, cudaStreamLegacy);
+        code != cudaSuccess) {
+      throw TransportError(context("allocate"),
+                           "nccl: cudaMallocAsync of " + std::to_string(nbytes) + " bytes on " +
+                               device.to_string() + " failed: " + detail::cuda_error_text(code));
+    }
+    return {block, [index = device_](void* pointer) {
+              const DeviceScope free_scope(index);
+              cudaFreeAsync(pointer, cudaStreamLegacy);  // a failure here has nobody to tell
+            }};
+  }
+
+  void copy(void* dst, Device dst_device, const void* src, Device src_device,
+            std::size_t nbytes) override {
+    if (dst_device.is_cuda()) {
+      check_device(dst_device, "copy");
+    }
+    if (src_device.is_cuda()) {
+      check_device(src_device, "copy");
+    }
+    const DeviceScope scope(device_);
+    if (const cudaError_t code = cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault);
+        code != cudaSuccess) {
+      throw TransportError(context("copy"), "nccl: cudaMemcpy of " + std::to_string(nbytes) +
+                                                " bytes from " + src_device.to_string() + " to " +
+                                                dst_device.to_string() +
+                                                " failed: " + detail::cuda_error_text(code));
+    }
+  }
+
+ private:
+  ErrorContext context(const char* what) const {
+    return ErrorContext{-1, std::string("nccl device memory ") + what, -1, ""};
+  }
+
+  void check_device(Device device, const char* what) const {
+    if (!device.is_cuda() || device.index() != device_) {
+      throw InvalidArgument(context(what), "this rank's device is cuda:" + std::to_string(device_) +
+                                               ", not " + device.to_string() +
+                                               " (one rank uses one device)");
+    }
+  }
+
+  int device_;
+};
+
+}  // namespace
+
+std::shared_ptr<DeviceMemory> cuda_device_memory(int device) {
+  return std::make_shared<CudaDeviceMemory>(device);
+}
+
+}  // namespace chorus::nccl
