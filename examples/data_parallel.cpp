@@ -165,10 +165,15 @@ static int run_main(int argc, char** argv) {
     float bias = 0.0f;
     for (int step = 0; step < steps; ++step) {
       std::vector<float> local = shard_gradient(weights, bias, shard);
+      // On the rank's device (the GPU under NCCL, the host elsewhere); results come back with
+      // to(Device::cpu()) before the host reads them.
+      const chorus::Device device = chorus::local_device();
       chorus::Tensor weight_grad =
-          chorus::Tensor::from_vector(std::vector<float>(local.begin(), local.begin() + kFeatures));
+          chorus::Tensor::from_vector(std::vector<float>(local.begin(), local.begin() + kFeatures))
+              .to(device);
       chorus::Tensor bias_and_loss =
-          chorus::Tensor::from_vector(std::vector<float>(local.begin() + kFeatures, local.end()));
+          chorus::Tensor::from_vector(std::vector<float>(local.begin() + kFeatures, local.end()))
+              .to(device);
       // One bucket, one communication; the results are pending until first read.
       std::vector<chorus::Tensor> averaged;
       if (unbucketed && step >= 1 && rank == chorus::world_size() - 1) {
@@ -178,8 +183,9 @@ static int run_main(int argc, char** argv) {
         averaged =
             chorus::all_reduce_coalesced({weight_grad, bias_and_loss}, "avg", chorus::world());
       }
-      std::vector<float> gradient = averaged[0].to_vector<float>();  // waits here
-      const std::vector<float> tail = averaged[1].to_vector<float>();
+      std::vector<float> gradient =
+          averaged[0].to(chorus::Device::cpu()).to_vector<float>();  // waits here
+      const std::vector<float> tail = averaged[1].to(chorus::Device::cpu()).to_vector<float>();
       gradient.insert(gradient.end(), tail.begin(), tail.end());
       apply(weights, bias, gradient);
       if (rank == 0) {
@@ -190,7 +196,9 @@ static int run_main(int argc, char** argv) {
     std::vector<float> model = weights;
     model.push_back(bias);
     const std::vector<float> everyone =
-        chorus::all_gather_tensor(chorus::Tensor::from_vector(model), 0, chorus::world())
+        chorus::all_gather_tensor(chorus::Tensor::from_vector(model).to(chorus::local_device()), 0,
+                                  chorus::world())
+            .to(chorus::Device::cpu())
             .to_vector<float>();
     for (int r = 0; r < chorus::world_size(); ++r) {
       const auto row = everyone.begin() + static_cast<std::ptrdiff_t>(r * model.size());

@@ -193,7 +193,7 @@ inline Results run_ddp_buckets(const DdpCase& c) {
                // Backward produces a bucket's gradients in the bucket's order, so output i of
                // its all_reduce_coalesced is the gradient of buckets[b][i].
                CHORUS_CHECK_EQ(buckets[b][gradients[b].size()], p);
-               gradients[b].push_back(gradient.tensor());
+               gradients[b].push_back(placed(gradient.tensor()));
                if (gradients[b].size() == buckets[b].size()) {
                  reduced[b] = chorus::all_reduce_coalesced(gradients[b], "sum", chorus::world());
                  if (c.bug_wait_in_backward) {
@@ -222,7 +222,7 @@ inline Results run_ddp_buckets(const DdpCase& c) {
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       for (std::size_t i = 0; i < buckets[b].size(); ++i) {
         const std::size_t p = buckets[b][i];
-        sgd(parameters[p], reduced[b][i].to_vector<double>());
+        sgd(parameters[p], host(reduced[b][i]).to_vector<double>());
         last_gradients[p] = reduced[b][i];
       }
       if (chorus::work_registry_size() != buckets.size() - b - 1) {

@@ -65,6 +65,20 @@ inline std::int64_t small_integer(std::uint64_t seed, std::uint64_t stream, std:
   return static_cast<std::int64_t>(h % span) - bound;
 }
 
+// Note [Example devices]
+// The examples compute on host vectors, as small programs, and communicate tensors placed on the
+// rank's device, as GPU programs do: placed(t) moves a host tensor to chorus::local_device()
+// before a collective (the rank's GPU under --transport=nccl), host(t) brings a result back
+// before the host reads it. On the simulator and MPI the device is the host and both return the
+// tensor itself, so nothing is copied there; on NCCL every collective of an example runs on CUDA
+// tensors that core allocated, and every read is a wait on the stream then a copy.
+inline chorus::Tensor placed(const chorus::Tensor& tensor) {
+  return tensor.to(chorus::local_device());
+}
+inline chorus::Tensor host(const chorus::Tensor& tensor) {
+  return tensor.to(chorus::Device::cpu());
+}
+
 // A rows x cols row-major matrix of float or double: the examples' local compute.
 template <class T>
 struct Matrix {
@@ -89,7 +103,7 @@ struct Matrix {
   // A copy of a 2-d tensor's values (waits for it).
   static Matrix from(const chorus::Tensor& tensor) {
     CHORUS_CHECK_EQ(tensor.dim(), 2);
-    return Matrix{tensor.size(0), tensor.size(1), tensor.to_vector<T>()};
+    return Matrix{tensor.size(0), tensor.size(1), host(tensor).to_vector<T>()};
   }
 
   T& at(std::int64_t r, std::int64_t c) {
@@ -318,7 +332,7 @@ inline void require_bitwise_equal(const Results& actual, const Results& expected
                       std::to_string(expected.size()));
   }
   for (std::size_t i = 0; i < actual.size(); ++i) {
-    const chorus::Tensor& a = actual[i].tensor;
+    const chorus::Tensor a = host(actual[i].tensor);
     const chorus::Tensor& e = expected[i].tensor;
     CHORUS_CHECK_EQ(actual[i].name, expected[i].name);
     if (a.dtype() != e.dtype() || a.sizes() != e.sizes()) {
@@ -351,8 +365,9 @@ inline void require_reference_on_every_rank(const Results& actual, const Results
     failure = error.what();
   }
   const auto differing =
-      chorus::all_reduce(chorus::Tensor::full({1}, failure.empty() ? 0 : 1, chorus::DType::Int64),
-                         "sum", chorus::world())
+      host(chorus::all_reduce(
+               placed(chorus::Tensor::full({1}, failure.empty() ? 0 : 1, chorus::DType::Int64)),
+               "sum", chorus::world()))
           .item<std::int64_t>();
   if (!failure.empty()) {
     throw WrongResult(failure);

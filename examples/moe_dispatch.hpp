@@ -155,8 +155,9 @@ inline FloatMatrix combine(const MoeCase& c, std::int64_t token_count,
   return combined;
 }
 
+// On the rank's device (Note [Example devices]).
 inline chorus::Tensor int64_tensor(const std::vector<std::int64_t>& values) {
-  return chorus::Tensor::from_vector(values);
+  return placed(chorus::Tensor::from_vector(values));
 }
 
 }  // namespace moe_detail
@@ -202,17 +203,17 @@ inline Results run_moe_dispatch(const MoeCase& c) {
   }
   // 2. Counts: one int64 to each peer.
   const std::vector<std::int64_t> receive_splits =
-      chorus::all_to_all_single(int64_tensor(send_splits), std::nullopt, std::nullopt,
-                                chorus::world())
+      host(chorus::all_to_all_single(int64_tensor(send_splits), std::nullopt, std::nullopt,
+                                     chorus::world()))
           .to_vector<std::int64_t>();
   // 3. Dispatch: rows and expert ids, uneven splits.
-  const chorus::Tensor received =
-      chorus::all_to_all_single(send.tensor(), receive_splits, send_splits, chorus::world());
+  const chorus::Tensor received = chorus::all_to_all_single(placed(send.tensor()), receive_splits,
+                                                            send_splits, chorus::world());
   const chorus::Tensor received_experts = chorus::all_to_all_single(
       int64_tensor(send_experts), receive_splits, send_splits, chorus::world());
   // 4. The local experts, row by row in the order received.
   const FloatMatrix rows = FloatMatrix::from(received);
-  const std::vector<std::int64_t> ids = received_experts.to_vector<std::int64_t>();
+  const std::vector<std::int64_t> ids = host(received_experts).to_vector<std::int64_t>();
   FloatMatrix expert_outputs = FloatMatrix::zeros(rows.rows, c.features);
   for (std::int64_t i = 0; i < rows.rows; ++i) {
     const std::int64_t e = ids[static_cast<std::size_t>(i)];
@@ -226,8 +227,8 @@ inline Results run_moe_dispatch(const MoeCase& c) {
     }
   }
   // 5. Combine: the reverse exchange.
-  const chorus::Tensor returned = chorus::all_to_all_single(expert_outputs.tensor(), send_splits,
-                                                            receive_splits, chorus::world());
+  const chorus::Tensor returned = chorus::all_to_all_single(
+      placed(expert_outputs.tensor()), send_splits, receive_splits, chorus::world());
   // 6. Row i of `returned` is the output of routed[order[i]].
   const FloatMatrix back = FloatMatrix::from(returned);
   if (back.rows != static_cast<std::int64_t>(order.size())) {

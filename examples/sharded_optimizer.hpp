@@ -128,22 +128,23 @@ inline Results run_sharded_optimizer(const ShardedCase& c) {
   chorus::Tensor gradient_shard = chorus::Tensor::zeros({shard});
   for (std::int64_t step = 0; step < c.steps; ++step) {
     const std::vector<float> full =
-        chorus::all_gather_tensor(chorus::Tensor::from_vector(mine), 0, chorus::world())
+        host(chorus::all_gather_tensor(placed(chorus::Tensor::from_vector(mine)), 0,
+                                       chorus::world()))
             .to_vector<float>();  // waits
     const std::vector<float> gradient = flat_gradient(c, full, make_batch(c, rank, step));
     if (c.bug_local_gradient) {
       gradient_shard = chorus::Tensor::from_vector(std::vector<float>(
           gradient.begin() + rank * shard, gradient.begin() + (rank + 1) * shard));
     } else {
-      gradient_shard = chorus::reduce_scatter_tensor(chorus::Tensor::from_vector(gradient), "sum",
-                                                     0, chorus::world());
+      gradient_shard = chorus::reduce_scatter_tensor(placed(chorus::Tensor::from_vector(gradient)),
+                                                     "sum", 0, chorus::world());
     }
-    sgd(mine, gradient_shard.to_vector<float>());  // waits
+    sgd(mine, host(gradient_shard).to_vector<float>());  // waits
   }
   const chorus::Tensor shard_tensor = chorus::Tensor::from_vector(mine);
   return {{"parameter shard", shard_tensor},
           {"gradient shard", gradient_shard},
-          {"full parameters", chorus::all_gather_tensor(shard_tensor, 0, chorus::world())}};
+          {"full parameters", chorus::all_gather_tensor(placed(shard_tensor), 0, chorus::world())}};
 }
 
 // The single-rank reference: the full parameters on one rank, each step's gradient the sum over

@@ -113,12 +113,13 @@ inline Results run_mlp(const MlpCase& c, MlpVariant variant) {
   const bool sequence = variant == MlpVariant::SequenceParallel;
 
   // Forward.
-  const FloatMatrix x = sequence ? FloatMatrix::from(chorus::all_gather_tensor(
-                                       data.x.row_block(rank * t, t).tensor(), 0, chorus::world()))
-                                 : data.x;
+  const FloatMatrix x =
+      sequence ? FloatMatrix::from(chorus::all_gather_tensor(
+                     placed(data.x.row_block(rank * t, t).tensor()), 0, chorus::world()))
+               : data.x;
   const FloatMatrix pre_activation = matmul(x, w1);
   const FloatMatrix activation = relu(pre_activation);
-  const chorus::Tensor partial_y = matmul(activation, w2).tensor();
+  const chorus::Tensor partial_y = placed(matmul(activation, w2).tensor());
   const chorus::Tensor y = sequence
                                ? chorus::reduce_scatter_tensor(partial_y, "sum", 0, chorus::world())
                                : chorus::all_reduce(partial_y, "sum", chorus::world());
@@ -126,12 +127,12 @@ inline Results run_mlp(const MlpCase& c, MlpVariant variant) {
   // Backward. dy is of the tokens this rank's y holds; the hidden shard needs all of them.
   const FloatMatrix target = sequence ? data.target.row_block(rank * t, t) : data.target;
   const FloatMatrix dy_mine = minus(FloatMatrix::from(y), target);  // waits for y
-  const FloatMatrix dy =
-      sequence ? FloatMatrix::from(chorus::all_gather_tensor(dy_mine.tensor(), 0, chorus::world()))
-               : dy_mine;
+  const FloatMatrix dy = sequence ? FloatMatrix::from(chorus::all_gather_tensor(
+                                        placed(dy_mine.tensor()), 0, chorus::world()))
+                                  : dy_mine;
   const FloatMatrix dw2 = matmul(activation.transposed(), dy);
   const FloatMatrix da = relu_backward(matmul(dy, w2.transposed()), pre_activation);
-  const chorus::Tensor partial_dx = matmul(da, w1.transposed()).tensor();
+  const chorus::Tensor partial_dx = placed(matmul(da, w1.transposed()).tensor());
   chorus::Tensor dx;
   if (c.bug_local_dx) {
     dx = sequence ? partial_dx.narrow(0, rank * t, t).clone() : partial_dx;

@@ -5,10 +5,13 @@
 #      the `chorus` CLI and the examples;
 #   2. the gpu-labelled tests (ctest -L gpu) and the NCCL unit tests;
 #   3. `chorus check --transport nccl` with one rank (NCCL 2.28 allows one rank per GPU);
-#   4. the examples with --transport=nccl (their tensors are CPU tensors, staged through the
-#      device: core cannot allocate CUDA storage yet);
+#   4. the examples with --transport=nccl: they place their tensors on chorus::local_device()
+#      (examples/example_support.hpp, Note [Example devices]), so every collective of theirs runs
+#      on CUDA tensors core allocated and every read waits on the stream (`chorus check` in step
+#      3 uses CPU tensors: the staged path);
 #   5. the host-overhead benchmark bench_nccl (chorus all_reduce vs raw ncclAllReduce, one rank,
-#      8 B..64 MiB; docs/performance.md, "NCCL host overhead (bench_nccl)").
+#      8 B..64 MiB; issue and complete per op, then the enqueue alone; docs/performance.md,
+#      "NCCL host overhead (bench_nccl)").
 # Exits non-zero at the first failing step and says which. Needs no network.
 set -euo pipefail
 
@@ -87,11 +90,13 @@ for example in "${EXAMPLES[@]}"; do
 done
 
 step "host-overhead benchmark (bench_nccl, one rank)"
-# chorus all_reduce_inplace on device memory vs raw ncclAllReduce + cudaStreamSynchronize, 8 B to
-# 64 MiB by powers of 2; it checks every result bitwise and exits 1 on a wrong one, 77 without a
-# device (a failure here too). Alone it hosts its own store. Copy its table into
-# docs/performance.md. Target: chorus adds under 2 us per op.
-timeout 120 "${BUILD}/bench/bench_nccl" 2>&1 | tee /tmp/chorus-gpu-bench.log
+# Two tables, 8 B to 64 MiB by powers of 2: issue and complete per op (chorus all_reduce_inplace
+# on device memory vs raw ncclAllReduce, each followed by a stream synchronise), then the enqueue
+# alone (chorus all_reduce + wait_tensor on a CUDA tensor, a stream wait, vs ncclAllReduce). It
+# checks every result bitwise and exits 1 on a wrong one, 77 without a device (a failure here
+# too). Alone it hosts its own store. Copy its tables into docs/performance.md. Target: chorus
+# adds under 2 us per op (the enqueue table).
+timeout 180 "${BUILD}/bench/bench_nccl" 2>&1 | tee /tmp/chorus-gpu-bench.log
 
 STEP="done"
 echo
