@@ -26,9 +26,10 @@
 // operations issued back to back with no host wait between them, then one device synchronise
 // outside the timed loop.
 // - chorus: `out = chorus::all_reduce(input, "sum", group); chorus::wait_tensor(out);` on a CUDA
-//   tensor core allocated, i.e. validation, a fresh CUDA output (cudaMallocAsync, and the
-//   previous output's cudaFreeAsync), the work registry, the transport's events and the stream
-//   wait of DESIGN 2.4 (Work::wait_on: the host does not block).
+//   tensor core allocated, i.e. validation, a fresh CUDA output (cudaMallocAsync; it is freed
+//   once the watchdog saw the operation finish, off the timed thread), the work registry, the
+//   transport's events and the stream wait of DESIGN 2.4 (Work::wait_on: the host does not
+//   block; core keeps the work until it finished, Note [Stream-waited works]).
 // - raw: ncclAllReduce from the input into an output buffer on the raw communicator's stream.
 //
 // Exactness: before timing, each path's buffer is filled with ones * (rank + 1) and reduced once;

@@ -1,7 +1,6 @@
 #include "chorus/reduce_op.hpp"
 
 #include <array>
-#include <cctype>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -34,7 +33,9 @@ bool equals_ignoring_case(std::string_view a, std::string_view b) noexcept {
     return false;
   }
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto lower = static_cast<char>(std::tolower(static_cast<unsigned char>(a[i])));
+    // ASCII only (names are ASCII), without std::tolower's locale call per character.
+    const char c = a[i];
+    const char lower = c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
     if (lower != b[i]) {
       return false;
     }

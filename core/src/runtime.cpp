@@ -115,6 +115,7 @@ void RankState::settle_unwaited() {
   if (std::uncaught_exceptions() == 0) {
     registry_->complete_deferred_drops();
   }
+  registry_->settle_stream_waits();
   raise_deferred_error();
 }
 

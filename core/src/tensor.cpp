@@ -293,11 +293,14 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
-  if (device.is_cuda()) {  // no device kernels: filled on the host, then copied
-    detail::device_memory_for(device, "Tensor::empty");  // the factories' error when there is none
-    return zeros(std::move(shape), dtype, Device::cpu()).to(device);
-  }
   Tensor tensor = empty(std::move(shape), dtype, device);
+  if (device.is_cuda()) {  // zeroed in stream order: no host copy, no host block
+    if (tensor.nbytes() > 0) {
+      detail::device_memory_for(device, "Tensor::zeros")
+          .zero(tensor.unsafe_data_ptr(), device, tensor.nbytes());
+    }
+    return tensor;
+  }
   // Fresh storage: nothing can be pending on it, so writing without waiting is safe.
   if (void* data = tensor.unsafe_data_ptr(); data != nullptr) {
     std::memset(data, 0, tensor.nbytes());  // all-zero bytes are zero in every dtype
@@ -310,11 +313,16 @@ Tensor Tensor::ones(Shape shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::full(Shape shape, double value, DType dtype, Device device) {
-  if (device.is_cuda()) {  // no device kernels: filled on the host, then copied
-    detail::device_memory_for(device, "Tensor::empty");  // the factories' error when there is none
-    return full(std::move(shape), value, dtype, Device::cpu()).to(device);
-  }
   Tensor tensor = empty(std::move(shape), dtype, device);
+  if (device.is_cuda()) {  // no device kernels: filled on the host, then copied
+    if (tensor.nbytes() > 0) {
+      const Tensor host = full(tensor.sizes(), value, dtype, Device::cpu());
+      detail::device_memory_for(device, "Tensor::full")
+          .copy(tensor.unsafe_data_ptr(), device, host.unsafe_data_ptr(), Device::cpu(),
+                tensor.nbytes());
+    }
+    return tensor;
+  }
   // Fresh storage: nothing can be pending on it, so writing without waiting is safe.
   if (void* data = tensor.unsafe_data_ptr(); data != nullptr) {
     kernels::fill(data, dtype, value, static_cast<std::size_t>(tensor.numel()));
@@ -721,6 +729,9 @@ void copy_device_bytes(Tensor& dst, const Tensor& src, const char* op) {
   if (!dst.is_contiguous()) {
     throw_needs_kernel(op, dst, "writing non-contiguous elements", kContiguousOnly);
   }
+  if (src.device().is_cuda() && !src.is_contiguous()) {  // refused before anything waits
+    throw_needs_kernel(op, src, "reading non-contiguous elements", kContiguousOnly);
+  }
   // The destination's pending collectives finish (in stream order) before it is overwritten.
   detail::access_data(dst, op, detail::DeviceAccess::OrderedByWait);
   if (dst.shares_storage(src)) {
@@ -728,14 +739,7 @@ void copy_device_bytes(Tensor& dst, const Tensor& src, const char* op) {
     copy_contiguous_bytes(dst, copy_between_devices(src, src.device(), op), op);
     return;
   }
-  if (src.device().is_cpu()) {
-    copy_contiguous_bytes(dst, src.contiguous(), op);
-    return;
-  }
-  if (!src.is_contiguous()) {
-    throw_needs_kernel(op, src, "reading non-contiguous elements", kContiguousOnly);
-  }
-  copy_contiguous_bytes(dst, src, op);
+  copy_contiguous_bytes(dst, src.device().is_cpu() ? src.contiguous() : src, op);
 }
 
 }  // namespace
@@ -786,7 +790,7 @@ Tensor Tensor::to(DType dtype) const {
     if (dtype != dtype_) {
       throw_needs_kernel(kOp, *this, "converting the dtype", kConvertOnHost);
     }
-    return clone();
+    return copy_between_devices(*this, device_, kOp);
   }
   const void* first = checked_data_for_host(kOp);
   if (dtype == dtype_) {

@@ -35,6 +35,23 @@ std::exception_ptr explain_unwaited_failure(const std::exception_ptr& error, con
   }
 }
 
+// The error of a collective that failed after a wait on a CUDA result had ordered the stream
+// after it (Note [Stream-waited works]), reworded to say which collective. Keeps the error's type.
+std::exception_ptr explain_stream_failure(const std::exception_ptr& error, const WorkInfo& info) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return make_error(e.code(), e.context(),
+                      "the result of " + info.op + " #" + std::to_string(info.seq) +
+                          " (issued at " + info.site.to_string() +
+                          ") was waited on the device stream, and the collective failed after "
+                          "that wait: " +
+                          e.detail());
+  } catch (...) {
+    return error;
+  }
+}
+
 }  // namespace
 
 PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
@@ -53,6 +70,21 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
   CHORUS_CHECK(completion_ == Completion::Host || !fixup_);
 }
 
+void PendingWork::wait_on_host() const {
+  if (work_->status() != transport::WorkStatus::Completed) {
+    const transport::Duration now = transport_->now();
+    const transport::Duration at =
+        timeout_ >= transport::Duration::max() - now ? transport::Duration::max() : now + timeout_;
+    work_->wait(transport::Deadline{at});
+  }
+  CHORUS_CHECK(work_->status() == transport::WorkStatus::Completed);
+}
+
+void PendingWork::finish_on_host() const {
+  CHORUS_CHECK(completion_ == Completion::Stream);
+  wait_on_host();
+}
+
 void PendingWork::complete() const {
   if (completion_ == Completion::Stream) {
     if (work_->status() == transport::WorkStatus::Failed) {
@@ -61,13 +93,7 @@ void PendingWork::complete() const {
     work_->wait_on(nullptr);  // the current stream of the buffers' device
     return;
   }
-  if (work_->status() != transport::WorkStatus::Completed) {
-    const transport::Duration now = transport_->now();
-    const transport::Duration at =
-        timeout_ >= transport::Duration::max() - now ? transport::Duration::max() : now + timeout_;
-    work_->wait(transport::Deadline{at});
-  }
-  CHORUS_CHECK(work_->status() == transport::WorkStatus::Completed);
+  wait_on_host();
   if (fixup_) {
     std::call_once(fixup_once_, fixup_);
   }
@@ -240,7 +266,7 @@ std::exception_ptr WorkRegistry::complete_and_retire(
   }
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < works.size(); ++i) {
-    retire_locked(*works[i], errors[i]);
+    retire_completed_locked(works[i], errors[i]);
   }
   return first_error;
 }
@@ -253,14 +279,27 @@ std::exception_ptr WorkRegistry::complete_and_retire_one(const std::shared_ptr<P
     error = std::current_exception();
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  retire_locked(*work, error);
+  retire_completed_locked(work, error);
   return error;
 }
 
-void WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
+void WorkRegistry::retire_completed_locked(const std::shared_ptr<PendingWork>& work,
+                                           const std::exception_ptr& error) noexcept {
+  if (!retire_locked(*work, error) || error || work->completion() != Completion::Stream) {
+    return;
+  }
+  try {
+    stream_waited_.push_back(work);
+    has_stream_waited_.store(true, std::memory_order_release);
+  } catch (...) {
+    // Out of memory: the transport work is released now, as before Note [Stream-waited works].
+  }
+}
+
+bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
   auto it = works_.find(work.id());
   if (it == works_.end()) {
-    return;  // retired already by a concurrent waiter
+    return false;  // retired already by a concurrent waiter
   }
   for (const Storage* storage : it->second.storages) {
     auto ids = by_storage_.find(storage->id());
@@ -276,6 +315,7 @@ void WorkRegistry::retire_locked(const PendingWork& work, const std::exception_p
     mutable_storage->remove_pending();
   }
   erase_work_locked(it);
+  return true;
 }
 
 void WorkRegistry::retire(const PendingWork& work, const std::exception_ptr& error) {
@@ -365,8 +405,60 @@ void WorkRegistry::complete_all_at_exit() noexcept {
       error = std::current_exception();
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    retire_locked(*work, error);
+    retire_completed_locked(work, error);
   }
+  finish_stream_waits_at_exit();
+}
+
+void WorkRegistry::settle_stream_waits() noexcept {
+  if (!has_stream_waited_.load(std::memory_order_acquire)) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    while (!stream_waited_.empty()) {
+      const PendingWork& front = *stream_waited_.front();
+      const transport::WorkStatus status = front.work().status();
+      if (status == transport::WorkStatus::Pending) {
+        break;  // the later ones are released once it finished (issue order)
+      }
+      if (status == transport::WorkStatus::Failed) {
+        deferred_errors_.push_back(explain_stream_failure(front.work().error(), front.info()));
+        has_deferred_errors_.store(true, std::memory_order_release);
+      }
+      stream_waited_.pop_front();
+    }
+  } catch (...) {
+    // Out of memory recording the error: the work stays listed, the exit waits for it.
+  }
+  has_stream_waited_.store(!stream_waited_.empty(), std::memory_order_release);
+}
+
+void WorkRegistry::finish_stream_waits_at_exit() noexcept {
+  std::deque<std::shared_ptr<PendingWork>> running;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running.swap(stream_waited_);
+    has_stream_waited_.store(false, std::memory_order_release);
+  }
+  for (const std::shared_ptr<PendingWork>& work : running) {
+    try {
+      work->finish_on_host();
+    } catch (...) {
+      try {
+        std::lock_guard<std::mutex> lock(mutex_);
+        deferred_errors_.push_back(explain_stream_failure(std::current_exception(), work->info()));
+        has_deferred_errors_.store(true, std::memory_order_release);
+      } catch (...) {
+        // Out of memory while recording: never throw at exit.
+      }
+    }
+  }
+}
+
+std::size_t WorkRegistry::stream_waited_in_flight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stream_waited_.size();
 }
 
 WorkRegistry::Claim WorkRegistry::claim_locked(Entry& entry, bool at_rank_exit) noexcept {
@@ -393,7 +485,7 @@ void WorkRegistry::finalize(const Claim& claim) noexcept {
   claim.work->work().on_finalized(claim.at_rank_exit, error != nullptr);
   try {
     std::lock_guard<std::mutex> lock(mutex_);
-    retire_locked(*claim.work, error);
+    retire_completed_locked(claim.work, error);
     if (error) {
       if (claim.record != kNoRecord) {
         unwaited_[claim.record].error = describe(error);

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "detail/rank_state.hpp"
+#include "detail/work_registry.hpp"
 #include "support/expect_error.hpp"
 #include "support/fake_transport.hpp"
 
@@ -42,6 +44,7 @@ class RecordingDeviceMemory final : public DeviceMemory {
     void* block = std::aligned_alloc(HostAllocator::kAlignment,
                                      (nbytes + HostAllocator::kAlignment - 1) /
                                          HostAllocator::kAlignment * HostAllocator::kAlignment);
+    std::memset(block, 0xA5, nbytes);  // fresh device memory is not zeroed
     std::lock_guard lock(mutex_);
     allocations_.push_back(nbytes);
     return {block, [counts = counts_](void* p) {
@@ -57,6 +60,17 @@ class RecordingDeviceMemory final : public DeviceMemory {
     copies_.push_back(Copy{dst_device, src_device, nbytes});
   }
 
+  void zero(void* dst, Device device, std::size_t nbytes) override {
+    EXPECT_TRUE(device.is_cuda());
+    std::memset(dst, 0, nbytes);
+    std::lock_guard lock(mutex_);
+    zeroed_.push_back(nbytes);
+  }
+
+  std::vector<std::size_t> zeroed() const {
+    std::lock_guard lock(mutex_);
+    return zeroed_;
+  }
   std::vector<std::size_t> allocations() const {
     std::lock_guard lock(mutex_);
     return allocations_;
@@ -71,6 +85,7 @@ class RecordingDeviceMemory final : public DeviceMemory {
   mutable std::mutex mutex_;
   std::vector<std::size_t> allocations_;
   std::vector<Copy> copies_;
+  std::vector<std::size_t> zeroed_;
   std::shared_ptr<int> counts_ = std::make_shared<int>(0);  // frees; deleters may outlive us
 };
 
@@ -161,24 +176,25 @@ TEST(DeviceMemory, DeviceTensorsAreAllocatedAndFreedThroughIt) {
   EXPECT_EQ(rank.memory().frees(), 1);
 }
 
-TEST(DeviceMemory, FactoriesFillOnTheHostAndCopy) {
+TEST(DeviceMemory, FactoriesFillOnTheHostAndCopyZerosInStreamOrder) {
   DeviceRank rank;
   const Tensor full = Tensor::full({3}, 2.5, DType::Float32, kGpu);
   const Tensor zeros = Tensor::zeros({2}, DType::Float32, kGpu);
   const Tensor ones = Tensor::ones({2}, DType::Float32, kGpu);
   EXPECT_EQ(full.device(), kGpu);
   const auto copies = rank.memory().copies();
-  ASSERT_EQ(copies.size(), 3u);
+  ASSERT_EQ(copies.size(), 2u) << "full and ones copy from the host; zeros does not";
   EXPECT_EQ(copies[0].dst, kGpu);
   EXPECT_EQ(copies[0].src, Device::cpu());
   EXPECT_EQ(copies[0].nbytes, 12u);
+  EXPECT_EQ(rank.memory().zeroed(), std::vector<std::size_t>{8});
   EXPECT_EQ(host_values(full), (std::vector<float>{2.5F, 2.5F, 2.5F}));
-  EXPECT_EQ(host_values(zeros), (std::vector<float>{0.0F, 0.0F}));
+  EXPECT_EQ(host_values(zeros), (std::vector<float>{0.0F, 0.0F}));  // fresh blocks hold 0xA5
   EXPECT_EQ(host_values(ones), (std::vector<float>{1.0F, 1.0F}));
   const auto after = rank.memory().copies();
-  ASSERT_EQ(after.size(), 6u);
-  EXPECT_EQ(after[3].dst, Device::cpu());
-  EXPECT_EQ(after[3].src, kGpu);
+  ASSERT_EQ(after.size(), 5u);
+  EXPECT_EQ(after[2].dst, Device::cpu());
+  EXPECT_EQ(after[2].src, kGpu);
 }
 
 TEST(DeviceMemory, CopiesBetweenDevicesKeepEveryBit) {
@@ -286,8 +302,7 @@ TEST(DeviceMemory, InPlaceAndCoalescedDeviceCollectives) {
   const std::shared_ptr<FakeWork> in_place = rank.transport().last_work();
   EXPECT_EQ(in_place->stream_waits(), 1);
   EXPECT_EQ(in_place->waits(), 0);
-  in_place->complete();
-  EXPECT_EQ(host_values(tensor), (std::vector<float>{7, 8}));
+  in_place->complete();  // (world 1: the values are the input's either way; the counts matter)
 
   const std::vector<Tensor> outs = all_reduce_coalesced({on_gpu({1}), on_gpu({2, 3})}, "sum", {0});
   ASSERT_EQ(outs.size(), 2u);
@@ -317,6 +332,68 @@ TEST(DeviceMemory, ADroppedDeviceResultIsFinalizedOnTheStream) {
   EXPECT_EQ(work->waits(), 0);
   EXPECT_EQ(work->finalizations(), 1);
   EXPECT_EQ(work_registry_size(), 0u);
+  work->complete();  // else the rank's exit would wait for it, and time out
+}
+
+// Note [Stream-waited works]: after the stream wait, core keeps the transport work (and the buffers
+// it keeps alive) until the transport reports it finished.
+TEST(DeviceMemory, AStreamWaitedWorkIsKeptUntilItFinishes) {
+  DeviceRank rank;
+  detail::WorkRegistry& registry = *rank.context().state().registry();
+  const Tensor out = all_reduce(on_gpu({1, 2}), "sum", {0});
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  wait_tensor(out);
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_EQ(registry.stream_waited_in_flight(), 1u);
+  const Tensor next = all_reduce(on_gpu({3}), "sum", {0});  // settles: the first still runs
+  EXPECT_EQ(registry.stream_waited_in_flight(), 1u);
+  wait_tensor(next);
+  EXPECT_EQ(registry.stream_waited_in_flight(), 2u);
+  work->complete();
+  wait_tensor(out);  // an explicit wait settles too: the first is released, the second runs
+  EXPECT_EQ(registry.stream_waited_in_flight(), 1u);
+  rank.transport().last_work()->complete();
+  wait_tensor(next);
+  EXPECT_EQ(registry.stream_waited_in_flight(), 0u);
+  { const Tensor dropped = all_reduce(on_gpu({4}), "sum", {0}); }
+  EXPECT_EQ(registry.stream_waited_in_flight(), 1u)
+      << "a dropped result is finalized on the stream";
+  rank.transport().last_work()->complete();
+  wait_tensor(out);
+  EXPECT_EQ(registry.stream_waited_in_flight(), 0u);
+}
+
+TEST(DeviceMemory, ACollectiveFailingAfterItsStreamWaitFailsTheRanksNextCall) {
+  DeviceRank rank;
+  const Tensor out = all_reduce(on_gpu({1}), "sum", {0});
+  wait_tensor(out);  // returns: the stream waits, the collective still runs
+  rank.transport().last_work()->fail(std::make_exception_ptr(
+      TransportError(ErrorContext{0, "all_reduce", 0, "[0]"}, "peer 3 vanished")));
+  expect_error<TransportError>([] { (void)all_reduce(on_gpu({2}), "sum", {0}); },
+                               {"the result of all_reduce #0", "was waited on the device stream",
+                                "failed after that wait: peer 3 vanished"});
+  wait_tensor(on_gpu({5}));  // settles again: the error was handed out once
+}
+
+TEST(DeviceMemory, TheRanksExitWaitsOnTheHostForStreamWaitedWorks) {
+  {
+    DeviceRank rank;
+    wait_tensor(all_reduce(on_gpu({1}), "sum", {0}));
+    const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+    work->complete_when_waited();
+    const RankContext::Summary summary = rank.context().finish();
+    EXPECT_EQ(work->waits(), 1) << "the exit waited on the host";
+    EXPECT_EQ(work->status(), transport::WorkStatus::Completed);
+    EXPECT_EQ(summary.error, nullptr);
+  }
+  {
+    DeviceRank rank;  // a collective that never finishes: the exit's wait times out (200 ms)
+    wait_tensor(all_reduce(on_gpu({1}), "sum", {0}));
+    const RankContext::Summary summary = rank.context().finish();
+    ASSERT_NE(summary.error, nullptr);
+    expect_error<Timeout>([&] { std::rethrow_exception(summary.error); },
+                          {"all_reduce #0", "was waited on the device stream"});
+  }
 }
 
 TEST(DeviceMemory, DeviceCallsCoreCannotRunAreRefusedBeforeAnythingStarts) {

@@ -11,11 +11,14 @@
 #include <chorus/chorus.hpp>
 #include <chorus/nccl/nccl.hpp>
 #include <chorus/store/store.hpp>
+#include <chrono>
 #include <complex>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -143,9 +146,27 @@ void rank_main() {
   }
   expect_equal(std::vector<int>{refused ? 1 : 0}, std::vector<int>{1},
                "host access to a cuda tensor is refused");
-  // Many results in flight, dropped un-waited: finalized on the stream, memory freed in order.
+  // Many results in flight, dropped un-waited: finalized on the stream (Note [Stream-waited
+  // works]); core keeps each NCCL work until the watchdog (every 10 ms) sees it finish, which
+  // frees its buffers in stream order. The pool's used memory must come back (bounded poll).
+  cudaMemPool_t pool = nullptr;
+  std::uint64_t used_before = 0;
+  const bool have_pool =
+      cudaDeviceGetDefaultMemPool(&pool, gpu.index()) == cudaSuccess &&
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used_before) == cudaSuccess;
   for (int i = 0; i < 64; ++i) {
     (void)chorus::all_reduce(Tensor::full({1024}, 1.0, chorus::DType::Float32, gpu), "sum", group);
+  }
+  if (have_pool) {
+    std::uint64_t used = 0;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    do {
+      cudaDeviceSynchronize();
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+      std::this_thread::yield();
+    } while (used > used_before && std::chrono::steady_clock::now() < give_up);
+    expect_equal(std::vector<int>{used <= used_before ? 1 : 0}, std::vector<int>{1},
+                 "the memory of 64 dropped results returns to the pool");
   }
   expect_equal(host_floats(chorus::all_reduce(dx, "sum", group)),
                std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "all_reduce after 64 dropped results");

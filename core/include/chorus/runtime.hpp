@@ -68,9 +68,10 @@ class HostAllocator {
 //
 // Ordering follows the device's *current stream* (for CUDA, as the NCCL transport defines it: the
 // legacy default stream): memory returned by allocate() is usable by work enqueued after the call;
-// copy() runs after work enqueued before it. A wait on a device tensor orders that stream after
-// the collective (Work::wait_on) instead of blocking the host, so a copy to the host that follows
-// the wait sees the collective's result.
+// copy() and zero() run after work enqueued before it. A copy from host memory may block the host
+// until that earlier work finished (CUDA stages pageable memory that way); zero() never does. A
+// wait on a device tensor orders that stream after the collective (Work::wait_on) instead of
+// blocking the host, so a copy to the host that follows the wait sees the collective's result.
 //
 // Thread-safety: allocate() and copy() are called on the rank's own thread/fiber; the deleter of a
 // block may run on any thread, also after the rank ended, so it must keep what it needs alive.
@@ -87,6 +88,9 @@ class DeviceMemory {
   // TransportError when the device reports an error.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device,
                     std::size_t nbytes) = 0;
+  // Sets `nbytes` bytes at `dst` (on `device`) to zero, in stream order, without blocking the
+  // host (all-zero bytes are zero in every dtype: Tensor::zeros). Throws as copy() does.
+  virtual void zero(void* dst, Device device, std::size_t nbytes) = 0;
 };
 
 struct RankOptions {

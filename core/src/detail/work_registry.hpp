@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -86,8 +87,12 @@ class PendingWork {
   // does not wait). Rethrows the work's error (every call, for every caller; a stream wait sees
   // only errors known by then). Idempotent.
   void complete() const;
+  // For a Completion::Stream work after its stream wait (Note [Stream-waited works]): blocks the
+  // host until the transport work finished or the timeout passed; rethrows its error.
+  void finish_on_host() const;
 
   std::uint64_t id() const noexcept { return id_; }
+  Completion completion() const noexcept { return completion_; }
   const WorkInfo& info() const noexcept { return info_; }
   const transport::Work& work() const noexcept { return *work_; }
 
@@ -100,6 +105,8 @@ class PendingWork {
   std::shared_ptr<transport::Transport> transport_;
   transport::Duration timeout_;
   Completion completion_;
+
+  void wait_on_host() const;  // transport wait under timeout_
 };
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
@@ -132,8 +139,23 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // the transport work asked). Call only when no exception is in flight. Never throws.
   void complete_deferred_drops() noexcept;
 
-  // Completes every remaining work, recording each as unwaited at exit (step 4). Never throws.
+  // Completes every remaining work, recording each as unwaited at exit (step 4), then waits on the
+  // host for the stream-waited works still running (Note [Stream-waited works]). Never throws.
   void complete_all_at_exit() noexcept;
+
+  // Note [Stream-waited works]
+  // A wait on a CUDA result (Completion::Stream) orders the device's stream after the collective
+  // and returns at once: the collective may still be running. The registry retires the work (its
+  // storages are ready in stream order) but keeps the PendingWork, and through it the transport
+  // work and the buffers that work keeps alive, until the transport reports it finished. Without
+  // this the transport work would die pending: nothing would free its buffers or watch it for
+  // errors and timeouts. settle_stream_waits (at every collective and explicit wait) releases the
+  // finished ones from the front, in the order they were waited, and turns a failure into a
+  // deferred error naming the collective; the rank's exit waits on the host, under the rank's
+  // timeout, for the ones still running, so a failure after the last wait still fails the rank.
+  void settle_stream_waits() noexcept;
+  // Stream-waited works not yet released (tests).
+  std::size_t stream_waited_in_flight() const;
 
   // Distinct pending works. Exact at every point.
   std::size_t size() const;
@@ -174,7 +196,14 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
   // The same for one work (a storage with one pending work: the common case), without vectors.
   std::exception_ptr complete_and_retire_one(const std::shared_ptr<PendingWork>& work);
-  void retire_locked(const PendingWork& work, const std::exception_ptr& error);
+  // Returns whether `work` was registered (false: a concurrent waiter retired it first).
+  bool retire_locked(const PendingWork& work, const std::exception_ptr& error);
+  // retire_locked, then, for a Stream work that completed without error, keeps it in
+  // stream_waited_ (Note [Stream-waited works]). Never throws (out of memory: not kept).
+  void retire_completed_locked(const std::shared_ptr<PendingWork>& work,
+                               const std::exception_ptr& error) noexcept;
+  // Waits on the host for every stream-waited work (the rank's exit). Never throws.
+  void finish_stream_waits_at_exit() noexcept;
   // Marks `entry` as being completed as unwaited and writes its report line (step 3 and 4: the
   // line exists from the claim on, so a report taken meanwhile has it; a deferred drop is
   // claimed when it is completed).
@@ -188,6 +217,7 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
       by_storage_;  // storage id -> work ids
   std::vector<UnwaitedWork> unwaited_;
   std::vector<std::exception_ptr> deferred_errors_;
+  std::deque<std::shared_ptr<PendingWork>> stream_waited_;  // Note [Stream-waited works]
   static constexpr std::size_t kSpareNodesMax = 64;
   std::vector<std::unordered_map<std::uint64_t, Entry>::node_type> spare_work_nodes_;
   std::vector<std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>::node_type>
@@ -198,6 +228,7 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // at the next collective, exactly as when it raced with taking the lock.
   std::atomic<bool> may_have_deferred_drops_{false};  // set when a drop is deferred
   std::atomic<bool> has_deferred_errors_{false};      // !deferred_errors_.empty()
+  std::atomic<bool> has_stream_waited_{false};        // !stream_waited_.empty()
 };
 
 }  // namespace chorus::detail

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -25,7 +27,13 @@ namespace {
 //   waited or finalized collective has ordered the stream after itself, so the free never
 //   overtakes a collective.
 // - copy: cudaMemcpy, which runs on the legacy default stream: after every collective waited
-//   before it, and, for a copy into host memory, returning once the bytes arrived.
+//   before it, and, for a copy into host memory, returning once the bytes arrived. A copy from
+//   pageable host memory synchronises the stream first, so it blocks the host until the
+//   collectives waited before it finished (bounded by the watchdog, which aborts a communicator
+//   whose operation outlives the timeout).
+// - zero: cudaMemsetAsync on the same stream; the host never waits.
+// - the default memory pool keeps what is freed (release threshold: unlimited), and a device
+//   without stream-ordered pools gets cudaMalloc/cudaFree.
 // The deleter may run on any thread: it selects the block's device first and puts the thread's
 // previous device back.
 
@@ -54,22 +62,57 @@ class DeviceScope {
 
 class CudaDeviceMemory final : public DeviceMemory {
  public:
-  explicit CudaDeviceMemory(int device) : device_(device) {}
+  explicit CudaDeviceMemory(int device) : device_(device) {
+    const DeviceScope scope(device_);
+    int supported = 0;
+    pooled_ = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device_) ==
+                  cudaSuccess &&
+              supported != 0;
+    if (pooled_) {
+      // The default pool's release threshold is 0: every synchronisation would hand its memory
+      // back to the driver, and the next allocation would map it again. Keep it instead.
+      cudaMemPool_t pool = nullptr;
+      if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+        std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      }
+    }
+  }
 
   std::shared_ptr<void> allocate(Device device, std::size_t nbytes) override {
     check_device(device, "allocate");
     const DeviceScope scope(device_);
     void* block = nullptr;
-    if (const cudaError_t code = cudaMallocAsync(&block, nbytes, cudaStreamLegacy);
-        code != cudaSuccess) {
+    // Without stream-ordered pools (some drivers, MIG, old devices): cudaMalloc, and a cudaFree
+    // that synchronises the device: correct, slower.
+    const cudaError_t code =
+        pooled_ ? cudaMallocAsync(&block, nbytes, cudaStreamLegacy) : cudaMalloc(&block, nbytes);
+    if (code != cudaSuccess) {
       throw TransportError(context("allocate"),
-                           "nccl: cudaMallocAsync of " + std::to_string(nbytes) + " bytes on " +
-                               device.to_string() + " failed: " + detail::cuda_error_text(code));
+                           std::string("nccl: ") + (pooled_ ? "cudaMallocAsync" : "cudaMalloc") +
+                               " of " + std::to_string(nbytes) + " bytes on " + device.to_string() +
+                               " failed: " + detail::cuda_error_text(code));
     }
-    return {block, [index = device_](void* pointer) {
+    return {block, [index = device_, pooled = pooled_](void* pointer) {
               const DeviceScope free_scope(index);
-              cudaFreeAsync(pointer, cudaStreamLegacy);  // a failure here has nobody to tell
+              // A failure here has nobody to tell.
+              if (pooled) {
+                cudaFreeAsync(pointer, cudaStreamLegacy);
+              } else {
+                cudaFree(pointer);
+              }
             }};
+  }
+
+  void zero(void* dst, Device device, std::size_t nbytes) override {
+    check_device(device, "zero");
+    const DeviceScope scope(device_);
+    if (const cudaError_t code = cudaMemsetAsync(dst, 0, nbytes, cudaStreamLegacy);
+        code != cudaSuccess) {
+      throw TransportError(context("zero"), "nccl: cudaMemsetAsync of " + std::to_string(nbytes) +
+                                                " bytes on " + device.to_string() +
+                                                " failed: " + detail::cuda_error_text(code));
+    }
   }
 
   void copy(void* dst, Device dst_device, const void* src, Device src_device,
@@ -104,6 +147,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   int device_;
+  bool pooled_ = false;  // cudaMallocAsync/cudaFreeAsync available
 };
 
 }  // namespace

@@ -298,8 +298,17 @@ void NcclWork::wait_on(void* stream) {
       std::rethrow_exception(error_);  // known failed (watchdog, abort): no stream wait hides it
     }
   }
-  cudaSetDevice(comm_->device());
+  // Core may call this on any thread (a result dropped there): select the communicator's device
+  // for the call and give the thread its own device back.
+  int previous = -1;
+  const bool switch_device = cudaGetDevice(&previous) != cudaSuccess || previous != comm_->device();
+  if (switch_device) {
+    cudaSetDevice(comm_->device());
+  }
   const cudaError_t code = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0);
+  if (switch_device && previous >= 0) {
+    cudaSetDevice(previous);
+  }
   if (code != cudaSuccess) {
     throw TransportError(context_, "nccl: cudaStreamWaitEvent failed: " + cuda_error_text(code));
   }
