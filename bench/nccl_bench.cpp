@@ -147,6 +147,40 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// Median microseconds per operation of each path.
+struct Medians {
+  double chorus_us = 0;
+  double raw_us = 0;
+};
+
+// Warms both paths up, then times `reps` batches of `iters` operations of each, alternating which
+// goes first. `time_chorus(n)` and `time_raw(n)` return the microseconds of n operations.
+template <class TimeChorus, class TimeRaw>
+Medians alternate(const BenchOptions& options, int iters, TimeChorus time_chorus,
+                  TimeRaw time_raw) {
+  (void)time_chorus(options.warmup);
+  (void)time_raw(options.warmup);
+  std::vector<double> chorus_us;
+  std::vector<double> raw_us;
+  for (int rep = 0; rep < options.reps; ++rep) {
+    if (rep % 2 == 0) {
+      chorus_us.push_back(time_chorus(iters) / iters);
+      raw_us.push_back(time_raw(iters) / iters);
+    } else {
+      raw_us.push_back(time_raw(iters) / iters);
+      chorus_us.push_back(time_chorus(iters) / iters);
+    }
+  }
+  return Medians{median(chorus_us), median(raw_us)};
+}
+
+void print_row(std::size_t bytes, int iters, const Medians& medians, std::size_t wrong) {
+  std::printf("%12zu %8d %12.2f %12.2f %10.2f %8.2f %7zu\n", bytes, iters, medians.chorus_us,
+              medians.raw_us, medians.chorus_us - medians.raw_us,
+              medians.raw_us > 0 ? medians.chorus_us / medians.raw_us : 0.0, wrong);
+  std::fflush(stdout);
+}
+
 // The raw side: a one-rank-per-process NCCL communicator of the same world, made through the
 // store like chorus's (rank 0's unique id), and a non-blocking stream.
 class RawNccl {
@@ -238,30 +272,13 @@ std::size_t run_size(const BenchOptions& options, RawNccl& raw, std::size_t byte
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
         .count();
   };
-  (void)time_chorus(options.warmup);
-  (void)time_raw(options.warmup);
-  std::vector<double> chorus_us;
-  std::vector<double> raw_us;
-  for (int rep = 0; rep < options.reps; ++rep) {
-    if (rep % 2 == 0) {
-      chorus_us.push_back(time_chorus(iters) / iters);
-      raw_us.push_back(time_raw(iters) / iters);
-    } else {
-      raw_us.push_back(time_raw(iters) / iters);
-      chorus_us.push_back(time_chorus(iters) / iters);
-    }
-  }
+  const Medians medians = alternate(options, iters, time_chorus, time_raw);
   if (world_size == 1) {  // sums over one rank keep the value: check the timed runs too
     wrong += count_wrong(chorus_data.get(), count, expected);
     wrong += count_wrong(raw_data.get(), count, expected);
   }
-  const double chorus_median = median(chorus_us);
-  const double raw_median = median(raw_us);
   if (rank == 0) {
-    std::printf("%12zu %8d %12.2f %12.2f %10.2f %8.2f %7zu\n", bytes, iters, chorus_median,
-                raw_median, chorus_median - raw_median,
-                raw_median > 0 ? chorus_median / raw_median : 0.0, wrong);
-    std::fflush(stdout);
+    print_row(bytes, iters, medians, wrong);
   }
   return wrong;
 }
@@ -305,32 +322,15 @@ std::size_t run_enqueue_size(const BenchOptions& options, RawNccl& raw, std::siz
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     return us;
   };
-  (void)time_chorus(options.warmup);
-  (void)time_raw(options.warmup);
-  std::vector<double> chorus_us;
-  std::vector<double> raw_us;
-  for (int rep = 0; rep < options.reps; ++rep) {
-    if (rep % 2 == 0) {
-      chorus_us.push_back(time_chorus(iters) / iters);
-      raw_us.push_back(time_raw(iters) / iters);
-    } else {
-      raw_us.push_back(time_raw(iters) / iters);
-      chorus_us.push_back(time_chorus(iters) / iters);
-    }
-  }
+  const Medians medians = alternate(options, iters, time_chorus, time_raw);
   // The last results, bitwise: chorus's read back through core (to(cpu) after the stream wait).
   std::size_t wrong = 0;
   for (const float value : out.to(chorus::Device::cpu()).to_vector<float>()) {
     wrong += std::memcmp(&value, &expected, sizeof(float)) != 0 ? 1 : 0;
   }
   wrong += count_wrong(raw_output.get(), count, expected);
-  const double chorus_median = median(chorus_us);
-  const double raw_median = median(raw_us);
   if (rank == 0) {
-    std::printf("%12zu %8d %12.2f %12.2f %10.2f %8.2f %7zu\n", bytes, iters, chorus_median,
-                raw_median, chorus_median - raw_median,
-                raw_median > 0 ? chorus_median / raw_median : 0.0, wrong);
-    std::fflush(stdout);
+    print_row(bytes, iters, medians, wrong);
   }
   return wrong;
 }
