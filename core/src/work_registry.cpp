@@ -70,19 +70,21 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
   CHORUS_CHECK(completion_ == Completion::Host || !fixup_);
 }
 
-void PendingWork::wait_on_host() const {
+transport::Duration PendingWork::deadline_from_now() const {
+  const transport::Duration now = transport_->now();
+  return timeout_ >= transport::Duration::max() - now ? transport::Duration::max() : now + timeout_;
+}
+
+void PendingWork::wait_on_host(transport::Duration at) const {
   if (work_->status() != transport::WorkStatus::Completed) {
-    const transport::Duration now = transport_->now();
-    const transport::Duration at =
-        timeout_ >= transport::Duration::max() - now ? transport::Duration::max() : now + timeout_;
     work_->wait(transport::Deadline{at});
   }
   CHORUS_CHECK(work_->status() == transport::WorkStatus::Completed);
 }
 
-void PendingWork::finish_on_host() const {
+void PendingWork::finish_on_host(transport::Duration at) const {
   CHORUS_CHECK(completion_ == Completion::Stream);
-  wait_on_host();
+  wait_on_host(at);
 }
 
 void PendingWork::complete() const {
@@ -93,7 +95,9 @@ void PendingWork::complete() const {
     work_->wait_on(nullptr);  // the current stream of the buffers' device
     return;
   }
-  wait_on_host();
+  if (work_->status() != transport::WorkStatus::Completed) {
+    wait_on_host(deadline_from_now());
+  }
   if (fixup_) {
     std::call_once(fixup_once_, fixup_);
   }
@@ -284,16 +288,46 @@ std::exception_ptr WorkRegistry::complete_and_retire_one(const std::shared_ptr<P
 }
 
 void WorkRegistry::retire_completed_locked(const std::shared_ptr<PendingWork>& work,
-                                           const std::exception_ptr& error) noexcept {
-  if (!retire_locked(*work, error) || error || work->completion() != Completion::Stream) {
+                                           const std::exception_ptr& error,
+                                           const Claim* claim) noexcept {
+  if (!retire_locked(*work, error)) {
+    // A concurrent waiter retired it first. If that one's stream wait succeeded and this one saw
+    // the failure that came after, this caller raises it: settle must not raise it again.
+    if (error) {
+      for (StreamWaited& entry : stream_waited_) {
+        if (entry.work == work) {
+          entry.reported = true;
+        }
+      }
+    }
+    return;
+  }
+  if (error || work->completion() != Completion::Stream) {
     return;
   }
   try {
-    stream_waited_.push_back(work);
+    StreamWaited entry{work};
+    if (claim != nullptr) {
+      entry.dropped = true;
+      entry.at_rank_exit = claim->at_rank_exit;
+      entry.record = claim->record;
+    }
+    stream_waited_.push_back(std::move(entry));
     has_stream_waited_.store(true, std::memory_order_release);
   } catch (...) {
     // Out of memory: the transport work is released now, as before Note [Stream-waited works].
   }
+}
+
+std::exception_ptr WorkRegistry::stream_failure_locked(const StreamWaited& entry,
+                                                       const std::exception_ptr& error) {
+  if (!entry.dropped) {
+    return explain_stream_failure(error, entry.work->info());
+  }
+  if (entry.record != kNoRecord) {
+    unwaited_[entry.record].error = describe(error);
+  }
+  return explain_unwaited_failure(error, entry.work->info(), entry.at_rank_exit);
 }
 
 bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
@@ -417,13 +451,13 @@ void WorkRegistry::settle_stream_waits() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   try {
     while (!stream_waited_.empty()) {
-      const PendingWork& front = *stream_waited_.front();
-      const transport::WorkStatus status = front.work().status();
+      const StreamWaited& front = stream_waited_.front();
+      const transport::WorkStatus status = front.work->work().status();
       if (status == transport::WorkStatus::Pending) {
         break;  // the later ones are released once it finished (issue order)
       }
-      if (status == transport::WorkStatus::Failed) {
-        deferred_errors_.push_back(explain_stream_failure(front.work().error(), front.info()));
+      if (status == transport::WorkStatus::Failed && !front.reported) {
+        deferred_errors_.push_back(stream_failure_locked(front, front.work->work().error()));
         has_deferred_errors_.store(true, std::memory_order_release);
       }
       stream_waited_.pop_front();
@@ -435,19 +469,27 @@ void WorkRegistry::settle_stream_waits() noexcept {
 }
 
 void WorkRegistry::finish_stream_waits_at_exit() noexcept {
-  std::deque<std::shared_ptr<PendingWork>> running;
+  std::deque<StreamWaited> running;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     running.swap(stream_waited_);
     has_stream_waited_.store(false, std::memory_order_release);
   }
-  for (const std::shared_ptr<PendingWork>& work : running) {
+  if (running.empty()) {
+    return;
+  }
+  // One deadline for all of them: the exit waits at most the rank's timeout, not one per work.
+  const transport::Duration at = running.front().work->deadline_from_now();
+  for (const StreamWaited& entry : running) {
     try {
-      work->finish_on_host();
+      entry.work->finish_on_host(at);
     } catch (...) {
+      if (entry.reported) {
+        continue;
+      }
       try {
         std::lock_guard<std::mutex> lock(mutex_);
-        deferred_errors_.push_back(explain_stream_failure(std::current_exception(), work->info()));
+        deferred_errors_.push_back(stream_failure_locked(entry, std::current_exception()));
         has_deferred_errors_.store(true, std::memory_order_release);
       } catch (...) {
         // Out of memory while recording: never throw at exit.
@@ -485,7 +527,7 @@ void WorkRegistry::finalize(const Claim& claim) noexcept {
   claim.work->work().on_finalized(claim.at_rank_exit, error != nullptr);
   try {
     std::lock_guard<std::mutex> lock(mutex_);
-    retire_completed_locked(claim.work, error);
+    retire_completed_locked(claim.work, error, &claim);
     if (error) {
       if (claim.record != kNoRecord) {
         unwaited_[claim.record].error = describe(error);

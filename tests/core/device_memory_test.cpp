@@ -363,6 +363,60 @@ TEST(DeviceMemory, AStreamWaitedWorkIsKeptUntilItFinishes) {
   EXPECT_EQ(registry.stream_waited_in_flight(), 0u);
 }
 
+TEST(DeviceMemory, CoreHoldsTheTransportWorkAfterTheStreamWait) {
+  DeviceRank rank;
+  const Tensor out = all_reduce(on_gpu({1}), "sum", {0});
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  const long held = work.use_count();  // the test, the transport's list, core's pending work
+  wait_tensor(out);
+  EXPECT_EQ(work.use_count(), held) << "core let go of a work still running after its wait";
+  work->complete();
+  wait_tensor(out);  // settles: the finished work is released
+  EXPECT_EQ(work.use_count(), held - 1);
+}
+
+TEST(DeviceMemory, ACoalescedBatchIsKeptOnceWhateverWaitsIt) {
+  DeviceRank rank;
+  detail::WorkRegistry& registry = *rank.context().state().registry();
+  const std::vector<Tensor> outs =
+      all_reduce_coalesced({on_gpu({1}), on_gpu({2}), on_gpu({3})}, "sum", {0});
+  wait_tensors(outs);
+  EXPECT_EQ(registry.stream_waited_in_flight(), 1u);
+  wait_tensors(outs);
+  wait_tensor(outs[2]);
+  EXPECT_EQ(registry.stream_waited_in_flight(), 1u);
+  rank.transport().last_work()->complete();
+  wait_tensors(outs);
+  EXPECT_EQ(registry.stream_waited_in_flight(), 0u);
+}
+
+TEST(DeviceMemory, ADroppedResultFailingAfterItsStreamWaitIsReportedAsDropped) {
+  DeviceRank rank;
+  { const Tensor dropped = all_reduce(on_gpu({1}), "sum", {0}); }
+  rank.transport().last_work()->fail(std::make_exception_ptr(
+      TransportError(ErrorContext{0, "all_reduce", 0, "[0]"}, "link down")));
+  expect_error<TransportError>(
+      [] { wait_tensor(on_gpu({2})); },
+      {"the result of all_reduce #0", "was dropped un-waited", "link down"});
+  const RankContext::Summary summary = rank.context().finish();
+  ASSERT_EQ(summary.unwaited.size(), 1u);
+  EXPECT_NE(summary.unwaited[0].error.find("link down"), std::string::npos)
+      << summary.unwaited[0].error;
+}
+
+TEST(DeviceMemory, AResultStillPendingAtTheRanksExitIsWaitedOnTheStreamThenOnTheHost) {
+  DeviceRank rank;
+  const Tensor kept = all_reduce(on_gpu({1}), "sum", {0});
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  work->complete_when_waited();
+  const RankContext::Summary summary = rank.context().finish();
+  EXPECT_EQ(work->stream_waits(), 1);
+  EXPECT_EQ(work->waits(), 1);
+  EXPECT_EQ(summary.error, nullptr);
+  ASSERT_EQ(summary.unwaited.size(), 1u);
+  EXPECT_TRUE(summary.unwaited[0].at_rank_exit);
+}
+
 TEST(DeviceMemory, ACollectiveFailingAfterItsStreamWaitFailsTheRanksNextCall) {
   DeviceRank rank;
   const Tensor out = all_reduce(on_gpu({1}), "sum", {0});
@@ -387,9 +441,20 @@ TEST(DeviceMemory, TheRanksExitWaitsOnTheHostForStreamWaitedWorks) {
     EXPECT_EQ(summary.error, nullptr);
   }
   {
-    DeviceRank rank;  // a collective that never finishes: the exit's wait times out (200 ms)
-    wait_tensor(all_reduce(on_gpu({1}), "sum", {0}));
+    // Collectives that never finish: the exit waits for all of them under one deadline (the
+    // rank's 200 ms timeout), not one timeout each.
+    DeviceRank rank;
+    for (int i = 0; i < 3; ++i) {
+      wait_tensor(all_reduce(on_gpu({1}), "sum", {0}));
+    }
     const RankContext::Summary summary = rank.context().finish();
+    const std::vector<std::shared_ptr<FakeWork>> works = rank.transport().works();
+    ASSERT_EQ(works.size(), 3u);
+    for (const std::shared_ptr<FakeWork>& work : works) {
+      EXPECT_EQ(work->waits(), 1);
+      EXPECT_EQ(work->last_deadline().at, works[0]->last_deadline().at)
+          << "the exit gave each work its own timeout";
+    }
     ASSERT_NE(summary.error, nullptr);
     expect_error<Timeout>([&] { std::rethrow_exception(summary.error); },
                           {"all_reduce #0", "was waited on the device stream"});

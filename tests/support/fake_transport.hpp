@@ -35,6 +35,7 @@ class FakeWork final : public transport::Work {
     }
     std::unique_lock<std::mutex> lock(mutex_);
     ++waits_;
+    last_deadline_ = deadline;
     const auto until = std::chrono::steady_clock::time_point(
         deadline.is_never() ? std::chrono::hours(1000000) : deadline.at);
     if (!done_.wait_until(lock, until, [&] { return status_ != transport::WorkStatus::Pending; })) {
@@ -105,6 +106,11 @@ class FakeWork final : public transport::Work {
     std::lock_guard<std::mutex> lock(mutex_);
     return waits_;
   }
+  // The deadline of the last host wait.
+  transport::Deadline last_deadline() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_deadline_;
+  }
 
   // The lifecycle hooks core called (Note [Work lifecycle]): how often, and the last arguments.
   void on_dropped() const noexcept override { drops_.fetch_add(1); }
@@ -132,6 +138,7 @@ class FakeWork final : public transport::Work {
   transport::WorkStatus status_ = transport::WorkStatus::Pending;
   std::exception_ptr error_;
   int waits_ = 0;
+  transport::Deadline last_deadline_;
   std::atomic<bool> complete_when_waited_{false};
   std::atomic<int> stream_waits_{0};
   std::atomic<bool> complete_on_stream_wait_{false};

@@ -88,8 +88,11 @@ class PendingWork {
   // only errors known by then). Idempotent.
   void complete() const;
   // For a Completion::Stream work after its stream wait (Note [Stream-waited works]): blocks the
-  // host until the transport work finished or the timeout passed; rethrows its error.
-  void finish_on_host() const;
+  // host until the transport work finished or `at` (on the transport's clock) passed; rethrows
+  // its error.
+  void finish_on_host(transport::Duration at) const;
+  // Now plus the timeout, on the transport's clock (saturating).
+  transport::Duration deadline_from_now() const;
 
   std::uint64_t id() const noexcept { return id_; }
   Completion completion() const noexcept { return completion_; }
@@ -106,7 +109,7 @@ class PendingWork {
   transport::Duration timeout_;
   Completion completion_;
 
-  void wait_on_host() const;  // transport wait under timeout_
+  void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
 };
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
@@ -180,6 +183,14 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
     std::size_t record;
     bool at_rank_exit;
   };
+  // A stream-waited work still running (Note [Stream-waited works]).
+  struct StreamWaited {
+    std::shared_ptr<PendingWork> work;
+    bool dropped = false;  // finalized after a drop, not waited by the program
+    bool at_rank_exit = false;
+    std::size_t record = kNoRecord;  // a dropped one's report line
+    bool reported = false;           // its failure already reached a waiter
+  };
 
   void add_locked(const std::shared_ptr<PendingWork>& work, Entry& entry, Storage* storage,
                   const std::shared_ptr<WorkRegistry>& self);
@@ -199,9 +210,15 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Returns whether `work` was registered (false: a concurrent waiter retired it first).
   bool retire_locked(const PendingWork& work, const std::exception_ptr& error);
   // retire_locked, then, for a Stream work that completed without error, keeps it in
-  // stream_waited_ (Note [Stream-waited works]). Never throws (out of memory: not kept).
+  // stream_waited_ (Note [Stream-waited works]); `claim` is set when it was finalized after a
+  // drop. Never throws (out of memory: not kept).
   void retire_completed_locked(const std::shared_ptr<PendingWork>& work,
-                               const std::exception_ptr& error) noexcept;
+                               const std::exception_ptr& error,
+                               const Claim* claim = nullptr) noexcept;
+  // The deferred error for a stream-waited work that failed, worded for how it was waited (a
+  // dropped one also gets its report line's error).
+  std::exception_ptr stream_failure_locked(const StreamWaited& entry,
+                                           const std::exception_ptr& error);
   // Waits on the host for every stream-waited work (the rank's exit). Never throws.
   void finish_stream_waits_at_exit() noexcept;
   // Marks `entry` as being completed as unwaited and writes its report line (step 3 and 4: the
@@ -217,7 +234,7 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
       by_storage_;  // storage id -> work ids
   std::vector<UnwaitedWork> unwaited_;
   std::vector<std::exception_ptr> deferred_errors_;
-  std::deque<std::shared_ptr<PendingWork>> stream_waited_;  // Note [Stream-waited works]
+  std::deque<StreamWaited> stream_waited_;  // Note [Stream-waited works]
   static constexpr std::size_t kSpareNodesMax = 64;
   std::vector<std::unordered_map<std::uint64_t, Entry>::node_type> spare_work_nodes_;
   std::vector<std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>::node_type>

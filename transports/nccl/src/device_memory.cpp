@@ -20,20 +20,22 @@ namespace {
 // The NCCL transport orders every operation after the caller's work on the legacy default stream
 // and a wait makes that stream wait on the operation's event (Note [NCCL work lifecycle]), so the
 // legacy default stream is "the current stream" of core's device semantics. Memory follows it:
-// - allocate: cudaMallocAsync on the legacy default stream. Work enqueued later on it (and the
-//   NCCL operations, which are ordered after it) may use the block.
+// - allocate: cudaMallocFromPoolAsync on the legacy default stream. Work enqueued later on it
+//   (and the NCCL operations, which are ordered after it) may use the block.
 // - free: cudaFreeAsync on the same stream, on the block's device. A collective that still
-//   writes the block holds it through its Work's keep-alive until the operation completed, and a
-//   waited or finalized collective has ordered the stream after itself, so the free never
-//   overtakes a collective.
+//   writes the block holds it through its Work's keep-alive until the operation completed (core
+//   keeps a stream-waited work until then: Note [Stream-waited works]), and a waited or
+//   finalized collective has ordered the stream after itself, so the free never overtakes a
+//   collective.
 // - copy: cudaMemcpy, which runs on the legacy default stream: after every collective waited
 //   before it, and, for a copy into host memory, returning once the bytes arrived. A copy from
 //   pageable host memory synchronises the stream first, so it blocks the host until the
 //   collectives waited before it finished (bounded by the watchdog, which aborts a communicator
 //   whose operation outlives the timeout).
 // - zero: cudaMemsetAsync on the same stream; the host never waits.
-// - the default memory pool keeps what is freed (release threshold: unlimited), and a device
-//   without stream-ordered pools gets cudaMalloc/cudaFree.
+// - blocks come from a pool of chorus's own (DevicePool) that keeps what is freed; a device
+//   without stream-ordered pools gets TransportError at the first allocation (the staging of CPU
+//   tensors needs cudaMallocAsync too).
 // The deleter may run on any thread: it selects the block's device first and puts the thread's
 // previous device back.
 
@@ -60,47 +62,80 @@ class DeviceScope {
   int previous_ = -1;
 };
 
-class CudaDeviceMemory final : public DeviceMemory {
+// chorus's own stream-ordered pool on one device: what is freed stays cached for the next
+// allocation (release threshold: unlimited) without changing the device's default pool, which
+// other code in the process shares. Destroyed when the last block and the DeviceMemory are gone
+// (CUDA releases it once its outstanding frees completed).
+class DevicePool {
  public:
-  explicit CudaDeviceMemory(int device) : device_(device) {
-    const DeviceScope scope(device_);
+  explicit DevicePool(int device) {
+    const DeviceScope scope(device);
     int supported = 0;
-    pooled_ = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device_) ==
-                  cudaSuccess &&
-              supported != 0;
-    if (pooled_) {
-      // The default pool's release threshold is 0: every synchronisation would hand its memory
-      // back to the driver, and the next allocation would map it again. Keep it instead.
-      cudaMemPool_t pool = nullptr;
-      if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
-        std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
-        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-      }
+    if (const cudaError_t code =
+            cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device);
+        code != cudaSuccess || supported == 0) {
+      problem_ = "cuda:" + std::to_string(device) +
+                 " has no stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported " +
+                 (code != cudaSuccess ? "query failed: " + detail::cuda_error_text(code)
+                                      : std::string("is 0")) +
+                 "); chorus allocates CUDA storage with cudaMallocFromPoolAsync";
+      return;
+    }
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    if (const cudaError_t code = cudaMemPoolCreate(&pool_, &props); code != cudaSuccess) {
+      pool_ = nullptr;
+      problem_ = "cudaMemPoolCreate on cuda:" + std::to_string(device) +
+                 " failed: " + detail::cuda_error_text(code);
+      return;
+    }
+    std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  ~DevicePool() {
+    if (pool_ != nullptr) {
+      cudaMemPoolDestroy(pool_);
     }
   }
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  cudaMemPool_t pool() const noexcept { return pool_; }
+  // Why there is no pool ("" when there is one).
+  const std::string& problem() const noexcept { return problem_; }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+  std::string problem_;
+};
+
+class CudaDeviceMemory final : public DeviceMemory {
+ public:
+  explicit CudaDeviceMemory(int device)
+      : device_(device), pool_(std::make_shared<DevicePool>(device)) {}
 
   std::shared_ptr<void> allocate(Device device, std::size_t nbytes) override {
     check_device(device, "allocate");
+    if (pool_->pool() == nullptr) {
+      throw TransportError(context("allocate"), "nccl: " + pool_->problem());
+    }
     const DeviceScope scope(device_);
     void* block = nullptr;
-    // Without stream-ordered pools (some drivers, MIG, old devices): cudaMalloc, and a cudaFree
-    // that synchronises the device: correct, slower.
-    const cudaError_t code =
-        pooled_ ? cudaMallocAsync(&block, nbytes, cudaStreamLegacy) : cudaMalloc(&block, nbytes);
-    if (code != cudaSuccess) {
-      throw TransportError(context("allocate"),
-                           std::string("nccl: ") + (pooled_ ? "cudaMallocAsync" : "cudaMalloc") +
-                               " of " + std::to_string(nbytes) + " bytes on " + device.to_string() +
-                               " failed: " + detail::cuda_error_text(code));
+    if (const cudaError_t code =
+            cudaMallocFromPoolAsync(&block, nbytes, pool_->pool(), cudaStreamLegacy);
+        code != cudaSuccess) {
+      throw TransportError(context("allocate"), "nccl: cudaMallocFromPoolAsync of " +
+                                                    std::to_string(nbytes) + " bytes on " +
+                                                    device.to_string() +
+                                                    " failed: " + detail::cuda_error_text(code));
     }
-    return {block, [index = device_, pooled = pooled_](void* pointer) {
+    // The deleter keeps the pool alive; cudaFreeAsync never blocks the thread it runs on (the
+    // watchdog's, when a finished operation lets go of its buffers).
+    return {block, [index = device_, pool = pool_](void* pointer) {
               const DeviceScope free_scope(index);
-              // A failure here has nobody to tell.
-              if (pooled) {
-                cudaFreeAsync(pointer, cudaStreamLegacy);
-              } else {
-                cudaFree(pointer);
-              }
+              cudaFreeAsync(pointer, cudaStreamLegacy);  // a failure here has nobody to tell
             }};
   }
 
@@ -147,7 +182,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   int device_;
-  bool pooled_ = false;  // cudaMallocAsync/cudaFreeAsync available
+  std::shared_ptr<DevicePool> pool_;
 };
 
 }  // namespace
