@@ -299,7 +299,8 @@ int main(int argc, char** argv) {
   check->add_option("--shrink-runs", flags.shrink_runs, "runs allowed while shrinking a failure")
       ->capture_default_str();
   check->add_flag("--check-collectives", flags.check_collectives,
-                  "mpi: members compare every operation before starting it (docs/mpi.md)");
+                  "mpi, nccl: members compare every operation before starting it (docs/mpi.md, "
+                  "docs/nccl.md)");
 
   std::string token;
   std::string trace;

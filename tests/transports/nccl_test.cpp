@@ -477,6 +477,105 @@ TEST(NcclSplitAgreement, RanksThatNeverArriveAreNamedInTheTimeout) {
   EXPECT_GE(naming_both, 1);
 }
 
+// ---- Note [NCCL collective check]: agreement on each operation through the store
+
+TEST(NcclCollectiveCheck, DescriptionsNameTheOpsAndLeaveOutAllToAllCounts) {
+  using transport::OpKind;
+  using transport::OpSignature;
+  const OpSignature sum{OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::Kind::Sum, -1};
+  const OpSignature gather{OpKind::AllGather, DType::BFloat16, 2, 6, ReduceOp::Kind::Sum, -1};
+  EXPECT_EQ(check_description("all_reduce_coalesced", {sum, gather}),
+            "all_reduce_coalesced all_reduce(Float32, send=4, recv=4, sum), "
+            "all_gather(BFloat16, send=2, recv=6)");
+  const OpSignature a2a_one{OpKind::AllToAll, DType::Int64, 3, 5, ReduceOp::Kind::Sum, -1};
+  const OpSignature a2a_two{OpKind::AllToAll, DType::Int64, 7, 1, ReduceOp::Kind::Sum, -1};
+  EXPECT_EQ(check_description("all_to_all_single", {a2a_one}),
+            check_description("all_to_all_single", {a2a_two}))
+      << "uneven splits differ by design";
+  EXPECT_EQ(check_description("all_to_all_single", {a2a_one}),
+            "all_to_all_single all_to_all(Int64)");
+}
+
+// Runs check_collective for operation `seq` of the group `members` (global ranks), each member
+// a thread with its own client; a member with an empty description never arrives. Returns each
+// member's error text ("" when it agreed).
+std::vector<std::string> check(store::Server& server, const std::vector<int>& members,
+                               const std::vector<std::string>& descriptions, std::int64_t seq,
+                               std::chrono::milliseconds timeout) {
+  std::vector<std::string> errors(members.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (descriptions[i].empty()) {
+      continue;
+    }
+    threads.emplace_back([&, i] {
+      store::Client client(options_for(server), std::chrono::seconds(30));
+      const ErrorContext context{members[i], "all_reduce", seq, "'tp' [1, 3, 5]"};
+      try {
+        check_collective(client, "tp/1,3,5,", members, static_cast<int>(i), seq, descriptions[i],
+                         context, timeout);
+      } catch (const Error& error) {
+        errors[i] = error.what();
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  return errors;
+}
+
+TEST(NcclCollectiveCheck, MembersIssuingTheSameOperationGoAheadAndLeaveNoKeys) {
+  store::Server server;
+  store::Client probe(options_for(server), std::chrono::seconds(30));
+  const std::int64_t keys_before = probe.num_keys();
+  const std::string op = "all_reduce all_reduce(Float32, send=4, recv=4, sum)";
+  for (std::int64_t seq = 0; seq < 3; ++seq) {
+    EXPECT_EQ(check(server, {1, 3, 5}, {op, op, op}, seq, std::chrono::seconds(30)),
+              std::vector<std::string>(3))
+        << "operation #" << seq;
+  }
+  EXPECT_EQ(probe.num_keys(), keys_before);
+}
+
+TEST(NcclCollectiveCheck, ADifferentOperationIsAMismatchOnEveryMember) {
+  store::Server server;
+  const std::string sum = "all_reduce all_reduce(Float32, send=4, recv=4, sum)";
+  const std::string max = "all_reduce all_reduce(Float32, send=4, recv=4, max)";
+  const std::vector<std::string> errors =
+      check(server, {1, 3, 5}, {sum, max, sum}, 9, std::chrono::seconds(30));
+  for (std::size_t i = 0; i < 3; ++i) {
+    const int rank = std::vector<int>{1, 3, 5}[i];
+    EXPECT_NE(errors[i].find("chorus::CollectiveMismatch: [rank " + std::to_string(rank) +
+                             "] all_reduce #9 on group 'tp' [1, 3, 5]: nccl: ranks disagree on "
+                             "operation #9 of group 'tp' [1, 3, 5]: rank " +
+                             std::to_string(rank) + " issued "),
+              std::string::npos)
+        << errors[i];
+    EXPECT_NE(errors[i].find(rank == 3 ? "issued " + max + "; rank 1 issued " + sum
+                                       : "issued " + sum + "; rank 3 issued " + max),
+              std::string::npos)
+        << errors[i];
+    EXPECT_NE(errors[i].find("(--check-collectives)"), std::string::npos) << errors[i];
+  }
+}
+
+TEST(NcclCollectiveCheck, AMemberThatNeverArrivesIsNamed) {
+  store::Server server;
+  const std::string op = "broadcast broadcast(UInt8, send=8, recv=8, root=0)";
+  const std::vector<std::string> errors =
+      check(server, {1, 3, 5}, {op, "", op}, 2, std::chrono::milliseconds(300));
+  for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
+    EXPECT_NE(errors[i].find("chorus::Timeout: "), std::string::npos) << errors[i];
+    // Named by the member whose deadline passed, or found in its marks by the other one.
+    EXPECT_TRUE(errors[i].find("ranks [3] did not reach operation #2") != std::string::npos ||
+                errors[i].find("did not happen: rank 3 had not reached it") != std::string::npos)
+        << errors[i];
+    EXPECT_NE(errors[i].find("operation #2 (" + op + ")"), std::string::npos) << errors[i];
+  }
+  EXPECT_TRUE(errors[1].empty());
+}
+
 // ---- Without a device
 
 TEST(NcclNoDevice, TransportNcclFailsWithAClearError) {

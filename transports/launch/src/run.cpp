@@ -193,6 +193,7 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
     // TransportError "no CUDA device: ..." on a machine without a GPU.
     nccl::NcclRunOptions nccl_options;
     nccl_options.timeout = options.timeout;
+    nccl_options.check_collectives = options.check_collectives;
     nccl_options.host_pool_bytes_max = options.host_pool_bytes_max;
     return nccl::run(nccl_options, std::move(rank_main));
   }

@@ -106,7 +106,8 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
     const bool split_partitions =
         options.split_partitions || (split != nullptr && std::string_view(split) == "1");
     auto transport = std::make_shared<detail::NcclTransport>(environment, connection.client, device,
-                                                             options.timeout, split_partitions);
+                                                             options.timeout, split_partitions,
+                                                             options.check_collectives);
     RankOptions rank_options;
     rank_options.timeout = options.timeout;
     rank_options.host_pool_bytes_max = options.host_pool_bytes_max;

@@ -381,7 +381,8 @@ void Watchdog::loop() {
 
 NcclComm::NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> watchdog,
                    std::string tag, std::vector<int> ranks, int group_rank, std::uint64_t id,
-                   int rank, std::chrono::nanoseconds timeout)
+                   int rank, std::chrono::nanoseconds timeout,
+                   std::shared_ptr<store::Store> check_store)
     : state_(std::move(state)),
       watchdog_(std::move(watchdog)),
       tag_(std::move(tag)),
@@ -389,7 +390,8 @@ NcclComm::NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> w
       group_rank_(group_rank),
       id_(id),
       rank_(rank),
-      timeout_(timeout) {
+      timeout_(timeout),
+      check_store_(std::move(check_store)) {
   CHORUS_CHECK_GE(group_rank_, 0);
   CHORUS_CHECK_LT(group_rank_, size());
 }
@@ -509,6 +511,12 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
                                                  std::vector<transport::OpSignature> signatures,
                                                  const transport::OpInfo& info) {
   const ErrorContext context = context_of(info);
+  if (check_store_ != nullptr) {
+    // Before anything reaches NCCL: a mismatch leaves the communicator usable.
+    check_collective(*check_store_, comm_key(tag_, ranks_), ranks_, group_rank_, info.seq,
+                     check_description(info.name, signatures), context,
+                     store::Deadline(deadline_after(timeout_)));
+  }
   std::unique_lock lock(state_->mutex());
   if (state_->aborted_locked()) {
     throw Aborted(
@@ -777,12 +785,14 @@ std::shared_ptr<transport::Work> NcclComm::end_group(const transport::OpInfo& in
 // NcclTransport
 
 NcclTransport::NcclTransport(Environment environment, std::shared_ptr<store::Store> store,
-                             int device, std::chrono::nanoseconds timeout, bool split_partitions)
+                             int device, std::chrono::nanoseconds timeout, bool split_partitions,
+                             bool check_collectives)
     : environment_(std::move(environment)),
       store_(std::move(store)),
       device_(device),
       timeout_(timeout),
       split_partitions_(split_partitions),
+      check_collectives_(check_collectives),
       watchdog_(std::make_shared<Watchdog>(timeout, device)) {}
 
 NcclTransport::~NcclTransport() {
@@ -922,7 +932,8 @@ std::shared_ptr<NcclComm> NcclTransport::adopt(ncclComm_t comm, ncclResult_t res
     std::rethrow_exception(error);
   }
   auto created = std::make_shared<NcclComm>(state, watchdog_, tag, ranks, group_rank,
-                                            comm_id_of(key), environment_.rank, timeout_);
+                                            comm_id_of(key), environment_.rank, timeout_,
+                                            check_collectives_ ? store_ : nullptr);
   states_.push_back(state);
   comms_.emplace(key, created);
   return created;

@@ -164,9 +164,10 @@ class Watchdog {
 
 class NcclComm final : public transport::Comm {
  public:
+  // `check_store`: the store for Note [NCCL collective check], null when the check is off.
   NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> watchdog, std::string tag,
            std::vector<int> ranks, int group_rank, std::uint64_t id, int rank,
-           std::chrono::nanoseconds timeout);
+           std::chrono::nanoseconds timeout, std::shared_ptr<store::Store> check_store);
 
   std::uint64_t id() const noexcept override { return id_; }
   const std::string& tag() const noexcept override { return tag_; }
@@ -242,6 +243,7 @@ class NcclComm final : public transport::Comm {
   std::uint64_t id_;
   int rank_;
   std::chrono::nanoseconds timeout_;
+  std::shared_ptr<store::Store> check_store_;  // Note [NCCL collective check]; null: off
   bool batching_ = false;
   std::vector<Enqueue> batch_;
   std::vector<transport::OpSignature> batch_signatures_;
@@ -253,7 +255,8 @@ class NcclTransport final : public transport::Transport {
   // device. `timeout` bounds communicator set-up, enqueues and (watchdog) every operation.
   // `split_partitions`: NcclRunOptions::split_partitions.
   NcclTransport(Environment environment, std::shared_ptr<store::Store> store, int device,
-                std::chrono::nanoseconds timeout, bool split_partitions = false);
+                std::chrono::nanoseconds timeout, bool split_partitions = false,
+                bool check_collectives = false);
   ~NcclTransport() override;
 
   std::string_view name() const noexcept override { return "nccl"; }
@@ -288,6 +291,7 @@ class NcclTransport final : public transport::Transport {
   int device_;
   std::chrono::nanoseconds timeout_;
   bool split_partitions_;    // NcclRunOptions::split_partitions
+  bool check_collectives_;   // NcclRunOptions::check_collectives
   std::int64_t splits_ = 0;  // rounds of Note [Split agreement] so far
   std::shared_ptr<Watchdog> watchdog_;
   std::map<std::string, std::shared_ptr<NcclComm>> comms_;

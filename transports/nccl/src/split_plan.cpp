@@ -61,11 +61,11 @@ constexpr char kGaveUp = '\x01';
 
 bool gave_up(const std::string& value) { return !value.empty() && value.front() == kGaveUp; }
 
-// Every rank that ends the round counts itself out; the last one removes the round's keys. A
-// rank that never arrives never counts out, so a round that timed out keeps its keys.
+// Every member that ends the round counts itself out; the last one removes the round's keys. A
+// member that never arrives never counts out, so a round that timed out keeps its keys.
 void count_out(store::Store& store, const std::string& round, const std::vector<std::string>& keys,
-               int world_size, store::Deadline deadline) {
-  if (store.add(round + "done", 1, deadline) == world_size) {
+               std::size_t members, store::Deadline deadline) {
+  if (store.add(round + "done", 1, deadline) == static_cast<std::int64_t>(members)) {
     for (const std::string& key : keys) {
       store.delete_key(key, deadline);
     }
@@ -73,77 +73,148 @@ void count_out(store::Store& store, const std::string& round, const std::vector<
   }
 }
 
+// "1, 3".
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (const int rank : ranks) {
+    out += (out.empty() ? "" : ", ") + std::to_string(rank);
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<std::string> agree_through_store(store::Store& store, const StoreRound& round,
+                                             const std::string& mine) {
+  const std::vector<int>& members = round.members;
+  CHORUS_CHECK_GE(round.me, 0);
+  CHORUS_CHECK_LT(static_cast<std::size_t>(round.me), members.size());
+  const int rank = members[static_cast<std::size_t>(round.me)];
+  std::vector<std::string> keys;
+  keys.reserve(members.size());
+  for (const int member : members) {
+    keys.push_back(round.prefix + std::to_string(member));
+  }
+  // After the deadline: a few seconds for the store calls that settle the round.
+  const store::Deadline settle(std::chrono::seconds(5));
+  const auto timeout = [&](const std::string& detail) {
+    return Timeout(round.context, "nccl: " + detail + ". " + round.contract);
+  };
+
+  // Publish, unless a member that stopped waiting has written its mark here already.
+  const std::optional<std::string> published =
+      store.compare_set(keys[static_cast<std::size_t>(round.me)], "", mine, round.deadline);
+  if (published && gave_up(*published)) {
+    count_out(store, round.prefix, keys, members.size(), settle);
+    throw timeout("reached " + round.what + " too late: " + published->substr(1) + "; " +
+                  round.consequence);
+  }
+  std::vector<std::string> values;
+  try {
+    values = store.multi_get(keys, round.deadline);
+  } catch (const Timeout&) {
+    // Mark every key still absent (compare_set from absent with an empty expected value), so no
+    // member arriving later goes ahead alone; a key another member marked is missing too.
+    const std::string mark = std::string(1, kGaveUp) + "rank " + std::to_string(rank) +
+                             " stopped waiting for it at its deadline";
+    std::vector<int> missing;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      const std::optional<std::string> value = store.compare_set(keys[i], "", mark, settle);
+      if (!value || gave_up(*value)) {
+        missing.push_back(members[i]);
+      }
+    }
+    if (!missing.empty()) {
+      count_out(store, round.prefix, keys, members.size(), settle);
+      throw timeout(round.who + "s [" + rank_list(missing) + "] did not reach " + round.what +
+                    " by the deadline; " + round.consequence);
+    }
+    values = store.multi_get(keys, settle);  // every member arrived just in time
+  }
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (gave_up(values[i])) {
+      count_out(store, round.prefix, keys, members.size(), settle);
+      throw timeout(round.what + " did not happen: " + round.who + " " +
+                    std::to_string(members[i]) + " had not reached it when " + values[i].substr(1));
+    }
+  }
+  count_out(store, round.prefix, keys, members.size(), settle);
+  return values;
+}
 
 void agree_on_split(store::Store& store, int rank, int world_size, std::int64_t split_index,
                     const std::string& description, const std::string& label,
                     store::Deadline deadline) {
-  const ErrorContext context{rank, "create_comm", -1, label};
-  const std::string round = "chorus/nccl/split/" + std::to_string(split_index) + "/";
-  const std::string split =
-      "split #" + std::to_string(split_index) + " (partition " + description + ")";
-  const std::string contract =
+  StoreRound round;
+  round.prefix = "chorus/nccl/split/" + std::to_string(split_index) + "/";
+  round.members.resize(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    round.members[static_cast<std::size_t>(r)] = r;
+  }
+  round.me = rank;
+  round.context = ErrorContext{rank, "create_comm", -1, label};
+  round.what = "split #" + std::to_string(split_index) + " (partition " + description + ")";
+  round.who = "world rank";
+  round.consequence = "no rank enters the split";
+  round.contract =
       "ncclCommSplit is collective over the world, so with split_partitions every rank must use "
       "the same partitions in the same order (docs/nccl.md)";
-  std::vector<std::string> keys;
-  keys.reserve(static_cast<std::size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) {
-    keys.push_back(round + std::to_string(r));
-  }
-  // After the deadline: a few seconds for the store calls that settle the round.
-  const store::Deadline settle(std::chrono::seconds(5));
-
-  // Publish, unless a rank that stopped waiting has written its mark here already.
-  const std::optional<std::string> published =
-      store.compare_set(keys[static_cast<std::size_t>(rank)], "", description, deadline);
-  if (published && gave_up(*published)) {
-    count_out(store, round, keys, world_size, settle);
-    throw Timeout(context, "nccl: reached " + split + " too late: " + published->substr(1) +
-                               "; no rank enters the split. " + contract);
-  }
-  std::vector<std::string> descriptions;
-  try {
-    descriptions = store.multi_get(keys, deadline);
-  } catch (const Timeout&) {
-    // Mark every key still absent (compare_set from absent with an empty expected value), so no
-    // rank arriving later enters the split alone; a key another rank marked is missing too.
-    const std::string mark = std::string(1, kGaveUp) + "rank " + std::to_string(rank) +
-                             " stopped waiting for it at its deadline";
-    std::string missing;
-    for (int r = 0; r < world_size; ++r) {
-      const std::optional<std::string> value =
-          store.compare_set(keys[static_cast<std::size_t>(r)], "", mark, settle);
-      if (!value || gave_up(*value)) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-    }
-    if (!missing.empty()) {
-      count_out(store, round, keys, world_size, settle);
-      throw Timeout(context, "nccl: world ranks [" + missing + "] did not reach " + split +
-                                 " by the deadline; no rank enters the split. " + contract);
-    }
-    descriptions = store.multi_get(keys, settle);  // every rank arrived just in time
-  }
-  for (int r = 0; r < world_size; ++r) {
-    const std::string& theirs = descriptions[static_cast<std::size_t>(r)];
-    if (gave_up(theirs)) {
-      count_out(store, round, keys, world_size, settle);
-      throw Timeout(context, "nccl: " + split + " did not happen: world rank " + std::to_string(r) +
-                                 " had not reached it when " + theirs.substr(1) + ". " + contract);
-    }
-  }
+  round.deadline = deadline;
+  const std::vector<std::string> descriptions = agree_through_store(store, round, description);
   for (int r = 0; r < world_size; ++r) {
     const std::string& theirs = descriptions[static_cast<std::size_t>(r)];
     if (theirs != description) {
-      count_out(store, round, keys, world_size, settle);
-      throw CollectiveMismatch(context, "nccl: ranks disagree on split #" +
-                                            std::to_string(split_index) + " of the world: rank " +
-                                            std::to_string(rank) + " splits partition " +
-                                            description + ", rank " + std::to_string(r) +
-                                            " splits partition " + theirs + " (" + contract + ")");
+      throw CollectiveMismatch(
+          round.context, "nccl: ranks disagree on split #" + std::to_string(split_index) +
+                             " of the world: rank " + std::to_string(rank) + " splits partition " +
+                             description + ", rank " + std::to_string(r) + " splits partition " +
+                             theirs + " (" + round.contract + ")");
     }
   }
-  count_out(store, round, keys, world_size, settle);
+}
+
+std::string check_description(std::string_view name,
+                              const std::vector<transport::OpSignature>& ops) {
+  std::string out(name);
+  out += ' ';
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    out += i > 0 ? ", " : "";
+    // all_to_all counts differ between ranks by design (uneven splits): only the dtype.
+    out += ops[i].kind == transport::OpKind::AllToAll
+               ? std::string(transport::op_kind_name(ops[i].kind)) + "(" +
+                     std::string(dtype_name(ops[i].dtype)) + ")"
+               : ops[i].to_string();
+  }
+  return out;
+}
+
+void check_collective(store::Store& store, const std::string& comm_key,
+                      const std::vector<int>& members, int group_rank, std::int64_t seq,
+                      const std::string& description, const ErrorContext& context,
+                      store::Deadline deadline) {
+  StoreRound round;
+  round.prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/";
+  round.members = members;
+  round.me = group_rank;
+  round.context = context;
+  round.what = "operation #" + std::to_string(seq) + " (" + description + ")";
+  round.who = "rank";
+  round.consequence = "no member starts it";
+  round.contract =
+      "With --check-collectives every member of a group compares each operation with the others "
+      "before NCCL runs it (docs/nccl.md)";
+  round.deadline = deadline;
+  const std::vector<std::string> descriptions = agree_through_store(store, round, description);
+  const int rank = members[static_cast<std::size_t>(group_rank)];
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (descriptions[i] != description) {
+      throw CollectiveMismatch(
+          context, "nccl: ranks disagree on operation #" + std::to_string(seq) + " of group " +
+                       context.group + ": rank " + std::to_string(rank) + " issued " + description +
+                       "; rank " + std::to_string(members[i]) + " issued " + descriptions[i] +
+                       " (--check-collectives)");
+    }
+  }
 }
 
 }  // namespace chorus::nccl

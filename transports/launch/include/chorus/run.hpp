@@ -34,9 +34,9 @@ struct RunOptions {
   sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
   bool guard_pages = false;
   bool check_determinism = false;
-  // MPI only: members compare each operation before starting it, so ranks that issue different
-  // collectives get CollectiveMismatch instead of a hang (docs/mpi.md, "Checking collectives").
-  // The simulator always checks.
+  // MPI and NCCL: members compare each operation before starting it, so ranks that issue
+  // different collectives get CollectiveMismatch instead of a hang (docs/mpi.md, "Checking
+  // collectives"; docs/nccl.md). The simulator always checks.
   bool check_collectives = false;
   // Bytes of freed host storage each rank keeps for reuse (RankOptions::host_pool_bytes_max).
   // Outputs larger than this come fresh from the heap every time, paying first touch of every

@@ -13,8 +13,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "chorus/dtype.hpp"
+#include "chorus/error.hpp"
 #include "chorus/reduce_op.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/store/store.hpp"
@@ -96,22 +98,61 @@ SplitPlan split_plan(const transport::Partition& partition, int world_size, int 
 // order, so a program that uses a partition on some ranks only, or first uses two partitions in
 // different orders, would wait inside the split until the timeout (and abort the world
 // communicator) or get communicators of other ranks. Before its k-th split every rank therefore
-// publishes, through the store, which partition it splits (split_description), waits for every
-// world rank's, and compares:
+// agrees with every world rank, through the store (Note [Store agreement]), on which partition it
+// splits (split_description):
 // - ranks that do not publish by the deadline: Timeout naming them, before any rank enters the
-//   split (the world communicator is untouched). Deadlines differ between ranks (each starts
-//   when its rank arrives), so a rank that stops waiting first marks every key still absent
-//   (compare_set from absent): a rank arriving later finds the mark in its own key, and a rank
-//   waiting meanwhile finds it among the others', and both end in Timeout too. No rank enters
-//   the split alone;
+//   split (the world communicator is untouched), also on ranks that arrive later;
 // - a rank whose description differs: CollectiveMismatch on every rank, naming the first such
 //   rank and both partitions.
-// The last rank to finish removes the round's keys; a round some rank never reached keeps them.
 
 // The tag and the parts of a partition in a form every member computes alike: parts keep their
 // members' order (the group order, which the split's keys follow) and are listed by smallest
 // rank, however the caller ordered them. "'tp' [[0, 1], [2, 3]]".
 std::string split_description(const std::string& tag, const transport::Partition& partition);
+
+// Note [Store agreement]
+// One round in which `members` (global ranks) agree through the store: each publishes a string
+// under `prefix` + its rank and reads everyone's. Deadlines differ between members (each starts
+// when its member arrives), so a member that stops waiting first marks every key still absent
+// (compare_set from absent): a member arriving later finds the mark in its own key, one waiting
+// meanwhile finds it among the others', and both end in Timeout too, so no member goes ahead
+// alone. The last member out removes the round's keys; a round some member never reached keeps
+// them. Used for splits (Note [Split agreement]) and --check-collectives (check_collective).
+struct StoreRound {
+  std::string prefix;        // keys: prefix + "<rank>", and prefix + "done"
+  std::vector<int> members;  // global ranks
+  int me = -1;               // this rank's index in members
+  ErrorContext context;      // of the errors
+  std::string what;          // "split #2 (partition ...)", for the errors
+  std::string who;           // "world rank": "world ranks [1, 3] did not reach ..."
+  std::string consequence;   // "no rank enters the split"
+  std::string contract;      // the rule the program broke, appended to Timeout's detail
+  store::Deadline deadline = store::Deadline::Clock::time_point::max();
+};
+
+// Publishes `mine` and returns every member's string, in members' order. Throws Timeout naming
+// the members that had not published by the deadline, or a member that gave up.
+std::vector<std::string> agree_through_store(store::Store& store, const StoreRound& round,
+                                             const std::string& mine);
+
+// Note [NCCL collective check]
+// With --check-collectives (NcclRunOptions::check_collectives) every operation (or coalesced
+// batch) starts only after the members of its communicator agreed through the store on its
+// description (check_description: the op name and each op's kind, dtype, counts, reduction and
+// root; all_to_all only its dtype, since uneven splits differ by design): different
+// descriptions are a CollectiveMismatch on every member, naming both, before NCCL sees anything,
+// so the communicator stays usable; a member that does not arrive is named in a Timeout. It
+// costs a few store round trips per operation: a debugging mode, off by default. all_to_all's
+// per-peer counts are not compared (the MPI transport's check does compare them).
+std::string check_description(std::string_view name,
+                              const std::vector<transport::OpSignature>& ops);
+// One check round for operation `seq` of the communicator `comm_key` (tag and members, the same
+// on every member); `members` are global ranks in group order, this rank is
+// members[group_rank].
+void check_collective(store::Store& store, const std::string& comm_key,
+                      const std::vector<int>& members, int group_rank, std::int64_t seq,
+                      const std::string& description, const ErrorContext& context,
+                      store::Deadline deadline);
 
 // Note [Split agreement], round `split_index` of this process, on `store` (keys under
 // "chorus/nccl/split/<split_index>/"). `rank` and `world_size` are the world's; `label` names
@@ -136,6 +177,8 @@ struct NcclRunOptions {
   // wait in the split until the timeout. The environment variable CHORUS_NCCL_SPLIT=1 turns it
   // on as well.
   bool split_partitions = false;
+  // Note [NCCL collective check] (chorus::run's --check-collectives).
+  bool check_collectives = false;
   // Bytes of freed host storage each rank keeps for reuse (RankOptions::host_pool_bytes_max).
   // Outputs larger than this come fresh from the heap every time, paying first touch of every
   // page; `chorus bench` raises it to keep its largest outputs.
