@@ -4,8 +4,7 @@
 #   1. configure and build the `nccl` preset (Release, CHORUS_WITH_NCCL=ON): the gpu test job,
 #      the `chorus` CLI and the examples;
 #   2. the gpu-labelled tests (ctest -L gpu) and the NCCL unit tests;
-#   3. `chorus check --transport nccl` with one rank (NCCL 2.28 allows one rank per GPU), then
-#      briefly with --check-collectives;
+#   3. `chorus check --transport nccl` with one rank (NCCL 2.28 allows one rank per GPU);
 #   4. the examples with --transport=nccl: they place their tensors on chorus::local_device()
 #      (examples/example_support.hpp, Note [Example devices]), so every collective of theirs runs
 #      on CUDA tensors core allocated and every read waits on the stream (`chorus check` in step
@@ -82,10 +81,6 @@ one_rank() {
 step "chorus check --transport nccl (one rank)"
 timeout 180 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
   one_rank '${CHORUS}' check --transport nccl --cases 50"
-# The same with every operation checked through the store first (Note [NCCL collective check]):
-# with one member the round always agrees, but it runs the check's path in the transport.
-timeout 120 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
-  one_rank '${CHORUS}' check --transport nccl --check-collectives --cases 10"
 
 step "examples with --transport=nccl (one rank)"
 for example in "${EXAMPLES[@]}"; do

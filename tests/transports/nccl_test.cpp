@@ -499,9 +499,12 @@ TEST(NcclCollectiveCheck, DescriptionsNameTheOpsAndLeaveOutAllToAllCounts) {
 // Runs check_collective for operation `seq` of the group `members` (global ranks), each member
 // a thread with its own client; a member with an empty description never arrives. Returns each
 // member's error text ("" when it agreed).
+// `late`: the last member starts that much after the others (a member that is merely slow).
 std::vector<std::string> check(store::Server& server, const std::vector<int>& members,
                                const std::vector<std::string>& descriptions, std::int64_t seq,
-                               std::chrono::milliseconds timeout) {
+                               std::chrono::milliseconds timeout,
+                               std::chrono::milliseconds grace = std::chrono::seconds(5),
+                               std::chrono::milliseconds late = std::chrono::milliseconds(0)) {
   std::vector<std::string> errors(members.size());
   std::vector<std::thread> threads;
   for (std::size_t i = 0; i < members.size(); ++i) {
@@ -511,9 +514,12 @@ std::vector<std::string> check(store::Server& server, const std::vector<int>& me
     threads.emplace_back([&, i] {
       store::Client client(options_for(server), std::chrono::seconds(30));
       const ErrorContext context{members[i], "all_reduce", seq, "'tp' [1, 3, 5]"};
+      if (i + 1 == members.size()) {
+        std::this_thread::sleep_for(late);  // makes the member late, synchronises nothing
+      }
       try {
         check_collective(client, "tp/1,3,5,", members, static_cast<int>(i), seq, descriptions[i],
-                         context, timeout);
+                         context, timeout, grace);
       } catch (const Error& error) {
         errors[i] = error.what();
       }
@@ -574,6 +580,60 @@ TEST(NcclCollectiveCheck, AMemberThatNeverArrivesIsNamed) {
     EXPECT_NE(errors[i].find("operation #2 (" + op + ")"), std::string::npos) << errors[i];
   }
   EXPECT_TRUE(errors[1].empty());
+}
+
+// The grace for the store calls after the wait starts afresh at each call: a member that waited
+// longer than the grace for a slow one still counts out (it used to time out on the store and
+// lose its connection, while the slow one went on alone).
+TEST(NcclCollectiveCheck, AMemberThatWaitedLongerThanTheGraceStillAgrees) {
+  store::Server server;
+  store::Client probe(options_for(server), std::chrono::seconds(30));
+  const std::int64_t keys_before = probe.num_keys();
+  const std::string op = "all_reduce all_reduce(Float32, send=4, recv=4, sum)";
+  EXPECT_EQ(check(server, {1, 3, 5}, {op, op, op}, 0, std::chrono::seconds(30),
+                  std::chrono::milliseconds(100), std::chrono::milliseconds(400)),
+            std::vector<std::string>(3));
+  EXPECT_EQ(probe.num_keys(), keys_before);
+}
+
+// ... and a member whose deadline is longer than the grace still marks the absent keys and names
+// the absent member (it used to fail on the store before marking anything).
+TEST(NcclCollectiveCheck, AnAbsentMemberIsNamedWhenTheDeadlineExceedsTheGrace) {
+  store::Server server;
+  const std::string op = "all_reduce all_reduce(Float32, send=4, recv=4, sum)";
+  const std::vector<std::string> errors =
+      check(server, {1, 3, 5}, {op, op, ""}, 4, std::chrono::milliseconds(500),
+            std::chrono::milliseconds(100));
+  for (const std::size_t i : {std::size_t{0}, std::size_t{1}}) {
+    EXPECT_TRUE(errors[i].find("ranks [5] did not reach operation #4") != std::string::npos ||
+                errors[i].find("did not happen: rank 5 had not reached it") != std::string::npos)
+        << errors[i];
+  }
+  // The absent member, arriving now, finds the marks instead of going ahead alone.
+  const std::vector<std::string> late =
+      check(server, {1, 3, 5}, {"", "", op}, 4, std::chrono::seconds(30));
+  EXPECT_NE(late[2].find("reached operation #4 (" + op + ") too late"), std::string::npos)
+      << late[2];
+}
+
+TEST(NcclCollectiveCheck, PremulSumFactorsAreComparedBitForBit) {
+  using transport::OpKind;
+  using transport::OpSignature;
+  const OpSignature third{
+      OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::premul_sum(1.0 / 3), -1};
+  const OpSignature rounded{
+      OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::premul_sum(0.3333333), -1};
+  EXPECT_EQ(third.to_string(), rounded.to_string()) << "the 6-digit text alone would agree";
+  EXPECT_NE(check_description("all_reduce", {third}), check_description("all_reduce", {rounded}));
+}
+
+TEST(NcclCollectiveCheck, AGroupOfOneHasNothingToCompare) {
+  store::Server server;
+  store::Client client(options_for(server), std::chrono::seconds(30));
+  const std::int64_t keys_before = client.num_keys();
+  check_collective(client, "tp/4,", {4}, 0, 0, "all_reduce x",
+                   ErrorContext{4, "all_reduce", 0, "[4]"}, std::chrono::milliseconds(1));
+  EXPECT_EQ(client.num_keys(), keys_before);
 }
 
 // ---- Without a device

@@ -2,6 +2,9 @@
 // part, without CUDA or NCCL, so the unit tests check them on any machine.
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -95,8 +98,9 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
   for (const int member : members) {
     keys.push_back(round.prefix + std::to_string(member));
   }
-  // After the deadline: a few seconds for the store calls that settle the round.
-  const store::Deadline settle(std::chrono::seconds(5));
+  // The store calls that settle the round, after the wait: each gets the grace afresh (a member
+  // may have waited much longer than the grace for the others, or past its deadline).
+  const auto settle = [&round] { return store::Deadline(round.grace); };
   const auto timeout = [&](const std::string& detail) {
     return Timeout(round.context, "nccl: " + detail + ". " + round.contract);
   };
@@ -105,7 +109,7 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
   const std::optional<std::string> published =
       store.compare_set(keys[static_cast<std::size_t>(round.me)], "", mine, round.deadline);
   if (published && gave_up(*published)) {
-    count_out(store, round.prefix, keys, members.size(), settle);
+    count_out(store, round.prefix, keys, members.size(), settle());
     throw timeout("reached " + round.what + " too late: " + published->substr(1) + "; " +
                   round.consequence);
   }
@@ -119,26 +123,26 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
                              " stopped waiting for it at its deadline";
     std::vector<int> missing;
     for (std::size_t i = 0; i < members.size(); ++i) {
-      const std::optional<std::string> value = store.compare_set(keys[i], "", mark, settle);
+      const std::optional<std::string> value = store.compare_set(keys[i], "", mark, settle());
       if (!value || gave_up(*value)) {
         missing.push_back(members[i]);
       }
     }
     if (!missing.empty()) {
-      count_out(store, round.prefix, keys, members.size(), settle);
+      count_out(store, round.prefix, keys, members.size(), settle());
       throw timeout(round.who + "s [" + rank_list(missing) + "] did not reach " + round.what +
                     " by the deadline; " + round.consequence);
     }
-    values = store.multi_get(keys, settle);  // every member arrived just in time
+    values = store.multi_get(keys, settle());  // every member arrived just in time
   }
   for (std::size_t i = 0; i < members.size(); ++i) {
     if (gave_up(values[i])) {
-      count_out(store, round.prefix, keys, members.size(), settle);
+      count_out(store, round.prefix, keys, members.size(), settle());
       throw timeout(round.what + " did not happen: " + round.who + " " +
                     std::to_string(members[i]) + " had not reached it when " + values[i].substr(1));
     }
   }
-  count_out(store, round.prefix, keys, members.size(), settle);
+  count_out(store, round.prefix, keys, members.size(), settle());
   return values;
 }
 
@@ -184,6 +188,16 @@ std::string check_description(std::string_view name,
                ? std::string(transport::op_kind_name(ops[i].kind)) + "(" +
                      std::string(dtype_name(ops[i].dtype)) + ")"
                : ops[i].to_string();
+    if (ops[i].reduce_op.kind() == ReduceOp::Kind::PremulSum) {
+      // to_string prints the factor to 6 digits; ranks must agree on every bit of it.
+      std::uint64_t bits = 0;
+      const double factor = ops[i].reduce_op.premul_factor();
+      std::memcpy(&bits, &factor, sizeof bits);
+      char hex[48];
+      std::snprintf(hex, sizeof hex, " [factor bits 0x%016llx]",
+                    static_cast<unsigned long long>(bits));
+      out += hex;
+    }
   }
   return out;
 }
@@ -191,8 +205,9 @@ std::string check_description(std::string_view name,
 void check_collective(store::Store& store, const std::string& comm_key,
                       const std::vector<int>& members, int group_rank, std::int64_t seq,
                       const std::string& description, const ErrorContext& context,
-                      store::Deadline deadline) {
+                      store::Deadline deadline, std::chrono::milliseconds grace) {
   StoreRound round;
+  round.grace = grace;
   round.prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/";
   round.members = members;
   round.me = group_rank;
@@ -204,6 +219,9 @@ void check_collective(store::Store& store, const std::string& comm_key,
       "With --check-collectives every member of a group compares each operation with the others "
       "before NCCL runs it (docs/nccl.md)";
   round.deadline = deadline;
+  if (members.size() == 1) {
+    return;  // nobody to disagree with
+  }
   const std::vector<std::string> descriptions = agree_through_store(store, round, description);
   const int rank = members[static_cast<std::size_t>(group_rank)];
   for (std::size_t i = 0; i < members.size(); ++i) {

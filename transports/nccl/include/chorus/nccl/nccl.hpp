@@ -128,6 +128,9 @@ struct StoreRound {
   std::string consequence;   // "no rank enters the split"
   std::string contract;      // the rule the program broke, appended to Timeout's detail
   store::Deadline deadline = store::Deadline::Clock::time_point::max();
+  // For each store call that settles the round after the wait (marking, counting out, removing
+  // the keys), measured from that call.
+  std::chrono::milliseconds grace = std::chrono::seconds(5);
 };
 
 // Publishes `mine` and returns every member's string, in members' order. Throws Timeout naming
@@ -142,17 +145,25 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
 // root; all_to_all only its dtype, since uneven splits differ by design): different
 // descriptions are a CollectiveMismatch on every member, naming both, before NCCL sees anything,
 // so the communicator stays usable; a member that does not arrive is named in a Timeout. It
-// costs a few store round trips per operation: a debugging mode, off by default. all_to_all's
-// per-peer counts are not compared (the MPI transport's check does compare them).
+// costs a few store round trips per operation (none on a group of one): a debugging mode, off by
+// default. all_to_all's per-peer counts are not compared (the MPI transport's check does compare
+// them); premul_sum's factor is compared bit for bit. Issuing blocks until the members described
+// theirs, so under the check ranks must issue the operations of different communicators in the
+// same order: a program that interleaves two groups differently per rank (which NCCL runs, each
+// communicator on its own stream) times out under the check. A rank whose operation fails a
+// local check after core numbered it (a buffer on another device) never publishes, and its
+// peers wait for it until their deadline.
 std::string check_description(std::string_view name,
                               const std::vector<transport::OpSignature>& ops);
 // One check round for operation `seq` of the communicator `comm_key` (tag and members, the same
 // on every member); `members` are global ranks in group order, this rank is
 // members[group_rank].
+// `grace` as StoreRound::grace.
 void check_collective(store::Store& store, const std::string& comm_key,
                       const std::vector<int>& members, int group_rank, std::int64_t seq,
                       const std::string& description, const ErrorContext& context,
-                      store::Deadline deadline);
+                      store::Deadline deadline,
+                      std::chrono::milliseconds grace = std::chrono::seconds(5));
 
 // Note [Split agreement], round `split_index` of this process, on `store` (keys under
 // "chorus/nccl/split/<split_index>/"). `rank` and `world_size` are the world's; `label` names
