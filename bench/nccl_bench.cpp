@@ -174,6 +174,11 @@ Medians alternate(const BenchOptions& options, int iters, TimeChorus time_chorus
   return Medians{median(chorus_us), median(raw_us)};
 }
 
+void print_columns() {
+  std::printf("%12s %8s %12s %12s %10s %8s %7s\n", "size(B)", "iters", "chorus(us)", "raw(us)",
+              "added(us)", "ratio", "#wrong");
+}
+
 void print_row(std::size_t bytes, int iters, const Medians& medians, std::size_t wrong) {
   std::printf("%12zu %8d %12.2f %12.2f %10.2f %8.2f %7zu\n", bytes, iters, medians.chorus_us,
               medians.raw_us, medians.chorus_us - medians.raw_us,
@@ -375,8 +380,7 @@ int main(int argc, char** argv) {
       std::printf(
           "# chorus: all_reduce_inplace on from_blob device memory + cudaStreamSynchronize; raw: "
           "ncclAllReduce + cudaStreamSynchronize\n");
-      std::printf("%12s %8s %12s %12s %10s %8s %7s\n", "size(B)", "iters", "chorus(us)", "raw(us)",
-                  "added(us)", "ratio", "#wrong");
+      print_columns();
     }
     for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= options.step) {
       wrong += run_size(options, raw, bytes);
@@ -386,8 +390,7 @@ int main(int argc, char** argv) {
           "\n# enqueue only: `iters` ops back to back, one device synchronise after the timed "
           "loop\n# chorus: out = all_reduce(cuda input) + wait_tensor(out) (a stream wait); "
           "raw: ncclAllReduce(input, output)\n");
-      std::printf("%12s %8s %12s %12s %10s %8s %7s\n", "size(B)", "iters", "chorus(us)", "raw(us)",
-                  "added(us)", "ratio", "#wrong");
+      print_columns();
     }
     for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= options.step) {
       wrong += run_enqueue_size(options, raw, bytes);

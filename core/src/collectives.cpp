@@ -207,9 +207,6 @@ class Call {
     }
   }
 
-  // The device of the call's tensors (checked to be one by check_input).
-  Device device() const noexcept { return device_; }
-
   // InvalidArgument unless the call's tensors are host tensors: `what` needs a host step
   // (rearranging blocks), and chorus has no device kernels.
   void require_host(const std::string& what) const {

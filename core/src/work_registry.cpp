@@ -5,6 +5,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 
@@ -17,39 +18,37 @@ namespace {
 
 std::atomic<std::uint64_t> next_work_id{1};
 
-// The error of a work nobody waited, reworded so that where it is raised (a later, unrelated
-// call) it says which collective it belongs to. Keeps the error's type.
-std::exception_ptr explain_unwaited_failure(const std::exception_ptr& error, const WorkInfo& info,
-                                            bool at_rank_exit) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error& e) {
-    std::string detail =
-        "the result of " + info.op + " #" + std::to_string(info.seq) + " (issued at " +
-        info.site.to_string() + ") " +
-        (at_rank_exit ? "was still pending when the rank ended" : "was dropped un-waited") +
-        ", and completing it failed: " + e.detail();
-    return make_error(e.code(), e.context(), std::move(detail));
-  } catch (...) {
-    return error;
-  }
-}
-
-// The error of a collective that failed after a wait on a CUDA result had ordered the stream
-// after it (Note [Stream-waited works]), reworded to say which collective. Keeps the error's type.
-std::exception_ptr explain_stream_failure(const std::exception_ptr& error, const WorkInfo& info) {
+// `error` reworded so that where it is raised (a later, unrelated call) it says which collective
+// it belongs to: "the result of all_reduce #3 (issued at f:l) <what happened>: <detail>". Keeps
+// the error's type.
+std::exception_ptr explain_failure(const std::exception_ptr& error, const WorkInfo& info,
+                                   std::string_view what_happened) {
   try {
     std::rethrow_exception(error);
   } catch (const Error& e) {
     return make_error(e.code(), e.context(),
                       "the result of " + info.op + " #" + std::to_string(info.seq) +
-                          " (issued at " + info.site.to_string() +
-                          ") was waited on the device stream, and the collective failed after "
-                          "that wait: " +
-                          e.detail());
+                          " (issued at " + info.site.to_string() + ") " +
+                          std::string(what_happened) + ": " + e.detail());
   } catch (...) {
     return error;
   }
+}
+
+// The error of a work nobody waited.
+std::exception_ptr explain_unwaited_failure(const std::exception_ptr& error, const WorkInfo& info,
+                                            bool at_rank_exit) {
+  return explain_failure(error, info,
+                         at_rank_exit
+                             ? "was still pending when the rank ended, and completing it failed"
+                             : "was dropped un-waited, and completing it failed");
+}
+
+// The error of a collective that failed after a wait on a CUDA result had ordered the stream
+// after it (Note [Stream-waited works]).
+std::exception_ptr explain_stream_failure(const std::exception_ptr& error, const WorkInfo& info) {
+  return explain_failure(
+      error, info, "was waited on the device stream, and the collective failed after that wait");
 }
 
 }  // namespace
@@ -457,8 +456,7 @@ void WorkRegistry::settle_stream_waits() noexcept {
         break;  // the later ones are released once it finished (issue order)
       }
       if (status == transport::WorkStatus::Failed && !front.reported) {
-        deferred_errors_.push_back(stream_failure_locked(front, front.work->work().error()));
-        has_deferred_errors_.store(true, std::memory_order_release);
+        defer_error_locked(stream_failure_locked(front, front.work->work().error()));
       }
       stream_waited_.pop_front();
     }
@@ -489,13 +487,17 @@ void WorkRegistry::finish_stream_waits_at_exit() noexcept {
       }
       try {
         std::lock_guard<std::mutex> lock(mutex_);
-        deferred_errors_.push_back(stream_failure_locked(entry, std::current_exception()));
-        has_deferred_errors_.store(true, std::memory_order_release);
+        defer_error_locked(stream_failure_locked(entry, std::current_exception()));
       } catch (...) {
         // Out of memory while recording: never throw at exit.
       }
     }
   }
+}
+
+void WorkRegistry::defer_error_locked(std::exception_ptr error) {
+  deferred_errors_.push_back(std::move(error));
+  has_deferred_errors_.store(true, std::memory_order_release);
 }
 
 std::size_t WorkRegistry::stream_waited_in_flight() const {
@@ -532,9 +534,7 @@ void WorkRegistry::finalize(const Claim& claim) noexcept {
       if (claim.record != kNoRecord) {
         unwaited_[claim.record].error = describe(error);
       }
-      deferred_errors_.push_back(
-          explain_unwaited_failure(error, claim.work->info(), claim.at_rank_exit));
-      has_deferred_errors_.store(true, std::memory_order_release);
+      defer_error_locked(explain_unwaited_failure(error, claim.work->info(), claim.at_rank_exit));
     }
   } catch (...) {
     // Out of memory while recording: never throw from a drop.

@@ -64,14 +64,14 @@ struct WorkInfo {
   CallSite site;
 };
 
-// One issued collective as core sees it: the transport Work plus what must happen when it
-// completes. Thread-safe.
 // How a wait completes a work: DESIGN 2.4's device semantics.
 enum class Completion : std::uint8_t {
   Host,    // CPU outputs: the host blocks until the transport work finished
   Stream,  // CUDA outputs: the device's current stream waits on it (Work::wait_on), no host block
 };
 
+// One issued collective as core sees it: the transport Work plus what must happen when it
+// completes. Thread-safe.
 class PendingWork {
  public:
   // `fixup` runs once, after the transport work completed successfully, before any waiter
@@ -221,6 +221,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
                                            const std::exception_ptr& error);
   // Waits on the host for every stream-waited work (the rank's exit). Never throws.
   void finish_stream_waits_at_exit() noexcept;
+  // Records `error` to be raised at the rank's next collective or wait (or by finish()).
+  void defer_error_locked(std::exception_ptr error);
   // Marks `entry` as being completed as unwaited and writes its report line (step 3 and 4: the
   // line exists from the claim on, so a report taken meanwhile has it; a deferred drop is
   // claimed when it is completed).

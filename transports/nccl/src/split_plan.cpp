@@ -67,8 +67,8 @@ bool gave_up(const std::string& value) { return !value.empty() && value.front() 
 // Every member that ends the round counts itself out; the last one removes the round's keys. A
 // member that never arrives never counts out, so a round that timed out keeps its keys.
 void count_out(store::Store& store, const std::string& round, const std::vector<std::string>& keys,
-               std::size_t members, store::Deadline deadline) {
-  if (store.add(round + "done", 1, deadline) == static_cast<std::int64_t>(members)) {
+               store::Deadline deadline) {
+  if (store.add(round + "done", 1, deadline) == static_cast<std::int64_t>(keys.size())) {
     for (const std::string& key : keys) {
       store.delete_key(key, deadline);
     }
@@ -109,7 +109,7 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
   const std::optional<std::string> published =
       store.compare_set(keys[static_cast<std::size_t>(round.me)], "", mine, round.deadline);
   if (published && gave_up(*published)) {
-    count_out(store, round.prefix, keys, members.size(), settle());
+    count_out(store, round.prefix, keys, settle());
     throw timeout("reached " + round.what + " too late: " + published->substr(1) + "; " +
                   round.consequence);
   }
@@ -129,7 +129,7 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
       }
     }
     if (!missing.empty()) {
-      count_out(store, round.prefix, keys, members.size(), settle());
+      count_out(store, round.prefix, keys, settle());
       throw timeout(round.who + "s [" + rank_list(missing) + "] did not reach " + round.what +
                     " by the deadline; " + round.consequence);
     }
@@ -137,33 +137,35 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
   }
   for (std::size_t i = 0; i < members.size(); ++i) {
     if (gave_up(values[i])) {
-      count_out(store, round.prefix, keys, members.size(), settle());
+      count_out(store, round.prefix, keys, settle());
       throw timeout(round.what + " did not happen: " + round.who + " " +
                     std::to_string(members[i]) + " had not reached it when " + values[i].substr(1));
     }
   }
-  count_out(store, round.prefix, keys, members.size(), settle());
+  count_out(store, round.prefix, keys, settle());
   return values;
 }
 
 void agree_on_split(store::Store& store, int rank, int world_size, std::int64_t split_index,
                     const std::string& description, const std::string& label,
                     store::Deadline deadline) {
-  StoreRound round;
-  round.prefix = "chorus/nccl/split/" + std::to_string(split_index) + "/";
-  round.members.resize(static_cast<std::size_t>(world_size));
+  std::vector<int> world(static_cast<std::size_t>(world_size));
   for (int r = 0; r < world_size; ++r) {
-    round.members[static_cast<std::size_t>(r)] = r;
+    world[static_cast<std::size_t>(r)] = r;
   }
-  round.me = rank;
-  round.context = ErrorContext{rank, "create_comm", -1, label};
-  round.what = "split #" + std::to_string(split_index) + " (partition " + description + ")";
-  round.who = "world rank";
-  round.consequence = "no rank enters the split";
-  round.contract =
-      "ncclCommSplit is collective over the world, so with split_partitions every rank must use "
-      "the same partitions in the same order (docs/nccl.md)";
-  round.deadline = deadline;
+  const StoreRound round{
+      .prefix = "chorus/nccl/split/" + std::to_string(split_index) + "/",
+      .members = std::move(world),
+      .me = rank,
+      .context = ErrorContext{rank, "create_comm", -1, label},
+      .what = "split #" + std::to_string(split_index) + " (partition " + description + ")",
+      .who = "world rank",
+      .consequence = "no rank enters the split",
+      .contract =
+          "ncclCommSplit is collective over the world, so with split_partitions every "
+          "rank must use the same partitions in the same order (docs/nccl.md)",
+      .deadline = deadline,
+  };
   const std::vector<std::string> descriptions = agree_through_store(store, round, description);
   for (int r = 0; r < world_size; ++r) {
     const std::string& theirs = descriptions[static_cast<std::size_t>(r)];
@@ -206,22 +208,23 @@ void check_collective(store::Store& store, const std::string& comm_key,
                       const std::vector<int>& members, int group_rank, std::int64_t seq,
                       const std::string& description, const ErrorContext& context,
                       store::Deadline deadline, std::chrono::milliseconds grace) {
-  StoreRound round;
-  round.grace = grace;
-  round.prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/";
-  round.members = members;
-  round.me = group_rank;
-  round.context = context;
-  round.what = "operation #" + std::to_string(seq) + " (" + description + ")";
-  round.who = "rank";
-  round.consequence = "no member starts it";
-  round.contract =
-      "With --check-collectives every member of a group compares each operation with the others "
-      "before NCCL runs it (docs/nccl.md)";
-  round.deadline = deadline;
   if (members.size() == 1) {
     return;  // nobody to disagree with
   }
+  const StoreRound round{
+      .prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/",
+      .members = members,
+      .me = group_rank,
+      .context = context,
+      .what = "operation #" + std::to_string(seq) + " (" + description + ")",
+      .who = "rank",
+      .consequence = "no member starts it",
+      .contract =
+          "With --check-collectives every member of a group compares each operation with "
+          "the others before NCCL runs it (docs/nccl.md)",
+      .deadline = deadline,
+      .grace = grace,
+  };
   const std::vector<std::string> descriptions = agree_through_store(store, round, description);
   const int rank = members[static_cast<std::size_t>(group_rank)];
   for (std::size_t i = 0; i < members.size(); ++i) {
