@@ -500,11 +500,13 @@ TEST(NcclCollectiveCheck, DescriptionsNameTheOpsAndLeaveOutAllToAllCounts) {
 // a thread with its own client; a member with an empty description never arrives. Returns each
 // member's error text ("" when it agreed).
 // `late`: the last member starts that much after the others (a member that is merely slow).
+// `splits[i]`: member i's all_to_all split sizes (none when `splits` is empty).
 std::vector<std::string> check(store::Server& server, const std::vector<int>& members,
                                const std::vector<std::string>& descriptions, std::int64_t seq,
                                std::chrono::milliseconds timeout,
                                std::chrono::milliseconds grace = std::chrono::seconds(5),
-                               std::chrono::milliseconds late = std::chrono::milliseconds(0)) {
+                               std::chrono::milliseconds late = std::chrono::milliseconds(0),
+                               const std::vector<std::vector<SplitSizes>>& splits = {}) {
   std::vector<std::string> errors(members.size());
   std::vector<std::thread> threads;
   for (std::size_t i = 0; i < members.size(); ++i) {
@@ -519,7 +521,8 @@ std::vector<std::string> check(store::Server& server, const std::vector<int>& me
       }
       try {
         check_collective(client, "tp/1,3,5,", members, static_cast<int>(i), seq, descriptions[i],
-                         context, timeout, grace);
+                         splits.empty() ? std::vector<SplitSizes>{} : splits[i], context, timeout,
+                         grace);
       } catch (const Error& error) {
         errors[i] = error.what();
       }
@@ -631,9 +634,125 @@ TEST(NcclCollectiveCheck, AGroupOfOneHasNothingToCompare) {
   store::Server server;
   store::Client client(options_for(server), std::chrono::seconds(30));
   const std::int64_t keys_before = client.num_keys();
-  check_collective(client, "tp/4,", {4}, 0, 0, "all_reduce x",
+  check_collective(client, "tp/4,", {4}, 0, 0, "all_reduce x", {},
                    ErrorContext{4, "all_reduce", 0, "[4]"}, std::chrono::milliseconds(1));
   EXPECT_EQ(client.num_keys(), keys_before);
+}
+
+// Split sizes of an uneven all_to_all over members 1, 3, 5 that agree pairwise: member i sends
+// member j i + 2j + 1 elements (itself included).
+std::vector<std::vector<SplitSizes>> matching_splits() {
+  std::vector<std::vector<SplitSizes>> splits(3, std::vector<SplitSizes>(1));
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t j = 0; j < 3; ++j) {
+      splits[i][0].send.push_back(i + 2 * j + 1);
+      splits[i][0].recv.push_back(j + 2 * i + 1);
+    }
+  }
+  return splits;
+}
+
+const std::string kAllToAll = "all_to_all_single all_to_all(Int64)";
+
+TEST(NcclCollectiveCheck, AllToAllSplitSizesThatMatchPairwiseAgree) {
+  store::Server server;
+  store::Client probe(options_for(server), std::chrono::seconds(30));
+  const std::int64_t keys_before = probe.num_keys();
+  EXPECT_EQ(check(server, {1, 3, 5}, {kAllToAll, kAllToAll, kAllToAll}, 3, std::chrono::seconds(30),
+                  std::chrono::seconds(5), std::chrono::milliseconds(0), matching_splits()),
+            std::vector<std::string>(3));
+  EXPECT_EQ(probe.num_keys(), keys_before);
+}
+
+// Member 3 expects one element more from member 5 than 5 sends it: every member names that pair,
+// in the same words.
+TEST(NcclCollectiveCheck, AMismatchedSplitSizeIsNamedAlikeOnEveryMember) {
+  store::Server server;
+  std::vector<std::vector<SplitSizes>> splits = matching_splits();
+  splits[1][0].recv[2] += 1;  // 5 sends 3 2 + 2 * 1 + 1 = 5 elements, 3 now expects 6
+  const std::vector<std::string> errors =
+      check(server, {1, 3, 5}, {kAllToAll, kAllToAll, kAllToAll}, 7, std::chrono::seconds(30),
+            std::chrono::seconds(5), std::chrono::milliseconds(0), splits);
+  const std::string expected =
+      "all_reduce #7 on group 'tp' [1, 3, 5]: nccl: ranks disagree on the split sizes of "
+      "operation #7 of group 'tp' [1, 3, 5] (" +
+      kAllToAll +
+      "): rank 5 sends 5 elements to rank 3, which expects 6 from it "
+      "(--check-collectives)";
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(errors[i], "chorus::CollectiveMismatch: [rank " +
+                             std::to_string(std::vector<int>{1, 3, 5}[i]) + "] " + expected);
+  }
+}
+
+TEST(NcclCollectiveCheck, AMemberWhoseOwnSplitSizesDisagreeIsNamedOnEveryMember) {
+  store::Server server;
+  std::vector<std::vector<SplitSizes>> splits = matching_splits();
+  splits[0][0].send[0] = 0;  // member 1 sends itself nothing but expects 1 element
+  const std::vector<std::string> errors =
+      check(server, {1, 3, 5}, {kAllToAll, kAllToAll, kAllToAll}, 0, std::chrono::seconds(30),
+            std::chrono::seconds(5), std::chrono::milliseconds(0), splits);
+  for (const std::string& error : errors) {
+    EXPECT_NE(error.find("rank 1 sends 0 elements to rank 1, which expects 1 from it"),
+              std::string::npos)
+        << error;
+  }
+}
+
+TEST(NcclCollectiveCheck, ABatchNamesWhichOfItsAllToAllsDisagrees) {
+  store::Server server;
+  std::vector<std::vector<SplitSizes>> splits = matching_splits();
+  for (std::vector<SplitSizes>& member : splits) {
+    member.push_back(member[0]);
+  }
+  splits[2][1].send[0] = 9;  // the second all_to_all: 5 sends 1 nine elements, 1 expects 3
+  const std::string batch = "all_to_all_coalesced all_to_all(Int64), all_to_all(Int64)";
+  const std::vector<std::string> errors =
+      check(server, {1, 3, 5}, {batch, batch, batch}, 1, std::chrono::seconds(30),
+            std::chrono::seconds(5), std::chrono::milliseconds(0), splits);
+  for (const std::string& error : errors) {
+    EXPECT_NE(error.find("(" + batch +
+                         "), all_to_all 2 of 2: rank 5 sends 9 elements to rank 1, which expects "
+                         "3 from it"),
+              std::string::npos)
+        << error;
+  }
+}
+
+// Split sizes are compared only between members that issued the same operations: a different
+// operation is reported as such first.
+TEST(NcclCollectiveCheck, ADifferentOperationIsReportedBeforeSplitSizes) {
+  store::Server server;
+  std::vector<std::vector<SplitSizes>> splits = matching_splits();
+  splits[1].clear();
+  const std::string sum = "all_reduce all_reduce(Int64, send=4, recv=4, sum)";
+  const std::vector<std::string> errors =
+      check(server, {1, 3, 5}, {kAllToAll, sum, kAllToAll}, 2, std::chrono::seconds(30),
+            std::chrono::seconds(5), std::chrono::milliseconds(0), splits);
+  for (const std::string& error : errors) {
+    EXPECT_NE(error.find("nccl: ranks disagree on operation #2 of group 'tp' [1, 3, 5]: rank "),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(error.find("split sizes"), std::string::npos) << error;
+  }
+}
+
+// A value no member of this build publishes (another program on the same store) is a mismatch
+// naming the member, not a crash.
+TEST(NcclCollectiveCheck, AnUnreadableValueIsAMismatchNamingItsMember) {
+  store::Server server;
+  store::Client stray(options_for(server), std::chrono::seconds(30));
+  stray.set("chorus/nccl/check/tp/1,3,5,/6/5", kAllToAll + "\n1,x;2");
+  const std::vector<std::vector<SplitSizes>> splits = matching_splits();
+  const std::vector<std::string> errors =
+      check(server, {1, 3, 5}, {kAllToAll, kAllToAll, ""}, 6, std::chrono::seconds(30),
+            std::chrono::seconds(5), std::chrono::milliseconds(0), splits);
+  for (const std::size_t i : {std::size_t{0}, std::size_t{1}}) {
+    EXPECT_NE(errors[i].find("chorus::CollectiveMismatch: "), std::string::npos) << errors[i];
+    EXPECT_NE(errors[i].find("nccl: rank 5 published an unreadable description of operation #6"),
+              std::string::npos)
+        << errors[i];
+  }
 }
 
 // ---- Without a device

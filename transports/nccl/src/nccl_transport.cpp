@@ -495,26 +495,45 @@ ncclRedOp_t NcclComm::reduction(const Plan& plan, const ReduceOp& reduce_op,
   return op;
 }
 
+NcclComm::BatchAbandon::~BatchAbandon() {
+  if (std::uncaught_exceptions() > exceptions_ && comm_->batching_) {
+    // core will not call end_group: drop the batch (nothing of it was enqueued yet).
+    comm_->batching_ = false;
+    comm_->batch_.clear();
+    comm_->batch_signatures_.clear();
+    comm_->batch_splits_.clear();
+  }
+}
+
 std::shared_ptr<transport::Work> NcclComm::launch(const transport::OpSignature& signature,
-                                                  const transport::OpInfo& info, Enqueue enqueue) {
+                                                  const transport::OpInfo& info, Enqueue enqueue,
+                                                  std::optional<SplitSizes> splits) {
   if (batching_) {
     batch_.push_back(std::move(enqueue));
     batch_signatures_.push_back(signature);
+    if (splits) {
+      batch_splits_.push_back(std::move(*splits));
+    }
     return nullptr;
   }
   std::vector<Enqueue> enqueues;
   enqueues.push_back(std::move(enqueue));
-  return start(std::move(enqueues), {signature}, info);
+  std::vector<SplitSizes> all_splits;
+  if (splits) {
+    all_splits.push_back(std::move(*splits));
+  }
+  return start(std::move(enqueues), {signature}, all_splits, info);
 }
 
 std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
                                                  std::vector<transport::OpSignature> signatures,
+                                                 const std::vector<SplitSizes>& splits,
                                                  const transport::OpInfo& info) {
   const ErrorContext context = context_of(info);
   if (check_store_ != nullptr) {
     // Before anything reaches NCCL: a mismatch leaves the communicator usable.
     check_collective(*check_store_, comm_key(tag_, ranks_), ranks_, group_rank_, info.seq,
-                     check_description(info.name, signatures), context,
+                     check_description(info.name, signatures), splits, context,
                      store::Deadline(deadline_after(timeout_)));
   }
   std::unique_lock lock(state_->mutex());
@@ -597,6 +616,7 @@ std::shared_ptr<transport::Work> NcclComm::all_reduce(const transport::Buffer& s
                                                       const transport::Buffer& recv,
                                                       const ReduceOp& reduce_op,
                                                       const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   check_device(send, info);
   check_device(recv, info);
@@ -622,6 +642,7 @@ std::shared_ptr<transport::Work> NcclComm::all_reduce(const transport::Buffer& s
 std::shared_ptr<transport::Work> NcclComm::all_gather(const transport::Buffer& send,
                                                       const transport::Buffer& recv,
                                                       const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(recv.count, send.count * static_cast<std::size_t>(size()));
   check_device(send, info);
   check_device(recv, info);
@@ -644,6 +665,7 @@ std::shared_ptr<transport::Work> NcclComm::reduce_scatter(const transport::Buffe
                                                           const transport::Buffer& recv,
                                                           const ReduceOp& reduce_op,
                                                           const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count * static_cast<std::size_t>(size()));
   check_device(send, info);
   check_device(recv, info);
@@ -671,10 +693,20 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
                                                       const transport::Buffer& recv,
                                                       const std::vector<std::size_t>& recv_counts,
                                                       const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send_counts.size(), static_cast<std::size_t>(size()));
   CHORUS_CHECK_EQ(recv_counts.size(), static_cast<std::size_t>(size()));
   check_device(send, info);
   check_device(recv, info);
+  if (const auto me = static_cast<std::size_t>(group_rank_);
+      check_store_ == nullptr && send_counts[me] != recv_counts[me]) {
+    // Only this rank knows: its peers wait for it until the watchdog's deadline. Under
+    // --check-collectives every member reports it instead (Note [NCCL collective check]).
+    throw InvalidArgument(context_of(info), "nccl: this rank sends itself " +
+                                                std::to_string(send_counts[me]) +
+                                                " elements but expects " +
+                                                std::to_string(recv_counts[me]) + " from itself");
+  }
   const transport::OpSignature signature{
       transport::OpKind::AllToAll, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, -1};
   auto p = std::make_shared<Pointers>();
@@ -709,12 +741,13 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
     return ncclSuccess;
   };
   enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
-  return launch(signature, info, std::move(enqueue));
+  return launch(signature, info, std::move(enqueue), SplitSizes{send_counts, recv_counts});
 }
 
 std::shared_ptr<transport::Work> NcclComm::broadcast(const transport::Buffer& send,
                                                      const transport::Buffer& recv, int root,
                                                      const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   check_device(send, info);
@@ -738,6 +771,7 @@ std::shared_ptr<transport::Work> NcclComm::reduce(const transport::Buffer& send,
                                                   const transport::Buffer& recv,
                                                   const ReduceOp& reduce_op, int root,
                                                   const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   check_device(send, info);
@@ -776,9 +810,11 @@ std::shared_ptr<transport::Work> NcclComm::end_group(const transport::OpInfo& in
   batching_ = false;
   std::vector<Enqueue> enqueues = std::move(batch_);
   std::vector<transport::OpSignature> signatures = std::move(batch_signatures_);
+  std::vector<SplitSizes> splits = std::move(batch_splits_);
   batch_.clear();
   batch_signatures_.clear();
-  return start(std::move(enqueues), std::move(signatures), info);
+  batch_splits_.clear();
+  return start(std::move(enqueues), std::move(signatures), splits, info);
 }
 
 // ---------------------------------------------------------------------------------------------

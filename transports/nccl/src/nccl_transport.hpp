@@ -30,10 +30,12 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -218,10 +220,28 @@ class NcclComm final : public transport::Comm {
     std::function<ncclResult_t()> call;
     std::function<void(Started&)> after;
   };
+  // Ends the open batch when an operation method throws inside it (core then never calls
+  // end_group), so the communicator is usable again.
+  class BatchAbandon {
+   public:
+    explicit BatchAbandon(NcclComm& comm) noexcept : comm_(&comm) {}
+    ~BatchAbandon();
+    BatchAbandon(const BatchAbandon&) = delete;
+    BatchAbandon& operator=(const BatchAbandon&) = delete;
+
+   private:
+    NcclComm* comm_;
+    int exceptions_ = std::uncaught_exceptions();
+  };
+
+  // Starts one operation now, or defers it into the open batch. `splits`: all_to_all's split
+  // sizes, for the check (Note [NCCL collective check]).
   std::shared_ptr<transport::Work> launch(const transport::OpSignature& signature,
-                                          const transport::OpInfo& info, Enqueue enqueue);
+                                          const transport::OpInfo& info, Enqueue enqueue,
+                                          std::optional<SplitSizes> splits = std::nullopt);
   std::shared_ptr<transport::Work> start(std::vector<Enqueue> enqueues,
                                          std::vector<transport::OpSignature> signatures,
+                                         const std::vector<SplitSizes>& splits,
                                          const transport::OpInfo& info);
   ErrorContext context_of(const transport::OpInfo& info) const;
   // The device pointer for `buffer`: the buffer itself on CUDA, else device scratch, filled
@@ -247,6 +267,7 @@ class NcclComm final : public transport::Comm {
   bool batching_ = false;
   std::vector<Enqueue> batch_;
   std::vector<transport::OpSignature> batch_signatures_;
+  std::vector<SplitSizes> batch_splits_;
 };
 
 class NcclTransport final : public transport::Transport {

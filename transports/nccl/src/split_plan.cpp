@@ -2,11 +2,14 @@
 // part, without CUDA or NCCL, so the unit tests check them on any machine.
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "chorus/check.hpp"
@@ -204,12 +207,88 @@ std::string check_description(std::string_view name,
   return out;
 }
 
+namespace {
+
+// The value a member publishes in a check round: its description, then one line per all_to_all
+// ("send counts;recv counts", comma-separated). Descriptions hold no newline.
+std::string check_value(const std::string& description, const std::vector<SplitSizes>& splits) {
+  CHORUS_CHECK(description.find('\n') == std::string::npos);
+  std::string value = description;
+  const auto append = [&value](const std::vector<std::size_t>& counts) {
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      value += (i == 0 ? "" : ",") + std::to_string(counts[i]);
+    }
+  };
+  for (const SplitSizes& split : splits) {
+    value += '\n';
+    append(split.send);
+    value += ';';
+    append(split.recv);
+  }
+  return value;
+}
+
+bool parse_counts(std::string_view text, std::vector<std::size_t>& counts) {
+  counts.clear();
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    const std::string_view number = text.substr(0, comma);
+    std::size_t count = 0;
+    const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), count);
+    if (error != std::errc() || end != number.data() + number.size() || number.empty()) {
+      return false;
+    }
+    counts.push_back(count);
+    if (comma == std::string_view::npos) {
+      break;
+    }
+    text.remove_prefix(comma + 1);
+  }
+  return true;
+}
+
+// check_value's inverse: false when `value` is not one.
+bool parse_check_value(std::string_view value, std::string& description,
+                       std::vector<SplitSizes>& splits) {
+  const std::size_t first = value.find('\n');
+  description = std::string(value.substr(0, first));
+  splits.clear();
+  if (first == std::string_view::npos) {
+    return true;
+  }
+  value.remove_prefix(first + 1);
+  for (;;) {
+    const std::size_t end = value.find('\n');
+    const std::string_view line = value.substr(0, end);
+    const std::size_t semicolon = line.find(';');
+    SplitSizes split;
+    if (semicolon == std::string_view::npos ||
+        !parse_counts(line.substr(0, semicolon), split.send) ||
+        !parse_counts(line.substr(semicolon + 1), split.recv)) {
+      return false;
+    }
+    splits.push_back(std::move(split));
+    if (end == std::string_view::npos) {
+      return true;
+    }
+    value.remove_prefix(end + 1);
+  }
+}
+
+}  // namespace
+
 void check_collective(store::Store& store, const std::string& comm_key,
                       const std::vector<int>& members, int group_rank, std::int64_t seq,
-                      const std::string& description, const ErrorContext& context,
-                      store::Deadline deadline, std::chrono::milliseconds grace) {
-  if (members.size() == 1) {
-    return;  // nobody to disagree with
+                      const std::string& description, const std::vector<SplitSizes>& splits,
+                      const ErrorContext& context, store::Deadline deadline,
+                      std::chrono::milliseconds grace) {
+  const std::size_t n = members.size();
+  for (const SplitSizes& split : splits) {
+    CHORUS_CHECK_EQ(split.send.size(), n);
+    CHORUS_CHECK_EQ(split.recv.size(), n);
+  }
+  if (n == 1) {
+    return;  // nobody to disagree with; this rank's own sizes are core's to check
   }
   const StoreRound round{
       .prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/",
@@ -225,15 +304,53 @@ void check_collective(store::Store& store, const std::string& comm_key,
       .deadline = deadline,
       .grace = grace,
   };
-  const std::vector<std::string> descriptions = agree_through_store(store, round, description);
+  const std::vector<std::string> values =
+      agree_through_store(store, round, check_value(description, splits));
   const int rank = members[static_cast<std::size_t>(group_rank)];
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    if (descriptions[i] != description) {
-      throw CollectiveMismatch(
-          context, "nccl: ranks disagree on operation #" + std::to_string(seq) + " of group " +
-                       context.group + ": rank " + std::to_string(rank) + " issued " + description +
-                       "; rank " + std::to_string(members[i]) + " issued " + descriptions[i] +
-                       " (--check-collectives)");
+  const std::string operation = "operation #" + std::to_string(seq) + " of group " + context.group;
+  std::vector<std::vector<SplitSizes>> theirs(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::string their_description;
+    if (!parse_check_value(values[i], their_description, theirs[i])) {
+      throw CollectiveMismatch(context, "nccl: rank " + std::to_string(members[i]) +
+                                            " published an unreadable description of " + operation +
+                                            " (--check-collectives)");
+    }
+    if (their_description != description) {
+      throw CollectiveMismatch(context, "nccl: ranks disagree on " + operation + ": rank " +
+                                            std::to_string(rank) + " issued " + description +
+                                            "; rank " + std::to_string(members[i]) + " issued " +
+                                            their_description + " (--check-collectives)");
+    }
+    if (theirs[i].size() != splits.size() ||
+        std::any_of(theirs[i].begin(), theirs[i].end(), [n](const SplitSizes& split) {
+          return split.send.size() != n || split.recv.size() != n;
+        })) {
+      throw CollectiveMismatch(context, "nccl: rank " + std::to_string(members[i]) +
+                                            " published split sizes of another shape for " +
+                                            operation + " (--check-collectives)");
+    }
+  }
+  // Every member has every member's sizes: all check every pair, in the same order, and name
+  // the same first mismatch.
+  for (std::size_t k = 0; k < splits.size(); ++k) {
+    for (std::size_t from = 0; from < n; ++from) {
+      for (std::size_t to = 0; to < n; ++to) {
+        const std::size_t sent = theirs[from][k].send[to];
+        const std::size_t expected = theirs[to][k].recv[from];
+        if (sent == expected) {
+          continue;
+        }
+        const std::string which = splits.size() > 1 ? ", all_to_all " + std::to_string(k + 1) +
+                                                          " of " + std::to_string(splits.size())
+                                                    : "";
+        throw CollectiveMismatch(
+            context, "nccl: ranks disagree on the split sizes of " + operation + " (" +
+                         description + ")" + which + ": rank " + std::to_string(members[from]) +
+                         " sends " + std::to_string(sent) + " elements to rank " +
+                         std::to_string(members[to]) + ", which expects " +
+                         std::to_string(expected) + " from it (--check-collectives)");
+      }
     }
   }
 }

@@ -7,6 +7,7 @@
 // dependencies of chorus::nccl.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -140,29 +141,41 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
 
 // Note [NCCL collective check]
 // With --check-collectives (NcclRunOptions::check_collectives) every operation (or coalesced
-// batch) starts only after the members of its communicator agreed through the store on its
-// description (check_description: the op name and each op's kind, dtype, counts, reduction and
-// root; all_to_all only its dtype, since uneven splits differ by design): different
-// descriptions are a CollectiveMismatch on every member, naming both, before NCCL sees anything,
-// so the communicator stays usable; a member that does not arrive is named in a Timeout. It
-// costs a few store round trips per operation (none on a group of one): a debugging mode, off by
-// default. all_to_all's per-peer counts are not compared (the MPI transport's check does compare
-// them); premul_sum's factor is compared bit for bit. Issuing blocks until the members described
-// theirs, so under the check ranks must issue the operations of different communicators in the
-// same order: a program that interleaves two groups differently per rank (which NCCL runs, each
-// communicator on its own stream) times out under the check. A rank whose operation fails a
-// local check after core numbered it (a buffer on another device) never publishes, and its
-// peers wait for it until their deadline.
+// batch) starts only after the members of its communicator agreed through the store on it:
+// - its description (check_description: the op name and each op's kind, dtype, counts,
+//   reduction and root; all_to_all only its dtype, since uneven splits differ by design), the
+//   same text on every member; premul_sum's factor compared bit for bit;
+// - all_to_all's split sizes (SplitSizes), pairwise: what each member sends each member,
+//   itself included, is what that member expects from it. Every member publishes its own, so
+//   every member checks every pair and names the same first mismatch (the MPI transport's check
+//   needs an extra exchange for this and names the pair only on the member that sees it).
+// A difference is a CollectiveMismatch on every member before NCCL sees anything, so the
+// communicator stays usable; a member that does not arrive is named in a Timeout. It costs a
+// few store round trips per operation (none on a group of one): a debugging mode, off by
+// default. Issuing blocks until the members described theirs, so under the check ranks must
+// issue the operations of different communicators in the same order: a program that interleaves
+// two groups differently per rank (which NCCL runs, each communicator on its own stream) times
+// out under the check. The transport's own argument checks (device, dtype, reduction) come after
+// core numbered the operation, so a failing one would leave the peers waiting for this rank
+// until their deadline; core runs the same checks first (Transport::supports), so through core
+// they do not fail.
 std::string check_description(std::string_view name,
                               const std::vector<transport::OpSignature>& ops);
+
+// One all_to_all's element counts to and from each member of its group, in group order.
+struct SplitSizes {
+  std::vector<std::size_t> send;
+  std::vector<std::size_t> recv;
+};
+
 // One check round for operation `seq` of the communicator `comm_key` (tag and members, the same
 // on every member); `members` are global ranks in group order, this rank is
-// members[group_rank].
+// members[group_rank]. `splits`: the split sizes of the operation's all_to_alls, in order.
 // `grace` as StoreRound::grace.
 void check_collective(store::Store& store, const std::string& comm_key,
                       const std::vector<int>& members, int group_rank, std::int64_t seq,
-                      const std::string& description, const ErrorContext& context,
-                      store::Deadline deadline,
+                      const std::string& description, const std::vector<SplitSizes>& splits,
+                      const ErrorContext& context, store::Deadline deadline,
                       std::chrono::milliseconds grace = std::chrono::seconds(5));
 
 // Note [Split agreement], round `split_index` of this process, on `store` (keys under
