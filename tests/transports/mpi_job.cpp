@@ -14,7 +14,8 @@
 //   splits   (with --check-collectives) all_to_all_single where rank 1 sends rank 0 one element
 //            more than rank 0 expects: CollectiveMismatch naming the pair.
 //   self_split  rank 0's all_to_all_single sends itself more than it expects from itself:
-//            InvalidArgument naming the counts, on either MPI schedule.
+//            InvalidArgument naming the counts, on either MPI schedule; with
+//            --check-collectives, CollectiveMismatch on every member.
 //   group_order  ranks 0 and 1 first use two groups they share in opposite orders (MPI would
 //            deadlock creating the communicators): CollectiveMismatch on both
 //            (Note [Communicator rendezvous]).
@@ -404,7 +405,8 @@ void all_to_all_with_one_extra(int sender, int receiver) {
 void splits() { all_to_all_with_one_extra(1, 0); }
 
 // Rank 0 sends itself two elements but expects one from itself: InvalidArgument before anything
-// is posted (the peers' counts agree with each other, so only rank 0 can tell).
+// is posted (the peers' counts agree with each other, so only rank 0 can tell), or with
+// --check-collectives a CollectiveMismatch from the pairwise comparison on every member.
 void self_split() { all_to_all_with_one_extra(0, 0); }
 
 void group_order() {

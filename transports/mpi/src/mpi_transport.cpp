@@ -638,10 +638,12 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   }
   CHORUS_CHECK_EQ(static_cast<std::size_t>(send_offset), send.count);
   CHORUS_CHECK_EQ(static_cast<std::size_t>(recv_offset), recv.count);
-  if (const auto me = static_cast<std::size_t>(group_rank_); send_counts[me] != recv_counts[me]) {
-    // Checked before anything is posted, on either schedule. Only this rank knows: without
-    // --check-collectives its peers wait for its messages until their deadline (or until this
-    // rank's failure ends the job).
+  if (const auto me = static_cast<std::size_t>(group_rank_);
+      !check_collectives_ && send_counts[me] != recv_counts[me]) {
+    // Checked before anything is posted, on either schedule. Only this rank knows: its peers
+    // wait for its messages until their deadline (or until this rank's failure ends the job).
+    // With --check-collectives verify's pairwise comparison, which includes this rank with
+    // itself, reports it on every member instead.
     throw InvalidArgument(context_of(info), "this rank sends itself " +
                                                 std::to_string(send_counts[me]) +
                                                 " elements but expects " +
