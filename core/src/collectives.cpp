@@ -57,6 +57,20 @@ DType wire_dtype(DType dtype) noexcept {
   }
 }
 
+// Bool's band and bor, as the transport runs them: on the wire's bytes, which are 0 or 1, band
+// is min and bor is max, reductions every transport has (NCCL has no bitwise ones, and would
+// otherwise refuse what check_dtype allows on Bool). Other ops, and other dtypes (whose bytes
+// are not 0/1), travel as they are; so does Bool's bxor.
+ReduceOp wire_reduce_op(DType dtype, const ReduceOp& reduce_op) {
+  if (dtype == DType::Bool && reduce_op.kind() == ReduceOp::Kind::BAnd) {
+    return ReduceOp(ReduceOp::Kind::Min);
+  }
+  if (dtype == DType::Bool && reduce_op.kind() == ReduceOp::Kind::BOr) {
+    return ReduceOp(ReduceOp::Kind::Max);
+  }
+  return reduce_op;
+}
+
 // Wire elements per tensor element.
 std::size_t wire_lanes(DType dtype) noexcept { return is_complex(dtype) ? 2 : 1; }
 
@@ -166,7 +180,9 @@ class Call {
     }
     const DType wire = wire_dtype(input.dtype());
     std::string reason = state_->transport().supports(
-        kind, wire, reduce_op != nullptr ? *reduce_op : ReduceOp(ReduceOp::Kind::Sum),
+        kind, wire,
+        reduce_op != nullptr ? wire_reduce_op(input.dtype(), *reduce_op)
+                             : ReduceOp(ReduceOp::Kind::Sum),
         input.device());
     if (!reason.empty()) {
       std::string lowered;
@@ -347,13 +363,15 @@ class Batch {
     recvs_.push_back(std::move(recv));
   }
 
-  // `start_one(comm, send, recv)` starts one staged operation inside the group.
+  // `start_one(comm, send, recv, dtype)` starts one staged operation inside the group; `dtype`
+  // is its tensor's (the buffers carry the wire dtype).
   template <class StartOne>
   std::vector<Tensor> issue(Call& call, StartOne start_one) {
     transport::Comm& comm = call.start();
     comm.begin_group();
     for (std::size_t i = 0; i < sends_.size(); ++i) {
-      CHORUS_CHECK(start_one(comm, sends_[i], recvs_[i]) == nullptr);  // batched: no work yet
+      // batched: no work yet
+      CHORUS_CHECK(start_one(comm, sends_[i], recvs_[i], outputs_[i].dtype()) == nullptr);
     }
     call.register_work(comm.end_group(call.info()), outputs_);
     return std::move(outputs_);
@@ -414,7 +432,8 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
   Buffer send = input_buffer(input);
   auto [output, recv] = new_output(input.sizes(), input.dtype(), input.device());
   transport::Comm& comm = call.start();
-  call.register_work(comm.all_reduce(send, recv, reduce_op, call.info()), output);
+  call.register_work(
+      comm.all_reduce(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info()), output);
   return output;
 }
 
@@ -454,7 +473,9 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
       input_buffer(rule.dim == 0 ? input : scatter_staging(input, rule.dim, call.group_size()));
   auto [output, recv] = new_output(rule.shape, input.dtype(), input.device());
   transport::Comm& comm = call.start();
-  call.register_work(comm.reduce_scatter(send, recv, reduce_op, call.info()), output);
+  call.register_work(
+      comm.reduce_scatter(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info()),
+      output);
   return output;
 }
 
@@ -567,9 +588,10 @@ std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, Redu
     for (const Tensor& input : inputs) {
       batch.add(input_buffer(input), input.sizes(), input.dtype(), input.device());
     }
-    outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
-      return comm.all_reduce(send, recv, reduce_op, call.info());
-    });
+    outputs = batch.issue(
+        call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv, DType dtype) {
+          return comm.all_reduce(send, recv, wire_reduce_op(dtype, reduce_op), call.info());
+        });
   }
   call.trace(outputs, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
@@ -598,9 +620,10 @@ std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& 
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       batch.add(input_buffer(inputs[i]), shapes[i], inputs[i].dtype(), inputs[i].device());
     }
-    outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
-      return comm.all_gather(send, recv, call.info());
-    });
+    outputs = batch.issue(
+        call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv, DType /*dtype*/) {
+          return comm.all_gather(send, recv, call.info());
+        });
   }
   call.trace(outputs, [&](OpRecord& record) {
     describe_inputs(record, inputs);
@@ -643,9 +666,10 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
       batch.add(input_buffer(dim == 0 ? input : scatter_staging(input, dim, call.group_size())),
                 rules[i].shape, input.dtype(), input.device());
     }
-    outputs = batch.issue(call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv) {
-      return comm.reduce_scatter(send, recv, reduce_op, call.info());
-    });
+    outputs = batch.issue(
+        call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv, DType dtype) {
+          return comm.reduce_scatter(send, recv, wire_reduce_op(dtype, reduce_op), call.info());
+        });
   }
   call.trace(outputs, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
@@ -732,7 +756,9 @@ Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec&
                                       : Tensor::zeros(rule.shape, input.dtype(), input.device());
     Buffer recv = buffer_of(output);
     transport::Comm& comm = call.start();
-    call.register_work(comm.reduce(send, recv, reduce_op, dst, call.info()), output);
+    call.register_work(
+        comm.reduce(send, recv, wire_reduce_op(input.dtype(), reduce_op), dst, call.info()),
+        output);
   }
   call.trace(output, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
@@ -800,7 +826,9 @@ Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& 
       wait_tensor(tensor);
       Buffer buffer = buffer_of(tensor);
       transport::Comm& comm = call.start();
-      call.register_work(comm.all_reduce(buffer, buffer, reduce_op, call.info()), tensor);
+      call.register_work(
+          comm.all_reduce(buffer, buffer, wire_reduce_op(tensor.dtype(), reduce_op), call.info()),
+          tensor);
       wait_tensor(tensor);
     } else {
       tensor.copy_(issue_all_reduce(call, tensor, reduce_op));  // waits for the result
@@ -914,6 +942,22 @@ std::size_t work_registry_size() {
   }
   context->state().settle_unwaited();
   return context->state().registry()->size();
+}
+
+std::string unsupported_reduction(DType dtype, const ReduceOp& reduce_op, Device device) {
+  RankContext* context = RankContext::current();
+  if (context == nullptr) {
+    detail::throw_invalid("unsupported_reduction", "called outside a rank");
+  }
+  if (std::string reason = reduce_op.check_dtype(dtype); !reason.empty()) {
+    return reason;
+  }
+  if (device.is_meta()) {
+    return {};  // traced, never communicated (chorus/trace.hpp)
+  }
+  // What Call::check_input asks, on the lowered dtype and op (Note [Lowering]).
+  return context->state().transport().supports(OpKind::AllReduce, wire_dtype(dtype),
+                                               wire_reduce_op(dtype, reduce_op), device);
 }
 
 }  // namespace chorus

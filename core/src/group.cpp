@@ -1,6 +1,7 @@
 #include "chorus/group.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "detail/errors.hpp"
 #include "detail/format.hpp"
 #include "detail/group_internal.hpp"
+#include "detail/rank_state.hpp"
 #include "detail/tensor_access.hpp"
 
 namespace chorus {
@@ -369,5 +371,12 @@ ExpandedGroup expand_group(const GroupSpec& group, std::string_view tag) {
 int rank() { return detail::require_rank("rank").rank(); }
 int world_size() { return detail::require_rank("world_size").world_size(); }
 Device local_device() { return detail::require_rank("local_device").transport().device(); }
+
+std::size_t device_memory_allocated() {
+  return detail::require_rank("device_memory_allocated")
+      .state()
+      .device_bytes()
+      ->load(std::memory_order_relaxed);
+}
 
 }  // namespace chorus

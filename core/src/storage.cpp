@@ -106,22 +106,31 @@ std::shared_ptr<Storage> make_host_storage(std::size_t nbytes) {
   return std::make_shared<Storage>(allocate_host(nbytes), nbytes, Device::cpu());
 }
 
-DeviceMemory& device_memory_for(Device device, const char* op) {
+namespace {
+
+// The calling rank, which has device memory (RankOptions::device_memory); InvalidArgument
+// naming `op` when there is no rank or no device memory.
+RankState& rank_with_device_memory(Device device, const char* op) {
   RankContext* context = RankContext::current();
   if (context == nullptr) {
     throw_invalid(op, "cannot use " + device.to_string() +
                           " memory outside a rank: device memory belongs to a rank's launcher "
                           "(wrap existing device memory with Tensor::from_blob)");
   }
-  DeviceMemory* memory = context->state().options().device_memory.get();
-  if (memory == nullptr) {
+  if (context->state().options().device_memory == nullptr) {
     throw_invalid(op, "rank " + std::to_string(context->rank()) + " on transport '" +
                           std::string(context->transport().name()) + "' has no memory for " +
                           device.to_string() +
                           " (RankOptions::device_memory; the NCCL launcher installs one): "
                           "wrap existing device memory with Tensor::from_blob");
   }
-  return *memory;
+  return context->state();
+}
+
+}  // namespace
+
+DeviceMemory& device_memory_for(Device device, const char* op) {
+  return *rank_with_device_memory(device, op).options().device_memory;
 }
 
 std::shared_ptr<Storage> make_storage(std::size_t nbytes, Device device, const char* op) {
@@ -131,8 +140,17 @@ std::shared_ptr<Storage> make_storage(std::size_t nbytes, Device device, const c
   }
   std::shared_ptr<void> memory;
   if (nbytes > 0) {
-    memory = device_memory_for(device, op).allocate(device, nbytes);
-    CHORUS_CHECK(memory != nullptr);
+    RankState& state = rank_with_device_memory(device, op);
+    std::shared_ptr<void> block = state.options().device_memory->allocate(device, nbytes);
+    CHORUS_CHECK(block != nullptr);
+    // Counted until the block is given back (chorus::device_memory_allocated).
+    state.device_bytes()->fetch_add(nbytes, std::memory_order_relaxed);
+    void* data = block.get();
+    memory = std::shared_ptr<void>(
+        data, [block = std::move(block), bytes = state.device_bytes(), nbytes](void*) mutable {
+          block.reset();
+          bytes->fetch_sub(nbytes, std::memory_order_relaxed);
+        });
   }
   return std::make_shared<Storage>(std::move(memory), nbytes, device);
 }

@@ -176,6 +176,36 @@ TEST(DeviceMemory, DeviceTensorsAreAllocatedAndFreedThroughIt) {
   EXPECT_EQ(rank.memory().frees(), 1);
 }
 
+TEST(DeviceMemory, DeviceMemoryAllocatedCountsWhatChorusStillHolds) {
+  expect_invalid_argument([] { (void)device_memory_allocated(); },
+                          {"device_memory_allocated", "outside a rank"});
+  DeviceRank rank;
+  EXPECT_EQ(device_memory_allocated(), 0u);
+  {
+    const Tensor t = Tensor::empty({2, 3}, DType::Int32, kGpu);
+    EXPECT_EQ(device_memory_allocated(), 24u);
+    const Tensor u = Tensor::zeros({4}, DType::Float32, kGpu);
+    EXPECT_EQ(device_memory_allocated(), 40u);
+    const Tensor view = u.narrow(0, 1, 2);
+    EXPECT_EQ(device_memory_allocated(), 40u) << "a view shares its base's storage";
+  }
+  EXPECT_EQ(device_memory_allocated(), 0u);
+  EXPECT_EQ(rank.memory().frees(), 2);
+  float outside[2] = {1, 2};
+  {
+    const Tensor wrapped =
+        Tensor::from_blob(outside, {2}, DType::Float32, kGpu, [](void* /*data*/) {});
+    EXPECT_EQ(device_memory_allocated(), 0u) << "wrapped memory is the caller's";
+  }
+  // A dropped result waited on the stream: its input (a temporary) and output stay with the
+  // transport's work until the operation finishes, and are counted until then.
+  { const Tensor out = all_reduce(on_gpu({1, 2}), "sum", {0}); }
+  EXPECT_EQ(device_memory_allocated(), 16u);
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(device_memory_allocated(), 0u);
+  EXPECT_EQ(work_registry_size(), 0u);  // settles the released work too
+}
+
 TEST(DeviceMemory, FactoriesFillOnTheHostAndCopyZerosInStreamOrder) {
   DeviceRank rank;
   const Tensor full = Tensor::full({3}, 2.5, DType::Float32, kGpu);

@@ -4,12 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chorus/chorus.hpp>
 #include <chorus/props/battery.hpp>
 #include <chorus/props/runner.hpp>
+#include <memory>
 
 #include "props/planted_transport.hpp"
 #include "support/expect_error.hpp"
+#include "support/narrowed_transport.hpp"
 
 namespace chorus::props {
 namespace {
@@ -195,6 +198,34 @@ TEST(Battery, LockstepRanksAgreeOnTheVerdictAndShrinkTogether) {
     EXPECT_EQ(report.results[1].verdict, Verdict::Skipped);
     EXPECT_EQ(report.results[1].skip_reason, "needs the simulator");
   }
+}
+
+// Note [Reductions a transport lacks]: on a transport without bitwise reductions (NCCL's gap,
+// stood in for on the simulator), the battery's cases that draw one check the refusal instead,
+// and the whole battery passes in lockstep; the refusals happen (counted by the transport).
+TEST(Battery, LockstepOnATransportWithoutBitwiseReductionsPasses) {
+  CheckOptions options;
+  options.cases = 40;
+  options.seed = 5;
+  const std::vector<Property> properties = battery();
+  std::vector<CheckReport> reports(3);
+  auto refusals = std::make_shared<std::atomic<int>>(0);
+  sim::SimOptions sim_options;
+  sim_options.world_size = 3;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  sim_options.wrap_transport = testing::narrow(testing::refuse_bitwise, refusals);
+  const sim::SimReport run = sim::run(sim_options, [&] {
+    reports[static_cast<std::size_t>(rank())] = check_in_lockstep(properties, options);
+  });
+  ASSERT_TRUE(run.ok()) << run.to_string();
+  for (const CheckReport& report : reports) {
+    EXPECT_TRUE(report.passed()) << summary_table(report);
+    for (const PropertyResult& result : report.results) {
+      EXPECT_NE(result.verdict, Verdict::Failed) << result.name << ": " << result.failure;
+    }
+  }
+  EXPECT_GT(refusals->load(), 0) << "no case drew a bitwise reduction: the test proves nothing";
 }
 
 TEST(Battery, SelectTakesCommaSeparatedGlobs) {

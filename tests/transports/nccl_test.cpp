@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chorus/chorus.hpp>
 #include <chorus/nccl/nccl.hpp>
 #include <chorus/store/store.hpp>
@@ -14,6 +15,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "support/narrowed_transport.hpp"
 
 namespace chorus::nccl {
 namespace {
@@ -188,7 +191,7 @@ TEST(NcclEnvironment, NamesAMissingOrMalformedVariable) {
 
 // ---- Unique-id exchange through the store
 
-class NcclUniqueIdExchange : public testing::TestWithParam<int> {};
+class NcclUniqueIdExchange : public ::testing::TestWithParam<int> {};
 
 TEST_P(NcclUniqueIdExchange, EveryRankGetsRankZerosBytes) {
   const int world_size = GetParam();
@@ -226,7 +229,7 @@ TEST_P(NcclUniqueIdExchange, EveryRankGetsRankZerosBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclUniqueIdExchange, testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclUniqueIdExchange, ::testing::Values(1, 2, 3, 4));
 
 TEST(NcclUniqueIdExchangeErrors, ATruncatedIdIsRefusedOnRankZero) {
   store::Server server;
@@ -749,10 +752,89 @@ TEST(NcclCollectiveCheck, AnUnreadableValueIsAMismatchNamingItsMember) {
             std::chrono::seconds(5), std::chrono::milliseconds(0), splits);
   for (const std::size_t i : {std::size_t{0}, std::size_t{1}}) {
     EXPECT_NE(errors[i].find("chorus::CollectiveMismatch: "), std::string::npos) << errors[i];
-    EXPECT_NE(errors[i].find("nccl: rank 5 published an unreadable description of operation #6"),
+    EXPECT_NE(errors[i].find("nccl: rank 5 published an unreadable check value for operation #6"),
               std::string::npos)
         << errors[i];
   }
+}
+
+// ---- Core's reductions through NCCL's mapping (on the simulator: no device)
+
+// The simulator's transport narrowed to what NCCL's mapping allows, as NcclTransport::supports
+// narrows NCCL's.
+std::string nccl_refusal(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
+                         Device /*device*/) {
+  return transport::op_kind_reduces(kind) ? mapping_problem(dtype, reduce_op) : std::string();
+}
+
+// Core lowers Bool to UInt8 (Note [Lowering]); its band and bor travel as min and max, which
+// NCCL has, so they run; bxor on Bool and bitwise ops on integers are refused before anything
+// starts, with the reason unsupported_reduction gives.
+TEST(NcclMappingThroughCore, BoolBandAndBorRunAndBitwiseOnIntegersIsRefused) {
+  auto refusals = std::make_shared<std::atomic<int>>(0);
+  sim::SimOptions options;
+  options.world_size = 2;
+  options.seed_from_environment = false;
+  options.wrap_transport = chorus::testing::narrow(nccl_refusal, refusals);
+  std::vector<std::vector<std::string>> results(2);
+  const sim::SimReport report = sim::run(options, [&] {
+    std::vector<std::string>& out = results[static_cast<std::size_t>(rank())];
+    const auto text = [](const Tensor& tensor) {
+      std::string bits;
+      for (const bool bit : tensor.to_vector<bool>()) {
+        bits += bit ? '1' : '0';
+      }
+      return bits;
+    };
+    const Tensor bits = Tensor::from_vector<bool>(rank() == 0 ? std::vector<bool>{1, 1, 0, 0}
+                                                              : std::vector<bool>{1, 0, 1, 0});
+    out.push_back("band " + text(all_reduce(bits, "band", world())));
+    out.push_back("bor " + text(all_reduce(bits, "bor", world())));
+    out.push_back("rs bor " + text(reduce_scatter_tensor(bits, "bor", 0, world())));
+    out.push_back("reduce band " + text(reduce(bits, "band", 0, world())));
+    const std::vector<Tensor> coalesced = all_reduce_coalesced({bits, bits}, "bor", world());
+    out.push_back("coalesced bor " + text(coalesced[0]) + " " + text(coalesced[1]));
+    Tensor in_place = bits.clone();
+    out.push_back("inplace band " + text(all_reduce_inplace(in_place, "band", world())));
+    out.push_back("supported " + unsupported_reduction(DType::Bool, "band") + "|" +
+                  unsupported_reduction(DType::Bool, "bor") + "|" +
+                  unsupported_reduction(DType::Float32, "sum"));
+    const auto refused = [&](const Tensor& input, const char* op) {
+      const std::string reason = unsupported_reduction(input.dtype(), op);
+      try {
+        (void)all_reduce(input, op, world());
+        return std::string(op) + " ran";
+      } catch (const InvalidArgument& error) {
+        const bool names_reason =
+            !reason.empty() && std::string(error.what()).find(reason) != std::string::npos;
+        return std::string(op) + " refused: " + reason + (names_reason ? "" : " (not named)");
+      }
+    };
+    out.push_back(refused(bits, "bxor"));
+    out.push_back(refused(Tensor::from_vector<std::int32_t>({6, 3}), "band"));
+    // Nothing was numbered: the group still pairs up.
+    out.push_back("after " + text(all_reduce(bits, "bor", world())));
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  const std::vector<std::string> common = {
+      "band 1000",
+      "bor 1110",
+      "coalesced bor 1110 1110",
+      "inplace band 1000",
+      "supported ||",
+      "bxor refused: nccl: reduce_op bxor on UInt8 is not supported by the NCCL backend (NCCL "
+      "has no bitwise reductions)",
+      "band refused: nccl: reduce_op band on Int32 is not supported by the NCCL backend (NCCL "
+      "has no bitwise reductions)",
+      "after 1110",
+  };
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> expected = common;
+    expected.insert(expected.begin() + 2, r == 0 ? "rs bor 11" : "rs bor 10");
+    expected.insert(expected.begin() + 3, r == 0 ? "reduce band 1000" : "reduce band 0000");
+    EXPECT_EQ(results[static_cast<std::size_t>(r)], expected) << "rank " << r;
+  }
+  EXPECT_GE(refusals->load(), 4);  // bxor and band on each rank (and their queries)
 }
 
 // ---- Without a device

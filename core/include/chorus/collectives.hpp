@@ -11,7 +11,7 @@
 // - Result shapes follow chorus/meta.hpp (the same functions compute them on every path).
 // - Complex tensors travel as pairs of reals and Bool as UInt8 (Note [Lowering] in
 //   core/src/collectives.cpp): complex takes sum, avg and premul_sum only; Bool takes min, max,
-//   band, bor and bxor only.
+//   band, bor and bxor only (band and bor travel as min and max, which every transport has).
 // - Inside a TraceScope (chorus/trace.hpp) every collective waits before it returns and is
 //   recorded; meta inputs are accepted there (and only there) and give meta outputs without
 //   communication.
@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -137,5 +138,15 @@ std::vector<Tensor> wait_tensors(const std::vector<Tensor>& tensors);
 // Distinct pending works registered for the calling rank (a coalesced call counts 1). Exact at
 // every point. Throws InvalidArgument outside a rank.
 std::size_t work_registry_size();
+
+// Why a reduction (all_reduce, reduce_scatter_tensor, reduce, and their coalesced and in-place
+// forms) with `reduce_op` on `dtype` tensors on `device` would be refused on the calling rank:
+// the reason its InvalidArgument would carry (ReduceOp::check_dtype's rules, then the
+// transport's own), or empty when it runs. The simulator and MPI run every pair check_dtype
+// allows; NCCL has no bitwise reductions on integers (Bool's band and bor run there, as min and
+// max). Portable code, and the property battery on a real transport, use it to take another
+// path. Throws InvalidArgument outside a rank.
+std::string unsupported_reduction(DType dtype, const ReduceOp& reduce_op,
+                                  Device device = Device::cpu());
 
 }  // namespace chorus

@@ -3,6 +3,7 @@
 // Groups of ranks, and their desugaring into the canonical (tag, ranks, group_size) form that
 // every collective takes, following PyTorch's _expand_group.
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <ostream>
@@ -133,6 +134,13 @@ int world_size();
 // tensors with it (Tensor::zeros(shape, dtype, local_device()), t.to(local_device())) runs
 // unchanged on every transport. Throws InvalidArgument outside a rank.
 Device local_device();
+// Bytes of Device::cuda storage the calling rank allocated through its device memory
+// (RankOptions::device_memory) that chorus has not given back yet: tensors still alive, and the
+// buffers of collectives waited on the device stream whose operation has not finished (core
+// holds them until the transport reports it done, Note [Stream-waited works]). PyTorch's
+// torch.cuda.memory_allocated, per rank. Memory wrapped with from_blob is not counted. Throws
+// InvalidArgument outside a rank.
+std::size_t device_memory_allocated();
 
 std::ostream& operator<<(std::ostream& out, const ExpandedGroup& group);
 

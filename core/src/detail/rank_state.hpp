@@ -3,6 +3,8 @@
 // Everything chorus keeps for one rank (behind RankContext's public face).
 
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -44,6 +46,11 @@ class RankState {
   const RankOptions& options() const noexcept { return options_; }
   const std::shared_ptr<WorkRegistry>& registry() const noexcept { return registry_; }
   const std::shared_ptr<HostPool>& host_pool() const noexcept { return host_pool_; }
+  // Bytes of this rank's Device::cuda storages from options().device_memory not yet given back
+  // (chorus::device_memory_allocated). Shared: the blocks' deleters may run after the rank.
+  const std::shared_ptr<std::atomic<std::size_t>>& device_bytes() const noexcept {
+    return device_bytes_;
+  }
 
   // The slot of the group (tag, members); `members` holds this rank. Slots live as long as the
   // rank state.
@@ -76,6 +83,8 @@ class RankState {
   RankOptions options_;
   std::shared_ptr<WorkRegistry> registry_;
   std::shared_ptr<HostPool> host_pool_;
+  std::shared_ptr<std::atomic<std::size_t>> device_bytes_ =
+      std::make_shared<std::atomic<std::size_t>>(0);
   using CommKey = std::pair<std::string, std::vector<int>>;
   std::map<CommKey, CommSlot> comms_;
   // The partitions this rank has set up (ensure_partition_comm), as (tag, part size, parts back

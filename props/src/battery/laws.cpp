@@ -18,6 +18,9 @@ void check_scatter_gather(const ReduceCase& c, Env& env) {
   const GroupSpec group = c.layout.spec();
   const Tensor input =
       exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, c.layout.group_size());
+  if (refused_by_transport(env, c.op, [&] { (void)all_reduce(input, c.op.op, group); })) {
+    return;
+  }
   const Tensor gathered =
       all_gather_tensor(reduce_scatter_tensor(input, c.op.op, c.dim, group), c.dim, group);
   const Tensor reduced = all_reduce(input, c.op.op, group);
@@ -79,15 +82,16 @@ void check_coalesced(const CoalescedCase& c, Env& env) {
     inputs.push_back(exact_input(c.data_seed + i, env.rank(), c.shapes[i], c.op.dtype, c.op.op,
                                  c.layout.group_size()));
   }
-  std::vector<Tensor> coalesced;
-  if (c.form == 0) {
-    coalesced = all_reduce_coalesced(inputs, c.op.op, group);
-  } else if (c.form == 1) {
-    coalesced = all_gather_into_tensor_coalesced(inputs, group);
-  } else {
-    coalesced = reduce_scatter_tensor_coalesced(inputs, c.op.op,
-                                                std::vector<std::int64_t>(inputs.size(), 0), group);
+  const auto reduce_coalesced = [&] {
+    return c.form == 0 ? all_reduce_coalesced(inputs, c.op.op, group)
+                       : reduce_scatter_tensor_coalesced(
+                             inputs, c.op.op, std::vector<std::int64_t>(inputs.size(), 0), group);
+  };
+  if (c.form != 1 && refused_by_transport(env, c.op, [&] { (void)reduce_coalesced(); })) {
+    return;
   }
+  const std::vector<Tensor> coalesced =
+      c.form == 1 ? all_gather_into_tensor_coalesced(inputs, group) : reduce_coalesced();
   env.require(work_registry_size() == 1, "a coalesced call registers one work, registry holds " +
                                              std::to_string(work_registry_size()));
   if (coalesced.size() != inputs.size()) {
@@ -361,6 +365,12 @@ void check_inplace(const InplaceCase& c, Env& env) {
   const GroupSpec group = b.layout.spec();
   const Tensor input =
       exact_input(b.data_seed, env.rank(), b.shape, b.op.dtype, b.op.op, b.layout.group_size());
+  if (c.form != 1 && refused_by_transport(env, b.op, [&] {
+        (void)(c.form == 0 ? all_reduce(input, b.op.op, group)
+                           : reduce_scatter_tensor(input, b.op.op, b.dim, group));
+      })) {
+    return;
+  }
   if (c.form == 0) {
     Tensor target = c.strided ? input.clone().transpose(0, 1) : input.clone();
     const Tensor expected = all_reduce(c.strided ? input.transpose(0, 1) : input, b.op.op, group);

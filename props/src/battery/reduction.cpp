@@ -14,6 +14,9 @@ void check_all_reduce(const ReduceCase& c, Env& env) {
   }
   const int size = c.layout.group_size();
   const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
+  if (refused_by_transport(env, c.op, [&] { (void)all_reduce(input, c.op.op, c.layout.spec()); })) {
+    return;
+  }
   const Tensor result = all_reduce(input, c.op.op, c.layout.spec());
   env.require_bitwise_equal(result,
                             reference_reduce(c.data_seed, *members, c.shape, c.op.dtype, c.op.op),
@@ -32,6 +35,11 @@ void check_reduce_scatter(const ReduceCase& c, Env& env) {
   }
   const int size = c.layout.group_size();
   const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
+  if (refused_by_transport(env, c.op, [&] {
+        (void)reduce_scatter_tensor(input, c.op.op, c.dim, c.layout.spec());
+      })) {
+    return;
+  }
   const Tensor result = reduce_scatter_tensor(input, c.op.op, c.dim, c.layout.spec());
   const Tensor full = reference_reduce(c.data_seed, *members, c.shape, c.op.dtype, c.op.op);
   const std::int64_t dim = normalized_dim(c.dim, c.shape);
@@ -49,6 +57,10 @@ void check_reduce(const ReduceCase& c, Env& env) {
   const int size = c.layout.group_size();
   const int dst = static_cast<int>(c.dim);
   const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
+  if (refused_by_transport(env, c.op,
+                           [&] { (void)reduce(input, c.op.op, dst, c.layout.spec()); })) {
+    return;
+  }
   const Tensor result = reduce(input, c.op.op, dst, c.layout.spec());
   const bool is_dst = index_of(*members, env.rank()) == dst;
   env.require_bitwise_equal(

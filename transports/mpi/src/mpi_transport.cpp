@@ -952,8 +952,10 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   await_requests(exchange, info, "every member's verdict on the split sizes");
   for (std::size_t j = 0; j < n && problem.empty(); ++j) {
     if ((*verdicts)[j] != 0) {
-      problem = "rank " + std::to_string(ranks_[j]) +
-                " receives split sizes other than its peers send it";
+      problem =
+          "rank " + std::to_string(ranks_[j]) +
+          " expects other split sizes than its peers (or itself) send it; its own error names "
+          "the pair";
     }
   }
   if (!problem.empty()) {

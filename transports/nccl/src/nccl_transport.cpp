@@ -698,10 +698,11 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
   CHORUS_CHECK_EQ(recv_counts.size(), static_cast<std::size_t>(size()));
   check_device(send, info);
   check_device(recv, info);
+  const bool compared = check_store_ != nullptr && size() > 1;  // Note [NCCL collective check]
   if (const auto me = static_cast<std::size_t>(group_rank_);
-      check_store_ == nullptr && send_counts[me] != recv_counts[me]) {
+      !compared && send_counts[me] != recv_counts[me]) {
     // Only this rank knows: its peers wait for it until the watchdog's deadline. Under
-    // --check-collectives every member reports it instead (Note [NCCL collective check]).
+    // --check-collectives every member of a larger group reports it instead.
     throw InvalidArgument(context_of(info), "nccl: this rank sends itself " +
                                                 std::to_string(send_counts[me]) +
                                                 " elements but expects " +
@@ -741,7 +742,8 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
     return ncclSuccess;
   };
   enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
-  return launch(signature, info, std::move(enqueue), SplitSizes{send_counts, recv_counts});
+  return launch(signature, info, std::move(enqueue),
+                compared ? std::optional(SplitSizes{send_counts, recv_counts}) : std::nullopt);
 }
 
 std::shared_ptr<transport::Work> NcclComm::broadcast(const transport::Buffer& send,
@@ -802,6 +804,7 @@ std::shared_ptr<transport::Work> NcclComm::reduce(const transport::Buffer& send,
 void NcclComm::begin_group() {
   CHORUS_CHECK(!batching_);
   CHORUS_CHECK(batch_.empty());
+  CHORUS_CHECK(batch_splits_.empty());
   batching_ = true;
 }
 

@@ -240,9 +240,12 @@ bool parse_counts(std::string_view text, std::vector<std::size_t>& counts) {
     }
     counts.push_back(count);
     if (comma == std::string_view::npos) {
-      break;
+      return true;
     }
     text.remove_prefix(comma + 1);
+    if (text.empty()) {
+      return false;  // a trailing comma
+    }
   }
   return true;
 }
@@ -275,22 +278,12 @@ bool parse_check_value(std::string_view value, std::string& description,
   }
 }
 
-}  // namespace
-
-void check_collective(store::Store& store, const std::string& comm_key,
-                      const std::vector<int>& members, int group_rank, std::int64_t seq,
-                      const std::string& description, const std::vector<SplitSizes>& splits,
-                      const ErrorContext& context, store::Deadline deadline,
-                      std::chrono::milliseconds grace) {
-  const std::size_t n = members.size();
-  for (const SplitSizes& split : splits) {
-    CHORUS_CHECK_EQ(split.send.size(), n);
-    CHORUS_CHECK_EQ(split.recv.size(), n);
-  }
-  if (n == 1) {
-    return;  // nobody to disagree with; this rank's own sizes are core's to check
-  }
-  const StoreRound round{
+// check_collective's store round.
+StoreRound check_round(const std::string& comm_key, const std::vector<int>& members, int group_rank,
+                       std::int64_t seq, const std::string& description,
+                       const ErrorContext& context, store::Deadline deadline,
+                       std::chrono::milliseconds grace) {
+  return StoreRound{
       .prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/",
       .members = members,
       .me = group_rank,
@@ -304,8 +297,26 @@ void check_collective(store::Store& store, const std::string& comm_key,
       .deadline = deadline,
       .grace = grace,
   };
-  const std::vector<std::string> values =
-      agree_through_store(store, round, check_value(description, splits));
+}
+
+}  // namespace
+
+void check_collective(store::Store& store, const std::string& comm_key,
+                      const std::vector<int>& members, int group_rank, std::int64_t seq,
+                      const std::string& description, const std::vector<SplitSizes>& splits,
+                      const ErrorContext& context, store::Deadline deadline,
+                      std::chrono::milliseconds grace) {
+  const std::size_t n = members.size();
+  for (const SplitSizes& split : splits) {
+    CHORUS_CHECK_EQ(split.send.size(), n);
+    CHORUS_CHECK_EQ(split.recv.size(), n);
+  }
+  if (n == 1) {
+    return;  // nobody to disagree with (the transport refuses a member's unpaired own sizes)
+  }
+  const std::vector<std::string> values = agree_through_store(
+      store, check_round(comm_key, members, group_rank, seq, description, context, deadline, grace),
+      check_value(description, splits));
   const int rank = members[static_cast<std::size_t>(group_rank)];
   const std::string operation = "operation #" + std::to_string(seq) + " of group " + context.group;
   std::vector<std::vector<SplitSizes>> theirs(n);
@@ -313,8 +324,8 @@ void check_collective(store::Store& store, const std::string& comm_key,
     std::string their_description;
     if (!parse_check_value(values[i], their_description, theirs[i])) {
       throw CollectiveMismatch(context, "nccl: rank " + std::to_string(members[i]) +
-                                            " published an unreadable description of " + operation +
-                                            " (--check-collectives)");
+                                            " published an unreadable check value for " +
+                                            operation + " (--check-collectives)");
     }
     if (their_description != description) {
       throw CollectiveMismatch(context, "nccl: ranks disagree on " + operation + ": rank " +
