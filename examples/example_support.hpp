@@ -332,8 +332,10 @@ inline void require_bitwise_equal(const Results& actual, const Results& expected
                       std::to_string(expected.size()));
   }
   for (std::size_t i = 0; i < actual.size(); ++i) {
+    // Both on the host: results live on the rank's device, and a reference may too (it is
+    // built with the same helpers).
     const chorus::Tensor a = host(actual[i].tensor);
-    const chorus::Tensor& e = expected[i].tensor;
+    const chorus::Tensor e = host(expected[i].tensor);
     CHORUS_CHECK_EQ(actual[i].name, expected[i].name);
     if (a.dtype() != e.dtype() || a.sizes() != e.sizes()) {
       throw WrongResult(where + actual[i].name + " has dtype/shape " + a.to_string(0) +

@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <utility>
 
 #include "chorus/check.hpp"
+#include "chorus/error.hpp"
 #include "decision_stream.hpp"
 #include "guard_pages.hpp"
 
@@ -269,6 +271,54 @@ void SimAllocator::unguard(std::uintptr_t address, LiveBlock& live) noexcept {
   live.guards = 0;
   live.guard_owner = nullptr;
   live.guard_entry = -1;
+}
+
+namespace {
+
+class SimulatedDeviceMemory final : public DeviceMemory {
+ public:
+  explicit SimulatedDeviceMemory(int rank) : device_(Device::cuda(rank)) {}
+
+  std::shared_ptr<void> allocate(Device device, std::size_t nbytes) override {
+    check_device(device, "allocate");
+    const std::size_t rounded = (nbytes + HostAllocator::kAlignment - 1) /
+                                HostAllocator::kAlignment * HostAllocator::kAlignment;
+    void* block = std::aligned_alloc(HostAllocator::kAlignment, rounded);
+    if (block == nullptr) {
+      throw std::bad_alloc();
+    }
+    std::memset(block, 0xA5, nbytes);
+    return {block, [](void* data) { std::free(data); }};
+  }
+
+  void copy(void* dst, Device dst_device, const void* src, Device src_device,
+            std::size_t nbytes) override {
+    check_device(dst_device, "copy");
+    check_device(src_device, "copy");
+    std::memcpy(dst, src, nbytes);
+  }
+
+  void zero(void* dst, Device device, std::size_t nbytes) override {
+    check_device(device, "zero");
+    std::memset(dst, 0, nbytes);
+  }
+
+ private:
+  void check_device(Device device, const char* what) const {
+    if (!device.is_cpu() && device != device_) {
+      throw InvalidArgument(ErrorContext{device_.index(), what, -1, ""},
+                            "simulated rank " + std::to_string(device_.index()) + " owns " +
+                                device_.to_string() + ", not " + device.to_string());
+    }
+  }
+
+  Device device_;
+};
+
+}  // namespace
+
+std::shared_ptr<DeviceMemory> make_simulated_device_memory(int rank) {
+  return std::make_shared<SimulatedDeviceMemory>(rank);
 }
 
 }  // namespace chorus::sim::detail

@@ -114,4 +114,10 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
   std::map<std::string, std::uint64_t, std::less<>> marks_;
 };
 
+// SimOptions::cuda_devices: rank `rank`'s "cuda:<rank>" memory (Note [Device memory]), host
+// memory aligned to HostAllocator::kAlignment whose fresh blocks hold 0xA5 bytes (device memory
+// is not zeroed either); copies and zero fills are memcpy and memset. Allocating for another
+// device is an InvalidArgument, as on NCCL.
+std::shared_ptr<DeviceMemory> make_simulated_device_memory(int rank);
+
 }  // namespace chorus::sim::detail

@@ -31,13 +31,23 @@ std::shared_ptr<transport::Comm> SimTransport::create_comm(const std::string& ta
 
 transport::Duration SimTransport::now() { return world_->now(); }
 
+Device SimTransport::device() const noexcept {
+  return world_->cuda_devices() ? Device::cuda(rank_) : Device::cpu();
+}
+
 std::string SimTransport::supports(transport::OpKind /*kind*/, DType /*dtype*/,
                                    const ReduceOp& /*reduce_op*/, Device device) const {
-  // Every op, dtype and reduction runs natively (core's kernels); only host memory moves.
-  if (!device.is_cpu()) {
-    return "the simulator moves host memory only";
+  // Every op, dtype and reduction runs natively (core's kernels); only host memory moves, some
+  // of it posing as the rank's CUDA device (SimOptions::cuda_devices).
+  if (device.is_cpu() || device == this->device()) {
+    return {};
   }
-  return {};
+  if (world_->cuda_devices()) {
+    return "simulated rank " + std::to_string(rank_) + " owns cuda:" + std::to_string(rank_) +
+           ", not " + device.to_string();
+  }
+  return "the simulator moves host memory only (SimOptions::cuda_devices, --sim-cuda, lets "
+         "ranks pose as CUDA device owners)";
 }
 
 SimComm::SimComm(SimWorld& world, std::shared_ptr<SimGroup> group, int rank)

@@ -23,6 +23,8 @@ class SimTransport final : public transport::Transport {
   std::string_view name() const noexcept override { return "sim"; }
   int rank() const noexcept override { return rank_; }
   int world_size() const noexcept override;
+  // cuda:rank with SimOptions::cuda_devices, the host otherwise.
+  Device device() const noexcept override;
   std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
                                                const std::vector<int>& ranks) override;
   transport::Duration now() override;

@@ -13,6 +13,7 @@
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
 #include "guard_pages.hpp"
+#include "sim_allocator.hpp"
 #include "sim_transport.hpp"
 
 #if defined(__SSE2__)
@@ -150,7 +151,13 @@ void SimWork::wait(transport::Deadline deadline) {
 }
 
 void SimWork::wait_on(void* /*stream*/) {
-  throw InvalidArgument(context_, "the sim transport has no device streams; wait on the host");
+  std::shared_ptr<SimWorld> world = world_.lock();
+  if (world == nullptr || !world->cuda_devices()) {
+    throw InvalidArgument(context_, "the sim transport has no device streams; wait on the host");
+  }
+  // A simulated stream wait (SimOptions::cuda_devices): the rank waits until the collective
+  // completed, under the rank's timeout, as core's host waits do.
+  wait(transport::Deadline{world->now() + world->timeout()});
 }
 
 std::exception_ptr SimWork::error() const {
@@ -573,6 +580,9 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     rank_options.timeout = options_.timeout;
     rank_options.host_pool_bytes_max = options_.host_pool_bytes_max;
     rank_options.host_allocator = allocator_;
+    if (options_.cuda_devices) {
+      rank_options.device_memory = make_simulated_device_memory(r);
+    }
     std::shared_ptr<transport::Transport> rank_transport = std::make_shared<SimTransport>(*this, r);
     if (options_.wrap_transport) {
       rank_transport = options_.wrap_transport(std::move(rank_transport));

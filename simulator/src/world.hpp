@@ -275,6 +275,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     return transport::Duration(now_ns_.load(std::memory_order_relaxed));
   }
   int world_size() const noexcept { return options_.world_size; }
+  bool cuda_devices() const noexcept { return options_.cuda_devices; }
+  std::chrono::nanoseconds timeout() const noexcept { return options_.timeout; }
   // Records that the simulator passed the named mark (SimReport::marks). `name` is a literal.
   // Builds the key string only the first time a name fires.
   void mark(std::string_view name) {

@@ -515,5 +515,78 @@ TEST(DeviceMemory, DeviceCallsCoreCannotRunAreRefusedBeforeAnythingStarts) {
       {"transport 'fake' cannot run all_reduce", "on cuda:0", "host memory only"});
 }
 
+// ---- The simulator's simulated CUDA devices (SimOptions::cuda_devices, --sim-cuda)
+
+TEST(SimulatedCuda, EachRankOwnsItsDeviceAndHostAccessIsRefused) {
+  sim::SimOptions options;
+  options.world_size = 3;
+  options.cuda_devices = true;
+  std::vector<std::string> seen(3);
+  const sim::SimReport report = sim::run(options, [&] {
+    const int r = rank();
+    std::string& out = seen[static_cast<std::size_t>(r)];
+    out += local_device().to_string();
+    const Tensor mine =
+        Tensor::from_vector(std::vector<float>{1.0f * static_cast<float>(r), 2}).to(local_device());
+    const Tensor sum = all_reduce(mine, "sum", world());
+    out += " " + sum.device().to_string();
+    for (const float value : sum.to(Device::cpu()).to_vector<float>()) {
+      out += " " + std::to_string(static_cast<int>(value));
+    }
+    out += device_memory_allocated() >= 16 ? " counted" : " not counted";
+    try {
+      (void)sum.to_vector<float>();
+      out += " host access allowed";
+    } catch (const InvalidArgument&) {
+      out += " host access refused";
+    }
+    // Fresh device memory holds garbage (0xA5 bytes here), as on a GPU.
+    const Tensor fresh = Tensor::empty({1}, DType::UInt8, local_device());
+    out += " fresh " + std::to_string(fresh.to(Device::cpu()).to_vector<std::uint8_t>()[0]);
+    // Another rank's device is refused before anything is numbered.
+    const Device other = Device::cuda((r + 1) % 3);
+    try {
+      (void)all_reduce(Tensor::empty({2}, DType::Float32, other), "sum", world());
+      out += " other device allowed";
+    } catch (const InvalidArgument& error) {
+      out += std::string(error.what())
+                         .find("owns cuda:" + std::to_string(r) + ", not " + other.to_string()) !=
+                     std::string::npos
+                 ? " other device refused"
+                 : std::string(" other device refused with: ") + error.what();
+    }
+    // The group still pairs up.
+    out +=
+        " then " + std::to_string(static_cast<int>(
+                       all_reduce(mine, "max", world()).to(Device::cpu()).to_vector<float>()[0]));
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(seen[static_cast<std::size_t>(r)],
+              "cuda:" + std::to_string(r) + " cuda:" + std::to_string(r) +
+                  " 3 6 counted host access refused fresh 165 other device refused then 2")
+        << "rank " << r;
+  }
+}
+
+TEST(SimulatedCuda, WithoutItTheSimulatorMovesHostMemoryOnly) {
+  sim::SimOptions options;
+  options.world_size = 2;
+  std::vector<std::string> seen(2);
+  const sim::SimReport report = sim::run(options, [&] {
+    std::string& out = seen[static_cast<std::size_t>(rank())];
+    out = local_device().to_string();
+    try {
+      (void)Tensor::empty({1}, DType::Float32, Device::cuda(0));
+    } catch (const InvalidArgument& error) {
+      out += std::string(error.what()).find("no memory for cuda:0") != std::string::npos
+                 ? " no device memory"
+                 : error.what();
+    }
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  EXPECT_EQ(seen, (std::vector<std::string>{"cpu no device memory", "cpu no device memory"}));
+}
+
 }  // namespace
 }  // namespace chorus

@@ -44,13 +44,14 @@ TEST(RunOptions, ReadsTheTimelineAndTracePaths) {
 TEST(RunOptions, ReadsTheSimulatorsExplorationFlags) {
   const RunOptions options = parse(
       {"--strategy=pct", "--pct-depth", "3", "--reduction-order=adversarial", "--allocator=lifo",
-       "--guard-pages", "--check-determinism", "--replay=chorus-replay:x"});
+       "--guard-pages", "--check-determinism", "--sim-cuda", "--replay=chorus-replay:x"});
   EXPECT_EQ(options.strategy, sim::Strategy::Pct);
   EXPECT_EQ(options.pct_depth, 3);
   EXPECT_EQ(options.reduction_order, sim::ReductionOrder::Adversarial);
   EXPECT_EQ(options.allocator, sim::AllocatorPolicy::LifoReuse);
   EXPECT_TRUE(options.guard_pages);
   EXPECT_TRUE(options.check_determinism);
+  EXPECT_TRUE(options.sim_cuda);
   EXPECT_EQ(options.replay, "chorus-replay:x");
   EXPECT_TRUE(options.args.empty());
 
@@ -61,6 +62,7 @@ TEST(RunOptions, ReadsTheSimulatorsExplorationFlags) {
   EXPECT_EQ(defaults.strategy, sim::Strategy::RandomWalk);
   EXPECT_FALSE(defaults.guard_pages);
   EXPECT_FALSE(defaults.check_determinism);
+  EXPECT_FALSE(defaults.sim_cuda);
 
   testing::internal::CaptureStderr();
   const std::string message = [] {

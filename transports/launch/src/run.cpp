@@ -91,12 +91,14 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       arg = arg.substr(0, equals);
       has_value = true;
     }
-    if (arg == "--guard-pages" || arg == "--check-determinism" || arg == "--check-collectives") {
+    if (arg == "--guard-pages" || arg == "--check-determinism" || arg == "--check-collectives" ||
+        arg == "--sim-cuda") {
       if (has_value) {
         bad_flag(arg, value, "no value (a switch)");
       }
       (arg == "--guard-pages"         ? options.guard_pages
        : arg == "--check-determinism" ? options.check_determinism
+       : arg == "--sim-cuda"          ? options.sim_cuda
                                       : options.check_collectives) = true;
       continue;
     }
@@ -238,6 +240,7 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
   sim_options.allocator = options.allocator;
   sim_options.host_pool_bytes_max = options.host_pool_bytes_max;
   sim_options.guard_pending_outputs = options.guard_pages;
+  sim_options.cuda_devices = options.sim_cuda;
   sim_options.replay = options.replay;
   if (options.check_determinism) {
     const sim::DeterminismCheck check = sim::check_determinism(sim_options, std::move(rank_main));

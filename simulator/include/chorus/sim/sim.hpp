@@ -169,6 +169,16 @@ struct SimOptions {
   // unnoticed.
   bool check_buffers = true;
 
+  // ---- Simulated CUDA devices (docs/simulator.md, "Simulated CUDA devices"): each rank r poses
+  // as the owner of cuda:r, as a rank on NCCL owns its GPU. local_device() is cuda:r, Device::
+  // cuda(r) storages are host memory handed out as device memory (fresh blocks hold 0xA5 bytes,
+  // as fresh device memory holds garbage), collectives run on them and their results are
+  // waited "on the stream" (the simulator blocks the rank until the collective completed, a
+  // stronger order than a real stream's), and core refuses host access to them as on a GPU. So
+  // a program's device placement — what it keeps on the device, what it copies back with
+  // to(Device::cpu()), which device each tensor is on — is checked before it meets a GPU.
+  bool cuda_devices = false;
+
   // ---- Allocator (docs/simulator-alloc.md): where the ranks' tensor storages come from.
   AllocatorPolicy allocator = AllocatorPolicy::Pooled;
   // AllocatorPolicy::Pooled: the bytes each rank's pool keeps (RankOptions::host_pool_bytes_max;

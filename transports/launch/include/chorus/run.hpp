@@ -34,6 +34,9 @@ struct RunOptions {
   sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
   bool guard_pages = false;
   bool check_determinism = false;
+  // Simulator only: each rank poses as the owner of cuda:<rank> (sim::SimOptions::cuda_devices),
+  // so a program that places its tensors on local_device() runs them as device tensors.
+  bool sim_cuda = false;
   // MPI and NCCL: members compare each operation before starting it, so ranks that issue
   // different collectives get CollectiveMismatch instead of a hang (docs/mpi.md, "Checking
   // collectives"; docs/nccl.md). The simulator always checks.
@@ -50,8 +53,8 @@ struct RunOptions {
   // --trace=out.json, --strategy=random|pct|portfolio, --pct-depth=1..3,
   // --reduction-order=fixed|ring|tree|adversarial, --allocator=pooled|lifo|quarantine|random,
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
-  // --check-determinism and --check-collectives; everything else lands in `args`. Throws
-  // InvalidArgument for a malformed value.
+  // --check-determinism, --check-collectives and --sim-cuda; everything else lands in `args`.
+  // Throws InvalidArgument for a malformed value.
   static RunOptions from_args(int argc, char** argv);
 };
 
