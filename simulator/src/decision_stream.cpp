@@ -187,7 +187,8 @@ std::size_t DecisionStream::pick_by_pct(std::span<const Decision> candidates) {
 // run only together with the program and the options that decide what a choice means or what
 // happens around it: the reduction order (Adversarial draws choices), the allocator policy
 // (Random draws), finalization (chosen: each drop draws), faults (random faults draw; explicit
-// ones change the run), the liveness
+// ones change the run), simulated CUDA devices (the program places its tensors elsewhere), the
+// liveness
 // budget, the timeout and step budget. Those travel as the shape (run_shape: readable, "-" for
 // all defaults), and a replay under other options is refused naming both shapes, rather than
 // silently being another run. The program is the caller's part: the replay command reruns the
@@ -314,6 +315,9 @@ std::string run_shape(const SimOptions& options) {
   }
   if (options.guard_pending_outputs) {
     parts.push_back("guard");  // whole pages per storage: Random's fitting blocks change
+  }
+  if (options.cuda_devices) {
+    parts.push_back("cuda");  // local_device() and where device storages come from change
   }
   for (const Fault& fault : options.faults) {
     std::string text = std::string("fault=") + std::string(name(fault.kind)) + "@" +

@@ -102,7 +102,8 @@ SimOptions effective_options(const SimOptions& options) {
                             "the replay token was recorded with run options {" + token.shape +
                                 "}, but this run has {" + shape +
                                 "}: replay it with the same SimOptions (reduction order, "
-                                "allocator, faults, liveness, timeout, max_steps)");
+                                "allocator, faults, CUDA devices, liveness, timeout, "
+                                "max_steps)");
     }
     effective.choices = std::move(token.choices);
     effective.fuzz_bytes.reset();

@@ -118,17 +118,18 @@ TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
   options.allocator = AllocatorPolicy::Quarantine;
   options.quarantine_frees = 3;
   options.guard_pending_outputs = true;
+  options.cuda_devices = true;
   options.faults = {Fault::crash(1, 2), Fault::delay(0, 1, 40)};
   options.random_faults.hang_ppm = 5;
   options.choose_finalization = true;
   options.liveness_steps = 100;
   options.timeout = std::chrono::microseconds(7);
   options.max_steps = 1000;
-  EXPECT_EQ(
-      run_shape(options),
-      "order=adversarial,alloc=quarantine,quarantine=3,guard,fault=crash@1.2,fault=delay@0.1x40,"
-      "random_faults=c0.t0.h5.d0.x100.u0.n1,finalization=chosen,liveness=100,timeout_ns=7000,"
-      "max_steps=1000");
+  EXPECT_EQ(run_shape(options),
+            "order=adversarial,alloc=quarantine,quarantine=3,guard,cuda,fault=crash@1.2,"
+            "fault=delay@0.1x40,"
+            "random_faults=c0.t0.h5.d0.x100.u0.n1,finalization=chosen,liveness=100,timeout_ns=7000,"
+            "max_steps=1000");
   // Options that do not change the run (strategy: a replay ignores it; outputs) stay out.
   SimOptions outputs;
   outputs.strategy = Strategy::Pct;
