@@ -70,8 +70,9 @@ inline std::int64_t small_integer(std::uint64_t seed, std::uint64_t stream, std:
 // rank's device, as GPU programs do: placed(t) moves a host tensor to chorus::local_device()
 // before a collective (the rank's GPU under --transport=nccl), host(t) brings a result back
 // before the host reads it. On the simulator and MPI the device is the host and both return the
-// tensor itself, so nothing is copied there; on NCCL every collective of an example runs on CUDA
-// tensors that core allocated, and every read is a wait on the stream then a copy.
+// tensor itself, so nothing is copied there; on NCCL, and on the simulator with --sim-cuda
+// (simulated CUDA devices), every collective of an example runs on CUDA tensors that core
+// allocated, and every read is a wait on the stream then a copy.
 inline chorus::Tensor placed(const chorus::Tensor& tensor) {
   return tensor.to(chorus::local_device());
 }

@@ -151,13 +151,22 @@ void SimWork::wait(transport::Deadline deadline) {
 }
 
 void SimWork::wait_on(void* /*stream*/) {
+  if (status() != transport::WorkStatus::Pending) {
+    rethrow_if_failed();
+    return;
+  }
   std::shared_ptr<SimWorld> world = world_.lock();
-  if (world == nullptr || !world->cuda_devices()) {
+  // A world ends only after failing every outstanding work (Note [Simulator failures]).
+  CHORUS_CHECK(world != nullptr);
+  if (!world->cuda_devices()) {
     throw InvalidArgument(context_, "the sim transport has no device streams; wait on the host");
   }
   // A simulated stream wait (SimOptions::cuda_devices): the rank waits until the collective
-  // completed, under the rank's timeout, as core's host waits do.
-  wait(transport::Deadline{world->now() + world->timeout()});
+  // completed, under the rank's timeout (saturating, as core's host waits), as a host wait does.
+  const transport::Duration now = world->now();
+  const std::chrono::nanoseconds timeout = world->timeout();
+  wait(timeout >= transport::Duration::max() - now ? transport::Deadline::never()
+                                                   : transport::Deadline{now + timeout});
 }
 
 std::exception_ptr SimWork::error() const {

@@ -569,6 +569,22 @@ TEST(SimulatedCuda, EachRankOwnsItsDeviceAndHostAccessIsRefused) {
   }
 }
 
+// An infinite timeout (SimOptions::timeout = max) saturates: a stream wait never times out.
+TEST(SimulatedCuda, AStreamWaitUnderAnInfiniteTimeoutWaits) {
+  sim::SimOptions options;
+  options.world_size = 2;
+  options.cuda_devices = true;
+  options.timeout = std::chrono::nanoseconds::max();
+  std::vector<float> sums(2);
+  const sim::SimReport report = sim::run(options, [&] {
+    const Tensor mine = Tensor::full({1}, rank() + 1, DType::Float32, local_device());
+    sums[static_cast<std::size_t>(rank())] =
+        wait_tensor(all_reduce(mine, "sum", world())).to(Device::cpu()).to_vector<float>()[0];
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  EXPECT_EQ(sums, (std::vector<float>{3, 3}));
+}
+
 TEST(SimulatedCuda, WithoutItTheSimulatorMovesHostMemoryOnly) {
   sim::SimOptions options;
   options.world_size = 2;
