@@ -449,16 +449,16 @@ void WorkRegistry::settle_stream_waits() noexcept {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   try {
-    while (!stream_waited_.empty()) {
-      const StreamWaited& front = stream_waited_.front();
-      const transport::WorkStatus status = front.work->work().status();
+    for (auto entry = stream_waited_.begin(); entry != stream_waited_.end();) {
+      const transport::WorkStatus status = entry->work->work().status();
       if (status == transport::WorkStatus::Pending) {
-        break;  // the later ones are released once it finished (issue order)
+        ++entry;  // released once it finished; the ones after it need not wait for it
+        continue;
       }
-      if (status == transport::WorkStatus::Failed && !front.reported) {
-        defer_error_locked(stream_failure_locked(front, front.work->work().error()));
+      if (status == transport::WorkStatus::Failed && !entry->reported) {
+        defer_error_locked(stream_failure_locked(*entry, entry->work->work().error()));
       }
-      stream_waited_.pop_front();
+      entry = stream_waited_.erase(entry);
     }
   } catch (...) {
     // Out of memory recording the error: the work stays listed, the exit waits for it.

@@ -393,6 +393,27 @@ TEST(DeviceMemory, AStreamWaitedWorkIsKeptUntilItFinishes) {
   EXPECT_EQ(registry.stream_waited_in_flight(), 0u);
 }
 
+// Works on different communicators finish on different streams, in any order: a finished one is
+// released even while one waited before it still runs.
+TEST(DeviceMemory, AFinishedStreamWaitedWorkIsReleasedWhateverRunsBeforeIt) {
+  DeviceRank rank;
+  detail::WorkRegistry& registry = *rank.context().state().registry();
+  const Tensor first = all_reduce(on_gpu({1}), "sum", {0});
+  const std::shared_ptr<FakeWork> first_work = rank.transport().last_work();
+  const Tensor second = all_reduce(on_gpu({2, 3}), "sum", {0}, "other");
+  const std::shared_ptr<FakeWork> second_work = rank.transport().last_work();
+  wait_tensors({first, second});
+  EXPECT_EQ(registry.stream_waited_in_flight(), 2u);
+  const long held = second_work.use_count();
+  second_work->complete();
+  EXPECT_EQ(work_registry_size(), 0u);  // settles
+  EXPECT_EQ(registry.stream_waited_in_flight(), 1u) << "the finished second work is kept";
+  EXPECT_EQ(second_work.use_count(), held - 1);
+  first_work->complete();
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_EQ(registry.stream_waited_in_flight(), 0u);
+}
+
 TEST(DeviceMemory, CoreHoldsTheTransportWorkAfterTheStreamWait) {
   DeviceRank rank;
   const Tensor out = all_reduce(on_gpu({1}), "sum", {0});

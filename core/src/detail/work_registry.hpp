@@ -152,9 +152,10 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // storages are ready in stream order) but keeps the PendingWork, and through it the transport
   // work and the buffers that work keeps alive, until the transport reports it finished. Without
   // this the transport work would die pending: nothing would free its buffers or watch it for
-  // errors and timeouts. settle_stream_waits (at every collective and explicit wait) releases the
-  // finished ones from the front, in the order they were waited, and turns a failure into a
-  // deferred error naming the collective; the rank's exit waits on the host, under the rank's
+  // errors and timeouts. settle_stream_waits (at every collective and explicit wait) releases
+  // every finished one, whatever runs before it (works on different communicators finish on
+  // different streams, in any order), and turns a failure into a deferred error naming the
+  // collective, in the order they were waited; the rank's exit waits on the host, under the rank's
   // timeout, for the ones still running, so a failure after the last wait still fails the rank.
   void settle_stream_waits() noexcept;
   // Stream-waited works not yet released (tests).
