@@ -965,13 +965,11 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   }
 }
 
-MpiComm::BatchAbandon::~BatchAbandon() {
-  if (std::uncaught_exceptions() > exceptions_ && comm_->batching_) {
-    // core will not call end_group: drop the batch (nothing of it started yet).
-    comm_->batching_ = false;
-    comm_->batch_signatures_.clear();
-    comm_->batch_starts_.clear();
-  }
+void MpiComm::abandon_batch() noexcept {
+  // core will not call end_group: nothing of the batch started yet.
+  batching_ = false;
+  batch_signatures_.clear();
+  batch_starts_.clear();
 }
 
 void MpiComm::begin_group() {

@@ -36,6 +36,7 @@
 
 #include "chorus/error.hpp"
 #include "chorus/mpi/mpi.hpp"
+#include "chorus/transport/batch_abandon.hpp"
 #include "chorus/transport/transport.hpp"
 #include "mapping.hpp"
 #include "ring_all_reduce.hpp"
@@ -180,19 +181,10 @@ class MpiComm final : public transport::Comm {
   std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
 
  private:
-  // Ends the open batch when an operation method throws inside it (core then never calls
-  // end_group), so the communicator is usable again.
-  class BatchAbandon {
-   public:
-    explicit BatchAbandon(MpiComm& comm) noexcept : comm_(&comm) {}
-    ~BatchAbandon();
-    BatchAbandon(const BatchAbandon&) = delete;
-    BatchAbandon& operator=(const BatchAbandon&) = delete;
-
-   private:
-    MpiComm* comm_;
-    int exceptions_ = std::uncaught_exceptions();
-  };
+  using BatchAbandon = transport::BatchAbandon<MpiComm>;
+  friend BatchAbandon;
+  // Drops the open batch, if any (an operation method threw inside it).
+  void abandon_batch() noexcept;
 
   // Starts one operation now (after its check), or defers it into the open batch. `start`
   // issues its MPI requests into a Started. all_to_all passes its per-peer counts for the check.

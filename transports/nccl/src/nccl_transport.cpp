@@ -495,14 +495,12 @@ ncclRedOp_t NcclComm::reduction(const Plan& plan, const ReduceOp& reduce_op,
   return op;
 }
 
-NcclComm::BatchAbandon::~BatchAbandon() {
-  if (std::uncaught_exceptions() > exceptions_ && comm_->batching_) {
-    // core will not call end_group: drop the batch (nothing of it was enqueued yet).
-    comm_->batching_ = false;
-    comm_->batch_.clear();
-    comm_->batch_signatures_.clear();
-    comm_->batch_splits_.clear();
-  }
+void NcclComm::abandon_batch() noexcept {
+  // core will not call end_group: nothing of the batch was enqueued yet.
+  batching_ = false;
+  batch_.clear();
+  batch_signatures_.clear();
+  batch_splits_.clear();
 }
 
 std::shared_ptr<transport::Work> NcclComm::launch(const transport::OpSignature& signature,

@@ -43,6 +43,7 @@
 #include "chorus/error.hpp"
 #include "chorus/nccl/nccl.hpp"
 #include "chorus/store/store.hpp"
+#include "chorus/transport/batch_abandon.hpp"
 #include "chorus/transport/transport.hpp"
 #include "mapping.hpp"
 
@@ -220,19 +221,10 @@ class NcclComm final : public transport::Comm {
     std::function<ncclResult_t()> call;
     std::function<void(Started&)> after;
   };
-  // Ends the open batch when an operation method throws inside it (core then never calls
-  // end_group), so the communicator is usable again.
-  class BatchAbandon {
-   public:
-    explicit BatchAbandon(NcclComm& comm) noexcept : comm_(&comm) {}
-    ~BatchAbandon();
-    BatchAbandon(const BatchAbandon&) = delete;
-    BatchAbandon& operator=(const BatchAbandon&) = delete;
-
-   private:
-    NcclComm* comm_;
-    int exceptions_ = std::uncaught_exceptions();
-  };
+  using BatchAbandon = transport::BatchAbandon<NcclComm>;
+  friend BatchAbandon;
+  // Drops the open batch, if any (an operation method threw inside it).
+  void abandon_batch() noexcept;
 
   // Starts one operation now, or defers it into the open batch. `splits`: all_to_all's split
   // sizes, for the check (Note [NCCL collective check]).
