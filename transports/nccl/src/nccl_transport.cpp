@@ -124,7 +124,7 @@ CommState::~CommState() {
   cudaSetDevice(device_);
   if (!aborted_) {
     // Note [NCCL work lifecycle]: finalize (flushes outstanding operations), then destroy.
-    ncclResult_t result = ncclCommFinalize(comm_);
+    ncclResult_t result = finalize_started_ ? finalize_result_ : ncclCommFinalize(comm_);
     if (result == ncclSuccess || result == ncclInProgress) {
       result = settle(deadline_after(timeout_));
     }
@@ -151,7 +151,21 @@ ncclResult_t CommState::settle(Clock::time_point deadline) {
   }
 }
 
+void CommState::start_finalize() {
+  const std::lock_guard lock(mutex_);
+  if (aborted_ || finalize_started_) {
+    return;
+  }
+  cudaSetDevice(device_);
+  finalize_result_ = ncclCommFinalize(comm_);
+  finalize_started_ = true;
+}
+
 ncclResult_t CommState::async_error() {
+  const std::shared_lock lifetime(lifetime_);
+  if (freed_) {
+    return ncclSuccess;
+  }
   ncclResult_t state = ncclSuccess;
   const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
   return result != ncclSuccess ? result : state;
@@ -176,7 +190,11 @@ void CommState::abort(const std::exception_ptr& error) {
     }
     aborted_ = true;
     cudaSetDevice(device_);
-    ncclCommAbort(comm_);
+    {
+      const std::unique_lock lifetime(lifetime_);
+      ncclCommAbort(comm_);
+      freed_ = true;
+    }
     for (const std::weak_ptr<NcclWork>& entry : outstanding_) {
       if (std::shared_ptr<NcclWork> work = entry.lock()) {
         works.push_back(std::move(work));
@@ -355,15 +373,23 @@ void Watchdog::loop() {
   while (!stopping_) {
     wake_.wait_for(lock, kPollInterval);
     std::vector<std::shared_ptr<NcclWork>> pending;
-    std::erase_if(works_, [&pending](const std::weak_ptr<NcclWork>& entry) {
+    // Finished works this loop may hold the last reference to: released after unlocking, since
+    // the last one of a communicator finalizes it (waiting up to the timeout).
+    std::vector<std::shared_ptr<NcclWork>> finished;
+    std::erase_if(works_, [&](const std::weak_ptr<NcclWork>& entry) {
       std::shared_ptr<NcclWork> work = entry.lock();
-      if (!work || work->status() != transport::WorkStatus::Pending) {
+      if (!work) {
+        return true;
+      }
+      if (work->status() != transport::WorkStatus::Pending) {
+        finished.push_back(std::move(work));
         return true;
       }
       pending.push_back(std::move(work));
       return false;
     });
     lock.unlock();
+    finished.clear();
     for (const std::shared_ptr<NcclWork>& work : pending) {
       if (std::exception_ptr fatal = work->poll(timeout_)) {
         work->comm()->abort(fatal);
@@ -582,7 +608,11 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
   if (result == ncclInProgress || result == ncclSuccess) {
     result = state_->settle(deadline);
   }
-  destroy_created();
+  if (result == ncclInProgress) {
+    created.clear();  // NCCL's group may still use them: the abort below frees them
+  } else {
+    destroy_created();
+  }
   if (result != ncclSuccess) {
     const bool timed_out = result == ncclInProgress;
     std::exception_ptr error =
@@ -596,12 +626,27 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
     state_->abort(error);
     std::rethrow_exception(error);
   }
-  for (const Enqueue& enqueue : enqueues) {
-    enqueue.after(started);  // copies back, behind NCCL's kernels on the stream
-  }
+  // NCCL's kernels are enqueued now: from here a failure must not free what they use. It
+  // aborts the communicator (its kernels stop) and leaks the buffers, as ~NcclWork does.
   cudaEvent_t event = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventRecord(event, state_->stream()), "cudaEventRecord");
+  try {
+    for (const Enqueue& enqueue : enqueues) {
+      enqueue.after(started);  // copies back, behind NCCL's kernels on the stream
+    }
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(event, state_->stream()), "cudaEventRecord");
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    for (auto& keep : started.keep_alive) {
+      new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
+    }
+    if (event != nullptr) {
+      cudaEventDestroy(event);
+    }
+    lock.unlock();  // abort() takes the comm lock
+    state_->abort(error);
+    std::rethrow_exception(error);
+  }
   transport::Fingerprint fingerprint{id_, info.seq, started.signatures};
   auto work = std::make_shared<NcclWork>(state_, event, std::move(started), std::move(fingerprint),
                                          context);
@@ -833,6 +878,9 @@ NcclTransport::NcclTransport(Environment environment, std::shared_ptr<store::Sto
       watchdog_(std::make_shared<Watchdog>(timeout, device)) {}
 
 NcclTransport::~NcclTransport() {
+  for (const std::shared_ptr<CommState>& state : states_) {
+    state->start_finalize();  // every one started before any is waited for
+  }
   comms_.clear();
   states_.clear();  // the last owners finalize and destroy (Note [NCCL work lifecycle])
 }

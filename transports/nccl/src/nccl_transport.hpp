@@ -17,13 +17,18 @@
 //   operation, copied back into pinned memory after it on the stream, and into the caller's
 //   buffer by the Work when it completes. So core's CPU tensors run on NCCL too (core cannot
 //   allocate CUDA storage yet); CUDA buffers are used in place.
-// - Buffers (and staging memory) are kept alive until the Work completed or failed.
+// - Buffers (and staging memory) are kept alive until the Work completed or failed. A failure
+//   after NCCL's kernels were enqueued (recording the event, staging out) aborts the
+//   communicator and leaks them rather than free memory a kernel may still use.
 // - A watchdog thread polls every outstanding Work: an asynchronous NCCL error, or an operation
 //   older than the timeout, fails every outstanding Work of that communicator (TransportError
 //   or Timeout) and aborts the communicator (ncclCommAbort); later operations on it throw
 //   Aborted.
-// - On normal exit a communicator is finalized (ncclCommFinalize, polled to completion under the
-//   timeout), then destroyed; an aborted one is not touched again.
+// - On normal exit every communicator's ncclCommFinalize is started, then each is polled to
+//   completion under the timeout and destroyed (a finalize completes only once the peers'
+//   started too, and ranks may hold their communicators in different orders); an aborted one
+//   is not touched again: the error queries of waits and the watchdog skip a communicator
+//   ncclCommAbort freed (CommState::lifetime_).
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -36,6 +41,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,10 +76,17 @@ class CommState {
 
   // Fails every outstanding Work with `error` and aborts the communicator. Idempotent.
   void abort(const std::exception_ptr& error);
+  // Starts ncclCommFinalize now, so that the destructor only settles it: at the transport's end
+  // every communicator's finalize is started before any is waited for (a finalize completes
+  // only once the other ranks' finalize of it started too, and ranks may hold their
+  // communicators in different orders). Nothing after an abort; idempotent.
+  void start_finalize();
   // Polls ncclCommGetAsyncError until it leaves ncclInProgress. Returns ncclSuccess or the
   // error; ncclInProgress when `deadline` passed first. Call with mutex() held.
   ncclResult_t settle(std::chrono::steady_clock::time_point deadline);
-  // The asynchronous error state (ncclSuccess, ncclInProgress or an error). Thread-safe.
+  // The asynchronous error state (ncclSuccess, ncclInProgress or an error); ncclSuccess once
+  // aborted (abort() fails the works itself). Thread-safe: it never reads a communicator
+  // ncclCommAbort is freeing or has freed.
   ncclResult_t async_error();
 
   std::mutex& mutex() noexcept { return mutex_; }
@@ -87,7 +100,13 @@ class CommState {
   void track(const std::shared_ptr<NcclWork>& work);
 
  private:
-  std::mutex mutex_;  // guards enqueues, abort and the list below
+  std::mutex mutex_;  // guards enqueues, abort, finalize and the list below
+  // Held shared by async_error (called without mutex_, from waits and the watchdog) and
+  // exclusively around ncclCommAbort, which frees the communicator; taken last (a leaf lock).
+  std::shared_mutex lifetime_;
+  bool freed_ = false;  // guarded by lifetime_
+  bool finalize_started_ = false;
+  ncclResult_t finalize_result_ = ncclSuccess;
   ncclComm_t comm_;
   cudaStream_t stream_;
   int device_;
