@@ -13,11 +13,22 @@
 #      8 B..64 MiB; issue and complete per op, then the enqueue alone; docs/performance.md,
 #      "NCCL host overhead (bench_nccl)").
 # Exits non-zero at the first failing step and says which. Needs no network.
+#
+# `scripts/gpu-check.sh --prebuilt .gpu-bundle` skips steps 1's configure and build and runs the
+# programs that scripts/gpu-bundle.sh built elsewhere, with their libraries: for a GPU machine
+# without chorus's build dependencies (the lent H200 has CUDA, CMake and ninja, not Boost, GTest
+# or the other Debian packages, and cannot fetch them). It finds the machine's NCCL (the system's,
+# or the nvidia-nccl Python package's).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 BUILD=build/nccl
+PREBUILT=""
+if [ "${1:-}" = "--prebuilt" ]; then
+  PREBUILT=${2:?"--prebuilt needs the bundle's directory (scripts/gpu-bundle.sh makes .gpu-bundle)"}
+fi
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}  # an NCCL failure explains itself
 STEP=""
 on_exit() {
   local status=$?
@@ -40,27 +51,67 @@ else
   echo "nvidia-smi not found (continuing: the gpu job says whether CUDA sees a device)"
 fi
 
-step "configure (preset nccl)"
-cmake --preset nccl >/tmp/chorus-gpu-configure.log 2>&1 \
-  || { cat /tmp/chorus-gpu-configure.log; exit 1; }
-grep "chorus: NCCL transport" /tmp/chorus-gpu-configure.log
-grep -q "libchorus_nccl" "${BUILD}/build.ninja" \
-  || { echo "the nccl preset did not find CUDA + NCCL"; exit 1; }
-
-step "build"
 EXAMPLES=(data_parallel ddp_buckets tensor_parallel_mlp sharded_optimizer moe_dispatch)
-timeout 300 cmake --build "${BUILD}" -j "${JOBS}" --target nccl_gpu_job nccl_test chorus_cli \
-  bench_nccl "${EXAMPLES[@]}"
+if [ -z "${PREBUILT}" ]; then
+  step "configure (preset nccl)"
+  cmake --preset nccl >/tmp/chorus-gpu-configure.log 2>&1 \
+    || { cat /tmp/chorus-gpu-configure.log; exit 1; }
+  grep "chorus: NCCL transport" /tmp/chorus-gpu-configure.log
+  grep -q "libchorus_nccl" "${BUILD}/build.ninja" \
+    || { echo "the nccl preset did not find CUDA + NCCL"; exit 1; }
 
-step "gpu tests and NCCL unit tests"
-# A skipped gpu test (no device seen by CUDA) is a failure here: this script exists to run them.
-timeout 120 ctest --test-dir "${BUILD}" -L gpu --output-on-failure --no-tests=error 2>&1 \
-  | tee /tmp/chorus-gpu-ctest.log
-if grep -q "Skipped" /tmp/chorus-gpu-ctest.log; then
-  echo "the gpu tests were skipped: CUDA sees no device"
-  exit 1
+  step "build"
+  timeout 300 cmake --build "${BUILD}" -j "${JOBS}" --target nccl_gpu_job nccl_test chorus_cli \
+    bench_nccl "${EXAMPLES[@]}"
+
+  step "gpu tests and NCCL unit tests"
+  # A skipped gpu test (no device seen by CUDA) is a failure here: this script exists to run them.
+  timeout 120 ctest --test-dir "${BUILD}" -L gpu --output-on-failure --no-tests=error 2>&1 \
+    | tee /tmp/chorus-gpu-ctest.log
+  if grep -q "Skipped" /tmp/chorus-gpu-ctest.log; then
+    echo "the gpu tests were skipped: CUDA sees no device"
+    exit 1
+  fi
+  timeout 120 ctest --test-dir "${BUILD}" -R "Nccl" --output-on-failure --no-tests=error
+  CHORUS="${BUILD}/props/chorus"
+  EXAMPLE_DIR="${BUILD}/examples"
+  BENCH="${BUILD}/bench/bench_nccl"
+else
+  step "the prebuilt bundle ${PREBUILT}"
+  [ -x "${PREBUILT}/bin/nccl_gpu_job" ] \
+    || { echo "${PREBUILT}/bin/nccl_gpu_job missing: run scripts/gpu-bundle.sh first"; exit 1; }
+  NCCL_DIR=""
+  if ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2"; then
+    NCCL_DIR=$(python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib"))' \
+      2>/dev/null || true)
+    if [ ! -e "${NCCL_DIR}/libnccl.so.2" ]; then
+      NCCL_DIR=$(dirname "$(find /usr /opt -name libnccl.so.2 2>/dev/null | head -n 1)" 2>/dev/null || true)
+    fi
+    [ -e "${NCCL_DIR}/libnccl.so.2" ] || { echo "no libnccl.so.2 on this machine"; exit 1; }
+  fi
+  export LD_LIBRARY_PATH="$(pwd)/${PREBUILT}/lib${NCCL_DIR:+:${NCCL_DIR}}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+  echo "NCCL: ${NCCL_DIR:-found by the loader}"
+  ldd "${PREBUILT}/bin/nccl_gpu_job" | grep -E "not found|nccl|cudart" || true
+  if ldd "${PREBUILT}"/bin/* | grep -q "not found"; then
+    echo "a library of the bundle is missing on this machine"
+    exit 1
+  fi
+
+  step "NCCL unit tests (device-free; prove the bundle runs here)"
+  timeout 120 "${PREBUILT}/bin/nccl_test"
+
+  step "gpu job"
+  status=0
+  timeout 120 "${PREBUILT}/bin/nccl_gpu_job" || status=$?
+  if [ "${status}" -eq 77 ]; then
+    echo "the gpu job was skipped: CUDA sees no device"
+    exit 1
+  fi
+  [ "${status}" -eq 0 ] || exit "${status}"
+  CHORUS="${PREBUILT}/bin/chorus"
+  EXAMPLE_DIR="${PREBUILT}/bin"
+  BENCH="${PREBUILT}/bin/bench_nccl"
 fi
-timeout 120 ctest --test-dir "${BUILD}" -R "Nccl" --output-on-failure --no-tests=error
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
@@ -69,7 +120,6 @@ free_port() {
 
 # Runs "$@" as rank 0 of a one-rank NCCL world: through `chorus launch -n 1` when the CLI has
 # it, otherwise with torchrun's variables set directly (rank 0 hosts the store).
-CHORUS="${BUILD}/props/chorus"
 one_rank() {
   if "${CHORUS}" launch --help >/dev/null 2>&1; then
     "${CHORUS}" launch -n 1 -- "$@"
@@ -86,7 +136,7 @@ step "examples with --transport=nccl (one rank)"
 for example in "${EXAMPLES[@]}"; do
   echo "--- ${example}"
   timeout 60 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
-    one_rank '${BUILD}/examples/${example}' --transport=nccl"
+    one_rank '${EXAMPLE_DIR}/${example}' --transport=nccl"
 done
 
 step "host-overhead benchmark (bench_nccl, one rank)"
@@ -96,7 +146,7 @@ step "host-overhead benchmark (bench_nccl, one rank)"
 # checks every result bitwise and exits 1 on a wrong one, 77 without a device (a failure here
 # too). Alone it hosts its own store. Copy its tables into docs/performance.md. Target: chorus
 # adds under 2 us per op (the enqueue table).
-timeout 180 "${BUILD}/bench/bench_nccl" 2>&1 | tee /tmp/chorus-gpu-bench.log
+timeout 180 "${BENCH}" 2>&1 | tee /tmp/chorus-gpu-bench.log
 
 STEP="done"
 echo
