@@ -638,16 +638,13 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   }
   CHORUS_CHECK_EQ(static_cast<std::size_t>(send_offset), send.count);
   CHORUS_CHECK_EQ(static_cast<std::size_t>(recv_offset), recv.count);
-  if (const auto me = static_cast<std::size_t>(group_rank_);
-      !check_collectives_ && send_counts[me] != recv_counts[me]) {
+  if (std::string problem = transport::self_split_problem(send_counts, recv_counts, group_rank_);
+      !check_collectives_ && !problem.empty()) {
     // Checked before anything is posted, on either schedule. Only this rank knows: its peers
     // wait for its messages until their deadline (or until this rank's failure ends the job).
     // With --check-collectives verify's pairwise comparison, which includes this rank with
     // itself, reports it on every member instead.
-    throw InvalidArgument(context_of(info), "this rank sends itself " +
-                                                std::to_string(send_counts[me]) +
-                                                " elements but expects " +
-                                                std::to_string(recv_counts[me]) + " from itself");
+    throw InvalidArgument(context_of(info), problem);
   }
   const OpSignature op_signature = signature(OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1);
   return launch(

@@ -742,14 +742,11 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
   check_device(send, info);
   check_device(recv, info);
   const bool compared = check_store_ != nullptr && size() > 1;  // Note [NCCL collective check]
-  if (const auto me = static_cast<std::size_t>(group_rank_);
-      !compared && send_counts[me] != recv_counts[me]) {
+  if (std::string problem = transport::self_split_problem(send_counts, recv_counts, group_rank_);
+      !compared && !problem.empty()) {
     // Only this rank knows: its peers wait for it until the watchdog's deadline. Under
     // --check-collectives every member of a larger group reports it instead.
-    throw InvalidArgument(context_of(info), "nccl: this rank sends itself " +
-                                                std::to_string(send_counts[me]) +
-                                                " elements but expects " +
-                                                std::to_string(recv_counts[me]) + " from itself");
+    throw InvalidArgument(context_of(info), "nccl: " + problem);
   }
   const transport::OpSignature signature{
       transport::OpKind::AllToAll, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, -1};

@@ -95,6 +95,20 @@ constexpr bool op_kind_reduces(OpKind kind) noexcept {
   return kind == OpKind::AllReduce || kind == OpKind::ReduceScatter || kind == OpKind::Reduce;
 }
 
+// all_to_all: why this rank's own two split sizes do not pair up ("this rank sends itself 2
+// elements but expects 1 from itself"), or empty. Only this rank can tell; a transport refuses
+// such an operation (InvalidArgument) before anything starts, unless its collective check
+// compares every pair, this one included, on every member.
+inline std::string self_split_problem(const std::vector<std::size_t>& send_counts,
+                                      const std::vector<std::size_t>& recv_counts, int group_rank) {
+  const auto me = static_cast<std::size_t>(group_rank);
+  if (send_counts.at(me) == recv_counts.at(me)) {
+    return {};
+  }
+  return "this rank sends itself " + std::to_string(send_counts[me]) + " elements but expects " +
+         std::to_string(recv_counts[me]) + " from itself";
+}
+
 // The comparable shape of one operation, used to check that ranks agree.
 //
 // For all_to_all, send_count and recv_count are this rank's totals, which legitimately differ
