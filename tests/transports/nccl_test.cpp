@@ -9,6 +9,8 @@
 #include <chorus/chorus.hpp>
 #include <chorus/nccl/nccl.hpp>
 #include <chorus/store/store.hpp>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "block_pool.hpp"
 #include "support/narrowed_transport.hpp"
 
 namespace chorus::nccl {
@@ -756,6 +759,91 @@ TEST(NcclCollectiveCheck, AnUnreadableValueIsAMismatchNamingItsMember) {
               std::string::npos)
         << errors[i];
   }
+}
+
+// ---- The pinned staging pool (Note [Pinned staging pool]), on host memory
+
+// Host memory standing in for cudaMallocHost/cudaFreeHost, counting the calls.
+struct CountingMemory {
+  std::shared_ptr<std::atomic<int>> allocations = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<int>> frees = std::make_shared<std::atomic<int>>(0);
+
+  std::shared_ptr<detail::BlockPool> pool(std::size_t keep_bytes) const {
+    return detail::BlockPool::make(
+        [allocations = allocations](std::size_t bytes) {
+          ++*allocations;
+          return std::malloc(bytes);
+        },
+        [frees = frees](void* block) {
+          ++*frees;
+          std::free(block);
+        },
+        keep_bytes);
+  }
+};
+
+TEST(NcclPinnedPool, SizeClassesArePowersOfTwoFromFourKiB) {
+  using detail::BlockPool;
+  EXPECT_EQ(BlockPool::size_class(0), 4096u);
+  EXPECT_EQ(BlockPool::size_class(1), 4096u);
+  EXPECT_EQ(BlockPool::size_class(4096), 4096u);
+  EXPECT_EQ(BlockPool::size_class(4097), 8192u);
+  EXPECT_EQ(BlockPool::size_class((std::size_t{1} << 20) + 1), std::size_t{2} << 20);
+}
+
+TEST(NcclPinnedPool, AFreedBlockIsHandedOutAgainWithoutAllocating) {
+  const CountingMemory memory;
+  const std::shared_ptr<detail::BlockPool> pool = memory.pool(std::size_t{1} << 20);
+  void* first = nullptr;
+  {
+    const std::shared_ptr<void> block = pool->take(100);
+    first = block.get();
+    std::memset(block.get(), 7, 4096);  // the whole size class is usable
+  }
+  EXPECT_EQ(pool->kept_bytes(), 4096u);
+  const std::shared_ptr<void> again = pool->take(4000);
+  EXPECT_EQ(again.get(), first);
+  EXPECT_EQ(pool->kept_bytes(), 0u);
+  const std::shared_ptr<void> other_class = pool->take(5000);
+  EXPECT_NE(other_class.get(), first);
+  EXPECT_EQ(memory.allocations->load(), 2);
+  EXPECT_EQ(memory.frees->load(), 0);
+}
+
+TEST(NcclPinnedPool, BlocksBeyondWhatItKeepsAreFreedAtOnce) {
+  const CountingMemory memory;
+  const std::shared_ptr<detail::BlockPool> pool = memory.pool(8192);
+  {
+    const std::shared_ptr<void> a = pool->take(4096);
+    const std::shared_ptr<void> b = pool->take(4096);
+    const std::shared_ptr<void> c = pool->take(4096);
+  }
+  EXPECT_EQ(pool->kept_bytes(), 8192u);
+  EXPECT_EQ(memory.frees->load(), 1);
+  { const std::shared_ptr<void> big = pool->take(16384); }
+  EXPECT_EQ(memory.frees->load(), 2) << "a block that does not fit is not kept";
+}
+
+TEST(NcclPinnedPool, BlocksComeBackFromAnyThreadAndOutliveTheirOwner) {
+  const CountingMemory memory;
+  std::shared_ptr<detail::BlockPool> pool = memory.pool(std::size_t{1} << 20);
+  std::vector<std::shared_ptr<void>> blocks;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(pool->take(static_cast<std::size_t>(i + 1) * 3000));
+  }
+  pool.reset();  // the owner (the transport) ends first; the blocks keep the pool alive
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&blocks, t] {
+      blocks[static_cast<std::size_t>(2 * t)].reset();
+      blocks[static_cast<std::size_t>(2 * t + 1)].reset();
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  EXPECT_EQ(memory.allocations->load(), 8);
+  EXPECT_EQ(memory.frees->load(), 8) << "the last block out frees every kept one";
 }
 
 // ---- Core's reductions through NCCL's mapping (on the simulator: no device)

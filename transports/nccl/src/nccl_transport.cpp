@@ -29,16 +29,19 @@ std::string milliseconds_text(std::chrono::nanoseconds duration) {
 // Polls (yielding) instead of blocking in CUDA or NCCL, so every wait has a deadline.
 void pause_briefly() { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
 
-// Pinned host memory, freed with cudaFreeHost.
-std::shared_ptr<void> pinned(std::size_t bytes) {
+// Pinned host memory for the staging pool (Note [Pinned staging pool]).
+void* allocate_pinned(std::size_t bytes) {
   void* data = nullptr;
   const cudaError_t code = cudaMallocHost(&data, std::max<std::size_t>(bytes, 1));
   if (code != cudaSuccess) {
     throw TransportError(ErrorContext{}, "nccl: cudaMallocHost(" + std::to_string(bytes) +
                                              ") failed: " + cuda_error_text(code));
   }
-  return {data, [](void* pointer) { cudaFreeHost(pointer); }};
+  return data;
 }
+
+// Freed pinned blocks a rank keeps for staging (Note [Pinned staging pool]).
+constexpr std::size_t kPinnedKeepBytes = std::size_t{64} << 20;
 
 // FNV-1a of the group's key: the same id on every member (fingerprints compare it).
 std::uint64_t comm_id_of(const std::string& key) {
@@ -408,7 +411,7 @@ void Watchdog::loop() {
 NcclComm::NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> watchdog,
                    std::string tag, std::vector<int> ranks, int group_rank, std::uint64_t id,
                    int rank, std::chrono::nanoseconds timeout,
-                   std::shared_ptr<store::Store> check_store)
+                   std::shared_ptr<store::Store> check_store, std::shared_ptr<BlockPool> pinned)
     : state_(std::move(state)),
       watchdog_(std::move(watchdog)),
       tag_(std::move(tag)),
@@ -417,7 +420,8 @@ NcclComm::NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> w
       id_(id),
       rank_(rank),
       timeout_(timeout),
-      check_store_(std::move(check_store)) {
+      check_store_(std::move(check_store)),
+      pinned_(std::move(pinned)) {
   CHORUS_CHECK_GE(group_rank_, 0);
   CHORUS_CHECK_LT(group_rank_, size());
 }
@@ -464,7 +468,7 @@ void* NcclComm::stage_in(const transport::Buffer& buffer, bool copy_in, Started&
         cudaFreeAsync(const_cast<void*>(pointer), stream);
       }));
   if (copy_in && buffer.nbytes() > 0) {
-    std::shared_ptr<void> host = pinned(buffer.nbytes());
+    std::shared_ptr<void> host = pinned_->take(buffer.nbytes());
     std::memcpy(host.get(), buffer.data, buffer.nbytes());
     code = cudaMemcpyAsync(device_data, host.get(), buffer.nbytes(), cudaMemcpyHostToDevice,
                            state_->stream());
@@ -481,7 +485,7 @@ void NcclComm::stage_out(const transport::Buffer& buffer, void* device_data, Sta
   if (buffer.device.is_cuda() || buffer.nbytes() == 0) {
     return;
   }
-  std::shared_ptr<void> host = pinned(buffer.nbytes());
+  std::shared_ptr<void> host = pinned_->take(buffer.nbytes());
   const cudaError_t code = cudaMemcpyAsync(host.get(), device_data, buffer.nbytes(),
                                            cudaMemcpyDeviceToHost, state_->stream());
   if (code != cudaSuccess) {
@@ -872,7 +876,9 @@ NcclTransport::NcclTransport(Environment environment, std::shared_ptr<store::Sto
       timeout_(timeout),
       split_partitions_(split_partitions),
       check_collectives_(check_collectives),
-      watchdog_(std::make_shared<Watchdog>(timeout, device)) {}
+      watchdog_(std::make_shared<Watchdog>(timeout, device)),
+      pinned_(BlockPool::make(
+          allocate_pinned, [](void* block) { cudaFreeHost(block); }, kPinnedKeepBytes)) {}
 
 NcclTransport::~NcclTransport() {
   for (const std::shared_ptr<CommState>& state : states_) {
@@ -1015,7 +1021,7 @@ std::shared_ptr<NcclComm> NcclTransport::adopt(ncclComm_t comm, ncclResult_t res
   }
   auto created = std::make_shared<NcclComm>(state, watchdog_, tag, ranks, group_rank,
                                             comm_id_of(key), environment_.rank, timeout_,
-                                            check_collectives_ ? store_ : nullptr);
+                                            check_collectives_ ? store_ : nullptr, pinned_);
   states_.push_back(state);
   comms_.emplace(key, created);
   return created;

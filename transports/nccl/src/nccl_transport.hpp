@@ -13,7 +13,8 @@
 //   legacy default stream (an event orders them), then an event is recorded: the Work.
 //   is_completed() queries it; wait(deadline) polls it and ncclCommGetAsyncError until the
 //   deadline; wait_on(stream) makes `stream` wait on it (no host block).
-// - CPU buffers are staged: copied into pinned host memory and device scratch before the
+// - CPU buffers are staged: copied into pinned host memory (from the rank's pool, Note [Pinned
+//   staging pool]) and device scratch before the
 //   operation, copied back into pinned memory after it on the stream, and into the caller's
 //   buffer by the Work when it completes. So core's CPU tensors run on NCCL too (core cannot
 //   allocate CUDA storage yet); CUDA buffers are used in place.
@@ -46,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "block_pool.hpp"
 #include "chorus/error.hpp"
 #include "chorus/nccl/nccl.hpp"
 #include "chorus/store/store.hpp"
@@ -189,7 +191,8 @@ class NcclComm final : public transport::Comm {
   // `check_store`: the store for Note [NCCL collective check], null when the check is off.
   NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> watchdog, std::string tag,
            std::vector<int> ranks, int group_rank, std::uint64_t id, int rank,
-           std::chrono::nanoseconds timeout, std::shared_ptr<store::Store> check_store);
+           std::chrono::nanoseconds timeout, std::shared_ptr<store::Store> check_store,
+           std::shared_ptr<BlockPool> pinned);
 
   std::uint64_t id() const noexcept override { return id_; }
   const std::string& tag() const noexcept override { return tag_; }
@@ -275,6 +278,7 @@ class NcclComm final : public transport::Comm {
   int rank_;
   std::chrono::nanoseconds timeout_;
   std::shared_ptr<store::Store> check_store_;  // Note [NCCL collective check]; null: off
+  std::shared_ptr<BlockPool> pinned_;          // staging blocks, Note [Pinned staging pool]
   bool batching_ = false;
   std::vector<Enqueue> batch_;
   std::vector<transport::OpSignature> batch_signatures_;
@@ -326,6 +330,7 @@ class NcclTransport final : public transport::Transport {
   bool check_collectives_;   // NcclRunOptions::check_collectives
   std::int64_t splits_ = 0;  // rounds of Note [Split agreement] so far
   std::shared_ptr<Watchdog> watchdog_;
+  std::shared_ptr<BlockPool> pinned_;  // shared by the rank's communicators
   std::map<std::string, std::shared_ptr<NcclComm>> comms_;
   std::vector<std::shared_ptr<CommState>> states_;
 };
