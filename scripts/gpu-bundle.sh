@@ -41,6 +41,12 @@ done
 
 # Libraries a CUDA image may lack. Left out: the C and C++ runtimes and the dynamic loader (the
 # image's are newer and must match its loader), the CUDA driver (the machine's own) and NCCL.
+missing=$(ldd "${OUT}"/bin/* | grep "not found" || true)
+if [ -n "${missing}" ]; then
+  echo "gpu-bundle: libraries missing here:"
+  echo "${missing}"
+  exit 1
+fi
 for binary in "${OUT}"/bin/*; do
   ldd "${binary}" | awk '$3 ~ /^\// { print $3 }'
 done | sort -u | while read -r library; do

@@ -21,13 +21,14 @@
 # or the nvidia-nccl Python package's).
 set -euo pipefail
 
+PREBUILT=""
+if [ "${1:-}" = "--prebuilt" ]; then
+  # Absolute, and relative to the caller's directory, before the cd below.
+  PREBUILT=$(cd "${2:?"--prebuilt needs the bundle's directory (scripts/gpu-bundle.sh makes .gpu-bundle)"}" && pwd)
+fi
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 BUILD=build/nccl
-PREBUILT=""
-if [ "${1:-}" = "--prebuilt" ]; then
-  PREBUILT=${2:?"--prebuilt needs the bundle's directory (scripts/gpu-bundle.sh makes .gpu-bundle)"}
-fi
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}  # an NCCL failure explains itself
 STEP=""
 on_exit() {
@@ -81,7 +82,9 @@ else
   [ -x "${PREBUILT}/bin/nccl_gpu_job" ] \
     || { echo "${PREBUILT}/bin/nccl_gpu_job missing: run scripts/gpu-bundle.sh first"; exit 1; }
   NCCL_DIR=""
-  if ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2"; then
+  # grep reads captured output: under pipefail a producer killed by grep -q's early exit would
+  # count as a failure.
+  if ! grep -q "libnccl.so.2" <<<"$(ldconfig -p 2>/dev/null || true)"; then
     NCCL_DIR=$(python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib"))' \
       2>/dev/null || true)
     if [ ! -e "${NCCL_DIR}/libnccl.so.2" ]; then
@@ -89,11 +92,14 @@ else
     fi
     [ -e "${NCCL_DIR}/libnccl.so.2" ] || { echo "no libnccl.so.2 on this machine"; exit 1; }
   fi
-  export LD_LIBRARY_PATH="$(pwd)/${PREBUILT}/lib${NCCL_DIR:+:${NCCL_DIR}}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+  # For the bundle's programs (and what they start); free_port's python3 runs without it.
+  export LD_LIBRARY_PATH="${PREBUILT}/lib${NCCL_DIR:+:${NCCL_DIR}}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
   echo "NCCL: ${NCCL_DIR:-found by the loader}"
   ldd "${PREBUILT}/bin/nccl_gpu_job" | grep -E "not found|nccl|cudart" || true
-  if ldd "${PREBUILT}"/bin/* | grep -q "not found"; then
-    echo "a library of the bundle is missing on this machine"
+  missing=$(ldd "${PREBUILT}"/bin/* | grep "not found" || true)
+  if [ -n "${missing}" ]; then
+    echo "a library of the bundle is missing on this machine:"
+    echo "${missing}"
     exit 1
   fi
 
@@ -114,7 +120,7 @@ else
 fi
 
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
+  env -u LD_LIBRARY_PATH python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
     2>/dev/null || echo $((29500 + RANDOM % 1000))
 }
 

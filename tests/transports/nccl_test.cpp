@@ -824,6 +824,21 @@ TEST(NcclPinnedPool, BlocksBeyondWhatItKeepsAreFreedAtOnce) {
   EXPECT_EQ(memory.frees->load(), 2) << "a block that does not fit is not kept";
 }
 
+// A request beyond what the pool keeps is never kept: it gets whole pages, not a power of two
+// (65 MiB would pin 128 MiB).
+TEST(NcclPinnedPool, ARequestBeyondWhatItKeepsGetsWholePagesAndIsFreed) {
+  std::vector<std::size_t> sizes;
+  const std::shared_ptr<detail::BlockPool> pool = detail::BlockPool::make(
+      [&sizes](std::size_t bytes) {
+        sizes.push_back(bytes);
+        return std::malloc(bytes);
+      },
+      [](void* block) { std::free(block); }, 8192);
+  { const std::shared_ptr<void> big = pool->take(10000); }
+  EXPECT_EQ(sizes, std::vector<std::size_t>{12288});
+  EXPECT_EQ(pool->kept_bytes(), 0u);
+}
+
 TEST(NcclPinnedPool, BlocksComeBackFromAnyThreadAndOutliveTheirOwner) {
   const CountingMemory memory;
   std::shared_ptr<detail::BlockPool> pool = memory.pool(std::size_t{1} << 20);

@@ -6,11 +6,14 @@
 // waits for a peer stalls until that peer arrives (NVIDIA/nccl#48), and the frees run in a Work's
 // cleanup, on the watchdog or a waiting thread. So blocks are kept for reuse: a block comes back
 // to a list per size class (powers of two, at least 4 KiB) and is handed out again; the pool
-// keeps at most `keep_bytes` in all and frees a block beyond that at once. Thread-safe: blocks
-// come back from any thread. A block keeps its pool alive; the pool frees what it kept when the
-// last block and the last owner are gone. No CUDA here: the allocation functions are given, so
-// the unit tests run it on host memory.
+// keeps at most `keep_bytes` in all and frees a block beyond that at once (then cudaFreeHost
+// still runs where the block is given back, as every block's did before the pool). A request
+// whose class exceeds `keep_bytes` is never kept: it gets whole 4 KiB pages, not a power of two.
+// Thread-safe: blocks come back from any thread. A block keeps its pool alive; the pool frees what
+// it kept when the last block and the last owner are gone. No CUDA here: the allocation functions
+// are given, so the unit tests run it on host memory.
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -42,7 +45,10 @@ class BlockPool : public std::enable_shared_from_this<BlockPool> {
 
   // A block of at least max(bytes, 1) bytes; freeing the shared_ptr gives it back to the pool.
   std::shared_ptr<void> take(std::size_t bytes) {
-    const std::size_t size = size_class(bytes);
+    std::size_t size = size_class(bytes);
+    if (size > keep_bytes_) {
+      size = (std::max<std::size_t>(bytes, 1) + kMinBlock - 1) / kMinBlock * kMinBlock;
+    }
     void* block = nullptr;
     {
       const std::lock_guard lock(mutex_);
@@ -90,7 +96,7 @@ class BlockPool : public std::enable_shared_from_this<BlockPool> {
   void give_back(void* block, std::size_t size) noexcept {
     {
       const std::lock_guard lock(mutex_);
-      if (kept_ + size <= keep_bytes_) {
+      if (kept_ + size <= keep_bytes_ && size == size_class(size)) {
         try {
           free_[size].push_back(block);
           kept_ += size;

@@ -279,7 +279,13 @@ void NcclWork::fail(const std::exception_ptr& error) {
   status_ = transport::WorkStatus::Failed;
   error_ = error;
   started_.after.clear();
-  started_.keep_alive.clear();  // the communicator was aborted: its kernels no longer run
+  // The communicator was aborted: its kernels stop, but copies queued behind them on its stream
+  // may still run and write staging blocks, which the pool would hand out again. Leaked, as
+  // ~NcclWork does for a work dropped pending.
+  for (auto& keep : started_.keep_alive) {
+    new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
+  }
+  started_.keep_alive.clear();
 }
 
 bool NcclWork::is_completed() {
@@ -377,7 +383,8 @@ void Watchdog::loop() {
     wake_.wait_for(lock, kPollInterval);
     std::vector<std::shared_ptr<NcclWork>> pending;
     // Finished works this loop may hold the last reference to: released after unlocking, since
-    // the last one of a communicator finalizes it (waiting up to the timeout).
+    // the last one of a communicator finalizes it (waiting up to the timeout; add() is not
+    // blocked meanwhile, but no other communicator is watched).
     std::vector<std::shared_ptr<NcclWork>> finished;
     std::erase_if(works_, [&](const std::weak_ptr<NcclWork>& entry) {
       std::shared_ptr<NcclWork> work = entry.lock();
@@ -633,29 +640,32 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
   // NCCL's kernels are enqueued now: from here a failure must not free what they use. It
   // aborts the communicator (its kernels stop) and leaks the buffers, as ~NcclWork does.
   cudaEvent_t event = nullptr;
+  std::shared_ptr<NcclWork> work;
   try {
     for (const Enqueue& enqueue : enqueues) {
       enqueue.after(started);  // copies back, behind NCCL's kernels on the stream
     }
     check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventRecord(event, state_->stream()), "cudaEventRecord");
+    transport::Fingerprint fingerprint{id_, info.seq, started.signatures};
+    work = std::make_shared<NcclWork>(state_, event, std::move(started), std::move(fingerprint),
+                                      context);  // owns the event and the buffers from here
+    state_->track(work);
+    watchdog_->add(work);
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
-    for (auto& keep : started.keep_alive) {
-      new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
+    if (work == nullptr) {
+      for (auto& keep : started.keep_alive) {
+        new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
+      }
+      if (event != nullptr) {
+        cudaEventDestroy(event);
+      }
     }
-    if (event != nullptr) {
-      cudaEventDestroy(event);
-    }
-    lock.unlock();  // abort() takes the comm lock
-    state_->abort(error);
+    lock.unlock();         // abort() takes the comm lock
+    state_->abort(error);  // fails (and so leaks for) the work if it was tracked
     std::rethrow_exception(error);
   }
-  transport::Fingerprint fingerprint{id_, info.seq, started.signatures};
-  auto work = std::make_shared<NcclWork>(state_, event, std::move(started), std::move(fingerprint),
-                                         context);
-  state_->track(work);
-  watchdog_->add(work);
   return work;
 }
 
