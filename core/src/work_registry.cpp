@@ -70,8 +70,7 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
 }
 
 transport::Duration PendingWork::deadline_from_now() const {
-  const transport::Duration now = transport_->now();
-  return timeout_ >= transport::Duration::max() - now ? transport::Duration::max() : now + timeout_;
+  return transport::Deadline::after(transport_->now(), timeout_).at;
 }
 
 void PendingWork::wait_on_host(transport::Duration at) const {

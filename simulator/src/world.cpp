@@ -162,11 +162,8 @@ void SimWork::wait_on(void* /*stream*/) {
     throw InvalidArgument(context_, "the sim transport has no device streams; wait on the host");
   }
   // A simulated stream wait (SimOptions::cuda_devices): the rank waits until the collective
-  // completed, under the rank's timeout (saturating, as core's host waits), as a host wait does.
-  const transport::Duration now = world->now();
-  const std::chrono::nanoseconds timeout = world->timeout();
-  wait(timeout >= transport::Duration::max() - now ? transport::Deadline::never()
-                                                   : transport::Deadline{now + timeout});
+  // completed, under the rank's timeout, as core's host waits do.
+  wait(transport::Deadline::after(world->now(), world->timeout()));
 }
 
 std::exception_ptr SimWork::error() const {

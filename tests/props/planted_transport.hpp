@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "chorus/transport/transport.hpp"
+#include "support/forwarding_transport.hpp"
 
 namespace chorus::testing {
 
@@ -159,32 +160,23 @@ class PlantedComm final : public transport::Comm {
   PlantedBug bug_;
 };
 
-class PlantedTransport final : public transport::Transport {
+class PlantedTransport final : public ForwardingTransport {
  public:
   PlantedTransport(std::shared_ptr<transport::Transport> inner, PlantedBug bug)
-      : inner_(std::move(inner)), bug_(bug) {}
+      : ForwardingTransport(std::move(inner)), bug_(bug) {}
 
-  std::string_view name() const noexcept override { return inner_->name(); }
-  int rank() const noexcept override { return inner_->rank(); }
-  int world_size() const noexcept override { return inner_->world_size(); }
   // Communicators whose tag starts with "chorus." are chorus's own (the lockstep runner agrees
   // on verdicts over one): the bug is planted under the program's collectives only.
   std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
                                                const std::vector<int>& ranks) override {
-    std::shared_ptr<transport::Comm> comm = inner_->create_comm(tag, ranks);
+    std::shared_ptr<transport::Comm> comm = ForwardingTransport::create_comm(tag, ranks);
     if (tag.rfind("chorus.", 0) == 0) {
       return comm;
     }
     return std::make_shared<PlantedComm>(std::move(comm), bug_);
   }
-  transport::Duration now() override { return inner_->now(); }
-  std::string supports(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
-                       Device device) const override {
-    return inner_->supports(kind, dtype, reduce_op, device);
-  }
 
  private:
-  std::shared_ptr<transport::Transport> inner_;
   PlantedBug bug_;
 };
 

@@ -13,32 +13,21 @@
 #include <vector>
 
 #include "chorus/transport/transport.hpp"
+#include "support/forwarding_transport.hpp"
 
 namespace chorus::testing {
 
 // Why the narrower transport refuses (kind, wire dtype, reduce op, device); empty: it does not.
 using Refusal = std::function<std::string(transport::OpKind, DType, const ReduceOp&, Device)>;
 
-class NarrowedTransport final : public transport::Transport {
+class NarrowedTransport final : public ForwardingTransport {
  public:
   NarrowedTransport(std::shared_ptr<transport::Transport> inner, Refusal refusal,
                     std::shared_ptr<std::atomic<int>> refusals)
-      : inner_(std::move(inner)), refusal_(std::move(refusal)), refusals_(std::move(refusals)) {}
+      : ForwardingTransport(std::move(inner)),
+        refusal_(std::move(refusal)),
+        refusals_(std::move(refusals)) {}
 
-  std::string_view name() const noexcept override { return inner_->name(); }
-  int rank() const noexcept override { return inner_->rank(); }
-  int world_size() const noexcept override { return inner_->world_size(); }
-  Device device() const noexcept override { return inner_->device(); }
-  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
-                                               const std::vector<int>& ranks) override {
-    return inner_->create_comm(tag, ranks);
-  }
-  std::shared_ptr<transport::Comm> create_partition_comm(
-      const std::string& tag, const transport::Partition& partition,
-      const std::shared_ptr<transport::Comm>& existing) override {
-    return inner_->create_partition_comm(tag, partition, existing);
-  }
-  transport::Duration now() override { return inner_->now(); }
   std::string supports(transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
                        Device device) const override {
     std::string reason = refusal_(kind, dtype, reduce_op, device);
@@ -46,11 +35,10 @@ class NarrowedTransport final : public transport::Transport {
       refusals_->fetch_add(1, std::memory_order_relaxed);
       return reason;
     }
-    return inner_->supports(kind, dtype, reduce_op, device);
+    return ForwardingTransport::supports(kind, dtype, reduce_op, device);
   }
 
  private:
-  std::shared_ptr<transport::Transport> inner_;
   Refusal refusal_;
   std::shared_ptr<std::atomic<int>> refusals_;
 };

@@ -23,7 +23,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
-#include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "chorus/chorus.hpp"
@@ -88,23 +88,24 @@ rc::Gen<OpDType> gen_disallowed_op_dtype();
 // Note [Reductions a transport lacks]
 // Cases are generated alike on every transport (Note [Property runners]), so a case may reduce
 // with an op the transport underneath cannot run: NCCL has no bitwise reductions on integers.
-// Such a case checks the refusal instead of the result: the reducing call (`issue`) must throw
-// InvalidArgument carrying the transport's reason (chorus::unsupported_reduction), and the case
-// ends there. Every member refuses alike before anything is numbered, so the ranks stay in step.
-// The simulator and MPI run every pair check_dtype allows, so there every case runs as written.
-// Returns whether the case was refused.
+// Such a case checks the refusal instead of the result: its first reducing call (`issue`) must
+// throw InvalidArgument carrying the transport's reason (chorus::unsupported_reduction), and the
+// case ends there. Every member refuses alike before anything is numbered, so the ranks stay in
+// step. The simulator and MPI run every pair check_dtype allows, so there every case runs as
+// written. Returns what `issue` returned, or nullopt when the transport refused it.
 template <class Issue>
-bool refused_by_transport(Env& env, const OpDType& op, Issue&& issue) {
+auto unless_refused(Env& env, const OpDType& op, Issue&& issue)
+    -> std::optional<std::invoke_result_t<Issue&>> {
   const std::string reason = unsupported_reduction(op.dtype, op.op);
   if (reason.empty()) {
-    return false;
+    return issue();
   }
   const std::string message = env.require_throws<InvalidArgument>(
-      std::forward<Issue>(issue), "a reduction the transport lacks (" + reason + ")");
+      [&issue] { (void)issue(); }, "a reduction the transport lacks (" + reason + ")");
   env.require(message.find(reason) != std::string::npos,
               "the refusal of a reduction the transport lacks names the transport's reason '" +
                   reason + "': " + message);
-  return true;
+  return std::nullopt;
 }
 
 // ---- Exact inputs (Note [Exact inputs]).

@@ -18,11 +18,12 @@ void check_scatter_gather(const ReduceCase& c, Env& env) {
   const GroupSpec group = c.layout.spec();
   const Tensor input =
       exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, c.layout.group_size());
-  if (refused_by_transport(env, c.op, [&] { (void)all_reduce(input, c.op.op, group); })) {
+  const std::optional<Tensor> scattered = unless_refused(
+      env, c.op, [&] { return reduce_scatter_tensor(input, c.op.op, c.dim, group); });
+  if (!scattered) {
     return;
   }
-  const Tensor gathered =
-      all_gather_tensor(reduce_scatter_tensor(input, c.op.op, c.dim, group), c.dim, group);
+  const Tensor gathered = all_gather_tensor(*scattered, c.dim, group);
   const Tensor reduced = all_reduce(input, c.op.op, group);
   env.require_bitwise_equal(gathered, reduced,
                             "all_gather_tensor(reduce_scatter_tensor(x, op, d), d) vs all_reduce");
@@ -82,16 +83,19 @@ void check_coalesced(const CoalescedCase& c, Env& env) {
     inputs.push_back(exact_input(c.data_seed + i, env.rank(), c.shapes[i], c.op.dtype, c.op.op,
                                  c.layout.group_size()));
   }
-  const auto reduce_coalesced = [&] {
-    return c.form == 0 ? all_reduce_coalesced(inputs, c.op.op, group)
-                       : reduce_scatter_tensor_coalesced(
-                             inputs, c.op.op, std::vector<std::int64_t>(inputs.size(), 0), group);
-  };
-  if (c.form != 1 && refused_by_transport(env, c.op, [&] { (void)reduce_coalesced(); })) {
+  const std::optional<std::vector<Tensor>> outputs =
+      c.form == 1
+          ? std::optional(all_gather_into_tensor_coalesced(inputs, group))
+          : unless_refused(env, c.op, [&] {
+              return c.form == 0
+                         ? all_reduce_coalesced(inputs, c.op.op, group)
+                         : reduce_scatter_tensor_coalesced(
+                               inputs, c.op.op, std::vector<std::int64_t>(inputs.size(), 0), group);
+            });
+  if (!outputs) {
     return;
   }
-  const std::vector<Tensor> coalesced =
-      c.form == 1 ? all_gather_into_tensor_coalesced(inputs, group) : reduce_coalesced();
+  const std::vector<Tensor>& coalesced = *outputs;
   env.require(work_registry_size() == 1, "a coalesced call registers one work, registry holds " +
                                              std::to_string(work_registry_size()));
   if (coalesced.size() != inputs.size()) {
@@ -365,19 +369,18 @@ void check_inplace(const InplaceCase& c, Env& env) {
   const GroupSpec group = b.layout.spec();
   const Tensor input =
       exact_input(b.data_seed, env.rank(), b.shape, b.op.dtype, b.op.op, b.layout.group_size());
-  if (c.form != 1 && refused_by_transport(env, b.op, [&] {
-        (void)(c.form == 0 ? all_reduce(input, b.op.op, group)
-                           : reduce_scatter_tensor(input, b.op.op, b.dim, group));
-      })) {
-    return;
-  }
   if (c.form == 0) {
+    const std::optional<Tensor> expected = unless_refused(env, b.op, [&] {
+      return all_reduce(c.strided ? input.transpose(0, 1) : input, b.op.op, group);
+    });
+    if (!expected) {
+      return;
+    }
     Tensor target = c.strided ? input.clone().transpose(0, 1) : input.clone();
-    const Tensor expected = all_reduce(c.strided ? input.transpose(0, 1) : input, b.op.op, group);
     Tensor& returned = all_reduce_inplace(target, b.op.op, group);
     env.require(&returned == &target, "all_reduce_inplace returns its argument");
     env.require(!target.is_pending(), "all_reduce_inplace returns after the result is in place");
-    env.require_bitwise_equal(target, expected, "all_reduce_inplace vs all_reduce");
+    env.require_bitwise_equal(target, *expected, "all_reduce_inplace vs all_reduce");
     env.record(target);
   } else if (c.form == 1) {
     const Tensor expected = all_gather_tensor(input, b.dim, group);
@@ -387,11 +390,15 @@ void check_inplace(const InplaceCase& c, Env& env) {
     env.require_bitwise_equal(output, expected, "all_gather_tensor_inplace vs all_gather_tensor");
     env.record(output);
   } else {
-    const Tensor expected = reduce_scatter_tensor(input, b.op.op, b.dim, group);
-    Tensor output = Tensor::zeros(expected.sizes(), b.op.dtype);
+    const std::optional<Tensor> expected = unless_refused(
+        env, b.op, [&] { return reduce_scatter_tensor(input, b.op.op, b.dim, group); });
+    if (!expected) {
+      return;
+    }
+    Tensor output = Tensor::zeros(expected->sizes(), b.op.dtype);
     reduce_scatter_tensor_inplace(output, input, b.op.op, group, b.dim);
     env.require(!output.is_pending(), "reduce_scatter_tensor_inplace returns after the result");
-    env.require_bitwise_equal(output, expected,
+    env.require_bitwise_equal(output, *expected,
                               "reduce_scatter_tensor_inplace vs reduce_scatter_tensor");
     env.record(output);
   }

@@ -14,10 +14,12 @@ void check_all_reduce(const ReduceCase& c, Env& env) {
   }
   const int size = c.layout.group_size();
   const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
-  if (refused_by_transport(env, c.op, [&] { (void)all_reduce(input, c.op.op, c.layout.spec()); })) {
+  const std::optional<Tensor> reduced =
+      unless_refused(env, c.op, [&] { return all_reduce(input, c.op.op, c.layout.spec()); });
+  if (!reduced) {
     return;
   }
-  const Tensor result = all_reduce(input, c.op.op, c.layout.spec());
+  const Tensor& result = *reduced;
   env.require_bitwise_equal(result,
                             reference_reduce(c.data_seed, *members, c.shape, c.op.dtype, c.op.op),
                             "all_reduce result");
@@ -35,12 +37,12 @@ void check_reduce_scatter(const ReduceCase& c, Env& env) {
   }
   const int size = c.layout.group_size();
   const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
-  if (refused_by_transport(env, c.op, [&] {
-        (void)reduce_scatter_tensor(input, c.op.op, c.dim, c.layout.spec());
-      })) {
+  const std::optional<Tensor> scattered = unless_refused(
+      env, c.op, [&] { return reduce_scatter_tensor(input, c.op.op, c.dim, c.layout.spec()); });
+  if (!scattered) {
     return;
   }
-  const Tensor result = reduce_scatter_tensor(input, c.op.op, c.dim, c.layout.spec());
+  const Tensor& result = *scattered;
   const Tensor full = reference_reduce(c.data_seed, *members, c.shape, c.op.dtype, c.op.op);
   const std::int64_t dim = normalized_dim(c.dim, c.shape);
   const std::int64_t chunk = c.shape[static_cast<std::size_t>(dim)] / size;
@@ -57,11 +59,12 @@ void check_reduce(const ReduceCase& c, Env& env) {
   const int size = c.layout.group_size();
   const int dst = static_cast<int>(c.dim);
   const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
-  if (refused_by_transport(env, c.op,
-                           [&] { (void)reduce(input, c.op.op, dst, c.layout.spec()); })) {
+  const std::optional<Tensor> reduced =
+      unless_refused(env, c.op, [&] { return reduce(input, c.op.op, dst, c.layout.spec()); });
+  if (!reduced) {
     return;
   }
-  const Tensor result = reduce(input, c.op.op, dst, c.layout.spec());
+  const Tensor& result = *reduced;
   const bool is_dst = index_of(*members, env.rank()) == dst;
   env.require_bitwise_equal(
       result,

@@ -112,11 +112,14 @@ void check_shapes(const ShapeCase& c, Env& env) {
   const Tensor input = exact_input(c.base.data_seed, env.rank(), shape, dtype, c.base.op.op,
                                    c.base.layout.group_size());
   const bool reduces = c.op == 0 || c.op == 2 || c.op == 5;
-  if (reduces && refused_by_transport(env, c.base.op, [&] { (void)call(c, input, *members); })) {
+  const TraceScope trace;
+  const std::optional<Call> eager_call =
+      reduces ? unless_refused(env, c.base.op, [&] { return call(c, input, *members); })
+              : std::optional(call(c, input, *members));
+  if (!eager_call) {
     return;
   }
-  const TraceScope trace;
-  const Call eager = call(c, input, *members);
+  const Call& eager = *eager_call;
   const Call traced_meta = call(c, Tensor::empty(shape, dtype, Device::meta()), *members);
   if (trace.records().size() != 2) {
     env.fail("traced " + std::to_string(trace.records().size()) + " records, expected 2");

@@ -29,6 +29,15 @@ std::string milliseconds_text(std::chrono::nanoseconds duration) {
 // Polls (yielding) instead of blocking in CUDA or NCCL, so every wait has a deadline.
 void pause_briefly() { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
 
+// Never frees `keep_alive`'s memory: what a kernel, or a copy queued on an aborted stream, may
+// still use is leaked rather than freed (or handed out again by the staging pool) under it.
+void leak(std::vector<std::shared_ptr<const void>>& keep_alive) {
+  for (auto& keep : keep_alive) {
+    new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
+  }
+  keep_alive.clear();
+}
+
 // Pinned host memory for the staging pool (Note [Pinned staging pool]).
 void* allocate_pinned(std::size_t bytes) {
   void* data = nullptr;
@@ -226,9 +235,7 @@ NcclWork::~NcclWork() {
   // is destroyed lazily by CUDA once it completes; staging memory is leaked rather than freed
   // under a running kernel.
   if (status_ == transport::WorkStatus::Pending) {
-    for (auto& keep : started_.keep_alive) {
-      new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
-    }
+    leak(started_.keep_alive);
   }
   cudaEventDestroy(event_);
 }
@@ -282,10 +289,7 @@ void NcclWork::fail(const std::exception_ptr& error) {
   // The communicator was aborted: its kernels stop, but copies queued behind them on its stream
   // may still run and write staging blocks, which the pool would hand out again. Leaked, as
   // ~NcclWork does for a work dropped pending.
-  for (auto& keep : started_.keep_alive) {
-    new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
-  }
-  started_.keep_alive.clear();
+  leak(started_.keep_alive);
 }
 
 bool NcclWork::is_completed() {
@@ -655,9 +659,7 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
     if (work == nullptr) {
-      for (auto& keep : started.keep_alive) {
-        new std::shared_ptr<const void>(std::move(keep));  // NOLINT: deliberate leak, see above
-      }
+      leak(started.keep_alive);
       if (event != nullptr) {
         cudaEventDestroy(event);
       }

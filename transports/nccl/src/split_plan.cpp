@@ -278,27 +278,6 @@ bool parse_check_value(std::string_view value, std::string& description,
   }
 }
 
-// check_collective's store round.
-StoreRound check_round(const std::string& comm_key, const std::vector<int>& members, int group_rank,
-                       std::int64_t seq, const std::string& description,
-                       const ErrorContext& context, store::Deadline deadline,
-                       std::chrono::milliseconds grace) {
-  return StoreRound{
-      .prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/",
-      .members = members,
-      .me = group_rank,
-      .context = context,
-      .what = "operation #" + std::to_string(seq) + " (" + description + ")",
-      .who = "rank",
-      .consequence = "no member starts it",
-      .contract =
-          "With --check-collectives every member of a group compares each operation with "
-          "the others before NCCL runs it (docs/nccl.md)",
-      .deadline = deadline,
-      .grace = grace,
-  };
-}
-
 }  // namespace
 
 void check_collective(store::Store& store, const std::string& comm_key,
@@ -314,9 +293,22 @@ void check_collective(store::Store& store, const std::string& comm_key,
   if (n == 1) {
     return;  // nobody to disagree with (the transport refuses a member's unpaired own sizes)
   }
-  const std::vector<std::string> values = agree_through_store(
-      store, check_round(comm_key, members, group_rank, seq, description, context, deadline, grace),
-      check_value(description, splits));
+  const StoreRound round{
+      .prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/",
+      .members = members,
+      .me = group_rank,
+      .context = context,
+      .what = "operation #" + std::to_string(seq) + " (" + description + ")",
+      .who = "rank",
+      .consequence = "no member starts it",
+      .contract =
+          "With --check-collectives every member of a group compares each operation with "
+          "the others before NCCL runs it (docs/nccl.md)",
+      .deadline = deadline,
+      .grace = grace,
+  };
+  const std::vector<std::string> values =
+      agree_through_store(store, round, check_value(description, splits));
   const int rank = members[static_cast<std::size_t>(group_rank)];
   const std::string operation = "operation #" + std::to_string(seq) + " of group " + context.group;
   std::vector<std::vector<SplitSizes>> theirs(n);

@@ -41,6 +41,10 @@ using Duration = std::chrono::nanoseconds;
 struct Deadline {
   Duration at = Duration::max();
   static constexpr Deadline never() noexcept { return Deadline{}; }
+  // `timeout` after `now`; never() when that is past the clock's range (an infinite timeout).
+  static constexpr Deadline after(Duration now, Duration timeout) noexcept {
+    return timeout >= Duration::max() - now ? never() : Deadline{now + timeout};
+  }
   constexpr bool is_never() const noexcept { return at == Duration::max(); }
 };
 
