@@ -409,6 +409,47 @@ TEST(AllReduce, EveryDTypeOpPairIsAcceptedExactlyWhenTheRulesAllowIt) {
   });
 }
 
+// unsupported_reduction says, on a rank, what a reducing call would be refused for: the op/dtype
+// rules first, then the transport's (the simulator runs every allowed pair, on the host only).
+TEST(AllReduce, UnsupportedReductionGivesTheReasonARefusalWouldCarry) {
+  try {
+    (void)unsupported_reduction(DType::Float32, "sum");
+    ADD_FAILURE() << "unsupported_reduction outside a rank returned";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("unsupported_reduction"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("outside a rank"), std::string::npos);
+  }
+  std::vector<std::string> reasons;
+  run_quietly(1, [&] {
+    reasons.push_back(unsupported_reduction(DType::Float32, "sum"));
+    reasons.push_back(unsupported_reduction(DType::Bool, "band"));
+    reasons.push_back(unsupported_reduction(DType::Float32, "sum", Device::meta()));
+    const ReduceOp max = ReduceOp::Kind::Max;
+    reasons.push_back(unsupported_reduction(DType::Complex64, max) ==
+                              max.check_dtype(DType::Complex64)
+                          ? "check_dtype's"
+                          : "another");
+    reasons.push_back(unsupported_reduction(DType::Float32, "sum", Device::cuda(0)));
+    try {
+      (void)all_reduce(Tensor::empty({1}, DType::Complex64), max, world());
+    } catch (const InvalidArgument& error) {
+      reasons.push_back(std::string(error.what()).find(max.check_dtype(DType::Complex64)) !=
+                                std::string::npos
+                            ? "the call names it"
+                            : error.what());
+    }
+  });
+  ASSERT_EQ(reasons.size(), 6u);
+  EXPECT_EQ(reasons[0], "");
+  EXPECT_EQ(reasons[1], "");
+  EXPECT_EQ(reasons[2], "");
+  EXPECT_FALSE(ReduceOp(ReduceOp::Kind::Max).check_dtype(DType::Complex64).empty());
+  EXPECT_EQ(reasons[3], "check_dtype's");
+  EXPECT_NE(reasons[4].find("the simulator moves host memory only"), std::string::npos)
+      << reasons[4];
+  EXPECT_EQ(reasons[5], "the call names it");
+}
+
 TEST(AllReduce, OpNamesAreCaseInsensitiveFromEveryStringType) {
   constexpr int kWorld = 3;
   const std::string upper_sum = "SUM";
