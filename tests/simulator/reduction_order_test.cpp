@@ -160,13 +160,17 @@ TEST(ReductionOrder, ReduceScatterReduceAndCoalescedOpsFollowTheOrder) {
   const auto ring = bits_per_rank(options_for(ReductionOrder::Ring), program, &report);
   const std::vector<float> ring_block = {2, 0, 0, 1};
   for (std::size_t r = 0; r < ring.size(); ++r) {
-    std::vector<float> expected = {ring_block[r]};
     const std::vector<float> root =
         r == 0 ? std::vector<float>{0, 0, 1, 2} : std::vector<float>(kRanks, 0.0f);
-    expected.insert(expected.end(), root.begin(), root.end());
     // Operation #2: a one-element op is one chunk, starting at rank 3; two elements are chunks
     // 0 and 1 (of one element each), starting at ranks 3 and 0.
-    expected.insert(expected.end(), {0, 0, 1});
+    const std::vector<float> batch = {0, 0, 1};
+    // Sized first: inserting into a one-element vector trips GCC 12's -Warray-bounds at -O3.
+    std::vector<float> expected(1 + root.size() + batch.size());
+    expected[0] = ring_block[r];
+    std::copy(root.begin(), root.end(), expected.begin() + 1);
+    std::copy(batch.begin(), batch.end(),
+              expected.begin() + 1 + static_cast<std::ptrdiff_t>(root.size()));
     EXPECT_EQ(ring[r], bits_of(expected)) << "rank " << r;
   }
   EXPECT_EQ(report.mark_count("reduction.ring"), 4u);  // one per reduction op
