@@ -255,8 +255,7 @@ class Call {
     const detail::Completion completion =
         device_.is_cuda() ? detail::Completion::Stream : detail::Completion::Host;
     auto pending = std::make_shared<detail::PendingWork>(
-        std::move(work),
-        detail::WorkInfo{state_->rank(), std::string(op_), seq_, slot_->label, site_},
+        std::move(work), detail::WorkInfo{state_->rank(), op_, seq_, slot_->label, site_},
         std::move(fixup), state_->transport_ptr(), state_->options().timeout, completion);
     if (outputs.size() == 1) {  // the common case, without a vector
       state_->registry()->add(pending, TensorAccess::storage(outputs.front()).get());

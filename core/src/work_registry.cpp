@@ -27,7 +27,7 @@ std::exception_ptr explain_failure(const std::exception_ptr& error, const WorkIn
     std::rethrow_exception(error);
   } catch (const Error& e) {
     return make_error(e.code(), e.context(),
-                      "the result of " + info.op + " #" + std::to_string(info.seq) +
+                      "the result of " + std::string(info.op) + " #" + std::to_string(info.seq) +
                           " (issued at " + info.site.to_string() + ") " +
                           std::string(what_happened) + ": " + e.detail());
   } catch (...) {
@@ -510,8 +510,8 @@ WorkRegistry::Claim WorkRegistry::claim_locked(Entry& entry, bool at_rank_exit) 
   const WorkInfo& info = entry.work->info();
   Claim claim{entry.work, unwaited_.size(), at_rank_exit};
   try {
-    unwaited_.push_back(
-        UnwaitedWork{info.rank, info.op, info.seq, info.group, info.site, at_rank_exit, {}});
+    unwaited_.push_back(UnwaitedWork{
+        info.rank, std::string(info.op), info.seq, info.group, info.site, at_rank_exit, {}});
   } catch (...) {
     claim.record = kNoRecord;  // out of memory: the report loses this line
   }

@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -58,7 +59,7 @@ class Storage;
 // What the report and error messages say about a work.
 struct WorkInfo {
   int rank = -1;
-  std::string op;
+  std::string_view op;  // the API name: a string literal (transport::OpInfo::name)
   std::int64_t seq = -1;
   std::string group;
   CallSite site;

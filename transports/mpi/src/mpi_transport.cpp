@@ -72,6 +72,9 @@ std::shared_ptr<void> scratch(std::size_t nbytes) {
 // operations into one Started, and each must keep its own (the ring reads its input until its
 // last reduce-scatter step).
 void keep(Started& started, std::initializer_list<std::shared_ptr<const void>> buffers) {
+  if (started.keep_alive.empty()) {
+    started.keep_alive.reserve(buffers.size());
+  }
   started.keep_alive.insert(started.keep_alive.end(), buffers);
 }
 
@@ -200,7 +203,7 @@ void MpiProcess::park(Started started) {
 // MpiWork
 
 MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, Started started,
-                 transport::Fingerprint fingerprint, ErrorContext context)
+                 transport::Fingerprint fingerprint, WorkContext context)
     : process_(std::move(process)),
       started_(std::move(started)),
       fingerprint_(std::move(fingerprint)),
@@ -217,7 +220,7 @@ MpiWork::~MpiWork() {
 }
 
 void MpiWork::poll() {
-  if (status_ != transport::WorkStatus::Pending) {
+  if (status_.load(std::memory_order_relaxed) != transport::WorkStatus::Pending) {
     return;
   }
   int done = 0;
@@ -239,8 +242,8 @@ void MpiWork::poll() {
     }
   }
   if (!failure.empty()) {
-    error_ = make_error(ErrorCode::TransportError, context_, failure);
-    status_ = transport::WorkStatus::Failed;
+    error_ = make_error(ErrorCode::TransportError, context_.error_context(), failure);
+    status_.store(transport::WorkStatus::Failed, std::memory_order_release);
     return;
   }
   if (done == 0) {
@@ -250,10 +253,10 @@ void MpiWork::poll() {
     for (const std::function<void()>& step : started_.after) {
       step();
     }
-    status_ = transport::WorkStatus::Completed;
+    status_.store(transport::WorkStatus::Completed, std::memory_order_release);
   } catch (...) {
     error_ = std::current_exception();
-    status_ = transport::WorkStatus::Failed;
+    status_.store(transport::WorkStatus::Failed, std::memory_order_release);
   }
   started_.after.clear();
   started_.rings.clear();
@@ -261,9 +264,12 @@ void MpiWork::poll() {
 }
 
 bool MpiWork::is_completed() {
+  if (status() != transport::WorkStatus::Pending) {
+    return true;
+  }
   const std::lock_guard lock(mutex_);
   poll();
-  return status_ != transport::WorkStatus::Pending;
+  return status_.load(std::memory_order_relaxed) != transport::WorkStatus::Pending;
 }
 
 void MpiWork::wait(transport::Deadline deadline) {
@@ -276,22 +282,24 @@ void MpiWork::wait(transport::Deadline deadline) {
   const bool spin = process_->spin_waits();
   std::chrono::steady_clock::time_point last_yield;  // set at the first clock read
   for (unsigned polls = 1;; ++polls) {
-    {
+    transport::WorkStatus status = this->status();
+    if (status == transport::WorkStatus::Pending) {
       const std::lock_guard lock(mutex_);
       poll();
-      if (status_ == transport::WorkStatus::Failed) {
-        std::rethrow_exception(error_);
-      }
-      if (status_ == transport::WorkStatus::Completed) {
-        return;
-      }
+      status = status_.load(std::memory_order_relaxed);
+    }
+    if (status == transport::WorkStatus::Failed) {
+      std::rethrow_exception(error_);
+    }
+    if (status == transport::WorkStatus::Completed) {
+      return;
     }
     if (spin && polls % kPollsPerClockRead != 0) {
       continue;
     }
     const auto clock_now = std::chrono::steady_clock::now();
     if (clock_now - process_->epoch() >= deadline.at) {
-      throw Timeout(context_,
+      throw Timeout(context_.error_context(),
                     "not completed by its deadline; the operation stays pending. A peer of the "
                     "group has not issued it (or issued something else: MPI cannot tell which), "
                     "or is stuck");
@@ -308,17 +316,15 @@ void MpiWork::wait(transport::Deadline deadline) {
 }
 
 void MpiWork::wait_on(void* /*stream*/) {
-  throw InvalidArgument(context_, "the mpi transport has no device streams (host memory only)");
+  throw InvalidArgument(context_.error_context(),
+                        "the mpi transport has no device streams (host memory only)");
 }
 
-transport::WorkStatus MpiWork::status() const {
-  const std::lock_guard lock(mutex_);
-  return status_;
-}
+transport::WorkStatus MpiWork::status() const { return status_.load(std::memory_order_acquire); }
 
 std::exception_ptr MpiWork::error() const {
-  const std::lock_guard lock(mutex_);
-  return error_;
+  // error_ is written once, before the status that says Failed.
+  return status() == transport::WorkStatus::Failed ? error_ : nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -333,7 +339,7 @@ MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm ch
       check_collectives_(check_comm != MPI_COMM_NULL),
       tag_(std::move(tag)),
       ranks_(std::move(ranks)),
-      label_(group_label(tag_, ranks_)),
+      label_(std::make_shared<const std::string>(group_label(tag_, ranks_))),
       id_(id),
       timeout_(timeout),
       schedule_(schedule) {
@@ -359,7 +365,7 @@ MpiComm::~MpiComm() {
 }
 
 ErrorContext MpiComm::context_of(const OpInfo& info) const {
-  return ErrorContext{process_->rank(), std::string(info.name), info.seq, label_};
+  return ErrorContext{process_->rank(), std::string(info.name), info.seq, *label_};
 }
 
 void MpiComm::check(int code, const char* call, const OpInfo& info) const {
@@ -430,16 +436,16 @@ void MpiComm::post_exchange(Started& started, const std::vector<Message>& messag
   }
 }
 
+template <class Start>
 std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature,
-                                                 const OpInfo& info,
-                                                 std::function<void(Started&)> start,
+                                                 const OpInfo& info, Start&& start,
                                                  const std::vector<std::size_t>* send_counts,
                                                  const std::vector<std::size_t>* recv_counts) {
   if (batching_) {
     // NCCL group semantics: the batch starts at end_group, after its check.
     CHORUS_CHECK(send_counts == nullptr);
     batch_signatures_.push_back(op_signature);
-    batch_starts_.push_back(std::move(start));
+    batch_starts_.emplace_back(std::forward<Start>(start));
     return nullptr;
   }
   if (check_collectives_) {
@@ -459,7 +465,7 @@ std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature
 std::shared_ptr<transport::Work> MpiComm::make_work(Started started, const OpInfo& info) {
   transport::Fingerprint fingerprint{id_, info.seq, std::move(started.signatures)};
   return std::make_shared<MpiWork>(process_, std::move(started), std::move(fingerprint),
-                                   context_of(info));
+                                   WorkContext{process_->rank(), info.name, info.seq, label_});
 }
 
 std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const Buffer& recv,
@@ -902,7 +908,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
     if (i != me && !same_operation((*wires)[i], (*wires)[n])) {
       throw CollectiveMismatch(
           context_of(info),
-          "ranks disagree on operation #" + std::to_string(info.seq) + " of group " + label_ +
+          "ranks disagree on operation #" + std::to_string(info.seq) + " of group " + *label_ +
               ": rank " + std::to_string(ranks_[i]) + " issued " + describe((*wires)[i]) +
               (((*wires)[i].seq != info.seq)
                    ? " as its operation #" + std::to_string((*wires)[i].seq)
@@ -958,7 +964,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   if (!problem.empty()) {
     throw CollectiveMismatch(context_of(info), "ranks disagree on the split sizes of operation #" +
                                                    std::to_string(info.seq) + " of group " +
-                                                   label_ + ": " + problem);
+                                                   *label_ + ": " + problem);
   }
 }
 

@@ -26,6 +26,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -100,10 +101,23 @@ class MpiProcess {
 // "MPI_ERR_TRUNCATE: message truncated" for an MPI error code.
 std::string mpi_error_text(int code);
 
+// What a work's errors name, kept cheaply: the ErrorContext (two strings) is built only for an
+// error. `op` is OpInfo::name, a string literal; `group` the communicator's label, shared.
+struct WorkContext {
+  int rank = -1;
+  std::string_view op;
+  std::int64_t seq = -1;
+  std::shared_ptr<const std::string> group;
+
+  ErrorContext error_context() const {
+    return ErrorContext{rank, std::string(op), seq, group ? *group : std::string()};
+  }
+};
+
 class MpiWork final : public transport::Work {
  public:
   MpiWork(std::shared_ptr<MpiProcess> process, Started started, transport::Fingerprint fingerprint,
-          ErrorContext context);
+          WorkContext context);
   ~MpiWork() override;
 
   bool is_completed() override;
@@ -120,9 +134,11 @@ class MpiWork final : public transport::Work {
   std::shared_ptr<MpiProcess> process_;
   Started started_;
   transport::Fingerprint fingerprint_;
-  ErrorContext context_;
-  mutable std::mutex mutex_;  // guards everything below and serialises poll()
-  transport::WorkStatus status_ = transport::WorkStatus::Pending;
+  WorkContext context_;
+  std::mutex mutex_;  // serialises poll(), which alone writes what follows
+  // Pending until poll() sets error_ (Failed) and then stores the final status (release), so a
+  // reader that loads a final status (acquire) reads error_ without the lock.
+  std::atomic<transport::WorkStatus> status_ = transport::WorkStatus::Pending;
   std::exception_ptr error_;
 };
 
@@ -188,9 +204,10 @@ class MpiComm final : public transport::Comm {
 
   // Starts one operation now (after its check), or defers it into the open batch. `start`
   // issues its MPI requests into a Started. all_to_all passes its per-peer counts for the check.
+  // `start` is a callable (kept as a std::function only when batched).
+  template <class Start>
   std::shared_ptr<transport::Work> launch(const transport::OpSignature& op_signature,
-                                          const transport::OpInfo& info,
-                                          std::function<void(Started&)> start,
+                                          const transport::OpInfo& info, Start&& start,
                                           const std::vector<std::size_t>* send_counts = nullptr,
                                           const std::vector<std::size_t>* recv_counts = nullptr);
   std::shared_ptr<transport::Work> make_work(Started started, const transport::OpInfo& info);
@@ -237,7 +254,7 @@ class MpiComm final : public transport::Comm {
   bool check_collectives_;
   std::string tag_;
   std::vector<int> ranks_;
-  std::string label_;
+  std::shared_ptr<const std::string> label_;  // shared with the works' contexts
   std::uint64_t id_;
   std::chrono::nanoseconds timeout_;
   int group_rank_ = -1;

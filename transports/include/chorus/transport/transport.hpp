@@ -89,7 +89,9 @@ struct Buffer {
 
 // What core tells the transport about an operation beyond its buffers.
 struct OpInfo {
-  std::string_view name;  // the API name, e.g. "all_reduce_coalesced"
+  // The API name, e.g. "all_reduce_coalesced": a string literal, so a transport may keep the
+  // view in a work for its error messages without copying it.
+  std::string_view name;
   std::int64_t seq = -1;  // see Note [Transport contract]
   CallSite site;
 };
