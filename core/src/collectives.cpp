@@ -244,9 +244,10 @@ class Call {
             ? state_->ensure_partition_comm(*slot_, expanded_.tag, members_, parts, part_size)
             : state_->ensure_comm(*slot_, expanded_.tag, members_);
     seq_ = slot_->next_seq++;
+    stream_ = state_->stream_of(device_);
     return comm;
   }
-  transport::OpInfo info() const { return transport::OpInfo{op_, seq_, site_}; }
+  transport::OpInfo info() const { return transport::OpInfo{op_, seq_, site_, stream_}; }
 
   // Registers `work` as pending under the storages of `outputs`.
   void register_work(std::shared_ptr<transport::Work> work, std::span<const Tensor> outputs,
@@ -256,7 +257,9 @@ class Call {
         device_.is_cuda() ? detail::Completion::Stream : detail::Completion::Host;
     auto pending = std::make_shared<detail::PendingWork>(
         std::move(work), detail::WorkInfo{state_->rank(), op_, seq_, slot_->label, site_},
-        std::move(fixup), state_->transport_ptr(), state_->options().timeout, completion);
+        std::move(fixup), state_->transport_ptr(), state_->options().timeout, completion,
+        device_.is_cuda() ? detail::StreamSource{state_->streams(), device_.index()}
+                          : detail::StreamSource{});
     if (outputs.size() == 1) {  // the common case, without a vector
       state_->registry()->add(pending, TensorAccess::storage(outputs.front()).get());
       return;
@@ -316,6 +319,7 @@ class Call {
   Device device_;  // of the checked inputs
   int checked_inputs_ = 0;
   std::int64_t seq_ = -1;
+  void* stream_ = nullptr;  // the current stream of device_ when the op started
 };
 
 // A contiguous tensor's elements as a transport buffer (lowered, Note [Lowering]) that keeps

@@ -9,6 +9,7 @@
 #include "chorus/check.hpp"
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
+#include "chorus/stream.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/errors.hpp"
 #include "detail/format.hpp"
@@ -371,6 +372,37 @@ ExpandedGroup expand_group(const GroupSpec& group, std::string_view tag) {
 int rank() { return detail::require_rank("rank").rank(); }
 int world_size() { return detail::require_rank("world_size").world_size(); }
 Device local_device() { return detail::require_rank("local_device").transport().device(); }
+
+namespace {
+
+// The calling rank's streams, for `device`; InvalidArgument naming `op` otherwise.
+const std::shared_ptr<detail::CurrentStreams>& streams_for(Device device, std::string_view op) {
+  detail::RankState& state = detail::require_rank(op).state();
+  if (!device.is_cuda()) {
+    detail::throw_invalid(op, "streams order device work, and " + device.to_string() +
+                                  " has none: pass Device::cuda(i)");
+  }
+  return state.streams();
+}
+
+}  // namespace
+
+void* current_stream(Device device) {
+  return streams_for(device, "current_stream")->get(device.index());
+}
+
+void set_current_stream(Device device, void* stream) {
+  streams_for(device, "set_current_stream")->set(device.index(), stream);
+}
+
+StreamGuard::StreamGuard(Device device, void* stream)
+    : streams_(streams_for(device, "StreamGuard")),
+      device_(device),
+      previous_(streams_->get(device.index())) {
+  streams_->set(device.index(), stream);
+}
+
+StreamGuard::~StreamGuard() { streams_->set(device_.index(), previous_); }
 
 std::size_t device_memory_allocated() {
   return detail::require_rank("device_memory_allocated")

@@ -129,8 +129,9 @@ RankState& rank_with_device_memory(Device device, const char* op) {
 
 }  // namespace
 
-DeviceMemory& device_memory_for(Device device, const char* op) {
-  return *rank_with_device_memory(device, op).options().device_memory;
+DeviceMemoryOnStream device_memory_for(Device device, const char* op) {
+  RankState& state = rank_with_device_memory(device, op);
+  return {*state.options().device_memory, state.stream_of(device)};
 }
 
 std::shared_ptr<Storage> make_storage(std::size_t nbytes, Device device, const char* op) {
@@ -141,7 +142,8 @@ std::shared_ptr<Storage> make_storage(std::size_t nbytes, Device device, const c
   std::shared_ptr<void> memory;
   if (nbytes > 0) {
     RankState& state = rank_with_device_memory(device, op);
-    std::shared_ptr<void> block = state.options().device_memory->allocate(device, nbytes);
+    std::shared_ptr<void> block =
+        state.options().device_memory->allocate(device, nbytes, state.stream_of(device));
     CHORUS_CHECK(block != nullptr);
     // Counted until the block is given back (chorus::device_memory_allocated).
     state.device_bytes()->fetch_add(nbytes, std::memory_order_relaxed);

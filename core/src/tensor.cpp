@@ -296,8 +296,8 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
   Tensor tensor = empty(std::move(shape), dtype, device);
   if (device.is_cuda()) {  // zeroed in stream order: no host copy, no host block
     if (tensor.nbytes() > 0) {
-      detail::device_memory_for(device, "Tensor::zeros")
-          .zero(tensor.unsafe_data_ptr(), device, tensor.nbytes());
+      const auto [memory, stream] = detail::device_memory_for(device, "Tensor::zeros");
+      memory.zero(tensor.unsafe_data_ptr(), device, tensor.nbytes(), stream);
     }
     return tensor;
   }
@@ -317,9 +317,9 @@ Tensor Tensor::full(Shape shape, double value, DType dtype, Device device) {
   if (device.is_cuda()) {  // no device kernels: filled on the host, then copied
     if (tensor.nbytes() > 0) {
       const Tensor host = full(tensor.sizes(), value, dtype, Device::cpu());
-      detail::device_memory_for(device, "Tensor::full")
-          .copy(tensor.unsafe_data_ptr(), device, host.unsafe_data_ptr(), Device::cpu(),
-                tensor.nbytes());
+      const auto [memory, stream] = detail::device_memory_for(device, "Tensor::full");
+      memory.copy(tensor.unsafe_data_ptr(), device, host.unsafe_data_ptr(), Device::cpu(),
+                  tensor.nbytes(), stream);
     }
     return tensor;
   }
@@ -692,8 +692,9 @@ void copy_contiguous_bytes(const Tensor& dst, const Tensor& src, const char* op)
   if (src.nbytes() == 0) {
     return;
   }
-  detail::device_memory_for(copying_device(dst.device(), src.device()), op)
-      .copy(dst.unsafe_data_ptr(), dst.device(), first, src.device(), src.nbytes());
+  const auto [memory, stream] =
+      detail::device_memory_for(copying_device(dst.device(), src.device()), op);
+  memory.copy(dst.unsafe_data_ptr(), dst.device(), first, src.device(), src.nbytes(), stream);
 }
 
 // A contiguous copy of `tensor` on `device`; one of the two devices is CUDA.

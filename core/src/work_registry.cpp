@@ -56,14 +56,15 @@ std::exception_ptr explain_stream_failure(const std::exception_ptr& error, const
 PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
                          std::function<void()> fixup,
                          std::shared_ptr<transport::Transport> transport,
-                         transport::Duration timeout, Completion completion)
+                         transport::Duration timeout, Completion completion, StreamSource stream)
     : id_(next_work_id.fetch_add(1, std::memory_order_relaxed)),
       work_(std::move(work)),
       info_(std::move(info)),
       fixup_(std::move(fixup)),
       transport_(std::move(transport)),
       timeout_(timeout),
-      completion_(completion) {
+      completion_(completion),
+      stream_(std::move(stream)) {
   CHORUS_CHECK(work_ != nullptr);
   CHORUS_CHECK(transport_ != nullptr);
   CHORUS_CHECK(completion_ == Completion::Host || !fixup_);
@@ -90,7 +91,7 @@ void PendingWork::complete() const {
     if (work_->status() == transport::WorkStatus::Failed) {
       std::rethrow_exception(work_->error());
     }
-    work_->wait_on(nullptr);  // the current stream of the buffers' device
+    work_->wait_on(stream_.current());  // the current stream of the outputs' device, now
     return;
   }
   if (work_->status() != transport::WorkStatus::Completed) {

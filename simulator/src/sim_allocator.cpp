@@ -279,7 +279,9 @@ class SimulatedDeviceMemory final : public DeviceMemory {
  public:
   explicit SimulatedDeviceMemory(int rank) : device_(Device::cuda(rank)) {}
 
-  std::shared_ptr<void> allocate(Device device, std::size_t nbytes) override {
+  // Streams are ignored (Note [Current stream]): a simulated stream wait is a wait of the rank,
+  // which orders everything the rank does after it.
+  std::shared_ptr<void> allocate(Device device, std::size_t nbytes, void* /*stream*/) override {
     check_device(device, "allocate");
     const std::size_t rounded = (nbytes + HostAllocator::kAlignment - 1) /
                                 HostAllocator::kAlignment * HostAllocator::kAlignment;
@@ -291,14 +293,14 @@ class SimulatedDeviceMemory final : public DeviceMemory {
     return {block, [](void* data) { std::free(data); }};
   }
 
-  void copy(void* dst, Device dst_device, const void* src, Device src_device,
-            std::size_t nbytes) override {
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes,
+            void* /*stream*/) override {
     check_device(dst_device, "copy");
     check_device(src_device, "copy");
     std::memcpy(dst, src, nbytes);
   }
 
-  void zero(void* dst, Device device, std::size_t nbytes) override {
+  void zero(void* dst, Device device, std::size_t nbytes, void* /*stream*/) override {
     check_device(device, "zero");
     std::memset(dst, 0, nbytes);
   }

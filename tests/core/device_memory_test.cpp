@@ -29,16 +29,17 @@ using testing::expect_invalid_argument;
 using testing::FakeTransport;
 using testing::FakeWork;
 
-// Host memory posing as device memory; records every call.
+// Host memory posing as device memory; records every call and the stream it was ordered on.
 class RecordingDeviceMemory final : public DeviceMemory {
  public:
   struct Copy {
     Device dst;
     Device src;
     std::size_t nbytes;
+    void* stream = nullptr;
   };
 
-  std::shared_ptr<void> allocate(Device device, std::size_t nbytes) override {
+  std::shared_ptr<void> allocate(Device device, std::size_t nbytes, void* stream) override {
     EXPECT_TRUE(device.is_cuda());
     EXPECT_GT(nbytes, 0u);
     void* block = std::aligned_alloc(HostAllocator::kAlignment,
@@ -47,33 +48,43 @@ class RecordingDeviceMemory final : public DeviceMemory {
     std::memset(block, 0xA5, nbytes);  // fresh device memory is not zeroed
     std::lock_guard lock(mutex_);
     allocations_.push_back(nbytes);
+    allocation_streams_.push_back(stream);
     return {block, [counts = counts_](void* p) {
               std::free(p);
               ++*counts;
             }};
   }
 
-  void copy(void* dst, Device dst_device, const void* src, Device src_device,
-            std::size_t nbytes) override {
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes,
+            void* stream) override {
     std::memcpy(dst, src, nbytes);
     std::lock_guard lock(mutex_);
-    copies_.push_back(Copy{dst_device, src_device, nbytes});
+    copies_.push_back(Copy{dst_device, src_device, nbytes, stream});
   }
 
-  void zero(void* dst, Device device, std::size_t nbytes) override {
+  void zero(void* dst, Device device, std::size_t nbytes, void* stream) override {
     EXPECT_TRUE(device.is_cuda());
     std::memset(dst, 0, nbytes);
     std::lock_guard lock(mutex_);
     zeroed_.push_back(nbytes);
+    zero_streams_.push_back(stream);
   }
 
   std::vector<std::size_t> zeroed() const {
     std::lock_guard lock(mutex_);
     return zeroed_;
   }
+  std::vector<void*> zero_streams() const {
+    std::lock_guard lock(mutex_);
+    return zero_streams_;
+  }
   std::vector<std::size_t> allocations() const {
     std::lock_guard lock(mutex_);
     return allocations_;
+  }
+  std::vector<void*> allocation_streams() const {
+    std::lock_guard lock(mutex_);
+    return allocation_streams_;
   }
   std::vector<Copy> copies() const {
     std::lock_guard lock(mutex_);
@@ -84,8 +95,10 @@ class RecordingDeviceMemory final : public DeviceMemory {
  private:
   mutable std::mutex mutex_;
   std::vector<std::size_t> allocations_;
+  std::vector<void*> allocation_streams_;
   std::vector<Copy> copies_;
   std::vector<std::size_t> zeroed_;
+  std::vector<void*> zero_streams_;
   std::shared_ptr<int> counts_ = std::make_shared<int>(0);  // frees; deleters may outlive us
 };
 
@@ -623,6 +636,137 @@ TEST(SimulatedCuda, WithoutItTheSimulatorMovesHostMemoryOnly) {
   });
   ASSERT_TRUE(report.ok()) << report.to_string();
   EXPECT_EQ(seen, (std::vector<std::string>{"cpu no device memory", "cpu no device memory"}));
+}
+
+// Note [Current stream]: stream handles are opaque to core; these stand for two user streams.
+void* const kStreamA = reinterpret_cast<void*>(std::uintptr_t{0xA0});
+void* const kStreamB = reinterpret_cast<void*>(std::uintptr_t{0xB0});
+
+TEST(CurrentStream, IsTheLegacyDefaultUntilSetAndAGuardRestoresIt) {
+  DeviceRank rank;
+  EXPECT_EQ(current_stream(kGpu), nullptr);
+  set_current_stream(kGpu, kStreamA);
+  EXPECT_EQ(current_stream(kGpu), kStreamA);
+  EXPECT_EQ(current_stream(Device::cuda(1)), nullptr) << "each device has its own";
+  {
+    const StreamGuard guard(kGpu, kStreamB);
+    EXPECT_EQ(guard.previous(), kStreamA);
+    EXPECT_EQ(current_stream(kGpu), kStreamB);
+    {
+      const StreamGuard inner(kGpu, nullptr);
+      EXPECT_EQ(current_stream(kGpu), nullptr);
+    }
+    EXPECT_EQ(current_stream(kGpu), kStreamB);
+  }
+  EXPECT_EQ(current_stream(kGpu), kStreamA);
+  set_current_stream(kGpu, nullptr);
+  EXPECT_EQ(current_stream(kGpu), nullptr);
+}
+
+TEST(CurrentStream, IsRefusedOutsideARankAndForDevicesWithoutStreams) {
+  expect_invalid_argument([] { (void)current_stream(kGpu); },
+                          {"current_stream", "called outside a rank"});
+  expect_invalid_argument([] { set_current_stream(kGpu, kStreamA); },
+                          {"set_current_stream", "called outside a rank"});
+  expect_invalid_argument([] { const StreamGuard guard(kGpu, kStreamA); },
+                          {"StreamGuard", "called outside a rank"});
+  DeviceRank rank;
+  expect_invalid_argument([] { set_current_stream(Device::cpu(), kStreamA); },
+                          {"set_current_stream", "cpu has none", "Device::cuda(i)"});
+  expect_invalid_argument([] { (void)current_stream(Device::meta()); },
+                          {"current_stream", "meta has none"});
+}
+
+TEST(CurrentStream, OrdersDeviceMemoryCollectivesAndWaits) {
+  DeviceRank rank;
+  set_current_stream(kGpu, kStreamA);
+  const Tensor input = on_gpu({1, 2, 3, 4});
+  ASSERT_EQ(rank.memory().allocation_streams(), (std::vector<void*>{kStreamA}));
+  ASSERT_EQ(rank.memory().copies().size(), 1u);
+  EXPECT_EQ(rank.memory().copies()[0].stream, kStreamA) << "the host-to-device copy";
+
+  const Tensor out = all_reduce(input, "sum", {0});
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  EXPECT_EQ(work->started_on_stream, kStreamA) << "the collective starts after stream A's work";
+  EXPECT_EQ(rank.memory().allocation_streams().back(), kStreamA) << "the output";
+
+  // Waited under another stream: that one waits (the stream current when the wait runs).
+  {
+    const StreamGuard guard(kGpu, kStreamB);
+    wait_tensor(out);
+  }
+  EXPECT_EQ(work->stream_waits(), 1);
+  EXPECT_EQ(work->last_stream_waited(), kStreamB);
+  EXPECT_EQ(work->waits(), 0);
+  work->complete();
+
+  EXPECT_EQ(host_values(out), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(rank.memory().copies().back().stream, kStreamA) << "the device-to-host copy";
+  (void)Tensor::zeros({2}, DType::Float32, kGpu);
+  EXPECT_EQ(rank.memory().zero_streams(), (std::vector<void*>{kStreamA}));
+
+  // Back on the legacy default stream, which core passes as null.
+  set_current_stream(kGpu, nullptr);
+  const Tensor again = all_reduce(input, "sum", {0});
+  EXPECT_EQ(rank.transport().last_work()->started_on_stream, nullptr);
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(host_values(again), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(rank.transport().last_work()->last_stream_waited(), nullptr);
+}
+
+TEST(CurrentStream, ACoalescedBatchAndADroppedResultUseIt) {
+  DeviceRank rank;
+  const StreamGuard guard(kGpu, kStreamA);
+  const std::vector<Tensor> outs = all_reduce_coalesced({on_gpu({1}), on_gpu({2, 3})}, "sum", {0});
+  const std::shared_ptr<FakeWork> batch = rank.transport().last_work();
+  EXPECT_EQ(batch->started_on_stream, kStreamA);
+  {
+    const Tensor dropped = all_reduce(on_gpu({5}), "sum", {0});
+  }  // finalized at the drop: the stream current then waits on it
+  const std::shared_ptr<FakeWork> dropped_work = rank.transport().last_work();
+  EXPECT_EQ(dropped_work->stream_waits(), 1);
+  EXPECT_EQ(dropped_work->last_stream_waited(), kStreamA);
+  set_current_stream(kGpu, kStreamB);
+  wait_tensors(outs);
+  EXPECT_EQ(batch->stream_waits(), 1);
+  EXPECT_EQ(batch->last_stream_waited(), kStreamB);
+  EXPECT_EQ(dropped_work->stream_waits(), 1);
+  batch->complete();
+  dropped_work->complete();
+}
+
+TEST(CurrentStream, HostCollectivesIgnoreIt) {
+  DeviceRank rank;
+  const StreamGuard guard(kGpu, kStreamA);
+  const Tensor out = all_reduce(Tensor::from_vector(std::vector<float>{7}), "sum", {0});
+  EXPECT_EQ(rank.transport().last_work()->started_on_stream, nullptr);
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{7}));
+}
+
+// The setting is the rank's: simulated ranks share one thread, and each keeps its own across
+// the switches between them. The simulator's devices accept and ignore streams.
+TEST(CurrentStream, EachSimulatedRankHasItsOwn) {
+  sim::SimOptions options;
+  options.world_size = 2;
+  options.cuda_devices = true;
+  std::vector<std::string> seen(2);
+  const sim::SimReport report = sim::run(options, [&] {
+    const int r = rank();
+    void* const mine = r == 0 ? kStreamA : nullptr;
+    if (mine != nullptr) {
+      set_current_stream(local_device(), mine);
+    }
+    const Tensor input = Tensor::full({1}, r + 1, DType::Float32, local_device());
+    for (int i = 0; i < 3; ++i) {  // collectives switch between the ranks
+      const Tensor sum = wait_tensor(all_reduce(input, "sum", world()));
+      seen[static_cast<std::size_t>(r)] +=
+          std::to_string(static_cast<int>(sum.to(Device::cpu()).to_vector<float>()[0])) +
+          (current_stream(local_device()) == mine ? " kept " : " lost ");
+    }
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  EXPECT_EQ(seen, (std::vector<std::string>{"3 kept 3 kept 3 kept ", "3 kept 3 kept 3 kept "}));
 }
 
 }  // namespace

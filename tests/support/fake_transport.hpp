@@ -48,7 +48,8 @@ class FakeWork final : public transport::Work {
 
   // Counts the stream waits core made (Completion::Stream); the work stays as it is, as a real
   // stream wait does not complete anything on the host.
-  void wait_on(void*) override {
+  void wait_on(void* stream) override {
+    last_stream_waited_.store(stream);
     stream_waits_.fetch_add(1);
     if (complete_on_stream_wait_.load()) {
       complete();
@@ -58,6 +59,10 @@ class FakeWork final : public transport::Work {
   // wait, as a real one does (a test that proves the host does not wait leaves this off).
   void complete_on_stream_wait() { complete_on_stream_wait_.store(true); }
   int stream_waits() const { return stream_waits_.load(); }
+  // The stream of the last stream wait (Note [Current stream]; null: the legacy default).
+  void* last_stream_waited() const { return last_stream_waited_.load(); }
+  // OpInfo::stream of the operation (or batch) that started the work.
+  void* started_on_stream = nullptr;
 
   transport::WorkStatus status() const override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -141,6 +146,7 @@ class FakeWork final : public transport::Work {
   transport::Deadline last_deadline_;
   std::atomic<bool> complete_when_waited_{false};
   std::atomic<int> stream_waits_{0};
+  std::atomic<void*> last_stream_waited_{nullptr};
   std::atomic<bool> complete_on_stream_wait_{false};
   std::atomic<bool> defer_when_dropped_{false};
   mutable std::atomic<int> defer_asked_{0};
@@ -292,6 +298,7 @@ inline std::shared_ptr<transport::Work> FakeComm::add(const transport::Buffer& s
   auto work = std::make_shared<FakeWork>(
       transport::Fingerprint{1, info.seq, {}},
       std::vector<std::pair<transport::Buffer, transport::Buffer>>{{send, recv}});
+  work->started_on_stream = info.stream;
   owner_.record(work);
   return work;
 }
@@ -301,6 +308,7 @@ inline std::shared_ptr<transport::Work> FakeComm::end_group(const transport::OpI
   auto work =
       std::make_shared<FakeWork>(transport::Fingerprint{1, info.seq, {}}, std::move(batch_));
   batch_.clear();
+  work->started_on_stream = info.stream;
   owner_.record(work);
   return work;
 }

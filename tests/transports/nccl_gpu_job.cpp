@@ -103,7 +103,8 @@ void rank_main() {
   expect_equal(back, std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "all_reduce_inplace on cuda:0");
 
   // CUDA tensors allocated by core (RankOptions::device_memory, which chorus::nccl::run
-  // installs): results stay on the device, waits order the legacy default stream, to(cpu) reads.
+  // installs): results stay on the device, waits order the current stream (the legacy default
+  // stream here), to(cpu) reads.
   const chorus::Device gpu = chorus::Device::cuda(on_device.device().index());
   const auto host_floats = [](const Tensor& t) {
     return t.to(chorus::Device::cpu()).to_vector<float>();
@@ -171,6 +172,39 @@ void rank_main() {
                "the memory of 64 dropped results is given back");
   expect_equal(host_floats(chorus::all_reduce(dx, "sum", group)),
                std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "all_reduce after 64 dropped results");
+
+  // A stream of the program's own as the current stream (Note [Current stream]). Non-blocking,
+  // so nothing orders it with the legacy default stream: the allocation, the copy in, the
+  // collective, its wait and the copy out are right only if every one follows it.
+  cudaStream_t user_stream = nullptr;
+  cudaStreamCreateWithFlags(&user_stream, cudaStreamNonBlocking);
+  const std::size_t held_before_stream = chorus::device_memory_allocated();
+  {
+    const chorus::StreamGuard guard(gpu, user_stream);
+    const Tensor sx = Tensor::full({1 << 20}, 3.0, chorus::DType::Float32, gpu);
+    const Tensor ssum = chorus::all_reduce(sx, "sum", group);
+    chorus::wait_tensor(ssum);
+    const std::vector<float> got = host_floats(ssum);
+    expect_equal(std::vector<float>{got.front(), got[got.size() / 2], got.back()},
+                 std::vector<float>{3 * w, 3 * w, 3 * w},
+                 "all_reduce on a non-blocking user stream");
+    expect_equal(host_floats(chorus::all_gather_tensor(dx, 0, group)),
+                 std::vector<float>{1, 2, 3, 4}, "all_gather on a user stream, first use waits");
+  }
+  // Blocks allocated under the user stream are freed in its order once their works finished:
+  // the stream must outlive them.
+  held = chorus::device_memory_allocated();
+  const auto stream_give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (held > held_before_stream && std::chrono::steady_clock::now() < stream_give_up) {
+    cudaStreamSynchronize(user_stream);
+    (void)chorus::work_registry_size();
+    std::this_thread::yield();
+    held = chorus::device_memory_allocated();
+  }
+  expect_equal(std::vector<int>{held <= held_before_stream ? 1 : 0}, std::vector<int>{1},
+               "the user stream's blocks are given back");
+  cudaStreamSynchronize(user_stream);
+  cudaStreamDestroy(user_stream);
   if (failures > 0) {
     throw std::runtime_error(std::to_string(failures) + " checks failed");
   }

@@ -66,12 +66,14 @@ class HostAllocator {
 // whose transport has devices installs one (RankOptions::device_memory; the NCCL launcher does);
 // without one, allocating a device tensor throws InvalidArgument.
 //
-// Ordering follows the device's *current stream* (for CUDA, as the NCCL transport defines it: the
-// legacy default stream): memory returned by allocate() is usable by work enqueued after the call;
-// copy() and zero() run after work enqueued before it. A copy from host memory may block the host
-// until that earlier work finished (CUDA stages pageable memory that way); zero() never does. A
-// wait on a device tensor orders that stream after the collective (Work::wait_on) instead of
-// blocking the host, so a copy to the host that follows the wait sees the collective's result.
+// Ordering follows the rank's *current stream* of the device, which core passes to every call as
+// `stream` (Note [Current stream] in chorus/stream.hpp; null: the legacy default stream): memory
+// returned by allocate() is usable by work enqueued on it after the call, and its deleter frees it
+// in that stream's order; copy() and zero() run after work enqueued on it before them. A copy from
+// host memory may block the host until that earlier work finished (CUDA stages pageable memory that
+// way); zero() never does. A wait on a device tensor orders that stream after the collective
+// (Work::wait_on) instead of blocking the host, so a copy to the host that follows the wait sees
+// the collective's result.
 //
 // Thread-safety: allocate() and copy() are called on the rank's own thread/fiber; the deleter of a
 // block may run on any thread, also after the rank ended, so it must keep what it needs alive.
@@ -79,18 +81,19 @@ class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
   // At least `nbytes` (> 0) bytes on `device`, aligned to HostAllocator::kAlignment at least; the
-  // shared_ptr's deleter frees them in stream order. Never null. Throws InvalidArgument for a
+  // shared_ptr's deleter frees them in `stream`'s order. Never null. Throws InvalidArgument for a
   // device this rank cannot use, TransportError (or std::bad_alloc) when allocation fails.
-  virtual std::shared_ptr<void> allocate(Device device, std::size_t nbytes) = 0;
+  virtual std::shared_ptr<void> allocate(Device device, std::size_t nbytes, void* stream) = 0;
   // Copies `nbytes` contiguous bytes from `src` (on `src_device`) to `dst` (on `dst_device`);
   // either side may be Device::cpu(). Returns once `dst` may be read on the host when it is host
-  // memory; a copy into device memory may still be in flight on the stream. Throws
-  // TransportError when the device reports an error.
+  // memory, and once `src` may be reused when it is host memory; a copy between device buffers
+  // may still be in flight on the stream. Throws TransportError when the device reports an
+  // error.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device,
-                    std::size_t nbytes) = 0;
+                    std::size_t nbytes, void* stream) = 0;
   // Sets `nbytes` bytes at `dst` (on `device`) to zero, in stream order, without blocking the
   // host (all-zero bytes are zero in every dtype: Tensor::zeros). Throws as copy() does.
-  virtual void zero(void* dst, Device device, std::size_t nbytes) = 0;
+  virtual void zero(void* dst, Device device, std::size_t nbytes, void* stream) = 0;
 };
 
 struct RankOptions {

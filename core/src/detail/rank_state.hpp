@@ -17,6 +17,7 @@
 
 #include "chorus/runtime.hpp"
 #include "chorus/transport/transport.hpp"
+#include "detail/current_streams.hpp"
 #include "detail/host_pool.hpp"
 #include "detail/work_registry.hpp"
 
@@ -52,6 +53,13 @@ class RankState {
     return device_bytes_;
   }
 
+  // The rank's current stream per CUDA device (Note [Current stream]); shared with its works.
+  const std::shared_ptr<CurrentStreams>& streams() const noexcept { return streams_; }
+  // The current stream of `device`: null for a device that is not CUDA.
+  void* stream_of(Device device) const {
+    return device.is_cuda() ? streams_->get(device.index()) : nullptr;
+  }
+
   // The slot of the group (tag, members); `members` holds this rank. Slots live as long as the
   // rank state.
   CommSlot& comm_slot(const std::string& tag, std::span<const int> members);
@@ -85,6 +93,7 @@ class RankState {
   std::shared_ptr<HostPool> host_pool_;
   std::shared_ptr<std::atomic<std::size_t>> device_bytes_ =
       std::make_shared<std::atomic<std::size_t>>(0);
+  std::shared_ptr<CurrentStreams> streams_ = std::make_shared<CurrentStreams>();
   using CommKey = std::pair<std::string, std::vector<int>>;
   std::map<CommKey, CommSlot> comms_;
   // The partitions this rank has set up (ensure_partition_comm), as (tag, part size, parts back

@@ -94,9 +94,15 @@ std::shared_ptr<void> allocate_host(std::size_t nbytes);
 // A storage of `nbytes` uninitialised host bytes.
 std::shared_ptr<Storage> make_host_storage(std::size_t nbytes);
 
-// The calling rank's device memory (Note [Device memory]), or InvalidArgument naming `op` and
-// `device` when there is none (outside a rank, or a rank whose launcher installed none).
-DeviceMemory& device_memory_for(Device device, const char* op);
+// The calling rank's device memory (Note [Device memory]) and its current stream of `device`
+// (Note [Current stream]), which orders what it does there.
+struct DeviceMemoryOnStream {
+  DeviceMemory& memory;
+  void* stream;
+};
+// InvalidArgument naming `op` and `device` when there is no device memory (outside a rank, or a
+// rank whose launcher installed none).
+DeviceMemoryOnStream device_memory_for(Device device, const char* op);
 
 // A storage of `nbytes` uninitialised bytes on `device` (CPU or CUDA; not meta). CUDA bytes come
 // from the calling rank's device memory; see device_memory_for for the errors.

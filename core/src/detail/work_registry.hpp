@@ -51,6 +51,7 @@
 #include "chorus/call_site.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/transport/transport.hpp"
+#include "detail/current_streams.hpp"
 
 namespace chorus::detail {
 
@@ -71,6 +72,16 @@ enum class Completion : std::uint8_t {
   Stream,  // CUDA outputs: the device's current stream waits on it (Work::wait_on), no host block
 };
 
+// Where a Completion::Stream work finds the stream its wait orders: the rank's current stream of
+// the outputs' device when the wait runs (Note [Current stream]). Empty: the legacy default
+// stream.
+struct StreamSource {
+  std::shared_ptr<const CurrentStreams> streams;
+  int device_index = -1;
+
+  void* current() const { return streams != nullptr ? streams->get(device_index) : nullptr; }
+};
+
 // One issued collective as core sees it: the transport Work plus what must happen when it
 // completes. Thread-safe.
 class PendingWork {
@@ -81,12 +92,12 @@ class PendingWork {
   // `timeout` bounds each wait on `transport`'s clock.
   PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info, std::function<void()> fixup,
               std::shared_ptr<transport::Transport> transport, transport::Duration timeout,
-              Completion completion = Completion::Host);
+              Completion completion = Completion::Host, StreamSource stream = {});
 
   // Completion::Host: waits for the transport work and runs the fixup once. Completion::Stream:
-  // orders the current stream after it (what follows on the stream sees the result; the host
-  // does not wait). Rethrows the work's error (every call, for every caller; a stream wait sees
-  // only errors known by then). Idempotent.
+  // orders the current stream (StreamSource) after it (what follows on the stream sees the result;
+  // the host does not wait). Rethrows the work's error (every call, for every caller; a stream wait
+  // sees only errors known by then). Idempotent.
   void complete() const;
   // For a Completion::Stream work after its stream wait (Note [Stream-waited works]): blocks the
   // host until the transport work finished or `at` (on the transport's clock) passed; rethrows
@@ -109,6 +120,7 @@ class PendingWork {
   std::shared_ptr<transport::Transport> transport_;
   transport::Duration timeout_;
   Completion completion_;
+  StreamSource stream_;
 
   void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
 };

@@ -17,22 +17,23 @@ namespace chorus::nccl {
 namespace {
 
 // Note [CUDA device memory]
-// The NCCL transport orders every operation after the caller's work on the legacy default stream
-// and a wait makes that stream wait on the operation's event (Note [NCCL work lifecycle]), so the
-// legacy default stream is "the current stream" of core's device semantics. Memory follows it:
-// - allocate: cudaMallocFromPoolAsync on the legacy default stream. Work enqueued later on it
-//   (and the NCCL operations, which are ordered after it) may use the block.
-// - free: cudaFreeAsync on the same stream, on the block's device. A collective that still
+// The NCCL transport orders every operation after the caller's work on the rank's current stream
+// and a wait makes that stream wait on the operation's event (Note [NCCL work lifecycle]; Note
+// [Current stream] in chorus/stream.hpp: the legacy default stream unless the rank set another).
+// Memory follows the stream core passes with each call:
+// - allocate: cudaMallocFromPoolAsync on it. Work enqueued later on it (and the NCCL operations,
+//   which are ordered after it) may use the block.
+// - free: cudaFreeAsync on the allocation's stream, on the block's device. A collective that still
 //   writes the block holds it through its Work's keep-alive until the operation completed (core
 //   keeps a stream-waited work until then: Note [Stream-waited works]), and a waited or
-//   finalized collective has ordered the stream after itself, so the free never overtakes a
-//   collective.
-// - copy: cudaMemcpy, which runs on the legacy default stream: after every collective waited
-//   before it, and, for a copy into host memory, returning once the bytes arrived. A copy from
-//   pageable host memory synchronises the stream first, so it blocks the host until the
-//   collectives waited before it finished (bounded by the watchdog, which aborts a communicator
-//   whose operation outlives the timeout).
-// - zero: cudaMemsetAsync on the same stream; the host never waits.
+//   finalized collective has ordered the current stream after itself, so the free never
+//   overtakes a collective. Work the caller enqueued on other streams must be ordered before
+//   the allocation stream's later work (PyTorch's record_stream rule).
+// - copy: cudaMemcpyAsync on it: after every collective waited before it. A copy to or from host
+//   memory then synchronises the stream, so it returns once the host side may be read or reused
+//   (blocking the host until the collectives waited before it finished, bounded by the watchdog,
+//   which aborts a communicator whose operation outlives the timeout).
+// - zero: cudaMemsetAsync on it; the host never waits.
 // - blocks come from a pool of chorus's own (DevicePool) that keeps what is freed; a device
 //   without stream-ordered pools gets TransportError at the first allocation (the staging of CPU
 //   tensors needs cudaMallocAsync too).
@@ -116,7 +117,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   explicit CudaDeviceMemory(int device)
       : device_(device), pool_(std::make_shared<DevicePool>(device)) {}
 
-  std::shared_ptr<void> allocate(Device device, std::size_t nbytes) override {
+  std::shared_ptr<void> allocate(Device device, std::size_t nbytes, void* stream) override {
     check_device(device, "allocate");
     if (pool_->pool() == nullptr) {
       throw TransportError(context("allocate"), "nccl: " + pool_->problem());
@@ -124,7 +125,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     const DeviceScope scope(device_);
     void* block = nullptr;
     if (const cudaError_t code =
-            cudaMallocFromPoolAsync(&block, nbytes, pool_->pool(), cudaStreamLegacy);
+            cudaMallocFromPoolAsync(&block, nbytes, pool_->pool(), detail::cuda_stream(stream));
         code != cudaSuccess) {
       throw TransportError(context("allocate"), "nccl: cudaMallocFromPoolAsync of " +
                                                     std::to_string(nbytes) + " bytes on " +
@@ -132,17 +133,19 @@ class CudaDeviceMemory final : public DeviceMemory {
                                                     " failed: " + detail::cuda_error_text(code));
     }
     // The deleter keeps the pool alive; cudaFreeAsync never blocks the thread it runs on (the
-    // watchdog's, when a finished operation lets go of its buffers).
-    return {block, [index = device_, pool = pool_](void* pointer) {
+    // watchdog's, when a finished operation lets go of its buffers). It frees in the order of the
+    // allocation's stream (Note [Current stream]: the caller keeps that stream alive).
+    return {block,
+            [index = device_, pool = pool_, on = detail::cuda_stream(stream)](void* pointer) {
               const DeviceScope free_scope(index);
-              cudaFreeAsync(pointer, cudaStreamLegacy);  // a failure here has nobody to tell
+              cudaFreeAsync(pointer, on);  // a failure here has nobody to tell
             }};
   }
 
-  void zero(void* dst, Device device, std::size_t nbytes) override {
+  void zero(void* dst, Device device, std::size_t nbytes, void* stream) override {
     check_device(device, "zero");
     const DeviceScope scope(device_);
-    if (const cudaError_t code = cudaMemsetAsync(dst, 0, nbytes, cudaStreamLegacy);
+    if (const cudaError_t code = cudaMemsetAsync(dst, 0, nbytes, detail::cuda_stream(stream));
         code != cudaSuccess) {
       throw TransportError(context("zero"), "nccl: cudaMemsetAsync of " + std::to_string(nbytes) +
                                                 " bytes on " + device.to_string() +
@@ -150,8 +153,12 @@ class CudaDeviceMemory final : public DeviceMemory {
     }
   }
 
-  void copy(void* dst, Device dst_device, const void* src, Device src_device,
-            std::size_t nbytes) override {
+  // On the stream, after its earlier work. A copy to or from host memory synchronises the stream:
+  // it returns once the host side may be read or reused (cudaMemcpy's behaviour, which a copy
+  // from pinned memory would not have with cudaMemcpyAsync alone); one between device buffers may
+  // still be in flight.
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes,
+            void* stream) override {
     if (dst_device.is_cuda()) {
       check_device(dst_device, "copy");
     }
@@ -159,9 +166,13 @@ class CudaDeviceMemory final : public DeviceMemory {
       check_device(src_device, "copy");
     }
     const DeviceScope scope(device_);
-    if (const cudaError_t code = cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault);
-        code != cudaSuccess) {
-      throw TransportError(context("copy"), "nccl: cudaMemcpy of " + std::to_string(nbytes) +
+    const cudaStream_t on = detail::cuda_stream(stream);
+    cudaError_t code = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, on);
+    if (code == cudaSuccess && (dst_device.is_cpu() || src_device.is_cpu())) {
+      code = cudaStreamSynchronize(on);
+    }
+    if (code != cudaSuccess) {
+      throw TransportError(context("copy"), "nccl: cudaMemcpyAsync of " + std::to_string(nbytes) +
                                                 " bytes from " + src_device.to_string() + " to " +
                                                 dst_device.to_string() +
                                                 " failed: " + detail::cuda_error_text(code));

@@ -336,7 +336,7 @@ void NcclWork::wait_on(void* stream) {
   if (switch_device) {
     cudaSetDevice(comm_->device());
   }
-  const cudaError_t code = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0);
+  const cudaError_t code = cudaStreamWaitEvent(cuda_stream(stream), event_, 0);
   if (switch_device && previous >= 0) {
     cudaSetDevice(previous);
   }
@@ -587,10 +587,10 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
                            std::string("nccl: ") + call + " failed: " + cuda_error_text(code));
     }
   };
-  // Order the operation after the caller's work on the legacy default stream.
+  // Order the operation after the caller's work on its current stream (Note [Current stream]).
   cudaEvent_t ready = nullptr;
   check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventRecord(ready, nullptr), "cudaEventRecord");
+  check_cuda(cudaEventRecord(ready, cuda_stream(info.stream)), "cudaEventRecord");
   check_cuda(cudaStreamWaitEvent(state_->stream(), ready, 0), "cudaStreamWaitEvent");
   cudaEventDestroy(ready);
 

@@ -10,7 +10,8 @@
 //   the deadline passes (then Timeout, and the communicator is aborted). Nothing waits inside
 //   NCCL without a deadline.
 // - An operation runs on the communicator's own stream, after the work already enqueued on the
-//   legacy default stream (an event orders them), then an event is recorded: the Work.
+//   caller's current stream (OpInfo::stream; Note [Current stream]: the legacy default stream
+//   unless the rank set another; an event orders them), then an event is recorded: the Work.
 //   is_completed() queries it; wait(deadline) polls it and ncclCommGetAsyncError until the
 //   deadline; wait_on(stream) makes `stream` wait on it (no host block).
 // - CPU buffers are staged: copied into pinned host memory (from the rank's pool, Note [Pinned
@@ -60,6 +61,12 @@ namespace chorus::nccl::detail {
 ncclDataType_t nccl_type(Type type);
 // "cudaErrorNoDevice (no CUDA-capable device is detected)".
 std::string cuda_error_text(cudaError_t code);
+
+// The CUDA stream of core's `void*` handle (Note [Current stream]): null is the legacy default
+// stream.
+inline cudaStream_t cuda_stream(void* stream) noexcept {
+  return stream != nullptr ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
 // "ncclSystemError (unhandled system error): <ncclGetLastError>".
 std::string nccl_error_text(ncclResult_t code, ncclComm_t comm);
 

@@ -94,6 +94,10 @@ struct OpInfo {
   std::string_view name;
   std::int64_t seq = -1;  // see Note [Transport contract]
   CallSite site;
+  // The caller's current stream of the buffers' device (Note [Current stream] in
+  // chorus/stream.hpp): device buffers' operation starts after the work enqueued on it. Null: the
+  // legacy default stream, and always for host buffers.
+  void* stream = nullptr;
 };
 
 // Whether `kind` combines values with a ReduceOp.

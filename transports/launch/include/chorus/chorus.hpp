@@ -25,5 +25,6 @@
 #include "chorus/run.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/sim/sim.hpp"
+#include "chorus/stream.hpp"
 #include "chorus/tensor.hpp"
 #include "chorus/trace.hpp"

@@ -210,9 +210,9 @@ struct NcclRunOptions {
 };
 
 // Device::cuda storages on CUDA device `device` (Note [Device memory] in chorus/runtime.hpp),
-// stream-ordered on the legacy default stream, the stream the NCCL transport orders its
-// operations and waits by. run() installs one for the rank's device; a launcher of its own
-// passes it in RankOptions::device_memory.
+// ordered on the stream core passes: the rank's current stream (Note [Current stream] in
+// chorus/stream.hpp), which the NCCL transport orders its operations and waits by. run() installs
+// one for the rank's device; a launcher of its own passes it in RankOptions::device_memory.
 std::shared_ptr<DeviceMemory> cuda_device_memory(int device);
 
 // Runs `rank_main` as this process's rank (chorus::run with transport "nccl" calls this): checks

@@ -1,0 +1,35 @@
+#pragma once
+
+// A rank's current stream per CUDA device index (Note [Current stream]).
+
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+namespace chorus::detail {
+
+// Shared by the rank's state and its pending works: a stream wait reads the stream current when
+// it runs, which may be on another thread than the rank's, or after the rank ended.
+class CurrentStreams {
+ public:
+  // Null (the legacy default stream) for a device never set.
+  void* get(int device_index) const {
+    const std::lock_guard lock(mutex_);
+    const auto index = static_cast<std::size_t>(device_index);
+    return device_index >= 0 && index < streams_.size() ? streams_[index] : nullptr;
+  }
+  void set(int device_index, void* stream) {
+    const std::lock_guard lock(mutex_);
+    const auto index = static_cast<std::size_t>(device_index);
+    if (index >= streams_.size()) {
+      streams_.resize(index + 1, nullptr);
+    }
+    streams_[index] = stream;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<void*> streams_;  // by device index
+};
+
+}  // namespace chorus::detail
