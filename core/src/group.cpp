@@ -382,6 +382,11 @@ const std::shared_ptr<detail::CurrentStreams>& streams_for(Device device, std::s
     detail::throw_invalid(op, "streams order device work, and " + device.to_string() +
                                   " has none: pass Device::cuda(i)");
   }
+  if (device.index() < 0 || device.index() >= detail::CurrentStreams::kMaxDevices) {
+    detail::throw_invalid(op, "no such device " + device.to_string() +
+                                  ": a CUDA device index is 0 to " +
+                                  std::to_string(detail::CurrentStreams::kMaxDevices - 1));
+  }
   return state.streams();
 }
 

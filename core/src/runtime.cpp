@@ -134,6 +134,7 @@ RankContext::~RankContext() {
   // finish() normally ran; if not (a launcher bug or an exception between), still never leave a
   // collective dangling.
   if (!state_->finished) {
+    state_->streams()->reset();
     state_->registry()->complete_all_at_exit();
   }
 }
@@ -144,6 +145,9 @@ transport::Transport& RankContext::transport() noexcept { return state_->transpo
 
 RankContext::Summary RankContext::finish() noexcept {
   CHORUS_CHECK(!state_->finished);
+  // What the rank left pending is completed on the legacy default stream, then on the host
+  // (Note [Current stream]): the streams its function set may be destroyed by now.
+  state_->streams()->reset();
   state_->registry()->complete_all_at_exit();
   state_->finished = true;
   CHORUS_CHECK_EQ(state_->registry()->size(), 0u);

@@ -675,6 +675,26 @@ TEST(CurrentStream, IsRefusedOutsideARankAndForDevicesWithoutStreams) {
                           {"set_current_stream", "cpu has none", "Device::cuda(i)"});
   expect_invalid_argument([] { (void)current_stream(Device::meta()); },
                           {"current_stream", "meta has none"});
+  expect_invalid_argument([] { set_current_stream(Device::cuda(-1), kStreamA); },
+                          {"set_current_stream", "no such device cuda:-1", "0 to 1023"});
+  expect_invalid_argument([] { const StreamGuard guard(Device::cuda(1 << 30), kStreamA); },
+                          {"StreamGuard", "no such device"});
+}
+
+// The streams a rank set may be gone once its function returned: what it left pending is
+// completed on the legacy default stream (then on the host).
+TEST(CurrentStream, TheRanksExitCompletesWhatIsPendingOnTheLegacyStream) {
+  DeviceRank rank;
+  rank.transport().completes_on_stream_wait = true;
+  set_current_stream(kGpu, kStreamA);
+  const Tensor out = all_reduce(on_gpu({1, 2}), "sum", {0});
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  EXPECT_EQ(work->started_on_stream, kStreamA);
+  const RankContext::Summary summary = rank.context().finish();
+  EXPECT_EQ(summary.error, nullptr);
+  EXPECT_EQ(work->stream_waits(), 1);
+  EXPECT_EQ(work->last_stream_waited(), nullptr);
+  EXPECT_EQ(rank.context().state().streams()->get(0), nullptr);
 }
 
 TEST(CurrentStream, OrdersDeviceMemoryCollectivesAndWaits) {

@@ -69,11 +69,11 @@ class HostAllocator {
 // Ordering follows the rank's *current stream* of the device, which core passes to every call as
 // `stream` (Note [Current stream] in chorus/stream.hpp; null: the legacy default stream): memory
 // returned by allocate() is usable by work enqueued on it after the call, and its deleter frees it
-// in that stream's order; copy() and zero() run after work enqueued on it before them. A copy from
-// host memory may block the host until that earlier work finished (CUDA stages pageable memory that
-// way); zero() never does. A wait on a device tensor orders that stream after the collective
-// (Work::wait_on) instead of blocking the host, so a copy to the host that follows the wait sees
-// the collective's result.
+// in that stream's order (the stream stays valid until the rank ended: the deleter may run late);
+// copy() and zero() run after work enqueued on it before them. A copy from host memory may block
+// the host until that earlier work finished (CUDA stages pageable memory that way); zero() never
+// does. A wait on a device tensor orders that stream after the collective (Work::wait_on) instead
+// of blocking the host, so a copy to the host that follows the wait sees the collective's result.
 //
 // Thread-safety: allocate() and copy() are called on the rank's own thread/fiber; the deleter of a
 // block may run on any thread, also after the rank ended, so it must keep what it needs alive.

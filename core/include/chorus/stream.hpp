@@ -20,10 +20,14 @@ class CurrentStreams;
 //
 // A stream is the transport's handle, passed as `void*` so that no CUDA header reaches core (for
 // CUDA a cudaStream_t). Null is the legacy default stream, every device's current stream until
-// the rank sets another. The caller owns the stream: it must outlive the work ordered on it and
-// the device memory allocated while it was current (a block is freed in the order of the stream
-// it was allocated on, as in PyTorch's caching allocator; use it on other streams only when they
-// are ordered before that stream's later work).
+// the rank sets another. The caller owns the stream and keeps it valid until the rank ends
+// (chorus::run returned): a device block is freed in the order of the stream that was current
+// when it was allocated, and a block a collective used is freed only once the transport saw
+// the collective finish, which may be after the tensor and even the rank function are gone. Use
+// a block on another stream only when that stream is ordered before the allocation stream's
+// later work (PyTorch's record_stream rule). When the rank function returns, every device goes
+// back to the legacy default stream: what the rank left pending is completed on it, then on the
+// host.
 //
 // The setting belongs to the calling rank, not to a thread or the process: simulated ranks share
 // a thread and each has its own. A wait uses the stream current when it runs (a result issued
@@ -32,7 +36,7 @@ class CurrentStreams;
 // ignore the stream; the simulator's stream waits are waits of the rank.
 
 // The calling rank's current stream of `device` (null: the legacy default stream). Throws
-// InvalidArgument outside a rank and for a device other than Device::cuda(i).
+// InvalidArgument outside a rank and for a device other than Device::cuda(i), 0 <= i < 1024.
 void* current_stream(Device device);
 
 // Makes `stream` (null: the legacy default stream) the calling rank's current stream of

@@ -6,12 +6,17 @@
 #include <mutex>
 #include <vector>
 
+#include "chorus/check.hpp"
+
 namespace chorus::detail {
 
 // Shared by the rank's state and its pending works: a stream wait reads the stream current when
 // it runs, which may be on another thread than the rank's, or after the rank ended.
 class CurrentStreams {
  public:
+  // Device indexes from 0 to kMaxDevices - 1 (chorus::set_current_stream refuses others).
+  static constexpr int kMaxDevices = 1024;
+
   // Null (the legacy default stream) for a device never set.
   void* get(int device_index) const {
     const std::lock_guard lock(mutex_);
@@ -19,12 +24,19 @@ class CurrentStreams {
     return device_index >= 0 && index < streams_.size() ? streams_[index] : nullptr;
   }
   void set(int device_index, void* stream) {
+    CHORUS_CHECK(device_index >= 0 && device_index < kMaxDevices);
     const std::lock_guard lock(mutex_);
     const auto index = static_cast<std::size_t>(device_index);
     if (index >= streams_.size()) {
       streams_.resize(index + 1, nullptr);
     }
     streams_[index] = stream;
+  }
+  // Every device back on the legacy default stream (the rank's function returned: the streams
+  // it set may be gone).
+  void reset() {
+    const std::lock_guard lock(mutex_);
+    streams_.clear();
   }
 
  private:

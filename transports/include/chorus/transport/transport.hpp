@@ -206,8 +206,9 @@ class Work {
   // (the operation stays pending). Idempotent.
   virtual void wait(Deadline deadline) = 0;
 
-  // Device semantics: makes work enqueued later on `stream` (a cudaStream_t; null means the
-  // current stream of the buffers' device) wait for this operation, without blocking the host.
+  // Device semantics: makes work enqueued later on `stream` (a cudaStream_t, core's current stream
+  // of the buffers' device, Note [Current stream]; null: the legacy default stream) wait for this
+  // operation, without blocking the host.
   // Transports without device streams throw InvalidArgument.
   virtual void wait_on(void* stream) = 0;
 
