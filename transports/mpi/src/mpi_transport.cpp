@@ -72,9 +72,6 @@ std::shared_ptr<void> scratch(std::size_t nbytes) {
 // operations into one Started, and each must keep its own (the ring reads its input until its
 // last reduce-scatter step).
 void keep(Started& started, std::initializer_list<std::shared_ptr<const void>> buffers) {
-  if (started.keep_alive.empty()) {
-    started.keep_alive.reserve(buffers.size());
-  }
   started.keep_alive.insert(started.keep_alive.end(), buffers);
 }
 
@@ -364,8 +361,12 @@ MpiComm::~MpiComm() {
   }
 }
 
+WorkContext MpiComm::work_context(const OpInfo& info) const {
+  return WorkContext{process_->rank(), info.name, info.seq, label_};
+}
+
 ErrorContext MpiComm::context_of(const OpInfo& info) const {
-  return ErrorContext{process_->rank(), std::string(info.name), info.seq, *label_};
+  return work_context(info).error_context();
 }
 
 void MpiComm::check(int code, const char* call, const OpInfo& info) const {
@@ -465,7 +466,7 @@ std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature
 std::shared_ptr<transport::Work> MpiComm::make_work(Started started, const OpInfo& info) {
   transport::Fingerprint fingerprint{id_, info.seq, std::move(started.signatures)};
   return std::make_shared<MpiWork>(process_, std::move(started), std::move(fingerprint),
-                                   WorkContext{process_->rank(), info.name, info.seq, label_});
+                                   work_context(info));
 }
 
 std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const Buffer& recv,

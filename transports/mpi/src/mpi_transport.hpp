@@ -217,6 +217,8 @@ class MpiComm final : public transport::Comm {
               const std::vector<std::size_t>* recv_counts);
   // Polls `pending` until done or the timeout (then parks it and throws Timeout).
   void await_requests(Started& pending, const transport::OpInfo& info, const std::string& what);
+  // What a work and an error name: this rank, the operation, the group.
+  WorkContext work_context(const transport::OpInfo& info) const;
   ErrorContext context_of(const transport::OpInfo& info) const;
   // Throws TransportError for an MPI failure while starting an operation.
   void check(int code, const char* call, const transport::OpInfo& info) const;
