@@ -16,19 +16,9 @@
 #include "detail/work_registry.hpp"
 
 namespace chorus::detail {
-namespace {
-
-// Generations for storage identity. Process-wide on purpose: identity must be unique across
-// every rank of a simulated world, since tensors can travel between ranks in one process.
-std::atomic<std::uint64_t> next_storage_id{1};
-
-}  // namespace
 
 Storage::Storage(std::shared_ptr<void> memory, std::size_t nbytes, Device device)
-    : id_(next_storage_id.fetch_add(1, std::memory_order_relaxed)),
-      memory_(std::move(memory)),
-      nbytes_(nbytes),
-      device_(device) {
+    : memory_(std::move(memory)), nbytes_(nbytes), device_(device) {
   if (nbytes_ > 0 && !device_.is_meta()) {
     CHORUS_CHECK(memory_ != nullptr);
   }
@@ -42,14 +32,14 @@ Storage::~Storage() {
   }
 }
 
-void Storage::attach_registry(const std::shared_ptr<WorkRegistry>& registry) {
-  std::shared_ptr<WorkRegistry> current = registry_.lock();
-  if (current) {
-    CHORUS_CHECK(current == registry);  // one registry per storage, for its whole life
+void Storage::attach_registry(const WorkRegistry* registry,
+                              const std::weak_ptr<WorkRegistry>& self) {
+  if (!registry_.expired()) {
+    CHORUS_CHECK(attached_ == registry);  // one live registry per storage
     return;
   }
-  CHORUS_CHECK(registry_.expired());
-  registry_ = registry;
+  registry_ = self;
+  attached_ = registry;
 }
 
 void Storage::add_pending() noexcept {

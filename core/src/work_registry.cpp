@@ -16,8 +16,6 @@
 namespace chorus::detail {
 namespace {
 
-std::atomic<std::uint64_t> next_work_id{1};
-
 // `error` reworded so that where it is raised (a later, unrelated call) it says which collective
 // it belongs to: "the result of all_reduce #3 (issued at f:l) <what happened>: <detail>". Keeps
 // the error's type.
@@ -57,8 +55,7 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
                          std::function<void()> fixup,
                          std::shared_ptr<transport::Transport> transport,
                          transport::Duration timeout, Completion completion, StreamSource stream)
-    : id_(next_work_id.fetch_add(1, std::memory_order_relaxed)),
-      work_(std::move(work)),
+    : work_(std::move(work)),
       info_(std::move(info)),
       fixup_(std::move(fixup)),
       transport_(std::move(transport)),
@@ -106,112 +103,67 @@ void WorkRegistry::add(const std::shared_ptr<PendingWork>& work,
                        const std::vector<Storage*>& storages) {
   CHORUS_CHECK(work != nullptr);
   CHORUS_CHECK(!storages.empty());
-  std::shared_ptr<WorkRegistry> self = shared_from_this();
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry& entry = insert_work_locked(work->id());
-  CHORUS_CHECK(entry.work == nullptr);  // a work is registered once
-  entry.work = work;
-  entry.storages.reserve(storages.size());
+  list_locked(work);
   for (Storage* storage : storages) {
-    add_locked(work, entry, storage, self);
+    link_locked(*work, storage);
   }
 }
 
 void WorkRegistry::add(const std::shared_ptr<PendingWork>& work, Storage* storage) {
   CHORUS_CHECK(work != nullptr);
-  std::shared_ptr<WorkRegistry> self = shared_from_this();
   std::lock_guard<std::mutex> lock(mutex_);
-  Entry& entry = insert_work_locked(work->id());
-  CHORUS_CHECK(entry.work == nullptr);  // a work is registered once
-  entry.work = work;
-  add_locked(work, entry, storage, self);
+  list_locked(work);
+  link_locked(*work, storage);
 }
 
-namespace {
-
-// map[key], taking a node from `spares` (extracted earlier) instead of allocating one when the
-// key is new.
-template <class Map>
-typename Map::mapped_type& find_or_insert_reusing(Map& map,
-                                                  std::vector<typename Map::node_type>& spares,
-                                                  typename Map::key_type key) {
-  if (auto it = map.find(key); it != map.end() || spares.empty()) {
-    return it != map.end() ? it->second : map[key];
-  }
-  auto node = std::move(spares.back());
-  spares.pop_back();
-  node.key() = key;
-  return map.insert(std::move(node)).position->second;
+void WorkRegistry::list_locked(const std::shared_ptr<PendingWork>& work) {
+  CHORUS_CHECK(work->slot_ == PendingWork::kNotListed);  // a work is registered once
+  works_.push_back(work);
+  work->slot_ = works_.size() - 1;
+  ++listed_;
 }
 
-}  // namespace
-
-WorkRegistry::Entry& WorkRegistry::insert_work_locked(std::uint64_t work_id) {
-  // An existing entry is returned, as operator[] would: the caller's check reports it.
-  return find_or_insert_reusing(works_, spare_work_nodes_, work_id);
+void WorkRegistry::link_locked(PendingWork& work, Storage* storage) {
+  CHORUS_CHECK(storage != nullptr);
+  CHORUS_CHECK(!work.storages_.contains(storage));  // no duplicates
+  storage->attach_registry(this, weak_from_this());
+  work.storages_.push_back(storage);
+  storage->works_.push_back(&work);
+  storage->add_pending();
 }
 
-std::vector<std::uint64_t>& WorkRegistry::work_ids_locked(std::uint64_t storage_id) {
-  return find_or_insert_reusing(by_storage_, spare_storage_nodes_, storage_id);
-}
-
-void WorkRegistry::erase_work_locked(std::unordered_map<std::uint64_t, Entry>::iterator it) {
-  auto node = works_.extract(it);
-  if (spare_work_nodes_.size() >= kSpareNodesMax) {
-    return;  // the node is freed here
-  }
-  Entry& entry = node.mapped();
-  entry.work.reset();  // the work goes now, as it did when the node was erased
-  entry.storages.clear();
-  entry.dropped = false;
-  entry.claimed = false;
-  try {
-    spare_work_nodes_.push_back(std::move(node));
-  } catch (...) {
-    // Out of memory for the spare list: the node is freed.
-  }
-}
-
-void WorkRegistry::erase_storage_locked(
-    std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>::iterator it) {
-  auto node = by_storage_.extract(it);
-  if (spare_storage_nodes_.size() >= kSpareNodesMax) {
+void WorkRegistry::unlist_locked(PendingWork& work) noexcept {
+  CHORUS_CHECK_LT(work.slot_, works_.size());
+  CHORUS_CHECK(works_[work.slot_].get() == &work);
+  const std::size_t slot = work.slot_;
+  work.slot_ = PendingWork::kNotListed;
+  work.storages_.clear();
+  --listed_;
+  // `work` may be destroyed from here on: works_ may have held its last reference.
+  if (listed_ == 0) {
+    works_.clear();
     return;
   }
-  node.mapped().clear();
-  try {
-    spare_storage_nodes_.push_back(std::move(node));
-  } catch (...) {
-    // Out of memory for the spare list: the node is freed.
+  works_[slot].reset();
+  if (works_.size() - listed_ <= listed_) {
+    return;  // holes are not the majority yet
   }
-}
-
-void WorkRegistry::add_locked(const std::shared_ptr<PendingWork>& work, Entry& entry,
-                              Storage* storage, const std::shared_ptr<WorkRegistry>& self) {
-  CHORUS_CHECK(storage != nullptr);
-  CHORUS_CHECK(std::find(entry.storages.begin(), entry.storages.end(), storage) ==
-               entry.storages.end());  // no duplicates
-  storage->attach_registry(self);
-  std::vector<std::uint64_t>& ids = work_ids_locked(storage->id());
-  CHORUS_CHECK(std::find(ids.begin(), ids.end(), work->id()) == ids.end());
-  ids.push_back(work->id());
-  entry.storages.push_back(storage);
-  storage->add_pending();
+  std::size_t kept = 0;
+  for (std::shared_ptr<PendingWork>& listed : works_) {
+    if (listed != nullptr) {
+      listed->slot_ = kept;
+      works_[kept++] = std::move(listed);
+    }
+  }
+  works_.resize(kept);
 }
 
 std::vector<std::shared_ptr<PendingWork>> WorkRegistry::works_of(const Storage& storage) const {
   std::vector<std::shared_ptr<PendingWork>> works;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = by_storage_.find(storage.id());
-  if (it == by_storage_.end()) {
-    return works;
-  }
-  works.reserve(it->second.size());
-  for (std::uint64_t work_id : it->second) {
-    auto entry = works_.find(work_id);
-    CHORUS_CHECK(entry != works_.end());
-    works.push_back(entry->second.work);
-  }
+  works.reserve(storage.works_.size());
+  storage.works_.for_each([&](const PendingWork* work) { works.push_back(works_[work->slot_]); });
   return works;
 }
 
@@ -219,14 +171,11 @@ void WorkRegistry::wait_storage(const Storage& storage) {
   std::shared_ptr<PendingWork> only;  // the storage's work when it has exactly one
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = by_storage_.find(storage.id());
-    if (it == by_storage_.end()) {
+    if (storage.works_.empty()) {
       return;
     }
-    if (it->second.size() == 1) {
-      auto entry = works_.find(it->second.front());
-      CHORUS_CHECK(entry != works_.end());
-      only = entry->second.work;
+    if (storage.works_.size() == 1) {
+      only = works_[storage.works_.front()->slot_];
     }
   }
   // With several works, or when the works changed since the look above (another thread waited
@@ -240,10 +189,10 @@ void WorkRegistry::wait_storage(const Storage& storage) {
 
 void WorkRegistry::wait_storages(const std::vector<const Storage*>& storages) {
   std::vector<std::shared_ptr<PendingWork>> works;
-  std::unordered_set<std::uint64_t> seen;
+  std::unordered_set<const PendingWork*> seen;  // `works` keeps each alive: no address reuse
   for (const Storage* storage : storages) {
     for (std::shared_ptr<PendingWork>& work : works_of(*storage)) {
-      if (seen.insert(work->id()).second) {
+      if (seen.insert(work.get()).second) {
         works.push_back(std::move(work));
       }
     }
@@ -330,24 +279,21 @@ std::exception_ptr WorkRegistry::stream_failure_locked(const StreamWaited& entry
 }
 
 bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
-  auto it = works_.find(work.id());
-  if (it == works_.end()) {
+  if (work.slot_ == PendingWork::kNotListed) {
     return false;  // retired already by a concurrent waiter
   }
-  for (const Storage* storage : it->second.storages) {
-    auto ids = by_storage_.find(storage->id());
-    CHORUS_CHECK(ids != by_storage_.end());
-    std::erase(ids->second, work.id());
-    if (ids->second.empty()) {
-      erase_storage_locked(ids);
-    }
+  CHORUS_CHECK_LT(work.slot_, works_.size());
+  PendingWork& listed = *works_[work.slot_];
+  CHORUS_CHECK(&listed == &work);  // listed here, not in another rank's registry
+  listed.storages_.for_each([&](const Storage* storage) {
+    storage->works_.erase(&listed);
     auto* mutable_storage = const_cast<Storage*>(storage);  // NOLINT: registry owns the state word
     if (error) {
       mutable_storage->set_failure(error);  // before the count drops: never observed as ready
     }
     mutable_storage->remove_pending();
-  }
-  erase_work_locked(it);
+  });
+  unlist_locked(listed);
   return true;
 }
 
@@ -366,26 +312,21 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
   std::vector<Claim> claims;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto ids = by_storage_.find(storage.id());
-    if (ids == by_storage_.end()) {
-      return;
-    }
-    for (std::uint64_t work_id : ids->second) {
-      auto entry = works_.find(work_id);
-      CHORUS_CHECK(entry != works_.end());
-      std::erase(entry->second.storages, &storage);
-      if (entry->second.storages.empty()) {
-        entry->second.dropped = true;
-        const transport::Work& work = entry->second.work->work();
-        work.on_dropped();
-        if (!unwinding && !work.defer_finalization()) {
-          claims.push_back(claim_locked(entry->second, /*at_rank_exit=*/false));
-        } else {
-          may_have_deferred_drops_.store(true, std::memory_order_release);
-        }
+    storage.works_.for_each([&](PendingWork* work) {
+      work->storages_.erase(&storage);
+      if (!work->storages_.empty()) {
+        return;
       }
-    }
-    erase_storage_locked(ids);
+      work->dropped_ = true;
+      const transport::Work& transport_work = work->work();
+      transport_work.on_dropped();
+      if (!unwinding && !transport_work.defer_finalization()) {
+        claims.push_back(claim_locked(works_[work->slot_], /*at_rank_exit=*/false));
+      } else {
+        may_have_deferred_drops_.store(true, std::memory_order_release);
+      }
+    });
+    storage.works_.clear();
   }
   for (const Claim& claim : claims) {
     finalize(claim);
@@ -399,9 +340,9 @@ void WorkRegistry::complete_deferred_drops() noexcept {
   std::vector<Claim> claims;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [id, entry] : works_) {
-      if (entry.dropped && !entry.claimed) {
-        claims.push_back(claim_locked(entry, /*at_rank_exit=*/false));
+    for (const std::shared_ptr<PendingWork>& work : works_) {
+      if (work != nullptr && work->dropped_ && !work->claimed_) {
+        claims.push_back(claim_locked(work, /*at_rank_exit=*/false));
       }
     }
     may_have_deferred_drops_.store(false, std::memory_order_relaxed);  // every one is claimed
@@ -417,11 +358,14 @@ void WorkRegistry::complete_all_at_exit() noexcept {
   std::vector<std::shared_ptr<PendingWork>> finalizing_elsewhere;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [id, entry] : works_) {
-      if (entry.claimed) {
-        finalizing_elsewhere.push_back(entry.work);  // a drop on another thread or rank
+    for (const std::shared_ptr<PendingWork>& work : works_) {
+      if (work == nullptr) {
+        continue;
+      }
+      if (work->claimed_) {
+        finalizing_elsewhere.push_back(work);  // a drop on another thread or rank
       } else {
-        claims.push_back(claim_locked(entry, /*at_rank_exit=*/true));
+        claims.push_back(claim_locked(work, /*at_rank_exit=*/true));
       }
     }
   }
@@ -505,11 +449,12 @@ std::size_t WorkRegistry::stream_waited_in_flight() const {
   return stream_waited_.size();
 }
 
-WorkRegistry::Claim WorkRegistry::claim_locked(Entry& entry, bool at_rank_exit) noexcept {
-  CHORUS_CHECK(!entry.claimed);
-  entry.claimed = true;
-  const WorkInfo& info = entry.work->info();
-  Claim claim{entry.work, unwaited_.size(), at_rank_exit};
+WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork>& work,
+                                               bool at_rank_exit) noexcept {
+  CHORUS_CHECK(!work->claimed_);
+  work->claimed_ = true;
+  const WorkInfo& info = work->info();
+  Claim claim{work, unwaited_.size(), at_rank_exit};
   try {
     unwaited_.push_back(UnwaitedWork{
         info.rank, std::string(info.op), info.seq, info.group, info.site, at_rank_exit, {}});
@@ -543,7 +488,7 @@ void WorkRegistry::finalize(const Claim& claim) noexcept {
 
 std::size_t WorkRegistry::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return works_.size();
+  return listed_;
 }
 
 std::vector<UnwaitedWork> WorkRegistry::unwaited() const {

@@ -548,6 +548,53 @@ TEST(WorkRegistry, RankFinishCompletesLeftoversAndReportsThemAtExit) {
   EXPECT_EQ(summary.error, nullptr);
 }
 
+// Note [Registry links]: waits out of issue order leave holes in the registry's work list, which
+// is compacted as they pile up; counts stay exact, each work is waited once, and what is left at
+// the rank's exit is finalized and reported in issue order.
+TEST(WorkRegistry, OutOfOrderWaitsKeepCountsExactAndTheExitReportInIssueOrder) {
+  constexpr int kWorks = 40;
+  auto transport = std::make_shared<FakeTransport>();
+  std::vector<Tensor> results;
+  RankContext::Summary summary;
+  {
+    RankContext context(transport);
+    {
+      ScopedRankBinding binding(&context);
+      for (int i = 0; i < kWorks; ++i) {
+        results.push_back(all_reduce(iota(2), "sum", {0}));
+      }
+      for (const auto& work : transport->works()) {
+        work->complete_when_waited();
+      }
+      // Every work whose index is not a multiple of 5, from the last to the first.
+      std::size_t expected = kWorks;
+      for (int i = kWorks - 1; i >= 0; --i) {
+        if (i % 5 != 0) {
+          wait_tensor(results[static_cast<std::size_t>(i)]);
+          --expected;
+          ASSERT_EQ(work_registry_size(), expected) << "after waiting #" << i;
+        }
+      }
+      // One more wait on a waited result changes nothing.
+      wait_tensor(results[1]);
+      EXPECT_EQ(work_registry_size(), expected);
+    }
+    summary = context.finish();
+    EXPECT_EQ(context.state().registry()->size(), 0u);
+  }
+  for (const auto& work : transport->works()) {
+    EXPECT_EQ(work->waits(), 1);
+  }
+  ASSERT_EQ(summary.unwaited.size(), static_cast<std::size_t>(kWorks / 5));
+  for (std::size_t k = 0; k < summary.unwaited.size(); ++k) {
+    EXPECT_EQ(summary.unwaited[k].seq, static_cast<std::int64_t>(5 * k)) << "report line " << k;
+    EXPECT_TRUE(summary.unwaited[k].at_rank_exit);
+  }
+  for (const Tensor& result : results) {
+    EXPECT_FALSE(result.is_pending());
+  }
+}
+
 TEST(WorkRegistry, FailedLeftoverAtRankExitIsReturnedAsTheRanksError) {
   auto transport = std::make_shared<FakeTransport>();
   RankContext context(transport);

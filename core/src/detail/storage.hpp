@@ -21,6 +21,7 @@
 #include <mutex>
 
 #include "chorus/device.hpp"
+#include "detail/small_ptr_list.hpp"
 
 namespace chorus {
 class DeviceMemory;
@@ -28,6 +29,7 @@ class DeviceMemory;
 
 namespace chorus::detail {
 
+class PendingWork;
 class WorkRegistry;
 
 class Storage {
@@ -39,9 +41,6 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  // Unique for the life of the process (a generation from a global counter): never reused, so
-  // an entry keyed by it cannot be confused with a later storage at a recycled address.
-  std::uint64_t id() const noexcept { return id_; }
   void* data() const noexcept { return memory_.get(); }
   std::size_t nbytes() const noexcept { return nbytes_; }
   Device device() const noexcept { return device_; }
@@ -64,27 +63,32 @@ class Storage {
   std::shared_ptr<WorkRegistry> registry() const noexcept { return registry_.lock(); }
 
   // ---- For WorkRegistry, under its lock.
-  // A storage is registered with at most one registry in its life (outputs are fresh storages
-  // made by the collective that registers them).
-  void attach_registry(const std::shared_ptr<WorkRegistry>& registry);
+  // A storage is registered with at most one live registry at a time (outputs are fresh storages
+  // made by the collective that registers them). `self` is `registry`'s weak_from_this().
+  void attach_registry(const WorkRegistry* registry, const std::weak_ptr<WorkRegistry>& self);
   void add_pending() noexcept;
   void remove_pending() noexcept;
   // Marks the storage failed; data access rethrows `error` from then on.
   void set_failure(std::exception_ptr error) noexcept;
 
  private:
+  friend class WorkRegistry;
+
   static constexpr std::uint32_t kFailedBit = 0x8000'0000u;
   static constexpr std::uint32_t kPendingMask = 0x7fff'ffffu;
 
   void wait_ready_slow() const;
 
-  std::uint64_t id_;
   std::shared_ptr<void> memory_;
   std::size_t nbytes_;
   Device device_;
   std::atomic<std::uint32_t> state_{0};
-  std::weak_ptr<WorkRegistry> registry_;  // set once, before the storage is shared
-  std::exception_ptr failure_;            // written before kFailedBit is published
+  std::weak_ptr<WorkRegistry> registry_;    // set before the storage's first work is listed
+  const WorkRegistry* attached_ = nullptr;  // registry_'s target, for the check in attach
+  std::exception_ptr failure_;              // written before kFailedBit is published
+  // The works pending on this storage, in issue order (Note [Registry links]). Guarded by the
+  // registry's mutex; mutable because waits and drops reach the registry with a const Storage.
+  mutable SmallPtrList<PendingWork> works_;
 };
 
 // Host memory of `nbytes`, 64-byte aligned, from the calling rank's pool (plain heap memory

@@ -30,10 +30,15 @@
 // goes, on_finalized once core completed it as unwaited), so that a transport can log them: the
 // simulator's event log draws drops and finalizations (Note [Event log], simulator/src/world.hpp).
 //
-// Entries are keyed by Storage::id(), a generation that is never reused, never by address: a
-// new storage at a recycled address cannot match a stale entry, and a late cleanup of an old
-// entry cannot remove a newer one. A storage may hold several pending works, and one work may
-// sit under several storages, without duplicates.
+// Note [Registry links]
+// Nothing is looked up by address or by key. A storage lists its pending works and a work lists
+// its storages, both in place (SmallPtrList: one element inline, which is nearly always all),
+// and the registry lists its works in issue order; every link is guarded by the registry's
+// mutex. A new storage at a recycled address starts with an empty list, so it cannot be
+// confused with an old entry, and a work that left the registry is marked so: a late cleanup of
+// an old work cannot touch newer entries. A storage may hold several pending works, and one work
+// may sit under several storages, without duplicates. Registering and retiring a work touches
+// no heap memory after the first few collectives (the work list keeps its capacity).
 
 #include <atomic>
 #include <cstddef>
@@ -45,13 +50,13 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "chorus/call_site.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
+#include "detail/small_ptr_list.hpp"
 
 namespace chorus::detail {
 
@@ -106,13 +111,13 @@ class PendingWork {
   // Now plus the timeout, on the transport's clock (saturating).
   transport::Duration deadline_from_now() const;
 
-  std::uint64_t id() const noexcept { return id_; }
   Completion completion() const noexcept { return completion_; }
   const WorkInfo& info() const noexcept { return info_; }
   const transport::Work& work() const noexcept { return *work_; }
 
  private:
-  std::uint64_t id_;
+  friend class WorkRegistry;
+
   std::shared_ptr<transport::Work> work_;
   WorkInfo info_;
   std::function<void()> fixup_;
@@ -121,6 +126,13 @@ class PendingWork {
   transport::Duration timeout_;
   Completion completion_;
   StreamSource stream_;
+
+  // The registry's links (Note [Registry links]), guarded by its mutex.
+  static constexpr std::size_t kNotListed = static_cast<std::size_t>(-1);
+  std::size_t slot_ = kNotListed;         // index in WorkRegistry::works_ while registered
+  SmallPtrList<const Storage> storages_;  // valid while listed: ~Storage unlists itself first
+  bool dropped_ = false;  // every storage is gone; the work stays until it completes
+  bool claimed_ = false;  // someone is completing it as unwaited (its report line exists)
 
   void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
 };
@@ -184,12 +196,6 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   std::exception_ptr take_deferred_error();
 
  private:
-  struct Entry {
-    std::shared_ptr<PendingWork> work;
-    std::vector<const Storage*> storages;  // valid while listed: ~Storage removes itself first
-    bool dropped = false;  // every storage is gone; the work stays until it completes
-    bool claimed = false;  // someone is completing it as unwaited (its report line exists)
-  };
   // A work taken for completion as unwaited, and its line in the report.
   static constexpr std::size_t kNoRecord = static_cast<std::size_t>(-1);
   struct Claim {
@@ -206,16 +212,13 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
     bool reported = false;           // its failure already reached a waiter
   };
 
-  void add_locked(const std::shared_ptr<PendingWork>& work, Entry& entry, Storage* storage,
-                  const std::shared_ptr<WorkRegistry>& self);
-  // Note [Registry node reuse]: a collective inserts one node in each map and erases both when
-  // it is waited; the erased nodes (with their vectors' capacity) are kept for the next
-  // insertions instead of going back to the heap, up to kSpareNodesMax of each.
-  Entry& insert_work_locked(std::uint64_t work_id);
-  std::vector<std::uint64_t>& work_ids_locked(std::uint64_t storage_id);
-  void erase_work_locked(std::unordered_map<std::uint64_t, Entry>::iterator it);
-  void erase_storage_locked(
-      std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>::iterator it);
+  // Lists `work` (not yet registered anywhere).
+  void list_locked(const std::shared_ptr<PendingWork>& work);
+  // Puts `work` (listed) under `storage` (alive, attached to no other registry).
+  void link_locked(PendingWork& work, Storage* storage);
+  // Unlists `work` (listed): its slot becomes a hole, and the list is compacted once holes are
+  // the majority, so the list keeps issue order and unlisting costs O(1) amortised.
+  void unlist_locked(PendingWork& work) noexcept;
   std::vector<std::shared_ptr<PendingWork>> works_of(const Storage& storage) const;
   // Completes `works`, then retires each; returns the first error.
   std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
@@ -237,24 +240,21 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   void finish_stream_waits_at_exit() noexcept;
   // Records `error` to be raised at the rank's next collective or wait (or by finish()).
   void defer_error_locked(std::exception_ptr error);
-  // Marks `entry` as being completed as unwaited and writes its report line (step 3 and 4: the
+  // Marks `work` as being completed as unwaited and writes its report line (step 3 and 4: the
   // line exists from the claim on, so a report taken meanwhile has it; a deferred drop is
   // claimed when it is completed).
-  Claim claim_locked(Entry& entry, bool at_rank_exit) noexcept;
+  Claim claim_locked(const std::shared_ptr<PendingWork>& work, bool at_rank_exit) noexcept;
   // Completes a claimed work, retires it, and records a failure (report, deferred error).
   void finalize(const Claim& claim) noexcept;
 
   mutable std::mutex mutex_;
-  std::unordered_map<std::uint64_t, Entry> works_;  // by work id
-  std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>
-      by_storage_;  // storage id -> work ids
+  // The registered works in issue order, with holes (null) where works left
+  // (Note [Registry links]); PendingWork::slot_ is each one's index.
+  std::vector<std::shared_ptr<PendingWork>> works_;
+  std::size_t listed_ = 0;  // the works in works_ that are not holes
   std::vector<UnwaitedWork> unwaited_;
   std::vector<std::exception_ptr> deferred_errors_;
   std::deque<StreamWaited> stream_waited_;  // Note [Stream-waited works]
-  static constexpr std::size_t kSpareNodesMax = 64;
-  std::vector<std::unordered_map<std::uint64_t, Entry>::node_type> spare_work_nodes_;
-  std::vector<std::unordered_map<std::uint64_t, std::vector<std::uint64_t>>::node_type>
-      spare_storage_nodes_;
   // Every collective settles deferred drops and errors first; these flags (written under
   // mutex_, read without it) let it skip the lock and the scan of every entry when there is
   // nothing to settle, which is nearly always. A drop or error racing with the read is settled
