@@ -104,7 +104,8 @@ class Call {
     }
     state_ = &context->state();
     state_->settle_unwaited();
-    expanded_ = detail::expand_group_for(group, tag, op);
+    expanded_ = state_->take_expanded_group();
+    detail::expand_group_into(group, tag, op, expanded_);
     members_ = members_in(expanded_, state_->rank());  // a view into expanded_, never copied
     if (members_.empty()) {
       throw InvalidArgument(
@@ -114,6 +115,9 @@ class Call {
     slot_ = &state_->comm_slot(expanded_.tag, members_);
     trace_ = state_->trace;
   }
+  ~Call() { state_->recycle_expanded_group(std::move(expanded_)); }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
 
   int group_size() const noexcept { return static_cast<int>(members_.size()); }
   int group_rank() const noexcept {

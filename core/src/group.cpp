@@ -131,18 +131,25 @@ std::string group_label(const std::string& tag, const std::vector<int>& members)
 
 ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std::string_view op) {
   ExpandedGroup out;
+  expand_group_into(group, tag, op, out);
+  return out;
+}
+
+void expand_group_into(const GroupSpec& group, std::string_view tag, std::string_view op,
+                       ExpandedGroup& out) {
   const GroupSpec::Value& value = group.value();
   const auto fail = [&](std::string detail) { throw_group_error(op, &group, std::move(detail)); };
   if (const auto* ranks = std::get_if<std::vector<int>>(&value)) {
     check_rank_list(*ranks, op, "group", &group);
-    out.tag = std::string(tag);
-    out.ranks = *ranks;
+    out.tag.assign(tag);
+    out.ranks.assign(ranks->begin(), ranks->end());
     out.group_size = static_cast<int>(ranks->size());
   } else if (const auto* lists = std::get_if<std::vector<std::vector<int>>>(&value)) {
     if (lists->empty()) {
       fail("group is an empty list of rank lists");
     }
     int group_size = -1;
+    out.ranks.clear();
     for (const std::vector<int>& list : *lists) {
       if (group_size != -1 && group_size != static_cast<int>(list.size())) {
         fail("group sizes must be identical found " + std::to_string(group_size) + " and " +
@@ -152,12 +159,12 @@ ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std
       out.ranks.insert(out.ranks.end(), list.begin(), list.end());
     }
     check_rank_list(out.ranks, op, "group (flattened)", &group);
-    out.tag = std::string(tag);
+    out.tag.assign(tag);
     out.group_size = group_size;
   } else if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
     check_rank_list(process_group->ranks(), op, "process group", &group);
-    out.tag = std::string(pick_tag(tag, process_group->tag()));
-    out.ranks = process_group->ranks();
+    out.tag.assign(pick_tag(tag, process_group->tag()));
+    out.ranks.assign(process_group->ranks().begin(), process_group->ranks().end());
     out.group_size = process_group->size();
   } else if (const auto* mesh = std::get_if<DeviceMesh>(&value)) {
     if (mesh->ndim() != 1) {
@@ -167,8 +174,8 @@ ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std
           shape_to_string(mesh->shape()) + ")");
     }
     check_rank_list(mesh->ranks(), op, "mesh", &group);
-    out.tag = std::string(tag);
-    out.ranks = mesh->ranks();
+    out.tag.assign(tag);
+    out.ranks.assign(mesh->ranks().begin(), mesh->ranks().end());
     out.group_size = static_cast<int>(mesh->ranks().size());
   } else {
     const auto& mesh_dim = std::get<MeshDim>(value);
@@ -184,11 +191,10 @@ ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std
            std::to_string(ndim) + "-d mesh (expected [" + std::to_string(-ndim) + ", " +
            std::to_string(ndim - 1) + "])");
     }
-    out.tag = std::string(tag);
+    out.tag.assign(tag);
     out.ranks = mesh_dim.mesh.dim_ranks(mesh_dim.dim, caller);
     out.group_size = static_cast<int>(out.ranks.size());
   }
-  return out;
 }
 
 bool world_partition(const GroupSpec& group, const ExpandedGroup& expanded, int world_size,
@@ -239,29 +245,24 @@ bool world_partition(const GroupSpec& group, const ExpandedGroup& expanded, int 
 
 // ---- ProcessGroup
 
-ProcessGroup::ProcessGroup(std::vector<int> ranks, std::string tag)
+ProcessGroup::ProcessGroup(std::shared_ptr<const std::vector<int>> ranks, std::string tag)
     : ranks_(std::move(ranks)), tag_(std::move(tag)) {}
 
 bool ProcessGroup::contains(int rank) const noexcept { return group_rank(rank) >= 0; }
 
 int ProcessGroup::group_rank(int rank) const noexcept {
-  auto it = std::find(ranks_.begin(), ranks_.end(), rank);
-  return it == ranks_.end() ? -1 : static_cast<int>(it - ranks_.begin());
+  auto it = std::find(ranks_->begin(), ranks_->end(), rank);
+  return it == ranks_->end() ? -1 : static_cast<int>(it - ranks_->begin());
 }
 
 ProcessGroup world() {
-  const int size = detail::require_rank("world").world_size();
-  std::vector<int> ranks(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    ranks[static_cast<std::size_t>(r)] = r;
-  }
-  return ProcessGroup(std::move(ranks), "");
+  return ProcessGroup(detail::require_rank("world").state().world_ranks(), "");
 }
 
 ProcessGroup new_group(std::vector<int> ranks, std::string tag) {
   detail::require_rank("new_group");
   detail::check_rank_list(ranks, "new_group", "ranks");
-  return ProcessGroup(std::move(ranks), std::move(tag));
+  return ProcessGroup(std::make_shared<const std::vector<int>>(std::move(ranks)), std::move(tag));
 }
 
 // ---- DeviceMesh

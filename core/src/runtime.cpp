@@ -49,6 +49,38 @@ RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOption
   CHORUS_CHECK_LT(rank_, world_size_);
 }
 
+const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
+  if (world_ranks_ == nullptr) {
+    std::vector<int> ranks(static_cast<std::size_t>(world_size_));
+    for (int r = 0; r < world_size_; ++r) {
+      ranks[static_cast<std::size_t>(r)] = r;
+    }
+    world_ranks_ = std::make_shared<const std::vector<int>>(std::move(ranks));
+  }
+  return world_ranks_;
+}
+
+ExpandedGroup RankState::take_expanded_group() noexcept {
+  if (spare_expanded_groups_.empty()) {
+    return {};
+  }
+  ExpandedGroup group = std::move(spare_expanded_groups_.back());
+  spare_expanded_groups_.pop_back();
+  return group;
+}
+
+void RankState::recycle_expanded_group(ExpandedGroup&& group) noexcept {
+  if (spare_expanded_groups_.size() >= kSpareExpandedGroups) {
+    return;  // its blocks are freed with it
+  }
+  try {
+    spare_expanded_groups_.reserve(kSpareExpandedGroups);
+    spare_expanded_groups_.push_back(std::move(group));
+  } catch (...) {
+    // Out of memory for the spare list: the group is freed.
+  }
+}
+
 CommSlot& RankState::comm_slot(const std::string& tag, std::span<const int> members) {
   if (last_key_ != nullptr && last_key_->first == tag &&
       std::ranges::equal(last_key_->second, members)) {

@@ -78,10 +78,34 @@ TEST(Group, WorldIsEveryRankWithTheSameTagEverywhere) {
     EXPECT_EQ(group.size(), 5);
     tags[static_cast<std::size_t>(rank())] = group.tag();
     EXPECT_EQ(expand_group(world()), expand_group({0, 1, 2, 3, 4}));
+    // A value: equal to every other world() and to the same ranks built by new_group, whether or
+    // not the two share their rank list; a different tag or list is a different group.
+    EXPECT_EQ(world(), group);
+    EXPECT_EQ(new_group({0, 1, 2, 3, 4}), group);
+    EXPECT_FALSE(new_group({0, 1, 2, 3, 4}, "t") == group);
+    EXPECT_FALSE(new_group({4, 3, 2, 1, 0}) == group);
   });
   for (const std::string& tag : tags) {
     EXPECT_EQ(tag, tags[0]);
   }
+}
+
+// Collectives expand their group into a list recycled from call to call
+// (RankState::take_expanded_group): a group must never see the ranks or tag of the one before.
+TEST(Group, ConsecutiveCollectivesOnDifferentGroupsDoNotMixTheirRanks) {
+  on_ranks(4, [] {
+    const int r = rank();
+    EXPECT_EQ(all_reduce(Tensor::ones({1}), "sum", world()).item<float>(), 4.0f);
+    const std::vector<std::vector<int>> pairs = {{0, 1}, {2, 3}};
+    Tensor pair_sum = all_reduce(Tensor::full({1}, static_cast<float>(r)), "sum", pairs);
+    EXPECT_EQ(pair_sum.item<float>(), r < 2 ? 1.0f : 5.0f);
+    const ProcessGroup tagged = new_group({0, 1, 2, 3}, "tagged");
+    EXPECT_EQ(all_reduce(Tensor::ones({1}), "sum", tagged).item<float>(), 4.0f);
+    const std::vector<int> odd_even = r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    EXPECT_EQ(all_reduce(Tensor::full({1}, static_cast<float>(r)), "sum", odd_even).item<float>(),
+              r % 2 == 0 ? 2.0f : 4.0f);
+    EXPECT_EQ(all_reduce(Tensor::ones({1}), "sum", world()).item<float>(), 4.0f);
+  });
 }
 
 TEST(Group, UntaggedNewGroupIsTheSameGroupAsItsRankList) {

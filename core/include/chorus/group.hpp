@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -33,20 +34,24 @@ ProcessGroup new_group(std::vector<int> ranks, std::string tag = "");
 class ProcessGroup {
  public:
   const std::string& tag() const noexcept { return tag_; }
-  const std::vector<int>& ranks() const noexcept { return ranks_; }
-  int size() const noexcept { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const noexcept { return *ranks_; }
+  int size() const noexcept { return static_cast<int>(ranks_->size()); }
   bool contains(int rank) const noexcept;
   // Index of `rank` in ranks(), or -1.
   int group_rank(int rank) const noexcept;
 
-  friend bool operator==(const ProcessGroup&, const ProcessGroup&) = default;
+  friend bool operator==(const ProcessGroup& a, const ProcessGroup& b) {
+    return a.tag_ == b.tag_ && (a.ranks_ == b.ranks_ || *a.ranks_ == *b.ranks_);
+  }
 
  private:
   friend ProcessGroup world();
   friend ProcessGroup new_group(std::vector<int> ranks, std::string tag);
-  ProcessGroup(std::vector<int> ranks, std::string tag);
+  ProcessGroup(std::shared_ptr<const std::vector<int>> ranks, std::string tag);
 
-  std::vector<int> ranks_;
+  // Immutable and shared by copies: a group is copied into every GroupSpec that names it, and
+  // world() hands out the rank's one list instead of building it at every collective.
+  std::shared_ptr<const std::vector<int>> ranks_;
   std::string tag_;
 };
 

@@ -11,6 +11,10 @@ namespace chorus::detail {
 
 // expand_group, with errors attributed to `op` (the collective that was given the group).
 ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std::string_view op);
+// The same into `out`, whose rank list and tag keep their heap blocks (RankState recycles one
+// per collective). `out` holds garbage when it throws.
+void expand_group_into(const GroupSpec& group, std::string_view tag, std::string_view op,
+                       ExpandedGroup& out);
 
 // The parts of a partition of the world that `group` names (Note [Partitioned groups],
 // transport.hpp), back to back in `parts`, each `part_size` ranks long: a list of rank lists

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "chorus/group.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
@@ -74,6 +75,15 @@ class RankState {
                                          std::span<const int> members, std::span<const int> parts,
                                          int part_size);
 
+  // 0, 1, ..., world_size() - 1, built at the first call and shared (chorus::world()).
+  const std::shared_ptr<const std::vector<int>>& world_ranks();
+
+  // An ExpandedGroup to expand a collective's group into, and its return when the call is done:
+  // recycled so that its rank list and tag keep their heap blocks from one collective to the
+  // next. Calls may nest (a collective's wait can run a fixup), so a few are kept.
+  ExpandedGroup take_expanded_group() noexcept;
+  void recycle_expanded_group(ExpandedGroup&& group) noexcept;
+
   // Throws the first error recorded while completing a dropped work, once (Note [Work
   // lifecycle], step 3).
   void raise_deferred_error();
@@ -94,6 +104,9 @@ class RankState {
   std::shared_ptr<std::atomic<std::size_t>> device_bytes_ =
       std::make_shared<std::atomic<std::size_t>>(0);
   std::shared_ptr<CurrentStreams> streams_ = std::make_shared<CurrentStreams>();
+  std::shared_ptr<const std::vector<int>> world_ranks_;  // built by world_ranks()
+  static constexpr std::size_t kSpareExpandedGroups = 4;
+  std::vector<ExpandedGroup> spare_expanded_groups_;  // reserved for kSpareExpandedGroups
   using CommKey = std::pair<std::string, std::vector<int>>;
   std::map<CommKey, CommSlot> comms_;
   // The partitions this rank has set up (ensure_partition_comm), as (tag, part size, parts back
