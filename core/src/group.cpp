@@ -248,11 +248,17 @@ bool world_partition(const GroupSpec& group, const ExpandedGroup& expanded, int 
 ProcessGroup::ProcessGroup(std::shared_ptr<const std::vector<int>> ranks, std::string tag)
     : ranks_(std::move(ranks)), tag_(std::move(tag)) {}
 
+const std::vector<int>& ProcessGroup::no_ranks() noexcept {
+  static const std::vector<int> none;
+  return none;
+}
+
 bool ProcessGroup::contains(int rank) const noexcept { return group_rank(rank) >= 0; }
 
 int ProcessGroup::group_rank(int rank) const noexcept {
-  auto it = std::find(ranks_->begin(), ranks_->end(), rank);
-  return it == ranks_->end() ? -1 : static_cast<int>(it - ranks_->begin());
+  const std::vector<int>& members = ranks();
+  auto it = std::find(members.begin(), members.end(), rank);
+  return it == members.end() ? -1 : static_cast<int>(it - members.begin());
 }
 
 ProcessGroup world() {

@@ -105,8 +105,13 @@ void WorkRegistry::add(const std::shared_ptr<PendingWork>& work,
   CHORUS_CHECK(!storages.empty());
   std::lock_guard<std::mutex> lock(mutex_);
   list_locked(work);
-  for (Storage* storage : storages) {
-    link_locked(*work, storage);
+  try {
+    for (Storage* storage : storages) {
+      link_locked(*work, storage);
+    }
+  } catch (...) {
+    retire_locked(*work, nullptr);  // out of memory: unlinks what was linked, then unlists
+    throw;
   }
 }
 
@@ -114,13 +119,19 @@ void WorkRegistry::add(const std::shared_ptr<PendingWork>& work, Storage* storag
   CHORUS_CHECK(work != nullptr);
   std::lock_guard<std::mutex> lock(mutex_);
   list_locked(work);
-  link_locked(*work, storage);
+  try {
+    link_locked(*work, storage);
+  } catch (...) {
+    retire_locked(*work, nullptr);  // out of memory: unlists it
+    throw;
+  }
 }
 
 void WorkRegistry::list_locked(const std::shared_ptr<PendingWork>& work) {
-  CHORUS_CHECK(work->slot_ == PendingWork::kNotListed);  // a work is registered once
+  CHORUS_CHECK(work->owner_ == nullptr);  // a work is registered once
   works_.push_back(work);
   work->slot_ = works_.size() - 1;
+  work->owner_ = this;
   ++listed_;
 }
 
@@ -128,8 +139,14 @@ void WorkRegistry::link_locked(PendingWork& work, Storage* storage) {
   CHORUS_CHECK(storage != nullptr);
   CHORUS_CHECK(!work.storages_.contains(storage));  // no duplicates
   storage->attach_registry(this, weak_from_this());
-  work.storages_.push_back(storage);
+  // Both links or neither: a push that throws (out of memory) leaves the other list as it was.
   storage->works_.push_back(&work);
+  try {
+    work.storages_.push_back(storage);
+  } catch (...) {
+    storage->works_.erase(&work);
+    throw;
+  }
   storage->add_pending();
 }
 
@@ -138,6 +155,7 @@ void WorkRegistry::unlist_locked(PendingWork& work) noexcept {
   CHORUS_CHECK(works_[work.slot_].get() == &work);
   const std::size_t slot = work.slot_;
   work.slot_ = PendingWork::kNotListed;
+  work.owner_ = nullptr;
   work.storages_.clear();
   --listed_;
   // `work` may be destroyed from here on: works_ may have held its last reference.
@@ -279,8 +297,8 @@ std::exception_ptr WorkRegistry::stream_failure_locked(const StreamWaited& entry
 }
 
 bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
-  if (work.slot_ == PendingWork::kNotListed) {
-    return false;  // retired already by a concurrent waiter
+  if (work.owner_ != this) {
+    return false;  // retired already by a concurrent waiter (or never registered here)
   }
   CHORUS_CHECK_LT(work.slot_, works_.size());
   PendingWork& listed = *works_[work.slot_];

@@ -34,20 +34,24 @@ ProcessGroup new_group(std::vector<int> ranks, std::string tag = "");
 class ProcessGroup {
  public:
   const std::string& tag() const noexcept { return tag_; }
-  const std::vector<int>& ranks() const noexcept { return *ranks_; }
-  int size() const noexcept { return static_cast<int>(ranks_->size()); }
+  // A moved-from group has no ranks.
+  const std::vector<int>& ranks() const noexcept {
+    return ranks_ != nullptr ? *ranks_ : no_ranks();
+  }
+  int size() const noexcept { return static_cast<int>(ranks().size()); }
   bool contains(int rank) const noexcept;
   // Index of `rank` in ranks(), or -1.
   int group_rank(int rank) const noexcept;
 
   friend bool operator==(const ProcessGroup& a, const ProcessGroup& b) {
-    return a.tag_ == b.tag_ && (a.ranks_ == b.ranks_ || *a.ranks_ == *b.ranks_);
+    return a.tag_ == b.tag_ && (a.ranks_ == b.ranks_ || a.ranks() == b.ranks());
   }
 
  private:
   friend ProcessGroup world();
   friend ProcessGroup new_group(std::vector<int> ranks, std::string tag);
   ProcessGroup(std::shared_ptr<const std::vector<int>> ranks, std::string tag);
+  static const std::vector<int>& no_ranks() noexcept;
 
   // Immutable and shared by copies: a group is copied into every GroupSpec that names it, and
   // world() hands out the rank's one list instead of building it at every collective.

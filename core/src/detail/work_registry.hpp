@@ -26,6 +26,8 @@
 //    reported as dropped (not "at exit"); a failure is raised by that same settle_unwaited.
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
+// Works completed together (deferred drops, leftovers at exit) are completed and reported in the
+// order they were issued.
 // The transport work hears of steps 3 and 4 (transport::Work::on_dropped when its last storage
 // goes, on_finalized once core completed it as unwaited), so that a transport can log them: the
 // simulator's event log draws drops and finalizations (Note [Event log], simulator/src/world.hpp).
@@ -61,6 +63,7 @@
 namespace chorus::detail {
 
 class Storage;
+class WorkRegistry;
 
 // What the report and error messages say about a work.
 struct WorkInfo {
@@ -129,7 +132,8 @@ class PendingWork {
 
   // The registry's links (Note [Registry links]), guarded by its mutex.
   static constexpr std::size_t kNotListed = static_cast<std::size_t>(-1);
-  std::size_t slot_ = kNotListed;         // index in WorkRegistry::works_ while registered
+  const WorkRegistry* owner_ = nullptr;   // the registry that lists it; null once retired
+  std::size_t slot_ = kNotListed;         // index in owner_->works_ while listed
   SmallPtrList<const Storage> storages_;  // valid while listed: ~Storage unlists itself first
   bool dropped_ = false;  // every storage is gone; the work stays until it completes
   bool claimed_ = false;  // someone is completing it as unwaited (its report line exists)
@@ -157,7 +161,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
 
   // Removes `work` from the registry and every storage it sits under, marking those storages
   // failed when `error` is set. A no-op when `work` is not registered (any more): a late
-  // cleanup of an old work cannot touch newer entries.
+  // cleanup of an old work cannot touch newer entries. A work is registered with one registry
+  // in its life (it is not retired through another one while listed there).
   void retire(const PendingWork& work, const std::exception_ptr& error);
 
   // Called by ~Storage (Note [Work lifecycle], step 3). Never throws.
