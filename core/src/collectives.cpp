@@ -104,18 +104,17 @@ class Call {
     }
     state_ = &context->state();
     state_->settle_unwaited();
-    expanded_ = state_->take_expanded_group();
-    detail::expand_group_into(group, tag, op, expanded_);
-    members_ = members_in(expanded_, state_->rank());  // a view into expanded_, never copied
+    expanded_ = &expanded_lease_.take(*state_);
+    detail::expand_group_into(group, tag, op, *expanded_);
+    members_ = members_in(*expanded_, state_->rank());  // a view into expanded_, never copied
     if (members_.empty()) {
       throw InvalidArgument(
-          detail::make_context(op, -1, expanded_.to_string()),
+          detail::make_context(op, -1, expanded_->to_string()),
           "rank " + std::to_string(state_->rank()) + " is not a member of the group");
     }
-    slot_ = &state_->comm_slot(expanded_.tag, members_);
+    slot_ = &state_->comm_slot(expanded_->tag, members_);
     trace_ = state_->trace;
   }
-  ~Call() { state_->recycle_expanded_group(std::move(expanded_)); }
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
 
@@ -244,9 +243,10 @@ class Call {
     int part_size = 0;
     std::vector<int> storage;  // a MeshDim's parts
     transport::Comm& comm =
-        detail::world_partition(*group_, expanded_, state_->world_size(), parts, part_size, storage)
-            ? state_->ensure_partition_comm(*slot_, expanded_.tag, members_, parts, part_size)
-            : state_->ensure_comm(*slot_, expanded_.tag, members_);
+        detail::world_partition(*group_, *expanded_, state_->world_size(), parts, part_size,
+                                storage)
+            ? state_->ensure_partition_comm(*slot_, expanded_->tag, members_, parts, part_size)
+            : state_->ensure_comm(*slot_, expanded_->tag, members_);
     seq_ = slot_->next_seq++;
     stream_ = state_->stream_of(device_);
     return comm;
@@ -292,8 +292,8 @@ class Call {
     }
     OpRecord record;
     record.op = std::string(op_);
-    record.tag = expanded_.tag;
-    record.ranks = expanded_.ranks;
+    record.tag = expanded_->tag;
+    record.ranks = expanded_->ranks;
     record.group_size = group_size();
     record.rank = state_->rank();
     record.seq = meta_ ? -1 : seq_;
@@ -315,8 +315,30 @@ class Call {
   CallSite site_;
   const GroupSpec* group_;  // the caller's, alive for the call
   detail::RankState* state_ = nullptr;
-  ExpandedGroup expanded_;
-  std::span<const int> members_;  // into expanded_.ranks
+  // The rank's scratch group for this call (RankState::push_expanded_group), given back when
+  // the call ends, including when its constructor throws.
+  class ExpandedGroupLease {
+   public:
+    ExpandedGroupLease() = default;
+    ExpandedGroupLease(const ExpandedGroupLease&) = delete;
+    ExpandedGroupLease& operator=(const ExpandedGroupLease&) = delete;
+    ~ExpandedGroupLease() {
+      if (state_ != nullptr) {
+        state_->pop_expanded_group();
+      }
+    }
+    ExpandedGroup& take(detail::RankState& state) {
+      ExpandedGroup& group = state.push_expanded_group();
+      state_ = &state;
+      return group;
+    }
+
+   private:
+    detail::RankState* state_ = nullptr;
+  };
+  ExpandedGroupLease expanded_lease_;
+  ExpandedGroup* expanded_ = nullptr;  // the leased group
+  std::span<const int> members_;       // into expanded_->ranks
   detail::CommSlot* slot_ = nullptr;
   TraceScope* trace_ = nullptr;
   bool meta_ = false;

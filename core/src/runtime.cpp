@@ -60,25 +60,16 @@ const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
   return world_ranks_;
 }
 
-ExpandedGroup RankState::take_expanded_group() noexcept {
-  if (spare_expanded_groups_.empty()) {
-    return {};
+ExpandedGroup& RankState::push_expanded_group() {
+  if (expanded_groups_in_use_ == expanded_groups_.size()) {
+    expanded_groups_.emplace_back();
   }
-  ExpandedGroup group = std::move(spare_expanded_groups_.back());
-  spare_expanded_groups_.pop_back();
-  return group;
+  return expanded_groups_[expanded_groups_in_use_++];
 }
 
-void RankState::recycle_expanded_group(ExpandedGroup&& group) noexcept {
-  if (spare_expanded_groups_.size() >= kSpareExpandedGroups) {
-    return;  // its blocks are freed with it
-  }
-  try {
-    spare_expanded_groups_.reserve(kSpareExpandedGroups);
-    spare_expanded_groups_.push_back(std::move(group));
-  } catch (...) {
-    // Out of memory for the spare list: the group is freed.
-  }
+void RankState::pop_expanded_group() noexcept {
+  CHORUS_CHECK_GT(expanded_groups_in_use_, 0u);
+  --expanded_groups_in_use_;
 }
 
 CommSlot& RankState::comm_slot(const std::string& tag, std::span<const int> members) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -78,11 +79,12 @@ class RankState {
   // 0, 1, ..., world_size() - 1, built at the first call and shared (chorus::world()).
   const std::shared_ptr<const std::vector<int>>& world_ranks();
 
-  // An ExpandedGroup to expand a collective's group into, and its return when the call is done:
-  // recycled so that its rank list and tag keep their heap blocks from one collective to the
-  // next. Calls may nest (a collective's wait can run a fixup), so a few are kept.
-  ExpandedGroup take_expanded_group() noexcept;
-  void recycle_expanded_group(ExpandedGroup&& group) noexcept;
+  // The ExpandedGroup a collective expands its group into, one per collective in progress on
+  // this rank (calls nest: tracing waits inside a call), and its release when the call is done,
+  // in reverse order. Kept from call to call, so their rank lists and tags keep their heap
+  // blocks: expanding a group allocates nothing once the rank ran a collective.
+  ExpandedGroup& push_expanded_group();
+  void pop_expanded_group() noexcept;
 
   // Throws the first error recorded while completing a dropped work, once (Note [Work
   // lifecycle], step 3).
@@ -105,8 +107,8 @@ class RankState {
       std::make_shared<std::atomic<std::size_t>>(0);
   std::shared_ptr<CurrentStreams> streams_ = std::make_shared<CurrentStreams>();
   std::shared_ptr<const std::vector<int>> world_ranks_;  // built by world_ranks()
-  static constexpr std::size_t kSpareExpandedGroups = 4;
-  std::vector<ExpandedGroup> spare_expanded_groups_;  // reserved for kSpareExpandedGroups
+  std::deque<ExpandedGroup> expanded_groups_;  // grows, never shrinks: references stay valid
+  std::size_t expanded_groups_in_use_ = 0;
   using CommKey = std::pair<std::string, std::vector<int>>;
   std::map<CommKey, CommSlot> comms_;
   // The partitions this rank has set up (ensure_partition_comm), as (tag, part size, parts back
