@@ -16,9 +16,19 @@
 #include "detail/work_registry.hpp"
 
 namespace chorus::detail {
+namespace {
+
+// Generations for storage identity. Process-wide on purpose: a generation must be unique across
+// every rank of a simulated world, since tensors can travel between ranks in one process.
+std::atomic<std::uint64_t> next_storage_generation{1};
+
+}  // namespace
 
 Storage::Storage(std::shared_ptr<void> memory, std::size_t nbytes, Device device)
-    : memory_(std::move(memory)), nbytes_(nbytes), device_(device) {
+    : generation_(next_storage_generation.fetch_add(1, std::memory_order_relaxed)),
+      memory_(std::move(memory)),
+      nbytes_(nbytes),
+      device_(device) {
   if (nbytes_ > 0 && !device_.is_meta()) {
     CHORUS_CHECK(memory_ != nullptr);
   }

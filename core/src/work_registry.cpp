@@ -16,6 +16,9 @@
 namespace chorus::detail {
 namespace {
 
+// Generations for work identity (Note [Registry links]). Process-wide, as the storages'.
+std::atomic<std::uint64_t> next_work_generation{1};
+
 // `error` reworded so that where it is raised (a later, unrelated call) it says which collective
 // it belongs to: "the result of all_reduce #3 (issued at f:l) <what happened>: <detail>". Keeps
 // the error's type.
@@ -55,7 +58,8 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
                          std::function<void()> fixup,
                          std::shared_ptr<transport::Transport> transport,
                          transport::Duration timeout, Completion completion, StreamSource stream)
-    : work_(std::move(work)),
+    : generation_(next_work_generation.fetch_add(1, std::memory_order_relaxed)),
+      work_(std::move(work)),
       info_(std::move(info)),
       fixup_(std::move(fixup)),
       transport_(std::move(transport)),
@@ -140,9 +144,9 @@ void WorkRegistry::link_locked(PendingWork& work, Storage* storage) {
   CHORUS_CHECK(!work.storages_.contains(storage));  // no duplicates
   storage->attach_registry(this, weak_from_this());
   // Both links or neither: a push that throws (out of memory) leaves the other list as it was.
-  storage->works_.push_back(&work);
+  storage->works_.push_back(&work, work.generation());
   try {
-    work.storages_.push_back(storage);
+    work.storages_.push_back(storage, storage->generation());
   } catch (...) {
     storage->works_.erase(&work);
     throw;
@@ -177,11 +181,22 @@ void WorkRegistry::unlist_locked(PendingWork& work) noexcept {
   works_.resize(kept);
 }
 
+const std::shared_ptr<PendingWork>& WorkRegistry::listed_work_locked(
+    const StampedLinks<PendingWork>::Link& link) const {
+  const PendingWork& work = *link.target;
+  // A work stays listed while any storage links it, so this is the work that was linked.
+  CHORUS_CHECK_EQ(work.generation(), link.stamp);
+  CHORUS_CHECK(work.owner_ == this);
+  return works_[work.slot_];
+}
+
 std::vector<std::shared_ptr<PendingWork>> WorkRegistry::works_of(const Storage& storage) const {
   std::vector<std::shared_ptr<PendingWork>> works;
   std::lock_guard<std::mutex> lock(mutex_);
   works.reserve(storage.works_.size());
-  storage.works_.for_each([&](const PendingWork* work) { works.push_back(works_[work->slot_]); });
+  storage.works_.for_each([&](const StampedLinks<PendingWork>::Link& link) {
+    works.push_back(listed_work_locked(link));
+  });
   return works;
 }
 
@@ -193,7 +208,7 @@ void WorkRegistry::wait_storage(const Storage& storage) {
       return;
     }
     if (storage.works_.size() == 1) {
-      only = works_[storage.works_.front()->slot_];
+      only = listed_work_locked(storage.works_.front());
     }
   }
   // With several works, or when the works changed since the look above (another thread waited
@@ -303,7 +318,10 @@ bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_p
   CHORUS_CHECK_LT(work.slot_, works_.size());
   PendingWork& listed = *works_[work.slot_];
   CHORUS_CHECK(&listed == &work);  // listed here, not in another rank's registry
-  listed.storages_.for_each([&](const Storage* storage) {
+  listed.storages_.for_each([&](const StampedLinks<const Storage>::Link& link) {
+    const Storage* storage = link.target;
+    // A storage unlinks itself before it dies, so this is the storage that was linked.
+    CHORUS_CHECK_EQ(storage->generation(), link.stamp);
     storage->works_.erase(&listed);
     auto* mutable_storage = const_cast<Storage*>(storage);  // NOLINT: registry owns the state word
     if (error) {
@@ -330,7 +348,8 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
   std::vector<Claim> claims;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    storage.works_.for_each([&](PendingWork* work) {
+    storage.works_.for_each([&](const StampedLinks<PendingWork>::Link& link) {
+      const std::shared_ptr<PendingWork>& work = listed_work_locked(link);
       work->storages_.erase(&storage);
       if (!work->storages_.empty()) {
         return;
@@ -339,7 +358,7 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
       const transport::Work& transport_work = work->work();
       transport_work.on_dropped();
       if (!unwinding && !transport_work.defer_finalization()) {
-        claims.push_back(claim_locked(works_[work->slot_], /*at_rank_exit=*/false));
+        claims.push_back(claim_locked(work, /*at_rank_exit=*/false));
       } else {
         may_have_deferred_drops_.store(true, std::memory_order_release);
       }

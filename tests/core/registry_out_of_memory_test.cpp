@@ -21,9 +21,13 @@
 
 namespace {
 
-// The size of the next allocation to refuse (0: none). A SmallPtrList's first spilled element
-// is one pointer: the registry's only allocation when a second link is made.
+// The size of the next allocation to refuse (0: none).
 std::atomic<std::size_t> refuse_next_allocation_of{0};
+
+// A StampedLinks' first spilled link: the registry's only allocation when a second link is made
+// (once the registry's work list has room).
+constexpr std::size_t kLinkBytes =
+    sizeof(chorus::detail::StampedLinks<chorus::detail::PendingWork>::Link);
 
 }  // namespace
 
@@ -75,7 +79,7 @@ TEST(RegistryOutOfMemory, ASecondWorkOnAStorageThatCannotBeLinkedIsNotRegistered
     const auto second_fake = fake_work();
     registry.add(pending(context, first_fake), storage);
     const auto second = pending(context, second_fake);
-    refuse_next_allocation_of = sizeof(void*);
+    refuse_next_allocation_of = kLinkBytes;
     EXPECT_THROW(registry.add(second, storage), std::bad_alloc);
     ASSERT_EQ(refuse_next_allocation_of.load(), 0u) << "the refused allocation was the registry's";
     EXPECT_EQ(registry.size(), 1u);
@@ -106,17 +110,30 @@ TEST(RegistryOutOfMemory, AWorkWhoseSecondStorageCannotBeLinkedLeavesTheFirstUnt
     detail::WorkRegistry& registry = *context.state().registry();
     Tensor a = Tensor::from_vector(std::vector<std::int32_t>{1});
     Tensor b = Tensor::from_vector(std::vector<std::int32_t>{2});
+    {
+      // One work registered and waited first: the registry's work list keeps room for one.
+      Tensor warm = Tensor::from_vector(std::vector<std::int32_t>{0});
+      registry.add(pending(context, fake_work()), detail::TensorAccess::storage(warm).get());
+      wait_tensor(warm);
+    }
     const auto fake = fake_work();
     const auto work = pending(context, fake);
-    refuse_next_allocation_of = sizeof(void*);
-    EXPECT_THROW(registry.add(work, {detail::TensorAccess::storage(a).get(),
-                                     detail::TensorAccess::storage(b).get()}),
-                 std::bad_alloc);
+    const std::vector<detail::Storage*> storages = {detail::TensorAccess::storage(a).get(),
+                                                    detail::TensorAccess::storage(b).get()};
+    refuse_next_allocation_of = kLinkBytes;
+    EXPECT_THROW(registry.add(work, storages), std::bad_alloc);
     ASSERT_EQ(refuse_next_allocation_of.load(), 0u) << "the refused allocation was the registry's";
     EXPECT_EQ(registry.size(), 0u);
     EXPECT_FALSE(a.is_pending());
     EXPECT_FALSE(b.is_pending());
     EXPECT_EQ(a.to_vector<std::int32_t>(), std::vector<std::int32_t>{1});
+    // b holds no link to the failed work: a new work on it is its only one.
+    const auto next_fake = fake_work();
+    registry.add(pending(context, next_fake), detail::TensorAccess::storage(b).get());
+    EXPECT_EQ(registry.size(), 1u);
+    wait_tensor(b);
+    EXPECT_EQ(registry.size(), 0u);
+    EXPECT_EQ(next_fake->waits(), 1);
     a = Tensor();
     b = Tensor();
     EXPECT_EQ(fake->waits(), 0);

@@ -1,8 +1,8 @@
 // The simulator's allocator (Note [Simulator allocator]): LIFO reuse provokes ABA in code keyed
-// by address while chorus's own registry (which links storages and works in place) stays right;
-// quarantine delays reuse for exactly K frees and catches writes after free; random reuse replays
-// from its seed; guard pages make a raw read of a pending output fault with rank, op and step (Note
-// [Guard pages]).
+// by address while chorus's own registry (keyed by storage identity, its links stamped with
+// generations) stays right; quarantine delays reuse for exactly K frees and catches writes after
+// free; random reuse replays from its seed; guard pages make a raw read of a pending output fault
+// with rank, op and step (Note [Guard pages]).
 
 #include <gtest/gtest.h>
 

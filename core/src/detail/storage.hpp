@@ -21,7 +21,7 @@
 #include <mutex>
 
 #include "chorus/device.hpp"
-#include "detail/small_ptr_list.hpp"
+#include "detail/stamped_links.hpp"
 
 namespace chorus {
 class DeviceMemory;
@@ -41,6 +41,9 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  // A generation from a process-wide counter, never reused: the registry stamps its links with
+  // it (Note [Registry links]), so a storage at a recycled address is never taken for an old one.
+  std::uint64_t generation() const noexcept { return generation_; }
   void* data() const noexcept { return memory_.get(); }
   std::size_t nbytes() const noexcept { return nbytes_; }
   Device device() const noexcept { return device_; }
@@ -79,6 +82,7 @@ class Storage {
 
   void wait_ready_slow() const;
 
+  std::uint64_t generation_;
   std::shared_ptr<void> memory_;
   std::size_t nbytes_;
   Device device_;
@@ -88,7 +92,7 @@ class Storage {
   std::exception_ptr failure_;              // written before kFailedBit is published
   // The works pending on this storage, in issue order (Note [Registry links]). Guarded by the
   // registry's mutex; mutable because waits and drops reach the registry with a const Storage.
-  mutable SmallPtrList<PendingWork> works_;
+  mutable StampedLinks<PendingWork> works_;
 };
 
 // Host memory of `nbytes`, 64-byte aligned, from the calling rank's pool (plain heap memory

@@ -33,14 +33,17 @@
 // simulator's event log draws drops and finalizations (Note [Event log], simulator/src/world.hpp).
 //
 // Note [Registry links]
-// Nothing is looked up by address or by key. A storage lists its pending works and a work lists
-// its storages, both in place (SmallPtrList: one element inline, which is nearly always all),
-// and the registry lists its works in issue order; every link is guarded by the registry's
-// mutex. A new storage at a recycled address starts with an empty list, so it cannot be
-// confused with an old entry, and a work that left the registry is marked so: a late cleanup of
-// an old work cannot touch newer entries. A storage may hold several pending works, and one work
-// may sit under several storages, without duplicates. Registering and retiring a work touches
-// no heap memory after the first few collectives (the work list keeps its capacity).
+// The registry is keyed by storage identity, never by raw address. A storage lists its pending
+// works and a work lists its storages, both in place (StampedLinks: one link inline, which is
+// nearly always all), and the registry lists its works in issue order; every link is guarded by
+// the registry's mutex. Every storage and every work carries a generation from a process-wide
+// counter (never reused), and every link is stamped with its target's generation and checked
+// against it whenever it is followed. A new storage at a recycled address starts with no links
+// and a new generation, so it can never match a stale entry; a work that left the registry is
+// marked so, and a late cleanup of an old work cannot touch newer entries. A storage may hold
+// several pending works, and one work may sit under several storages, without duplicates.
+// Registering and retiring a work finds nothing by hashing and touches no heap memory after the
+// first few collectives (the work list keeps its capacity).
 
 #include <atomic>
 #include <cstddef>
@@ -58,7 +61,7 @@
 #include "chorus/runtime.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
-#include "detail/small_ptr_list.hpp"
+#include "detail/stamped_links.hpp"
 
 namespace chorus::detail {
 
@@ -114,6 +117,8 @@ class PendingWork {
   // Now plus the timeout, on the transport's clock (saturating).
   transport::Duration deadline_from_now() const;
 
+  // A generation from a process-wide counter, never reused (Note [Registry links]).
+  std::uint64_t generation() const noexcept { return generation_; }
   Completion completion() const noexcept { return completion_; }
   const WorkInfo& info() const noexcept { return info_; }
   const transport::Work& work() const noexcept { return *work_; }
@@ -121,6 +126,7 @@ class PendingWork {
  private:
   friend class WorkRegistry;
 
+  std::uint64_t generation_;
   std::shared_ptr<transport::Work> work_;
   WorkInfo info_;
   std::function<void()> fixup_;
@@ -134,7 +140,7 @@ class PendingWork {
   static constexpr std::size_t kNotListed = static_cast<std::size_t>(-1);
   const WorkRegistry* owner_ = nullptr;   // the registry that lists it; null once retired
   std::size_t slot_ = kNotListed;         // index in owner_->works_ while listed
-  SmallPtrList<const Storage> storages_;  // valid while listed: ~Storage unlists itself first
+  StampedLinks<const Storage> storages_;  // valid while listed: ~Storage unlists itself first
   bool dropped_ = false;  // every storage is gone; the work stays until it completes
   bool claimed_ = false;  // someone is completing it as unwaited (its report line exists)
 
@@ -224,6 +230,9 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Unlists `work` (listed): its slot becomes a hole, and the list is compacted once holes are
   // the majority, so the list keeps issue order and unlisting costs O(1) amortised.
   void unlist_locked(PendingWork& work) noexcept;
+  // The listed work a storage's link leads to, its stamp checked.
+  const std::shared_ptr<PendingWork>& listed_work_locked(
+      const StampedLinks<PendingWork>::Link& link) const;
   std::vector<std::shared_ptr<PendingWork>> works_of(const Storage& storage) const;
   // Completes `works`, then retires each; returns the first error.
   std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
