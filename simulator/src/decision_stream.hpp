@@ -109,6 +109,10 @@ class DecisionStream {
     return static_cast<std::size_t>(choose(candidates.size()));
   }
 
+  // Whether schedule choices go through PCT, which looks at the candidates themselves; otherwise
+  // choose_schedule(candidates) is choose(candidates.size()).
+  bool schedules_by_priority() const noexcept { return pct_ != nullptr; }
+
   // Every index returned so far, in order.
   const std::vector<std::uint64_t>& choices() const noexcept { return choices_; }
   bool exhausted() const noexcept { return source_->exhausted(); }

@@ -288,7 +288,7 @@ void SimWorld::rank_body(int rank) {
   if (slot.error && !first_error_) {
     first_error_ = slot.error;
   }
-  slot.phase = Phase::Finished;
+  set_phase(static_cast<std::size_t>(rank), Phase::Finished);
   RankContext::bind(nullptr);
   this_thread_rank = CurrentRank{};
 }
@@ -517,7 +517,7 @@ void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int ran
       time_out(work, deadline, rank);
       break;
     }
-    slot.phase = Phase::Blocked;
+    set_phase(static_cast<std::size_t>(rank), Phase::Blocked);
     slot.blocked_on = &work;
     slot.deadline = deadline;
     earliest_deadline_ = std::min(earliest_deadline_, deadline.at);
@@ -598,6 +598,12 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
         std::make_unique<RankContext>(std::move(rank_transport), rank_options);
   }
   run_codes_.resize(static_cast<std::size_t>(size));
+  // Every rank starts runnable (RankSlot's phase).
+  runnable_words_.assign((static_cast<std::size_t>(size) + 63) / 64, 0);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(size); ++r) {
+    runnable_words_[r / 64] |= std::uint64_t{1} << (r % 64);
+  }
+  runnable_count_ = static_cast<std::size_t>(size);
   ops_issued_.assign(static_cast<std::size_t>(size), 0);
   for (int r = 0; r < size; ++r) {
     run_codes_[static_cast<std::size_t>(r)] =
@@ -670,17 +676,21 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
 }
 
 void SimWorld::schedule() {
-  const int size = options_.world_size;
   while (true) {
     if (now() >= earliest_deadline_) {  // Note [Deadline scan]
       wake_due_ranks();
     }
+    // Note [Runnable set]: the candidates are the runnable ranks in rank order, then the
+    // completable operations in group order. Only PCT looks at them; a uniform choice needs the
+    // runnable ranks' count, and the chosen one is found in the bitset.
     candidates_.clear();
-    for (int r = 0; r < size; ++r) {
-      if (ranks_[static_cast<std::size_t>(r)].phase == Phase::Runnable) {
-        candidates_.push_back(Decision{Decision::Kind::RunRank, r, 0, -1});
+    const bool by_priority = stream_.schedules_by_priority();
+    if (by_priority) {
+      for (std::size_t k = 0; k < runnable_count_; ++k) {
+        candidates_.push_back(Decision{Decision::Kind::RunRank, kth_runnable(k), 0, -1});
       }
     }
+    const std::size_t ranks_listed = candidates_.size();
     for (const std::shared_ptr<SimGroup>& group : groups_) {
       auto head = group->slots.begin();
       if (head != group->slots.end() && head->first == group->next_to_complete &&
@@ -689,7 +699,9 @@ void SimWorld::schedule() {
         candidates_.push_back(Decision{Decision::Kind::CompleteOp, -1, group->id, head->first});
       }
     }
-    if (candidates_.empty()) {
+    const std::size_t ranks_runnable = by_priority ? ranks_listed : runnable_count_;
+    const std::size_t num_candidates = ranks_runnable + (candidates_.size() - ranks_listed);
+    if (num_candidates == 0) {
       bool all_finished = true;
       for (const RankSlot& slot : ranks_) {
         all_finished = all_finished && slot.phase == Phase::Finished;
@@ -712,7 +724,15 @@ void SimWorld::schedule() {
                        "SimOptions::max_steps exhausted");
       continue;
     }
-    const Decision decision = candidates_[stream_.choose_schedule(candidates_)];
+    Decision decision;
+    if (by_priority) {
+      decision = candidates_[stream_.choose_schedule(candidates_)];
+    } else {
+      const auto index = static_cast<std::size_t>(stream_.choose(num_candidates));
+      decision = index < ranks_runnable
+                     ? Decision{Decision::Kind::RunRank, kth_runnable(index), 0, -1}
+                     : candidates_[index - ranks_runnable];
+    }
     schedule_hash_ =
         hash_combine(schedule_hash_, decision.kind == Decision::Kind::RunRank
                                          ? run_codes_[static_cast<std::size_t>(decision.rank)]
@@ -730,6 +750,34 @@ void SimWorld::schedule() {
   for (const std::shared_ptr<SimGroup>& group : groups_) {
     CHORUS_CHECK(group->slots.empty());
   }
+}
+
+void SimWorld::set_phase(std::size_t r, Phase phase) noexcept {
+  RankSlot& slot = ranks_[r];
+  const bool was_runnable = slot.phase == Phase::Runnable;
+  const bool runnable = phase == Phase::Runnable;
+  slot.phase = phase;
+  if (was_runnable != runnable) {
+    runnable_words_[r / 64] ^= std::uint64_t{1} << (r % 64);
+    runnable_count_ = runnable ? runnable_count_ + 1 : runnable_count_ - 1;
+  }
+}
+
+int SimWorld::kth_runnable(std::size_t k) const noexcept {
+  for (std::size_t w = 0; w < runnable_words_.size(); ++w) {
+    std::uint64_t word = runnable_words_[w];
+    const auto in_word = static_cast<std::size_t>(std::popcount(word));
+    if (k >= in_word) {
+      k -= in_word;
+      continue;
+    }
+    for (; k > 0; --k) {
+      word &= word - 1;  // drop the lowest runnable rank
+    }
+    return static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word)));
+  }
+  CHORUS_CHECK(false);  // k < runnable_count_
+  return -1;
 }
 
 void SimWorld::execute(const Decision& decision) {
@@ -1080,7 +1128,7 @@ void SimWorld::wake_waiters(SimWork& work) {
   for (int rank : work.waiters()) {
     RankSlot& waiter = ranks_[static_cast<std::size_t>(rank)];
     if (waiter.phase == Phase::Blocked && waiter.blocked_on == &work) {
-      waiter.phase = Phase::Runnable;
+      set_phase(static_cast<std::size_t>(rank), Phase::Runnable);
       waiter.blocked_on = nullptr;
     }
   }
@@ -1100,15 +1148,16 @@ void SimWorld::wake_due_ranks() {
     return;
   }
   earliest_deadline_ = transport::Duration::max();
-  for (RankSlot& slot : ranks_) {
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    RankSlot& slot = ranks_[r];
     if (slot.phase == Phase::Blocked && !slot.deadline.is_never() && now() >= slot.deadline.at) {
-      slot.phase = Phase::Runnable;
+      set_phase(r, Phase::Runnable);
       slot.blocked_on = nullptr;
       slot.timed_out = true;
     } else if (slot.phase == Phase::Blocked) {
       earliest_deadline_ = std::min(earliest_deadline_, slot.deadline.at);
     } else if (slot.phase == Phase::Delayed && now() >= slot.wake_at) {
-      slot.phase = Phase::Runnable;
+      set_phase(r, Phase::Runnable);
     } else if (slot.phase == Phase::Delayed) {
       earliest_deadline_ = std::min(earliest_deadline_, slot.wake_at);
     }
@@ -1487,7 +1536,7 @@ void SimWorld::stall(int rank, std::uint64_t steps) {
   CHORUS_CHECK_GE(steps, 1u);
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   CHORUS_CHECK(slot.phase == Phase::Runnable);
-  slot.phase = Phase::Delayed;
+  set_phase(static_cast<std::size_t>(rank), Phase::Delayed);
   slot.wake_at = now() + kStepDuration * static_cast<std::int64_t>(steps);
   earliest_deadline_ = std::min(earliest_deadline_, slot.wake_at);
   yield(rank);

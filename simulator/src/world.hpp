@@ -302,7 +302,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   enum class Phase : std::uint8_t { Runnable, Blocked, Delayed, Finished };
 
   struct RankSlot {
-    Phase phase = Phase::Runnable;
+    Phase phase = Phase::Runnable;  // changed only through set_phase (Note [Runnable set])
     std::unique_ptr<RankContext> context;
     SimWork* blocked_on = nullptr;
     transport::Deadline deadline;
@@ -403,6 +403,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void record_event(SimEvent::Kind kind, int rank, const SimWork& work, std::string detail);
   SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 
+  // Sets rank r's phase, keeping the runnable set (Note [Runnable set]).
+  void set_phase(std::size_t r, Phase phase) noexcept;
+  // The rank of the k-th runnable rank in increasing rank order (k < runnable_count_).
+  int kth_runnable(std::size_t k) const noexcept;
+
   SimOptions options_;
   DecisionStream stream_;
   // Every rank's host allocator, or null for core's pool (Note [Simulator allocator]).
@@ -416,6 +421,16 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<std::shared_ptr<SimGroup>> groups_;  // creation order (deterministic)
   std::map<std::pair<std::string, std::vector<int>>, std::size_t> group_index_;
   std::vector<Decision> candidates_;
+  // Note [Runnable set]
+  // The runnable ranks as a bitset (bit r % 64 of word r / 64) and their count, kept by
+  // set_phase, the only writer of a rank's phase. A decision's candidates are the runnable ranks
+  // in rank order, then the completable operations in group order; a uniform choice (random walk,
+  // and portfolio runs that drew it) needs only their number, and the chosen rank is the k-th set
+  // bit, so a decision no longer visits every rank. PCT weighs each candidate, so for it the
+  // list is still built, from the bitset. Either way the same index picks the same candidate as
+  // before, so every seed's schedule is unchanged.
+  std::vector<std::uint64_t> runnable_words_;
+  std::size_t runnable_count_ = 0;
   std::vector<std::uint64_t> run_codes_;  // decision_code of "run rank r", by r
   // Note [Deadline scan]: a lower bound on every blocked rank's deadline (virtual time), so the
   // scheduler scans for timed-out ranks only once one may have passed (with the default timeout
