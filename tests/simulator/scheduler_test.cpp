@@ -151,7 +151,38 @@ TEST_P(SimWorldSize, AllReduceOfRanksIsTheTriangularNumber) {
   EXPECT_TRUE(report.unwaited.empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, SimWorldSize, ::testing::Values(1, 2, 3, 7, 16, 64));
+// 65 and 130 ranks span two and three words of the runnable set (Note [Runnable set]).
+INSTANTIATE_TEST_SUITE_P(Sizes, SimWorldSize, ::testing::Values(1, 2, 3, 7, 16, 64, 65, 130));
+
+// Ranks past the first 64 block and wake in every strategy: pairs of ranks wait on each other,
+// so the runnable set changes at every decision, and the scheduler may only ever run a runnable
+// rank (SimWorld::execute checks it).
+TEST(SimScheduler, ManyRanksBlockAndWakeUnderEveryStrategy) {
+  constexpr int kRanks = 130;
+  for (sim::Strategy strategy :
+       {sim::Strategy::RandomWalk, sim::Strategy::Pct, sim::Strategy::Portfolio}) {
+    SimOptions options = quiet(kRanks, 11);
+    options.strategy = strategy;
+    std::vector<float> seen(kRanks, -1.0f);
+    const auto program = [&seen] {
+      const int r = rank();
+      const int partner = r ^ 1;
+      const std::vector<int> pair = {std::min(r, partner), std::max(r, partner)};
+      Tensor sum = all_reduce(Tensor::full({2}, r), "sum", pair);
+      Tensor all = all_reduce(Tensor::ones({1}), "sum", world());
+      seen[static_cast<std::size_t>(r)] = sum.to_vector<float>()[1] + all.item<float>();
+    };
+    const SimReport first = sim::run(options, program);
+    ASSERT_TRUE(first.ok());
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(seen[static_cast<std::size_t>(r)], static_cast<float>(2 * (r / 2 * 2) + 1 + kRanks))
+          << "rank " << r;
+    }
+    const SimReport again = sim::run(options, program);
+    EXPECT_EQ(again.schedule_hash, first.schedule_hash);
+    EXPECT_EQ(again.steps, first.steps);
+  }
+}
 
 TEST(SimScheduler, VirtualTimeAdvancesOneStepPerDecision) {
   SimReport report = sim::run(
