@@ -106,6 +106,7 @@ std::string mpi_error_text(int code) {
 // MpiProcess
 
 MpiProcess::MpiProcess() : user_ops_(std::make_unique<UserOps>()) {
+  spare_started_.reserve(kSpareStartedMax);  // recycle_started never allocates
   const ErrorContext context{-1, "chorus::mpi::run", -1, ""};
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -190,6 +191,32 @@ void MpiProcess::progress_rings() {
   }
 }
 
+Started MpiProcess::take_started() noexcept {
+  const std::lock_guard lock(spare_mutex_);
+  if (spare_started_.empty()) {
+    return {};
+  }
+  Started started = std::move(spare_started_.back());
+  spare_started_.pop_back();
+  return started;
+}
+
+void MpiProcess::recycle_started(Started&& started,
+                                 std::vector<transport::OpSignature>&& signatures) noexcept {
+  // Emptied here, outside the lock: keep_alive's buffers and after's captures go now, as they
+  // would have with the work.
+  started.requests.clear();
+  started.after.clear();
+  started.keep_alive.clear();
+  started.rings.clear();
+  started.signatures = std::move(signatures);
+  started.signatures.clear();
+  const std::lock_guard lock(spare_mutex_);
+  if (spare_started_.size() < kSpareStartedMax) {
+    spare_started_.push_back(std::move(started));  // within the reserved capacity: no throw
+  }
+}
+
 void MpiProcess::park(Started started) {
   // Callers hold no MPI lock (the MPI lock orders after a work's own lock).
   const std::lock_guard lock(mutex_);
@@ -213,7 +240,9 @@ MpiWork::~MpiWork() {
     // (a work is dropped pending only after a Timeout, on the way to ending the job; a failed
     // test leaves its requests in an unknown state, so those stay too).
     process_->park(std::move(started_));
+    return;
   }
+  process_->recycle_started(std::move(started_), std::move(fingerprint_.ops));
 }
 
 void MpiWork::poll() {
@@ -452,7 +481,7 @@ std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature
   if (check_collectives_) {
     verify(std::vector<OpSignature>{op_signature}, info, send_counts, recv_counts);
   }
-  Started started;
+  Started started = process_->take_started();
   started.signatures.push_back(op_signature);
   try {
     start(started);

@@ -73,6 +73,13 @@ class MpiProcess {
   // Keeps the requests and buffers of a work destroyed while pending (after a Timeout: MPI
   // cannot cancel a collective) until the process ends. Takes the MPI lock.
   void park(Started started);
+  // Note [Recycled Started]: a finished work's Started, emptied, goes back to the process, and
+  // the next operation starts from it, so its vectors keep their heap blocks instead of
+  // allocating three per operation. `signatures` is the work's fingerprint's list (moved there
+  // from Started::signatures). Thread-safe (works die on any thread); never throws.
+  Started take_started() noexcept;
+  void recycle_started(Started&& started,
+                       std::vector<transport::OpSignature>&& signatures) noexcept;
   std::chrono::steady_clock::time_point epoch() const noexcept { return epoch_; }
   // Note [Ring all_reduce], "Progress": every ring in flight in this process, advanced by every
   // poll of the transport. Call both with the MPI lock held.
@@ -95,6 +102,9 @@ class MpiProcess {
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::unique_ptr<UserOps> user_ops_;  // freed before MPI_Finalize
   std::vector<Started> parked_;
+  static constexpr std::size_t kSpareStartedMax = 16;
+  std::mutex spare_mutex_;              // guards spare_started_ only
+  std::vector<Started> spare_started_;  // emptied; capacity reserved for kSpareStartedMax
   std::vector<std::shared_ptr<RingAllReduce>> rings_;  // in flight; guarded by mutex_
 };
 
