@@ -164,6 +164,22 @@ void ops() {
   require(pair[0].to_vector<float>()[0] == static_cast<float>(n), "coalesced float");
   require(pair[1].to_vector<std::int32_t>()[0] == n * (n - 1) / 2, "coalesced int");
   require(chorus::work_registry_size() == 0, "registry empty at the end");
+
+  // A waited collective's buffers go with its last tensor: its work lets go of them when it
+  // completes, and the process keeps only the emptied vectors for the next operation (Note
+  // [Recycled Started]).
+  std::vector<float> blob = {1.0f, 2.0f};
+  bool released = false;
+  {
+    chorus::Tensor input =
+        chorus::Tensor::from_blob(blob.data(), {2}, chorus::DType::Float32, chorus::Device::cpu(),
+                                  [&released](void*) { released = true; });
+    chorus::Tensor sum = chorus::all_reduce(input, "sum", chorus::world());
+    require(sum.to_vector<float>() ==
+                std::vector<float>{static_cast<float>(n), 2.0f * static_cast<float>(n)},
+            "all_reduce of a blob");
+  }
+  require(released, "a waited collective's input is released with its last tensor");
   if (rank == 0) {
     std::printf("mpi_job ops: all checks passed on %d ranks\n", n);
   }
