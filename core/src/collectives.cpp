@@ -324,17 +324,19 @@ class Call {
     ExpandedGroupLease& operator=(const ExpandedGroupLease&) = delete;
     ~ExpandedGroupLease() {
       if (state_ != nullptr) {
-        state_->pop_expanded_group();
+        state_->pop_expanded_group(index_);
       }
     }
     ExpandedGroup& take(detail::RankState& state) {
       ExpandedGroup& group = state.push_expanded_group();
       state_ = &state;
+      index_ = state.expanded_groups_in_use() - 1;
       return group;
     }
 
    private:
     detail::RankState* state_ = nullptr;
+    std::size_t index_ = 0;
   };
   ExpandedGroupLease expanded_lease_;
   ExpandedGroup* expanded_ = nullptr;  // the leased group

@@ -67,8 +67,8 @@ ExpandedGroup& RankState::push_expanded_group() {
   return expanded_groups_[expanded_groups_in_use_++];
 }
 
-void RankState::pop_expanded_group() noexcept {
-  CHORUS_CHECK_GT(expanded_groups_in_use_, 0u);
+void RankState::pop_expanded_group(std::size_t index) noexcept {
+  CHORUS_CHECK_EQ(index + 1, expanded_groups_in_use_);  // calls end in reverse order
   --expanded_groups_in_use_;
 }
 

@@ -686,8 +686,12 @@ void SimWorld::schedule() {
     candidates_.clear();
     const bool by_priority = stream_.schedules_by_priority();
     if (by_priority) {
-      for (std::size_t k = 0; k < runnable_count_; ++k) {
-        candidates_.push_back(Decision{Decision::Kind::RunRank, kth_runnable(k), 0, -1});
+      for (std::size_t w = 0; w < runnable_words_.size(); ++w) {
+        for (std::uint64_t word = runnable_words_[w]; word != 0; word &= word - 1) {
+          const auto r =
+              static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word)));
+          candidates_.push_back(Decision{Decision::Kind::RunRank, r, 0, -1});
+        }
       }
     }
     const std::size_t ranks_listed = candidates_.size();

@@ -83,8 +83,10 @@ class RankState {
   // this rank (calls nest: tracing waits inside a call), and its release when the call is done,
   // in reverse order. Kept from call to call, so their rank lists and tags keep their heap
   // blocks: expanding a group allocates nothing once the rank ran a collective.
+  // `index` is where push_expanded_group put it (expanded_groups_in_use() - 1 then).
   ExpandedGroup& push_expanded_group();
-  void pop_expanded_group() noexcept;
+  void pop_expanded_group(std::size_t index) noexcept;
+  std::size_t expanded_groups_in_use() const noexcept { return expanded_groups_in_use_; }
 
   // Throws the first error recorded while completing a dropped work, once (Note [Work
   // lifecycle], step 3).

@@ -205,11 +205,8 @@ void MpiProcess::recycle_started(Started&& started,
                                  std::vector<transport::OpSignature>&& signatures) noexcept {
   // Emptied here, outside the lock: keep_alive's buffers and after's captures go now, as they
   // would have with the work.
-  started.requests.clear();
-  started.after.clear();
-  started.keep_alive.clear();
-  started.rings.clear();
-  started.signatures = std::move(signatures);
+  started.clear();
+  started.signatures = std::move(signatures);  // the list the work's fingerprint took
   started.signatures.clear();
   const std::lock_guard lock(spare_mutex_);
   if (spare_started_.size() < kSpareStartedMax) {

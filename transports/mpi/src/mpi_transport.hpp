@@ -54,6 +54,15 @@ struct Started {
   std::vector<transport::OpSignature> signatures;
   // chorus's own schedules (Note [Ring all_reduce]), advanced by every poll.
   std::vector<std::shared_ptr<RingAllReduce>> rings;
+
+  // Empties every field, keeping the vectors' capacity (Note [Recycled Started]).
+  void clear() noexcept {
+    requests.clear();
+    after.clear();
+    keep_alive.clear();
+    signatures.clear();
+    rings.clear();
+  }
 };
 
 // What one process shares between its transport, communicators and works: MPI itself.
