@@ -500,8 +500,10 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
   if (rule.dim != 0) {
     call.require_host("reduce_scatter along dim " + std::to_string(rule.dim));
   }
-  Buffer send =
-      input_buffer(rule.dim == 0 ? input : scatter_staging(input, rule.dim, call.group_size()));
+  // Two calls, not `input_buffer(dim == 0 ? input : staging)`: that conditional is a prvalue,
+  // which copies `input` (its shape and strides vectors) on every call.
+  Buffer send = rule.dim == 0 ? input_buffer(input)
+                              : input_buffer(scatter_staging(input, rule.dim, call.group_size()));
   auto [output, recv] = new_output(rule.shape, input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(
@@ -694,7 +696,8 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const Tensor& input = inputs[i];
       const std::int64_t dim = rules[i].dim;
-      batch.add(input_buffer(dim == 0 ? input : scatter_staging(input, dim, call.group_size())),
+      batch.add(dim == 0 ? input_buffer(input)
+                         : input_buffer(scatter_staging(input, dim, call.group_size())),
                 rules[i].shape, input.dtype(), input.device());
     }
     outputs = batch.issue(
@@ -728,11 +731,15 @@ Tensor all_to_all_single(const Tensor& input,
     output = meta_output(rule.shape, input.dtype());
   } else {
     const std::size_t row = row_elements(input.sizes());
-    const std::vector<std::int64_t> equal = detail::equal_splits(input.size(0), size);
+    // The given splits by reference (value_or would copy them); the equal split only when one
+    // is absent.
+    const std::vector<std::int64_t> equal = input_split_sizes && output_split_sizes
+                                                ? std::vector<std::int64_t>()
+                                                : detail::equal_splits(input.size(0), size);
     const std::vector<std::size_t> send_counts =
-        wire_counts(input_split_sizes.value_or(equal), row, input.dtype());
+        wire_counts(input_split_sizes ? *input_split_sizes : equal, row, input.dtype());
     const std::vector<std::size_t> recv_counts =
-        wire_counts(output_split_sizes.value_or(equal), row, input.dtype());
+        wire_counts(output_split_sizes ? *output_split_sizes : equal, row, input.dtype());
     Buffer send = input_buffer(input);
     auto [fresh, recv] = new_output(rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
