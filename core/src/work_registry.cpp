@@ -105,6 +105,15 @@ void PendingWork::complete() const {
 
 void WorkRegistry::add(const std::shared_ptr<PendingWork>& work,
                        const std::vector<Storage*>& storages) {
+  add_under(work, storages);
+}
+
+void WorkRegistry::add(const std::shared_ptr<PendingWork>& work, Storage* storage) {
+  add_under(work, std::span<Storage* const>(&storage, 1));
+}
+
+void WorkRegistry::add_under(const std::shared_ptr<PendingWork>& work,
+                             std::span<Storage* const> storages) {
   CHORUS_CHECK(work != nullptr);
   CHORUS_CHECK(!storages.empty());
   std::lock_guard<std::mutex> lock(mutex_);
@@ -115,18 +124,6 @@ void WorkRegistry::add(const std::shared_ptr<PendingWork>& work,
     }
   } catch (...) {
     retire_locked(*work, nullptr);  // out of memory: unlinks what was linked, then unlists
-    throw;
-  }
-}
-
-void WorkRegistry::add(const std::shared_ptr<PendingWork>& work, Storage* storage) {
-  CHORUS_CHECK(work != nullptr);
-  std::lock_guard<std::mutex> lock(mutex_);
-  list_locked(work);
-  try {
-    link_locked(*work, storage);
-  } catch (...) {
-    retire_locked(*work, nullptr);  // out of memory: unlists it
     throw;
   }
 }

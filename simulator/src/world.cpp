@@ -681,8 +681,9 @@ void SimWorld::schedule() {
       wake_due_ranks();
     }
     // Note [Runnable set]: the candidates are the runnable ranks in rank order, then the
-    // completable operations in group order. Only PCT looks at them; a uniform choice needs the
-    // runnable ranks' count, and the chosen one is found in the bitset.
+    // completable operations in group order. Only PCT looks at the ranks; a uniform choice needs
+    // their count, and the chosen one is found in the bitset, so candidates_ lists the ranks for
+    // PCT only.
     candidates_.clear();
     const bool by_priority = stream_.schedules_by_priority();
     if (by_priority) {
@@ -694,7 +695,6 @@ void SimWorld::schedule() {
         }
       }
     }
-    const std::size_t ranks_listed = candidates_.size();
     for (const std::shared_ptr<SimGroup>& group : groups_) {
       auto head = group->slots.begin();
       if (head != group->slots.end() && head->first == group->next_to_complete &&
@@ -703,8 +703,8 @@ void SimWorld::schedule() {
         candidates_.push_back(Decision{Decision::Kind::CompleteOp, -1, group->id, head->first});
       }
     }
-    const std::size_t ranks_runnable = by_priority ? ranks_listed : runnable_count_;
-    const std::size_t num_candidates = ranks_runnable + (candidates_.size() - ranks_listed);
+    const std::size_t num_candidates =
+        by_priority ? candidates_.size() : runnable_count_ + candidates_.size();
     if (num_candidates == 0) {
       bool all_finished = true;
       for (const RankSlot& slot : ranks_) {
@@ -733,9 +733,9 @@ void SimWorld::schedule() {
       decision = candidates_[stream_.choose_schedule(candidates_)];
     } else {
       const auto index = static_cast<std::size_t>(stream_.choose(num_candidates));
-      decision = index < ranks_runnable
+      decision = index < runnable_count_
                      ? Decision{Decision::Kind::RunRank, kth_runnable(index), 0, -1}
-                     : candidates_[index - ranks_runnable];
+                     : candidates_[index - runnable_count_];
     }
     schedule_hash_ =
         hash_combine(schedule_hash_, decision.kind == Decision::Kind::RunRank

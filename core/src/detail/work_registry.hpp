@@ -53,6 +53,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -223,6 +224,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
     bool reported = false;           // its failure already reached a waiter
   };
 
+  // Both add()s: lists `work` and links it under `storages`, all or nothing.
+  void add_under(const std::shared_ptr<PendingWork>& work, std::span<Storage* const> storages);
   // Lists `work` (not yet registered anywhere).
   void list_locked(const std::shared_ptr<PendingWork>& work);
   // Puts `work` (listed) under `storage` (alive, attached to no other registry).
