@@ -440,6 +440,12 @@ bool MpiComm::use_chorus_schedule(std::size_t nbytes) const {
           (kChorusScheduleMinBytes <= nbytes && nbytes <= kChorusScheduleMaxBytes));
 }
 
+bool MpiComm::use_small_direct_exchange(std::size_t nbytes) const {
+  // Auto survives agreement only where every node has a CPU per rank (agree_on_schedule).
+  return schedule_ == MpiSchedule::Auto && size() >= 2 && size() <= kSmallDirectMaxRanks &&
+         nbytes < kChorusScheduleMinBytes;
+}
+
 int MpiComm::take_p2p_tag() {
   const int tag = next_p2p_tag_;
   next_p2p_tag_ = (next_p2p_tag_ + 1) % kP2pTags;
@@ -461,6 +467,37 @@ void MpiComm::post_exchange(Started& started, const std::vector<Message>& messag
           "MPI_Isend", info);
     started.requests.push_back(send);
   }
+}
+
+void MpiComm::post_reduction_exchange(Started& started, const void* input, std::size_t input_stride,
+                                      const Buffer& recv, const ReduceOp& step_op,
+                                      const OpInfo& info) {
+  const std::size_t block = recv.nbytes();
+  const int count = static_cast<int>(recv.count);  // to_int_count'ed by the caller
+  const int n = size();
+  std::shared_ptr<void> received = scratch(static_cast<std::size_t>(n - 1) * block);
+  started.keep_alive.push_back(received);
+  std::vector<Message> messages;
+  messages.reserve(static_cast<std::size_t>(n - 1));
+  auto sources = std::make_shared<std::vector<const void*>>(static_cast<std::size_t>(n));
+  for (int peer = 0, slot = 0; peer < n; ++peer) {
+    const char* own =
+        static_cast<const char*>(input) + static_cast<std::size_t>(peer) * input_stride;
+    if (peer == group_rank_) {
+      (*sources)[static_cast<std::size_t>(peer)] = own;
+      continue;
+    }
+    char* place = static_cast<char*>(received.get()) + static_cast<std::size_t>(slot++) * block;
+    (*sources)[static_cast<std::size_t>(peer)] = place;
+    messages.push_back({peer, own, count, place, count});
+  }
+  post_exchange(started, messages, mpi_datatype(movement_element(recv.dtype)), info);
+  // After every request completed, sends included: an in-place all_reduce's input is its
+  // output, overwritten only once no send reads it any more.
+  started.after.emplace_back(
+      [sources, data = recv.data, elements = recv.count, dtype = recv.dtype, op = step_op] {
+        kernels::reduce(data, sources->data(), sources->size(), elements, dtype, op);
+      });
 }
 
 template <class Start>
@@ -507,14 +544,18 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
     keep(started, {send.keep_alive, recv.keep_alive});
     MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
+    const void* input = nullptr;
+    const bool direct = use_small_direct_exchange(send.nbytes());
     {
       const std::lock_guard mpi_lock(process_->mutex());
       MPI_Datatype datatype = MPI_DATATYPE_NULL;
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
-      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      if (use_chorus_schedule(send.nbytes()) &&
-          RingAllReduce::fits(send.count, send.dtype, size())) {
+      input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
+      if (direct) {
+        // Posted below: post_exchange takes the MPI lock itself.
+      } else if (use_chorus_schedule(send.nbytes()) &&
+                 RingAllReduce::fits(send.count, send.dtype, size())) {
         auto ring = std::make_shared<RingAllReduce>(input, recv.data, send.count, send.dtype,
                                                     step_op(plan, reduce_op), comm_, group_rank_,
                                                     size(), take_p2p_tag());
@@ -529,6 +570,10 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
                              op, comm_, &request),
               "MPI_Iallreduce", info);
       }
+    }
+    if (direct) {
+      // Note [Direct exchanges], "Small operations": the whole input to every peer.
+      post_reduction_exchange(started, input, 0, recv, step_op(plan, reduce_op), info);
     }
     if (request != MPI_REQUEST_NULL) {
       started.requests.push_back(request);
@@ -555,7 +600,7 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
     // In place when send is this rank's own block of recv.
     const bool in_place = send.data == static_cast<const char*>(recv.data) +
                                            static_cast<std::size_t>(group_rank_) * send.nbytes();
-    if (use_chorus_schedule(recv.nbytes())) {
+    if (use_chorus_schedule(recv.nbytes()) || use_small_direct_exchange(recv.nbytes())) {
       // Note [Direct exchanges]: this rank's block to every peer, every peer's into its place.
       if (!in_place && send.nbytes() > 0) {
         std::memcpy(
@@ -599,7 +644,8 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
     MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
     const void* input = nullptr;
-    const bool direct = use_chorus_schedule(send.nbytes());
+    const bool direct =
+        use_chorus_schedule(send.nbytes()) || use_small_direct_exchange(send.nbytes());
     {
       const std::lock_guard mpi_lock(process_->mutex());
       MPI_Datatype datatype = MPI_DATATYPE_NULL;
@@ -612,29 +658,8 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
       }
     }
     if (direct) {
-      // Note [Direct exchanges]: block p of the input to rank p; every peer's block of this
-      // rank's chunk into scratch; reduced in group-rank order once all arrived.
-      const std::size_t block = recv.nbytes();
-      const int n = size();
-      std::shared_ptr<void> received = scratch(static_cast<std::size_t>(n - 1) * block);
-      started.keep_alive.push_back(received);
-      std::vector<Message> messages;
-      auto sources = std::make_shared<std::vector<const void*>>(static_cast<std::size_t>(n));
-      for (int peer = 0, slot = 0; peer < n; ++peer) {
-        const char* own = static_cast<const char*>(input) + static_cast<std::size_t>(peer) * block;
-        if (peer == group_rank_) {
-          (*sources)[static_cast<std::size_t>(peer)] = own;
-          continue;
-        }
-        char* place = static_cast<char*>(received.get()) + static_cast<std::size_t>(slot++) * block;
-        (*sources)[static_cast<std::size_t>(peer)] = place;
-        messages.push_back({peer, own, count, place, count});
-      }
-      post_exchange(started, messages, mpi_datatype(movement_element(send.dtype)), info);
-      started.after.emplace_back([sources, data = recv.data, n = recv.count, dtype = recv.dtype,
-                                  op = step_op(plan, reduce_op)] {
-        kernels::reduce(data, sources->data(), sources->size(), n, dtype, op);
-      });
+      // Note [Direct exchanges]: block p of the input to rank p.
+      post_reduction_exchange(started, input, recv.nbytes(), recv, step_op(plan, reduce_op), info);
     } else {
       started.requests.push_back(request);
     }

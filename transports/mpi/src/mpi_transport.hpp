@@ -173,6 +173,16 @@ class MpiWork final : public transport::Work {
 // from 64 KiB to 16 MiB, where MPI_Ireduce_scatter_block gave 0.47-0.98 (docs/performance.md).
 // all_to_all takes chorus's schedule whatever its sizes, because ranks' totals differ and every
 // rank must choose alike.
+//
+// Small operations: under Auto, below kChorusScheduleMinBytes on groups of 2 to
+// kSmallDirectMaxRanks ranks, all_gather and reduce_scatter take the same direct exchange, and
+// all_reduce one too: its whole input to every peer and every peer's into scratch, reduced in
+// group-rank order at every rank (each rank folds the same n blocks in the same order, so every
+// rank gets the same bits). One round of n - 1 messages each way replaces the schedule Open
+// MPI's coll/libnbc builds and progresses for each nonblocking collective: at 8 B on 2 ranks
+// chorus's added time fell by ~0.4-0.6 us per op (docs/performance.md, "Small operations as
+// direct exchanges"). Larger groups keep MPI's log2(n)-round algorithms there; Chorus (forced)
+// keeps the ring for all_reduce at every size, so the tests can run it on small, uneven cases.
 class MpiComm final : public transport::Comm {
  public:
   // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
@@ -254,6 +264,9 @@ class MpiComm final : public transport::Comm {
   // larger buffer) does.
   bool chorus_schedule_allowed() const;
   bool use_chorus_schedule(std::size_t nbytes) const;
+  // Whether Auto runs an operation of `nbytes` per rank, below chorus's range, as one direct
+  // exchange (Note [Direct exchanges], "Small operations").
+  bool use_small_direct_exchange(std::size_t nbytes) const;
   // The next tag of this communicator's point-to-point sequence (Note [Ring all_reduce],
   // "Messages"); every member takes tags in the same (issue) order.
   int take_p2p_tag();
@@ -268,6 +281,13 @@ class MpiComm final : public transport::Comm {
   // Posts every message's MPI_Irecv and MPI_Isend under one new tag into `started`.
   void post_exchange(Started& started, const std::vector<Message>& messages, MPI_Datatype datatype,
                      const transport::OpInfo& info);
+  // A reduction as one direct exchange (Note [Direct exchanges]): peer p gets `input` + p *
+  // `input_stride` (recv.count elements); every peer's block for this rank lands in scratch, and
+  // once all arrived `recv` = the n blocks reduced by `step_op` in group-rank order.
+  // reduce_scatter passes its block size as the stride, all_reduce 0 (its whole input to all).
+  void post_reduction_exchange(Started& started, const void* input, std::size_t input_stride,
+                               const transport::Buffer& recv, const ReduceOp& step_op,
+                               const transport::OpInfo& info);
 
   std::shared_ptr<MpiProcess> process_;
   MPI_Comm comm_;

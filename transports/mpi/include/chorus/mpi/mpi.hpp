@@ -43,9 +43,10 @@ bool launched_by_mpi() noexcept;
 enum class MpiSchedule {
   // chorus's schedules from kChorusScheduleMinBytes up to kChorusScheduleMaxBytes per rank
   // (all_to_all at every size: ranks' totals differ, and all must choose alike) on groups of two
-  // or more, when every node runs no more ranks than it has CPUs; MPI's nonblocking collectives
-  // otherwise. The environment variable CHORUS_MPI_SCHEDULE (auto, mpi
-  // or chorus) replaces Auto.
+  // or more, and below kChorusScheduleMinBytes one-round direct exchanges (all_reduce included)
+  // on groups of two to kSmallDirectMaxRanks ranks, when every node runs no more ranks than it
+  // has CPUs; MPI's nonblocking collectives otherwise. The environment variable
+  // CHORUS_MPI_SCHEDULE (auto, mpi or chorus) replaces Auto.
   Auto,
   // Always MPI's nonblocking collectives (MPI_Iallreduce, ...: Open MPI's coll/libnbc).
   Mpi,
@@ -60,6 +61,9 @@ enum class MpiSchedule {
 // Auto's range for chorus's schedules, in bytes of one rank's larger buffer.
 inline constexpr std::size_t kChorusScheduleMinBytes = std::size_t{4} << 10;
 inline constexpr std::size_t kChorusScheduleMaxBytes = std::size_t{16} << 20;
+// Auto's largest group for direct exchanges below kChorusScheduleMinBytes: one round of n - 1
+// messages each way per rank, where MPI's small-message algorithms take log2(n) rounds.
+inline constexpr int kSmallDirectMaxRanks = 8;
 
 // "auto", "mpi", "chorus".
 std::string_view schedule_name(MpiSchedule schedule) noexcept;
