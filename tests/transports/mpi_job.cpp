@@ -26,8 +26,16 @@
 //            reduce_scatter then all_gather; exact results, and inexact sums bit-identical on
 //            every rank (run with CHORUS_MPI_SCHEDULE=chorus to test Note [Ring all_reduce] and
 //            Note [Direct exchanges], and without).
+//   small    all_reduce and reduce_scatter below 4 KiB per rank, every reduction on 16-bit
+//            floats, float32 and integers: results identical on every rank and exact where the
+//            arithmetic is; with --kernel-order also bit-identical to chorus::kernels::reduce
+//            over all ranks' inputs in group-rank order (the simulator's fixed order), which the
+//            direct exchange of Note [Direct exchanges], "Small operations", computes and MPI's
+//            own collectives do not promise (run it where Auto takes that exchange:
+//            CHORUS_MPI_NODE_CPUS at least the rank count, up to 8 ranks).
 
 #include <chorus/chorus.hpp>
+#include <chorus/kernels.hpp>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -357,6 +365,88 @@ void rings() {
   }
 }
 
+// Rank r's input to the small reductions: values that round in 16-bit floats.
+chorus::Tensor small_input(int r, std::size_t count, chorus::DType dtype) {
+  std::vector<double> values(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    values[i] = dtype == chorus::DType::Int32 || dtype == chorus::DType::Int8
+                    ? static_cast<double>((r * 7 + static_cast<int>(i) * 3) % 23 - 11)
+                    : 1000.0 + 0.37 * r + 0.11 * static_cast<double>(i);
+  }
+  return chorus::Tensor::from_vector(values).to(dtype);
+}
+
+// Whether two tensors of one dtype hold the same bytes.
+bool same_bytes(const chorus::Tensor& a, const chorus::Tensor& b) { return a.bitwise_equal(b); }
+
+void small(bool kernel_order) {
+  const int rank = chorus::rank();
+  const int n = chorus::world_size();
+  const std::size_t per_rank = 6;
+  const std::size_t count = per_rank * static_cast<std::size_t>(n);
+  struct Case {
+    chorus::DType dtype;
+    chorus::ReduceOp op;
+  };
+  const std::vector<Case> cases = {{chorus::DType::Float16, "sum"},
+                                   {chorus::DType::Float16, "avg"},
+                                   {chorus::DType::Float16, chorus::ReduceOp::premul_sum(0.3)},
+                                   {chorus::DType::Float16, "max"},
+                                   {chorus::DType::BFloat16, "avg"},
+                                   {chorus::DType::BFloat16, chorus::ReduceOp::premul_sum(0.3)},
+                                   {chorus::DType::Float32, "avg"},
+                                   {chorus::DType::Float32, "product"},
+                                   {chorus::DType::Int32, "avg"},
+                                   {chorus::DType::Int32, "sum"},
+                                   {chorus::DType::Int32, "bxor"},
+                                   {chorus::DType::Int8, "min"}};
+  // Issued all at once, waited after.
+  std::vector<chorus::Tensor> reduced;
+  std::vector<chorus::Tensor> scattered;
+  for (const Case& c : cases) {
+    reduced.push_back(chorus::all_reduce(small_input(rank, count, c.dtype), c.op, chorus::world()));
+    scattered.push_back(
+        chorus::reduce_scatter_tensor(small_input(rank, count, c.dtype), c.op, 0, chorus::world()));
+  }
+  chorus::wait_tensors(scattered);
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    const std::string what = std::string(chorus::dtype_name(c.dtype)) + " " + c.op.to_string();
+    // The same bits on every rank: every rank's result, gathered, against rank 0's.
+    const chorus::Tensor everyone = chorus::all_gather_tensor(reduced[k], 0, chorus::world());
+    for (int r = 1; r < n; ++r) {
+      require(same_bytes(everyone.narrow(0, static_cast<std::int64_t>(count) * r,
+                                         static_cast<std::int64_t>(count)),
+                         everyone.narrow(0, 0, static_cast<std::int64_t>(count))),
+              what + " all_reduce: rank " + std::to_string(r) + " differs from rank 0");
+    }
+    // The fold over every rank's input in group-rank order. Integers: any order gives it.
+    std::vector<chorus::Tensor> inputs;
+    std::vector<const void*> sources;
+    for (int r = 0; r < n; ++r) {
+      inputs.push_back(small_input(r, count, c.dtype));
+      sources.push_back(inputs.back().unsafe_data_ptr());  // never pending
+    }
+    chorus::Tensor expected = chorus::Tensor::empty({static_cast<std::int64_t>(count)}, c.dtype);
+    chorus::kernels::reduce(expected.unsafe_data_ptr(), sources.data(), sources.size(), count,
+                            c.dtype, c.op);
+    const bool exact = c.dtype == chorus::DType::Int32 || c.dtype == chorus::DType::Int8;
+    if (kernel_order || exact) {
+      require(same_bytes(reduced[k], expected), what + " all_reduce differs from the fold");
+      require(same_bytes(scattered[k], expected
+                                           .narrow(0, static_cast<std::int64_t>(per_rank) * rank,
+                                                   static_cast<std::int64_t>(per_rank))
+                                           .contiguous()),
+              what + " reduce_scatter differs from the fold");
+    }
+  }
+  require(chorus::work_registry_size() == 0, "registry empty at the end");
+  if (rank == 0) {
+    std::printf("mpi_job small: all checks passed on %d ranks%s\n", n,
+                kernel_order ? " (kernel order)" : "");
+  }
+}
+
 void throwing() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -456,10 +546,12 @@ void sigkill() {
 int main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   std::string mode = "ops";
+  bool kernel_order = false;
   for (const std::string& arg : options.args) {
     if (arg.rfind("--mode=", 0) == 0) {
       mode = arg.substr(7);
     }
+    kernel_order = kernel_order || arg == "--kernel-order";
   }
   if (mode == "ops") {
     return chorus::run(options, ops);
@@ -490,6 +582,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "rings") {
     return chorus::run(options, rings);
+  }
+  if (mode == "small") {
+    return chorus::run(options, [kernel_order] { small(kernel_order); });
   }
   std::fprintf(stderr, "mpi_job: unknown --mode=%s\n", mode.c_str());
   return 2;

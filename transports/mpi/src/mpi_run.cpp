@@ -1,5 +1,6 @@
 // chorus::mpi::run — one MPI process as one chorus rank (chorus/mpi/mpi.hpp).
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -51,6 +52,31 @@ MpiSchedule resolve_schedule(const MpiRunOptions& options) {
   return name == nullptr ? MpiSchedule::Auto : parse_schedule(name);
 }
 
+// options.node_cpus, with 0 replaced by CHORUS_MPI_NODE_CPUS when that is set; 0: count them.
+int resolve_node_cpus(const MpiRunOptions& options) {
+  const auto refuse = [](const std::string& what) {
+    throw InvalidArgument(ErrorContext{-1, "chorus::mpi::run", -1, ""}, what);
+  };
+  if (options.node_cpus < 0) {
+    refuse("MpiRunOptions::node_cpus is " + std::to_string(options.node_cpus) +
+           ": expected a positive CPU count, or 0 to count them");
+  }
+  if (options.node_cpus > 0) {
+    return options.node_cpus;
+  }
+  const char* text = std::getenv("CHORUS_MPI_NODE_CPUS");  // NOLINT(concurrency-mt-unsafe)
+  if (text == nullptr) {
+    return 0;
+  }
+  const std::string_view value(text);
+  int cpus = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), cpus);
+  if (error != std::errc() || end != value.data() + value.size() || cpus <= 0) {
+    refuse("CHORUS_MPI_NODE_CPUS is '" + std::string(value) + "': expected a positive CPU count");
+  }
+  return cpus;
+}
+
 }  // namespace
 
 std::string_view schedule_name(MpiSchedule schedule) noexcept {
@@ -87,7 +113,8 @@ bool launched_by_mpi() noexcept {
 
 int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
   const MpiSchedule schedule = resolve_schedule(run_options);
-  auto process = std::make_shared<detail::MpiProcess>();
+  const int node_cpus = resolve_node_cpus(run_options);
+  auto process = std::make_shared<detail::MpiProcess>(node_cpus);
   {
     RankOptions options;
     options.timeout = run_options.timeout;

@@ -105,7 +105,7 @@ std::string mpi_error_text(int code) {
 // ---------------------------------------------------------------------------------------------
 // MpiProcess
 
-MpiProcess::MpiProcess() : user_ops_(std::make_unique<UserOps>()) {
+MpiProcess::MpiProcess(int node_cpus) : user_ops_(std::make_unique<UserOps>()) {
   spare_started_.reserve(kSpareStartedMax);  // recycle_started never allocates
   const ErrorContext context{-1, "chorus::mpi::run", -1, ""};
   int finalized = 0;
@@ -155,7 +155,8 @@ MpiProcess::MpiProcess() : user_ops_(std::make_unique<UserOps>()) {
     MPI_Comm_free(&node);
   }
   // All CPUs of the node, not this process's affinity mask: mpirun may bind each rank to one.
-  const unsigned cpus = std::thread::hardware_concurrency();
+  const unsigned cpus =
+      node_cpus > 0 ? static_cast<unsigned>(node_cpus) : std::thread::hardware_concurrency();
   spin_waits_ = cpus > 0 && static_cast<unsigned>(node_size) <= cpus;
 }
 
@@ -470,34 +471,45 @@ void MpiComm::post_exchange(Started& started, const std::vector<Message>& messag
 }
 
 void MpiComm::post_reduction_exchange(Started& started, const void* input, std::size_t input_stride,
-                                      const Buffer& recv, const ReduceOp& step_op,
+                                      const Buffer& recv, const ReduceOp& reduce_op,
                                       const OpInfo& info) {
   const std::size_t block = recv.nbytes();
   const int count = static_cast<int>(recv.count);  // to_int_count'ed by the caller
   const int n = size();
+  const int me = group_rank_;
   std::shared_ptr<void> received = scratch(static_cast<std::size_t>(n - 1) * block);
   started.keep_alive.push_back(received);
-  std::vector<Message> messages;
-  messages.reserve(static_cast<std::size_t>(n - 1));
-  auto sources = std::make_shared<std::vector<const void*>>(static_cast<std::size_t>(n));
-  for (int peer = 0, slot = 0; peer < n; ++peer) {
-    const char* own =
-        static_cast<const char*>(input) + static_cast<std::size_t>(peer) * input_stride;
-    if (peer == group_rank_) {
-      (*sources)[static_cast<std::size_t>(peer)] = own;
-      continue;
+  // Peer p's block of this rank's result lands in slot p (p < me) or p - 1 (p > me).
+  const auto block_of = [=, received = static_cast<char*>(received.get())](int peer) {
+    return received + static_cast<std::size_t>(peer < me ? peer : peer - 1) * block;
+  };
+  const auto own_block_for = [=](int peer) {
+    return static_cast<const char*>(input) + static_cast<std::size_t>(peer) * input_stride;
+  };
+  std::vector<Message>& messages = message_scratch_;
+  messages.clear();
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer != me) {
+      messages.push_back({peer, own_block_for(peer), count, block_of(peer), count});
     }
-    char* place = static_cast<char*>(received.get()) + static_cast<std::size_t>(slot++) * block;
-    (*sources)[static_cast<std::size_t>(peer)] = place;
-    messages.push_back({peer, own, count, place, count});
   }
   post_exchange(started, messages, mpi_datatype(movement_element(recv.dtype)), info);
   // After every request completed, sends included: an in-place all_reduce's input is its
-  // output, overwritten only once no send reads it any more.
-  started.after.emplace_back(
-      [sources, data = recv.data, elements = recv.count, dtype = recv.dtype, op = step_op] {
-        kernels::reduce(data, sources->data(), sources->size(), elements, dtype, op);
-      });
+  // output, overwritten only once no send reads it any more. avg and premul_sum are the
+  // kernels' own, so the result is the simulator's fixed-order one, bit for bit.
+  started.after.emplace_back([=, data = recv.data, elements = recv.count, dtype = recv.dtype] {
+    const void* local[kSmallDirectMaxRanks];
+    std::vector<const void*> spilled;
+    const void** sources = local;
+    if (n > kSmallDirectMaxRanks) {
+      spilled.resize(static_cast<std::size_t>(n));
+      sources = spilled.data();
+    }
+    for (int peer = 0; peer < n; ++peer) {
+      sources[peer] = peer == me ? static_cast<const void*>(own_block_for(peer)) : block_of(peer);
+    }
+    kernels::reduce(data, sources, static_cast<std::size_t>(n), elements, dtype, reduce_op);
+  });
 }
 
 template <class Start>
@@ -542,20 +554,21 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
   const OpSignature op_signature = signature(OpKind::AllReduce, send, recv, reduce_op, -1);
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
+    if (use_small_direct_exchange(send.nbytes())) {
+      // Note [Direct exchanges], "Small operations": the whole input to every peer.
+      post_reduction_exchange(started, send.data, 0, recv, reduce_op, info);
+      return;
+    }
     MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
-    const void* input = nullptr;
-    const bool direct = use_small_direct_exchange(send.nbytes());
     {
       const std::lock_guard mpi_lock(process_->mutex());
       MPI_Datatype datatype = MPI_DATATYPE_NULL;
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
-      input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      if (direct) {
-        // Posted below: post_exchange takes the MPI lock itself.
-      } else if (use_chorus_schedule(send.nbytes()) &&
-                 RingAllReduce::fits(send.count, send.dtype, size())) {
+      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
+      if (use_chorus_schedule(send.nbytes()) &&
+          RingAllReduce::fits(send.count, send.dtype, size())) {
         auto ring = std::make_shared<RingAllReduce>(input, recv.data, send.count, send.dtype,
                                                     step_op(plan, reduce_op), comm_, group_rank_,
                                                     size(), take_p2p_tag());
@@ -570,10 +583,6 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
                              op, comm_, &request),
               "MPI_Iallreduce", info);
       }
-    }
-    if (direct) {
-      // Note [Direct exchanges], "Small operations": the whole input to every peer.
-      post_reduction_exchange(started, input, 0, recv, step_op(plan, reduce_op), info);
     }
     if (request != MPI_REQUEST_NULL) {
       started.requests.push_back(request);
@@ -607,7 +616,8 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
             static_cast<char*>(recv.data) + static_cast<std::size_t>(group_rank_) * send.nbytes(),
             send.data, send.nbytes());
       }
-      std::vector<Message> messages;
+      std::vector<Message>& messages = message_scratch_;
+      messages.clear();
       for (int peer = 0; peer < size(); ++peer) {
         if (peer != group_rank_) {
           messages.push_back(
@@ -641,28 +651,23 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
   const OpSignature op_signature = signature(OpKind::ReduceScatter, send, recv, reduce_op, -1);
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
+    if (use_chorus_schedule(send.nbytes()) || use_small_direct_exchange(send.nbytes())) {
+      // Note [Direct exchanges]: block p of the input to rank p.
+      post_reduction_exchange(started, send.data, recv.nbytes(), recv, reduce_op, info);
+      return;
+    }
     MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
-    const void* input = nullptr;
-    const bool direct =
-        use_chorus_schedule(send.nbytes()) || use_small_direct_exchange(send.nbytes());
     {
       const std::lock_guard mpi_lock(process_->mutex());
       MPI_Datatype datatype = MPI_DATATYPE_NULL;
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
-      input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      if (!direct) {
-        check(MPI_Ireduce_scatter_block(input, recv.data, count, datatype, op, comm_, &request),
-              "MPI_Ireduce_scatter_block", info);
-      }
+      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
+      check(MPI_Ireduce_scatter_block(input, recv.data, count, datatype, op, comm_, &request),
+            "MPI_Ireduce_scatter_block", info);
     }
-    if (direct) {
-      // Note [Direct exchanges]: block p of the input to rank p.
-      post_reduction_exchange(started, input, recv.nbytes(), recv, step_op(plan, reduce_op), info);
-    } else {
-      started.requests.push_back(request);
-    }
+    started.requests.push_back(request);
     if (plan.divide_after) {
       started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
                                   size = size()] { divide_in_place(data, dtype, n, size); });
@@ -732,7 +737,8 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
                             static_cast<std::size_t>(counts[n + me]) * element,
                         static_cast<std::size_t>(counts[me]) * element);
           }
-          std::vector<Message> messages;
+          std::vector<Message>& messages = message_scratch_;
+          messages.clear();
           for (std::size_t peer = 0; peer < n; ++peer) {
             if (peer != me) {
               messages.push_back({static_cast<int>(peer),

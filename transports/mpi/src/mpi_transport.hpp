@@ -70,7 +70,8 @@ struct Started {
 // destructor what it initialised. Outlived by nothing that calls MPI (comms and works hold it).
 class MpiProcess {
  public:
-  MpiProcess();
+  // `node_cpus`: the node's CPUs for Note [Wait backoff]; 0 counts them.
+  explicit MpiProcess(int node_cpus = 0);
   ~MpiProcess();
   MpiProcess(const MpiProcess&) = delete;
   MpiProcess& operator=(const MpiProcess&) = delete;
@@ -168,11 +169,11 @@ class MpiWork final : public transport::Work {
 // progress engine moves point-to-point messages from any MPI call, so they need nothing more
 // than the work's MPI_Testall. reduce_scatter receives every peer's block of this rank's chunk
 // into scratch memory and, once all arrived, reduces the n blocks in group-rank order
-// (chorus::kernels, the fold the simulator's fixed order uses): each block is computed once, at
-// its owner. On 2 ranks this measured 0.98-2.15 of blocking MPI_Reduce_scatter_block's busbw
-// from 64 KiB to 16 MiB, where MPI_Ireduce_scatter_block gave 0.47-0.98 (docs/performance.md).
-// all_to_all takes chorus's schedule whatever its sizes, because ranks' totals differ and every
-// rank must choose alike.
+// (chorus::kernels with the caller's op, avg and premul_sum included: the fold the simulator's
+// fixed order uses, bit for bit): each block is computed once, at its owner. On 2 ranks this
+// measured 0.98-2.15 of blocking MPI_Reduce_scatter_block's busbw from 64 KiB to 16 MiB, where
+// MPI_Ireduce_scatter_block gave 0.47-0.98 (docs/performance.md). all_to_all takes chorus's
+// schedule whatever its sizes, because ranks' totals differ and every rank must choose alike.
 //
 // Small operations: under Auto, below kChorusScheduleMinBytes on groups of 2 to
 // kSmallDirectMaxRanks ranks, all_gather and reduce_scatter take the same direct exchange, and
@@ -180,7 +181,7 @@ class MpiWork final : public transport::Work {
 // group-rank order at every rank (each rank folds the same n blocks in the same order, so every
 // rank gets the same bits). One round of n - 1 messages each way replaces the schedule Open
 // MPI's coll/libnbc builds and progresses for each nonblocking collective: at 8 B on 2 ranks
-// chorus's added time fell by ~0.4-0.6 us per op (docs/performance.md, "Small operations as
+// chorus's added time fell by 0.3-0.55 us per op (docs/performance.md, "Small operations as
 // direct exchanges"). Larger groups keep MPI's log2(n)-round algorithms there; Chorus (forced)
 // keeps the ring for all_reduce at every size, so the tests can run it on small, uneven cases.
 class MpiComm final : public transport::Comm {
@@ -283,13 +284,17 @@ class MpiComm final : public transport::Comm {
                      const transport::OpInfo& info);
   // A reduction as one direct exchange (Note [Direct exchanges]): peer p gets `input` + p *
   // `input_stride` (recv.count elements); every peer's block for this rank lands in scratch, and
-  // once all arrived `recv` = the n blocks reduced by `step_op` in group-rank order.
-  // reduce_scatter passes its block size as the stride, all_reduce 0 (its whole input to all).
+  // once all arrived `recv` = the n blocks reduced by `reduce_op` (avg and premul_sum included:
+  // chorus::kernels) in group-rank order. reduce_scatter passes its block size as the stride,
+  // all_reduce 0 (its whole input to every peer).
   void post_reduction_exchange(Started& started, const void* input, std::size_t input_stride,
-                               const transport::Buffer& recv, const ReduceOp& step_op,
+                               const transport::Buffer& recv, const ReduceOp& reduce_op,
                                const transport::OpInfo& info);
 
   std::shared_ptr<MpiProcess> process_;
+  // The messages of the exchange being posted, kept for their capacity (one rank's thread
+  // starts this communicator's operations, one at a time).
+  std::vector<Message> message_scratch_;
   MPI_Comm comm_;
   MPI_Comm check_comm_;
   bool check_collectives_;

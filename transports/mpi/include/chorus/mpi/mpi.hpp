@@ -84,6 +84,11 @@ struct MpiRunOptions {
   std::size_t host_pool_bytes_max = std::size_t{64} << 20;
   // Who schedules the collectives; Auto also reads CHORUS_MPI_SCHEDULE.
   MpiSchedule schedule = MpiSchedule::Auto;
+  // The CPUs of each node, against which Auto and waits decide whether a node is oversubscribed
+  // (Note [Wait backoff]): 0 counts them (std::thread::hardware_concurrency, every online CPU,
+  // which a container's CPU quota does not lower), or reads CHORUS_MPI_NODE_CPUS (a positive
+  // integer) when that is set.
+  int node_cpus = 0;
 };
 
 // Runs `rank_main` as this process's rank (chorus::run with transport "mpi" calls this):
