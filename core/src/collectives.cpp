@@ -374,13 +374,13 @@ Buffer input_buffer(const Tensor& input) {
 
 // A fresh output of `shape` on `device` (pending once registered), and its buffer.
 std::pair<Tensor, Buffer> new_output(const Shape& shape, DType dtype, Device device) {
-  Tensor output = Tensor::empty(shape, dtype, device);
+  Tensor output = detail::TensorAccess::empty(shape, dtype, device);
   Buffer buffer = buffer_of(output);
   return {std::move(output), std::move(buffer)};
 }
 
 Tensor meta_output(const Shape& shape, DType dtype) {
-  return Tensor::empty(shape, dtype, Device::meta());
+  return detail::TensorAccess::empty(shape, dtype, Device::meta());
 }
 
 // The operations of one coalesced call: staged one by one, then started as one NCCL-style group

@@ -128,14 +128,14 @@ DLManagedTensor* Tensor::to_dlpack() const {
 
   auto context = std::make_unique<ExportContext>();
   context->tensor = *this;
-  context->shape = sizes_;
-  context->strides = strides_;
+  context->shape = layout().sizes;
+  context->strides = layout().strides;
   DLTensor& dl = context->managed.dl_tensor;
   // The first element itself, byte_offset 0, as PyTorch exports: some consumers ignore
   // byte_offset.
   dl.data = unsafe_data_ptr();
   dl.device = device_.is_cuda() ? DLDevice{kDLCUDA, device_.index()} : DLDevice{kDLCPU, 0};
-  dl.ndim = static_cast<int>(sizes_.size());
+  dl.ndim = static_cast<int>(layout().sizes.size());
   dl.dtype = to_dl_dtype(dtype_);
   dl.shape = context->shape.data();
   dl.strides = context->strides.data();

@@ -7,6 +7,7 @@
 #include "chorus/tensor.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -251,7 +252,48 @@ std::string element_count_text(std::int64_t count) {
   return std::to_string(count) + (count == 1 ? " element" : " elements");
 }
 
+// Note [Shared layouts]
+// A Tensor holds its sizes and strides through one shared, immutable TensorLayout, so copying a
+// tensor (a returned output, wait_tensor's result, a tensor kept by a pending work) copies a
+// pointer, not two vectors. Views make a layout of their own. Contiguous layouts of fresh
+// tensors come from a small per-thread cache keyed by shape: a loop of collectives on tensors of
+// one shape makes its outputs without building a shape or strides vector. The cache holds only
+// immutable values, so it is shared by every rank a thread runs (the simulator's fibers) without
+// carrying anything from one rank to another but the vectors' memory.
+constexpr std::size_t kLayoutCacheEntries = 4;
+
+struct LayoutCache {
+  std::array<std::shared_ptr<const detail::TensorLayout>, kLayoutCacheEntries> entries;
+  std::size_t next = 0;  // the entry the next miss replaces (round robin)
+};
+
+std::shared_ptr<const detail::TensorLayout> contiguous_layout(const Shape& shape) {
+  thread_local LayoutCache cache;
+  for (const std::shared_ptr<const detail::TensorLayout>& entry : cache.entries) {
+    if (entry != nullptr && entry->sizes == shape) {
+      return entry;
+    }
+  }
+  auto layout = std::make_shared<const detail::TensorLayout>(
+      detail::TensorLayout{shape, detail::contiguous_strides(shape)});
+  cache.entries[cache.next] = layout;
+  cache.next = (cache.next + 1) % kLayoutCacheEntries;
+  return layout;
+}
+
 }  // namespace
+
+Tensor detail::TensorAccess::empty(const Shape& shape, DType dtype, Device device) {
+  const std::size_t nbytes = checked_nbytes(shape, dtype, "Tensor::empty");
+  if (device.is_meta()) {
+    return {nullptr, contiguous_layout(shape), 0, dtype, device};
+  }
+  if (device.index() < 0) {
+    throw_invalid("Tensor::empty", "device index must be >= 0, got " + device.to_string());
+  }
+  return {detail::make_storage(nbytes, device, "Tensor::empty"), contiguous_layout(shape), 0, dtype,
+          device};
+}
 
 // ---- Construction.
 
@@ -259,14 +301,22 @@ Tensor::Tensor() noexcept = default;
 
 Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape sizes, Shape strides,
                std::int64_t offset, DType dtype, Device device)
+    : Tensor(std::move(storage),
+             std::make_shared<const detail::TensorLayout>(
+                 detail::TensorLayout{std::move(sizes), std::move(strides)}),
+             offset, dtype, device) {}
+
+Tensor::Tensor(std::shared_ptr<detail::Storage> storage,
+               std::shared_ptr<const detail::TensorLayout> layout, std::int64_t offset, DType dtype,
+               Device device)
     : storage_(std::move(storage)),
-      sizes_(std::move(sizes)),
-      strides_(std::move(strides)),
+      layout_(std::move(layout)),
       offset_(offset),
       dtype_(dtype),
       device_(device),
       defined_(true) {
-  CHORUS_CHECK_EQ(sizes_.size(), strides_.size());
+  CHORUS_CHECK(layout_ != nullptr);
+  CHORUS_CHECK_EQ(layout_->sizes.size(), layout_->strides.size());
   CHORUS_CHECK_GE(offset_, 0);
   if (device_.is_meta()) {
     CHORUS_CHECK(storage_ == nullptr);
@@ -276,20 +326,7 @@ Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape sizes, Shape stri
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
-  const std::size_t nbytes = checked_nbytes(shape, dtype, "Tensor::empty");
-  Shape strides = contiguous_strides(shape);
-  if (device.is_meta()) {
-    return {nullptr, std::move(shape), std::move(strides), 0, dtype, device};
-  }
-  if (device.index() < 0) {
-    throw_invalid("Tensor::empty", "device index must be >= 0, got " + device.to_string());
-  }
-  return {detail::make_storage(nbytes, device, "Tensor::empty"),
-          std::move(shape),
-          std::move(strides),
-          0,
-          dtype,
-          device};
+  return detail::TensorAccess::empty(shape, dtype, device);
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
@@ -395,10 +432,11 @@ Tensor Tensor::from_host_bytes(const void* data, std::size_t count, DType dtype,
 // ---- Metadata.
 
 std::int64_t Tensor::size(std::int64_t dim) const {
-  return sizes_[static_cast<std::size_t>(detail::normalize_dim(dim, this->dim(), "Tensor::size"))];
+  return layout()
+      .sizes[static_cast<std::size_t>(detail::normalize_dim(dim, this->dim(), "Tensor::size"))];
 }
 
-std::int64_t Tensor::numel() const noexcept { return defined_ ? shape_numel(sizes_) : 0; }
+std::int64_t Tensor::numel() const noexcept { return defined_ ? shape_numel(layout().sizes) : 0; }
 
 std::size_t Tensor::nbytes() const noexcept {
   return static_cast<std::size_t>(numel()) * element_size();
@@ -409,14 +447,14 @@ bool Tensor::is_contiguous() const noexcept {
     return true;
   }
   std::int64_t expected = 1;
-  for (std::size_t i = sizes_.size(); i-- > 0;) {
-    if (sizes_[i] == 1) {
+  for (std::size_t i = layout().sizes.size(); i-- > 0;) {
+    if (layout().sizes[i] == 1) {
       continue;  // a size-1 dim never steps, so its stride does not matter
     }
-    if (strides_[i] != expected) {
+    if (layout().strides[i] != expected) {
       return false;
     }
-    expected *= sizes_[i];
+    expected *= layout().sizes[i];
   }
   return true;
 }
@@ -468,10 +506,10 @@ Tensor Tensor::view(Shape shape) const {
     throw_invalid(
         kOp, "shape " + shape_to_string(shape) + " is invalid for " + element_count_text(numel));
   }
-  std::optional<Shape> strides = view_strides(sizes_, strides_, shape);
+  std::optional<Shape> strides = view_strides(layout().sizes, layout().strides, shape);
   if (!strides) {
-    throw_invalid(kOp, "cannot view a tensor of shape " + shape_to_string(sizes_) +
-                           " and strides " + shape_to_string(strides_) + " as shape " +
+    throw_invalid(kOp, "cannot view a tensor of shape " + shape_to_string(layout().sizes) +
+                           " and strides " + shape_to_string(layout().strides) + " as shape " +
                            shape_to_string(shape) + " without copying (call contiguous() first)");
   }
   return {storage_, std::move(shape), std::move(*strides), offset_, dtype_, device_};
@@ -481,7 +519,7 @@ Tensor Tensor::narrow(std::int64_t dim, std::int64_t start, std::int64_t length)
   constexpr const char* kOp = "Tensor::narrow";
   check_defined(*this, kOp);
   const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim(), kOp));
-  const std::int64_t size = sizes_[d];
+  const std::int64_t size = layout().sizes[d];
   if (start < -size || start > size) {
     throw_invalid(kOp, "start " + std::to_string(start) + " is out of range for dim " +
                            std::to_string(dim) + " of size " + std::to_string(size));
@@ -494,16 +532,17 @@ Tensor Tensor::narrow(std::int64_t dim, std::int64_t start, std::int64_t length)
                            " exceeds dim " + std::to_string(dim) + " of size " +
                            std::to_string(size) + " (length must be >= 0)");
   }
-  Shape sizes = sizes_;
+  Shape sizes = layout().sizes;
   sizes[d] = length;
-  return {storage_, std::move(sizes), strides_, offset_ + start * strides_[d], dtype_, device_};
+  return {storage_, std::move(sizes), layout().strides, offset_ + start * layout().strides[d],
+          dtype_,   device_};
 }
 
 Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
   constexpr const char* kOp = "Tensor::select";
   check_defined(*this, kOp);
   const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim(), kOp));
-  const std::int64_t size = sizes_[d];
+  const std::int64_t size = layout().sizes[d];
   if (index < -size || index >= size) {
     throw_invalid(kOp, "index " + std::to_string(index) + " is out of range for dim " +
                            std::to_string(dim) + " of size " + std::to_string(size));
@@ -511,9 +550,9 @@ Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
   if (index < 0) {
     index += size;
   }
-  Shape sizes = sizes_;
-  Shape strides = strides_;
-  const std::int64_t offset = offset_ + index * strides_[d];
+  Shape sizes = layout().sizes;
+  Shape strides = layout().strides;
+  const std::int64_t offset = offset_ + index * layout().strides[d];
   sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(d));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
   return {storage_, std::move(sizes), std::move(strides), offset, dtype_, device_};
@@ -524,8 +563,8 @@ Tensor Tensor::transpose(std::int64_t dim0, std::int64_t dim1) const {
   check_defined(*this, kOp);
   const auto d0 = static_cast<std::size_t>(detail::normalize_dim(dim0, dim(), kOp));
   const auto d1 = static_cast<std::size_t>(detail::normalize_dim(dim1, dim(), kOp));
-  Shape sizes = sizes_;
-  Shape strides = strides_;
+  Shape sizes = layout().sizes;
+  Shape strides = layout().strides;
   std::swap(sizes[d0], sizes[d1]);
   std::swap(strides[d0], strides[d1]);
   return {storage_, std::move(sizes), std::move(strides), offset_, dtype_, device_};
@@ -536,7 +575,7 @@ Tensor Tensor::permute(const std::vector<std::int64_t>& dims) const {
   check_defined(*this, kOp);
   if (static_cast<std::int64_t>(dims.size()) != dim()) {
     throw_invalid(kOp, "dims " + shape_to_string(dims) + " must list all " + std::to_string(dim()) +
-                           " dims of a tensor of shape " + shape_to_string(sizes_));
+                           " dims of a tensor of shape " + shape_to_string(layout().sizes));
   }
   std::vector<bool> seen(dims.size(), false);
   Shape sizes(dims.size());
@@ -548,8 +587,8 @@ Tensor Tensor::permute(const std::vector<std::int64_t>& dims) const {
                              " (expected a permutation)");
     }
     seen[d] = true;
-    sizes[i] = sizes_[d];
-    strides[i] = strides_[d];
+    sizes[i] = layout().sizes[d];
+    strides[i] = layout().strides[d];
   }
   return {storage_, std::move(sizes), std::move(strides), offset_, dtype_, device_};
 }
@@ -561,7 +600,7 @@ std::vector<Tensor> Tensor::chunk(std::int64_t n, std::int64_t dim) const {
     throw_invalid(kOp, "the number of chunks must be > 0, got " + std::to_string(n));
   }
   const std::int64_t d = detail::normalize_dim(dim, this->dim(), kOp);
-  const std::int64_t size = sizes_[static_cast<std::size_t>(d)];
+  const std::int64_t size = layout().sizes[static_cast<std::size_t>(d)];
   std::vector<std::int64_t> sizes;
   if (size == 0) {
     sizes.assign(static_cast<std::size_t>(n), 0);  // n empty pieces, as torch.chunk
@@ -587,13 +626,14 @@ std::vector<Tensor> Tensor::split(const std::vector<std::int64_t>& sizes, std::i
     }
     if (__builtin_add_overflow(total, size, &total)) {
       throw_invalid(kOp, "sizes " + shape_to_string(sizes) + " overflow when summed, but dim " +
-                             std::to_string(dim) + " has size " + std::to_string(sizes_[d]));
+                             std::to_string(dim) + " has size " +
+                             std::to_string(layout().sizes[d]));
     }
   }
-  if (total != sizes_[d]) {
+  if (total != layout().sizes[d]) {
     throw_invalid(kOp, "sizes " + shape_to_string(sizes) + " sum to " + std::to_string(total) +
                            ", but dim " + std::to_string(dim) + " has size " +
-                           std::to_string(sizes_[d]));
+                           std::to_string(layout().sizes[d]));
   }
   std::vector<Tensor> pieces;
   pieces.reserve(sizes.size());
@@ -602,7 +642,7 @@ std::vector<Tensor> Tensor::split(const std::vector<std::int64_t>& sizes, std::i
     pieces.push_back(narrow(static_cast<std::int64_t>(d), start, size));
     start += size;
   }
-  CHORUS_CHECK_EQ(start, sizes_[d]);
+  CHORUS_CHECK_EQ(start, layout().sizes[d]);
   return pieces;
 }
 
@@ -610,10 +650,10 @@ Tensor Tensor::flatten() const {
   constexpr const char* kOp = "Tensor::flatten";
   check_defined(*this, kOp);
   Shape shape{numel()};
-  std::optional<Shape> strides = view_strides(sizes_, strides_, shape);
+  std::optional<Shape> strides = view_strides(layout().sizes, layout().strides, shape);
   if (!strides) {
-    throw_invalid(kOp, "cannot flatten a tensor of shape " + shape_to_string(sizes_) +
-                           " and strides " + shape_to_string(strides_) +
+    throw_invalid(kOp, "cannot flatten a tensor of shape " + shape_to_string(layout().sizes) +
+                           " and strides " + shape_to_string(layout().strides) +
                            " without copying (call contiguous() first)");
   }
   return {storage_, std::move(shape), std::move(*strides), offset_, dtype_, device_};
@@ -623,9 +663,10 @@ Tensor Tensor::unsqueeze(std::int64_t dim) const {
   constexpr const char* kOp = "Tensor::unsqueeze";
   check_defined(*this, kOp);
   const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim() + 1, kOp));
-  const std::int64_t stride = d < sizes_.size() ? sizes_[d] * strides_[d] : 1;
-  Shape sizes = sizes_;
-  Shape strides = strides_;
+  const std::int64_t stride =
+      d < layout().sizes.size() ? layout().sizes[d] * layout().strides[d] : 1;
+  Shape sizes = layout().sizes;
+  Shape strides = layout().strides;
   sizes.insert(sizes.begin() + static_cast<std::ptrdiff_t>(d), 1);
   strides.insert(strides.begin() + static_cast<std::ptrdiff_t>(d), stride);
   return {storage_, std::move(sizes), std::move(strides), offset_, dtype_, device_};
@@ -649,8 +690,9 @@ void Tensor::check_element_type(DType expected, const char* what) const {
 
 void Tensor::check_single_element(const char* what) const {
   if (numel() != 1) {
-    throw_invalid(what, "expected a tensor with 1 element, got shape " + shape_to_string(sizes_) +
-                            " (" + element_count_text(numel()) + ")");
+    throw_invalid(what, "expected a tensor with 1 element, got shape " +
+                            shape_to_string(layout().sizes) + " (" + element_count_text(numel()) +
+                            ")");
   }
 }
 
@@ -658,7 +700,8 @@ void Tensor::copy_to_host_bytes(void* out, DType expected) const {
   constexpr const char* kOp = "Tensor::to_vector";
   check_element_type(expected, kOp);
   const void* first = checked_data_for_host(kOp);
-  detail::strided_copy(out, contiguous_strides(sizes_), first, strides_, sizes_, element_size());
+  detail::strided_copy(out, contiguous_strides(layout().sizes), first, layout().strides,
+                       layout().sizes, element_size());
 }
 
 namespace {
@@ -756,7 +799,7 @@ Tensor Tensor::to(Device device) const {
 Tensor Tensor::contiguous() const {
   constexpr const char* kOp = "Tensor::contiguous";
   if (defined_ && device_.is_meta()) {  // shapes only: nothing to wait for or copy
-    return is_contiguous() ? *this : empty(sizes_, dtype_, device_);
+    return is_contiguous() ? *this : empty(layout().sizes, dtype_, device_);
   }
   if (defined_ && device_.is_cuda() && is_contiguous()) {
     // Waiting orders the caller's stream after pending work; no host access happens.
@@ -770,22 +813,22 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   constexpr const char* kOp = "Tensor::clone";
   if (defined_ && device_.is_meta()) {
-    return empty(sizes_, dtype_, device_);
+    return empty(layout().sizes, dtype_, device_);
   }
   if (defined_ && device_.is_cuda()) {
     return copy_between_devices(*this, device_, kOp);
   }
   const void* first = checked_data_for_host(kOp);
-  Tensor out = empty(sizes_, dtype_, device_);
-  detail::strided_copy(out.unsafe_data_ptr(), out.strides_, first, strides_, sizes_,
-                       element_size());
+  Tensor out = empty(layout().sizes, dtype_, device_);
+  detail::strided_copy(out.unsafe_data_ptr(), out.strides(), first, layout().strides,
+                       layout().sizes, element_size());
   return out;
 }
 
 Tensor Tensor::to(DType dtype) const {
   constexpr const char* kOp = "Tensor::to";
   if (defined_ && device_.is_meta()) {
-    return empty(sizes_, dtype, device_);
+    return empty(layout().sizes, dtype, device_);
   }
   if (defined_ && device_.is_cuda()) {
     if (dtype != dtype_) {
@@ -797,7 +840,7 @@ Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) {
     return clone();
   }
-  Tensor out = empty(sizes_, dtype, device_);
+  Tensor out = empty(layout().sizes, dtype, device_);
   if (numel() > 0) {
     std::vector<std::byte> scratch;
     kernels::convert(out.unsafe_data_ptr(), dtype, packed_elements(*this, first, scratch), dtype_,
@@ -811,15 +854,15 @@ Tensor& Tensor::copy_(const Tensor& src) {
   if (!defined_ || !src.defined_) {
     throw_invalid(kOp, !defined_ ? "the destination is undefined" : "the source is undefined");
   }
-  if (sizes_ != src.sizes_) {
-    throw_invalid(kOp, "shapes differ: destination " + shape_to_string(sizes_) + ", source " +
-                           shape_to_string(src.sizes_));
+  if (layout().sizes != src.sizes()) {
+    throw_invalid(kOp, "shapes differ: destination " + shape_to_string(layout().sizes) +
+                           ", source " + shape_to_string(src.sizes()));
   }
   if (device_.is_meta() && src.device_.is_meta()) {
     return *this;  // shapes only
   }
-  for (std::size_t i = 0; i < sizes_.size(); ++i) {
-    if (sizes_[i] > 1 && strides_[i] == 0) {
+  for (std::size_t i = 0; i < layout().sizes.size(); ++i) {
+    if (layout().sizes[i] > 1 && layout().strides[i] == 0) {
       throw_invalid(kOp, "the destination has stride 0 in dim " + std::to_string(i) +
                              ", so several elements share one memory location");
     }
@@ -838,7 +881,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
     return *this;
   }
   if (dtype_ == src.dtype_) {
-    detail::strided_copy(dst, strides_, first, src.strides_, sizes_, element_size());
+    detail::strided_copy(dst, layout().strides, first, src.strides(), layout().sizes,
+                         element_size());
     return *this;
   }
   std::vector<std::byte> src_scratch;
@@ -850,8 +894,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
   }
   std::vector<std::byte> converted(nbytes());
   kernels::convert(converted.data(), dtype_, packed_src, src.dtype_, count);
-  detail::strided_copy(dst, strides_, converted.data(), contiguous_strides(sizes_), sizes_,
-                       element_size());
+  detail::strided_copy(dst, layout().strides, converted.data(), contiguous_strides(layout().sizes),
+                       layout().sizes, element_size());
   return *this;
 }
 
@@ -893,7 +937,7 @@ std::string Tensor::to_string(std::int64_t max_values) const {
     return "Tensor(undefined)";
   }
   std::ostringstream out;
-  out << "Tensor(shape=" << shape_to_string(sizes_) << ", dtype=" << dtype_name(dtype_)
+  out << "Tensor(shape=" << shape_to_string(layout().sizes) << ", dtype=" << dtype_name(dtype_)
       << ", device=" << device_.to_string();
   if (!device_.is_cpu()) {  // meta has no values; CUDA values are not readable from the host
     out << ")";
@@ -908,9 +952,9 @@ std::string Tensor::to_string(std::int64_t max_values) const {
     // Row-major index k -> element offset.
     std::int64_t offset = 0;
     std::int64_t rest = k;
-    for (std::size_t d = sizes_.size(); d-- > 0;) {
-      offset += (rest % sizes_[d]) * strides_[d];
-      rest /= sizes_[d];
+    for (std::size_t d = layout().sizes.size(); d-- > 0;) {
+      offset += (rest % layout().sizes[d]) * layout().strides[d];
+      rest /= layout().sizes[d];
     }
     if (k > 0) {
       out << ", ";

@@ -86,6 +86,37 @@ TEST(TensorFactory, EmptyHasRowMajorStrides) {
   EXPECT_TRUE(t.shares_storage(t));
 }
 
+// Note [Shared layouts]: fresh tensors of one shape share one sizes/strides layout, copies share
+// their source's, and a view makes its own without touching the one it came from.
+TEST(TensorFactory, FreshTensorsOfOneShapeShareTheirLayoutAndViewsMakeTheirOwn) {
+  const Tensor a = Tensor::empty({2, 3});
+  const Tensor b = Tensor::zeros({2, 3}, DType::Int8);
+  EXPECT_EQ(a.sizes().data(), b.sizes().data());
+  EXPECT_FALSE(a.shares_storage(b));
+  const Tensor copy = a;  // NOLINT(performance-unnecessary-copy-initialization): the point
+  EXPECT_EQ(copy.sizes().data(), a.sizes().data());
+
+  const Tensor transposed = a.transpose(0, 1);
+  EXPECT_EQ(transposed.sizes(), (Shape{3, 2}));
+  EXPECT_EQ(transposed.strides(), (Shape{1, 3}));
+  EXPECT_EQ(a.sizes(), (Shape{2, 3}));
+  EXPECT_EQ(a.strides(), (Shape{3, 1}));
+
+  // More shapes in turn than the cache keeps: every tensor still gets its own shape's layout.
+  const std::vector<Shape> shapes = {{2, 3}, {3, 2}, {6}, {1, 6}, {6, 1}, {2, 1, 3}, {}};
+  for (int round = 0; round < 3; ++round) {
+    for (const Shape& shape : shapes) {
+      const Tensor t = Tensor::empty(shape, DType::Float64);
+      EXPECT_EQ(t.sizes(), shape);
+      EXPECT_EQ(t.strides().size(), shape.size());
+      EXPECT_TRUE(t.is_contiguous());
+      EXPECT_EQ(t.numel(), shape.empty() ? 1 : 6);
+      EXPECT_EQ(t.nbytes(), shape.empty() ? 8u : 48u);
+    }
+  }
+  EXPECT_EQ(a.sizes(), (Shape{2, 3}));
+}
+
 TEST(TensorFactory, ZeroDimTensorHasOneElement) {
   const Tensor t = Tensor::full({}, 2.5, DType::Float64);
   EXPECT_EQ(t.dim(), 0);

@@ -29,6 +29,15 @@ using Shape = std::vector<std::int64_t>;
 namespace detail {
 class Storage;
 struct TensorAccess;
+
+// A tensor's sizes and strides, immutable once made and shared by every tensor that has the
+// same ones (Note [Shared layouts] in tensor.cpp): copying a tensor copies no vectors.
+struct TensorLayout {
+  Shape sizes;
+  Shape strides;  // in elements
+};
+// The layout of an undefined tensor.
+inline const TensorLayout kEmptyTensorLayout{};
 }  // namespace detail
 
 class Tensor {
@@ -74,10 +83,10 @@ class Tensor {
 
   // ---- Metadata. Never waits.
   bool defined() const noexcept { return defined_; }
-  const Shape& sizes() const noexcept { return sizes_; }
-  const Shape& strides() const noexcept { return strides_; }  // in elements
-  std::int64_t size(std::int64_t dim) const;                  // negative dims count from the end
-  std::int64_t dim() const noexcept { return static_cast<std::int64_t>(sizes_.size()); }
+  const Shape& sizes() const noexcept { return layout().sizes; }
+  const Shape& strides() const noexcept { return layout().strides; }  // in elements
+  std::int64_t size(std::int64_t dim) const;  // negative dims count from the end
+  std::int64_t dim() const noexcept { return static_cast<std::int64_t>(sizes().size()); }
   std::int64_t numel() const noexcept;
   std::int64_t storage_offset() const noexcept { return offset_; }  // in elements
   DType dtype() const noexcept { return dtype_; }
@@ -153,6 +162,13 @@ class Tensor {
 
   Tensor(std::shared_ptr<detail::Storage> storage, Shape sizes, Shape strides, std::int64_t offset,
          DType dtype, Device device);
+  Tensor(std::shared_ptr<detail::Storage> storage,
+         std::shared_ptr<const detail::TensorLayout> layout, std::int64_t offset, DType dtype,
+         Device device);
+
+  const detail::TensorLayout& layout() const noexcept {
+    return layout_ != nullptr ? *layout_ : detail::kEmptyTensorLayout;
+  }
 
   static Tensor from_host_bytes(const void* data, std::size_t count, DType dtype, Shape shape);
   void copy_to_host_bytes(void* out, DType expected) const;  // waits; contiguous element copy
@@ -161,8 +177,7 @@ class Tensor {
   void* checked_data_for_host(const char* what) const;  // waits, checks device
 
   std::shared_ptr<detail::Storage> storage_;
-  Shape sizes_;
-  Shape strides_;
+  std::shared_ptr<const detail::TensorLayout> layout_;  // null for an undefined tensor
   std::int64_t offset_ = 0;
   DType dtype_ = DType::Float32;
   Device device_ = Device::cpu();

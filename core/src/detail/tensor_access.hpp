@@ -20,6 +20,9 @@ struct TensorAccess {
                      std::int64_t offset, DType dtype, Device device) {
     return Tensor(std::move(storage), std::move(sizes), std::move(strides), offset, dtype, device);
   }
+  // Tensor::empty without a copy of `shape`: a contiguous layout of that shape is reused when
+  // one was made recently (Note [Shared layouts]).
+  static Tensor empty(const Shape& shape, DType dtype, Device device);
 };
 
 enum class DeviceAccess : std::uint8_t {
