@@ -262,12 +262,26 @@ std::string element_count_text(std::int64_t count) {
 // carrying anything from one rank to another but the vectors' memory.
 constexpr std::size_t kLayoutCacheEntries = 4;
 
+// Set when this thread's cache is destroyed (at thread exit; on the main thread, before every
+// static object): a tensor made later, from another thread_local's or a static's destructor,
+// gets a layout of its own. A bool has no destructor, so it is readable until the thread ends.
+thread_local bool layout_cache_destroyed = false;
+
 struct LayoutCache {
+  LayoutCache() = default;
+  LayoutCache(const LayoutCache&) = delete;
+  LayoutCache& operator=(const LayoutCache&) = delete;
+  ~LayoutCache() { layout_cache_destroyed = true; }
+
   std::array<std::shared_ptr<const detail::TensorLayout>, kLayoutCacheEntries> entries;
   std::size_t next = 0;  // the entry the next miss replaces (round robin)
 };
 
 std::shared_ptr<const detail::TensorLayout> contiguous_layout(const Shape& shape) {
+  if (layout_cache_destroyed) {
+    return std::make_shared<const detail::TensorLayout>(
+        detail::TensorLayout{shape, detail::contiguous_strides(shape)});
+  }
   thread_local LayoutCache cache;
   for (const std::shared_ptr<const detail::TensorLayout>& entry : cache.entries) {
     if (entry != nullptr && entry->sizes == shape) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
 #include <complex>
 #include <cstddef>
@@ -15,6 +16,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "chorus/device.hpp"
@@ -115,6 +117,29 @@ TEST(TensorFactory, FreshTensorsOfOneShapeShareTheirLayoutAndViewsMakeTheirOwn) 
     }
   }
   EXPECT_EQ(a.sizes(), (Shape{2, 3}));
+}
+
+// A tensor made while the thread ends, after the layout cache is gone (from the destructor of a
+// thread_local constructed before the cache): it gets a layout of its own (ASan flags a use of
+// the destroyed cache).
+std::atomic<bool> made_at_thread_exit{false};
+struct MakesATensorAtThreadExit {
+  MakesATensorAtThreadExit() = default;
+  MakesATensorAtThreadExit(const MakesATensorAtThreadExit&) = delete;
+  MakesATensorAtThreadExit& operator=(const MakesATensorAtThreadExit&) = delete;
+  ~MakesATensorAtThreadExit() {
+    const Tensor late = Tensor::empty({2, 3});
+    made_at_thread_exit = late.sizes() == Shape{2, 3} && late.strides() == Shape{3, 1};
+  }
+};
+
+TEST(TensorFactory, ATensorMadeAfterTheThreadsLayoutCacheIsGoneGetsItsOwnLayout) {
+  std::thread([] {
+    thread_local MakesATensorAtThreadExit made_later;  // destroyed after the cache below
+    (void)&made_later;
+    (void)Tensor::empty({2, 3});  // constructs this thread's layout cache
+  }).join();
+  EXPECT_TRUE(made_at_thread_exit.load());
 }
 
 TEST(TensorFactory, ZeroDimTensorHasOneElement) {

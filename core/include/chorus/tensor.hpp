@@ -81,7 +81,9 @@ class Tensor {
   // and devices chorus does not have (InvalidArgument).
   static Tensor from_dlpack(DLManagedTensor* managed);
 
-  // ---- Metadata. Never waits.
+  // ---- Metadata. Never waits. The vectors sizes() and strides() return are shared with other
+  // tensors of the same layout (as torch's IntArrayRef views them): a reference to one is valid
+  // until this tensor is next assigned to or destroyed.
   bool defined() const noexcept { return defined_; }
   const Shape& sizes() const noexcept { return layout().sizes; }
   const Shape& strides() const noexcept { return layout().strides; }  // in elements
@@ -177,7 +179,7 @@ class Tensor {
   void* checked_data_for_host(const char* what) const;  // waits, checks device
 
   std::shared_ptr<detail::Storage> storage_;
-  std::shared_ptr<const detail::TensorLayout> layout_;  // null for an undefined tensor
+  std::shared_ptr<const detail::TensorLayout> layout_;  // null when undefined or moved from
   std::int64_t offset_ = 0;
   DType dtype_ = DType::Float32;
   Device device_ = Device::cpu();
