@@ -528,11 +528,19 @@ std::size_t row_elements(const Shape& shape) {
 }
 
 // Per-peer wire counts of `rows` rows of `row` elements each.
-std::vector<std::size_t> wire_counts(const std::vector<std::int64_t>& rows, std::size_t row,
+// Wire elements per group rank: `splits` rows each, or, without splits, the equal split of
+// `rows` over `group_size` ranks.
+std::vector<std::size_t> wire_counts(const std::optional<std::vector<std::int64_t>>& splits,
+                                     std::int64_t rows, int group_size, std::size_t row,
                                      DType dtype) {
-  std::vector<std::size_t> counts(rows.size());
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    counts[i] = static_cast<std::size_t>(rows[i]) * row * wire_lanes(dtype);
+  const std::size_t per_row = row * wire_lanes(dtype);
+  if (!splits) {
+    return std::vector<std::size_t>(static_cast<std::size_t>(group_size),
+                                    static_cast<std::size_t>(rows / group_size) * per_row);
+  }
+  std::vector<std::size_t> counts(splits->size());
+  for (std::size_t i = 0; i < splits->size(); ++i) {
+    counts[i] = static_cast<std::size_t>((*splits)[i]) * per_row;
   }
   return counts;
 }
@@ -731,15 +739,10 @@ Tensor all_to_all_single(const Tensor& input,
     output = meta_output(rule.shape, input.dtype());
   } else {
     const std::size_t row = row_elements(input.sizes());
-    // The given splits by reference (value_or would copy them); the equal split only when one
-    // is absent.
-    const std::vector<std::int64_t> equal = input_split_sizes && output_split_sizes
-                                                ? std::vector<std::int64_t>()
-                                                : detail::equal_splits(input.size(0), size);
     const std::vector<std::size_t> send_counts =
-        wire_counts(input_split_sizes ? *input_split_sizes : equal, row, input.dtype());
+        wire_counts(input_split_sizes, input.size(0), size, row, input.dtype());
     const std::vector<std::size_t> recv_counts =
-        wire_counts(output_split_sizes ? *output_split_sizes : equal, row, input.dtype());
+        wire_counts(output_split_sizes, input.size(0), size, row, input.dtype());
     Buffer send = input_buffer(input);
     auto [fresh, recv] = new_output(rule.shape, input.dtype(), input.device());
     output = std::move(fresh);

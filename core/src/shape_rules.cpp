@@ -83,10 +83,6 @@ ShapeRule reduce_scatter_rule(const Shape& input, std::int64_t scatter_dim, int 
   return pass(std::move(out), dim.dim);
 }
 
-std::vector<std::int64_t> equal_splits(std::int64_t rows, int group_size) {
-  return std::vector<std::int64_t>(static_cast<std::size_t>(group_size), rows / group_size);
-}
-
 ShapeRule all_to_all_rule(const Shape& input,
                           const std::optional<std::vector<std::int64_t>>& output_split_sizes,
                           const std::optional<std::vector<std::int64_t>>& input_split_sizes,

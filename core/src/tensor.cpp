@@ -277,10 +277,14 @@ struct LayoutCache {
   std::size_t next = 0;  // the entry the next miss replaces (round robin)
 };
 
+std::shared_ptr<const detail::TensorLayout> make_contiguous_layout(const Shape& shape) {
+  return std::make_shared<const detail::TensorLayout>(
+      detail::TensorLayout{shape, detail::contiguous_strides(shape)});
+}
+
 std::shared_ptr<const detail::TensorLayout> contiguous_layout(const Shape& shape) {
   if (layout_cache_destroyed) {
-    return std::make_shared<const detail::TensorLayout>(
-        detail::TensorLayout{shape, detail::contiguous_strides(shape)});
+    return make_contiguous_layout(shape);
   }
   thread_local LayoutCache cache;
   for (const std::shared_ptr<const detail::TensorLayout>& entry : cache.entries) {
@@ -288,8 +292,7 @@ std::shared_ptr<const detail::TensorLayout> contiguous_layout(const Shape& shape
       return entry;
     }
   }
-  auto layout = std::make_shared<const detail::TensorLayout>(
-      detail::TensorLayout{shape, detail::contiguous_strides(shape)});
+  auto layout = make_contiguous_layout(shape);
   cache.entries[cache.next] = layout;
   cache.next = (cache.next + 1) % kLayoutCacheEntries;
   return layout;
@@ -460,15 +463,16 @@ bool Tensor::is_contiguous() const noexcept {
   if (numel() == 0) {
     return true;
   }
+  const detail::TensorLayout& shape = layout();
   std::int64_t expected = 1;
-  for (std::size_t i = layout().sizes.size(); i-- > 0;) {
-    if (layout().sizes[i] == 1) {
+  for (std::size_t i = shape.sizes.size(); i-- > 0;) {
+    if (shape.sizes[i] == 1) {
       continue;  // a size-1 dim never steps, so its stride does not matter
     }
-    if (layout().strides[i] != expected) {
+    if (shape.strides[i] != expected) {
       return false;
     }
-    expected *= layout().sizes[i];
+    expected *= shape.sizes[i];
   }
   return true;
 }

@@ -37,7 +37,4 @@ ShapeRule all_to_all_rule(const Shape& input,
 ShapeRule rooted_rule(const Shape& input, int root, int group_size, const char* name);
 ShapeRule permute_rule(const Shape& input, const std::vector<int>& src_dst, int group_size);
 
-// The equal split of `rows` into group_size parts (all_to_all with both split lists absent).
-std::vector<std::int64_t> equal_splits(std::int64_t rows, int group_size);
-
 }  // namespace chorus::detail

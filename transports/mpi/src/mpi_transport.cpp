@@ -447,6 +447,15 @@ bool MpiComm::use_small_direct_exchange(std::size_t nbytes) const {
          nbytes < kChorusScheduleMinBytes;
 }
 
+bool MpiComm::use_direct_exchange(std::size_t nbytes) const {
+  return use_chorus_schedule(nbytes) || use_small_direct_exchange(nbytes);
+}
+
+std::vector<MpiComm::Message>& MpiComm::fresh_messages() {
+  message_scratch_.clear();
+  return message_scratch_;
+}
+
 int MpiComm::take_p2p_tag() {
   const int tag = next_p2p_tag_;
   next_p2p_tag_ = (next_p2p_tag_ + 1) % kP2pTags;
@@ -486,8 +495,7 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
   const auto own_block_for = [=](int peer) {
     return static_cast<const char*>(input) + static_cast<std::size_t>(peer) * input_stride;
   };
-  std::vector<Message>& messages = message_scratch_;
-  messages.clear();
+  std::vector<Message>& messages = fresh_messages();
   for (int peer = 0; peer < n; ++peer) {
     if (peer != me) {
       messages.push_back({peer, own_block_for(peer), count, block_of(peer), count});
@@ -609,15 +617,14 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
     // In place when send is this rank's own block of recv.
     const bool in_place = send.data == static_cast<const char*>(recv.data) +
                                            static_cast<std::size_t>(group_rank_) * send.nbytes();
-    if (use_chorus_schedule(recv.nbytes()) || use_small_direct_exchange(recv.nbytes())) {
+    if (use_direct_exchange(recv.nbytes())) {
       // Note [Direct exchanges]: this rank's block to every peer, every peer's into its place.
       if (!in_place && send.nbytes() > 0) {
         std::memcpy(
             static_cast<char*>(recv.data) + static_cast<std::size_t>(group_rank_) * send.nbytes(),
             send.data, send.nbytes());
       }
-      std::vector<Message>& messages = message_scratch_;
-      messages.clear();
+      std::vector<Message>& messages = fresh_messages();
       for (int peer = 0; peer < size(); ++peer) {
         if (peer != group_rank_) {
           messages.push_back(
@@ -651,7 +658,7 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
   const OpSignature op_signature = signature(OpKind::ReduceScatter, send, recv, reduce_op, -1);
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
-    if (use_chorus_schedule(send.nbytes()) || use_small_direct_exchange(send.nbytes())) {
+    if (use_direct_exchange(send.nbytes())) {
       // Note [Direct exchanges]: block p of the input to rank p.
       post_reduction_exchange(started, send.data, recv.nbytes(), recv, reduce_op, info);
       return;
@@ -737,8 +744,7 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
                             static_cast<std::size_t>(counts[n + me]) * element,
                         static_cast<std::size_t>(counts[me]) * element);
           }
-          std::vector<Message>& messages = message_scratch_;
-          messages.clear();
+          std::vector<Message>& messages = fresh_messages();
           for (std::size_t peer = 0; peer < n; ++peer) {
             if (peer != me) {
               messages.push_back({static_cast<int>(peer),

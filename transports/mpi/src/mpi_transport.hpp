@@ -268,6 +268,9 @@ class MpiComm final : public transport::Comm {
   // Whether Auto runs an operation of `nbytes` per rank, below chorus's range, as one direct
   // exchange (Note [Direct exchanges], "Small operations").
   bool use_small_direct_exchange(std::size_t nbytes) const;
+  // Whether all_gather and reduce_scatter of `nbytes` per rank run as a direct exchange (either
+  // of the two above).
+  bool use_direct_exchange(std::size_t nbytes) const;
   // The next tag of this communicator's point-to-point sequence (Note [Ring all_reduce],
   // "Messages"); every member takes tags in the same (issue) order.
   int take_p2p_tag();
@@ -279,6 +282,8 @@ class MpiComm final : public transport::Comm {
     void* receive;
     int receive_count;
   };
+  // message_scratch_, emptied for the next exchange's messages.
+  std::vector<Message>& fresh_messages();
   // Posts every message's MPI_Irecv and MPI_Isend under one new tag into `started`.
   void post_exchange(Started& started, const std::vector<Message>& messages, MPI_Datatype datatype,
                      const transport::OpInfo& info);
