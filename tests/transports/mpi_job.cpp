@@ -489,13 +489,13 @@ void mismatch() {
 }
 
 // all_to_all_single of one element from every rank to every rank, except that rank `sender`
-// sends rank `receiver` two (its split sizes disagree with what `receiver` expects).
-void all_to_all_with_one_extra(int sender, int receiver) {
+// sends rank `receiver` 1 + `extra` (its split sizes disagree with what `receiver` expects).
+void all_to_all_with_extra(int sender, int receiver, std::int64_t extra) {
   const int n = chorus::world_size();
   std::vector<std::int64_t> send_sizes(static_cast<std::size_t>(n), 1);
   const std::vector<std::int64_t> recv_sizes(static_cast<std::size_t>(n), 1);
   if (chorus::rank() == sender) {
-    send_sizes[static_cast<std::size_t>(receiver)] = 2;
+    send_sizes[static_cast<std::size_t>(receiver)] = 1 + extra;
   }
   std::int64_t total = 0;
   for (const std::int64_t size : send_sizes) {
@@ -508,12 +508,47 @@ void all_to_all_with_one_extra(int sender, int receiver) {
 }
 
 // Rank 1 sends rank 0 one element more than rank 0 expects.
-void splits() { all_to_all_with_one_extra(1, 0); }
+void splits() { all_to_all_with_extra(1, 0, 1); }
+
+// Rank 1 sends rank 0 nothing where rank 0 expects one element: without --check-collectives
+// MPI completes the short receive, and chorus's size check fails rank 0's wait (Note [Direct
+// exchanges], "Short messages") instead of handing it an element nobody sent.
+void short_splits() { all_to_all_with_extra(1, 0, -1); }
+
+// Small operations whose messages have the same size on every rank but that differ otherwise
+// (run with CHORUS_MPI_NODE_CPUS=8, so they take the small direct exchange): the signature each
+// message carries fails the work with CollectiveMismatch (Note [Direct exchanges], "Signed
+// messages") instead of every rank folding with its own op. Rank 0 passes premul_sum(1), the
+// others premul_sum(10).
+void small_factor_mismatch() {
+  const chorus::Tensor input = chorus::Tensor::from_vector(std::vector<float>{1, 2});
+  const double factor = chorus::rank() == 0 ? 1.0 : 10.0;
+  const std::vector<float> result =
+      chorus::all_reduce(input, chorus::ReduceOp::premul_sum(factor), chorus::world())
+          .to_vector<float>();
+  throw std::runtime_error("the mismatched all_reduce completed with " + std::to_string(result[0]));
+}
+
+// Rank 0 all_reduces 2 floats, the others reduce_scatter 2 per rank: equal messages.
+void small_kind_mismatch() {
+  const int n = chorus::world_size();
+  if (chorus::rank() == 0) {
+    (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1, 2}), "sum",
+                             chorus::world())
+        .to_vector<float>();
+  } else {
+    (void)chorus::reduce_scatter_tensor(
+        chorus::Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(2 * n), 1.0f)),
+        "sum", 0, chorus::world())
+        .to_vector<float>();
+  }
+  throw std::runtime_error("the mismatched operations completed");
+}
 
 // Rank 0 sends itself two elements but expects one from itself: InvalidArgument before anything
 // is posted (the peers' counts agree with each other, so only rank 0 can tell), or with
 // --check-collectives a CollectiveMismatch from the pairwise comparison on every member.
-void self_split() { all_to_all_with_one_extra(0, 0); }
+void self_split() { all_to_all_with_extra(0, 0, 1); }
 
 void group_order() {
   const chorus::ProcessGroup first = chorus::new_group({0, 1}, "a");
@@ -570,6 +605,15 @@ int main(int argc, char** argv) {
   }
   if (mode == "splits") {
     return chorus::run(options, splits);
+  }
+  if (mode == "short_splits") {
+    return chorus::run(options, short_splits);
+  }
+  if (mode == "small_factor_mismatch") {
+    return chorus::run(options, small_factor_mismatch);
+  }
+  if (mode == "small_kind_mismatch") {
+    return chorus::run(options, small_kind_mismatch);
   }
   if (mode == "group_order") {
     return chorus::run(options, group_order);

@@ -75,6 +75,41 @@ void keep(Started& started, std::initializer_list<std::shared_ptr<const void>> b
   started.keep_alive.insert(started.keep_alive.end(), buffers);
 }
 
+// An OpSignature as the bytes a signed message carries (Note [Direct exchanges], "Signed
+// messages"): the ranks of a job run one binary, so both ends share the layout.
+struct MessageSignature {
+  std::uint64_t send_count;
+  std::uint64_t recv_count;
+  double factor;
+  std::int32_t root;
+  std::uint8_t kind;
+  std::uint8_t dtype;
+  std::uint8_t reduce_kind;
+  std::uint8_t unused;
+
+  static MessageSignature of(const OpSignature& signature) noexcept {
+    return MessageSignature{signature.send_count,
+                            signature.recv_count,
+                            signature.reduce_op.premul_factor(),
+                            signature.root,
+                            static_cast<std::uint8_t>(signature.kind),
+                            static_cast<std::uint8_t>(signature.dtype),
+                            static_cast<std::uint8_t>(signature.reduce_op.kind()),
+                            0};
+  }
+  OpSignature signature() const noexcept {
+    const auto reduce = static_cast<ReduceOp::Kind>(reduce_kind);
+    return OpSignature{
+        static_cast<OpKind>(kind),
+        static_cast<DType>(dtype),
+        send_count,
+        recv_count,
+        reduce == ReduceOp::Kind::PremulSum ? ReduceOp::premul_sum(factor) : ReduceOp(reduce),
+        root};
+  }
+};
+static_assert(std::is_trivially_copyable_v<MessageSignature>);
+
 // The reduction of one step of chorus's schedules (Note [Ring all_reduce], Note [Direct
 // exchanges]): avg and premul_sum are sums there (divided afterwards, or of a scaled input).
 ReduceOp step_op(const Plan& plan, const ReduceOp& reduce_op) {
@@ -249,12 +284,23 @@ void MpiWork::poll() {
   }
   int done = 0;
   std::string failure;
+  std::string short_message;
   {
     const std::lock_guard mpi_lock(process_->mutex());
+    MPI_Status* statuses = MPI_STATUSES_IGNORE;
+    if (!started_.receives.empty()) {
+      started_.statuses.resize(started_.requests.size());
+      statuses = started_.statuses.data();
+    }
     const int code = MPI_Testall(static_cast<int>(started_.requests.size()),
-                                 started_.requests.data(), &done, MPI_STATUSES_IGNORE);
+                                 started_.requests.data(), &done, statuses);
     if (code != MPI_SUCCESS) {
       failure = "MPI_Testall failed: " + mpi_error_text(code);
+    } else if (done != 0 && !started_.receives.empty()) {
+      // Once: the requests are freed now, and a later poll (for a ring of the batch) would
+      // find only empty statuses.
+      short_message = check_receives();
+      started_.receives.clear();
     }
     process_->progress_rings();  // this work's and everyone else's (Note [Ring all_reduce])
     for (const std::shared_ptr<RingAllReduce>& ring : started_.rings) {
@@ -265,8 +311,11 @@ void MpiWork::poll() {
       }
     }
   }
-  if (!failure.empty()) {
-    error_ = make_error(ErrorCode::TransportError, context_.error_context(), failure);
+  if (!failure.empty() || !short_message.empty()) {
+    error_ =
+        failure.empty()
+            ? make_error(ErrorCode::CollectiveMismatch, context_.error_context(), short_message)
+            : make_error(ErrorCode::TransportError, context_.error_context(), failure);
     status_.store(transport::WorkStatus::Failed, std::memory_order_release);
     return;
   }
@@ -285,6 +334,23 @@ void MpiWork::poll() {
   started_.after.clear();
   started_.rings.clear();
   started_.keep_alive.clear();
+}
+
+std::string MpiWork::check_receives() const {
+  for (const Started::Receive& receive : started_.receives) {
+    int arrived = 0;
+    MPI_Get_count(&started_.statuses[receive.request], receive.datatype, &arrived);
+    if (arrived != receive.count) {
+      const std::string sent = arrived == MPI_UNDEFINED
+                                   ? "a message that is not a whole number of elements"
+                                   : std::to_string(arrived) + " elements";
+      return "rank " + std::to_string(receive.peer) + " sent " + sent +
+             " where this rank expected " + std::to_string(receive.count) +
+             ": the ranks issued different operations or split sizes at this point "
+             "(--check-collectives compares them before anything is sent)";
+    }
+  }
+  return {};
 }
 
 bool MpiWork::is_completed() {
@@ -471,6 +537,9 @@ void MpiComm::post_exchange(Started& started, const std::vector<Message>& messag
     check(MPI_Irecv(message.receive, message.receive_count, datatype, message.peer, tag, comm_,
                     &receive),
           "MPI_Irecv", info);
+    // Note [Direct exchanges], "Short messages".
+    started.receives.push_back({started.requests.size(), datatype, message.receive_count,
+                                ranks_[static_cast<std::size_t>(message.peer)]});
     started.requests.push_back(receive);
     MPI_Request send = MPI_REQUEST_NULL;
     check(MPI_Isend(message.send, message.send_count, datatype, message.peer, tag, comm_, &send),
@@ -481,27 +550,85 @@ void MpiComm::post_exchange(Started& started, const std::vector<Message>& messag
 
 void MpiComm::post_reduction_exchange(Started& started, const void* input, std::size_t input_stride,
                                       const Buffer& recv, const ReduceOp& reduce_op,
-                                      const OpInfo& info) {
+                                      const OpInfo& info, const OpSignature* signed_as) {
   const std::size_t block = recv.nbytes();
   const int count = static_cast<int>(recv.count);  // to_int_count'ed by the caller
   const int n = size();
   const int me = group_rank_;
-  std::shared_ptr<void> received = scratch(static_cast<std::size_t>(n - 1) * block);
+  // Signed (Note [Direct exchanges], "Signed messages"): each message is its block followed by
+  // the sender's signature, sent as bytes from a packed copy; a slot keeps the next block
+  // aligned for any element type.
+  constexpr std::size_t kSlotAlignment = 64;
+  const std::size_t message_bytes = signed_as != nullptr ? block + sizeof(MessageSignature) : block;
+  const std::size_t slot =
+      signed_as != nullptr ? (message_bytes + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment
+                           : block;
+  std::shared_ptr<void> received = scratch(static_cast<std::size_t>(n - 1) * slot);
   started.keep_alive.push_back(received);
   // Peer p's block of this rank's result lands in slot p (p < me) or p - 1 (p > me).
   const auto block_of = [=, received = static_cast<char*>(received.get())](int peer) {
-    return received + static_cast<std::size_t>(peer < me ? peer : peer - 1) * block;
+    return received + static_cast<std::size_t>(peer < me ? peer : peer - 1) * slot;
   };
   const auto own_block_for = [=](int peer) {
     return static_cast<const char*>(input) + static_cast<std::size_t>(peer) * input_stride;
   };
+  const char* packed = nullptr;  // signed: peer p's message at packed + p * slot (p * 0: one)
+  if (signed_as != nullptr) {
+    const std::size_t messages_packed = input_stride == 0 ? 1 : static_cast<std::size_t>(n);
+    std::shared_ptr<void> copy = scratch(messages_packed * slot);
+    started.keep_alive.push_back(copy);
+    for (std::size_t p = 0; p < messages_packed; ++p) {
+      if (messages_packed == 1 || p != static_cast<std::size_t>(me)) {
+        char* message = static_cast<char*>(copy.get()) + p * slot;
+        if (block > 0) {
+          std::memcpy(message, own_block_for(static_cast<int>(p)), block);
+        }
+        const MessageSignature wire = MessageSignature::of(*signed_as);
+        std::memcpy(message + block, &wire, sizeof(wire));
+      }
+    }
+    packed = static_cast<const char*>(copy.get());
+  }
   std::vector<Message>& messages = fresh_messages();
   for (int peer = 0; peer < n; ++peer) {
-    if (peer != me) {
+    if (peer == me) {
+      continue;
+    }
+    if (signed_as != nullptr) {
+      const int bytes = static_cast<int>(message_bytes);
+      messages.push_back({peer,
+                          packed + (input_stride == 0 ? 0 : static_cast<std::size_t>(peer) * slot),
+                          bytes, block_of(peer), bytes});
+    } else {
       messages.push_back({peer, own_block_for(peer), count, block_of(peer), count});
     }
   }
-  post_exchange(started, messages, mpi_datatype(movement_element(recv.dtype)), info);
+  post_exchange(started, messages,
+                signed_as != nullptr ? MPI_BYTE : mpi_datatype(movement_element(recv.dtype)), info);
+  if (signed_as != nullptr) {
+    // Before the fold: a peer that issued another operation fails the work on this rank (and
+    // the peer, comparing this rank's signature, fails its own).
+    started.after.emplace_back(
+        [=, mine = *signed_as, context = work_context(info), members = ranks_] {
+          for (int peer = 0; peer < n; ++peer) {
+            if (peer == me) {
+              continue;
+            }
+            MessageSignature wire;
+            std::memcpy(&wire, block_of(peer) + block, sizeof(wire));
+            const OpSignature theirs = wire.signature();
+            if (!theirs.agrees_with(mine)) {
+              throw CollectiveMismatch(
+                  context.error_context(),
+                  "ranks disagree on operation #" + std::to_string(context.seq) + ": rank " +
+                      std::to_string(members[static_cast<std::size_t>(peer)]) + " issued " +
+                      theirs.to_string() + ", this rank " + mine.to_string() +
+                      " (found by the small direct exchange; --check-collectives compares every "
+                      "operation before anything is sent)");
+            }
+          }
+        });
+  }
   // After every request completed, sends included: an in-place all_reduce's input is its
   // output, overwritten only once no send reads it any more. avg and premul_sum are the
   // kernels' own, so the result is the simulator's fixed-order one, bit for bit.
@@ -564,7 +691,7 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
     keep(started, {send.keep_alive, recv.keep_alive});
     if (use_small_direct_exchange(send.nbytes())) {
       // Note [Direct exchanges], "Small operations": the whole input to every peer.
-      post_reduction_exchange(started, send.data, 0, recv, reduce_op, info);
+      post_reduction_exchange(started, send.data, 0, recv, reduce_op, info, &op_signature);
       return;
     }
     MPI_Request request = MPI_REQUEST_NULL;
@@ -660,7 +787,8 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
     keep(started, {send.keep_alive, recv.keep_alive});
     if (use_direct_exchange(send.nbytes())) {
       // Note [Direct exchanges]: block p of the input to rank p.
-      post_reduction_exchange(started, send.data, recv.nbytes(), recv, reduce_op, info);
+      post_reduction_exchange(started, send.data, recv.nbytes(), recv, reduce_op, info,
+                              use_small_direct_exchange(send.nbytes()) ? &op_signature : nullptr);
       return;
     }
     MPI_Request request = MPI_REQUEST_NULL;

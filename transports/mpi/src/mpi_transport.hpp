@@ -54,6 +54,17 @@ struct Started {
   std::vector<transport::OpSignature> signatures;
   // chorus's own schedules (Note [Ring all_reduce]), advanced by every poll.
   std::vector<std::shared_ptr<RingAllReduce>> rings;
+  // The receives of direct exchanges, whose arrived sizes the completing poll checks (Note
+  // [Direct exchanges], "Short messages"): requests[request] expects `count` of `datatype`
+  // from world rank `peer`.
+  struct Receive {
+    std::size_t request;
+    MPI_Datatype datatype;
+    int count;
+    int peer;
+  };
+  std::vector<Receive> receives;
+  std::vector<MPI_Status> statuses;  // MPI_Testall's, when receives are checked
 
   // Empties every field, keeping the vectors' capacity (Note [Recycled Started]).
   void clear() noexcept {
@@ -62,6 +73,7 @@ struct Started {
     keep_alive.clear();
     signatures.clear();
     rings.clear();
+    receives.clear();
   }
 };
 
@@ -150,6 +162,9 @@ class MpiWork final : public transport::Work {
  private:
   // Tests the requests once (Note [MPI locking]); finishes the work when they completed.
   void poll();
+  // Note [Direct exchanges], "Short messages": what a completed receive that got other than its
+  // posted count got, or "" when all match. Call with the MPI lock held, after MPI_Testall.
+  std::string check_receives() const;
 
   std::shared_ptr<MpiProcess> process_;
   Started started_;
@@ -184,6 +199,23 @@ class MpiWork final : public transport::Work {
 // chorus's added time fell by 0.3-0.55 us per op (docs/performance.md, "Small operations as
 // direct exchanges"). Larger groups keep MPI's log2(n)-round algorithms there; Chorus (forced)
 // keeps the ring for all_reduce at every size, so the tests can run it on small, uneven cases.
+//
+// Short messages: MPI completes a receive that got fewer elements than it posted for, and
+// reports a longer one as truncated. Without --check-collectives a peer that issued another
+// operation, or other all_to_all split sizes, can so send less than this rank expects, and the
+// rest of the output would be whatever the memory held. So the poll that completes a direct
+// exchange compares every receive's MPI_Get_count with its posted count and fails the work
+// with CollectiveMismatch naming the peer and both counts (MpiWork::poll; Started::receives).
+//
+// Signed messages: a small all_reduce or reduce_scatter folds every rank's block at every
+// rank with that rank's own op, so without --check-collectives two ranks that passed different
+// ops, premul_sum factors, dtypes or operations of one size would each complete, with
+// different results. Below kChorusScheduleMinBytes each message therefore carries the sender's
+// OpSignature after its block (the block and signature copied into one scratch message, sent
+// as bytes), and every rank compares its peers' signatures with its own before the fold: a
+// disagreement fails the work with CollectiveMismatch naming both operations on every rank
+// that received one. The copy is at most 4 KiB per op; larger exchanges stay unsigned (their
+// size check still applies), as NCCL and MPI leave unchecked mismatches undefined.
 class MpiComm final : public transport::Comm {
  public:
   // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
@@ -292,9 +324,13 @@ class MpiComm final : public transport::Comm {
   // once all arrived `recv` = the n blocks reduced by `reduce_op` (avg and premul_sum included:
   // chorus::kernels) in group-rank order. reduce_scatter passes its block size as the stride,
   // all_reduce 0 (its whole input to every peer).
+  // `signed_as`: the operation's signature, sent with every message and compared with the
+  // peers' before the fold (Note [Direct exchanges], "Signed messages"); null for unsigned
+  // messages of the element type.
   void post_reduction_exchange(Started& started, const void* input, std::size_t input_stride,
                                const transport::Buffer& recv, const ReduceOp& reduce_op,
-                               const transport::OpInfo& info);
+                               const transport::OpInfo& info,
+                               const transport::OpSignature* signed_as);
 
   std::shared_ptr<MpiProcess> process_;
   // The messages of the exchange being posted, kept for their capacity (one rank's thread

@@ -21,8 +21,8 @@ void check_call(int code, const char* call) {
     char text[MPI_MAX_ERROR_STRING] = {};
     int length = 0;
     MPI_Error_string(code, text, &length);
-    throw RingFailure{std::string(call) +
-                      " failed (ring all_reduce): " + std::string(text, length)};
+    throw RingFailure{std::string(call) + " failed (ring all_reduce): " +
+                      std::string(text, static_cast<std::size_t>(length))};
   }
 }
 
