@@ -82,16 +82,18 @@ struct MessageSignature {
   std::uint64_t recv_count;
   double factor;
   std::int32_t root;
+  std::int32_t sender;  // the sending rank (world), for the error
   std::uint8_t kind;
   std::uint8_t dtype;
   std::uint8_t reduce_kind;
   std::uint8_t unused;
 
-  static MessageSignature of(const OpSignature& signature) noexcept {
+  static MessageSignature of(const OpSignature& signature, int sender) noexcept {
     return MessageSignature{signature.send_count,
                             signature.recv_count,
                             signature.reduce_op.premul_factor(),
                             signature.root,
+                            sender,
                             static_cast<std::uint8_t>(signature.kind),
                             static_cast<std::uint8_t>(signature.dtype),
                             static_cast<std::uint8_t>(signature.reduce_op.kind()),
@@ -563,7 +565,11 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
   const std::size_t slot =
       signed_as != nullptr ? (message_bytes + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment
                            : block;
-  std::shared_ptr<void> received = scratch(static_cast<std::size_t>(n - 1) * slot);
+  // One scratch block: the n - 1 received slots, then (signed) the packed messages.
+  const std::size_t messages_packed =
+      signed_as == nullptr ? 0 : (input_stride == 0 ? 1 : static_cast<std::size_t>(n));
+  std::shared_ptr<void> received =
+      scratch((static_cast<std::size_t>(n - 1) + messages_packed) * slot);
   started.keep_alive.push_back(received);
   // Peer p's block of this rank's result lands in slot p (p < me) or p - 1 (p > me).
   const auto block_of = [=, received = static_cast<char*>(received.get())](int peer) {
@@ -574,20 +580,18 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
   };
   const char* packed = nullptr;  // signed: peer p's message at packed + p * slot (p * 0: one)
   if (signed_as != nullptr) {
-    const std::size_t messages_packed = input_stride == 0 ? 1 : static_cast<std::size_t>(n);
-    std::shared_ptr<void> copy = scratch(messages_packed * slot);
-    started.keep_alive.push_back(copy);
+    char* copy = static_cast<char*>(received.get()) + static_cast<std::size_t>(n - 1) * slot;
+    const MessageSignature wire = MessageSignature::of(*signed_as, process_->rank());
     for (std::size_t p = 0; p < messages_packed; ++p) {
       if (messages_packed == 1 || p != static_cast<std::size_t>(me)) {
-        char* message = static_cast<char*>(copy.get()) + p * slot;
+        char* message = copy + p * slot;
         if (block > 0) {
           std::memcpy(message, own_block_for(static_cast<int>(p)), block);
         }
-        const MessageSignature wire = MessageSignature::of(*signed_as);
         std::memcpy(message + block, &wire, sizeof(wire));
       }
     }
-    packed = static_cast<const char*>(copy.get());
+    packed = copy;
   }
   std::vector<Message>& messages = fresh_messages();
   for (int peer = 0; peer < n; ++peer) {
@@ -605,34 +609,34 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
   }
   post_exchange(started, messages,
                 signed_as != nullptr ? MPI_BYTE : mpi_datatype(movement_element(recv.dtype)), info);
-  if (signed_as != nullptr) {
-    // Before the fold: a peer that issued another operation fails the work on this rank (and
-    // the peer, comparing this rank's signature, fails its own).
-    started.after.emplace_back(
-        [=, mine = *signed_as, context = work_context(info), members = ranks_] {
-          for (int peer = 0; peer < n; ++peer) {
-            if (peer == me) {
-              continue;
-            }
-            MessageSignature wire;
-            std::memcpy(&wire, block_of(peer) + block, sizeof(wire));
-            const OpSignature theirs = wire.signature();
-            if (!theirs.agrees_with(mine)) {
-              throw CollectiveMismatch(
-                  context.error_context(),
-                  "ranks disagree on operation #" + std::to_string(context.seq) + ": rank " +
-                      std::to_string(members[static_cast<std::size_t>(peer)]) + " issued " +
-                      theirs.to_string() + ", this rank " + mine.to_string() +
-                      " (found by the small direct exchange; --check-collectives compares every "
-                      "operation before anything is sent)");
-            }
-          }
-        });
-  }
   // After every request completed, sends included: an in-place all_reduce's input is its
   // output, overwritten only once no send reads it any more. avg and premul_sum are the
   // kernels' own, so the result is the simulator's fixed-order one, bit for bit.
-  started.after.emplace_back([=, data = recv.data, elements = recv.count, dtype = recv.dtype] {
+  const bool check_signatures = signed_as != nullptr;
+  started.after.emplace_back([=, mine = check_signatures ? *signed_as : OpSignature{},
+                              context = work_context(info), data = recv.data, elements = recv.count,
+                              dtype = recv.dtype] {
+    if (check_signatures) {
+      // A peer that issued another operation fails the work here (and on the peer, which
+      // compares this rank's signature), before the fold would use its block.
+      for (int peer = 0; peer < n; ++peer) {
+        if (peer == me) {
+          continue;
+        }
+        MessageSignature wire;
+        std::memcpy(&wire, block_of(peer) + block, sizeof(wire));
+        const OpSignature theirs = wire.signature();
+        if (!theirs.agrees_with(mine)) {
+          throw CollectiveMismatch(
+              context.error_context(),
+              "ranks disagree on operation #" + std::to_string(context.seq) + ": rank " +
+                  std::to_string(wire.sender) + " issued " + theirs.to_string() + ", this rank " +
+                  mine.to_string() +
+                  " (found by the small direct exchange; --check-collectives compares every "
+                  "operation before anything is sent)");
+        }
+      }
+    }
     const void* local[kSmallDirectMaxRanks];
     std::vector<const void*> spilled;
     const void** sources = local;
