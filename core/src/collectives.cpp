@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <utility>
@@ -199,6 +200,14 @@ class Call {
     }
   }
 
+  // An unknown reduce op name, refused even when no input would show it (an empty coalesced
+  // list).
+  void check_reduce_op(const ReduceOp& reduce_op) const {
+    if (!reduce_op.is_valid()) {
+      invalid(reduce_op.check_dtype(DType::Float32));
+    }
+  }
+
   // Checks the caller's output of an in-place form against the shape and dtype the op produces.
   void check_output(const Tensor& output, const Shape& expected, DType dtype) const {
     if (!output.defined()) {
@@ -223,6 +232,22 @@ class Call {
     if (output.device().is_cuda() && !output.is_contiguous()) {
       invalid("output is a non-contiguous " + output.device().to_string() +
               " tensor: writing it needs a device kernel, and chorus has none");
+    }
+    check_writable(output, "output");
+  }
+
+  // An in-place form's destination must hold one location per element: refused before the
+  // sequence number is taken, not when the result is copied back.
+  void check_writable(const Tensor& destination, const char* which) const {
+    if (meta_) {
+      return;  // shapes only, as Tensor::copy_ on meta tensors
+    }
+    if (const std::int64_t dim =
+            detail::shared_location_dim(destination.sizes(), destination.strides());
+        dim >= 0) {
+      invalid(std::string(which) + " has stride 0 in dim " + std::to_string(dim) +
+              " (an expanded view), so several elements share one memory location and the result "
+              "cannot be written into it");
     }
   }
 
@@ -372,9 +397,18 @@ Buffer input_buffer(const Tensor& input) {
   return buffer_of(input.contiguous());
 }
 
-// A fresh output of `shape` on `device` (pending once registered), and its buffer.
-std::pair<Tensor, Buffer> new_output(const Shape& shape, DType dtype, Device device) {
-  Tensor output = detail::TensorAccess::empty(shape, dtype, device);
+// A fresh output of `shape` on `device` (pending once registered), and its buffer. An output
+// too large for memory is the caller's InvalidArgument, naming `call`, before anything starts.
+std::pair<Tensor, Buffer> new_output(const Call& call, const Shape& shape, DType dtype,
+                                     Device device) {
+  Tensor output;
+  try {
+    output = detail::TensorAccess::empty(shape, dtype, device);
+  } catch (const std::bad_alloc&) {
+    call.invalid("cannot allocate the output: shape " + detail::bracketed(shape) + " of " +
+                 std::string(dtype_name(dtype)) + " on " + device.to_string() +
+                 " does not fit in memory");
+  }
   Buffer buffer = buffer_of(output);
   return {std::move(output), std::move(buffer)};
 }
@@ -387,8 +421,8 @@ Tensor meta_output(const Shape& shape, DType dtype) {
 // that yields one work, registered under every output.
 class Batch {
  public:
-  void add(Buffer send, const Shape& output_shape, DType dtype, Device device) {
-    auto [output, recv] = new_output(output_shape, dtype, device);
+  void add(const Call& call, Buffer send, const Shape& output_shape, DType dtype, Device device) {
+    auto [output, recv] = new_output(call, output_shape, dtype, device);
     sends_.push_back(std::move(send));
     outputs_.push_back(std::move(output));
     recvs_.push_back(std::move(recv));
@@ -461,7 +495,7 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
     return meta_output(input.sizes(), input.dtype());
   }
   Buffer send = input_buffer(input);
-  auto [output, recv] = new_output(input.sizes(), input.dtype(), input.device());
+  auto [output, recv] = new_output(call, input.sizes(), input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(
       comm.all_reduce(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info()), output);
@@ -477,7 +511,7 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
     call.require_host("all_gather along dim " + std::to_string(rule.dim));
   }
   Buffer send = input_buffer(input);
-  auto [output, recv] = new_output(rule.shape, input.dtype(), input.device());
+  auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
   if (!rearranges) {
     transport::Comm& comm = call.start();
     call.register_work(comm.all_gather(send, recv, call.info()), output);
@@ -485,7 +519,7 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   }
   Shape staging_shape = {call.group_size()};
   staging_shape.insert(staging_shape.end(), input.sizes().begin(), input.sizes().end());
-  auto [staging, staging_buffer] = new_output(staging_shape, input.dtype(), input.device());
+  auto [staging, staging_buffer] = new_output(call, staging_shape, input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(comm.all_gather(send, staging_buffer, call.info()), output,
                      gather_fixup(staging, output, rule.dim, call.group_size()));
@@ -504,7 +538,7 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
   // which copies `input` (its shape and strides vectors) on every call.
   Buffer send = rule.dim == 0 ? input_buffer(input)
                               : input_buffer(scatter_staging(input, rule.dim, call.group_size()));
-  auto [output, recv] = new_output(rule.shape, input.dtype(), input.device());
+  auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(
       comm.reduce_scatter(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info()),
@@ -616,6 +650,7 @@ std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, Redu
                                          const GroupSpec& group, std::string_view tag,
                                          CallSite site) {
   Call call("all_reduce_coalesced", group, tag, site);
+  call.check_reduce_op(reduce_op);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     call.check_input(inputs[i], OpKind::AllReduce, &reduce_op, "input " + std::to_string(i));
   }
@@ -627,7 +662,7 @@ std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, Redu
   } else if (!inputs.empty()) {  // nothing to communicate otherwise; the group was validated
     Batch batch;
     for (const Tensor& input : inputs) {
-      batch.add(input_buffer(input), input.sizes(), input.dtype(), input.device());
+      batch.add(call, input_buffer(input), input.sizes(), input.dtype(), input.device());
     }
     outputs = batch.issue(
         call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv, DType dtype) {
@@ -659,7 +694,7 @@ std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& 
   } else if (!inputs.empty()) {
     Batch batch;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      batch.add(input_buffer(inputs[i]), shapes[i], inputs[i].dtype(), inputs[i].device());
+      batch.add(call, input_buffer(inputs[i]), shapes[i], inputs[i].dtype(), inputs[i].device());
     }
     outputs = batch.issue(
         call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv, DType /*dtype*/) {
@@ -679,6 +714,7 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
                                                     const GroupSpec& group, std::string_view tag,
                                                     CallSite site) {
   Call call("reduce_scatter_tensor_coalesced", group, tag, site);
+  call.check_reduce_op(reduce_op);
   if (scatter_dims.size() != inputs.size()) {
     call.invalid("scatter_dims has " + std::to_string(scatter_dims.size()) + " entries for " +
                  std::to_string(inputs.size()) + " inputs: expected one per input");
@@ -704,7 +740,8 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const Tensor& input = inputs[i];
       const std::int64_t dim = rules[i].dim;
-      batch.add(dim == 0 ? input_buffer(input)
+      batch.add(call,
+                dim == 0 ? input_buffer(input)
                          : input_buffer(scatter_staging(input, dim, call.group_size())),
                 rules[i].shape, input.dtype(), input.device());
     }
@@ -744,7 +781,7 @@ Tensor all_to_all_single(const Tensor& input,
     const std::vector<std::size_t> recv_counts =
         wire_counts(output_split_sizes, input.size(0), size, row, input.dtype());
     Buffer send = input_buffer(input);
-    auto [fresh, recv] = new_output(rule.shape, input.dtype(), input.device());
+    auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
     transport::Comm& comm = call.start();
     call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()), output);
@@ -767,7 +804,7 @@ Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::stri
   if (call.meta()) {
     output = meta_output(rule.shape, input.dtype());
   } else {
-    auto [fresh, recv] = new_output(rule.shape, input.dtype(), input.device());
+    auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
     // Only the root's input is read (and so waited for); elsewhere send is a stand-in.
     Buffer send = call.group_rank() == src ? input_buffer(input) : recv;
@@ -861,6 +898,7 @@ Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& 
                            std::string_view tag, CallSite site) {
   Call call("all_reduce_inplace", group, tag, site);
   call.check_input(tensor, OpKind::AllReduce, &reduce_op, "tensor");
+  call.check_writable(tensor, "tensor");
   if (!call.meta()) {
     if (tensor.is_contiguous()) {
       // Truly in place: one buffer is both send and recv, as NCCL allows.

@@ -46,6 +46,12 @@ ShapeRule dim_rule(std::int64_t dim, std::int64_t ndim, const char* name) {
 
 ShapeRule all_gather_rule(const Shape& input, std::int64_t gather_dim, int group_size) {
   const auto ndim = static_cast<std::int64_t>(input.size());
+  if (input.empty() && gather_dim != 0 && gather_dim != -1) {
+    // A 0-d input gathers as a 1-d one of one element.
+    return fail("gather_dim " + std::to_string(gather_dim) +
+                " is out of range for a 0-d input (gathered as one element along dim 0: "
+                "expected 0 or -1)");
+  }
   ShapeRule dim = dim_rule(gather_dim, std::max<std::int64_t>(ndim, 1), "gather_dim");
   if (!dim.ok()) {
     return dim;

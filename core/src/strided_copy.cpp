@@ -122,4 +122,13 @@ void strided_copy(void* dst, const Shape& dst_strides, const void* src, const Sh
   }
 }
 
+std::int64_t shared_location_dim(const Shape& sizes, const Shape& strides) noexcept {
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] > 1 && strides[i] == 0) {
+      return static_cast<std::int64_t>(i);
+    }
+  }
+  return -1;
+}
+
 }  // namespace chorus::detail

@@ -879,11 +879,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
   if (device_.is_meta() && src.device_.is_meta()) {
     return *this;  // shapes only
   }
-  for (std::size_t i = 0; i < layout().sizes.size(); ++i) {
-    if (layout().sizes[i] > 1 && layout().strides[i] == 0) {
-      throw_invalid(kOp, "the destination has stride 0 in dim " + std::to_string(i) +
-                             ", so several elements share one memory location");
-    }
+  if (const std::int64_t dim = detail::shared_location_dim(layout().sizes, layout().strides);
+      dim >= 0) {
+    throw_invalid(kOp, "the destination has stride 0 in dim " + std::to_string(dim) +
+                           ", so several elements share one memory location");
   }
   if (device_.is_cuda() || src.device_.is_cuda()) {
     copy_device_bytes(*this, src, kOp);

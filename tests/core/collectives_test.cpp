@@ -11,6 +11,7 @@
 
 #include "chorus/collectives.hpp"
 
+#include <dlpack/dlpack.h>
 #include <gtest/gtest.h>
 
 #include <array>
@@ -1101,6 +1102,79 @@ TEST_P(InvalidArgumentErrors, UnrecognizedReduceOpName) {
     expect_error_on_rank([&] { (void)reduce_scatter_tensor_coalesced({x}, "nope", {0}, world()); },
                          {"Unrecognized reduce_op", "'nope'"},
                          {"reduce_scatter_tensor_coalesced", 0, group});
+    // No input to check it against: the name is refused all the same.
+    expect_error_on_rank([&] { (void)all_reduce_coalesced({}, "nope", world()); },
+                         {"Unrecognized reduce_op", "'nope'"}, {"all_reduce_coalesced", 0, group});
+    expect_error_on_rank([&] { (void)reduce_scatter_tensor_coalesced({}, "nope", {}, world()); },
+                         {"Unrecognized reduce_op", "'nope'"},
+                         {"reduce_scatter_tensor_coalesced", 0, group});
+  });
+}
+
+// A [rows, row.size()] Float32 view of `row` with stride 0 in dim 0 (a broadcast, as torch's
+// expand makes), imported through DLPack; `row` must outlive it.
+Tensor expanded_rows(std::vector<float>& row, std::int64_t rows) {
+  struct Holder {
+    std::array<std::int64_t, 2> shape;
+    std::array<std::int64_t, 2> strides;
+    DLManagedTensor managed{};
+  };
+  auto* holder = new Holder{{rows, static_cast<std::int64_t>(row.size())}, {0, 1}, {}};
+  DLTensor& dl = holder->managed.dl_tensor;
+  dl.data = row.data();
+  dl.device = DLDevice{kDLCPU, 0};
+  dl.ndim = 2;
+  dl.dtype = DLDataType{kDLFloat, 32, 1};
+  dl.shape = holder->shape.data();
+  dl.strides = holder->strides.data();
+  holder->managed.manager_ctx = holder;
+  holder->managed.deleter = [](DLManagedTensor* self) {
+    delete static_cast<Holder*>(self->manager_ctx);
+  };
+  return Tensor::from_dlpack(&holder->managed);
+}
+
+TEST_P(InvalidArgumentErrors, AnOutputTooLargeForMemoryIsRefusedBeforeStarting) {
+#if defined(CHORUS_ASAN) || defined(CHORUS_TSAN)
+  GTEST_SKIP() << "the sanitizers' allocators end the process on a 4 TiB request instead of "
+                  "failing it";
+#else
+  const int w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    // 2^40 + 1 rows of Float32 from the last rank: 4 TiB, more than malloc will give.
+    std::vector<std::int64_t> output_splits(static_cast<std::size_t>(w), 1);
+    output_splits.back() = (std::int64_t{1} << 40) + 1;
+    const std::vector<std::int64_t> input_splits(static_cast<std::size_t>(w), 1);
+    expect_error_on_rank(
+        [&] {
+          (void)all_to_all_single(Tensor::ones({w, 1}), output_splits, input_splits, world());
+        },
+        {"cannot allocate the output", "does not fit in memory"}, {"all_to_all_single", 0, group});
+  });
+#endif
+}
+
+TEST_P(InvalidArgumentErrors, InPlaceFormsRefuseStrideZeroDestinationsBeforeStarting) {
+  const std::int64_t w = GetParam();
+  on_every_rank(GetParam(), [&](const std::string& group) {
+    std::vector<float> row(1, 0.0f);
+    Tensor tensor = expanded_rows(row, 2);
+    expect_error_on_rank([&] { (void)all_reduce_inplace(tensor, "sum", world()); },
+                         {"tensor has stride 0 in dim 0", "share one memory location"},
+                         {"all_reduce_inplace", 0, group});
+    Tensor gathered = expanded_rows(row, 2 * w);
+    expect_error_on_rank(
+        [&] {
+          (void)all_gather_tensor_inplace(gathered, Tensor::ones({2, 1}), world());
+        },
+        {"output has stride 0 in dim 0"}, {"all_gather_tensor_inplace", 0, group});
+    Tensor scattered = expanded_rows(row, 2);
+    expect_error_on_rank(
+        [&] {
+          (void)reduce_scatter_tensor_inplace(scattered, Tensor::ones({2 * w, 1}), "sum", world());
+        },
+        {"output has stride 0 in dim 0"}, {"reduce_scatter_tensor_inplace", 0, group});
+    EXPECT_EQ(row[0], 0.0f);  // nothing was written
   });
 }
 
@@ -1177,7 +1251,10 @@ TEST_P(InvalidArgumentErrors, DimOutOfRange) {
     expect_error_on_rank([&] { (void)all_gather_tensor(two_d, -3, world()); },
                          {"gather_dim", "out of range"}, at_gather);
     expect_error_on_rank([&] { (void)all_gather_tensor(Tensor::ones({}), 1, world()); },
-                         {"gather_dim", "out of range"}, at_gather);
+                         {"gather_dim 1 is out of range for a 0-d input", "expected 0 or -1"},
+                         at_gather);
+    expect_error_on_rank([&] { (void)all_gather_tensor(Tensor::ones({}), -2, world()); },
+                         {"gather_dim -2 is out of range for a 0-d input"}, at_gather);
     expect_error_on_rank(
         [&] {
           (void)reduce_scatter_tensor_coalesced({one_d, two_d}, "sum", {0, 5}, world());

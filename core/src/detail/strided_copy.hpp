@@ -16,4 +16,8 @@ namespace chorus::detail {
 void strided_copy(void* dst, const Shape& dst_strides, const void* src, const Shape& src_strides,
                   const Shape& sizes, std::size_t element_size);
 
+// The first dim in which several elements of an array of `sizes` and `strides` share one memory
+// location (stride 0, size > 1), or -1: such an array cannot be written element by element.
+std::int64_t shared_location_dim(const Shape& sizes, const Shape& strides) noexcept;
+
 }  // namespace chorus::detail
