@@ -348,7 +348,9 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
     storage.works_.for_each([&](const StampedLinks<PendingWork>::Link& link) {
       const std::shared_ptr<PendingWork>& work = listed_work_locked(link);
       work->storages_.erase(&storage);
-      if (!work->storages_.empty()) {
+      if (!work->storages_.empty() || work->claimed_) {
+        // Still referenced; or already claimed (its rank exited and is finishing it, and a
+        // tensor another rank kept was the last reference): finished where it was claimed.
         return;
       }
       work->dropped_ = true;

@@ -293,7 +293,9 @@ int main(int argc, char** argv) {
                    "pct or portfolio")
       ->check(CLI::IsMember({"generated", "random", "pct", "portfolio"}))
       ->capture_default_str();
-  check->add_option("--pct-depth", flags.pct_depth, "PCT bug depth (1..3)")->capture_default_str();
+  check->add_option("--pct-depth", flags.pct_depth, "PCT bug depth (1..3)")
+      ->check(CLI::Range(1, 3))
+      ->capture_default_str();
   check->add_option("--reduction-order", flags.reduction_order, "fixed, ring, tree or adversarial")
       ->capture_default_str();
   check->add_option("--shrink-runs", flags.shrink_runs, "runs allowed while shrinking a failure")

@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -62,13 +64,47 @@ std::string replay_command(const std::string& assignment) {
   return assignment + command_line;
 }
 
+// InvalidArgument for an enumerated option outside its enumerators (a cast integer) and a PCT
+// depth below 1, which the run would otherwise clamp or trip over.
+void check_enumerated_options(const SimOptions& options) {
+  const auto refuse = [](const std::string& what) {
+    throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""}, what);
+  };
+  const auto beyond = [](auto value, auto last) {
+    return static_cast<int>(value) > static_cast<int>(last);
+  };
+  if (beyond(options.executor, ExecutorKind::Threads)) {
+    refuse("SimOptions::executor " + std::to_string(static_cast<int>(options.executor)) +
+           " is not an ExecutorKind");
+  }
+  if (beyond(options.strategy, Strategy::Portfolio)) {
+    refuse("SimOptions::strategy " + std::to_string(static_cast<int>(options.strategy)) +
+           " is not a Strategy");
+  }
+  if (beyond(options.allocator, AllocatorPolicy::Random)) {
+    refuse("SimOptions::allocator " + std::to_string(static_cast<int>(options.allocator)) +
+           " is not an AllocatorPolicy");
+  }
+  if (beyond(options.reduction_order, ReductionOrder::Adversarial)) {
+    refuse("SimOptions::reduction_order " +
+           std::to_string(static_cast<int>(options.reduction_order)) + " is not a ReductionOrder");
+  }
+  if (options.strategy == Strategy::Pct && options.pct_depth < 1) {
+    refuse("SimOptions::pct_depth " + std::to_string(options.pct_depth) +
+           " is out of range: PCT's bug depth is at least 1");
+  }
+}
+
 SimOptions effective_options(const SimOptions& options) {
   SimOptions effective = options;
   if (options.seed_from_environment) {
     if (const char* text = std::getenv("CHORUS_SIM_SEED"); text != nullptr && *text != '\0') {
       char* end = nullptr;
+      errno = 0;
       const unsigned long long seed = std::strtoull(text, &end, 0);
-      if (end == nullptr || *end != '\0') {
+      // strtoull accepts a sign (and wraps "-1") and clamps on overflow: refuse both.
+      const bool digits_only = std::isdigit(static_cast<unsigned char>(text[0])) != 0;
+      if (end == nullptr || *end != '\0' || !digits_only || errno == ERANGE) {
         throw InvalidArgument(
             ErrorContext{-1, "sim::run", -1, ""},
             std::string("CHORUS_SIM_SEED='") + text + "' is not an unsigned integer");
@@ -358,6 +394,7 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
                           "sanitizers for guard mode (poisoned outputs still work here)");
   }
 #endif
+  check_enumerated_options(effective);
   check_fault_plan(effective);
   if (RankContext::current() != nullptr) {
     throw InvalidArgument(ErrorContext{RankContext::current()->rank(), "sim::run", -1, ""},

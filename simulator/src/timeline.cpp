@@ -291,7 +291,13 @@ std::string xml_escape(std::string_view text) {
         out += "&quot;";
         break;
       default:
-        out += c;
+        // XML 1.0 has no control characters but tab, newline and carriage return (not even as
+        // character references): a message's ANSI colour code becomes U+FFFD.
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+          out += "\xEF\xBF\xBD";
+        } else {
+          out += c;
+        }
     }
   }
   return out;

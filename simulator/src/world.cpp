@@ -87,6 +87,13 @@ void fence_streaming() {
 #endif
 }
 
+// Whether group rank `group_rank`'s `op` reads its send buffer. A broadcast's non-root ranks
+// pass their output as a stand-in send (core has no input for them), which is an output only:
+// poisoned and guarded while pending, never checksummed as an input.
+bool reads_send(const SimOp& op, int group_rank) {
+  return op.kind != transport::OpKind::Broadcast || op.root == group_rank;
+}
+
 bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
   const auto* a0 = static_cast<const unsigned char*>(a.data);
   const auto* b0 = static_cast<const unsigned char*>(b.data);
@@ -368,7 +375,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   guarded_.clear();
   for (const SimOp& op : ops) {
     const bool written = op.kind != transport::OpKind::Reduce || op.root == group_rank;
-    if (written && !overlaps(op.send, op.recv) && op.recv.count > 0) {
+    if (written && (!reads_send(op, group_rank) || !overlaps(op.send, op.recv)) &&
+        op.recv.count > 0) {
       if (options_.check_buffers) {
         kernels::fill_poison(op.recv.data, op.recv.dtype, op.recv.count);
       }
@@ -395,7 +403,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     CHORUS_CHECK(!arrival.arrived);
     if (options_.check_buffers) {
       for (SimOp& op : ops) {
-        op.input_hash = checksum_bytes(op.send.data, op.send.nbytes());
+        op.input_hash =
+            reads_send(op, group_rank) ? checksum_bytes(op.send.data, op.send.nbytes()) : 0;
       }
     }
     arrival = SimGroup::Arrival{true, std::move(ops), work, std::string(info.name), info.site};
@@ -1113,6 +1122,9 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
     const SimGroup::Arrival& arrival = slot.arrivals[i];
     for (std::size_t op = 0; op < arrival.ops.size(); ++op) {
       const transport::Buffer& send = arrival.ops[op].send;
+      if (!reads_send(arrival.ops[op], static_cast<int>(i))) {
+        continue;  // a broadcast's stand-in send on a non-root: its output, not an input
+      }
       if (checksum_bytes(send.data, send.nbytes()) != arrival.ops[op].input_hash) {
         detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
                   std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +

@@ -1686,6 +1686,39 @@ TEST(ErrorsDocRunning, SimSeedEnvironmentMalformed) {
                                        "CHORUS_SIM_SEED='12abc' is not an unsigned integer");
 }
 
+TEST(ErrorsDocRunning, SimSeedEnvironmentNegativeOrTooLarge) {
+  // strtoull would wrap "-1" and clamp the second to 2^64 - 1.
+  for (const char* text : {"-1", "99999999999999999999999", "+5", " 5"}) {
+    const ErrdocEnvironment seed("CHORUS_SIM_SEED", text);
+    sim::SimOptions options = quiet_options(1);
+    options.seed_from_environment = true;
+    errdoc_expect_plain<InvalidArgument>(
+        [&] { (void)sim::run(options, [] {}); }, "sim::run",
+        "CHORUS_SIM_SEED='" + std::string(text) + "' is not an unsigned integer");
+  }
+}
+
+TEST(ErrorsDocRunning, SimOptionsOutOfRange) {
+  sim::SimOptions depth = quiet_options(2);
+  depth.strategy = sim::Strategy::Pct;
+  depth.pct_depth = 0;
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)sim::run(depth, [] {}); }, "sim::run",
+      "SimOptions::pct_depth 0 is out of range: PCT's bug depth is at least 1");
+  sim::SimOptions order = quiet_options(2);
+  order.reduction_order = static_cast<sim::ReductionOrder>(99);
+  errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(order, [] {}); }, "sim::run",
+                                       "SimOptions::reduction_order 99 is not a ReductionOrder");
+  sim::SimOptions strategy = quiet_options(2);
+  strategy.strategy = static_cast<sim::Strategy>(7);
+  errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(strategy, [] {}); }, "sim::run",
+                                       "SimOptions::strategy 7 is not a Strategy");
+  sim::SimOptions allocator = quiet_options(2);
+  allocator.allocator = static_cast<sim::AllocatorPolicy>(9);
+  errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(allocator, [] {}); }, "sim::run",
+                                       "SimOptions::allocator 9 is not an AllocatorPolicy");
+}
+
 TEST(ErrorsDocRunning, SimExecutorEnvironmentUnknown) {
   const ErrdocEnvironment executor("CHORUS_SIM_EXECUTOR", "coroutines");
   errdoc_expect_plain<InvalidArgument>(

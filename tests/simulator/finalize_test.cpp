@@ -86,6 +86,24 @@ std::uint64_t expect_drop_then_reduce_right(const SimReport& report,
   return deferred;
 }
 
+// A result one rank kept in a tensor another rank holds last (a shared variable): its owner
+// exits with it unwaited and finishes it there; the other rank's later drop of the last
+// reference must leave it to that claim (it once claimed it again and ended the process).
+TEST(Finalization, ATensorAnotherRankDropsLastAfterItsOwnerExited) {
+  for (std::uint64_t seed : {0u, 1u, 2u, 3u, 4u, 5u}) {
+    Tensor shared;
+    const SimReport report = sim::run(testing::quiet_options(2, seed), [&shared] {
+      Tensor mine = all_reduce(Tensor::ones({4}), "sum", world());
+      shared = mine;  // the other rank's assignment may drop this rank's result
+    });
+    EXPECT_TRUE(report.ok()) << "seed " << seed;
+    // Both results were left unwaited: each is reported once.
+    EXPECT_EQ(report.unwaited.size(), 2u) << "seed " << seed;
+    ASSERT_TRUE(shared.defined());
+    EXPECT_EQ(shared.to_vector<float>(), std::vector<float>(4, 2.0f)) << "seed " << seed;
+  }
+}
+
 TEST(Finalization, IsNoChoiceByDefault) {
   for (std::uint64_t seed : {0u, 1u, 2u, 3u}) {
     std::vector<Observed> observed(kWorldSize);

@@ -210,6 +210,27 @@ TEST(SimScheduler, PendingOutputsHoldPoisonUntilCompletion) {
   });
 }
 
+TEST(SimScheduler, ABroadcastsPendingOutputIsPoisonedOnNonRootsToo) {
+  // Non-roots pass their output as the broadcast's stand-in send; it is still an output. Rank 1
+  // looks at its pending output while rank 0 has not yet issued the broadcast (the signal
+  // collective comes first on rank 0), so the broadcast cannot have completed.
+  const SimReport report = sim::run(quiet(2, 0), [] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    if (rank() == 1) {
+      Tensor pending = broadcast(Tensor::full({3}, 5.0), 0, world());
+      const auto* raw = static_cast<const float*>(pending.unsafe_data_ptr());
+      EXPECT_TRUE(pending.is_pending());
+      EXPECT_TRUE(raw[0] != raw[0]) << "expected NaN poison, got " << raw[0];
+      (void)all_reduce(Tensor::ones({1}), "sum", signal).to_vector<float>();
+      EXPECT_EQ(pending.to_vector<float>(), std::vector<float>(3, 7.0f));
+    } else {
+      (void)all_reduce(Tensor::ones({1}), "sum", signal).to_vector<float>();
+      (void)broadcast(Tensor::full({3}, 7.0), 0, world()).to_vector<float>();
+    }
+  });
+  EXPECT_TRUE(report.ok()) << report.to_string();  // and no InputModified for the stand-in
+}
+
 // The line of the dropped collective below.
 constexpr int kDroppedLine = __LINE__ + 4;
 TEST(SimScheduler, ReportListsUnwaitedWorksWithCallSites) {

@@ -463,6 +463,25 @@ TEST(SvgTimeline, MarksDropsAndFinalizations) {
   EXPECT_EQ(count_of(svg, "<rect class=\"op\" data-rank="), 4u);
 }
 
+TEST(SvgTimeline, ControlCharactersInAMessageBecomeReplacementCharacters) {
+  // An error message with an ANSI colour code (ESC, 0x1b) and a 0x01: no XML 1.0 document may
+  // hold either, so the SVG carries U+FFFD in their place; tab and newline pass through.
+  const SimReport report = sim::simulate(lowest_rank_first(2), [] {
+    (void)wait_tensor(all_reduce(Tensor::ones({1}), "sum", world()));
+    if (rank() == 1) {
+      throw std::runtime_error("\x1b[31mloss is NaN\x1b[0m\x01\tat step 3");
+    }
+  });
+  const std::string svg = sim::to_svg_timeline(report);
+  for (const char c : svg) {
+    const auto byte = static_cast<unsigned char>(c);
+    EXPECT_TRUE(byte >= 0x20 || c == '\t' || c == '\n' || c == '\r')
+        << "control character " << static_cast<int>(byte) << " in the SVG";
+  }
+  EXPECT_NE(svg.find("\xEF\xBF\xBD[31mloss is NaN\xEF\xBF\xBD[0m\xEF\xBF\xBD\tat step 3"),
+            std::string::npos);
+}
+
 TEST(SvgTimeline, SameRunGivesTheSameBytes) {
   const SimReport first = sim::simulate(recording(4, 3), mismatch_at_second_op);
   const SimReport second = sim::simulate(recording(4, 3), mismatch_at_second_op);

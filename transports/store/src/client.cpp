@@ -45,6 +45,13 @@ using detail::Status;
 // How long after a blocking call's deadline the client still waits for the server's own
 // Timeout answer (the server times the wait; this only guards against a wedged server).
 constexpr std::chrono::seconds kAnswerGrace{2};
+
+// `deadline` + kAnswerGrace, saturating at time_point::max() (a deadline may be any time point).
+Deadline with_grace(const Deadline& deadline) noexcept {
+  constexpr auto kMax = Deadline::Clock::time_point::max();
+  const Deadline::Clock::duration grace = kAnswerGrace;
+  return deadline.at() > kMax - grace ? Deadline(kMax) : Deadline(deadline.at() + grace);
+}
 // Bounds on the pause between connection attempts while the server is not up yet.
 constexpr std::chrono::milliseconds kRetryFirst{5};
 constexpr std::chrono::milliseconds kRetryLongest{250};
@@ -317,8 +324,7 @@ Response Client::round_trip(Request& request, Deadline deadline) {
   const bool blocking = detail::is_blocking(request.op);
   // The server answers a blocking call at its deadline itself (Timeout); the grace only guards
   // against a server that never answers.
-  const Deadline answer_deadline =
-      blocking ? Deadline(deadline.at() + kAnswerGrace) : Deadline(deadline);
+  const Deadline answer_deadline = blocking ? with_grace(deadline) : deadline;
   auto describe_keys = [&request] {
     if (request.keys.empty()) {
       return std::string();

@@ -144,6 +144,8 @@ struct Server::Impl {
   void abandon_wait(const std::shared_ptr<Session>& session, Status status,
                     const std::string& message);
   void notify(const std::string& key);
+  // Drops finished groups from every key's list and the keys left without any.
+  void sweep_waiters();
   void erase_session(std::uint64_t id);
   // Refusal when creating `new_keys` keys would pass keys_max.
   std::optional<Response> over_key_limit(std::size_t new_keys) const;
@@ -164,6 +166,11 @@ struct Server::Impl {
   std::unordered_map<std::string, std::string> data;
   // Each waiting group is registered under the key at its cursor.
   std::unordered_map<std::string, std::vector<std::weak_ptr<WaitGroup>>> waiters;
+  // waiters.size() at which the next new key sweeps the whole map (sweep_waiters), and the
+  // size published for Server::waited_keys().
+  std::size_t waiters_sweep_at = kWaitersSweepMin;
+  std::atomic<std::size_t> waited_keys{0};
+  static constexpr std::size_t kWaitersSweepMin = 64;
   // The group created last and still waiting: a wait for the same keys joins it.
   std::weak_ptr<WaitGroup> latest_group;
   std::uint64_t deletions = 0;
@@ -656,7 +663,11 @@ void Server::Impl::advance(const std::shared_ptr<WaitGroup>& group) {
     const std::string& key = wait.keys[wait.cursor];
     auto found = data.find(key);
     if (found == data.end()) {
+      if (waiters.size() >= waiters_sweep_at && !waiters.contains(key)) {
+        sweep_waiters();
+      }
       std::vector<std::weak_ptr<WaitGroup>>& list = waiters[key];
+      waited_keys.store(waiters.size(), std::memory_order_relaxed);
       // Drop entries of groups that ended before the key appeared, so a key that is never set
       // cannot collect garbage without bound.
       if (list.size() >= 16 && (list.size() & (list.size() - 1)) == 0) {
@@ -746,6 +757,20 @@ void Server::Impl::abandon_wait(const std::shared_ptr<Session>& session, Status 
   session->send(detail::encode_response(Op::Wait, refusal(status, message)));
 }
 
+void Server::Impl::sweep_waiters() {
+  // A key nobody sets keeps its list until a sweep: the per-key trim in advance() bounds each
+  // list, this bounds the number of lists (a client waiting on ever new keys that time out).
+  for (auto entry = waiters.begin(); entry != waiters.end();) {
+    std::erase_if(entry->second, [](const std::weak_ptr<WaitGroup>& waiter) {
+      const auto group = waiter.lock();
+      return !group || group->done;
+    });
+    entry = entry->second.empty() ? waiters.erase(entry) : std::next(entry);
+  }
+  waiters_sweep_at = std::max(kWaitersSweepMin, 2 * waiters.size());
+  waited_keys.store(waiters.size(), std::memory_order_relaxed);
+}
+
 void Server::Impl::notify(const std::string& key) {
   ++mutations;
   auto found = waiters.find(key);
@@ -754,6 +779,7 @@ void Server::Impl::notify(const std::string& key) {
   }
   const std::vector<std::weak_ptr<WaitGroup>> list = std::move(found->second);
   waiters.erase(found);
+  waited_keys.store(waiters.size(), std::memory_order_relaxed);
   for (const std::weak_ptr<WaitGroup>& entry : list) {
     const std::shared_ptr<WaitGroup> group = entry.lock();
     if (group && !group->done) {
@@ -782,6 +808,10 @@ std::size_t Server::connections() const noexcept {
 
 std::size_t Server::waiting() const noexcept {
   return impl_->waiting.load(std::memory_order_relaxed);
+}
+
+std::size_t Server::waited_keys() const noexcept {
+  return impl_->waited_keys.load(std::memory_order_relaxed);
 }
 
 void Server::stop() {

@@ -53,11 +53,12 @@ Deadline::Clock::time_point Deadline::from_timeout(Clock::duration timeout) noex
 }
 
 std::chrono::milliseconds Deadline::remaining() const noexcept {
-  const Clock::duration left = at_ - Clock::now();
-  if (left <= Clock::duration::zero()) {
+  // Compared before subtracting: at_ may be time_point::min(), whose distance to now overflows.
+  const Clock::time_point now = Clock::now();
+  if (at_ <= now) {
     return std::chrono::milliseconds(0);
   }
-  return std::chrono::ceil<std::chrono::milliseconds>(left);
+  return std::chrono::ceil<std::chrono::milliseconds>(at_ - now);
 }
 
 Store::~Store() = default;

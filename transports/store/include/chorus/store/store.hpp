@@ -131,6 +131,10 @@ class Server {
   std::size_t connections() const noexcept;
   // Blocking calls (get, wait, multi_get) waiting for keys now. For tests and monitoring.
   std::size_t waiting() const noexcept;
+  // Keys the server keeps a list of waiters for: bounded by the waits still live (plus a
+  // constant), whatever number of distinct keys earlier waits timed out on. For tests and
+  // monitoring.
+  std::size_t waited_keys() const noexcept;
 
   // The implementation (server.cpp); named here only so that its internal types can refer to it.
   struct Impl;
