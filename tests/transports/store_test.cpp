@@ -699,5 +699,36 @@ TEST(Store, DeadlinesFromDurationsAndTimePoints) {
                InvalidArgument);
 }
 
+TEST(Store, TheExtremeTimePointsAreDeadlinesToo) {
+  // time_point::min() once looked hours away to remaining() (its distance to now overflowed),
+  // so a get under it blocked; max() is never, through the client's grace as well.
+  const Deadline earliest(Clock::time_point::min());
+  EXPECT_TRUE(earliest.passed());
+  EXPECT_EQ(earliest.remaining(), milliseconds(0));
+  const Deadline latest(Clock::time_point::max());
+  EXPECT_FALSE(latest.passed());
+  EXPECT_GT(latest.remaining(), std::chrono::hours(24 * 365));
+  Server server;
+  auto client = connect(server);
+  const auto start = Clock::now();
+  EXPECT_THROW(client->get("never-set", earliest), Timeout);
+  EXPECT_LT(Clock::now() - start, kPrompt);
+  client->set("here", "1");
+  EXPECT_EQ(client->get("here", latest), "1");
+}
+
+TEST(Store, KeysThatTimedOutAreNotKeptForever) {
+  // Every get below times out on a key nobody sets: the server keeps no list for those keys
+  // beyond the next sweep (it once kept one per distinct key, without bound).
+  Server server;
+  auto client = connect(server);
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_THROW(client->get("never-" + std::to_string(i), milliseconds(0)), Timeout);
+  }
+  EXPECT_EQ(server.waiting(), 0U);
+  EXPECT_LE(server.waited_keys(), 64U);
+  EXPECT_EQ(client->num_keys(), 0);
+}
+
 }  // namespace
 }  // namespace chorus::store

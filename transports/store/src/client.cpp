@@ -46,11 +46,14 @@ using detail::Status;
 // Timeout answer (the server times the wait; this only guards against a wedged server).
 constexpr std::chrono::seconds kAnswerGrace{2};
 
-// `deadline` + kAnswerGrace, saturating at time_point::max() (a deadline may be any time point).
+// kAnswerGrace after `deadline`, or after now for a deadline already passed (the server answers
+// such a call with Timeout at once), saturating at time_point::max(): a deadline may be any time
+// point, min() and max() included.
 Deadline with_grace(const Deadline& deadline) noexcept {
   constexpr auto kMax = Deadline::Clock::time_point::max();
   const Deadline::Clock::duration grace = kAnswerGrace;
-  return deadline.at() > kMax - grace ? Deadline(kMax) : Deadline(deadline.at() + grace);
+  const auto from = std::max(deadline.at(), Deadline::Clock::now());
+  return from > kMax - grace ? Deadline(kMax) : Deadline(from + grace);
 }
 // Bounds on the pause between connection attempts while the server is not up yet.
 constexpr std::chrono::milliseconds kRetryFirst{5};
