@@ -108,6 +108,14 @@ int main(int argc, char** argv) {
       std::printf("no newline at the end");
       return 0;
     }
+    if (args.size() == 2 && args[0] == "line") {
+      // One line of N 'a's, written before its newline, then another line.
+      const std::string line(static_cast<std::size_t>(std::stoul(args[1])), 'a');
+      std::fwrite(line.data(), 1, line.size(), stdout);
+      std::fflush(stdout);
+      std::printf("\nnext\n");
+      return 0;
+    }
     if (args.size() == 1 && args[0] == "env") {
       return print_environment();
     }
@@ -125,6 +133,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "launch_probe: %s\n", error.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: launch_probe ok|env|exit R CODE|sigkill R|stubborn R\n");
+  std::fprintf(stderr, "usage: launch_probe ok|line N|env|exit R CODE|sigkill R|stubborn R\n");
   return 2;
 }

@@ -103,6 +103,15 @@ TEST(Launcher, AllRanksSucceedAndEveryLineIsPrefixed) {
   EXPECT_FALSE(contains(outcome.err, "chorus launch:")) << outcome.err;
 }
 
+TEST(Launcher, ALineOfExactlyTheLimitIsWrittenWhole) {
+  // 64 KiB before its newline: once split there, with an empty prefixed line after it.
+  const Outcome outcome = run_probe(1, {"line", "65536"});
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  ASSERT_EQ(outcome.out_lines.size(), 2u);
+  EXPECT_EQ(outcome.out_lines[0], "[rank 0] " + std::string(65536, 'a'));
+  EXPECT_EQ(outcome.out_lines[1], "[rank 0] next");
+}
+
 TEST(Launcher, EachRankGetsItsEnvironmentAndMeetsTheOthersAtTheStore) {
   constexpr int kRanks = 4;
   const Outcome outcome = run_probe(kRanks, {"env"});
@@ -231,6 +240,14 @@ TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
   options.ranks = 1;
   options.command = {};
   EXPECT_THROW(launch(options), InvalidArgument);
+  options.command = {"/tmp"};  // access(X_OK) passes a directory
+  try {
+    launch(options);
+    ADD_FAILURE() << "a directory was accepted as the program";
+  } catch (const InvalidArgument& error) {
+    EXPECT_TRUE(contains(error.what(), "cannot execute '/tmp': not a regular file"))
+        << error.what();
+  }
   options.command = {"chorus-no-such-program-anywhere"};
   try {
     launch(options);

@@ -6,6 +6,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -101,6 +102,13 @@ std::string random_token() {
   return token;
 }
 
+// Whether `path` is a file this process may execute (access(X_OK) alone passes directories).
+bool executable_file(const std::string& path) {
+  struct stat status {};
+  return ::access(path.c_str(), X_OK) == 0 && ::stat(path.c_str(), &status) == 0 &&
+         S_ISREG(status.st_mode);
+}
+
 // The program's path: as given when it holds a '/', else the first executable match on PATH.
 std::string resolve_program(const std::string& program) {
   if (program.empty()) {
@@ -109,6 +117,9 @@ std::string resolve_program(const std::string& program) {
   if (program.find('/') != std::string::npos) {
     if (::access(program.c_str(), X_OK) != 0) {
       throw InvalidArgument(kContext, "cannot execute '" + program + "': " + std::strerror(errno));
+    }
+    if (!executable_file(program)) {
+      throw InvalidArgument(kContext, "cannot execute '" + program + "': not a regular file");
     }
     return program;
   }
@@ -122,7 +133,7 @@ std::string resolve_program(const std::string& program) {
     }
     const std::string directory = directories.substr(start, end - start);
     std::string candidate = (directory.empty() ? "." : directory) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) {
+    if (executable_file(candidate)) {
       return candidate;
     }
     start = end + 1;
@@ -146,7 +157,9 @@ struct Stream {
       start = newline + 1;
     }
     pending.erase(0, start);
-    while (pending.size() >= kLineBytesMax) {
+    // Only a partial line longer than the limit: one of exactly kLineBytesMax bytes may end
+    // with the next byte read, and is then written whole by the loop above.
+    while (pending.size() > kLineBytesMax) {
       write_all(out_fd, prefix + pending.substr(0, kLineBytesMax) + "\n");
       pending.erase(0, kLineBytesMax);
     }
