@@ -517,6 +517,20 @@ TEST(Store, WrongOrMissingTokenIsRefusedAtConnect) {
   eventually([&] { return server.connections() == 1; }, "refused connections are closed");
 }
 
+TEST(Store, ATokenTooLongForTheHandshakeIsInvalidArgumentAtTheClient) {
+  ServerOptions options;
+  options.token = "s3cret";
+  Server server(options);
+  try {
+    Client client(options_for(server, std::string(5000, 't')), kHang);
+    FAIL() << "a 5000-byte token was sent";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("the token (5000 bytes) makes the handshake longer"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 TEST(Store, TokenFromTheEnvironment) {
   ASSERT_EQ(::setenv(std::string(kTokenEnvironmentVariable).c_str(), "from-env", 1), 0);
   Server server;  // token unset in the options: the environment's

@@ -246,11 +246,20 @@ struct Client::Impl {
   void hello(const Deadline& deadline) {
     Request request = detail::make_request(Op::Hello, {}, {token_from(options.token).value_or("")},
                                            detail::kVersion);
+    const std::vector<std::uint8_t> frame = detail::encode_request(request);
+    if (frame.size() - detail::kFrameHeaderBytes > detail::kHelloFrameBytesMax) {
+      close_socket();
+      throw InvalidArgument(error_context("store.connect"),
+                            "the token (" + std::to_string(request.values[0].size()) +
+                                " bytes) makes the handshake longer than the " +
+                                std::to_string(detail::kHelloFrameBytesMax) +
+                                " bytes a store accepts before it: use a shorter token");
+    }
     Response response;
     try {
       {
         const std::lock_guard lock(write_mutex);
-        send_all(detail::encode_request(request), deadline);
+        send_all(frame, deadline);
       }
       response = detail::parse_response(Op::Hello, read_frame(deadline));
     } catch (const DeadlinePassed&) {
