@@ -102,11 +102,10 @@ std::string random_token() {
   return token;
 }
 
-// Whether `path` is a file this process may execute (access(X_OK) alone passes directories).
-bool executable_file(const std::string& path) {
+// Whether `path` names a regular file (access(X_OK) alone passes directories).
+bool regular_file(const std::string& path) {
   struct stat status {};
-  return ::access(path.c_str(), X_OK) == 0 && ::stat(path.c_str(), &status) == 0 &&
-         S_ISREG(status.st_mode);
+  return ::stat(path.c_str(), &status) == 0 && S_ISREG(status.st_mode);
 }
 
 // The program's path: as given when it holds a '/', else the first executable match on PATH.
@@ -118,7 +117,7 @@ std::string resolve_program(const std::string& program) {
     if (::access(program.c_str(), X_OK) != 0) {
       throw InvalidArgument(kContext, "cannot execute '" + program + "': " + std::strerror(errno));
     }
-    if (!executable_file(program)) {
+    if (!regular_file(program)) {
       throw InvalidArgument(kContext, "cannot execute '" + program + "': not a regular file");
     }
     return program;
@@ -133,7 +132,7 @@ std::string resolve_program(const std::string& program) {
     }
     const std::string directory = directories.substr(start, end - start);
     std::string candidate = (directory.empty() ? "." : directory) + "/" + program;
-    if (executable_file(candidate)) {
+    if (::access(candidate.c_str(), X_OK) == 0 && regular_file(candidate)) {
       return candidate;
     }
     start = end + 1;

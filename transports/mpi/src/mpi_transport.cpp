@@ -75,40 +75,48 @@ void keep(Started& started, std::initializer_list<std::shared_ptr<const void>> b
   started.keep_alive.insert(started.keep_alive.end(), buffers);
 }
 
-// An OpSignature as the bytes a signed message carries (Note [Direct exchanges], "Signed
-// messages"): the ranks of a job run one binary, so both ends share the layout.
-struct MessageSignature {
-  std::uint64_t send_count;
-  std::uint64_t recv_count;
-  double factor;
-  std::int32_t root;
-  std::int32_t sender;  // the sending rank (world), for the error
-  std::uint8_t kind;
-  std::uint8_t dtype;
-  std::uint8_t reduce_kind;
-  std::uint8_t unused;
+// One OpSignature as bytes on the wire: the collective check's descriptions (Note [Collective
+// check]) and signed messages (Note [Direct exchanges], "Signed messages") carry it. The ranks of
+// a job run one binary, so both ends share the layout.
+struct WireOp {
+  std::uint64_t send_count = 0;
+  std::uint64_t recv_count = 0;
+  std::uint64_t factor_bits = 0;
+  std::int32_t root = -1;
+  std::uint8_t kind = 0;
+  std::uint8_t dtype = 0;
+  std::uint8_t reduce_kind = 0;
+  std::uint8_t unused = 0;
 
-  static MessageSignature of(const OpSignature& signature, int sender) noexcept {
-    return MessageSignature{signature.send_count,
-                            signature.recv_count,
-                            signature.reduce_op.premul_factor(),
-                            signature.root,
-                            sender,
-                            static_cast<std::uint8_t>(signature.kind),
-                            static_cast<std::uint8_t>(signature.dtype),
-                            static_cast<std::uint8_t>(signature.reduce_op.kind()),
-                            0};
+  static WireOp of(const OpSignature& op) noexcept {
+    return WireOp{op.send_count,
+                  op.recv_count,
+                  std::bit_cast<std::uint64_t>(op.reduce_op.premul_factor()),
+                  op.root,
+                  static_cast<std::uint8_t>(op.kind),
+                  static_cast<std::uint8_t>(op.dtype),
+                  static_cast<std::uint8_t>(op.reduce_op.kind()),
+                  0};
   }
   OpSignature signature() const noexcept {
     const auto reduce = static_cast<ReduceOp::Kind>(reduce_kind);
-    return OpSignature{
-        static_cast<OpKind>(kind),
-        static_cast<DType>(dtype),
-        send_count,
-        recv_count,
-        reduce == ReduceOp::Kind::PremulSum ? ReduceOp::premul_sum(factor) : ReduceOp(reduce),
-        root};
+    return OpSignature{static_cast<OpKind>(kind),
+                       static_cast<DType>(dtype),
+                       send_count,
+                       recv_count,
+                       reduce == ReduceOp::Kind::PremulSum
+                           ? ReduceOp::premul_sum(std::bit_cast<double>(factor_bits))
+                           : ReduceOp(reduce),
+                       root};
   }
+};
+static_assert(std::is_trivially_copyable_v<WireOp>);
+static_assert(sizeof(WireOp) == 32);
+
+// What a signed message carries after its block: the operation and who sent it (world rank).
+struct MessageSignature {
+  WireOp op;
+  std::int32_t sender = -1;
 };
 static_assert(std::is_trivially_copyable_v<MessageSignature>);
 
@@ -581,7 +589,7 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
   const char* packed = nullptr;  // signed: peer p's message at packed + p * slot (p * 0: one)
   if (signed_as != nullptr) {
     char* copy = static_cast<char*>(received.get()) + static_cast<std::size_t>(n - 1) * slot;
-    const MessageSignature wire = MessageSignature::of(*signed_as, process_->rank());
+    const MessageSignature wire{WireOp::of(*signed_as), process_->rank()};
     for (std::size_t p = 0; p < messages_packed; ++p) {
       if (messages_packed == 1 || p != static_cast<std::size_t>(me)) {
         char* message = copy + p * slot;
@@ -625,7 +633,7 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
         }
         MessageSignature wire;
         std::memcpy(&wire, block_of(peer) + block, sizeof(wire));
-        const OpSignature theirs = wire.signature();
+        const OpSignature theirs = wire.op.signature();
         if (!theirs.agrees_with(mine)) {
           throw CollectiveMismatch(
               context.error_context(),
@@ -977,15 +985,9 @@ namespace {
 struct WireSignature {
   std::int64_t seq = -1;
   std::uint64_t digest = 0;  // FNV-1a over the name and every op (all_to_all: no counts)
-  std::uint64_t send_count = 0;
-  std::uint64_t recv_count = 0;
-  std::uint64_t factor_bits = 0;
-  std::int32_t root = -1;
+  WireOp first;              // the first op, for the message
   std::uint32_t ops = 0;
-  std::uint8_t kind = 0;
-  std::uint8_t dtype = 0;
-  std::uint8_t reduce_kind = 0;
-  char name[45] = {};  // NUL-terminated, cut to fit
+  char name[44] = {};  // NUL-terminated, cut to fit
 };
 static_assert(std::is_trivially_copyable_v<WireSignature>);
 static_assert(sizeof(WireSignature) == 96);
@@ -995,14 +997,7 @@ WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& 
   WireSignature wire;
   wire.seq = info.seq;
   wire.ops = static_cast<std::uint32_t>(signatures.size());
-  const OpSignature& first = signatures.front();
-  wire.kind = static_cast<std::uint8_t>(first.kind);
-  wire.dtype = static_cast<std::uint8_t>(first.dtype);
-  wire.reduce_kind = static_cast<std::uint8_t>(first.reduce_op.kind());
-  wire.factor_bits = std::bit_cast<std::uint64_t>(first.reduce_op.premul_factor());
-  wire.send_count = first.send_count;
-  wire.recv_count = first.recv_count;
-  wire.root = first.root;
+  wire.first = WireOp::of(signatures.front());
   const std::size_t length = std::min(info.name.size(), sizeof(wire.name) - 1);
   std::memcpy(wire.name, info.name.data(), length);
   std::uint64_t digest = 14695981039346656037ULL;
@@ -1037,18 +1032,8 @@ bool same_operation(const WireSignature& a, const WireSignature& b) {
 // "all_reduce(Float32, send=4, recv=4, sum)", "all_reduce_coalesced [2 ops, the first
 // all_reduce(...)]".
 std::string describe(const WireSignature& wire) {
-  OpSignature first;
-  first.kind = static_cast<OpKind>(wire.kind);
-  first.dtype = static_cast<DType>(wire.dtype);
-  first.send_count = wire.send_count;
-  first.recv_count = wire.recv_count;
-  first.root = wire.root;
-  const auto kind = static_cast<ReduceOp::Kind>(wire.reduce_kind);
-  first.reduce_op = kind == ReduceOp::Kind::PremulSum
-                        ? ReduceOp::premul_sum(std::bit_cast<double>(wire.factor_bits))
-                        : ReduceOp(kind);
   const std::string name(wire.name);
-  const std::string text = first.to_string();
+  const std::string text = wire.first.signature().to_string();
   if (wire.ops == 1 && text.rfind(name + "(", 0) == 0) {
     return text;
   }

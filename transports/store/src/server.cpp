@@ -647,6 +647,17 @@ void Server::Impl::start_wait(const std::shared_ptr<Session>& session, Request r
   });
 }
 
+namespace {
+
+// Whether a registered waiter's group ended (answered, or every member left): a list entry to
+// drop.
+bool finished(const std::weak_ptr<WaitGroup>& waiter) {
+  const auto group = waiter.lock();
+  return !group || group->done;
+}
+
+}  // namespace
+
 // Note [Store waits].
 void Server::Impl::advance(const std::shared_ptr<WaitGroup>& group) {
   WaitGroup& wait = *group;
@@ -671,10 +682,7 @@ void Server::Impl::advance(const std::shared_ptr<WaitGroup>& group) {
       // Drop entries of groups that ended before the key appeared, so a key that is never set
       // cannot collect garbage without bound.
       if (list.size() >= 16 && (list.size() & (list.size() - 1)) == 0) {
-        std::erase_if(list, [](const std::weak_ptr<WaitGroup>& entry) {
-          const auto other = entry.lock();
-          return !other || other->done;
-        });
+        std::erase_if(list, finished);
       }
       list.push_back(group);
       return;
@@ -761,10 +769,7 @@ void Server::Impl::sweep_waiters() {
   // A key nobody sets keeps its list until a sweep: the per-key trim in advance() bounds each
   // list, this bounds the number of lists (a client waiting on ever new keys that time out).
   for (auto entry = waiters.begin(); entry != waiters.end();) {
-    std::erase_if(entry->second, [](const std::weak_ptr<WaitGroup>& waiter) {
-      const auto group = waiter.lock();
-      return !group || group->done;
-    });
+    std::erase_if(entry->second, finished);
     entry = entry->second.empty() ? waiters.erase(entry) : std::next(entry);
   }
   waiters_sweep_at = std::max(kWaitersSweepMin, 2 * waiters.size());
