@@ -44,7 +44,9 @@ using transport::OpKind;
 // result). NCCL has neither dtype natively; the simulator could run both, but lowering on every
 // transport keeps the bytes on the wire identical everywhere. Which ops may run on which dtype is
 // checked on the original dtype first (ReduceOp::check_dtype), so e.g. max on complex stays an
-// InvalidArgument rather than a max over real parts.
+// InvalidArgument rather than a max over real parts. A lowered buffer keeps the dtype it came
+// from (Buffer::lowered_from), which every transport's signatures compare: n Complex64 elements
+// against a peer's 2n Float32 ones move the same bytes but are a CollectiveMismatch.
 DType wire_dtype(DType dtype) noexcept {
   switch (dtype) {
     case DType::Complex64:
@@ -379,10 +381,14 @@ class Call {
 // their memory alive.
 Buffer buffer_of(const Tensor& contiguous) {
   const auto& storage = TensorAccess::storage(contiguous);
+  const DType dtype = contiguous.dtype();
+  const DType wire = wire_dtype(dtype);
   return Buffer{contiguous.unsafe_data_ptr(),
-                static_cast<std::size_t>(contiguous.numel()) * wire_lanes(contiguous.dtype()),
-                wire_dtype(contiguous.dtype()), contiguous.device(),
-                storage ? std::shared_ptr<const void>(storage->memory()) : nullptr};
+                static_cast<std::size_t>(contiguous.numel()) * wire_lanes(dtype),
+                wire,
+                contiguous.device(),
+                storage ? std::shared_ptr<const void>(storage->memory()) : nullptr,
+                wire != dtype ? std::optional<DType>(dtype) : std::nullopt};
 }
 
 // A contiguous buffer holding `input`'s elements (the input itself when already contiguous).

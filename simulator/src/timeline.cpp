@@ -145,9 +145,65 @@ std::string first_failure(const SimReport& report) {
   return {};
 }
 
+constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
+
+// `text` with each ill-formed UTF-8 subsequence (a stray byte, a truncated or overlong sequence,
+// a surrogate, a code point past U+10FFFF) replaced by U+FFFD, one per maximal subpart as Unicode
+// recommends. Messages and tags are byte strings; JSON and SVG files must be UTF-8.
+std::string valid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    if (lead < 0x80) {
+      out += text[i++];
+      continue;
+    }
+    // Continuation bytes the sequence needs, and the range of the first (Table 3-7 of the
+    // Unicode standard: no overlong forms, no surrogates, nothing past U+10FFFF).
+    std::size_t needed = 0;
+    unsigned char low = 0x80;
+    unsigned char high = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      needed = 1;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      needed = 2;
+      low = lead == 0xE0 ? 0xA0 : 0x80;
+      high = lead == 0xED ? 0x9F : 0xBF;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      needed = 3;
+      low = lead == 0xF0 ? 0x90 : 0x80;
+      high = lead == 0xF4 ? 0x8F : 0xBF;
+    }
+    std::size_t length = 1;
+    bool whole = needed > 0;
+    for (std::size_t k = 0; k < needed; ++k, low = 0x80, high = 0xBF) {
+      if (i + length == text.size()) {
+        whole = false;
+        break;
+      }
+      const auto next = static_cast<unsigned char>(text[i + length]);
+      if (next < low || next > high) {
+        whole = false;
+        break;
+      }
+      ++length;
+    }
+    if (whole) {
+      out.append(text.substr(i, length));
+    } else {
+      out += kReplacementCharacter;
+    }
+    i += length;
+  }
+  return out;
+}
+
 // ---- JSON
 
-std::string json_string(std::string_view text) {
+std::string json_string(std::string_view raw) {
+  const std::string text = valid_utf8(raw);
   std::string out = "\"";
   for (const char c : text) {
     switch (c) {
@@ -274,7 +330,8 @@ constexpr double kBoxWidthMin = 8;           // px: the narrowest operation box
 constexpr double kMarkerSpacing = 10;        // px between markers of one rank at the same moment
 constexpr double kCharWidth = 6.7;           // px per character of 11px monospace, about
 
-std::string xml_escape(std::string_view text) {
+std::string xml_escape(std::string_view raw) {
+  const std::string text = valid_utf8(raw);
   std::string out;
   for (const char c : text) {
     switch (c) {
@@ -294,7 +351,7 @@ std::string xml_escape(std::string_view text) {
         // XML 1.0 has no control characters but tab, newline and carriage return (not even as
         // character references): a message's ANSI colour code becomes U+FFFD.
         if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') {
-          out += "\xEF\xBF\xBD";
+          out += kReplacementCharacter;
         } else {
           out += c;
         }

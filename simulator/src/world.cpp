@@ -360,8 +360,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   transport::Fingerprint signature{group.id, info.seq, {}};
   signature.ops.reserve(ops.size());
   for (const SimOp& op : ops) {
-    signature.ops.push_back(transport::OpSignature{op.kind, op.send.dtype, op.send.count,
-                                                   op.recv.count, op.reduce_op, op.root});
+    signature.ops.push_back(
+        transport::OpSignature::of(op.kind, op.send, op.recv, op.reduce_op, op.root));
   }
   auto work = std::make_shared<SimWork>(
       weak_from_this(), rank, std::move(signature),

@@ -1784,6 +1784,25 @@ TEST(ErrorsDocCrossRank, MismatchDType) {
       "all_reduce(Int8, send=4, recv=4, sum)");
 }
 
+// The same bytes in a dtype core lowers (Note [Lowering]): n Complex64 against 2n Float32, and
+// Bool against UInt8 in all_to_all_single, whose signatures compare only the dtype.
+TEST(ErrorsDocCrossRank, MismatchLoweredDType) {
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = r == 1 ? Tensor::ones({2}, DType::Complex64) : Tensor::ones({4});
+        (void)wait_tensor(all_reduce(input, "sum", world()));
+      },
+      "all_reduce", "all_reduce(Float32, send=4, recv=4, sum)",
+      "all_reduce(Complex64 as Float32, send=4, recv=4, sum)");
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = Tensor::ones({3}, r == 1 ? DType::Bool : DType::UInt8);
+        (void)wait_tensor(all_to_all_single(input, std::nullopt, std::nullopt, world()));
+      },
+      "all_to_all_single", "all_to_all(UInt8, send=3, recv=3)",
+      "all_to_all(Bool as UInt8, send=3, recv=3)");
+}
+
 TEST(ErrorsDocCrossRank, MismatchShape) {
   errdoc_expect_field_mismatch(
       [](int r) {

@@ -482,6 +482,26 @@ TEST(SvgTimeline, ControlCharactersInAMessageBecomeReplacementCharacters) {
             std::string::npos);
 }
 
+TEST(SvgTimeline, InvalidUtf8InAMessageBecomesReplacementCharacters) {
+  // A message is a byte string; the SVG and the Perfetto JSON must be UTF-8. Each ill-formed
+  // subsequence becomes one U+FFFD per maximal subpart; well-formed characters pass through.
+  const SimReport report = sim::simulate(lowest_rank_first(2), [] {
+    (void)wait_tensor(all_reduce(Tensor::ones({1}), "sum", world()));
+    if (rank() == 1) {
+      throw std::runtime_error(
+          "a\xff|b\xe2\x82|c\xc0\xaf|d\xed\xa0\x80|e\xf4\x90\x80\x80|f\xe2\x82\xac|"
+          "g\xf0\x9d\x84\x9e|h\xe2");
+    }
+  });
+  const std::string r = "\xEF\xBF\xBD";  // U+FFFD
+  const std::string expected = "a" + r + "|b" + r + "|c" + r + r + "|d" + r + r + r + "|e" + r + r +
+                               r + r + "|f\xe2\x82\xac|g\xf0\x9d\x84\x9e|h" + r;
+  const std::string svg = sim::to_svg_timeline(report);
+  EXPECT_NE(svg.find(expected), std::string::npos) << svg;
+  const std::string json = sim::to_perfetto_json(report);
+  EXPECT_NE(json.find(expected), std::string::npos) << json;
+}
+
 TEST(SvgTimeline, SameRunGivesTheSameBytes) {
   const SimReport first = sim::simulate(recording(4, 3), mismatch_at_second_op);
   const SimReport second = sim::simulate(recording(4, 3), mismatch_at_second_op);

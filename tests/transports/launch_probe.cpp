@@ -71,11 +71,13 @@ int print_environment() {
   return 0;
 }
 
-// Every rank meets the others, then `failing` fails as `fail` says and the others wait.
+// Every rank meets the others, then `failing` fails as `fail` says and the others wait (with
+// `failing` -1, every rank waits). `deaf`: the ranks ignore SIGTERM and SIGINT.
 template <class Fail>
-int fail_one(int failing, bool ignore_sigterm, Fail fail) {
-  if (ignore_sigterm) {
+int fail_one(int failing, bool deaf, Fail fail) {
+  if (deaf) {
     ::signal(SIGTERM, SIG_IGN);
+    ::signal(SIGINT, SIG_IGN);
   }
   const chorus::LaunchEnvironment environment = chorus::launch_environment();
   chorus::store::Client client(client_options(environment), 30s);
@@ -129,10 +131,13 @@ int main(int argc, char** argv) {
     if (args.size() == 2 && args[0] == "stubborn") {
       return fail_one(std::stoi(args[1]), true, [] { std::exit(1); });
     }
+    if (args.size() == 1 && args[0] == "deaf") {
+      return fail_one(-1, true, [] {});
+    }
   } catch (const std::exception& error) {
     std::fprintf(stderr, "launch_probe: %s\n", error.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: launch_probe ok|line N|env|exit R CODE|sigkill R|stubborn R\n");
+  std::fprintf(stderr, "usage: launch_probe ok|line N|env|exit R CODE|sigkill R|stubborn R|deaf\n");
   return 2;
 }

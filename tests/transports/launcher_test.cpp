@@ -172,53 +172,80 @@ TEST(Launcher, RanksThatIgnoreSigtermGetSigkillAfterTheGracePeriod) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
 }
 
-TEST(Launcher, ForwardsSigtermToTheRanks) {
-  // The ranks' stdout goes to a pipe read by a thread that sends this process SIGTERM once every
-  // rank said it waits: the launcher (blocking it in the main thread) must forward it.
-  constexpr int kRanks = 3;
+// Runs `ranks` probes with `args`; once every rank printed "rank R waits", a thread sends this
+// process `signals`, one after the other. The launcher, blocking them in the main thread, must
+// handle them.
+Outcome launch_and_signal(int ranks, std::vector<std::string> args, std::vector<int> signals,
+                          std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
   int pipe_fds[2];
-  ASSERT_EQ(::pipe(pipe_fds), 0);
+  EXPECT_EQ(::pipe(pipe_fds), 0);
   std::string out;
   std::thread reader([&] {
-    sigset_t signals;
-    sigemptyset(&signals);
+    sigset_t blocked;
+    sigemptyset(&blocked);
     for (const int signal_number : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) {
-      sigaddset(&signals, signal_number);
+      sigaddset(&blocked, signal_number);
     }
     // Blocked here too, so the process-directed signal waits for the launcher's signalfd.
-    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    ::pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
     int waiting = 0;
     char buffer[4096];
     for (ssize_t count = ::read(pipe_fds[0], buffer, sizeof buffer); count > 0;
          count = ::read(pipe_fds[0], buffer, sizeof buffer)) {
       out.append(buffer, static_cast<std::size_t>(count));
-      const bool before = waiting == kRanks;
+      const bool before = waiting == ranks;
       waiting = 0;
       for (std::size_t at = out.find(" waits\n"); at != std::string::npos;
            at = out.find(" waits\n", at + 1)) {
         ++waiting;
       }
-      if (!before && waiting == kRanks) {
-        ::kill(::getpid(), SIGTERM);
+      if (!before && waiting == ranks) {
+        for (const int signal_number : signals) {
+          ::kill(::getpid(), signal_number);
+        }
       }
     }
   });
   Capture err;
   LaunchOptions options;
-  options.ranks = kRanks;
-  options.command = {CHORUS_LAUNCH_PROBE, "exit", "99", "0"};  // nobody fails: all wait
+  options.ranks = ranks;
+  options.command = {CHORUS_LAUNCH_PROBE};
+  options.command.insert(options.command.end(), args.begin(), args.end());
+  options.grace = grace;
   options.stdout_fd = pipe_fds[1];
   options.stderr_fd = err.fd();
-  const int status = launch(options);
+  Outcome outcome;
+  outcome.status = launch(options);
   ::close(pipe_fds[1]);
   reader.join();
   ::close(pipe_fds[0]);
-  EXPECT_EQ(status, 128 + SIGTERM);
-  EXPECT_TRUE(contains(err.text(),
+  outcome.out = out;
+  outcome.err = err.text();
+  return outcome;
+}
+
+TEST(Launcher, ForwardsSigtermToTheRanks) {
+  const Outcome outcome =
+      launch_and_signal(3, {"exit", "99", "0"}, {SIGTERM});  // nobody fails: all wait
+  EXPECT_EQ(outcome.status, 128 + SIGTERM);
+  EXPECT_TRUE(contains(outcome.err,
                        "chorus launch: received SIGTERM; forwarding it to the 3 "
                        "running ranks\n"))
-      << err.text();
-  EXPECT_FALSE(contains(err.text(), "SIGKILL")) << err.text();
+      << outcome.err;
+  EXPECT_FALSE(contains(outcome.err, "SIGKILL")) << outcome.err;
+}
+
+TEST(Launcher, ASecondSignalSendsSigkillAtOnceAndSaysWhy) {
+  // The ranks ignore both signals, and the grace period is an hour: only the second signal can
+  // end this launch in time.
+  const Outcome outcome = launch_and_signal(3, {"deaf"}, {SIGINT, SIGTERM}, std::chrono::hours(1));
+  EXPECT_EQ(outcome.status, 128 + SIGINT);
+  EXPECT_TRUE(contains(outcome.err,
+                       "chorus launch: received SIGINT; forwarding it to the 3 running ranks\n"
+                       "chorus launch: received SIGTERM again; sending SIGKILL to the 3 running "
+                       "ranks\n"))
+      << outcome.err;
+  EXPECT_FALSE(contains(outcome.err, "did not exit within")) << outcome.err;
 }
 
 TEST(Launcher, WorksWhenTheCallerIgnoresSigchld) {

@@ -37,6 +37,7 @@
 #include <chorus/chorus.hpp>
 #include <chorus/kernels.hpp>
 #include <cmath>
+#include <complex>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -545,6 +546,18 @@ void small_kind_mismatch() {
   throw std::runtime_error("the mismatched operations completed");
 }
 
+// Rank 0 all_reduces 2 Complex64 elements, the others 4 Float32: the bytes moved agree, the
+// dtypes do not (Note [Lowering] in core; Buffer::lowered_from). Caught by the signed small
+// messages, and by --check-collectives at any size.
+void dtype_mismatch() {
+  const chorus::Tensor input =
+      chorus::rank() == 0
+          ? chorus::Tensor::from_vector(std::vector<std::complex<float>>{{1, 2}, {3, 4}})
+          : chorus::Tensor::from_vector(std::vector<float>{1, 2, 3, 4});
+  (void)chorus::wait_tensor(chorus::all_reduce(input, "sum", chorus::world()));
+  throw std::runtime_error("the mismatched all_reduce completed");
+}
+
 // Rank 0 sends itself two elements but expects one from itself: InvalidArgument before anything
 // is posted (the peers' counts agree with each other, so only rank 0 can tell), or with
 // --check-collectives a CollectiveMismatch from the pairwise comparison on every member.
@@ -614,6 +627,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "small_kind_mismatch") {
     return chorus::run(options, small_kind_mismatch);
+  }
+  if (mode == "dtype_mismatch") {
+    return chorus::run(options, dtype_mismatch);
   }
   if (mode == "group_order") {
     return chorus::run(options, group_order);

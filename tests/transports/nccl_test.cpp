@@ -488,18 +488,31 @@ TEST(NcclSplitAgreement, RanksThatNeverArriveAreNamedInTheTimeout) {
 TEST(NcclCollectiveCheck, DescriptionsNameTheOpsAndLeaveOutAllToAllCounts) {
   using transport::OpKind;
   using transport::OpSignature;
-  const OpSignature sum{OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::Kind::Sum, -1};
-  const OpSignature gather{OpKind::AllGather, DType::BFloat16, 2, 6, ReduceOp::Kind::Sum, -1};
+  const OpSignature sum{OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::Kind::Sum, -1,
+                        std::nullopt};
+  const OpSignature gather{OpKind::AllGather, DType::BFloat16, 2, 6, ReduceOp::Kind::Sum, -1,
+                           std::nullopt};
   EXPECT_EQ(check_description("all_reduce_coalesced", {sum, gather}),
             "all_reduce_coalesced all_reduce(Float32, send=4, recv=4, sum), "
             "all_gather(BFloat16, send=2, recv=6)");
-  const OpSignature a2a_one{OpKind::AllToAll, DType::Int64, 3, 5, ReduceOp::Kind::Sum, -1};
-  const OpSignature a2a_two{OpKind::AllToAll, DType::Int64, 7, 1, ReduceOp::Kind::Sum, -1};
+  const OpSignature a2a_one{OpKind::AllToAll,    DType::Int64, 3,           5,
+                            ReduceOp::Kind::Sum, -1,           std::nullopt};
+  const OpSignature a2a_two{OpKind::AllToAll,    DType::Int64, 7,           1,
+                            ReduceOp::Kind::Sum, -1,           std::nullopt};
   EXPECT_EQ(check_description("all_to_all_single", {a2a_one}),
             check_description("all_to_all_single", {a2a_two}))
       << "uneven splits differ by design";
   EXPECT_EQ(check_description("all_to_all_single", {a2a_one}),
             "all_to_all_single all_to_all(Int64)");
+  // Core's lowered dtypes (Note [Lowering]) are named: Bool against UInt8 disagrees.
+  const OpSignature a2a_bool{OpKind::AllToAll,    DType::UInt8, 3,          3,
+                             ReduceOp::Kind::Sum, -1,           DType::Bool};
+  EXPECT_EQ(check_description("all_to_all_single", {a2a_bool}),
+            "all_to_all_single all_to_all(Bool as UInt8)");
+  const OpSignature complex_sum{OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::Kind::Sum, -1,
+                                DType::Complex64};
+  EXPECT_EQ(check_description("all_reduce", {complex_sum}),
+            "all_reduce all_reduce(Complex64 as Float32, send=4, recv=4, sum)");
 }
 
 // Runs check_collective for operation `seq` of the group `members` (global ranks), each member
@@ -629,9 +642,9 @@ TEST(NcclCollectiveCheck, PremulSumFactorsAreComparedBitForBit) {
   using transport::OpKind;
   using transport::OpSignature;
   const OpSignature third{
-      OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::premul_sum(1.0 / 3), -1};
+      OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::premul_sum(1.0 / 3), -1, std::nullopt};
   const OpSignature rounded{
-      OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::premul_sum(0.3333333), -1};
+      OpKind::AllReduce, DType::Float32, 4, 4, ReduceOp::premul_sum(0.3333333), -1, std::nullopt};
   EXPECT_EQ(third.to_string(), rounded.to_string()) << "the 6-digit text alone would agree";
   EXPECT_NE(check_description("all_reduce", {third}), check_description("all_reduce", {rounded}));
 }

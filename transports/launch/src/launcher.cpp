@@ -451,9 +451,12 @@ class Launch {
     for (std::size_t index = 0; index < ranks_.size(); ++index) {
       const Rank& rank = ranks_[index];
       if (rank.running) {
-        message("rank " + std::to_string(index) + " (pid " + std::to_string(rank.pid) +
-                ") did not exit within " + std::to_string(options_.grace.count()) + " ms of " +
-                signal_name(stop_signal_) + "; sending SIGKILL");
+        // After a second interrupt the grace was cut short, which on_signal already said.
+        if (!hurried_) {
+          message("rank " + std::to_string(index) + " (pid " + std::to_string(rank.pid) +
+                  ") did not exit within " + std::to_string(options_.grace.count()) + " ms of " +
+                  signal_name(stop_signal_) + "; sending SIGKILL");
+        }
         ::kill(rank.pid, SIGKILL);
       }
     }
@@ -468,7 +471,9 @@ class Launch {
     if (stopping_) {
       // A second interrupt while stopping: no more grace.
       if (!killed_) {
-        message("received " + signal_name(signal_number) + " again; sending SIGKILL");
+        message("received " + signal_name(signal_number) + " again; sending SIGKILL to the " +
+                std::to_string(running_) + " running " + (running_ == 1 ? "rank" : "ranks"));
+        hurried_ = true;
         kill_at_ = std::chrono::steady_clock::now();
       }
       return;
@@ -527,6 +532,7 @@ class Launch {
   int running_ = 0;
   bool stopping_ = false;
   bool killed_ = false;
+  bool hurried_ = false;  // a second interrupt ended the grace period early
   int stop_signal_ = SIGTERM;
   int received_signal_ = 0;
   std::optional<int> failed_status_;

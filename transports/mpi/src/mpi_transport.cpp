@@ -23,18 +23,6 @@ using transport::OpInfo;
 using transport::OpKind;
 using transport::OpSignature;
 
-transport::OpSignature signature(OpKind kind, const Buffer& send, const Buffer& recv,
-                                 const ReduceOp& reduce_op, int root) {
-  transport::OpSignature result;
-  result.kind = kind;
-  result.dtype = send.dtype;
-  result.send_count = send.count;
-  result.recv_count = recv.count;
-  result.reduce_op = reduce_op;
-  result.root = root;
-  return result;
-}
-
 // FNV-1a over the tag and ranks: the same id on every member, without communicating.
 std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) {
   std::uint64_t hash = 14695981039346656037ULL;
@@ -86,7 +74,7 @@ struct WireOp {
   std::uint8_t kind = 0;
   std::uint8_t dtype = 0;
   std::uint8_t reduce_kind = 0;
-  std::uint8_t unused = 0;
+  std::uint8_t lowered_from = 0;  // 0: not lowered; else the DType + 1
 
   static WireOp of(const OpSignature& op) noexcept {
     return WireOp{op.send_count,
@@ -96,7 +84,9 @@ struct WireOp {
                   static_cast<std::uint8_t>(op.kind),
                   static_cast<std::uint8_t>(op.dtype),
                   static_cast<std::uint8_t>(op.reduce_op.kind()),
-                  0};
+                  op.lowered_from
+                      ? static_cast<std::uint8_t>(static_cast<std::uint8_t>(*op.lowered_from) + 1)
+                      : std::uint8_t{0}};
   }
   OpSignature signature() const noexcept {
     const auto reduce = static_cast<ReduceOp::Kind>(reduce_kind);
@@ -107,7 +97,10 @@ struct WireOp {
                        reduce == ReduceOp::Kind::PremulSum
                            ? ReduceOp::premul_sum(std::bit_cast<double>(factor_bits))
                            : ReduceOp(reduce),
-                       root};
+                       root,
+                       lowered_from == 0
+                           ? std::nullopt
+                           : std::optional<DType>(static_cast<DType>(lowered_from - 1))};
   }
 };
 static_assert(std::is_trivially_copyable_v<WireOp>);
@@ -698,7 +691,7 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(send.count, info);
-  const OpSignature op_signature = signature(OpKind::AllReduce, send, recv, reduce_op, -1);
+  const OpSignature op_signature = OpSignature::of(OpKind::AllReduce, send, recv, reduce_op, -1);
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
     if (use_small_direct_exchange(send.nbytes())) {
@@ -749,7 +742,7 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
   const int count = to_int_count(send.count, info);
   to_int_count(recv.count, info);
   const OpSignature op_signature =
-      signature(OpKind::AllGather, send, recv, ReduceOp::Kind::Sum, -1);
+      OpSignature::of(OpKind::AllGather, send, recv, ReduceOp::Kind::Sum, -1);
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
     const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
@@ -794,7 +787,8 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(recv.count, info);
   to_int_count(send.count, info);
-  const OpSignature op_signature = signature(OpKind::ReduceScatter, send, recv, reduce_op, -1);
+  const OpSignature op_signature =
+      OpSignature::of(OpKind::ReduceScatter, send, recv, reduce_op, -1);
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
     if (use_direct_exchange(send.nbytes())) {
@@ -856,7 +850,8 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
     // itself, reports it on every member instead.
     throw InvalidArgument(context_of(info), problem);
   }
-  const OpSignature op_signature = signature(OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1);
+  const OpSignature op_signature =
+      OpSignature::of(OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1);
   return launch(
       op_signature, info,
       [=, this](Started& started) {
@@ -918,7 +913,7 @@ std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Bu
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(recv.count, info);
   const OpSignature op_signature =
-      signature(OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum, root);
+      OpSignature::of(OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum, root);
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
     if (group_rank_ == root && send.data != recv.data && recv.count > 0) {
@@ -941,7 +936,7 @@ std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffe
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(send.count, info);
-  const OpSignature op_signature = signature(OpKind::Reduce, send, recv, reduce_op, root);
+  const OpSignature op_signature = OpSignature::of(OpKind::Reduce, send, recv, reduce_op, root);
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
     const bool is_root = group_rank_ == root;
@@ -984,7 +979,7 @@ namespace {
 // order) times out under the check.
 struct WireSignature {
   std::int64_t seq = -1;
-  std::uint64_t digest = 0;  // FNV-1a over the name and every op (all_to_all: no counts)
+  std::uint64_t digest = 0;  // FNV-1a over the name and every WireOp (all_to_all: no counts)
   WireOp first;              // the first op, for the message
   std::uint32_t ops = 0;
   char name[44] = {};  // NUL-terminated, cut to fit
@@ -1011,8 +1006,10 @@ WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& 
     mix(static_cast<unsigned char>(c));
   }
   for (const OpSignature& op : signatures) {
-    mix(static_cast<std::uint64_t>(op.kind));
-    mix(static_cast<std::uint64_t>(op.dtype));
+    const WireOp encoded = WireOp::of(op);
+    mix(encoded.kind);
+    mix(encoded.dtype);
+    mix(encoded.lowered_from);
     if (op.kind != OpKind::AllToAll) {
       mix(op.send_count);
       mix(op.recv_count);

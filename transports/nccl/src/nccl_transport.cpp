@@ -680,8 +680,8 @@ std::shared_ptr<transport::Work> NcclComm::all_reduce(const transport::Buffer& s
   check_device(send, info);
   check_device(recv, info);
   const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
-  const transport::OpSignature signature{
-      transport::OpKind::AllReduce, send.dtype, send.count, recv.count, reduce_op, -1};
+  const transport::OpSignature signature =
+      transport::OpSignature::of(transport::OpKind::AllReduce, send, recv, reduce_op, -1);
   auto p = std::make_shared<Pointers>();
   Enqueue enqueue;
   enqueue.before = [this, p, send, recv, reduce_op, plan](Started& started,
@@ -705,8 +705,8 @@ std::shared_ptr<transport::Work> NcclComm::all_gather(const transport::Buffer& s
   CHORUS_CHECK_EQ(recv.count, send.count * static_cast<std::size_t>(size()));
   check_device(send, info);
   check_device(recv, info);
-  const transport::OpSignature signature{
-      transport::OpKind::AllGather, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, -1};
+  const transport::OpSignature signature =
+      transport::OpSignature::of(transport::OpKind::AllGather, send, recv, ReduceOp::Kind::Sum, -1);
   auto p = std::make_shared<Pointers>();
   Enqueue enqueue;
   enqueue.before = [this, p, send, recv](Started& started, std::vector<ncclRedOp_t>&) {
@@ -729,8 +729,8 @@ std::shared_ptr<transport::Work> NcclComm::reduce_scatter(const transport::Buffe
   check_device(send, info);
   check_device(recv, info);
   const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
-  const transport::OpSignature signature{
-      transport::OpKind::ReduceScatter, send.dtype, send.count, recv.count, reduce_op, -1};
+  const transport::OpSignature signature =
+      transport::OpSignature::of(transport::OpKind::ReduceScatter, send, recv, reduce_op, -1);
   auto p = std::make_shared<Pointers>();
   Enqueue enqueue;
   enqueue.before = [this, p, send, recv, reduce_op, plan](Started& started,
@@ -764,8 +764,8 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
     // --check-collectives every member of a larger group reports it instead.
     throw InvalidArgument(context_of(info), "nccl: " + problem);
   }
-  const transport::OpSignature signature{
-      transport::OpKind::AllToAll, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, -1};
+  const transport::OpSignature signature =
+      transport::OpSignature::of(transport::OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1);
   auto p = std::make_shared<Pointers>();
   Enqueue enqueue;
   enqueue.before = [this, p, send, recv](Started& started, std::vector<ncclRedOp_t>&) {
@@ -810,8 +810,8 @@ std::shared_ptr<transport::Work> NcclComm::broadcast(const transport::Buffer& se
   CHORUS_CHECK(root >= 0 && root < size());
   check_device(send, info);
   check_device(recv, info);
-  const transport::OpSignature signature{
-      transport::OpKind::Broadcast, send.dtype, send.count, recv.count, ReduceOp::Kind::Sum, root};
+  const transport::OpSignature signature = transport::OpSignature::of(
+      transport::OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum, root);
   auto p = std::make_shared<Pointers>();
   Enqueue enqueue;
   enqueue.before = [this, p, send, recv, root](Started& started, std::vector<ncclRedOp_t>&) {
@@ -835,8 +835,8 @@ std::shared_ptr<transport::Work> NcclComm::reduce(const transport::Buffer& send,
   check_device(send, info);
   check_device(recv, info);
   const Plan plan = plan_or_throw(send.dtype, reduce_op, info);
-  const transport::OpSignature signature{
-      transport::OpKind::Reduce, send.dtype, send.count, recv.count, reduce_op, root};
+  const transport::OpSignature signature =
+      transport::OpSignature::of(transport::OpKind::Reduce, send, recv, reduce_op, root);
   auto p = std::make_shared<Pointers>();
   Enqueue enqueue;
   enqueue.before = [this, p, send, recv, reduce_op, plan](Started& started,

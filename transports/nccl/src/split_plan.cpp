@@ -189,10 +189,15 @@ std::string check_description(std::string_view name,
   for (std::size_t i = 0; i < ops.size(); ++i) {
     out += i > 0 ? ", " : "";
     // all_to_all counts differ between ranks by design (uneven splits): only the dtype.
-    out += ops[i].kind == transport::OpKind::AllToAll
-               ? std::string(transport::op_kind_name(ops[i].kind)) + "(" +
-                     std::string(dtype_name(ops[i].dtype)) + ")"
-               : ops[i].to_string();
+    if (ops[i].kind == transport::OpKind::AllToAll) {
+      out += std::string(transport::op_kind_name(ops[i].kind)) + "(";
+      if (ops[i].lowered_from) {
+        out += std::string(dtype_name(*ops[i].lowered_from)) + " as ";
+      }
+      out += std::string(dtype_name(ops[i].dtype)) + ")";
+    } else {
+      out += ops[i].to_string();
+    }
     if (ops[i].reduce_op.kind() == ReduceOp::Kind::PremulSum) {
       // to_string prints the factor to 6 digits; ranks must agree on every bit of it.
       std::uint64_t bits = 0;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -83,6 +84,11 @@ struct Buffer {
   Device device = Device::cpu();
   // Owner of the memory; held by the transport until the operation completes.
   std::shared_ptr<const void> keep_alive;
+  // The tensor dtype core lowered to `dtype` (Complex64 to Float32, Complex128 to Float64, Bool
+  // to UInt8: Note [Lowering] in core), when it did. Transports move `dtype`; they compare this
+  // too, so a rank passing n Complex64 elements where a peer passes 2n Float32 ones is a
+  // mismatch although the bytes moved would agree.
+  std::optional<DType> lowered_from;
 
   std::size_t nbytes() const noexcept { return count * element_size(dtype); }
 };
@@ -131,11 +137,24 @@ struct OpSignature {
   std::size_t recv_count = 0;
   ReduceOp reduce_op = ReduceOp::Kind::Sum;  // Sum for ops without a reduction
   int root = -1;
+  std::optional<DType> lowered_from;  // Buffer::lowered_from of the send buffer
 
-  // "all_reduce(Float32, send=4, recv=4, sum)".
+  // The signature of an operation on `send` and `recv`.
+  static OpSignature of(OpKind kind, const Buffer& send, const Buffer& recv,
+                        const ReduceOp& reduce_op, int root) {
+    return OpSignature{kind,      send.dtype, send.count,       recv.count,
+                       reduce_op, root,       send.lowered_from};
+  }
+
+  // "all_reduce(Float32, send=4, recv=4, sum)"; "all_reduce(Complex64 as Float32, send=4, ...)"
+  // when lowered (counts are then of the lowered dtype).
   std::string to_string() const {
     std::string out(op_kind_name(kind));
     out += '(';
+    if (lowered_from) {
+      out += dtype_name(*lowered_from);
+      out += " as ";
+    }
     out += dtype_name(dtype);
     out += ", send=" + std::to_string(send_count) + ", recv=" + std::to_string(recv_count);
     if (op_kind_reduces(kind)) {
@@ -152,7 +171,7 @@ struct OpSignature {
   // Whether two ranks' signatures of the same operation agree.
   bool agrees_with(const OpSignature& other) const noexcept {
     if (kind == OpKind::AllToAll && other.kind == OpKind::AllToAll) {
-      return dtype == other.dtype;
+      return dtype == other.dtype && lowered_from == other.lowered_from;
     }
     return *this == other;
   }
