@@ -2,7 +2,7 @@
 // same process (issue 6, item 6; docs/performance.md, "NCCL host overhead (bench_nccl)").
 //
 //   build/nccl/bench/bench_nccl [--min-bytes=8] [--max-bytes=64M] [--step=2] [--iters=0]
-//       [--warmup=5] [--reps=5]
+//       [--warmup=5] [--reps=5] [--timeout-ms=600000]
 //
 // One rank on one CUDA device (NCCL 2.28 allows one rank per GPU). Started alone it hosts the
 // rendezvous store itself and runs as rank 0 of a world of 1, like the gpu test job; under
@@ -69,6 +69,8 @@ struct BenchOptions {
   int iters = 0;         // 0: by size (kItersSmall up to 1 MiB, kItersLarge above)
   int warmup = 5;
   int reps = 5;
+  // How long a wait may take before chorus throws Timeout (RunOptions::timeout).
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 
 constexpr int kItersSmall = 200;
@@ -85,6 +87,12 @@ BenchOptions parse_options(int argc, char** argv) {
     }
     if (key == "--transport") {
       // chorus::run's flag: accepted, and always nccl.
+    } else if (key == "--timeout-ms") {
+      const long long milliseconds = std::stoll(value);
+      if (milliseconds <= 0) {
+        throw std::invalid_argument("--timeout-ms must be positive");
+      }
+      options.timeout = std::chrono::milliseconds(milliseconds);
     } else {
       throw std::invalid_argument("unknown argument '" + arg + "'");
     }
@@ -370,6 +378,8 @@ int main(int argc, char** argv) {
   std::size_t wrong = 0;
   chorus::RunOptions run_options;
   run_options.transport = "nccl";
+  run_options.timeout = options.timeout;
+  std::printf("# bench_nccl on %s\n", chorus::nccl::platform_report().c_str());
   const int status = chorus::run(run_options, [&] {
     RawNccl raw(chorus::rank(), chorus::world_size());
     if (chorus::rank() == 0) {

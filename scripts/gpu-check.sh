@@ -18,7 +18,15 @@
 # programs that scripts/gpu-bundle.sh built elsewhere, with their libraries: for a GPU machine
 # without chorus's build dependencies (the lent H200 has CUDA, CMake and ninja, not Boost, GTest
 # or the other Debian packages, and cannot fetch them). It finds the machine's NCCL (the system's,
-# or the nvidia-nccl Python package's).
+# or the nvidia-nccl Python package's). Without arguments it takes `.gpu-bundle` when that folder
+# exists, and builds otherwise.
+#
+# Time: every chorus program runs with --timeout-ms=${CHORUS_GPU_TIMEOUT_MS} (20 s), so a hang
+# ends as chorus's own Timeout naming the operation, well inside each step's `timeout` (which
+# sends SIGTERM, then SIGKILL 5 s later). The prebuilt run's limits add up to under 10 minutes,
+# reached only if every step hung past chorus's timeout.
+# Everything printed is also written to ${OUT:-/tmp}/gpu-check.log: $OUT is what the device tool
+# brings back, whole, where a command's output comes back as its last 12,000 characters only.
 set -euo pipefail
 
 PREBUILT=""
@@ -27,10 +35,19 @@ if [ "${1:-}" = "--prebuilt" ]; then
   PREBUILT=$(cd "${2:?"--prebuilt needs the bundle's directory (scripts/gpu-bundle.sh makes .gpu-bundle)"}" && pwd)
 fi
 cd "$(dirname "$0")/.."
+if [ -z "${PREBUILT}" ] && [ "$#" -eq 0 ] && [ -x .gpu-bundle/bin/nccl_gpu_job ]; then
+  PREBUILT=$(pwd)/.gpu-bundle
+fi
+LOG_DIR=${OUT:-/tmp}
+mkdir -p "${LOG_DIR}"
+exec > >(tee -a "${LOG_DIR}/gpu-check.log") 2>&1
 JOBS=${JOBS:-$(nproc)}
 BUILD=build/nccl
+CHORUS_GPU_TIMEOUT_MS=${CHORUS_GPU_TIMEOUT_MS:-20000}
+TIMEOUT_FLAG="--timeout-ms=${CHORUS_GPU_TIMEOUT_MS}"
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}  # an NCCL failure explains itself
 STEP=""
+FAILED_STEPS=()  # steps that failed without stopping the script (the unit tests)
 on_exit() {
   local status=$?
   if [ "${status}" -ne 0 ]; then
@@ -38,6 +55,13 @@ on_exit() {
   fi
 }
 trap on_exit EXIT
+
+# `limited SECONDS command...`: the command, SIGTERM after SECONDS, SIGKILL 5 s later.
+limited() {
+  local seconds=$1
+  shift
+  timeout -k 5 "${seconds}" "$@"
+}
 
 step() {
   STEP="$1"
@@ -62,18 +86,20 @@ if [ -z "${PREBUILT}" ]; then
     || { echo "the nccl preset did not find CUDA + NCCL"; exit 1; }
 
   step "build"
-  timeout 300 cmake --build "${BUILD}" -j "${JOBS}" --target nccl_gpu_job nccl_test chorus_cli \
+  limited 300 cmake --build "${BUILD}" -j "${JOBS}" --target nccl_gpu_job nccl_test chorus_cli \
     bench_nccl "${EXAMPLES[@]}"
 
   step "gpu tests and NCCL unit tests"
   # A skipped gpu test (no device seen by CUDA) is a failure here: this script exists to run them.
-  timeout 120 ctest --test-dir "${BUILD}" -L gpu --output-on-failure --no-tests=error 2>&1 \
+  limited 120 ctest --test-dir "${BUILD}" -L gpu --output-on-failure --no-tests=error 2>&1 \
     | tee /tmp/chorus-gpu-ctest.log
   if grep -q "Skipped" /tmp/chorus-gpu-ctest.log; then
     echo "the gpu tests were skipped: CUDA sees no device"
     exit 1
   fi
-  timeout 120 ctest --test-dir "${BUILD}" -R "Nccl" --output-on-failure --no-tests=error
+  # Device-free, with short store deadlines: a failure here is reported at the end, not fatal.
+  limited 60 ctest --test-dir "${BUILD}" -R "Nccl" --output-on-failure --no-tests=error \
+    || FAILED_STEPS+=("NCCL unit tests")
   CHORUS="${BUILD}/props/chorus"
   EXAMPLE_DIR="${BUILD}/examples"
   BENCH="${BUILD}/bench/bench_nccl"
@@ -96,19 +122,21 @@ else
   export LD_LIBRARY_PATH="${PREBUILT}/lib${NCCL_DIR:+:${NCCL_DIR}}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
   echo "NCCL: ${NCCL_DIR:-found by the loader}"
   ldd "${PREBUILT}/bin/nccl_gpu_job" | grep -E "not found|nccl|cudart" || true
-  missing=$(ldd "${PREBUILT}"/bin/* | grep "not found" || true)
+  # -r resolves every symbol too: an NCCL too old for a function chorus calls shows here.
+  missing=$(ldd -r "${PREBUILT}"/bin/* 2>&1 | grep -E "not found|undefined symbol" || true)
   if [ -n "${missing}" ]; then
-    echo "a library of the bundle is missing on this machine:"
+    echo "a library or symbol the bundle needs is missing on this machine:"
     echo "${missing}"
     exit 1
   fi
 
   step "NCCL unit tests (device-free; prove the bundle runs here)"
-  timeout 120 "${PREBUILT}/bin/nccl_test"
+  # Short store deadlines on loopback: a failure here is reported at the end, not fatal.
+  limited 60 "${PREBUILT}/bin/nccl_test" || FAILED_STEPS+=("NCCL unit tests")
 
   step "gpu job"
   status=0
-  timeout 120 "${PREBUILT}/bin/nccl_gpu_job" || status=$?
+  limited 90 "${PREBUILT}/bin/nccl_gpu_job" "${TIMEOUT_FLAG}" || status=$?
   if [ "${status}" -eq 77 ]; then
     echo "the gpu job was skipped: CUDA sees no device"
     exit 1
@@ -135,14 +163,14 @@ one_rank() {
 }
 
 step "chorus check --transport nccl (one rank)"
-timeout 180 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
-  one_rank '${CHORUS}' check --transport nccl --cases 50"
+limited 120 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
+  one_rank '${CHORUS}' check --transport nccl --cases 50 ${TIMEOUT_FLAG}"
 
 step "examples with --transport=nccl (one rank)"
 for example in "${EXAMPLES[@]}"; do
   echo "--- ${example}"
-  timeout 60 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
-    one_rank '${EXAMPLE_DIR}/${example}' --transport=nccl"
+  limited 40 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
+    one_rank '${EXAMPLE_DIR}/${example}' --transport=nccl ${TIMEOUT_FLAG}"
 done
 
 step "host-overhead benchmark (bench_nccl, one rank)"
@@ -152,8 +180,13 @@ step "host-overhead benchmark (bench_nccl, one rank)"
 # checks every result bitwise and exits 1 on a wrong one, 77 without a device (a failure here
 # too). Alone it hosts its own store. Copy its tables into docs/performance.md. Target: chorus
 # adds under 2 us per op (the enqueue table).
-timeout 180 "${BENCH}" 2>&1 | tee /tmp/chorus-gpu-bench.log
+limited 120 "${BENCH}" "${TIMEOUT_FLAG}" 2>&1 | tee /tmp/chorus-gpu-bench.log
 
 STEP="done"
 echo
+if [ "${#FAILED_STEPS[@]}" -gt 0 ]; then
+  STEP="the failed steps named below (the others passed)"
+  echo "gpu-check: FAILED (the steps above ran): ${FAILED_STEPS[*]}"
+  exit 1
+fi
 echo "gpu-check: passed"

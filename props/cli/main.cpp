@@ -85,6 +85,7 @@ struct CheckFlags {
   std::string reduction_order = "fixed";
   bool check_collectives = false;
   int shrink_runs = 2000;
+  std::int64_t timeout_ms = 600'000;  // RunOptions::timeout of lockstep runs
 };
 
 template <class Enum>
@@ -146,6 +147,7 @@ int run_check(const CheckFlags& flags) {
   run_options.ranks = flags.ranks;
   run_options.seed = flags.seed;
   run_options.check_collectives = flags.check_collectives;
+  run_options.timeout = std::chrono::milliseconds(flags.timeout_ms);
   bool passed = true;
   const int status = run(run_options, [&] {
     if (rank() == 0) {
@@ -303,6 +305,11 @@ int main(int argc, char** argv) {
   check->add_flag("--check-collectives", flags.check_collectives,
                   "mpi, nccl: members compare every operation before starting it (docs/mpi.md, "
                   "docs/nccl.md)");
+  check
+      ->add_option("--timeout-ms", flags.timeout_ms,
+                   "lockstep runs (mpi, nccl): how long a wait may take before it throws Timeout")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000} * 60 * 60 * 24 * 365))
+      ->capture_default_str();
 
   std::string token;
   std::string trace;

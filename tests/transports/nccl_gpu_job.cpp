@@ -215,6 +215,8 @@ int main(int argc, char** argv) {
     std::printf("skipped: no CUDA device (%s)\n", devices.problem.c_str());
     return kSkip;
   }
+  std::printf("nccl gpu job on %s\n", chorus::nccl::platform_report().c_str());
+  std::fflush(stdout);
   // Alone: a one-rank world whose store this process hosts (rank 0 then finds the port taken
   // and connects to it, the launcher path of Note [NCCL store]).
   std::unique_ptr<chorus::store::Server> server;

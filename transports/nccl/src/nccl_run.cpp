@@ -84,6 +84,52 @@ DeviceCount cuda_device_count() noexcept {
   return result;
 }
 
+std::string platform_report() noexcept {
+  try {
+    const auto version_text = [](int version) {  // CUDA's 13000 -> "13.0"
+      return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+    };
+    std::string out = "NCCL ";
+    int nccl_version = 0;
+    if (const ncclResult_t code = ncclGetVersion(&nccl_version); code == ncclSuccess) {
+      // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9.
+      out += std::to_string(nccl_version / 10000) + "." +
+             std::to_string(nccl_version % 10000 / 100) + "." + std::to_string(nccl_version % 100);
+    } else {
+      out += std::string("unknown (ncclGetVersion: ") + ncclGetErrorString(code) + ")";
+    }
+    int runtime = 0;
+    int driver = 0;
+    out += "; CUDA runtime ";
+    out += cudaRuntimeGetVersion(&runtime) == cudaSuccess ? version_text(runtime) : "unknown";
+    out += ", driver ";
+    const cudaError_t driver_code = cudaDriverGetVersion(&driver);
+    out += driver_code != cudaSuccess ? "unknown (" + detail::cuda_error_text(driver_code) + ")"
+           : driver == 0              ? "none"
+                                      : version_text(driver);
+    const DeviceCount devices = cuda_device_count();
+    if (devices.count == 0) {
+      return out + "; " + devices.problem;
+    }
+    for (int device = 0; device < devices.count; ++device) {
+      cudaDeviceProp props{};
+      out += "; cuda:" + std::to_string(device) + " ";
+      out += cudaGetDeviceProperties(&props, device) == cudaSuccess ? props.name : "unknown";
+      int pools = 0;
+      const cudaError_t code =
+          cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+      out += " (memory pools: ";
+      out += code != cudaSuccess ? "unknown, " + detail::cuda_error_text(code)
+             : pools != 0        ? "yes"
+                                 : "NO: chorus cannot allocate CUDA storage here";
+      out += ")";
+    }
+    return out;
+  } catch (...) {
+    return "platform report: out of memory";
+  }
+}
+
 int run(const NcclRunOptions& options, std::function<void()> rank_main) {
   const DeviceCount devices = cuda_device_count();
   if (devices.count == 0) {

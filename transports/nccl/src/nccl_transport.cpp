@@ -590,9 +590,12 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
   // Order the operation after the caller's work on its current stream (Note [Current stream]).
   cudaEvent_t ready = nullptr;
   check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(cudaEventRecord(ready, cuda_stream(info.stream)), "cudaEventRecord");
-  check_cuda(cudaStreamWaitEvent(state_->stream(), ready, 0), "cudaStreamWaitEvent");
-  cudaEventDestroy(ready);
+  {
+    // Destroyed on every path (CUDA releases it once the wait on it is done).
+    const std::unique_ptr<CUevent_st, decltype(&cudaEventDestroy)> owner(ready, &cudaEventDestroy);
+    check_cuda(cudaEventRecord(ready, cuda_stream(info.stream)), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(state_->stream(), ready, 0), "cudaStreamWaitEvent");
+  }
 
   Started started;
   started.signatures = std::move(signatures);

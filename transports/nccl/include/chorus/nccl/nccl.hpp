@@ -77,6 +77,13 @@ struct DeviceCount {
 };
 DeviceCount cuda_device_count() noexcept;
 
+// One line naming what this process runs on, for logs from a GPU machine: the NCCL library's
+// version (ncclGetVersion), the CUDA runtime's and the driver's, and each device's name and
+// whether it has stream-ordered memory pools (chorus allocates CUDA storage from one):
+// "NCCL 2.28.3; CUDA runtime 13.0, driver 13.0; cuda:0 NVIDIA H200 (memory pools: yes)". A query
+// that fails is named in place of its value. Never throws.
+std::string platform_report() noexcept;
+
 // How the transport builds a part of a partition of the world (Note [Partitioned groups],
 // Note [NCCL communicator set-up]) with ncclCommSplit of the world communicator: color = the
 // smallest rank of the calling rank's part (the same on every member however each lists the
