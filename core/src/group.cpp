@@ -284,7 +284,13 @@ DeviceMesh::DeviceMesh(Shape mesh_shape, std::vector<int> ranks)
       detail::throw_invalid("DeviceMesh", "mesh shape " + detail::shape_to_string(shape_) +
                                               " has a non-positive size");
     }
-    count *= size;
+    // Checked: a wrapped product could equal the rank count (and dim_ranks would then index
+    // past the ranks).
+    if (__builtin_mul_overflow(count, size, &count)) {
+      detail::throw_invalid("DeviceMesh", "mesh shape " + detail::shape_to_string(shape_) +
+                                              " holds more ranks than an int64 counts, but " +
+                                              std::to_string(ranks_.size()) + " were given");
+    }
   }
   if (count != static_cast<std::int64_t>(ranks_.size())) {
     detail::throw_invalid("DeviceMesh", "mesh shape " + detail::shape_to_string(shape_) +

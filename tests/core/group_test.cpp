@@ -202,6 +202,17 @@ TEST(Group, EveryDesugaringErrorNamesTheProblem) {
     expect_invalid([] { (void)new_group({3, 3}); }, "more than once");
     expect_invalid([] { (void)DeviceMesh({2, 2}, {0, 1, 2}); }, "holds 4 ranks but 3 were given");
     expect_invalid([] { (void)DeviceMesh({2, 0}, {}); }, "non-positive");
+    // Products that wrap: 3 * 6148914691236517206 is 2 modulo 2^64, and 2^32 * 2^32 is 0.
+    expect_invalid(
+        [] {
+          (void)DeviceMesh({3, 6148914691236517206}, {0, 1});
+        },
+        "holds more ranks than an int64 counts, but 2 were given");
+    expect_invalid(
+        [] {
+          (void)DeviceMesh({std::int64_t{1} << 32, std::int64_t{1} << 32}, {});
+        },
+        "holds more ranks than an int64 counts, but 0 were given");
     expect_invalid([] { (void)DeviceMesh({2}, {1, 1}); }, "repeated rank 1");
     if (rank() >= 2) {
       expect_invalid(

@@ -823,8 +823,28 @@ TEST(CompareTraces, UncomparedFieldsMayDiffer) {
   append_everywhere(traces, all_reduce({0, 1}));
   traces[1][0].seq = 9;
   traces[1][0].output_shapes = {{8}};
-  traces[1][0].meta = true;
   traces[1][0].site = CallSite("x.cpp", 3, "g");
+  EXPECT_FALSE(compare_traces(traces).has_value());
+}
+
+// A meta record (shapes only) never stands in for a peer's real call: meta records are matched
+// among themselves. A coalesced call of no tensors starts nothing and is left out.
+TEST(CompareTraces, MetaRecordsPairOnlyWithMetaRecords) {
+  OpRecord meta = all_reduce({0, 1});
+  meta.meta = true;
+  std::vector<std::vector<OpRecord>> lonely(2);
+  lonely[0].push_back(meta);
+  lonely[1].push_back(all_reduce({0, 1}));
+  const std::optional<TraceDivergence> divergence = compare_traces(lonely);
+  ASSERT_TRUE(divergence.has_value());
+  EXPECT_EQ(divergence->field, "missing");
+  EXPECT_EQ(divergence->rank, 0);
+
+  std::vector<std::vector<OpRecord>> traces(2);
+  append_everywhere(traces, all_reduce({0, 1}));
+  append_everywhere(traces, meta);
+  std::swap(traces[1][0], traces[1][1]);  // the real and the meta call interleave differently
+  traces[0].insert(traces[0].begin(), make_record("all_reduce_coalesced", {0, 1}, {}));
   EXPECT_FALSE(compare_traces(traces).has_value());
 }
 

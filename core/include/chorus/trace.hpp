@@ -136,7 +136,9 @@ struct TraceDivergence {
 };
 
 // `traces[r]` is rank r's trace. Records are matched per communicator (tag and the issuing
-// rank's group), in issue order; within a match every member must agree with the group's
+// rank's group), in issue order; meta records are matched among themselves, apart from real
+// ones (a meta record never stands in for a peer's real call), and coalesced calls of no tensors
+// are left out (they start nothing); within a match every member must agree with the group's
 // lowest member on op, reduce_op, dtype, input shapes (all_to_all_single: all but dim 0), dims,
 // src, src_dst and group; all_to_all_single splits must be consistent (rank i's input split j
 // equals rank j's output split i). Returns the divergence with the smallest (rank, index) (at
