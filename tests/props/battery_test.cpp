@@ -265,6 +265,41 @@ TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
       {"shrink path"});
 }
 
+// Every numeric field is range-checked before anything is generated: a negative case index used
+// to reach RapidCheck as a negative size (a crash), the others were taken silently.
+TEST(Battery, ReplayTokenFieldsOutOfRangeAreRefusedNamingTheField) {
+  const std::vector<Property> all = battery();
+  const auto refused = [&](const std::string& fields, const std::string& fragment) {
+    testing::expect_invalid_argument(
+        [&] { (void)replay(all, "chorus-check:1:reduce.all_reduce:" + fields); },
+        {"malformed token", fragment});
+  };
+  refused("8:0:100:-7:generated:2:fixed:-:-", "case -7 is out of range (expected 0 to 99");
+  refused("8:0:100:100:generated:2:fixed:-:-", "case 100 is out of range (expected 0 to 99");
+  refused("8:0:0:0:generated:2:fixed:-:-", "cases 0 is out of range (expected at least 1)");
+  refused("0:0:100:0:generated:2:fixed:-:-", "ranks 0 is out of range (expected 1 to 1024)");
+  refused("1025:0:100:0:generated:2:fixed:-:-", "ranks 1025 is out of range (expected 1 to 1024)");
+  refused("8:0:100:0:generated:99:fixed:-:-", "pct depth 99 is out of range (expected 1, 2 or 3)");
+  refused("8:0:100:0:generated:0:fixed:-:-", "pct depth 0 is out of range (expected 1, 2 or 3)");
+  refused("8:0:100:0:generated:2:fixed:-1:-", "shrink path index -1 is out of range");
+  refused("8:0:100:0:generated:2:fixed:0.-2:-", "shrink path index -2 is out of range");
+  refused("8:-1:100:0:generated:2:fixed:-:-", "seed is not a number: '-1'");
+  // The bounds themselves are accepted.
+  EXPECT_EQ(replay(all, "chorus-check:1:reduce.all_reduce:1:0:1:0:pct:3:fixed:-:-").result.verdict,
+            Verdict::Passed);
+  EXPECT_EQ(
+      replay(all, "chorus-check:1:reduce.all_reduce:2:0:100:99:pct:1:fixed:-:-").result.verdict,
+      Verdict::Passed);
+}
+
+TEST(Battery, CheckRefusesAPctDepthOutsideOneToThree) {
+  CheckOptions options;
+  options.cases = 1;
+  options.pct_depth = 4;
+  testing::expect_invalid_argument([&] { (void)check_one("reduce.all_reduce", options); },
+                                   {"pct_depth must lie in [1, 3], got 4"});
+}
+
 TEST(Battery, ReplayWithoutASimulatorTokenRegeneratesTheSchedule) {
   const Replay replayed =
       replay(battery(), "chorus-check:1:law.gather_dim:3:5:100:7:generated:2:fixed:-:-");
