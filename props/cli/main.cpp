@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <chorus/chorus.hpp>
 #include <chorus/launcher.hpp>
@@ -98,13 +99,27 @@ Enum parse_enum(const std::string& text, std::initializer_list<Enum> values, con
   throw InvalidArgument({}, std::string("chorus: unknown ") + flag + " '" + text + "'");
 }
 
-void print_report(const props::CheckReport& report) {
+// Prints the failures and the table; returns the exit status: 0 when every property that ran
+// passed and at least one ran, 1 when one failed or every selected property was skipped (a run
+// that checked nothing must not read as a pass).
+int print_report(const props::CheckReport& report) {
   for (const props::PropertyResult& result : report.results) {
     if (result.verdict == props::Verdict::Failed) {
       std::cout << "\n" << props::failure_report(result);
     }
   }
   std::cout << "\n" << props::summary_table(report);
+  if (!report.passed()) {
+    return 1;
+  }
+  const bool checked = std::any_of(
+      report.results.begin(), report.results.end(),
+      [](const props::PropertyResult& result) { return result.verdict == props::Verdict::Passed; });
+  if (!checked) {
+    std::cout << "chorus check: nothing was checked: every selected property was skipped\n";
+    return 1;
+  }
+  return 0;
 }
 
 int run_check(const CheckFlags& flags) {
@@ -137,9 +152,7 @@ int run_check(const CheckFlags& flags) {
               << " cases each, " << options.ranks << " simulated ranks, seed " << options.seed
               << "\n";
     std::cout.flush();
-    const props::CheckReport report = props::check_on_simulator(properties, options);
-    print_report(report);
-    return report.passed() ? 0 : 1;
+    return print_report(props::check_on_simulator(properties, options));
   }
   // Lockstep: the same cases on every rank of a transport, verdicts agreed by all-reduce.
   RunOptions run_options;
@@ -148,7 +161,7 @@ int run_check(const CheckFlags& flags) {
   run_options.seed = flags.seed;
   run_options.check_collectives = flags.check_collectives;
   run_options.timeout = std::chrono::milliseconds(flags.timeout_ms);
-  bool passed = true;
+  int verdict = 0;
   const int status = run(run_options, [&] {
     if (rank() == 0) {
       std::cout << "chorus check (lockstep on " << flags.transport << "): " << properties.size()
@@ -158,11 +171,10 @@ int run_check(const CheckFlags& flags) {
     }
     const props::CheckReport report = props::check_in_lockstep(properties, options);
     if (rank() == 0) {
-      print_report(report);
-      passed = report.passed();
+      verdict = print_report(report);
     }
   });
-  return status == 0 && passed ? 0 : 1;
+  return status == 0 ? verdict : 1;
 }
 
 int run_replay(const std::string& token, const std::string& trace, const std::string& timeline) {
@@ -376,7 +388,13 @@ int main(int argc, char** argv) {
   launch->prefix_command();
 
   const int separator = launch_separator(argc, argv);
-  CLI11_PARSE(app, separator, argv);
+  try {
+    app.parse(separator, argv);
+  } catch (const CLI::ParseError& error) {
+    // app.exit prints the help (--help: status 0) or the error and a hint; a bad flag is 2 like
+    // every other refusal (docs/properties.md), not CLI11's own code per kind of error.
+    return app.exit(error) == 0 ? 0 : 2;
+  }
   try {
     if (check->parsed()) {
       return run_check(flags);
