@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <chorus/chorus.hpp>
 #include <chorus/launcher.hpp>
 #include <chorus/props/battery.hpp>
@@ -275,6 +276,23 @@ int launch_separator(int argc, char** argv) {
   return argc;
 }
 
+// CLI11 reads "-1" into an unsigned option by wrapping it and saturates on overflow: a seed is
+// plain decimal digits within 64 bits, refused otherwise before CLI11 converts it.
+const CLI::Validator kUnsigned64(
+    [](std::string& text) -> std::string {
+      std::uint64_t value = 0;
+      const char* end = text.data() + text.size();
+      const auto [last, error] = std::from_chars(text.data(), end, value);
+      if (text.empty() || error != std::errc() || last != end) {
+        return "'" + text + "' is not an unsigned 64-bit integer (0 to 18446744073709551615)";
+      }
+      return {};
+    },
+    "UINT64");
+
+// Switches that take a value: 1 or 0 (CLI11 would read 2, 7 or "yes" as true).
+const CLI::Validator kOneOrZero = CLI::IsMember({"0", "1"});
+
 }  // namespace
 }  // namespace chorus::cli
 
@@ -297,7 +315,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"simulator", "lockstep"}))
       ->capture_default_str();
   check->add_option("--ranks", flags.ranks, "simulated ranks")->capture_default_str();
-  check->add_option("--seed", flags.seed, "decides every case and schedule")->capture_default_str();
+  check->add_option("--seed", flags.seed, "decides every case and schedule")
+      ->check(kUnsigned64)
+      ->capture_default_str();
   check->add_option("--cases", flags.cases, "cases per property")->capture_default_str();
   check->add_option("--property", flags.property, "glob(s) over property names, comma-separated")
       ->capture_default_str();
@@ -349,6 +369,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_option("-e,--max-bytes", bench_flags.max_bytes, "largest size")->capture_default_str();
   bench->add_option("-f,--step-factor", bench_options.step_factor, "size multiplier per row")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40))
       ->capture_default_str();
   bench
       ->add_option("-d,--dtype", bench_flags.dtype,
@@ -365,14 +386,18 @@ int main(int argc, char** argv) {
   bench->add_option("--reps", bench_options.reps, "timed batches per size (the median is shown)")
       ->capture_default_str();
   bench->add_option("-c,--check", bench_options.check, "count #wrong after timing (1 or 0)")
+      ->check(kOneOrZero)
       ->capture_default_str();
   bench->add_flag("--sim-checks", bench_options.sim_checks,
                   "simulator: keep poisoning pending outputs and checksumming inputs");
   bench
       ->add_option("--probe", bench_options.memory_probe,
                    "simulator: measure the memory-bandwidth probe (1 or 0)")
+      ->check(kOneOrZero)
       ->capture_default_str();
-  bench->add_option("--seed", bench_options.seed, "simulator schedule seed")->capture_default_str();
+  bench->add_option("--seed", bench_options.seed, "simulator schedule seed")
+      ->check(kUnsigned64)
+      ->capture_default_str();
 
   chorus::launcher::LaunchOptions launch_options;
   std::int64_t grace_ms = launch_options.grace.count();
