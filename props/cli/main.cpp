@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace chorus::cli {
 namespace {
@@ -88,6 +89,9 @@ struct CheckFlags {
   bool check_collectives = false;
   int shrink_runs = 2000;
   std::int64_t timeout_ms = 600'000;  // RunOptions::timeout of lockstep runs
+  // The simulator's schedule flags given on the command line (--strategy ...): refused on a real
+  // transport, whose schedule is its own.
+  std::vector<std::string> schedule_flags_given;
 };
 
 template <class Enum>
@@ -156,10 +160,14 @@ int run_check(const CheckFlags& flags) {
     return print_report(props::check_on_simulator(properties, options));
   }
   // Lockstep: the same cases on every rank of a transport, verdicts agreed by all-reduce.
-  RunOptions run_options;
-  run_options.transport = flags.transport;
-  run_options.ranks = flags.ranks;
-  run_options.seed = flags.seed;
+  if (flags.transport != "sim" && !flags.schedule_flags_given.empty()) {
+    std::cerr << "chorus check: " << flags.schedule_flags_given.front()
+              << " chooses the simulator's schedule: only the simulator (--transport sim) takes "
+                 "--strategy, --pct-depth and --reduction-order, not "
+              << flags.transport << "\n";
+    return 2;
+  }
+  RunOptions run_options = props::lockstep_run_options(options, flags.transport);
   run_options.check_collectives = flags.check_collectives;
   run_options.timeout = std::chrono::milliseconds(flags.timeout_ms);
   int verdict = 0;
@@ -167,7 +175,13 @@ int run_check(const CheckFlags& flags) {
     if (rank() == 0) {
       std::cout << "chorus check (lockstep on " << flags.transport << "): " << properties.size()
                 << " properties, " << options.cases << " cases each, " << world_size()
-                << " ranks, seed " << options.seed << "\n";
+                << " ranks, seed " << options.seed;
+      if (run_options.transport == "sim") {
+        std::cout << ", strategy " << sim::name(run_options.strategy) << ", pct depth "
+                  << run_options.pct_depth << ", reduction order "
+                  << sim::name(run_options.reduction_order);
+      }
+      std::cout << "\n";
       std::cout.flush();
     }
     const props::CheckReport report = props::check_in_lockstep(properties, options);
@@ -419,6 +433,11 @@ int main(int argc, char** argv) {
     // app.exit prints the help (--help: status 0) or the error and a hint; a bad flag is 2 like
     // every other refusal (docs/properties.md), not CLI11's own code per kind of error.
     return app.exit(error) == 0 ? 0 : 2;
+  }
+  for (const char* flag : {"--strategy", "--pct-depth", "--reduction-order"}) {
+    if (check->count(flag) > 0) {
+      flags.schedule_flags_given.emplace_back(flag);
+    }
   }
   try {
     if (check->parsed()) {

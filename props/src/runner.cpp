@@ -746,6 +746,17 @@ CheckReport check_in_lockstep(const std::vector<Property>& properties,
                  });
 }
 
+RunOptions lockstep_run_options(const CheckOptions& options, const std::string& transport) {
+  RunOptions run_options;
+  run_options.transport = transport;
+  run_options.ranks = options.ranks;
+  run_options.seed = options.seed;
+  run_options.strategy = options.strategy.value_or(sim::Strategy::RandomWalk);
+  run_options.pct_depth = options.pct_depth;
+  run_options.reduction_order = options.reduction_order;
+  return run_options;
+}
+
 Replay replay(const std::vector<Property>& properties, std::string_view token,
               sim::SimOptions extra) {
   const Token parsed = parse_token(token);

@@ -228,6 +228,42 @@ TEST(Battery, LockstepOnATransportWithoutBitwiseReductionsPasses) {
   EXPECT_GT(refusals->load(), 0) << "no case drew a bitwise reduction: the test proves nothing";
 }
 
+// The lockstep runner on the simulator runs the schedule its tokens record (it used to run
+// RandomWalk, depth 2, Fixed whatever was asked). The reduction order shows in an inexact sum:
+// 1e20 + 1 + -1e20 + 1 in float is 1 left to right, 0 as a tree ((1e20 + 1) + (-1e20 + 1)).
+TEST(Battery, LockstepOnTheSimulatorRunsTheScheduleItsTokensRecord) {
+  CheckOptions options;
+  options.ranks = 4;
+  options.seed = 9;
+  const RunOptions plain = lockstep_run_options(options, "sim");
+  EXPECT_EQ(plain.transport, "sim");
+  EXPECT_EQ(plain.ranks, 4);
+  EXPECT_EQ(plain.seed, 9u);
+  EXPECT_EQ(plain.strategy, sim::Strategy::RandomWalk);  // no choice lists in lockstep
+  options.strategy = sim::Strategy::Pct;
+  options.pct_depth = 3;
+  const RunOptions pct = lockstep_run_options(options, "sim");
+  EXPECT_EQ(pct.strategy, sim::Strategy::Pct);
+  EXPECT_EQ(pct.pct_depth, 3);
+
+  const auto inexact_sum = [&](sim::ReductionOrder order) {
+    options.reduction_order = order;
+    std::atomic<float> sum{-1};
+    const int status = run(lockstep_run_options(options, "sim"), [&] {
+      constexpr float kValues[] = {1e20F, 1, -1e20F, 1};
+      const Tensor x = Tensor::full({1}, kValues[rank()], DType::Float32);
+      const float result = all_reduce(x, "sum", world()).item<float>();
+      if (rank() == 0) {
+        sum = result;
+      }
+    });
+    EXPECT_EQ(status, 0);
+    return sum.load();
+  };
+  EXPECT_EQ(inexact_sum(sim::ReductionOrder::Fixed), 1.0F);
+  EXPECT_EQ(inexact_sum(sim::ReductionOrder::Tree), 0.0F);
+}
+
 TEST(Battery, SelectTakesCommaSeparatedGlobs) {
   const std::vector<Property> all = battery();
   EXPECT_EQ(select(all, "*").size(), all.size());
