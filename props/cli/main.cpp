@@ -92,7 +92,15 @@ struct CheckFlags {
   // The simulator's schedule flags given on the command line (--strategy ...): refused on a real
   // transport, whose schedule is its own.
   std::vector<std::string> schedule_flags_given;
+  bool ranks_given = false;  // --ranks on the command line: a real transport's world must match
 };
+
+// How to start `ranks` ranks of `chorus check` on a real transport.
+std::string launch_hint(const std::string& transport, int ranks) {
+  const std::string n = std::to_string(ranks);
+  return transport == "mpi" ? "mpirun -np " + n + " chorus check --transport mpi"
+                            : "chorus launch -n " + n + " chorus check --transport " + transport;
+}
 
 template <class Enum>
 Enum parse_enum(const std::string& text, std::initializer_list<Enum> values, const char* flag) {
@@ -172,6 +180,24 @@ int run_check(const CheckFlags& flags) {
   run_options.timeout = std::chrono::milliseconds(flags.timeout_ms);
   int verdict = 0;
   const int status = run(run_options, [&] {
+    // A real transport's world comes from its launcher, not --ranks. Every rank sees the same
+    // world size, so every rank refuses alike (and none reaches a collective).
+    if (flags.transport != "sim" && flags.ranks_given && world_size() != flags.ranks) {
+      if (rank() == 0) {
+        std::cerr << "chorus check: --ranks " << flags.ranks << " but the " << flags.transport
+                  << " world has " << world_size() << (world_size() == 1 ? " rank" : " ranks")
+                  << ": its launcher decides the world ("
+                  << launch_hint(flags.transport, flags.ranks) << ")\n";
+      }
+      verdict = 2;
+      return;
+    }
+    if (flags.transport != "sim" && world_size() == 1 && rank() == 0) {
+      std::cerr << "chorus check: note: the " << flags.transport
+                << " world has one rank, on which most properties pass trivially (no peer to "
+                   "disagree with); for more ranks: "
+                << launch_hint(flags.transport, 4) << "\n";
+    }
     if (rank() == 0) {
       std::cout << "chorus check (lockstep on " << flags.transport << "): " << properties.size()
                 << " properties, " << options.cases << " cases each, " << world_size()
@@ -328,7 +354,10 @@ int main(int argc, char** argv) {
                    "transport runner, here on simulated ranks)")
       ->check(CLI::IsMember({"simulator", "lockstep"}))
       ->capture_default_str();
-  check->add_option("--ranks", flags.ranks, "simulated ranks")->capture_default_str();
+  check
+      ->add_option("--ranks", flags.ranks,
+                   "simulated ranks (mpi, nccl: the launcher's world, which --ranks must match)")
+      ->capture_default_str();
   check->add_option("--seed", flags.seed, "decides every case and schedule")
       ->check(kUnsigned64)
       ->capture_default_str();
@@ -434,6 +463,7 @@ int main(int argc, char** argv) {
     // every other refusal (docs/properties.md), not CLI11's own code per kind of error.
     return app.exit(error) == 0 ? 0 : 2;
   }
+  flags.ranks_given = check->count("--ranks") > 0;
   for (const char* flag : {"--strategy", "--pct-depth", "--reduction-order"}) {
     if (check->count(flag) > 0) {
       flags.schedule_flags_given.emplace_back(flag);
