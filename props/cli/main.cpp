@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <chorus/chorus.hpp>
 #include <chorus/launcher.hpp>
 #include <chorus/props/battery.hpp>
@@ -17,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace chorus::cli {
 namespace {
@@ -86,7 +89,18 @@ struct CheckFlags {
   bool check_collectives = false;
   int shrink_runs = 2000;
   std::int64_t timeout_ms = 600'000;  // RunOptions::timeout of lockstep runs
+  // The simulator's schedule flags given on the command line (--strategy ...): refused on a real
+  // transport, whose schedule is its own.
+  std::vector<std::string> schedule_flags_given;
+  bool ranks_given = false;  // --ranks on the command line: a real transport's world must match
 };
+
+// How to start `ranks` ranks of `chorus check` on a real transport.
+std::string launch_hint(const std::string& transport, int ranks) {
+  const std::string n = std::to_string(ranks);
+  return transport == "mpi" ? "mpirun -np " + n + " chorus check --transport mpi"
+                            : "chorus launch -n " + n + " chorus check --transport " + transport;
+}
 
 template <class Enum>
 Enum parse_enum(const std::string& text, std::initializer_list<Enum> values, const char* flag) {
@@ -98,13 +112,27 @@ Enum parse_enum(const std::string& text, std::initializer_list<Enum> values, con
   throw InvalidArgument({}, std::string("chorus: unknown ") + flag + " '" + text + "'");
 }
 
-void print_report(const props::CheckReport& report) {
+// Prints the failures and the table; returns the exit status: 0 when every property that ran
+// passed and at least one ran, 1 when one failed or every selected property was skipped (a run
+// that checked nothing must not read as a pass).
+int print_report(const props::CheckReport& report) {
   for (const props::PropertyResult& result : report.results) {
     if (result.verdict == props::Verdict::Failed) {
       std::cout << "\n" << props::failure_report(result);
     }
   }
   std::cout << "\n" << props::summary_table(report);
+  if (!report.passed()) {
+    return 1;
+  }
+  const bool checked = std::any_of(
+      report.results.begin(), report.results.end(),
+      [](const props::PropertyResult& result) { return result.verdict == props::Verdict::Passed; });
+  if (!checked) {
+    std::cout << "chorus check: nothing was checked: every selected property was skipped\n";
+    return 1;
+  }
+  return 0;
 }
 
 int run_check(const CheckFlags& flags) {
@@ -137,32 +165,57 @@ int run_check(const CheckFlags& flags) {
               << " cases each, " << options.ranks << " simulated ranks, seed " << options.seed
               << "\n";
     std::cout.flush();
-    const props::CheckReport report = props::check_on_simulator(properties, options);
-    print_report(report);
-    return report.passed() ? 0 : 1;
+    return print_report(props::check_on_simulator(properties, options));
   }
   // Lockstep: the same cases on every rank of a transport, verdicts agreed by all-reduce.
-  RunOptions run_options;
-  run_options.transport = flags.transport;
-  run_options.ranks = flags.ranks;
-  run_options.seed = flags.seed;
+  if (flags.transport != "sim" && !flags.schedule_flags_given.empty()) {
+    std::cerr << "chorus check: " << flags.schedule_flags_given.front()
+              << " chooses the simulator's schedule: only the simulator (--transport sim) takes "
+                 "--strategy, --pct-depth and --reduction-order, not "
+              << flags.transport << "\n";
+    return 2;
+  }
+  RunOptions run_options = props::lockstep_run_options(options, flags.transport);
   run_options.check_collectives = flags.check_collectives;
   run_options.timeout = std::chrono::milliseconds(flags.timeout_ms);
-  bool passed = true;
+  int verdict = 0;
   const int status = run(run_options, [&] {
+    // A real transport's world comes from its launcher, not --ranks. Every rank sees the same
+    // world size, so every rank refuses alike (and none reaches a collective).
+    if (flags.transport != "sim" && flags.ranks_given && world_size() != flags.ranks) {
+      if (rank() == 0) {
+        std::cerr << "chorus check: --ranks " << flags.ranks << " but the " << flags.transport
+                  << " world has " << world_size() << (world_size() == 1 ? " rank" : " ranks")
+                  << ": its launcher decides the world ("
+                  << launch_hint(flags.transport, flags.ranks) << ")\n";
+      }
+      verdict = 2;
+      return;
+    }
+    if (flags.transport != "sim" && world_size() == 1 && rank() == 0) {
+      std::cerr << "chorus check: note: the " << flags.transport
+                << " world has one rank, on which most properties pass trivially (no peer to "
+                   "disagree with); for more ranks: "
+                << launch_hint(flags.transport, 4) << "\n";
+    }
     if (rank() == 0) {
       std::cout << "chorus check (lockstep on " << flags.transport << "): " << properties.size()
                 << " properties, " << options.cases << " cases each, " << world_size()
-                << " ranks, seed " << options.seed << "\n";
+                << " ranks, seed " << options.seed;
+      if (run_options.transport == "sim") {
+        std::cout << ", strategy " << sim::name(run_options.strategy) << ", pct depth "
+                  << run_options.pct_depth << ", reduction order "
+                  << sim::name(run_options.reduction_order);
+      }
+      std::cout << "\n";
       std::cout.flush();
     }
     const props::CheckReport report = props::check_in_lockstep(properties, options);
     if (rank() == 0) {
-      print_report(report);
-      passed = report.passed();
+      verdict = print_report(report);
     }
   });
-  return status == 0 && passed ? 0 : 1;
+  return status == 0 ? verdict : 1;
 }
 
 int run_replay(const std::string& token, const std::string& trace, const std::string& timeline) {
@@ -263,6 +316,23 @@ int launch_separator(int argc, char** argv) {
   return argc;
 }
 
+// CLI11 reads "-1" into an unsigned option by wrapping it and saturates on overflow: a seed is
+// plain decimal digits within 64 bits, refused otherwise before CLI11 converts it.
+const CLI::Validator kUnsigned64(
+    [](std::string& text) -> std::string {
+      std::uint64_t value = 0;
+      const char* end = text.data() + text.size();
+      const auto [last, error] = std::from_chars(text.data(), end, value);
+      if (text.empty() || error != std::errc() || last != end) {
+        return "'" + text + "' is not an unsigned 64-bit integer (0 to 18446744073709551615)";
+      }
+      return {};
+    },
+    "UINT64");
+
+// Switches that take a value: 1 or 0 (CLI11 would read 2, 7 or "yes" as true).
+const CLI::Validator kOneOrZero = CLI::IsMember({"0", "1"});
+
 }  // namespace
 }  // namespace chorus::cli
 
@@ -284,8 +354,13 @@ int main(int argc, char** argv) {
                    "transport runner, here on simulated ranks)")
       ->check(CLI::IsMember({"simulator", "lockstep"}))
       ->capture_default_str();
-  check->add_option("--ranks", flags.ranks, "simulated ranks")->capture_default_str();
-  check->add_option("--seed", flags.seed, "decides every case and schedule")->capture_default_str();
+  check
+      ->add_option("--ranks", flags.ranks,
+                   "simulated ranks (mpi, nccl: the launcher's world, which --ranks must match)")
+      ->capture_default_str();
+  check->add_option("--seed", flags.seed, "decides every case and schedule")
+      ->check(kUnsigned64)
+      ->capture_default_str();
   check->add_option("--cases", flags.cases, "cases per property")->capture_default_str();
   check->add_option("--property", flags.property, "glob(s) over property names, comma-separated")
       ->capture_default_str();
@@ -337,6 +412,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_option("-e,--max-bytes", bench_flags.max_bytes, "largest size")->capture_default_str();
   bench->add_option("-f,--step-factor", bench_options.step_factor, "size multiplier per row")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40))
       ->capture_default_str();
   bench
       ->add_option("-d,--dtype", bench_flags.dtype,
@@ -353,14 +429,18 @@ int main(int argc, char** argv) {
   bench->add_option("--reps", bench_options.reps, "timed batches per size (the median is shown)")
       ->capture_default_str();
   bench->add_option("-c,--check", bench_options.check, "count #wrong after timing (1 or 0)")
+      ->check(kOneOrZero)
       ->capture_default_str();
   bench->add_flag("--sim-checks", bench_options.sim_checks,
                   "simulator: keep poisoning pending outputs and checksumming inputs");
   bench
       ->add_option("--probe", bench_options.memory_probe,
                    "simulator: measure the memory-bandwidth probe (1 or 0)")
+      ->check(kOneOrZero)
       ->capture_default_str();
-  bench->add_option("--seed", bench_options.seed, "simulator schedule seed")->capture_default_str();
+  bench->add_option("--seed", bench_options.seed, "simulator schedule seed")
+      ->check(kUnsigned64)
+      ->capture_default_str();
 
   chorus::launcher::LaunchOptions launch_options;
   std::int64_t grace_ms = launch_options.grace.count();
@@ -376,7 +456,19 @@ int main(int argc, char** argv) {
   launch->prefix_command();
 
   const int separator = launch_separator(argc, argv);
-  CLI11_PARSE(app, separator, argv);
+  try {
+    app.parse(separator, argv);
+  } catch (const CLI::ParseError& error) {
+    // app.exit prints the help (--help: status 0) or the error and a hint; a bad flag is 2 like
+    // every other refusal (docs/properties.md), not CLI11's own code per kind of error.
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+  flags.ranks_given = check->count("--ranks") > 0;
+  for (const char* flag : {"--strategy", "--pct-depth", "--reduction-order"}) {
+    if (check->count(flag) > 0) {
+      flags.schedule_flags_given.emplace_back(flag);
+    }
+  }
   try {
     if (check->parsed()) {
       return run_check(flags);

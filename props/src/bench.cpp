@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chorus/chorus.hpp>
 #include <chorus/sim/sim.hpp>
 #include <chrono>
@@ -22,6 +23,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kAdaptiveItersMax = 1000;
+// The longest adaptive batch (BenchOptions::batch_ms): a minute.
+constexpr double kBatchMsMax = 60'000;
+// The largest step factor: one row past the smallest size already exceeds max_bytes' 1 TiB.
+constexpr std::size_t kStepFactorMax = std::size_t{1} << 40;
 // Below this the probe's buffers and the simulator's sit in L1/L2: no memory bandwidth to compare.
 constexpr std::size_t kProbeBytesMin = std::size_t{64} << 10;
 
@@ -351,6 +356,9 @@ class Table {
 };
 
 void validate(const BenchOptions& options) {
+  if (options.ops.empty()) {
+    invalid("no op to benchmark (--ops names none)");
+  }
   for (const std::string& op : options.ops) {
     if (std::find(std::begin(kOps), std::end(kOps), op) == std::end(kOps)) {
       invalid("unknown op '" + op +
@@ -374,11 +382,15 @@ void validate(const BenchOptions& options) {
   if (options.transport == "sim" && (options.ranks < 1 || options.ranks > sim::kMaxWorldSize)) {
     invalid("--ranks must be between 1 and " + std::to_string(sim::kMaxWorldSize));
   }
-  if (options.step_factor < 2) {
-    invalid("the step factor must be at least 2");
+  if (options.step_factor < 2 || options.step_factor > kStepFactorMax) {
+    invalid("the step factor must lie in [2, 2^40], got " + std::to_string(options.step_factor));
   }
-  if (options.iters < 0 || options.reps < 1 || options.warmup < 0 || options.batch_ms <= 0) {
-    invalid("iters and warmup must be at least 0, reps at least 1, batch-ms positive");
+  if (options.iters < 0 || options.reps < 1 || options.warmup < 0) {
+    invalid("iters and warmup must be at least 0, reps at least 1");
+  }
+  // Written so that NaN fails too (every comparison with it is false).
+  if (!(options.batch_ms > 0 && options.batch_ms <= kBatchMsMax)) {
+    invalid("batch-ms must lie in (0, 60000], got " + format_number(options.batch_ms));
   }
 }
 
@@ -387,6 +399,10 @@ void validate(const BenchOptions& options) {
 std::size_t parse_bytes(const std::string& text) {
   std::size_t used = 0;
   unsigned long long value = 0;
+  // stoull takes a sign and leading spaces (and wraps "-1"): digits first only.
+  if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0])) == 0) {
+    invalid("bad size '" + text + "' (a number of bytes, optionally with K, M or G)");
+  }
   try {
     value = std::stoull(text, &used);
   } catch (const std::exception&) {

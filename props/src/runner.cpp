@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -19,6 +20,9 @@ using Clock = std::chrono::steady_clock;
 // RapidCheck's nominal largest size: case i of n is generated at size i * kSizeMax / n.
 constexpr int kSizeMax = 100;
 constexpr std::string_view kTokenPrefix = "chorus-check:1:";
+// PCT's bug depths the CLI and tokens take (sim::SimOptions::pct_depth itself only needs >= 1).
+constexpr int kPctDepthMin = 1;
+constexpr int kPctDepthMax = 3;
 // Bytes of each rank's failure message the lockstep runner gathers (longer ones are cut).
 constexpr std::int64_t kGatheredMessageBytes = 1024;
 
@@ -406,6 +410,10 @@ void check_options(const CheckOptions& options) {
     throw InvalidArgument(
         {}, "chorus check: cases must be at least 1, got " + std::to_string(options.cases));
   }
+  if (options.pct_depth < kPctDepthMin || options.pct_depth > kPctDepthMax) {
+    throw InvalidArgument(
+        {}, "chorus check: pct_depth must lie in [1, 3], got " + std::to_string(options.pct_depth));
+  }
   if (options.shrink_runs_max < 0) {
     throw InvalidArgument({}, "chorus check: shrink_runs_max must not be negative");
   }
@@ -552,6 +560,17 @@ T parse_number(std::string_view text, std::string_view token, std::string_view f
   return value;
 }
 
+// A number in [min, max] (inclusive); `expected` says the range in words.
+int parse_in_range(std::string_view text, std::string_view token, std::string_view field,
+                   std::int64_t min, std::int64_t max, std::string_view expected) {
+  const auto value = parse_number<std::int64_t>(text, token, field);
+  if (value < min || value > max) {
+    bad_token(token, std::string(field) + " " + std::string(text) + " is out of range (expected " +
+                         std::string(expected) + ")");
+  }
+  return static_cast<int>(value);
+}
+
 Token parse_token(std::string_view token) {
   if (token.substr(0, kTokenPrefix.size()) != kTokenPrefix) {
     bad_token(token, "it does not start with '" + std::string(kTokenPrefix) + "'");
@@ -570,10 +589,13 @@ Token parse_token(std::string_view token) {
   fields.push_back(rest);
   Token parsed;
   parsed.property = std::string(fields[0]);
-  parsed.ranks = parse_number<int>(fields[1], token, "ranks");
+  parsed.ranks = parse_in_range(fields[1], token, "ranks", 1, sim::kMaxWorldSize,
+                                "1 to " + std::to_string(sim::kMaxWorldSize));
   parsed.seed = parse_number<std::uint64_t>(fields[2], token, "seed");
-  parsed.cases = parse_number<int>(fields[3], token, "cases");
-  parsed.case_index = parse_number<int>(fields[4], token, "case");
+  parsed.cases =
+      parse_in_range(fields[3], token, "cases", 1, std::numeric_limits<int>::max(), "at least 1");
+  parsed.case_index = parse_in_range(fields[4], token, "case", 0, parsed.cases - 1,
+                                     "0 to " + std::to_string(parsed.cases - 1) + ", below cases");
   if (fields[5] == "lockstep") {
     parsed.lockstep = true;
   } else if (fields[5] != "generated") {
@@ -589,7 +611,8 @@ Token parse_token(std::string_view token) {
       bad_token(token, "unknown schedule source '" + std::string(fields[5]) + "'");
     }
   }
-  parsed.pct_depth = parse_number<int>(fields[6], token, "pct depth");
+  parsed.pct_depth =
+      parse_in_range(fields[6], token, "pct depth", kPctDepthMin, kPctDepthMax, "1, 2 or 3");
   bool order_found = false;
   for (const sim::ReductionOrder order :
        {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring, sim::ReductionOrder::Tree,
@@ -606,7 +629,8 @@ Token parse_token(std::string_view token) {
     std::string_view path = fields[8];
     while (!path.empty()) {
       const std::size_t dot = path.find('.');
-      parsed.path.push_back(parse_number<int>(path.substr(0, dot), token, "shrink path"));
+      parsed.path.push_back(parse_in_range(path.substr(0, dot), token, "shrink path index", 0,
+                                           std::numeric_limits<int>::max(), "at least 0"));
       path = dot == std::string_view::npos ? std::string_view() : path.substr(dot + 1);
     }
   }
@@ -720,6 +744,17 @@ CheckReport check_in_lockstep(const std::vector<Property>& properties,
                        [&](const Case& value) { return execute_in_lockstep(property, value); },
                        [](const Case& value) { return value.text(); });
                  });
+}
+
+RunOptions lockstep_run_options(const CheckOptions& options, const std::string& transport) {
+  RunOptions run_options;
+  run_options.transport = transport;
+  run_options.ranks = options.ranks;
+  run_options.seed = options.seed;
+  run_options.strategy = options.strategy.value_or(sim::Strategy::RandomWalk);
+  run_options.pct_depth = options.pct_depth;
+  run_options.reduction_order = options.reduction_order;
+  return run_options;
 }
 
 Replay replay(const std::vector<Property>& properties, std::string_view token,

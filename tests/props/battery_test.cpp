@@ -228,6 +228,42 @@ TEST(Battery, LockstepOnATransportWithoutBitwiseReductionsPasses) {
   EXPECT_GT(refusals->load(), 0) << "no case drew a bitwise reduction: the test proves nothing";
 }
 
+// The lockstep runner on the simulator runs the schedule its tokens record (it used to run
+// RandomWalk, depth 2, Fixed whatever was asked). The reduction order shows in an inexact sum:
+// 1e20 + 1 + -1e20 + 1 in float is 1 left to right, 0 as a tree ((1e20 + 1) + (-1e20 + 1)).
+TEST(Battery, LockstepOnTheSimulatorRunsTheScheduleItsTokensRecord) {
+  CheckOptions options;
+  options.ranks = 4;
+  options.seed = 9;
+  const RunOptions plain = lockstep_run_options(options, "sim");
+  EXPECT_EQ(plain.transport, "sim");
+  EXPECT_EQ(plain.ranks, 4);
+  EXPECT_EQ(plain.seed, 9u);
+  EXPECT_EQ(plain.strategy, sim::Strategy::RandomWalk);  // no choice lists in lockstep
+  options.strategy = sim::Strategy::Pct;
+  options.pct_depth = 3;
+  const RunOptions pct = lockstep_run_options(options, "sim");
+  EXPECT_EQ(pct.strategy, sim::Strategy::Pct);
+  EXPECT_EQ(pct.pct_depth, 3);
+
+  const auto inexact_sum = [&](sim::ReductionOrder order) {
+    options.reduction_order = order;
+    std::atomic<float> sum{-1};
+    const int status = run(lockstep_run_options(options, "sim"), [&] {
+      constexpr float kValues[] = {1e20F, 1, -1e20F, 1};
+      const Tensor x = Tensor::full({1}, kValues[rank()], DType::Float32);
+      const float result = all_reduce(x, "sum", world()).item<float>();
+      if (rank() == 0) {
+        sum = result;
+      }
+    });
+    EXPECT_EQ(status, 0);
+    return sum.load();
+  };
+  EXPECT_EQ(inexact_sum(sim::ReductionOrder::Fixed), 1.0F);
+  EXPECT_EQ(inexact_sum(sim::ReductionOrder::Tree), 0.0F);
+}
+
 TEST(Battery, SelectTakesCommaSeparatedGlobs) {
   const std::vector<Property> all = battery();
   EXPECT_EQ(select(all, "*").size(), all.size());
@@ -263,6 +299,41 @@ TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
         (void)replay(all, "chorus-check:1:reduce.all_reduce:4:0:100:0:generated:2:fixed:999:-");
       },
       {"shrink path"});
+}
+
+// Every numeric field is range-checked before anything is generated: a negative case index used
+// to reach RapidCheck as a negative size (a crash), the others were taken silently.
+TEST(Battery, ReplayTokenFieldsOutOfRangeAreRefusedNamingTheField) {
+  const std::vector<Property> all = battery();
+  const auto refused = [&](const std::string& fields, const std::string& fragment) {
+    testing::expect_invalid_argument(
+        [&] { (void)replay(all, "chorus-check:1:reduce.all_reduce:" + fields); },
+        {"malformed token", fragment});
+  };
+  refused("8:0:100:-7:generated:2:fixed:-:-", "case -7 is out of range (expected 0 to 99");
+  refused("8:0:100:100:generated:2:fixed:-:-", "case 100 is out of range (expected 0 to 99");
+  refused("8:0:0:0:generated:2:fixed:-:-", "cases 0 is out of range (expected at least 1)");
+  refused("0:0:100:0:generated:2:fixed:-:-", "ranks 0 is out of range (expected 1 to 1024)");
+  refused("1025:0:100:0:generated:2:fixed:-:-", "ranks 1025 is out of range (expected 1 to 1024)");
+  refused("8:0:100:0:generated:99:fixed:-:-", "pct depth 99 is out of range (expected 1, 2 or 3)");
+  refused("8:0:100:0:generated:0:fixed:-:-", "pct depth 0 is out of range (expected 1, 2 or 3)");
+  refused("8:0:100:0:generated:2:fixed:-1:-", "shrink path index -1 is out of range");
+  refused("8:0:100:0:generated:2:fixed:0.-2:-", "shrink path index -2 is out of range");
+  refused("8:-1:100:0:generated:2:fixed:-:-", "seed is not a number: '-1'");
+  // The bounds themselves are accepted.
+  EXPECT_EQ(replay(all, "chorus-check:1:reduce.all_reduce:1:0:1:0:pct:3:fixed:-:-").result.verdict,
+            Verdict::Passed);
+  EXPECT_EQ(
+      replay(all, "chorus-check:1:reduce.all_reduce:2:0:100:99:pct:1:fixed:-:-").result.verdict,
+      Verdict::Passed);
+}
+
+TEST(Battery, CheckRefusesAPctDepthOutsideOneToThree) {
+  CheckOptions options;
+  options.cases = 1;
+  options.pct_depth = 4;
+  testing::expect_invalid_argument([&] { (void)check_one("reduce.all_reduce", options); },
+                                   {"pct_depth must lie in [1, 3], got 4"});
 }
 
 TEST(Battery, ReplayWithoutASimulatorTokenRegeneratesTheSchedule) {

@@ -6,6 +6,7 @@
 
 #include <chorus/chorus.hpp>
 #include <chorus/props/bench.hpp>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -154,6 +155,29 @@ TEST(Bench, BadOptionsAreRefusedBeforeAnythingRuns) {
   options.min_bytes = 1024;
   options.max_bytes = 8;
   refused(options, "0 < min-bytes <= max-bytes");
+  // Options that used to be taken and benchmark nothing or garbage.
+  options = quick(2);
+  options.ops = {};
+  refused(options, "chorus bench: no op to benchmark (--ops names none)");
+  options = quick(2);
+  options.batch_ms = std::numeric_limits<double>::quiet_NaN();
+  refused(options, "batch-ms must lie in (0, 60000], got nan");
+  options = quick(2);
+  options.batch_ms = std::numeric_limits<double>::infinity();
+  refused(options, "batch-ms must lie in (0, 60000], got inf");
+  options = quick(2);
+  options.batch_ms = 0;
+  refused(options, "batch-ms must lie in (0, 60000], got 0");
+  options = quick(2);
+  options.step_factor = std::numeric_limits<std::size_t>::max();  // what "-1" wrapped to
+  refused(options, "the step factor must lie in [2, 2^40], got 18446744073709551615");
+}
+
+TEST(Bench, SizesWithASignOrSpaceAreRefused) {
+  testing::expect_invalid_argument([] { (void)parse_bytes("-1"); }, {"bad size '-1'"});
+  testing::expect_invalid_argument([] { (void)parse_bytes("+8"); }, {"bad size '+8'"});
+  testing::expect_invalid_argument([] { (void)parse_bytes(" 8"); }, {"bad size ' 8'"});
+  testing::expect_invalid_argument([] { (void)parse_bytes(""); }, {"bad size ''"});
 }
 
 }  // namespace

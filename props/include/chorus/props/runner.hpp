@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "chorus/props/property.hpp"
+#include "chorus/run.hpp"
 
 namespace chorus::transport {
 class Transport;
@@ -111,6 +112,13 @@ CheckReport check_on_simulator(const std::vector<Property>& properties,
 // [Property runners]); call it on every rank, with the same properties and options. Every rank
 // returns the same report.
 CheckReport check_in_lockstep(const std::vector<Property>& properties, const CheckOptions& options);
+
+// The chorus::run options for check_in_lockstep on `transport` ("sim", "mpi" or "nccl"): its
+// ranks and seed, and on the simulator its schedule: `strategy` (a generated choice list is the
+// simulator runner's alone: nullopt means RandomWalk here), `pct_depth` and `reduction_order`,
+// which the lockstep tokens record. Real transports ignore the schedule fields (the caller should
+// refuse them; the CLI does). Never blocks, never throws.
+RunOptions lockstep_run_options(const CheckOptions& options, const std::string& transport);
 
 // Reruns a failing case from its replay token on the simulator, with events recorded (for
 // timelines and traces): returns the run's report, `result` filled as a check would.
