@@ -30,15 +30,42 @@
 namespace chorus {
 namespace detail {
 
-Shape contiguous_strides(const Shape& sizes) {
+// Note [Addressable layouts]
+// Every tensor's layout keeps its arithmetic in range, so that element offsets, extents and byte
+// counts never overflow (signed overflow is undefined behaviour; a wrapped byte count sizes a
+// buffer too small for the copy that then fills it):
+// - numel() * element_size() <= PTRDIFF_MAX, so nbytes() never wraps;
+// - the product of max(size, 1) fits in an int64, so its shape has contiguous strides
+//   (contiguous_strides counts a size-0 dim as size 1, as PyTorch does), empty tensors included:
+//   clone, to_vector and the collectives lay out a copy of any tensor's shape;
+// - the bytes its elements span, from the first element, fit in a ptrdiff_t;
+// - size * stride fits in an int64 in every dim, so a dim's extent (which unsqueeze, view's run
+//   merging and strided_copy's dim merging compute) never overflows;
+// The factories establish it: empty and from_blob through checked_nbytes, and from_dlpack checks
+// the producer's shape and strides. Views keep it: they
+// address a subset of their base's elements, their shapes are the base's with dims dropped,
+// shrunk, reordered or of size 1 added (or, for view, checked), and view's strides are no larger
+// than its base's extents. The one sum it does not bound is the storage offset of a view that
+// addresses no element (of an empty tensor, or narrow at the end of a dim) whose strides are
+// near the int64 limit: narrow and select check theirs (view_offset).
+
+std::optional<Shape> checked_contiguous_strides(const Shape& sizes) {
   Shape strides(sizes.size());
   std::int64_t stride = 1;
   for (std::size_t i = sizes.size(); i-- > 0;) {
     strides[i] = stride;
     // A zero-size dim still gets a usable stride, so later dims keep distinct strides.
-    stride *= std::max<std::int64_t>(sizes[i], 1);
+    if (__builtin_mul_overflow(stride, std::max<std::int64_t>(sizes[i], 1), &stride)) {
+      return std::nullopt;
+    }
   }
   return strides;
+}
+
+Shape contiguous_strides(const Shape& sizes) {
+  std::optional<Shape> strides = checked_contiguous_strides(sizes);
+  CHORUS_CHECK(strides.has_value());
+  return std::move(*strides);
 }
 
 std::int64_t shape_numel(const Shape& sizes) {
@@ -100,15 +127,18 @@ using detail::throw_invalid;
 // ---- Shape arithmetic.
 
 // Throws unless every size is >= 0; returns the byte count of `shape` elements of `dtype`,
-// throwing when it does not fit in a ptrdiff_t (so element offsets never overflow).
+// throwing when it does not fit in a ptrdiff_t (so element offsets never overflow) or when the
+// shape's contiguous strides do not fit in an int64 (Note [Addressable layouts]).
 std::size_t checked_nbytes(const Shape& shape, DType dtype, const char* op) {
   std::int64_t numel = 1;
+  std::int64_t padded_numel = 1;  // the product of max(size, 1) (Note [Addressable layouts])
   bool overflow = false;
   for (const std::int64_t size : shape) {
     if (size < 0) {
       throw_invalid(op, "shape " + shape_to_string(shape) + " has a negative size");
     }
-    overflow = overflow || __builtin_mul_overflow(numel, size, &numel);
+    overflow = overflow || __builtin_mul_overflow(numel, size, &numel) ||
+               __builtin_mul_overflow(padded_numel, std::max<std::int64_t>(size, 1), &padded_numel);
   }
   std::int64_t nbytes = 0;
   overflow = overflow ||
@@ -129,7 +159,8 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, cons
   const std::int64_t numel = shape_numel(sizes);
   CHORUS_CHECK_EQ(numel, shape_numel(shape));
   if (numel == 0) {
-    return contiguous_strides(shape);  // no element is ever addressed
+    // No element is ever addressed; the caller has checked that these strides fit.
+    return contiguous_strides(shape);
   }
 
   struct Run {
@@ -141,7 +172,10 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, cons
     if (sizes[i] == 1) {
       continue;
     }
-    if (!runs.empty() && runs.back().inner_stride == sizes[i] * strides[i]) {
+    std::int64_t extent = 0;  // fits (Note [Addressable layouts]); checked all the same
+    const bool overflow = __builtin_mul_overflow(sizes[i], strides[i], &extent);
+    CHORUS_CHECK(!overflow);
+    if (!runs.empty() && runs.back().inner_stride == extent) {
       runs.back().numel *= sizes[i];
       runs.back().inner_stride = strides[i];
     } else {
@@ -165,10 +199,12 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, cons
     if (product != run.numel) {
       return std::nullopt;
     }
+    // The group's extents are at most the run's, which is one of the base's extents.
     std::int64_t stride = run.inner_stride;
     for (std::size_t k = group.size(); k-- > 0;) {
       result[group[k]] = stride;
-      stride *= shape[group[k]];
+      const bool overflow = __builtin_mul_overflow(stride, shape[group[k]], &stride);
+      CHORUS_CHECK(!overflow);
     }
   }
   for (; next < shape.size(); ++next) {
@@ -179,7 +215,11 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, cons
   // Size-1 dims never step; give them the stride they would have in a packed layout.
   for (std::size_t i = shape.size(); i-- > 0;) {
     if (shape[i] == 1) {
-      result[i] = i + 1 < shape.size() ? result[i + 1] * shape[i + 1] : 1;
+      result[i] = 1;
+      if (i + 1 < shape.size()) {
+        const bool overflow = __builtin_mul_overflow(result[i + 1], shape[i + 1], &result[i]);
+        CHORUS_CHECK(!overflow);
+      }
     }
   }
   return result;
@@ -250,6 +290,26 @@ void check_defined(const Tensor& tensor, const char* op) {
 
 std::string element_count_text(std::int64_t count) {
   return std::to_string(count) + (count == 1 ? " element" : " elements");
+}
+
+// The storage offset of the view that starts `index` elements into dim `d` of `tensor` (narrow,
+// select), which unsafe_data_ptr() turns into bytes. Throws InvalidArgument naming `op` when
+// those do not fit in a ptrdiff_t: only possible for a view that addresses no element (an empty
+// tensor, or narrow at the end of a dim) with a stride near the int64 limit
+// (Note [Addressable layouts]).
+std::int64_t view_offset(const Tensor& tensor, std::size_t d, std::int64_t index, const char* op) {
+  const std::int64_t stride = tensor.strides()[d];
+  std::int64_t offset = 0;
+  std::int64_t offset_bytes = 0;
+  if (__builtin_mul_overflow(index, stride, &offset) ||
+      __builtin_add_overflow(tensor.storage_offset(), offset, &offset) ||
+      __builtin_mul_overflow(offset, static_cast<std::int64_t>(tensor.element_size()),
+                             &offset_bytes)) {
+    throw_invalid(op, "storage offset " + std::to_string(tensor.storage_offset()) + " + " +
+                          std::to_string(index) + " * stride " + std::to_string(stride) +
+                          " is too large to address");
+  }
+  return offset;
 }
 
 // Note [Shared layouts]
@@ -524,6 +584,11 @@ Tensor Tensor::view(Shape shape) const {
     throw_invalid(
         kOp, "shape " + shape_to_string(shape) + " is invalid for " + element_count_text(numel));
   }
+  // An empty view gets contiguous strides, which must fit (Note [Addressable layouts]);
+  // otherwise its strides come from this tensor's, which do.
+  if (numel == 0 && !detail::checked_contiguous_strides(shape)) {
+    throw_invalid(kOp, "shape " + shape_to_string(shape) + " is too large to address");
+  }
   std::optional<Shape> strides = view_strides(layout().sizes, layout().strides, shape);
   if (!strides) {
     throw_invalid(kOp, "cannot view a tensor of shape " + shape_to_string(layout().sizes) +
@@ -550,10 +615,10 @@ Tensor Tensor::narrow(std::int64_t dim, std::int64_t start, std::int64_t length)
                            " exceeds dim " + std::to_string(dim) + " of size " +
                            std::to_string(size) + " (length must be >= 0)");
   }
+  const std::int64_t offset = view_offset(*this, d, start, kOp);
   Shape sizes = layout().sizes;
   sizes[d] = length;
-  return {storage_, std::move(sizes), layout().strides, offset_ + start * layout().strides[d],
-          dtype_,   device_};
+  return {storage_, std::move(sizes), layout().strides, offset, dtype_, device_};
 }
 
 Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
@@ -568,9 +633,9 @@ Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
   if (index < 0) {
     index += size;
   }
+  const std::int64_t offset = view_offset(*this, d, index, kOp);
   Shape sizes = layout().sizes;
   Shape strides = layout().strides;
-  const std::int64_t offset = offset_ + index * layout().strides[d];
   sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(d));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
   return {storage_, std::move(sizes), std::move(strides), offset, dtype_, device_};
@@ -681,8 +746,13 @@ Tensor Tensor::unsqueeze(std::int64_t dim) const {
   constexpr const char* kOp = "Tensor::unsqueeze";
   check_defined(*this, kOp);
   const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim() + 1, kOp));
-  const std::int64_t stride =
-      d < layout().sizes.size() ? layout().sizes[d] * layout().strides[d] : 1;
+  // The extent of the dim it goes before (as torch), or 1 at the end. Extents fit
+  // (Note [Addressable layouts]); checked all the same.
+  std::int64_t stride = 1;
+  if (d < layout().sizes.size()) {
+    const bool overflow = __builtin_mul_overflow(layout().sizes[d], layout().strides[d], &stride);
+    CHORUS_CHECK(!overflow);
+  }
   Shape sizes = layout().sizes;
   Shape strides = layout().strides;
   sizes.insert(sizes.begin() + static_cast<std::ptrdiff_t>(d), 1);

@@ -246,6 +246,31 @@ TEST(TensorFactory, HugeShapesThrow) {
   expect_invalid_argument([&] { (void)Tensor::empty({big, big}); }, {"Tensor::empty", "too large"});
 }
 
+TEST(TensorFactory, EmptyShapesWhoseStridesOverflowThrow) {
+  // No element, but the strides of [0, 2^40, 2^40] would be [2^80, 2^40, 1]: a size-0 dim counts
+  // as size 1 in the strides (as PyTorch's), so the shape is refused, meta tensors included.
+  const std::int64_t big = std::int64_t{1} << 40;
+  expect_invalid_argument(
+      [&] {
+        (void)Tensor::empty({0, big, big}, DType::Float32, Device::meta());
+      },
+      {"Tensor::empty",
+       "shape [0, 1099511627776, 1099511627776] of Float32 is too large to "
+       "address"});
+  expect_invalid_argument([&] { (void)Tensor::zeros({big, big, 0}); }, {"too large to address"});
+  float value = 0.0f;
+  expect_invalid_argument(
+      [&] {
+        (void)Tensor::from_blob(&value, {0, big, big}, DType::Float32);
+      },
+      {"Tensor::from_blob", "too large to address"});
+  // Strides that fit are kept exactly.
+  const std::int64_t fits = std::int64_t{1} << 31;
+  EXPECT_EQ(Tensor::empty({0, fits, fits}).strides(), (Shape{std::int64_t{1} << 62, fits, 1}));
+  EXPECT_EQ(Tensor::empty({fits, fits, 0}, DType::UInt8, Device::meta()).strides(),
+            (Shape{fits, 1, 1}));
+}
+
 TEST(TensorFactory, CudaFactoriesThrowOutsideARank) {
   // Device memory belongs to a rank (RankOptions::device_memory); tests/core/device_memory_test
   // covers ranks with and without it.
@@ -756,6 +781,32 @@ TEST(TensorView, HugeArgumentsThrowInsteadOfOverflowing) {
   expect_invalid_argument([&] { (void)t.narrow(0, 1, max); }, {"Tensor::narrow", "exceeds"});
   expect_invalid_argument([&] { (void)t.split({max, max}); }, {"Tensor::split", "overflow"});
   EXPECT_EQ(t.chunk(max).size(), 10u);
+}
+
+TEST(TensorView, EmptyViewsWhoseStridesOrOffsetsOverflowThrow) {
+  const std::int64_t big = std::int64_t{1} << 40;
+  // An empty view gets row-major strides, which must fit as for Tensor::empty.
+  expect_invalid_argument(
+      [] {
+        (void)Tensor::zeros({0}).view({0, big, big});
+      },
+      {"Tensor::view",
+       "shape [0, 1099511627776, 1099511627776] is too large "
+       "to address"});
+  EXPECT_EQ(Tensor::zeros({0}).view({0, big}).strides(), (Shape{big, 1}));
+  // Shape [0, 2, 2^62 - 1] has strides [2^63 - 2, 2^62 - 1, 1], which fit; narrowing both
+  // non-empty dims to their ends would put the storage offset at 3 * (2^62 - 1).
+  const std::int64_t stride = (std::int64_t{1} << 62) - 1;
+  const Tensor empty = Tensor::empty({0, 2, stride}, DType::UInt8, Device::meta());
+  const Tensor at_end = empty.narrow(1, 2, 0);
+  EXPECT_EQ(at_end.storage_offset(), 2 * stride);
+  expect_invalid_argument([&] { (void)at_end.narrow(2, stride, 0); },
+                          {"Tensor::narrow",
+                           "storage offset 9223372036854775806 + "
+                           "4611686018427387903 * stride 1 is too large to "
+                           "address"});
+  expect_invalid_argument([&] { (void)at_end.select(2, stride - 1); },
+                          {"Tensor::select", "is too large to address"});
 }
 
 TEST(TensorView, ViewsNeverCopy) {
