@@ -10,6 +10,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -172,29 +173,49 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
   }
   const auto ndim = static_cast<std::size_t>(dl.ndim);
   Shape sizes(dl.shape, dl.shape + ndim);
-  Shape strides = dl.strides == nullptr ? detail::contiguous_strides(sizes)
-                                        : Shape(dl.strides, dl.strides + ndim);
-  // The bytes the view spans, from its first element: 1 + sum((size - 1) * stride) elements.
+  // Null strides mean row-major. Those of an empty shape may not fit in an int64 (as for
+  // Tensor::empty); negative sizes count as 1 here and are rejected below.
+  std::optional<Shape> strides = dl.strides == nullptr
+                                     ? detail::checked_contiguous_strides(sizes)
+                                     : std::optional(Shape(dl.strides, dl.strides + ndim));
+  const std::string layout_text = "shape " + shape_to_string(sizes) + " with strides " +
+                                  (strides ? shape_to_string(*strides) : "(row-major)");
+  for (std::size_t i = 0; i < ndim; ++i) {
+    if (sizes[i] < 0 || (strides && (*strides)[i] < 0)) {
+      throw_invalid(kOp, layout_text + " is not supported (sizes and strides must be >= 0)");
+    }
+  }
+  if (!strides) {
+    throw_invalid(kOp, layout_text + " is too large to address");
+  }
+  // Note [Addressable layouts] (tensor.cpp), for a layout chorus did not make: numel() *
+  // element_size() fits (nbytes() must not wrap, even with stride-0 dims that make numel far
+  // larger than the span), so does the product of max(size, 1) (an empty import with stride-0
+  // dims can have any sizes), size * stride fits in every dim, and so do the bytes the view
+  // spans from its first element, 1 + sum((size - 1) * stride) elements.
   const auto element_bytes = static_cast<std::int64_t>(chorus::element_size(*dtype));
   std::int64_t numel = 1;
+  std::int64_t padded_numel = 1;
   std::int64_t last = 0;
   bool overflow = false;
   for (std::size_t i = 0; i < ndim; ++i) {
-    if (sizes[i] < 0 || strides[i] < 0) {
-      throw_invalid(kOp, "shape " + shape_to_string(sizes) + " with strides " +
-                             shape_to_string(strides) +
-                             " is not supported (sizes and strides must be >= 0)");
-    }
-    std::int64_t step = 0;
-    overflow = overflow || __builtin_mul_overflow(numel, sizes[i], &numel) ||
-               (sizes[i] > 0 && (__builtin_mul_overflow(sizes[i] - 1, strides[i], &step) ||
-                                 __builtin_add_overflow(last, step, &last)));
+    std::int64_t extent = 0;
+    overflow =
+        overflow || __builtin_mul_overflow(numel, sizes[i], &numel) ||
+        __builtin_mul_overflow(padded_numel, std::max<std::int64_t>(sizes[i], 1), &padded_numel) ||
+        __builtin_mul_overflow(sizes[i], (*strides)[i], &extent) ||
+        // (size - 1) * stride <= extent, so only the sum can overflow.
+        (sizes[i] > 0 && __builtin_add_overflow(last, extent - (*strides)[i], &last));
   }
+  std::int64_t numel_bytes = 0;
+  std::int64_t span_elements = 0;
   std::int64_t span_bytes = 0;
-  overflow = overflow || __builtin_mul_overflow(last + 1, element_bytes, &span_bytes);
-  if (overflow || span_bytes > std::numeric_limits<std::ptrdiff_t>::max()) {
-    throw_invalid(kOp, "shape " + shape_to_string(sizes) + " with strides " +
-                           shape_to_string(strides) + " is too large to address");
+  overflow = overflow || __builtin_mul_overflow(numel, element_bytes, &numel_bytes) ||
+             __builtin_add_overflow(last, 1, &span_elements) ||
+             __builtin_mul_overflow(span_elements, element_bytes, &span_bytes);
+  constexpr std::int64_t kBytesMax = std::numeric_limits<std::ptrdiff_t>::max();
+  if (overflow || numel_bytes > kBytesMax || span_bytes > kBytesMax) {
+    throw_invalid(kOp, layout_text + " is too large to address");
   }
   const std::size_t nbytes = numel == 0 ? 0 : static_cast<std::size_t>(span_bytes);
   if (dl.data == nullptr && nbytes > 0) {
@@ -211,7 +232,7 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
     }
   });
   auto storage = std::make_shared<detail::Storage>(std::move(memory), nbytes, device);
-  return detail::TensorAccess::make(std::move(storage), std::move(sizes), std::move(strides), 0,
+  return detail::TensorAccess::make(std::move(storage), std::move(sizes), std::move(*strides), 0,
                                     *dtype, device);
 }
 

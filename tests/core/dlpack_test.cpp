@@ -413,6 +413,98 @@ TEST(TensorDLPack, ImportRejectsWhatChorusLacksAndKeepsOwnership) {
                           {"Tensor::from_dlpack", "null"});
 }
 
+TEST(TensorDLPack, ImportRejectsElementBytesThatOverflowWhateverTheSpan) {
+  // 2^62 + 1 Float32 elements with stride 0: the span is one float, but numel() * 4 wraps to 4,
+  // so nbytes() would be 4 and equal() would pack 2^62 floats into a 4-byte buffer.
+  float value = 7.0f;
+  int calls = 0;
+  ManagedSpec spec;
+  spec.data = &value;
+  spec.shape = {(std::int64_t{1} << 62) + 1};
+  spec.strides = Shape{0};
+  DLManagedTensor* managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"Tensor::from_dlpack",
+                           "shape [4611686018427387905] with strides [0] is too large to "
+                           "address"});
+  EXPECT_EQ(calls, 0);
+  managed->deleter(managed);
+
+  // The largest broadcast whose bytes fit: nbytes() is exact.
+  spec.shape = {std::numeric_limits<std::int64_t>::max() / 4};
+  const Tensor widest = Tensor::from_dlpack(make_managed(spec, &calls));
+  EXPECT_EQ(widest.nbytes(), std::size_t{std::numeric_limits<std::int64_t>::max() / 4} * 4);
+  EXPECT_EQ(widest.narrow(0, 5, 2).to_vector<float>(), (std::vector<float>{7.0f, 7.0f}));
+}
+
+TEST(TensorDLPack, ImportSpanArithmeticNeverOverflows) {
+  std::uint8_t bytes[4] = {};
+  const auto rejected = [&](const Shape& shape, const Shape& strides, const std::string& detail,
+                            int line = __builtin_LINE()) {
+    int calls = 0;
+    ManagedSpec spec;
+    spec.data = bytes;
+    spec.dtype = DLDataType{kDLUInt, 8, 1};
+    spec.shape = shape;
+    spec.strides = strides;
+    DLManagedTensor* managed = make_managed(spec, &calls);
+    expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                            {"Tensor::from_dlpack", detail}, line);
+    EXPECT_EQ(calls, 0) << "line " << line;
+    managed->deleter(managed);
+  };
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t quarter = std::int64_t{1} << 62;
+  // The last element's offset is max: one more element (the span) overflows.
+  rejected({2, 2, 2}, {quarter - 1, quarter - 1, 1},
+           "shape [2, 2, 2] with strides [4611686018427387903, 4611686018427387903, 1] is too "
+           "large to address");
+  rejected({2}, {max}, "shape [2] with strides [9223372036854775807] is too large to address");
+  // The span (2^62 + 1 bytes) fits, but size * stride does not (unsqueeze(0) computes it).
+  rejected({2}, {quarter}, "shape [2] with strides [4611686018427387904] is too large to address");
+  // A size-1 dim may have any stride: it never steps, and its extent is the stride itself.
+  int calls = 0;
+  ManagedSpec spec;
+  spec.data = bytes;
+  spec.dtype = DLDataType{kDLUInt, 8, 1};
+  spec.shape = {1};
+  spec.strides = Shape{max};
+  const Tensor t = Tensor::from_dlpack(make_managed(spec, &calls));
+  EXPECT_EQ(t.unsqueeze(0).strides(), (Shape{max, max}));
+  EXPECT_EQ(t.unsqueeze(0).to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{0}));
+}
+
+TEST(TensorDLPack, ImportEmptyShapesWhoseContiguousStridesOverflowThrow) {
+  // Null strides of shape [0, 2^40, 2^40] would be [2^80, 2^40, 1]: the size-0 dim counts as 1
+  // (as PyTorch's), so they overflow.
+  const std::int64_t big = std::int64_t{1} << 40;
+  int calls = 0;
+  ManagedSpec spec;
+  spec.shape = {0, big, big};
+  DLManagedTensor* managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"Tensor::from_dlpack",
+                           "shape [0, 1099511627776, 1099511627776] with strides (row-major) is "
+                           "too large to address"});
+  EXPECT_EQ(calls, 0);
+  managed->deleter(managed);
+  // Explicit strides do not help: clone() and to_vector() lay out a contiguous copy.
+  spec.strides = Shape{0, 0, 0};
+  managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"shape [0, 1099511627776, 1099511627776] with strides [0, 0, 0] is too "
+                           "large to address"});
+  managed->deleter(managed);
+  spec.strides = std::nullopt;
+  const std::int64_t fits = std::int64_t{1} << 31;
+  spec.dtype = DLDataType{kDLUInt, 8, 1};
+  spec.shape = {0, fits, fits};
+  const Tensor empty = Tensor::from_dlpack(make_managed(spec, &calls));
+  EXPECT_EQ(empty.strides(), (Shape{std::int64_t{1} << 62, fits, 1}));
+  EXPECT_TRUE(empty.to_vector<std::uint8_t>().empty());
+  EXPECT_EQ(empty.clone().sizes(), (Shape{0, fits, fits}));
+}
+
 // ---- Round trips.
 
 TEST(TensorDLPack, RoundTripEveryDTypeIsZeroCopy) {
