@@ -794,6 +794,33 @@ void Tensor::copy_to_host_bytes(void* out, DType expected) const {
 
 namespace {
 
+// The addresses [begin, end) from the lowest to the highest byte that `tensor`'s elements occupy
+// ({0, 0} when it has none). Strides are >= 0, and the span fits in a ptrdiff_t
+// (Note [Addressable layouts]).
+std::pair<std::uintptr_t, std::uintptr_t> byte_range(const Tensor& tensor) {
+  const void* first = tensor.unsafe_data_ptr();
+  if (first == nullptr || tensor.numel() == 0) {
+    return {0, 0};
+  }
+  std::int64_t last = 0;  // the offset of the last element, in elements
+  for (std::size_t i = 0; i < tensor.sizes().size(); ++i) {
+    CHORUS_CHECK_GE(tensor.strides()[i], 0);
+    last += (tensor.sizes()[i] - 1) * tensor.strides()[i];
+  }
+  const auto begin = reinterpret_cast<std::uintptr_t>(first);
+  return {begin, begin + static_cast<std::uintptr_t>(last + 1) * tensor.element_size()};
+}
+
+// Whether `a` and `b` may touch a common byte. Memory, not storage, decides: two from_blob
+// tensors over one buffer, or a tensor and its DLPack round trip, have distinct storages over the
+// same bytes. Ranges that interleave without sharing an element (x[0::2], x[1::2]) count too:
+// a copy through a temporary is correct for them, only slower.
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  const auto [a_begin, a_end] = byte_range(a);
+  const auto [b_begin, b_end] = byte_range(b);
+  return a_begin < a_end && b_begin < b_end && a_begin < b_end && b_begin < a_end;
+}
+
 // Note [Device copies]
 // Core has no device kernels, so what it does with CUDA bytes is whole contiguous copies through
 // the rank's DeviceMemory (Note [Device memory]): between host and device, and device to device.
@@ -866,7 +893,7 @@ void copy_device_bytes(Tensor& dst, const Tensor& src, const char* op) {
   }
   // The destination's pending collectives finish (in stream order) before it is overwritten.
   detail::access_data(dst, op, detail::DeviceAccess::OrderedByWait);
-  if (dst.shares_storage(src)) {
+  if (bytes_overlap(dst, src)) {
     // Overlapping ranges: read from a private copy.
     copy_contiguous_bytes(dst, copy_between_devices(src, src.device(), op), op);
     return;
@@ -960,8 +987,9 @@ Tensor& Tensor::copy_(const Tensor& src) {
   }
   void* dst = checked_data_for_host(kOp);
   const void* first = src.checked_data_for_host(kOp);
-  if (shares_storage(src)) {
-    // The ranges may overlap (x.copy_(x.transpose(0, 1))): read from a private copy.
+  if (bytes_overlap(*this, src)) {
+    // The ranges overlap (x.copy_(x.transpose(0, 1))): read from a private copy, since
+    // strided_copy and kernels::convert want disjoint ranges.
     return copy_(src.clone());
   }
   if (numel() == 0) {

@@ -539,6 +539,16 @@ TEST(TensorDLPack, RoundTripNonContiguousView) {
   EXPECT_EQ(base.select(1, 2).to_vector<std::int32_t>(), (std::vector<std::int32_t>{0, 0, 0, 0}));
 }
 
+TEST(TensorDLPack, CopyBetweenATensorAndItsRoundTripSeesTheOverlap) {
+  // The import has a storage of its own over the same bytes: copy_ must still read through a
+  // temporary.
+  Tensor t = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  const Tensor back = Tensor::from_dlpack(t.to_dlpack());
+  EXPECT_FALSE(back.shares_storage(t));
+  t.copy_(back.transpose(0, 1));
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 3, 2, 4}));
+}
+
 TEST(TensorDLPack, RoundTripKeepsMemoryUntilBothSidesLetGo) {
   std::vector<float> buffer{1, 2};
   int calls = 0;

@@ -940,6 +940,30 @@ TEST(TensorCopy, CopyBetweenOverlappingViews) {
   EXPECT_EQ(shifted.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2, 3, 4, 4}));
 }
 
+TEST(TensorCopy, CopyBetweenTensorsOverSharedMemorySeesTheOverlap) {
+  // Two from_blob tensors over one buffer have distinct storages: the overlap is in the bytes.
+  std::vector<float> buffer{1, 2, 3, 4};
+  Tensor a = Tensor::from_blob(buffer.data(), {2, 2}, DType::Float32);
+  const Tensor b = Tensor::from_blob(buffer.data(), {2, 2}, DType::Float32);
+  EXPECT_FALSE(a.shares_storage(b));
+  a.copy_(b.transpose(0, 1));
+  EXPECT_EQ(buffer, (std::vector<float>{1, 3, 2, 4}));
+
+  // Between dtypes: the Float32 source is the first half of the Float64 destination's bytes.
+  alignas(8) std::byte bytes[16] = {};
+  const float source_values[2] = {1.5f, -2.0f};
+  std::memcpy(bytes, source_values, sizeof(source_values));
+  Tensor wide = Tensor::from_blob(bytes, {2}, DType::Float64);
+  wide.copy_(Tensor::from_blob(bytes, {2}, DType::Float32));
+  EXPECT_EQ(wide.to_vector<double>(), (std::vector<double>{1.5, -2.0}));
+
+  // Interleaved halves of one buffer share no byte; each element lands where it should.
+  std::vector<std::int32_t> words{0, 1, 2, 3, 4, 5};
+  Tensor evens = Tensor::from_blob(words.data(), {3, 2}, DType::Int32).select(1, 0);
+  evens.copy_(Tensor::from_blob(words.data(), {6}, DType::Int32).narrow(0, 3, 3));
+  EXPECT_EQ(words, (std::vector<std::int32_t>{3, 1, 4, 3, 5, 5}));
+}
+
 TEST(TensorCopy, CopyRejectsShapeMismatch) {
   Tensor dst = Tensor::zeros({2, 3});
   expect_invalid_argument(
