@@ -221,10 +221,30 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
   if (dl.data == nullptr && nbytes > 0) {
     throw_invalid(kOp, "data is null but shape " + shape_to_string(sizes) + " is not empty");
   }
+  if (nbytes > 0) {
+    // The kernels read elements through typed pointers, which is undefined behaviour at a
+    // misaligned address, so the first element must be aligned for its type (hence every
+    // element: strides count whole elements). DLPack 0.6 promises a 256-byte aligned `data`,
+    // which producers do not all keep (not checked), and says nothing of byte_offset; PyTorch's
+    // import checks neither.
+    const auto address = reinterpret_cast<std::uintptr_t>(dl.data);
+    std::uintptr_t first_address = 0;
+    if (__builtin_add_overflow(address, dl.byte_offset, &first_address) ||
+        dl.byte_offset > static_cast<std::uint64_t>(kBytesMax)) {
+      throw_invalid(kOp,
+                    "byte_offset " + std::to_string(dl.byte_offset) + " is too large to address");
+    }
+    if (const std::size_t alignment = detail::element_alignment(*dtype);
+        first_address % alignment != 0) {
+      throw_invalid(kOp, "data + byte_offset " + std::to_string(dl.byte_offset) +
+                             " is not aligned for " + std::string(dtype_name(*dtype)) + " (" +
+                             std::to_string(alignment) + "-byte alignment needed)");
+    }
+  }
 
   // The storage starts at the first element, so byte_offset need not be a multiple of the
-  // element size. An empty view owns no bytes (Storage wants null memory then), but the
-  // producer's deleter still runs.
+  // element size (only of its alignment: Complex64 at byte_offset 4). An empty view owns no bytes
+  // (Storage wants null memory then), but the producer's deleter still runs.
   void* first = nbytes == 0 ? nullptr : static_cast<std::byte*>(dl.data) + dl.byte_offset;
   std::shared_ptr<void> memory(first, [managed](void*) {
     if (managed->deleter != nullptr) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -41,8 +42,10 @@ namespace detail {
 // - the bytes its elements span, from the first element, fit in a ptrdiff_t;
 // - size * stride fits in an int64 in every dim, so a dim's extent (which unsqueeze, view's run
 //   merging and strided_copy's dim merging compute) never overflows;
-// The factories establish it: empty and from_blob through checked_nbytes, and from_dlpack checks
-// the producer's shape and strides. Views keep it: they
+// - a tensor with elements starts at a multiple of element_alignment(dtype): the kernels read
+//   elements through typed pointers.
+// The factories establish it: empty and from_blob through checked_nbytes, from_blob also checks
+// alignment, and from_dlpack checks the producer's shape, strides and data. Views keep it: they
 // address a subset of their base's elements, their shapes are the base's with dims dropped,
 // shrunk, reordered or of size 1 added (or, for view, checked), and view's strides are no larger
 // than its base's extents. The one sum it does not bound is the storage offset of a view that
@@ -66,6 +69,34 @@ Shape contiguous_strides(const Shape& sizes) {
   std::optional<Shape> strides = checked_contiguous_strides(sizes);
   CHORUS_CHECK(strides.has_value());
   return std::move(*strides);
+}
+
+std::size_t element_alignment(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::Bool:
+    case DType::UInt8:
+      return alignof(std::uint8_t);
+    case DType::Int8:
+      return alignof(std::int8_t);
+    case DType::Int32:
+      return alignof(std::int32_t);
+    case DType::Int64:
+      return alignof(std::int64_t);
+    case DType::Float16:
+      return alignof(Half);
+    case DType::BFloat16:
+      return alignof(BFloat16);
+    case DType::Float32:
+      return alignof(float);
+    case DType::Float64:
+      return alignof(double);
+    case DType::Complex64:
+      return alignof(std::complex<float>);
+    case DType::Complex128:
+      return alignof(std::complex<double>);
+  }
+  CHORUS_CHECK(false && "unknown dtype");
+  return 1;
 }
 
 std::int64_t shape_numel(const Shape& sizes) {
@@ -475,6 +506,12 @@ Tensor Tensor::from_blob(void* data, Shape shape, DType dtype, Device device,
   if (data == nullptr && nbytes > 0) {
     throw_invalid(kOp, "data is null but shape " + shape_to_string(shape) + " has " +
                            element_count_text(shape_numel(shape)));
+  }
+  // The kernels read elements through typed pointers (Note [Addressable layouts]).
+  if (const std::size_t alignment = detail::element_alignment(dtype);
+      nbytes > 0 && reinterpret_cast<std::uintptr_t>(data) % alignment != 0) {
+    throw_invalid(kOp, "data is not aligned for " + std::string(dtype_name(dtype)) + " (" +
+                           std::to_string(alignment) + "-byte alignment needed)");
   }
   // Every argument is checked before the deleter is handed to a shared_ptr: a throw above leaves
   // the memory with the caller.

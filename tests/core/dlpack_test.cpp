@@ -254,23 +254,55 @@ TEST(TensorDLPack, ImportNonContiguousWithByteOffset) {
   EXPECT_EQ(calls, 1);
 }
 
-TEST(TensorDLPack, ImportByteOffsetNeedNotAlignToElements) {
-  // byte_offset 2 into a buffer of Int32: the tensor starts mid-element.
-  alignas(8) std::uint8_t bytes[10] = {0, 0, 1, 0, 0, 0, 2, 0, 0, 0};
+TEST(TensorDLPack, ImportByteOffsetNeedNotBeAMultipleOfTheElementSize) {
+  // byte_offset 4 into a buffer of Complex64 (8 bytes, aligned to 4): the tensor starts
+  // mid-element, so the storage must start at the first element, not at byte_offset / 8
+  // elements.
+  alignas(8) float floats[6] = {0, 1, 2, 3, 4, 5};
+  int calls = 0;
+  ManagedSpec spec;
+  spec.data = floats;
+  spec.dtype = DLDataType{kDLComplex, 64, 1};
+  spec.shape = {2};
+  spec.byte_offset = 4;
+  {
+    const Tensor t = Tensor::from_dlpack(make_managed(spec, &calls));
+    EXPECT_EQ(t.unsafe_data_ptr(), floats + 1);
+    EXPECT_EQ(t.to_vector<std::complex<float>>(),
+              (std::vector<std::complex<float>>{{1, 2}, {3, 4}}));
+  }
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(TensorDLPack, ImportRejectsElementsMisalignedForTheirType) {
+  // The kernels read elements through typed pointers: an Int32 at an odd address would be
+  // undefined behaviour (UBSan: misaligned load), so the import refuses it.
+  alignas(8) std::uint8_t bytes[12] = {0, 0, 1, 0, 0, 0, 2, 0, 0, 0};
   int calls = 0;
   ManagedSpec spec;
   spec.data = bytes;
   spec.dtype = DLDataType{kDLInt, 32, 1};
   spec.shape = {2};
   spec.byte_offset = 2;
-  {
-    const Tensor t = Tensor::from_dlpack(make_managed(spec, &calls));
-    EXPECT_EQ(t.unsafe_data_ptr(), bytes + 2);
-    std::int32_t expected[2];
-    std::memcpy(expected, bytes + 2, sizeof(expected));
-    EXPECT_EQ(t.to_vector<std::int32_t>(), (std::vector<std::int32_t>{expected[0], expected[1]}));
-  }
+  DLManagedTensor* managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"Tensor::from_dlpack",
+                           "data + byte_offset 2 is not aligned for Int32 (4-byte alignment "
+                           "needed)"});
+  EXPECT_EQ(calls, 0) << "a rejected tensor stays with the caller";
+  managed->deleter(managed);
   EXPECT_EQ(calls, 1);
+
+  // A misaligned `data` is refused the same way; an empty view has no element to misalign.
+  spec.data = bytes + 1;
+  spec.byte_offset = 0;
+  managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"data + byte_offset 0 is not aligned for Int32"});
+  managed->deleter(managed);
+  spec.shape = {0};
+  EXPECT_EQ(Tensor::from_dlpack(make_managed(spec, &calls)).numel(), 0);
+  EXPECT_EQ(calls, 3);
 }
 
 TEST(TensorDLPack, ImportNullStridesMeansRowMajor) {

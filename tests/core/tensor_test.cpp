@@ -1084,6 +1084,24 @@ TEST(TensorFromBlob, InvalidArgumentsLeaveMemoryWithCaller) {
   EXPECT_EQ(calls, 0);
 }
 
+TEST(TensorFromBlob, MisalignedDataThrowsAndLeavesMemoryWithCaller) {
+  // The kernels read elements through typed pointers (UBSan: misaligned load otherwise).
+  alignas(16) std::byte bytes[32] = {};
+  int calls = 0;
+  const auto deleter = [&](void*) { ++calls; };
+  expect_invalid_argument(
+      [&] { (void)Tensor::from_blob(bytes + 2, {2}, DType::Float32, Device::cpu(), deleter); },
+      {"Tensor::from_blob", "data is not aligned for Float32 (4-byte alignment needed)"});
+  expect_invalid_argument([&] { (void)Tensor::from_blob(bytes + 4, {1}, DType::Complex128); },
+                          {"data is not aligned for Complex128 (8-byte alignment needed)"});
+  EXPECT_EQ(calls, 0);
+  // Alignment, not element size: Complex64 needs 4 bytes, 16-bit floats 2; an empty tensor has
+  // no element to misalign.
+  EXPECT_EQ(Tensor::from_blob(bytes + 4, {2}, DType::Complex64).unsafe_data_ptr(), bytes + 4);
+  EXPECT_EQ(Tensor::from_blob(bytes + 2, {2}, DType::BFloat16).unsafe_data_ptr(), bytes + 2);
+  EXPECT_EQ(Tensor::from_blob(bytes + 1, {0}, DType::Int64).numel(), 0);
+}
+
 TEST(TensorFromBlob, CudaMemoryIsNotReadOnTheHost) {
   // A fake device address: chorus must never dereference it.
   // NOLINTNEXTLINE(performance-no-int-to-ptr): a fake address, never dereferenced

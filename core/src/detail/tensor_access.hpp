@@ -46,6 +46,10 @@ std::optional<Shape> checked_contiguous_strides(const Shape& sizes);
 // tensor, or one that passed checked_contiguous_strides.
 Shape contiguous_strides(const Shape& sizes);
 
+// The alignment, in bytes, of one element of `dtype` (alignof its C++ type): a tensor with
+// elements starts at a multiple of it (Note [Addressable layouts]).
+std::size_t element_alignment(DType dtype) noexcept;
+
 // Product of `sizes` (1 for a 0-d shape).
 std::int64_t shape_numel(const Shape& sizes);
 
