@@ -721,15 +721,24 @@ std::vector<Tensor> Tensor::chunk(std::int64_t n, std::int64_t dim) const {
   }
   const std::int64_t d = detail::normalize_dim(dim, this->dim(), kOp);
   const std::int64_t size = layout().sizes[static_cast<std::size_t>(d)];
-  std::vector<std::int64_t> sizes;
-  if (size == 0) {
-    sizes.assign(static_cast<std::size_t>(n), 0);  // n empty pieces, as torch.chunk
-  } else {
-    const std::int64_t piece = size / n + (size % n != 0 ? 1 : 0);  // ceil, without overflow
-    for (std::int64_t start = 0; start < size; start += piece) {
-      sizes.push_back(std::min(piece, size - start));
-    }
-    CHORUS_CHECK_LE(static_cast<std::int64_t>(sizes.size()), n);
+  // A size-0 dim gives n empty pieces, as torch.chunk; otherwise pieces of ceil(size / n), at
+  // most size of them. Counted first, so that a count no vector holds is an InvalidArgument, not
+  // the std::length_error of allocating it.
+  const std::int64_t piece = size / n + (size % n != 0 ? 1 : 0);  // ceil, without overflow
+  const std::int64_t count = size == 0 ? n : size / piece + (size % piece != 0 ? 1 : 0);
+  CHORUS_CHECK_LE(count, n);
+  if (const std::size_t count_max = std::vector<Tensor>().max_size();
+      static_cast<std::uint64_t>(count) > count_max) {
+    throw_invalid(kOp, std::to_string(n) + " chunks of dim " + std::to_string(dim) + " of size " +
+                           std::to_string(size) + " make " + std::to_string(count) +
+                           " pieces, more than a vector can hold (" + std::to_string(count_max) +
+                           ")");
+  }
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(count), 0);
+  for (std::int64_t k = 0; k < count && size > 0; ++k) {
+    sizes[static_cast<std::size_t>(k)] = std::min(piece, size - k * piece);
+  }
+  if (size > 0) {
     CHORUS_CHECK_GE(sizes.back(), 1);
   }
   return split(sizes, d);

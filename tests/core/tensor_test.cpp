@@ -694,6 +694,7 @@ TEST(TensorView, ChunkUsesCeilSizes) {
   EXPECT_EQ(chunk_sizes(Tensor::arange(2), 4), (std::vector<std::int64_t>{1, 1}));
   // An empty dim gives n empty pieces.
   EXPECT_EQ(chunk_sizes(Tensor::zeros({0}), 3), (std::vector<std::int64_t>{0, 0, 0}));
+  EXPECT_EQ(chunk_sizes(Tensor::zeros({0}), 1), (std::vector<std::int64_t>{0}));
 
   const Tensor matrix = Tensor::arange(12, DType::Int64).view({2, 6});
   const std::vector<Tensor> columns = matrix.chunk(3, -1);
@@ -706,6 +707,22 @@ TEST(TensorView, ChunkUsesCeilSizes) {
                           {"Tensor::chunk", "number of chunks must be > 0, got 0"});
   expect_invalid_argument([&] { (void)ten.chunk(-2); }, {"got -2"});
   expect_invalid_argument([&] { (void)ten.chunk(2, 1); }, {"Tensor::chunk", "dim 1"});
+}
+
+TEST(TensorView, ChunkIntoMorePiecesThanAVectorHoldsThrows) {
+  // A size-0 dim gives n empty pieces (torch.chunk), so n = 2^60 cannot be returned: an
+  // InvalidArgument, not std::length_error.
+  const std::int64_t n = std::int64_t{1} << 60;
+  expect_invalid_argument([&] { (void)Tensor::zeros({0}).chunk(n); },
+                          {"Tensor::chunk",
+                           "1152921504606846976 chunks of dim 0 of size 0 make "
+                           "1152921504606846976 pieces, more than a vector can "
+                           "hold"});
+  // Likewise a meta dim of 2^62 split into 2^62 pieces of 1.
+  const std::int64_t size = std::int64_t{1} << 62;
+  expect_invalid_argument(
+      [&] { (void)Tensor::empty({size}, DType::UInt8, Device::meta()).chunk(size); },
+      {"Tensor::chunk", "make 4611686018427387904 pieces"});
 }
 
 TEST(TensorView, SplitBySizes) {
