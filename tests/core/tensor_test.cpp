@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <complex>
 #include <cstddef>
 #include <cstdint>
@@ -212,6 +213,13 @@ TEST(TensorFactory, FullConvertsValueAsKernelsFill) {
   EXPECT_EQ(Tensor::full({1}, -1.5, DType::Complex128).item<std::complex<double>>(),
             std::complex<double>(-1.5, 0.0));
   EXPECT_EQ(Tensor::full({2, 2}, 7.0, DType::Int64).sizes(), (Shape{2, 2}));
+  // Outside the integer's range after truncation, or NaN: 0 (as tensor.hpp says).
+  EXPECT_EQ(Tensor::full({1}, 300.0, DType::UInt8).item<std::uint8_t>(), 0);
+  EXPECT_EQ(Tensor::full({1}, -1.0, DType::UInt8).item<std::uint8_t>(), 0);
+  EXPECT_EQ(Tensor::full({1}, -0.5, DType::UInt8).item<std::uint8_t>(), 0);
+  EXPECT_EQ(Tensor::full({1}, 255.9, DType::UInt8).item<std::uint8_t>(), 255);
+  EXPECT_EQ(Tensor::full({1}, 3e9, DType::Int32).item<std::int32_t>(), 0);
+  EXPECT_EQ(Tensor::full({1}, std::nan(""), DType::Int64).item<std::int64_t>(), 0);
 }
 
 TEST(TensorFactory, ArangeCountsFromZero) {
@@ -1001,6 +1009,9 @@ TEST(TensorConvert, ToConvertsAsKernels) {
             (std::vector<std::int64_t>{0, -2, 0, 65520}));
   EXPECT_EQ(src.to(DType::Complex64).to_vector<std::complex<float>>()[1],
             std::complex<float>(-2.5f, 0.0f));
+  // Out of the integer's range: 0 (as full()).
+  EXPECT_EQ(src.to(DType::Int8).to_vector<std::int8_t>(), (std::vector<std::int8_t>{0, -2, 0, 0}));
+  EXPECT_EQ(Tensor::full({1}, 3e9).to(DType::Int32).item<std::int32_t>(), 0);
   // Strided sources convert in row-major order.
   const Tensor t = Tensor::arange(6, DType::Int32).view({2, 3}).transpose(0, 1);
   EXPECT_EQ(t.to(DType::Float64).to_vector<double>(), (std::vector<double>{0, 3, 1, 4, 2, 5}));
