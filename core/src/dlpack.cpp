@@ -120,6 +120,19 @@ void delete_export(DLManagedTensor* self) noexcept {
   }
 }
 
+// The deleter of an imported tensor's memory: hands `managed` back to its producer (calls its
+// deleter) once the import owns it, and does nothing while `managed` is null (an import that
+// failed to allocate: the caller still owns it).
+struct ProducerRelease {
+  DLManagedTensor* managed = nullptr;
+
+  void operator()(void* /*first*/) const noexcept {
+    if (managed != nullptr && managed->deleter != nullptr) {
+      managed->deleter(managed);
+    }
+  }
+};
+
 }  // namespace
 
 DLManagedTensor* Tensor::to_dlpack() const {
@@ -246,14 +259,16 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
   // element size (only of its alignment: Complex64 at byte_offset 4). An empty view owns no bytes
   // (Storage wants null memory then), but the producer's deleter still runs.
   void* first = nbytes == 0 ? nullptr : static_cast<std::byte*>(dl.data) + dl.byte_offset;
-  std::shared_ptr<void> memory(first, [managed](void*) {
-    if (managed->deleter != nullptr) {
-      managed->deleter(managed);
-    }
-  });
-  auto storage = std::make_shared<detail::Storage>(std::move(memory), nbytes, device);
-  return detail::TensorAccess::make(std::move(storage), std::move(sizes), std::move(*strides), 0,
-                                    *dtype, device);
+  // Ownership is taken last: the allocations below may throw std::bad_alloc, and `managed` must
+  // then still be the caller's, its deleter not run. So the memory's deleter does nothing until
+  // armed, once nothing is left to allocate (a shared_ptr whose control block cannot be
+  // allocated calls its deleter, as does the last owner of a half-made tensor).
+  std::shared_ptr<void> memory(first, ProducerRelease{});
+  auto storage = std::make_shared<detail::Storage>(memory, nbytes, device);
+  Tensor tensor = detail::TensorAccess::make(std::move(storage), std::move(sizes),
+                                             std::move(*strides), 0, *dtype, device);
+  std::get_deleter<ProducerRelease>(memory)->managed = managed;  // from here on, chorus owns it
+  return tensor;
 }
 
 }  // namespace chorus

@@ -12,7 +12,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -269,6 +271,20 @@ const void* packed_elements(const Tensor& tensor, const void* first,
   return scratch.data();
 }
 
+// The deleter of from_blob memory: runs the caller's deleter (if any) on `data` once armed, and
+// nothing before (from_blob failed to allocate: the caller still owns the memory).
+struct BlobRelease {
+  void* data = nullptr;
+  std::function<void(void*)> run;
+  bool armed = false;
+
+  void operator()(void* /*memory*/) const {
+    if (armed && run) {
+      run(data);
+    }
+  }
+};
+
 // ---- Printing.
 
 void print_element(std::ostream& out, const std::byte* element, DType dtype) {
@@ -514,17 +530,18 @@ Tensor Tensor::from_blob(void* data, Shape shape, DType dtype, Device device,
                            std::to_string(alignment) + "-byte alignment needed)");
   }
   // Every argument is checked before the deleter is handed to a shared_ptr: a throw above leaves
-  // the memory with the caller.
+  // the memory with the caller. So does a std::bad_alloc below: the deleter is armed only once
+  // the tensor is made (as in from_dlpack: a shared_ptr whose control block cannot be allocated
+  // calls its deleter, as does the last owner of a half-made tensor).
   // An empty tensor owns no bytes (Storage wants null memory then); the deleter still gets
   // `data`.
   void* memory_data = nbytes == 0 ? nullptr : data;
-  std::shared_ptr<void> memory =
-      deleter ? std::shared_ptr<void>(memory_data,
-                                      [data, run = std::move(deleter)](void*) { run(data); })
-              : std::shared_ptr<void>(memory_data, [](void*) {});
-  auto storage = std::make_shared<detail::Storage>(std::move(memory), nbytes, device);
+  std::shared_ptr<void> memory(memory_data, BlobRelease{data, std::move(deleter)});
+  auto storage = std::make_shared<detail::Storage>(memory, nbytes, device);
   Shape strides = contiguous_strides(shape);
-  return {std::move(storage), std::move(shape), std::move(strides), 0, dtype, device};
+  Tensor tensor(std::move(storage), std::move(shape), std::move(strides), 0, dtype, device);
+  std::get_deleter<BlobRelease>(memory)->armed = true;  // from here on, the tensor owns `data`
+  return tensor;
 }
 
 Tensor Tensor::from_host_bytes(const void* data, std::size_t count, DType dtype, Shape shape) {

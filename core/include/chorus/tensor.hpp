@@ -72,8 +72,8 @@ class Tensor {
   // Wraps caller memory without copying: a contiguous tensor of `shape` at `data`, which must be
   // aligned for `dtype` (a multiple of alignof its C++ type) unless the shape is empty. `deleter`
   // (if any) runs once, when the last tensor using this memory dies and no collective still
-  // uses it. The caller keeps `data` valid until then. Throws InvalidArgument (bad arguments, and
-  // then the deleter has not run: the memory stays the caller's).
+  // uses it. The caller keeps `data` valid until then. Throws InvalidArgument (bad arguments) or
+  // std::bad_alloc; either way the deleter has not run and the memory stays the caller's.
   static Tensor from_blob(void* data, Shape shape, DType dtype, Device device = Device::cpu(),
                           std::function<void(void*)> deleter = {});
 
@@ -83,8 +83,8 @@ class Tensor {
   DLManagedTensor* to_dlpack() const;
   // Takes ownership of `managed` (its deleter runs when the last tensor dies). Rejects dtypes
   // and devices chorus does not have, layouts too large to address, and elements not aligned for
-  // their type (InvalidArgument). When it throws, `managed` is still the caller's and its
-  // deleter has not run.
+  // their type (InvalidArgument). When it throws (std::bad_alloc included), `managed` is still
+  // the caller's and its deleter has not run.
   static Tensor from_dlpack(DLManagedTensor* managed);
 
   // ---- Metadata. Never waits. The vectors sizes() and strides() return are shared with other
