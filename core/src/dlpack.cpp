@@ -10,6 +10,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -119,6 +120,19 @@ void delete_export(DLManagedTensor* self) noexcept {
   }
 }
 
+// The deleter of an imported tensor's memory: hands `managed` back to its producer (calls its
+// deleter) once the import owns it, and does nothing while `managed` is null (an import that
+// failed to allocate: the caller still owns it).
+struct ProducerRelease {
+  DLManagedTensor* managed = nullptr;
+
+  void operator()(void* /*first*/) const noexcept {
+    if (managed != nullptr && managed->deleter != nullptr) {
+      managed->deleter(managed);
+    }
+  }
+};
+
 }  // namespace
 
 DLManagedTensor* Tensor::to_dlpack() const {
@@ -172,47 +186,89 @@ Tensor Tensor::from_dlpack(DLManagedTensor* managed) {
   }
   const auto ndim = static_cast<std::size_t>(dl.ndim);
   Shape sizes(dl.shape, dl.shape + ndim);
-  Shape strides = dl.strides == nullptr ? detail::contiguous_strides(sizes)
-                                        : Shape(dl.strides, dl.strides + ndim);
-  // The bytes the view spans, from its first element: 1 + sum((size - 1) * stride) elements.
+  // Null strides mean row-major. Those of an empty shape may not fit in an int64 (as for
+  // Tensor::empty); negative sizes count as 1 here and are rejected below.
+  std::optional<Shape> strides = dl.strides == nullptr
+                                     ? detail::checked_contiguous_strides(sizes)
+                                     : std::optional(Shape(dl.strides, dl.strides + ndim));
+  const std::string layout_text = "shape " + shape_to_string(sizes) + " with strides " +
+                                  (strides ? shape_to_string(*strides) : "(row-major)");
+  for (std::size_t i = 0; i < ndim; ++i) {
+    if (sizes[i] < 0 || (strides && (*strides)[i] < 0)) {
+      throw_invalid(kOp, layout_text + " is not supported (sizes and strides must be >= 0)");
+    }
+  }
+  if (!strides) {
+    throw_invalid(kOp, layout_text + " is too large to address");
+  }
+  // Note [Addressable layouts] (tensor.cpp), for a layout chorus did not make: numel() *
+  // element_size() fits (nbytes() must not wrap, even with stride-0 dims that make numel far
+  // larger than the span), so does the product of max(size, 1) (an empty import with stride-0
+  // dims can have any sizes), size * stride fits in every dim, and so do the bytes the view
+  // spans from its first element, 1 + sum((size - 1) * stride) elements.
   const auto element_bytes = static_cast<std::int64_t>(chorus::element_size(*dtype));
   std::int64_t numel = 1;
+  std::int64_t padded_numel = 1;
   std::int64_t last = 0;
   bool overflow = false;
   for (std::size_t i = 0; i < ndim; ++i) {
-    if (sizes[i] < 0 || strides[i] < 0) {
-      throw_invalid(kOp, "shape " + shape_to_string(sizes) + " with strides " +
-                             shape_to_string(strides) +
-                             " is not supported (sizes and strides must be >= 0)");
-    }
-    std::int64_t step = 0;
-    overflow = overflow || __builtin_mul_overflow(numel, sizes[i], &numel) ||
-               (sizes[i] > 0 && (__builtin_mul_overflow(sizes[i] - 1, strides[i], &step) ||
-                                 __builtin_add_overflow(last, step, &last)));
+    std::int64_t extent = 0;
+    overflow =
+        overflow || __builtin_mul_overflow(numel, sizes[i], &numel) ||
+        __builtin_mul_overflow(padded_numel, std::max<std::int64_t>(sizes[i], 1), &padded_numel) ||
+        __builtin_mul_overflow(sizes[i], (*strides)[i], &extent) ||
+        // (size - 1) * stride <= extent, so only the sum can overflow.
+        (sizes[i] > 0 && __builtin_add_overflow(last, extent - (*strides)[i], &last));
   }
+  std::int64_t numel_bytes = 0;
+  std::int64_t span_elements = 0;
   std::int64_t span_bytes = 0;
-  overflow = overflow || __builtin_mul_overflow(last + 1, element_bytes, &span_bytes);
-  if (overflow || span_bytes > std::numeric_limits<std::ptrdiff_t>::max()) {
-    throw_invalid(kOp, "shape " + shape_to_string(sizes) + " with strides " +
-                           shape_to_string(strides) + " is too large to address");
+  overflow = overflow || __builtin_mul_overflow(numel, element_bytes, &numel_bytes) ||
+             __builtin_add_overflow(last, 1, &span_elements) ||
+             __builtin_mul_overflow(span_elements, element_bytes, &span_bytes);
+  constexpr std::int64_t kBytesMax = std::numeric_limits<std::ptrdiff_t>::max();
+  if (overflow || numel_bytes > kBytesMax || span_bytes > kBytesMax) {
+    throw_invalid(kOp, layout_text + " is too large to address");
   }
   const std::size_t nbytes = numel == 0 ? 0 : static_cast<std::size_t>(span_bytes);
   if (dl.data == nullptr && nbytes > 0) {
     throw_invalid(kOp, "data is null but shape " + shape_to_string(sizes) + " is not empty");
   }
+  if (nbytes > 0) {
+    // The kernels read elements through typed pointers, which is undefined behaviour at a
+    // misaligned address, so the first element must be aligned for its type (hence every
+    // element: strides count whole elements). DLPack 0.6 promises a 256-byte aligned `data`,
+    // which producers do not all keep (not checked), and says nothing of byte_offset; PyTorch's
+    // import checks neither.
+    const auto address = reinterpret_cast<std::uintptr_t>(dl.data);
+    std::uintptr_t first_address = 0;
+    if (__builtin_add_overflow(address, dl.byte_offset, &first_address) ||
+        dl.byte_offset > static_cast<std::uint64_t>(kBytesMax)) {
+      throw_invalid(kOp,
+                    "byte_offset " + std::to_string(dl.byte_offset) + " is too large to address");
+    }
+    if (const std::size_t alignment = detail::element_alignment(*dtype);
+        first_address % alignment != 0) {
+      throw_invalid(kOp, "data + byte_offset " + std::to_string(dl.byte_offset) +
+                             " is not aligned for " + std::string(dtype_name(*dtype)) + " (" +
+                             std::to_string(alignment) + "-byte alignment needed)");
+    }
+  }
 
   // The storage starts at the first element, so byte_offset need not be a multiple of the
-  // element size. An empty view owns no bytes (Storage wants null memory then), but the
-  // producer's deleter still runs.
+  // element size (only of its alignment: Complex64 at byte_offset 4). An empty view owns no bytes
+  // (Storage wants null memory then), but the producer's deleter still runs.
   void* first = nbytes == 0 ? nullptr : static_cast<std::byte*>(dl.data) + dl.byte_offset;
-  std::shared_ptr<void> memory(first, [managed](void*) {
-    if (managed->deleter != nullptr) {
-      managed->deleter(managed);
-    }
-  });
-  auto storage = std::make_shared<detail::Storage>(std::move(memory), nbytes, device);
-  return detail::TensorAccess::make(std::move(storage), std::move(sizes), std::move(strides), 0,
-                                    *dtype, device);
+  // Ownership is taken last: the allocations below may throw std::bad_alloc, and `managed` must
+  // then still be the caller's, its deleter not run. So the memory's deleter does nothing until
+  // armed, once nothing is left to allocate (a shared_ptr whose control block cannot be
+  // allocated calls its deleter, as does the last owner of a half-made tensor).
+  std::shared_ptr<void> memory(first, ProducerRelease{});
+  auto storage = std::make_shared<detail::Storage>(memory, nbytes, device);
+  Tensor tensor = detail::TensorAccess::make(std::move(storage), std::move(sizes),
+                                             std::move(*strides), 0, *dtype, device);
+  std::get_deleter<ProducerRelease>(memory)->managed = managed;  // from here on, chorus owns it
+  return tensor;
 }
 
 }  // namespace chorus

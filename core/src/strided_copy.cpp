@@ -1,6 +1,7 @@
 #include "detail/strided_copy.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -26,8 +27,15 @@ CopyPlan plan_copy(const Shape& sizes, const Shape& dst_strides, const Shape& sr
     if (sizes[i] == 1) {
       continue;
     }
-    if (!plan.sizes.empty() && plan.dst_strides.back() == sizes[i] * dst_strides[i] &&
-        plan.src_strides.back() == sizes[i] * src_strides[i]) {
+    // Merges with the previous dim when that steps over exactly this dim's extent in both. An
+    // extent that overflows (never, for a tensor's layout: Note [Addressable layouts] in
+    // tensor.cpp) equals no stride, so it is never merged.
+    std::int64_t dst_extent = 0;
+    std::int64_t src_extent = 0;
+    const bool overflow = __builtin_mul_overflow(sizes[i], dst_strides[i], &dst_extent) ||
+                          __builtin_mul_overflow(sizes[i], src_strides[i], &src_extent);
+    if (!overflow && !plan.sizes.empty() && plan.dst_strides.back() == dst_extent &&
+        plan.src_strides.back() == src_extent) {
       plan.sizes.back() *= sizes[i];
       plan.dst_strides.back() = dst_strides[i];
       plan.src_strides.back() = src_strides[i];

@@ -8,10 +8,13 @@
 
 #include <algorithm>
 #include <array>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -30,15 +33,72 @@
 namespace chorus {
 namespace detail {
 
-Shape contiguous_strides(const Shape& sizes) {
+// Note [Addressable layouts]
+// Every tensor's layout keeps its arithmetic in range, so that element offsets, extents and byte
+// counts never overflow (signed overflow is undefined behaviour; a wrapped byte count sizes a
+// buffer too small for the copy that then fills it):
+// - numel() * element_size() <= PTRDIFF_MAX, so nbytes() never wraps;
+// - the product of max(size, 1) fits in an int64, so its shape has contiguous strides
+//   (contiguous_strides counts a size-0 dim as size 1, as PyTorch does), empty tensors included:
+//   clone, to_vector and the collectives lay out a copy of any tensor's shape;
+// - the bytes its elements span, from the first element, fit in a ptrdiff_t;
+// - size * stride fits in an int64 in every dim, so a dim's extent (which unsqueeze, view's run
+//   merging and strided_copy's dim merging compute) never overflows;
+// - a tensor with elements starts at a multiple of element_alignment(dtype): the kernels read
+//   elements through typed pointers.
+// The factories establish it: empty and from_blob through checked_nbytes, from_blob also checks
+// alignment, and from_dlpack checks the producer's shape, strides and data. Views keep it: they
+// address a subset of their base's elements, their shapes are the base's with dims dropped,
+// shrunk, reordered or of size 1 added (or, for view, checked), and view's strides are no larger
+// than its base's extents. The one sum it does not bound is the storage offset of a view that
+// addresses no element (of an empty tensor, or narrow at the end of a dim) whose strides are
+// near the int64 limit: narrow and select check theirs (view_offset).
+
+std::optional<Shape> checked_contiguous_strides(const Shape& sizes) {
   Shape strides(sizes.size());
   std::int64_t stride = 1;
   for (std::size_t i = sizes.size(); i-- > 0;) {
     strides[i] = stride;
     // A zero-size dim still gets a usable stride, so later dims keep distinct strides.
-    stride *= std::max<std::int64_t>(sizes[i], 1);
+    if (__builtin_mul_overflow(stride, std::max<std::int64_t>(sizes[i], 1), &stride)) {
+      return std::nullopt;
+    }
   }
   return strides;
+}
+
+Shape contiguous_strides(const Shape& sizes) {
+  std::optional<Shape> strides = checked_contiguous_strides(sizes);
+  CHORUS_CHECK(strides.has_value());
+  return std::move(*strides);
+}
+
+std::size_t element_alignment(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::Bool:
+    case DType::UInt8:
+      return alignof(std::uint8_t);
+    case DType::Int8:
+      return alignof(std::int8_t);
+    case DType::Int32:
+      return alignof(std::int32_t);
+    case DType::Int64:
+      return alignof(std::int64_t);
+    case DType::Float16:
+      return alignof(Half);
+    case DType::BFloat16:
+      return alignof(BFloat16);
+    case DType::Float32:
+      return alignof(float);
+    case DType::Float64:
+      return alignof(double);
+    case DType::Complex64:
+      return alignof(std::complex<float>);
+    case DType::Complex128:
+      return alignof(std::complex<double>);
+  }
+  CHORUS_CHECK(false && "unknown dtype");
+  return 1;
 }
 
 std::int64_t shape_numel(const Shape& sizes) {
@@ -100,15 +160,18 @@ using detail::throw_invalid;
 // ---- Shape arithmetic.
 
 // Throws unless every size is >= 0; returns the byte count of `shape` elements of `dtype`,
-// throwing when it does not fit in a ptrdiff_t (so element offsets never overflow).
+// throwing when it does not fit in a ptrdiff_t (so element offsets never overflow) or when the
+// shape's contiguous strides do not fit in an int64 (Note [Addressable layouts]).
 std::size_t checked_nbytes(const Shape& shape, DType dtype, const char* op) {
   std::int64_t numel = 1;
+  std::int64_t padded_numel = 1;  // the product of max(size, 1) (Note [Addressable layouts])
   bool overflow = false;
   for (const std::int64_t size : shape) {
     if (size < 0) {
       throw_invalid(op, "shape " + shape_to_string(shape) + " has a negative size");
     }
-    overflow = overflow || __builtin_mul_overflow(numel, size, &numel);
+    overflow = overflow || __builtin_mul_overflow(numel, size, &numel) ||
+               __builtin_mul_overflow(padded_numel, std::max<std::int64_t>(size, 1), &padded_numel);
   }
   std::int64_t nbytes = 0;
   overflow = overflow ||
@@ -129,7 +192,8 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, cons
   const std::int64_t numel = shape_numel(sizes);
   CHORUS_CHECK_EQ(numel, shape_numel(shape));
   if (numel == 0) {
-    return contiguous_strides(shape);  // no element is ever addressed
+    // No element is ever addressed; the caller has checked that these strides fit.
+    return contiguous_strides(shape);
   }
 
   struct Run {
@@ -141,7 +205,10 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, cons
     if (sizes[i] == 1) {
       continue;
     }
-    if (!runs.empty() && runs.back().inner_stride == sizes[i] * strides[i]) {
+    std::int64_t extent = 0;  // fits (Note [Addressable layouts]); checked all the same
+    const bool overflow = __builtin_mul_overflow(sizes[i], strides[i], &extent);
+    CHORUS_CHECK(!overflow);
+    if (!runs.empty() && runs.back().inner_stride == extent) {
       runs.back().numel *= sizes[i];
       runs.back().inner_stride = strides[i];
     } else {
@@ -165,10 +232,12 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, cons
     if (product != run.numel) {
       return std::nullopt;
     }
+    // The group's extents are at most the run's, which is one of the base's extents.
     std::int64_t stride = run.inner_stride;
     for (std::size_t k = group.size(); k-- > 0;) {
       result[group[k]] = stride;
-      stride *= shape[group[k]];
+      const bool overflow = __builtin_mul_overflow(stride, shape[group[k]], &stride);
+      CHORUS_CHECK(!overflow);
     }
   }
   for (; next < shape.size(); ++next) {
@@ -179,7 +248,11 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides, cons
   // Size-1 dims never step; give them the stride they would have in a packed layout.
   for (std::size_t i = shape.size(); i-- > 0;) {
     if (shape[i] == 1) {
-      result[i] = i + 1 < shape.size() ? result[i + 1] * shape[i + 1] : 1;
+      result[i] = 1;
+      if (i + 1 < shape.size()) {
+        const bool overflow = __builtin_mul_overflow(result[i + 1], shape[i + 1], &result[i]);
+        CHORUS_CHECK(!overflow);
+      }
     }
   }
   return result;
@@ -197,6 +270,20 @@ const void* packed_elements(const Tensor& tensor, const void* first,
                        tensor.sizes(), tensor.element_size());
   return scratch.data();
 }
+
+// The deleter of from_blob memory: runs the caller's deleter (if any) on `data` once armed, and
+// nothing before (from_blob failed to allocate: the caller still owns the memory).
+struct BlobRelease {
+  void* data = nullptr;
+  std::function<void(void*)> run;
+  bool armed = false;
+
+  void operator()(void* /*memory*/) const {
+    if (armed && run) {
+      run(data);
+    }
+  }
+};
 
 // ---- Printing.
 
@@ -250,6 +337,26 @@ void check_defined(const Tensor& tensor, const char* op) {
 
 std::string element_count_text(std::int64_t count) {
   return std::to_string(count) + (count == 1 ? " element" : " elements");
+}
+
+// The storage offset of the view that starts `index` elements into dim `d` of `tensor` (narrow,
+// select), which unsafe_data_ptr() turns into bytes. Throws InvalidArgument naming `op` when
+// those do not fit in a ptrdiff_t: only possible for a view that addresses no element (an empty
+// tensor, or narrow at the end of a dim) with a stride near the int64 limit
+// (Note [Addressable layouts]).
+std::int64_t view_offset(const Tensor& tensor, std::size_t d, std::int64_t index, const char* op) {
+  const std::int64_t stride = tensor.strides()[d];
+  std::int64_t offset = 0;
+  std::int64_t offset_bytes = 0;
+  if (__builtin_mul_overflow(index, stride, &offset) ||
+      __builtin_add_overflow(tensor.storage_offset(), offset, &offset) ||
+      __builtin_mul_overflow(offset, static_cast<std::int64_t>(tensor.element_size()),
+                             &offset_bytes)) {
+    throw_invalid(op, "storage offset " + std::to_string(tensor.storage_offset()) + " + " +
+                          std::to_string(index) + " * stride " + std::to_string(stride) +
+                          " is too large to address");
+  }
+  return offset;
 }
 
 // Note [Shared layouts]
@@ -416,18 +523,25 @@ Tensor Tensor::from_blob(void* data, Shape shape, DType dtype, Device device,
     throw_invalid(kOp, "data is null but shape " + shape_to_string(shape) + " has " +
                            element_count_text(shape_numel(shape)));
   }
+  // The kernels read elements through typed pointers (Note [Addressable layouts]).
+  if (const std::size_t alignment = detail::element_alignment(dtype);
+      nbytes > 0 && reinterpret_cast<std::uintptr_t>(data) % alignment != 0) {
+    throw_invalid(kOp, "data is not aligned for " + std::string(dtype_name(dtype)) + " (" +
+                           std::to_string(alignment) + "-byte alignment needed)");
+  }
   // Every argument is checked before the deleter is handed to a shared_ptr: a throw above leaves
-  // the memory with the caller.
+  // the memory with the caller. So does a std::bad_alloc below: the deleter is armed only once
+  // the tensor is made (as in from_dlpack: a shared_ptr whose control block cannot be allocated
+  // calls its deleter, as does the last owner of a half-made tensor).
   // An empty tensor owns no bytes (Storage wants null memory then); the deleter still gets
   // `data`.
   void* memory_data = nbytes == 0 ? nullptr : data;
-  std::shared_ptr<void> memory =
-      deleter ? std::shared_ptr<void>(memory_data,
-                                      [data, run = std::move(deleter)](void*) { run(data); })
-              : std::shared_ptr<void>(memory_data, [](void*) {});
-  auto storage = std::make_shared<detail::Storage>(std::move(memory), nbytes, device);
+  std::shared_ptr<void> memory(memory_data, BlobRelease{data, std::move(deleter)});
+  auto storage = std::make_shared<detail::Storage>(memory, nbytes, device);
   Shape strides = contiguous_strides(shape);
-  return {std::move(storage), std::move(shape), std::move(strides), 0, dtype, device};
+  Tensor tensor(std::move(storage), std::move(shape), std::move(strides), 0, dtype, device);
+  std::get_deleter<BlobRelease>(memory)->armed = true;  // from here on, the tensor owns `data`
+  return tensor;
 }
 
 Tensor Tensor::from_host_bytes(const void* data, std::size_t count, DType dtype, Shape shape) {
@@ -524,6 +638,11 @@ Tensor Tensor::view(Shape shape) const {
     throw_invalid(
         kOp, "shape " + shape_to_string(shape) + " is invalid for " + element_count_text(numel));
   }
+  // An empty view gets contiguous strides, which must fit (Note [Addressable layouts]);
+  // otherwise its strides come from this tensor's, which do.
+  if (numel == 0 && !detail::checked_contiguous_strides(shape)) {
+    throw_invalid(kOp, "shape " + shape_to_string(shape) + " is too large to address");
+  }
   std::optional<Shape> strides = view_strides(layout().sizes, layout().strides, shape);
   if (!strides) {
     throw_invalid(kOp, "cannot view a tensor of shape " + shape_to_string(layout().sizes) +
@@ -550,10 +669,10 @@ Tensor Tensor::narrow(std::int64_t dim, std::int64_t start, std::int64_t length)
                            " exceeds dim " + std::to_string(dim) + " of size " +
                            std::to_string(size) + " (length must be >= 0)");
   }
+  const std::int64_t offset = view_offset(*this, d, start, kOp);
   Shape sizes = layout().sizes;
   sizes[d] = length;
-  return {storage_, std::move(sizes), layout().strides, offset_ + start * layout().strides[d],
-          dtype_,   device_};
+  return {storage_, std::move(sizes), layout().strides, offset, dtype_, device_};
 }
 
 Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
@@ -568,9 +687,9 @@ Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
   if (index < 0) {
     index += size;
   }
+  const std::int64_t offset = view_offset(*this, d, index, kOp);
   Shape sizes = layout().sizes;
   Shape strides = layout().strides;
-  const std::int64_t offset = offset_ + index * layout().strides[d];
   sizes.erase(sizes.begin() + static_cast<std::ptrdiff_t>(d));
   strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(d));
   return {storage_, std::move(sizes), std::move(strides), offset, dtype_, device_};
@@ -619,15 +738,24 @@ std::vector<Tensor> Tensor::chunk(std::int64_t n, std::int64_t dim) const {
   }
   const std::int64_t d = detail::normalize_dim(dim, this->dim(), kOp);
   const std::int64_t size = layout().sizes[static_cast<std::size_t>(d)];
-  std::vector<std::int64_t> sizes;
-  if (size == 0) {
-    sizes.assign(static_cast<std::size_t>(n), 0);  // n empty pieces, as torch.chunk
-  } else {
-    const std::int64_t piece = size / n + (size % n != 0 ? 1 : 0);  // ceil, without overflow
-    for (std::int64_t start = 0; start < size; start += piece) {
-      sizes.push_back(std::min(piece, size - start));
-    }
-    CHORUS_CHECK_LE(static_cast<std::int64_t>(sizes.size()), n);
+  // A size-0 dim gives n empty pieces, as torch.chunk; otherwise pieces of ceil(size / n), at
+  // most size of them. Counted first, so that a count no vector holds is an InvalidArgument, not
+  // the std::length_error of allocating it.
+  const std::int64_t piece = size / n + (size % n != 0 ? 1 : 0);  // ceil, without overflow
+  const std::int64_t count = size == 0 ? n : size / piece + (size % piece != 0 ? 1 : 0);
+  CHORUS_CHECK_LE(count, n);
+  if (const std::size_t count_max = std::vector<Tensor>().max_size();
+      static_cast<std::uint64_t>(count) > count_max) {
+    throw_invalid(kOp, std::to_string(n) + " chunks of dim " + std::to_string(dim) + " of size " +
+                           std::to_string(size) + " make " + std::to_string(count) +
+                           " pieces, more than a vector can hold (" + std::to_string(count_max) +
+                           ")");
+  }
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(count), 0);
+  for (std::int64_t k = 0; k < count && size > 0; ++k) {
+    sizes[static_cast<std::size_t>(k)] = std::min(piece, size - k * piece);
+  }
+  if (size > 0) {
     CHORUS_CHECK_GE(sizes.back(), 1);
   }
   return split(sizes, d);
@@ -681,8 +809,13 @@ Tensor Tensor::unsqueeze(std::int64_t dim) const {
   constexpr const char* kOp = "Tensor::unsqueeze";
   check_defined(*this, kOp);
   const auto d = static_cast<std::size_t>(detail::normalize_dim(dim, this->dim() + 1, kOp));
-  const std::int64_t stride =
-      d < layout().sizes.size() ? layout().sizes[d] * layout().strides[d] : 1;
+  // The extent of the dim it goes before (as torch), or 1 at the end. Extents fit
+  // (Note [Addressable layouts]); checked all the same.
+  std::int64_t stride = 1;
+  if (d < layout().sizes.size()) {
+    const bool overflow = __builtin_mul_overflow(layout().sizes[d], layout().strides[d], &stride);
+    CHORUS_CHECK(!overflow);
+  }
   Shape sizes = layout().sizes;
   Shape strides = layout().strides;
   sizes.insert(sizes.begin() + static_cast<std::ptrdiff_t>(d), 1);
@@ -723,6 +856,33 @@ void Tensor::copy_to_host_bytes(void* out, DType expected) const {
 }
 
 namespace {
+
+// The addresses [begin, end) from the lowest to the highest byte that `tensor`'s elements occupy
+// ({0, 0} when it has none). Strides are >= 0, and the span fits in a ptrdiff_t
+// (Note [Addressable layouts]).
+std::pair<std::uintptr_t, std::uintptr_t> byte_range(const Tensor& tensor) {
+  const void* first = tensor.unsafe_data_ptr();
+  if (first == nullptr || tensor.numel() == 0) {
+    return {0, 0};
+  }
+  std::int64_t last = 0;  // the offset of the last element, in elements
+  for (std::size_t i = 0; i < tensor.sizes().size(); ++i) {
+    CHORUS_CHECK_GE(tensor.strides()[i], 0);
+    last += (tensor.sizes()[i] - 1) * tensor.strides()[i];
+  }
+  const auto begin = reinterpret_cast<std::uintptr_t>(first);
+  return {begin, begin + static_cast<std::uintptr_t>(last + 1) * tensor.element_size()};
+}
+
+// Whether `a` and `b` may touch a common byte. Memory, not storage, decides: two from_blob
+// tensors over one buffer, or a tensor and its DLPack round trip, have distinct storages over the
+// same bytes. Ranges that interleave without sharing an element (x[0::2], x[1::2]) count too:
+// a copy through a temporary is correct for them, only slower.
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  const auto [a_begin, a_end] = byte_range(a);
+  const auto [b_begin, b_end] = byte_range(b);
+  return a_begin < a_end && b_begin < b_end && a_begin < b_end && b_begin < a_end;
+}
 
 // Note [Device copies]
 // Core has no device kernels, so what it does with CUDA bytes is whole contiguous copies through
@@ -796,7 +956,7 @@ void copy_device_bytes(Tensor& dst, const Tensor& src, const char* op) {
   }
   // The destination's pending collectives finish (in stream order) before it is overwritten.
   detail::access_data(dst, op, detail::DeviceAccess::OrderedByWait);
-  if (dst.shares_storage(src)) {
+  if (bytes_overlap(dst, src)) {
     // Overlapping ranges: read from a private copy.
     copy_contiguous_bytes(dst, copy_between_devices(src, src.device(), op), op);
     return;
@@ -890,8 +1050,9 @@ Tensor& Tensor::copy_(const Tensor& src) {
   }
   void* dst = checked_data_for_host(kOp);
   const void* first = src.checked_data_for_host(kOp);
-  if (shares_storage(src)) {
-    // The ranges may overlap (x.copy_(x.transpose(0, 1))): read from a private copy.
+  if (bytes_overlap(*this, src)) {
+    // The ranges overlap (x.copy_(x.transpose(0, 1))): read from a private copy, since
+    // strided_copy and kernels::convert want disjoint ranges.
     return copy_(src.clone());
   }
   if (numel() == 0) {

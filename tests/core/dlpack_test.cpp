@@ -3,12 +3,14 @@
 #include <dlpack/dlpack.h>
 #include <gtest/gtest.h>
 
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -252,23 +254,55 @@ TEST(TensorDLPack, ImportNonContiguousWithByteOffset) {
   EXPECT_EQ(calls, 1);
 }
 
-TEST(TensorDLPack, ImportByteOffsetNeedNotAlignToElements) {
-  // byte_offset 2 into a buffer of Int32: the tensor starts mid-element.
-  alignas(8) std::uint8_t bytes[10] = {0, 0, 1, 0, 0, 0, 2, 0, 0, 0};
+TEST(TensorDLPack, ImportByteOffsetNeedNotBeAMultipleOfTheElementSize) {
+  // byte_offset 4 into a buffer of Complex64 (8 bytes, aligned to 4): the tensor starts
+  // mid-element, so the storage must start at the first element, not at byte_offset / 8
+  // elements.
+  alignas(8) float floats[6] = {0, 1, 2, 3, 4, 5};
+  int calls = 0;
+  ManagedSpec spec;
+  spec.data = floats;
+  spec.dtype = DLDataType{kDLComplex, 64, 1};
+  spec.shape = {2};
+  spec.byte_offset = 4;
+  {
+    const Tensor t = Tensor::from_dlpack(make_managed(spec, &calls));
+    EXPECT_EQ(t.unsafe_data_ptr(), floats + 1);
+    EXPECT_EQ(t.to_vector<std::complex<float>>(),
+              (std::vector<std::complex<float>>{{1, 2}, {3, 4}}));
+  }
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(TensorDLPack, ImportRejectsElementsMisalignedForTheirType) {
+  // The kernels read elements through typed pointers: an Int32 at an odd address would be
+  // undefined behaviour (UBSan: misaligned load), so the import refuses it.
+  alignas(8) std::uint8_t bytes[12] = {0, 0, 1, 0, 0, 0, 2, 0, 0, 0};
   int calls = 0;
   ManagedSpec spec;
   spec.data = bytes;
   spec.dtype = DLDataType{kDLInt, 32, 1};
   spec.shape = {2};
   spec.byte_offset = 2;
-  {
-    const Tensor t = Tensor::from_dlpack(make_managed(spec, &calls));
-    EXPECT_EQ(t.unsafe_data_ptr(), bytes + 2);
-    std::int32_t expected[2];
-    std::memcpy(expected, bytes + 2, sizeof(expected));
-    EXPECT_EQ(t.to_vector<std::int32_t>(), (std::vector<std::int32_t>{expected[0], expected[1]}));
-  }
+  DLManagedTensor* managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"Tensor::from_dlpack",
+                           "data + byte_offset 2 is not aligned for Int32 (4-byte alignment "
+                           "needed)"});
+  EXPECT_EQ(calls, 0) << "a rejected tensor stays with the caller";
+  managed->deleter(managed);
   EXPECT_EQ(calls, 1);
+
+  // A misaligned `data` is refused the same way; an empty view has no element to misalign.
+  spec.data = bytes + 1;
+  spec.byte_offset = 0;
+  managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"data + byte_offset 0 is not aligned for Int32"});
+  managed->deleter(managed);
+  spec.shape = {0};
+  EXPECT_EQ(Tensor::from_dlpack(make_managed(spec, &calls)).numel(), 0);
+  EXPECT_EQ(calls, 3);
 }
 
 TEST(TensorDLPack, ImportNullStridesMeansRowMajor) {
@@ -411,6 +445,98 @@ TEST(TensorDLPack, ImportRejectsWhatChorusLacksAndKeepsOwnership) {
                           {"Tensor::from_dlpack", "null"});
 }
 
+TEST(TensorDLPack, ImportRejectsElementBytesThatOverflowWhateverTheSpan) {
+  // 2^62 + 1 Float32 elements with stride 0: the span is one float, but numel() * 4 wraps to 4,
+  // so nbytes() would be 4 and equal() would pack 2^62 floats into a 4-byte buffer.
+  float value = 7.0f;
+  int calls = 0;
+  ManagedSpec spec;
+  spec.data = &value;
+  spec.shape = {(std::int64_t{1} << 62) + 1};
+  spec.strides = Shape{0};
+  DLManagedTensor* managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"Tensor::from_dlpack",
+                           "shape [4611686018427387905] with strides [0] is too large to "
+                           "address"});
+  EXPECT_EQ(calls, 0);
+  managed->deleter(managed);
+
+  // The largest broadcast whose bytes fit: nbytes() is exact.
+  spec.shape = {std::numeric_limits<std::int64_t>::max() / 4};
+  const Tensor widest = Tensor::from_dlpack(make_managed(spec, &calls));
+  EXPECT_EQ(widest.nbytes(), std::size_t{std::numeric_limits<std::int64_t>::max() / 4} * 4);
+  EXPECT_EQ(widest.narrow(0, 5, 2).to_vector<float>(), (std::vector<float>{7.0f, 7.0f}));
+}
+
+TEST(TensorDLPack, ImportSpanArithmeticNeverOverflows) {
+  std::uint8_t bytes[4] = {};
+  const auto rejected = [&](const Shape& shape, const Shape& strides, const std::string& detail,
+                            int line = __builtin_LINE()) {
+    int calls = 0;
+    ManagedSpec spec;
+    spec.data = bytes;
+    spec.dtype = DLDataType{kDLUInt, 8, 1};
+    spec.shape = shape;
+    spec.strides = strides;
+    DLManagedTensor* managed = make_managed(spec, &calls);
+    expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                            {"Tensor::from_dlpack", detail}, line);
+    EXPECT_EQ(calls, 0) << "line " << line;
+    managed->deleter(managed);
+  };
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t quarter = std::int64_t{1} << 62;
+  // The last element's offset is max: one more element (the span) overflows.
+  rejected({2, 2, 2}, {quarter - 1, quarter - 1, 1},
+           "shape [2, 2, 2] with strides [4611686018427387903, 4611686018427387903, 1] is too "
+           "large to address");
+  rejected({2}, {max}, "shape [2] with strides [9223372036854775807] is too large to address");
+  // The span (2^62 + 1 bytes) fits, but size * stride does not (unsqueeze(0) computes it).
+  rejected({2}, {quarter}, "shape [2] with strides [4611686018427387904] is too large to address");
+  // A size-1 dim may have any stride: it never steps, and its extent is the stride itself.
+  int calls = 0;
+  ManagedSpec spec;
+  spec.data = bytes;
+  spec.dtype = DLDataType{kDLUInt, 8, 1};
+  spec.shape = {1};
+  spec.strides = Shape{max};
+  const Tensor t = Tensor::from_dlpack(make_managed(spec, &calls));
+  EXPECT_EQ(t.unsqueeze(0).strides(), (Shape{max, max}));
+  EXPECT_EQ(t.unsqueeze(0).to_vector<std::uint8_t>(), (std::vector<std::uint8_t>{0}));
+}
+
+TEST(TensorDLPack, ImportEmptyShapesWhoseContiguousStridesOverflowThrow) {
+  // Null strides of shape [0, 2^40, 2^40] would be [2^80, 2^40, 1]: the size-0 dim counts as 1
+  // (as PyTorch's), so they overflow.
+  const std::int64_t big = std::int64_t{1} << 40;
+  int calls = 0;
+  ManagedSpec spec;
+  spec.shape = {0, big, big};
+  DLManagedTensor* managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"Tensor::from_dlpack",
+                           "shape [0, 1099511627776, 1099511627776] with strides (row-major) is "
+                           "too large to address"});
+  EXPECT_EQ(calls, 0);
+  managed->deleter(managed);
+  // Explicit strides do not help: clone() and to_vector() lay out a contiguous copy.
+  spec.strides = Shape{0, 0, 0};
+  managed = make_managed(spec, &calls);
+  expect_invalid_argument([&] { (void)Tensor::from_dlpack(managed); },
+                          {"shape [0, 1099511627776, 1099511627776] with strides [0, 0, 0] is too "
+                           "large to address"});
+  managed->deleter(managed);
+  spec.strides = std::nullopt;
+  const std::int64_t fits = std::int64_t{1} << 31;
+  spec.dtype = DLDataType{kDLUInt, 8, 1};
+  spec.shape = {0, fits, fits};
+  const Tensor empty = Tensor::from_dlpack(make_managed(spec, &calls));
+  EXPECT_EQ(empty.strides(), (Shape{std::int64_t{1} << 62, fits, 1}));
+  EXPECT_TRUE(empty.to_vector<std::uint8_t>().empty());
+  EXPECT_EQ(empty.clone().sizes(), (Shape{0, fits, fits}));
+}
+
 // ---- Round trips.
 
 TEST(TensorDLPack, RoundTripEveryDTypeIsZeroCopy) {
@@ -443,6 +569,16 @@ TEST(TensorDLPack, RoundTripNonContiguousView) {
   back.copy_(Tensor::zeros({3, 4}, DType::Int32));
   EXPECT_EQ(base.select(1, 0).to_vector<std::int32_t>(), (std::vector<std::int32_t>{0, 5, 10, 15}));
   EXPECT_EQ(base.select(1, 2).to_vector<std::int32_t>(), (std::vector<std::int32_t>{0, 0, 0, 0}));
+}
+
+TEST(TensorDLPack, CopyBetweenATensorAndItsRoundTripSeesTheOverlap) {
+  // The import has a storage of its own over the same bytes: copy_ must still read through a
+  // temporary.
+  Tensor t = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  const Tensor back = Tensor::from_dlpack(t.to_dlpack());
+  EXPECT_FALSE(back.shares_storage(t));
+  t.copy_(back.transpose(0, 1));
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 3, 2, 4}));
 }
 
 TEST(TensorDLPack, RoundTripKeepsMemoryUntilBothSidesLetGo) {

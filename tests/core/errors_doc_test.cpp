@@ -17,6 +17,7 @@
 #include <chorus/chorus.hpp>
 #include <chrono>
 #include <complex>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -215,6 +216,14 @@ TEST(ErrorsDocTensorFactories, TooLargeToAddress) {
         (void)Tensor::empty({std::int64_t{1} << 62, 4}, DType::Float32, Device::meta());
       },
       "Tensor::empty", "shape [4611686018427387904, 4] of Float32 is too large to address");
+  // No element, but the strides overflow: a size-0 dim counts as size 1 in them.
+  errdoc_expect_plain<InvalidArgument>(
+      [] {
+        (void)Tensor::empty({0, std::int64_t{1} << 40, std::int64_t{1} << 40}, DType::Float32,
+                            Device::meta());
+      },
+      "Tensor::empty",
+      "shape [0, 1099511627776, 1099511627776] of Float32 is too large to address");
 }
 
 TEST(ErrorsDocTensorFactories, CudaAllocationOutsideRank) {
@@ -266,6 +275,18 @@ TEST(ErrorsDocTensorFactories, FromBlobNegativeDeviceIndex) {
   errdoc_expect_plain<InvalidArgument>(
       [&] { (void)Tensor::from_blob(&value, {1}, DType::Float32, Device::cuda(-1)); },
       "Tensor::from_blob", "device index must be >= 0, got cuda:-1");
+}
+
+TEST(ErrorsDocTensorFactories, FromBlobMisaligned) {
+  alignas(8) std::byte bytes[16] = {};
+  int deleter_calls = 0;
+  errdoc_expect_plain<InvalidArgument>(
+      [&] {
+        (void)Tensor::from_blob(bytes + 2, {2}, DType::Float32, Device::cpu(),
+                                [&](void*) { ++deleter_calls; });
+      },
+      "Tensor::from_blob", "data is not aligned for Float32 (4-byte alignment needed)");
+  EXPECT_EQ(deleter_calls, 0) << "a rejected from_blob leaves the memory with the caller";
 }
 
 TEST(ErrorsDocTensorFactories, FromBlobNullData) {
@@ -354,6 +375,27 @@ TEST(ErrorsDocTensorViews, NarrowLengthTooLong) {
       "start 2 + length 3 exceeds dim 0 of size 4 (length must be >= 0)");
 }
 
+TEST(ErrorsDocTensorViews, ViewTooLargeToAddress) {
+  errdoc_expect_plain<InvalidArgument>(
+      [] {
+        (void)Tensor::zeros({0}).view({0, std::int64_t{1} << 40, std::int64_t{1} << 40});
+      },
+      "Tensor::view", "shape [0, 1099511627776, 1099511627776] is too large to address");
+}
+
+TEST(ErrorsDocTensorViews, ViewOffsetTooLargeToAddress) {
+  // Strides [2^63 - 2, 2^62 - 1, 1] fit; the offset at the end of dims 1 and 2 does not.
+  const std::int64_t stride = (std::int64_t{1} << 62) - 1;
+  const Tensor at_end = Tensor::empty({0, 2, stride}, DType::UInt8, Device::meta()).narrow(1, 2, 0);
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)at_end.narrow(2, stride, 0); }, "Tensor::narrow",
+      "storage offset 9223372036854775806 + 4611686018427387903 * stride 1 is too large to "
+      "address");
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)at_end.select(2, 2); }, "Tensor::select",
+      "storage offset 9223372036854775806 + 2 * stride 1 is too large to address");
+}
+
 TEST(ErrorsDocTensorViews, SelectIndexOutOfRange) {
   errdoc_expect_plain<InvalidArgument>([] { (void)Tensor::zeros({4}).select(0, 4); },
                                        "Tensor::select",
@@ -379,6 +421,13 @@ TEST(ErrorsDocTensorViews, PermuteRepeatedDim) {
 TEST(ErrorsDocTensorViews, ChunkCountNotPositive) {
   errdoc_expect_plain<InvalidArgument>([] { (void)Tensor::zeros({4}).chunk(0); }, "Tensor::chunk",
                                        "the number of chunks must be > 0, got 0");
+}
+
+TEST(ErrorsDocTensorViews, ChunkTooManyPieces) {
+  errdoc_expect_plain<InvalidArgument>(
+      [] { (void)Tensor::zeros({0}).chunk(std::int64_t{1} << 60); }, "Tensor::chunk",
+      "1152921504606846976 chunks of dim 0 of size 0 make 1152921504606846976 pieces, more than "
+      "a vector can hold (");
 }
 
 TEST(ErrorsDocTensorViews, SplitNegativeSize) {
@@ -606,6 +655,44 @@ TEST(ErrorsDocDLPack, ImportTooLarge) {
   errdoc_expect_plain<InvalidArgument>(
       [&] { (void)Tensor::from_dlpack(&producer.managed); }, "Tensor::from_dlpack",
       "shape [4611686018427387904] with strides [1] is too large to address");
+  EXPECT_EQ(producer.deleter_calls, 0);
+  // numel() * element size overflows although the span is one element (stride 0).
+  ErrdocProducer broadcast(values, kErrdocFloat32, kErrdocCpu, {(std::int64_t{1} << 62) + 1}, {0});
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)Tensor::from_dlpack(&broadcast.managed); }, "Tensor::from_dlpack",
+      "shape [4611686018427387905] with strides [0] is too large to address");
+  // size * stride overflows in a dim although the span (2^62 + 1 bytes) fits.
+  ErrdocProducer extent(values, DLDataType{kDLUInt, 8, 1}, kErrdocCpu, {2},
+                        {std::int64_t{1} << 62});
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)Tensor::from_dlpack(&extent.managed); }, "Tensor::from_dlpack",
+      "shape [2] with strides [4611686018427387904] is too large to address");
+  // Null (row-major) strides of an empty shape overflow.
+  ErrdocProducer empty(nullptr, kErrdocFloat32, kErrdocCpu,
+                       {0, std::int64_t{1} << 40, std::int64_t{1} << 40});
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)Tensor::from_dlpack(&empty.managed); }, "Tensor::from_dlpack",
+      "shape [0, 1099511627776, 1099511627776] with strides (row-major) is too large to address");
+  EXPECT_EQ(broadcast.deleter_calls + extent.deleter_calls + empty.deleter_calls, 0);
+}
+
+TEST(ErrorsDocDLPack, ImportMisaligned) {
+  alignas(8) std::int32_t values[3] = {};
+  ErrdocProducer producer(values, DLDataType{kDLInt, 32, 1}, kErrdocCpu, {2});
+  producer.managed.dl_tensor.byte_offset = 2;
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)Tensor::from_dlpack(&producer.managed); }, "Tensor::from_dlpack",
+      "data + byte_offset 2 is not aligned for Int32 (4-byte alignment needed)");
+  EXPECT_EQ(producer.deleter_calls, 0);
+}
+
+TEST(ErrorsDocDLPack, ImportByteOffsetTooLarge) {
+  float values[2] = {};
+  ErrdocProducer producer(values, kErrdocFloat32, kErrdocCpu, {2});
+  producer.managed.dl_tensor.byte_offset = std::numeric_limits<std::uint64_t>::max();
+  errdoc_expect_plain<InvalidArgument>([&] { (void)Tensor::from_dlpack(&producer.managed); },
+                                       "Tensor::from_dlpack",
+                                       "byte_offset 18446744073709551615 is too large to address");
   EXPECT_EQ(producer.deleter_calls, 0);
 }
 

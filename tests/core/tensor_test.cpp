@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <complex>
 #include <cstddef>
 #include <cstdint>
@@ -212,6 +213,13 @@ TEST(TensorFactory, FullConvertsValueAsKernelsFill) {
   EXPECT_EQ(Tensor::full({1}, -1.5, DType::Complex128).item<std::complex<double>>(),
             std::complex<double>(-1.5, 0.0));
   EXPECT_EQ(Tensor::full({2, 2}, 7.0, DType::Int64).sizes(), (Shape{2, 2}));
+  // Outside the integer's range after truncation, or NaN: 0 (as tensor.hpp says).
+  EXPECT_EQ(Tensor::full({1}, 300.0, DType::UInt8).item<std::uint8_t>(), 0);
+  EXPECT_EQ(Tensor::full({1}, -1.0, DType::UInt8).item<std::uint8_t>(), 0);
+  EXPECT_EQ(Tensor::full({1}, -0.5, DType::UInt8).item<std::uint8_t>(), 0);
+  EXPECT_EQ(Tensor::full({1}, 255.9, DType::UInt8).item<std::uint8_t>(), 255);
+  EXPECT_EQ(Tensor::full({1}, 3e9, DType::Int32).item<std::int32_t>(), 0);
+  EXPECT_EQ(Tensor::full({1}, std::nan(""), DType::Int64).item<std::int64_t>(), 0);
 }
 
 TEST(TensorFactory, ArangeCountsFromZero) {
@@ -244,6 +252,31 @@ TEST(TensorFactory, NegativeSizesThrow) {
 TEST(TensorFactory, HugeShapesThrow) {
   const std::int64_t big = std::int64_t{1} << 40;
   expect_invalid_argument([&] { (void)Tensor::empty({big, big}); }, {"Tensor::empty", "too large"});
+}
+
+TEST(TensorFactory, EmptyShapesWhoseStridesOverflowThrow) {
+  // No element, but the strides of [0, 2^40, 2^40] would be [2^80, 2^40, 1]: a size-0 dim counts
+  // as size 1 in the strides (as PyTorch's), so the shape is refused, meta tensors included.
+  const std::int64_t big = std::int64_t{1} << 40;
+  expect_invalid_argument(
+      [&] {
+        (void)Tensor::empty({0, big, big}, DType::Float32, Device::meta());
+      },
+      {"Tensor::empty",
+       "shape [0, 1099511627776, 1099511627776] of Float32 is too large to "
+       "address"});
+  expect_invalid_argument([&] { (void)Tensor::zeros({big, big, 0}); }, {"too large to address"});
+  float value = 0.0f;
+  expect_invalid_argument(
+      [&] {
+        (void)Tensor::from_blob(&value, {0, big, big}, DType::Float32);
+      },
+      {"Tensor::from_blob", "too large to address"});
+  // Strides that fit are kept exactly.
+  const std::int64_t fits = std::int64_t{1} << 31;
+  EXPECT_EQ(Tensor::empty({0, fits, fits}).strides(), (Shape{std::int64_t{1} << 62, fits, 1}));
+  EXPECT_EQ(Tensor::empty({fits, fits, 0}, DType::UInt8, Device::meta()).strides(),
+            (Shape{fits, 1, 1}));
 }
 
 TEST(TensorFactory, CudaFactoriesThrowOutsideARank) {
@@ -669,6 +702,7 @@ TEST(TensorView, ChunkUsesCeilSizes) {
   EXPECT_EQ(chunk_sizes(Tensor::arange(2), 4), (std::vector<std::int64_t>{1, 1}));
   // An empty dim gives n empty pieces.
   EXPECT_EQ(chunk_sizes(Tensor::zeros({0}), 3), (std::vector<std::int64_t>{0, 0, 0}));
+  EXPECT_EQ(chunk_sizes(Tensor::zeros({0}), 1), (std::vector<std::int64_t>{0}));
 
   const Tensor matrix = Tensor::arange(12, DType::Int64).view({2, 6});
   const std::vector<Tensor> columns = matrix.chunk(3, -1);
@@ -681,6 +715,22 @@ TEST(TensorView, ChunkUsesCeilSizes) {
                           {"Tensor::chunk", "number of chunks must be > 0, got 0"});
   expect_invalid_argument([&] { (void)ten.chunk(-2); }, {"got -2"});
   expect_invalid_argument([&] { (void)ten.chunk(2, 1); }, {"Tensor::chunk", "dim 1"});
+}
+
+TEST(TensorView, ChunkIntoMorePiecesThanAVectorHoldsThrows) {
+  // A size-0 dim gives n empty pieces (torch.chunk), so n = 2^60 cannot be returned: an
+  // InvalidArgument, not std::length_error.
+  const std::int64_t n = std::int64_t{1} << 60;
+  expect_invalid_argument([&] { (void)Tensor::zeros({0}).chunk(n); },
+                          {"Tensor::chunk",
+                           "1152921504606846976 chunks of dim 0 of size 0 make "
+                           "1152921504606846976 pieces, more than a vector can "
+                           "hold"});
+  // Likewise a meta dim of 2^62 split into 2^62 pieces of 1.
+  const std::int64_t size = std::int64_t{1} << 62;
+  expect_invalid_argument(
+      [&] { (void)Tensor::empty({size}, DType::UInt8, Device::meta()).chunk(size); },
+      {"Tensor::chunk", "make 4611686018427387904 pieces"});
 }
 
 TEST(TensorView, SplitBySizes) {
@@ -756,6 +806,32 @@ TEST(TensorView, HugeArgumentsThrowInsteadOfOverflowing) {
   expect_invalid_argument([&] { (void)t.narrow(0, 1, max); }, {"Tensor::narrow", "exceeds"});
   expect_invalid_argument([&] { (void)t.split({max, max}); }, {"Tensor::split", "overflow"});
   EXPECT_EQ(t.chunk(max).size(), 10u);
+}
+
+TEST(TensorView, EmptyViewsWhoseStridesOrOffsetsOverflowThrow) {
+  const std::int64_t big = std::int64_t{1} << 40;
+  // An empty view gets row-major strides, which must fit as for Tensor::empty.
+  expect_invalid_argument(
+      [] {
+        (void)Tensor::zeros({0}).view({0, big, big});
+      },
+      {"Tensor::view",
+       "shape [0, 1099511627776, 1099511627776] is too large "
+       "to address"});
+  EXPECT_EQ(Tensor::zeros({0}).view({0, big}).strides(), (Shape{big, 1}));
+  // Shape [0, 2, 2^62 - 1] has strides [2^63 - 2, 2^62 - 1, 1], which fit; narrowing both
+  // non-empty dims to their ends would put the storage offset at 3 * (2^62 - 1).
+  const std::int64_t stride = (std::int64_t{1} << 62) - 1;
+  const Tensor empty = Tensor::empty({0, 2, stride}, DType::UInt8, Device::meta());
+  const Tensor at_end = empty.narrow(1, 2, 0);
+  EXPECT_EQ(at_end.storage_offset(), 2 * stride);
+  expect_invalid_argument([&] { (void)at_end.narrow(2, stride, 0); },
+                          {"Tensor::narrow",
+                           "storage offset 9223372036854775806 + "
+                           "4611686018427387903 * stride 1 is too large to "
+                           "address"});
+  expect_invalid_argument([&] { (void)at_end.select(2, stride - 1); },
+                          {"Tensor::select", "is too large to address"});
 }
 
 TEST(TensorView, ViewsNeverCopy) {
@@ -889,6 +965,30 @@ TEST(TensorCopy, CopyBetweenOverlappingViews) {
   EXPECT_EQ(shifted.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2, 3, 4, 4}));
 }
 
+TEST(TensorCopy, CopyBetweenTensorsOverSharedMemorySeesTheOverlap) {
+  // Two from_blob tensors over one buffer have distinct storages: the overlap is in the bytes.
+  std::vector<float> buffer{1, 2, 3, 4};
+  Tensor a = Tensor::from_blob(buffer.data(), {2, 2}, DType::Float32);
+  const Tensor b = Tensor::from_blob(buffer.data(), {2, 2}, DType::Float32);
+  EXPECT_FALSE(a.shares_storage(b));
+  a.copy_(b.transpose(0, 1));
+  EXPECT_EQ(buffer, (std::vector<float>{1, 3, 2, 4}));
+
+  // Between dtypes: the Float32 source is the first half of the Float64 destination's bytes.
+  alignas(8) std::byte bytes[16] = {};
+  const float source_values[2] = {1.5f, -2.0f};
+  std::memcpy(bytes, source_values, sizeof(source_values));
+  Tensor wide = Tensor::from_blob(bytes, {2}, DType::Float64);
+  wide.copy_(Tensor::from_blob(bytes, {2}, DType::Float32));
+  EXPECT_EQ(wide.to_vector<double>(), (std::vector<double>{1.5, -2.0}));
+
+  // Interleaved halves of one buffer share no byte; each element lands where it should.
+  std::vector<std::int32_t> words{0, 1, 2, 3, 4, 5};
+  Tensor evens = Tensor::from_blob(words.data(), {3, 2}, DType::Int32).select(1, 0);
+  evens.copy_(Tensor::from_blob(words.data(), {6}, DType::Int32).narrow(0, 3, 3));
+  EXPECT_EQ(words, (std::vector<std::int32_t>{3, 1, 4, 3, 5, 5}));
+}
+
 TEST(TensorCopy, CopyRejectsShapeMismatch) {
   Tensor dst = Tensor::zeros({2, 3});
   expect_invalid_argument(
@@ -909,6 +1009,9 @@ TEST(TensorConvert, ToConvertsAsKernels) {
             (std::vector<std::int64_t>{0, -2, 0, 65520}));
   EXPECT_EQ(src.to(DType::Complex64).to_vector<std::complex<float>>()[1],
             std::complex<float>(-2.5f, 0.0f));
+  // Out of the integer's range: 0 (as full()).
+  EXPECT_EQ(src.to(DType::Int8).to_vector<std::int8_t>(), (std::vector<std::int8_t>{0, -2, 0, 0}));
+  EXPECT_EQ(Tensor::full({1}, 3e9).to(DType::Int32).item<std::int32_t>(), 0);
   // Strided sources convert in row-major order.
   const Tensor t = Tensor::arange(6, DType::Int32).view({2, 3}).transpose(0, 1);
   EXPECT_EQ(t.to(DType::Float64).to_vector<double>(), (std::vector<double>{0, 3, 1, 4, 2, 5}));
@@ -1007,6 +1110,24 @@ TEST(TensorFromBlob, InvalidArgumentsLeaveMemoryWithCaller) {
       [&] { (void)Tensor::from_blob(&value, {1}, DType::Float32, Device::meta(), deleter); },
       {"Tensor::from_blob", "meta"});
   EXPECT_EQ(calls, 0);
+}
+
+TEST(TensorFromBlob, MisalignedDataThrowsAndLeavesMemoryWithCaller) {
+  // The kernels read elements through typed pointers (UBSan: misaligned load otherwise).
+  alignas(16) std::byte bytes[32] = {};
+  int calls = 0;
+  const auto deleter = [&](void*) { ++calls; };
+  expect_invalid_argument(
+      [&] { (void)Tensor::from_blob(bytes + 2, {2}, DType::Float32, Device::cpu(), deleter); },
+      {"Tensor::from_blob", "data is not aligned for Float32 (4-byte alignment needed)"});
+  expect_invalid_argument([&] { (void)Tensor::from_blob(bytes + 4, {1}, DType::Complex128); },
+                          {"data is not aligned for Complex128 (8-byte alignment needed)"});
+  EXPECT_EQ(calls, 0);
+  // Alignment, not element size: Complex64 needs 4 bytes, 16-bit floats 2; an empty tensor has
+  // no element to misalign.
+  EXPECT_EQ(Tensor::from_blob(bytes + 4, {2}, DType::Complex64).unsafe_data_ptr(), bytes + 4);
+  EXPECT_EQ(Tensor::from_blob(bytes + 2, {2}, DType::BFloat16).unsafe_data_ptr(), bytes + 2);
+  EXPECT_EQ(Tensor::from_blob(bytes + 1, {0}, DType::Int64).numel(), 0);
 }
 
 TEST(TensorFromBlob, CudaMemoryIsNotReadOnTheHost) {

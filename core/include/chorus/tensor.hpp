@@ -54,7 +54,9 @@ class Tensor {
   static Tensor zeros(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu());
   static Tensor ones(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu());
   // `value` is converted to `dtype` (rounded to nearest even for 16-bit floats, truncated toward
-  // zero for integers, != 0 for Bool; complex dtypes get a zero imaginary part).
+  // zero for integers, != 0 for Bool; complex dtypes get a zero imaginary part). A value outside
+  // an integer dtype's range after truncation, and NaN, become 0 (where a C++ cast would be
+  // undefined behaviour): full({1}, 300, UInt8) and full({1}, -1, UInt8) hold 0.
   static Tensor full(Shape shape, double value, DType dtype = DType::Float32,
                      Device device = Device::cpu());
   // 0, 1, ..., n-1 as a 1-D tensor.
@@ -67,9 +69,11 @@ class Tensor {
   template <class T>
   static Tensor from_vector(const std::vector<T>& values);
 
-  // Wraps caller memory without copying: a contiguous tensor of `shape` at `data`. `deleter`
+  // Wraps caller memory without copying: a contiguous tensor of `shape` at `data`, which must be
+  // aligned for `dtype` (a multiple of alignof its C++ type) unless the shape is empty. `deleter`
   // (if any) runs once, when the last tensor using this memory dies and no collective still
-  // uses it. The caller keeps `data` valid until then.
+  // uses it. The caller keeps `data` valid until then. Throws InvalidArgument (bad arguments) or
+  // std::bad_alloc; either way the deleter has not run and the memory stays the caller's.
   static Tensor from_blob(void* data, Shape shape, DType dtype, Device device = Device::cpu(),
                           std::function<void(void*)> deleter = {});
 
@@ -78,7 +82,9 @@ class Tensor {
   // its deleter is called. Meta tensors cannot be exported (InvalidArgument).
   DLManagedTensor* to_dlpack() const;
   // Takes ownership of `managed` (its deleter runs when the last tensor dies). Rejects dtypes
-  // and devices chorus does not have (InvalidArgument).
+  // and devices chorus does not have, layouts too large to address, and elements not aligned for
+  // their type (InvalidArgument). When it throws (std::bad_alloc included), `managed` is still
+  // the caller's and its deleter has not run.
   static Tensor from_dlpack(DLManagedTensor* managed);
 
   // ---- Metadata. Never waits. The vectors sizes() and strides() return are shared with other
@@ -108,7 +114,8 @@ class Tensor {
   Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
   Tensor permute(const std::vector<std::int64_t>& dims) const;
   // `n` pieces of ceil(size/n) along `dim`; the last may be smaller, and fewer than `n` pieces
-  // result when size < n (torch.chunk).
+  // result when size < n (torch.chunk). A size-0 dim gives `n` empty pieces (torch.chunk too);
+  // more pieces than a std::vector can hold throw InvalidArgument.
   std::vector<Tensor> chunk(std::int64_t n, std::int64_t dim = 0) const;
   // Pieces of the given sizes along `dim`; the sizes must sum to size(dim).
   std::vector<Tensor> split(const std::vector<std::int64_t>& sizes, std::int64_t dim = 0) const;
@@ -132,7 +139,8 @@ class Tensor {
   Tensor contiguous() const;
   // A contiguous copy with its own storage.
   Tensor clone() const;
-  // A copy converted to `dtype` (same conversions as full()).
+  // A copy converted to `dtype` (same conversions as full(): from a floating dtype to an integer
+  // one, truncated toward zero, and 0 for NaN and for values outside the integer's range).
   Tensor to(DType dtype) const;
   // A contiguous copy on `device`; *this when already there (as torch). Copies between host and
   // CUDA memory go through the rank's device memory (Note [Device memory]); waiting on a CUDA
@@ -140,8 +148,10 @@ class Tensor {
   // non-contiguous CUDA source throws InvalidArgument (a CPU source is packed on the host).
   Tensor to(Device device) const;
   // Copies `src` into this tensor's elements (shapes must be equal; dtypes may differ and are
-  // converted as by to()). Waits on both. Returns *this. With a CUDA tensor on either side, the
-  // dtypes must match and the CUDA side(s) be contiguous (no device kernels: InvalidArgument).
+  // converted as by to()). Waits on both. Returns *this. `src` may overlap this tensor's memory
+  // (a view of it, another from_blob or DLPack tensor over the same bytes): it is then read
+  // through a temporary copy. With a CUDA tensor on either side, the dtypes must match and the
+  // CUDA side(s) be contiguous (no device kernels: InvalidArgument).
   Tensor& copy_(const Tensor& src);
   // Same shape, same dtype, equal values (floating: NaN != NaN, -0 == +0, as torch.equal).
   bool equal(const Tensor& other) const;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "chorus/tensor.hpp"
@@ -36,8 +37,18 @@ enum class DeviceAccess : std::uint8_t {
 // CUDA tensors under DeviceAccess::Host. Every data access of a Tensor goes through here.
 std::byte* access_data(const Tensor& tensor, const char* op, DeviceAccess access);
 
-// Row-major strides of `sizes` (in elements).
+// Row-major strides of `sizes` (in elements), a size-0 dim counting as size 1 (as PyTorch's), or
+// nullopt when the product of max(size, 1) over all dims does not fit in an int64
+// (Note [Addressable layouts] in tensor.cpp). Never throws but std::bad_alloc.
+std::optional<Shape> checked_contiguous_strides(const Shape& sizes);
+
+// checked_contiguous_strides for a shape known to fit (CHORUS_CHECKed): that of an existing
+// tensor, or one that passed checked_contiguous_strides.
 Shape contiguous_strides(const Shape& sizes);
+
+// The alignment, in bytes, of one element of `dtype` (alignof its C++ type): a tensor with
+// elements starts at a multiple of it (Note [Addressable layouts]).
+std::size_t element_alignment(DType dtype) noexcept;
 
 // Product of `sizes` (1 for a 0-d shape).
 std::int64_t shape_numel(const Shape& sizes);
