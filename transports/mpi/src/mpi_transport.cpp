@@ -1006,17 +1006,18 @@ WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& 
     mix(static_cast<unsigned char>(c));
   }
   for (const OpSignature& op : signatures) {
+    // Every field of the op's one wire encoding, but an all_to_all's counts.
     const WireOp encoded = WireOp::of(op);
     mix(encoded.kind);
     mix(encoded.dtype);
     mix(encoded.lowered_from);
     if (op.kind != OpKind::AllToAll) {
-      mix(op.send_count);
-      mix(op.recv_count);
+      mix(encoded.send_count);
+      mix(encoded.recv_count);
     }
-    mix(static_cast<std::uint64_t>(op.reduce_op.kind()));
-    mix(std::bit_cast<std::uint64_t>(op.reduce_op.premul_factor()));
-    mix(static_cast<std::uint64_t>(static_cast<std::int64_t>(op.root)));
+    mix(encoded.reduce_kind);
+    mix(encoded.factor_bits);
+    mix(static_cast<std::uint32_t>(encoded.root));
   }
   wire.digest = digest;
   return wire;
