@@ -13,6 +13,7 @@ std::string format_message(ErrorCode code, const ErrorContext& context, const st
   std::string out = "chorus::";
   out += error_code_name(code);
   out += ':';
+  const std::size_t bare = out.size();
   if (context.rank >= 0) {
     out += " [rank " + std::to_string(context.rank) + "]";
   }
@@ -26,7 +27,8 @@ std::string format_message(ErrorCode code, const ErrorContext& context, const st
   if (!context.group.empty()) {
     out += " on group " + context.group;
   }
-  out += ": ";
+  // An error with no context reads "chorus::InvalidArgument: detail", not "...:: detail".
+  out += out.size() == bare ? " " : ": ";
   out += detail;
   return out;
 }

@@ -25,6 +25,9 @@ TEST(Error, FieldsThatDoNotApplyAreLeftOut) {
                "chorus::InvalidArgument: Tensor::view: bad");
   EXPECT_STREQ(Timeout(ErrorContext{0, "", -1, ""}, "late").what(),
                "chorus::Timeout: [rank 0]: late");
+  // No context at all: one colon after the code, not "InvalidArgument:: bad".
+  EXPECT_STREQ(InvalidArgument({}, "chorus bench: bad").what(),
+               "chorus::InvalidArgument: chorus bench: bad");
 }
 
 TEST(Error, MakeErrorKeepsTheDynamicType) {
