@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "bits.hpp"
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
 #include "guard_pages.hpp"
@@ -777,17 +778,18 @@ void SimWorld::set_phase(std::size_t r, Phase phase) noexcept {
 }
 
 int SimWorld::kth_runnable(std::size_t k) const noexcept {
+  // Up to 64 ranks the set is one word, and k < runnable_count_ is its population count: no
+  // count per word (a libgcc call on generic x86-64, which has no popcnt instruction).
+  if (runnable_words_.size() == 1) {
+    return kth_set_bit(runnable_words_[0], k);
+  }
   for (std::size_t w = 0; w < runnable_words_.size(); ++w) {
-    std::uint64_t word = runnable_words_[w];
+    const std::uint64_t word = runnable_words_[w];
     const auto in_word = static_cast<std::size_t>(std::popcount(word));
-    if (k >= in_word) {
-      k -= in_word;
-      continue;
+    if (k < in_word) {
+      return static_cast<int>(w * 64) + kth_set_bit(word, k);
     }
-    for (; k > 0; --k) {
-      word &= word - 1;  // drop the lowest runnable rank
-    }
-    return static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word)));
+    k -= in_word;
   }
   CHORUS_CHECK(false);  // k < runnable_count_
   return -1;
