@@ -72,9 +72,16 @@ ReduceOp ReduceOp::parse(std::string_view name) {
   return op;
 }
 
+std::string ReduceOp::invalid_name() const {
+  if (is_valid() || kind_ == Kind::Invalid) {
+    return invalid_name_;
+  }
+  return "ReduceOp::Kind(" + std::to_string(static_cast<int>(kind_)) + ")";
+}
+
 std::string ReduceOp::to_string() const {
-  if (kind_ == Kind::Invalid) {
-    return "'" + invalid_name_ + "'";
+  if (!is_valid()) {
+    return "'" + invalid_name() + "'";
   }
   if (kind_ == Kind::PremulSum) {
     std::ostringstream out;
@@ -85,12 +92,12 @@ std::string ReduceOp::to_string() const {
 }
 
 std::string ReduceOp::check_dtype(DType dtype) const {
-  if (kind_ == Kind::Invalid) {
+  if (!is_valid()) {
     std::string hint;
     if (equals_ignoring_case(invalid_name_, "premul_sum")) {
       hint = " (premul_sum needs a factor: use ReduceOp::premul_sum(f))";
     }
-    return "Unrecognized reduce_op '" + invalid_name_ +
+    return "Unrecognized reduce_op '" + invalid_name() +
            "': expected one of sum, avg, product, min, max, band, bor, bxor" + hint;
   }
   const bool bitwise = kind_ == Kind::BAnd || kind_ == Kind::BOr || kind_ == Kind::BXor;

@@ -1093,6 +1093,13 @@ TEST_P(InvalidArgumentErrors, UnrecognizedReduceOpName) {
                          at_all_reduce);
     expect_error_on_rank([&] { (void)all_reduce(x, "premul_sum", world()); },
                          {"Unrecognized reduce_op", "premul_sum"}, at_all_reduce);
+    // A Kind cast from a bad integer reaches no reduction kernel.
+    const ReduceOp bad_kind(static_cast<ReduceOp::Kind>(42));
+    expect_error_on_rank([&] { (void)all_reduce(x, bad_kind, world()); },
+                         {"Unrecognized reduce_op", "'ReduceOp::Kind(42)'"}, at_all_reduce);
+    expect_error_on_rank([&] { (void)reduce_scatter_tensor(x, bad_kind, 0, world()); },
+                         {"Unrecognized reduce_op", "'ReduceOp::Kind(42)'"},
+                         {"reduce_scatter_tensor", 0, group});
     expect_error_on_rank(
         [&] { (void)reduce_scatter_tensor(x, std::string("Average"), 0, world()); },
         {"Unrecognized reduce_op", "'Average'"}, {"reduce_scatter_tensor", 0, group});

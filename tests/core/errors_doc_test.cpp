@@ -931,6 +931,16 @@ TEST(ErrorsDocReduceOp, UnknownNameInCollective) {
   });
 }
 
+TEST(ErrorsDocReduceOp, KindOutsideTheEnumerators) {
+  run_quietly(2, [] {
+    const ReduceOp bad(static_cast<ReduceOp::Kind>(42));
+    errdoc_expect_on_rank<InvalidArgument>(
+        [&] { (void)all_reduce(Tensor::ones({2}), bad, world()); }, "all_reduce", 0, "[0, 1]",
+        "Unrecognized reduce_op 'ReduceOp::Kind(42)': expected one of sum, avg, product, min, "
+        "max, band, bor, bxor");
+  });
+}
+
 TEST(ErrorsDocReduceOp, BitwiseOnFloating) {
   errdoc_expect_on_every_rank<InvalidArgument>(
       2, [] { (void)all_reduce(Tensor::ones({2}), "band", world()); }, "all_reduce", 0, "[0, 1]",

@@ -36,6 +36,21 @@ TEST(ReduceOp, UnknownNamesAreInvalidAndRejectedWithTheName) {
   EXPECT_FALSE(ReduceOp("").is_valid());
 }
 
+TEST(ReduceOp, AKindOutsideTheEnumeratorsIsInvalidAndNamed) {
+  // A cast from a bad integer is refused like an unknown name, not passed to a kernel.
+  const ReduceOp op(static_cast<Kind>(42));
+  EXPECT_FALSE(op.is_valid());
+  EXPECT_EQ(op.invalid_name(), "ReduceOp::Kind(42)");
+  EXPECT_EQ(op.to_string(), "'ReduceOp::Kind(42)'");
+  EXPECT_EQ(op.check_dtype(DType::Int32),
+            "Unrecognized reduce_op 'ReduceOp::Kind(42)': expected one of sum, avg, product, min, "
+            "max, band, bor, bxor");
+  EXPECT_FALSE(ReduceOp(Kind::Invalid).is_valid());
+  EXPECT_EQ(ReduceOp(Kind::Invalid).invalid_name(), "");
+  EXPECT_TRUE(ReduceOp(Kind::PremulSum).is_valid());
+  EXPECT_EQ(ReduceOp(Kind::Sum).invalid_name(), "");
+}
+
 TEST(ReduceOp, PremulSumCarriesItsFactor) {
   const ReduceOp op = ReduceOp::premul_sum(0.25);
   EXPECT_EQ(op.kind(), Kind::PremulSum);

@@ -48,13 +48,16 @@ class ReduceOp {
   static ReduceOp parse(std::string_view name);
 
   constexpr Kind kind() const noexcept { return kind_; }
-  constexpr bool is_valid() const noexcept { return kind_ != Kind::Invalid; }
+  // False for an unrecognized name, and for a Kind outside the enumerators (a cast from a bad
+  // integer), which collectives refuse the same way instead of reaching a reduction kernel.
+  constexpr bool is_valid() const noexcept { return kind_ < Kind::Invalid; }
   // The factor of premul_sum; 1 for every other op.
   constexpr double premul_factor() const noexcept { return factor_; }
   // "sum", "avg", ..., "premul_sum(0.5)", or the unrecognized name in quotes.
   std::string to_string() const;
-  // The name as given, for an invalid op.
-  const std::string& invalid_name() const noexcept { return invalid_name_; }
+  // The name as given, for an invalid op ("ReduceOp::Kind(42)" for a Kind outside the
+  // enumerators); empty for a valid one.
+  std::string invalid_name() const;
 
   // Whether this op may reduce `dtype` (DESIGN 2.3): bitwise ops need an integer or Bool dtype,
   // complex dtypes take only sum/avg/premul_sum, Bool takes only min/max/band/bor/bxor,
