@@ -486,8 +486,8 @@ std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::
   }
   for (std::size_t peer = 0; peer < slot.arrivals.size(); ++peer) {
     const SimGroup::Arrival& theirs = slot.arrivals[peer];
-    if (!theirs.arrived || peer == me) {
-      continue;
+    if (!theirs.arrived) {
+      continue;  // the rank's own pair too: core refuses it first, but a transport-level op may not
     }
     for (std::size_t i = 0; i < mine.ops.size(); ++i) {
       const SimOp& a = mine.ops[i];

@@ -1966,11 +1966,13 @@ TEST(ErrorsDocCrossRank, MismatchAllToAllCounts) {
     const std::vector<CaughtError> outcomes = run_catching(
         2,
         [] {
-          // Rank 1 keeps both rows (sends 0 to rank 0), but rank 0 expects 1 row from rank 1.
+          // Rank 1 keeps both rows (sends 0 to rank 0, and expects both back from itself), but
+          // rank 0 expects 1 row from rank 1.
           const std::vector<std::int64_t> in =
               rank() == 0 ? std::vector<std::int64_t>{1, 1} : std::vector<std::int64_t>{0, 2};
-          (void)all_to_all_single(Tensor::ones({2}), std::vector<std::int64_t>{1, 1}, in, world())
-              .to_vector<float>();
+          const std::vector<std::int64_t> out =
+              rank() == 0 ? std::vector<std::int64_t>{1, 1} : std::vector<std::int64_t>{1, 2};
+          (void)all_to_all_single(Tensor::ones({2}), out, in, world()).to_vector<float>();
         },
         seed);
     for (int r = 0; r < 2; ++r) {
@@ -1982,6 +1984,40 @@ TEST(ErrorsDocCrossRank, MismatchAllToAllCounts) {
                            ") but rank 0 expects 1 from rank 1 (issued at "));
     }
   }
+}
+
+TEST(ErrorsDocCrossRank, MismatchAllToAllOwnCounts) {
+  // Rank 1 sends itself one row but expects two from itself, while every pair of different
+  // ranks agrees: the copy a rank makes to itself is checked like any other pair (it was cut
+  // short or padded without an error).
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    const std::vector<CaughtError> outcomes = run_catching(
+        2,
+        [] {
+          const std::vector<std::int64_t> out =
+              rank() == 0 ? std::vector<std::int64_t>{1, 1} : std::vector<std::int64_t>{1, 2};
+          (void)all_to_all_single(Tensor::ones({2}), out, std::vector<std::int64_t>{1, 1}, world())
+              .to_vector<float>();
+        },
+        seed);
+    for (int r = 0; r < 2; ++r) {
+      errdoc_expect_outcome(outcomes, r, ErrorCode::CollectiveMismatch, "all_to_all_single", 0,
+                            "[0, 1]",
+                            "ranks disagree on operation #0 of group [0, 1]: all_to_all counts "
+                            "disagree: rank 1 sends 1 elements to rank 1 (issued at ");
+      EXPECT_TRUE(contains(outcomes[static_cast<std::size_t>(r)].detail,
+                           ") but rank 1 expects 2 from rank 1 (issued at "));
+    }
+  }
+  // One rank alone: its only pair is its own.
+  const std::vector<CaughtError> alone = run_catching(1, [] {
+    (void)all_to_all_single(Tensor::full({1}, 7.0f), std::vector<std::int64_t>{3},
+                            std::vector<std::int64_t>{1}, world())
+        .to_vector<float>();
+  });
+  errdoc_expect_outcome(
+      alone, 0, ErrorCode::CollectiveMismatch, "all_to_all_single", 0, "[0]",
+      "all_to_all counts disagree: rank 0 sends 1 elements to rank 0 (issued at ");
 }
 
 TEST(ErrorsDocCrossRank, MismatchPermutation) {
