@@ -47,6 +47,7 @@ using transport::OpKind;
 // InvalidArgument rather than a max over real parts. A lowered buffer keeps the dtype it came
 // from (Buffer::lowered_from), which every transport's signatures compare: n Complex64 elements
 // against a peer's 2n Float32 ones move the same bytes but are a CollectiveMismatch.
+// Bool bytes other than 0/1 are made 0/1 before they are sent (Note [Bool bytes]).
 DType wire_dtype(DType dtype) noexcept {
   switch (dtype) {
     case DType::Complex64:
@@ -392,35 +393,88 @@ Buffer buffer_of(const Tensor& contiguous) {
 }
 
 // A contiguous buffer holding `input`'s elements (the input itself when already contiguous).
-// Reads the input, so it waits for work pending on it first.
+// Note [Bool bytes]
+// A Bool tensor made by from_blob or DLPack may hold bytes other than 0 and 1 (any nonzero byte
+// is true). On the wire Bool is UInt8 (Note [Lowering]), where bxor of 2 and 1 is 3 (true, but
+// true xor true is false) and bor/max of 2 and 1 is 2 (true, but not a canonical byte). So a
+// host Bool input with such a byte is sent as a 0/1 copy; the scan costs one pass over bytes
+// that are about to be sent anyway. A CUDA Bool input is sent as it is (its bytes cannot be
+// read from the host without a copy and a sync).
+
+// Whether every byte of a contiguous host Bool tensor is 0 or 1.
+bool has_canonical_bool_bytes(const Tensor& contiguous) {
+  const auto* bytes = static_cast<const unsigned char*>(contiguous.unsafe_data_ptr());
+  const auto count = static_cast<std::size_t>(contiguous.numel());
+  unsigned char above_one = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    above_one |= static_cast<unsigned char>(bytes[i] & 0xfe);
+  }
+  return above_one == 0;
+}
+
+// Sets every nonzero byte of a contiguous host Bool tensor to 1.
+void canonicalize_bool_bytes(Tensor& contiguous) {
+  auto* bytes = static_cast<unsigned char*>(contiguous.unsafe_data_ptr());
+  const auto count = static_cast<std::size_t>(contiguous.numel());
+  for (std::size_t i = 0; i < count; ++i) {
+    bytes[i] = bytes[i] != 0 ? 1 : 0;
+  }
+}
+
+// Reads the input, so it waits for work pending on it first. A host Bool input is sent with
+// 0/1 bytes (Note [Bool bytes]).
 Buffer input_buffer(const Tensor& input) {
   if (input.defined() && input.device().is_cpu() && input.is_contiguous()) {
     // What contiguous() does for a contiguous host tensor (wait, then the tensor itself),
     // without copying the Tensor.
     detail::access_data(input, "Tensor::contiguous", detail::DeviceAccess::Host);
+    if (input.dtype() == DType::Bool && !has_canonical_bool_bytes(input)) {
+      Tensor copy = input.clone();
+      canonicalize_bool_bytes(copy);
+      return buffer_of(copy);
+    }
     return buffer_of(input);
   }
-  return buffer_of(input.contiguous());
+  Tensor contiguous = input.contiguous();
+  if (contiguous.dtype() == DType::Bool && contiguous.device().is_cpu() &&
+      !has_canonical_bool_bytes(contiguous)) {
+    contiguous = contiguous.clone();
+    canonicalize_bool_bytes(contiguous);
+  }
+  return buffer_of(contiguous);
 }
 
-// A fresh output of `shape` on `device` (pending once registered), and its buffer. An output
-// too large for memory is the caller's InvalidArgument, naming `call`, before anything starts.
-std::pair<Tensor, Buffer> new_output(const Call& call, const Shape& shape, DType dtype,
-                                     Device device) {
-  Tensor output;
+// Makes an output with `make` (a Tensor factory for `shape`, `dtype`, `device`). An output too
+// large for memory, or too large to address at all, is the caller's InvalidArgument naming
+// `call`, raised before anything starts (not the factory's error, which names no collective).
+template <class Make>
+Tensor allocate_output(const Call& call, const Shape& shape, DType dtype, Device device,
+                       Make make) {
   try {
-    output = detail::TensorAccess::empty(shape, dtype, device);
+    return make();
   } catch (const std::bad_alloc&) {
     call.invalid("cannot allocate the output: shape " + detail::bracketed(shape) + " of " +
                  std::string(dtype_name(dtype)) + " on " + device.to_string() +
                  " does not fit in memory");
+  } catch (const InvalidArgument& error) {
+    call.invalid("cannot allocate the output: " + error.detail());
   }
+}
+
+// A fresh output of `shape` on `device` (pending once registered), and its buffer.
+std::pair<Tensor, Buffer> new_output(const Call& call, const Shape& shape, DType dtype,
+                                     Device device) {
+  Tensor output = allocate_output(call, shape, dtype, device, [&] {
+    return detail::TensorAccess::empty(shape, dtype, device);
+  });
   Buffer buffer = buffer_of(output);
   return {std::move(output), std::move(buffer)};
 }
 
-Tensor meta_output(const Shape& shape, DType dtype) {
-  return detail::TensorAccess::empty(shape, dtype, Device::meta());
+// A meta output under tracing: no memory, but the same refusal of shapes too large to address.
+Tensor meta_output(const Call& call, const Shape& shape, DType dtype) {
+  return allocate_output(call, shape, dtype, Device::meta(),
+                         [&] { return detail::TensorAccess::empty(shape, dtype, Device::meta()); });
 }
 
 // The operations of one coalesced call: staged one by one, then started as one NCCL-style group
@@ -498,7 +552,7 @@ Tensor scatter_staging(const Tensor& input, std::int64_t scatter_dim, int group_
 
 Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_op) {
   if (call.meta()) {
-    return meta_output(input.sizes(), input.dtype());
+    return meta_output(call, input.sizes(), input.dtype());
   }
   Buffer send = input_buffer(input);
   auto [output, recv] = new_output(call, input.sizes(), input.dtype(), input.device());
@@ -510,7 +564,7 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
 
 Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) {
   if (call.meta()) {
-    return meta_output(rule.shape, input.dtype());
+    return meta_output(call, rule.shape, input.dtype());
   }
   const bool rearranges = rule.dim != 0 && input.dim() != 0;
   if (rearranges) {
@@ -535,7 +589,7 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
 Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& reduce_op,
                             const ShapeRule& rule) {
   if (call.meta()) {
-    return meta_output(rule.shape, input.dtype());
+    return meta_output(call, rule.shape, input.dtype());
   }
   if (rule.dim != 0) {
     call.require_host("reduce_scatter along dim " + std::to_string(rule.dim));
@@ -663,7 +717,7 @@ std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, Redu
   std::vector<Tensor> outputs;
   if (call.meta()) {
     for (const Tensor& input : inputs) {
-      outputs.push_back(meta_output(input.sizes(), input.dtype()));
+      outputs.push_back(meta_output(call, input.sizes(), input.dtype()));
     }
   } else if (!inputs.empty()) {  // nothing to communicate otherwise; the group was validated
     Batch batch;
@@ -695,7 +749,7 @@ std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& 
   std::vector<Tensor> outputs;
   if (call.meta()) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      outputs.push_back(meta_output(shapes[i], inputs[i].dtype()));
+      outputs.push_back(meta_output(call, shapes[i], inputs[i].dtype()));
     }
   } else if (!inputs.empty()) {
     Batch batch;
@@ -739,7 +793,7 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
   std::vector<Tensor> outputs;
   if (call.meta()) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      outputs.push_back(meta_output(rules[i].shape, inputs[i].dtype()));
+      outputs.push_back(meta_output(call, rules[i].shape, inputs[i].dtype()));
     }
   } else if (!inputs.empty()) {
     Batch batch;
@@ -779,7 +833,7 @@ Tensor all_to_all_single(const Tensor& input,
       detail::all_to_all_rule(input.sizes(), output_split_sizes, input_split_sizes, size));
   Tensor output;
   if (call.meta()) {
-    output = meta_output(rule.shape, input.dtype());
+    output = meta_output(call, rule.shape, input.dtype());
   } else {
     const std::size_t row = row_elements(input.sizes());
     const std::vector<std::size_t> send_counts =
@@ -808,7 +862,7 @@ Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::stri
       call.checked(detail::rooted_rule(input.sizes(), src, call.group_size(), "src"));
   Tensor output;
   if (call.meta()) {
-    output = meta_output(rule.shape, input.dtype());
+    output = meta_output(call, rule.shape, input.dtype());
   } else {
     auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
@@ -832,12 +886,14 @@ Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec&
       call.checked(detail::rooted_rule(input.sizes(), dst, call.group_size(), "dst"));
   Tensor output;
   if (call.meta()) {
-    output = meta_output(rule.shape, input.dtype());
+    output = meta_output(call, rule.shape, input.dtype());
   } else {
     Buffer send = input_buffer(input);
     // The transport writes the root's output only; the others hold zeros.
-    output = call.group_rank() == dst ? Tensor::empty(rule.shape, input.dtype(), input.device())
+    output = allocate_output(call, rule.shape, input.dtype(), input.device(), [&] {
+      return call.group_rank() == dst ? Tensor::empty(rule.shape, input.dtype(), input.device())
                                       : Tensor::zeros(rule.shape, input.dtype(), input.device());
+    });
     Buffer recv = buffer_of(output);
     transport::Comm& comm = call.start();
     call.register_work(
@@ -860,7 +916,7 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
   const ShapeRule rule = call.checked(detail::permute_rule(input.sizes(), src_dst, size));
   Tensor output;
   if (call.meta()) {
-    output = meta_output(rule.shape, input.dtype());
+    output = meta_output(call, rule.shape, input.dtype());
   } else {
     // An all_to_all in which each rank sends its whole input to its destination only, as the
     // seed lowers it. A rank nobody sends to receives nothing and keeps zeros (JAX semantics).
@@ -882,8 +938,10 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
     if (send_counts == std::vector<std::size_t>(send_counts.size(), 0)) {
       send.count = 0;
     }
-    output = receives ? Tensor::empty(rule.shape, input.dtype(), input.device())
+    output = allocate_output(call, rule.shape, input.dtype(), input.device(), [&] {
+      return receives ? Tensor::empty(rule.shape, input.dtype(), input.device())
                       : Tensor::zeros(rule.shape, input.dtype(), input.device());
+    });
     Buffer recv = buffer_of(output);
     if (!receives) {
       recv.count = 0;
@@ -909,6 +967,9 @@ Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& 
     if (tensor.is_contiguous()) {
       // Truly in place: one buffer is both send and recv, as NCCL allows.
       wait_tensor(tensor);
+      if (tensor.dtype() == DType::Bool && tensor.device().is_cpu()) {
+        canonicalize_bool_bytes(tensor);  // the result overwrites it (Note [Bool bytes])
+      }
       Buffer buffer = buffer_of(tensor);
       transport::Comm& comm = call.start();
       call.register_work(

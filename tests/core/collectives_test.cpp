@@ -35,6 +35,7 @@
 #include "chorus/reduce_op.hpp"
 #include "chorus/sim/sim.hpp"
 #include "chorus/tensor.hpp"
+#include "chorus/trace.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -1159,6 +1160,43 @@ TEST_P(InvalidArgumentErrors, AnOutputTooLargeForMemoryIsRefusedBeforeStarting) 
         {"cannot allocate the output", "does not fit in memory"}, {"all_to_all_single", 0, group});
   });
 #endif
+}
+
+TEST_P(InvalidArgumentErrors, AnOutputTooLargeToAddressIsTheCollectivesError) {
+  // No allocator is asked: the output's byte count overflows int64. The error names the
+  // collective, not the tensor factory it reached (it said "Tensor::empty" with no sequence
+  // number or group).
+  const int w = GetParam();
+  on_every_rank(w, [&](const std::string& group) {
+    // 2^61 + w - 1 rows of 3 Float32 from the last rank.
+    std::vector<std::int64_t> output_splits(static_cast<std::size_t>(w), 1);
+    output_splits.back() = std::int64_t{1} << 61;
+    const std::vector<std::int64_t> input_splits(static_cast<std::size_t>(w), 1);
+    const std::string too_large = "cannot allocate the output: shape [" +
+                                  std::to_string((std::int64_t{1} << 61) + w - 1) +
+                                  ", 3] of Float32 is too large to address";
+    expect_error_on_rank(
+        [&] {
+          (void)all_to_all_single(Tensor::ones({w, 3}), output_splits, input_splits, world());
+        },
+        {too_large}, {"all_to_all_single", 0, group});
+    {
+      // The same shape under tracing, on meta tensors: the meta call's error (no sequence
+      // number).
+      TraceScope scope;
+      const Tensor meta = Tensor::empty({w, 3}, DType::Float32, Device::meta());
+      expect_error_on_rank(
+          [&] { (void)all_to_all_single(meta, output_splits, input_splits, world()); }, {too_large},
+          {"all_to_all_single", -1, group});
+    }
+    if (w > 1) {
+      // Zero elements, but the gathered shape's strides overflow.
+      const Tensor empty = Tensor::zeros({0, std::int64_t{1} << 31, std::int64_t{1} << 31});
+      expect_error_on_rank([&] { (void)all_gather_tensor(empty, 1, world()); },
+                           {"cannot allocate the output: shape [0, ", "too large to address"},
+                           {"all_gather_tensor", 0, group});
+    }
+  });
 }
 
 TEST_P(InvalidArgumentErrors, InPlaceFormsRefuseStrideZeroDestinationsBeforeStarting) {

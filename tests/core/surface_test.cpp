@@ -993,6 +993,47 @@ TEST_P(SurfaceLowering, BoolMinMaxAndBitwiseOpsAreAndOrXorOverZeroAndOne) {
   });
 }
 
+TEST_P(SurfaceLowering, BoolBytesOtherThanZeroAndOneCountAsTrue) {
+  // Bool memory from from_blob (or DLPack) may hold any nonzero byte for true. On the wire Bool
+  // is UInt8 (Note [Lowering]): bxor of bytes 2 and 1 was 3 (true; the Bool answer is false), and
+  // bor/max of 2 and 1 was byte 2. Every result byte is now 0 or 1 and the logical answer.
+  const int w = GetParam();
+  run_quietly(w, [&] {
+    const int me = rank();
+    // Column 0: true on every rank, as byte 2 on rank 0 and 1 elsewhere; column 1: true as byte
+    // 2 on every rank; column 2: byte 255 on rank 0 only; column 3: false everywhere.
+    Bytes bytes = {static_cast<unsigned char>(me == 0 ? 2 : 1), 2,
+                   static_cast<unsigned char>(me == 0 ? 255 : 0), 0};
+    const Tensor x = Tensor::from_blob(bytes.data(), {4}, DType::Bool);
+    const Bytes parity = {static_cast<unsigned char>(w % 2), static_cast<unsigned char>(w % 2), 1,
+                          0};
+    const Bytes all_and = {1, 1, static_cast<unsigned char>(w == 1), 0};
+    const Bytes any_or = {1, 1, 1, 0};
+    for (const auto& [name, expected] : {std::pair<const char*, Bytes>{"bxor", parity},
+                                         {"bor", any_or},
+                                         {"max", any_or},
+                                         {"band", all_and},
+                                         {"min", all_and}}) {
+      EXPECT_EQ(tensor_bytes(all_reduce(x, name, world())), expected) << name << " rank " << me;
+      EXPECT_EQ(tensor_bytes(reduce(x, name, 0, world())), me == 0 ? expected : Bytes(4, 0))
+          << name << " rank " << me;
+      // Not contiguous: staged through a copy, then sent as 0/1 all the same.
+      const Tensor transposed =
+          Tensor::from_blob(bytes.data(), {2, 2}, DType::Bool).transpose(0, 1);
+      EXPECT_EQ(tensor_bytes(all_reduce(transposed, name, world())),
+                (Bytes{expected[0], expected[2], expected[1], expected[3]}))
+          << name << " rank " << me;
+    }
+    // In place: the caller's bytes become the 0/1 result.
+    Bytes target = bytes;
+    Tensor in_place = Tensor::from_blob(target.data(), {4}, DType::Bool);
+    all_reduce_inplace(in_place, "bxor", world());
+    EXPECT_EQ(target, parity) << "rank " << me;
+    // The input itself is not rewritten by the functional form.
+    EXPECT_EQ(bytes[1], 2) << "rank " << me;
+  });
+}
+
 TEST_P(SurfaceLowering, BoolRejectsSumAvgProductAndPremulSum) {
   const int w = GetParam();
   const std::string group = world_label(w);
