@@ -453,23 +453,38 @@ TEST(SimFailure, WithoutBufferChecksAModifiedInputAndAnEarlyReadGoUnnoticed) {
 }
 
 TEST(SimFailure, AnInputModifiedCollectiveDoesNotStallTheCommunicator) {
-  std::vector<std::int32_t> after(2);
-  run_catching(2, [&] {
-    const ProcessGroup signal = new_group({0, 1}, "signal");
-    Tensor input = Tensor::full({1}, 1, DType::Int32);
-    Tensor first = all_reduce(input, "sum", world());
-    if (rank() == 0) {
-      input.copy_(Tensor::full({1}, 5, DType::Int32));
-    }
-    (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
-    try {
-      (void)first.to_vector<std::int32_t>();
-    } catch (const InputModified&) {
-    }
-    after[static_cast<std::size_t>(rank())] =
-        all_reduce(Tensor::full({1}, 2, DType::Int32), "sum", world()).item<std::int32_t>();
-  });
-  EXPECT_EQ(after, (std::vector<std::int32_t>{4, 4}));
+  // Rank 1 issues `first` only after the signal, which rank 0 joins only after writing into
+  // first's input: the write lands while `first` is certainly pending, on every schedule.
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    std::vector<std::int32_t> after(2);
+    std::vector<int> modified(2, 0);
+    run_catching(
+        2,
+        [&] {
+          const int me = rank();
+          const ProcessGroup signal = new_group({0, 1}, "signal");
+          Tensor input = Tensor::full({1}, 1, DType::Int32);
+          Tensor first;
+          if (me == 0) {
+            first = all_reduce(input, "sum", world());
+            input.copy_(Tensor::full({1}, 5, DType::Int32));
+            (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+          } else {
+            (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+            first = all_reduce(input, "sum", world());
+          }
+          try {
+            (void)first.to_vector<std::int32_t>();
+          } catch (const InputModified&) {
+            modified[static_cast<std::size_t>(me)] = 1;
+          }
+          after[static_cast<std::size_t>(me)] =
+              all_reduce(Tensor::full({1}, 2, DType::Int32), "sum", world()).item<std::int32_t>();
+        },
+        seed);
+    EXPECT_EQ(modified[0], 1) << "seed " << seed << ": rank 0's write was not reported";
+    EXPECT_EQ(after, (std::vector<std::int32_t>{4, 4})) << "seed " << seed;
+  }
 }
 
 TEST(SimFailure, ARankThatUnwindsWithAPendingResultGivesPeersRankFailureNotDeadlock) {
