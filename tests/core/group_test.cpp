@@ -229,6 +229,44 @@ TEST(Group, EveryDesugaringErrorNamesTheProblem) {
   });
 }
 
+TEST(Group, RepeatedRanksAreFoundInListsOfEverySize) {
+  // Short lists are compared pairwise, longer ones through a bitset, lists naming ranks of 8192
+  // and more by sorting a copy: each path finds a repeat wherever it sits, and none invents one.
+  on_ranks(1, [] {
+    for (const int size : {2, 8, 9, 64, 65, 200, 8191}) {
+      std::vector<int> ranks(static_cast<std::size_t>(size));
+      for (int i = 0; i < size; ++i) {
+        ranks[static_cast<std::size_t>(i)] = size - 1 - i;  // descending: no repeat
+      }
+      EXPECT_NO_THROW((void)DeviceMesh({size}, ranks)) << size;
+      for (const int at : {1, size / 2, size - 1}) {
+        std::vector<int> repeated = ranks;
+        repeated[static_cast<std::size_t>(at)] = ranks[0];  // the first rank again
+        expect_invalid([&] { (void)DeviceMesh({size}, repeated); },
+                       "hold a negative or repeated rank " + std::to_string(size - 1));
+      }
+    }
+    // Ranks past the bitset, and a negative rank beside small ones (no bitset then either).
+    expect_invalid(
+        [] {
+          (void)DeviceMesh({3}, {9000, 1, 9000});
+        },
+        "hold a negative or repeated rank 9000");
+    EXPECT_NO_THROW((void)DeviceMesh({9}, {9000, 1, 2, 3, 4, 5, 6, 7, 8}));
+    expect_invalid(
+        [] {
+          (void)DeviceMesh({10}, {-3, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+        },
+        "hold a negative or repeated rank -3");
+    // Inside a collective's group check, with the group's context.
+    expect_invalid(
+        [] {
+          (void)expand_group({0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+        },
+        "holds rank 0 more than once");
+  });
+}
+
 TEST(Group, RankAndWorldSizeOutsideARankThrow) {
   EXPECT_THROW(rank(), InvalidArgument);
   EXPECT_THROW(world_size(), InvalidArgument);
