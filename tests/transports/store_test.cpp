@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -119,6 +120,30 @@ std::string hello_frame() {
   body += std::string("\x00\x00\x00\x00", 4);  // empty token
   return frame(body);
 }
+
+// Sets an environment variable for its lifetime and restores what was there (set or not) after,
+// whether the test passes or an ASSERT leaves it early.
+class ScopedEnvironmentVariable {
+ public:
+  ScopedEnvironmentVariable(std::string name, const char* value) : name_(std::move(name)) {
+    if (const char* previous = std::getenv(name_.c_str())) {
+      previous_ = previous;
+    }
+    set(value);
+  }
+  ~ScopedEnvironmentVariable() { set(previous_ ? previous_->c_str() : nullptr); }
+  ScopedEnvironmentVariable(const ScopedEnvironmentVariable&) = delete;
+  ScopedEnvironmentVariable& operator=(const ScopedEnvironmentVariable&) = delete;
+
+  // nullptr: unset.
+  void set(const char* value) const {
+    EXPECT_EQ(value == nullptr ? ::unsetenv(name_.c_str()) : ::setenv(name_.c_str(), value, 1), 0);
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> previous_;
+};
 
 TEST(Store, SetGetOverwriteAndBinaryValues) {
   Server server;
@@ -532,11 +557,12 @@ TEST(Store, ATokenTooLongForTheHandshakeIsInvalidArgumentAtTheClient) {
 }
 
 TEST(Store, TokenFromTheEnvironment) {
-  ASSERT_EQ(::setenv(std::string(kTokenEnvironmentVariable).c_str(), "from-env", 1), 0);
+  // Restored however the test ends: a token left behind would break every later test.
+  const ScopedEnvironmentVariable token(std::string(kTokenEnvironmentVariable), "from-env");
   Server server;  // token unset in the options: the environment's
   EXPECT_THROW((Client{options_for(server, "other"), kHang}), TransportError);
   Client client(options_for(server), kHang);  // the environment's, too
-  ASSERT_EQ(::unsetenv(std::string(kTokenEnvironmentVariable).c_str()), 0);
+  token.set(nullptr);
   client.set("k", "v");
   EXPECT_THROW((Client{options_for(server), kHang}), TransportError);
 }
@@ -636,17 +662,30 @@ TEST(Store, ClientRetriesUntilTheServerListens) {
 }
 
 // The server's process is killed (no stop(), no destructor): the kernel closes its sockets, and a
-// client blocked in get learns it at once.
+// client blocked in get learns it at once. The server's process says when the get waits on it,
+// so the kill always finds the get blocked.
 TEST(Store, KilledServerProcessIsTransportErrorPromptly) {
   int port_pipe[2];
+  int waiting_pipe[2];
   ASSERT_EQ(::pipe(port_pipe), 0);
+  ASSERT_EQ(::pipe(waiting_pipe), 0);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     ::close(port_pipe[0]);
+    ::close(waiting_pipe[0]);
     Server server;
     const std::uint16_t port = server.port();
     if (::write(port_pipe[1], &port, sizeof port) != static_cast<ssize_t>(sizeof port)) {
+      ::_exit(1);
+    }
+    // Polled as eventually() does (no sleep), with the same bound.
+    const Deadline deadline(kHang);
+    while (server.waiting() == 0 && !deadline.passed()) {
+      std::this_thread::yield();
+    }
+    const char waiting = 'w';
+    if (::write(waiting_pipe[1], &waiting, 1) != 1) {
       ::_exit(1);
     }
     for (;;) {
@@ -654,6 +693,7 @@ TEST(Store, KilledServerProcessIsTransportErrorPromptly) {
     }
   }
   ::close(port_pipe[1]);
+  ::close(waiting_pipe[1]);
   std::uint16_t port = 0;
   ASSERT_EQ(::read(port_pipe[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
   ::close(port_pipe[0]);
@@ -669,6 +709,9 @@ TEST(Store, KilledServerProcessIsTransportErrorPromptly) {
       transport_error = true;
     }
   });
+  char waiting = 0;
+  EXPECT_EQ(::read(waiting_pipe[0], &waiting, 1), 1);  // the get waits on the server now
+  ::close(waiting_pipe[0]);
   const auto start = Clock::now();
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   blocked.join();
