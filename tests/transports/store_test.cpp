@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -143,6 +144,48 @@ class ScopedEnvironmentVariable {
  private:
   std::string name_;
   std::optional<std::string> previous_;
+};
+
+// A listener on loopback that is not a chorus store: to each connection it sends `greeting`,
+// then holds it open until the peer closes it (so that the client sees only the greeting).
+class ForeignServer {
+ public:
+  explicit ForeignServer(std::string greeting) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    EXPECT_GE(fd_, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    EXPECT_EQ(::listen(fd_, 1), 0);
+    socklen_t length = sizeof address;
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this, greeting = std::move(greeting)] {
+      const int connection = ::accept(fd_, nullptr, nullptr);
+      if (connection < 0) {
+        return;  // shut down before anybody connected
+      }
+      ::send(connection, greeting.data(), greeting.size(), MSG_NOSIGNAL);
+      char buffer[256];
+      while (::recv(connection, buffer, sizeof buffer, 0) > 0) {
+      }
+      ::close(connection);
+    });
+  }
+  ~ForeignServer() {
+    ::shutdown(fd_, SHUT_RDWR);  // wakes an accept() still waiting
+    thread_.join();
+    ::close(fd_);
+  }
+  ForeignServer(const ForeignServer&) = delete;
+  ForeignServer& operator=(const ForeignServer&) = delete;
+
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
 };
 
 TEST(Store, SetGetOverwriteAndBinaryValues) {
@@ -461,6 +504,62 @@ TEST(Store, RendezvousBroadcastAllgatherAndBarrierOnEightClients) {
   EXPECT_EQ(connect(server)->num_keys(), 0);
 }
 
+TEST(Store, CallsQueuedBehindABlockedCallTimeOutWithoutClosingTheConnection) {
+  // One client shared by two threads: A blocks in a get; B's set, queued behind it, must not
+  // wait past its own deadline, and must not then time out mid-call and close the connection
+  // under A (it once waited for A's whole get, sent anyway, and closed it).
+  Server server;
+  auto shared = connect(server);
+  std::promise<std::string> got;
+  std::thread a([&] { got.set_value(shared->get("released-later", kHang)); });
+  eventually([&] { return server.waiting() == 1; }, "A's get is blocked on the server");
+  std::future<std::string> b = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      shared->set("k", "v", milliseconds(200));
+    } catch (const Timeout& error) {
+      return error.what();
+    }
+    return "the set returned";
+  });
+  // Before the fix B returned only after A's get, which nothing would end: a bound, then A is
+  // released whatever happened, so that the test ends either way.
+  const std::future_status b_done = b.wait_for(kPrompt);
+  connect(server)->set("released-later", "x");
+  a.join();
+  ASSERT_EQ(b_done, std::future_status::ready) << "B waited for A's call past its deadline";
+  EXPECT_EQ(got.get_future().get(), "x");
+  const std::string message = b.get();
+  EXPECT_NE(message.find("store.set"), std::string::npos) << message;
+  EXPECT_NE(message.find("waited for another thread's call on the same client"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("nothing was sent"), std::string::npos) << message;
+  // The connection is still usable, and B's set was not sent.
+  EXPECT_EQ(shared->num_keys(kHang), 1);
+  shared->set("k", "after", kHang);
+  EXPECT_EQ(shared->get("k", kHang), "after");
+}
+
+TEST(Store, RendezvousRanksThatDisagreeOnTheWorldSizeAreInvalidArgument) {
+  // It once CHECK-aborted the process: a third rank counting out of a call of a world of 2.
+  Server server;
+  auto first = connect(server);
+  auto second = connect(server);
+  Rendezvous of_two(*first, 1, 2);
+  EXPECT_EQ(of_two.broadcast_bytes(1, "x"), "x");  // counted out as 1 of 2: keys kept
+  Rendezvous of_one(*second, 0, 1);
+  try {
+    of_one.broadcast_bytes(0, "y");  // the same call's keys: counted out as 2 of 1
+    FAIL() << "a second rank of a world of 1 counted out";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("rank 0 counted itself out of chorus.rendezvous/0/broadcast as number 2 "
+                        "of a world of 1: the ranks disagree on the world size"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(second->num_keys(kHang), 2);  // the value and the count, left for inspection
+}
+
 TEST(Store, RendezvousRefusesRanksOutsideTheWorld) {
   Server server;
   auto client = connect(server);
@@ -601,6 +700,44 @@ TEST(Store, GarbageClosesOnlyThatConnection) {
   good->set("k", "still serving");
   EXPECT_EQ(connect(server)->get("k"), "still serving");
   eventually([&] { return server.connections() == 1; }, "garbage connections are closed");
+}
+
+TEST(Store, AHandshakeTimeoutThatIsNotPositiveIsRefusedAtConstruction) {
+  // It once made the server close every connection before its hello.
+  for (const milliseconds timeout : {milliseconds(0), milliseconds(-1)}) {
+    ServerOptions options;
+    options.handshake_timeout = timeout;
+    try {
+      Server server(options);
+      ADD_FAILURE() << "a handshake timeout of " << timeout.count() << " ms was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what())
+                    .find("handshake_timeout must be positive, not " +
+                          std::to_string(timeout.count()) + " ms"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+}
+
+TEST(Store, APeerThatIsNotAStoreIsTransportErrorPromptly) {
+  // "SSH-" read as a frame length is 759 MB: once allocated, then waited for until the deadline
+  // ("did not answer the handshake in time").
+  ForeignServer ssh("SSH-2.0-OpenSSH_9.2\r\n");
+  ClientOptions options;
+  options.port = ssh.port();
+  const auto start = Clock::now();
+  try {
+    Client client(options, kHang);
+    FAIL() << "an SSH server was taken for a store";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("is not a chorus store (handshake reply of 759714643 bytes, at most 4096 "
+                        "expected)"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(Clock::now() - start, kPrompt);
 }
 
 TEST(Store, SilentConnectionIsClosedAfterTheHandshakeTimeout) {
