@@ -70,8 +70,10 @@ TEST(LaunchEnvironment, ReadsOpenMpisAndSlurmsNames) {
   EXPECT_EQ(mpi.local_rank, 1);
   EXPECT_EQ(mpi.local_world_size, 2);
 
-  const LaunchEnvironment slurm =
-      read({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "2"}});
+  const LaunchEnvironment slurm = read({{"SLURM_STEP_ID", "0"},
+                                        {"SLURM_PROCID", "6"},
+                                        {"SLURM_NTASKS", "16"},
+                                        {"SLURM_LOCALID", "2"}});
   EXPECT_EQ(slurm.source, LaunchSource::Slurm);
   EXPECT_EQ(name(slurm.source), "slurm");
   EXPECT_EQ(slurm.rank, 6);
@@ -81,8 +83,52 @@ TEST(LaunchEnvironment, ReadsOpenMpisAndSlurmsNames) {
   EXPECT_FALSE(slurm.master_port);
 }
 
+TEST(LaunchEnvironment, SlurmIsReadOnlyInsideAnSrunStep) {
+  // An sbatch script run without srun: the allocation's SLURM_NTASKS and SLURM_PROCID=0, no step
+  // id. The program is one process, not rank 0 of 8 waiting for seven that never come.
+  const Variables batch = {{"SLURM_JOB_ID", "1234"},
+                           {"SLURM_PROCID", "0"},
+                           {"SLURM_NTASKS", "8"},
+                           {"SLURM_LOCALID", "0"}};
+  const LaunchEnvironment alone = read(batch);
+  EXPECT_EQ(alone.source, LaunchSource::None);
+  EXPECT_EQ(alone.rank, 0);
+  EXPECT_EQ(alone.world_size, 1);
+  EXPECT_EQ(alone.local_rank, 0);
+  // Nor are half or malformed Slurm variables outside a step an error: they describe no launch.
+  EXPECT_EQ(read({{"SLURM_NTASKS", "4"}}).source, LaunchSource::None);
+  EXPECT_EQ(read({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "4"}}).source, LaunchSource::None);
+  // A task of an srun step (either spelling of the step id).
+  for (const char* step : {"SLURM_STEP_ID", "SLURM_STEPID"}) {
+    Variables task = batch;
+    task.insert({step, "0"});
+    task["SLURM_PROCID"] = "5";
+    const LaunchEnvironment environment = read(task);
+    EXPECT_EQ(environment.source, LaunchSource::Slurm) << step;
+    EXPECT_EQ(environment.rank, 5) << step;
+    EXPECT_EQ(environment.world_size, 8) << step;
+  }
+  // The step's task count wins over the allocation's (srun -n 2 inside an allocation of 8).
+  Variables small_step = batch;
+  small_step.insert({{"SLURM_STEP_ID", "3"}, {"SLURM_STEP_NUM_TASKS", "2"}});
+  small_step["SLURM_PROCID"] = "1";
+  const LaunchEnvironment step = read(small_step);
+  EXPECT_EQ(step.source, LaunchSource::Slurm);
+  EXPECT_EQ(step.rank, 1);
+  EXPECT_EQ(step.world_size, 2);
+  small_step["SLURM_PROCID"] = "2";
+  EXPECT_NE(error_of(small_step)
+                .find("SLURM_PROCID='2' is invalid: expected a decimal integer "
+                      "from 0 to 1"),
+            std::string::npos)
+      << error_of(small_step);
+  small_step["SLURM_STEP_NUM_TASKS"] = "0";
+  EXPECT_NE(error_of(small_step).find("SLURM_STEP_NUM_TASKS='0'"), std::string::npos);
+}
+
 TEST(LaunchEnvironment, TorchrunBeatsOpenMpiWhichBeatsSlurm) {
-  const Variables slurm = {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}};
+  const Variables slurm = {
+      {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}};
   Variables mpi_in_slurm = slurm;
   mpi_in_slurm.insert({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"}});
   EXPECT_EQ(read(mpi_in_slurm).source, LaunchSource::OpenMpi);
@@ -113,7 +159,8 @@ TEST(LaunchEnvironment, MalformedValuesNameTheVariable) {
       error_of({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}})
           .find("LOCAL_RANK='2'"),
       std::string::npos);
-  EXPECT_NE(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "abc"}}).find("SLURM_NTASKS='abc'"),
+  EXPECT_NE(error_of({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "abc"}})
+                .find("SLURM_NTASKS='abc'"),
             std::string::npos);
   EXPECT_NE(error_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "1"}})
                 .find("OMPI_COMM_WORLD_RANK='1'"),
@@ -126,10 +173,33 @@ TEST(LaunchEnvironment, MalformedValuesNameTheVariable) {
 TEST(LaunchEnvironment, HalfASourceIsAnError) {
   EXPECT_NE(error_of({{"RANK", "0"}}).find("WORLD_SIZE is unset while RANK is set"),
             std::string::npos);
-  EXPECT_NE(error_of({{"SLURM_NTASKS", "4"}}).find("SLURM_PROCID is unset while SLURM_NTASKS"),
+  EXPECT_NE(error_of({{"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "4"}})
+                .find("SLURM_PROCID is unset while SLURM_NTASKS"),
             std::string::npos);
-  // Except a Slurm batch script's own SLURM_PROCID (sbatch without --ntasks, no srun).
+  EXPECT_NE(error_of({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}})
+                .find("SLURM_NTASKS is unset while SLURM_PROCID"),
+            std::string::npos);
+  // Except in a Slurm batch script outside srun (no step id): no launch at all.
   EXPECT_EQ(read({{"SLURM_PROCID", "0"}}).source, LaunchSource::None);
+}
+
+TEST(LaunchEnvironment, ALocalWorldSizeWithoutALocalRankIsAnError) {
+  // The rank is no local rank on a node with fewer processes than the world: RANK=5 of 8 with 4
+  // per node once read as local rank 5.
+  const std::string torchrun =
+      error_of({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}});
+  EXPECT_NE(torchrun.find("environment variable LOCAL_RANK is unset while LOCAL_WORLD_SIZE is "
+                          "set: a launcher sets both"),
+            std::string::npos)
+      << torchrun;
+  const std::string mpi = error_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                                    {"OMPI_COMM_WORLD_SIZE", "2"},
+                                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_NE(mpi.find("OMPI_COMM_WORLD_LOCAL_RANK is unset while OMPI_COMM_WORLD_LOCAL_SIZE"),
+            std::string::npos)
+      << mpi;
+  // Without a local world size the rank still stands in (one node assumed).
+  EXPECT_EQ(read({{"RANK", "5"}, {"WORLD_SIZE", "8"}}).local_rank, 5);
 }
 
 TEST(LaunchEnvironment, TheDefaultReadsTheProcessEnvironment) {

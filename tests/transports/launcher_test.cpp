@@ -4,12 +4,15 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chorus/error.hpp>
 #include <chorus/launcher.hpp>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -172,11 +175,12 @@ TEST(Launcher, RanksThatIgnoreSigtermGetSigkillAfterTheGracePeriod) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
 }
 
-// Runs `ranks` probes with `args`; once every rank printed "rank R waits", a thread sends this
-// process `signals`, one after the other. The launcher, blocking them in the main thread, must
-// handle them.
-Outcome launch_and_signal(int ranks, std::vector<std::string> args, std::vector<int> signals,
-                          std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
+// Runs `ranks` probes with `args`, their output and the launcher's messages in one pipe; once
+// `ready` holds for what came through it, a thread sends this process `signals`, one after the
+// other. The launcher, blocking them in the main thread, must handle them.
+Outcome launch_and_signal_when(int ranks, std::vector<std::string> args,
+                               const std::function<bool(const std::string&)>& ready,
+                               std::vector<int> signals, std::chrono::milliseconds grace) {
   int pipe_fds[2];
   EXPECT_EQ(::pipe(pipe_fds), 0);
   std::string out;
@@ -188,40 +192,48 @@ Outcome launch_and_signal(int ranks, std::vector<std::string> args, std::vector<
     }
     // Blocked here too, so the process-directed signal waits for the launcher's signalfd.
     ::pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
-    int waiting = 0;
+    bool sent = false;
     char buffer[4096];
     for (ssize_t count = ::read(pipe_fds[0], buffer, sizeof buffer); count > 0;
          count = ::read(pipe_fds[0], buffer, sizeof buffer)) {
       out.append(buffer, static_cast<std::size_t>(count));
-      const bool before = waiting == ranks;
-      waiting = 0;
-      for (std::size_t at = out.find(" waits\n"); at != std::string::npos;
-           at = out.find(" waits\n", at + 1)) {
-        ++waiting;
-      }
-      if (!before && waiting == ranks) {
+      if (!sent && ready(out)) {
+        sent = true;
         for (const int signal_number : signals) {
           ::kill(::getpid(), signal_number);
         }
       }
     }
   });
-  Capture err;
   LaunchOptions options;
   options.ranks = ranks;
   options.command = {CHORUS_LAUNCH_PROBE};
   options.command.insert(options.command.end(), args.begin(), args.end());
   options.grace = grace;
   options.stdout_fd = pipe_fds[1];
-  options.stderr_fd = err.fd();
+  options.stderr_fd = pipe_fds[1];
   Outcome outcome;
   outcome.status = launch(options);
   ::close(pipe_fds[1]);
   reader.join();
   ::close(pipe_fds[0]);
   outcome.out = out;
-  outcome.err = err.text();
+  outcome.err = out;
   return outcome;
+}
+
+// launch_and_signal_when every rank has printed "rank R waits".
+Outcome launch_and_signal(int ranks, std::vector<std::string> args, std::vector<int> signals,
+                          std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
+  const auto all_wait = [ranks](const std::string& out) {
+    int waiting = 0;
+    for (std::size_t at = out.find(" waits\n"); at != std::string::npos;
+         at = out.find(" waits\n", at + 1)) {
+      ++waiting;
+    }
+    return waiting == ranks;
+  };
+  return launch_and_signal_when(ranks, std::move(args), all_wait, std::move(signals), grace);
 }
 
 TEST(Launcher, ForwardsSigtermToTheRanks) {
@@ -248,6 +260,24 @@ TEST(Launcher, ASecondSignalSendsSigkillAtOnceAndSaysWhy) {
   EXPECT_FALSE(contains(outcome.err, "did not exit within")) << outcome.err;
 }
 
+TEST(Launcher, AFirstSignalAfterARankFailedIsForwardedNotTakenForASecond) {
+  // Rank 0 fails and the others ignore SIGTERM (and SIGINT) for the hour of grace. The first
+  // interrupt the launcher receives is still forwarded; only the second cuts the grace short.
+  // (The first was once answered "received SIGINT again".)
+  const auto stopping = [](const std::string& out) {
+    return out.find("stopping the other 2 ranks\n") != std::string::npos;
+  };
+  const Outcome outcome = launch_and_signal_when(3, {"stubborn", "0"}, stopping, {SIGINT, SIGTERM},
+                                                 std::chrono::hours(1));
+  EXPECT_EQ(outcome.status, 1);  // the failed rank's
+  EXPECT_TRUE(contains(outcome.err,
+                       "chorus launch: received SIGINT; forwarding it to the 2 running ranks\n"
+                       "chorus launch: received SIGTERM again; sending SIGKILL to the 2 running "
+                       "ranks\n"))
+      << outcome.err;
+  EXPECT_FALSE(contains(outcome.err, "received SIGINT again")) << outcome.err;
+}
+
 TEST(Launcher, WorksWhenTheCallerIgnoresSigchld) {
   ::signal(SIGCHLD, SIG_IGN);  // children would be reaped by the kernel, statuses lost
   const Outcome outcome = run_probe(2, {"exit", "1", "5"});
@@ -267,6 +297,27 @@ TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
   options.ranks = 1;
   options.command = {};
   EXPECT_THROW(launch(options), InvalidArgument);
+  options.command = {CHORUS_LAUNCH_PROBE, "ok"};
+  for (const std::chrono::milliseconds grace :
+       {std::chrono::milliseconds(-1),
+        std::chrono::milliseconds(kGraceMax) + std::chrono::milliseconds(1),
+        std::chrono::milliseconds::max()}) {
+    options.grace = grace;
+    try {
+      launch(options);
+      ADD_FAILURE() << "a grace period of " << grace.count() << " ms was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_TRUE(contains(error.what(), "a grace period of " + std::to_string(grace.count()) +
+                                             " ms: it must be 0 to 86400000 ms (24 hours)"))
+          << error.what();
+    }
+  }
+  options.grace = kGraceMax;  // the longest is fine
+  const Capture quiet;
+  options.stdout_fd = quiet.fd();
+  options.stderr_fd = quiet.fd();
+  EXPECT_EQ(launch(options), 0);
+  options.grace = std::chrono::milliseconds(2000);
   options.command = {"/tmp"};  // access(X_OK) passes a directory
   try {
     launch(options);
@@ -282,6 +333,80 @@ TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
   } catch (const InvalidArgument& error) {
     EXPECT_TRUE(contains(error.what(), "cannot find program 'chorus-no-such-program-anywhere'"))
         << error.what();
+  }
+}
+
+// Runs `body` in a child process whose RLIMIT_NOFILE is `soft`/`hard` and returns its exit
+// status: the limit, once lowered, cannot come back in this process.
+int with_file_limit(rlim_t soft, rlim_t hard, const std::function<int()>& body) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const rlimit files{soft, hard};
+    if (::setrlimit(RLIMIT_NOFILE, &files) != 0) {
+      ::_exit(100);
+    }
+    int status = 101;
+    try {
+      status = body();
+    } catch (...) {
+      status = 102;
+    }
+    ::_exit(status);
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(Launcher, MoreRanksThanTheDescriptorLimitAllowsAreRefusedUpFront) {
+  // 40 ranks need 3 * 40 + 64 = 184 descriptors; the hard limit is 64, so raising the soft one
+  // cannot help. The launch once started and hung: the store could not accept the connections.
+  Capture err;
+  const int status = with_file_limit(64, 64, [&] {
+    LaunchOptions options;
+    options.ranks = 40;
+    options.command = {CHORUS_LAUNCH_PROBE, "ok"};
+    try {
+      launch(options);
+    } catch (const InvalidArgument& error) {
+      const std::string text = error.what();
+      ::write(err.fd(), text.data(), text.size());
+      return 0;
+    }
+    return 1;
+  });
+  EXPECT_EQ(status, 0) << "the launch was not refused";
+  EXPECT_TRUE(contains(err.text(),
+                       "-n 40 needs about 184 file descriptors (3 per rank and 64 for the "
+                       "launcher), but the limit (RLIMIT_NOFILE, soft raised to hard) is 64"))
+      << err.text();
+}
+
+TEST(Launcher, TheSoftDescriptorLimitIsRaisedForTheLaunchAndNotForTheRanks) {
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  constexpr int kRanks = 40;
+  const rlim_t needed = kDescriptorsPerRank * kRanks + kDescriptorsMargin;
+  if (files.rlim_max != RLIM_INFINITY && files.rlim_max < needed) {
+    GTEST_SKIP() << "the hard limit here (" << files.rlim_max << ") is below " << needed;
+  }
+  // A soft limit of 64 would not hold 40 ranks; the launcher raises it, each rank sees 64.
+  Capture out;
+  const int status = with_file_limit(64, files.rlim_max, [&] {
+    LaunchOptions options;
+    options.ranks = kRanks;
+    options.command = {"sh", "-c", "ulimit -n"};
+    options.stdout_fd = out.fd();
+    const int launched = launch(options);
+    rlimit after{};
+    ::getrlimit(RLIMIT_NOFILE, &after);
+    return launched == 0 && after.rlim_cur == 64 ? 0 : 1;  // restored after the launch too
+  });
+  EXPECT_EQ(status, 0);
+  const std::vector<std::string> lines = out.lines();
+  EXPECT_EQ(lines.size(), static_cast<std::size_t>(kRanks)) << out.text();
+  for (const std::string& line : lines) {
+    EXPECT_TRUE(std::regex_match(line, std::regex(R"(\[rank [0-9]+\] 64)"))) << line;
   }
 }
 

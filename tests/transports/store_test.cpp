@@ -17,7 +17,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -119,6 +121,72 @@ std::string hello_frame() {
   body += std::string("\x00\x00\x00\x00", 4);  // empty token
   return frame(body);
 }
+
+// Sets an environment variable for its lifetime and restores what was there (set or not) after,
+// whether the test passes or an ASSERT leaves it early.
+class ScopedEnvironmentVariable {
+ public:
+  ScopedEnvironmentVariable(std::string name, const char* value) : name_(std::move(name)) {
+    if (const char* previous = std::getenv(name_.c_str())) {
+      previous_ = previous;
+    }
+    set(value);
+  }
+  ~ScopedEnvironmentVariable() { set(previous_ ? previous_->c_str() : nullptr); }
+  ScopedEnvironmentVariable(const ScopedEnvironmentVariable&) = delete;
+  ScopedEnvironmentVariable& operator=(const ScopedEnvironmentVariable&) = delete;
+
+  // nullptr: unset.
+  void set(const char* value) const {
+    EXPECT_EQ(value == nullptr ? ::unsetenv(name_.c_str()) : ::setenv(name_.c_str(), value, 1), 0);
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> previous_;
+};
+
+// A listener on loopback that is not a chorus store: to each connection it sends `greeting`,
+// then holds it open until the peer closes it (so that the client sees only the greeting).
+class ForeignServer {
+ public:
+  explicit ForeignServer(std::string greeting) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    EXPECT_GE(fd_, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    EXPECT_EQ(::listen(fd_, 1), 0);
+    socklen_t length = sizeof address;
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this, greeting = std::move(greeting)] {
+      const int connection = ::accept(fd_, nullptr, nullptr);
+      if (connection < 0) {
+        return;  // shut down before anybody connected
+      }
+      ::send(connection, greeting.data(), greeting.size(), MSG_NOSIGNAL);
+      char buffer[256];
+      while (::recv(connection, buffer, sizeof buffer, 0) > 0) {
+      }
+      ::close(connection);
+    });
+  }
+  ~ForeignServer() {
+    ::shutdown(fd_, SHUT_RDWR);  // wakes an accept() still waiting
+    thread_.join();
+    ::close(fd_);
+  }
+  ForeignServer(const ForeignServer&) = delete;
+  ForeignServer& operator=(const ForeignServer&) = delete;
+
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
 
 TEST(Store, SetGetOverwriteAndBinaryValues) {
   Server server;
@@ -436,6 +504,62 @@ TEST(Store, RendezvousBroadcastAllgatherAndBarrierOnEightClients) {
   EXPECT_EQ(connect(server)->num_keys(), 0);
 }
 
+TEST(Store, CallsQueuedBehindABlockedCallTimeOutWithoutClosingTheConnection) {
+  // One client shared by two threads: A blocks in a get; B's set, queued behind it, must not
+  // wait past its own deadline, and must not then time out mid-call and close the connection
+  // under A (it once waited for A's whole get, sent anyway, and closed it).
+  Server server;
+  auto shared = connect(server);
+  std::promise<std::string> got;
+  std::thread a([&] { got.set_value(shared->get("released-later", kHang)); });
+  eventually([&] { return server.waiting() == 1; }, "A's get is blocked on the server");
+  std::future<std::string> b = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      shared->set("k", "v", milliseconds(200));
+    } catch (const Timeout& error) {
+      return error.what();
+    }
+    return "the set returned";
+  });
+  // Before the fix B returned only after A's get, which nothing would end: a bound, then A is
+  // released whatever happened, so that the test ends either way.
+  const std::future_status b_done = b.wait_for(kPrompt);
+  connect(server)->set("released-later", "x");
+  a.join();
+  ASSERT_EQ(b_done, std::future_status::ready) << "B waited for A's call past its deadline";
+  EXPECT_EQ(got.get_future().get(), "x");
+  const std::string message = b.get();
+  EXPECT_NE(message.find("store.set"), std::string::npos) << message;
+  EXPECT_NE(message.find("waited for another thread's call on the same client"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("nothing was sent"), std::string::npos) << message;
+  // The connection is still usable, and B's set was not sent.
+  EXPECT_EQ(shared->num_keys(kHang), 1);
+  shared->set("k", "after", kHang);
+  EXPECT_EQ(shared->get("k", kHang), "after");
+}
+
+TEST(Store, RendezvousRanksThatDisagreeOnTheWorldSizeAreInvalidArgument) {
+  // It once CHECK-aborted the process: a third rank counting out of a call of a world of 2.
+  Server server;
+  auto first = connect(server);
+  auto second = connect(server);
+  Rendezvous of_two(*first, 1, 2);
+  EXPECT_EQ(of_two.broadcast_bytes(1, "x"), "x");  // counted out as 1 of 2: keys kept
+  Rendezvous of_one(*second, 0, 1);
+  try {
+    of_one.broadcast_bytes(0, "y");  // the same call's keys: counted out as 2 of 1
+    FAIL() << "a second rank of a world of 1 counted out";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("rank 0 counted itself out of chorus.rendezvous/0/broadcast as number 2 "
+                        "of a world of 1: the ranks disagree on the world size"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(second->num_keys(kHang), 2);  // the value and the count, left for inspection
+}
+
 TEST(Store, RendezvousRefusesRanksOutsideTheWorld) {
   Server server;
   auto client = connect(server);
@@ -532,11 +656,12 @@ TEST(Store, ATokenTooLongForTheHandshakeIsInvalidArgumentAtTheClient) {
 }
 
 TEST(Store, TokenFromTheEnvironment) {
-  ASSERT_EQ(::setenv(std::string(kTokenEnvironmentVariable).c_str(), "from-env", 1), 0);
+  // Restored however the test ends: a token left behind would break every later test.
+  const ScopedEnvironmentVariable token(std::string(kTokenEnvironmentVariable), "from-env");
   Server server;  // token unset in the options: the environment's
   EXPECT_THROW((Client{options_for(server, "other"), kHang}), TransportError);
   Client client(options_for(server), kHang);  // the environment's, too
-  ASSERT_EQ(::unsetenv(std::string(kTokenEnvironmentVariable).c_str()), 0);
+  token.set(nullptr);
   client.set("k", "v");
   EXPECT_THROW((Client{options_for(server), kHang}), TransportError);
 }
@@ -575,6 +700,44 @@ TEST(Store, GarbageClosesOnlyThatConnection) {
   good->set("k", "still serving");
   EXPECT_EQ(connect(server)->get("k"), "still serving");
   eventually([&] { return server.connections() == 1; }, "garbage connections are closed");
+}
+
+TEST(Store, AHandshakeTimeoutThatIsNotPositiveIsRefusedAtConstruction) {
+  // It once made the server close every connection before its hello.
+  for (const milliseconds timeout : {milliseconds(0), milliseconds(-1)}) {
+    ServerOptions options;
+    options.handshake_timeout = timeout;
+    try {
+      Server server(options);
+      ADD_FAILURE() << "a handshake timeout of " << timeout.count() << " ms was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what())
+                    .find("handshake_timeout must be positive, not " +
+                          std::to_string(timeout.count()) + " ms"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+}
+
+TEST(Store, APeerThatIsNotAStoreIsTransportErrorPromptly) {
+  // "SSH-" read as a frame length is 759 MB: once allocated, then waited for until the deadline
+  // ("did not answer the handshake in time").
+  ForeignServer ssh("SSH-2.0-OpenSSH_9.2\r\n");
+  ClientOptions options;
+  options.port = ssh.port();
+  const auto start = Clock::now();
+  try {
+    Client client(options, kHang);
+    FAIL() << "an SSH server was taken for a store";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("is not a chorus store (handshake reply of 759714643 bytes, at most 4096 "
+                        "expected)"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(Clock::now() - start, kPrompt);
 }
 
 TEST(Store, SilentConnectionIsClosedAfterTheHandshakeTimeout) {
@@ -636,17 +799,30 @@ TEST(Store, ClientRetriesUntilTheServerListens) {
 }
 
 // The server's process is killed (no stop(), no destructor): the kernel closes its sockets, and a
-// client blocked in get learns it at once.
+// client blocked in get learns it at once. The server's process says when the get waits on it,
+// so the kill always finds the get blocked.
 TEST(Store, KilledServerProcessIsTransportErrorPromptly) {
   int port_pipe[2];
+  int waiting_pipe[2];
   ASSERT_EQ(::pipe(port_pipe), 0);
+  ASSERT_EQ(::pipe(waiting_pipe), 0);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     ::close(port_pipe[0]);
+    ::close(waiting_pipe[0]);
     Server server;
     const std::uint16_t port = server.port();
     if (::write(port_pipe[1], &port, sizeof port) != static_cast<ssize_t>(sizeof port)) {
+      ::_exit(1);
+    }
+    // Polled as eventually() does (no sleep), with the same bound.
+    const Deadline deadline(kHang);
+    while (server.waiting() == 0 && !deadline.passed()) {
+      std::this_thread::yield();
+    }
+    const char waiting = 'w';
+    if (::write(waiting_pipe[1], &waiting, 1) != 1) {
       ::_exit(1);
     }
     for (;;) {
@@ -654,6 +830,7 @@ TEST(Store, KilledServerProcessIsTransportErrorPromptly) {
     }
   }
   ::close(port_pipe[1]);
+  ::close(waiting_pipe[1]);
   std::uint16_t port = 0;
   ASSERT_EQ(::read(port_pipe[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
   ::close(port_pipe[0]);
@@ -669,6 +846,9 @@ TEST(Store, KilledServerProcessIsTransportErrorPromptly) {
       transport_error = true;
     }
   });
+  char waiting = 0;
+  EXPECT_EQ(::read(waiting_pipe[0], &waiting, 1), 1);  // the get waits on the server now
+  ::close(waiting_pipe[0]);
   const auto start = Clock::now();
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   blocked.join();

@@ -25,6 +25,9 @@ constexpr SourceNames kSources[] = {
     {LaunchSource::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
 };
 
+// The task count of the srun step, preferred to SLURM_NTASKS when set.
+constexpr const char* kSlurmStepTasks = "SLURM_STEP_NUM_TASKS";
+
 [[noreturn]] void bad_variable(const std::string& variable, const std::string& value,
                                const std::string& expected) {
   throw InvalidArgument(
@@ -71,35 +74,53 @@ LaunchEnvironment launch_environment(const GetEnv& getenv) {
   constexpr int kIntMax = std::numeric_limits<int>::max();
   LaunchEnvironment environment;
   for (const SourceNames& names : kSources) {
+    const char* world_size_name = names.world_size;
+    if (names.source == LaunchSource::Slurm) {
+      // A Slurm batch script (sbatch, no srun) sees SLURM_PROCID=0 and SLURM_NTASKS=N for the
+      // whole allocation: a program run straight from it would take itself for rank 0 of N and
+      // wait for peers that never come. Only srun's tasks are ranks, and only an srun step sets
+      // a step id; outside one, Slurm's variables describe no launch (a world of 1).
+      if (lookup("SLURM_STEP_ID") == nullptr && lookup("SLURM_STEPID") == nullptr) {
+        continue;
+      }
+      // The step's own task count: SLURM_NTASKS may be the allocation's (srun -n 2 inside an
+      // allocation of 8).
+      if (lookup(kSlurmStepTasks) != nullptr) {
+        world_size_name = kSlurmStepTasks;
+      }
+    }
     const char* rank = lookup(names.rank);
-    const char* world_size = lookup(names.world_size);
+    const char* world_size = lookup(world_size_name);
     if (rank == nullptr && world_size == nullptr) {
       continue;
     }
-    // A Slurm batch script (no srun) may see SLURM_PROCID without SLURM_NTASKS (sbatch without
-    // --ntasks): not a task of a parallel step, so not a launch.
-    if (names.source == LaunchSource::Slurm && world_size == nullptr) {
-      continue;
-    }
     if (rank == nullptr || world_size == nullptr) {
-      const char* missing = rank == nullptr ? names.rank : names.world_size;
-      const char* present = rank == nullptr ? names.world_size : names.rank;
+      const char* missing = rank == nullptr ? names.rank : world_size_name;
+      const char* present = rank == nullptr ? world_size_name : names.rank;
       throw InvalidArgument(ErrorContext{-1, "launch_environment", -1, ""},
                             std::string("environment variable ") + missing + " is unset while " +
                                 present + " is set: a launcher sets both");
     }
     environment.source = names.source;
-    environment.world_size = parse_int(names.world_size, world_size, 1, kIntMax);
+    environment.world_size = parse_int(world_size_name, world_size, 1, kIntMax);
     environment.rank = parse_int(names.rank, rank, 0, environment.world_size - 1);
     int local_high = environment.world_size - 1;
+    const char* local_rank = lookup(names.local_rank);
     if (names.local_world_size != nullptr) {
       if (const char* local_world_size = lookup(names.local_world_size)) {
         environment.local_world_size =
             parse_int(names.local_world_size, local_world_size, 1, environment.world_size);
         local_high = *environment.local_world_size - 1;
+        // The rank is no stand-in for the local rank of a node that has fewer processes than
+        // the world (RANK=5 of 8 with 4 per node is not local rank 5).
+        if (local_rank == nullptr) {
+          throw InvalidArgument(ErrorContext{-1, "launch_environment", -1, ""},
+                                std::string("environment variable ") + names.local_rank +
+                                    " is unset while " + names.local_world_size +
+                                    " is set: a launcher sets both");
+        }
       }
     }
-    const char* local_rank = lookup(names.local_rank);
     environment.local_rank = local_rank == nullptr
                                  ? environment.rank
                                  : parse_int(names.local_rank, local_rank, 0, local_high);

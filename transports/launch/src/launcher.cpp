@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -236,8 +237,12 @@ class SignalBlock {
 
 class Launch {
  public:
-  Launch(const LaunchOptions& options, const sigset_t& child_mask, int signal_fd)
-      : options_(options), child_mask_(child_mask), signal_fd_(signal_fd) {}
+  Launch(const LaunchOptions& options, const sigset_t& child_mask, const rlimit& child_files,
+         int signal_fd)
+      : options_(options),
+        child_mask_(child_mask),
+        child_files_(child_files),
+        signal_fd_(signal_fd) {}
 
   int run() {
     const std::string program = resolve_program(options_.command.front());
@@ -382,6 +387,8 @@ class Launch {
         }
       }
       ::pthread_sigmask(SIG_SETMASK, &child_mask_, nullptr);
+      // The rank gets the caller's descriptor limit, not the one raised for the launcher.
+      ::setrlimit(RLIMIT_NOFILE, &child_files_);
       ::execve(program.c_str(), argv.data(), envp.data());
       const char* reason = ::strerrordesc_np(errno);
       ::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
@@ -468,8 +475,9 @@ class Launch {
       reap();
       return;
     }
-    if (stopping_) {
-      // A second interrupt while stopping: no more grace.
+    if (received_signal_ != 0) {
+      // A second interrupt: no more grace. (Stopping after a rank failed is not one: the first
+      // interrupt then still forwards, below.)
       if (!killed_) {
         message("received " + signal_name(signal_number) + " again; sending SIGKILL to the " +
                 std::to_string(running_) + " running " + (running_ == 1 ? "rank" : "ranks"));
@@ -500,7 +508,8 @@ class Launch {
     if (stopping_ && !killed_) {
       const auto left =
           std::chrono::ceil<std::chrono::milliseconds>(kill_at_ - std::chrono::steady_clock::now());
-      timeout_ms = static_cast<int>(std::max<std::int64_t>(0, left.count()));
+      // poll() takes an int: a longer wait (kGraceMax is not) ends early and loops.
+      timeout_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, INT_MAX));
     }
     const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
     if (ready < 0 && errno != EINTR) {
@@ -527,6 +536,7 @@ class Launch {
 
   const LaunchOptions& options_;
   sigset_t child_mask_;
+  rlimit child_files_;
   int signal_fd_;
   std::vector<Rank> ranks_;
   int running_ = 0;
@@ -550,8 +560,46 @@ int launch(const LaunchOptions& options) {
   if (options.command.empty()) {
     throw InvalidArgument(kContext, "no program to run");
   }
-  if (options.grace.count() < 0) {
-    throw InvalidArgument(kContext, "the grace period must not be negative");
+  if (options.grace.count() < 0 || options.grace > kGraceMax) {
+    throw InvalidArgument(
+        kContext,
+        "a grace period of " + std::to_string(options.grace.count()) + " ms: it must be 0 to " +
+            std::to_string(std::chrono::milliseconds(kGraceMax).count()) + " ms (24 hours)");
+  }
+  // Each rank holds kDescriptorsPerRank of the launcher's descriptors; at the limit the store
+  // could not accept a rank's connection and the job would hang until its rendezvous timeout.
+  // The soft limit is raised as far as the hard one allows for the launch (the ranks get the
+  // original back before exec), and a job that does not fit even then is refused here.
+  rlimit original_files{};
+  if (::getrlimit(RLIMIT_NOFILE, &original_files) != 0) {
+    system_error("getrlimit(RLIMIT_NOFILE)");
+  }
+  rlimit raised_files = original_files;
+  raised_files.rlim_cur = original_files.rlim_max;
+  if (raised_files.rlim_cur != original_files.rlim_cur &&
+      ::setrlimit(RLIMIT_NOFILE, &raised_files) != 0) {
+    raised_files = original_files;  // e.g. an unlimited hard limit above the kernel's nr_open
+  }
+  struct RestoreFiles {
+    rlimit original;
+    rlimit raised;
+    ~RestoreFiles() {
+      if (raised.rlim_cur != original.rlim_cur) {
+        ::setrlimit(RLIMIT_NOFILE, &original);
+      }
+    }
+  } restore_files{original_files, raised_files};
+  const std::uint64_t needed =
+      std::uint64_t{kDescriptorsPerRank} * static_cast<std::uint64_t>(options.ranks) +
+      kDescriptorsMargin;
+  if (raised_files.rlim_cur != RLIM_INFINITY && needed > raised_files.rlim_cur) {
+    throw InvalidArgument(
+        kContext,
+        "-n " + std::to_string(options.ranks) + " needs about " + std::to_string(needed) +
+            " file descriptors (" + std::to_string(kDescriptorsPerRank) + " per rank and " +
+            std::to_string(kDescriptorsMargin) + " for the launcher), but the limit " +
+            "(RLIMIT_NOFILE, soft raised to hard) is " + std::to_string(raised_files.rlim_cur) +
+            ": raise the hard limit (ulimit -Hn) or start fewer ranks");
   }
   sigset_t signals;
   sigemptyset(&signals);
@@ -583,7 +631,7 @@ int launch(const LaunchOptions& options) {
   }
   int status = 0;
   try {
-    Launch job(options, block.previous(), signal_fd);
+    Launch job(options, block.previous(), original_files, signal_fd);
     status = job.run();
   } catch (...) {
     ::close(signal_fd);

@@ -61,6 +61,13 @@ constexpr std::chrono::milliseconds kRetryLongest{250};
 // A cancel frame is tiny; if it cannot be written in this time the connection is stuck anyway.
 constexpr std::chrono::seconds kCancelWriteTimeout{1};
 
+// The timeout a blocking request carries on the wire: the deadline's time left when it is sent
+// (after any wait for the connection), capped as the protocol requires.
+std::int64_t timeout_ms(const Deadline& deadline) {
+  const auto ms = static_cast<std::uint64_t>(deadline.remaining().count());
+  return static_cast<std::int64_t>(std::min(ms, detail::kTimeoutMsMax));
+}
+
 // The deadline passed inside an I/O loop (turned into chorus::Timeout by the caller, which knows
 // what it was waiting for).
 struct DeadlinePassed {};
@@ -104,8 +111,9 @@ struct Client::Impl {
   std::string address;  // host:port, for messages
   std::size_t frame_bytes_max = 0;
 
-  // Held for a whole call: one request on the wire at a time.
-  std::mutex call_mutex;
+  // Held for a whole call: one request on the wire at a time. Timed: a call queued behind
+  // another thread's blocking call waits for it no longer than its own deadline.
+  std::timed_mutex call_mutex;
   // Held while writing a frame and while changing the fields below (cancel() writes too).
   std::mutex write_mutex;
   int fd = -1;
@@ -174,6 +182,16 @@ struct Client::Impl {
     std::uint8_t header[detail::kFrameHeaderBytes];
     read_exact(header, sizeof header, deadline);
     const std::uint32_t bytes = detail::read_frame_header(header);
+    // Before the handshake the peer may be anything listening on the port (an SSH server's
+    // "SSH-" reads as 759 MB): its reply is held to the handshake's size, so that nothing large
+    // is allocated and the client says what it met instead of waiting out the deadline.
+    if (frame_bytes_max == 0 && bytes > detail::kHelloFrameBytesMax) {
+      throw TransportError(error_context("store.connect"),
+                           "the peer at " + address +
+                               " is not a chorus store (handshake reply of " +
+                               std::to_string(bytes) + " bytes, at most " +
+                               std::to_string(detail::kHelloFrameBytesMax) + " expected)");
+    }
     if (frame_bytes_max != 0 && bytes > frame_bytes_max) {
       throw TransportError(error_context("store"), "the store at " + address + " sent a frame of " +
                                                        std::to_string(bytes) + " bytes (limit " +
@@ -319,12 +337,28 @@ void Client::cancel() noexcept {
 
 Response Client::round_trip(Request& request, Deadline deadline) {
   Impl& impl = *impl_;
-  const std::lock_guard call_lock(impl.call_mutex);
   const std::string op = "store." + std::string(detail::op_name(request.op));
+  // Another thread's call may hold the connection for long (a get blocked on a key). Waiting
+  // for it past this call's deadline, then sending anyway, would time the call out mid-call and
+  // close the connection shared with that thread; refusing here sends nothing and keeps it.
+  std::unique_lock call_lock(impl.call_mutex, std::try_to_lock);
+  if (!call_lock.owns_lock()) {
+    if (!call_lock.try_lock_until(deadline.at()) || deadline.passed()) {
+      throw Timeout(error_context(op),
+                    "the deadline passed while the call waited for another "
+                    "thread's call on the same client to the store at " +
+                        impl.address + " to finish (nothing was sent)");
+    }
+  }
   if (!impl.closed_because.empty()) {
     throw TransportError(error_context(op),
                          "the connection to the store at " + impl.address +
                              " was closed after an earlier failure: " + impl.closed_because);
+  }
+  const bool blocking = detail::is_blocking(request.op);
+  if (blocking) {
+    // Measured now, not when the call began: the wait for the connection came out of it.
+    request.number = timeout_ms(deadline);
   }
   std::vector<std::uint8_t> frame = detail::encode_request(request);
   const std::size_t body_bytes = frame.size() - detail::kFrameHeaderBytes;
@@ -333,7 +367,6 @@ Response Client::round_trip(Request& request, Deadline deadline) {
                                                  " bytes, over the store's frame limit of " +
                                                  std::to_string(impl.frame_bytes_max) + " bytes");
   }
-  const bool blocking = detail::is_blocking(request.op);
   // The server answers a blocking call at its deadline itself (Timeout); the grace only guards
   // against a server that never answers.
   const Deadline answer_deadline = blocking ? with_grace(deadline) : deadline;

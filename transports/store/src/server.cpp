@@ -347,6 +347,12 @@ Server::Impl::Impl(ServerOptions options_in)
   if (options.keys_max == 0) {
     throw InvalidArgument(error_context("store.server"), "keys_max must be positive");
   }
+  // A handshake timeout that has passed before any client can speak refuses every client.
+  if (options.handshake_timeout <= std::chrono::milliseconds(0)) {
+    throw InvalidArgument(error_context("store.server"),
+                          "handshake_timeout must be positive, not " +
+                              std::to_string(options.handshake_timeout.count()) + " ms");
+  }
   boost::system::error_code error;
   asio::ip::address address = asio::ip::make_address(options.host, error);
   tcp::endpoint endpoint;

@@ -22,11 +22,6 @@ using detail::Request;
 using detail::Response;
 using detail::Status;
 
-std::int64_t timeout_ms(const Deadline& deadline) {
-  const auto ms = static_cast<std::uint64_t>(deadline.remaining().count());
-  return static_cast<std::int64_t>(std::min(ms, detail::kTimeoutMsMax));
-}
-
 ErrorContext context(Op op) { return error_context("store." + std::string(op_name(op))); }
 
 // Turns a refusal into the matching chorus error.
@@ -73,7 +68,8 @@ void Store::set(std::string_view key, std::string_view value, Deadline deadline)
 }
 
 std::string Store::get(std::string_view key, Deadline deadline) {
-  Request request = make_request(Op::Get, {std::string(key)}, {}, timeout_ms(deadline));
+  // The timeout on the wire is filled in by Client::round_trip, when the request is sent.
+  Request request = make_request(Op::Get, {std::string(key)});
   Response response = round_trip(request, deadline);
   check(request.op, response);
   CHORUS_CHECK_EQ(response.values.size(), std::size_t{1});
@@ -100,7 +96,7 @@ std::optional<std::string> Store::compare_set(std::string_view key, std::string_
 }
 
 void Store::wait(const std::vector<std::string>& keys, Deadline deadline) {
-  Request request = make_request(Op::Wait, keys, {}, timeout_ms(deadline));
+  Request request = make_request(Op::Wait, keys);
   check(request.op, round_trip(request, deadline));
 }
 
@@ -119,7 +115,7 @@ std::int64_t Store::num_keys(Deadline deadline) {
 }
 
 std::vector<std::string> Store::multi_get(const std::vector<std::string>& keys, Deadline deadline) {
-  Request request = make_request(Op::MultiGet, keys, {}, timeout_ms(deadline));
+  Request request = make_request(Op::MultiGet, keys);
   Response response = round_trip(request, deadline);
   check(request.op, response);
   if (response.values.size() != keys.size()) {
@@ -176,7 +172,16 @@ std::string Rendezvous::next_name(std::string_view what) {
 void Rendezvous::finish(const std::string& name, std::vector<std::string> keys, Deadline deadline) {
   const std::string done = name + "/done";
   const std::int64_t finished = store_.add(done, 1, deadline);
-  CHORUS_CHECK(finished >= 1 && finished <= world_size_);
+  // More ranks through the call than the world holds: the ranks disagree on the world size (or
+  // another world shares these keys). Caller misuse, reported, not an abort.
+  if (finished < 1 || finished > world_size_) {
+    throw InvalidArgument(error_context("store.rendezvous", rank_),
+                          "rank " + std::to_string(rank_) + " counted itself out of " + name +
+                              " as number " + std::to_string(finished) + " of a world of " +
+                              std::to_string(world_size_) +
+                              ": the ranks disagree on the world size, or another world uses "
+                              "the same store keys (give each world its own PrefixStore)");
+  }
   if (finished == world_size_) {
     keys.push_back(done);
     for (const std::string& key : keys) {

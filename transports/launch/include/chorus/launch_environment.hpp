@@ -21,7 +21,8 @@ enum class LaunchSource : std::uint8_t {
   Torchrun,  // RANK WORLD_SIZE [LOCAL_RANK LOCAL_WORLD_SIZE]: torchrun and `chorus launch`
   OpenMpi,   // OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE [OMPI_COMM_WORLD_LOCAL_RANK
              //  OMPI_COMM_WORLD_LOCAL_SIZE]
-  Slurm,     // SLURM_PROCID SLURM_NTASKS [SLURM_LOCALID]
+  Slurm,     // SLURM_PROCID SLURM_STEP_NUM_TASKS|SLURM_NTASKS [SLURM_LOCALID], in an srun
+             //  step only
 };
 
 // "none", "torchrun", "openmpi", "slurm".
@@ -54,12 +55,14 @@ using GetEnv = std::function<const char*(const char* name)>;
 //      inside a Slurm or mpirun job sets them for its own children;
 //   2. OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE — mpirun inside a Slurm allocation describes
 //      the processes it started, while the SLURM_* variables describe the batch step;
-//   3. SLURM_PROCID / SLURM_NTASKS.
+//   3. SLURM_PROCID / SLURM_STEP_NUM_TASKS (SLURM_NTASKS when unset), read only inside an srun
+//      step (SLURM_STEP_ID or SLURM_STEPID set): a batch script outside srun sees SLURM_PROCID=0
+//      and SLURM_NTASKS of the whole allocation, and is one process, not rank 0 of N.
 // Integers are plain decimal (no sign, no spaces). Throws InvalidArgument naming the variable
 // when a value is malformed or out of range (rank outside [0, world_size), world_size < 1,
-// local rank outside [0, local world size), a port outside 1..65535), or when a source's rank
-// is set without its size or the other way round (except SLURM_PROCID alone, which a batch
-// script outside srun sees: ignored). Never blocks; thread-safe when `getenv` is.
+// local rank outside [0, local world size), a port outside 1..65535), when a source's rank is
+// set without its size or the other way round, or when its local world size is set without its
+// local rank. Never blocks; thread-safe when `getenv` is.
 LaunchEnvironment launch_environment(const GetEnv& getenv = {});
 
 }  // namespace chorus

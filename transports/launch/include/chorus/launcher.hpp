@@ -19,8 +19,16 @@
 
 namespace chorus::launcher {
 
-// Limits: ranks per launch (each costs two pipes and a process).
+// Limits: ranks per launch (each costs two pipes, a store connection and a process).
 inline constexpr int kRanksMax = 1024;
+// File descriptors the launcher holds per rank (the read ends of its stdout and stderr pipes and
+// the store's end of its connection), and a margin for its own (standard streams, signalfd, the
+// store's listener and event loop, a rank's pipe write ends while it starts, the caller's).
+inline constexpr int kDescriptorsPerRank = 3;
+inline constexpr int kDescriptorsMargin = 64;
+// The longest grace period: a day is already far past any reasonable shutdown, and the bound
+// keeps every deadline computed from it far from overflowing.
+inline constexpr std::chrono::hours kGraceMax{24};
 // A line longer than this is written out in pieces (each prefixed), so a child that never writes
 // a newline cannot make the launcher buffer without bound.
 inline constexpr std::size_t kLineBytesMax = std::size_t{64} << 10;
@@ -30,7 +38,7 @@ struct LaunchOptions {
   int ranks = 1;
   // The program (a path, or a name looked up on PATH) and its arguments.
   std::vector<std::string> command;
-  // After SIGTERM, how long a rank has to exit before it gets SIGKILL.
+  // After SIGTERM, how long a rank has to exit before it gets SIGKILL: 0 to kGraceMax.
   std::chrono::milliseconds grace{2000};
   // Where the ranks' prefixed stdout lines go, and their stderr lines plus the launcher's own
   // messages ("chorus launch: ..."). The launcher does not close them.
@@ -53,8 +61,11 @@ struct LaunchOptions {
 // are blocked in the calling thread (read through a signalfd) and restored afterwards (as is an
 // ignored SIGCHLD, set to its default meanwhile so that waitpid sees the ranks end); call it
 // from the main thread of a process with no other threads that leave those signals unblocked.
-// Not re-entrant. Throws InvalidArgument for bad options or a program that cannot be found,
-// TransportError when a system call fails or the store cannot start.
+// For the launch, the soft RLIMIT_NOFILE is raised to the hard limit (the ranks get the original
+// one). Not re-entrant. Throws InvalidArgument for bad options, a program that cannot be found,
+// or more ranks than the descriptor limit allows (kDescriptorsPerRank each plus
+// kDescriptorsMargin, against the raised limit), TransportError when a system call fails or the
+// store cannot start.
 int launch(const LaunchOptions& options);
 
 }  // namespace chorus::launcher

@@ -106,6 +106,7 @@ struct ServerOptions {
   // refused with InvalidArgument.
   std::size_t keys_max = std::size_t{1} << 20;
   // A connection that has not presented its hello (and token) within this time is closed.
+  // Positive.
   std::chrono::milliseconds handshake_timeout{10'000};
 };
 
@@ -114,7 +115,8 @@ struct ServerOptions {
 class Server {
  public:
   // Binds and listens. Throws TransportError when it cannot (address in use, bad host) and
-  // InvalidArgument for nonsensical options (a zero limit).
+  // InvalidArgument for nonsensical options (a zero limit, a handshake timeout that is not
+  // positive).
   explicit Server(ServerOptions options = {});
   // stop().
   ~Server();
@@ -149,7 +151,9 @@ class Server {
 // Values are byte strings: std::string holds any bytes, NUL included.
 //
 // Thread-safety: a Store may be used from several threads; its calls are serialized (one
-// request on the wire at a time). cancel() is the exception: it may be called from any thread
+// request on the wire at a time). A call waits for another thread's call on the same connection
+// no longer than its own deadline: then it throws Timeout without sending anything, and the
+// connection stays usable. cancel() is the exception: it may be called from any thread
 // while another is blocked in get/wait/multi_get.
 class Store {
  public:
@@ -209,7 +213,8 @@ class Client final : public Store {
  public:
   // Connects and presents the token. Throws Timeout when no server answers by the deadline,
   // TransportError when the server refuses the connection (wrong or missing token, protocol
-  // version) or closes it, InvalidArgument for a host that does not resolve.
+  // version) or closes it, or when the peer is not a chorus store (its first reply is longer
+  // than a handshake's), InvalidArgument for a host that does not resolve.
   explicit Client(ClientOptions options, Deadline deadline = kDefaultTimeout);
   ~Client() override;
   Client(const Client&) = delete;
@@ -249,8 +254,9 @@ class PrefixStore final : public Store {
 // addresses). Every rank of a world of `world_size` constructs one Rendezvous on the same store
 // (or the same prefix) and makes the same calls in the same order: each call uses fresh keys
 // (numbered per Rendezvous), and the last rank through a call deletes them. Errors are those of
-// the store calls underneath (Timeout naming the key of a rank that has not arrived). Not
-// thread-safe: one Rendezvous per rank, used by one thread at a time.
+// the store calls underneath (Timeout naming the key of a rank that has not arrived), and
+// InvalidArgument when more ranks count out of a call than the world holds (ranks that disagree
+// on world_size). Not thread-safe: one Rendezvous per rank, used by one thread at a time.
 class Rendezvous {
  public:
   // InvalidArgument unless 0 <= rank < world_size.
