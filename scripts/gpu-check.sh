@@ -23,8 +23,10 @@
 #
 # Time: every chorus program runs with --timeout-ms=${CHORUS_GPU_TIMEOUT_MS} (20 s), so a hang
 # ends as chorus's own Timeout naming the operation, well inside each step's `timeout` (which
-# sends SIGTERM, then SIGKILL 5 s later). The prebuilt run's limits add up to under 10 minutes,
-# reached only if every step hung past chorus's timeout.
+# sends SIGTERM, then SIGKILL 2 s later). Each step's limit is also cut to what is left of one
+# budget for the whole script, ${CHORUS_GPU_BUDGET_S} (default 450 s), so the script ends within
+# about 7.5 minutes even if every step hung (the device tool allows 10 per command): a step
+# that no time is left for fails, naming itself.
 # Everything printed is also written to ${OUT:-/tmp}/gpu-check.log: $OUT is what the device tool
 # brings back, whole, where a command's output comes back as its last 12,000 characters only.
 set -euo pipefail
@@ -56,11 +58,23 @@ on_exit() {
 }
 trap on_exit EXIT
 
-# `limited SECONDS command...`: the command, SIGTERM after SECONDS, SIGKILL 5 s later.
+CHORUS_GPU_BUDGET_S=${CHORUS_GPU_BUDGET_S:-450}
+SCRIPT_START=${SECONDS}
+
+# `limited SECONDS command...`: the command, SIGTERM after SECONDS or when the script's budget
+# runs out, whichever comes first, SIGKILL 2 s later.
 limited() {
   local seconds=$1
   shift
-  timeout -k 5 "${seconds}" "$@"
+  local left=$((CHORUS_GPU_BUDGET_S - (SECONDS - SCRIPT_START)))
+  if [ "${left}" -lt 5 ]; then
+    echo "gpu-check: the ${CHORUS_GPU_BUDGET_S} s budget is spent; not starting: $*"
+    return 124
+  fi
+  if [ "${seconds}" -gt "${left}" ]; then
+    seconds=${left}
+  fi
+  timeout -k 2 "${seconds}" "$@"
 }
 
 step() {
@@ -132,11 +146,11 @@ else
 
   step "NCCL unit tests (device-free; prove the bundle runs here)"
   # Short store deadlines on loopback: a failure here is reported at the end, not fatal.
-  limited 60 "${PREBUILT}/bin/nccl_test" || FAILED_STEPS+=("NCCL unit tests")
+  limited 45 "${PREBUILT}/bin/nccl_test" || FAILED_STEPS+=("NCCL unit tests")
 
   step "gpu job"
   status=0
-  limited 90 "${PREBUILT}/bin/nccl_gpu_job" "${TIMEOUT_FLAG}" || status=$?
+  limited 60 "${PREBUILT}/bin/nccl_gpu_job" "${TIMEOUT_FLAG}" || status=$?
   if [ "${status}" -eq 77 ]; then
     echo "the gpu job was skipped: CUDA sees no device"
     exit 1
@@ -163,13 +177,13 @@ one_rank() {
 }
 
 step "chorus check --transport nccl (one rank)"
-limited 120 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
+limited 75 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
   one_rank '${CHORUS}' check --transport nccl --cases 50 ${TIMEOUT_FLAG}"
 
 step "examples with --transport=nccl (one rank)"
 for example in "${EXAMPLES[@]}"; do
   echo "--- ${example}"
-  limited 40 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
+  limited 25 bash -c "$(declare -f free_port one_rank); CHORUS='${CHORUS}'; \
     one_rank '${EXAMPLE_DIR}/${example}' --transport=nccl ${TIMEOUT_FLAG}"
 done
 

@@ -174,9 +174,17 @@ void CommState::start_finalize() {
 }
 
 ncclResult_t CommState::async_error() {
-  const std::shared_lock lifetime(lifetime_);
-  if (freed_) {
-    return ncclSuccess;
+  // Every ncclCommGetAsyncError on this communicator runs under mutex_: on a non-blocking
+  // communicator the call that first sees a group's work finished completes NCCL's group job
+  // (joins its thread, drops its reference), unguarded inside NCCL, so two threads polling at
+  // once (a wait and the watchdog) could release it twice. A holder of mutex_ is polling itself
+  // (settle, in an enqueue, split or finalize) or aborting: no news from here meanwhile.
+  const std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    return ncclInProgress;
+  }
+  if (aborted_) {
+    return ncclSuccess;  // abort() failed the works itself; the communicator is freed
   }
   ncclResult_t state = ncclSuccess;
   const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
@@ -202,11 +210,7 @@ void CommState::abort(const std::exception_ptr& error) {
     }
     aborted_ = true;
     cudaSetDevice(device_);
-    {
-      const std::unique_lock lifetime(lifetime_);
-      ncclCommAbort(comm_);
-      freed_ = true;
-    }
+    ncclCommAbort(comm_);
     for (const std::weak_ptr<NcclWork>& entry : outstanding_) {
       if (std::shared_ptr<NcclWork> work = entry.lock()) {
         works.push_back(std::move(work));
@@ -610,6 +614,14 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
     for (const Enqueue& enqueue : enqueues) {
       enqueue.before(started, created);
     }
+  } catch (const TransportError& error) {
+    destroy_created();
+    if (!error.context().op.empty()) {
+      throw;
+    }
+    // Staging and premul_sum set-up (cudaMallocHost, cudaMallocAsync, cudaMemcpyAsync,
+    // ncclRedOpCreatePreMulSum) know no operation: name this one.
+    throw TransportError(context, error.detail());
   } catch (...) {
     destroy_created();
     throw;
@@ -1116,6 +1128,9 @@ std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
                                "; world communicator aborted");
       if (timed_out) {
         (void)child.release();  // NOLINT: NCCL may still write it (see above)
+      } else if (*child != nullptr) {
+        // A split whose set-up failed still hands out the child (with its threads): free it.
+        ncclCommAbort(*child);
       }
       lock.unlock();  // abort() takes the comm lock
       parent->abort(error);

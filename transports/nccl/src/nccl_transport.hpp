@@ -30,7 +30,10 @@
 //   completion under the timeout and destroyed (a finalize completes only once the peers'
 //   started too, and ranks may hold their communicators in different orders); an aborted one
 //   is not touched again: the error queries of waits and the watchdog skip a communicator
-//   ncclCommAbort freed (CommState::lifetime_).
+//   ncclCommAbort freed.
+// - Every NCCL call on a communicator, ncclCommGetAsyncError included, is made under its
+//   CommState's mutex: NCCL's communicators are not thread-safe, and on a non-blocking one the
+//   error query completes the last group's job (CommState::async_error).
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -43,7 +46,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,8 +96,8 @@ class CommState {
   // error; ncclInProgress when `deadline` passed first. Call with mutex() held.
   ncclResult_t settle(std::chrono::steady_clock::time_point deadline);
   // The asynchronous error state (ncclSuccess, ncclInProgress or an error); ncclSuccess once
-  // aborted (abort() fails the works itself). Thread-safe: it never reads a communicator
-  // ncclCommAbort is freeing or has freed.
+  // aborted (abort() fails the works itself). Thread-safe and non-blocking: takes mutex() only
+  // if it is free, and answers ncclInProgress ("no news") while another thread holds it.
   ncclResult_t async_error();
 
   std::mutex& mutex() noexcept { return mutex_; }
@@ -109,11 +111,9 @@ class CommState {
   void track(const std::shared_ptr<NcclWork>& work);
 
  private:
-  std::mutex mutex_;  // guards enqueues, abort, finalize and the list below
-  // Held shared by async_error (called without mutex_, from waits and the watchdog) and
-  // exclusively around ncclCommAbort, which frees the communicator; taken last (a leaf lock).
-  std::shared_mutex lifetime_;
-  bool freed_ = false;  // guarded by lifetime_
+  // Guards every NCCL call on comm_ (enqueues, error queries, split, abort, finalize) and the
+  // fields below.
+  std::mutex mutex_;
   bool finalize_started_ = false;
   ncclResult_t finalize_result_ = ncclSuccess;
   ncclComm_t comm_;
