@@ -935,7 +935,8 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
       send_counts[static_cast<std::size_t>(dst)] = elements;
     }
     Buffer send = input_buffer(input);
-    if (send_counts == std::vector<std::size_t>(send_counts.size(), 0)) {
+    if (std::all_of(send_counts.begin(), send_counts.end(),
+                    [](std::size_t count) { return count == 0; })) {
       send.count = 0;
     }
     output = allocate_output(call, rule.shape, input.dtype(), input.device(), [&] {
