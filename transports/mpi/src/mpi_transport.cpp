@@ -130,16 +130,6 @@ std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
   return tag.empty() ? label : "'" + tag + "' " + label;
 }
 
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
-    return "MPI error " + std::to_string(code);
-  }
-  return std::string(text, static_cast<std::size_t>(length)) + " (MPI error " +
-         std::to_string(code) + ")";
-}
-
 // ---------------------------------------------------------------------------------------------
 // MpiProcess
 
@@ -290,15 +280,17 @@ void MpiWork::poll() {
   std::string short_message;
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    MPI_Status* statuses = MPI_STATUSES_IGNORE;
-    if (!started_.receives.empty()) {
-      started_.statuses.resize(started_.requests.size());
-      statuses = started_.statuses.data();
-    }
+    // Statuses always: a failed request's own error is only there (MPI_ERR_IN_STATUS).
+    started_.statuses.resize(started_.requests.size());
     const int code = MPI_Testall(static_cast<int>(started_.requests.size()),
-                                 started_.requests.data(), &done, statuses);
+                                 started_.requests.data(), &done, started_.statuses.data());
     if (code != MPI_SUCCESS) {
-      failure = "MPI_Testall failed: " + mpi_error_text(code);
+      // The peers of direct exchanges' receives are known; a collective's request has none.
+      std::vector<int> peers(started_.requests.size(), -1);
+      for (const Started::Receive& receive : started_.receives) {
+        peers[receive.request] = receive.peer;
+      }
+      failure = mpi_requests_failure("MPI_Testall", code, started_.statuses, MPI_COMM_NULL, peers);
     } else if (done != 0 && !started_.receives.empty()) {
       // Once: the requests are freed now, and a later poll (for a ring of the batch) would
       // find only empty statuses.
@@ -1043,14 +1035,24 @@ std::string describe(const WireSignature& wire) {
 
 void MpiComm::await_requests(Started& pending, const OpInfo& info, const std::string& what) {
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  std::string failure;
   for (;;) {
     int done = 0;
     {
       const std::lock_guard mpi_lock(process_->mutex());
       process_->progress_rings();  // a peer may be waiting on one (Note [Ring all_reduce])
-      check(MPI_Testall(static_cast<int>(pending.requests.size()), pending.requests.data(), &done,
-                        MPI_STATUSES_IGNORE),
-            "MPI_Testall (collective check)", info);  // a throw here releases the lock first
+      pending.statuses.resize(pending.requests.size());
+      if (const int code = MPI_Testall(static_cast<int>(pending.requests.size()),
+                                       pending.requests.data(), &done, pending.statuses.data());
+          code != MPI_SUCCESS) {
+        failure = mpi_requests_failure("MPI_Testall (collective check)", code, pending.statuses,
+                                       check_comm_);
+      }
+    }
+    if (!failure.empty()) {
+      // The requests' state is unknown: their buffers stay with the process (park).
+      process_->park(std::move(pending));
+      throw TransportError(context_of(info), failure);
     }
     if (done != 0) {
       return;
@@ -1241,6 +1243,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   Started pending;
   pending.keep_alive.push_back(ids);
   std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
+  std::vector<int> send_peers;  // pending.requests[i] sends to send_peers[i]
   // An MPI failure: the call and its text, taken under the MPI lock, thrown outside it.
   std::string failure;
   const auto fail_if_any = [&] {
@@ -1268,6 +1271,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         break;
       }
       pending.requests.push_back(send);
+      send_peers.push_back(ranks[i]);
       if (const int code = MPI_Irecv(&(*ids)[i], 1, MPI_UINT64_T, ranks[i], kRendezvousTag,
                                      process_->control(), &receives[i]);
           code != MPI_SUCCESS) {
@@ -1322,12 +1326,18 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   // anyone's progress but MPI's.
   {
     const std::lock_guard mpi_lock(process_->mutex());
+    pending.statuses.resize(pending.requests.size());
     if (const int code = MPI_Waitall(static_cast<int>(pending.requests.size()),
-                                     pending.requests.data(), MPI_STATUSES_IGNORE);
+                                     pending.requests.data(), pending.statuses.data());
         code != MPI_SUCCESS) {
-      throw TransportError(context,
-                           "MPI_Waitall (communicator set-up) failed: " + mpi_error_text(code));
+      failure = mpi_requests_failure("MPI_Waitall (communicator set-up)", code, pending.statuses,
+                                     process_->control(), send_peers);
     }
+  }
+  if (!failure.empty()) {
+    // Requests MPI_Waitall did not complete are still pending: their buffers stay (park).
+    process_->park(std::move(pending));
+    throw TransportError(context, failure);
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (ranks[i] != process_->rank() && (*ids)[i] != id) {

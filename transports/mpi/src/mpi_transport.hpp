@@ -40,6 +40,7 @@
 #include "chorus/transport/batch_abandon.hpp"
 #include "chorus/transport/transport.hpp"
 #include "mapping.hpp"
+#include "mpi_errors.hpp"
 #include "ring_all_reduce.hpp"
 
 namespace chorus::mpi::detail {
@@ -129,9 +130,6 @@ class MpiProcess {
   std::vector<Started> spare_started_;  // emptied; capacity reserved for kSpareStartedMax
   std::vector<std::shared_ptr<RingAllReduce>> rings_;  // in flight; guarded by mutex_
 };
-
-// "MPI_ERR_TRUNCATE: message truncated" for an MPI error code.
-std::string mpi_error_text(int code);
 
 // What a work's errors name, kept cheaply: the ErrorContext (two strings) is built only for an
 // error. `op` is OpInfo::name, a string literal; `group` the communicator's label, shared.
