@@ -9,6 +9,10 @@
 //            names rank 1 as missing (Note [Communicator rendezvous]), and the job ends.
 //   timeout_op  the same after the group exists: rank 0's Timeout names its rank, op, sequence
 //            number and group.
+//   late_rank  with an infinite timeout (RunOptions::timeout = nanoseconds::max(), set here),
+//            rank 1 issues its first all_reduce, and then its second, ~200 ms after the others:
+//            the communicator set-up and (with --check-collectives) the check's exchange wait for
+//            it instead of timing out on their first poll; exact sums.
 //   mismatch  (with --check-collectives) the last rank issues all_gather where the others
 //            all_reduce: CollectiveMismatch naming both sides (Note [Collective check]).
 //   splits   (with --check-collectives) all_to_all_single where rank 1 sends rank 0 one element
@@ -36,6 +40,7 @@
 
 #include <chorus/chorus.hpp>
 #include <chorus/kernels.hpp>
+#include <chrono>
 #include <cmath>
 #include <complex>
 #include <csignal>
@@ -480,6 +485,26 @@ void timeout() {
   }
 }
 
+void late_rank() {
+  // Lateness, not synchronisation: rank 1 arrives well after the others started waiting.
+  constexpr auto kLate = std::chrono::milliseconds(200);
+  const int n = chorus::world_size();
+  for (int round = 0; round < 2; ++round) {
+    if (chorus::rank() == 1) {
+      std::this_thread::sleep_for(kLate);
+    }
+    const std::vector<float> sum =
+        chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                           chorus::world())
+            .to_vector<float>();
+    require(sum == std::vector<float>{static_cast<float>(n)},
+            "late all_reduce #" + std::to_string(round) + " is " + std::to_string(sum[0]));
+  }
+  if (chorus::rank() == 0) {
+    std::printf("mpi_job late_rank: all checks passed on %d ranks\n", n);
+  }
+}
+
 void mismatch() {
   const chorus::Tensor input = chorus::Tensor::from_vector(std::vector<float>{1, 2, 3, 4});
   if (chorus::rank() == chorus::world_size() - 1) {
@@ -612,6 +637,10 @@ int main(int argc, char** argv) {
   }
   if (mode == "timeout_op") {
     return chorus::run(options, timeout_op);
+  }
+  if (mode == "late_rank") {
+    options.timeout = std::chrono::nanoseconds::max();  // "never" (transport::Deadline::after)
+    return chorus::run(options, late_rank);
   }
   if (mode == "mismatch") {
     return chorus::run(options, mismatch);

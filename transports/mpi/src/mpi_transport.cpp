@@ -119,6 +119,12 @@ ReduceOp step_op(const Plan& plan, const ReduceOp& reduce_op) {
   return plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
 }
 
+// Time since the process's epoch, the clock of transport::Deadline here (MpiTransport::now).
+transport::Duration since_epoch(const MpiProcess& process) {
+  return std::chrono::duration_cast<transport::Duration>(std::chrono::steady_clock::now() -
+                                                         process.epoch());
+}
+
 }  // namespace
 
 std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
@@ -1034,7 +1040,8 @@ std::string describe(const WireSignature& wire) {
 }  // namespace
 
 void MpiComm::await_requests(Started& pending, const OpInfo& info, const std::string& what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
+  const transport::Deadline deadline = transport::Deadline::after(since_epoch(*process_), timeout_);
   std::string failure;
   for (;;) {
     int done = 0;
@@ -1057,7 +1064,7 @@ void MpiComm::await_requests(Started& pending, const OpInfo& info, const std::st
     if (done != 0) {
       return;
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (since_epoch(*process_) >= deadline.at) {
       process_->park(std::move(pending));
       throw Timeout(context_of(info), "not started: waited for " + what +
                                           " (--check-collectives) past the deadline; a member "
@@ -1281,7 +1288,8 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
     }
   }
   fail_if_any();
-  const auto deadline = now() + timeout_;
+  // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
+  const transport::Deadline deadline = transport::Deadline::after(now(), timeout_);
   for (;;) {
     std::vector<int> missing;
     {
@@ -1305,7 +1313,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
     if (missing.empty()) {
       break;
     }
-    if (now() >= deadline) {
+    if (now() >= deadline.at) {
       for (MPI_Request request : receives) {
         pending.requests.push_back(request);
       }
@@ -1384,10 +1392,7 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
   return std::make_shared<MpiComm>(process_, comm, check_comm, tag, ranks, id, timeout_, schedule_);
 }
 
-transport::Duration MpiTransport::now() {
-  return std::chrono::duration_cast<transport::Duration>(std::chrono::steady_clock::now() -
-                                                         process_->epoch());
-}
+transport::Duration MpiTransport::now() { return since_epoch(*process_); }
 
 std::string MpiTransport::supports(OpKind /*kind*/, DType /*dtype*/, const ReduceOp& /*reduce_op*/,
                                    Device device) const {
