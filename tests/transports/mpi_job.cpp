@@ -23,6 +23,11 @@
 //   group_order  ranks 0 and 1 first use two groups they share in opposite orders (MPI would
 //            deadlock creating the communicators): CollectiveMismatch on both
 //            (Note [Communicator rendezvous]).
+//   setup_retry  (run rank 0 with a short --timeout-ms, rank 1 with a long one) rank 0's
+//            set-up of group g times out and is caught; after a world all_reduce that tells
+//            rank 1 so, both set g up and all_reduce on it: the timed-out set-up's receive was
+//            cancelled, so it does not take rank 1's message (Note [Communicator rendezvous],
+//            "Leftovers").
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 //   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
@@ -601,6 +606,30 @@ void group_order() {
   }
 }
 
+void setup_retry() {
+  const chorus::ProcessGroup g = chorus::new_group({0, 1}, "g");
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 2.0f,
+          "first world all_reduce");  // the world's set-up, before g's
+  if (chorus::rank() == 0) {
+    bool timed_out = false;
+    try {
+      (void)chorus::all_reduce(one, "sum", g).to_vector<float>();  // rank 1 is not there yet
+    } catch (const chorus::Timeout&) {
+      timed_out = true;
+    }
+    require(timed_out, "rank 0's first set-up of g did not time out");
+  }
+  // Rank 1 gets here at once and waits (its long timeout) for rank 0's Timeout.
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 2.0f,
+          "second world all_reduce");
+  const float sum = chorus::all_reduce(one, "sum", g).to_vector<float>()[0];
+  require(sum == 2.0f, "all_reduce on g after the retried set-up is " + std::to_string(sum));
+  if (chorus::rank() == 0) {
+    std::printf("mpi_job setup_retry: all checks passed\n");
+  }
+}
+
 void sigkill() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -662,6 +691,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "group_order") {
     return chorus::run(options, group_order);
+  }
+  if (mode == "setup_retry") {
+    return chorus::run(options, setup_retry);
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);

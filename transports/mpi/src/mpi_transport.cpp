@@ -1253,10 +1253,27 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   std::vector<int> send_peers;  // pending.requests[i] sends to send_peers[i]
   // An MPI failure: the call and its text, taken under the MPI lock, thrown outside it.
   std::string failure;
+  // Note [Communicator rendezvous], "Leftovers": a receive of this set-up that never matched must
+  // not stay posted, or it would take its peer's message of the next set-up. Call with the MPI lock
+  // held.
+  const auto cancel_receives = [&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (receives[i] == MPI_REQUEST_NULL) {
+        continue;
+      }
+      MPI_Status status;
+      if (MPI_Cancel(&receives[i]) != MPI_SUCCESS ||
+          MPI_Wait(&receives[i], &status) != MPI_SUCCESS) {
+        pending.requests.push_back(receives[i]);  // state unknown: parked with its buffer
+        continue;
+      }
+    }
+  };
   const auto fail_if_any = [&] {
     if (!failure.empty()) {
-      for (MPI_Request request : receives) {
-        pending.requests.push_back(request);
+      {
+        const std::lock_guard mpi_lock(process_->mutex());
+        cancel_receives();
       }
       process_->park(std::move(pending));
       throw TransportError(context, failure);
@@ -1314,8 +1331,9 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       break;
     }
     if (now() >= deadline.at) {
-      for (MPI_Request request : receives) {
-        pending.requests.push_back(request);
+      {
+        const std::lock_guard mpi_lock(process_->mutex());
+        cancel_receives();
       }
       process_->park(std::move(pending));
       std::string list;

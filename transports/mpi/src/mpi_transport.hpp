@@ -361,6 +361,10 @@ class MpiComm final : public transport::Comm {
 // (the two ranks first use their shared groups in different orders, which would deadlock MPI)
 // becomes a CollectiveMismatch. Only then is MPI_Comm_create_group called, which returns
 // promptly since every member is there.
+//
+// Leftovers: on a Timeout or an MPI failure the set-up's receives that did not match are
+// cancelled (MPI_Cancel, then MPI_Wait), or the next set-up with that peer would pair with the
+// wrong message; the sends cannot be (docs/mpi.md). The rest is parked (MpiProcess::park).
 class MpiTransport final : public transport::Transport {
  public:
   // `timeout` bounds communicator set-up (Note [Communicator rendezvous]) and the collective
