@@ -23,6 +23,10 @@
 //   group_order  ranks 0 and 1 first use two groups they share in opposite orders (MPI would
 //            deadlock creating the communicators): CollectiveMismatch on both
 //            (Note [Communicator rendezvous]).
+//   group_cycle  (3 ranks) the first uses of groups a = {0, 1}, b = {1, 2}, c = {0, 2} form a
+//            cycle (rank 0 issues on a then c, rank 1 on b then a, rank 2 on c then b): every
+//            set-up waits for a rank busy with the next, until the timeout, whose message names
+//            the group that rank is setting up (Note [Communicator rendezvous], "Busy peers").
 //   setup_retry  (run rank 0 with a short --timeout-ms, rank 1 with a long one) rank 0's
 //            set-up of group g times out and is caught; after a world all_reduce that tells
 //            rank 1 so, both set g up and all_reduce on it: the timed-out set-up's receive was
@@ -606,6 +610,18 @@ void group_order() {
   }
 }
 
+void group_cycle() {
+  const chorus::ProcessGroup a = chorus::new_group({0, 1}, "a");
+  const chorus::ProcessGroup b = chorus::new_group({1, 2}, "b");
+  const chorus::ProcessGroup c = chorus::new_group({0, 2}, "c");
+  const chorus::ProcessGroup* order[3][2] = {{&a, &c}, {&b, &a}, {&c, &b}};
+  const chorus::Tensor input = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  for (const chorus::ProcessGroup* group : order[chorus::rank()]) {
+    (void)chorus::all_reduce(input, "sum", *group).to_vector<float>();
+  }
+  throw std::runtime_error("the cyclic first uses of groups completed");
+}
+
 void setup_retry() {
   const chorus::ProcessGroup g = chorus::new_group({0, 1}, "g");
   const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
@@ -691,6 +707,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "group_order") {
     return chorus::run(options, group_order);
+  }
+  if (mode == "group_cycle") {
+    return chorus::run(options, group_cycle);
   }
   if (mode == "setup_retry") {
     return chorus::run(options, setup_retry);

@@ -47,6 +47,52 @@ std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) 
 constexpr std::uint64_t kControlTagCount = 32767;
 // The tag of every communicator set-up message (Note [Communicator rendezvous]).
 constexpr int kRendezvousTag = 1;
+// The tag of a busy rank's reply to a set-up message (Note [Communicator rendezvous], "Busy
+// peers").
+constexpr int kBusyTag = 2;
+
+// A busy rank's reply: which of the asker's set-up messages to it (counted from 1) it answers,
+// and the label of the group it is setting up instead.
+struct BusyReply {
+  std::uint64_t answers = 0;
+  char group[120] = {};  // NUL-terminated, cut to fit
+};
+static_assert(std::is_trivially_copyable_v<BusyReply>);
+
+// The Timeout text of a set-up that `missing` (world ranks) did not reach; busy[r]: the group
+// rank r answered it is setting up, or "" (Note [Communicator rendezvous], "Busy peers").
+std::string unreached_set_up_message(const std::vector<int>& missing,
+                                     const std::vector<std::string>& busy,
+                                     const std::string& group) {
+  std::string list;
+  std::string busy_ranks;
+  bool silent = false;
+  for (const int rank : missing) {
+    list += (list.empty() ? "" : ", ") + std::to_string(rank);
+    const std::string& other = busy[static_cast<std::size_t>(rank)];
+    if (other.empty()) {
+      silent = true;
+    } else {
+      busy_ranks += (busy_ranks.empty() ? "" : ", ") + ("rank " + std::to_string(rank)) +
+                    " is still setting up group " + other;
+    }
+  }
+  std::string text =
+      "ranks [" + list + "] of group " + group + " did not reach its set-up within the timeout: ";
+  if (!busy_ranks.empty()) {
+    text += busy_ranks +
+            " (if that set-up waits, directly or through further groups, for this rank, the "
+            "ranks' first uses of groups form a cycle across groups, which deadlocks: "
+            "docs/mpi.md)";
+  }
+  if (silent) {
+    text += std::string(busy_ranks.empty() ? "" : "; the others") +
+            (busy_ranks.empty() ? "they" : "") +
+            " have not issued any operation on this group (returned, stuck, or running "
+            "different code)";
+  }
+  return text;
+}
 
 std::shared_ptr<void> scratch(std::size_t nbytes) {
   void* block = std::malloc(nbytes == 0 ? 1 : nbytes);
@@ -1200,7 +1246,9 @@ MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nan
     : process_(std::move(process)),
       timeout_(timeout),
       check_collectives_(check_collectives),
-      schedule_(agree_on_schedule(schedule)) {}
+      schedule_(agree_on_schedule(schedule)),
+      setups_sent_(static_cast<std::size_t>(process_->world_size()), 0),
+      setups_received_(static_cast<std::size_t>(process_->world_size()), 0) {}
 
 MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
   // Every member of a group must run the same schedule for the same all_reduce, or the ring's
@@ -1244,6 +1292,7 @@ MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
 void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
                               const ErrorContext& context) {
   const std::size_t n = ranks.size();
+  const auto world_size = static_cast<std::size_t>(process_->world_size());
   // Buffers and requests live on the heap: after a Timeout the process keeps them (park).
   auto ids = std::make_shared<std::vector<std::uint64_t>>(n + 1, 0);  // [peers..., mine]
   (*ids)[n] = id;
@@ -1251,11 +1300,16 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   pending.keep_alive.push_back(ids);
   std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
   std::vector<int> send_peers;  // pending.requests[i] sends to send_peers[i]
+  std::vector<char> member(world_size, 0);
+  for (const int rank : ranks) {
+    member[static_cast<std::size_t>(rank)] = 1;
+  }
+  std::vector<char> answered(world_size, 0);  // "Busy peers": one reply per asker
+  std::vector<std::string> busy(world_size);  // what a member answered it is setting up
   // An MPI failure: the call and its text, taken under the MPI lock, thrown outside it.
   std::string failure;
-  // Note [Communicator rendezvous], "Leftovers": a receive of this set-up that never matched must
-  // not stay posted, or it would take its peer's message of the next set-up. Call with the MPI lock
-  // held.
+  // "Leftovers": a receive of this set-up that never matched must not stay posted, or it would
+  // take its peer's message of the next set-up. Call with the MPI lock held.
   const auto cancel_receives = [&] {
     for (std::size_t i = 0; i < n; ++i) {
       if (receives[i] == MPI_REQUEST_NULL) {
@@ -1266,6 +1320,11 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
           MPI_Wait(&receives[i], &status) != MPI_SUCCESS) {
         pending.requests.push_back(receives[i]);  // state unknown: parked with its buffer
         continue;
+      }
+      int cancelled = 0;
+      MPI_Test_cancelled(&status, &cancelled);
+      if (cancelled == 0) {
+        ++setups_received_[static_cast<std::size_t>(ranks[i])];  // it matched before the cancel
       }
     }
   };
@@ -1294,6 +1353,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         failure = "MPI_Isend (communicator set-up) failed: " + mpi_error_text(code);
         break;
       }
+      ++setups_sent_[static_cast<std::size_t>(ranks[i])];
       pending.requests.push_back(send);
       send_peers.push_back(ranks[i]);
       if (const int code = MPI_Irecv(&(*ids)[i], 1, MPI_UINT64_T, ranks[i], kRendezvousTag,
@@ -1305,6 +1365,72 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
     }
   }
   fail_if_any();
+  // "Busy peers": answers every non-member whose set-up message waits here, once, with this
+  // set-up's group. Call with the MPI lock held.
+  const auto answer_askers = [&] {
+    for (std::size_t source = 0; source < world_size && failure.empty(); ++source) {
+      if (member[source] != 0 || answered[source] != 0) {
+        continue;
+      }
+      int waiting = 0;
+      if (const int code = MPI_Iprobe(static_cast<int>(source), kRendezvousTag, process_->control(),
+                                      &waiting, MPI_STATUS_IGNORE);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Iprobe (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      if (waiting == 0) {
+        continue;
+      }
+      answered[source] = 1;
+      auto reply = std::make_shared<BusyReply>();
+      // The probed message is the asker's first that this rank has not received.
+      reply->answers = setups_received_[source] + 1;
+      const std::size_t length = std::min(context.group.size(), sizeof(reply->group) - 1);
+      std::memcpy(reply->group, context.group.data(), length);
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (const int code =
+              MPI_Isend(reply.get(), sizeof(BusyReply), MPI_BYTE, static_cast<int>(source),
+                        kBusyTag, process_->control(), &request);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Isend (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      pending.keep_alive.push_back(std::move(reply));
+      pending.requests.push_back(request);
+      send_peers.push_back(static_cast<int>(source));
+    }
+  };
+  // Takes every busy reply that arrived; keeps those that answer this set-up's message (older
+  // ones answer set-ups already over). Call with the MPI lock held.
+  const auto take_replies = [&] {
+    while (failure.empty()) {
+      int arrived = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (const int code = MPI_Improbe(MPI_ANY_SOURCE, kBusyTag, process_->control(), &arrived,
+                                       &message, &status);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Improbe (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      if (arrived == 0) {
+        break;
+      }
+      BusyReply reply;
+      if (const int code =
+              MPI_Mrecv(&reply, sizeof(BusyReply), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Mrecv (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      const auto source = static_cast<std::size_t>(status.MPI_SOURCE);
+      if (member[source] != 0 && reply.answers == setups_sent_[source]) {
+        reply.group[sizeof(reply.group) - 1] = '\0';
+        busy[source] = reply.group;
+      }
+    }
+  };
   // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
   const transport::Deadline deadline = transport::Deadline::after(now(), timeout_);
   for (;;) {
@@ -1320,10 +1446,17 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
             failure = "MPI_Test (communicator set-up) failed: " + mpi_error_text(code);
             break;
           }
+          if (arrived != 0) {
+            ++setups_received_[static_cast<std::size_t>(ranks[i])];
+          }
         }
         if (arrived == 0) {
           missing.push_back(ranks[i]);
         }
+      }
+      if (!missing.empty()) {
+        answer_askers();
+        take_replies();
       }
     }
     fail_if_any();
@@ -1336,20 +1469,13 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         cancel_receives();
       }
       process_->park(std::move(pending));
-      std::string list;
-      for (const int rank : missing) {
-        list += (list.empty() ? "" : ", ") + std::to_string(rank);
-      }
-      throw Timeout(context, "ranks [" + list + "] of group " + context.group +
-                                 " did not reach its set-up within the timeout: they have not "
-                                 "issued any operation on this group (returned, stuck, or "
-                                 "running different code)");
+      throw Timeout(context, unreached_set_up_message(missing, busy, context.group));
     }
     std::this_thread::yield();
   }
   // Every peer's id arrived, so every peer posted its sends to us; ours are 8-byte eager
-  // messages whose receives the peers posted with theirs: this completes without waiting on
-  // anyone's progress but MPI's.
+  // messages whose receives the peers posted with theirs, and busy replies are eager too: this
+  // completes without waiting on anyone's progress but MPI's.
   {
     const std::lock_guard mpi_lock(process_->mutex());
     pending.statuses.resize(pending.requests.size());

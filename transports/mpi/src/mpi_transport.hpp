@@ -362,6 +362,16 @@ class MpiComm final : public transport::Comm {
 // becomes a CollectiveMismatch. Only then is MPI_Comm_create_group called, which returns
 // promptly since every member is there.
 //
+// Busy peers: pairwise order is not enough. With a = {0, 1}, b = {1, 2}, c = {0, 2}, rank 0
+// setting up a, rank 1 b and rank 2 c each wait for a rank busy with the next (a cycle of first
+// uses) and never exchange a message, so each would time out blaming a peer that "has not
+// issued any operation". So while a rank waits it answers every non-member whose set-up message
+// waits for it (MPI_Iprobe on the rendezvous tag) with the label of the group it is setting up
+// instead (kBusyTag, one BusyReply per asker and set-up), and takes the replies to its own
+// messages: the Timeout then names what each missing member is doing. A reply carries which of
+// the asker's set-up messages it answers (setups_sent_ and setups_received_ count them per
+// pair, as MPI orders them), so a late reply to an earlier set-up is recognised and dropped.
+//
 // Leftovers: on a Timeout or an MPI failure the set-up's receives that did not match are
 // cancelled (MPI_Cancel, then MPI_Wait), or the next set-up with that peer would pair with the
 // wrong message; the sends cannot be (docs/mpi.md). The rest is parked (MpiProcess::park).
@@ -393,6 +403,10 @@ class MpiTransport final : public transport::Transport {
   std::chrono::nanoseconds timeout_;
   bool check_collectives_;
   MpiSchedule schedule_;
+  // Per world rank: set-up messages sent to it and received from it (Note [Communicator
+  // rendezvous], "Busy peers"). One thread issues a rank's operations, so set-ups never overlap.
+  std::vector<std::uint64_t> setups_sent_;
+  std::vector<std::uint64_t> setups_received_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
