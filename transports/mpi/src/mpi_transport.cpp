@@ -301,6 +301,11 @@ void MpiProcess::park(Started started) {
   parked_.push_back(std::move(started));
 }
 
+std::size_t MpiProcess::parked_count() {
+  const std::lock_guard lock(mutex_);
+  return parked_.size();
+}
+
 // ---------------------------------------------------------------------------------------------
 // MpiWork
 
@@ -312,8 +317,7 @@ MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, Started started,
       context_(std::move(context)) {}
 
 MpiWork::~MpiWork() {
-  if (status_ != transport::WorkStatus::Completed &&
-      (!started_.requests.empty() || !started_.rings.empty())) {
+  if (status_ != transport::WorkStatus::Completed && in_flight()) {
     // MPI cannot cancel a collective: its buffers must outlive it, so they stay with the process
     // (a work is dropped pending only after a Timeout, on the way to ending the job; a failed
     // test leaves its requests in an unknown state, so those stay too).
@@ -321,6 +325,17 @@ MpiWork::~MpiWork() {
     return;
   }
   process_->recycle_started(std::move(started_), std::move(fingerprint_.ops));
+}
+
+bool MpiWork::in_flight() const noexcept {
+  // A work that failed after MPI completed its requests (a short message, a signature mismatch,
+  // a throwing after-step) holds only MPI_REQUEST_NULL: nothing of it is MPI's any more.
+  const bool requests_pending = std::ranges::any_of(
+      started_.requests, [](MPI_Request request) { return request != MPI_REQUEST_NULL; });
+  // A failed ring's own requests are in an unknown state, like a running ring's.
+  const bool rings_pending = std::ranges::any_of(
+      started_.rings, [](const std::shared_ptr<RingAllReduce>& ring) { return !ring->finished(); });
+  return requests_pending || rings_pending;
 }
 
 void MpiWork::poll() {

@@ -96,6 +96,9 @@ class MpiProcess {
   // Keeps the requests and buffers of a work destroyed while pending (after a Timeout: MPI
   // cannot cancel a collective) until the process ends. Takes the MPI lock.
   void park(Started started);
+  // How many Starteds park() keeps (tests: a work that MPI is done with is not parked). Takes
+  // the MPI lock.
+  std::size_t parked_count();
   // Note [Recycled Started]: a finished work's Started, emptied, goes back to the process, and
   // the next operation starts from it, so its vectors keep their heap blocks instead of
   // allocating three per operation. `signatures` is the work's fingerprint's list (moved there
@@ -160,6 +163,9 @@ class MpiWork final : public transport::Work {
  private:
   // Tests the requests once (Note [MPI locking]); finishes the work when they completed.
   void poll();
+  // Whether MPI may still use the work's buffers: a request not yet MPI_REQUEST_NULL, or a ring
+  // that has not finished (running, or failed with its requests in an unknown state).
+  bool in_flight() const noexcept;
   // Note [Direct exchanges], "Short messages": what a completed receive that got other than its
   // posted count got, or "" when all match. Call with the MPI lock held, after MPI_Testall.
   std::string check_receives() const;
