@@ -9,6 +9,10 @@
 //            names rank 1 as missing (Note [Communicator rendezvous]), and the job ends.
 //   timeout_op  the same after the group exists: rank 0's Timeout names its rank, op, sequence
 //            number and group.
+//   late_rank  with an infinite timeout (RunOptions::timeout = nanoseconds::max(), set here),
+//            rank 1 issues its first all_reduce, and then its second, ~200 ms after the others:
+//            the communicator set-up and (with --check-collectives) the check's exchange wait for
+//            it instead of timing out on their first poll; exact sums.
 //   mismatch  (with --check-collectives) the last rank issues all_gather where the others
 //            all_reduce: CollectiveMismatch naming both sides (Note [Collective check]).
 //   splits   (with --check-collectives) all_to_all_single where rank 1 sends rank 0 one element
@@ -19,6 +23,15 @@
 //   group_order  ranks 0 and 1 first use two groups they share in opposite orders (MPI would
 //            deadlock creating the communicators): CollectiveMismatch on both
 //            (Note [Communicator rendezvous]).
+//   group_cycle  (3 ranks) the first uses of groups a = {0, 1}, b = {1, 2}, c = {0, 2} form a
+//            cycle (rank 0 issues on a then c, rank 1 on b then a, rank 2 on c then b): every
+//            set-up waits for a rank busy with the next, until the timeout, whose message names
+//            the group that rank is setting up (Note [Communicator rendezvous], "Busy peers").
+//   setup_retry  (run rank 0 with a short --timeout-ms, rank 1 with a long one) rank 0's
+//            set-up of group g times out and is caught; after a world all_reduce that tells
+//            rank 1 so, both set g up and all_reduce on it: the timed-out set-up's receive was
+//            cancelled, so it does not take rank 1's message (Note [Communicator rendezvous],
+//            "Leftovers").
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 //   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
@@ -36,6 +49,7 @@
 
 #include <chorus/chorus.hpp>
 #include <chorus/kernels.hpp>
+#include <chrono>
 #include <cmath>
 #include <complex>
 #include <csignal>
@@ -480,6 +494,26 @@ void timeout() {
   }
 }
 
+void late_rank() {
+  // Lateness, not synchronisation: rank 1 arrives well after the others started waiting.
+  constexpr auto kLate = std::chrono::milliseconds(200);
+  const int n = chorus::world_size();
+  for (int round = 0; round < 2; ++round) {
+    if (chorus::rank() == 1) {
+      std::this_thread::sleep_for(kLate);
+    }
+    const std::vector<float> sum =
+        chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
+                           chorus::world())
+            .to_vector<float>();
+    require(sum == std::vector<float>{static_cast<float>(n)},
+            "late all_reduce #" + std::to_string(round) + " is " + std::to_string(sum[0]));
+  }
+  if (chorus::rank() == 0) {
+    std::printf("mpi_job late_rank: all checks passed on %d ranks\n", n);
+  }
+}
+
 void mismatch() {
   const chorus::Tensor input = chorus::Tensor::from_vector(std::vector<float>{1, 2, 3, 4});
   if (chorus::rank() == chorus::world_size() - 1) {
@@ -576,6 +610,42 @@ void group_order() {
   }
 }
 
+void group_cycle() {
+  const chorus::ProcessGroup a = chorus::new_group({0, 1}, "a");
+  const chorus::ProcessGroup b = chorus::new_group({1, 2}, "b");
+  const chorus::ProcessGroup c = chorus::new_group({0, 2}, "c");
+  const chorus::ProcessGroup* order[3][2] = {{&a, &c}, {&b, &a}, {&c, &b}};
+  const chorus::Tensor input = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  for (const chorus::ProcessGroup* group : order[chorus::rank()]) {
+    (void)chorus::all_reduce(input, "sum", *group).to_vector<float>();
+  }
+  throw std::runtime_error("the cyclic first uses of groups completed");
+}
+
+void setup_retry() {
+  const chorus::ProcessGroup g = chorus::new_group({0, 1}, "g");
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 2.0f,
+          "first world all_reduce");  // the world's set-up, before g's
+  if (chorus::rank() == 0) {
+    bool timed_out = false;
+    try {
+      (void)chorus::all_reduce(one, "sum", g).to_vector<float>();  // rank 1 is not there yet
+    } catch (const chorus::Timeout&) {
+      timed_out = true;
+    }
+    require(timed_out, "rank 0's first set-up of g did not time out");
+  }
+  // Rank 1 gets here at once and waits (its long timeout) for rank 0's Timeout.
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 2.0f,
+          "second world all_reduce");
+  const float sum = chorus::all_reduce(one, "sum", g).to_vector<float>()[0];
+  require(sum == 2.0f, "all_reduce on g after the retried set-up is " + std::to_string(sum));
+  if (chorus::rank() == 0) {
+    std::printf("mpi_job setup_retry: all checks passed\n");
+  }
+}
+
 void sigkill() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -613,6 +683,10 @@ int main(int argc, char** argv) {
   if (mode == "timeout_op") {
     return chorus::run(options, timeout_op);
   }
+  if (mode == "late_rank") {
+    options.timeout = std::chrono::nanoseconds::max();  // "never" (transport::Deadline::after)
+    return chorus::run(options, late_rank);
+  }
   if (mode == "mismatch") {
     return chorus::run(options, mismatch);
   }
@@ -633,6 +707,12 @@ int main(int argc, char** argv) {
   }
   if (mode == "group_order") {
     return chorus::run(options, group_order);
+  }
+  if (mode == "group_cycle") {
+    return chorus::run(options, group_cycle);
+  }
+  if (mode == "setup_retry") {
+    return chorus::run(options, setup_retry);
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);

@@ -47,6 +47,52 @@ std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) 
 constexpr std::uint64_t kControlTagCount = 32767;
 // The tag of every communicator set-up message (Note [Communicator rendezvous]).
 constexpr int kRendezvousTag = 1;
+// The tag of a busy rank's reply to a set-up message (Note [Communicator rendezvous], "Busy
+// peers").
+constexpr int kBusyTag = 2;
+
+// A busy rank's reply: which of the asker's set-up messages to it (counted from 1) it answers,
+// and the label of the group it is setting up instead.
+struct BusyReply {
+  std::uint64_t answers = 0;
+  char group[120] = {};  // NUL-terminated, cut to fit
+};
+static_assert(std::is_trivially_copyable_v<BusyReply>);
+
+// The Timeout text of a set-up that `missing` (world ranks) did not reach; busy[r]: the group
+// rank r answered it is setting up, or "" (Note [Communicator rendezvous], "Busy peers").
+std::string unreached_set_up_message(const std::vector<int>& missing,
+                                     const std::vector<std::string>& busy,
+                                     const std::string& group) {
+  std::string list;
+  std::string busy_ranks;
+  bool silent = false;
+  for (const int rank : missing) {
+    list += (list.empty() ? "" : ", ") + std::to_string(rank);
+    const std::string& other = busy[static_cast<std::size_t>(rank)];
+    if (other.empty()) {
+      silent = true;
+    } else {
+      busy_ranks += (busy_ranks.empty() ? "" : ", ") + ("rank " + std::to_string(rank)) +
+                    " is still setting up group " + other;
+    }
+  }
+  std::string text =
+      "ranks [" + list + "] of group " + group + " did not reach its set-up within the timeout: ";
+  if (!busy_ranks.empty()) {
+    text += busy_ranks +
+            " (if that set-up waits, directly or through further groups, for this rank, the "
+            "ranks' first uses of groups form a cycle across groups, which deadlocks: "
+            "docs/mpi.md)";
+  }
+  if (silent) {
+    text += std::string(busy_ranks.empty() ? "" : "; the others") +
+            (busy_ranks.empty() ? "they" : "") +
+            " have not issued any operation on this group (returned, stuck, or running "
+            "different code)";
+  }
+  return text;
+}
 
 std::shared_ptr<void> scratch(std::size_t nbytes) {
   void* block = std::malloc(nbytes == 0 ? 1 : nbytes);
@@ -119,6 +165,12 @@ ReduceOp step_op(const Plan& plan, const ReduceOp& reduce_op) {
   return plan.divide_after || plan.scale_input ? ReduceOp(ReduceOp::Kind::Sum) : reduce_op;
 }
 
+// Time since the process's epoch, the clock of transport::Deadline here (MpiTransport::now).
+transport::Duration since_epoch(const MpiProcess& process) {
+  return std::chrono::duration_cast<transport::Duration>(std::chrono::steady_clock::now() -
+                                                         process.epoch());
+}
+
 }  // namespace
 
 std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
@@ -128,16 +180,6 @@ std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
   }
   label += "]";
   return tag.empty() ? label : "'" + tag + "' " + label;
-}
-
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
-    return "MPI error " + std::to_string(code);
-  }
-  return std::string(text, static_cast<std::size_t>(length)) + " (MPI error " +
-         std::to_string(code) + ")";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -259,6 +301,11 @@ void MpiProcess::park(Started started) {
   parked_.push_back(std::move(started));
 }
 
+std::size_t MpiProcess::parked_count() {
+  const std::lock_guard lock(mutex_);
+  return parked_.size();
+}
+
 // ---------------------------------------------------------------------------------------------
 // MpiWork
 
@@ -270,8 +317,7 @@ MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, Started started,
       context_(std::move(context)) {}
 
 MpiWork::~MpiWork() {
-  if (status_ != transport::WorkStatus::Completed &&
-      (!started_.requests.empty() || !started_.rings.empty())) {
+  if (status_ != transport::WorkStatus::Completed && in_flight()) {
     // MPI cannot cancel a collective: its buffers must outlive it, so they stay with the process
     // (a work is dropped pending only after a Timeout, on the way to ending the job; a failed
     // test leaves its requests in an unknown state, so those stay too).
@@ -279,6 +325,17 @@ MpiWork::~MpiWork() {
     return;
   }
   process_->recycle_started(std::move(started_), std::move(fingerprint_.ops));
+}
+
+bool MpiWork::in_flight() const noexcept {
+  // A work that failed after MPI completed its requests (a short message, a signature mismatch,
+  // a throwing after-step) holds only MPI_REQUEST_NULL: nothing of it is MPI's any more.
+  const bool requests_pending = std::ranges::any_of(
+      started_.requests, [](MPI_Request request) { return request != MPI_REQUEST_NULL; });
+  // A failed ring's own requests are in an unknown state, like a running ring's.
+  const bool rings_pending = std::ranges::any_of(
+      started_.rings, [](const std::shared_ptr<RingAllReduce>& ring) { return !ring->finished(); });
+  return requests_pending || rings_pending;
 }
 
 void MpiWork::poll() {
@@ -290,15 +347,17 @@ void MpiWork::poll() {
   std::string short_message;
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    MPI_Status* statuses = MPI_STATUSES_IGNORE;
-    if (!started_.receives.empty()) {
-      started_.statuses.resize(started_.requests.size());
-      statuses = started_.statuses.data();
-    }
+    // Statuses always: a failed request's own error is only there (MPI_ERR_IN_STATUS).
+    started_.statuses.resize(started_.requests.size());
     const int code = MPI_Testall(static_cast<int>(started_.requests.size()),
-                                 started_.requests.data(), &done, statuses);
+                                 started_.requests.data(), &done, started_.statuses.data());
     if (code != MPI_SUCCESS) {
-      failure = "MPI_Testall failed: " + mpi_error_text(code);
+      // The peers of direct exchanges' receives are known; a collective's request has none.
+      std::vector<int> peers(started_.requests.size(), -1);
+      for (const Started::Receive& receive : started_.receives) {
+        peers[receive.request] = receive.peer;
+      }
+      failure = mpi_requests_failure("MPI_Testall", code, started_.statuses, MPI_COMM_NULL, peers);
     } else if (done != 0 && !started_.receives.empty()) {
       // Once: the requests are freed now, and a later poll (for a ring of the batch) would
       // find only empty statuses.
@@ -1042,20 +1101,31 @@ std::string describe(const WireSignature& wire) {
 }  // namespace
 
 void MpiComm::await_requests(Started& pending, const OpInfo& info, const std::string& what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
+  const transport::Deadline deadline = transport::Deadline::after(since_epoch(*process_), timeout_);
+  std::string failure;
   for (;;) {
     int done = 0;
     {
       const std::lock_guard mpi_lock(process_->mutex());
       process_->progress_rings();  // a peer may be waiting on one (Note [Ring all_reduce])
-      check(MPI_Testall(static_cast<int>(pending.requests.size()), pending.requests.data(), &done,
-                        MPI_STATUSES_IGNORE),
-            "MPI_Testall (collective check)", info);  // a throw here releases the lock first
+      pending.statuses.resize(pending.requests.size());
+      if (const int code = MPI_Testall(static_cast<int>(pending.requests.size()),
+                                       pending.requests.data(), &done, pending.statuses.data());
+          code != MPI_SUCCESS) {
+        failure = mpi_requests_failure("MPI_Testall (collective check)", code, pending.statuses,
+                                       check_comm_);
+      }
+    }
+    if (!failure.empty()) {
+      // The requests' state is unknown: their buffers stay with the process (park).
+      process_->park(std::move(pending));
+      throw TransportError(context_of(info), failure);
     }
     if (done != 0) {
       return;
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (since_epoch(*process_) >= deadline.at) {
       process_->park(std::move(pending));
       throw Timeout(context_of(info), "not started: waited for " + what +
                                           " (--check-collectives) past the deadline; a member "
@@ -1191,7 +1261,9 @@ MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nan
     : process_(std::move(process)),
       timeout_(timeout),
       check_collectives_(check_collectives),
-      schedule_(agree_on_schedule(schedule)) {}
+      schedule_(agree_on_schedule(schedule)),
+      setups_sent_(static_cast<std::size_t>(process_->world_size()), 0),
+      setups_received_(static_cast<std::size_t>(process_->world_size()), 0) {}
 
 MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
   // Every member of a group must run the same schedule for the same all_reduce, or the ring's
@@ -1235,18 +1307,47 @@ MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
 void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
                               const ErrorContext& context) {
   const std::size_t n = ranks.size();
+  const auto world_size = static_cast<std::size_t>(process_->world_size());
   // Buffers and requests live on the heap: after a Timeout the process keeps them (park).
   auto ids = std::make_shared<std::vector<std::uint64_t>>(n + 1, 0);  // [peers..., mine]
   (*ids)[n] = id;
   Started pending;
   pending.keep_alive.push_back(ids);
   std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
+  std::vector<int> send_peers;  // pending.requests[i] sends to send_peers[i]
+  std::vector<char> member(world_size, 0);
+  for (const int rank : ranks) {
+    member[static_cast<std::size_t>(rank)] = 1;
+  }
+  std::vector<char> answered(world_size, 0);  // "Busy peers": one reply per asker
+  std::vector<std::string> busy(world_size);  // what a member answered it is setting up
   // An MPI failure: the call and its text, taken under the MPI lock, thrown outside it.
   std::string failure;
+  // "Leftovers": a receive of this set-up that never matched must not stay posted, or it would
+  // take its peer's message of the next set-up. Call with the MPI lock held.
+  const auto cancel_receives = [&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (receives[i] == MPI_REQUEST_NULL) {
+        continue;
+      }
+      MPI_Status status;
+      if (MPI_Cancel(&receives[i]) != MPI_SUCCESS ||
+          MPI_Wait(&receives[i], &status) != MPI_SUCCESS) {
+        pending.requests.push_back(receives[i]);  // state unknown: parked with its buffer
+        continue;
+      }
+      int cancelled = 0;
+      MPI_Test_cancelled(&status, &cancelled);
+      if (cancelled == 0) {
+        ++setups_received_[static_cast<std::size_t>(ranks[i])];  // it matched before the cancel
+      }
+    }
+  };
   const auto fail_if_any = [&] {
     if (!failure.empty()) {
-      for (MPI_Request request : receives) {
-        pending.requests.push_back(request);
+      {
+        const std::lock_guard mpi_lock(process_->mutex());
+        cancel_receives();
       }
       process_->park(std::move(pending));
       throw TransportError(context, failure);
@@ -1267,7 +1368,9 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         failure = "MPI_Isend (communicator set-up) failed: " + mpi_error_text(code);
         break;
       }
+      ++setups_sent_[static_cast<std::size_t>(ranks[i])];
       pending.requests.push_back(send);
+      send_peers.push_back(ranks[i]);
       if (const int code = MPI_Irecv(&(*ids)[i], 1, MPI_UINT64_T, ranks[i], kRendezvousTag,
                                      process_->control(), &receives[i]);
           code != MPI_SUCCESS) {
@@ -1277,7 +1380,74 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
     }
   }
   fail_if_any();
-  const auto deadline = now() + timeout_;
+  // "Busy peers": answers every non-member whose set-up message waits here, once, with this
+  // set-up's group. Call with the MPI lock held.
+  const auto answer_askers = [&] {
+    for (std::size_t source = 0; source < world_size && failure.empty(); ++source) {
+      if (member[source] != 0 || answered[source] != 0) {
+        continue;
+      }
+      int waiting = 0;
+      if (const int code = MPI_Iprobe(static_cast<int>(source), kRendezvousTag, process_->control(),
+                                      &waiting, MPI_STATUS_IGNORE);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Iprobe (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      if (waiting == 0) {
+        continue;
+      }
+      answered[source] = 1;
+      auto reply = std::make_shared<BusyReply>();
+      // The probed message is the asker's first that this rank has not received.
+      reply->answers = setups_received_[source] + 1;
+      const std::size_t length = std::min(context.group.size(), sizeof(reply->group) - 1);
+      std::memcpy(reply->group, context.group.data(), length);
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (const int code =
+              MPI_Isend(reply.get(), sizeof(BusyReply), MPI_BYTE, static_cast<int>(source),
+                        kBusyTag, process_->control(), &request);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Isend (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      pending.keep_alive.push_back(std::move(reply));
+      pending.requests.push_back(request);
+      send_peers.push_back(static_cast<int>(source));
+    }
+  };
+  // Takes every busy reply that arrived; keeps those that answer this set-up's message (older
+  // ones answer set-ups already over). Call with the MPI lock held.
+  const auto take_replies = [&] {
+    while (failure.empty()) {
+      int arrived = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (const int code = MPI_Improbe(MPI_ANY_SOURCE, kBusyTag, process_->control(), &arrived,
+                                       &message, &status);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Improbe (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      if (arrived == 0) {
+        break;
+      }
+      BusyReply reply;
+      if (const int code =
+              MPI_Mrecv(&reply, sizeof(BusyReply), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+          code != MPI_SUCCESS) {
+        failure = "MPI_Mrecv (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      const auto source = static_cast<std::size_t>(status.MPI_SOURCE);
+      if (member[source] != 0 && reply.answers == setups_sent_[source]) {
+        reply.group[sizeof(reply.group) - 1] = '\0';
+        busy[source] = reply.group;
+      }
+    }
+  };
+  // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
+  const transport::Deadline deadline = transport::Deadline::after(now(), timeout_);
   for (;;) {
     std::vector<int> missing;
     {
@@ -1291,43 +1461,50 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
             failure = "MPI_Test (communicator set-up) failed: " + mpi_error_text(code);
             break;
           }
+          if (arrived != 0) {
+            ++setups_received_[static_cast<std::size_t>(ranks[i])];
+          }
         }
         if (arrived == 0) {
           missing.push_back(ranks[i]);
         }
+      }
+      if (!missing.empty()) {
+        answer_askers();
+        take_replies();
       }
     }
     fail_if_any();
     if (missing.empty()) {
       break;
     }
-    if (now() >= deadline) {
-      for (MPI_Request request : receives) {
-        pending.requests.push_back(request);
+    if (now() >= deadline.at) {
+      {
+        const std::lock_guard mpi_lock(process_->mutex());
+        cancel_receives();
       }
       process_->park(std::move(pending));
-      std::string list;
-      for (const int rank : missing) {
-        list += (list.empty() ? "" : ", ") + std::to_string(rank);
-      }
-      throw Timeout(context, "ranks [" + list + "] of group " + context.group +
-                                 " did not reach its set-up within the timeout: they have not "
-                                 "issued any operation on this group (returned, stuck, or "
-                                 "running different code)");
+      throw Timeout(context, unreached_set_up_message(missing, busy, context.group));
     }
     std::this_thread::yield();
   }
   // Every peer's id arrived, so every peer posted its sends to us; ours are 8-byte eager
-  // messages whose receives the peers posted with theirs: this completes without waiting on
-  // anyone's progress but MPI's.
+  // messages whose receives the peers posted with theirs, and busy replies are eager too: this
+  // completes without waiting on anyone's progress but MPI's.
   {
     const std::lock_guard mpi_lock(process_->mutex());
+    pending.statuses.resize(pending.requests.size());
     if (const int code = MPI_Waitall(static_cast<int>(pending.requests.size()),
-                                     pending.requests.data(), MPI_STATUSES_IGNORE);
+                                     pending.requests.data(), pending.statuses.data());
         code != MPI_SUCCESS) {
-      throw TransportError(context,
-                           "MPI_Waitall (communicator set-up) failed: " + mpi_error_text(code));
+      failure = mpi_requests_failure("MPI_Waitall (communicator set-up)", code, pending.statuses,
+                                     process_->control(), send_peers);
     }
+  }
+  if (!failure.empty()) {
+    // Requests MPI_Waitall did not complete are still pending: their buffers stay (park).
+    process_->park(std::move(pending));
+    throw TransportError(context, failure);
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (ranks[i] != process_->rank() && (*ids)[i] != id) {
@@ -1374,10 +1551,7 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
   return std::make_shared<MpiComm>(process_, comm, check_comm, tag, ranks, id, timeout_, schedule_);
 }
 
-transport::Duration MpiTransport::now() {
-  return std::chrono::duration_cast<transport::Duration>(std::chrono::steady_clock::now() -
-                                                         process_->epoch());
-}
+transport::Duration MpiTransport::now() { return since_epoch(*process_); }
 
 std::string MpiTransport::supports(OpKind /*kind*/, DType /*dtype*/, const ReduceOp& /*reduce_op*/,
                                    Device device) const {

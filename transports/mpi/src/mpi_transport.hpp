@@ -40,6 +40,7 @@
 #include "chorus/transport/batch_abandon.hpp"
 #include "chorus/transport/transport.hpp"
 #include "mapping.hpp"
+#include "mpi_errors.hpp"
 #include "ring_all_reduce.hpp"
 
 namespace chorus::mpi::detail {
@@ -95,6 +96,9 @@ class MpiProcess {
   // Keeps the requests and buffers of a work destroyed while pending (after a Timeout: MPI
   // cannot cancel a collective) until the process ends. Takes the MPI lock.
   void park(Started started);
+  // How many Starteds park() keeps (tests: a work that MPI is done with is not parked). Takes
+  // the MPI lock.
+  std::size_t parked_count();
   // Note [Recycled Started]: a finished work's Started, emptied, goes back to the process, and
   // the next operation starts from it, so its vectors keep their heap blocks instead of
   // allocating three per operation. `signatures` is the work's fingerprint's list (moved there
@@ -130,9 +134,6 @@ class MpiProcess {
   std::vector<std::shared_ptr<RingAllReduce>> rings_;  // in flight; guarded by mutex_
 };
 
-// "MPI_ERR_TRUNCATE: message truncated" for an MPI error code.
-std::string mpi_error_text(int code);
-
 // What a work's errors name, kept cheaply: the ErrorContext (two strings) is built only for an
 // error. `op` is OpInfo::name, a string literal; `group` the communicator's label, shared.
 struct WorkContext {
@@ -162,6 +163,9 @@ class MpiWork final : public transport::Work {
  private:
   // Tests the requests once (Note [MPI locking]); finishes the work when they completed.
   void poll();
+  // Whether MPI may still use the work's buffers: a request not yet MPI_REQUEST_NULL, or a ring
+  // that has not finished (running, or failed with its requests in an unknown state).
+  bool in_flight() const noexcept;
   // Note [Direct exchanges], "Short messages": what a completed receive that got other than its
   // posted count got, or "" when all match. Call with the MPI lock held, after MPI_Testall.
   std::string check_receives() const;
@@ -363,6 +367,20 @@ class MpiComm final : public transport::Comm {
 // (the two ranks first use their shared groups in different orders, which would deadlock MPI)
 // becomes a CollectiveMismatch. Only then is MPI_Comm_create_group called, which returns
 // promptly since every member is there.
+//
+// Busy peers: pairwise order is not enough. With a = {0, 1}, b = {1, 2}, c = {0, 2}, rank 0
+// setting up a, rank 1 b and rank 2 c each wait for a rank busy with the next (a cycle of first
+// uses) and never exchange a message, so each would time out blaming a peer that "has not
+// issued any operation". So while a rank waits it answers every non-member whose set-up message
+// waits for it (MPI_Iprobe on the rendezvous tag) with the label of the group it is setting up
+// instead (kBusyTag, one BusyReply per asker and set-up), and takes the replies to its own
+// messages: the Timeout then names what each missing member is doing. A reply carries which of
+// the asker's set-up messages it answers (setups_sent_ and setups_received_ count them per
+// pair, as MPI orders them), so a late reply to an earlier set-up is recognised and dropped.
+//
+// Leftovers: on a Timeout or an MPI failure the set-up's receives that did not match are
+// cancelled (MPI_Cancel, then MPI_Wait), or the next set-up with that peer would pair with the
+// wrong message; the sends cannot be (docs/mpi.md). The rest is parked (MpiProcess::park).
 class MpiTransport final : public transport::Transport {
  public:
   // `timeout` bounds communicator set-up (Note [Communicator rendezvous]) and the collective
@@ -391,6 +409,10 @@ class MpiTransport final : public transport::Transport {
   std::chrono::nanoseconds timeout_;
   bool check_collectives_;
   MpiSchedule schedule_;
+  // Per world rank: set-up messages sent to it and received from it (Note [Communicator
+  // rendezvous], "Busy peers"). One thread issues a rank's operations, so set-ups never overlap.
+  std::vector<std::uint64_t> setups_sent_;
+  std::vector<std::uint64_t> setups_received_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.

@@ -7,6 +7,7 @@
 
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
+#include "mpi_errors.hpp"
 
 namespace chorus::mpi::detail {
 namespace {
@@ -128,7 +129,15 @@ bool RingAllReduce::progress() {
   try {
     while (!done()) {
       int completed = 0;
-      check_call(MPI_Testall(2, requests_.data(), &completed, MPI_STATUSES_IGNORE), "MPI_Testall");
+      std::array<MPI_Status, 2> statuses{};
+      if (const int code = MPI_Testall(2, requests_.data(), &completed, statuses.data());
+          code != MPI_SUCCESS) {
+        // requests_[0] receives from the left neighbour, [1] sends to the right.
+        const std::array<int, 2> peers = {world_rank_of(comm_, wrap(rank_ - 1)),
+                                          world_rank_of(comm_, wrap(rank_ + 1))};
+        throw RingFailure{mpi_requests_failure("MPI_Testall", code, statuses, comm_, peers) +
+                          " (ring all_reduce)"};
+      }
       if (completed == 0) {
         return false;
       }

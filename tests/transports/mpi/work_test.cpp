@@ -1,0 +1,94 @@
+// MpiWork's end (Note [Recycled Started]): a work that failed after MPI completed its requests
+// is recycled, not parked until the process ends; one MPI may still write into is parked.
+// Runs under mpirun -np 1 (mpi.work_test): one MpiProcess, MPI_COMM_SELF messages to itself.
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+#include "chorus/error.hpp"
+#include "mpi_transport.hpp"
+
+namespace chorus::mpi::detail {
+namespace {
+
+// MPI starts once per process: every case shares one MpiProcess.
+std::shared_ptr<MpiProcess> process() {
+  static const auto shared = std::make_shared<MpiProcess>();
+  return shared;
+}
+
+// A message of `sent` ints from this rank to itself, received by a receive posted for
+// `expected`: both requests in one Started, the receive checked (Started::receives).
+Started self_message(int sent, int expected, std::shared_ptr<int[]> buffer) {
+  Started started;
+  const std::lock_guard lock(process()->mutex());
+  MPI_Request receive = MPI_REQUEST_NULL;
+  MPI_Request send = MPI_REQUEST_NULL;
+  EXPECT_EQ(MPI_Irecv(buffer.get(), expected, MPI_INT, 0, 7, MPI_COMM_SELF, &receive), MPI_SUCCESS);
+  EXPECT_EQ(MPI_Isend(buffer.get() + 4, sent, MPI_INT, 0, 7, MPI_COMM_SELF, &send), MPI_SUCCESS);
+  started.requests = {receive, send};
+  started.receives.push_back(Started::Receive{0, MPI_INT, expected, 0});
+  started.keep_alive.push_back(std::move(buffer));
+  return started;
+}
+
+WorkContext context() { return WorkContext{0, "all_to_all", 0, nullptr}; }
+
+std::exception_ptr wait_for_failure(MpiWork& work) {
+  try {
+    work.wait(transport::Deadline::never());
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+TEST(MpiWork, ShortMessageFailureIsRecycledNotParked) {
+  const std::size_t parked = process()->parked_count();
+  {
+    MpiWork work(process(), self_message(1, 2, std::shared_ptr<int[]>(new int[8]())), {},
+                 context());
+    const std::exception_ptr error = wait_for_failure(work);
+    ASSERT_TRUE(error);
+    EXPECT_THROW(std::rethrow_exception(error), CollectiveMismatch);
+  }
+  EXPECT_EQ(process()->parked_count(), parked);
+}
+
+TEST(MpiWork, ThrowingAfterStepIsRecycledNotParked) {
+  const std::size_t parked = process()->parked_count();
+  {
+    Started started = self_message(2, 2, std::shared_ptr<int[]>(new int[8]()));
+    started.after.emplace_back([] { throw std::runtime_error("planted after-step failure"); });
+    MpiWork work(process(), std::move(started), {}, context());
+    const std::exception_ptr error = wait_for_failure(work);
+    ASSERT_TRUE(error);
+    EXPECT_THROW(std::rethrow_exception(error), std::runtime_error);
+  }
+  EXPECT_EQ(process()->parked_count(), parked);
+}
+
+TEST(MpiWork, PendingWorkIsStillParked) {
+  // The negative space: a receive nobody sends to stays MPI's, so its buffer stays (parked).
+  const std::size_t parked = process()->parked_count();
+  {
+    Started started;
+    auto buffer = std::shared_ptr<int[]>(new int[1]());
+    MPI_Request receive = MPI_REQUEST_NULL;
+    {
+      const std::lock_guard lock(process()->mutex());
+      ASSERT_EQ(MPI_Irecv(buffer.get(), 1, MPI_INT, 0, 8, MPI_COMM_SELF, &receive), MPI_SUCCESS);
+    }
+    started.requests = {receive};
+    started.keep_alive.push_back(std::move(buffer));
+    MpiWork work(process(), std::move(started), {}, context());
+    EXPECT_FALSE(work.is_completed());
+  }
+  EXPECT_EQ(process()->parked_count(), parked + 1);
+}
+
+}  // namespace
+}  // namespace chorus::mpi::detail

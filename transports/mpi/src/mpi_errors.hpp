@@ -1,0 +1,29 @@
+#pragma once
+
+// MPI error codes as the text chorus's errors carry (docs/mpi.md, "Every MPI call returns its
+// error").
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+namespace chorus::mpi::detail {
+
+// "MPI_ERR_TRUNCATE: message truncated (MPI error 15)" for an MPI error code.
+std::string mpi_error_text(int code);
+
+// `rank` of `comm` as a rank of MPI_COMM_WORLD, or -1 when it is none or cannot be translated.
+int world_rank_of(MPI_Comm comm, int rank);
+
+// What a failed MPI_Testall or MPI_Waitall over `statuses` (one per request, filled by that
+// call) reports: "<call> failed: " and MPI's text. MPI_ERR_IN_STATUS names no error itself (the
+// real one, MPI_ERR_TRUNCATE say, is in the failed request's status), so for it the text is the
+// first failed request's own error and its peer as a world rank: with `peers`, `peers[i]` (the
+// caller knows request i's peer; -1: none to name), else the status's MPI_SOURCE when it is a
+// rank of `comm`. Call with the MPI lock held (Note [MPI locking]).
+std::string mpi_requests_failure(const char* call, int code, std::span<const MPI_Status> statuses,
+                                 MPI_Comm comm, std::span<const int> peers = {});
+
+}  // namespace chorus::mpi::detail
