@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "chorus/check.hpp"
@@ -183,15 +184,17 @@ std::size_t DecisionStream::pick_by_pct(std::span<const Decision> candidates) {
 // ---- Replay tokens
 //
 // Note [Replay tokens]
-// "chorus-replay:<format>:<build fingerprint>:<world size>:<shape>:<choices>". The choices are a
-// run only together with the program and the options that decide what a choice means or what
-// happens around it: the reduction order (Adversarial draws choices), the allocator policy
-// (Random draws), finalization (chosen: each drop draws), faults (random faults draw; explicit
-// ones change the run), simulated CUDA devices (the program places its tensors elsewhere), the
-// liveness
-// budget, the timeout and step budget. Those travel as the shape (run_shape: readable, "-" for
-// all defaults), and a replay under other options is refused naming both shapes, rather than
-// silently being another run. The program is the caller's part: the replay command reruns the
+// "chorus-replay:<format>:<build fingerprint>:<world size>:<shape>:<count>:<choices>". The count
+// guards the choices (LEB128 in base64url) against a cut at a value's boundary, which would
+// otherwise replay a shorter run silently; the text must also be exactly what base64url()
+// writes. The choices are a run only together with the program and the options that decide what a
+// choice means or what happens around it: the reduction order (Adversarial draws choices), the
+// allocator policy (Random draws), finalization (chosen: each drop draws), faults (random faults
+// draw; explicit ones change the run), simulated CUDA devices (the program places its tensors
+// elsewhere), the buffer checks (off, an input modified in flight completes instead of failing),
+// the liveness budget, the timeout and step budget. Those travel as the shape (run_shape: readable,
+// "-" for all defaults), and a replay under other options is refused naming both shapes, rather
+// than silently being another run. The program is the caller's part: the replay command reruns the
 // same command line.
 
 namespace {
@@ -250,6 +253,15 @@ std::vector<std::uint8_t> from_base64url(std::string_view text) {
       count -= 8;
       out.push_back(static_cast<std::uint8_t>((bits >> count) & 0xff));
     }
+  }
+  // What base64url() writes: 4 characters per 3 bytes, then 2 or 3 for a last 1 or 2, with the
+  // bits past the last byte zero. Anything else was cut or altered.
+  if (text.size() % 4 == 1) {
+    bad_token("the choices' text has " + std::to_string(text.size()) +
+              " characters, which no whole number of bytes gives (truncated?)");
+  }
+  if ((bits & ((std::uint32_t{1} << count) - 1)) != 0) {
+    bad_token("the choices' text ends in bits past its last byte (altered?)");
   }
   return out;
 }
@@ -319,6 +331,9 @@ std::string run_shape(const SimOptions& options) {
   if (options.cuda_devices) {
     parts.push_back("cuda");  // local_device() and where device storages come from change
   }
+  if (!options.check_buffers) {
+    parts.push_back("checks=off");  // an input modified in flight completes instead of failing
+  }
   for (const Fault& fault : options.faults) {
     std::string text = std::string("fault=") + std::string(name(fault.kind)) + "@" +
                        std::to_string(fault.rank) + "." + std::to_string(fault.at_op);
@@ -378,7 +393,7 @@ std::string encode_replay_token(int world_size, std::string_view shape,
   CHORUS_CHECK_EQ(at, size);
   return std::string(kTokenPrefix) + ":" + std::to_string(kReplayFormatVersion) + ":" +
          build_fingerprint() + ":" + std::to_string(world_size) + ":" + std::string(shape) + ":" +
-         base64url(bytes);
+         std::to_string(choices.size()) + ":" + base64url(bytes);
 }
 
 ReplayToken decode_replay_token(std::string_view token) {
@@ -386,16 +401,16 @@ ReplayToken decode_replay_token(std::string_view token) {
   if (parts.size() < 2 || parts[0] != kTokenPrefix) {
     bad_token("'" + std::string(token.substr(0, 64)) +
               "' is not a replay token (expected chorus-replay:<version>:<build>:<world "
-              "size>:<shape>:<choices>)");
+              "size>:<shape>:<count>:<choices>)");
   }
   if (parts[1] != std::to_string(kReplayFormatVersion)) {
     bad_token("the token has format version " + std::string(parts[1]) + ", this build reads " +
               std::to_string(kReplayFormatVersion) + ": replay it with the chorus that wrote it");
   }
-  if (parts.size() != 6) {
+  if (parts.size() != 7) {
     bad_token("'" + std::string(token.substr(0, 64)) + "' has " + std::to_string(parts.size()) +
-              " fields, expected 6 (chorus-replay:<version>:<build>:<world "
-              "size>:<shape>:<choices>)");
+              " fields, expected 7 (chorus-replay:<version>:<build>:<world "
+              "size>:<shape>:<count>:<choices>)");
   }
   if (parts[2] != build_fingerprint()) {
     bad_token("the token was written by build " + std::string(parts[2]) + ", this build is " +
@@ -417,11 +432,22 @@ ReplayToken decode_replay_token(std::string_view token) {
   }
   out.world_size = world_size;
   out.shape = std::string(parts[4]);
+  std::uint64_t count = 0;
+  for (char c : parts[5]) {
+    if (c < '0' || c > '9' || count > (std::numeric_limits<std::uint64_t>::max() - 9) / 10) {
+      bad_token("the token's choice count '" + std::string(parts[5]) + "' is not a number");
+    }
+    count = count * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  if (parts[5].empty()) {
+    bad_token("the token's choice count is empty");
+  }
   std::uint64_t value = 0;
   int shift = 0;
   bool open = false;
-  for (std::uint8_t byte : from_base64url(parts[5])) {
-    if (shift > 63) {
+  for (std::uint8_t byte : from_base64url(parts[6])) {
+    // The 10th byte of a value holds its 64th bit only.
+    if (shift > 63 || (shift == 63 && (byte & 0x7f) > 1)) {
       bad_token("the token's choices hold a value wider than 64 bits");
     }
     value |= static_cast<std::uint64_t>(byte & 0x7f) << shift;
@@ -436,6 +462,10 @@ ReplayToken decode_replay_token(std::string_view token) {
   }
   if (open) {
     bad_token("the token's choices end in the middle of a value (truncated?)");
+  }
+  if (out.choices.size() != count) {
+    bad_token("the token says it holds " + std::to_string(count) + " choices but holds " +
+              std::to_string(out.choices.size()) + " (truncated or altered?)");
   }
   return out;
 }

@@ -20,7 +20,7 @@
 // into an index; what is recorded is the index, so a replay needs no strategy.
 //
 // A replay token is
-// "chorus-replay:<format version>:<build fingerprint>:<world size>:<run shape>:<choices>"
+// "chorus-replay:<format version>:<build fingerprint>:<world size>:<run shape>:<count>:<choices>"
 // (choices as base64url of LEB128 varints; the shape is run_shape(), Note [Replay tokens]).
 // Tokens from another format version, build or run shape are refused with a message saying
 // which, since the same indices mean a different run there.
@@ -148,7 +148,9 @@ class DecisionStream {
 };
 
 // ---- Replay tokens (Note [Replay tokens] in decision_stream.cpp).
-inline constexpr int kReplayFormatVersion = 2;
+// 3: the choices' count stands before them, so a token cut at a value's boundary is refused
+// instead of replaying a shorter run.
+inline constexpr int kReplayFormatVersion = 3;
 
 // What this build's simulator is: a digest of everything that changes what a list of indices
 // means (the decision scheme version, the compiler, the build type, sanitizers). Hex, 16 digits.

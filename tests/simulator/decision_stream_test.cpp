@@ -102,7 +102,7 @@ TEST(DecisionStream, PortfolioResolvesToAConcreteStrategyFromTheSeed) {
 TEST(ReplayToken, RoundTripsWorldSizeAndChoices) {
   const std::vector<std::uint64_t> choices = {0, 1, 127, 128, 300, 0xffffffffffffffffULL, 5};
   const std::string token = encode_replay_token(12, "order=tree", choices);
-  EXPECT_EQ(token.rfind("chorus-replay:2:" + build_fingerprint() + ":12:order=tree:", 0), 0u)
+  EXPECT_EQ(token.rfind("chorus-replay:3:" + build_fingerprint() + ":12:order=tree:7:", 0), 0u)
       << token;
   const ReplayToken decoded = decode_replay_token(token);
   EXPECT_EQ(decoded.world_size, 12);
@@ -119,6 +119,7 @@ TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
   options.quarantine_frees = 3;
   options.guard_pending_outputs = true;
   options.cuda_devices = true;
+  options.check_buffers = false;
   options.faults = {Fault::crash(1, 2), Fault::delay(0, 1, 40)};
   options.random_faults.hang_ppm = 5;
   options.choose_finalization = true;
@@ -126,7 +127,7 @@ TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
   options.timeout = std::chrono::microseconds(7);
   options.max_steps = 1000;
   EXPECT_EQ(run_shape(options),
-            "order=adversarial,alloc=quarantine,quarantine=3,guard,cuda,fault=crash@1.2,"
+            "order=adversarial,alloc=quarantine,quarantine=3,guard,cuda,checks=off,fault=crash@1.2,"
             "fault=delay@0.1x40,"
             "random_faults=c0.t0.h5.d0.x100.u0.n1,finalization=chosen,liveness=100,timeout_ns=7000,"
             "max_steps=1000");
@@ -140,9 +141,9 @@ TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
 
 TEST(ReplayToken, ATokenFromAnotherFormatVersionIsRefused) {
   std::string token = encode_replay_token(2, "-", {1, 0});
-  token.replace(token.find(":2:"), 3, ":1:");
+  token.replace(token.find(":3:"), 3, ":2:");
   testing::expect_invalid_argument([&] { (void)decode_replay_token(token); },
-                                   {"the token has format version 1, this build reads 2"});
+                                   {"the token has format version 2, this build reads 3"});
 }
 
 TEST(ReplayToken, ATokenFromAnotherBuildIsRefused) {
@@ -159,20 +160,75 @@ TEST(ReplayToken, MalformedTokensAreRefused) {
   testing::expect_invalid_argument([] { (void)decode_replay_token("seed=5"); },
                                    {"is not a replay token"});
   testing::expect_invalid_argument(
-      [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":0:-:AA"); },
+      [&] { (void)decode_replay_token("chorus-replay:3:" + fingerprint + ":0:-:1:AA"); },
       {"world size 0 is outside [1, 1024]"});
   testing::expect_invalid_argument(
-      [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":2:-:A*"); },
+      [&] { (void)decode_replay_token("chorus-replay:3:" + fingerprint + ":2:-:1:A*"); },
       {"not base64url"});
   // One byte with the continuation bit set: a value cut in the middle.
   testing::expect_invalid_argument(
-      [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":2:-:gA"); },
+      [&] { (void)decode_replay_token("chorus-replay:3:" + fingerprint + ":2:-:1:gA"); },
       {"truncated"});
   testing::expect_invalid_argument(
-      [&] { (void)decode_replay_token("chorus-replay:2:" + fingerprint + ":2:AA"); },
-      {"has 5 fields, expected 6"});
-  testing::expect_invalid_argument([] { (void)decode_replay_token("chorus-replay:2"); },
-                                   {"has 2 fields, expected 6"});
+      [&] { (void)decode_replay_token("chorus-replay:3:" + fingerprint + ":2:-:AA"); },
+      {"has 6 fields, expected 7"});
+  testing::expect_invalid_argument([] { (void)decode_replay_token("chorus-replay:3"); },
+                                   {"has 2 fields, expected 7"});
+  testing::expect_invalid_argument(
+      [&] { (void)decode_replay_token("chorus-replay:3:" + fingerprint + ":2:-:x1:AA"); },
+      {"choice count 'x1' is not a number"});
+}
+
+TEST(ReplayToken, ATokenCutOrAlteredIsRefusedNotReplayedShorter) {
+  // Choices 1, 2, 3 are the bytes 01 02 03: "AQID" in base64url.
+  const std::string token = encode_replay_token(2, "-", {1, 2, 3});
+  ASSERT_EQ(token.substr(token.rfind(':', token.size() - 6)), ":3:AQID") << token;
+  EXPECT_EQ(decode_replay_token(token).choices, (std::vector<std::uint64_t>{1, 2, 3}));
+  const std::string head = token.substr(0, token.size() - 4);  // "...:3:"
+  // Cut at a value's boundary: whole bytes, so only the count shows it.
+  testing::expect_invalid_argument([&] { (void)decode_replay_token(head + "AQI"); },
+                                   {"says it holds 3 choices but holds 2 (truncated or altered?)"});
+  testing::expect_invalid_argument([&] { (void)decode_replay_token(head + "AQ"); },
+                                   {"says it holds 3 choices but holds 1"});
+  // A character too many or too few for whole bytes, and bits set past the last byte.
+  testing::expect_invalid_argument([&] { (void)decode_replay_token(head + "AQIDA"); },
+                                   {"has 5 characters, which no whole number of bytes gives"});
+  // A choice appended (bytes 01 02 03 01).
+  testing::expect_invalid_argument([&] { (void)decode_replay_token(head + "AQIDAQ"); },
+                                   {"says it holds 3 choices but holds 4"});
+  testing::expect_invalid_argument([&] { (void)decode_replay_token(head + "AR"); },
+                                   {"ends in bits past its last byte"});
+  // A value of more than 64 bits: nine continuation bytes, then a tenth above 1.
+  const std::vector<std::uint8_t> wide = {0xff, 0xff, 0xff, 0xff, 0xff,
+                                          0xff, 0xff, 0xff, 0xff, 0x02};
+  std::string text;
+  for (std::size_t i = 0; i < wide.size(); i += 3) {
+    static constexpr char kAlphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    std::uint32_t v = std::uint32_t{wide[i]} << 16;
+    if (i + 1 < wide.size()) {
+      v |= std::uint32_t{wide[i + 1]} << 8;
+    }
+    if (i + 2 < wide.size()) {
+      v |= wide[i + 2];
+    }
+    text += kAlphabet[(v >> 18) & 63];
+    text += kAlphabet[(v >> 12) & 63];
+    if (i + 1 < wide.size()) {
+      text += kAlphabet[(v >> 6) & 63];
+    }
+    if (i + 2 < wide.size()) {
+      text += kAlphabet[v & 63];
+    }
+  }
+  testing::expect_invalid_argument(
+      [&] {
+        (void)decode_replay_token("chorus-replay:3:" + build_fingerprint() + ":2:-:1:" + text);
+      },
+      {"wider than 64 bits"});
+  // The largest value still round-trips (its tenth byte is 1).
+  EXPECT_EQ(decode_replay_token(encode_replay_token(2, "-", {~std::uint64_t{0}})).choices,
+            (std::vector<std::uint64_t>{~std::uint64_t{0}}));
 }
 
 // A planted bug: the run fails when the choices hold a 3 somewhere before a later 5 (an ordering

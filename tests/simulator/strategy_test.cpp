@@ -182,11 +182,11 @@ TEST(Replay, ATokenForAnotherWorldSizeFormatOrRunShapeIsRefused) {
                                    {"the replay token is for 4 ranks, but this run has 3"});
 
   std::string other_format = original.replay_token;
-  other_format.replace(other_format.find(":2:"), 3, ":9:");
+  other_format.replace(other_format.find(":3:"), 3, ":9:");
   SimOptions wrong_format = quiet_options(4, 0, Strategy::RandomWalk);
   wrong_format.replay = other_format;
   testing::expect_invalid_argument([&] { (void)sim::simulate(wrong_format, [] {}); },
-                                   {"format version 9, this build reads 2"});
+                                   {"format version 9, this build reads 3"});
 
   // The same choices under another reduction order would be another run.
   SimOptions adversarial = quiet_options(4, 5, Strategy::RandomWalk);
