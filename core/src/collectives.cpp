@@ -421,6 +421,12 @@ void canonicalize_bool_bytes(Tensor& contiguous) {
   }
 }
 
+// Whether `contiguous` is a host Bool tensor holding a byte other than 0 and 1.
+bool needs_canonical_bool_bytes(const Tensor& contiguous) {
+  return contiguous.dtype() == DType::Bool && contiguous.device().is_cpu() &&
+         !has_canonical_bool_bytes(contiguous);
+}
+
 // Reads the input, so it waits for work pending on it first. A host Bool input is sent with
 // 0/1 bytes (Note [Bool bytes]).
 Buffer input_buffer(const Tensor& input) {
@@ -428,17 +434,15 @@ Buffer input_buffer(const Tensor& input) {
     // What contiguous() does for a contiguous host tensor (wait, then the tensor itself),
     // without copying the Tensor.
     detail::access_data(input, "Tensor::contiguous", detail::DeviceAccess::Host);
-    if (input.dtype() == DType::Bool && !has_canonical_bool_bytes(input)) {
-      Tensor copy = input.clone();
-      canonicalize_bool_bytes(copy);
-      return buffer_of(copy);
+    if (!needs_canonical_bool_bytes(input)) {
+      return buffer_of(input);
     }
-    return buffer_of(input);
+    Tensor copy = input.clone();
+    canonicalize_bool_bytes(copy);
+    return buffer_of(copy);
   }
-  Tensor contiguous = input.contiguous();
-  if (contiguous.dtype() == DType::Bool && contiguous.device().is_cpu() &&
-      !has_canonical_bool_bytes(contiguous)) {
-    contiguous = contiguous.clone();
+  Tensor contiguous = input.contiguous();  // a fresh copy here whenever it is a host tensor
+  if (needs_canonical_bool_bytes(contiguous)) {
     canonicalize_bool_bytes(contiguous);
   }
   return buffer_of(contiguous);
