@@ -96,10 +96,16 @@ std::unique_ptr<ChoiceSource> bytes_source(std::span<const std::uint8_t> bytes) 
 PctPicker::PctPicker(int depth, std::uint64_t expected_steps, Rng rng)
     : depth_(std::max(depth, 1)), rng_(rng) {
   const std::uint64_t steps = expected_steps > 0 ? expected_steps : kPctDefaultSteps;
+  // The i-th change point drawn lowers to priority i, whenever it falls: sorting the points by
+  // step keeps each one's priority, so the order in which lowered priorities are handed out is
+  // random. (Handing out 1, 2, ... in step order would let a rank lowered later always outrank
+  // one lowered earlier, and no run could switch back to a rank it left: depth 3 would find
+  // nothing depth 2 does not.)
   for (int i = 1; i < depth_; ++i) {
-    change_points_.push_back(rng_.below(steps));
+    change_points_.push_back(ChangePoint{rng_.below(steps), static_cast<std::uint64_t>(i)});
   }
-  std::sort(change_points_.begin(), change_points_.end());
+  std::stable_sort(change_points_.begin(), change_points_.end(),
+                   [](const ChangePoint& a, const ChangePoint& b) { return a.step < b.step; });
 }
 
 std::uint64_t PctPicker::priority_of(const Decision& decision) {
@@ -132,9 +138,9 @@ std::size_t PctPicker::pick(std::span<const Decision> candidates) {
     }
   }
   // A change point: the chosen candidate drops below every initial priority.
-  while (next_change_ < change_points_.size() && change_points_[next_change_] == step_) {
+  while (next_change_ < change_points_.size() && change_points_[next_change_].step == step_) {
     const Decision& chosen = candidates[best];
-    const auto lowered = static_cast<std::uint64_t>(next_change_ + 1);
+    const std::uint64_t lowered = change_points_[next_change_].priority;
     if (chosen.kind == Decision::Kind::RunRank) {
       rank_priority_[static_cast<std::size_t>(chosen.rank)] = lowered;
     } else {

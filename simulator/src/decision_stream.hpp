@@ -58,9 +58,9 @@ std::unique_ptr<ChoiceSource> bytes_source(std::span<const std::uint8_t> bytes);
 
 // PCT's state (Burckhardt et al., "A randomized scheduler with probabilistic guarantees of
 // finding bugs", ASPLOS 2010): distinct random priorities per rank (and per communicator's
-// completions), and depth - 1 change points among the first `expected_steps` schedule choices;
-// at the i-th change point the rank that was chosen drops to priority i (below every initial
-// priority). Always picks the candidate of highest priority.
+// completions), and depth - 1 change points drawn uniformly among the first `expected_steps`
+// schedule choices; at the i-th point drawn (not the i-th to fall) the candidate chosen drops to
+// priority i, below every initial priority. Always picks the candidate of highest priority.
 class PctPicker {
  public:
   PctPicker(int depth, std::uint64_t expected_steps, Rng rng);
@@ -74,7 +74,11 @@ class PctPicker {
   int depth_;
   Rng rng_;
   std::uint64_t step_ = 0;
-  std::vector<std::uint64_t> change_points_;  // sorted schedule-step indices
+  struct ChangePoint {
+    std::uint64_t step;      // the schedule choice at which it falls
+    std::uint64_t priority;  // what the chosen candidate drops to: i for the i-th point drawn
+  };
+  std::vector<ChangePoint> change_points_;  // sorted by step
   std::size_t next_change_ = 0;
   std::vector<std::uint64_t> rank_priority_;      // by rank; 0 = not assigned yet
   std::vector<std::uint64_t> complete_priority_;  // by comm id; 0 = not assigned yet

@@ -86,6 +86,26 @@ TEST(PctPicker, AChangePointDemotesTheRunningRank) {
   EXPECT_EQ(pct.pick(all), second);
 }
 
+TEST(PctPicker, DepthThreeCanSwitchBackToARankItLeft) {
+  // Two ranks, two change points among the first 2 steps. A depth-3 bug needs the run to go
+  // A, B, A: the rank lowered second must be able to drop below the one lowered first. Each
+  // point lowers to the priority of its draw, not of its turn, so about half the seeds whose two
+  // points fall on different steps switch back. (Before: priorities in step order, never.)
+  int switched_back = 0;
+  int switched_once = 0;
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    PctPicker pct(3, 2, Rng(seed));
+    const std::vector<Decision> all = ranks({0, 1});
+    const std::size_t a = pct.pick(all);
+    const std::size_t b = pct.pick(all);
+    const std::size_t c = pct.pick(all);
+    switched_back += (a != b && c == a) ? 1 : 0;
+    switched_once += (a != b && c == b) ? 1 : 0;
+  }
+  EXPECT_GT(switched_back, 20);
+  EXPECT_GT(switched_once, 20);
+}
+
 TEST(DecisionStream, PortfolioResolvesToAConcreteStrategyFromTheSeed) {
   int pct = 0;
   for (std::uint64_t seed = 0; seed < 64; ++seed) {

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
 #include <cstdint>
 #include <cstdlib>
@@ -79,6 +80,75 @@ TEST(Strategies, PctDepthTwoFindsAnOrderingBugThatRandomWalkAndDepthOneMiss) {
                      << 2 * kTicks;
   // The fixed schedule of seed 0 misses it too.
   EXPECT_TRUE(run_depth_two_bug(quiet_options(2, 0, Strategy::RandomWalk)).ok());
+}
+
+// A depth-3 ordering bug: the ticks run in exactly four blocks of at least two ticks, rank 0,
+// rank 1, rank 0, rank 1 (rank 0 starts, is preempted for part of rank 1's ticks, resumes and
+// finishes before rank 1 does). Under fixed priorities the ranks either alternate tick by tick
+// or one runs to its end, so one change point gives at most three long blocks and depth 2
+// cannot find it; two give four when the rank lowered second drops below the one lowered first,
+// which PCT's random order of lowered priorities allows. A random walk almost never keeps
+// blocks that long.
+std::size_t shortest_block(const std::vector<int>& order) {
+  std::size_t shortest = order.size();
+  std::size_t length = 0;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    length += 1;
+    if (i + 1 == order.size() || order[i + 1] != order[i]) {
+      shortest = std::min(shortest, length);
+      length = 0;
+    }
+  }
+  return shortest;
+}
+
+SimReport run_depth_three_bug(const SimOptions& options) {
+  std::vector<int> order;  // the rank of each tick, in the order they ran
+  return sim::simulate(options, [&order] {
+    const int me = rank();
+    for (int i = 0; i < kTicks; ++i) {
+      tick();
+      order.push_back(me);
+    }
+    if (order.size() == 2 * static_cast<std::size_t>(kTicks)) {  // the last rank to finish
+      std::vector<int> blocks;
+      for (const int r : order) {
+        if (blocks.empty() || blocks.back() != r) {
+          blocks.push_back(r);
+        }
+      }
+      if (blocks == std::vector<int>{0, 1, 0, 1} && shortest_block(order) >= 2) {
+        throw std::runtime_error("planted bug: rank 0 resumed and finished inside rank 1's run");
+      }
+    }
+  });
+}
+
+TEST(Strategies, PctDepthThreeFindsAnOrderingBugThatDepthTwoCannot) {
+  constexpr int kSeeds = 100;
+  int found[4] = {0, 0, 0, 0};
+  for (int depth = 1; depth <= 3; ++depth) {
+    for (int seed = 0; seed < kSeeds; ++seed) {
+      SimOptions options = quiet_options(2, static_cast<std::uint64_t>(seed), Strategy::Pct);
+      options.pct_depth = depth;
+      options.pct_steps = 40;  // about the length of this program's runs
+      found[depth] += run_depth_three_bug(options).ok() ? 0 : 1;
+    }
+  }
+  int walk = 0;
+  for (int seed = 0; seed < kSeeds; ++seed) {
+    walk += run_depth_three_bug(
+                quiet_options(2, static_cast<std::uint64_t>(seed), Strategy::RandomWalk))
+                    .ok()
+                ? 0
+                : 1;
+  }
+  EXPECT_EQ(found[1], 0);
+  EXPECT_EQ(found[2], 0) << "one change point makes at most three blocks";
+  // Measured: 14 of 100 (35 of 300; with pct_steps = 100, 5 of 300: k matters). The seeds are
+  // fixed, so this never flakes.
+  EXPECT_GE(found[3], 5) << "PCT depth 3 over " << kSeeds << " seeds";
+  EXPECT_EQ(walk, 0);
 }
 
 TEST(Strategies, EachStrategyLeavesItsMark) {

@@ -42,11 +42,13 @@ TEST(RunOptions, ReadsTheTimelineAndTracePaths) {
 }
 
 TEST(RunOptions, ReadsTheSimulatorsExplorationFlags) {
-  const RunOptions options = parse(
-      {"--strategy=pct", "--pct-depth", "3", "--reduction-order=adversarial", "--allocator=lifo",
-       "--guard-pages", "--check-determinism", "--sim-cuda", "--replay=chorus-replay:x"});
+  const RunOptions options =
+      parse({"--strategy=pct", "--pct-depth", "3", "--pct-steps=70",
+             "--reduction-order=adversarial", "--allocator=lifo", "--guard-pages",
+             "--check-determinism", "--sim-cuda", "--replay=chorus-replay:x"});
   EXPECT_EQ(options.strategy, sim::Strategy::Pct);
   EXPECT_EQ(options.pct_depth, 3);
+  EXPECT_EQ(options.pct_steps, 70U);
   EXPECT_EQ(options.reduction_order, sim::ReductionOrder::Adversarial);
   EXPECT_EQ(options.allocator, sim::AllocatorPolicy::LifoReuse);
   EXPECT_TRUE(options.guard_pages);
@@ -80,6 +82,8 @@ TEST(RunOptions, ReadsTheSimulatorsExplorationFlags) {
       << message;
   EXPECT_THROW(parse({"--pct-depth=4"}), InvalidArgument);
   EXPECT_THROW(parse({"--pct-depth=0"}), InvalidArgument);
+  EXPECT_THROW(parse({"--pct-steps=0"}), InvalidArgument);
+  EXPECT_THROW(parse({"--pct-steps=-5"}), InvalidArgument);
   EXPECT_THROW(parse({"--reduction-order=random"}), InvalidArgument);
   EXPECT_THROW(parse({"--allocator=malloc"}), InvalidArgument);
   EXPECT_THROW(parse({"--check-determinism=yes"}), InvalidArgument);

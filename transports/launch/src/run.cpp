@@ -104,8 +104,8 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
     }
     const bool known = arg == "--transport" || arg == "--ranks" || arg == "--seed" ||
                        arg == "--timeout-ms" || arg == "--timeline" || arg == "--trace" ||
-                       arg == "--strategy" || arg == "--pct-depth" || arg == "--reduction-order" ||
-                       arg == "--allocator" || arg == "--replay";
+                       arg == "--strategy" || arg == "--pct-depth" || arg == "--pct-steps" ||
+                       arg == "--reduction-order" || arg == "--allocator" || arg == "--replay";
     if (!known) {
       options.args.push_back(argv[i]);
       continue;
@@ -142,6 +142,12 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
         bad_flag(arg, value, "1, 2 or 3");
       }
       options.pct_depth = static_cast<int>(depth);
+    } else if (arg == "--pct-steps") {
+      const std::uint64_t steps = parse_unsigned(arg, value);
+      if (steps == 0) {
+        bad_flag(arg, value, "at least 1 (scheduling decisions)");
+      }
+      options.pct_steps = steps;
     } else if (arg == "--reduction-order") {
       options.reduction_order = parse_name(arg, value, kOrders);
     } else if (arg == "--allocator") {
@@ -236,6 +242,7 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
   sim_options.trace_path = options.trace_path;
   sim_options.strategy = options.strategy;
   sim_options.pct_depth = options.pct_depth;
+  sim_options.pct_steps = options.pct_steps;
   sim_options.reduction_order = options.reduction_order;
   sim_options.allocator = options.allocator;
   sim_options.host_pool_bytes_max = options.host_pool_bytes_max;

@@ -30,6 +30,9 @@ struct RunOptions {
   // storages allocated; a replay token to follow; run twice and compare (sim::check_determinism).
   sim::Strategy strategy = sim::Strategy::RandomWalk;
   int pct_depth = 2;
+  // PCT's estimate of the run's length in scheduling decisions (sim::SimOptions::pct_steps; 0:
+  // the simulator's default). A run's report prints its real length ("steps").
+  std::uint64_t pct_steps = 0;
   sim::ReductionOrder reduction_order = sim::ReductionOrder::Fixed;
   sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
   bool guard_pages = false;
@@ -51,7 +54,8 @@ struct RunOptions {
 
   // Reads --transport=sim|mpi|nccl, --ranks=N, --seed=S, --timeout-ms=T, --timeline=out.svg,
   // --trace=out.json, --strategy=random|pct|portfolio, --pct-depth=1..3,
-  // --reduction-order=fixed|ring|tree|adversarial, --allocator=pooled|lifo|quarantine|random,
+  // --pct-steps=K,  // --reduction-order=fixed|ring|tree|adversarial,
+  // --allocator=pooled|lifo|quarantine|random,
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
   // --check-determinism, --check-collectives and --sim-cuda; everything else lands in `args`.
   // Throws InvalidArgument for a malformed value.
