@@ -209,6 +209,24 @@ void write_output(const std::string& path, const std::string& text, std::string_
   report.marks[std::string(mark)] += 1;
 }
 
+// Microseconds, exactly, in plain digits: "600000012.345", never the "6e+08" a stream prints
+// for a double (a 10-minute virtual timeout is 6e8 us; events microseconds apart must differ).
+std::string format_microseconds(std::chrono::nanoseconds time) {
+  const std::int64_t ns = time.count();
+  const std::uint64_t magnitude =
+      ns < 0 ? std::uint64_t{0} - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
+  std::string text = (ns < 0 ? "-" : "") + std::to_string(magnitude / 1000);
+  if (const std::uint64_t fraction = magnitude % 1000; fraction != 0) {
+    std::string digits = std::to_string(fraction);
+    digits.insert(0, 3 - digits.size(), '0');
+    while (digits.back() == '0') {
+      digits.pop_back();
+    }
+    text += "." + digits;
+  }
+  return text;
+}
+
 }  // namespace
 
 std::string_view name(Strategy strategy) noexcept {
@@ -298,8 +316,8 @@ std::string_view event_kind_name(SimEvent::Kind kind) noexcept {
 
 std::string SimEvent::to_string() const {
   std::ostringstream out;
-  out << "step " << step << " t=" << std::chrono::duration<double, std::micro>(time).count()
-      << "us rank " << rank << " " << event_kind_name(kind) << " ";
+  out << "step " << step << " t=" << format_microseconds(time) << "us rank " << rank << " "
+      << event_kind_name(kind) << " ";
   if (owner != rank) {
     out << "rank " << owner << "'s ";
   }
@@ -328,9 +346,8 @@ std::string SimReport::to_string() const {
   std::ostringstream out;
   out << "chorus sim: " << world_size << " ranks, seed " << seed << ", " << steps
       << " scheduling decisions, " << collectives_completed
-      << " collectives completed, virtual time "
-      << std::chrono::duration<double, std::micro>(virtual_time).count() << " us, schedule hash "
-      << std::hex << schedule_hash << std::dec << "\n";
+      << " collectives completed, virtual time " << format_microseconds(virtual_time)
+      << " us, schedule hash " << std::hex << schedule_hash << std::dec << "\n";
   if (!ops_issued.empty()) {
     out << "  operations issued per rank:";
     for (std::size_t r = 0; r < ops_issued.size(); ++r) {
@@ -554,7 +571,7 @@ std::string timeline_text(const SimReport& report) {
   for (std::size_t step = 0; step < report.schedule.size(); ++step) {
     const Decision& decision = report.schedule[step];
     std::string line = std::to_string(step);
-    line.resize(6, ' ');
+    line.resize(std::max<std::size_t>(line.size() + 1, 6), ' ');  // wider steps are not cut
     for (int r = 0; r < report.world_size; ++r) {
       const bool runs = decision.kind == Decision::Kind::RunRank && decision.rank == r;
       line += cell(runs ? "run" : "") + " ";

@@ -331,7 +331,16 @@ constexpr double kMarkerSpacing = 10;        // px between markers of one rank a
 constexpr double kCharWidth = 6.7;           // px per character of 11px monospace, about
 
 std::string xml_escape(std::string_view raw) {
-  const std::string text = valid_utf8(raw);
+  std::string text = valid_utf8(raw);
+  // U+FFFE and U+FFFF are well-formed UTF-8 but not XML 1.0 characters: U+FFFD instead. (In
+  // valid UTF-8 their bytes cannot be part of another character.)
+  for (const std::string_view nonchar :
+       {std::string_view("\xEF\xBF\xBE"), std::string_view("\xEF\xBF\xBF")}) {
+    for (std::size_t at = text.find(nonchar); at != std::string::npos;
+         at = text.find(nonchar, at + 1)) {
+      text.replace(at, nonchar.size(), kReplacementCharacter);
+    }
+  }
   std::string out;
   for (const char c : text) {
     switch (c) {

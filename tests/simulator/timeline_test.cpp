@@ -502,6 +502,50 @@ TEST(SvgTimeline, InvalidUtf8InAMessageBecomesReplacementCharacters) {
   EXPECT_NE(json.find(expected), std::string::npos) << json;
 }
 
+TEST(SvgTimeline, NoncharactersFFFEAndFFFFBecomeReplacementCharacters) {
+  // U+FFFE and U+FFFF are well-formed UTF-8 but not XML 1.0 characters: an XML parser refuses
+  // the file. The JSON keeps them (JSON allows every code point).
+  const SimReport report = sim::simulate(lowest_rank_first(2), [] {
+    (void)wait_tensor(all_reduce(Tensor::ones({1}), "sum", world()));
+    if (rank() == 1) {
+      throw std::runtime_error("x\xEF\xBF\xBEy\xEF\xBF\xBFz");
+    }
+  });
+  const std::string svg = sim::to_svg_timeline(report);
+  EXPECT_EQ(svg.find("\xEF\xBF\xBE"), std::string::npos);
+  EXPECT_EQ(svg.find("\xEF\xBF\xBF"), std::string::npos);
+  EXPECT_NE(svg.find("x\xEF\xBF\xBDy\xEF\xBF\xBDz"), std::string::npos);
+  EXPECT_NE(sim::to_perfetto_json(report).find("x\xEF\xBF\xBEy\xEF\xBF\xBFz"), std::string::npos);
+}
+
+TEST(TextTimeline, TimesPrintInPlainMicrosecondsAfterMinutesOfVirtualTime) {
+  // A double streamed with the default precision printed "t=6e+08us" after the 10-minute
+  // watchdog, and events microseconds apart printed alike.
+  SimOptions options = recording(2, 0);
+  options.faults = {sim::Fault::hang(1, 0)};
+  const SimReport report = sim::simulate(options, [] {
+    try {
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+    } catch (const Timeout&) {
+    }
+  });
+  ASSERT_GE(report.virtual_time, std::chrono::minutes(10));
+  const std::string text = sim::timeline_text(report) + report.to_string();
+  EXPECT_EQ(text.find("e+"), std::string::npos) << text;
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(report.virtual_time);
+  const auto rest = (report.virtual_time - us).count();
+  std::string expected = "virtual time " + std::to_string(us.count());
+  if (rest != 0) {
+    std::string digits = std::to_string(rest);
+    digits.insert(0, 3 - digits.size(), '0');
+    while (digits.back() == '0') {
+      digits.pop_back();
+    }
+    expected += "." + digits;
+  }
+  EXPECT_NE(text.find(expected + " us"), std::string::npos) << text;
+}
+
 TEST(SvgTimeline, SameRunGivesTheSameBytes) {
   const SimReport first = sim::simulate(recording(4, 3), mismatch_at_second_op);
   const SimReport second = sim::simulate(recording(4, 3), mismatch_at_second_op);
