@@ -2,6 +2,7 @@
 
 #include <rapidcheck.h>
 
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <utility>
@@ -11,14 +12,22 @@
 namespace chorus::sim {
 namespace {
 
-// `rank_main` under exactly `choices`: a Recorded source, quiet, whatever the environment says.
+// `rank_main` under exactly `choices`: a Recorded source, quiet, whatever CHORUS_SIM_SEED says.
+// Only CHORUS_SIM_REPLAY counts (with options.seed_from_environment, as in sim::run): the replay
+// command a failure prints sets it, and then every run follows that token instead of the list,
+// so the command reproduces the failure.
 SimReport run_choices(SimOptions options, const std::vector<std::uint64_t>& choices,
                       const std::function<void()>& rank_main) {
+  const bool from_environment = options.seed_from_environment;
   options.choices = choices;
   options.replay.clear();
   options.fuzz_bytes.reset();
   options.print_failures = false;
   options.seed_from_environment = false;
+  if (const char* token = std::getenv("CHORUS_SIM_REPLAY");
+      from_environment && token != nullptr && *token != '\0') {
+    options.replay = token;
+  }
   return simulate(options, rank_main);
 }
 

@@ -8,9 +8,11 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
 #include <chorus/sim/rapidcheck.hpp>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -103,6 +105,47 @@ TEST(ScheduleProperties, RapidCheckShrinksAFailingReductionOrderToTheChoicesItNe
   const SimReport replayed = sim::simulate(replay, assumes_rank_order);
   EXPECT_FALSE(replayed.ok());
   EXPECT_EQ(replayed.mark_count("reduction.adversarial"), 1u);
+}
+
+TEST(ScheduleProperties, TheReplayCommandOfAFailureReplaysItInsteadOfTheGeneratedLists) {
+  // The message's replay line sets CHORUS_SIM_REPLAY; with it set, the schedule check follows
+  // the token (it used to ignore the environment and draw fresh lists, so the printed command
+  // did not replay anything).
+  testing::FirstTickBug bug;
+  SimOptions options = testing::quiet_options(2);
+  const sim::ScheduleCheck found =
+      sim::check_schedules(options, bug.program(), 100, kRapidCheckSeed);
+  ASSERT_FALSE(found.passed);
+  ASSERT_FALSE(found.replay_token.empty());
+  testing::FirstTickBug fresh;
+  ASSERT_TRUE(sim::check_schedules(options, fresh.program(), 1, kRapidCheckSeed).passed)
+      << "the first generated list misses the bug";
+
+  options.seed_from_environment = true;  // as sim::run's default
+  ::setenv("CHORUS_SIM_REPLAY", found.replay_token.c_str(), 1);
+  testing::FirstTickBug replayed_bug;
+  const sim::ScheduleCheck replayed =
+      sim::check_schedules(options, replayed_bug.program(), 1, kRapidCheckSeed);
+  ::unsetenv("CHORUS_SIM_REPLAY");
+  EXPECT_FALSE(replayed.passed);
+  EXPECT_EQ(replayed.replay_token, found.replay_token);
+  EXPECT_NE(replayed.message.find("rank 1: planted bug: rank 1 ticked first"), std::string::npos)
+      << replayed.message;
+}
+
+TEST(ScheduleProperties, GeneratedIndicesReachEveryOptionOfEightRunnableRanksAndACollective) {
+  // Eight runnable ranks and one ready collective are nine options, the collective last: an
+  // index of 8 or more must be generated, or a completion while every rank still runs is never
+  // tried (the old bound was 7).
+  const rc::Gen<std::vector<std::uint64_t>> gen = sim::gen_choices();
+  std::uint64_t largest = 0;
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    for (const std::uint64_t choice : gen(rc::Random(seed), 100).value()) {
+      largest = std::max(largest, choice);
+    }
+  }
+  EXPECT_GE(largest, 8u);
+  EXPECT_LE(largest, sim::kGeneratedChoiceIndexMax);
 }
 
 TEST(ScheduleProperties, CheckSchedulesPassesACorrectProgram) {

@@ -28,9 +28,11 @@
 namespace chorus::sim {
 
 // Generated choice indices lie in [0, kGeneratedChoiceIndexMax]: the stream takes each modulo its
-// number of options, so small indices reach every option of the small choices a schedule makes
-// (which of a few runnable ranks, which of a few ready collectives) and shrink quickly.
-inline constexpr std::uint64_t kGeneratedChoiceIndexMax = 7;
+// number of options, so every option of a choice with up to kGeneratedChoiceIndexMax + 1 options
+// is reachable: a scheduling decision's options are the runnable ranks and then the ready
+// collectives, so every rank of the largest world plus as many ready collectives. (At 7, eight
+// runnable ranks hid every completion behind them.) Shrinking still moves each index towards 0.
+inline constexpr std::uint64_t kGeneratedChoiceIndexMax = 2 * kMaxWorldSize - 1;
 
 // Choice lists for SimOptions::choices, as a Recorded source reads them (past the end of the list
 // every choice is 0): lengths grow with RapidCheck's size up to `length_max`, indices lie in
@@ -39,11 +41,13 @@ inline constexpr std::uint64_t kGeneratedChoiceIndexMax = 7;
 rc::Gen<std::vector<std::uint64_t>> gen_choices(std::size_t length_max = 1024,
                                                 std::uint64_t index_max = kGeneratedChoiceIndexMax);
 
-// Runs `rank_main` under `choices` (options.choices replaced; nothing printed, the environment
-// ignored) and returns the report when no rank failed. When one did, fails the enclosing
-// RapidCheck property (RC_FAIL, which throws) with a message holding every failing rank's
-// error, the replay token and timeline_text of the run. Call it from inside a property
-// (RC_GTEST_PROP, rc::check); blocks while the ranks run.
+// Runs `rank_main` under `choices` (options.choices replaced; nothing printed; CHORUS_SIM_SEED
+// ignored) and returns the report when no rank failed. With options.seed_from_environment (the
+// default) and CHORUS_SIM_REPLAY set, as the replay command in a failure's message sets it, the
+// run follows that token instead of `choices`, so rerunning the test with it replays the failure.
+// When one did, fails the enclosing RapidCheck property (RC_FAIL, which throws) with a message
+// holding every failing rank's error, the replay token and timeline_text of the run. Call it from
+// inside a property (RC_GTEST_PROP, rc::check); blocks while the ranks run.
 SimReport check_schedule(SimOptions options, const std::vector<std::uint64_t>& choices,
                          const std::function<void()>& rank_main);
 
@@ -59,8 +63,9 @@ struct ScheduleCheck {
 
 // Checks `rank_main` (with `options`) under `schedules` choice lists that RapidCheck generates
 // from `rapidcheck_seed` (so the check is deterministic whatever RC_PARAMS says), shrinking the
-// first failing list. The program runs once per schedule and per shrinking step, so any state
-// it keeps across runs must be reset per run. Blocks; not reentrant from inside a rank.
+// first failing list. CHORUS_SIM_REPLAY replaces every list, as in check_schedule. The program runs
+// once per schedule and per shrinking step, so any state it keeps across runs must be reset per
+// run. Blocks; not reentrant from inside a rank.
 ScheduleCheck check_schedules(const SimOptions& options, const std::function<void()>& rank_main,
                               int schedules = 100, std::uint64_t rapidcheck_seed = 0);
 
