@@ -1184,6 +1184,14 @@ TEST(ErrorsDocCollectives, AllGatherDimOutOfRange) {
       "gather_dim 2 is out of range for a 2-d input (expected [-2, 1])");
 }
 
+TEST(ErrorsDocCollectives, AllGatherDimOutOfRangeZeroDim) {
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      2, [] { (void)all_gather_tensor(Tensor::ones({}), 1, world()); }, "all_gather_tensor", 0,
+      "[0, 1]",
+      "gather_dim 1 is out of range for a 0-d input (gathered as one element along dim 0: "
+      "expected 0 or -1)");
+}
+
 TEST(ErrorsDocCollectives, ReduceScatterZeroDim) {
   errdoc_expect_on_every_rank<InvalidArgument>(
       2, [] { (void)reduce_scatter_tensor(Tensor::ones({}), "sum", 0, world()); },
