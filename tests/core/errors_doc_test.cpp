@@ -1956,6 +1956,21 @@ TEST(ErrorsDocCrossRank, MismatchGroup) {
       contains(outcomes[0].detail, "rank 1 waits in all_reduce #0 on group [0, 1, 2] (issued at "));
 }
 
+TEST(ErrorsDocCrossRank, MismatchGroupSameMembersInAnotherOrder) {
+  // A group rank is a position in the list as given (docs/design.md, departures from PyTorch),
+  // so {0, 1} and {1, 0} are different groups: a mismatch, not PyTorch's sorted group.
+  const std::vector<CaughtError> outcomes = run_catching(2, [] {
+    const std::vector<int> group = rank() == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0};
+    (void)all_reduce(errdoc_bytes(2), "sum", group).to_vector<std::uint8_t>();
+  });
+  const std::vector<std::string> labels = {"[0, 1]", "[1, 0]"};
+  for (int r = 0; r < 2; ++r) {
+    errdoc_expect_outcome(outcomes, r, ErrorCode::CollectiveMismatch, "all_reduce", 0,
+                          labels[static_cast<std::size_t>(r)],
+                          "ranks disagree on the group of their next collective: rank ");
+  }
+}
+
 TEST(ErrorsDocCrossRank, MismatchTag) {
   const std::vector<CaughtError> outcomes = run_catching(2, [] {
     const ProcessGroup group = new_group({0, 1}, rank() == 0 ? "alpha" : "beta");
