@@ -111,7 +111,8 @@ class Crafted {
     const double limit = exact_limit(dtype);
     contributing_ = n;
     if (sum_) {
-      contributing_ = std::min(n, static_cast<int>(limit / 4));
+      // Clamped as a double: limit / 4 is 2^51 for Int64 and Float64, past int's range.
+      contributing_ = static_cast<int>(std::min(static_cast<double>(n), std::floor(limit / 4)));
     } else if (prod_) {
       contributing_ = std::min(n, static_cast<int>(std::floor(std::log2(limit))));
     }
