@@ -389,10 +389,12 @@ std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
     return rc::gen::exec([&property, &options, schedules] {
       SimInput input;
       // k in [0, 2 * span): the upper half is the full world, the lower half every size from
-      // the smallest up; k shrinks towards 0, i.e. through smaller worlds to the smallest.
+      // the smallest up; k shrinks towards 0, i.e. through smaller worlds to the smallest. Drawn
+      // at the nominal size, not the case's: inRange scales its range with the size, which kept
+      // the early cases (size i * 100 / cases) on the smallest worlds.
       const int smallest = std::min(options.ranks, property.needs.world_size_min);
       const int span = options.ranks - smallest + 1;
-      const int k = *rc::gen::inRange(0, 2 * span);
+      const int k = *rc::gen::resize(kSizeMax, rc::gen::inRange(0, 2 * span));
       input.world_size = k < span ? smallest + k : options.ranks;
       input.value = *property.cases(World{input.world_size});
       input.schedule = *schedules;

@@ -4,11 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chorus/chorus.hpp>
 #include <chorus/props/battery.hpp>
 #include <chorus/props/runner.hpp>
 #include <memory>
+#include <set>
+#include <vector>
 
 #include "props/planted_transport.hpp"
 #include "support/expect_error.hpp"
@@ -168,6 +171,40 @@ TEST(Battery, AGeneratorThatThrowsFailsThePropertyWithItsMessage) {
   EXPECT_NE(report.results[0].failure.find("the case generator failed: no case for you"),
             std::string::npos)
       << report.results[0].failure;
+}
+
+// Half the simulator runner's cases run on the full --ranks world whatever their index (the docs
+// say so); the world size used to be drawn at the case's RapidCheck size, so the early cases
+// (size i * 100 / cases) ran almost only on the smallest worlds.
+TEST(Battery, HalfTheCasesRunOnTheFullWorldAtEveryCaseIndex) {
+  auto worlds = std::make_shared<std::vector<int>>();
+  const Property counted = make_property<int>(
+      "user.world_sizes", "records each case's world size", [](World) { return rc::gen::just(0); },
+      [worlds](const int&, Env& env) {
+        if (env.rank() == 0) {
+          worlds->push_back(world_size());
+        }
+      });
+  CheckOptions options;
+  options.ranks = 8;
+  options.cases = 100;
+  const CheckReport report = check_on_simulator({counted}, options);
+  ASSERT_TRUE(report.passed()) << summary_table(report);
+  ASSERT_EQ(worlds->size(), 100u);
+  std::string sizes;
+  for (const int size : *worlds) {
+    sizes += std::to_string(size) + " ";
+  }
+  const auto full = [&](std::size_t first, std::size_t last) {
+    return std::count(worlds->begin() + static_cast<std::ptrdiff_t>(first),
+                      worlds->begin() + static_cast<std::ptrdiff_t>(last), 8);
+  };
+  // k in [0, 16): 8 ranks for k >= 7, i.e. 9 in 16 on average.
+  EXPECT_GE(full(0, 100), 35) << sizes;
+  EXPECT_GE(full(0, 25), 8) << sizes;
+  // The other half still covers the smaller worlds, the smallest included.
+  EXPECT_NE(std::find(worlds->begin(), worlds->end(), 1), worlds->end()) << sizes;
+  EXPECT_GE(std::set<int>(worlds->begin(), worlds->end()).size(), 6u) << sizes;
 }
 
 TEST(Battery, LockstepRanksAgreeOnTheVerdictAndShrinkTogether) {
