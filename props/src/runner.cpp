@@ -403,24 +403,6 @@ std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
   };
 }
 
-void check_options(const CheckOptions& options) {
-  if (options.ranks < 1 || options.ranks > 1024) {
-    throw InvalidArgument(
-        {}, "chorus check: ranks must lie in [1, 1024], got " + std::to_string(options.ranks));
-  }
-  if (options.cases < 1) {
-    throw InvalidArgument(
-        {}, "chorus check: cases must be at least 1, got " + std::to_string(options.cases));
-  }
-  if (options.pct_depth < kPctDepthMin || options.pct_depth > kPctDepthMax) {
-    throw InvalidArgument(
-        {}, "chorus check: pct_depth must lie in [1, 3], got " + std::to_string(options.pct_depth));
-  }
-  if (options.shrink_runs_max < 0) {
-    throw InvalidArgument({}, "chorus check: shrink_runs_max must not be negative");
-  }
-}
-
 std::string skip_reason(const Property& property, int ranks, bool simulator) {
   if (!simulator && property.needs.simulator_only) {
     return "needs the simulator";
@@ -704,6 +686,24 @@ std::vector<Property> select(const std::vector<Property>& properties, std::strin
     }
   }
   return selected;
+}
+
+void check_options(const CheckOptions& options) {
+  if (options.ranks < 1 || options.ranks > 1024) {
+    throw InvalidArgument(
+        {}, "chorus check: ranks must lie in [1, 1024], got " + std::to_string(options.ranks));
+  }
+  if (options.cases < 1) {
+    throw InvalidArgument(
+        {}, "chorus check: cases must be at least 1, got " + std::to_string(options.cases));
+  }
+  if (options.pct_depth < kPctDepthMin || options.pct_depth > kPctDepthMax) {
+    throw InvalidArgument(
+        {}, "chorus check: pct_depth must lie in [1, 3], got " + std::to_string(options.pct_depth));
+  }
+  if (options.shrink_runs_max < 0) {
+    throw InvalidArgument({}, "chorus check: shrink_runs_max must not be negative");
+  }
 }
 
 CheckReport check_on_simulator(const std::vector<Property>& properties,
