@@ -274,6 +274,31 @@ TEST(Bench, CraftedInputsStayExactOnManyRanks) {
   }
 }
 
+// A run whose every size is skipped (no whole element per rank) measured nothing: it fails and
+// says why, rather than printing an empty table as a pass.
+TEST(Bench, NothingMeasuredFailsAndSaysWhy) {
+  BenchOptions options = quick(8);
+  options.ops = {"all_gather", "reduce_scatter"};
+  options.min_bytes = 8;
+  options.max_bytes = 16;
+  std::ostringstream out;
+  const BenchReport report = run_bench(options, out);
+  EXPECT_FALSE(report.ok) << out.str();
+  EXPECT_EQ(report.ranks, 8);
+  EXPECT_TRUE(report.rows.empty());
+  EXPECT_NE(out.str().find("chorus bench: nothing was measured: no size benchmarked (8 to 16 "
+                           "bytes) holds one Float32 element per rank for these ops on 8 ranks, "
+                           "which takes 32 bytes: raise --max-bytes\n"),
+            std::string::npos)
+      << out.str();
+  EXPECT_EQ(out.str().find("OK"), std::string::npos) << out.str();
+  // One op that fits is enough.
+  options.ops = {"all_gather", "all_reduce"};
+  const BenchReport some = run_bench(options, out);
+  EXPECT_TRUE(some.ok);
+  EXPECT_EQ(some.rows.size(), 2u);  // all_reduce at 8 and 16 bytes
+}
+
 TEST(Bench, SizesParseWithSuffixes) {
   EXPECT_EQ(parse_bytes("8"), 8u);
   EXPECT_EQ(parse_bytes("64K"), std::size_t{65536});
