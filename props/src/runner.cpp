@@ -343,6 +343,10 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
     }
     variant.strategy = kVariants[v].strategy;
     variant.pct_depth = options.pct_depth;
+    // PCT's change points among the run's real decisions (the first run's count: a replay follows
+    // it exactly), not the simulator's default estimate of 256, which a case's 20 to 100
+    // decisions seldom reach.
+    variant.pct_steps = std::max<std::uint64_t>(run.report.steps, 1);
     variant.reduction_order = kVariants[v].order;
     variant.seed = splitmix(schedule_hash + v + 1);
     SimRun other = simulate_case(property, input.value, variant);

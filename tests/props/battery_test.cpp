@@ -207,6 +207,46 @@ TEST(Battery, HalfTheCasesRunOnTheFullWorldAtEveryCaseIndex) {
   EXPECT_GE(std::set<int>(worlds->begin(), worlds->end()).size(), 6u) << sizes;
 }
 
+// A schedule-independent property's PCT variants place their change points within the run (the
+// first run's length), where they reorder something: with the simulator's default estimate of
+// 256 decisions a case's short run seldom reached one. Seen in the report of the variant that
+// decides a replay: an inexact float sum is 1 left to right (the first run) and under the ring
+// order, which starts this sum at rank 1 after a rank 0 of 0, but 0 under the tree order,
+// 1e20 + (-1e20 + 1), which only a PCT variant uses: that variant decides.
+TEST(Battery, PctScheduleVariantsPlaceTheirChangePointsWithinTheRun) {
+  Needs needs;
+  needs.world_size_min = 4;
+  needs.schedule_independent = true;
+  const Property inexact = make_property<int>(
+      "user.inexact_sum", "0 + 1e20 - 1e20 + 1 in float, whose value depends on the order",
+      [](World) { return rc::gen::just(0); },
+      [](const int&, Env& env) {
+        constexpr float kValues[] = {0, 1e20F, -1e20F, 1};
+        const Tensor x = Tensor::full({1}, kValues[rank()], DType::Float32);
+        env.record(all_reduce(x, "sum", world()));
+      },
+      needs);
+  int fired = 0;
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    CheckOptions options;
+    options.ranks = 4;
+    options.seed = seed;
+    options.cases = 1;
+    const CheckReport report = check_on_simulator({inexact}, options);
+    ASSERT_EQ(report.results.size(), 1u);
+    const PropertyResult& result = report.results[0];
+    ASSERT_EQ(result.verdict, Verdict::Failed);
+    EXPECT_NE(result.failure.find("under strategy pct, reduction order tree"), std::string::npos)
+        << result.failure;
+    const Replay again = replay({inexact}, result.replay_token);
+    ASSERT_EQ(again.result.verdict, Verdict::Failed);
+    EXPECT_EQ(again.result.failure, result.failure);
+    EXPECT_EQ(again.report.strategy, sim::Strategy::Pct);
+    fired += again.report.mark_count("strategy.pct.change_point") > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(fired, 8);
+}
+
 TEST(Battery, LockstepRanksAgreeOnTheVerdictAndShrinkTogether) {
   CheckOptions options;
   options.cases = 100;
