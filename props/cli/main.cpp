@@ -152,6 +152,9 @@ int run_check(const CheckFlags& flags) {
                  {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring, sim::ReductionOrder::Tree,
                   sim::ReductionOrder::Adversarial},
                  "--reduction-order");
+  // Refused here, before any rank starts, on every runner and transport alike: inside the ranks
+  // the lockstep runner's refusal read as every rank failing (status 1).
+  props::check_options(options);
   Progress progress(isatty(STDERR_FILENO) != 0);
   options.listener = &progress;
   const std::vector<props::Property> properties = props::select(props::battery(), flags.property);

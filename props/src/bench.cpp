@@ -111,7 +111,8 @@ class Crafted {
     const double limit = exact_limit(dtype);
     contributing_ = n;
     if (sum_) {
-      contributing_ = std::min(n, static_cast<int>(limit / 4));
+      // Clamped as a double: limit / 4 is 2^51 for Int64 and Float64, past int's range.
+      contributing_ = static_cast<int>(std::min(static_cast<double>(n), std::floor(limit / 4)));
     } else if (prod_) {
       contributing_ = std::min(n, static_cast<int>(std::floor(std::log2(limit))));
     }
@@ -573,6 +574,21 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
   report.ok = status == 0 && wrong == 0 && (completed || report.ranks == 0);
   if (!completed) {
     return report;  // not the printing rank (or it failed: the error is printed)
+  }
+  if (report.rows.empty()) {
+    // Every size was skipped: a table with no row must not read as a pass.
+    report.ok = false;
+    std::size_t needed = std::numeric_limits<std::size_t>::max();
+    for (const std::string& op : options.ops) {
+      const bool whole = op == "all_reduce" || op == "broadcast";
+      needed = std::min(needed, whole ? element : element * static_cast<std::size_t>(report.ranks));
+    }
+    out << "chorus bench: nothing was measured: no size benchmarked (" << options.min_bytes
+        << " to " << options.max_bytes << " bytes) holds one " << type << " element"
+        << (needed > element ? " per rank" : "") << " for these ops on " << report.ranks
+        << (report.ranks == 1 ? " rank" : " ranks") << ", which takes " << needed
+        << " bytes: raise --max-bytes\n";
+    return report;
   }
   out << "# wrong elements: " << wrong << (unchecked ? " (some rows unchecked)" : "")
       << (report.ok ? " OK" : " FAILED") << "\n";

@@ -343,6 +343,10 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
     }
     variant.strategy = kVariants[v].strategy;
     variant.pct_depth = options.pct_depth;
+    // PCT's change points among the run's real decisions (the first run's count: a replay follows
+    // it exactly), not the simulator's default estimate of 256, which a case's 20 to 100
+    // decisions seldom reach.
+    variant.pct_steps = std::max<std::uint64_t>(run.report.steps, 1);
     variant.reduction_order = kVariants[v].order;
     variant.seed = splitmix(schedule_hash + v + 1);
     SimRun other = simulate_case(property, input.value, variant);
@@ -389,34 +393,18 @@ std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
     return rc::gen::exec([&property, &options, schedules] {
       SimInput input;
       // k in [0, 2 * span): the upper half is the full world, the lower half every size from
-      // the smallest up; k shrinks towards 0, i.e. through smaller worlds to the smallest.
+      // the smallest up; k shrinks towards 0, i.e. through smaller worlds to the smallest. Drawn
+      // at the nominal size, not the case's: inRange scales its range with the size, which kept
+      // the early cases (size i * 100 / cases) on the smallest worlds.
       const int smallest = std::min(options.ranks, property.needs.world_size_min);
       const int span = options.ranks - smallest + 1;
-      const int k = *rc::gen::inRange(0, 2 * span);
+      const int k = *rc::gen::resize(kSizeMax, rc::gen::inRange(0, 2 * span));
       input.world_size = k < span ? smallest + k : options.ranks;
       input.value = *property.cases(World{input.world_size});
       input.schedule = *schedules;
       return input;
     });
   };
-}
-
-void check_options(const CheckOptions& options) {
-  if (options.ranks < 1 || options.ranks > 1024) {
-    throw InvalidArgument(
-        {}, "chorus check: ranks must lie in [1, 1024], got " + std::to_string(options.ranks));
-  }
-  if (options.cases < 1) {
-    throw InvalidArgument(
-        {}, "chorus check: cases must be at least 1, got " + std::to_string(options.cases));
-  }
-  if (options.pct_depth < kPctDepthMin || options.pct_depth > kPctDepthMax) {
-    throw InvalidArgument(
-        {}, "chorus check: pct_depth must lie in [1, 3], got " + std::to_string(options.pct_depth));
-  }
-  if (options.shrink_runs_max < 0) {
-    throw InvalidArgument({}, "chorus check: shrink_runs_max must not be negative");
-  }
 }
 
 std::string skip_reason(const Property& property, int ranks, bool simulator) {
@@ -702,6 +690,24 @@ std::vector<Property> select(const std::vector<Property>& properties, std::strin
     }
   }
   return selected;
+}
+
+void check_options(const CheckOptions& options) {
+  if (options.ranks < 1 || options.ranks > 1024) {
+    throw InvalidArgument(
+        {}, "chorus check: ranks must lie in [1, 1024], got " + std::to_string(options.ranks));
+  }
+  if (options.cases < 1) {
+    throw InvalidArgument(
+        {}, "chorus check: cases must be at least 1, got " + std::to_string(options.cases));
+  }
+  if (options.pct_depth < kPctDepthMin || options.pct_depth > kPctDepthMax) {
+    throw InvalidArgument(
+        {}, "chorus check: pct_depth must lie in [1, 3], got " + std::to_string(options.pct_depth));
+  }
+  if (options.shrink_runs_max < 0) {
+    throw InvalidArgument({}, "chorus check: shrink_runs_max must not be negative");
+  }
 }
 
 CheckReport check_on_simulator(const std::vector<Property>& properties,

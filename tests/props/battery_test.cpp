@@ -4,11 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chorus/chorus.hpp>
 #include <chorus/props/battery.hpp>
 #include <chorus/props/runner.hpp>
 #include <memory>
+#include <set>
+#include <vector>
 
 #include "props/planted_transport.hpp"
 #include "support/expect_error.hpp"
@@ -168,6 +171,80 @@ TEST(Battery, AGeneratorThatThrowsFailsThePropertyWithItsMessage) {
   EXPECT_NE(report.results[0].failure.find("the case generator failed: no case for you"),
             std::string::npos)
       << report.results[0].failure;
+}
+
+// Half the simulator runner's cases run on the full --ranks world whatever their index (the docs
+// say so); the world size used to be drawn at the case's RapidCheck size, so the early cases
+// (size i * 100 / cases) ran almost only on the smallest worlds.
+TEST(Battery, HalfTheCasesRunOnTheFullWorldAtEveryCaseIndex) {
+  auto worlds = std::make_shared<std::vector<int>>();
+  const Property counted = make_property<int>(
+      "user.world_sizes", "records each case's world size", [](World) { return rc::gen::just(0); },
+      [worlds](const int&, Env& env) {
+        if (env.rank() == 0) {
+          worlds->push_back(world_size());
+        }
+      });
+  CheckOptions options;
+  options.ranks = 8;
+  options.cases = 100;
+  const CheckReport report = check_on_simulator({counted}, options);
+  ASSERT_TRUE(report.passed()) << summary_table(report);
+  ASSERT_EQ(worlds->size(), 100u);
+  std::string sizes;
+  for (const int size : *worlds) {
+    sizes += std::to_string(size) + " ";
+  }
+  const auto full = [&](std::size_t first, std::size_t last) {
+    return std::count(worlds->begin() + static_cast<std::ptrdiff_t>(first),
+                      worlds->begin() + static_cast<std::ptrdiff_t>(last), 8);
+  };
+  // k in [0, 16): 8 ranks for k >= 7, i.e. 9 in 16 on average.
+  EXPECT_GE(full(0, 100), 35) << sizes;
+  EXPECT_GE(full(0, 25), 8) << sizes;
+  // The other half still covers the smaller worlds, the smallest included.
+  EXPECT_NE(std::find(worlds->begin(), worlds->end(), 1), worlds->end()) << sizes;
+  EXPECT_GE(std::set<int>(worlds->begin(), worlds->end()).size(), 6u) << sizes;
+}
+
+// A schedule-independent property's PCT variants place their change points within the run (the
+// first run's length), where they reorder something: with the simulator's default estimate of
+// 256 decisions a case's short run seldom reached one. Seen in the report of the variant that
+// decides a replay: an inexact float sum is 1 left to right (the first run) and under the ring
+// order, which starts this sum at rank 1 after a rank 0 of 0, but 0 under the tree order,
+// 1e20 + (-1e20 + 1), which only a PCT variant uses: that variant decides.
+TEST(Battery, PctScheduleVariantsPlaceTheirChangePointsWithinTheRun) {
+  Needs needs;
+  needs.world_size_min = 4;
+  needs.schedule_independent = true;
+  const Property inexact = make_property<int>(
+      "user.inexact_sum", "0 + 1e20 - 1e20 + 1 in float, whose value depends on the order",
+      [](World) { return rc::gen::just(0); },
+      [](const int&, Env& env) {
+        constexpr float kValues[] = {0, 1e20F, -1e20F, 1};
+        const Tensor x = Tensor::full({1}, kValues[rank()], DType::Float32);
+        env.record(all_reduce(x, "sum", world()));
+      },
+      needs);
+  int fired = 0;
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    CheckOptions options;
+    options.ranks = 4;
+    options.seed = seed;
+    options.cases = 1;
+    const CheckReport report = check_on_simulator({inexact}, options);
+    ASSERT_EQ(report.results.size(), 1u);
+    const PropertyResult& result = report.results[0];
+    ASSERT_EQ(result.verdict, Verdict::Failed);
+    EXPECT_NE(result.failure.find("under strategy pct, reduction order tree"), std::string::npos)
+        << result.failure;
+    const Replay again = replay({inexact}, result.replay_token);
+    ASSERT_EQ(again.result.verdict, Verdict::Failed);
+    EXPECT_EQ(again.result.failure, result.failure);
+    EXPECT_EQ(again.report.strategy, sim::Strategy::Pct);
+    fired += again.report.mark_count("strategy.pct.change_point") > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(fired, 8);
 }
 
 TEST(Battery, LockstepRanksAgreeOnTheVerdictAndShrinkTogether) {

@@ -8,12 +8,15 @@
 #include <chorus/props/bench.hpp>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "props/planted_transport.hpp"
 #include "support/expect_error.hpp"
+#include "support/forwarding_transport.hpp"
 
 namespace chorus::props {
 namespace {
@@ -109,6 +112,153 @@ TEST(Bench, CraftedInputsAreExactInEveryDTypeAndReduction) {
   }
 }
 
+// Records the send buffer of each collective of the benchmarked dtype with at least 2 elements
+// (the bench's own barriers and agreements send 1), per op and rank.
+struct SentInputs {
+  DType dtype = DType::Float32;
+  std::mutex mutex;
+  std::map<std::pair<std::string, int>, std::vector<std::vector<unsigned char>>> sends;
+
+  void record(const char* op, int rank, const transport::Buffer& send) {
+    if (send.dtype != dtype || send.count < 2) {
+      return;
+    }
+    const auto* bytes = static_cast<const unsigned char*>(send.data);
+    const std::lock_guard lock(mutex);
+    sends[{op, rank}].emplace_back(bytes, bytes + send.nbytes());
+  }
+};
+
+class RecordingComm final : public transport::Comm {
+ public:
+  RecordingComm(std::shared_ptr<transport::Comm> inner, std::shared_ptr<SentInputs> sent, int rank)
+      : inner_(std::move(inner)), sent_(std::move(sent)), rank_(rank) {}
+
+  std::uint64_t id() const noexcept override { return inner_->id(); }
+  const std::string& tag() const noexcept override { return inner_->tag(); }
+  const std::vector<int>& ranks() const noexcept override { return inner_->ranks(); }
+  int group_rank() const noexcept override { return inner_->group_rank(); }
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const ReduceOp& reduce_op,
+                                              const transport::OpInfo& info) override {
+    sent_->record("all_reduce", rank_, send);
+    return inner_->all_reduce(send, recv, reduce_op, info);
+  }
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override {
+    sent_->record("all_gather", rank_, send);
+    return inner_->all_gather(send, recv, info);
+  }
+  std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
+                                                  const transport::Buffer& recv,
+                                                  const ReduceOp& reduce_op,
+                                                  const transport::OpInfo& info) override {
+    sent_->record("reduce_scatter", rank_, send);
+    return inner_->reduce_scatter(send, recv, reduce_op, info);
+  }
+  std::shared_ptr<transport::Work> all_to_all(const transport::Buffer& send,
+                                              const std::vector<std::size_t>& send_counts,
+                                              const transport::Buffer& recv,
+                                              const std::vector<std::size_t>& recv_counts,
+                                              const transport::OpInfo& info) override {
+    sent_->record("all_to_all", rank_, send);
+    return inner_->all_to_all(send, send_counts, recv, recv_counts, info);
+  }
+  std::shared_ptr<transport::Work> broadcast(const transport::Buffer& send,
+                                             const transport::Buffer& recv, int root,
+                                             const transport::OpInfo& info) override {
+    if (group_rank() == root) {  // send is read on the root only
+      sent_->record("broadcast", rank_, send);
+    }
+    return inner_->broadcast(send, recv, root, info);
+  }
+  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
+                                          const transport::Buffer& recv, const ReduceOp& reduce_op,
+                                          int root, const transport::OpInfo& info) override {
+    return inner_->reduce(send, recv, reduce_op, root, info);
+  }
+  void begin_group() override { inner_->begin_group(); }
+  std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override {
+    return inner_->end_group(info);
+  }
+
+ private:
+  std::shared_ptr<transport::Comm> inner_;
+  std::shared_ptr<SentInputs> sent_;
+  int rank_;
+};
+
+class RecordingTransport final : public testing::ForwardingTransport {
+ public:
+  RecordingTransport(std::shared_ptr<transport::Transport> inner, std::shared_ptr<SentInputs> sent)
+      : ForwardingTransport(std::move(inner)), sent_(std::move(sent)) {}
+  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                               const std::vector<int>& ranks) override {
+    return std::make_shared<RecordingComm>(ForwardingTransport::create_comm(tag, ranks), sent_,
+                                           rank());
+  }
+
+ private:
+  std::shared_ptr<SentInputs> sent_;
+};
+
+// The element of `bytes` at `index`, `element` bytes wide.
+std::vector<unsigned char> element_bytes(const std::vector<unsigned char>& bytes,
+                                         std::size_t element, std::size_t index) {
+  const auto first = bytes.begin() + static_cast<std::ptrdiff_t>(index * element);
+  return {first, first + static_cast<std::ptrdiff_t>(element)};
+}
+
+// #wrong means something only if the crafted inputs do: in every dtype, each op's input on each
+// rank has no zero element (so a transport that drops data or delivers zeros is counted) and
+// differs from the other ranks' (so one that mixes up ranks' blocks is). 2^53 / 4 once overflowed
+// int for Int64 and Float64 sums: every input and expected value was 0.
+TEST(Bench, CraftedInputsAreNonZeroAndDifferPerRankInEveryDType) {
+  BenchOptions options = quick(3);
+  options.min_bytes = 48;  // 2 elements per rank even for 8-byte dtypes on 3 ranks
+  options.max_bytes = 48;
+  options.iters = 1;
+  options.warmup = 0;
+  for (const DType dtype : {DType::UInt8, DType::Int8, DType::Int32, DType::Int64, DType::Float16,
+                            DType::BFloat16, DType::Float32, DType::Float64}) {
+    auto sent = std::make_shared<SentInputs>();
+    sent->dtype = dtype;
+    options.dtype = dtype;
+    options.wrap_transport = [sent](std::shared_ptr<transport::Transport> inner) {
+      return std::make_shared<RecordingTransport>(std::move(inner), sent);
+    };
+    std::ostringstream out;
+    const BenchReport report = run_bench(options, out);
+    ASSERT_TRUE(report.ok) << dtype_name(dtype) << "\n" << out.str();
+    const std::size_t element = element_size(dtype);
+    const std::vector<unsigned char> zero(element, 0);
+    for (const std::string op :
+         {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}) {
+      const int ranks = op == "broadcast" ? 1 : 3;  // broadcast reads its root's input only
+      std::vector<std::vector<unsigned char>> first_send(static_cast<std::size_t>(ranks));
+      for (int r = 0; r < ranks; ++r) {
+        const auto& sends = sent->sends[{op, r}];
+        ASSERT_FALSE(sends.empty()) << dtype_name(dtype) << " " << op << " rank " << r;
+        for (const std::vector<unsigned char>& bytes : sends) {
+          std::size_t zeros = 0;
+          for (std::size_t i = 0; i < bytes.size() / element; ++i) {
+            zeros += element_bytes(bytes, element, i) == zero ? 1 : 0;
+          }
+          EXPECT_EQ(zeros, 0u) << dtype_name(dtype) << " " << op << " rank " << r << ": of "
+                               << bytes.size() / element << " elements";
+        }
+        first_send[static_cast<std::size_t>(r)] = sends.front();
+      }
+      for (int r = 1; r < ranks; ++r) {
+        EXPECT_NE(first_send[static_cast<std::size_t>(r)], first_send[0])
+            << dtype_name(dtype) << " " << op << ": ranks 0 and " << r << " send the same input";
+      }
+    }
+  }
+}
+
 // On 64 ranks an Int8 product of 1s and 2s would wrap (past 6 twos), an Int8 sum of 1..4 too
 // (past 31 ranks), a Float16 or BFloat16 one would leave the exact integers: Crafted makes the
 // ranks past what the dtype holds contribute the identity, so every result stays exact.
@@ -122,6 +272,31 @@ TEST(Bench, CraftedInputsStayExactOnManyRanks) {
       expect_exact(options, dtype, reduce_op);
     }
   }
+}
+
+// A run whose every size is skipped (no whole element per rank) measured nothing: it fails and
+// says why, rather than printing an empty table as a pass.
+TEST(Bench, NothingMeasuredFailsAndSaysWhy) {
+  BenchOptions options = quick(8);
+  options.ops = {"all_gather", "reduce_scatter"};
+  options.min_bytes = 8;
+  options.max_bytes = 16;
+  std::ostringstream out;
+  const BenchReport report = run_bench(options, out);
+  EXPECT_FALSE(report.ok) << out.str();
+  EXPECT_EQ(report.ranks, 8);
+  EXPECT_TRUE(report.rows.empty());
+  EXPECT_NE(out.str().find("chorus bench: nothing was measured: no size benchmarked (8 to 16 "
+                           "bytes) holds one Float32 element per rank for these ops on 8 ranks, "
+                           "which takes 32 bytes: raise --max-bytes\n"),
+            std::string::npos)
+      << out.str();
+  EXPECT_EQ(out.str().find("OK"), std::string::npos) << out.str();
+  // One op that fits is enough.
+  options.ops = {"all_gather", "all_reduce"};
+  const BenchReport some = run_bench(options, out);
+  EXPECT_TRUE(some.ok);
+  EXPECT_EQ(some.rows.size(), 2u);  // all_reduce at 8 and 16 bytes
 }
 
 TEST(Bench, SizesParseWithSuffixes) {

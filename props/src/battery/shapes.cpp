@@ -1,5 +1,7 @@
-// shape.*: the result shape of each collective is the same eagerly, on meta tensors under
-// tracing, in the traced OpRecord, and from the public rule in chorus::meta.
+// shape.*: the result shape of each collective is the one DESIGN 2.3's rules give, computed here
+// from the input shape, and the same eagerly, on meta tensors under tracing, in the traced
+// OpRecord, and from the public rule in chorus::meta. (The last four share chorus's rule
+// functions, Note [One rule, three paths], so only the first can catch a wrong rule.)
 
 #include "battery/cases.hpp"
 #include "battery/families.hpp"
@@ -17,6 +19,10 @@ struct ShapeCase {
   int op = 0;       // index into kShapeOps
   bool equal_split = true;
 };
+
+// The ops that take a 0-d input (all but reduce_scatter and all_to_all_single, which split a
+// dimension).
+bool takes_0d(int op) { return op != 2 && op != 3; }
 
 void showValue(const ShapeCase& c, std::ostream& out) {
   out << kShapeOps[c.op] << (c.op == 3 ? (c.equal_split ? " (equal split)" : " (splits)") : "")
@@ -36,6 +42,13 @@ rc::Gen<ShapeCase> gen_shape_case(const World& world) {
           c.base.shape[static_cast<std::size_t>(normalized_dim(c.base.dim, c.base.shape))];
       c.equal_split = !*gen_flag();
     }
+    // A quarter of the cases of the ops that take one have a 0-d input, at any size (inRange
+    // scales with it); all_gather's dim is then 0 or -1 (it gathers a 0-d input as one element
+    // along dim 0). Shrinks towards the generated (n-d) shape.
+    if (takes_0d(c.op) && *rc::gen::resize(rc::kNominalSize, rc::gen::inRange(0, 4)) == 3) {
+      c.base.shape.clear();
+      c.base.dim = c.base.dim < 0 ? -1 : 0;
+    }
     return c;
   });
 }
@@ -43,6 +56,39 @@ rc::Gen<ShapeCase> gen_shape_case(const World& world) {
 // Rows group rank m sends to n in the split form: 1 or 2, the same table on every rank.
 std::int64_t rows_between(std::size_t m, std::size_t n) {
   return 1 + static_cast<std::int64_t>((m + n) % 2);
+}
+
+// The result shape by DESIGN 2.3's rules, from the input shape alone: all_gather multiplies the
+// gather dim by the group size (a 0-d input gives [group size]), reduce_scatter divides the
+// scatter dim by it, all_to_all_single's dim 0 is the sum of the output splits (the input's dim 0
+// for the equal split), and the others keep the input's shape. `receives` are this rank's output
+// splits (all_to_all_single with splits only).
+Shape rule_shape(const ShapeCase& c, const Shape& input, std::int64_t group_size,
+                 const std::vector<std::int64_t>& receives) {
+  Shape out = input;
+  const auto dim = [&] { return static_cast<std::size_t>(normalized_dim(c.base.dim, input)); };
+  switch (c.op) {
+    case 1:
+      if (input.empty()) {
+        return {group_size};
+      }
+      out[dim()] = input[dim()] * group_size;
+      return out;
+    case 2:
+      CHORUS_CHECK_EQ(input[dim()] % group_size, 0);  // the generator makes it divisible
+      out[dim()] = input[dim()] / group_size;
+      return out;
+    case 3:
+      if (!c.equal_split) {
+        out[0] = 0;
+        for (const std::int64_t rows : receives) {
+          out[0] += rows;
+        }
+      }
+      return out;
+    default:
+      return out;
+  }
 }
 
 struct Call {
@@ -127,6 +173,19 @@ void check_shapes(const ShapeCase& c, Env& env) {
   const OpRecord& eager_record = trace.records()[0];
   const OpRecord& meta_record = trace.records()[1];
   const auto text = [](const Shape& s) { return shape_text(s); };
+  const int group_size = c.base.layout.group_size();
+  std::vector<std::int64_t> receives;
+  for (std::size_t m = 0; m < members->size(); ++m) {
+    receives.push_back(rows_between(m, static_cast<std::size_t>(index_of(*members, env.rank()))));
+  }
+  const Shape expected = rule_shape(c, shape, group_size, receives);
+  const std::string rule_text = " but the rule gives " + text(expected) + " (input " + text(shape) +
+                                ", dim " + std::to_string(c.base.dim) + ", group size " +
+                                std::to_string(group_size) + ")";
+  env.require(eager.result.sizes() == expected, std::string(kShapeOps[c.op]) + ": eager shape " +
+                                                    text(eager.result.sizes()) + rule_text);
+  env.require(eager.rule == expected,
+              std::string(kShapeOps[c.op]) + ": chorus::meta says " + text(eager.rule) + rule_text);
   env.require(eager.result.sizes() == eager.rule, std::string(kShapeOps[c.op]) + ": eager shape " +
                                                       text(eager.result.sizes()) +
                                                       " but chorus::meta says " + text(eager.rule));
@@ -150,7 +209,8 @@ void check_shapes(const ShapeCase& c, Env& env) {
 std::vector<Property> shape_properties() {
   return {make_property<ShapeCase>(
       "shape.eager_meta_traced",
-      "result shapes agree: eager, meta under tracing, the traced record and chorus::meta",
+      "result shapes follow the rules and agree: eager, meta under tracing, the traced record and "
+      "chorus::meta",
       gen_shape_case, check_shapes)};
 }
 

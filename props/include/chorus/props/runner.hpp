@@ -103,14 +103,21 @@ struct CheckOptions {
 // order. Several globs may be given separated by commas.
 std::vector<Property> select(const std::vector<Property>& properties, std::string_view glob);
 
+// Throws InvalidArgument unless `options` are in range: ranks in [1, 1024], cases at least 1,
+// pct_depth in [1, 3], shrink_runs_max not negative. Both runners call it first; a program that
+// starts ranks for check_in_lockstep calls it before, so that bad options are refused once,
+// outside any rank. Never blocks.
+void check_options(const CheckOptions& options);
+
 // Runs every property on the simulator (Note [Property runners]). Blocks; call it outside any
-// rank. Throws InvalidArgument for options out of range.
+// rank. Throws InvalidArgument for options out of range (check_options).
 CheckReport check_on_simulator(const std::vector<Property>& properties,
                                const CheckOptions& options);
 
 // Runs every property on the calling rank's transport in lockstep with the other ranks (Note
 // [Property runners]); call it on every rank, with the same properties and options. Every rank
-// returns the same report.
+// returns the same report. Throws InvalidArgument for options out of range (check_options, with
+// ranks the world's size) on every rank alike.
 CheckReport check_in_lockstep(const std::vector<Property>& properties, const CheckOptions& options);
 
 // The chorus::run options for check_in_lockstep on `transport` ("sim", "mpi" or "nccl"): its
