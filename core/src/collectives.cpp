@@ -1028,23 +1028,29 @@ Tensor& reduce_scatter_tensor_inplace(Tensor& output, const Tensor& input, Reduc
   return output;
 }
 
-// The rank's deferred errors (Note [Work lifecycle], step 3), raised at explicit waits too.
+// The rank's deferred errors (Note [Work lifecycle], step 3), raised at explicit waits too:
+// after the wait's own works, so another work's error never leaves the wait undone (a caller
+// that catches it would hold a tensor still pending, and all_reduce_inplace would return with
+// its own collective in flight).
 void settle_calling_rank() {
   if (RankContext* context = RankContext::current()) {
     context->state().settle_unwaited();
   }
 }
 
-Tensor wait_tensor(const Tensor& tensor) {
-  settle_calling_rank();
+void wait_storage_of(const Tensor& tensor) {
   if (const auto& storage = TensorAccess::storage(tensor)) {
     storage->wait_ready();
   }
+}
+
+Tensor wait_tensor(const Tensor& tensor) {
+  wait_storage_of(tensor);
+  settle_calling_rank();
   return tensor;
 }
 
 std::vector<Tensor> wait_tensors(const std::vector<Tensor>& tensors) {
-  settle_calling_rank();
   // Group the pending storages by registry (normally all the calling rank's), so each distinct
   // work is waited once.
   std::map<detail::WorkRegistry*,
@@ -1073,7 +1079,7 @@ std::vector<Tensor> wait_tensors(const std::vector<Tensor>& tensors) {
   if (!first_error) {
     for (const Tensor& tensor : tensors) {
       try {
-        wait_tensor(tensor);  // failures of works waited earlier
+        wait_storage_of(tensor);  // failures of works waited earlier
       } catch (...) {
         first_error = std::current_exception();
         break;
@@ -1083,6 +1089,7 @@ std::vector<Tensor> wait_tensors(const std::vector<Tensor>& tensors) {
   if (first_error) {
     std::rethrow_exception(first_error);
   }
+  settle_calling_rank();
   return tensors;
 }
 

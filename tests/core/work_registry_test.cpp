@@ -8,6 +8,7 @@
 
 #include <chorus/chorus.hpp>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -427,6 +428,36 @@ TEST(WorkRegistry, FailedDeferredDropIsRaisedAtTheRanksNextCollectiveOnce) {
   EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
 }
 
+TEST(WorkRegistry, AnExplicitWaitFinishesItsOwnWorkBeforeRaisingAFailedDrop) {
+  // A dropped result's failure is raised at the next explicit wait, but only after that wait's
+  // own tensor is ready: raised first, it left the waited tensor pending for a caller that
+  // catches it (and all_reduce_inplace returned with its own collective in flight).
+  for (const bool many : {false, true}) {
+    FakeRank rank;
+    Tensor kept = all_reduce(iota(2), "sum", {0});
+    const auto kept_work = rank.transport().last_work();
+    kept_work->complete_when_waited();
+    {
+      Tensor dropped = all_reduce(iota(2), "sum", {0});
+      rank.transport().last_work()->fail(make_error(
+          ErrorCode::TransportError, ErrorContext{0, "all_reduce", 1, "[0]"}, "link down"));
+    }
+    try {
+      if (many) {
+        (void)wait_tensors({kept});
+      } else {
+        (void)wait_tensor(kept);
+      }
+      ADD_FAILURE() << "the failed drop was not raised";
+    } catch (const TransportError& e) {
+      EXPECT_NE(std::string(e.what()).find("link down"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(kept_work->waits(), 1) << (many ? "wait_tensors" : "wait_tensor");
+    EXPECT_FALSE(kept.is_pending());
+    EXPECT_EQ(kept.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
+  }
+}
+
 TEST(WorkRegistry, FailedDeferredDropIsTheRanksErrorAtExit) {
   auto transport = std::make_shared<FakeTransport>();
   RankContext context(transport);
@@ -610,6 +641,40 @@ TEST(WorkRegistry, FailedLeftoverAtRankExitIsReturnedAsTheRanksError) {
   EXPECT_THROW(std::rethrow_exception(summary.error), RankFailure);
   ASSERT_EQ(summary.unwaited.size(), 1u);
   EXPECT_NE(summary.unwaited[0].error.find("peer died"), std::string::npos);
+}
+
+TEST(WorkRegistry, AFailedDropStillFinalizingElsewhereAtRankExitIsTheRanksError) {
+  // Another thread drops the rank's last result and is held between the work's completion (a
+  // failure) and recording it; the rank exits meanwhile. The exit completes the work too and
+  // must record the failure itself: the other thread would record it only after the rank read
+  // its errors, where nothing raises it.
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  Tensor result;
+  {
+    ScopedRankBinding binding(&context);
+    result = all_reduce(iota(2), "sum", {0});
+  }
+  const auto work = transport->last_work();
+  std::promise<void> reached;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  work->on_finalized_hook = [&reached, released] {
+    reached.set_value();
+    released.wait();
+  };
+  work->fail(
+      make_error(ErrorCode::TransportError, ErrorContext{0, "all_reduce", 0, "[0]"}, "link down"));
+  std::thread dropper([held = std::move(result)]() mutable { held = Tensor(); });
+  reached.get_future().wait();  // the dropper completed the work and is held before recording
+  const RankContext::Summary summary = context.finish();
+  release.set_value();
+  dropper.join();
+  ASSERT_NE(summary.error, nullptr);
+  EXPECT_THROW(std::rethrow_exception(summary.error), TransportError);
+  ASSERT_EQ(summary.unwaited.size(), 1u);
+  EXPECT_NE(summary.unwaited[0].error.find("link down"), std::string::npos);
+  EXPECT_EQ(context.state().registry()->unwaited().size(), 1u) << "one report line";
 }
 
 TEST(WorkRegistry, OutsideARankTheRegistryIsUnreachable) {

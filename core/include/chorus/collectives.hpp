@@ -125,18 +125,21 @@ Tensor& reduce_scatter_tensor_inplace(Tensor& output, const Tensor& input, Reduc
                                       CallSite site = CallSite::current());
 
 // Waits for every collective pending on `tensor`'s storage (blocking the host for CPU tensors),
-// removes them from the registry, and returns `tensor`. Idempotent: a tensor with nothing
-// pending returns at once. Rethrows the collective's error. Thread-safe; callable from any
-// thread.
+// removes them from the registry, and returns `tensor`. Idempotent: a second wait has no
+// collective to wait for. Rethrows the collective's error. Then, on a rank, settles the rank's
+// dropped results (finalizing deferred drops, which may block) and raises the first failure
+// among them (Note [Work lifecycle]): only after `tensor` is ready. Thread-safe; callable from
+// any thread.
 Tensor wait_tensor(const Tensor& tensor);
 
 // Waits for every distinct work pending on any of `tensors` once (a coalesced work shared by
 // several outputs is waited once), then returns `tensors`. Rethrows the first error after
-// waiting every work.
+// waiting every work; then settles the rank's dropped results as wait_tensor does.
 std::vector<Tensor> wait_tensors(const std::vector<Tensor>& tensors);
 
 // Distinct pending works registered for the calling rank (a coalesced call counts 1). Exact at
-// every point. Throws InvalidArgument outside a rank.
+// every point: it settles the rank's dropped results first, as wait_tensor does, so it may raise
+// a dropped result's failure. Throws InvalidArgument outside a rank.
 std::size_t work_registry_size();
 
 // Why a reduction (all_reduce, reduce_scatter_tensor, reduce, and their coalesced and in-place
