@@ -45,8 +45,14 @@ Storage::~Storage() {
 void Storage::attach_registry(const WorkRegistry* registry,
                               const std::weak_ptr<WorkRegistry>& self) {
   if (!registry_.expired()) {
-    CHORUS_CHECK(attached_ == registry);  // one live registry per storage
-    return;
+    if (attached_ == registry) {
+      return;
+    }
+    // Another live rank's registry: a tensor one rank made (or shares with it, in one process)
+    // that this rank now writes in place. The in-place call waited the tensor first, so nothing
+    // is pending there and the storage moves over. Works of two ranks pending on one storage at
+    // once cannot be: each registry guards only its own links.
+    CHORUS_CHECK(!is_pending());
   }
   registry_ = self;
   attached_ = registry;

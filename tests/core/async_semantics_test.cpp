@@ -152,6 +152,30 @@ TEST(AsyncSemantics, ARankMayWaitOnAndDropAnotherRanksPendingTensor) {
   }
 }
 
+TEST(AsyncSemantics, TwoRanksMayReduceInPlaceIntoViewsOfOneStorage) {
+  // One storage made outside the ranks, a row each, written in place by each rank's own
+  // collective (a storage moves between ranks' registries; it aborted on a CHECK that a storage
+  // only ever belongs to one registry). Also a tensor one rank made, reduced in place by another.
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    Tensor shared = Tensor::from_vector(std::vector<std::int32_t>{1, 2, 3, 4}).view({2, 2});
+    std::vector<Tensor> handed(2);
+    sim::SimReport report = sim::run(quiet_options(2, seed), [&] {
+      Tensor mine = shared.select(0, rank());
+      all_reduce_inplace(mine, "sum", {rank()});
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();  // both alive
+      handed[static_cast<std::size_t>(rank())] =
+          all_reduce(Tensor::full({2}, rank() + 1, DType::Int32), "sum", {rank()});
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();  // both published
+      Tensor theirs = handed[static_cast<std::size_t>(1 - rank())];
+      all_reduce_inplace(theirs, "sum", world());
+      EXPECT_EQ(theirs.to_vector<std::int32_t>(), (std::vector<std::int32_t>{3, 3}));
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+    });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    EXPECT_EQ(shared.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2, 3, 4}));
+  }
+}
+
 TEST(AsyncSemantics, AThreadThatIsNotARankMayWaitOnAPendingTensor) {
   for (sim::ExecutorKind executor : {sim::ExecutorKind::Fibers, sim::ExecutorKind::Threads}) {
     sim::SimOptions options = quiet_options(3, 2);

@@ -66,8 +66,10 @@ class Storage {
   std::shared_ptr<WorkRegistry> registry() const noexcept { return registry_.lock(); }
 
   // ---- For WorkRegistry, under its lock.
-  // A storage is registered with at most one live registry at a time (outputs are fresh storages
-  // made by the collective that registers them). `self` is `registry`'s weak_from_this().
+  // A storage is registered with at most one live registry at a time: outputs are fresh storages
+  // made by the collective that registers them, and an in-place call, which registers the
+  // caller's storage, waits it first, so a storage another rank registered moves over with
+  // nothing pending. `self` is `registry`'s weak_from_this().
   void attach_registry(const WorkRegistry* registry, const std::weak_ptr<WorkRegistry>& self);
   void add_pending() noexcept;
   void remove_pending() noexcept;
