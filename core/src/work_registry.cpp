@@ -208,8 +208,10 @@ void WorkRegistry::wait_storage(const Storage& storage) {
       only = listed_work_locked(storage.works_.front());
     }
   }
-  // With several works, or when the works changed since the look above (another thread waited
-  // or issued meanwhile), the general path looks again, as it always did.
+  // With several works the general path; with one, that work (if another thread retired it
+  // meanwhile, completing it again is a no-op). Works issued on the storage after the look
+  // above are not waited: they began after this wait did, and a thread that reads a tensor
+  // while another issues an in-place collective on it races with that collective anyway.
   std::exception_ptr error =
       only != nullptr ? complete_and_retire_one(only) : complete_and_retire(works_of(storage));
   if (error) {
@@ -409,7 +411,9 @@ void WorkRegistry::complete_all_at_exit() noexcept {
     finalize(claim);
   }
   // Works another context is finalizing: complete and retire them here too (both idempotent),
-  // so the rank ends with an empty registry whatever that context does next.
+  // so the rank ends with an empty registry whatever that context does next. A failure is
+  // recorded here too (once, whoever is first): that context may record it only after the rank
+  // has read its errors, and the failure would be raised nowhere.
   for (const std::shared_ptr<PendingWork>& work : finalizing_elsewhere) {
     std::exception_ptr error;
     try {
@@ -419,6 +423,13 @@ void WorkRegistry::complete_all_at_exit() noexcept {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     retire_completed_locked(work, error);
+    if (error) {
+      try {
+        record_drop_failure_locked(*work, error, /*at_rank_exit=*/false);
+      } catch (...) {
+        // Out of memory while recording: never throw at exit.
+      }
+    }
   }
   finish_stream_waits_at_exit();
 }
@@ -497,6 +508,7 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
   } catch (...) {
     claim.record = kNoRecord;  // out of memory: the report loses this line
   }
+  work->unwaited_record_ = claim.record;
   return claim;
 }
 
@@ -512,14 +524,23 @@ void WorkRegistry::finalize(const Claim& claim) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     retire_completed_locked(claim.work, error, &claim);
     if (error) {
-      if (claim.record != kNoRecord) {
-        unwaited_[claim.record].error = describe(error);
-      }
-      defer_error_locked(explain_unwaited_failure(error, claim.work->info(), claim.at_rank_exit));
+      record_drop_failure_locked(*claim.work, error, claim.at_rank_exit);
     }
   } catch (...) {
     // Out of memory while recording: never throw from a drop.
   }
+}
+
+void WorkRegistry::record_drop_failure_locked(PendingWork& work, const std::exception_ptr& error,
+                                              bool at_rank_exit) {
+  if (work.failure_recorded_) {
+    return;
+  }
+  work.failure_recorded_ = true;
+  if (work.unwaited_record_ != kNoRecord) {
+    unwaited_[work.unwaited_record_].error = describe(error);
+  }
+  defer_error_locked(explain_unwaited_failure(error, work.info(), at_rank_exit));
 }
 
 std::size_t WorkRegistry::size() const {

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -123,7 +124,12 @@ class FakeWork final : public transport::Work {
     finalized_at_rank_exit_.store(at_rank_exit);
     finalized_failed_.store(failed);
     finalizations_.fetch_add(1);
+    if (on_finalized_hook) {
+      on_finalized_hook();  // e.g. hold a finalizing thread here, between completion and record
+    }
   }
+  // Runs inside on_finalized (set it before the work can be finalized; it must not throw).
+  std::function<void()> on_finalized_hook;
   // Whether core should defer finalizing this work when dropped (transport::Work's hook), and
   // how often core asked.
   bool defer_finalization() const noexcept override {

@@ -144,6 +144,8 @@ class PendingWork {
   StampedLinks<const Storage> storages_;  // valid while listed: ~Storage unlists itself first
   bool dropped_ = false;  // every storage is gone; the work stays until it completes
   bool claimed_ = false;  // someone is completing it as unwaited (its report line exists)
+  std::size_t unwaited_record_ = static_cast<std::size_t>(-1);  // its report line; -1: none
+  bool failure_recorded_ = false;  // its failure is in the report and the deferred errors
 
   void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
 };
@@ -210,6 +212,10 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
  private:
   // A work taken for completion as unwaited, and its line in the report.
   static constexpr std::size_t kNoRecord = static_cast<std::size_t>(-1);
+  // Puts a dropped work's failure in its report line and the deferred errors, once, whichever
+  // context completing it gets there first (a drop's finalize, or the rank's exit).
+  void record_drop_failure_locked(PendingWork& work, const std::exception_ptr& error,
+                                  bool at_rank_exit);
   struct Claim {
     std::shared_ptr<PendingWork> work;
     std::size_t record;
