@@ -1,9 +1,24 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of sim_ops_fuzz (tests/fuzz/corpus/sim_ops_fuzz/): small hand-made
 programs, one per mechanism, in the input format sim_ops_fuzz.cpp documents. Rerun after a
-change of that format: python3 tests/fuzz/seed_corpus.py"""
+change of that format: python3 tests/fuzz/seed_corpus.py
 
+With --check BINARY (ctest sim_ops_fuzz.seeds) it writes nothing: it requires the committed corpus
+to be what this script writes, and BINARY (sim_ops_fuzz, CHORUS_FUZZ_DESCRIBE=1) to decode every
+seed to the world size, options, instruction count and stream length the seed was written for."""
+
+import os
 import pathlib
+import re
+import subprocess
+import sys
+from typing import NamedTuple
+
+
+class Seed(NamedTuple):
+    data: bytes
+    header: dict  # what sim_ops_fuzz must decode: its CHORUS_FUZZ_DESCRIBE "decoded" fields
+
 
 POOLED, LIFO, QUARANTINE, RANDOM = range(4)
 WAIT_ALL, DROP, KEEP, DROP_REVERSED = range(4)
@@ -18,7 +33,10 @@ def program(world, instructions, stream=b"", allocator=POOLED, finalization=Fals
     body = bytes([flags, end_byte, len(instructions)])
     for a, b in instructions:
         body += bytes([a, b])
-    return body + stream
+    header = {"world": world, "allocator": allocator, "finalization": int(finalization),
+              "adversarial": int(adversarial), "pct": int(pct),
+              "instructions": len(instructions), "stream": len(stream)}
+    return Seed(body + stream, header)
 
 
 def op(kind, arg=0):  # a collective: every rank
@@ -94,9 +112,49 @@ SEEDS = {
                                      ends=(KEEP, DROP, WAIT_ALL)),
 }
 
+DIRECTORY = pathlib.Path(__file__).parent / "corpus" / "sim_ops_fuzz"
+
+
+def decoded(binary, path):
+    """The header fields sim_ops_fuzz decodes from the input at `path`."""
+    run = subprocess.run([binary, str(path)], capture_output=True, text=True,
+                         env=dict(os.environ, CHORUS_FUZZ_DESCRIBE="1"), check=False)
+    line = re.search(r"^sim_ops_fuzz: decoded (.*)$", run.stdout, re.MULTILINE)
+    if run.returncode != 0 or line is None:
+        sys.exit(f"{binary} {path} exited {run.returncode} without a decoded line:\n"
+                 f"{run.stdout}{run.stderr}")
+    fields = line.group(1).split()
+    return {key: int(value) for key, value in zip(fields[::2], fields[1::2])}
+
+
+def check(binary):
+    failures = []
+    committed = sorted(p.name for p in DIRECTORY.iterdir())
+    if committed != sorted(SEEDS):
+        failures.append(f"{DIRECTORY} holds {committed}, this script writes {sorted(SEEDS)}")
+    for name, seed in SEEDS.items():
+        path = DIRECTORY / name
+        if path.exists() and path.read_bytes() != seed.data:
+            failures.append(f"{name}: the committed file is not what this script writes")
+            continue
+        header = decoded(binary, path)
+        if header != seed.header:
+            failures.append(f"{name}: decoded {header}, written for {seed.header}")
+        else:
+            print(f"{name}: {header}")
+    if failures:
+        sys.exit("seed corpus check failed (rerun python3 tests/fuzz/seed_corpus.py after a "
+                 "format change):\n  " + "\n  ".join(failures))
+    print(f"all {len(SEEDS)} seeds decode as written")
+
+
 if __name__ == "__main__":
-    directory = pathlib.Path(__file__).parent / "corpus" / "sim_ops_fuzz"
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in SEEDS.items():
-        (directory / name).write_bytes(data)
-    print(f"wrote {len(SEEDS)} inputs to {directory}")
+    if len(sys.argv) == 3 and sys.argv[1] == "--check":
+        check(sys.argv[2])
+    elif len(sys.argv) == 1:
+        DIRECTORY.mkdir(parents=True, exist_ok=True)
+        for name, seed in SEEDS.items():
+            (DIRECTORY / name).write_bytes(seed.data)
+        print(f"wrote {len(SEEDS)} inputs to {DIRECTORY}")
+    else:
+        sys.exit("usage: seed_corpus.py [--check SIM_OPS_FUZZ_BINARY]")
