@@ -12,7 +12,8 @@
 //   byte 1   how each rank ends (2 bits per rank): wait everything, drop in order, keep past the
 //            rank's end (completed at rank exit), drop in reverse order
 //   byte 2   the number of instructions (b % 65; fewer if the input ends first), two bytes
-//            each, then the decision stream
+//            each, then the decision stream (SimOptions::fuzz_bytes; its digest is also the seed,
+//            from which PCT draws its priorities and change points)
 //
 // An instruction is (a, b). a % 16 < 6 is a collective every rank issues, in program order (so
 // ranks agree), or an exchange in which every rank waits on a copy of a peer's result between two
@@ -118,6 +119,15 @@ Program decode(const std::uint8_t* data, std::size_t size) {
     program.stream.assign(data + next, data + size);
   }
   return program;
+}
+
+// FNV-1a, 64 bits: the seed of a run from its decision stream's bytes.
+std::uint64_t digest(const std::vector<std::uint8_t>& bytes) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  for (std::uint8_t byte : bytes) {
+    hash = (hash ^ byte) * 0x100000001b3ULL;
+  }
+  return hash;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -787,7 +797,10 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   options.reduction_order =
       program.adversarial_order ? sim::ReductionOrder::Adversarial : sim::ReductionOrder::Fixed;
   options.strategy = program.pct ? sim::Strategy::Pct : sim::Strategy::RandomWalk;
-  options.seed = size;
+  // The seed is what PCT draws its priorities and change points from (its picks take no bytes):
+  // a digest of the stream, so other bytes are another PCT schedule. (The input's length made
+  // every input of one program and length the same schedule under PCT.)
+  options.seed = digest(program.stream);
 
   const auto ranks = static_cast<std::size_t>(program.world_size);
   std::vector<std::vector<UnwaitedKey>> expected_unwaited(ranks);
