@@ -301,6 +301,29 @@ struct Row {
   int iters = 0;
 };
 
+// The element counts (nccl-tests' count) of the sizes min-bytes, min-bytes * step, ... up to
+// max-bytes, for op `name` on `ranks` ranks: whole floats, and for every op but all_reduce equal
+// blocks per rank. Rounding maps neighbouring sizes onto one count (4 ranks: 8 and 16 bytes are
+// both 4 floats); such a count is listed, so measured and printed, once.
+std::vector<std::size_t> swept_counts(const BenchOptions& options, const std::string& name,
+                                      std::size_t ranks) {
+  std::vector<std::size_t> counts;
+  for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes;) {
+    std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
+    if (name != "all_reduce") {
+      count = std::max(count / ranks, std::size_t{1}) * ranks;  // equal blocks, as nccl-tests
+    }
+    if (counts.empty() || counts.back() != count) {
+      counts.push_back(count);
+    }
+    if (bytes > options.max_bytes / options.step) {
+      break;
+    }
+    bytes *= options.step;
+  }
+  return counts;
+}
+
 // Times `iters` operations of one path after a barrier; the slowest rank's time per op in µs.
 double time_batch(bool chorus_path, OpCase& op, int iters, MPI_Comm comm) {
   MPI_Barrier(comm);
@@ -380,11 +403,7 @@ void bench_rank(const BenchOptions& options) {
                   "count", "iters", "chorus us", "algbw", "busbw", "#wrong", "raw us", "algbw",
                   "busbw", "#wrong", "ratio", "+us");
     }
-    for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes;) {
-      std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
-      if (name != "all_reduce") {
-        count = std::max(count / un, std::size_t{1}) * un;  // equal blocks, as nccl-tests
-      }
+    for (const std::size_t count : swept_counts(options, name, un)) {
       OpCase op = make_case(name, count, rank, n, comm, world, options.raw_nonblocking);
       const Row row = measure(op, options, comm);
       if (rank == 0) {
@@ -400,14 +419,11 @@ void bench_rank(const BenchOptions& options) {
         std::fflush(stdout);
       }
       if (row.chorus_wrong != 0 || row.raw_wrong != 0) {
-        throw std::runtime_error(
-            name + " at " + std::to_string(bytes) + " bytes: " + std::to_string(row.chorus_wrong) +
-            " wrong chorus elements, " + std::to_string(row.raw_wrong) + " wrong raw MPI elements");
+        throw std::runtime_error(name + " at " + std::to_string(count * sizeof(float)) +
+                                 " bytes: " + std::to_string(row.chorus_wrong) +
+                                 " wrong chorus elements, " + std::to_string(row.raw_wrong) +
+                                 " wrong raw MPI elements");
       }
-      if (bytes > options.max_bytes / options.step) {
-        break;
-      }
-      bytes *= options.step;
     }
   }
   MPI_Comm_free(&comm);
