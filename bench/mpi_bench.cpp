@@ -15,6 +15,8 @@
 // the output, reduce_scatter: the input), count its elements (float32), algbw = size / time,
 // busbw = algbw * factor (all_reduce 2(n-1)/n, the others (n-1)/n). `#wrong` counts result
 // elements that differ from the exact expected value, summed over ranks, for both paths.
+// `busbw_ratio` is chorus busbw / raw busbw (= raw time / chorus time): below 1 chorus is slower
+// (bench_nccl's `time_ratio` is the other way up, chorus time / raw time).
 //
 // --iters=0 (the default) picks per size the number of operations that makes a raw batch take
 // about --batch-ms (1 to 1000 operations), agreed by all ranks. --raw=nonblocking makes the raw
@@ -301,6 +303,29 @@ struct Row {
   int iters = 0;
 };
 
+// The element counts (nccl-tests' count) of the sizes min-bytes, min-bytes * step, ... up to
+// max-bytes, for op `name` on `ranks` ranks: whole floats, and for every op but all_reduce equal
+// blocks per rank. Rounding maps neighbouring sizes onto one count (4 ranks: 8 and 16 bytes are
+// both 4 floats); such a count is listed, so measured and printed, once.
+std::vector<std::size_t> swept_counts(const BenchOptions& options, const std::string& name,
+                                      std::size_t ranks) {
+  std::vector<std::size_t> counts;
+  for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes;) {
+    std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
+    if (name != "all_reduce") {
+      count = std::max(count / ranks, std::size_t{1}) * ranks;  // equal blocks, as nccl-tests
+    }
+    if (counts.empty() || counts.back() != count) {
+      counts.push_back(count);
+    }
+    if (bytes > options.max_bytes / options.step) {
+      break;
+    }
+    bytes *= options.step;
+  }
+  return counts;
+}
+
 // Times `iters` operations of one path after a barrier; the slowest rank's time per op in µs.
 double time_batch(bool chorus_path, OpCase& op, int iters, MPI_Comm comm) {
   MPI_Barrier(comm);
@@ -370,21 +395,17 @@ void bench_rank(const BenchOptions& options) {
         options.iters == 0 ? "auto" : std::to_string(options.iters).c_str(),
         options.raw_nonblocking ? "nonblocking (MPI_I* + MPI_Wait)" : "blocking");
     std::printf(
-        "# time: us per op (slowest rank); algbw, busbw: GB/s; ratio: chorus/raw busbw; "
+        "# time: us per op (slowest rank); algbw, busbw: GB/s; busbw_ratio: chorus/raw busbw; "
         "+us: chorus - raw\n");
   }
   for (const std::string& name : options.ops) {
     if (rank == 0) {
       std::printf("#\n# %s\n", name.c_str());
-      std::printf("# %12s %11s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s %9s\n", "size",
+      std::printf("# %12s %11s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %11s %9s\n", "size",
                   "count", "iters", "chorus us", "algbw", "busbw", "#wrong", "raw us", "algbw",
-                  "busbw", "#wrong", "ratio", "+us");
+                  "busbw", "#wrong", "busbw_ratio", "+us");
     }
-    for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes;) {
-      std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
-      if (name != "all_reduce") {
-        count = std::max(count / un, std::size_t{1}) * un;  // equal blocks, as nccl-tests
-      }
+    for (const std::size_t count : swept_counts(options, name, un)) {
       OpCase op = make_case(name, count, rank, n, comm, world, options.raw_nonblocking);
       const Row row = measure(op, options, comm);
       if (rank == 0) {
@@ -392,7 +413,7 @@ void bench_rank(const BenchOptions& options) {
         const double chorus_algbw = size / row.chorus_us / 1e3;
         const double raw_algbw = size / row.raw_us / 1e3;
         std::printf("  %12zu %11zu %6d | %10.2f %8.3f %8.3f %6" PRId64
-                    " | %10.2f %8.3f %8.3f %6" PRId64 " | %6.3f %9.2f\n",
+                    " | %10.2f %8.3f %8.3f %6" PRId64 " | %11.3f %9.2f\n",
                     count * sizeof(float), count, row.iters, row.chorus_us, chorus_algbw,
                     chorus_algbw * op.bus_factor, row.chorus_wrong, row.raw_us, raw_algbw,
                     raw_algbw * op.bus_factor, row.raw_wrong, row.raw_us / row.chorus_us,
@@ -400,14 +421,11 @@ void bench_rank(const BenchOptions& options) {
         std::fflush(stdout);
       }
       if (row.chorus_wrong != 0 || row.raw_wrong != 0) {
-        throw std::runtime_error(
-            name + " at " + std::to_string(bytes) + " bytes: " + std::to_string(row.chorus_wrong) +
-            " wrong chorus elements, " + std::to_string(row.raw_wrong) + " wrong raw MPI elements");
+        throw std::runtime_error(name + " at " + std::to_string(count * sizeof(float)) +
+                                 " bytes: " + std::to_string(row.chorus_wrong) +
+                                 " wrong chorus elements, " + std::to_string(row.raw_wrong) +
+                                 " wrong raw MPI elements");
       }
-      if (bytes > options.max_bytes / options.step) {
-        break;
-      }
-      bytes *= options.step;
     }
   }
   MPI_Comm_free(&comm);

@@ -11,7 +11,10 @@
 //
 // What is timed, per size (float32 elements, sum): `iters` back-to-back operations, each issued
 // and completed before the next, alternating a chorus batch and a raw batch `reps` times (which
-// goes first alternates too); the printed time per operation is the median over the reps.
+// goes first alternates too); the printed time per operation is the median over the reps (for an
+// even count the mean of the two middle ones, as bench_mpi and bench_store take it).
+// `time_ratio` is chorus time / raw time: above 1 chorus is slower (bench_mpi's `busbw_ratio`
+// is the other way up, chorus busbw / raw busbw).
 // - chorus: chorus::all_reduce_inplace on device memory wrapped with Tensor::from_blob (which
 //   returns after ordering the legacy default stream behind the operation, DESIGN 2.4), then
 //   cudaStreamSynchronize of that stream, as the raw side synchronises its own.
@@ -152,7 +155,8 @@ int current_device() {
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
 }
 
 // Median microseconds per operation of each path.
@@ -183,12 +187,12 @@ Medians alternate(const BenchOptions& options, int iters, TimeChorus time_chorus
 }
 
 void print_columns() {
-  std::printf("%12s %8s %12s %12s %10s %8s %7s\n", "size(B)", "iters", "chorus(us)", "raw(us)",
-              "added(us)", "ratio", "#wrong");
+  std::printf("%12s %8s %12s %12s %10s %10s %7s\n", "size(B)", "iters", "chorus(us)", "raw(us)",
+              "added(us)", "time_ratio", "#wrong");
 }
 
 void print_row(std::size_t bytes, int iters, const Medians& medians, std::size_t wrong) {
-  std::printf("%12zu %8d %12.2f %12.2f %10.2f %8.2f %7zu\n", bytes, iters, medians.chorus_us,
+  std::printf("%12zu %8d %12.2f %12.2f %10.2f %10.2f %7zu\n", bytes, iters, medians.chorus_us,
               medians.raw_us, medians.chorus_us - medians.raw_us,
               medians.raw_us > 0 ? medians.chorus_us / medians.raw_us : 0.0, wrong);
   std::fflush(stdout);

@@ -78,7 +78,9 @@ endfunction()
 # CHORUS_LIBFUZZER is on, else with tests/fuzz/standalone_main.cpp. CTest (label `fuzz`) runs it
 # on its committed seed corpus tests/fuzz/corpus/<name>/ plus RUNS more inputs (libFuzzer's
 # mutations, or the standalone driver's PRNG inputs, seed 1); new corpus entries and crash files
-# land in the build tree, never in the committed corpus. scripts/fuzz runs it for longer.
+# land in the build tree, never in the committed corpus. The corpus libFuzzer writes is emptied
+# before each run: kept, it would grow run after run and every later run would replay it all
+# against the timeout. scripts/fuzz runs it for longer (and keeps its corpus).
 function(chorus_fuzz_target)
   cmake_parse_arguments(ARG "" "NAME;RUNS;TIMEOUT" "SOURCES;DEPS" ${ARGN})
   if(NOT ARG_RUNS)
@@ -96,9 +98,12 @@ function(chorus_fuzz_target)
   endif()
   set(corpus ${CMAKE_CURRENT_SOURCE_DIR}/corpus/${ARG_NAME})
   set(work_dir ${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}.ctest)
-  file(MAKE_DIRECTORY ${work_dir}/corpus)
+  file(MAKE_DIRECTORY ${work_dir})
+  # sh empties the output corpus ($0), then runs the target ("$@").
   add_test(NAME ${ARG_NAME}
-           COMMAND ${ARG_NAME} -runs=${ARG_RUNS} -seed=1 -max_len=512 ${work_dir}/corpus ${corpus}
+           COMMAND sh -c "rm -rf \"$0\" && mkdir \"$0\" && exec \"$@\"" ${work_dir}/corpus
+                   $<TARGET_FILE:${ARG_NAME}> -runs=${ARG_RUNS} -seed=1 -max_len=512
+                   ${work_dir}/corpus ${corpus}
            WORKING_DIRECTORY ${work_dir})
   set_tests_properties(${ARG_NAME} PROPERTIES LABELS fuzz TIMEOUT ${ARG_TIMEOUT})
 endfunction()

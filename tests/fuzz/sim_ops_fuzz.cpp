@@ -6,12 +6,14 @@
 // the program does not use feed the simulator's decision stream (SimOptions::fuzz_bytes), so one
 // input is one program *and* one schedule: libFuzzer mutates both.
 //
-//   byte 0   world size 2 + b % 3; bits 2-3 allocator policy; bit 4 choose_finalization;
-//            bit 5 adversarial reduction order; bit 6 PCT instead of the random walk
+//   byte 0   bits 0-1 world size 2 + (b & 3) % 3 (3 means 2); bits 2-3 allocator policy;
+//            bit 4 choose_finalization; bit 5 adversarial reduction order; bit 6 PCT instead of
+//            the random walk; bit 7 unused
 //   byte 1   how each rank ends (2 bits per rank): wait everything, drop in order, keep past the
 //            rank's end (completed at rank exit), drop in reverse order
 //   byte 2   the number of instructions (b % 65; fewer if the input ends first), two bytes
-//            each, then the decision stream
+//            each, then the decision stream (SimOptions::fuzz_bytes; its digest is also the seed,
+//            from which PCT draws its priorities and change points)
 //
 // An instruction is (a, b). a % 16 < 6 is a collective every rank issues, in program order (so
 // ranks agree), or an exchange in which every rank waits on a copy of a peer's result between two
@@ -32,6 +34,10 @@
 // - the run has no rank error, no quarantined block was written, and SimReport::unwaited lists
 //   exactly the works the program dropped without waiting (at_rank_exit false) and those it kept
 //   past its end (at_rank_exit true), by rank, op and sequence number, without errors.
+//
+// CHORUS_FUZZ_DESCRIBE=1 in the environment prints each input's decoded header before its run
+// ("sim_ops_fuzz: decoded world ...") and the run's schedule after it ("sim_ops_fuzz: ran steps
+// ... schedule_hash ..."): what tests/fuzz/seed_corpus.py --check compares with the seeds it means.
 //
 // CHORUS_FUZZ_PLANT_BUG=1 in the environment corrupts the expected value of every all_reduce
 // result (element 0, plus one), to prove that the checks fire (ctest sim_ops_fuzz.planted_bug).
@@ -54,10 +60,12 @@
 namespace chorus::fuzz {
 namespace {
 
-bool planted_bug() {
-  const char* value = std::getenv("CHORUS_FUZZ_PLANT_BUG");
+bool environment_flag(const char* name) {
+  const char* value = std::getenv(name);
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
+
+bool planted_bug() { return environment_flag("CHORUS_FUZZ_PLANT_BUG"); }
 
 // ---------------------------------------------------------------------------------------------
 // Decoding.
@@ -95,7 +103,8 @@ Program decode(const std::uint8_t* data, std::size_t size) {
   const auto byte_at = [&](std::size_t i) -> std::uint8_t { return i < size ? data[i] : 0; };
   Program program;
   const std::uint8_t flags = byte_at(0);
-  program.world_size = 2 + flags % 3;
+  // Only bits 0-1: the other bits are fields of their own (the whole byte % 3 mixed them in).
+  program.world_size = 2 + (flags & 3) % 3;
   program.allocator = static_cast<sim::AllocatorPolicy>((flags >> 2) & 3);
   program.choose_finalization = ((flags >> 4) & 1) != 0;
   program.adversarial_order = ((flags >> 5) & 1) != 0;
@@ -110,6 +119,15 @@ Program decode(const std::uint8_t* data, std::size_t size) {
     program.stream.assign(data + next, data + size);
   }
   return program;
+}
+
+// FNV-1a, 64 bits: the seed of a run from its decision stream's bytes.
+std::uint64_t digest(const std::vector<std::uint8_t>& bytes) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  for (std::uint8_t byte : bytes) {
+    hash = (hash ^ byte) * 0x100000001b3ULL;
+  }
+  return hash;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -759,6 +777,16 @@ class RankModel {
 
 void run_one(const std::uint8_t* data, std::size_t size) {
   const Program program = decode(data, size);
+  const bool describe = environment_flag("CHORUS_FUZZ_DESCRIBE");
+  if (describe) {
+    std::printf(
+        "sim_ops_fuzz: decoded world %d allocator %d finalization %d adversarial %d pct %d "
+        "instructions %zu stream %zu\n",
+        program.world_size, static_cast<int>(program.allocator),
+        program.choose_finalization ? 1 : 0, program.adversarial_order ? 1 : 0, program.pct ? 1 : 0,
+        program.instructions.size(), program.stream.size());
+    std::fflush(stdout);
+  }
   sim::SimOptions options;
   options.world_size = program.world_size;
   options.print_failures = false;
@@ -769,7 +797,10 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   options.reduction_order =
       program.adversarial_order ? sim::ReductionOrder::Adversarial : sim::ReductionOrder::Fixed;
   options.strategy = program.pct ? sim::Strategy::Pct : sim::Strategy::RandomWalk;
-  options.seed = size;
+  // The seed is what PCT draws its priorities and change points from (its picks take no bytes):
+  // a digest of the stream, so other bytes are another PCT schedule. (The input's length made
+  // every input of one program and length the same schedule under PCT.)
+  options.seed = digest(program.stream);
 
   const auto ranks = static_cast<std::size_t>(program.world_size);
   std::vector<std::vector<UnwaitedKey>> expected_unwaited(ranks);
@@ -782,6 +813,12 @@ void run_one(const std::uint8_t* data, std::size_t size) {
     kept[r] = std::move(model.kept);
   });
 
+  if (describe) {
+    std::printf("sim_ops_fuzz: ran steps %llu schedule_hash %016llx\n",
+                static_cast<unsigned long long>(report.steps),
+                static_cast<unsigned long long>(report.schedule_hash));
+    std::fflush(stdout);
+  }
   if (!report.ok()) {
     std::string errors;
     for (const std::string& error : report.rank_errors) {

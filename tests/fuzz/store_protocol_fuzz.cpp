@@ -8,6 +8,9 @@
 //   ("at offset N: ..."); no other exception, no crash, no sanitizer report;
 // - parsing is strict, so what it accepts is canonical: encoding the parsed message gives back
 //   exactly the input bytes (after the frame header), and parsing that gives the same message.
+// With CHORUS_FUZZ_EXPECT=parsed (or refused) every input must be accepted (or refused):
+// ctest store_protocol_fuzz.seeds_parsed / .seeds_refused (violation.hpp). An empty input counts
+// as refused.
 
 #include <cstddef>
 #include <cstdint>
@@ -48,11 +51,13 @@ void run_request(std::span<const std::uint8_t> body) {
     request = wire::parse_request(body);
   } catch (const wire::ProtocolError& error) {
     check_error(error, "parse_request");
+    check_outcome(false, std::string("parse_request (") + error.what() + ")");
     return;
   } catch (const std::exception& error) {
     violated(std::string("parse_request threw something other than ProtocolError: ") +
              error.what());
   }
+  check_outcome(true, "parse_request");
   const std::vector<std::uint8_t> frame = wire::encode_request(request);
   check(same_bytes(body_of(frame), body),
         "encode_request(parse_request(b)) != b for op " + std::string(op_name(request.op)));
@@ -65,11 +70,13 @@ void run_response(wire::Op op, std::span<const std::uint8_t> body) {
     response = wire::parse_response(op, body);
   } catch (const wire::ProtocolError& error) {
     check_error(error, "parse_response");
+    check_outcome(false, std::string("parse_response (") + error.what() + ")");
     return;
   } catch (const std::exception& error) {
     violated(std::string("parse_response threw something other than ProtocolError: ") +
              error.what());
   }
+  check_outcome(true, "parse_response");
   const std::vector<std::uint8_t> frame = wire::encode_response(op, response);
   check(same_bytes(body_of(frame), body),
         "encode_response(parse_response(b)) != b for op " + std::string(op_name(op)));
@@ -92,6 +99,7 @@ void run_response(wire::Op op, std::span<const std::uint8_t> body) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) {
+    chorus::fuzz::check_outcome(false, "an empty input (no selector byte)");
     return 0;
   }
   const std::span<const std::uint8_t> body(data + 1, size - 1);

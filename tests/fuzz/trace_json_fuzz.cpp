@@ -6,6 +6,8 @@
 //   ("at offset N: ..."); no other exception, no crash, no sanitizer report;
 // - what it accepts round-trips: to_json(from_json(to_json(r))) is the same text as to_json(r),
 //   and from_json(to_json(r)) == r for records without NaN premul factors (NaN != NaN).
+// With CHORUS_FUZZ_EXPECT=parsed (or refused) every input must be accepted (or refused):
+// ctest trace_json_fuzz.seeds_parsed / .seeds_refused (violation.hpp).
 
 #include <chorus/error.hpp>
 #include <chorus/reduce_op.hpp>
@@ -43,10 +45,12 @@ void run_one(std::string_view text) {
     if (std::string_view(error.what()).find("at offset ") == std::string_view::npos) {
       violated(std::string("from_json's error names no offset: ") + error.what());
     }
+    check_outcome(false, std::string("from_json (") + error.what() + ")");
     return;
   } catch (const std::exception& error) {
     violated(std::string("from_json threw something other than InvalidArgument: ") + error.what());
   }
+  check_outcome(true, "from_json");
   const std::string json = to_json(records);
   std::vector<OpRecord> again;
   try {

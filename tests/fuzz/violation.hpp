@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace chorus::fuzz {
@@ -19,6 +20,38 @@ namespace chorus::fuzz {
 inline void check(bool condition, const std::string& what) {
   if (!condition) {
     violated(what);
+  }
+}
+
+// What the parser targets (trace_json_fuzz, store_protocol_fuzz) require of every input when
+// CHORUS_FUZZ_EXPECT is set: `parsed` (accepted) or `refused`. A parser that refused everything
+// would pass every fuzz run, so CTest runs each target on its seeds with the outcome each seed
+// was written for (<target>.seeds_parsed, <target>.seeds_refused).
+enum class Expectation { Any, Parsed, Refused };
+
+inline Expectation expectation() {
+  const char* value = std::getenv("CHORUS_FUZZ_EXPECT");
+  if (value == nullptr || *value == '\0') {
+    return Expectation::Any;
+  }
+  if (std::strcmp(value, "parsed") == 0) {
+    return Expectation::Parsed;
+  }
+  if (std::strcmp(value, "refused") == 0) {
+    return Expectation::Refused;
+  }
+  violated(std::string("CHORUS_FUZZ_EXPECT is '") + value + "', not parsed or refused");
+}
+
+// Checks the outcome of parsing one input against CHORUS_FUZZ_EXPECT; `what` names the parser
+// and, for a refusal, its message.
+inline void check_outcome(bool parsed, const std::string& what) {
+  const Expectation expected = expectation();
+  if (expected == Expectation::Parsed && !parsed) {
+    violated(what + " refused an input expected to parse");
+  }
+  if (expected == Expectation::Refused && parsed) {
+    violated(what + " accepted an input expected to be refused");
   }
 }
 
