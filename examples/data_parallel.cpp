@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "example_support.hpp"
+
 namespace {
 
 constexpr int kFeatures = 4;
@@ -152,13 +154,11 @@ static int run_main(int argc, char** argv) {
   // fixed order. MPI's algorithms (and the simulator's other orders) add in other orders.
   const bool rank_order =
       options.transport == "sim" && options.reduction_order == chorus::sim::ReductionOrder::Fixed;
-  const std::string transport = options.transport;
-  const unsigned long long seed = options.seed;
-  const int status = chorus::run(options, [steps, unbucketed, rank_order, &transport, seed] {
+  const int status = chorus::run(options, [steps, unbucketed, rank_order, &options] {
     const int rank = chorus::rank();
     if (rank == 0) {
-      std::printf("data_parallel: %d ranks on %s (seed %llu), %d samples per rank, %d steps\n",
-                  chorus::world_size(), transport.c_str(), seed, kSamplesPerRank, steps);
+      std::printf("data_parallel: %s, %d samples per rank, %d steps\n",
+                  examples::describe_world(options).c_str(), kSamplesPerRank, steps);
     }
     const Shard shard = make_shard(rank);
     std::vector<float> weights(kFeatures, 0.0f);
