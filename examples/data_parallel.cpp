@@ -15,6 +15,8 @@
 // coalesced all_reduce the other ranks issue, a collective mismatch the simulator reports.
 // docs/images/failing-run.svg is
 //   data_parallel --ranks=4 --steps=2 --bug=unbucketed --timeline=docs/images/failing-run.svg
+// Exit status 0 when every rank holds the reference model; 1 when a rank failed; 2 on bad
+// arguments (an unknown one too) or an unavailable transport.
 
 #include <algorithm>
 #include <chorus/chorus.hpp>
@@ -143,11 +145,17 @@ static int run_main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   int steps = 5;
   bool unbucketed = false;
-  for (const std::string& arg : options.args) {
+  for (std::size_t i = 0; i < options.args.size(); ++i) {
+    std::string arg = options.args[i];
+    if ((arg == "--steps" || arg == "--bug") && i + 1 < options.args.size()) {
+      arg += "=" + options.args[++i];  // "--steps 2", as from_args reads "--ranks 4"
+    }
     if (arg.rfind("--steps=", 0) == 0) {
-      steps = std::stoi(arg.substr(8));
+      steps = static_cast<int>(examples::flag_at_least(arg, 8, 0));
     } else if (arg == "--bug=unbucketed") {
       unbucketed = true;
+    } else {
+      throw std::invalid_argument("unknown argument " + arg);
     }
   }
   // Bitwise equal to the reference only where the reduction folds in rank order: the simulator's

@@ -191,7 +191,10 @@ static int run_main(int argc, char** argv) {
   const chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   bool print_json = false;
   for (const std::string& arg : options.args) {
-    print_json = print_json || arg == "--json";
+    if (arg != "--json") {
+      throw std::invalid_argument("unknown argument " + arg);
+    }
+    print_json = true;
   }
   return examples::run_ranks("trace_replay", options,
                              [&options, print_json] { rank_main(options, print_json); });
