@@ -15,6 +15,8 @@
 // coalesced all_reduce the other ranks issue, a collective mismatch the simulator reports.
 // docs/images/failing-run.svg is
 //   data_parallel --ranks=4 --steps=2 --bug=unbucketed --timeline=docs/images/failing-run.svg
+// Exit status 0 when every rank holds the reference model; 1 when a rank failed; 2 on bad
+// arguments (an unknown one too) or an unavailable transport.
 
 #include <algorithm>
 #include <chorus/chorus.hpp>
@@ -25,6 +27,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "example_support.hpp"
 
 namespace {
 
@@ -141,24 +145,28 @@ static int run_main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   int steps = 5;
   bool unbucketed = false;
-  for (const std::string& arg : options.args) {
+  for (std::size_t i = 0; i < options.args.size(); ++i) {
+    std::string arg = options.args[i];
+    if ((arg == "--steps" || arg == "--bug") && i + 1 < options.args.size()) {
+      arg += "=" + options.args[++i];  // "--steps 2", as from_args reads "--ranks 4"
+    }
     if (arg.rfind("--steps=", 0) == 0) {
-      steps = std::stoi(arg.substr(8));
+      steps = static_cast<int>(examples::flag_at_least(arg, 8, 0));
     } else if (arg == "--bug=unbucketed") {
       unbucketed = true;
+    } else {
+      throw std::invalid_argument("unknown argument " + arg);
     }
   }
   // Bitwise equal to the reference only where the reduction folds in rank order: the simulator's
   // fixed order. MPI's algorithms (and the simulator's other orders) add in other orders.
   const bool rank_order =
       options.transport == "sim" && options.reduction_order == chorus::sim::ReductionOrder::Fixed;
-  const std::string transport = options.transport;
-  const unsigned long long seed = options.seed;
-  const int status = chorus::run(options, [steps, unbucketed, rank_order, &transport, seed] {
+  const int status = chorus::run(options, [steps, unbucketed, rank_order, &options] {
     const int rank = chorus::rank();
     if (rank == 0) {
-      std::printf("data_parallel: %d ranks on %s (seed %llu), %d samples per rank, %d steps\n",
-                  chorus::world_size(), transport.c_str(), seed, kSamplesPerRank, steps);
+      std::printf("data_parallel: %s, %d samples per rank, %d steps\n",
+                  examples::describe_world(options).c_str(), kSamplesPerRank, steps);
     }
     const Shard shard = make_shard(rank);
     std::vector<float> weights(kFeatures, 0.0f);

@@ -250,13 +250,16 @@ void require_exact_product(const Matrix<T>& a, const Matrix<T>& b, const std::st
 }
 
 // "8 ranks on sim (seed 0)" or "4 ranks on mpi": the world a program runs on, for its first
-// line. Call it on a rank.
+// line. The seed is the one the simulator runs: CHORUS_SIM_SEED when set (it wins over --seed).
+// Call it on a rank.
 inline std::string describe_world(const chorus::RunOptions& options) {
   const int size = chorus::world_size();
   std::string text =
       std::to_string(size) + (size == 1 ? " rank on " : " ranks on ") + options.transport;
   if (options.transport == "sim") {
-    text += " (seed " + std::to_string(options.seed) + ")";
+    chorus::sim::SimOptions sim_options;  // as chorus::run makes them: seed_from_environment
+    sim_options.seed = options.seed;
+    text += " (seed " + std::to_string(chorus::sim::resolved_seed(sim_options)) + ")";
   }
   return text;
 }

@@ -18,6 +18,7 @@
 #include <chorus/props/runner.hpp>
 #include <cstdint>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -204,6 +205,8 @@ int main(int argc, char** argv) {
       std::cerr << "examples_property: --runner must be simulator or lockstep\n";
       return 2;
     }
+    // Out-of-range options are refused here, once, before any rank starts (exit 2).
+    chorus::props::check_options(options);
     std::vector<Property> properties = all_properties(bugs);
     if (!selection.empty()) {
       properties = chorus::props::select(properties, selection);
@@ -217,28 +220,39 @@ int main(int argc, char** argv) {
       return replayed.result.verdict == chorus::props::Verdict::Failed ? 1 : 0;
     }
     chorus::props::CheckReport report;
+    bool prints = true;  // whether this process prints the report
     if (run_options.transport == "sim" && runner == "simulator") {
       report = chorus::props::check_on_simulator(properties, options);
     } else {
-      // The lockstep runner: the same properties on any transport, every rank in step.
+      // The lockstep runner: the same properties on any transport, every rank in step. Every
+      // rank returns the same, agreed, report: each process keeps one of its ranks' (under
+      // mpirun its only rank's) for its exit status, and the process of rank 0 prints it.
+      std::mutex mutex;
+      bool kept = false;
+      prints = false;
       const int status = chorus::run(run_options, [&] {
         chorus::props::CheckReport mine = chorus::props::check_in_lockstep(properties, options);
-        if (chorus::rank() == 0) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!kept) {
           report = std::move(mine);
+          kept = true;
         }
+        prints = prints || chorus::rank() == 0;
       });
       if (status != 0) {
         return status;
       }
     }
-    for (const chorus::props::PropertyResult& result : report.results) {
-      if (result.verdict == chorus::props::Verdict::Failed) {
-        std::cout << chorus::props::failure_report(
-                         result, std::string(argv[0]) + bug_flag + " --replay-case")
-                  << "\n";
+    if (prints) {
+      for (const chorus::props::PropertyResult& result : report.results) {
+        if (result.verdict == chorus::props::Verdict::Failed) {
+          std::cout << chorus::props::failure_report(
+                           result, std::string(argv[0]) + bug_flag + " --replay-case")
+                    << "\n";
+        }
       }
+      std::cout << chorus::props::summary_table(report);
     }
-    std::cout << chorus::props::summary_table(report);
     return report.passed() ? 0 : 1;
   } catch (const std::exception& error) {
     std::cerr << "examples_property: " << error.what() << "\n";

@@ -3,18 +3,31 @@
 // form 0 + 1 + ... + (W - 1). --bug=skip plants a bug to read: the last rank skips the all_reduce.
 //
 //   first_program [--ranks=N] [--seed=S] [--transport=sim|mpi] [--bug=skip]
+//
+// Exit status 0 when every rank got the sum; 1 when a rank failed; 2 on bad arguments (an
+// unknown one too) or an unavailable transport.
 
 #include <chorus/chorus.hpp>
+#include <cstddef>
 #include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   bool skip = false;
-  for (const std::string& arg : options.args) {
-    skip = skip || arg == "--bug=skip";
+  for (std::size_t i = 0; i < options.args.size(); ++i) {
+    std::string arg = options.args[i];
+    if (arg == "--bug" && i + 1 < options.args.size()) {
+      arg += "=" + options.args[++i];  // "--bug skip", as from_args reads "--ranks 4"
+    }
+    if (arg == "--bug=skip") {
+      skip = true;
+    } else {
+      throw std::invalid_argument("unknown argument " + arg);
+    }
   }
   return chorus::run(options, [skip] {
     const int rank = chorus::rank();
@@ -38,4 +51,13 @@ int main(int argc, char** argv) {
                   static_cast<double>(expected));
     }
   });
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& error) {  // a bad flag, or a transport this build lacks
+    std::fprintf(stderr, "first_program: %s\n", error.what());
+    return 2;
+  }
 }

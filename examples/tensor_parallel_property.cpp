@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -182,6 +183,12 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    if (runner != "simulator" && runner != "lockstep") {
+      std::cerr << "tensor_parallel_property: --runner must be simulator or lockstep\n";
+      return 2;
+    }
+    // Out-of-range options are refused here, once, before any rank starts (exit 2).
+    props::check_options(options);
     const std::vector<props::Property> properties = {column_parallel_property(),
                                                      row_parallel_property()};
     if (!replay_case.empty()) {
@@ -193,28 +200,39 @@ int main(int argc, char** argv) {
       return replayed.result.verdict == props::Verdict::Failed ? 1 : 0;
     }
     props::CheckReport report;
+    bool prints = true;  // whether this process prints the report
     if (run_options.transport == "sim" && runner == "simulator") {
       report = props::check_on_simulator(properties, options);
     } else {
-      // The lockstep runner: the same properties on any transport, every rank in step.
+      // The lockstep runner: the same properties on any transport, every rank in step. Every
+      // rank returns the same, agreed, report: each process keeps one of its ranks' (under
+      // mpirun its only rank's) for its exit status, and the process of rank 0 prints it.
+      std::mutex mutex;
+      bool kept = false;
+      prints = false;
       const int status = run(run_options, [&] {
         props::CheckReport mine = props::check_in_lockstep(properties, options);
-        if (rank() == 0) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!kept) {
           report = std::move(mine);
+          kept = true;
         }
+        prints = prints || rank() == 0;
       });
       if (status != 0) {
         return status;
       }
     }
-    for (const props::PropertyResult& result : report.results) {
-      if (result.verdict == props::Verdict::Failed) {
-        const std::string replay_with =
-            std::string(argv[0]) + (planted_offset_bug ? " --bug=offset" : "") + " --replay-case";
-        std::cout << props::failure_report(result, replay_with) << "\n";
+    if (prints) {
+      for (const props::PropertyResult& result : report.results) {
+        if (result.verdict == props::Verdict::Failed) {
+          const std::string replay_with =
+              std::string(argv[0]) + (planted_offset_bug ? " --bug=offset" : "") + " --replay-case";
+          std::cout << props::failure_report(result, replay_with) << "\n";
+        }
       }
+      std::cout << props::summary_table(report);
     }
-    std::cout << props::summary_table(report);
     return report.passed() ? 0 : 1;
   } catch (const std::exception& error) {
     std::cerr << error.what() << "\n";

@@ -166,6 +166,8 @@ int RankContext::rank() const noexcept { return state_->rank(); }
 int RankContext::world_size() const noexcept { return state_->world_size(); }
 transport::Transport& RankContext::transport() noexcept { return state_->transport(); }
 
+bool RankContext::list_drops(bool on) noexcept { return state_->registry()->list_drops(on); }
+
 RankContext::Summary RankContext::finish() noexcept {
   CHORUS_CHECK(!state_->finished);
   // What the rank left pending is completed on the legacy default stream, then on the host

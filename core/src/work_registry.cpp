@@ -502,6 +502,10 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
   work->claimed_ = true;
   const WorkInfo& info = work->info();
   Claim claim{work, unwaited_.size(), at_rank_exit};
+  if (!at_rank_exit && !list_drops_) {
+    claim.record = kNoRecord;  // a drop made on purpose (list_drops): no report line
+    return claim;
+  }
   try {
     unwaited_.push_back(UnwaitedWork{
         info.rank, std::string(info.op), info.seq, info.group, info.site, at_rank_exit, {}});
@@ -551,6 +555,11 @@ std::size_t WorkRegistry::size() const {
 std::vector<UnwaitedWork> WorkRegistry::unwaited() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return unwaited_;
+}
+
+bool WorkRegistry::list_drops(bool on) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(list_drops_, on);
 }
 
 std::exception_ptr WorkRegistry::take_deferred_error() {

@@ -97,21 +97,7 @@ void check_enumerated_options(const SimOptions& options) {
 
 SimOptions effective_options(const SimOptions& options) {
   SimOptions effective = options;
-  if (options.seed_from_environment) {
-    if (const char* text = std::getenv("CHORUS_SIM_SEED"); text != nullptr && *text != '\0') {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long seed = std::strtoull(text, &end, 0);
-      // strtoull accepts a sign (and wraps "-1") and clamps on overflow: refuse both.
-      const bool digits_only = std::isdigit(static_cast<unsigned char>(text[0])) != 0;
-      if (end == nullptr || *end != '\0' || !digits_only || errno == ERANGE) {
-        throw InvalidArgument(
-            ErrorContext{-1, "sim::run", -1, ""},
-            std::string("CHORUS_SIM_SEED='") + text + "' is not an unsigned integer");
-      }
-      effective.seed = seed;
-    }
-  }
+  effective.seed = resolved_seed(options);
   if (options.seed_from_environment) {
     if (const char* text = std::getenv("CHORUS_SIM_REPLAY"); text != nullptr && *text != '\0') {
       effective.replay = text;
@@ -228,6 +214,26 @@ std::string format_microseconds(std::chrono::nanoseconds time) {
 }
 
 }  // namespace
+
+std::uint64_t resolved_seed(const SimOptions& options) {
+  if (!options.seed_from_environment) {
+    return options.seed;
+  }
+  const char* text = std::getenv("CHORUS_SIM_SEED");
+  if (text == nullptr || *text == '\0') {
+    return options.seed;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long seed = std::strtoull(text, &end, 0);
+  // strtoull accepts a sign (and wraps "-1") and clamps on overflow: refuse both.
+  const bool digits_only = std::isdigit(static_cast<unsigned char>(text[0])) != 0;
+  if (end == nullptr || *end != '\0' || !digits_only || errno == ERANGE) {
+    throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""},
+                          std::string("CHORUS_SIM_SEED='") + text + "' is not an unsigned integer");
+  }
+  return seed;
+}
 
 std::string_view name(Strategy strategy) noexcept {
   switch (strategy) {

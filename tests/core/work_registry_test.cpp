@@ -298,6 +298,39 @@ TEST(WorkRegistry, FailedDropIsRaisedAtTheRanksNextCallOnce) {
   EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
 }
 
+// RankContext::list_drops(false): drops are completed and their failures raised, but get no
+// line in the report; works pending at the rank's end still do, and listing resumes when on.
+TEST(WorkRegistry, UnlistedDropsAreCompletedWithoutAReportLine) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  Tensor kept;
+  {
+    ScopedRankBinding binding(&context);
+    EXPECT_TRUE(context.list_drops(false)) << "on by default";
+    issue_and_drop(*transport);
+    EXPECT_EQ(transport->last_work()->waits(), 1) << "completed at the drop";
+    {
+      Tensor failed = all_reduce(iota(2), "sum", {0});
+      transport->last_work()->fail(make_error(
+          ErrorCode::TransportError, ErrorContext{0, "all_reduce", 1, "[0]"}, "link down"));
+    }
+    EXPECT_TRUE(context.state().registry()->unwaited().empty());
+    EXPECT_THROW(all_reduce(iota(2), "sum", {0}), TransportError) << "its failure is raised";
+    kept = all_reduce(iota(2), "sum", {0});
+    transport->last_work()->complete_when_waited();
+    EXPECT_FALSE(context.list_drops(true));
+    issue_and_drop(*transport);
+    ASSERT_EQ(context.state().registry()->unwaited().size(), 1u);
+    EXPECT_EQ(context.list_drops(false), true);
+  }
+  const RankContext::Summary summary = context.finish();  // `kept` is pending at the end
+  ASSERT_EQ(summary.unwaited.size(), 2u);
+  EXPECT_FALSE(summary.unwaited[0].at_rank_exit);
+  EXPECT_EQ(summary.unwaited[0].location.line(), kDroppedLine);
+  EXPECT_TRUE(summary.unwaited[1].at_rank_exit);
+  EXPECT_EQ(summary.unwaited[1].seq, 2);
+}
+
 TEST(WorkRegistry, TellsTheTransportWorkOfADropAndItsFinalizationOnly) {
   FakeRank rank;
   Tensor waited = all_reduce(iota(2), "sum", {0});

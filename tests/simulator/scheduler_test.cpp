@@ -286,6 +286,22 @@ TEST(SimScheduler, SeedFromEnvironmentOverridesTheOption) {
   EXPECT_NE(report.replay_command.find("CHORUS_SIM_SEED=4242"), std::string::npos);
 }
 
+// What a program prints before its run ends is the seed the run uses (SimReport::seed).
+TEST(SimScheduler, ResolvedSeedIsTheSeedTheRunUses) {
+  SimOptions options = quiet(2, 7);
+  options.seed_from_environment = true;
+  EXPECT_EQ(sim::resolved_seed(options), 7u);
+  ::setenv("CHORUS_SIM_SEED", "4242", 1);
+  const std::uint64_t resolved = sim::resolved_seed(options);
+  const SimReport report = sim::run(options, [] { (void)world(); });
+  options.seed_from_environment = false;
+  const std::uint64_t ignored = sim::resolved_seed(options);
+  ::unsetenv("CHORUS_SIM_SEED");
+  EXPECT_EQ(resolved, 4242u);
+  EXPECT_EQ(report.seed, resolved);
+  EXPECT_EQ(ignored, 7u);
+}
+
 // Note [Fiber exception state]: a rank that reaches a chorus call inside a catch handler must
 // find its own exception when it resumes, whatever other ranks threw and caught meanwhile.
 TEST(SimScheduler, EachRankKeepsItsOwnExceptionStateAcrossSwitches) {

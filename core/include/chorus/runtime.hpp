@@ -128,6 +128,15 @@ class RankContext {
     std::exception_ptr error;
   };
 
+  // Whether the works this rank drops un-waited from now on get a line in its unwaited report
+  // (Summary::unwaited, which the launchers print): on by default. Code that drops results on
+  // purpose, to exercise the drop path, turns it off meanwhile: the lockstep property runner does
+  // while a property runs (props::check_in_lockstep), as the simulator runner never prints its
+  // runs' reports. The drops are completed as ever, a failure completing one is still raised
+  // (deferred error), and works still pending when the rank ends are listed either way. Returns
+  // the previous setting. Call on the rank's own thread/fiber. Never throws.
+  bool list_drops(bool on) noexcept;
+
   // Ends the rank: completes every work still registered (recording each as unwaited at exit)
   // and returns the report. Never throws. Call once, on the rank's own thread/fiber, after the
   // rank function returned or threw, while the transport can still make progress.

@@ -205,6 +205,9 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
 
   // Unwaited works recorded so far (drops and exits).
   std::vector<UnwaitedWork> unwaited() const;
+  // Whether later drops are recorded there (RankContext::list_drops); returns the previous
+  // setting. Works completed at exit are recorded either way.
+  bool list_drops(bool on) noexcept;
   // The first error recorded while completing a dropped work that has not been raised yet;
   // null if none. Each error is handed out once.
   std::exception_ptr take_deferred_error();
@@ -276,6 +279,7 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   std::vector<std::shared_ptr<PendingWork>> works_;
   std::size_t listed_ = 0;  // the works in works_ that are not holes
   std::vector<UnwaitedWork> unwaited_;
+  bool list_drops_ = true;  // drops get a line in unwaited_ (exits always do)
   std::vector<std::exception_ptr> deferred_errors_;
   std::deque<StreamWaited> stream_waited_;  // Note [Stream-waited works]
   // Every collective settles deferred drops and errors first; these flags (written under

@@ -22,7 +22,10 @@
 //   same shrinking path and reaches the same collectives. Failing ranks' messages are gathered so
 //   that every rank can report them. Properties that need the simulator are skipped.
 // A rank's work registry must be empty when a check returns: the runners check it after every
-// case.
+// case. Results a check drops un-waited (on purpose, as async.registry_cleanup does) are not
+// reported: the simulator runner never prints its runs' reports, and the lockstep runner keeps
+// them out of its rank's report while a case runs (RankContext::list_drops), which the transport
+// would print at the rank's end.
 
 #include <chrono>
 #include <cstdint>

@@ -253,6 +253,12 @@ std::string_view name(ReductionOrder order) noexcept;    // fixed, ring, tree, a
 std::string_view name(AllocatorPolicy policy) noexcept;  // pooled, lifo, quarantine, random
 std::string_view name(Fault::Kind kind) noexcept;        // crash, transport_error, hang, delay
 
+// The seed a run with `options` uses (SimReport::seed): CHORUS_SIM_SEED when
+// options.seed_from_environment and the variable is set (it wins over `seed`), else
+// options.seed. For a program that prints its seed before its run ends. Throws InvalidArgument
+// for a malformed variable, as run does. Never blocks.
+std::uint64_t resolved_seed(const SimOptions& options);
+
 inline constexpr int kMaxWorldSize = 1024;
 // The longest injected delay, in steps (2^40 us of virtual time, about 12.7 days): longer ones
 // would overflow virtual time.
