@@ -129,6 +129,8 @@ class Call {
   }
   // Whether the inputs are meta tensors (traced without communication).
   bool meta() const noexcept { return meta_; }
+  // The calling rank's work registry.
+  const detail::WorkRegistry* registry() const noexcept { return state_->registry().get(); }
 
   // The context of errors raised before the op starts: the sequence number it would have had.
   ErrorContext context() const {
@@ -969,8 +971,11 @@ Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& 
   call.check_input(tensor, OpKind::AllReduce, &reduce_op, "tensor");
   call.check_writable(tensor, "tensor");
   if (!call.meta()) {
-    if (tensor.is_contiguous()) {
-      // Truly in place: one buffer is both send and recv, as NCCL allows.
+    const auto& storage = TensorAccess::storage(tensor);
+    if (tensor.is_contiguous() && storage->made_by(call.registry())) {
+      // Truly in place: one buffer is both send and recv, as NCCL allows. Only into a storage
+      // this rank made: another rank's (or one made outside the ranks) is staged like a strided
+      // tensor, so works of two ranks never sit on one storage (Note [Pending storage]).
       wait_tensor(tensor);
       if (tensor.dtype() == DType::Bool && tensor.device().is_cpu()) {
         canonicalize_bool_bytes(tensor);  // the result overwrites it (Note [Bool bytes])

@@ -24,11 +24,18 @@ std::atomic<std::uint64_t> next_storage_generation{1};
 
 }  // namespace
 
+// The calling rank's registry, or null outside a rank.
+const WorkRegistry* calling_registry() noexcept {
+  RankContext* context = RankContext::current();
+  return context == nullptr ? nullptr : context->state().registry().get();
+}
+
 Storage::Storage(std::shared_ptr<void> memory, std::size_t nbytes, Device device)
     : generation_(next_storage_generation.fetch_add(1, std::memory_order_relaxed)),
       memory_(std::move(memory)),
       nbytes_(nbytes),
-      device_(device) {
+      device_(device),
+      maker_(calling_registry()) {
   if (nbytes_ > 0 && !device_.is_meta()) {
     CHORUS_CHECK(memory_ != nullptr);
   }
@@ -45,14 +52,8 @@ Storage::~Storage() {
 void Storage::attach_registry(const WorkRegistry* registry,
                               const std::weak_ptr<WorkRegistry>& self) {
   if (!registry_.expired()) {
-    if (attached_ == registry) {
-      return;
-    }
-    // Another live rank's registry: a tensor one rank made (or shares with it, in one process)
-    // that this rank now writes in place. The in-place call waited the tensor first, so nothing
-    // is pending there and the storage moves over. Works of two ranks pending on one storage at
-    // once cannot be: each registry guards only its own links.
-    CHORUS_CHECK(!is_pending());
+    CHORUS_CHECK(attached_ == registry);  // one live registry per storage: its maker's
+    return;
   }
   registry_ = self;
   attached_ = registry;

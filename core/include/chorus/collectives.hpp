@@ -110,7 +110,8 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
 
 // In-place forms: they return after the caller's tensor holds the result (they wait).
 // all_reduce_inplace reduces a contiguous tensor truly in place (one buffer is send and
-// receive, as NCCL allows); a strided one is staged and copied back.
+// receive, as NCCL allows) when the calling rank made its storage; a strided one, or one whose
+// storage another rank (or code outside the ranks) made, is staged and copied back.
 Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& group,
                            std::string_view tag = "", CallSite site = CallSite::current());
 // `output` must have exactly the all_gather_tensor result shape and the input's dtype

@@ -62,14 +62,23 @@ class Storage {
     return (state_.load(std::memory_order_acquire) & kFailedBit) != 0;
   }
 
+  // Whether the rank whose registry is `registry` made this storage (a storage made outside a
+  // rank was made by none). Tensors travel between ranks of one process; only the maker
+  // registers works under a storage, so two ranks never link works to one storage (each
+  // registry guards its links with its own mutex), and a rank never has to take over a storage
+  // another rank's collective may be about to write (Note [Pending storage]).
+  bool made_by(const WorkRegistry* registry) const noexcept {
+    return maker_ != nullptr && maker_ == registry;
+  }
+
   // The registry this storage's works are registered with; null if never registered or gone.
   std::shared_ptr<WorkRegistry> registry() const noexcept { return registry_.lock(); }
 
   // ---- For WorkRegistry, under its lock.
-  // A storage is registered with at most one live registry at a time: outputs are fresh storages
-  // made by the collective that registers them, and an in-place call, which registers the
-  // caller's storage, waits it first, so a storage another rank registered moves over with
-  // nothing pending. `self` is `registry`'s weak_from_this().
+  // A storage is registered only with the registry of the rank that made it (outputs are fresh
+  // storages made by the collective that registers them; all_reduce_inplace registers the
+  // caller's storage only when the caller made it, made_by). `self` is `registry`'s
+  // weak_from_this().
   void attach_registry(const WorkRegistry* registry, const std::weak_ptr<WorkRegistry>& self);
   void add_pending() noexcept;
   void remove_pending() noexcept;
@@ -88,6 +97,10 @@ class Storage {
   std::shared_ptr<void> memory_;
   std::size_t nbytes_;
   Device device_;
+  // The registry of the rank that made it (null: made outside a rank). Compared, never followed:
+  // the address of a registry gone may be reused by a later rank's, which then counts as the
+  // maker, harmlessly, since the storage's own registry_ has expired.
+  const WorkRegistry* maker_;
   std::atomic<std::uint32_t> state_{0};
   std::weak_ptr<WorkRegistry> registry_;    // set before the storage's first work is listed
   const WorkRegistry* attached_ = nullptr;  // registry_'s target, for the check in attach
