@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <chorus/chorus.hpp>
@@ -112,9 +113,20 @@ Enum parse_enum(const std::string& text, std::initializer_list<Enum> values, con
   throw InvalidArgument({}, std::string("chorus: unknown ") + flag + " '" + text + "'");
 }
 
-// Prints the failures and the table; returns the exit status: 0 when every property that ran
-// passed and at least one ran, 1 when one failed or every selected property was skipped (a run
-// that checked nothing must not read as a pass).
+// The exit status of a check: 0 when every property that ran passed and at least one ran, 1
+// when one failed or every selected property was skipped (a run that checked nothing must not
+// read as a pass).
+int exit_status(const props::CheckReport& report) {
+  if (!report.passed()) {
+    return 1;
+  }
+  const bool checked = std::any_of(
+      report.results.begin(), report.results.end(),
+      [](const props::PropertyResult& result) { return result.verdict == props::Verdict::Passed; });
+  return checked ? 0 : 1;
+}
+
+// Prints the failures and the table; returns exit_status.
 int print_report(const props::CheckReport& report) {
   for (const props::PropertyResult& result : report.results) {
     if (result.verdict == props::Verdict::Failed) {
@@ -122,17 +134,11 @@ int print_report(const props::CheckReport& report) {
     }
   }
   std::cout << "\n" << props::summary_table(report);
-  if (!report.passed()) {
-    return 1;
-  }
-  const bool checked = std::any_of(
-      report.results.begin(), report.results.end(),
-      [](const props::PropertyResult& result) { return result.verdict == props::Verdict::Passed; });
-  if (!checked) {
+  const int status = exit_status(report);
+  if (status != 0 && report.passed()) {
     std::cout << "chorus check: nothing was checked: every selected property was skipped\n";
-    return 1;
   }
-  return 0;
+  return status;
 }
 
 int run_check(const CheckFlags& flags) {
@@ -181,7 +187,9 @@ int run_check(const CheckFlags& flags) {
   RunOptions run_options = props::lockstep_run_options(options, flags.transport);
   run_options.check_collectives = flags.check_collectives;
   run_options.timeout = std::chrono::milliseconds(flags.timeout_ms);
-  int verdict = 0;
+  // Every rank of a lockstep run holds the same agreed report, so every process (one rank each
+  // under mpirun or chorus launch) exits with its verdict; the process of rank 0 prints it.
+  std::atomic<int> verdict{0};
   const int status = run(run_options, [&] {
     // A real transport's world comes from its launcher, not --ranks. Every rank sees the same
     // world size, so every rank refuses alike (and none reaches a collective).
@@ -214,11 +222,9 @@ int run_check(const CheckFlags& flags) {
       std::cout.flush();
     }
     const props::CheckReport report = props::check_in_lockstep(properties, options);
-    if (rank() == 0) {
-      verdict = print_report(report);
-    }
+    verdict.store(rank() == 0 ? print_report(report) : exit_status(report));
   });
-  return status == 0 ? verdict : 1;
+  return status == 0 ? verdict.load() : 1;
 }
 
 int run_replay(const std::string& token, const std::string& trace, const std::string& timeline) {
