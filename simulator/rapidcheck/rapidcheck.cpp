@@ -16,24 +16,27 @@ namespace {
 // Only CHORUS_SIM_REPLAY counts (with options.seed_from_environment, as in sim::run): the replay
 // command a failure prints sets it, and then every run follows that token instead of the list,
 // so the command reproduces the failure.
+// The token CHORUS_SIM_REPLAY holds, when `options` read the environment; else empty.
+std::string environment_replay(const SimOptions& options) {
+  const char* token = std::getenv("CHORUS_SIM_REPLAY");
+  return options.seed_from_environment && token != nullptr ? std::string(token) : std::string();
+}
+
 SimReport run_choices(SimOptions options, const std::vector<std::uint64_t>& choices,
                       const std::function<void()>& rank_main) {
-  const bool from_environment = options.seed_from_environment;
+  const std::string replay = environment_replay(options);
   options.choices = choices;
-  options.replay.clear();
+  options.replay = replay;
   options.fuzz_bytes.reset();
   options.print_failures = false;
   options.seed_from_environment = false;
-  if (const char* token = std::getenv("CHORUS_SIM_REPLAY");
-      from_environment && token != nullptr && *token != '\0') {
-    options.replay = token;
-  }
   return simulate(options, rank_main);
 }
 
-// What a failing schedule reports: each failing rank's error, the replay command (with the
-// token) and the timeline.
-std::string failure_message(const SimReport& report) {
+// What a failing schedule reports: each failing rank's error, how to replay it (the command
+// where the check reads CHORUS_SIM_REPLAY, else the token for SimOptions::replay) and the
+// timeline.
+std::string failure_message(const SimReport& report, const SimOptions& options) {
   std::ostringstream out;
   out << "the program failed under this schedule:\n";
   for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
@@ -41,7 +44,12 @@ std::string failure_message(const SimReport& report) {
       out << "  rank " << r << ": " << report.rank_errors[r] << "\n";
     }
   }
-  out << "  replay: " << report.replay_command << "\n" << timeline_text(report);
+  if (options.seed_from_environment) {
+    out << "  replay: " << report.replay_command << "\n";
+  } else {
+    out << "  replay token (SimOptions::replay): " << report.replay_token << "\n";
+  }
+  out << timeline_text(report);
   return out.str();
 }
 
@@ -96,9 +104,9 @@ rc::Gen<std::vector<std::uint64_t>> gen_choices(std::size_t length_max, std::uin
 
 SimReport check_schedule(SimOptions options, const std::vector<std::uint64_t>& choices,
                          const std::function<void()>& rank_main) {
-  SimReport report = run_choices(std::move(options), choices, rank_main);
+  SimReport report = run_choices(options, choices, rank_main);
   if (!report.ok()) {
-    RC_FAIL(failure_message(report));
+    RC_FAIL(failure_message(report, options));
   }
   return report;
 }
@@ -107,6 +115,18 @@ ScheduleCheck check_schedules(const SimOptions& options, const std::function<voi
                               int schedules, std::uint64_t rapidcheck_seed) {
   CHORUS_CHECK_GE(schedules, 1);
   ScheduleCheck check;
+  if (!environment_replay(options).empty()) {
+    // A failure's replay command: that run, once, instead of generating and shrinking lists
+    // that would all replay it (and leave `choices` naming a list the run never followed).
+    const SimReport report = run_choices(options, {}, rank_main);
+    check.passed = report.ok();
+    check.schedules_passed = report.ok() ? 1 : 0;
+    if (!report.ok()) {
+      check.replay_token = report.replay_token;
+      check.message = failure_message(report, options);
+    }
+    return check;
+  }
   CounterexampleListener listener;
   const auto property = [&] {
     const std::vector<std::uint64_t> choices = *gen_choices();
@@ -114,7 +134,7 @@ ScheduleCheck check_schedules(const SimOptions& options, const std::function<voi
     if (!report.ok()) {
       listener.run_choices = choices;
       listener.run_token = report.replay_token;
-      RC_FAIL(failure_message(report));
+      RC_FAIL(failure_message(report, options));
     }
   };
   rc::detail::TestParams params;

@@ -59,8 +59,12 @@ TEST(ScheduleProperties, RapidCheckFindsAPlantedOrderBugAndShrinksItToItsMinimal
   EXPECT_EQ(check.choices, (std::vector<std::uint64_t>{1})) << check.message;
   EXPECT_NE(check.message.find("rank 1: planted bug: rank 1 ticked first"), std::string::npos)
       << check.message;
-  EXPECT_NE(check.message.find("CHORUS_SIM_REPLAY=" + check.replay_token), std::string::npos)
+  // quiet_options do not read the environment, so the message gives the token for
+  // SimOptions::replay rather than a CHORUS_SIM_REPLAY command that would not replay.
+  EXPECT_NE(check.message.find("replay token (SimOptions::replay): " + check.replay_token),
+            std::string::npos)
       << check.message;
+  EXPECT_EQ(check.message.find("CHORUS_SIM_REPLAY="), std::string::npos) << check.message;
   EXPECT_NE(check.message.find("rank 1 failed: planted bug"), std::string::npos)  // the timeline
       << check.message;
   // Its token replays the failure.
@@ -129,6 +133,10 @@ TEST(ScheduleProperties, TheReplayCommandOfAFailureReplaysItInsteadOfTheGenerate
   ::unsetenv("CHORUS_SIM_REPLAY");
   EXPECT_FALSE(replayed.passed);
   EXPECT_EQ(replayed.replay_token, found.replay_token);
+  EXPECT_TRUE(replayed.choices.empty()) << "the run followed the token, not a generated list";
+  EXPECT_NE(replayed.message.find("replay: CHORUS_SIM_REPLAY=" + found.replay_token),
+            std::string::npos)
+      << replayed.message;
   EXPECT_NE(replayed.message.find("rank 1: planted bug: rank 1 ticked first"), std::string::npos)
       << replayed.message;
 }

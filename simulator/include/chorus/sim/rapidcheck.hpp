@@ -63,7 +63,8 @@ struct ScheduleCheck {
 
 // Checks `rank_main` (with `options`) under `schedules` choice lists that RapidCheck generates
 // from `rapidcheck_seed` (so the check is deterministic whatever RC_PARAMS says), shrinking the
-// first failing list. CHORUS_SIM_REPLAY replaces every list, as in check_schedule. The program runs
+// first failing list. With CHORUS_SIM_REPLAY set (and options.seed_from_environment), it runs
+// that token once instead and reports it (`choices` stays empty). The program runs
 // once per schedule and per shrinking step, so any state it keeps across runs must be reset per
 // run. Blocks; not reentrant from inside a rank.
 ScheduleCheck check_schedules(const SimOptions& options, const std::function<void()>& rank_main,
