@@ -54,7 +54,7 @@ struct RunOptions {
 
   // Reads --transport=sim|mpi|nccl, --ranks=N, --seed=S, --timeout-ms=T, --timeline=out.svg,
   // --trace=out.json, --strategy=random|pct|portfolio, --pct-depth=1..3,
-  // --pct-steps=K,  // --reduction-order=fixed|ring|tree|adversarial,
+  // --pct-steps=K, --reduction-order=fixed|ring|tree|adversarial,
   // --allocator=pooled|lifo|quarantine|random,
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
   // --check-determinism, --check-collectives and --sim-cuda; everything else lands in `args`.
