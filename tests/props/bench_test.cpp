@@ -129,34 +129,30 @@ struct SentInputs {
   }
 };
 
-class RecordingComm final : public transport::Comm {
+class RecordingComm final : public testing::ForwardingComm {
  public:
   RecordingComm(std::shared_ptr<transport::Comm> inner, std::shared_ptr<SentInputs> sent, int rank)
-      : inner_(std::move(inner)), sent_(std::move(sent)), rank_(rank) {}
+      : ForwardingComm(std::move(inner)), sent_(std::move(sent)), rank_(rank) {}
 
-  std::uint64_t id() const noexcept override { return inner_->id(); }
-  const std::string& tag() const noexcept override { return inner_->tag(); }
-  const std::vector<int>& ranks() const noexcept override { return inner_->ranks(); }
-  int group_rank() const noexcept override { return inner_->group_rank(); }
   std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
                                               const transport::Buffer& recv,
                                               const ReduceOp& reduce_op,
                                               const transport::OpInfo& info) override {
     sent_->record("all_reduce", rank_, send);
-    return inner_->all_reduce(send, recv, reduce_op, info);
+    return ForwardingComm::all_reduce(send, recv, reduce_op, info);
   }
   std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
                                               const transport::Buffer& recv,
                                               const transport::OpInfo& info) override {
     sent_->record("all_gather", rank_, send);
-    return inner_->all_gather(send, recv, info);
+    return ForwardingComm::all_gather(send, recv, info);
   }
   std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
                                                   const transport::Buffer& recv,
                                                   const ReduceOp& reduce_op,
                                                   const transport::OpInfo& info) override {
     sent_->record("reduce_scatter", rank_, send);
-    return inner_->reduce_scatter(send, recv, reduce_op, info);
+    return ForwardingComm::reduce_scatter(send, recv, reduce_op, info);
   }
   std::shared_ptr<transport::Work> all_to_all(const transport::Buffer& send,
                                               const std::vector<std::size_t>& send_counts,
@@ -164,7 +160,7 @@ class RecordingComm final : public transport::Comm {
                                               const std::vector<std::size_t>& recv_counts,
                                               const transport::OpInfo& info) override {
     sent_->record("all_to_all", rank_, send);
-    return inner_->all_to_all(send, send_counts, recv, recv_counts, info);
+    return ForwardingComm::all_to_all(send, send_counts, recv, recv_counts, info);
   }
   std::shared_ptr<transport::Work> broadcast(const transport::Buffer& send,
                                              const transport::Buffer& recv, int root,
@@ -172,20 +168,10 @@ class RecordingComm final : public transport::Comm {
     if (group_rank() == root) {  // send is read on the root only
       sent_->record("broadcast", rank_, send);
     }
-    return inner_->broadcast(send, recv, root, info);
-  }
-  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
-                                          const transport::Buffer& recv, const ReduceOp& reduce_op,
-                                          int root, const transport::OpInfo& info) override {
-    return inner_->reduce(send, recv, reduce_op, root, info);
-  }
-  void begin_group() override { inner_->begin_group(); }
-  std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override {
-    return inner_->end_group(info);
+    return ForwardingComm::broadcast(send, recv, root, info);
   }
 
  private:
-  std::shared_ptr<transport::Comm> inner_;
   std::shared_ptr<SentInputs> sent_;
   int rank_;
 };

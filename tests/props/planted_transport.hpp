@@ -89,15 +89,10 @@ class PlantedWork final : public transport::Work {
   std::atomic<bool> corrupted_{false};
 };
 
-class PlantedComm final : public transport::Comm {
+class PlantedComm final : public ForwardingComm {
  public:
   PlantedComm(std::shared_ptr<transport::Comm> inner, PlantedBug bug)
-      : inner_(std::move(inner)), bug_(bug) {}
-
-  std::uint64_t id() const noexcept override { return inner_->id(); }
-  const std::string& tag() const noexcept override { return inner_->tag(); }
-  const std::vector<int>& ranks() const noexcept override { return inner_->ranks(); }
-  int group_rank() const noexcept override { return inner_->group_rank(); }
+      : ForwardingComm(std::move(inner)), bug_(bug) {}
 
   std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
                                               const transport::Buffer& recv,
@@ -113,50 +108,17 @@ class PlantedComm final : public transport::Comm {
       std::memcpy(&contribution->back(), &bits, sizeof bits);
       transport::Buffer wrong = send;
       wrong.data = contribution->data();
-      std::shared_ptr<transport::Work> work = inner_->all_reduce(wrong, recv, reduce_op, info);
+      std::shared_ptr<transport::Work> work = inner().all_reduce(wrong, recv, reduce_op, info);
       return std::make_shared<PlantedWork>(std::move(work), bug_, recv, std::move(contribution));
     }
-    std::shared_ptr<transport::Work> work = inner_->all_reduce(send, recv, reduce_op, info);
+    std::shared_ptr<transport::Work> work = inner().all_reduce(send, recv, reduce_op, info);
     if (work == nullptr) {
       return work;  // inside begin_group/end_group
     }
     return std::make_shared<PlantedWork>(std::move(work), bug_, recv);
   }
-  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
-                                              const transport::Buffer& recv,
-                                              const transport::OpInfo& info) override {
-    return inner_->all_gather(send, recv, info);
-  }
-  std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
-                                                  const transport::Buffer& recv,
-                                                  const ReduceOp& reduce_op,
-                                                  const transport::OpInfo& info) override {
-    return inner_->reduce_scatter(send, recv, reduce_op, info);
-  }
-  std::shared_ptr<transport::Work> all_to_all(const transport::Buffer& send,
-                                              const std::vector<std::size_t>& send_counts,
-                                              const transport::Buffer& recv,
-                                              const std::vector<std::size_t>& recv_counts,
-                                              const transport::OpInfo& info) override {
-    return inner_->all_to_all(send, send_counts, recv, recv_counts, info);
-  }
-  std::shared_ptr<transport::Work> broadcast(const transport::Buffer& send,
-                                             const transport::Buffer& recv, int root,
-                                             const transport::OpInfo& info) override {
-    return inner_->broadcast(send, recv, root, info);
-  }
-  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
-                                          const transport::Buffer& recv, const ReduceOp& reduce_op,
-                                          int root, const transport::OpInfo& info) override {
-    return inner_->reduce(send, recv, reduce_op, root, info);
-  }
-  void begin_group() override { inner_->begin_group(); }
-  std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override {
-    return inner_->end_group(info);
-  }
 
  private:
-  std::shared_ptr<transport::Comm> inner_;
   PlantedBug bug_;
 };
 
