@@ -39,6 +39,12 @@
 //            reduce_scatter then all_gather; exact results, and inexact sums bit-identical on
 //            every rank (run with CHORUS_MPI_SCHEDULE=chorus to test Note [Ring all_reduce] and
 //            Note [Direct exchanges], and without).
+//   rounding 16-bit float sum, avg, premul_sum and product whose 16-bit running sums overflow
+//            (or, for premul_sum, whose rounded f * x would be subnormal), and float min/max
+//            with ties (-0/+0, NaN payloads), at 8 and 6144 elements per rank: all_reduce,
+//            reduce_scatter and reduce bit-identical to chorus::kernels::reduce over all ranks'
+//            inputs in group-rank order (Note [Widened 16-bit reductions], Note [Ring
+//            all_reduce], "Ties"); run under each schedule.
 //   small    all_reduce and reduce_scatter below 4 KiB per rank, every reduction on 16-bit
 //            floats, float32 and integers: results identical on every rank and exact where the
 //            arithmetic is; with --kernel-order also bit-identical to chorus::kernels::reduce
@@ -47,6 +53,7 @@
 //            own collectives do not promise (run it where Auto takes that exchange:
 //            CHORUS_MPI_NODE_CPUS at least the rank count, up to 8 ranks).
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
 #include <chorus/kernels.hpp>
 #include <chrono>
@@ -56,6 +63,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -462,6 +470,135 @@ void small(bool kernel_order) {
   }
 }
 
+// Rank r's element i for the rounding mode: integers in [-60000, 60000] whose partial sums
+// leave Float16's range (65504) in group-rank order, while every float32 sum of them is exact
+// (so any order gives the fold's bits); products of small powers of two and signs.
+double rounding_value(int r, std::size_t i, chorus::ReduceOp::Kind kind) {
+  const auto k = static_cast<int>(i % 7);
+  if (kind == chorus::ReduceOp::Kind::Product) {
+    return (r + k) % 3 == 0 ? -2.0 : ((r + k) % 3 == 1 ? 0.5 : 1.0);
+  }
+  if (k == 0) {
+    return 60000.0;  // avg 60000 everywhere; the 16-bit running sum overflowed at once
+  }
+  return (r % 2 == 0 ? 1.0 : -1.0) * (60000.0 - 1000.0 * k) + static_cast<double>(r);
+}
+
+chorus::Tensor rounding_input(int r, std::size_t count, chorus::DType dtype,
+                              const chorus::ReduceOp& op) {
+  std::vector<double> values(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    values[i] = rounding_value(r, i, op.kind());
+  }
+  if (op.kind() == chorus::ReduceOp::Kind::PremulSum) {
+    std::fill(values.begin(), values.end(), 1e-4);  // the same on every rank: any order agrees
+  }
+  if (dtype == chorus::DType::BFloat16) {
+    for (double& value : values) {
+      value *= 0x1p100;  // bf16 shares float32's range: scale into its overflow
+    }
+  }
+  return chorus::Tensor::from_vector(values).to(dtype);
+}
+
+// 16-bit float sums, averages, premul_sums and products on every path MPI takes (direct exchange,
+// ring, MPI's collectives; all_reduce, reduce_scatter, reduce) against the simulator's fold in
+// group-rank order, bit for bit (Note [Widened 16-bit reductions]); and float min/max with ties
+// (-0/+0, NaN payloads) against the same fold (Note [Ring all_reduce], "Ties").
+void rounding() {
+  const int rank = chorus::rank();
+  const int n = chorus::world_size();
+  using chorus::DType;
+  struct Case {
+    DType dtype;
+    chorus::ReduceOp op;
+  };
+  const std::vector<Case> cases = {
+      {DType::Float16, "avg"},      {DType::Float16, "sum"},
+      {DType::Float16, "product"},  {DType::Float16, chorus::ReduceOp::premul_sum(1e-3)},
+      {DType::BFloat16, "avg"},     {DType::BFloat16, "sum"},
+      {DType::BFloat16, "product"}, {DType::BFloat16, chorus::ReduceOp::premul_sum(1e-3)},
+  };
+  const auto fold = [n](const std::function<chorus::Tensor(int)>& input, std::size_t count,
+                        DType dtype, const chorus::ReduceOp& op) {
+    std::vector<chorus::Tensor> inputs;
+    std::vector<const void*> sources;
+    for (int r = 0; r < n; ++r) {
+      inputs.push_back(input(r));
+      sources.push_back(inputs.back().unsafe_data_ptr());  // never pending
+    }
+    chorus::Tensor expected = chorus::Tensor::empty({static_cast<std::int64_t>(count)}, dtype);
+    chorus::kernels::reduce(expected.unsafe_data_ptr(), sources.data(), sources.size(), count,
+                            dtype, op);
+    return expected;
+  };
+  // 8 elements: the direct exchange or MPI's collective; 6144 (12 KiB): the ring or MPI's.
+  for (const std::size_t per_rank : {std::size_t{8}, std::size_t{6144}}) {
+    const std::size_t count = per_rank * static_cast<std::size_t>(n);
+    for (const Case& c : cases) {
+      const std::string what = std::string(chorus::dtype_name(c.dtype)) + " " + c.op.to_string() +
+                               " of " + std::to_string(count);
+      const auto input = [&](int r) { return rounding_input(r, count, c.dtype, c.op); };
+      const chorus::Tensor expected = fold(input, count, c.dtype, c.op);
+      require(same_bytes(chorus::all_reduce(input(rank), c.op, chorus::world()), expected),
+              what + ": all_reduce differs from the fold");
+      require(same_bytes(chorus::reduce_scatter_tensor(input(rank), c.op, 0, chorus::world()),
+                         expected
+                             .narrow(0, static_cast<std::int64_t>(per_rank) * rank,
+                                     static_cast<std::int64_t>(per_rank))
+                             .contiguous()),
+              what + ": reduce_scatter differs from the fold");
+      const int root = n - 1;
+      const chorus::Tensor reduced = chorus::reduce(input(rank), c.op, root, chorus::world());
+      chorus::wait_tensor(reduced);
+      if (rank == root) {
+        require(same_bytes(reduced, expected), what + ": reduce differs from the fold");
+      }
+    }
+    // Ties: rank r holds +0 (r even) or -0, and a NaN whose payload is r + 1.
+    for (const DType dtype : {DType::Float32, DType::Float16, DType::Float64}) {
+      for (const char* op : {"min", "max"}) {
+        const auto input = [&](int r) {
+          std::vector<double> values(count, r % 2 == 0 ? 0.0 : -0.0);
+          chorus::Tensor tensor = chorus::Tensor::from_vector(values).to(dtype);
+          auto* bytes = static_cast<unsigned char*>(tensor.unsafe_data_ptr());
+          const std::size_t size = chorus::element_size(dtype);
+          for (std::size_t i = 1; i < count; i += 3) {  // a quiet NaN with payload r + 1
+            unsigned char* element = bytes + i * size;
+            if (size == 2) {
+              const auto half = static_cast<std::uint16_t>(0x7E00u | static_cast<unsigned>(r + 1));
+              std::memcpy(element, &half, 2);
+            } else if (size == 4) {
+              const std::uint32_t bits = 0x7FC0'0000u | static_cast<std::uint32_t>(r + 1);
+              std::memcpy(element, &bits, 4);
+            } else {
+              const std::uint64_t bits =
+                  0x7FF8'0000'0000'0000ull | static_cast<std::uint64_t>(r + 1);
+              std::memcpy(element, &bits, 8);
+            }
+          }
+          return tensor;
+        };
+        const std::string what =
+            std::string(chorus::dtype_name(dtype)) + " " + op + " ties of " + std::to_string(count);
+        const chorus::Tensor expected = fold(input, count, dtype, chorus::ReduceOp(op));
+        require(same_bytes(chorus::all_reduce(input(rank), op, chorus::world()), expected),
+                what + ": all_reduce differs from the fold");
+        require(same_bytes(chorus::reduce_scatter_tensor(input(rank), op, 0, chorus::world()),
+                           expected
+                               .narrow(0, static_cast<std::int64_t>(per_rank) * rank,
+                                       static_cast<std::int64_t>(per_rank))
+                               .contiguous()),
+                what + ": reduce_scatter differs from the fold");
+      }
+    }
+  }
+  require(chorus::work_registry_size() == 0, "registry empty at the end");
+  if (rank == 0) {
+    std::printf("mpi_job rounding: all checks passed on %d ranks\n", n);
+  }
+}
+
 void throwing() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -722,6 +859,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "rings") {
     return chorus::run(options, rings);
+  }
+  if (mode == "rounding") {
+    return chorus::run(options, rounding);
   }
   if (mode == "small") {
     return chorus::run(options, [kernel_order] { small(kernel_order); });

@@ -23,6 +23,7 @@ struct Expected {
   bool user_op;
   bool divide_after;
   bool scale_input;
+  bool widened = false;
 };
 
 class MpiMapping : public ::testing::TestWithParam<Expected> {};
@@ -38,6 +39,7 @@ TEST_P(MpiMapping, PicksTheTypeAndOpWhoseArithmeticIsChorus) {
   EXPECT_EQ(mapping.user_op, expected.user_op);
   EXPECT_EQ(mapping.divide_after, expected.divide_after);
   EXPECT_EQ(mapping.scale_input, expected.scale_input);
+  EXPECT_EQ(mapping.widened, expected.widened);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -67,14 +69,14 @@ INSTANTIATE_TEST_SUITE_P(
         Expected{DType::Float64, "min", "MPI_DOUBLE", "chorus_f64_min", true, false, false},
         Expected{DType::Float32, "avg", "MPI_FLOAT", "MPI_SUM", false, true, false},
         Expected{DType::Float64, "premul_sum", "MPI_DOUBLE", "MPI_SUM", false, false, true},
-        // 16-bit floats: user ops over 16-bit elements.
-        Expected{DType::Float16, "sum", "MPI_UINT16_T", "chorus_fp16_sum", true, false, false},
-        Expected{DType::BFloat16, "product", "MPI_UINT16_T", "chorus_bf16_product", true, false,
-                 false},
-        Expected{DType::Float16, "avg", "MPI_UINT16_T", "chorus_fp16_sum", true, true, false},
-        Expected{DType::BFloat16, "premul_sum", "MPI_UINT16_T", "chorus_bf16_sum", true, false,
-                 true},
+        // 16-bit floats: sums and products as float32, rounded once (Note [Widened 16-bit
+        // reductions]); min/max exact on the 16-bit elements, NaN-propagating.
+        Expected{DType::Float16, "sum", "MPI_FLOAT", "MPI_SUM", false, false, false, true},
+        Expected{DType::BFloat16, "product", "MPI_FLOAT", "MPI_PROD", false, false, false, true},
+        Expected{DType::Float16, "avg", "MPI_FLOAT", "MPI_SUM", false, true, false, true},
+        Expected{DType::BFloat16, "premul_sum", "MPI_FLOAT", "MPI_SUM", false, false, true, true},
         Expected{DType::Float16, "max", "MPI_UINT16_T", "chorus_fp16_max", true, false, false},
+        Expected{DType::BFloat16, "min", "MPI_UINT16_T", "chorus_bf16_min", true, false, false},
         // Complex: MPI's complex sums.
         Expected{DType::Complex64, "sum", "MPI_C_FLOAT_COMPLEX", "MPI_SUM", false, false, false},
         Expected{DType::Complex128, "avg", "MPI_C_DOUBLE_COMPLEX", "MPI_SUM", false, true, false},
@@ -94,15 +96,16 @@ TEST(MpiMappingSweep, EveryAllowedPairMaps) {
       }
       const Mapping mapping = describe_mapping(dtype, reduce_op);
       const bool half = dtype == DType::Float16 || dtype == DType::BFloat16;
-      const bool float_order =
-          (dtype == DType::Float32 || dtype == DType::Float64) &&
-          (reduce_op.kind() == ReduceOp::Kind::Min || reduce_op.kind() == ReduceOp::Kind::Max);
+      const bool ordered =
+          reduce_op.kind() == ReduceOp::Kind::Min || reduce_op.kind() == ReduceOp::Kind::Max;
+      const bool float_order = is_floating(dtype) && ordered;
       const bool byte_arithmetic =
           (dtype == DType::Int8 || dtype == DType::UInt8) &&
           (reduce_op.kind() == ReduceOp::Kind::Sum || reduce_op.kind() == ReduceOp::Kind::Avg ||
            reduce_op.kind() == ReduceOp::Kind::Product);
-      EXPECT_EQ(mapping.user_op, half || float_order || byte_arithmetic)
+      EXPECT_EQ(mapping.user_op, float_order || byte_arithmetic)
           << dtype_name(dtype) << " " << name << " -> " << mapping.op;
+      EXPECT_EQ(mapping.widened, half && !ordered) << dtype_name(dtype) << " " << name;
       EXPECT_EQ(mapping.divide_after, reduce_op.kind() == ReduceOp::Kind::Avg);
       EXPECT_FALSE(mapping.scale_input);
       ++mapped;

@@ -172,9 +172,15 @@ Plan plan_reduction(DType dtype, const ReduceOp& reduce_op) {
     }
     case DType::Float16:
     case DType::BFloat16:
-      plan.element = Element::U16;
-      plan.op = OpChoice::User;
-      plan.user_kind = step_kind(kind);
+      if (plan.op == OpChoice::Min || plan.op == OpChoice::Max) {
+        plan.element = Element::U16;  // exact: no rounding, and NaN propagates (user op)
+        plan.op = OpChoice::User;
+        plan.user_kind = kind;
+      } else {
+        // Note [Widened 16-bit reductions]: sums and products travel as float32.
+        plan.element = Element::Float;
+        plan.widen = true;
+      }
       break;
     case DType::Float32:
     case DType::Float64:
@@ -418,6 +424,7 @@ Mapping describe_mapping(DType dtype, const ReduceOp& reduce_op) {
                                : std::string(detail::op_choice_name(plan.op));
   mapping.divide_after = plan.divide_after;
   mapping.scale_input = plan.scale_input;
+  mapping.widened = plan.widen;
   return mapping;
 }
 

@@ -53,6 +53,9 @@ struct Plan {
   ReduceOp::Kind user_kind = ReduceOp::Kind::Sum;
   bool divide_after = false;
   bool scale_input = false;
+  // Float16/BFloat16 sum, avg, premul_sum, product: `element` is Float, and the transport
+  // widens the input and rounds the result once (Note [Widened 16-bit reductions]).
+  bool widen = false;
 };
 
 // `reduce_op` must be valid for `dtype`; CHORUS_CHECKed.

@@ -557,6 +557,54 @@ const void* MpiComm::scaled_input(const Buffer& send, const ReduceOp& reduce_op,
   return copy.get();
 }
 
+// Note [Widened 16-bit reductions]
+// Float16 and BFloat16 sums, averages, premul_sums and products travel as float32 (Plan::widen):
+// each rank widens its input (exactly; for premul_sum f * x is taken in float, the kernels'
+// prepare step), MPI's collective or chorus's ring reduces the floats, and one after-step divides
+// (avg) and rounds each element to the dtype once, as chorus::kernels do on the simulator.
+// Reducing the 16-bit values themselves rounded at every step: an avg of 60000s overflowed to
+// inf where every rank's average is 60000, and premul_sum rounded f * x to the dtype (often a
+// subnormal) before summing. The result is the simulator's bit for bit whenever the float32 sum
+// is exact whatever its order (the simulator adds in group-rank order, MPI in its own); it costs
+// twice the bytes on the wire. The small direct exchange (Note [Direct exchanges]) reduces with
+// the kernels themselves and needs none of this.
+MpiComm::Operands MpiComm::reduction_operands(const Buffer& send, const Buffer& recv,
+                                              const ReduceOp& reduce_op, const Plan& plan,
+                                              bool writes_recv, Started& started) {
+  if (!plan.widen) {
+    if (plan.divide_after && writes_recv) {
+      started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
+                                  size = size()] { divide_in_place(data, dtype, n, size); });
+    }
+    return {plan.scale_input ? scaled_input(send, reduce_op, started) : send.data, recv.data,
+            send.dtype};
+  }
+  std::shared_ptr<void> floats = scratch((send.count + recv.count) * sizeof(float));
+  started.keep_alive.push_back(floats);
+  auto* input = static_cast<float*>(floats.get());
+  float* output = input + send.count;
+  kernels::convert(input, DType::Float32, send.data, send.dtype, send.count);
+  if (plan.scale_input) {
+    const auto factor = static_cast<float>(reduce_op.premul_factor());
+    for (std::size_t i = 0; i < send.count; ++i) {
+      input[i] = factor * input[i];
+    }
+  }
+  if (writes_recv) {
+    started.after.emplace_back([output, data = recv.data, dtype = recv.dtype, n = recv.count,
+                                divisor = plan.divide_after ? size() : 0] {
+      if (divisor != 0) {
+        const auto by = static_cast<float>(divisor);
+        for (std::size_t i = 0; i < n; ++i) {
+          output[i] = output[i] / by;
+        }
+      }
+      kernels::convert(data, dtype, output, DType::Float32, n);  // rounds once, to nearest even
+    });
+  }
+  return {input, output, DType::Float32};
+}
+
 bool MpiComm::chorus_schedule_allowed() const {
   // Auto was already turned into Mpi on oversubscribed jobs (MpiTransport::agree_on_schedule).
   return size() >= 2 && schedule_ != MpiSchedule::Mpi;
@@ -765,12 +813,14 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
       MPI_Datatype datatype = MPI_DATATYPE_NULL;
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
-      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      if (use_chorus_schedule(send.nbytes()) &&
-          RingAllReduce::fits(send.count, send.dtype, size())) {
-        auto ring = std::make_shared<RingAllReduce>(input, recv.data, send.count, send.dtype,
-                                                    step_op(plan, reduce_op), comm_, group_rank_,
-                                                    size(), take_p2p_tag());
+      const Operands operands =
+          reduction_operands(send, recv, reduce_op, plan, /*writes_recv=*/true, started);
+      const void* input = operands.input;
+      if (use_chorus_schedule(send.nbytes()) && RingAllReduce::keeps_order(send.dtype, reduce_op) &&
+          RingAllReduce::fits(send.count, operands.dtype, size())) {
+        auto ring = std::make_shared<RingAllReduce>(input, operands.output, send.count,
+                                                    operands.dtype, step_op(plan, reduce_op), comm_,
+                                                    group_rank_, size(), take_p2p_tag());
         started.rings.push_back(ring);  // kept (parked) with its buffers even if start fails
         ring->start();
         if (ring->failed()) {
@@ -778,17 +828,13 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
         }
         process_->add_ring(std::move(ring));
       } else {
-        check(MPI_Iallreduce(input == recv.data ? MPI_IN_PLACE : input, recv.data, count, datatype,
-                             op, comm_, &request),
+        check(MPI_Iallreduce(input == operands.output ? MPI_IN_PLACE : input, operands.output,
+                             count, datatype, op, comm_, &request),
               "MPI_Iallreduce", info);
       }
     }
     if (request != MPI_REQUEST_NULL) {
       started.requests.push_back(request);
-    }
-    if (plan.divide_after) {
-      started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
-                                  size = size()] { divide_in_place(data, dtype, n, size); });
     }
   });
 }
@@ -863,15 +909,13 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
       MPI_Datatype datatype = MPI_DATATYPE_NULL;
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
-      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
-      check(MPI_Ireduce_scatter_block(input, recv.data, count, datatype, op, comm_, &request),
+      const Operands operands =
+          reduction_operands(send, recv, reduce_op, plan, /*writes_recv=*/true, started);
+      check(MPI_Ireduce_scatter_block(operands.input, operands.output, count, datatype, op, comm_,
+                                      &request),
             "MPI_Ireduce_scatter_block", info);
     }
     started.requests.push_back(request);
-    if (plan.divide_after) {
-      started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
-                                  size = size()] { divide_in_place(data, dtype, n, size); });
-    }
   });
 }
 
@@ -1006,18 +1050,15 @@ std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffe
       MPI_Datatype datatype = MPI_DATATYPE_NULL;
       MPI_Op op = MPI_OP_NULL;
       reduction(send, reduce_op, plan, datatype, op);
-      const void* input = plan.scale_input ? scaled_input(send, reduce_op, started) : send.data;
       // recv is written on root only (Comm::reduce); only root may reduce in place.
-      const void* send_arg = is_root && input == recv.data ? MPI_IN_PLACE : input;
-      check(MPI_Ireduce(send_arg, is_root ? recv.data : nullptr, count, datatype, op, root, comm_,
-                        &request),
+      const Operands operands = reduction_operands(send, recv, reduce_op, plan, is_root, started);
+      const void* send_arg =
+          is_root && operands.input == operands.output ? MPI_IN_PLACE : operands.input;
+      check(MPI_Ireduce(send_arg, is_root ? operands.output : nullptr, count, datatype, op, root,
+                        comm_, &request),
             "MPI_Ireduce", info);
     }
     started.requests.push_back(request);
-    if (plan.divide_after && is_root) {
-      started.after.emplace_back([data = recv.data, dtype = recv.dtype, n = recv.count,
-                                  size = size()] { divide_in_place(data, dtype, n, size); });
-    }
   });
 }
 

@@ -296,6 +296,18 @@ class MpiComm final : public transport::Comm {
                  MPI_Datatype& datatype, MPI_Op& op);
   const void* scaled_input(const transport::Buffer& send, const ReduceOp& reduce_op,
                            Started& started);
+  // The buffers a reduction's MPI call or ring runs on, and the after-step that finishes the
+  // result in `recv` where the rank has one (`writes_recv`; reduce: the root only): `send` and
+  // `recv` themselves (a scaled copy of `send` for premul_sum; avg divides afterwards), or for
+  // a widened plan float32 copies (Note [Widened 16-bit reductions]).
+  struct Operands {
+    const void* input = nullptr;
+    void* output = nullptr;
+    DType dtype = DType::Float32;  // of input and output
+  };
+  Operands reduction_operands(const transport::Buffer& send, const transport::Buffer& recv,
+                              const ReduceOp& reduce_op, const Plan& plan, bool writes_recv,
+                              Started& started);
   // Whether this communicator may run chorus's schedules at all (MpiSchedule; Note [Ring
   // all_reduce], Note [Direct exchanges]), and whether an operation of `nbytes` per rank (the
   // larger buffer) does.

@@ -45,6 +45,12 @@ bool RingAllReduce::fits(std::size_t count, DType dtype, int group_size) {
          static_cast<std::size_t>(std::numeric_limits<int>::max()) / element_size(dtype);
 }
 
+bool RingAllReduce::keeps_order(DType dtype, const ReduceOp& reduce_op) {
+  const bool ordered =
+      reduce_op.kind() == ReduceOp::Kind::Min || reduce_op.kind() == ReduceOp::Kind::Max;
+  return !(ordered && is_floating(dtype));
+}
+
 RingAllReduce::RingAllReduce(const void* input, void* output, std::size_t count, DType dtype,
                              const ReduceOp& step_op, MPI_Comm comm, int group_rank, int group_size,
                              int tag)

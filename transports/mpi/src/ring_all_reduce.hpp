@@ -33,6 +33,14 @@ namespace chorus::mpi::detail {
 // step (chorus::kernels with two sources). All-gather step t: send chunk r + 1 - t, receive chunk
 // r - t into the output; every rank ends with the same bits.
 //
+// Ties: chunk c's fold starts at rank c, not at group rank 0. Sums and products do not care
+// (a + b == b + a bitwise), nor do integer min/max; a floating min/max does: on ties (-0 and +0,
+// NaN payloads) the kernels keep the left operand, so the ring would pick another rank's zero or
+// NaN than the simulator's group-rank fold. Those run on MPI's collective instead, whose chorus
+// user op is declared non-commutative (keeps_order).
+//
+// 16-bit float sums reach the ring widened to float32 (Note [Widened 16-bit reductions]).
+//
 // Buffers: the output is written only in chunks the schedule has finished with, so input and
 // output may be the same buffer (in place). avg and premul_sum reach the ring as sums (the
 // work divides afterwards or the input was scaled first, Note [MPI mapping]).
@@ -78,6 +86,9 @@ class RingAllReduce {
   // Whether a ring can carry `count` elements of `dtype` over `group_size` ranks: one chunk's
   // bytes travel as an int count of MPI_BYTE.
   static bool fits(std::size_t count, DType dtype, int group_size);
+  // Whether the ring's fold gives the group-rank-order result of `reduce_op` on `dtype`: all but
+  // a floating min/max (Note [Ring all_reduce], "Ties").
+  static bool keeps_order(DType dtype, const ReduceOp& reduce_op);
   // Chunk c's first element and element count (public for tests of the layout).
   static std::size_t chunk_offset(std::size_t count, int size, int chunk);
   static std::size_t chunk_count(std::size_t count, int size, int chunk);

@@ -28,6 +28,11 @@ struct Mapping {
   bool divide_after = false;
   // premul_sum(f): the transport sums a scaled copy (f * x, rounded to the dtype) of the input.
   bool scale_input = false;
+  // Float16 and BFloat16 sum, avg, premul_sum and product: the elements travel as MPI_FLOAT
+  // (each rank's input widened, f * x taken in float), and the result is divided (avg) and
+  // rounded to the dtype once, as the simulator's kernels do; reducing the 16-bit values
+  // themselves would round at every step (an avg of 60000s overflowed to inf). Twice the bytes.
+  bool widened = false;
 };
 
 // The mapping of `reduce_op` on `dtype`. `reduce_op` must be valid for `dtype`
