@@ -539,6 +539,32 @@ TEST(Store, CallsQueuedBehindABlockedCallTimeOutWithoutClosingTheConnection) {
   EXPECT_EQ(shared->get("k", kHang), "after");
 }
 
+TEST(Store, NonBlockingCallsUnderAPassedDeadlineAreRefusedUnsentAndTheClientStaysUsable) {
+  // A set under a deadline already passed was once sent (and applied), its answer then missed at
+  // once: Timeout, and the connection closed for good. Nothing is sent now, as when the deadline
+  // passes while the call waits for another thread's call.
+  Server server;
+  auto client = connect(server);
+  auto other = connect(server);
+  const Deadline passed(Clock::now());
+  try {
+    client->set("k", "v", passed);
+    FAIL() << "the set returned";
+  } catch (const Timeout& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("store.set"), std::string::npos) << message;
+    EXPECT_NE(message.find("nothing was sent"), std::string::npos) << message;
+  }
+  EXPECT_THROW(client->add("n", 1, passed), Timeout);
+  EXPECT_THROW(client->compare_set("c", "", "x", passed), Timeout);
+  EXPECT_THROW(client->multi_set({{"m", "1"}}, passed), Timeout);
+  EXPECT_THROW(client->delete_key("k", passed), Timeout);
+  EXPECT_THROW(client->num_keys(Deadline(Clock::time_point::min())), Timeout);
+  EXPECT_EQ(other->num_keys(kHang), 0);  // none was applied
+  client->set("k", "after", kHang);      // the connection was kept
+  EXPECT_EQ(client->get("k", kHang), "after");
+}
+
 TEST(Store, RendezvousRanksThatDisagreeOnTheWorldSizeAreInvalidArgument) {
   // It once CHECK-aborted the process: a third rank counting out of a call of a world of 2.
   Server server;
@@ -907,7 +933,10 @@ TEST(Store, TheExtremeTimePointsAreDeadlinesToo) {
   const auto start = Clock::now();
   EXPECT_THROW(client->get("never-set", earliest), Timeout);
   EXPECT_LT(Clock::now() - start, kPrompt);
+  // A blocking call under a passed deadline is still sent, and answered by the server (Timeout
+  // above, or the value when the key is there): the connection stays usable.
   client->set("here", "1");
+  EXPECT_EQ(client->get("here", earliest), "1");
   EXPECT_EQ(client->get("here", latest), "1");
 }
 

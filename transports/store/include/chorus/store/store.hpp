@@ -18,10 +18,12 @@
 //                    value that is not an integer);
 // - Aborted          a blocking call was cancelled with cancel();
 // - TransportError   the server refused the connection (token), closed it, or died.
-// A Timeout answered by the server (a blocking call whose keys did not appear), InvalidArgument
-// and Aborted leave the Client usable. After a TransportError, or a Timeout the server did not
-// answer (no answer by the deadline), the connection's state is unknown, so the Client closes it:
-// later calls throw TransportError.
+// A Timeout answered by the server (a blocking call whose keys did not appear), a Timeout that
+// says nothing was sent (the deadline passed before the call went out: while it waited for
+// another thread's call, or a set/add/... called with a deadline already passed),
+// InvalidArgument and Aborted leave the Client usable. After a TransportError, or a Timeout the
+// server did not answer (no answer by the deadline), the connection's state is unknown, so the
+// Client closes it: later calls throw TransportError.
 //
 // No Boost (or any networking) header is reachable from this header.
 
