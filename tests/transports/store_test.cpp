@@ -565,6 +565,21 @@ TEST(Store, NonBlockingCallsUnderAPassedDeadlineAreRefusedUnsentAndTheClientStay
   EXPECT_EQ(client->get("k", kHang), "after");
 }
 
+TEST(Store, RendezvousCountsOutEvenWhenTheCallUsedUpItsDeadline) {
+  // A broadcast's get may take the call's whole deadline; counting out (an add, then the last
+  // rank's deletes) once reused it and then failed the call that had its value. Deterministic
+  // here: the value is published and the deadline has passed before the late rank's call, whose
+  // get the server still answers (the key is there).
+  Server server;
+  auto root_client = connect(server);
+  auto late_client = connect(server);
+  Rendezvous root(*root_client, 0, 2);
+  Rendezvous late(*late_client, 1, 2);
+  EXPECT_EQ(root.broadcast_bytes(0, "blob", kHang), "blob");
+  EXPECT_EQ(late.broadcast_bytes(0, "", Deadline(Clock::now())), "blob");
+  EXPECT_EQ(root_client->num_keys(kHang), 0);  // the late rank was last: it deleted the keys
+}
+
 TEST(Store, RendezvousRanksThatDisagreeOnTheWorldSizeAreInvalidArgument) {
   // It once CHECK-aborted the process: a third rank counting out of a call of a world of 2.
   Server server;

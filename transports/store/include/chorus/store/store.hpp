@@ -258,7 +258,9 @@ class PrefixStore final : public Store {
 // (numbered per Rendezvous), and the last rank through a call deletes them. Errors are those of
 // the store calls underneath (Timeout naming the key of a rank that has not arrived), and
 // InvalidArgument when more ranks count out of a call than the world holds (ranks that disagree
-// on world_size). Not thread-safe: one Rendezvous per rank, used by one thread at a time.
+// on world_size). Once a call has its answer, counting out of it (an add, and the last rank's
+// deletes) may take up to 5 s past its deadline rather than fail it. Not thread-safe: one
+// Rendezvous per rank, used by one thread at a time.
 class Rendezvous {
  public:
   // InvalidArgument unless 0 <= rank < world_size.
@@ -278,7 +280,7 @@ class Rendezvous {
 
  private:
   std::string next_name(std::string_view what);
-  void finish(const std::string& name, std::vector<std::string> keys, Deadline deadline);
+  void finish(const std::string& name, std::vector<std::string> keys, Deadline call_deadline);
 
   Store& store_;
   int rank_;
