@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chorus/error.hpp>
 #include <chorus/store/store.hpp>
 #include <chrono>
@@ -819,23 +820,50 @@ TEST(Store, ServerDeathIsTransportErrorPromptly) {
 }
 
 TEST(Store, ClientRetriesUntilTheServerListens) {
-  std::uint16_t port = 0;
-  {
-    Server first;  // learn a free port, then free it
-    port = first.port();
-  }
+  // A port bound but not listening refuses connections, and stays this test's until the server
+  // takes it: the client is refused at least once (ClientOptions::on_connect_retry says so), then
+  // the server starts on that port, and the client's next attempt connects.
+  const int reserved = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(reserved, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(reserved, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(reserved, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::uint16_t port = ntohs(address.sin_port);
+  std::atomic<int> refusals{0};
+  std::string first_refusal;  // written before the first increment, read after the join
+  std::atomic<bool> ended{false};
   std::string seen;
+  std::string failure;
   std::thread early([&] {
     ClientOptions options;
     options.port = port;
-    Client client(options, kHang);  // connection refused at first: retried
-    seen = client.get("k", kHang);
+    options.on_connect_retry = [&](const std::string& reason) {
+      if (refusals.load() == 0) {
+        first_refusal = reason;
+      }
+      refusals.fetch_add(1);
+    };
+    try {
+      Client client(options, kHang);
+      seen = client.get("k", kHang);
+    } catch (const Error& error) {
+      failure = error.what();
+    }
+    ended = true;
   });
-  ServerOptions options;
-  options.port = port;
-  Server server(options);
+  eventually([&] { return refusals.load() > 0 || ended.load(); }, "the client is refused");
+  ::close(reserved);
+  ServerOptions server_options;
+  server_options.port = port;
+  Server server(server_options);
   connect(server)->set("k", "v");
   early.join();
+  EXPECT_EQ(failure, "");
+  EXPECT_GE(refusals.load(), 1);
+  EXPECT_EQ(first_refusal, std::strerror(ECONNREFUSED));
   EXPECT_EQ(seen, "v");
 }
 

@@ -256,6 +256,9 @@ struct Client::Impl {
             "could not connect to the store at " + address + " before the deadline: " + last_error);
       }
       // The server may not be listening yet (ranks start in any order): try again.
+      if (options.on_connect_retry) {
+        options.on_connect_retry(last_error);
+      }
       std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
       pause = std::min(pause * 2, kRetryLongest);
     }

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -208,6 +209,11 @@ struct ClientOptions {
   std::uint16_t port = 0;
   // The shared secret presented at connect. nullopt: $CHORUS_STORE_TOKEN (unset: none).
   std::optional<std::string> token;
+  // Called on the connecting thread each time every address of the server failed to connect
+  // (refused: nobody listens there yet) and the client is about to try again, with the reason
+  // ("Connection refused"). For logging, and for tests that must know a client was refused.
+  // Empty: nothing is called. What it throws ends the connecting, out of the constructor.
+  std::function<void(const std::string& reason)> on_connect_retry = nullptr;
 };
 
 // A connection to a Server. Connecting retries (a server that is not up yet) until the deadline.
