@@ -107,7 +107,8 @@ TEST(Launcher, AllRanksSucceedAndEveryLineIsPrefixed) {
 }
 
 TEST(Launcher, ALineOfExactlyTheLimitIsWrittenWhole) {
-  // 64 KiB before its newline: once split there, with an empty prefixed line after it.
+  // 64 KiB before its newline: written whole, the newline with it (the launcher once split such
+  // a line at the limit and wrote an empty prefixed line after it).
   const Outcome outcome = run_probe(1, {"line", "65536"});
   EXPECT_EQ(outcome.status, 0) << outcome.err;
   ASSERT_EQ(outcome.out_lines.size(), 2u);

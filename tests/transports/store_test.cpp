@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chorus/error.hpp>
 #include <chorus/store/store.hpp>
 #include <chrono>
@@ -539,6 +540,47 @@ TEST(Store, CallsQueuedBehindABlockedCallTimeOutWithoutClosingTheConnection) {
   EXPECT_EQ(shared->get("k", kHang), "after");
 }
 
+TEST(Store, NonBlockingCallsUnderAPassedDeadlineAreRefusedUnsentAndTheClientStaysUsable) {
+  // A set under a deadline already passed was once sent (and applied), its answer then missed at
+  // once: Timeout, and the connection closed for good. Nothing is sent now, as when the deadline
+  // passes while the call waits for another thread's call.
+  Server server;
+  auto client = connect(server);
+  auto other = connect(server);
+  const Deadline passed(Clock::now());
+  try {
+    client->set("k", "v", passed);
+    FAIL() << "the set returned";
+  } catch (const Timeout& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("store.set"), std::string::npos) << message;
+    EXPECT_NE(message.find("nothing was sent"), std::string::npos) << message;
+  }
+  EXPECT_THROW(client->add("n", 1, passed), Timeout);
+  EXPECT_THROW(client->compare_set("c", "", "x", passed), Timeout);
+  EXPECT_THROW(client->multi_set({{"m", "1"}}, passed), Timeout);
+  EXPECT_THROW(client->delete_key("k", passed), Timeout);
+  EXPECT_THROW(client->num_keys(Deadline(Clock::time_point::min())), Timeout);
+  EXPECT_EQ(other->num_keys(kHang), 0);  // none was applied
+  client->set("k", "after", kHang);      // the connection was kept
+  EXPECT_EQ(client->get("k", kHang), "after");
+}
+
+TEST(Store, RendezvousCountsOutEvenWhenTheCallUsedUpItsDeadline) {
+  // A broadcast's get may take the call's whole deadline; counting out (an add, then the last
+  // rank's deletes) once reused it and then failed the call that had its value. Deterministic
+  // here: the value is published and the deadline has passed before the late rank's call, whose
+  // get the server still answers (the key is there).
+  Server server;
+  auto root_client = connect(server);
+  auto late_client = connect(server);
+  Rendezvous root(*root_client, 0, 2);
+  Rendezvous late(*late_client, 1, 2);
+  EXPECT_EQ(root.broadcast_bytes(0, "blob", kHang), "blob");
+  EXPECT_EQ(late.broadcast_bytes(0, "", Deadline(Clock::now())), "blob");
+  EXPECT_EQ(root_client->num_keys(kHang), 0);  // the late rank was last: it deleted the keys
+}
+
 TEST(Store, RendezvousRanksThatDisagreeOnTheWorldSizeAreInvalidArgument) {
   // It once CHECK-aborted the process: a third rank counting out of a call of a world of 2.
   Server server;
@@ -778,23 +820,50 @@ TEST(Store, ServerDeathIsTransportErrorPromptly) {
 }
 
 TEST(Store, ClientRetriesUntilTheServerListens) {
-  std::uint16_t port = 0;
-  {
-    Server first;  // learn a free port, then free it
-    port = first.port();
-  }
+  // A port bound but not listening refuses connections, and stays this test's until the server
+  // takes it: the client is refused at least once (ClientOptions::on_connect_retry says so), then
+  // the server starts on that port, and the client's next attempt connects.
+  const int reserved = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(reserved, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(reserved, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(reserved, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::uint16_t port = ntohs(address.sin_port);
+  std::atomic<int> refusals{0};
+  std::string first_refusal;  // written before the first increment, read after the join
+  std::atomic<bool> ended{false};
   std::string seen;
+  std::string failure;
   std::thread early([&] {
     ClientOptions options;
     options.port = port;
-    Client client(options, kHang);  // connection refused at first: retried
-    seen = client.get("k", kHang);
+    options.on_connect_retry = [&](const std::string& reason) {
+      if (refusals.load() == 0) {
+        first_refusal = reason;
+      }
+      refusals.fetch_add(1);
+    };
+    try {
+      Client client(options, kHang);
+      seen = client.get("k", kHang);
+    } catch (const Error& error) {
+      failure = error.what();
+    }
+    ended = true;
   });
-  ServerOptions options;
-  options.port = port;
-  Server server(options);
+  eventually([&] { return refusals.load() > 0 || ended.load(); }, "the client is refused");
+  ::close(reserved);
+  ServerOptions server_options;
+  server_options.port = port;
+  Server server(server_options);
   connect(server)->set("k", "v");
   early.join();
+  EXPECT_EQ(failure, "");
+  EXPECT_GE(refusals.load(), 1);
+  EXPECT_EQ(first_refusal, std::strerror(ECONNREFUSED));
   EXPECT_EQ(seen, "v");
 }
 
@@ -907,7 +976,10 @@ TEST(Store, TheExtremeTimePointsAreDeadlinesToo) {
   const auto start = Clock::now();
   EXPECT_THROW(client->get("never-set", earliest), Timeout);
   EXPECT_LT(Clock::now() - start, kPrompt);
+  // A blocking call under a passed deadline is still sent, and answered by the server (Timeout
+  // above, or the value when the key is there): the connection stays usable.
   client->set("here", "1");
+  EXPECT_EQ(client->get("here", earliest), "1");
   EXPECT_EQ(client->get("here", latest), "1");
 }
 

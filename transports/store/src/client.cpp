@@ -256,6 +256,9 @@ struct Client::Impl {
             "could not connect to the store at " + address + " before the deadline: " + last_error);
       }
       // The server may not be listening yet (ranks start in any order): try again.
+      if (options.on_connect_retry) {
+        options.on_connect_retry(last_error);
+      }
       std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
       pause = std::min(pause * 2, kRetryLongest);
     }
@@ -356,6 +359,15 @@ Response Client::round_trip(Request& request, Deadline deadline) {
                              " was closed after an earlier failure: " + impl.closed_because);
   }
   const bool blocking = detail::is_blocking(request.op);
+  // A non-blocking call has no timeout on the wire: sent with its deadline passed, it would be
+  // applied, and its answer then missed, which leaves the connection in an unknown state (closed
+  // for good). Refused here, like a call that waited out its deadline for the connection above.
+  // A blocking call is still sent: the server answers it with Timeout at once (or with the
+  // value, when the key is there), and the connection is kept.
+  if (!blocking && deadline.passed()) {
+    throw Timeout(error_context(op), "the deadline had passed before the call to the store at " +
+                                         impl.address + " was sent (nothing was sent)");
+  }
   if (blocking) {
     // Measured now, not when the call began: the wait for the connection came out of it.
     request.number = timeout_ms(deadline);

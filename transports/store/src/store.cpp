@@ -22,6 +22,11 @@ using detail::Request;
 using detail::Response;
 using detail::Status;
 
+// The time a Rendezvous call's counting out (Rendezvous::finish) has at least, whatever is left
+// of the call's deadline: a few round trips to a live server take milliseconds; this only bounds
+// the wait on a server that stopped answering.
+constexpr std::chrono::seconds kCountOutGrace{5};
+
 ErrorContext context(Op op) { return error_context("store." + std::string(op_name(op))); }
 
 // Turns a refusal into the matching chorus error.
@@ -169,7 +174,15 @@ std::string Rendezvous::next_name(std::string_view what) {
 
 // Every rank counts itself out; the last one removes the call's keys, so repeated calls do not
 // accumulate keys (the store has a key limit). Nobody reads them after counting out.
-void Rendezvous::finish(const std::string& name, std::vector<std::string> keys, Deadline deadline) {
+//
+// The call's own deadline may be all but used up by then (a get or multi_get that got its
+// answer just in time): the call succeeded, and the counting out must not fail it, nor leave
+// the last rank's keys behind. So this housekeeping (an add, then deletes: non-blocking calls,
+// answered at once by a live server) gets at least kCountOutGrace of its own.
+void Rendezvous::finish(const std::string& name, std::vector<std::string> keys,
+                        Deadline call_deadline) {
+  const Deadline deadline(std::max(
+      call_deadline.at(), Deadline::Clock::now() + Deadline::Clock::duration(kCountOutGrace)));
   const std::string done = name + "/done";
   const std::int64_t finished = store_.add(done, 1, deadline);
   // More ranks through the call than the world holds: the ranks disagree on the world size (or

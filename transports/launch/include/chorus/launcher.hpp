@@ -56,7 +56,9 @@ struct LaunchOptions {
 //   S (SIGNAME)" and stopping the others (SIGTERM, then SIGKILL after `grace`);
 // - when the launcher receives SIGINT, SIGTERM or SIGHUP: 128 + that signal, after forwarding it
 //   to every rank (then SIGKILL after `grace`);
-// - 127 when the program cannot be executed (reported by rank 0 and the others).
+// - 127 when the program cannot be executed: the first rank whose exec fails (usually rank 0)
+//   says why and exits 127, and is reported and the others stopped as above; ranks not started
+//   yet are not started, and those already started may or may not say so too.
 // Blocks until every rank has been reaped. While it runs, SIGINT, SIGTERM, SIGHUP and SIGCHLD
 // are blocked in the calling thread (read through a signalfd) and restored afterwards (as is an
 // ignored SIGCHLD, set to its default meanwhile so that waitpid sees the ranks end); call it

@@ -18,16 +18,19 @@
 //                    value that is not an integer);
 // - Aborted          a blocking call was cancelled with cancel();
 // - TransportError   the server refused the connection (token), closed it, or died.
-// A Timeout answered by the server (a blocking call whose keys did not appear), InvalidArgument
-// and Aborted leave the Client usable. After a TransportError, or a Timeout the server did not
-// answer (no answer by the deadline), the connection's state is unknown, so the Client closes it:
-// later calls throw TransportError.
+// A Timeout answered by the server (a blocking call whose keys did not appear), a Timeout that
+// says nothing was sent (the deadline passed before the call went out: while it waited for
+// another thread's call, or a set/add/... called with a deadline already passed),
+// InvalidArgument and Aborted leave the Client usable. After a TransportError, or a Timeout the
+// server did not answer (no answer by the deadline), the connection's state is unknown, so the
+// Client closes it: later calls throw TransportError.
 //
 // No Boost (or any networking) header is reachable from this header.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -206,6 +209,11 @@ struct ClientOptions {
   std::uint16_t port = 0;
   // The shared secret presented at connect. nullopt: $CHORUS_STORE_TOKEN (unset: none).
   std::optional<std::string> token;
+  // Called on the connecting thread each time every address of the server failed to connect
+  // (refused: nobody listens there yet) and the client is about to try again, with the reason
+  // ("Connection refused"). For logging, and for tests that must know a client was refused.
+  // Empty: nothing is called. What it throws ends the connecting, out of the constructor.
+  std::function<void(const std::string& reason)> on_connect_retry = nullptr;
 };
 
 // A connection to a Server. Connecting retries (a server that is not up yet) until the deadline.
@@ -256,7 +264,9 @@ class PrefixStore final : public Store {
 // (numbered per Rendezvous), and the last rank through a call deletes them. Errors are those of
 // the store calls underneath (Timeout naming the key of a rank that has not arrived), and
 // InvalidArgument when more ranks count out of a call than the world holds (ranks that disagree
-// on world_size). Not thread-safe: one Rendezvous per rank, used by one thread at a time.
+// on world_size). Once a call has its answer, counting out of it (an add, and the last rank's
+// deletes) may take up to 5 s past its deadline rather than fail it. Not thread-safe: one
+// Rendezvous per rank, used by one thread at a time.
 class Rendezvous {
  public:
   // InvalidArgument unless 0 <= rank < world_size.
@@ -276,7 +286,7 @@ class Rendezvous {
 
  private:
   std::string next_name(std::string_view what);
-  void finish(const std::string& name, std::vector<std::string> keys, Deadline deadline);
+  void finish(const std::string& name, std::vector<std::string> keys, Deadline call_deadline);
 
   Store& store_;
   int rank_;
