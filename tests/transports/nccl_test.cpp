@@ -102,7 +102,8 @@ TEST(NcclMapping, MatchesTheTable) {
 }
 
 // Every (dtype, op) pair: either ReduceOp::check_dtype refuses it (and so does the mapping, with
-// the same reason), or the mapping succeeds, or it is one of the bitwise combinations NCCL lacks.
+// the same reason after the backend's name), or the mapping succeeds, or it is one of the bitwise
+// combinations NCCL lacks.
 TEST(NcclMapping, CoversEveryDTypeAndOp) {
   const ReduceOp::Kind kinds[] = {
       ReduceOp::Kind::Sum, ReduceOp::Kind::Avg,  ReduceOp::Kind::Product,
@@ -115,7 +116,8 @@ TEST(NcclMapping, CoversEveryDTypeAndOp) {
       const std::string refused = op.check_dtype(dtype);
       const std::string problem = mapping_problem(dtype, op);
       if (!refused.empty()) {
-        EXPECT_EQ(problem, refused);
+        EXPECT_EQ(problem, "nccl: " + refused);
+        EXPECT_THROW((void)describe_mapping(dtype, op), InvalidArgument);
         continue;
       }
       const bool bitwise = kind == ReduceOp::Kind::BAnd || kind == ReduceOp::Kind::BOr ||
@@ -134,8 +136,14 @@ TEST(NcclMapping, CoversEveryDTypeAndOp) {
 }
 
 TEST(NcclMapping, RefusesAnUnrecognizedOp) {
-  EXPECT_THROW((void)describe_mapping(DType::Float32, ReduceOp("median")), InvalidArgument);
-  EXPECT_EQ(mapping_problem(DType::Float32, ReduceOp("median")), "Unrecognized reduce_op 'median'");
+  try {
+    (void)describe_mapping(DType::Float32, ReduceOp("median"));
+    ADD_FAILURE() << "median was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.detail(), "nccl: Unrecognized reduce_op 'median'");
+  }
+  EXPECT_EQ(mapping_problem(DType::Float32, ReduceOp("median")),
+            "nccl: Unrecognized reduce_op 'median'");
 }
 
 // ---- Environment
