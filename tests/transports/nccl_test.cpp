@@ -1,6 +1,7 @@
-// The NCCL transport without a device (docs/nccl.md): the dtype/op mapping, the environment, the
-// unique-id exchange through the store, the ncclCommSplit plan of a partition of the world, and the
-// no-device error of --transport=nccl.
+// The NCCL transport without a device (docs/nccl.md): the dtype/op mapping, the environment (and
+// the one chorus::run makes from any launcher's), the unique-id exchange through the store, the
+// ncclCommSplit plan of a partition of the world, the errors a communicator's abort leaves in its
+// works, and the no-device error of --transport=nccl.
 
 #include <gtest/gtest.h>
 
@@ -12,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -20,6 +23,7 @@
 
 #include "block_pool.hpp"
 #include "nccl_launch_environment.hpp"
+#include "nccl_transport.hpp"
 #include "support/narrowed_transport.hpp"
 
 namespace chorus::nccl {
@@ -1112,6 +1116,47 @@ TEST(NcclMappingThroughCore, BoolBandAndBorRunAndBitwiseOnIntegersIsRefused) {
     EXPECT_EQ(results[static_cast<std::size_t>(r)], expected) << "rank " << r;
   }
   EXPECT_GE(refusals->load(), 4);  // bxor and band on each rank (and their queries)
+}
+
+// ---- Aborting a communicator (Note [NCCL work lifecycle])
+
+// The watchdog (or a wait) that finds one work failed aborts its communicator with that work's
+// error; every other outstanding work fails too, naming its own op and sequence number. A
+// CommState with no communicator or stream stands in for one: ncclCommAbort(nullptr) does
+// nothing, and the CUDA calls on null handles fail harmlessly, with or without a device.
+TEST(NcclAbort, EveryOutstandingWorkNamesItsOwnOpAndSequenceNumber) {
+  const std::string group = "[0, 1]";
+  auto state =
+      std::make_shared<detail::CommState>(nullptr, nullptr, 0, group, std::chrono::seconds(1));
+  const auto work_at = [&](const char* op, std::int64_t seq) {
+    return std::make_shared<detail::NcclWork>(state, nullptr, detail::Started{},
+                                              transport::Fingerprint{},
+                                              ErrorContext{0, op, seq, group});
+  };
+  const std::shared_ptr<detail::NcclWork> tripped = work_at("all_reduce", 3);
+  const std::shared_ptr<detail::NcclWork> behind = work_at("all_gather", 4);
+  {
+    const std::lock_guard lock(state->mutex());
+    state->track(tripped);
+    state->track(behind);
+  }
+  const std::string cause =
+      "nccl: the operation did not complete within 1000 ms (watchdog); communicator [0, 1] "
+      "aborted";
+  state->abort(make_error(ErrorCode::Timeout, ErrorContext{0, "all_reduce", 3, group}, cause));
+  EXPECT_TRUE(state->aborted());
+  const std::vector<std::pair<std::shared_ptr<detail::NcclWork>, std::string>> expected = {
+      {tripped, "all_reduce #3"}, {behind, "all_gather #4"}};
+  for (const auto& [work, names] : expected) {
+    ASSERT_EQ(work->status(), transport::WorkStatus::Failed) << names;  // so wait() returns
+    try {
+      work->wait(transport::Deadline::never());
+      ADD_FAILURE() << names << " did not fail";
+    } catch (const Timeout& error) {
+      EXPECT_NE(std::string(error.what()).find(names), std::string::npos) << error.what();
+      EXPECT_EQ(error.detail(), cause);
+    }
+  }
 }
 
 // ---- Without a device
