@@ -3,7 +3,8 @@
 # docs/nccl.md). One script, meant to finish in under 8 minutes:
 #   1. configure and build the `nccl` preset (Release, CHORUS_WITH_NCCL=ON): the gpu test job,
 #      the `chorus` CLI and the examples;
-#   2. the gpu-labelled tests (ctest -L gpu) and the NCCL unit tests;
+#   2. the gpu-labelled tests (ctest -L gpu: the gpu job and the smoke benchmark
+#      nccl.bench.smoke) and the NCCL unit tests; from a bundle, the same programs run directly;
 #   3. `chorus check --transport nccl` with one rank (NCCL 2.28 allows one rank per GPU);
 #   4. the examples with --transport=nccl: they place their tensors on chorus::local_device()
 #      (examples/example_support.hpp, Note [Example devices]), so every collective of theirs runs
@@ -153,6 +154,18 @@ else
   limited 60 "${PREBUILT}/bin/nccl_gpu_job" "${TIMEOUT_FLAG}" || status=$?
   if [ "${status}" -eq 77 ]; then
     echo "the gpu job was skipped: CUDA sees no device"
+    exit 1
+  fi
+  [ "${status}" -eq 0 ] || exit "${status}"
+
+  step "smoke benchmark (nccl.bench.smoke's command)"
+  # What ctest -L gpu runs besides the gpu job (bench/CMakeLists.txt): every size up to 64 KiB
+  # checked bitwise on both paths. A skip (77) is a failure here too.
+  status=0
+  limited 60 "${PREBUILT}/bin/bench_nccl" --max-bytes=64K --iters=3 --reps=3 --warmup=1 \
+    "${TIMEOUT_FLAG}" || status=$?
+  if [ "${status}" -eq 77 ]; then
+    echo "the smoke benchmark was skipped: CUDA sees no device"
     exit 1
   fi
   [ "${status}" -eq 0 ] || exit "${status}"

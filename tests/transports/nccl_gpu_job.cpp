@@ -36,6 +36,91 @@ void expect_equal(const std::vector<T>& actual, const std::vector<T>& expected, 
   }
 }
 
+// The values of a host tensor, for a failure message: real parts as doubles (complex as "re+imi").
+std::string values_text(const chorus::Tensor& host) {
+  std::string out;
+  if (chorus::is_complex(host.dtype())) {
+    for (const std::complex<double>& value :
+         host.to(chorus::DType::Complex128).to_vector<std::complex<double>>()) {
+      out += (out.empty() ? "" : ", ") + std::to_string(value.real()) + "+" +
+             std::to_string(value.imag()) + "i";
+    }
+  } else {
+    for (const double value : host.to(chorus::DType::Float64).to_vector<double>()) {
+      out += (out.empty() ? "" : ", ") + std::to_string(value);
+    }
+  }
+  return "[" + out + "]";
+}
+
+// `actual` (on any device) has the dtype, shape and element bytes of the host tensor `expected`.
+void expect_bits(const chorus::Tensor& actual, const chorus::Tensor& expected,
+                 const std::string& what) {
+  const chorus::Tensor host = actual.to(chorus::Device::cpu());
+  if (host.bitwise_equal(expected)) {
+    std::printf("ok: %s\n", what.c_str());
+    return;
+  }
+  std::fprintf(stderr, "FAILED: %s: got %s %s, expected %s %s\n", what.c_str(),
+               std::string(chorus::dtype_name(host.dtype())).c_str(), values_text(host).c_str(),
+               std::string(chorus::dtype_name(expected.dtype())).c_str(),
+               values_text(expected).c_str());
+  ++failures;
+}
+
+// "premul_sum(0.5)".
+std::string premul_text(double factor) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "premul_sum(%g)", factor);
+  return text;
+}
+
+// premul_sum(f) on one rank is f * x: the one reduction that is not a copy there (sum, avg, min,
+// max, bor of a single contribution give back its bytes whatever op or datatype NCCL was handed),
+// so a wrong op or datatype mapping changes the bits (Float16 bits multiplied as BFloat16 ones,
+// a factor of 1 or a plain sum). The factors are powers of two and the values have few
+// significant bits, so every product is exact in every dtype: NCCL (which multiplies by the
+// factor rounded to the dtype, in the dtype) and the exact product agree bit for bit. On the
+// host (staged) and on the rank's device.
+void check_premul_sum(const chorus::ProcessGroup& group, chorus::Device gpu) {
+  using chorus::DType;
+  using chorus::Tensor;
+  const double w = chorus::world_size();
+  const std::vector<double> values = {1.5, -3.0, 0.375, 96.0, -0.0078125};
+  for (const DType dtype : {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64}) {
+    for (const double factor : {2.0, 0.5}) {
+      std::vector<double> scaled;
+      for (const double value : values) {
+        scaled.push_back(factor * w * value);
+      }
+      const Tensor input = Tensor::from_vector<double>(values).to(dtype);
+      const Tensor expected = Tensor::from_vector<double>(scaled).to(dtype);
+      const std::string what =
+          "all_reduce " + premul_text(factor) + " " + std::string(chorus::dtype_name(dtype));
+      expect_bits(chorus::all_reduce(input, chorus::ReduceOp::premul_sum(factor), group), expected,
+                  what + " on cpu");
+      expect_bits(chorus::all_reduce(input.to(gpu), chorus::ReduceOp::premul_sum(factor), group),
+                  expected, what + " on " + gpu.to_string());
+    }
+  }
+  // Complex64: pairs of ncclFloat32, each part multiplied by the real factor.
+  const auto complex = [](std::complex<float> value, float scale) {
+    return std::complex<float>(value.real() * scale, value.imag() * scale);
+  };
+  const std::vector<std::complex<float>> pairs = {{1.5F, -3.0F}, {0.375F, 96.0F}};
+  for (const float factor : {2.0F, 0.5F}) {
+    const float scale = factor * static_cast<float>(w);
+    const Tensor expected = Tensor::from_vector<std::complex<float>>(
+        {complex(pairs[0], scale), complex(pairs[1], scale)});
+    const Tensor input = Tensor::from_vector<std::complex<float>>(pairs);
+    const std::string what = "all_reduce " + premul_text(factor) + " Complex64";
+    expect_bits(chorus::all_reduce(input, chorus::ReduceOp::premul_sum(factor), group), expected,
+                what + " on cpu");
+    expect_bits(chorus::all_reduce(input.to(gpu), chorus::ReduceOp::premul_sum(factor), group),
+                expected, what + " on " + gpu.to_string());
+  }
+}
+
 // The program's own stream of the current-stream section, destroyed once chorus::run returned.
 cudaStream_t user_stream = nullptr;
 
@@ -62,15 +147,17 @@ void rank_main() {
   expect_equal(chorus::all_reduce(complex, "sum", group).to_vector<std::complex<double>>(),
                std::vector<std::complex<double>>{{w, -2 * w}, {0.5 * w, 4 * w}},
                "all_reduce sum complex128");
-  const Tensor half = Tensor::full({3}, 1.5, chorus::DType::BFloat16);
-  const Tensor half_sum = chorus::all_reduce(half, "sum", group);
-  expect_equal(half_sum.to_vector<chorus::BFloat16>().size() == 3 ? std::vector<int>{1}
-                                                                  : std::vector<int>{0},
-               std::vector<int>{1}, "all_reduce sum bf16 (shape)");
-  const Tensor gathered = chorus::all_gather_tensor(x, 0, group);
-  expect_equal(
-      static_cast<int>(gathered.numel()) == 4 * world ? std::vector<int>{1} : std::vector<int>{0},
-      std::vector<int>{1}, "all_gather numel");
+  const Tensor half = Tensor::from_vector<double>({1.5, -2.25, 96.0}).to(chorus::DType::BFloat16);
+  expect_bits(
+      chorus::all_reduce(half, "sum", group),
+      Tensor::from_vector<double>({1.5 * w, -2.25 * w, 96.0 * w}).to(chorus::DType::BFloat16),
+      "all_reduce sum bf16");
+  std::vector<float> gathered_expected;  // every rank contributes x: x, world times
+  for (int r = 0; r < world; ++r) {
+    gathered_expected.insert(gathered_expected.end(), {1, 2, 3, 4});
+  }
+  expect_equal(chorus::all_gather_tensor(x, 0, group).to_vector<float>(), gathered_expected,
+               "all_gather values");
   expect_equal(
       chorus::reduce_scatter_tensor(chorus::all_gather_tensor(x, 0, group), "sum", 0, group)
           .to_vector<float>(),
@@ -88,6 +175,11 @@ void rank_main() {
   expect_equal(chorus::all_reduce(bits, "bor", group).to_vector<bool>(),
                std::vector<bool>{true, false}, "all_reduce bor Bool");
 
+  // The rank's device: nccl::run selected it (local rank % device count) on this thread, so
+  // cudaMalloc allocates there.
+  const chorus::Device gpu = chorus::local_device();
+  check_premul_sum(group, gpu);
+
   // A CUDA tensor wrapped with from_blob, in place.
   void* device_data = nullptr;
   if (cudaMalloc(&device_data, 4 * sizeof(float)) != cudaSuccess) {
@@ -97,18 +189,18 @@ void rank_main() {
   }
   const std::vector<float> host = {1, 2, 3, 4};
   cudaMemcpy(device_data, host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice);
-  Tensor on_device = Tensor::from_blob(device_data, {4}, chorus::DType::Float32,
-                                       chorus::Device::cuda(0), [](void* data) { cudaFree(data); });
+  Tensor on_device = Tensor::from_blob(device_data, {4}, chorus::DType::Float32, gpu,
+                                       [](void* data) { cudaFree(data); });
   chorus::all_reduce_inplace(on_device, "sum", group);
   chorus::wait_tensor(on_device);
   std::vector<float> back(4);
   cudaMemcpy(back.data(), device_data, 4 * sizeof(float), cudaMemcpyDeviceToHost);
-  expect_equal(back, std::vector<float>{w, 2 * w, 3 * w, 4 * w}, "all_reduce_inplace on cuda:0");
+  expect_equal(back, std::vector<float>{w, 2 * w, 3 * w, 4 * w},
+               "all_reduce_inplace on the rank's device (from_blob)");
 
   // CUDA tensors allocated by core (RankOptions::device_memory, which chorus::nccl::run
   // installs): results stay on the device, waits order the current stream (the legacy default
   // stream here), to(cpu) reads.
-  const chorus::Device gpu = chorus::Device::cuda(on_device.device().index());
   const auto host_floats = [](const Tensor& t) {
     return t.to(chorus::Device::cpu()).to_vector<float>();
   };

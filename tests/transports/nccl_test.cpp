@@ -1,6 +1,7 @@
-// The NCCL transport without a device (docs/nccl.md): the dtype/op mapping, the environment, the
-// unique-id exchange through the store, the ncclCommSplit plan of a partition of the world, and the
-// no-device error of --transport=nccl.
+// The NCCL transport without a device (docs/nccl.md): the dtype/op mapping, the environment (and
+// the one chorus::run makes from any launcher's), the unique-id exchange through the store, the
+// ncclCommSplit plan of a partition of the world, the errors a communicator's abort leaves in its
+// works, and the no-device error of --transport=nccl.
 
 #include <gtest/gtest.h>
 
@@ -12,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -19,6 +22,8 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "nccl_launch_environment.hpp"
+#include "nccl_transport.hpp"
 #include "support/narrowed_transport.hpp"
 
 namespace chorus::nccl {
@@ -101,7 +106,8 @@ TEST(NcclMapping, MatchesTheTable) {
 }
 
 // Every (dtype, op) pair: either ReduceOp::check_dtype refuses it (and so does the mapping, with
-// the same reason), or the mapping succeeds, or it is one of the bitwise combinations NCCL lacks.
+// the same reason after the backend's name), or the mapping succeeds, or it is one of the bitwise
+// combinations NCCL lacks.
 TEST(NcclMapping, CoversEveryDTypeAndOp) {
   const ReduceOp::Kind kinds[] = {
       ReduceOp::Kind::Sum, ReduceOp::Kind::Avg,  ReduceOp::Kind::Product,
@@ -114,7 +120,8 @@ TEST(NcclMapping, CoversEveryDTypeAndOp) {
       const std::string refused = op.check_dtype(dtype);
       const std::string problem = mapping_problem(dtype, op);
       if (!refused.empty()) {
-        EXPECT_EQ(problem, refused);
+        EXPECT_EQ(problem, "nccl: " + refused);
+        EXPECT_THROW((void)describe_mapping(dtype, op), InvalidArgument);
         continue;
       }
       const bool bitwise = kind == ReduceOp::Kind::BAnd || kind == ReduceOp::Kind::BOr ||
@@ -133,8 +140,14 @@ TEST(NcclMapping, CoversEveryDTypeAndOp) {
 }
 
 TEST(NcclMapping, RefusesAnUnrecognizedOp) {
-  EXPECT_THROW((void)describe_mapping(DType::Float32, ReduceOp("median")), InvalidArgument);
-  EXPECT_EQ(mapping_problem(DType::Float32, ReduceOp("median")), "Unrecognized reduce_op 'median'");
+  try {
+    (void)describe_mapping(DType::Float32, ReduceOp("median"));
+    ADD_FAILURE() << "median was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.detail(), "nccl: Unrecognized reduce_op 'median'");
+  }
+  EXPECT_EQ(mapping_problem(DType::Float32, ReduceOp("median")),
+            "nccl: Unrecognized reduce_op 'median'");
 }
 
 // ---- Environment
@@ -190,6 +203,158 @@ TEST(NcclEnvironment, NamesAMissingOrMalformedVariable) {
       EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
     }
   }
+}
+
+// ---- The environment chorus::run passes (nccl_environment, transports/launch/src)
+
+LaunchEnvironment launched(const Variables& variables) {
+  return launch_environment([&variables](const char* name) -> const char* {
+    const auto found = variables.find(name);
+    return found == variables.end() ? nullptr : found->second.c_str();
+  });
+}
+
+const Variables kSlurm = {{"SLURM_STEP_ID", "0"},        {"SLURM_PROCID", "5"},
+                          {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_NTASKS", "16"},
+                          {"SLURM_LOCALID", "1"},        {"MASTER_ADDR", "node-a"},
+                          {"MASTER_PORT", "29400"}};
+const Variables kOpenMpi = {
+    {"OMPI_COMM_WORLD_RANK", "6"},       {"OMPI_COMM_WORLD_SIZE", "12"},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+    {"MASTER_ADDR", "10.0.0.7"},         {"MASTER_PORT", "29501"}};
+
+TEST(NcclLaunchEnvironment, SlurmsVariablesGiveRankWorldSizeLocalRankAndStore) {
+  const LaunchEnvironment launch = launched(kSlurm);
+  ASSERT_EQ(launch.source, LaunchSource::Slurm);
+  const Environment environment = chorus::detail::nccl_environment(launch);
+  EXPECT_EQ(environment.rank, 5);
+  EXPECT_EQ(environment.world_size, 8);  // the step's tasks, not the allocation's
+  EXPECT_EQ(environment.local_rank, 1);
+  EXPECT_EQ(environment.master_addr, "node-a");
+  EXPECT_EQ(environment.master_port, 29400);
+}
+
+TEST(NcclLaunchEnvironment, OpenMpisVariablesGiveRankWorldSizeLocalRankAndStore) {
+  const LaunchEnvironment launch = launched(kOpenMpi);
+  ASSERT_EQ(launch.source, LaunchSource::OpenMpi);
+  const Environment environment = chorus::detail::nccl_environment(launch);
+  EXPECT_EQ(environment.rank, 6);
+  EXPECT_EQ(environment.world_size, 12);
+  EXPECT_EQ(environment.local_rank, 2);
+  EXPECT_EQ(environment.master_addr, "10.0.0.7");
+  EXPECT_EQ(environment.master_port, 29501);
+}
+
+TEST(NcclLaunchEnvironment, TorchrunsVariablesGiveWhatParseEnvironmentGives) {
+  Variables variables = kGood;
+  variables["LOCAL_RANK"] = "1";
+  const Environment environment = chorus::detail::nccl_environment(launched(variables));
+  const Environment parsed = parse(variables);
+  EXPECT_EQ(environment.rank, parsed.rank);
+  EXPECT_EQ(environment.world_size, parsed.world_size);
+  EXPECT_EQ(environment.local_rank, parsed.local_rank);
+  EXPECT_EQ(environment.master_addr, parsed.master_addr);
+  EXPECT_EQ(environment.master_port, parsed.master_port);
+}
+
+// The message of the InvalidArgument nccl_environment throws for `variables` ("" when none).
+std::string conversion_error(const Variables& variables) {
+  try {
+    (void)chorus::detail::nccl_environment(launched(variables));
+  } catch (const InvalidArgument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(NcclLaunchEnvironment, AMissingStoreAddressNamesTheVariableAndTheLauncher) {
+  Variables slurm = kSlurm;
+  slurm.erase("MASTER_ADDR");
+  std::string error = conversion_error(slurm);
+  EXPECT_NE(error.find("environment variable MASTER_ADDR is not set"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 5 of 8 from launcher 'slurm'"), std::string::npos) << error;
+  EXPECT_NE(error.find("under Slurm's srun, export MASTER_ADDR and MASTER_PORT in the job script"),
+            std::string::npos)
+      << error;
+
+  Variables open_mpi = kOpenMpi;
+  open_mpi.erase("MASTER_PORT");
+  error = conversion_error(open_mpi);
+  EXPECT_NE(error.find("environment variable MASTER_PORT is not set"), std::string::npos) << error;
+  EXPECT_NE(error.find("launcher 'openmpi'"), std::string::npos) << error;
+  EXPECT_NE(
+      error.find("under Open MPI's mpirun, export MASTER_ADDR and MASTER_PORT in the job script"),
+      std::string::npos)
+      << error;
+
+  open_mpi.erase("MASTER_ADDR");
+  error = conversion_error(open_mpi);
+  EXPECT_NE(error.find("environment variables MASTER_ADDR and MASTER_PORT are not set"),
+            std::string::npos)
+      << error;
+}
+
+// A process environment for one test (each test case runs in its own process under ctest):
+// `variables` set while it lives.
+class ScopedVariables {
+ public:
+  explicit ScopedVariables(Variables variables) : variables_(std::move(variables)) {
+    for (const auto& [name, value] : variables_) {
+      ::setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~ScopedVariables() {
+    for (const auto& [name, value] : variables_) {
+      ::unsetenv(name.c_str());
+    }
+  }
+  ScopedVariables(const ScopedVariables&) = delete;
+  ScopedVariables& operator=(const ScopedVariables&) = delete;
+
+ private:
+  Variables variables_;
+};
+
+// chorus::run --transport=nccl under srun: it passes Slurm's rank and world size to the
+// transport, which then finds no device here, rather than reading RANK/WORLD_SIZE itself.
+TEST(NcclLaunchEnvironment, ChorusRunTakesTheRankFromSrun) {
+  if (cuda_device_count().count > 0) {
+    GTEST_SKIP() << "a CUDA device is present: the run would start a real rank";
+  }
+  const ScopedVariables slurm({{"SLURM_STEP_ID", "0"},
+                               {"SLURM_PROCID", "0"},
+                               {"SLURM_NTASKS", "1"},
+                               {"MASTER_ADDR", "127.0.0.1"},
+                               {"MASTER_PORT", "29400"}});
+  RunOptions options;
+  options.transport = "nccl";
+  try {
+    (void)chorus::run(options, [] {});
+    ADD_FAILURE() << "chorus::run --transport=nccl succeeded without a device";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::TransportError) << error.what();
+    EXPECT_NE(std::string(error.what()).find("no CUDA device"), std::string::npos) << error.what();
+  }
+}
+
+// Under mpirun without MASTER_ADDR: named, with the launcher, on any machine (before the device).
+TEST(NcclLaunchEnvironment, ChorusRunNamesAMissingMasterAddrUnderMpirun) {
+  const ScopedVariables open_mpi(
+      {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"}});
+  RunOptions options;
+  options.transport = "nccl";
+  bool ran = false;
+  try {
+    (void)chorus::run(options, [&] { ran = true; });
+    ADD_FAILURE() << "chorus::run --transport=nccl ran without MASTER_ADDR";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("environment variable MASTER_ADDR is not set"),
+              std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("launcher 'openmpi'"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(ran);
 }
 
 // ---- Unique-id exchange through the store
@@ -953,6 +1118,47 @@ TEST(NcclMappingThroughCore, BoolBandAndBorRunAndBitwiseOnIntegersIsRefused) {
   EXPECT_GE(refusals->load(), 4);  // bxor and band on each rank (and their queries)
 }
 
+// ---- Aborting a communicator (Note [NCCL work lifecycle])
+
+// The watchdog (or a wait) that finds one work failed aborts its communicator with that work's
+// error; every other outstanding work fails too, naming its own op and sequence number. A
+// CommState with no communicator or stream stands in for one: ncclCommAbort(nullptr) does
+// nothing, and the CUDA calls on null handles fail harmlessly, with or without a device.
+TEST(NcclAbort, EveryOutstandingWorkNamesItsOwnOpAndSequenceNumber) {
+  const std::string group = "[0, 1]";
+  auto state =
+      std::make_shared<detail::CommState>(nullptr, nullptr, 0, group, std::chrono::seconds(1));
+  const auto work_at = [&](const char* op, std::int64_t seq) {
+    return std::make_shared<detail::NcclWork>(state, nullptr, detail::Started{},
+                                              transport::Fingerprint{},
+                                              ErrorContext{0, op, seq, group});
+  };
+  const std::shared_ptr<detail::NcclWork> tripped = work_at("all_reduce", 3);
+  const std::shared_ptr<detail::NcclWork> behind = work_at("all_gather", 4);
+  {
+    const std::lock_guard lock(state->mutex());
+    state->track(tripped);
+    state->track(behind);
+  }
+  const std::string cause =
+      "nccl: the operation did not complete within 1000 ms (watchdog); communicator [0, 1] "
+      "aborted";
+  state->abort(make_error(ErrorCode::Timeout, ErrorContext{0, "all_reduce", 3, group}, cause));
+  EXPECT_TRUE(state->aborted());
+  const std::vector<std::pair<std::shared_ptr<detail::NcclWork>, std::string>> expected = {
+      {tripped, "all_reduce #3"}, {behind, "all_gather #4"}};
+  for (const auto& [work, names] : expected) {
+    ASSERT_EQ(work->status(), transport::WorkStatus::Failed) << names;  // so wait() returns
+    try {
+      work->wait(transport::Deadline::never());
+      ADD_FAILURE() << names << " did not fail";
+    } catch (const Timeout& error) {
+      EXPECT_NE(std::string(error.what()).find(names), std::string::npos) << error.what();
+      EXPECT_EQ(error.detail(), cause);
+    }
+  }
+}
+
 // ---- Without a device
 
 TEST(NcclNoDevice, TransportNcclFailsWithAClearError) {
@@ -962,14 +1168,31 @@ TEST(NcclNoDevice, TransportNcclFailsWithAClearError) {
   }
   EXPECT_NE(devices.problem.find("no CUDA device: cudaGetDeviceCount returned"), std::string::npos)
       << devices.problem;
+  NcclRunOptions options;
+  options.environment = parse(kGood);
+  bool ran = false;
+  try {
+    (void)nccl::run(options, [&] { ran = true; });
+    ADD_FAILURE() << "nccl::run succeeded without a device";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what()).find("no CUDA device: cudaGetDeviceCount returned"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(ran);
+}
+
+// The environment is read before the device is looked for: a job script's mistake is named as
+// such on any machine, with or without a GPU.
+TEST(NcclNoDevice, AMissingEnvironmentIsNamedBeforeTheDevice) {
   RunOptions options;
   options.transport = "nccl";
   bool ran = false;
   try {
     (void)chorus::run(options, [&] { ran = true; });
-    ADD_FAILURE() << "chorus::run --transport=nccl succeeded without a device";
-  } catch (const TransportError& error) {
-    EXPECT_NE(std::string(error.what()).find("no CUDA device: cudaGetDeviceCount returned"),
+    ADD_FAILURE() << "chorus::run --transport=nccl succeeded without RANK or WORLD_SIZE";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("environment variable WORLD_SIZE is not set"),
               std::string::npos)
         << error.what();
   }

@@ -17,6 +17,7 @@
 #endif
 #if defined(CHORUS_HAVE_NCCL)
 #include "chorus/nccl/nccl.hpp"
+#include "nccl_launch_environment.hpp"
 #endif
 
 namespace chorus {
@@ -170,19 +171,20 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
 }
 
 int run(const RunOptions& options, std::function<void()> rank_main) {
+  // One process per rank: who this process is comes from its launcher's variables. Read (and
+  // checked: a malformed value is an InvalidArgument naming it) before any transport starts.
+  LaunchEnvironment launched;
   if (options.transport != "sim") {
-    // One process per rank: who this process is comes from its launcher's variables. Read (and
-    // checked: a malformed value is an InvalidArgument naming it) before any transport starts.
-    const LaunchEnvironment environment = launch_environment();
-    if (options.transport == "mpi" && environment.source == LaunchSource::Torchrun &&
-        environment.world_size > 1) {
+    launched = launch_environment();
+    if (options.transport == "mpi" && launched.source == LaunchSource::Torchrun &&
+        launched.world_size > 1) {
       // MPI would start each process as a world of its own: W silent one-rank jobs.
       throw InvalidArgument(
-          ErrorContext{environment.rank, "chorus::run", -1, ""},
+          ErrorContext{launched.rank, "chorus::run", -1, ""},
           "transport 'mpi' needs processes started by mpirun (or srun), but this one was started "
           "by chorus launch or torchrun as rank " +
-              std::to_string(environment.rank) + " of " + std::to_string(environment.world_size) +
-              " (RANK/WORLD_SIZE): run `mpirun -np " + std::to_string(environment.world_size) +
+              std::to_string(launched.rank) + " of " + std::to_string(launched.world_size) +
+              " (RANK/WORLD_SIZE): run `mpirun -np " + std::to_string(launched.world_size) +
               " ...` instead");
     }
   }
@@ -197,9 +199,15 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
 #endif
 #if defined(CHORUS_HAVE_NCCL)
   if (options.transport == "nccl") {
-    // Rank, world size and the store's address from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT;
+    // Rank, world size, local rank and the store's address from whichever launcher started
+    // this process (torchrun's RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_* in an srun step) and
+    // MASTER_ADDR/MASTER_PORT, whose absence is an InvalidArgument naming them. No launcher:
+    // nccl::run reads RANK/WORLD_SIZE itself and names the first one missing. Then
     // TransportError "no CUDA device: ..." on a machine without a GPU.
     nccl::NcclRunOptions nccl_options;
+    if (launched.found()) {
+      nccl_options.environment = detail::nccl_environment(launched);
+    }
     nccl_options.timeout = options.timeout;
     nccl_options.check_collectives = options.check_collectives;
     nccl_options.host_pool_bytes_max = options.host_pool_bytes_max;

@@ -82,12 +82,13 @@ bool is_bitwise(ReduceOp::Kind kind) {
 }  // namespace
 
 std::optional<Plan> plan_reduction(DType dtype, const ReduceOp& reduce_op, std::string& problem) {
+  // Every problem names the backend ("nccl: ..."), core's reasons included.
   if (!reduce_op.is_valid()) {
-    problem = "Unrecognized reduce_op '" + reduce_op.invalid_name() + "'";
+    problem = "nccl: Unrecognized reduce_op '" + reduce_op.invalid_name() + "'";
     return std::nullopt;
   }
   if (std::string reason = reduce_op.check_dtype(dtype); !reason.empty()) {
-    problem = std::move(reason);
+    problem = "nccl: " + reason;
     return std::nullopt;
   }
   const ReduceOp::Kind kind = reduce_op.kind();

@@ -131,14 +131,16 @@ std::string platform_report() noexcept {
 }
 
 int run(const NcclRunOptions& options, std::function<void()> rank_main) {
-  const DeviceCount devices = cuda_device_count();
-  if (devices.count == 0) {
-    throw TransportError(ErrorContext{-1, "nccl::run", -1, ""},
-                         devices.problem.empty() ? "no CUDA device" : devices.problem);
-  }
+  // The environment first: a job script's mistake is reported as such on any machine, also on
+  // one without a GPU.
   const Environment environment = options.environment ? *options.environment : read_environment();
   const int rank = environment.rank;
   const int world_size = environment.world_size;
+  const DeviceCount devices = cuda_device_count();
+  if (devices.count == 0) {
+    throw TransportError(ErrorContext{rank, "nccl::run", -1, ""},
+                         devices.problem.empty() ? "no CUDA device" : devices.problem);
+  }
   const int device = environment.local_rank % devices.count;
   if (const cudaError_t code = cudaSetDevice(device); code != cudaSuccess) {
     throw TransportError(ErrorContext{rank, "nccl::run", -1, ""},

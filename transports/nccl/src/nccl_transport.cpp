@@ -73,6 +73,25 @@ std::string comm_key(const std::string& tag, const std::vector<int>& ranks) {
 
 static_assert(kNoColor == NCCL_SPLIT_NOCOLOR);
 
+// `cause` as the error of the work at `context`: the same code and text, naming that work's op
+// and sequence number. An abort fails every outstanding work of a communicator with the error of
+// the one that tripped it; rethrown unchanged, waiting on another work would name the first.
+// A cause that is no chorus::Error (a rank's own exception) is kept as it is.
+std::exception_ptr error_of_work(const std::exception_ptr& cause, const ErrorContext& context) {
+  try {
+    std::rethrow_exception(cause);
+  } catch (const Error& error) {
+    const ErrorContext& named = error.context();
+    if (named.rank == context.rank && named.op == context.op && named.seq == context.seq &&
+        named.group == context.group) {
+      return cause;
+    }
+    return make_error(error.code(), context, error.detail());
+  } catch (...) {
+    return cause;
+  }
+}
+
 }  // namespace
 
 ncclDataType_t nccl_type(Type type) {
@@ -288,7 +307,7 @@ void NcclWork::fail(const std::exception_ptr& error) {
     return;
   }
   status_ = transport::WorkStatus::Failed;
-  error_ = error;
+  error_ = error_of_work(error, context_);
   started_.after.clear();
   // The communicator was aborted: its kernels stop, but copies queued behind them on its stream
   // may still run and write staging blocks, which the pool would hand out again. Leaked, as

@@ -85,7 +85,8 @@ class CommState {
   CommState(const CommState&) = delete;
   CommState& operator=(const CommState&) = delete;
 
-  // Fails every outstanding Work with `error` and aborts the communicator. Idempotent.
+  // Fails every outstanding Work with `error` (NcclWork::fail: each naming its own op and
+  // sequence number) and aborts the communicator. Idempotent.
   void abort(const std::exception_ptr& error);
   // Starts ncclCommFinalize now, so that the destructor only settles it: at the transport's end
   // every communicator's finalize is started before any is waited for (a finalize completes
@@ -146,7 +147,9 @@ class NcclWork final : public transport::Work, public std::enable_shared_from_th
   std::exception_ptr error() const override;
   const transport::Fingerprint& fingerprint() const override { return fingerprint_; }
 
-  // Fails the work with `error` unless it finished already (abort, watchdog).
+  // Fails the work with `error` unless it finished already (abort, watchdog). A chorus::Error
+  // that names another work (the one whose failure aborted the communicator) is re-made with
+  // the same code and text and this work's context, so wait() names this work's op and seq.
   void fail(const std::exception_ptr& error);
   // Queries the event once and finishes the work when it completed. Returns the error that
   // must abort the communicator (an asynchronous NCCL error, or the op exceeded `timeout`), or

@@ -68,7 +68,12 @@ struct RunOptions {
 // on stderr with their call sites. Throws InvalidArgument for an unknown or unavailable transport.
 // A transport other than sim reads this process's rank and world size from its launcher's
 // environment (launch_environment(), <chorus/launch_environment.hpp>): malformed variables throw
-// InvalidArgument naming them, and --transport=mpi in a process started by `chorus launch` or
+// InvalidArgument naming them. --transport=nccl takes its rank, world size, local rank (the CUDA
+// device) and store address (MASTER_ADDR, MASTER_PORT) from it whichever launcher set it —
+// `chorus launch`, torchrun, Open MPI's mpirun or Slurm's srun — and throws InvalidArgument
+// naming MASTER_ADDR or MASTER_PORT when a recognised launcher's job left one unset (with no
+// launcher variables at all, nccl::run names the missing RANK or WORLD_SIZE), before it looks
+// for a GPU. --transport=mpi in a process started by `chorus launch` or
 // torchrun (RANK/WORLD_SIZE with WORLD_SIZE > 1) throws InvalidArgument rather than run W
 // separate one-rank MPI worlds; the simulator in such a process prints a hint on stderr (each
 // process would simulate a whole world).

@@ -43,7 +43,9 @@ Mapping describe_mapping(DType dtype, const ReduceOp& reduce_op);
 // Empty when describe_mapping(dtype, reduce_op) succeeds, else its reason. Never throws.
 std::string mapping_problem(DType dtype, const ReduceOp& reduce_op);
 
-// Where this process sits in the job and where the store is: torchrun's environment variables.
+// Where this process sits in the job and where the store is: torchrun's environment variables
+// (parse_environment). chorus::run fills it from whichever launcher started the process
+// (chorus::launch_environment: torchrun, Open MPI's mpirun or Slurm's srun) instead.
 struct Environment {
   int rank = 0;                   // RANK
   int world_size = 1;             // WORLD_SIZE
@@ -197,7 +199,7 @@ struct NcclRunOptions {
   // How long a wait, a communicator's set-up and an operation watched by the watchdog may take
   // before they end in Timeout.
   std::chrono::nanoseconds timeout = std::chrono::minutes(10);
-  // The environment; nullopt: read_environment().
+  // The environment; nullopt: read_environment() (torchrun's variables only).
   std::optional<Environment> environment;
   // Build the parts of a partition of the world (a list of rank lists, a MeshDim) with
   // ncclCommSplit of the world communicator instead of a unique id per part (Note [NCCL
@@ -222,9 +224,11 @@ struct NcclRunOptions {
 // one for the rank's device; a launcher of its own passes it in RankOptions::device_memory.
 std::shared_ptr<DeviceMemory> cuda_device_memory(int device);
 
-// Runs `rank_main` as this process's rank (chorus::run with transport "nccl" calls this): checks
-// that a CUDA device exists (else throws TransportError "no CUDA device: ..."), selects device
-// LOCAL_RANK % device count, connects to the store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it),
+// Runs `rank_main` as this process's rank (chorus::run with transport "nccl" calls this): takes
+// the environment (NcclRunOptions::environment, else read_environment(); a bad one throws
+// InvalidArgument, on a machine without a GPU too), checks that a CUDA device exists (else throws
+// TransportError "no CUDA device: ..."), selects device local_rank % device count, connects to
+// the store at master_addr:master_port (rank 0 hosts it),
 // binds a RankContext over the NCCL transport (with cuda_device_memory(device), so the rank
 // can allocate Device::cuda(device) tensors), runs the rank function, finishes the rank and
 // destroys its communicators (finalize, then destroy). Returns 0 when the rank succeeded; when
