@@ -1,12 +1,13 @@
 #include "chorus/reduce_op.hpp"
 
 #include <array>
+#include <charconv>
 #include <ostream>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "chorus/check.hpp"
 #include "detail/errors.hpp"
 
 namespace chorus {
@@ -84,9 +85,13 @@ std::string ReduceOp::to_string() const {
     return "'" + invalid_name() + "'";
   }
   if (kind_ == Kind::PremulSum) {
-    std::ostringstream out;
-    out << "premul_sum(" << factor_ << ")";
-    return out.str();
+    // The shortest text that reads back as the same double: ranks must pass bit-identical
+    // factors, so a mismatch report must never print two different ones alike (six digits
+    // printed 1/3 and 0.3333333 both as 0.333333).
+    std::array<char, 32> digits{};
+    const auto written = std::to_chars(digits.data(), digits.data() + digits.size(), factor_);
+    CHORUS_CHECK(written.ec == std::errc());
+    return "premul_sum(" + std::string(digits.data(), written.ptr) + ")";
   }
   return std::string(reduce_kind_name(kind_));
 }

@@ -163,6 +163,10 @@ using detail::throw_invalid;
 // throwing when it does not fit in a ptrdiff_t (so element offsets never overflow) or when the
 // shape's contiguous strides do not fit in an int64 (Note [Addressable layouts]).
 std::size_t checked_nbytes(const Shape& shape, DType dtype, const char* op) {
+  if (element_size(dtype) == 0) {  // a value outside the enum: elements without bytes
+    throw_invalid(op, "dtype " + std::to_string(static_cast<int>(dtype)) +
+                          " is not a chorus DType (Bool, UInt8, ..., Complex128)");
+  }
   std::int64_t numel = 1;
   std::int64_t padded_numel = 1;  // the product of max(size, 1) (Note [Addressable layouts])
   bool overflow = false;
@@ -422,6 +426,26 @@ Tensor detail::TensorAccess::empty(const Shape& shape, DType dtype, Device devic
 // ---- Construction.
 
 Tensor::Tensor() noexcept = default;
+
+Tensor::Tensor(Tensor&& other) noexcept
+    : storage_(std::move(other.storage_)),
+      layout_(std::move(other.layout_)),
+      offset_(other.offset_),
+      dtype_(other.dtype_),
+      device_(other.device_),
+      defined_(std::exchange(other.defined_, false)) {}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this != &other) {
+    storage_ = std::move(other.storage_);
+    layout_ = std::move(other.layout_);
+    offset_ = other.offset_;
+    dtype_ = other.dtype_;
+    device_ = other.device_;
+    defined_ = std::exchange(other.defined_, false);
+  }
+  return *this;
+}
 
 Tensor::Tensor(std::shared_ptr<detail::Storage> storage, Shape sizes, Shape strides,
                std::int64_t offset, DType dtype, Device device)
@@ -847,10 +871,9 @@ void Tensor::check_single_element(const char* what) const {
   }
 }
 
-void Tensor::copy_to_host_bytes(void* out, DType expected) const {
-  constexpr const char* kOp = "Tensor::to_vector";
-  check_element_type(expected, kOp);
-  const void* first = checked_data_for_host(kOp);
+void Tensor::copy_to_host_bytes(void* out, DType expected, const char* op) const {
+  check_element_type(expected, op);
+  const void* first = checked_data_for_host(op);
   detail::strided_copy(out, contiguous_strides(layout().sizes), first, layout().strides,
                        layout().sizes, element_size());
 }
@@ -957,8 +980,11 @@ void copy_device_bytes(Tensor& dst, const Tensor& src, const char* op) {
   // The destination's pending collectives finish (in stream order) before it is overwritten.
   detail::access_data(dst, op, detail::DeviceAccess::OrderedByWait);
   if (bytes_overlap(dst, src)) {
-    // Overlapping ranges: read from a private copy.
-    copy_contiguous_bytes(dst, copy_between_devices(src, src.device(), op), op);
+    // Overlapping ranges (one pointer valid on host and device: managed or mapped memory
+    // wrapped twice by from_blob): read from a private copy, on the source's side.
+    const Tensor copy =
+        src.device().is_cpu() ? src.clone() : copy_between_devices(src, src.device(), op);
+    copy_contiguous_bytes(dst, copy, op);
     return;
   }
   copy_contiguous_bytes(dst, src.device().is_cpu() ? src.contiguous() : src, op);
@@ -979,7 +1005,10 @@ Tensor Tensor::contiguous() const {
   if (defined_ && device_.is_meta()) {  // shapes only: nothing to wait for or copy
     return is_contiguous() ? *this : empty(layout().sizes, dtype_, device_);
   }
-  if (defined_ && device_.is_cuda() && is_contiguous()) {
+  if (defined_ && device_.is_cuda()) {
+    if (!is_contiguous()) {
+      throw_needs_kernel(kOp, *this, "packing the elements", kContiguousOnly);
+    }
     // Waiting orders the caller's stream after pending work; no host access happens.
     detail::access_data(*this, kOp, detail::DeviceAccess::OrderedByWait);
     return *this;
@@ -1043,6 +1072,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
       dim >= 0) {
     throw_invalid(kOp, "the destination has stride 0 in dim " + std::to_string(dim) +
                            ", so several elements share one memory location");
+  }
+  if (device_.is_cpu() && src.device_.is_cuda() && dtype_ == src.dtype_ && !is_contiguous()) {
+    // Only the CUDA side must be contiguous: the host destination is filled from a host copy.
+    return copy_(copy_between_devices(src, Device::cpu(), kOp));
   }
   if (device_.is_cuda() || src.device_.is_cuda()) {
     copy_device_bytes(*this, src, kOp);

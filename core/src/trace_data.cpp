@@ -124,8 +124,8 @@ std::string double_text(double value) {
   return std::string(buffer.data(), result.ptr);
 }
 
-// "sum", "premul_sum(0.1)". Unlike ReduceOp::to_string the factor is exact, so two factors that
-// compare unequal never print the same.
+// "sum", "premul_sum(0.1)". As ReduceOp::to_string, the factor is exact, so two factors that
+// compare unequal never print the same; unlike it, a NaN factor prints its payload.
 std::string reduce_op_text(const ReduceOp& reduce_op) {
   if (reduce_op.kind() == ReduceOp::Kind::PremulSum) {
     return "premul_sum(" + double_text(reduce_op.premul_factor()) + ")";

@@ -280,6 +280,33 @@ TEST(DeviceMemory, CopyIntoADeviceTensor) {
             (std::vector<std::int32_t>{1, 3, 5, 1, 3, 5}));
 }
 
+// One pointer valid on host and device (managed or mapped memory) wrapped twice by from_blob:
+// overlapping host source and device destination read from a private copy (it aborted on a
+// CHECK: the private copy was asked of a CPU-to-CPU device copy).
+TEST(DeviceMemory, AHostSourceOverlappingADeviceDestinationIsReadFromACopy) {
+  DeviceRank rank;
+  std::vector<std::int32_t> bytes = {0, 1, 2, 3, 4};
+  Tensor on_device = Tensor::from_blob(bytes.data(), {5}, DType::Int32, kGpu, [](void*) {});
+  const Tensor on_host =
+      Tensor::from_blob(bytes.data(), {5}, DType::Int32, Device::cpu(), [](void*) {});
+  Tensor head = on_device.narrow(0, 0, 4);
+  head.copy_(on_host.narrow(0, 1, 4));
+  EXPECT_EQ(bytes, (std::vector<std::int32_t>{1, 2, 3, 4, 4}));
+}
+
+// Only the CUDA side must be contiguous (tensor.hpp): a strided host destination is filled from
+// a host copy of the device source (it was refused as "writing non-contiguous elements").
+TEST(DeviceMemory, ADeviceTensorCopiesIntoAStridedHostTensor) {
+  DeviceRank rank;
+  const Tensor device = Tensor::arange(6, DType::Int32).to(kGpu).view({2, 3});
+  Tensor host = Tensor::zeros({3, 2}, DType::Int32).transpose(0, 1);
+  host.copy_(device);
+  EXPECT_EQ(host.transpose(0, 1).contiguous().to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{0, 3, 1, 4, 2, 5}));
+  Tensor converted = Tensor::zeros({3, 2}, DType::Float32).transpose(0, 1);
+  expect_invalid_argument([&] { converted.copy_(device); }, {"converting the dtype"});
+}
+
 TEST(DeviceMemory, WhatNeedsADeviceKernelIsRefused) {
   DeviceRank rank;
   const Tensor device = Tensor::arange(6, DType::Int32).to(kGpu).view({2, 3});
@@ -288,6 +315,9 @@ TEST(DeviceMemory, WhatNeedsADeviceKernelIsRefused) {
   expect_invalid_argument([&] { device.transpose(0, 1).to(Device::cpu()); },
                           {"Tensor::to", "packing the elements", "cuda:0", "[3, 2]"});
   expect_invalid_argument([&] { device.transpose(0, 1).clone(); }, {"Tensor::clone"});
+  // Not "copy it to the host with to(Device::cpu()) first": that fails the same way.
+  expect_invalid_argument([&] { (void)device.transpose(0, 1).contiguous(); },
+                          {"Tensor::contiguous", "packing the elements", "cuda:0"});
   expect_invalid_argument([&] { device.to(DType::Float32); }, {"Tensor::to", "cuda:0"});
   Tensor other = Tensor::zeros({2, 3}, DType::Float32, kGpu);
   expect_invalid_argument([&] { other.copy_(device); },

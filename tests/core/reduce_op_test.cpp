@@ -61,6 +61,16 @@ TEST(ReduceOp, PremulSumCarriesItsFactor) {
   EXPECT_EQ(ReduceOp::premul_sum(0.5), ReduceOp::premul_sum(0.5));
 }
 
+// Mismatch reports print both ranks' ops: factors that differ must print differently (six
+// significant digits printed these two alike), and each prints the shortest text that reads back.
+TEST(ReduceOp, PremulSumPrintsItsFactorExactly) {
+  EXPECT_EQ(ReduceOp::premul_sum(1.0 / 3).to_string(), "premul_sum(0.3333333333333333)");
+  EXPECT_EQ(ReduceOp::premul_sum(0.3333333).to_string(), "premul_sum(0.3333333)");
+  EXPECT_EQ(ReduceOp::premul_sum(0.1).to_string(), "premul_sum(0.1)");
+  EXPECT_EQ(ReduceOp::premul_sum(2.0).to_string(), "premul_sum(2)");
+  EXPECT_EQ(ReduceOp::premul_sum(1e-300).to_string(), "premul_sum(1e-300)");
+}
+
 // Which (op, dtype) pairs are allowed: the table of DESIGN 2.3 / 2.7.
 bool allowed(Kind kind, DType dtype) {
   const bool bitwise = kind == Kind::BAnd || kind == Kind::BOr || kind == Kind::BXor;

@@ -1201,7 +1201,7 @@ TEST(TensorMeta, ViewsWorkOnShapes) {
 TEST(TensorMeta, DataAccessThrows) {
   const Tensor t = Tensor::zeros({2}, DType::Float32, Device::meta());
   expect_invalid_argument([&] { (void)t.to_vector<float>(); }, {"Tensor::to_vector", "meta"});
-  expect_invalid_argument([&] { (void)t.select(0, 0).item<float>(); }, {"meta"});
+  expect_invalid_argument([&] { (void)t.select(0, 0).item<float>(); }, {"Tensor::item", "meta"});
   expect_invalid_argument([&] { (void)t.data_ptr<float>(); }, {"Tensor::data_ptr", "meta"});
   expect_invalid_argument([&] { (void)t.equal(t); }, {"Tensor::equal", "meta"});
   expect_invalid_argument([&] { (void)t.bitwise_equal(t); }, {"Tensor::bitwise_equal", "meta"});
@@ -1209,6 +1209,40 @@ TEST(TensorMeta, DataAccessThrows) {
   expect_invalid_argument([&] { host.copy_(t); }, {"Tensor::copy_", "meta"});
   Tensor meta = t;
   expect_invalid_argument([&] { meta.copy_(host); }, {"Tensor::copy_", "meta"});
+}
+
+// A moved-from tensor is undefined, as a moved-from at::Tensor: it kept defined() == true with
+// no storage, claimed one element, and aborted on a CHECK when used.
+TEST(TensorMove, AMovedFromTensorIsUndefined) {
+  Tensor a = Tensor::arange(4, DType::Float32);
+  const Tensor b = std::move(a);
+  EXPECT_FALSE(a.defined());  // NOLINT(bugprone-use-after-move): what is tested
+  EXPECT_EQ(a.numel(), 0);
+  EXPECT_EQ(a.nbytes(), 0u);
+  expect_invalid_argument([&] { (void)a.to_vector<float>(); }, {"undefined"});
+  expect_invalid_argument([&] { (void)a.view({1}); }, {"undefined"});
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{0, 1, 2, 3}));
+  Tensor c = Tensor::zeros({2});
+  Tensor d;
+  d = std::move(c);
+  EXPECT_FALSE(c.defined());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(c.numel(), 0);
+  EXPECT_EQ(d.to_vector<float>(), (std::vector<float>{0, 0}));
+  d = std::move(d);  // NOLINT: self-move keeps the tensor
+  EXPECT_TRUE(d.defined());
+}
+
+// A DType value outside the enum has no element size: refused by every factory, where it made
+// tensors with elements and no bytes (clone() then aborted).
+TEST(TensorFactories, ADTypeOutsideTheEnumIsRefused) {
+  const auto bad = static_cast<DType>(42);
+  expect_invalid_argument([&] { (void)Tensor::empty({4}, bad); },
+                          {"Tensor::empty", "dtype 42 is not a chorus DType"});
+  expect_invalid_argument([&] { (void)Tensor::zeros({4}, bad); }, {"dtype 42"});
+  expect_invalid_argument([&] { (void)Tensor::full({4}, 1.0, bad); }, {"dtype 42"});
+  float storage[4] = {};
+  expect_invalid_argument([&] { (void)Tensor::from_blob(storage, {4}, bad); },
+                          {"Tensor::from_blob", "dtype 42"});
 }
 
 // ---- Printing.

@@ -44,6 +44,13 @@ class Tensor {
  public:
   // An undefined tensor: no storage, dim() == 0, numel() == 0; any data access throws.
   Tensor() noexcept;
+  Tensor(const Tensor&) = default;
+  Tensor& operator=(const Tensor&) = default;
+  // A moved-from tensor is undefined (defined() false, and any use throws InvalidArgument "the
+  // tensor is undefined"), as a moved-from at::Tensor is.
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
+  ~Tensor() = default;
 
   // ---- Factories. CPU storage comes from the calling rank's pooled allocator (plain heap
   // memory outside a rank). Device::meta() makes a storage-less tensor. Device::cuda() storage
@@ -183,7 +190,8 @@ class Tensor {
   }
 
   static Tensor from_host_bytes(const void* data, std::size_t count, DType dtype, Shape shape);
-  void copy_to_host_bytes(void* out, DType expected) const;  // waits; contiguous element copy
+  // Waits; contiguous element copy. Errors name `op`.
+  void copy_to_host_bytes(void* out, DType expected, const char* op = "Tensor::to_vector") const;
   void check_element_type(DType expected, const char* what) const;
   void check_single_element(const char* what) const;
   void* checked_data_for_host(const char* what) const;  // waits, checks device
@@ -236,8 +244,15 @@ T Tensor::item() const {
   constexpr DType kDType = dtype_of<T>;
   check_element_type(kDType, "Tensor::item");
   check_single_element("Tensor::item");
-  std::vector<T> values = to_vector<T>();
-  return values.front();
+  if constexpr (std::is_same_v<T, bool>) {
+    std::uint8_t byte = 0;
+    copy_to_host_bytes(&byte, kDType, "Tensor::item");
+    return byte != 0;
+  } else {
+    T value{};
+    copy_to_host_bytes(&value, kDType, "Tensor::item");
+    return value;
+  }
 }
 
 template <class T>
