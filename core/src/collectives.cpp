@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -514,9 +515,12 @@ class Batch {
   std::vector<Buffer> recvs_;
 };
 
-// ---- all_gather along a dim other than 0: the transport gathers rank blocks into a staging
-// tensor [W, *input_shape]; completion rearranges them into the output (the seed's
-// cat(chunk(res, W, 0), dim=gather_dim)), so no wait happens before first use.
+// ---- all_gather along a dim other than 0: the transport gathers rank blocks, in [W,
+// *input_shape] order, into the output's own memory; completion rearranges them in place through
+// a scratch copy (the seed's cat(chunk(res, W, 0), dim=gather_dim)), so no wait happens before
+// first use. Gathering into the output itself, not into a staging tensor, lets the simulator's
+// poison and guard pages cover the bytes the caller holds while the gather is pending (they
+// covered only the staging tensor, and an early read saw stale memory).
 
 std::function<void()> gather_fixup(const Tensor& staging, const Tensor& output,
                                    std::int64_t gather_dim, int group_size) {
@@ -532,6 +536,7 @@ std::function<void()> gather_fixup(const Tensor& staging, const Tensor& output,
   // the output alive forever (Note [Work lifecycle]: a drop must be able to happen).
   std::shared_ptr<void> out_memory = TensorAccess::storage(output)->memory();
   return [staging, out_memory, dst_strides, in_shape]() {
+    std::memcpy(staging.unsafe_data_ptr(), out_memory.get(), staging.nbytes());
     detail::strided_copy(out_memory.get(), dst_strides, staging.unsafe_data_ptr(),
                          detail::contiguous_strides(in_shape), in_shape, staging.element_size());
   };
@@ -585,9 +590,9 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   }
   Shape staging_shape = {call.group_size()};
   staging_shape.insert(staging_shape.end(), input.sizes().begin(), input.sizes().end());
-  auto [staging, staging_buffer] = new_output(call, staging_shape, input.dtype(), input.device());
+  Tensor staging = new_output(call, staging_shape, input.dtype(), input.device()).first;
   transport::Comm& comm = call.start();
-  call.register_work(comm.all_gather(send, staging_buffer, call.info()), output,
+  call.register_work(comm.all_gather(send, recv, call.info()), output,
                      gather_fixup(staging, output, rule.dim, call.group_size()));
   return output;
 }

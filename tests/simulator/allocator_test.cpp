@@ -331,7 +331,7 @@ TEST(SimGuardPages, EveryCollectiveKeepsItsResultsUnderGuard) {
     options.guard_pending_outputs = true;
     const auto size = static_cast<std::size_t>(world_size);
     const float sum = rank_sum(world_size, 1);
-    sim::run(options, [&] {
+    const SimReport report = sim::run(options, [&] {
       const auto value = static_cast<float>(rank() + 1);
       const std::int64_t n = world_size;
       Tensor in_place = Tensor::full({3}, value);
@@ -341,6 +341,7 @@ TEST(SimGuardPages, EveryCollectiveKeepsItsResultsUnderGuard) {
       }
       const Tensor reduced = all_reduce(Tensor::full({3}, value), ReduceOp::Kind::Sum, world());
       const Tensor gathered = all_gather_tensor(Tensor::full({2}, value), 0, world());
+      const Tensor gathered_dim1 = all_gather_tensor(Tensor::full({2, 1}, value), 1, world());
       const Tensor scattered =
           reduce_scatter_tensor(Tensor::full({2 * n}, value), ReduceOp::Kind::Sum, 0, world());
       const std::vector<Tensor> coalesced = all_reduce_coalesced(
@@ -360,6 +361,12 @@ TEST(SimGuardPages, EveryCollectiveKeepsItsResultsUnderGuard) {
         expected_exchange.push_back(static_cast<float>(r + 1));
       }
       EXPECT_EQ(gathered.to_vector<float>(), expected_gather);
+      std::vector<float> expected_rows;  // [[1, ..., W], [1, ..., W]]
+      for (int row = 0; row < 2; ++row) {
+        expected_rows.insert(expected_rows.end(), expected_exchange.begin(),
+                             expected_exchange.end());
+      }
+      EXPECT_EQ(gathered_dim1.to_vector<float>(), expected_rows);
       EXPECT_EQ(scattered.to_vector<float>(), std::vector<float>(2, sum));
       EXPECT_EQ(coalesced[0].to_vector<float>(), std::vector<float>(3, sum));
       EXPECT_EQ(coalesced[1].to_vector<float>(), std::vector<float>(5, sum));
@@ -370,6 +377,9 @@ TEST(SimGuardPages, EveryCollectiveKeepsItsResultsUnderGuard) {
       EXPECT_EQ(permuted.to_vector<float>(), std::vector<float>(2, sender));
       EXPECT_EQ(in_place.to_vector<float>(), std::vector<float>(3, sum));
     });
+    // Each rank's nine outputs (the coalesced pair counts two; the in-place one reads its input,
+    // so it is not guarded), and the reduce's on its root: every output was guarded.
+    EXPECT_EQ(report.mark_count("guard.protect"), 9u * size + 1u);
   }
 }
 

@@ -210,6 +210,31 @@ TEST(SimScheduler, PendingOutputsHoldPoisonUntilCompletion) {
   });
 }
 
+TEST(SimScheduler, AnAllGatherAlongDimOnePoisonsTheOutputTheCallerHolds) {
+  // all_gather along a dim other than 0 rearranges at completion; every element of the output
+  // the caller holds is poison while pending (only a staging tensor was, and the caller's
+  // output showed whatever its memory held before), then the rearranged blocks.
+  const SimReport report = sim::run(quiet(2, 0), [] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    const auto value = static_cast<float>(rank() + 1);
+    if (rank() == 0) {
+      Tensor pending = all_gather_tensor(Tensor::full({2, 2}, value), 1, world());
+      EXPECT_TRUE(pending.is_pending());
+      const auto* raw = static_cast<const float*>(pending.unsafe_data_ptr());
+      for (int i = 0; i < 8; ++i) {
+        EXPECT_TRUE(raw[i] != raw[i]) << "element " << i << ": expected NaN poison, got " << raw[i];
+      }
+      (void)all_reduce(Tensor::ones({1}), "sum", signal).to_vector<float>();
+      EXPECT_EQ(pending.to_vector<float>(), (std::vector<float>{1, 1, 2, 2, 1, 1, 2, 2}));
+    } else {
+      (void)all_reduce(Tensor::ones({1}), "sum", signal).to_vector<float>();
+      EXPECT_EQ(all_gather_tensor(Tensor::full({2, 2}, value), 1, world()).to_vector<float>(),
+                (std::vector<float>{1, 1, 2, 2, 1, 1, 2, 2}));
+    }
+  });
+  EXPECT_TRUE(report.ok()) << report.to_string();
+}
+
 TEST(SimScheduler, ABroadcastsPendingOutputIsPoisonedOnNonRootsToo) {
   // Non-roots pass their output as the broadcast's stand-in send; it is still an output. Rank 1
   // looks at its pending output while rank 0 has not yet issued the broadcast (the signal
