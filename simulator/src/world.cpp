@@ -1639,6 +1639,15 @@ bool SimWorld::faults_over() const {
                           [](const RankSlot& slot) { return slot.phase == Phase::Delayed; })) {
     return false;
   }
+  // So is an operation that hangs: it ends when a wait on it times out (its members' errors),
+  // and until then the ranks waiting on it are stuck by the fault, not by the program.
+  for (const std::shared_ptr<SimGroup>& group : groups_) {
+    if (std::ranges::any_of(group->slots, [](const auto& entry) {
+          return entry.second.fault == Fault::Kind::Hang;
+        })) {
+      return false;
+    }
+  }
   for (std::size_t i = 0; i < options_.faults.size(); ++i) {
     const RankSlot& slot = ranks_[static_cast<std::size_t>(options_.faults[i].rank)];
     if (!fault_spent_[i] && !slot.exited && !slot.crashed) {

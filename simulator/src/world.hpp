@@ -74,11 +74,12 @@
 //
 // Note [Liveness phase]
 // With SimOptions::liveness_steps, the phase begins at the first decision after which no fault
-// can fire any more ("liveness.phase"). If some rank has not finished liveness_steps decisions
-// later, the run is over: the ranks not finished are the stuck ones ("liveness.violation",
-// SimReport::stuck_ranks), every outstanding operation fails with Deadlock naming them with the
-// rank table (what each is blocked on), and every operation started after fails the same way,
-// so a rank retrying forever (catching Aborted, say) ends too.
+// can fire any more and none is still in effect: no rank is Delayed and no operation hangs by a
+// fault that no wait has timed out yet ("liveness.phase"). If some rank has not finished
+// liveness_steps decisions later, the run is over: the ranks not finished are the stuck ones
+// ("liveness.violation", SimReport::stuck_ranks), every outstanding operation fails with Deadlock
+// naming them with the rank table (what each is blocked on), and every operation started after
+// fails the same way, so a rank retrying forever (catching Aborted, say) ends too.
 
 // Note [Finalization choice]
 // When core finalizes a result dropped un-waited is not fixed on a real runtime, so with
@@ -389,7 +390,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   bool skip_virtual_time();
   // Note [Liveness phase]: whether a violation was declared now.
   bool check_liveness();
-  // No fault can fire any more.
+  // No fault can fire any more, and none is in effect (a Delayed rank, a Hang slot).
   bool faults_over() const;
   // Random faults may still be drawn (enabled, under max_faults, before until_step).
   bool random_window_open() const;

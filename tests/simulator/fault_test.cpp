@@ -325,6 +325,40 @@ TEST_P(SimFault, LivenessStartsOnlyOnceADelayedRankWoke) {
   }
 }
 
+TEST_P(SimFault, LivenessStartsOnlyOnceAHungOperationTimedOut) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    // Rank 0's first world all_reduce hangs until the waits on it time out (400 us); meanwhile
+    // its peers work alone for more decisions than the liveness budget. Ranks held up by a hang
+    // that has not timed out yet are not stuck: every rank ends with the hang's Timeout.
+    SimOptions options = options_for(size, seed, {Fault::hang(0, 0)});
+    options.timeout = std::chrono::microseconds(400);
+    options.liveness_steps = 30;
+    std::vector<CaughtError> errors(static_cast<std::size_t>(size));
+    const SimReport report = sim::simulate(options, [&] {
+      if (rank() != 0) {
+        for (int i = 0; i < 20; ++i) {
+          (void)all_reduce(Tensor::ones({1}), "sum", {rank()}).item<float>();
+        }
+      }
+      try {
+        (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+      } catch (const Error& error) {
+        errors[rank_slot()] = testing::caught_error(error);
+      }
+    });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    EXPECT_EQ(report.mark_count("fault.hang"), 1u);
+    EXPECT_EQ(report.mark_count("liveness.phase"), 1u);
+    EXPECT_EQ(report.mark_count("liveness.violation"), 0u);
+    EXPECT_TRUE(report.stuck_ranks.empty());
+    for (int r = 0; r < size; ++r) {
+      expect_caught(errors[static_cast<std::size_t>(r)], ErrorCode::Timeout, r, 0, size,
+                    "it hung (injected fault: hang at rank 0's operation 0)");
+    }
+  }
+}
+
 TEST_P(SimFault, ACrashAtTheSameOperationPreemptsItsHangAndReportsOnlyWhatHappened) {
   const int size = GetParam();
   SimOptions options = options_for(size, 0, {Fault::hang(1, 0), Fault::crash(1, 0)});
