@@ -44,7 +44,9 @@
 //   communicators that each contain the other, they disagree on the group (or tag) of their next
 //   collective: those operations fail with CollectiveMismatch naming both.
 // - Timeout: when a blocked rank's deadline (virtual time) passes, the operation fails with
-//   Timeout on every member and its communicator is aborted (a real transport's watchdog).
+//   Timeout on every member and its communicator is aborted (a real transport's watchdog): the
+//   earlier operations still outstanding fail with Timeout too (the waited one names the first
+//   an injected fault hung), the later ones with Aborted.
 // - Input modified: each send buffer is hashed at issue and again at completion; a change fails
 //   the operation with InputModified on every member (on NCCL it would be a data race).
 // - Livelock: past SimOptions::max_steps decisions, outstanding operations fail with Deadlock and
@@ -228,7 +230,8 @@ struct SimGroup {
     // An injected TransportError or Hang on this operation (Note [Fault injection]), and its
     // description for the members' errors.
     std::optional<Fault::Kind> fault;
-    std::string fault_detail;
+    std::string fault_injected;  // the fault: "hang at rank 3's operation 0"
+    std::string fault_detail;    // "it hung (injected fault: hang at rank 3's operation 0)"
   };
   struct Failure {
     ErrorCode code;

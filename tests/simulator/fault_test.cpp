@@ -151,6 +151,46 @@ TEST_P(SimFault, HangTimesOutEveryMemberInVirtualTime) {
   }
 }
 
+TEST_P(SimFault, ATimeoutBehindAHangFailsTheHungOperationTooAndNamesIt) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    // Operation #0 hangs and nobody waits on it; the waits on #1 time out behind it. The
+    // watchdog that aborts the communicator fails #0 as well, at the same deadline (not a second
+    // timeout later), and the error of #1 says what held it up.
+    std::vector<CaughtError> later(static_cast<std::size_t>(size));
+    std::vector<CaughtError> hung(static_cast<std::size_t>(size));
+    const SimReport report = sim::simulate(options_for(size, seed, {Fault::hang(0, 0)}), [&] {
+      Tensor first = all_reduce(Tensor::ones({1}), "sum", world());
+      try {
+        (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+      } catch (const Error& error) {
+        later[rank_slot()] = testing::caught_error(error);
+      }
+      try {
+        (void)first.item<float>();
+      } catch (const Error& error) {
+        hung[rank_slot()] = testing::caught_error(error);
+      }
+    });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    EXPECT_EQ(report.mark_count("fault.hang"), 1u);
+    EXPECT_GE(report.virtual_time, std::chrono::minutes(10));
+    EXPECT_LT(report.virtual_time, std::chrono::minutes(11)) << "one timeout, not two";
+    for (int r = 0; r < size; ++r) {
+      const auto slot = static_cast<std::size_t>(r);
+      expect_caught(later[slot], ErrorCode::Timeout, r, 1, size,
+                    "before the collective completed, behind all_reduce #0, which hung "
+                    "(injected fault: hang at rank 0's operation 0); the communicator is "
+                    "aborted, as a watchdog would");
+      expect_caught(hung[slot], ErrorCode::Timeout, r, 0, size,
+                    "'s wait on all_reduce #1 passed its deadline");
+      expect_caught(hung[slot], ErrorCode::Timeout, r, 0, size,
+                    "before this collective completed: it hung (injected fault: hang at rank 0's "
+                    "operation 0); the communicator is aborted, as a watchdog would");
+    }
+  }
+}
+
 TEST_P(SimFault, HangWithoutADeadlineIsADeadlockNamingTheHang) {
   const int size = GetParam();
   SimOptions options = options_for(size, 0, {Fault::hang(0, 0)});
