@@ -1549,6 +1549,13 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
     std::erase_if(firing, [](const Fault& fault) { return fault.kind != Fault::Kind::Delay; });
     firing.push_back(fatal);
   }
+  // A hang means the operation never completes, so a transport error there (raised where it
+  // would have completed) never happens either, and is not reported.
+  if (std::ranges::any_of(firing,
+                          [](const Fault& fault) { return fault.kind == Fault::Kind::Hang; })) {
+    std::erase_if(firing,
+                  [](const Fault& fault) { return fault.kind == Fault::Kind::TransportError; });
+  }
   for (const Fault& fault : firing) {
     record_fault(fault, false);
   }

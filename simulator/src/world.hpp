@@ -64,6 +64,8 @@
 // - TransportError, Hang: the rank's arrival marks its slot (Slot::fault). complete_operation
 //   fails a TransportError slot instead of moving bytes and aborts the communicator; a Hang
 //   slot is never a candidate, so its members' waits reach their deadlines (Timeout, abort).
+// At one operation a Delay acts first, a Crash preempts a TransportError or Hang, and a Hang a
+// TransportError; a preempted fault is neither marked nor in faults_fired (fire_faults).
 // Random faults take one choice per operation started while their window is open and no
 // explicit fault fires there (choice 0 is "no fault"), and nothing else does: without faults the
 // choice list is unchanged.

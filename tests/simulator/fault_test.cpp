@@ -413,6 +413,22 @@ TEST_P(SimFault, ACrashAtTheSameOperationPreemptsItsHangAndReportsOnlyWhatHappen
   EXPECT_EQ(report.mark_count("fault.hang"), 0u);
 }
 
+TEST_P(SimFault, AHangAtTheSameOperationPreemptsItsTransportErrorAndReportsOnlyWhatHappened) {
+  const int size = GetParam();
+  for (const auto& faults : {std::vector<Fault>{Fault::hang(1, 0), Fault::transport_error(1, 0)},
+                             std::vector<Fault>{Fault::transport_error(1, 0), Fault::hang(1, 0)}}) {
+    // The operation never completes, so no transport error is raised where it would have.
+    const FaultRun outcome = run_all_reduces(options_for(size, 0, faults), 1);
+    EXPECT_EQ(outcome.report.faults_fired, std::vector<Fault>{Fault::hang(1, 0)});
+    EXPECT_EQ(outcome.report.mark_count("fault.hang"), 1u);
+    EXPECT_EQ(outcome.report.mark_count("fault.transport_error"), 0u);
+    for (int r = 0; r < size; ++r) {
+      expect_caught(outcome.errors[static_cast<std::size_t>(r)][0], ErrorCode::Timeout, r, 0, size,
+                    "it hung (injected fault: hang at rank 1's operation 0)");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimFault, ::testing::Values(2, 4), testing::world_name);
 
 TEST(SimFaultCrash, RanksOutsideTheDeadRanksGroupsGoOn) {
