@@ -8,7 +8,8 @@
 //   and followed by an allocation gets the same address again and again: anything keyed by
 //   address (a cache of "tensors already reduced") meets the ABA problem at once.
 // - Quarantine: a freed block is filled with 0xDD and stays unusable for its rank's next
-//   `quarantine_frees` frees; then it is checked (a changed byte is a write after free: mark
+//   `quarantine_frees` frees, or until its ranks ended (check_quarantine: the last ones of a run
+//   are checked too); then it is checked (a changed byte is a write after free: mark
 //   "alloc.quarantine.overwritten" and a line on stderr) and reused as by LifoReuse.
 // - Random: one of the fitting free blocks, picked with the decision stream (only when there is
 //   more than one), so a run replays from its seed or choice list like any schedule.
@@ -59,6 +60,10 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
   // On the rank holding the turn (Note [Simulator allocator]).
   std::shared_ptr<void> allocate(std::size_t nbytes) override;
 
+  // The ranks ended: checks every block still in quarantine (each rank's last `quarantine_frees`
+  // frees, which no later free pushed out) and makes it reusable, so a write into one is marked
+  // while the run's report can still count it. Blocks freed afterwards are quarantined as before.
+  void check_quarantine() noexcept;
   // The world ends: no allocation from here on (blocks may still be freed).
   void detach() noexcept;
   // Marks passed so far ("alloc.lifo_reuse", ...), for SimReport::marks.

@@ -678,6 +678,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   report.data_hash = data_hash_;
   report.marks = marks_;
   if (allocator_ != nullptr) {
+    allocator_->check_quarantine();  // every rank ended: its last frees are checked too
     for (const auto& [name, count] : allocator_->marks()) {
       report.marks[name] += count;
     }
