@@ -16,8 +16,9 @@
 // - Pooled (guard pages only): exact-size reuse, as core's pool.
 // Free blocks go back to the rank that allocated them. A program's address-keyed state lives in
 // one process, that is one rank: with per-rank lists a rank gets its own freed block back whatever
-// the other ranks did meanwhile, so the ABA does not depend on the schedule. (A world-wide list
-// would hand the block to whichever rank allocates next.)
+// the other ranks did meanwhile. (A world-wide list would hand the block to whichever rank
+// allocates next.) The ABA still depends on the schedule for the input of a collective in
+// flight: the collective holds its storage, whose block is released only when it completes.
 //
 // Allocation happens on the rank holding the scheduling turn (one at a time, with the threads
 // executor too: the turn's hand-off orders the accesses), so drawing from the decision stream is
