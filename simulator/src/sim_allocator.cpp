@@ -201,6 +201,19 @@ void SimAllocator::check_quarantine_pattern(const Block& block, int rank) noexce
   }
 }
 
+void SimAllocator::check_quarantine() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+    RankLists& lists = ranks_[rank];
+    while (!lists.quarantined.empty()) {
+      const Block served = lists.quarantined.front();
+      lists.quarantined.pop_front();
+      check_quarantine_pattern(served, static_cast<int>(rank));
+      make_available(lists, served);
+    }
+  }
+}
+
 void SimAllocator::detach() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   stream_ = nullptr;

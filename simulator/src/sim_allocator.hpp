@@ -8,15 +8,17 @@
 //   and followed by an allocation gets the same address again and again: anything keyed by
 //   address (a cache of "tensors already reduced") meets the ABA problem at once.
 // - Quarantine: a freed block is filled with 0xDD and stays unusable for its rank's next
-//   `quarantine_frees` frees; then it is checked (a changed byte is a write after free: mark
+//   `quarantine_frees` frees, or until its ranks ended (check_quarantine: the last ones of a run
+//   are checked too); then it is checked (a changed byte is a write after free: mark
 //   "alloc.quarantine.overwritten" and a line on stderr) and reused as by LifoReuse.
 // - Random: one of the fitting free blocks, picked with the decision stream (only when there is
 //   more than one), so a run replays from its seed or choice list like any schedule.
 // - Pooled (guard pages only): exact-size reuse, as core's pool.
 // Free blocks go back to the rank that allocated them. A program's address-keyed state lives in
 // one process, that is one rank: with per-rank lists a rank gets its own freed block back whatever
-// the other ranks did meanwhile, so the ABA does not depend on the schedule. (A world-wide list
-// would hand the block to whichever rank allocates next.)
+// the other ranks did meanwhile. (A world-wide list would hand the block to whichever rank
+// allocates next.) The ABA still depends on the schedule for the input of a collective in
+// flight: the collective holds its storage, whose block is released only when it completes.
 //
 // Allocation happens on the rank holding the scheduling turn (one at a time, with the threads
 // executor too: the turn's hand-off orders the accesses), so drawing from the decision stream is
@@ -59,6 +61,10 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
   // On the rank holding the turn (Note [Simulator allocator]).
   std::shared_ptr<void> allocate(std::size_t nbytes) override;
 
+  // The ranks ended: checks every block still in quarantine (each rank's last `quarantine_frees`
+  // frees, which no later free pushed out) and makes it reusable, so a write into one is marked
+  // while the run's report can still count it. Blocks freed afterwards are quarantined as before.
+  void check_quarantine() noexcept;
   // The world ends: no allocation from here on (blocks may still be freed).
   void detach() noexcept;
   // Marks passed so far ("alloc.lifo_reuse", ...), for SimReport::marks.

@@ -445,10 +445,10 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     } else {
       if (slot_fault) {
         slot.fault = slot_fault;
+        slot.fault_injected = Fault{*slot_fault, rank, op_index, 0}.to_string();
         slot.fault_detail =
             (*slot_fault == Fault::Kind::Hang ? "it hung" : "the transport reported a failure") +
-            std::string(" (injected fault: ") + Fault{*slot_fault, rank, op_index, 0}.to_string() +
-            ")";
+            std::string(" (injected fault: ") + slot.fault_injected + ")";
       }
       check_absent_members(group, info.seq);
     }
@@ -548,18 +548,56 @@ void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int ran
 void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter) {
   SimGroup& group = group_of(work);
   const std::int64_t seq = work.fingerprint().seq;
-  const std::string missing = group.missing_members(seq);
   const auto seconds = std::chrono::duration<double>(deadline.at).count();
-  std::string detail = "rank " + std::to_string(waiter) +
-                       "'s wait passed its deadline (virtual time " + std::to_string(seconds) +
-                       " s) before the collective completed";
-  if (!missing.empty()) {
-    detail += ", when rank(s) " + missing + " had not joined it yet";
+  const std::string deadline_text =
+      " passed its deadline (virtual time " + std::to_string(seconds) + " s)";
+  const std::string waiter_text = "rank " + std::to_string(waiter) + "'s wait";
+  // Why operation `at` had not completed: members missing, its own fault.
+  const auto why = [&](std::int64_t at, const SimGroup::Slot& slot) {
+    std::string text;
+    if (const std::string missing = group.missing_members(at); !missing.empty()) {
+      text += ", when rank(s) " + missing + " had not joined it yet";
+    }
+    if (slot.fault) {
+      text += ": " + slot.fault_detail;
+    }
+    return text;
+  };
+  const auto op_name = [](const SimGroup::Slot& slot) {
+    const auto arrived = std::ranges::find_if(slot.arrivals, &SimGroup::Arrival::arrived);
+    CHORUS_CHECK(arrived != slot.arrivals.end());  // a slot exists once a member arrived
+    return arrived->op_name;
+  };
+  const std::string watchdog = "; the communicator is aborted, as a watchdog would";
+  // A watchdog aborts the communicator: the operations issued before the waited one and still
+  // outstanding fail too (they time out with it: none can complete any more), and the waited
+  // one names the first of them that an injected fault hung, the reason it could not complete.
+  std::string behind;
+  std::vector<std::pair<std::int64_t, std::string>> earlier;
+  for (const auto& [at, slot] : group.slots) {
+    if (at >= seq) {
+      break;
+    }
+    const std::string name = op_name(slot);
+    if (behind.empty() && slot.fault == Fault::Kind::Hang) {
+      behind = ", behind " + name + " #" + std::to_string(at) +
+               ", which hung (injected fault: " + slot.fault_injected + ")";
+    }
+    earlier.emplace_back(at, waiter_text + " on " + work.context().op + " #" + std::to_string(seq) +
+                                 deadline_text + " before this collective completed" +
+                                 why(at, slot) + watchdog);
   }
-  if (auto it = group.slots.find(seq); it != group.slots.end() && it->second.fault) {
-    detail += ": " + it->second.fault_detail;
+  const auto waited = group.slots.find(seq);
+  CHORUS_CHECK(waited != group.slots.end());  // pending, so outstanding
+  std::string detail =
+      waiter_text + deadline_text + " before the collective completed" + why(seq, waited->second);
+  if (!waited->second.fault) {
+    detail += behind;
   }
-  detail += "; the communicator is aborted, as a watchdog would";
+  detail += watchdog;
+  for (const auto& [at, earlier_detail] : earlier) {
+    fail_slot(group, at, ErrorCode::Timeout, earlier_detail);
+  }
   fail_slot(group, seq, ErrorCode::Timeout, detail);
   abort_group(group, seq + 1, "operation #" + std::to_string(seq) + " timed out");
 }
@@ -640,6 +678,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   report.data_hash = data_hash_;
   report.marks = marks_;
   if (allocator_ != nullptr) {
+    allocator_->check_quarantine();  // every rank ended: its last frees are checked too
     for (const auto& [name, count] : allocator_->marks()) {
       report.marks[name] += count;
     }
@@ -1511,6 +1550,13 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
     std::erase_if(firing, [](const Fault& fault) { return fault.kind != Fault::Kind::Delay; });
     firing.push_back(fatal);
   }
+  // A hang means the operation never completes, so a transport error there (raised where it
+  // would have completed) never happens either, and is not reported.
+  if (std::ranges::any_of(firing,
+                          [](const Fault& fault) { return fault.kind == Fault::Kind::Hang; })) {
+    std::erase_if(firing,
+                  [](const Fault& fault) { return fault.kind == Fault::Kind::TransportError; });
+  }
   for (const Fault& fault : firing) {
     record_fault(fault, false);
   }
@@ -1638,6 +1684,15 @@ bool SimWorld::faults_over() const {
   if (std::ranges::any_of(ranks_,
                           [](const RankSlot& slot) { return slot.phase == Phase::Delayed; })) {
     return false;
+  }
+  // So is an operation that hangs: it ends when a wait on it times out (its members' errors),
+  // and until then the ranks waiting on it are stuck by the fault, not by the program.
+  for (const std::shared_ptr<SimGroup>& group : groups_) {
+    if (std::ranges::any_of(group->slots, [](const auto& entry) {
+          return entry.second.fault == Fault::Kind::Hang;
+        })) {
+      return false;
+    }
   }
   for (std::size_t i = 0; i < options_.faults.size(); ++i) {
     const RankSlot& slot = ranks_[static_cast<std::size_t>(options_.faults[i].rank)];

@@ -44,7 +44,9 @@
 //   communicators that each contain the other, they disagree on the group (or tag) of their next
 //   collective: those operations fail with CollectiveMismatch naming both.
 // - Timeout: when a blocked rank's deadline (virtual time) passes, the operation fails with
-//   Timeout on every member and its communicator is aborted (a real transport's watchdog).
+//   Timeout on every member and its communicator is aborted (a real transport's watchdog): the
+//   earlier operations still outstanding fail with Timeout too (the waited one names the first
+//   an injected fault hung), the later ones with Aborted.
 // - Input modified: each send buffer is hashed at issue and again at completion; a change fails
 //   the operation with InputModified on every member (on NCCL it would be a data race).
 // - Livelock: past SimOptions::max_steps decisions, outstanding operations fail with Deadlock and
@@ -62,6 +64,8 @@
 // - TransportError, Hang: the rank's arrival marks its slot (Slot::fault). complete_operation
 //   fails a TransportError slot instead of moving bytes and aborts the communicator; a Hang
 //   slot is never a candidate, so its members' waits reach their deadlines (Timeout, abort).
+// At one operation a Delay acts first, a Crash preempts a TransportError or Hang, and a Hang a
+// TransportError; a preempted fault is neither marked nor in faults_fired (fire_faults).
 // Random faults take one choice per operation started while their window is open and no
 // explicit fault fires there (choice 0 is "no fault"), and nothing else does: without faults the
 // choice list is unchanged.
@@ -74,11 +78,12 @@
 //
 // Note [Liveness phase]
 // With SimOptions::liveness_steps, the phase begins at the first decision after which no fault
-// can fire any more ("liveness.phase"). If some rank has not finished liveness_steps decisions
-// later, the run is over: the ranks not finished are the stuck ones ("liveness.violation",
-// SimReport::stuck_ranks), every outstanding operation fails with Deadlock naming them with the
-// rank table (what each is blocked on), and every operation started after fails the same way,
-// so a rank retrying forever (catching Aborted, say) ends too.
+// can fire any more and none is still in effect: no rank is Delayed and no operation hangs by a
+// fault that no wait has timed out yet ("liveness.phase"). If some rank has not finished
+// liveness_steps decisions later, the run is over: the ranks not finished are the stuck ones
+// ("liveness.violation", SimReport::stuck_ranks), every outstanding operation fails with Deadlock
+// naming them with the rank table (what each is blocked on), and every operation started after
+// fails the same way, so a rank retrying forever (catching Aborted, say) ends too.
 
 // Note [Finalization choice]
 // When core finalizes a result dropped un-waited is not fixed on a real runtime, so with
@@ -227,7 +232,8 @@ struct SimGroup {
     // An injected TransportError or Hang on this operation (Note [Fault injection]), and its
     // description for the members' errors.
     std::optional<Fault::Kind> fault;
-    std::string fault_detail;
+    std::string fault_injected;  // the fault: "hang at rank 3's operation 0"
+    std::string fault_detail;    // "it hung (injected fault: hang at rank 3's operation 0)"
   };
   struct Failure {
     ErrorCode code;
@@ -389,7 +395,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   bool skip_virtual_time();
   // Note [Liveness phase]: whether a violation was declared now.
   bool check_liveness();
-  // No fault can fire any more.
+  // No fault can fire any more, and none is in effect (a Delayed rank, a Hang slot).
   bool faults_over() const;
   // Random faults may still be drawn (enabled, under max_faults, before until_step).
   bool random_window_open() const;

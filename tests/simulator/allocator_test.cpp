@@ -185,6 +185,21 @@ TEST(SimAllocator, QuarantineCatchesAWriteAfterFree) {
   EXPECT_EQ(report.mark_count("alloc.quarantine.overwritten"), 1u);
 }
 
+TEST(SimAllocator, QuarantineChecksTheBlocksStillQuarantinedWhenTheRanksEnd) {
+  SimOptions options = with_allocator(2, AllocatorPolicy::Quarantine);
+  options.quarantine_frees = 4;
+  const SimReport report = sim::run(options, [] {
+    Tensor tensor = Tensor::zeros({4});
+    auto* dangling = static_cast<float*>(tensor.unsafe_data_ptr());
+    tensor = Tensor();
+    if (rank() == 1) {
+      dangling[2] = 1.0f;  // a write after free, and no later free pushes the block out
+    }
+  });
+  EXPECT_EQ(report.mark_count("alloc.quarantine"), 2u);
+  EXPECT_EQ(report.mark_count("alloc.quarantine.overwritten"), 1u);
+}
+
 // For each allocation after a batch was freed: which freed block it got (its index), or -1.
 std::vector<int> random_reuse_pattern() {
   std::vector<const void*> freed;

@@ -151,6 +151,46 @@ TEST_P(SimFault, HangTimesOutEveryMemberInVirtualTime) {
   }
 }
 
+TEST_P(SimFault, ATimeoutBehindAHangFailsTheHungOperationTooAndNamesIt) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    // Operation #0 hangs and nobody waits on it; the waits on #1 time out behind it. The
+    // watchdog that aborts the communicator fails #0 as well, at the same deadline (not a second
+    // timeout later), and the error of #1 says what held it up.
+    std::vector<CaughtError> later(static_cast<std::size_t>(size));
+    std::vector<CaughtError> hung(static_cast<std::size_t>(size));
+    const SimReport report = sim::simulate(options_for(size, seed, {Fault::hang(0, 0)}), [&] {
+      Tensor first = all_reduce(Tensor::ones({1}), "sum", world());
+      try {
+        (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+      } catch (const Error& error) {
+        later[rank_slot()] = testing::caught_error(error);
+      }
+      try {
+        (void)first.item<float>();
+      } catch (const Error& error) {
+        hung[rank_slot()] = testing::caught_error(error);
+      }
+    });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    EXPECT_EQ(report.mark_count("fault.hang"), 1u);
+    EXPECT_GE(report.virtual_time, std::chrono::minutes(10));
+    EXPECT_LT(report.virtual_time, std::chrono::minutes(11)) << "one timeout, not two";
+    for (int r = 0; r < size; ++r) {
+      const auto slot = static_cast<std::size_t>(r);
+      expect_caught(later[slot], ErrorCode::Timeout, r, 1, size,
+                    "before the collective completed, behind all_reduce #0, which hung "
+                    "(injected fault: hang at rank 0's operation 0); the communicator is "
+                    "aborted, as a watchdog would");
+      expect_caught(hung[slot], ErrorCode::Timeout, r, 0, size,
+                    "'s wait on all_reduce #1 passed its deadline");
+      expect_caught(hung[slot], ErrorCode::Timeout, r, 0, size,
+                    "before this collective completed: it hung (injected fault: hang at rank 0's "
+                    "operation 0); the communicator is aborted, as a watchdog would");
+    }
+  }
+}
+
 TEST_P(SimFault, HangWithoutADeadlineIsADeadlockNamingTheHang) {
   const int size = GetParam();
   SimOptions options = options_for(size, 0, {Fault::hang(0, 0)});
@@ -325,6 +365,40 @@ TEST_P(SimFault, LivenessStartsOnlyOnceADelayedRankWoke) {
   }
 }
 
+TEST_P(SimFault, LivenessStartsOnlyOnceAHungOperationTimedOut) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    // Rank 0's first world all_reduce hangs until the waits on it time out (400 us); meanwhile
+    // its peers work alone for more decisions than the liveness budget. Ranks held up by a hang
+    // that has not timed out yet are not stuck: every rank ends with the hang's Timeout.
+    SimOptions options = options_for(size, seed, {Fault::hang(0, 0)});
+    options.timeout = std::chrono::microseconds(400);
+    options.liveness_steps = 30;
+    std::vector<CaughtError> errors(static_cast<std::size_t>(size));
+    const SimReport report = sim::simulate(options, [&] {
+      if (rank() != 0) {
+        for (int i = 0; i < 20; ++i) {
+          (void)all_reduce(Tensor::ones({1}), "sum", {rank()}).item<float>();
+        }
+      }
+      try {
+        (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+      } catch (const Error& error) {
+        errors[rank_slot()] = testing::caught_error(error);
+      }
+    });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    EXPECT_EQ(report.mark_count("fault.hang"), 1u);
+    EXPECT_EQ(report.mark_count("liveness.phase"), 1u);
+    EXPECT_EQ(report.mark_count("liveness.violation"), 0u);
+    EXPECT_TRUE(report.stuck_ranks.empty());
+    for (int r = 0; r < size; ++r) {
+      expect_caught(errors[static_cast<std::size_t>(r)], ErrorCode::Timeout, r, 0, size,
+                    "it hung (injected fault: hang at rank 0's operation 0)");
+    }
+  }
+}
+
 TEST_P(SimFault, ACrashAtTheSameOperationPreemptsItsHangAndReportsOnlyWhatHappened) {
   const int size = GetParam();
   SimOptions options = options_for(size, 0, {Fault::hang(1, 0), Fault::crash(1, 0)});
@@ -337,6 +411,22 @@ TEST_P(SimFault, ACrashAtTheSameOperationPreemptsItsHangAndReportsOnlyWhatHappen
   EXPECT_EQ(report.faults_fired, std::vector<Fault>{Fault::crash(1, 0)});
   EXPECT_EQ(report.mark_count("fault.crash"), 1u);
   EXPECT_EQ(report.mark_count("fault.hang"), 0u);
+}
+
+TEST_P(SimFault, AHangAtTheSameOperationPreemptsItsTransportErrorAndReportsOnlyWhatHappened) {
+  const int size = GetParam();
+  for (const auto& faults : {std::vector<Fault>{Fault::hang(1, 0), Fault::transport_error(1, 0)},
+                             std::vector<Fault>{Fault::transport_error(1, 0), Fault::hang(1, 0)}}) {
+    // The operation never completes, so no transport error is raised where it would have.
+    const FaultRun outcome = run_all_reduces(options_for(size, 0, faults), 1);
+    EXPECT_EQ(outcome.report.faults_fired, std::vector<Fault>{Fault::hang(1, 0)});
+    EXPECT_EQ(outcome.report.mark_count("fault.hang"), 1u);
+    EXPECT_EQ(outcome.report.mark_count("fault.transport_error"), 0u);
+    for (int r = 0; r < size; ++r) {
+      expect_caught(outcome.errors[static_cast<std::size_t>(r)][0], ErrorCode::Timeout, r, 0, size,
+                    "it hung (injected fault: hang at rank 1's operation 0)");
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimFault, ::testing::Values(2, 4), testing::world_name);

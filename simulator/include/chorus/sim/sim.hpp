@@ -209,7 +209,8 @@ struct SimOptions {
   std::vector<Fault> faults;   // explicit faults, each firing at most once
   RandomFaults random_faults;  // drawn from the decision stream only when enabled()
   // The liveness phase (0: off): once no fault can fire any more (every explicit fault fired or
-  // its rank ended, and the random window closed), every rank must finish within this many
+  // its rank ended, and the random window closed) and none is in effect (no rank delayed, no
+  // hung operation left that a wait has not timed out), every rank must finish within this many
   // scheduling decisions. Else the run ends: outstanding operations fail with Deadlock naming
   // the stuck ranks and what each is blocked on, later ones too, and SimReport::stuck_ranks
   // lists them.
