@@ -536,6 +536,9 @@ std::function<void()> gather_fixup(const Tensor& staging, const Tensor& output,
   // the output alive forever (Note [Work lifecycle]: a drop must be able to happen).
   std::shared_ptr<void> out_memory = TensorAccess::storage(output)->memory();
   return [staging, out_memory, dst_strides, in_shape]() {
+    if (staging.nbytes() == 0) {
+      return;  // nothing gathered (and no memory: memcpy takes no null pointer)
+    }
     std::memcpy(staging.unsafe_data_ptr(), out_memory.get(), staging.nbytes());
     detail::strided_copy(out_memory.get(), dst_strides, staging.unsafe_data_ptr(),
                          detail::contiguous_strides(in_shape), in_shape, staging.element_size());
