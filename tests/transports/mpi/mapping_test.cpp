@@ -9,7 +9,6 @@
 #include <string>
 
 #include "chorus/error.hpp"
-#include "chorus/half.hpp"
 #include "chorus/mpi/mpi.hpp"
 
 namespace chorus::mpi {
@@ -159,12 +158,20 @@ TEST(MpiDivideInPlace, FloatsAndComplexDivideEveryPart) {
   divide_in_place(complex128, DType::Complex128, 1, 3);
   EXPECT_EQ(complex128[0], 2.0);
   EXPECT_EQ(complex128[1], -1.0);
-  std::uint16_t half = float_to_half_bits(3.0f);
-  divide_in_place(&half, DType::Float16, 1, 2);
-  EXPECT_EQ(half, float_to_half_bits(1.5f));
-  std::uint16_t bf16 = float_to_bfloat16_bits(-5.0f);
-  divide_in_place(&bf16, DType::BFloat16, 1, 4);
-  EXPECT_EQ(bf16, float_to_bfloat16_bits(-1.25f));
+}
+
+// 16-bit averages are divided while widened to float32; dividing the 16-bit values is a bug.
+TEST(MpiDivideInPlaceDeathTest, SixteenBitFloatsAreNotDividedInPlace) {
+  std::uint16_t half = 0;
+  EXPECT_DEATH(divide_in_place(&half, DType::Float16, 1, 2), "false");
+  EXPECT_DEATH(divide_in_place(&half, DType::BFloat16, 1, 2), "false");
+}
+
+// Their sums and products are widened too: only min and max take a 16-bit user op.
+TEST(MpiUserOpsDeathTest, SixteenBitFloatsTakeUserOpsForMinAndMaxOnly) {
+  UserOps ops;
+  EXPECT_DEATH(ops.get(DType::Float16, ReduceOp::Kind::Sum), "false");
+  EXPECT_DEATH(ops.get(DType::BFloat16, ReduceOp::Kind::Product), "false");
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 
 #include "chorus/check.hpp"
 #include "chorus/error.hpp"
-#include "chorus/half.hpp"
 #include "chorus/kernels.hpp"
 #include "chorus/mpi/mpi.hpp"
 
@@ -99,21 +98,31 @@ void user_step(void* in, void* inout, int* len, MPI_Datatype* /*datatype*/) {
   kernels::reduce(inout, srcs, 2, static_cast<std::size_t>(*len), D, ReduceOp(K));
 }
 
+// Float16 and BFloat16 take a user op for min and max only: their sums and products are widened
+// (Note [Widened 16-bit reductions]).
 template <DType D>
 MPI_User_function* user_function(ReduceOp::Kind kind) {
+  constexpr bool kSixteenBit = D == DType::Float16 || D == DType::BFloat16;
   switch (kind) {
     case ReduceOp::Kind::Sum:
-      return &user_step<D, ReduceOp::Kind::Sum>;
+      if constexpr (!kSixteenBit) {
+        return &user_step<D, ReduceOp::Kind::Sum>;
+      }
+      break;
     case ReduceOp::Kind::Product:
-      return &user_step<D, ReduceOp::Kind::Product>;
+      if constexpr (!kSixteenBit) {
+        return &user_step<D, ReduceOp::Kind::Product>;
+      }
+      break;
     case ReduceOp::Kind::Min:
       return &user_step<D, ReduceOp::Kind::Min>;
     case ReduceOp::Kind::Max:
       return &user_step<D, ReduceOp::Kind::Max>;
     default:
-      CHORUS_CHECK(false);
-      return nullptr;
+      break;
   }
+  CHORUS_CHECK(false);
+  return nullptr;
 }
 
 // Integers: the element read as its own type, widened, divided by the whole group size (a
@@ -133,14 +142,6 @@ void divide_floats(void* data, std::size_t count, int divisor) {
   T* values = static_cast<T*>(data);
   for (std::size_t i = 0; i < count; ++i) {
     values[i] = values[i] / static_cast<T>(divisor);
-  }
-}
-
-template <float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat)(float)>
-void divide_16bit(void* data, std::size_t count, int divisor) {
-  auto* values = static_cast<std::uint16_t*>(data);
-  for (std::size_t i = 0; i < count; ++i) {
-    values[i] = FromFloat(ToFloat(values[i]) / static_cast<float>(divisor));
   }
 }
 
@@ -384,10 +385,9 @@ void divide_in_place(void* data, DType dtype, std::size_t count, int divisor) {
       divide_integers<std::int64_t>(data, count, divisor);
       break;
     case DType::Float16:
-      divide_16bit<&half_bits_to_float, &float_to_half_bits>(data, count, divisor);
-      break;
     case DType::BFloat16:
-      divide_16bit<&bfloat16_bits_to_float, &float_to_bfloat16_bits>(data, count, divisor);
+      // Widened (Note [Widened 16-bit reductions]): divided as float32 before rounding.
+      CHORUS_CHECK(false);
       break;
     case DType::Float32:
       divide_floats<float>(data, count, divisor);

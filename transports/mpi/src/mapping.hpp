@@ -88,7 +88,8 @@ class UserOps {
 };
 
 // Divides `count` elements of `dtype` in place by `divisor` (avg's post step): integers truncate
-// toward zero; 16-bit floats are computed in float32 and rounded to nearest even.
+// toward zero. Not for Float16 or BFloat16, whose averages are divided while widened (Note
+// [Widened 16-bit reductions]).
 void divide_in_place(void* data, DType dtype, std::size_t count, int divisor);
 
 }  // namespace chorus::mpi::detail
