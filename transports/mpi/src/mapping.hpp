@@ -66,7 +66,7 @@ MPI_Datatype mpi_datatype(Element element);
 MPI_Op builtin_op(OpChoice choice);
 std::string_view element_name(Element element);
 std::string_view op_choice_name(OpChoice choice);
-// "chorus_fp16_sum", "chorus_f32_max", ...
+// "chorus_fp16_max", "chorus_i8_sum", ...
 std::string user_op_name(DType dtype, ReduceOp::Kind kind);
 
 // The chorus user-defined MPI_Ops of one process, created on first use and freed with the object

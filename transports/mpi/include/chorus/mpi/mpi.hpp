@@ -16,7 +16,7 @@
 namespace chorus::mpi {
 
 // How a (dtype, reduction) pair is carried out on MPI, for documentation and tests; computed
-// without calling MPI. Names are MPI's ("MPI_FLOAT", "MPI_SUM"), or "chorus_fp16_sum" for the
+// without calling MPI. Names are MPI's ("MPI_FLOAT", "MPI_SUM"), or "chorus_fp16_max" for the
 // user-defined operations chorus registers where MPI has none (or where MPI's differs: NaN
 // propagation of float min/max).
 struct Mapping {
