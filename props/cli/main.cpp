@@ -456,7 +456,8 @@ int main(int argc, char** argv) {
   CLI::App* launch = app.add_subcommand(
       "launch",
       "start N local ranks of a program with torchrun's environment (RANK WORLD_SIZE LOCAL_RANK "
-      "MASTER_ADDR MASTER_PORT) and a rendezvous store: chorus launch -n N [--] program args...");
+      "LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT), a rendezvous store and its CHORUS_STORE_TOKEN: "
+      "chorus launch -n N [--] program args...");
   launch->add_option("-n,--nproc", launch_options.ranks, "ranks to start")->required();
   launch->add_option("--grace-ms", grace_ms, "after SIGTERM, how long a rank has before SIGKILL")
       ->check(CLI::NonNegativeNumber)
