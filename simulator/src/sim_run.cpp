@@ -95,6 +95,20 @@ void check_enumerated_options(const SimOptions& options) {
   }
 }
 
+// CHORUS_SIM_TIMELINE and CHORUS_SIM_TRACE, where the options read the environment, over the
+// options' own paths.
+void resolve_output_paths(SimOptions& options) {
+  if (!options.seed_from_environment) {
+    return;
+  }
+  if (const char* text = std::getenv("CHORUS_SIM_TIMELINE"); text != nullptr && *text != '\0') {
+    options.timeline_path = text;
+  }
+  if (const char* text = std::getenv("CHORUS_SIM_TRACE"); text != nullptr && *text != '\0') {
+    options.trace_path = text;
+  }
+}
+
 SimOptions effective_options(const SimOptions& options) {
   SimOptions effective = options;
   effective.seed = resolved_seed(options);
@@ -102,13 +116,8 @@ SimOptions effective_options(const SimOptions& options) {
     if (const char* text = std::getenv("CHORUS_SIM_REPLAY"); text != nullptr && *text != '\0') {
       effective.replay = text;
     }
-    if (const char* text = std::getenv("CHORUS_SIM_TIMELINE"); text != nullptr && *text != '\0') {
-      effective.timeline_path = text;
-    }
-    if (const char* text = std::getenv("CHORUS_SIM_TRACE"); text != nullptr && *text != '\0') {
-      effective.trace_path = text;
-    }
   }
+  resolve_output_paths(effective);
   if (!effective.timeline_path.empty() || !effective.trace_path.empty()) {
     effective.record_events = true;
   }
@@ -525,6 +534,8 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
                           "SimOptions::choices_record_max, so its choices were not kept");
   }
   const std::string wanted = failure_signature(failing);
+  SimOptions outputs = options;
+  resolve_output_paths(outputs);  // the environment's paths too, before attempts stop reading it
   SimOptions attempt = options;
   attempt.print_failures = false;
   attempt.seed_from_environment = false;
@@ -551,8 +562,8 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
   result.attempts = outcome.attempts;
   // The report of exactly the minimal list (the last successful attempt may have been another).
   attempt.choices = result.choices;
-  attempt.timeline_path = options.timeline_path;
-  attempt.trace_path = options.trace_path;
+  attempt.timeline_path = outputs.timeline_path;
+  attempt.trace_path = outputs.trace_path;
   attempt.record_events = true;  // for the per-rank story in the timeline (draws no choice)
   result.minimal = simulate(attempt, rank_main);
   result.replay_token =

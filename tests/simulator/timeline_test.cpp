@@ -618,6 +618,30 @@ TEST(TimelineFiles, ShrinkWritesTheMinimalRunOnly) {
   std::remove(svg_path.c_str());
 }
 
+// CHORUS_SIM_TIMELINE and CHORUS_SIM_TRACE name shrink's files too (its attempts stop reading
+// the environment; the minimal run still writes where it says).
+TEST(TimelineFiles, ShrinkTakesThePathsFromTheEnvironment) {
+  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_shrink_env_test.svg";
+  const std::string json_path = ::testing::TempDir() + "chorus_timeline_shrink_env_test.json";
+  std::remove(svg_path.c_str());
+  std::remove(json_path.c_str());
+  SimOptions options = testing::quiet_options(3, 11);
+  const SimReport failing = sim::simulate(options, mismatch_at_second_op);
+  ASSERT_FALSE(failing.ok());
+  options.seed_from_environment = true;
+  ::setenv("CHORUS_SIM_TIMELINE", svg_path.c_str(), 1);
+  ::setenv("CHORUS_SIM_TRACE", json_path.c_str(), 1);
+  const sim::ShrinkResult shrunk = sim::shrink(options, mismatch_at_second_op, failing);
+  ::unsetenv("CHORUS_SIM_TIMELINE");
+  ::unsetenv("CHORUS_SIM_TRACE");
+  EXPECT_EQ(shrunk.minimal.mark_count("timeline.svg_written"), 1u);
+  EXPECT_EQ(shrunk.minimal.mark_count("timeline.trace_written"), 1u);
+  EXPECT_EQ(read_file(svg_path), sim::to_svg_timeline(shrunk.minimal));
+  EXPECT_EQ(read_file(json_path), sim::to_perfetto_json(shrunk.minimal));
+  std::remove(svg_path.c_str());
+  std::remove(json_path.c_str());
+}
+
 TEST(TextTimeline, TellsEachRanksStoryOfTheMinimalFailingRun) {
   const SimOptions options = testing::quiet_options(3, 11);
   const SimReport failing = sim::simulate(options, mismatch_at_second_op);
