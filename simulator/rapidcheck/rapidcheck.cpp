@@ -129,10 +129,18 @@ ScheduleCheck check_schedules(const SimOptions& options, const std::function<voi
   }
   CounterexampleListener listener;
   const auto property = [&] {
-    const std::vector<std::uint64_t> choices = *gen_choices();
+    const std::vector<std::uint64_t> choices = *gen_choices(
+        kGeneratedChoiceLengthMax,
+        options.random_faults.enabled() ? kGeneratedFaultChoiceIndexMax : kGeneratedChoiceIndexMax);
     const SimReport report = run_choices(options, choices, rank_main);
     if (!report.ok()) {
-      listener.run_choices = choices;
+      // The choices the run made (each index folded into its range, trailing zeros dropped)
+      // where it kept them: RapidCheck shrinks the generated indices, and a large index can stay
+      // where no smaller one has the same remainder.
+      listener.run_choices = report.replay_token.empty() ? choices : report.choices;
+      while (!listener.run_choices.empty() && listener.run_choices.back() == 0) {
+        listener.run_choices.pop_back();
+      }
       listener.run_token = report.replay_token;
       RC_FAIL(failure_message(report, options));
     }

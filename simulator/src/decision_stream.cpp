@@ -49,6 +49,8 @@ class BytesSource final : public ChoiceSource {
   std::uint64_t next(std::uint64_t n) override {
     const std::size_t width = n <= 256 ? 1 : 8;
     if (position_ + width > bytes_.size()) {
+      // From here on every choice is the PRNG's: the bytes left over are not read later.
+      position_ = bytes_.size();
       exhausted_ = true;
       return rng_.below(n);
     }
@@ -207,7 +209,9 @@ namespace {
 
 // Bump when a choice point is added, removed or reordered: old tokens then mean other runs.
 // 2: reduction orders, allocator reuse and random faults draw choices (each only in its mode).
-constexpr std::uint64_t kDecisionSchemeVersion = 2;
+// 3: a random fault fires on choices 1..total ppm (was: the top total of the million), and fuzz
+//    bytes too few for a choice end the bytes (later 1-byte choices no longer read them).
+constexpr std::uint64_t kDecisionSchemeVersion = 3;
 
 constexpr std::string_view kTokenPrefix = "chorus-replay";
 constexpr char kBase64Url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";

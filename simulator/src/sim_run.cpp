@@ -234,7 +234,7 @@ std::uint64_t resolved_seed(const SimOptions& options) {
   }
   char* end = nullptr;
   errno = 0;
-  const unsigned long long seed = std::strtoull(text, &end, 0);
+  const unsigned long long seed = std::strtoull(text, &end, 10);  // "010" is ten, not eight
   // strtoull accepts a sign (and wraps "-1") and clamps on overflow: refuse both.
   const bool digits_only = std::isdigit(static_cast<unsigned char>(text[0])) != 0;
   if (end == nullptr || *end != '\0' || !digits_only || errno == ERANGE) {
@@ -435,11 +435,18 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   auto world = std::make_shared<detail::SimWorld>(effective);
   SimReport report = world->run(std::move(rank_main));
   // A seeded run replays from its seed (PCT's priorities come from it too); a run driven by a
-  // list or by fuzzer bytes replays from its token.
+  // list or by fuzzer bytes replays from its token, and without one (more choices than
+  // SimOptions::choices_record_max) from nothing: its seed would be another run.
   const bool seeded = !effective.choices && !effective.fuzz_bytes;
-  report.replay_command = seeded || report.replay_token.empty()
-                              ? replay_command("CHORUS_SIM_SEED=" + std::to_string(report.seed))
-                              : replay_command("CHORUS_SIM_REPLAY=" + report.replay_token);
+  if (seeded) {
+    report.replay_command = replay_command("CHORUS_SIM_SEED=" + std::to_string(report.seed));
+  } else if (!report.replay_token.empty()) {
+    report.replay_command = replay_command("CHORUS_SIM_REPLAY=" + report.replay_token);
+  } else {
+    report.replay_command =
+        "(none: the run made more choices than SimOptions::choices_record_max, so they were not "
+        "kept; raise it to get a replay token)";
+  }
   if (!report.ok() && effective.print_failures) {
     std::fprintf(stderr, "%s", report.to_string().c_str());
     std::fflush(stderr);

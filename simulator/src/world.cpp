@@ -1564,7 +1564,9 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
     return firing;
   }
   const RandomFaults& random = options_.random_faults;
-  // One choice among kMillion: [0, quiet) is no fault, so choice 0 (a shrunk list's) is none.
+  // One choice among kMillion: 1..total is a fault (by kind, in the order of `kinds`), 0 and
+  // above total none. Choice 0 (a shrunk list's) is so no fault, and the small indices a
+  // generated list starts with reach faults (sim::gen_choices).
   constexpr std::uint64_t kMillion = 1'000'000;
   const std::uint64_t ppm[] = {random.crash_ppm, random.transport_error_ppm, random.hang_ppm,
                                random.delay_ppm};
@@ -1576,10 +1578,10 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
   }
   CHORUS_CHECK_LE(total, kMillion);  // checked by sim::simulate
   const std::uint64_t choice = stream_.choose(kMillion);
-  if (choice < kMillion - total) {
+  if (choice == 0 || choice > total) {
     return firing;
   }
-  std::uint64_t offset = choice - (kMillion - total);
+  std::uint64_t offset = choice - 1;
   for (std::size_t k = 0; k < std::size(kinds); ++k) {
     if (offset < ppm[k]) {
       Fault fault{kinds[k], rank, op_index, 0};

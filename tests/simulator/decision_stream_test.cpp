@@ -66,6 +66,20 @@ TEST(DecisionStream, BytesSourceReadsOneByteForSmallChoicesThenFallsBackToAPrng)
   EXPECT_EQ(again.choose(4), after);
 }
 
+// Once a choice finds too few bytes left, the bytes are done: the 1-byte choices after it are
+// the PRNG's too, not the leftover bytes.
+TEST(DecisionStream, BytesSourceLeftoverBytesAreNotReadAfterTheFallback) {
+  const std::vector<std::uint8_t> bytes = {7, 6, 5, 4};
+  DecisionStream stream(bytes_source(bytes), Strategy::RandomWalk, 2, 0, 0, false);
+  (void)stream.choose(1000);  // needs 8 bytes
+  EXPECT_TRUE(stream.exhausted());
+  std::vector<std::uint64_t> after;
+  for (int i = 0; i < 4; ++i) {
+    after.push_back(stream.choose(256));
+  }
+  EXPECT_NE(after, (std::vector<std::uint64_t>{7, 6, 5, 4}));
+}
+
 TEST(PctPicker, DepthOneRunsTheHighestPriorityRankWhileItIsRunnable) {
   PctPicker pct(1, 100, Rng(7));
   const std::vector<Decision> all = ranks({0, 1, 2, 3});
@@ -293,6 +307,22 @@ TEST(ShrinkChoices, StopsAtTheAttemptBudget) {
   const ShrinkOutcome outcome = shrink_choices(std::vector<std::uint64_t>(64, 9), fails, 10);
   EXPECT_EQ(outcome.attempts, 10u);
   EXPECT_EQ(calls, 10u);
+}
+
+// A spent budget stops the loops too, not only the attempts: a list of 2^20 choices (as many as
+// a replay token keeps) used to be copied once per window and per index after the last attempt,
+// ~3 * 2^40 element copies. Returning at all is the check.
+TEST(ShrinkChoices, AListAsLongAsATokenKeepsReturnsOnceTheBudgetIsSpent) {
+  std::size_t calls = 0;
+  const auto passes = [&](const std::vector<std::uint64_t>& /*choices*/) {
+    ++calls;
+    return false;
+  };
+  const ShrinkOutcome outcome =
+      shrink_choices(std::vector<std::uint64_t>(std::size_t{1} << 20, 5), passes, 3);
+  EXPECT_EQ(outcome.attempts, 3u);
+  EXPECT_EQ(calls, 3u);
+  EXPECT_EQ(outcome.choices.size(), std::size_t{1} << 20);
 }
 
 }  // namespace

@@ -373,6 +373,24 @@ TEST(SimFailure, ReplayingTheSeedReproducesTheFailureExactly) {
             std::string::npos);
 }
 
+// A run driven by a choice list that made more choices than it keeps has no token, and its
+// seed would replay another run: the report offers no command rather than a wrong one.
+TEST(SimFailure, AListDrivenRunTooLongForAReplayTokenOffersNoReplayCommand) {
+  SimOptions options = quiet(2, 5);
+  options.choices = std::vector<std::uint64_t>{1, 0, 1};
+  options.choices_record_max = 2;
+  const SimReport report = sim::simulate(options, [] {
+    for (int i = 0; i < 3; ++i) {
+      (void)all_reduce(bytes(rank() + 1), "sum", world()).to_vector<std::uint8_t>();
+    }
+  });
+  EXPECT_TRUE(report.replay_token.empty());
+  EXPECT_EQ(report.replay_command.find("CHORUS_SIM_SEED"), std::string::npos)
+      << report.replay_command;
+  EXPECT_NE(report.replay_command.find("choices_record_max"), std::string::npos)
+      << report.replay_command;
+}
+
 TEST(SimFailure, ADroppedWorkThatFailsIsRaisedAtTheRanksNextCall) {
   std::vector<Outcome> outcomes = run_catching(2, [] {
     // Rank 0 drops a mismatched collective; completing it fails in the destructor, which

@@ -156,6 +156,46 @@ TEST(ScheduleProperties, GeneratedIndicesReachEveryOptionOfEightRunnableRanksAnd
   EXPECT_LE(largest, sim::kGeneratedChoiceIndexMax);
 }
 
+// Random faults are one choice among a million, firing on indices 1 to the kinds' total ppm:
+// generated lists reach them (their indices used to stay below 2048, where the fault range
+// began at 10^6 - total, so check_schedules tested without faults), and every kind in turn.
+TEST(ScheduleProperties, CheckSchedulesWithRandomFaultsInjectsThem) {
+  SimOptions options = testing::quiet_options(2);
+  options.random_faults.crash_ppm = 500'000;
+  const auto eight_all_reduces = [] {
+    for (int i = 0; i < 8; ++i) {
+      (void)all_reduce(Tensor::ones({4}), "sum", world()).to_vector<float>();
+    }
+  };
+  const sim::ScheduleCheck check =
+      sim::check_schedules(options, eight_all_reduces, 100, kRapidCheckSeed);
+  ASSERT_FALSE(check.passed);
+  SimOptions replay = testing::quiet_options(2);
+  replay.random_faults = options.random_faults;
+  replay.replay = check.replay_token;
+  const SimReport replayed = sim::simulate(replay, eight_all_reduces);
+  EXPECT_FALSE(replayed.ok());
+  EXPECT_EQ(replayed.mark_count("fault.random"), 1u);
+  EXPECT_EQ(replayed.mark_count("fault.crash"), 1u);
+
+  // The second kind's range starts half a million up: lists generated for faults reach it.
+  SimOptions both = testing::quiet_options(2);
+  both.random_faults.crash_ppm = 500'000;
+  both.random_faults.transport_error_ppm = 500'000;
+  const rc::Gen<std::vector<std::uint64_t>> gen =
+      sim::gen_choices(sim::kGeneratedChoiceLengthMax, sim::kGeneratedFaultChoiceIndexMax);
+  std::uint64_t crashes = 0;
+  std::uint64_t transport_errors = 0;
+  for (std::uint64_t seed = 0; seed < 40; ++seed) {
+    both.choices = gen(rc::Random(seed), 100).value();
+    const SimReport report = sim::simulate(both, eight_all_reduces);
+    crashes += report.mark_count("fault.crash");
+    transport_errors += report.mark_count("fault.transport_error");
+  }
+  EXPECT_GT(crashes, 0u);
+  EXPECT_GT(transport_errors, 0u);
+}
+
 TEST(ScheduleProperties, CheckSchedulesPassesACorrectProgram) {
   const sim::ScheduleCheck check =
       sim::check_schedules(correct_program_options(), correct_program, 100, kRapidCheckSeed);

@@ -311,6 +311,18 @@ TEST(SimScheduler, SeedFromEnvironmentOverridesTheOption) {
   EXPECT_NE(report.replay_command.find("CHORUS_SIM_SEED=4242"), std::string::npos);
 }
 
+// The seed is decimal: a zero-padded seed is the same seed, and hexadecimal is refused.
+TEST(SimScheduler, SeedFromEnvironmentIsDecimal) {
+  SimOptions options = quiet(2, 1);
+  options.seed_from_environment = true;
+  ::setenv("CHORUS_SIM_SEED", "010", 1);
+  const std::uint64_t padded = sim::resolved_seed(options);
+  ::setenv("CHORUS_SIM_SEED", "0x10", 1);
+  EXPECT_THROW((void)sim::resolved_seed(options), InvalidArgument);
+  ::unsetenv("CHORUS_SIM_SEED");
+  EXPECT_EQ(padded, 10u);
+}
+
 // What a program prints before its run ends is the seed the run uses (SimReport::seed).
 TEST(SimScheduler, ResolvedSeedIsTheSeedTheRunUses) {
   SimOptions options = quiet(2, 7);

@@ -34,11 +34,21 @@ namespace chorus::sim {
 // runnable ranks hid every completion behind them.) Shrinking still moves each index towards 0.
 inline constexpr std::uint64_t kGeneratedChoiceIndexMax = 2 * kMaxWorldSize - 1;
 
+// With random faults (SimOptions::random_faults), check_schedules generates indices up to
+// kGeneratedFaultChoiceIndexMax instead: a random fault is one choice among a million, firing on
+// indices 1 to the kinds' total ppm, so every kind is reachable (with indices below 2048 a
+// kind whose ppm range starts higher never fired). A scheduling decision's options then differ
+// in probability by at most 2 * kMaxWorldSize / 10^6.
+inline constexpr std::uint64_t kGeneratedFaultChoiceIndexMax = 999'999;
+
+// gen_choices' default list length.
+inline constexpr std::size_t kGeneratedChoiceLengthMax = 1024;
+
 // Choice lists for SimOptions::choices, as a Recorded source reads them (past the end of the list
 // every choice is 0): lengths grow with RapidCheck's size up to `length_max`, indices lie in
 // [0, index_max]. Shrinks towards shorter lists and smaller indices, i.e. towards the schedule of
 // all 0 choices (always the first runnable rank, the first ready collective).
-rc::Gen<std::vector<std::uint64_t>> gen_choices(std::size_t length_max = 1024,
+rc::Gen<std::vector<std::uint64_t>> gen_choices(std::size_t length_max = kGeneratedChoiceLengthMax,
                                                 std::uint64_t index_max = kGeneratedChoiceIndexMax);
 
 // Runs `rank_main` under `choices` (options.choices replaced; nothing printed; CHORUS_SIM_SEED
@@ -56,14 +66,17 @@ struct ScheduleCheck {
   bool passed = true;        // every generated schedule ran without a rank error
   int schedules_passed = 0;  // schedules that passed before the first failure (or all of them)
   // On a failure, after RapidCheck's shrinking:
-  std::vector<std::uint64_t> choices;  // the minimal choice list found (later choices 0)
-  std::string replay_token;            // replays that run (SimOptions::replay, CHORUS_SIM_REPLAY)
-  std::string message;                 // RapidCheck's report: the errors, token and timeline
+  // The minimal choice list found, as the run made its choices: each index within its range,
+  // trailing zeros dropped (later choices 0).
+  std::vector<std::uint64_t> choices;
+  std::string replay_token;  // replays that run (SimOptions::replay, CHORUS_SIM_REPLAY)
+  std::string message;       // RapidCheck's report: the errors, token and timeline
 };
 
 // Checks `rank_main` (with `options`) under `schedules` choice lists that RapidCheck generates
 // from `rapidcheck_seed` (so the check is deterministic whatever RC_PARAMS says), shrinking the
-// first failing list. With CHORUS_SIM_REPLAY set (and options.seed_from_environment), it runs
+// first failing list (with random faults enabled, indices up to kGeneratedFaultChoiceIndexMax).
+// With CHORUS_SIM_REPLAY set (and options.seed_from_environment), it runs
 // that token once instead and reports it (`choices` stays empty). The program runs
 // once per schedule and per shrinking step, so any state it keeps across runs must be reset per
 // run. Blocks; not reentrant from inside a rank.
