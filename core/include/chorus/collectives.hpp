@@ -109,6 +109,10 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
                       std::string_view tag = "", CallSite site = CallSite::current());
 
 // In-place forms: they return after the caller's tensor holds the result (they wait).
+// They wait only for collectives that write the destination: an earlier collective still
+// reading it as its input (issued, not yet waited) races with the write, as a write on the
+// compute stream races with an NCCL kernel reading the tensor. Wait for that collective first;
+// the simulator reports the race as InputModified on the schedules where it happens.
 // all_reduce_inplace reduces a contiguous tensor truly in place (one buffer is send and
 // receive, as NCCL allows) when the calling rank made its storage; a strided one, or one whose
 // storage another rank (or code outside the ranks) made, is staged and copied back.
