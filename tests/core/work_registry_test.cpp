@@ -491,6 +491,47 @@ TEST(WorkRegistry, AnExplicitWaitFinishesItsOwnWorkBeforeRaisingAFailedDrop) {
   }
 }
 
+// Two dropped results whose collectives failed: each failure is raised once, in the order
+// recorded, one per call (the later one used to be discarded with the first).
+TEST(WorkRegistry, EveryFailedDropIsRaisedOnceInTurn) {
+  FakeRank rank;
+  {
+    Tensor first = all_reduce(iota(2), "sum", {0});
+    rank.transport().last_work()->fail(make_error(
+        ErrorCode::TransportError, ErrorContext{0, "all_reduce", 0, "[0]"}, "link down"));
+    Tensor second = all_reduce(iota(2), "sum", {0});
+    rank.transport().last_work()->fail(
+        make_error(ErrorCode::RankFailure, ErrorContext{0, "all_reduce", 1, "[0]"}, "peer died"));
+  }
+  // In the order recorded: `second` is destroyed, and its failure recorded, first.
+  EXPECT_THROW(all_reduce(iota(2), "sum", {0}), RankFailure);
+  EXPECT_THROW(all_reduce(iota(2), "sum", {0}), TransportError);
+  Tensor next = all_reduce(iota(2), "sum", {0});  // nothing left to raise
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
+}
+
+// The one left unraised when the rank ends is its error at exit.
+TEST(WorkRegistry, AFailedDropLeftUnraisedIsTheRanksErrorAtExit) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  {
+    ScopedRankBinding binding(&context);
+    {
+      Tensor first = all_reduce(iota(2), "sum", {0});
+      transport->last_work()->fail(make_error(
+          ErrorCode::TransportError, ErrorContext{0, "all_reduce", 0, "[0]"}, "link down"));
+      Tensor second = all_reduce(iota(2), "sum", {0});
+      transport->last_work()->fail(
+          make_error(ErrorCode::RankFailure, ErrorContext{0, "all_reduce", 1, "[0]"}, "peer died"));
+    }
+    EXPECT_THROW((void)wait_tensors({}), RankFailure);  // `second`'s, recorded first
+  }
+  const RankContext::Summary summary = context.finish();
+  ASSERT_NE(summary.error, nullptr);
+  EXPECT_THROW(std::rethrow_exception(summary.error), TransportError);
+}
+
 TEST(WorkRegistry, FailedDeferredDropIsTheRanksErrorAtExit) {
   auto transport = std::make_shared<FakeTransport>();
   RankContext context(transport);

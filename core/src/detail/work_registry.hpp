@@ -209,7 +209,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // setting. Works completed at exit are recorded either way.
   bool list_drops(bool on) noexcept;
   // The first error recorded while completing a dropped work that has not been raised yet;
-  // null if none. Each error is handed out once.
+  // null if none. Each error is handed out once, in the order recorded; later ones wait for
+  // later calls.
   std::exception_ptr take_deferred_error();
 
  private:
