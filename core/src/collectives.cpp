@@ -395,6 +395,39 @@ Buffer buffer_of(const Tensor& contiguous) {
                 wire != dtype ? std::optional<DType>(dtype) : std::nullopt};
 }
 
+// Note [Layout digest]
+// Ranks must agree on more than element counts: an all_reduce of a [6] tensor against a [2, 3]
+// one, an all_gather_tensor of [2, 3] against [3, 2] along dim 1, or a reduce_scatter_tensor of
+// [2, 2] along dim 0 against dim 1 move the same counts, and the transport would complete them
+// with results laid out wrong (DESIGN: a shape mismatch is a CollectiveMismatch). So core digests
+// what ranks must agree on about the API-level input (its sizes, and the op's gather/scatter dim
+// normalised to [0, ndim), or -1) into Buffer::layout of the send buffer, which every transport's
+// signatures compare. all_to_all_single's dim 0 legitimately differs (uneven splits): its digest
+// leaves dim 0 out (the split counts are checked pairwise). A digest is computed with no
+// allocation: FNV-1a over a handful of integers. Never 0, which means "not set".
+std::uint64_t layout_digest(std::span<const std::int64_t> sizes, std::int64_t dim) noexcept {
+  std::uint64_t digest = 14695981039346656037ULL;
+  const auto mix = [&digest](std::uint64_t value) {
+    for (int shift = 0; shift < 64; shift += 8) {
+      digest ^= (value >> shift) & 0xFFU;
+      digest *= 1099511628211ULL;
+    }
+  };
+  mix(static_cast<std::uint64_t>(sizes.size()));
+  for (const std::int64_t size : sizes) {
+    mix(static_cast<std::uint64_t>(size));
+  }
+  mix(static_cast<std::uint64_t>(dim));
+  return digest != 0 ? digest : 1;
+}
+
+// `buffer` with the layout digest of `sizes` and `dim` (Note [Layout digest]).
+Buffer with_layout(Buffer buffer, std::span<const std::int64_t> sizes,
+                   std::int64_t dim = -1) noexcept {
+  buffer.layout = layout_digest(sizes, dim);
+  return buffer;
+}
+
 // A contiguous buffer holding `input`'s elements (the input itself when already contiguous).
 // Note [Bool bytes]
 // A Bool tensor made by from_blob or DLPack may hold bytes other than 0 and 1 (any nonzero byte
@@ -568,7 +601,7 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
   if (call.meta()) {
     return meta_output(call, input.sizes(), input.dtype());
   }
-  Buffer send = input_buffer(input);
+  Buffer send = with_layout(input_buffer(input), input.sizes());
   auto [output, recv] = new_output(call, input.sizes(), input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(
@@ -584,7 +617,7 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   if (rearranges) {
     call.require_host("all_gather along dim " + std::to_string(rule.dim));
   }
-  Buffer send = input_buffer(input);
+  Buffer send = with_layout(input_buffer(input), input.sizes(), rule.dim);
   auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
   if (!rearranges) {
     transport::Comm& comm = call.start();
@@ -612,6 +645,7 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
   // which copies `input` (its shape and strides vectors) on every call.
   Buffer send = rule.dim == 0 ? input_buffer(input)
                               : input_buffer(scatter_staging(input, rule.dim, call.group_size()));
+  send.layout = layout_digest(input.sizes(), rule.dim);
   auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(
@@ -736,7 +770,8 @@ std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, Redu
   } else if (!inputs.empty()) {  // nothing to communicate otherwise; the group was validated
     Batch batch;
     for (const Tensor& input : inputs) {
-      batch.add(call, input_buffer(input), input.sizes(), input.dtype(), input.device());
+      batch.add(call, with_layout(input_buffer(input), input.sizes()), input.sizes(), input.dtype(),
+                input.device());
     }
     outputs = batch.issue(
         call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv, DType dtype) {
@@ -768,7 +803,8 @@ std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& 
   } else if (!inputs.empty()) {
     Batch batch;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      batch.add(call, input_buffer(inputs[i]), shapes[i], inputs[i].dtype(), inputs[i].device());
+      batch.add(call, with_layout(input_buffer(inputs[i]), inputs[i].sizes(), 0), shapes[i],
+                inputs[i].dtype(), inputs[i].device());
     }
     outputs = batch.issue(
         call, [&](transport::Comm& comm, const Buffer& send, const Buffer& recv, DType /*dtype*/) {
@@ -815,8 +851,9 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
       const Tensor& input = inputs[i];
       const std::int64_t dim = rules[i].dim;
       batch.add(call,
-                dim == 0 ? input_buffer(input)
-                         : input_buffer(scatter_staging(input, dim, call.group_size())),
+                with_layout(dim == 0 ? input_buffer(input)
+                                     : input_buffer(scatter_staging(input, dim, call.group_size())),
+                            input.sizes(), dim),
                 rules[i].shape, input.dtype(), input.device());
     }
     outputs = batch.issue(
@@ -854,7 +891,8 @@ Tensor all_to_all_single(const Tensor& input,
         wire_counts(input_split_sizes, input.size(0), size, row, input.dtype());
     const std::vector<std::size_t> recv_counts =
         wire_counts(output_split_sizes, input.size(0), size, row, input.dtype());
-    Buffer send = input_buffer(input);
+    // Dim 0 differs between ranks by design (Note [Layout digest]).
+    Buffer send = with_layout(input_buffer(input), std::span(input.sizes()).subspan(1));
     auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
     transport::Comm& comm = call.start();
@@ -881,7 +919,7 @@ Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::stri
     auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
     // Only the root's input is read (and so waited for); elsewhere send is a stand-in.
-    Buffer send = call.group_rank() == src ? input_buffer(input) : recv;
+    Buffer send = with_layout(call.group_rank() == src ? input_buffer(input) : recv, input.sizes());
     transport::Comm& comm = call.start();
     call.register_work(comm.broadcast(send, recv, src, call.info()), output);
   }
@@ -902,7 +940,7 @@ Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec&
   if (call.meta()) {
     output = meta_output(call, rule.shape, input.dtype());
   } else {
-    Buffer send = input_buffer(input);
+    Buffer send = with_layout(input_buffer(input), input.sizes());
     // The transport writes the root's output only; the others hold zeros.
     output = allocate_output(call, rule.shape, input.dtype(), input.device(), [&] {
       return call.group_rank() == dst ? Tensor::empty(rule.shape, input.dtype(), input.device())
@@ -948,7 +986,7 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
     if (const int dst = src_dst[static_cast<std::size_t>(me)]; dst >= 0) {
       send_counts[static_cast<std::size_t>(dst)] = elements;
     }
-    Buffer send = input_buffer(input);
+    Buffer send = with_layout(input_buffer(input), input.sizes());
     if (std::all_of(send_counts.begin(), send_counts.end(),
                     [](std::size_t count) { return count == 0; })) {
       send.count = 0;
@@ -988,7 +1026,7 @@ Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& 
       if (tensor.dtype() == DType::Bool && tensor.device().is_cpu()) {
         canonicalize_bool_bytes(tensor);  // the result overwrites it (Note [Bool bytes])
       }
-      Buffer buffer = buffer_of(tensor);
+      const Buffer buffer = with_layout(buffer_of(tensor), tensor.sizes());
       transport::Comm& comm = call.start();
       call.register_work(
           comm.all_reduce(buffer, buffer, wire_reduce_op(tensor.dtype(), reduce_op), call.info()),

@@ -433,6 +433,10 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
              << issued(reference->op_name, reference->work->fingerprint()) << " at "
              << reference->site.to_string() << "; rank " << rank << " issued "
              << issued(std::string(info.name), fingerprint) << " at " << info.site.to_string();
+      if (reference->op_name == info.name &&
+          reference->work->fingerprint().differs_only_in_layout(fingerprint)) {
+        detail << transport::kLayoutMismatchNote;  // the signatures print alike
+      }
       fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
       abort_group(group, info.seq + 1,
                   "operation #" + std::to_string(info.seq) + " was a collective mismatch");

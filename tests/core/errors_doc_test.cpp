@@ -1917,6 +1917,98 @@ TEST(ErrorsDocCrossRank, MismatchShape) {
       "all_reduce(UInt8, send=5, recv=5, sum)");
 }
 
+// What a mismatch message adds when only the tensors' shapes or dims differ: the signatures
+// print alike (Note [Layout digest] in core).
+constexpr const char* kErrdocLayoutNote = " (their tensors' shapes or gather/scatter dims differ)";
+
+// The element counts agree, the shapes do not: each would complete with a result laid out
+// wrong, so each is a CollectiveMismatch on every rank.
+TEST(ErrorsDocCrossRank, MismatchShapeSameCount) {
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = Tensor::ones(r == 1 ? Shape{2, 3} : Shape{6}, DType::UInt8);
+        (void)all_reduce(input, "sum", world()).to_vector<std::uint8_t>();
+      },
+      "all_reduce", "all_reduce(UInt8, send=6, recv=6, sum) at ", kErrdocLayoutNote);
+  // [2, 3] against [3, 2] along dim 1: rank 1's block would be read as a [2, 3] one.
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = Tensor::ones(r == 1 ? Shape{3, 2} : Shape{2, 3}, DType::UInt8);
+        (void)all_gather_tensor(input, 1, world()).to_vector<std::uint8_t>();
+      },
+      "all_gather_tensor", "all_gather_tensor all_gather(UInt8, send=6, recv=18) at ",
+      kErrdocLayoutNote);
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = Tensor::ones(r == 1 ? Shape{3, 1, 2} : Shape{3, 2}, DType::UInt8);
+        (void)broadcast(input, 0, world()).to_vector<std::uint8_t>();
+      },
+      "broadcast", "broadcast(UInt8, send=6, recv=6, root=0) at ", kErrdocLayoutNote);
+  // all_to_all_single's dim 0 may differ (uneven splits), its rows may not: [3, 2] against
+  // [6, 1] send 2 elements to each rank either way.
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = Tensor::ones(r == 1 ? Shape{6, 1} : Shape{3, 2}, DType::UInt8);
+        (void)wait_tensor(all_to_all_single(input, std::nullopt, std::nullopt, world()));
+      },
+      "all_to_all_single", "all_to_all(UInt8, send=6, recv=6) at ", kErrdocLayoutNote);
+  // In a coalesced batch, one op's shape is enough.
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const std::vector<Tensor> inputs = {
+            Tensor::ones({2}, DType::UInt8),
+            Tensor::ones(r == 1 ? Shape{2, 2} : Shape{4}, DType::UInt8)};
+        (void)wait_tensors(all_reduce_coalesced(inputs, "sum", world()));
+      },
+      "all_reduce_coalesced", "all_reduce(UInt8, send=4, recv=4, sum)]", kErrdocLayoutNote);
+}
+
+TEST(ErrorsDocCrossRank, MismatchScatterDim) {
+  // [3, 3] along dim 0 against dim 1: the same counts, different blocks.
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = Tensor::ones({3, 3}, DType::UInt8);
+        (void)reduce_scatter_tensor(input, "sum", r == 1 ? 1 : 0, world())
+            .to_vector<std::uint8_t>();
+      },
+      "reduce_scatter_tensor",
+      "reduce_scatter_tensor reduce_scatter(UInt8, send=9, recv=3, sum) at ", kErrdocLayoutNote);
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const std::vector<Tensor> inputs = {Tensor::ones({3, 3}, DType::UInt8)};
+        (void)wait_tensors(
+            reduce_scatter_tensor_coalesced(inputs, "sum", {r == 1 ? 1 : 0}, world()));
+      },
+      "reduce_scatter_tensor_coalesced", "reduce_scatter(UInt8, send=9, recv=3, sum) at ",
+      kErrdocLayoutNote);
+}
+
+TEST(ErrorsDocCrossRank, MismatchGatherDim) {
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        (void)all_gather_tensor(Tensor::ones({2, 2}, DType::UInt8), r == 1 ? 1 : 0, world())
+            .to_vector<std::uint8_t>();
+      },
+      "all_gather_tensor", "all_gather_tensor all_gather(UInt8, send=4, recv=12) at ",
+      kErrdocLayoutNote);
+}
+
+// What ranks compare is the normalised dim: -1 and 1 of a 2-d tensor agree.
+TEST(ErrorsDocCrossRank, NegativeAndPositiveDimsAgree) {
+  const std::vector<CaughtError> outcomes = run_catching(3, [] {
+    const Tensor input =
+        Tensor::from_vector(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}, Shape{2, 3});
+    const Tensor gathered = all_gather_tensor(input, rank() == 1 ? -1 : 1, world());
+    EXPECT_EQ(gathered.sizes(), (Shape{2, 9}));
+    const Tensor scattered = reduce_scatter_tensor(Tensor::ones({3, 3}, DType::Int64), "sum",
+                                                   rank() == 2 ? -1 : 1, world());
+    EXPECT_EQ(scattered.to_vector<std::int64_t>(), (std::vector<std::int64_t>{3, 3, 3}));
+  });
+  for (const CaughtError& outcome : outcomes) {
+    EXPECT_FALSE(outcome.code.has_value()) << outcome.what;
+  }
+}
+
 TEST(ErrorsDocCrossRank, MismatchReduceOp) {
   errdoc_expect_field_mismatch(
       [](int r) {

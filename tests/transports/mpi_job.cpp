@@ -729,6 +729,15 @@ void dtype_mismatch() {
   throw std::runtime_error("the mismatched all_reduce completed");
 }
 
+// A [2, 2] tensor against a [4] one: equal counts, different shapes (Note [Layout digest] in
+// core), caught by the signed small messages and by --check-collectives.
+void shape_mismatch() {
+  const chorus::Tensor input = chorus::Tensor::from_vector(
+      std::vector<float>{1, 2, 3, 4}, chorus::rank() == 0 ? chorus::Shape{2, 2} : chorus::Shape{4});
+  (void)chorus::wait_tensor(chorus::all_reduce(input, "sum", chorus::world()));
+  throw std::runtime_error("the mismatched all_reduce completed");
+}
+
 // Rank 0 sends itself two elements but expects one from itself: InvalidArgument before anything
 // is posted (the peers' counts agree with each other, so only rank 0 can tell), or with
 // --check-collectives a CollectiveMismatch from the pairwise comparison on every member.
@@ -841,6 +850,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "dtype_mismatch") {
     return chorus::run(options, dtype_mismatch);
+  }
+  if (mode == "shape_mismatch") {
+    return chorus::run(options, shape_mismatch);
   }
   if (mode == "group_order") {
     return chorus::run(options, group_order);

@@ -680,6 +680,24 @@ TEST(NcclCollectiveCheck, DescriptionsNameTheOpsAndLeaveOutAllToAllCounts) {
             "all_reduce all_reduce(Complex64 as Float32, send=4, recv=4, sum)");
 }
 
+// Note [Layout digest] in core: equal counts in another shape or along another dim describe
+// differently; all_to_all's digest (of its rows) is kept although its counts are left out.
+TEST(NcclCollectiveCheck, DescriptionsCarryTheLayoutDigest) {
+  using transport::OpKind;
+  using transport::OpSignature;
+  const OpSignature flat{OpKind::AllReduce, DType::Float32,       6, 6, ReduceOp::Kind::Sum, -1,
+                         std::nullopt,      0x1111222233334444ULL};
+  OpSignature square = flat;
+  square.layout = 0x5555666677778888ULL;
+  EXPECT_EQ(check_description("all_reduce", {flat}),
+            "all_reduce all_reduce(Float32, send=6, recv=6, sum) [shapes/dims 33334444]");
+  EXPECT_NE(check_description("all_reduce", {flat}), check_description("all_reduce", {square}));
+  OpSignature rows{OpKind::AllToAll, DType::Int64, 3, 5, ReduceOp::Kind::Sum, -1,
+                   std::nullopt,     0xabcULL};
+  EXPECT_EQ(check_description("all_to_all_single", {rows}),
+            "all_to_all_single all_to_all(Int64) [shapes/dims 00000abc]");
+}
+
 // Runs check_collective for operation `seq` of the group `members` (global ranks), each member
 // a thread with its own client; a member with an empty description never arrives. Returns each
 // member's error text ("" when it agreed).

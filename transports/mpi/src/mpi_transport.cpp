@@ -116,6 +116,7 @@ struct WireOp {
   std::uint64_t send_count = 0;
   std::uint64_t recv_count = 0;
   std::uint64_t factor_bits = 0;
+  std::uint64_t layout = 0;  // OpSignature::layout (Note [Layout digest] in core)
   std::int32_t root = -1;
   std::uint8_t kind = 0;
   std::uint8_t dtype = 0;
@@ -126,6 +127,7 @@ struct WireOp {
     return WireOp{op.send_count,
                   op.recv_count,
                   std::bit_cast<std::uint64_t>(op.reduce_op.premul_factor()),
+                  op.layout,
                   op.root,
                   static_cast<std::uint8_t>(op.kind),
                   static_cast<std::uint8_t>(op.dtype),
@@ -146,11 +148,12 @@ struct WireOp {
                        root,
                        lowered_from == 0
                            ? std::nullopt
-                           : std::optional<DType>(static_cast<DType>(lowered_from - 1))};
+                           : std::optional<DType>(static_cast<DType>(lowered_from - 1)),
+                       layout};
   }
 };
 static_assert(std::is_trivially_copyable_v<WireOp>);
-static_assert(sizeof(WireOp) == 32);
+static_assert(sizeof(WireOp) == 40);
 
 // What a signed message carries after its block: the operation and who sent it (world rank).
 struct MessageSignature {
@@ -740,6 +743,7 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
               "ranks disagree on operation #" + std::to_string(context.seq) + ": rank " +
                   std::to_string(wire.sender) + " issued " + theirs.to_string() + ", this rank " +
                   mine.to_string() +
+                  (theirs.differs_only_in_layout(mine) ? transport::kLayoutMismatchNote : "") +
                   " (found by the small direct exchange; --check-collectives compares every "
                   "operation before anything is sent)");
         }
@@ -1085,7 +1089,7 @@ struct WireSignature {
   char name[44] = {};  // NUL-terminated, cut to fit
 };
 static_assert(std::is_trivially_copyable_v<WireSignature>);
-static_assert(sizeof(WireSignature) == 96);
+static_assert(sizeof(WireSignature) == 104);
 
 WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& info) {
   CHORUS_CHECK(!signatures.empty());
@@ -1111,6 +1115,7 @@ WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& 
     mix(encoded.kind);
     mix(encoded.dtype);
     mix(encoded.lowered_from);
+    mix(encoded.layout);  // all_to_all's too: it leaves out dim 0 (Note [Layout digest])
     if (op.kind != OpKind::AllToAll) {
       mix(encoded.send_count);
       mix(encoded.recv_count);
@@ -1125,6 +1130,14 @@ WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& 
 
 bool same_operation(const WireSignature& a, const WireSignature& b) {
   return a.seq == b.seq && a.digest == b.digest && a.ops == b.ops;
+}
+
+// Whether two descriptions that are not the same operation read alike because their single ops
+// differ only in layout digests (a batch's digest may differ in an op the message leaves out).
+bool layout_only(const WireSignature& a, const WireSignature& b) {
+  return a.seq == b.seq && a.ops == 1 && b.ops == 1 &&
+         std::string_view(a.name) == std::string_view(b.name) &&
+         a.first.signature().differs_only_in_layout(b.first.signature());
 }
 
 // "all_reduce(Float32, send=4, recv=4, sum)", "all_reduce_coalesced [2 ops, the first
@@ -1203,7 +1216,8 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
               (((*wires)[i].seq != info.seq)
                    ? " as its operation #" + std::to_string((*wires)[i].seq)
                    : "") +
-              "; rank " + std::to_string(process_->rank()) + " issued " + describe((*wires)[n]));
+              "; rank " + std::to_string(process_->rank()) + " issued " + describe((*wires)[n]) +
+              (layout_only((*wires)[i], (*wires)[n]) ? transport::kLayoutMismatchNote : ""));
     }
   }
   if (send_counts == nullptr) {

@@ -198,6 +198,11 @@ std::string check_description(std::string_view name,
     } else {
       out += ops[i].to_string();
     }
+    if (ops[i].layout != 0) {
+      // Note [Layout digest] in core: ranks must agree on shapes and dims, not only counts (an
+      // all_to_all's digest leaves out dim 0).
+      out += " [shapes/dims " + ops[i].layout_text() + "]";
+    }
     if (ops[i].reduce_op.kind() == ReduceOp::Kind::PremulSum) {
       // to_string prints the factor to 6 digits; ranks must agree on every bit of it.
       std::uint64_t bits = 0;

@@ -89,6 +89,12 @@ struct Buffer {
   // too, so a rank passing n Complex64 elements where a peer passes 2n Float32 ones is a
   // mismatch although the bytes moved would agree.
   std::optional<DType> lowered_from;
+  // A digest of the API-level layout core passed: the input tensor's sizes and the op's
+  // gather/scatter dim (Note [Layout digest] in core). 0: not set (a transport's own buffers,
+  // tests that build buffers by hand). Transports compare it like the dtype: ranks passing a
+  // [2, 3] and a [3, 2] tensor, or gathering along different dims, move the same element counts
+  // but disagree.
+  std::uint64_t layout = 0;
 
   std::size_t nbytes() const noexcept { return count * element_size(dtype); }
 };
@@ -138,12 +144,29 @@ struct OpSignature {
   ReduceOp reduce_op = ReduceOp::Kind::Sum;  // Sum for ops without a reduction
   int root = -1;
   std::optional<DType> lowered_from;  // Buffer::lowered_from of the send buffer
+  // Buffer::layout of the send buffer. Not printed by to_string(): a digest means nothing to a
+  // reader, so a mismatch message that differs only here says so instead (layout_note).
+  std::uint64_t layout = 0;
 
   // The signature of an operation on `send` and `recv`.
   static OpSignature of(OpKind kind, const Buffer& send, const Buffer& recv,
                         const ReduceOp& reduce_op, int root) {
-    return OpSignature{kind,      send.dtype, send.count,       recv.count,
-                       reduce_op, root,       send.lowered_from};
+    return OpSignature{kind,      send.dtype, send.count,        recv.count,
+                       reduce_op, root,       send.lowered_from, send.layout};
+  }
+
+  // "1a2b3c4d": the low 32 bits of the layout digest, in hex (enough to tell two apart in a
+  // message), or empty when it is not set.
+  std::string layout_text() const {
+    if (layout == 0) {
+      return {};
+    }
+    static constexpr char kDigits[] = "0123456789abcdef";
+    std::string out(8, '0');
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[out.size() - 1 - i] = kDigits[(layout >> (4 * i)) & 0xFU];
+    }
+    return out;
   }
 
   // "all_reduce(Float32, send=4, recv=4, sum)"; "all_reduce(Complex64 as Float32, send=4, ...)"
@@ -171,11 +194,26 @@ struct OpSignature {
   // Whether two ranks' signatures of the same operation agree.
   bool agrees_with(const OpSignature& other) const noexcept {
     if (kind == OpKind::AllToAll && other.kind == OpKind::AllToAll) {
-      return dtype == other.dtype && lowered_from == other.lowered_from;
+      return dtype == other.dtype && lowered_from == other.lowered_from && layout == other.layout;
     }
     return *this == other;
   }
+  // Whether the two disagree only in their layout digests, so their to_string()s agree as far as
+  // agrees_with() looks: a message should then say what differs.
+  bool differs_only_in_layout(const OpSignature& other) const noexcept {
+    if (layout == other.layout) {
+      return false;
+    }
+    OpSignature same_layout = other;
+    same_layout.layout = layout;
+    return agrees_with(same_layout);
+  }
 };
+
+// What a mismatch message adds when two ranks' signatures differ only in layout (their printed
+// signatures then read alike).
+inline constexpr char kLayoutMismatchNote[] =
+    " (their tensors' shapes or gather/scatter dims differ)";
 
 // Everything ranks must agree on for operation `seq` of communicator `comm_id`. A coalesced
 // batch has several signatures.
@@ -206,6 +244,21 @@ struct Fingerprint {
       }
     }
     return true;
+  }
+  // Whether the two disagree, but only in layout digests (OpSignature::differs_only_in_layout).
+  bool differs_only_in_layout(const Fingerprint& other) const noexcept {
+    if (ops.size() != other.ops.size()) {
+      return false;
+    }
+    bool differs = false;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].differs_only_in_layout(other.ops[i])) {
+        differs = true;
+      } else if (!ops[i].agrees_with(other.ops[i])) {
+        return false;
+      }
+    }
+    return differs;
   }
 };
 

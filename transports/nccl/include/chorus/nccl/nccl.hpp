@@ -152,8 +152,9 @@ std::vector<std::string> agree_through_store(store::Store& store, const StoreRou
 // With --check-collectives (NcclRunOptions::check_collectives) every operation (or coalesced
 // batch) starts only after the members of its communicator agreed through the store on it:
 // - its description (check_description: the op name and each op's kind, dtype, counts,
-//   reduction and root; all_to_all only its dtype, since uneven splits differ by design), the
-//   same text on every member; premul_sum's factor compared bit for bit;
+//   reduction and root; all_to_all only its dtype, since uneven splits differ by design; and
+//   the digest of the tensors' shapes and gather/scatter dims core set, "[shapes/dims 1a2b3c4d]"),
+//   the same text on every member; premul_sum's factor compared bit for bit;
 // - all_to_all's split sizes (SplitSizes), pairwise: what each member sends each member,
 //   itself included, is what that member expects from it. Every member publishes its own, so
 //   every member checks every pair and names the same first mismatch (the MPI transport's check
