@@ -570,8 +570,9 @@ std::exception_ptr WorkRegistry::take_deferred_error() {
   if (deferred_errors_.empty()) {
     return nullptr;
   }
-  // One at a time, in the order recorded: the others stay for the rank's next collectives or waits
-  // (or RankContext::finish), so no failure goes unraised.
+  // One at a time, in the order recorded: the others stay for the rank's next collectives or
+  // waits. At exit RankContext::finish takes the first of those left; any others are in the
+  // report only.
   std::exception_ptr first = deferred_errors_.front();
   deferred_errors_.erase(deferred_errors_.begin());
   has_deferred_errors_.store(!deferred_errors_.empty(), std::memory_order_relaxed);

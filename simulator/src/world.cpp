@@ -1568,9 +1568,10 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
     return firing;
   }
   const RandomFaults& random = options_.random_faults;
-  // One choice among kMillion: 1..total is a fault (by kind, in the order of `kinds`), 0 and
-  // above total none. Choice 0 (a shrunk list's) is so no fault, and the small indices a
-  // generated list starts with reach faults (sim::gen_choices).
+  // One choice among kMillion, read as offset (choice - 1) mod kMillion: an offset below total
+  // is a fault (by kind, in the order of `kinds`). Choices 1..total so fire, and choice 0 (a
+  // shrunk list's, or past a list's end) is offset 999'999: no fault unless the total is
+  // certainty. The small indices a generated list starts with reach faults (sim::gen_choices).
   constexpr std::uint64_t kMillion = 1'000'000;
   const std::uint64_t ppm[] = {random.crash_ppm, random.transport_error_ppm, random.hang_ppm,
                                random.delay_ppm};
@@ -1582,10 +1583,10 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
   }
   CHORUS_CHECK_LE(total, kMillion);  // checked by sim::simulate
   const std::uint64_t choice = stream_.choose(kMillion);
-  if (choice == 0 || choice > total) {
+  std::uint64_t offset = (choice + kMillion - 1) % kMillion;
+  if (offset >= total) {
     return firing;
   }
-  std::uint64_t offset = choice - 1;
   for (std::size_t k = 0; k < std::size(kinds); ++k) {
     if (offset < ppm[k]) {
       Fault fault{kinds[k], rank, op_index, 0};

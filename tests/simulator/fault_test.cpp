@@ -266,6 +266,23 @@ TEST_P(SimFault, CertainRandomCrashFiresAtTheFirstOperationAndReplaysAsAnExplici
   }
 }
 
+// Certainty holds for every choice, 0 included (an all-0 list: a shrunk one, or past a list's
+// end), and a total of a million reaches every kind's last part per million.
+TEST_P(SimFault, CertainRandomFaultsFireUnderAnAllZeroList) {
+  const int size = GetParam();
+  SimOptions options = options_for(size, 0, {});
+  options.random_faults.crash_ppm = 1'000'000;
+  options.choices = std::vector<std::uint64_t>{};
+  const FaultRun outcome = run_all_reduces(options, 2);
+  EXPECT_EQ(outcome.report.mark_count("fault.crash"), 1u);
+
+  SimOptions last_part = options_for(size, 0, {});
+  last_part.random_faults.crash_ppm = 999'999;
+  last_part.random_faults.delay_ppm = 1;
+  last_part.choices = std::vector<std::uint64_t>{};  // choice 0: the last offset
+  EXPECT_EQ(run_all_reduces(last_part, 2).report.mark_count("fault.delay"), 1u);
+}
+
 TEST_P(SimFault, LivenessViolationReportsTheStuckRanks) {
   // After a transport error every rank retries forever: each retry is Aborted at once, so the
   // program can never finish once the fault stopped.

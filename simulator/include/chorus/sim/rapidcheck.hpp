@@ -37,8 +37,9 @@ inline constexpr std::uint64_t kGeneratedChoiceIndexMax = 2 * kMaxWorldSize - 1;
 // With random faults (SimOptions::random_faults), check_schedules generates indices up to
 // kGeneratedFaultChoiceIndexMax instead: a random fault is one choice among a million, firing on
 // indices 1 to the kinds' total ppm, so every kind is reachable (with indices below 2048 a
-// kind whose ppm range starts higher never fired). A scheduling decision's options then differ
-// in probability by at most 2 * kMaxWorldSize / 10^6.
+// kind whose ppm range starts higher is never reached, and nearly every draw fires). A
+// scheduling decision's options then differ in probability by at most 2 * kMaxWorldSize / 10^6.
+// With check_schedule, pass that bound to gen_choices yourself when faults are on.
 inline constexpr std::uint64_t kGeneratedFaultChoiceIndexMax = 999'999;
 
 // gen_choices' default list length.
@@ -66,7 +67,8 @@ struct ScheduleCheck {
   bool passed = true;        // every generated schedule ran without a rank error
   int schedules_passed = 0;  // schedules that passed before the first failure (or all of them)
   // On a failure, after RapidCheck's shrinking:
-  // The minimal choice list found, as the run made its choices: each index within its range,
+  // The minimal choice list found, as the run made its choices: each index within its range
+  // (as generated, if the run kept no token: more than SimOptions::choices_record_max choices),
   // trailing zeros dropped (later choices 0).
   std::vector<std::uint64_t> choices;
   std::string replay_token;  // replays that run (SimOptions::replay, CHORUS_SIM_REPLAY)
