@@ -19,6 +19,7 @@
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/trace.hpp"
+#include "chorus/transport/fnv1a.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/errors.hpp"
 #include "detail/format.hpp"
@@ -406,19 +407,13 @@ Buffer buffer_of(const Tensor& contiguous) {
 // leaves dim 0 out (the split counts are checked pairwise). A digest is computed with no
 // allocation: FNV-1a over a handful of integers. Never 0, which means "not set".
 std::uint64_t layout_digest(std::span<const std::int64_t> sizes, std::int64_t dim) noexcept {
-  std::uint64_t digest = 14695981039346656037ULL;
-  const auto mix = [&digest](std::uint64_t value) {
-    for (int shift = 0; shift < 64; shift += 8) {
-      digest ^= (value >> shift) & 0xFFU;
-      digest *= 1099511628211ULL;
-    }
-  };
-  mix(static_cast<std::uint64_t>(sizes.size()));
+  transport::Fnv1a digest;
+  digest.integer(sizes.size());
   for (const std::int64_t size : sizes) {
-    mix(static_cast<std::uint64_t>(size));
+    digest.integer(static_cast<std::uint64_t>(size));
   }
-  mix(static_cast<std::uint64_t>(dim));
-  return digest != 0 ? digest : 1;
+  digest.integer(static_cast<std::uint64_t>(dim));
+  return digest.value() != 0 ? digest.value() : 1;
 }
 
 // `buffer` with the layout digest of `sizes` and `dim` (Note [Layout digest]).
@@ -643,9 +638,10 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
   }
   // Two calls, not `input_buffer(dim == 0 ? input : staging)`: that conditional is a prvalue,
   // which copies `input` (its shape and strides vectors) on every call.
-  Buffer send = rule.dim == 0 ? input_buffer(input)
-                              : input_buffer(scatter_staging(input, rule.dim, call.group_size()));
-  send.layout = layout_digest(input.sizes(), rule.dim);
+  Buffer send =
+      with_layout(rule.dim == 0 ? input_buffer(input)
+                                : input_buffer(scatter_staging(input, rule.dim, call.group_size())),
+                  input.sizes(), rule.dim);
   auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
   transport::Comm& comm = call.start();
   call.register_work(

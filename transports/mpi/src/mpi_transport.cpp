@@ -14,6 +14,7 @@
 
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
+#include "chorus/transport/fnv1a.hpp"
 
 namespace chorus::mpi::detail {
 namespace {
@@ -25,21 +26,15 @@ using transport::OpSignature;
 
 // FNV-1a over the tag and ranks: the same id on every member, without communicating.
 std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) {
-  std::uint64_t hash = 14695981039346656037ULL;
-  auto mix = [&hash](unsigned char byte) {
-    hash ^= byte;
-    hash *= 1099511628211ULL;
-  };
+  transport::Fnv1a hash;
   for (const char c : tag) {
-    mix(static_cast<unsigned char>(c));
+    hash.byte(static_cast<unsigned char>(c));
   }
-  mix(0);
+  hash.byte(0);
   for (const int rank : ranks) {
-    for (int shift = 0; shift < 32; shift += 8) {
-      mix(static_cast<unsigned char>((static_cast<unsigned>(rank) >> shift) & 0xFFU));
-    }
+    hash.integer(static_cast<unsigned>(rank), 4);
   }
-  return hash;
+  return hash.value();
 }
 
 // Tags of chorus's control messages and MPI_Comm_create_group: the least MPI_TAG_UB the
@@ -1099,13 +1094,8 @@ WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& 
   wire.first = WireOp::of(signatures.front());
   const std::size_t length = std::min(info.name.size(), sizeof(wire.name) - 1);
   std::memcpy(wire.name, info.name.data(), length);
-  std::uint64_t digest = 14695981039346656037ULL;
-  const auto mix = [&digest](std::uint64_t value) {
-    for (int shift = 0; shift < 64; shift += 8) {
-      digest ^= (value >> shift) & 0xFFU;
-      digest *= 1099511628211ULL;
-    }
-  };
+  transport::Fnv1a digest;
+  const auto mix = [&digest](std::uint64_t value) { digest.integer(value); };
   for (const char c : info.name) {
     mix(static_cast<unsigned char>(c));
   }
@@ -1124,7 +1114,7 @@ WireSignature wire_of(const std::vector<OpSignature>& signatures, const OpInfo& 
     mix(encoded.factor_bits);
     mix(static_cast<std::uint32_t>(encoded.root));
   }
-  wire.digest = digest;
+  wire.digest = digest.value();
   return wire;
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "chorus/check.hpp"
+#include "chorus/transport/fnv1a.hpp"
 
 namespace chorus::nccl::detail {
 namespace {
@@ -54,12 +55,11 @@ constexpr std::size_t kPinnedKeepBytes = std::size_t{64} << 20;
 
 // FNV-1a of the group's key: the same id on every member (fingerprints compare it).
 std::uint64_t comm_id_of(const std::string& key) {
-  std::uint64_t hash = 14695981039346656037ULL;
+  transport::Fnv1a hash;
   for (const char byte : key) {
-    hash ^= static_cast<unsigned char>(byte);
-    hash *= 1099511628211ULL;
+    hash.byte(static_cast<unsigned char>(byte));
   }
-  return hash;
+  return hash.value();
 }
 
 // The cache key of a group, and (under "chorus/nccl/comm/") its store prefix: "tag/0,1,".
