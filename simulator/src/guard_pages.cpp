@@ -78,8 +78,13 @@ void on_segv(int signal, siginfo_t* info, void* context) {
     }
     char message[kWhatMax + 160];
     std::size_t length = 0;
-    append(message, sizeof message, &length, "chorus sim: rank ");
-    append_number(message, sizeof message, &length, guard_fault_rank());
+    // A rank's own thread (or fiber) says which; a thread the program started has no rank.
+    if (const int rank = guard_fault_rank(); rank >= 0) {
+      append(message, sizeof message, &length, "chorus sim: rank ");
+      append_number(message, sizeof message, &length, rank);
+    } else {
+      append(message, sizeof message, &length, "chorus sim: a thread of no rank");
+    }
     append(message, sizeof message, &length, faulted_on_write(context) ? " wrote to " : " read ");
     append(message, sizeof message, &length, range.what);
     append(message, sizeof message, &length, " at step ");

@@ -64,6 +64,24 @@ std::string replay_command(const std::string& assignment) {
   return assignment + command_line;
 }
 
+// SimReport::replay_command of a run seeded with `seed` (token empty) or following `token`: the
+// command line when the run reads the environment, else what to set in the program, since
+// CHORUS_SIM_SEED / CHORUS_SIM_REPLAY would not reach it.
+std::string replay_instruction(const SimOptions& options, std::uint64_t seed,
+                               const std::string& token) {
+  if (options.seed_from_environment) {
+    return replay_command(token.empty() ? "CHORUS_SIM_SEED=" + std::to_string(seed)
+                                        : "CHORUS_SIM_REPLAY=" + token);
+  }
+  return token.empty()
+             ? "(set SimOptions::seed = " + std::to_string(seed) +
+                   ": this run does not read CHORUS_SIM_SEED, SimOptions::seed_from_environment "
+                   "is false)"
+             : "(set SimOptions::replay = \"" + token +
+                   "\": this run does not read CHORUS_SIM_REPLAY, "
+                   "SimOptions::seed_from_environment is false)";
+}
+
 // InvalidArgument for an enumerated option outside its enumerators (a cast integer) and a PCT
 // depth below 1, which the run would otherwise clamp or trip over.
 void check_enumerated_options(const SimOptions& options) {
@@ -89,9 +107,10 @@ void check_enumerated_options(const SimOptions& options) {
     refuse("SimOptions::reduction_order " +
            std::to_string(static_cast<int>(options.reduction_order)) + " is not a ReductionOrder");
   }
-  if (options.strategy == Strategy::Pct && options.pct_depth < 1) {
+  if (options.strategy == Strategy::Pct &&
+      (options.pct_depth < 1 || options.pct_depth > kPctDepthMax)) {
     refuse("SimOptions::pct_depth " + std::to_string(options.pct_depth) +
-           " is out of range: PCT's bug depth is at least 1");
+           " is out of range: PCT's bug depth is 1 to " + std::to_string(kPctDepthMax));
   }
 }
 
@@ -439,9 +458,9 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   // SimOptions::choices_record_max) from nothing: its seed would be another run.
   const bool seeded = !effective.choices && !effective.fuzz_bytes;
   if (seeded) {
-    report.replay_command = replay_command("CHORUS_SIM_SEED=" + std::to_string(report.seed));
+    report.replay_command = replay_instruction(effective, report.seed, "");
   } else if (!report.replay_token.empty()) {
-    report.replay_command = replay_command("CHORUS_SIM_REPLAY=" + report.replay_token);
+    report.replay_command = replay_instruction(effective, 0, report.replay_token);
   } else {
     report.replay_command =
         "(none: the run made more choices than SimOptions::choices_record_max, so they were not "
@@ -575,7 +594,7 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
   result.minimal = simulate(attempt, rank_main);
   result.replay_token =
       detail::encode_replay_token(failing.world_size, detail::run_shape(options), result.choices);
-  result.minimal.replay_command = replay_command("CHORUS_SIM_REPLAY=" + result.replay_token);
+  result.minimal.replay_command = replay_instruction(options, 0, result.replay_token);
   result.timeline = timeline_text(result.minimal);
   return result;
 }

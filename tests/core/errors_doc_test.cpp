@@ -1809,7 +1809,11 @@ TEST(ErrorsDocRunning, SimOptionsOutOfRange) {
   depth.pct_depth = 0;
   errdoc_expect_plain<InvalidArgument>(
       [&] { (void)sim::run(depth, [] {}); }, "sim::run",
-      "SimOptions::pct_depth 0 is out of range: PCT's bug depth is at least 1");
+      "SimOptions::pct_depth 0 is out of range: PCT's bug depth is 1 to 64");
+  depth.pct_depth = std::numeric_limits<int>::max();  // would draw 2^31 change points
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)sim::run(depth, [] {}); }, "sim::run",
+      "SimOptions::pct_depth 2147483647 is out of range: PCT's bug depth is 1 to 64");
   sim::SimOptions order = quiet_options(2);
   order.reduction_order = static_cast<sim::ReductionOrder>(99);
   errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(order, [] {}); }, "sim::run",

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "decision_stream.hpp"
@@ -443,6 +444,29 @@ TEST(SimGuardPagesDeathTest, RawReadOfAPendingOutputFaultsWithRankOpAndStep) {
                "chorus sim: rank 1 read the pending output of all_reduce #0 on group \\[0, 1\\] "
                "\\(issued by rank 1 at .*allocator_test.cpp:[0-9]+.*\\) at step [0-9]+ without "
                "waiting");
+}
+
+TEST(SimGuardPagesDeathTest, ARawReadFromAThreadOfNoRankSaysSo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto read_from_another_thread = [] {
+    SimOptions options = quiet_options(2);
+    options.guard_pending_outputs = true;
+    options.choices = std::vector<std::uint64_t>{};
+    sim::run(options, [] {
+      const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
+      if (rank() == 1) {
+        std::thread reader([&output] {
+          volatile float first = *static_cast<const float*>(output.unsafe_data_ptr());
+          (void)first;
+        });
+        reader.join();
+      }
+      wait_tensor(output);
+    });
+  };
+  EXPECT_DEATH(read_from_another_thread(),
+               "chorus sim: a thread of no rank read the pending output of all_reduce #0 on "
+               "group \\[0, 1\\] \\(issued by rank 1 at .*\\) at step [0-9]+ without waiting");
 }
 
 TEST(SimGuardPagesDeathTest, UnrelatedFaultsKeepTheirDefaultAction) {

@@ -316,14 +316,18 @@ TEST(SimFailure, LivelockHitsTheStepBudget) {
 }
 
 TEST(SimFailure, AFailingRunPrintsTheSeedAndAReplayCommand) {
-  SimOptions options = quiet(2, 77);
-  options.print_failures = true;
-  ::testing::internal::CaptureStderr();
-  SimReport report = sim::simulate(options, [] {
+  ::unsetenv("CHORUS_SIM_SEED");
+  ::unsetenv("CHORUS_SIM_REPLAY");
+  const auto fail_on_rank_0 = [] {
     if (rank() == 0) {
       throw std::runtime_error("boom");
     }
-  });
+  };
+  SimOptions options = quiet(2, 77);
+  options.print_failures = true;
+  options.seed_from_environment = true;
+  ::testing::internal::CaptureStderr();
+  SimReport report = sim::simulate(options, fail_on_rank_0);
   const std::string printed = ::testing::internal::GetCapturedStderr();
   EXPECT_FALSE(report.ok());
   EXPECT_TRUE(contains(printed, "seed 77")) << printed;
@@ -331,6 +335,17 @@ TEST(SimFailure, AFailingRunPrintsTheSeedAndAReplayCommand) {
   EXPECT_TRUE(contains(printed, "rank 0 failed: boom")) << printed;
   EXPECT_EQ(report.rank_errors[0], "boom");
   EXPECT_TRUE(report.rank_errors[1].empty());
+  // A run that does not read the environment says what to set instead of a command that would
+  // not reach it.
+  options.seed_from_environment = false;
+  ::testing::internal::CaptureStderr();
+  report = sim::simulate(options, fail_on_rank_0);
+  const std::string unread = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(unread,
+                       "replay: (set SimOptions::seed = 77: this run does not read "
+                       "CHORUS_SIM_SEED, SimOptions::seed_from_environment is false)\n"))
+      << unread;
+  EXPECT_FALSE(contains(unread, "CHORUS_SIM_SEED=")) << unread;
 }
 
 TEST(SimFailure, ReplayingTheSeedReproducesTheFailureExactly) {
@@ -369,8 +384,11 @@ TEST(SimFailure, ReplayingTheSeedReproducesTheFailureExactly) {
   EXPECT_EQ(replayed.schedule_hash, failing->schedule_hash);
   EXPECT_EQ(replayed.schedule, failing->schedule);
   EXPECT_EQ(replayed.rank_errors, failing->rank_errors);
-  EXPECT_NE(failing->replay_command.find("CHORUS_SIM_SEED=" + std::to_string(failing->seed)),
-            std::string::npos);
+  // The failing run did not read the environment: its report says what to set instead.
+  EXPECT_EQ(failing->replay_command.find(
+                "(set SimOptions::seed = " + std::to_string(failing->seed) + ": "),
+            0u)
+      << failing->replay_command;
 }
 
 // A run driven by a choice list that made more choices than it keeps has no token, and its

@@ -285,8 +285,8 @@ TEST(Replay, AFailingRunPrintsAReplayCommandThatReproducesIt) {
     failing = run_depth_two_bug(options);
   }
   ASSERT_FALSE(failing.ok());
-  EXPECT_NE(failing.replay_command.find("CHORUS_SIM_SEED=" + std::to_string(failing.seed)),
-            std::string::npos)
+  EXPECT_EQ(failing.replay_command.find("(set SimOptions::seed = " + std::to_string(failing.seed)),
+            0u)
       << failing.replay_command;
   // Replaying its token fails the same way, with the same decisions.
   SimOptions replay = quiet_options(2, 0, Strategy::RandomWalk);
@@ -365,8 +365,10 @@ TEST(Shrink, APlantedBugShrinksToItsHandMinimalScheduleAndReplays) {
   EXPECT_EQ(shrunk.choices, (std::vector<std::uint64_t>{1}));
   EXPECT_FALSE(shrunk.minimal.ok());
   EXPECT_EQ(shrunk.minimal.rank_errors[1], failing.rank_errors[1]);
-  EXPECT_NE(shrunk.minimal.replay_command.find("CHORUS_SIM_REPLAY=" + shrunk.replay_token),
-            std::string::npos);
+  EXPECT_EQ(shrunk.minimal.replay_command.find("(set SimOptions::replay = \"" +
+                                               shrunk.replay_token + "\": "),
+            0u)
+      << shrunk.minimal.replay_command;
   // The timeline shows rank 1 running first, and the failure.
   EXPECT_EQ(shrunk.timeline.find("step  rank 0    rank 1    completes\n0               run\n"), 0u)
       << shrunk.timeline;

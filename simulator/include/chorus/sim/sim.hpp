@@ -145,7 +145,7 @@ struct SimOptions {
   // ---- The decision stream (Note [Decision stream], simulator/src/decision_stream.hpp): where
   // every choice comes from. By default a PRNG seeded with `seed`, through `strategy`.
   Strategy strategy = Strategy::RandomWalk;
-  int pct_depth = 2;  // PCT's bug depth d >= 1 (Strategy::Pct)
+  int pct_depth = 2;  // PCT's bug depth d, 1 to kPctDepthMax (Strategy::Pct)
   // PCT's estimate k of the run's length in scheduling decisions: its d - 1 change points fall
   // uniformly among the first k (0: 256). Closer to the real length finds bugs more often.
   std::uint64_t pct_steps = 0;
@@ -265,6 +265,9 @@ inline constexpr int kMaxWorldSize = 1024;
 // would overflow virtual time.
 inline constexpr std::uint64_t kDelayStepsMax = std::uint64_t{1} << 40;
 inline constexpr std::chrono::nanoseconds kStepDuration = std::chrono::microseconds(1);
+// The deepest PCT run takes (SimOptions::pct_depth): d - 1 change points are drawn up front, and
+// the bugs PCT is for need d of 1 to 3; a deeper one is a mistyped option, not a search.
+inline constexpr int kPctDepthMax = 64;
 
 using chorus::UnwaitedWork;
 
@@ -324,10 +327,13 @@ struct SimReport {
   std::vector<Decision> schedule;   // the first SimOptions::schedule_record_max decisions
   std::uint64_t collectives_completed = 0;
   std::chrono::nanoseconds virtual_time{0};
-  std::vector<UnwaitedWork> unwaited;        // every rank's, in rank order
-  std::vector<std::string> rank_errors;      // per rank: what() of its uncaught error, or empty
-  std::exception_ptr first_error;            // the first rank error the simulator saw, or null
-  std::string replay_command;                // reruns this exact schedule
+  std::vector<UnwaitedWork> unwaited;    // every rank's, in rank order
+  std::vector<std::string> rank_errors;  // per rank: what() of its uncaught error, or empty
+  std::exception_ptr first_error;        // the first rank error the simulator saw, or null
+  // Reruns this exact schedule: "CHORUS_SIM_SEED=<seed> <command line>" (CHORUS_SIM_REPLAY=<token>
+  // for a list-driven run) when the run reads the environment (seed_from_environment), else
+  // "(set SimOptions::seed = <seed>: ...)" or "(set SimOptions::replay = \"<token>\": ...)".
+  std::string replay_command;
   Strategy strategy = Strategy::RandomWalk;  // the strategy used (Portfolio resolved)
   std::vector<std::uint64_t> choices;  // every choice index, in order (Note [Decision stream])
   bool choices_exhausted = false;      // a recorded list ran out (later choices were 0)
