@@ -1007,7 +1007,7 @@ TEST(NcclPinnedPool, AFreedBlockIsHandedOutAgainWithoutAllocating) {
   EXPECT_EQ(memory.frees->load(), 0);
 }
 
-TEST(NcclPinnedPool, BlocksBeyondWhatItKeepsAreFreedAtOnce) {
+TEST(NcclPinnedPool, BlocksBeyondWhatItKeepsAreFreedAtTheNextTake) {
   const CountingMemory memory;
   const std::shared_ptr<detail::BlockPool> pool = memory.pool(8192);
   {
@@ -1016,9 +1016,41 @@ TEST(NcclPinnedPool, BlocksBeyondWhatItKeepsAreFreedAtOnce) {
     const std::shared_ptr<void> c = pool->take(4096);
   }
   EXPECT_EQ(pool->kept_bytes(), 8192u);
-  EXPECT_EQ(memory.frees->load(), 1);
+  EXPECT_EQ(memory.frees->load(), 0) << "not freed where it is given back";
   { const std::shared_ptr<void> big = pool->take(16384); }
+  EXPECT_EQ(memory.frees->load(), 1) << "the third block, at this take";
+  { const std::shared_ptr<void> next = pool->take(4096); }
   EXPECT_EQ(memory.frees->load(), 2) << "a block that does not fit is not kept";
+  EXPECT_EQ(memory.allocations->load(), 4);
+}
+
+// A Work gives its staging blocks back on the watchdog or a waiting thread, where cudaFreeHost
+// (which synchronises the device) would wait for a hung kernel the watchdog has to time out:
+// a block the pool does not keep is freed by the next take(), on the issuing thread.
+TEST(NcclPinnedPool, ABlockNotKeptIsFreedOnTheIssuingThreadNotWhereItIsGivenBack) {
+  auto freed_on = std::make_shared<std::vector<std::thread::id>>();
+  const std::shared_ptr<detail::BlockPool> pool =
+      detail::BlockPool::make([](std::size_t bytes) { return std::malloc(bytes); },
+                              [freed_on](void* block) {
+                                freed_on->push_back(std::this_thread::get_id());
+                                std::free(block);
+                              },
+                              4096);
+  std::shared_ptr<void> large = pool->take(std::size_t{1} << 20);
+  std::thread([&large] { large.reset(); }).join();
+  EXPECT_TRUE(freed_on->empty());
+  { const std::shared_ptr<void> next = pool->take(100); }
+  EXPECT_EQ(*freed_on, std::vector<std::thread::id>{std::this_thread::get_id()});
+}
+
+TEST(NcclPinnedPool, BlocksNotKeptAreFreedWhenThePoolEnds) {
+  const CountingMemory memory;
+  {
+    const std::shared_ptr<detail::BlockPool> pool = memory.pool(4096);
+    { const std::shared_ptr<void> large = pool->take(std::size_t{1} << 20); }
+    EXPECT_EQ(memory.frees->load(), 0);
+  }
+  EXPECT_EQ(memory.frees->load(), 1);
 }
 
 // A request beyond what the pool keeps is never kept: it gets whole pages, not a power of two

@@ -24,10 +24,14 @@ namespace chorus::mpi::detail {
 // - Float32/Float64/complex sum and product: MPI's own (one rounding per step, as the kernels).
 // - Float32/Float64 min/max: chorus user ops, because MPI_MIN/MPI_MAX drop NaN where chorus (and
 //   NCCL, and torch) propagate it.
-// - Float16/BFloat16: chorus user ops over 16-bit elements (MPI has no half types), each step
-//   computed in float32 and rounded to nearest even.
+// - Float16/BFloat16 (MPI has no half types): sum, product, avg and premul_sum are widened: the
+//   transport reduces float32 copies with MPI_FLOAT and rounds once at completion (Note
+//   [Widened 16-bit reductions] in mpi_transport.cpp); min/max are chorus user ops over the
+//   16-bit elements (exact).
 // - avg: sum, then the transport divides by the group size; premul_sum(f): the transport sums a
-//   scaled copy f * x of the input. Both are post/pre steps of the Work, not MPI ops.
+//   scaled copy f * x of the input. Both are post/pre steps of the Work, not MPI ops. The small
+//   direct exchanges (Note [Direct exchanges]) reduce with chorus's kernels instead, avg and
+//   premul_sum included.
 // Data movement (gather, broadcast, all_to_all) uses the unsigned type of the element's width
 // (Complex128: MPI_C_DOUBLE_COMPLEX), so counts stay element counts.
 enum class Element : std::uint8_t {

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -77,7 +78,7 @@ class RingAllReduce {
   // Advances as far as completed messages allow; returns done(). An MPI failure is kept and
   // ends the ring (its requests are left as they are).
   bool progress();
-  bool finished() const noexcept { return step_ == total_steps_; }
+  bool finished() const noexcept { return step_.load() == total_steps_; }
   bool failed() const noexcept { return !failure_.empty(); }
   bool done() const noexcept { return finished() || failed(); }
   // "MPI_Isend failed (ring all_reduce): ..." once failed().
@@ -111,7 +112,9 @@ class RingAllReduce {
   int rank_;
   int size_;
   int tag_;
-  int step_ = 0;
+  // Advanced under the MPI lock; atomic because MpiWork::in_flight() reads finished() without
+  // it (a dropped work asks while another thread's poll progresses every ring).
+  std::atomic<int> step_{0};
   int total_steps_;
   std::unique_ptr<char[]> scratch_;
   std::array<MPI_Request, 2> requests_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};

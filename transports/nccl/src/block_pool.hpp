@@ -6,9 +6,11 @@
 // waits for a peer stalls until that peer arrives (NVIDIA/nccl#48), and the frees run in a Work's
 // cleanup, on the watchdog or a waiting thread. So blocks are kept for reuse: a block comes back
 // to a list per size class (powers of two, at least 4 KiB) and is handed out again; the pool
-// keeps at most `keep_bytes` in all and frees a block beyond that at once (then cudaFreeHost
-// still runs where the block is given back, as every block's did before the pool). A request
-// whose class exceeds `keep_bytes` is never kept: it gets whole 4 KiB pages, not a power of two.
+// keeps at most `keep_bytes` in all. A block beyond that is not freed where it is given back
+// (a Work's cleanup, on the watchdog: a cudaFreeHost there would wait for the very kernel the
+// watchdog has to time out) but at the pool's next take(), on the thread issuing an operation,
+// or when the pool ends. A request whose class exceeds `keep_bytes` is never kept: it gets whole
+// 4 KiB pages, not a power of two.
 // Thread-safe: blocks come back from any thread. A block keeps its pool alive; the pool frees what
 // it kept when the last block and the last owner are gone. No CUDA here: the allocation functions
 // are given, so the unit tests run it on host memory.
@@ -39,12 +41,16 @@ class BlockPool : public std::enable_shared_from_this<BlockPool> {
         free_block_(block);
       }
     }
+    for (void* block : unkept_) {
+      free_block_(block);
+    }
   }
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
   // A block of at least max(bytes, 1) bytes; freeing the shared_ptr gives it back to the pool.
   std::shared_ptr<void> take(std::size_t bytes) {
+    free_unkept();
     std::size_t size = size_class(bytes);
     if (size > keep_bytes_) {
       size = (std::max<std::size_t>(bytes, 1) + kMinBlock - 1) / kMinBlock * kMinBlock;
@@ -96,17 +102,31 @@ class BlockPool : public std::enable_shared_from_this<BlockPool> {
   void give_back(void* block, std::size_t size) noexcept {
     {
       const std::lock_guard lock(mutex_);
-      if (kept_ + size <= keep_bytes_ && size == size_class(size)) {
-        try {
+      try {
+        if (kept_ + size <= keep_bytes_ && size == size_class(size)) {
           free_[size].push_back(block);
           kept_ += size;
-          return;
-        } catch (...) {
-          // Out of memory for the list: free the block below instead.
+        } else {
+          unkept_.push_back(block);  // freed by the next take() or the destructor
         }
+        return;
+      } catch (...) {
+        // Out of memory for the list: free the block below instead.
       }
     }
     free_block_(block);
+  }
+
+  // Frees the blocks given back beyond what the pool keeps, outside the lock.
+  void free_unkept() {
+    std::vector<void*> blocks;
+    {
+      const std::lock_guard lock(mutex_);
+      blocks.swap(unkept_);
+    }
+    for (void* block : blocks) {
+      free_block_(block);
+    }
   }
 
   Allocate allocate_;
@@ -114,6 +134,7 @@ class BlockPool : public std::enable_shared_from_this<BlockPool> {
   std::size_t keep_bytes_;
   mutable std::mutex mutex_;
   std::map<std::size_t, std::vector<void*>> free_;  // by size class
+  std::vector<void*> unkept_;                       // given back beyond keep_bytes_, not yet freed
   std::size_t kept_ = 0;
   std::size_t allocations_ = 0;
 };

@@ -228,6 +228,7 @@ void CommState::abort(const std::exception_ptr& error) {
       return;
     }
     aborted_ = true;
+    aborting_.store(true);  // before the kernels quit: see aborting() and NcclWork::poll
     cudaSetDevice(device_);
     ncclCommAbort(comm_);
     for (const std::weak_ptr<NcclWork>& entry : outstanding_) {
@@ -264,11 +265,20 @@ NcclWork::~NcclWork() {
 }
 
 std::exception_ptr NcclWork::poll(std::chrono::nanoseconds timeout) {
+  // Released after the lock (declared first, destroyed last): the last reference to a staging
+  // block gives it back to its pool, and nothing that may block should run under the work's
+  // lock, which status() takes for the watchdog.
+  std::vector<std::shared_ptr<const void>> released;
   const std::lock_guard lock(mutex_);
   if (status_ != transport::WorkStatus::Pending) {
     return nullptr;
   }
   const cudaError_t query = cudaEventQuery(event_);
+  if (query == cudaSuccess && comm_->aborting()) {
+    // The event may have completed because ncclCommAbort stopped the kernels: the output holds
+    // whatever they wrote. abort() fails this work with its error once ncclCommAbort returns.
+    return nullptr;
+  }
   if (query == cudaSuccess) {
     try {
       for (const std::function<void()>& step : started_.after) {
@@ -280,7 +290,7 @@ std::exception_ptr NcclWork::poll(std::chrono::nanoseconds timeout) {
       error_ = std::current_exception();
     }
     started_.after.clear();
-    started_.keep_alive.clear();
+    released.swap(started_.keep_alive);
     return nullptr;
   }
   if (query != cudaErrorNotReady) {

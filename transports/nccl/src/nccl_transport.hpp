@@ -25,7 +25,10 @@
 // - A watchdog thread polls every outstanding Work: an asynchronous NCCL error, or an operation
 //   older than the timeout, fails every outstanding Work of that communicator (TransportError
 //   or Timeout) and aborts the communicator (ncclCommAbort); later operations on it throw
-//   Aborted.
+//   Aborted. ncclCommAbort stops the kernels, so their events complete while it runs: from the
+//   moment abort() begins (CommState::aborting) a completed event no longer means a finished
+//   operation, and a work not yet seen completed fails with the abort's error, never completes
+//   with what an interrupted kernel left in its output.
 // - On normal exit every communicator's ncclCommFinalize is started, then each is polled to
 //   completion under the timeout and destroyed (a finalize completes only once the peers'
 //   started too, and ranks may hold their communicators in different orders); an aborted one
@@ -38,6 +41,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -108,6 +112,10 @@ class CommState {
   const std::string& label() const noexcept { return label_; }
   bool aborted();  // takes mutex()
   bool aborted_locked() const noexcept { return aborted_; }
+  // Whether abort() has begun. Set before ncclCommAbort, which makes the communicator's kernels
+  // quit and their events complete while abort() still runs: a work whose event completes then
+  // holds an aborted result, not a finished one (NcclWork::poll). Lock-free.
+  bool aborting() const noexcept { return aborting_.load(); }
   // Remembers `work` for abort(); call with mutex() held.
   void track(const std::shared_ptr<NcclWork>& work);
 
@@ -123,6 +131,7 @@ class CommState {
   std::string label_;
   std::chrono::nanoseconds timeout_;
   bool aborted_ = false;
+  std::atomic<bool> aborting_{false};
   std::vector<std::weak_ptr<NcclWork>> outstanding_;
 };
 
