@@ -31,7 +31,9 @@
 //            set-up of group g times out and is caught; after a world all_reduce that tells
 //            rank 1 so, both set g up and all_reduce on it: the timed-out set-up's receive was
 //            cancelled, so it does not take rank 1's message (Note [Communicator rendezvous],
-//            "Leftovers").
+//            "Leftovers"); the retry's own message, left at rank 1, is dropped there as stale
+//            at the next set-up (h), and a set-up of another group (h2) after a timed-out one
+//            (g2) is refused until g2 is retried ("Stale messages").
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 //   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
@@ -787,6 +789,37 @@ void setup_retry() {
           "second world all_reduce");
   const float sum = chorus::all_reduce(one, "sum", g).to_vector<float>()[0];
   require(sum == 2.0f, "all_reduce on g after the retried set-up is " + std::to_string(sum));
+  // Rank 1 paired g with rank 0's first message; the retry's sits at rank 1 and must not be
+  // taken for the next set-up (a false CollectiveMismatch there, rank 0 alone in
+  // MPI_Comm_create_group).
+  const chorus::ProcessGroup h = chorus::new_group({0, 1}, "h");
+  require(chorus::all_reduce(one, "sum", h).to_vector<float>()[0] == 2.0f, "all_reduce on h");
+  // A set-up of another group while rank 1 still holds a timed-out set-up's message is refused
+  // on rank 0 (rank 1 would pair with the leftover); retrying the timed-out group first works.
+  const chorus::ProcessGroup g2 = chorus::new_group({0, 1}, "g2");
+  const chorus::ProcessGroup h2 = chorus::new_group({0, 1}, "h2");
+  if (chorus::rank() == 0) {
+    bool timed_out = false;
+    try {
+      (void)chorus::all_reduce(one, "sum", g2).to_vector<float>();
+    } catch (const chorus::Timeout&) {
+      timed_out = true;
+    }
+    require(timed_out, "rank 0's first set-up of g2 did not time out");
+    std::string refusal;
+    try {
+      (void)chorus::all_reduce(one, "sum", h2).to_vector<float>();
+    } catch (const chorus::TransportError& error) {
+      refusal = error.what();
+    }
+    require(refusal.find("an earlier set-up of group 'g2' [0, 1] timed out waiting for rank 1") !=
+                std::string::npos,
+            "rank 0's set-up of h2 was not refused: '" + refusal + "'");
+  }
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 2.0f,
+          "third world all_reduce");
+  require(chorus::all_reduce(one, "sum", g2).to_vector<float>()[0] == 2.0f, "all_reduce on g2");
+  require(chorus::all_reduce(one, "sum", h2).to_vector<float>()[0] == 2.0f, "all_reduce on h2");
   if (chorus::rank() == 0) {
     std::printf("mpi_job setup_retry: all checks passed\n");
   }

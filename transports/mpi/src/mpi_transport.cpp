@@ -1308,7 +1308,10 @@ MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nan
       check_collectives_(check_collectives),
       schedule_(agree_on_schedule(schedule)),
       setups_sent_(static_cast<std::size_t>(process_->world_size()), 0),
-      setups_received_(static_cast<std::size_t>(process_->world_size()), 0) {}
+      setups_received_(static_cast<std::size_t>(process_->world_size()), 0),
+      pairings_(static_cast<std::size_t>(process_->world_size()), 0),
+      abandoned_(static_cast<std::size_t>(process_->world_size()), 0),
+      abandoned_group_(static_cast<std::size_t>(process_->world_size())) {}
 
 MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
   // Every member of a group must run the same schedule for the same all_reduce, or the ring's
@@ -1353,9 +1356,23 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
                               const ErrorContext& context) {
   const std::size_t n = ranks.size();
   const auto world_size = static_cast<std::size_t>(process_->world_size());
+  // "Stale messages": a set-up with a peer that still holds this rank's leftover of another
+  // group would pair with it there.
+  for (const int rank : ranks) {
+    const auto peer = static_cast<std::size_t>(rank);
+    if (rank != process_->rank() && !abandoned_group_[peer].empty() && abandoned_[peer] != id) {
+      throw TransportError(
+          context,
+          "an earlier set-up of group " + abandoned_group_[peer] + " timed out waiting for rank " +
+              std::to_string(rank) + ", and its message to rank " + std::to_string(rank) +
+              " cannot be taken back (MPI cannot cancel a send): rank " + std::to_string(rank) +
+              " would take it for this set-up. Retry that group's set-up first (its "
+              "first operation), or end the job");
+    }
+  }
   // Buffers and requests live on the heap: after a Timeout the process keeps them (park).
-  auto ids = std::make_shared<std::vector<std::uint64_t>>(n + 1, 0);  // [peers..., mine]
-  (*ids)[n] = id;
+  // Two words per message: the group's id and the sender's pairings with the receiver.
+  auto ids = std::make_shared<std::vector<std::uint64_t>>(2 * n + 2 * n, 0);  // [peers..., mine]
   Started pending;
   pending.keep_alive.push_back(ids);
   std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
@@ -1405,9 +1422,12 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         continue;
       }
       MPI_Request send = MPI_REQUEST_NULL;
+      std::uint64_t* message = &(*ids)[2 * n + 2 * i];
+      message[0] = id;
+      message[1] = pairings_[static_cast<std::size_t>(ranks[i])];
       // One tag for every set-up: between two ranks, set-ups pair up in the order each starts
       // them, so a peer busy setting up another group is seen at once (its id differs).
-      if (const int code = MPI_Isend(&(*ids)[n], 1, MPI_UINT64_T, ranks[i], kRendezvousTag,
+      if (const int code = MPI_Isend(message, 2, MPI_UINT64_T, ranks[i], kRendezvousTag,
                                      process_->control(), &send);
           code != MPI_SUCCESS) {
         failure = "MPI_Isend (communicator set-up) failed: " + mpi_error_text(code);
@@ -1416,7 +1436,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       ++setups_sent_[static_cast<std::size_t>(ranks[i])];
       pending.requests.push_back(send);
       send_peers.push_back(ranks[i]);
-      if (const int code = MPI_Irecv(&(*ids)[i], 1, MPI_UINT64_T, ranks[i], kRendezvousTag,
+      if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i], kRendezvousTag,
                                      process_->control(), &receives[i]);
           code != MPI_SUCCESS) {
         failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
@@ -1507,7 +1527,18 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
             break;
           }
           if (arrived != 0) {
-            ++setups_received_[static_cast<std::size_t>(ranks[i])];
+            const auto peer = static_cast<std::size_t>(ranks[i]);
+            ++setups_received_[peer];
+            if ((*ids)[2 * i + 1] < pairings_[peer]) {
+              // "Stale messages": sent for a set-up this rank has since paired; the next one.
+              if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i],
+                                             kRendezvousTag, process_->control(), &receives[i]);
+                  code != MPI_SUCCESS) {
+                failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
+                break;
+              }
+              arrived = 0;
+            }
           }
         }
         if (arrived == 0) {
@@ -1529,6 +1560,14 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         cancel_receives();
       }
       process_->park(std::move(pending));
+      for (const int rank : missing) {
+        // Its message stays there ("Stale messages"), unless the cancel found it had arrived.
+        const auto peer = static_cast<std::size_t>(rank);
+        if (abandoned_group_[peer].empty()) {
+          abandoned_[peer] = id;
+          abandoned_group_[peer] = context.group;
+        }
+      }
       throw Timeout(context, unreached_set_up_message(missing, busy, context.group));
     }
     std::this_thread::yield();
@@ -1552,7 +1591,18 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
     throw TransportError(context, failure);
   }
   for (std::size_t i = 0; i < n; ++i) {
-    if (ranks[i] != process_->rank() && (*ids)[i] != id) {
+    if (ranks[i] != process_->rank()) {
+      // Both messages of the pair are consumed, matching or not.
+      const auto peer = static_cast<std::size_t>(ranks[i]);
+      ++pairings_[peer];
+      if ((*ids)[2 * i] == id) {
+        abandoned_[peer] = 0;
+        abandoned_group_[peer].clear();
+      }
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (ranks[i] != process_->rank() && (*ids)[2 * i] != id) {
       throw CollectiveMismatch(
           context, "rank " + std::to_string(ranks[i]) +
                        " is setting up a different group at the same time (ranks or tag "

@@ -393,6 +393,19 @@ class MpiComm final : public transport::Comm {
 // Leftovers: on a Timeout or an MPI failure the set-up's receives that did not match are
 // cancelled (MPI_Cancel, then MPI_Wait), or the next set-up with that peer would pair with the
 // wrong message; the sends cannot be (docs/mpi.md). The rest is parked (MpiProcess::park).
+//
+// Stale messages: a set-up message carries, besides the group's id, how many set-ups its sender
+// has paired with the receiver so far (pairings_). A Timeout leaves its message at the late
+// peer, and a caught Timeout's retry of the same group sends another: the peer pairs with the
+// first and the second would be taken as the peer's next set-up message (a false
+// CollectiveMismatch there, and this rank alone in MPI_Comm_create_group, holding the MPI lock,
+// forever). A message whose count is below the receiver's own count with its sender was sent
+// for a set-up the receiver has since paired, so it is dropped and the receive posted again.
+// A rank whose set-up timed out with a peer still owes that peer the message it left there:
+// until it pairs a set-up of the same group with that peer (a retry), a set-up of another group
+// with it would pair with the leftover on the peer's side, so it is refused (abandoned_).
+// A peer that reaches a set-up its partner abandoned for good still pairs with the leftover
+// and waits in MPI_Comm_create_group (docs/mpi.md).
 class MpiTransport final : public transport::Transport {
  public:
   // `timeout` bounds communicator set-up (Note [Communicator rendezvous]) and the collective
@@ -425,6 +438,12 @@ class MpiTransport final : public transport::Transport {
   // rendezvous], "Busy peers"). One thread issues a rank's operations, so set-ups never overlap.
   std::vector<std::uint64_t> setups_sent_;
   std::vector<std::uint64_t> setups_received_;
+  // Per world rank: set-ups paired with it (both messages consumed), and the id and group label
+  // of a set-up that timed out waiting for it, whose message it may still take (label empty:
+  // none); "Stale messages".
+  std::vector<std::uint64_t> pairings_;
+  std::vector<std::uint64_t> abandoned_;
+  std::vector<std::string> abandoned_group_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
