@@ -760,6 +760,29 @@ TEST(Store, AHandshakeTimeoutThatIsNotPositiveIsRefusedAtConstruction) {
           << error.what();
     }
   }
+  // Far above the store's bound it overflowed the timer's nanoseconds and fired at once: the
+  // same refusal of every client.
+  for (const milliseconds timeout :
+       {milliseconds::max(), milliseconds((std::int64_t{1} << 40) + 1)}) {
+    ServerOptions options;
+    options.handshake_timeout = timeout;
+    try {
+      Server server(options);
+      ADD_FAILURE() << "a handshake timeout of " << timeout.count() << " ms was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what())
+                    .find("handshake_timeout must be at most 2^40 ms (about 34 years, the "
+                          "store's longest timeout), not " +
+                          std::to_string(timeout.count()) + " ms"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  // The bound itself is accepted.
+  ServerOptions longest;
+  longest.handshake_timeout = milliseconds(std::int64_t{1} << 40);
+  Server server(longest);
+  EXPECT_NO_THROW(connect(server)->num_keys());
 }
 
 TEST(Store, APeerThatIsNotAStoreIsTransportErrorPromptly) {

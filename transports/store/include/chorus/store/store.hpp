@@ -109,7 +109,7 @@ struct ServerOptions {
   // refused with InvalidArgument.
   std::size_t keys_max = std::size_t{1} << 20;
   // A connection that has not presented its hello (and token) within this time is closed.
-  // Positive.
+  // Positive, at most 2^40 ms (the store's longest timeout: a timer set further overflows).
   std::chrono::milliseconds handshake_timeout{10'000};
 };
 
@@ -119,7 +119,7 @@ class Server {
  public:
   // Binds and listens. Throws TransportError when it cannot (address in use, bad host) and
   // InvalidArgument for nonsensical options (a zero limit, a handshake timeout that is not
-  // positive).
+  // positive or is above 2^40 ms).
   explicit Server(ServerOptions options = {});
   // stop().
   ~Server();
