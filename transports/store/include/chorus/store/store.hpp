@@ -294,4 +294,16 @@ class Rendezvous {
   std::int64_t calls_ = 0;
 };
 
+// The barrier a job passes before its processes exit when one of its ranks hosts the store
+// (Note [Exit barrier] in store.cpp). Returns on every rank once every rank has called it; rank
+// 0 returns last: only once every other rank has made its last store call of the barrier and
+// received the answer, so a store server that rank 0 hosts may be stopped (destroyed) the
+// moment exit_barrier returns there, without any other rank losing the connection mid-call.
+// Rank 0 is the one that must host the store, if a rank does. Ranks make no other calls on
+// `store` after it. Once per job and key space: give it a store (or PrefixStore) no other
+// exit_barrier uses; it removes the keys it made. Blocks; errors are those of Rendezvous::barrier
+// and, on rank 0, a Timeout naming the key of the first rank that did not leave by the deadline.
+// InvalidArgument unless 0 <= rank < world_size.
+void exit_barrier(Store& store, int rank, int world_size, Deadline deadline = kDefaultTimeout);
+
 }  // namespace chorus::store
