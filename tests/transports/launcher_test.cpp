@@ -288,6 +288,32 @@ TEST(Launcher, WorksWhenTheCallerIgnoresSigchld) {
       << outcome.err;
 }
 
+// Launches `command` on `ranks` ranks, capturing what the launcher and the ranks write.
+Outcome run_command(int ranks, std::vector<std::string> command) {
+  Capture out;
+  Capture err;
+  LaunchOptions options;
+  options.ranks = ranks;
+  options.command = std::move(command);
+  options.stdout_fd = out.fd();
+  options.stderr_fd = err.fd();
+  Outcome outcome;
+  outcome.status = launch(options);
+  outcome.out = out.text();
+  outcome.err = err.text();
+  return outcome;
+}
+
+TEST(Launcher, AStopSignalTheCallerIgnoresStaysIgnored) {
+  // `nohup chorus launch ...` ignores SIGHUP: a hangup must not stop the job. The launcher once
+  // blocked and read SIGHUP whatever its disposition, forwarded it and exited 129.
+  const auto previous = ::signal(SIGHUP, SIG_IGN);
+  const Outcome outcome = run_command(2, {"/bin/sh", "-c", "kill -HUP $PPID; sleep 0.3"});
+  EXPECT_EQ(::signal(SIGHUP, previous), SIG_IGN);  // still ignored after the launch
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  EXPECT_FALSE(contains(outcome.err, "received SIGHUP")) << outcome.err;
+}
+
 TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
   LaunchOptions options;
   options.command = {CHORUS_LAUNCH_PROBE, "ok"};
