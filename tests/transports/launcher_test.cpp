@@ -314,6 +314,26 @@ TEST(Launcher, AStopSignalTheCallerIgnoresStaysIgnored) {
   EXPECT_FALSE(contains(outcome.err, "received SIGHUP")) << outcome.err;
 }
 
+void ignore_child_signal(int /*signal_number*/) {}
+
+TEST(Launcher, WorksWhenTheCallersSigchldHandlerHasNoCldWait) {
+  // SA_NOCLDWAIT makes the kernel reap children itself: waitpid found no rank (ECHILD) and a
+  // check aborted the process.
+  struct sigaction no_wait {};
+  no_wait.sa_handler = ignore_child_signal;  // NOLINT: a union member
+  sigemptyset(&no_wait.sa_mask);
+  no_wait.sa_flags = SA_NOCLDWAIT | SA_RESTART;
+  struct sigaction previous {};
+  ASSERT_EQ(::sigaction(SIGCHLD, &no_wait, &previous), 0);
+  const Outcome outcome = run_command(2, {"/bin/true"});
+  struct sigaction after {};
+  ::sigaction(SIGCHLD, &previous, &after);
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  // The caller's disposition, flags included, is back.
+  EXPECT_EQ(after.sa_handler, &ignore_child_signal);  // NOLINT: a union member
+  EXPECT_EQ(after.sa_flags & (SA_NOCLDWAIT | SA_RESTART), SA_NOCLDWAIT | SA_RESTART);
+}
+
 TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
   LaunchOptions options;
   options.command = {CHORUS_LAUNCH_PROBE, "ok"};

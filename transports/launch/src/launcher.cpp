@@ -618,22 +618,20 @@ int launch(const LaunchOptions& options) {
   // Blocked before the store's thread starts, so that it inherits the mask and these signals
   // reach the signalfd only (Note [Launcher events]).
   const SignalBlock block(signals);
-  // With SIGCHLD ignored the kernel reaps children itself and waitpid cannot report how a rank
-  // ended: the default disposition (which also ignores it, but keeps zombies) for the launch.
+  // With SIGCHLD ignored, or handled with SA_NOCLDWAIT, the kernel reaps children itself and
+  // waitpid cannot report how a rank ended (ECHILD): the plain default disposition (which also
+  // ignores the signal, but keeps zombies) for the launch, and the caller's own back after.
   struct sigaction child_action {};
   ::sigaction(SIGCHLD, nullptr, &child_action);
-  const bool child_ignored = child_action.sa_handler == SIG_IGN;  // NOLINT: a union member
-  if (child_ignored) {
-    ::signal(SIGCHLD, SIG_DFL);
-  }
+  struct sigaction child_default {};
+  child_default.sa_handler = SIG_DFL;  // NOLINT: a union member
+  sigemptyset(&child_default.sa_mask);
+  child_default.sa_flags = 0;
+  ::sigaction(SIGCHLD, &child_default, nullptr);
   struct RestoreChild {
-    bool ignored;
-    ~RestoreChild() {
-      if (ignored) {
-        ::signal(SIGCHLD, SIG_IGN);
-      }
-    }
-  } restore_child{child_ignored};
+    struct sigaction saved;
+    ~RestoreChild() { ::sigaction(SIGCHLD, &saved, nullptr); }
+  } restore_child{child_action};
   const int signal_fd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd < 0) {
     system_error("signalfd");
