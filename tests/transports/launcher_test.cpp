@@ -288,6 +288,52 @@ TEST(Launcher, WorksWhenTheCallerIgnoresSigchld) {
       << outcome.err;
 }
 
+// Launches `command` on `ranks` ranks, capturing what the launcher and the ranks write.
+Outcome run_command(int ranks, std::vector<std::string> command) {
+  Capture out;
+  Capture err;
+  LaunchOptions options;
+  options.ranks = ranks;
+  options.command = std::move(command);
+  options.stdout_fd = out.fd();
+  options.stderr_fd = err.fd();
+  Outcome outcome;
+  outcome.status = launch(options);
+  outcome.out = out.text();
+  outcome.err = err.text();
+  return outcome;
+}
+
+TEST(Launcher, AStopSignalTheCallerIgnoresStaysIgnored) {
+  // `nohup chorus launch ...` ignores SIGHUP: a hangup must not stop the job. The launcher once
+  // blocked and read SIGHUP whatever its disposition, forwarded it and exited 129.
+  const auto previous = ::signal(SIGHUP, SIG_IGN);
+  const Outcome outcome = run_command(2, {"/bin/sh", "-c", "kill -HUP $PPID; sleep 0.3"});
+  EXPECT_EQ(::signal(SIGHUP, previous), SIG_IGN);  // still ignored after the launch
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  EXPECT_FALSE(contains(outcome.err, "received SIGHUP")) << outcome.err;
+}
+
+void ignore_child_signal(int /*signal_number*/) {}
+
+TEST(Launcher, WorksWhenTheCallersSigchldHandlerHasNoCldWait) {
+  // SA_NOCLDWAIT makes the kernel reap children itself: waitpid found no rank (ECHILD) and a
+  // check aborted the process.
+  struct sigaction no_wait {};
+  no_wait.sa_handler = ignore_child_signal;  // NOLINT: a union member
+  sigemptyset(&no_wait.sa_mask);
+  no_wait.sa_flags = SA_NOCLDWAIT | SA_RESTART;
+  struct sigaction previous {};
+  ASSERT_EQ(::sigaction(SIGCHLD, &no_wait, &previous), 0);
+  const Outcome outcome = run_command(2, {"/bin/true"});
+  struct sigaction after {};
+  ::sigaction(SIGCHLD, &previous, &after);
+  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  // The caller's disposition, flags included, is back.
+  EXPECT_EQ(after.sa_handler, &ignore_child_signal);  // NOLINT: a union member
+  EXPECT_EQ(after.sa_flags & (SA_NOCLDWAIT | SA_RESTART), SA_NOCLDWAIT | SA_RESTART);
+}
+
 TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
   LaunchOptions options;
   options.command = {CHORUS_LAUNCH_PROBE, "ok"};

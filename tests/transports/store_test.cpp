@@ -20,6 +20,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -505,6 +506,56 @@ TEST(Store, RendezvousBroadcastAllgatherAndBarrierOnEightClients) {
   EXPECT_EQ(connect(server)->num_keys(), 0);
 }
 
+TEST(Store, ExitBarrierKeepsRankZerosServerUntilEveryRankIsDone) {
+  // Note [Exit barrier]: rank 0 hosts the server and destroys it the moment exit_barrier
+  // returns there, as nccl::run does. With Rendezvous::barrier alone rank 0 often left while
+  // other ranks still waited for 'released' or counted out, and they got TransportError.
+  constexpr int kWorld = 8;
+  constexpr int kRepetitions = 100;
+  std::atomic<int> errors{0};
+  std::string first_error;
+  std::mutex first_error_mutex;
+  for (int repetition = 0; repetition < kRepetitions; ++repetition) {
+    auto server = std::make_unique<Server>();
+    const std::uint16_t port = server->port();
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      ranks.emplace_back([&, rank] {
+        try {
+          ClientOptions options;
+          options.port = port;
+          Client client(options, seconds(30));
+          PrefixStore exit("exit", client);
+          exit_barrier(exit, rank, kWorld, seconds(30));
+          if (rank == 0) {
+            EXPECT_EQ(client.num_keys(), 0) << "exit_barrier left keys behind";
+            server.reset();  // what nccl::run's rank 0 does next
+          }
+        } catch (const Error& error) {
+          errors.fetch_add(1);
+          const std::lock_guard lock(first_error_mutex);
+          if (first_error.empty()) {
+            first_error = "repetition " + std::to_string(repetition) + ", rank " +
+                          std::to_string(rank) + ": " + error.what();
+          }
+        }
+      });
+    }
+    for (auto& thread : ranks) {
+      thread.join();
+    }
+  }
+  EXPECT_EQ(errors.load(), 0) << first_error;
+}
+
+TEST(Store, ExitBarrierOfOneRankAndOutsideTheWorld) {
+  Server server;
+  auto client = connect(server);
+  exit_barrier(*client, 0, 1, seconds(5));
+  EXPECT_EQ(client->num_keys(), 0);
+  EXPECT_THROW(exit_barrier(*client, 2, 2, seconds(5)), InvalidArgument);
+}
+
 TEST(Store, CallsQueuedBehindABlockedCallTimeOutWithoutClosingTheConnection) {
   // One client shared by two threads: A blocks in a get; B's set, queued behind it, must not
   // wait past its own deadline, and must not then time out mid-call and close the connection
@@ -760,6 +811,29 @@ TEST(Store, AHandshakeTimeoutThatIsNotPositiveIsRefusedAtConstruction) {
           << error.what();
     }
   }
+  // Far above the store's bound it overflowed the timer's nanoseconds and fired at once: the
+  // same refusal of every client.
+  for (const milliseconds timeout :
+       {milliseconds::max(), milliseconds((std::int64_t{1} << 40) + 1)}) {
+    ServerOptions options;
+    options.handshake_timeout = timeout;
+    try {
+      Server server(options);
+      ADD_FAILURE() << "a handshake timeout of " << timeout.count() << " ms was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what())
+                    .find("handshake_timeout must be at most 2^40 ms (about 34 years, the "
+                          "store's longest timeout), not " +
+                          std::to_string(timeout.count()) + " ms"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  // The bound itself is accepted.
+  ServerOptions longest;
+  longest.handshake_timeout = milliseconds(std::int64_t{1} << 40);
+  Server server(longest);
+  EXPECT_NO_THROW(connect(server)->num_keys());
 }
 
 TEST(Store, APeerThatIsNotAStoreIsTransportErrorPromptly) {

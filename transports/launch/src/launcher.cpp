@@ -35,7 +35,8 @@ namespace {
 
 // Note [Launcher events]
 // One thread, one poll(): the signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP, blocked for the
-// duration so they arrive only there) and the read end of every rank's stdout and stderr pipe.
+// duration so they arrive only there; a stop signal the caller ignores is left out and stays
+// ignored) and the read end of every rank's stdout and stderr pipe.
 // The poll timeout is the SIGTERM grace deadline while stopping, else infinite: no sleeps. A
 // SIGCHLD reaps with waitpid(pid, WNOHANG) on our own pids only (the caller may have other
 // children), then drains what the dead rank left in its pipes, so its last lines come out
@@ -603,28 +604,34 @@ int launch(const LaunchOptions& options) {
   }
   sigset_t signals;
   sigemptyset(&signals);
-  for (const int signal_number : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) {
-    sigaddset(&signals, signal_number);
+  sigaddset(&signals, SIGCHLD);
+  // A stop signal the caller ignores (nohup ignores SIGHUP; a shell ignores SIGINT in a
+  // background job) stays ignored, for the launcher and, inherited across exec, for its ranks:
+  // blocked and read from the signalfd it would stop the job the caller chose to protect.
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction action {};
+    ::sigaction(signal_number, nullptr, &action);
+    if (action.sa_handler != SIG_IGN) {  // NOLINT: a union member
+      sigaddset(&signals, signal_number);
+    }
   }
   // Blocked before the store's thread starts, so that it inherits the mask and these signals
   // reach the signalfd only (Note [Launcher events]).
   const SignalBlock block(signals);
-  // With SIGCHLD ignored the kernel reaps children itself and waitpid cannot report how a rank
-  // ended: the default disposition (which also ignores it, but keeps zombies) for the launch.
+  // With SIGCHLD ignored, or handled with SA_NOCLDWAIT, the kernel reaps children itself and
+  // waitpid cannot report how a rank ended (ECHILD): the plain default disposition (which also
+  // ignores the signal, but keeps zombies) for the launch, and the caller's own back after.
   struct sigaction child_action {};
   ::sigaction(SIGCHLD, nullptr, &child_action);
-  const bool child_ignored = child_action.sa_handler == SIG_IGN;  // NOLINT: a union member
-  if (child_ignored) {
-    ::signal(SIGCHLD, SIG_DFL);
-  }
+  struct sigaction child_default {};
+  child_default.sa_handler = SIG_DFL;  // NOLINT: a union member
+  sigemptyset(&child_default.sa_mask);
+  child_default.sa_flags = 0;
+  ::sigaction(SIGCHLD, &child_default, nullptr);
   struct RestoreChild {
-    bool ignored;
-    ~RestoreChild() {
-      if (ignored) {
-        ::signal(SIGCHLD, SIG_IGN);
-      }
-    }
-  } restore_child{child_ignored};
+    struct sigaction saved;
+    ~RestoreChild() { ::sigaction(SIGCHLD, &saved, nullptr); }
+  } restore_child{child_action};
   const int signal_fd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd < 0) {
     system_error("signalfd");

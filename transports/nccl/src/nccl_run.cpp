@@ -34,7 +34,12 @@ void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {
 // Rank 0 hosts the store at MASTER_ADDR:MASTER_PORT, as torch's TCPStore does under torchrun.
 // When that address is taken — a launcher (chorus launch) hosts the store there already — rank 0
 // connects to it like every other rank. The server lives until every rank passed the exit
-// barrier, so no rank loses the store while it still sets up a communicator.
+// barrier, so no rank loses the store while it still sets up a communicator, nor while it is in
+// the exit barrier itself: store::exit_barrier (Note [Exit barrier] in store.cpp) returns on
+// rank 0 only once every other rank has made its last store call, so rank 0 may leave run() and
+// destroy the server at once. (A plain Rendezvous::barrier returned to rank 0 while other ranks
+// still waited for its answers, and they failed "exit barrier: ... server gone?" after a
+// correct job.)
 struct StoreConnection {
   std::unique_ptr<store::Server> server;
   std::shared_ptr<store::Client> client;
@@ -187,7 +192,7 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
     // Note [NCCL store]: rank 0's server stays up until every rank is done with it.
     try {
       store::PrefixStore prefix("chorus/nccl/exit", *connection.client);
-      store::Rendezvous(prefix, rank, world_size).barrier(options.timeout);
+      store::exit_barrier(prefix, rank, world_size, options.timeout);
     } catch (const Error& barrier_error) {
       std::fprintf(stderr, "chorus: rank %d: exit barrier: %s\n", rank, barrier_error.what());
       status = 1;

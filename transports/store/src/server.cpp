@@ -353,6 +353,14 @@ Server::Impl::Impl(ServerOptions options_in)
                           "handshake_timeout must be positive, not " +
                               std::to_string(options.handshake_timeout.count()) + " ms");
   }
+  // The timer adds it to now() in nanoseconds: far beyond the store's timeout bound that
+  // overflows into the past, and the timer fires at once, refusing every client too.
+  if (options.handshake_timeout > std::chrono::milliseconds(detail::kTimeoutMsMax)) {
+    throw InvalidArgument(error_context("store.server"),
+                          "handshake_timeout must be at most 2^40 ms (about 34 years, the "
+                          "store's longest timeout), not " +
+                              std::to_string(options.handshake_timeout.count()) + " ms");
+  }
   boost::system::error_code error;
   asio::ip::address address = asio::ip::make_address(options.host, error);
   tcp::endpoint endpoint;

@@ -6,6 +6,7 @@
 #include <chorus/error.hpp>
 #include <chorus/store/store.hpp>
 #include <string>
+#include <vector>
 
 #include "protocol.hpp"
 
@@ -245,6 +246,46 @@ void Rendezvous::barrier(Deadline deadline) {
   }
   store_.wait({released}, deadline);
   finish(name, {arrived, released}, deadline);
+}
+
+// Note [Exit barrier]
+// A rank that hosts the store (rank 0 under nccl::run, as torch's TCPStore under torchrun) must
+// keep its server up until no other rank still talks to it. Rendezvous::barrier is not enough:
+// it returns on a rank as soon as that rank counted itself out, while the other ranks may still
+// be waiting for 'released', counting out or deleting keys; a server destroyed then closes their
+// connections under those calls (TransportError "closed the connection (server gone?)" after a
+// correct job). So after the barrier every rank but 0 makes one last call, set("left/<rank>"),
+// and rank 0 waits for all of those keys before it returns. The server handles requests in
+// order on one thread, and the handler that applies a set also writes its answer (Asio writes to
+// the socket at once when nothing is queued there, as here: a client waits for each answer
+// before its next request) before rank 0's wait is answered; rank 0 then makes world_size - 1
+// more round trips, deleting the keys (it is the last rank to use them). So when rank 0 returns
+// every other rank's last answer is in the kernel, and a server stopped then sends it before
+// closing the connection.
+void exit_barrier(Store& store, int rank, int world_size, Deadline deadline) {
+  Rendezvous rendezvous(store, rank, world_size);  // checks rank and world_size
+  rendezvous.barrier(deadline);
+  const auto left_key = [](int r) { return "chorus.exit/left/" + std::to_string(r); };
+  if (rank != 0) {
+    store.set(left_key(rank), "", deadline);  // this rank's last call on the store
+    return;
+  }
+  std::vector<std::string> left;
+  left.reserve(static_cast<std::size_t>(world_size - 1));
+  for (int r = 1; r < world_size; ++r) {
+    left.push_back(left_key(r));
+  }
+  if (left.empty()) {
+    return;
+  }
+  store.wait(left, deadline);
+  // The others are gone: the deletes only keep a store that outlives the job (a launcher's)
+  // from growing. Like Rendezvous's counting out, they get a grace past a used-up deadline.
+  const Deadline housekeeping(
+      std::max(deadline.at(), Deadline::Clock::now() + Deadline::Clock::duration(kCountOutGrace)));
+  for (const std::string& key : left) {
+    store.delete_key(key, housekeeping);
+  }
 }
 
 }  // namespace chorus::store

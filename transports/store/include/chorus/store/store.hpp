@@ -109,7 +109,7 @@ struct ServerOptions {
   // refused with InvalidArgument.
   std::size_t keys_max = std::size_t{1} << 20;
   // A connection that has not presented its hello (and token) within this time is closed.
-  // Positive.
+  // Positive, at most 2^40 ms (the store's longest timeout: a timer set further overflows).
   std::chrono::milliseconds handshake_timeout{10'000};
 };
 
@@ -119,7 +119,7 @@ class Server {
  public:
   // Binds and listens. Throws TransportError when it cannot (address in use, bad host) and
   // InvalidArgument for nonsensical options (a zero limit, a handshake timeout that is not
-  // positive).
+  // positive or is above 2^40 ms).
   explicit Server(ServerOptions options = {});
   // stop().
   ~Server();
@@ -293,5 +293,17 @@ class Rendezvous {
   int world_size_;
   std::int64_t calls_ = 0;
 };
+
+// The barrier a job passes before its processes exit when one of its ranks hosts the store
+// (Note [Exit barrier] in store.cpp). Returns on every rank once every rank has called it; rank
+// 0 returns last: only once every other rank has made its last store call of the barrier and
+// received the answer, so a store server that rank 0 hosts may be stopped (destroyed) the
+// moment exit_barrier returns there, without any other rank losing the connection mid-call.
+// Rank 0 is the one that must host the store, if a rank does. Ranks make no other calls on
+// `store` after it. Once per job and key space: give it a store (or PrefixStore) no other
+// exit_barrier uses; it removes the keys it made. Blocks; errors are those of Rendezvous::barrier
+// and, on rank 0, a Timeout naming the key of the first rank that did not leave by the deadline.
+// InvalidArgument unless 0 <= rank < world_size.
+void exit_barrier(Store& store, int rank, int world_size, Deadline deadline = kDefaultTimeout);
 
 }  // namespace chorus::store
