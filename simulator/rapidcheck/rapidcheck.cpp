@@ -45,7 +45,13 @@ std::string failure_message(const SimReport& report, const SimOptions& options) 
     }
   }
   if (options.seed_from_environment) {
-    out << "  replay: " << report.replay_command << "\n";
+    // The runs themselves do not read the environment (run_choices), so their reports say what
+    // to set in SimOptions; this check does read CHORUS_SIM_REPLAY.
+    out << "  replay: "
+        << (report.replay_token.empty()
+                ? report.replay_command
+                : "CHORUS_SIM_REPLAY=" + report.replay_token + command_line())
+        << "\n";
   } else {
     out << "  replay token (SimOptions::replay): " << report.replay_token << "\n";
   }

@@ -59,10 +59,7 @@ std::string read_command_line() {
 // "<assignment> <this process's command line>". The command line is read once per process: it
 // does not change, and reading /proc/self/cmdline (open, read, close) on every run was a large
 // part of a short run's fixed cost.
-std::string replay_command(const std::string& assignment) {
-  static const std::string command_line = read_command_line();
-  return assignment + command_line;
-}
+std::string replay_command(const std::string& assignment) { return assignment + command_line(); }
 
 // SimReport::replay_command of a run seeded with `seed` (token empty) or following `token`: the
 // command line when the run reads the environment, else what to set in the program, since
@@ -597,6 +594,11 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
   result.minimal.replay_command = replay_instruction(options, 0, result.replay_token);
   result.timeline = timeline_text(result.minimal);
   return result;
+}
+
+std::string command_line() {
+  static const std::string line = read_command_line();
+  return line;
 }
 
 std::string timeline_text(const SimReport& report) {

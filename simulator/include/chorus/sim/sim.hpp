@@ -260,6 +260,10 @@ std::string_view name(Fault::Kind kind) noexcept;        // crash, transport_err
 // for a malformed variable, as run does. Never blocks.
 std::uint64_t resolved_seed(const SimOptions& options);
 
+// This process's command line, each argument quoted for the shell and preceded by a space: what
+// a replay command ("CHORUS_SIM_SEED=<seed>" + command_line()) reruns. Read once per process.
+std::string command_line();
+
 inline constexpr int kMaxWorldSize = 1024;
 // The longest injected delay, in steps (2^40 us of virtual time, about 12.7 days): longer ones
 // would overflow virtual time.
