@@ -351,7 +351,24 @@ TEST(Battery, SelectTakesCommaSeparatedGlobs) {
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0].name, "law.gather_dim");
   EXPECT_EQ(two[1].name, "errors.mismatch");
-  EXPECT_TRUE(select(all, "no.such").empty());
+}
+
+// Blanks around a pattern are trimmed, and a pattern that matches nothing is refused, naming it,
+// even when the others match: 'reduce.all_reduce, async.*,law.typo' used to run one property.
+TEST(Battery, SelectTrimsPatternsAndRefusesOneThatMatchesNothing) {
+  const std::vector<Property> all = battery();
+  const std::vector<Property> trimmed = select(all, " reduce.all_reduce ,\tlaw.gather_dim\t");
+  ASSERT_EQ(trimmed.size(), 2u);
+  EXPECT_EQ(trimmed[0].name, "reduce.all_reduce");
+  EXPECT_EQ(trimmed[1].name, "law.gather_dim");
+  EXPECT_EQ(select(all, "reduce.all_reduce, async.*").size(), 4u);
+  testing::expect_invalid_argument(
+      [&] { (void)select(all, "reduce.all_reduce, async.*,law.typo"); },
+      {"no property matches 'law.typo'"});
+  testing::expect_invalid_argument([&] { (void)select(all, "no.such"); },
+                                   {"no property matches 'no.such'"});
+  testing::expect_invalid_argument([&] { (void)select(all, "law.*,,nope"); },
+                                   {"no property matches '', 'nope'"});
 }
 
 TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
