@@ -207,6 +207,47 @@ TEST(Battery, HalfTheCasesRunOnTheFullWorldAtEveryCaseIndex) {
   EXPECT_GE(std::set<int>(worlds->begin(), worlds->end()).size(), 6u) << sizes;
 }
 
+// errors.mismatch covers the layout digest (Note [Layout digest] in core): ranks that pass the
+// same element count in another shape, or gather/scatter along another dim. Each kind is found
+// when the transport is blind to that operation's layout, and shrinks to it; the kinds that
+// change the element count, dtype, op or root pass without the digest (the mismatch used to
+// stop there, so a layout-blind transport passed the battery).
+struct LayoutBlindCase {
+  transport::OpKind blind;
+  const char* kind;  // the counterexample's mismatch kind
+};
+
+class BatteryLayoutBlind : public ::testing::TestWithParam<LayoutBlindCase> {};
+
+TEST_P(BatteryLayoutBlind, MismatchFindsTheKindOnlyTheLayoutDigestCatches) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.wrap_transport = testing::layout_blind(GetParam().blind);
+  const PropertyResult result = check_one("errors.mismatch", options);
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_NE(result.counterexample.find(std::string("passes a different ") + GetParam().kind),
+            std::string::npos)
+      << result.counterexample;
+  EXPECT_NE(result.failure.find("returned normally (expected CollectiveMismatch)"),
+            std::string::npos)
+      << result.failure;
+}
+
+void PrintTo(const LayoutBlindCase& c, std::ostream* out) {
+  *out << "blind to " << transport::op_kind_name(c.blind) << ": " << c.kind;
+}
+
+std::string layout_blind_name(const ::testing::TestParamInfo<LayoutBlindCase>& info) {
+  return std::string(transport::op_kind_name(info.param.blind));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, BatteryLayoutBlind,
+    ::testing::Values(LayoutBlindCase{transport::OpKind::AllReduce, "shape (same element count)"},
+                      LayoutBlindCase{transport::OpKind::AllGather, "gather dim"},
+                      LayoutBlindCase{transport::OpKind::ReduceScatter, "scatter dim"}),
+    layout_blind_name);
+
 // A schedule-independent property's PCT variants place their change points within the run (the
 // first run's length), where they reorder something: with the simulator's default estimate of
 // 256 decisions a case's short run seldom reached one. Seen in the report of the variant that
