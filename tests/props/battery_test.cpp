@@ -13,8 +13,10 @@
 #include <set>
 #include <vector>
 
+#include "battery/cases.hpp"
 #include "props/planted_transport.hpp"
 #include "support/expect_error.hpp"
+#include "support/forwarding_transport.hpp"
 #include "support/narrowed_transport.hpp"
 
 namespace chorus::props {
@@ -205,6 +207,98 @@ TEST(Battery, HalfTheCasesRunOnTheFullWorldAtEveryCaseIndex) {
   // The other half still covers the smaller worlds, the smallest included.
   EXPECT_NE(std::find(worlds->begin(), worlds->end(), 1), worlds->end()) << sizes;
   EXPECT_GE(std::set<int>(worlds->begin(), worlds->end()).size(), 6u) << sizes;
+}
+
+// Counts the all_reduce and all_gather send buffers that start past their storage's start: an
+// input at a nonzero storage offset, passed to the transport as it is.
+class OffsetWatchComm final : public testing::ForwardingComm {
+ public:
+  OffsetWatchComm(std::shared_ptr<transport::Comm> inner, std::shared_ptr<std::atomic<int>> seen)
+      : ForwardingComm(std::move(inner)), seen_(std::move(seen)) {}
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const ReduceOp& reduce_op,
+                                              const transport::OpInfo& info) override {
+    watch(send);
+    return ForwardingComm::all_reduce(send, recv, reduce_op, info);
+  }
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override {
+    watch(send);
+    return ForwardingComm::all_gather(send, recv, info);
+  }
+
+ private:
+  void watch(const transport::Buffer& send) {
+    if (send.count > 0 && send.data != send.keep_alive.get()) {
+      seen_->fetch_add(1);
+    }
+  }
+  std::shared_ptr<std::atomic<int>> seen_;
+};
+
+class OffsetWatchTransport final : public testing::ForwardingTransport {
+ public:
+  OffsetWatchTransport(std::shared_ptr<transport::Transport> inner,
+                       std::shared_ptr<std::atomic<int>> seen)
+      : ForwardingTransport(std::move(inner)), seen_(std::move(seen)) {}
+  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                               const std::vector<int>& ranks) override {
+    return std::make_shared<OffsetWatchComm>(ForwardingTransport::create_comm(tag, ranks), seen_);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int>> seen_;
+};
+
+// The reduction and gather cases feed collectives inputs at a nonzero storage offset and strided
+// ones, not only fresh tensors (Note [Input forms]): a core that took every transport buffer at
+// its storage's start instead of at the tensor's data passed the whole battery.
+TEST(Battery, ReductionAndGatherInputsComeAtAStorageOffsetAndStrided) {
+  // What reaches the transport: some sends start past their storage's start.
+  auto seen = std::make_shared<std::atomic<int>>(0);
+  CheckOptions options;
+  options.ranks = 4;
+  options.cases = 60;
+  options.wrap_transport =
+      [seen](std::shared_ptr<transport::Transport> inner) -> std::shared_ptr<transport::Transport> {
+    return std::make_shared<OffsetWatchTransport>(std::move(inner), seen);
+  };
+  const CheckReport report =
+      check_on_simulator(select(battery(), "reduce.all_reduce,law.gather_dim"), options);
+  ASSERT_EQ(report.results.size(), 2u);
+  EXPECT_TRUE(report.passed()) << summary_table(report);
+  EXPECT_GT(seen->load(), 0) << "no all_reduce or all_gather input at a nonzero storage offset";
+
+  // What the generators draw at the runner's case sizes (case i at i * 100 / cases): every form
+  // (the last too, below the nominal size), deterministically from the seed.
+  using families::InputForm;
+  const auto forms_of = [](std::uint64_t seed) {
+    std::vector<InputForm> forms;
+    for (int i = 0; i < 60; ++i) {
+      const rc::Random random(seed + static_cast<std::uint64_t>(i));
+      const int size = i * 100 / 60;
+      forms.push_back(families::gen_reduce_case(World{4}, false)(random, size).value().form);
+      forms.push_back(families::gen_scatter_case(World{4})(random, size).value().form);
+    }
+    return forms;
+  };
+  const std::vector<InputForm> forms = forms_of(7);
+  EXPECT_EQ(forms, forms_of(7));
+  int offset = 0;
+  int strided = 0;
+  for (std::size_t i = 0; i < forms.size(); ++i) {
+    const Tensor input = families::in_form(
+        families::exact_input(i, 0, {3, 2}, DType::Int32, ReduceOp::Kind::Sum), forms[i]);
+    offset += input.storage_offset() > 0 ? 1 : 0;
+    strided += input.is_contiguous() ? 0 : 1;
+    EXPECT_TRUE(input.bitwise_equal(
+        families::exact_input(i, 0, {3, 2}, DType::Int32, ReduceOp::Kind::Sum)));
+  }
+  EXPECT_GT(offset, 0);
+  EXPECT_GT(strided, 0);
+  EXPECT_NE(std::count(forms.begin(), forms.end(), InputForm::Fresh), 0);
 }
 
 // errors.mismatch covers the layout digest (Note [Layout digest] in core): ranks that pass the
