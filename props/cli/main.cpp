@@ -163,10 +163,13 @@ int run_check(const CheckFlags& flags) {
   props::check_options(options);
   Progress progress(isatty(STDERR_FILENO) != 0);
   options.listener = &progress;
-  const std::vector<props::Property> properties = props::select(props::battery(), flags.property);
-  if (properties.empty()) {
-    std::cerr << "chorus check: no property matches '" << flags.property
-              << "' (chorus list shows them)\n";
+  // Every comma-separated pattern must match a property: a typo among them is refused, not
+  // dropped (select names it).
+  std::vector<props::Property> properties;
+  try {
+    properties = props::select(props::battery(), flags.property);
+  } catch (const InvalidArgument& error) {
+    std::cerr << "chorus check: " << error.detail() << " (chorus list shows them)\n";
     return 2;
   }
   if (flags.transport == "sim" && flags.runner == "simulator") {

@@ -698,14 +698,33 @@ bool CheckReport::passed() const noexcept {
 }
 
 std::vector<Property> select(const std::vector<Property>& properties, std::string_view glob) {
+  // Comma-separated patterns, each trimmed of surrounding blanks ('law.*, async.*').
   std::vector<std::string_view> patterns;
   while (true) {
     const std::size_t comma = glob.find(',');
-    patterns.push_back(glob.substr(0, comma));
+    std::string_view pattern = glob.substr(0, comma);
+    const std::size_t first = pattern.find_first_not_of(" \t");
+    pattern = first == std::string_view::npos
+                  ? std::string_view()
+                  : pattern.substr(first, pattern.find_last_not_of(" \t") - first + 1);
+    patterns.push_back(pattern);
     if (comma == std::string_view::npos) {
       break;
     }
     glob = glob.substr(comma + 1);
+  }
+  // A pattern that matches nothing is a typo, refused even when another pattern matches: it
+  // would otherwise drop the properties it meant without a word.
+  std::string unmatched;
+  for (const std::string_view pattern : patterns) {
+    if (std::none_of(properties.begin(), properties.end(), [&](const Property& property) {
+          return glob_match(pattern, property.name);
+        })) {
+      unmatched += std::string(unmatched.empty() ? "" : ", ") + "'" + std::string(pattern) + "'";
+    }
+  }
+  if (!unmatched.empty()) {
+    throw InvalidArgument({}, "no property matches " + unmatched);
   }
   std::vector<Property> selected;
   for (const Property& property : properties) {
@@ -714,6 +733,7 @@ std::vector<Property> select(const std::vector<Property>& properties, std::strin
       selected.push_back(property);
     }
   }
+  CHORUS_CHECK(!selected.empty());
   return selected;
 }
 

@@ -13,8 +13,10 @@
 #include <set>
 #include <vector>
 
+#include "battery/cases.hpp"
 #include "props/planted_transport.hpp"
 #include "support/expect_error.hpp"
+#include "support/forwarding_transport.hpp"
 #include "support/narrowed_transport.hpp"
 
 namespace chorus::props {
@@ -207,6 +209,139 @@ TEST(Battery, HalfTheCasesRunOnTheFullWorldAtEveryCaseIndex) {
   EXPECT_GE(std::set<int>(worlds->begin(), worlds->end()).size(), 6u) << sizes;
 }
 
+// Counts the all_reduce and all_gather send buffers that start past their storage's start: an
+// input at a nonzero storage offset, passed to the transport as it is.
+class OffsetWatchComm final : public testing::ForwardingComm {
+ public:
+  OffsetWatchComm(std::shared_ptr<transport::Comm> inner, std::shared_ptr<std::atomic<int>> seen)
+      : ForwardingComm(std::move(inner)), seen_(std::move(seen)) {}
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const ReduceOp& reduce_op,
+                                              const transport::OpInfo& info) override {
+    watch(send);
+    return ForwardingComm::all_reduce(send, recv, reduce_op, info);
+  }
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override {
+    watch(send);
+    return ForwardingComm::all_gather(send, recv, info);
+  }
+
+ private:
+  void watch(const transport::Buffer& send) {
+    if (send.count > 0 && send.data != send.keep_alive.get()) {
+      seen_->fetch_add(1);
+    }
+  }
+  std::shared_ptr<std::atomic<int>> seen_;
+};
+
+class OffsetWatchTransport final : public testing::ForwardingTransport {
+ public:
+  OffsetWatchTransport(std::shared_ptr<transport::Transport> inner,
+                       std::shared_ptr<std::atomic<int>> seen)
+      : ForwardingTransport(std::move(inner)), seen_(std::move(seen)) {}
+  std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                               const std::vector<int>& ranks) override {
+    return std::make_shared<OffsetWatchComm>(ForwardingTransport::create_comm(tag, ranks), seen_);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int>> seen_;
+};
+
+// The reduction and gather cases feed collectives inputs at a nonzero storage offset and strided
+// ones, not only fresh tensors (Note [Input forms]): a core that took every transport buffer at
+// its storage's start instead of at the tensor's data passed the whole battery.
+TEST(Battery, ReductionAndGatherInputsComeAtAStorageOffsetAndStrided) {
+  // What reaches the transport: some sends start past their storage's start.
+  auto seen = std::make_shared<std::atomic<int>>(0);
+  CheckOptions options;
+  options.ranks = 4;
+  options.cases = 60;
+  options.wrap_transport =
+      [seen](std::shared_ptr<transport::Transport> inner) -> std::shared_ptr<transport::Transport> {
+    return std::make_shared<OffsetWatchTransport>(std::move(inner), seen);
+  };
+  const CheckReport report =
+      check_on_simulator(select(battery(), "reduce.all_reduce,law.gather_dim"), options);
+  ASSERT_EQ(report.results.size(), 2u);
+  EXPECT_TRUE(report.passed()) << summary_table(report);
+  EXPECT_GT(seen->load(), 0) << "no all_reduce or all_gather input at a nonzero storage offset";
+
+  // What the generators draw at the runner's case sizes (case i at i * 100 / cases): every form
+  // (the last too, below the nominal size), deterministically from the seed.
+  using families::InputForm;
+  const auto forms_of = [](std::uint64_t seed) {
+    std::vector<InputForm> forms;
+    for (int i = 0; i < 60; ++i) {
+      const rc::Random random(seed + static_cast<std::uint64_t>(i));
+      const int size = i * 100 / 60;
+      forms.push_back(families::gen_reduce_case(World{4}, false)(random, size).value().form);
+      forms.push_back(families::gen_scatter_case(World{4})(random, size).value().form);
+    }
+    return forms;
+  };
+  const std::vector<InputForm> forms = forms_of(7);
+  EXPECT_EQ(forms, forms_of(7));
+  int offset = 0;
+  int strided = 0;
+  for (std::size_t i = 0; i < forms.size(); ++i) {
+    const Tensor input = families::in_form(
+        families::exact_input(i, 0, {3, 2}, DType::Int32, ReduceOp::Kind::Sum), forms[i]);
+    offset += input.storage_offset() > 0 ? 1 : 0;
+    strided += input.is_contiguous() ? 0 : 1;
+    EXPECT_TRUE(input.bitwise_equal(
+        families::exact_input(i, 0, {3, 2}, DType::Int32, ReduceOp::Kind::Sum)));
+  }
+  EXPECT_GT(offset, 0);
+  EXPECT_GT(strided, 0);
+  EXPECT_NE(std::count(forms.begin(), forms.end(), InputForm::Fresh), 0);
+}
+
+// errors.mismatch covers the layout digest (Note [Layout digest] in core): ranks that pass the
+// same element count in another shape, or gather/scatter along another dim. Each kind is found
+// when the transport is blind to that operation's layout, and shrinks to it; the kinds that
+// change the element count, dtype, op or root pass without the digest (the mismatch used to
+// stop there, so a layout-blind transport passed the battery).
+struct LayoutBlindCase {
+  transport::OpKind blind;
+  const char* kind;  // the counterexample's mismatch kind
+};
+
+class BatteryLayoutBlind : public ::testing::TestWithParam<LayoutBlindCase> {};
+
+TEST_P(BatteryLayoutBlind, MismatchFindsTheKindOnlyTheLayoutDigestCatches) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.wrap_transport = testing::layout_blind(GetParam().blind);
+  const PropertyResult result = check_one("errors.mismatch", options);
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_NE(result.counterexample.find(std::string("passes a different ") + GetParam().kind),
+            std::string::npos)
+      << result.counterexample;
+  EXPECT_NE(result.failure.find("returned normally (expected CollectiveMismatch)"),
+            std::string::npos)
+      << result.failure;
+}
+
+void PrintTo(const LayoutBlindCase& c, std::ostream* out) {
+  *out << "blind to " << transport::op_kind_name(c.blind) << ": " << c.kind;
+}
+
+std::string layout_blind_name(const ::testing::TestParamInfo<LayoutBlindCase>& info) {
+  return std::string(transport::op_kind_name(info.param.blind));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, BatteryLayoutBlind,
+    ::testing::Values(LayoutBlindCase{transport::OpKind::AllReduce, "shape (same element count)"},
+                      LayoutBlindCase{transport::OpKind::AllGather, "gather dim"},
+                      LayoutBlindCase{transport::OpKind::ReduceScatter, "scatter dim"}),
+    layout_blind_name);
+
 // A schedule-independent property's PCT variants place their change points within the run (the
 // first run's length), where they reorder something: with the simulator's default estimate of
 // 256 decisions a case's short run seldom reached one. Seen in the report of the variant that
@@ -351,7 +486,24 @@ TEST(Battery, SelectTakesCommaSeparatedGlobs) {
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0].name, "law.gather_dim");
   EXPECT_EQ(two[1].name, "errors.mismatch");
-  EXPECT_TRUE(select(all, "no.such").empty());
+}
+
+// Blanks around a pattern are trimmed, and a pattern that matches nothing is refused, naming it,
+// even when the others match: 'reduce.all_reduce, async.*,law.typo' used to run one property.
+TEST(Battery, SelectTrimsPatternsAndRefusesOneThatMatchesNothing) {
+  const std::vector<Property> all = battery();
+  const std::vector<Property> trimmed = select(all, " reduce.all_reduce ,\tlaw.gather_dim\t");
+  ASSERT_EQ(trimmed.size(), 2u);
+  EXPECT_EQ(trimmed[0].name, "reduce.all_reduce");
+  EXPECT_EQ(trimmed[1].name, "law.gather_dim");
+  EXPECT_EQ(select(all, "reduce.all_reduce, async.*").size(), 4u);
+  testing::expect_invalid_argument(
+      [&] { (void)select(all, "reduce.all_reduce, async.*,law.typo"); },
+      {"no property matches 'law.typo'"});
+  testing::expect_invalid_argument([&] { (void)select(all, "no.such"); },
+                                   {"no property matches 'no.such'"});
+  testing::expect_invalid_argument([&] { (void)select(all, "law.*,,nope"); },
+                                   {"no property matches '', 'nope'"});
 }
 
 TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {

@@ -142,6 +142,71 @@ class PlantedTransport final : public ForwardingTransport {
   PlantedBug bug_;
 };
 
+// A communicator that forgets the layout digest (Note [Layout digest] in core) of one kind of
+// operation: its send and receive buffers reach the transport with Buffer::layout 0 ("not set"),
+// so the transport compares only element counts, dtypes and ops there.
+class LayoutBlindComm final : public ForwardingComm {
+ public:
+  LayoutBlindComm(std::shared_ptr<transport::Comm> inner, transport::OpKind blind)
+      : ForwardingComm(std::move(inner)), blind_(blind) {}
+
+  std::shared_ptr<transport::Work> all_reduce(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const ReduceOp& reduce_op,
+                                              const transport::OpInfo& info) override {
+    return inner().all_reduce(blind(transport::OpKind::AllReduce, send),
+                              blind(transport::OpKind::AllReduce, recv), reduce_op, info);
+  }
+  std::shared_ptr<transport::Work> all_gather(const transport::Buffer& send,
+                                              const transport::Buffer& recv,
+                                              const transport::OpInfo& info) override {
+    return inner().all_gather(blind(transport::OpKind::AllGather, send),
+                              blind(transport::OpKind::AllGather, recv), info);
+  }
+  std::shared_ptr<transport::Work> reduce_scatter(const transport::Buffer& send,
+                                                  const transport::Buffer& recv,
+                                                  const ReduceOp& reduce_op,
+                                                  const transport::OpInfo& info) override {
+    return inner().reduce_scatter(blind(transport::OpKind::ReduceScatter, send),
+                                  blind(transport::OpKind::ReduceScatter, recv), reduce_op, info);
+  }
+
+ private:
+  transport::Buffer blind(transport::OpKind kind, transport::Buffer buffer) const {
+    if (kind == blind_) {
+      buffer.layout = 0;
+    }
+    return buffer;
+  }
+
+  transport::OpKind blind_;
+};
+
+// A SimOptions::wrap_transport / CheckOptions::wrap_transport that makes every rank's
+// communicators (but chorus's own, "chorus." tags) blind to the layout of `blind` operations.
+inline auto layout_blind(transport::OpKind blind) {
+  class Blind final : public ForwardingTransport {
+   public:
+    Blind(std::shared_ptr<transport::Transport> inner, transport::OpKind blind)
+        : ForwardingTransport(std::move(inner)), blind_(blind) {}
+    std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
+                                                 const std::vector<int>& ranks) override {
+      std::shared_ptr<transport::Comm> comm = ForwardingTransport::create_comm(tag, ranks);
+      if (tag.rfind("chorus.", 0) == 0) {
+        return comm;
+      }
+      return std::make_shared<LayoutBlindComm>(std::move(comm), blind_);
+    }
+
+   private:
+    transport::OpKind blind_;
+  };
+  return [blind](
+             std::shared_ptr<transport::Transport> inner) -> std::shared_ptr<transport::Transport> {
+    return std::make_shared<Blind>(std::move(inner), blind);
+  };
+}
+
 // A SimOptions::wrap_transport / CheckOptions::wrap_transport that plants `bug` on rank
 // `buggy_rank` only.
 inline auto plant(PlantedBug bug, int buggy_rank) {

@@ -422,6 +422,64 @@ Tensor reference_reduce(std::uint64_t data_seed, const std::vector<int>& members
   return from_integers(result, shape, dtype);
 }
 
+// ---- Input forms (Note [Input forms])
+
+const char* input_form_name(InputForm form) noexcept {
+  switch (form) {
+    case InputForm::Fresh:
+      return "fresh";
+    case InputForm::Offset:
+      return "offset view";
+    case InputForm::Strided:
+      return "strided view";
+  }
+  return "?";
+}
+
+rc::Gen<InputForm> gen_input_form() {
+  // At the nominal size: rc::gen::inRange scales its range with the size, and the runner draws
+  // case i at size i * 100 / cases, so below it the last form would never be drawn.
+  return rc::gen::map(rc::gen::resize(rc::kNominalSize, rc::gen::inRange(0, kInputFormCount)),
+                      [](int form) { return static_cast<InputForm>(form); });
+}
+
+Tensor in_form(const Tensor& input, InputForm form) {
+  CHORUS_CHECK(!input.is_pending());
+  if (form == InputForm::Fresh) {
+    return input;
+  }
+  const Shape shape = input.sizes();
+  const auto dims = static_cast<std::int64_t>(shape.size());
+  Tensor view;
+  if (form == InputForm::Offset) {
+    // Junk on either side of a contiguous run of numel elements.
+    constexpr std::int64_t kJunk = 3;
+    const std::int64_t n = input.numel();
+    view = Tensor::full({n + 2 * kJunk}, kJunkValue, input.dtype()).narrow(0, kJunk, n).view(shape);
+    CHORUS_CHECK(view.is_contiguous());
+    CHORUS_CHECK_EQ(view.storage_offset(), kJunk);
+  } else {
+    // Element i of the view is element 2 i + 1 of its buffer (junk between), and with two dims
+    // or more dims 0 and 1 are swapped in memory.
+    Shape buffer_shape = shape;
+    if (dims >= 2) {
+      std::swap(buffer_shape[0], buffer_shape[1]);
+    }
+    buffer_shape.push_back(2);
+    view = Tensor::full(buffer_shape, kJunkValue, input.dtype()).select(dims, 1);
+    if (dims >= 2) {
+      view = view.transpose(0, 1);
+    }
+    CHORUS_CHECK_EQ(view.storage_offset(), 1);
+    if (input.numel() > 1) {
+      CHORUS_CHECK(!view.is_contiguous());
+    }
+  }
+  CHORUS_CHECK(view.sizes() == shape);
+  view.copy_(input);
+  return view;
+}
+
 // ---- The common case
 
 void showValue(const ReduceCase& c, std::ostream& out) {
@@ -430,7 +488,7 @@ void showValue(const ReduceCase& c, std::ostream& out) {
   out << ", ";
   showValue(c.op, out);
   out << ", shape " << shape_text(c.shape) << ", dim/root " << c.dim << ", data seed "
-      << c.data_seed;
+      << c.data_seed << ", input " << input_form_name(c.form);
 }
 
 rc::Gen<ReduceCase> gen_reduce_case(const World& world, bool any_dtype) {
@@ -444,6 +502,7 @@ rc::Gen<ReduceCase> gen_reduce_case(const World& world, bool any_dtype) {
     c.shape = *gen_shape();
     c.dim = *rc::gen::inRange(0, c.layout.group_size());
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
+    c.form = *gen_input_form();
     return c;
   });
 }
@@ -463,6 +522,7 @@ rc::Gen<ReduceCase> gen_scatter_case(const World& world) {
         *rc::gen::inRange<std::int64_t>(0, 3) * c.layout.group_size();
     c.dim = !*gen_flag() ? dim - dims : dim;
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
+    c.form = *gen_input_form();
     return c;
   });
 }

@@ -117,13 +117,35 @@ Tensor exact_input(std::uint64_t data_seed, int rank, const Shape& shape, DType 
 Tensor reference_reduce(std::uint64_t data_seed, const std::vector<int>& members,
                         const Shape& shape, DType dtype, const ReduceOp& op);
 
-// ---- The common case: a group, an (op, dtype), a shape, an extra integer and a data seed.
+// ---- Input forms.
+// Note [Input forms]
+// A collective reads its input through the tensor's view: its storage offset and strides. A
+// battery that only ever passes fresh contiguous tensors (offset 0) cannot tell a transport
+// buffer taken at the storage's start from one taken at the data, nor a strided input read as if
+// it were packed. So the cases that feed exact inputs to a collective also draw the form the
+// input takes, with the same values: fresh; a contiguous narrow, at a nonzero storage offset, of
+// a larger buffer filled with junk; or a non-contiguous view (strides doubled, interleaved with
+// junk, at offset 1, and with two dims or more transposed). Junk is kJunkValue, a value no
+// exact input takes (but Bool's true), so reading it changes the result. Forms shrink towards
+// fresh.
+enum class InputForm { Fresh, Offset, Strided };
+inline constexpr int kInputFormCount = 3;
+inline constexpr double kJunkValue = 99;
+const char* input_form_name(InputForm form) noexcept;
+rc::Gen<InputForm> gen_input_form();
+// `input`'s values (same shape and dtype) in `form`: `input` itself when fresh, otherwise a view
+// into a new junk-filled buffer. Never waits (`input` must not be pending).
+Tensor in_form(const Tensor& input, InputForm form);
+
+// ---- The common case: a group, an (op, dtype), a shape, an extra integer, a data seed and the
+// form of the inputs (Note [Input forms]).
 struct ReduceCase {
   Layout layout;
   OpDType op;
   Shape shape;
   std::int64_t dim = 0;  // the scatter/gather dim, or a root (reduce's dst, broadcast's src)
   std::uint64_t data_seed = 0;
+  InputForm form = InputForm::Fresh;
 };
 void showValue(const ReduceCase& c, std::ostream& out);
 // `dim` a group rank (a root); any_dtype: the dtype need not suit the op (copies).

@@ -4,9 +4,11 @@
 // rendezvous).
 
 #include <algorithm>
+#include <iterator>
 
 #include "battery/cases.hpp"
 #include "battery/families.hpp"
+#include "chorus/check.hpp"
 
 namespace chorus::props::families {
 namespace {
@@ -142,9 +144,16 @@ void check_bad_input(const BadCase& c, Env& env) {
 
 // ---- Mismatches between ranks (simulator only: on a real transport they would abort it)
 
-enum class Mismatch { Shape, DType, ReduceOp, Op, Root };
-constexpr int kMismatchCount = 5;
-constexpr const char* kMismatchNames[] = {"shape", "dtype", "reduce op", "op", "broadcast root"};
+// Shape: another element count. SameCountShape: the same count in another shape ([2, 3] against
+// [3, 2]). GatherDim, ScatterDim: all_gather_tensor / reduce_scatter_tensor of the same shape
+// along dim 0 against dim 1. The last three move the same element counts, so only the layout
+// digest tells them apart (Note [Layout digest] in core/src/collectives.cpp).
+enum class Mismatch { Shape, DType, ReduceOp, Op, Root, SameCountShape, GatherDim, ScatterDim };
+constexpr int kMismatchCount = 8;
+constexpr const char* kMismatchNames[] = {
+    "shape (element count)",      "dtype",      "reduce op",  "op", "broadcast root",
+    "shape (same element count)", "gather dim", "scatter dim"};
+static_assert(std::size(kMismatchNames) == kMismatchCount);
 
 struct MismatchCase {
   Mismatch kind = Mismatch::Shape;
@@ -160,27 +169,64 @@ void showValue(const MismatchCase& c, std::ostream& out) {
 rc::Gen<MismatchCase> gen_mismatch_case(const World& world) {
   return rc::gen::exec([world] {
     MismatchCase c;
-    c.kind = static_cast<Mismatch>(*rc::gen::inRange(0, kMismatchCount));
+    // Every kind at every case size (rc::gen::inRange scales its range with the size).
+    c.kind = static_cast<Mismatch>(
+        *rc::gen::resize(rc::kNominalSize, rc::gen::inRange(0, kMismatchCount)));
     c.odd = *rc::gen::inRange(0, world.size);
     c.shape = *gen_shape(2);
     return c;
   });
 }
 
+std::int64_t count_of(const Shape& shape) {
+  std::int64_t count = 1;
+  for (const std::int64_t size : shape) {
+    count *= size;
+  }
+  return count;
+}
+
+// Another shape of the same element count: reversed ([2, 3] to [3, 2]) where that differs,
+// otherwise with a trailing 1 ([2, 2] to [2, 2, 1], [] to [1]).
+Shape same_count_other_shape(const Shape& shape) {
+  Shape other(shape.rbegin(), shape.rend());
+  if (other == shape) {
+    other.push_back(1);
+  }
+  CHORUS_CHECK(other != shape);
+  CHORUS_CHECK_EQ(count_of(other), count_of(shape));
+  return other;
+}
+
 void check_mismatch(const MismatchCase& c, Env& env) {
   const bool odd = env.rank() == c.odd;
-  // A different shape is one with a different element count: transports compare counts (as
-  // NCCL does), so [2, 3] against [3, 2] is not a mismatch (docs/errors.md).
+  const auto world_ranks = static_cast<std::int64_t>(world_size());
   Shape shape = c.shape;
-  if (odd && c.kind == Mismatch::Shape) {
-    std::int64_t count = 1;
-    for (const std::int64_t size : c.shape) {
-      count *= size;
-    }
-    shape = {count + 1};
+  switch (c.kind) {
+    case Mismatch::Shape:
+      if (odd) {
+        shape = {count_of(c.shape) + 1};
+      }
+      break;
+    case Mismatch::SameCountShape:
+      if (odd) {
+        shape = same_count_other_shape(c.shape);
+      }
+      break;
+    case Mismatch::GatherDim:
+      // Two dims at least, so that dim 1 exists.
+      shape.resize(std::max<std::size_t>(shape.size(), 2), 1);
+      break;
+    case Mismatch::ScatterDim:
+      // Both dims divisible by the world size, so either is a valid scatter dim.
+      shape = {world_ranks, 2 * world_ranks};
+      break;
+    default:
+      break;
   }
   const DType dtype = odd && c.kind == Mismatch::DType ? DType::Float64 : DType::Float32;
   const Tensor input = Tensor::ones(shape, dtype);
+  const std::int64_t dim = odd ? 1 : 0;  // GatherDim's and ScatterDim's
   std::string outcome = "returned normally";
   try {
     Tensor result;
@@ -188,6 +234,10 @@ void check_mismatch(const MismatchCase& c, Env& env) {
       result = all_gather_tensor(input, 0, world());
     } else if (c.kind == Mismatch::Root) {
       result = broadcast(input, odd ? 1 : 0, world());
+    } else if (c.kind == Mismatch::GatherDim) {
+      result = all_gather_tensor(input, dim, world());
+    } else if (c.kind == Mismatch::ScatterDim) {
+      result = reduce_scatter_tensor(input, "sum", dim, world());
     } else {
       result = all_reduce(input, odd && c.kind == Mismatch::ReduceOp ? "max" : "sum", world());
     }
@@ -212,8 +262,9 @@ std::vector<Property> error_properties() {
                              "member, and consume no sequence number",
                              gen_bad_case, check_bad_input),
       make_property<MismatchCase>("errors.mismatch",
-                                  "ranks that disagree on shape, dtype, reduce op, op or root "
-                                  "end with CollectiveMismatch on every rank, never a hang",
+                                  "ranks that disagree on shape (element count or layout), "
+                                  "dtype, reduce op, op, root, gather dim or scatter dim end with "
+                                  "CollectiveMismatch on every rank, never a hang",
                                   gen_mismatch_case, check_mismatch, mismatch_needs),
   };
 }

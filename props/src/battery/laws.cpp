@@ -16,8 +16,9 @@ void check_scatter_gather(const ReduceCase& c, Env& env) {
     return;
   }
   const GroupSpec group = c.layout.spec();
-  const Tensor input =
-      exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, c.layout.group_size());
+  const Tensor input = in_form(
+      exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, c.layout.group_size()),
+      c.form);
   const std::optional<Tensor> scattered = unless_refused(
       env, c.op, [&] { return reduce_scatter_tensor(input, c.op.op, c.dim, group); });
   if (!scattered) {
@@ -120,13 +121,14 @@ struct GatherCase {
   Shape shape;
   std::int64_t dim = 0;
   std::uint64_t data_seed = 0;
+  InputForm form = InputForm::Fresh;  // Note [Input forms]
 };
 
 void showValue(const GatherCase& c, std::ostream& out) {
   out << "group ";
   showValue(c.layout, out);
   out << ", " << dtype_name(c.dtype) << ", shape " << shape_text(c.shape) << ", gather_dim "
-      << c.dim << ", data seed " << c.data_seed;
+      << c.dim << ", data seed " << c.data_seed << ", input " << input_form_name(c.form);
 }
 
 rc::Gen<GatherCase> gen_gather_case(const World& world) {
@@ -140,6 +142,7 @@ rc::Gen<GatherCase> gen_gather_case(const World& world) {
       c.dim = *rc::gen::inRange<std::int64_t>(-dims, dims);
     }
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
+    c.form = *gen_input_form();
     return c;
   });
 }
@@ -149,8 +152,9 @@ void check_gather_dim(const GatherCase& c, Env& env) {
   if (members == nullptr) {
     return;
   }
-  const Tensor gathered = all_gather_tensor(exact_input(c.data_seed, env.rank(), c.shape, c.dtype),
-                                            c.dim, c.layout.spec());
+  const Tensor gathered =
+      all_gather_tensor(in_form(exact_input(c.data_seed, env.rank(), c.shape, c.dtype), c.form),
+                        c.dim, c.layout.spec());
   for (std::size_t j = 0; j < members->size(); ++j) {
     const Tensor expected = exact_input(c.data_seed, (*members)[j], c.shape, c.dtype);
     const auto index = static_cast<std::int64_t>(j);
@@ -367,8 +371,9 @@ void check_inplace(const InplaceCase& c, Env& env) {
     return;
   }
   const GroupSpec group = b.layout.spec();
-  const Tensor input =
-      exact_input(b.data_seed, env.rank(), b.shape, b.op.dtype, b.op.op, b.layout.group_size());
+  const Tensor input = in_form(
+      exact_input(b.data_seed, env.rank(), b.shape, b.op.dtype, b.op.op, b.layout.group_size()),
+      b.form);
   if (c.form == 0) {
     const std::optional<Tensor> expected = unless_refused(env, b.op, [&] {
       return all_reduce(c.strided ? input.transpose(0, 1) : input, b.op.op, group);
@@ -376,7 +381,12 @@ void check_inplace(const InplaceCase& c, Env& env) {
     if (!expected) {
       return;
     }
-    Tensor target = c.strided ? input.clone().transpose(0, 1) : input.clone();
+    // The target in the case's form too (a clone when fresh), so in-place writes go through its
+    // offset and strides.
+    Tensor target = in_form(input.clone(), b.form);
+    if (c.strided) {
+      target = target.transpose(0, 1);
+    }
     Tensor& returned = all_reduce_inplace(target, b.op.op, group);
     env.require(&returned == &target, "all_reduce_inplace returns its argument");
     env.require(!target.is_pending(), "all_reduce_inplace returns after the result is in place");
@@ -384,7 +394,7 @@ void check_inplace(const InplaceCase& c, Env& env) {
     env.record(target);
   } else if (c.form == 1) {
     const Tensor expected = all_gather_tensor(input, b.dim, group);
-    Tensor output = Tensor::zeros(expected.sizes(), b.op.dtype);
+    Tensor output = in_form(Tensor::zeros(expected.sizes(), b.op.dtype), b.form);
     all_gather_tensor_inplace(output, input, group, "", b.dim);
     env.require(!output.is_pending(), "all_gather_tensor_inplace returns after the result");
     env.require_bitwise_equal(output, expected, "all_gather_tensor_inplace vs all_gather_tensor");
@@ -395,7 +405,7 @@ void check_inplace(const InplaceCase& c, Env& env) {
     if (!expected) {
       return;
     }
-    Tensor output = Tensor::zeros(expected->sizes(), b.op.dtype);
+    Tensor output = in_form(Tensor::zeros(expected->sizes(), b.op.dtype), b.form);
     reduce_scatter_tensor_inplace(output, input, b.op.op, group, b.dim);
     env.require(!output.is_pending(), "reduce_scatter_tensor_inplace returns after the result");
     env.require_bitwise_equal(output, *expected,

@@ -1,5 +1,6 @@
-// reduce.*: every collective that reduces or copies, per op x dtype x layout x shape, against
-// the reference model of Note [Exact inputs].
+// reduce.*: every collective that reduces or copies, per op x dtype x layout x shape x input
+// form, against the reference model of Note [Exact inputs] (inputs in the forms of Note [Input
+// forms]: fresh, at a storage offset, strided).
 
 #include "battery/cases.hpp"
 #include "battery/families.hpp"
@@ -13,7 +14,8 @@ void check_all_reduce(const ReduceCase& c, Env& env) {
     return;
   }
   const int size = c.layout.group_size();
-  const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
+  const Tensor input =
+      in_form(exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size), c.form);
   const std::optional<Tensor> reduced =
       unless_refused(env, c.op, [&] { return all_reduce(input, c.op.op, c.layout.spec()); });
   if (!reduced) {
@@ -36,7 +38,8 @@ void check_reduce_scatter(const ReduceCase& c, Env& env) {
     return;
   }
   const int size = c.layout.group_size();
-  const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
+  const Tensor input =
+      in_form(exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size), c.form);
   const std::optional<Tensor> scattered = unless_refused(
       env, c.op, [&] { return reduce_scatter_tensor(input, c.op.op, c.dim, c.layout.spec()); });
   if (!scattered) {
@@ -58,7 +61,8 @@ void check_reduce(const ReduceCase& c, Env& env) {
   }
   const int size = c.layout.group_size();
   const int dst = static_cast<int>(c.dim);
-  const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size);
+  const Tensor input =
+      in_form(exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype, c.op.op, size), c.form);
   const std::optional<Tensor> reduced =
       unless_refused(env, c.op, [&] { return reduce(input, c.op.op, dst, c.layout.spec()); });
   if (!reduced) {
@@ -81,7 +85,8 @@ void check_broadcast(const ReduceCase& c, Env& env) {
   }
   const int src = static_cast<int>(c.dim);
   const Tensor result =
-      broadcast(exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype), src, c.layout.spec());
+      broadcast(in_form(exact_input(c.data_seed, env.rank(), c.shape, c.op.dtype), c.form), src,
+                c.layout.spec());
   env.require_bitwise_equal(
       result,
       exact_input(c.data_seed, (*members)[static_cast<std::size_t>(src)], c.shape, c.op.dtype),

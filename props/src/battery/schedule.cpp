@@ -24,6 +24,7 @@ struct ProgramCase {
   std::vector<Step> steps;
   std::vector<int> wait_order;
   std::uint64_t data_seed = 0;
+  std::vector<InputForm> forms;  // per step (Note [Input forms])
 };
 
 void showValue(const ProgramCase& c, std::ostream& out) {
@@ -33,6 +34,7 @@ void showValue(const ProgramCase& c, std::ostream& out) {
     showValue(step.reduction, out);
     out << " " << shape_text(step.shape) << " on ";
     showValue(step.layout, out);
+    out << ", input " << input_form_name(c.forms[i]);
   }
   out << "; waited in order";
   for (const int i : c.wait_order) {
@@ -57,6 +59,9 @@ rc::Gen<ProgramCase> gen_program_case(const World& world) {
     }
     c.wait_order = *gen_permutation(count);
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
+    for (int i = 0; i < count; ++i) {
+      c.forms.push_back(*gen_input_form());
+    }
     return c;
   });
 }
@@ -89,9 +94,10 @@ void check_program(const ProgramCase& c, Env& env) {
   std::vector<Tensor> results;
   for (std::size_t i = 0; i < c.steps.size(); ++i) {
     const Step& step = c.steps[i];
-    results.push_back(
-        issue(step, exact_input(c.data_seed + i, env.rank(), step.shape, step.reduction.dtype,
-                                step.reduction.op, step.layout.group_size())));
+    results.push_back(issue(
+        step, in_form(exact_input(c.data_seed + i, env.rank(), step.shape, step.reduction.dtype,
+                                  step.reduction.op, step.layout.group_size()),
+                      c.forms[i])));
   }
   for (const int i : c.wait_order) {
     (void)wait_tensor(results[static_cast<std::size_t>(i)]);

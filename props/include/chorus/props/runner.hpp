@@ -103,7 +103,9 @@ struct CheckOptions {
 };
 
 // The properties whose names match `glob` ('*' any run of characters, '?' one character), in
-// order. Several globs may be given separated by commas.
+// order. Several globs may be given separated by commas; blanks around each are ignored. Throws
+// InvalidArgument naming every glob that matches no property (an empty one included), even when
+// others match. Never blocks.
 std::vector<Property> select(const std::vector<Property>& properties, std::string_view glob);
 
 // Throws InvalidArgument unless `options` are in range: ranks in [1, 1024], cases at least 1,
