@@ -279,6 +279,51 @@ TEST(Battery, PctCasesPlaceTheirChangePointsWithinTheRun) {
   EXPECT_GE(all_fired, kCases * 9 / 10) << fired << " of " << kCases * (kDepth - 1) << " fired";
 }
 
+// The lockstep runner's one simulation holds every case of every property: PCT's estimate of its
+// length grows with them (the default of 256 put both change points of the battery's 73,689
+// decisions on 8 ranks in the first 256), and lies within the run's real length.
+TEST(Battery, LockstepPctEstimatesTheWholeRunsLength) {
+  const std::vector<Property> properties = battery();
+  CheckOptions options;
+  options.ranks = 4;
+  options.seed = 3;
+  options.cases = 10;
+  options.strategy = sim::Strategy::Pct;
+  options.pct_depth = 3;
+  const RunOptions run_options = lockstep_run_options(properties, options, "sim");
+  CheckOptions twice = options;
+  twice.cases = 20;
+  EXPECT_EQ(lockstep_run_options(properties, twice, "sim").pct_steps, 2 * run_options.pct_steps);
+  CheckOptions wider = options;
+  wider.ranks = 8;
+  EXPECT_EQ(lockstep_run_options(properties, wider, "sim").pct_steps, 2 * run_options.pct_steps);
+  // Properties the lockstep runner skips (simulator only) take no decisions.
+  const RunOptions reductions = lockstep_run_options(select(battery(), "reduce.*"), options, "sim");
+  EXPECT_GT(reductions.pct_steps, 1u);
+  EXPECT_EQ(
+      lockstep_run_options(select(battery(), "reduce.*,errors.mismatch"), options, "sim").pct_steps,
+      reductions.pct_steps);
+
+  sim::SimOptions sim_options;
+  sim_options.world_size = run_options.ranks;
+  sim_options.seed = run_options.seed;
+  sim_options.strategy = run_options.strategy;
+  sim_options.pct_depth = run_options.pct_depth;
+  sim_options.pct_steps = run_options.pct_steps;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  std::vector<CheckReport> reports(static_cast<std::size_t>(options.ranks));
+  const sim::SimReport run = sim::run(sim_options, [&] {
+    reports[static_cast<std::size_t>(rank())] = check_in_lockstep(properties, options);
+  });
+  ASSERT_TRUE(run.ok()) << run.to_string();
+  EXPECT_TRUE(reports[0].passed()) << summary_table(reports[0]);
+  EXPECT_GT(run.steps, 256u);
+  EXPECT_LE(run_options.pct_steps, run.steps);
+  EXPECT_GE(run_options.pct_steps * 2, run.steps);
+  EXPECT_EQ(run.mark_count("strategy.pct.change_point"), 2u);
+}
+
 TEST(Battery, LockstepRanksAgreeOnTheVerdictAndShrinkTogether) {
   CheckOptions options;
   options.cases = 100;
@@ -344,21 +389,21 @@ TEST(Battery, LockstepOnTheSimulatorRunsTheScheduleItsTokensRecord) {
   CheckOptions options;
   options.ranks = 4;
   options.seed = 9;
-  const RunOptions plain = lockstep_run_options(options, "sim");
+  const RunOptions plain = lockstep_run_options({}, options, "sim");
   EXPECT_EQ(plain.transport, "sim");
   EXPECT_EQ(plain.ranks, 4);
   EXPECT_EQ(plain.seed, 9u);
   EXPECT_EQ(plain.strategy, sim::Strategy::RandomWalk);  // no choice lists in lockstep
   options.strategy = sim::Strategy::Pct;
   options.pct_depth = 3;
-  const RunOptions pct = lockstep_run_options(options, "sim");
+  const RunOptions pct = lockstep_run_options({}, options, "sim");
   EXPECT_EQ(pct.strategy, sim::Strategy::Pct);
   EXPECT_EQ(pct.pct_depth, 3);
 
   const auto inexact_sum = [&](sim::ReductionOrder order) {
     options.reduction_order = order;
     std::atomic<float> sum{-1};
-    const int status = run(lockstep_run_options(options, "sim"), [&] {
+    const int status = run(lockstep_run_options({}, options, "sim"), [&] {
       constexpr float kValues[] = {1e20F, 1, -1e20F, 1};
       const Tensor x = Tensor::full({1}, kValues[rank()], DType::Float32);
       const float result = all_reduce(x, "sum", world()).item<float>();
