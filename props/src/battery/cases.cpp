@@ -183,7 +183,7 @@ rc::Gen<std::vector<int>> gen_permutation(int n) {
     std::iota(permutation.begin(), permutation.end(), 0);
     // Fisher-Yates with each swap offset generated: all-zero offsets are the identity.
     for (int i = n - 1; i > 0; --i) {
-      const int offset = *rc::gen::inRange(0, i + 1);
+      const int offset = *gen_index(i + 1);
       std::swap(permutation[static_cast<std::size_t>(i)],
                 permutation[static_cast<std::size_t>(i - offset)]);
     }
@@ -241,7 +241,7 @@ rc::Gen<Layout> gen_layout_of_kinds(int world_size, std::vector<int> kinds) {
     const std::vector<int> permutation = *gen_permutation(world_size);
     int count = 1;
     if (kind == 1) {
-      count = *rc::gen::inRange(1, world_size + 1);
+      count = 1 + *gen_index(world_size);
     } else if (kind >= 2) {
       count = *gen_element_of(divisors(world_size));
     }
@@ -442,7 +442,7 @@ rc::Gen<ReduceCase> gen_reduce_case(const World& world, bool any_dtype) {
       c.op.dtype = *gen_dtype();
     }
     c.shape = *gen_shape();
-    c.dim = *rc::gen::inRange(0, c.layout.group_size());
+    c.dim = *gen_index(c.layout.group_size());
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
     return c;
   });

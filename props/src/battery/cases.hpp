@@ -34,11 +34,19 @@ namespace chorus::props::families {
 
 // ---- Generators that shrink (rc::gen::element and elementOf do not).
 
-// One of `values`, shrinking towards the first.
+// An index in [0, count), any of them at every case size, shrinking towards 0. Drawn at the
+// nominal size: rc::gen::inRange scales its range with the size, and the runners' case sizes stop
+// at 99, so the top of a range of more than about 50 was never drawn (the 79th (op, dtype) pair,
+// roots 62 and 63 of a 64-rank group). Choices and roots use it; sizes grow with the case.
+template <class T = int>
+rc::Gen<T> gen_index(T count) {
+  return rc::gen::resize(rc::kNominalSize, rc::gen::inRange<T>(0, count));
+}
+// One of `values`, any of them at every case size, shrinking towards the first.
 template <class T>
 rc::Gen<T> gen_element_of(std::vector<T> values) {
   const std::size_t count = values.size();
-  return rc::gen::map(rc::gen::inRange<std::size_t>(0, count),
+  return rc::gen::map(gen_index<std::size_t>(count),
                       [values = std::move(values)](std::size_t i) { return values[i]; });
 }
 // false or true, shrinking towards false.

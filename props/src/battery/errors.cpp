@@ -161,7 +161,7 @@ rc::Gen<MismatchCase> gen_mismatch_case(const World& world) {
   return rc::gen::exec([world] {
     MismatchCase c;
     c.kind = static_cast<Mismatch>(*rc::gen::inRange(0, kMismatchCount));
-    c.odd = *rc::gen::inRange(0, world.size);
+    c.odd = *gen_index(world.size);
     c.shape = *gen_shape(2);
     return c;
   });
