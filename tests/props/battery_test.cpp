@@ -118,9 +118,11 @@ INSTANTIATE_TEST_SUITE_P(Worlds, BatteryWorlds, ::testing::Values(1, 3, 5, 8));
 TEST(Battery, LockstepCheckThatFailsMidwayStillReachesItsPeersCollectives) {
   // law.coalesced_equals_separate compares each output with a separate call and issues the next
   // separate call after a failed comparison: the failing rank must keep issuing them (Env
-  // records the failure), or its peers would wait for it forever.
+  // records the failure), or its peers would wait for it forever. The planted bug shows only in
+  // some cases (a coalesced result of kLargeResult elements or more on rank 2, and one whose
+  // separate calls differ): 100 cases reach one.
   CheckOptions options;
-  options.cases = 50;
+  options.cases = 100;
   const std::vector<Property> properties = select(battery(), "law.coalesced_equals_separate");
   std::vector<CheckReport> reports(3);
   sim::SimOptions sim_options;

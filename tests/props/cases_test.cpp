@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.hpp>
+#include <chorus/sim/sim.hpp>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -92,6 +93,58 @@ TEST(Cases, EveryRootOfASixtyFourRankGroupIsGenerated) {
   }
   EXPECT_EQ(roots.count(62), 1u);
   EXPECT_EQ(roots.count(63), 1u);
+}
+
+// Every form a GroupSpec takes (docs/properties.md): a rank list (the world's, a subset), 2-D
+// rank lists, a MeshDim, a tagged ProcessGroup and a 1-D DeviceMesh, in every run of 100 cases;
+// the covering layouts hold every rank.
+TEST(Cases, EveryLayoutKindIsGeneratedInOneRunOfCases) {
+  for (const bool covering : {false, true}) {
+    for (int seed = 0; seed < 5; ++seed) {
+      std::set<Layout::Kind> kinds;
+      for (int i = 0; i < kCases; ++i) {
+        const rc::Random random(static_cast<std::uint64_t>(seed) * 1'000'003u +
+                                static_cast<std::uint64_t>(i));
+        const rc::Gen<Layout> gen = covering ? gen_covering_layout(6) : gen_layout(6);
+        const Layout layout = gen(random, case_size(i)).value();
+        kinds.insert(layout.kind);
+        if (covering) {
+          for (int r = 0; r < 6; ++r) {
+            EXPECT_NE(layout.members_of(r), nullptr) << r << ": " << rc::toString(layout);
+          }
+        }
+      }
+      EXPECT_EQ(kinds.size(), static_cast<std::size_t>(Layout::kKinds) - (covering ? 1 : 0))
+          << "seed " << seed << (covering ? " (covering)" : "");
+      EXPECT_EQ(kinds.count(Layout::Kind::Tagged), 1u);
+      EXPECT_EQ(kinds.count(Layout::Kind::Mesh1D), 1u);
+    }
+  }
+}
+
+// The tagged layout's group is new_group(ranks, kLayoutTag): its own communicator.
+TEST(Cases, TheTaggedLayoutIsATaggedProcessGroup) {
+  Layout layout;
+  layout.kind = Layout::Kind::Tagged;
+  layout.lists = {{2, 0}};
+  ExpandedGroup expanded;
+  const sim::SimReport report = sim::simulate(
+      [] {
+        sim::SimOptions options;
+        options.world_size = 3;
+        options.print_failures = false;
+        options.seed_from_environment = false;
+        return options;
+      }(),
+      [&] {
+        if (rank() == 0) {
+          expanded = expand_group(layout.spec());
+        }
+      });
+  EXPECT_TRUE(report.ok()) << report.to_string();
+  EXPECT_EQ(expanded.tag, kLayoutTag);
+  EXPECT_EQ(expanded.ranks, std::vector<int>({2, 0}));
+  EXPECT_EQ(rc::toString(layout), "new_group([2, 0], 'chorus.check.tagged')");
 }
 
 }  // namespace
