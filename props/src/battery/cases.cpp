@@ -215,7 +215,7 @@ constexpr int kMeshDim0 = 3;
 constexpr int kMeshDim1 = 4;
 constexpr int kTagged = 5;
 constexpr int kMesh1D = 6;
-static_assert(kMesh1D + 1 == Layout::kKinds + 1, "a generated kind per layout kind, two for Mesh");
+static_assert(kMesh1D == Layout::kKinds, "a generated kind per layout kind, and a second for Mesh");
 
 // `count`: the subset's size (Subset, Tagged, Mesh1D), or the number of lists or mesh rows.
 Layout make_layout(int world_size, int kind, const std::vector<int>& permutation, int count) {

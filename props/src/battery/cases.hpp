@@ -64,7 +64,7 @@ struct Layout {
   // MeshDim of a 2-D DeviceMesh. Tagged: a ProcessGroup new_group(ranks, kLayoutTag). Mesh1D: a
   // 1-D DeviceMesh.
   enum class Kind { World, Subset, Lists, Mesh, Tagged, Mesh1D };
-  static constexpr int kKinds = 6;
+  static constexpr int kKinds = static_cast<int>(Kind::Mesh1D) + 1;
   Kind kind = Kind::World;
   // World, Subset, Tagged, Mesh1D: one list (group order). Lists: the sub-lists. Mesh: every
   // slice along mesh_dim (to answer members_of); the spec is the MeshDim.
