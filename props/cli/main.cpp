@@ -187,7 +187,7 @@ int run_check(const CheckFlags& flags) {
               << flags.transport << "\n";
     return 2;
   }
-  RunOptions run_options = props::lockstep_run_options(options, flags.transport);
+  RunOptions run_options = props::lockstep_run_options(properties, options, flags.transport);
   run_options.check_collectives = flags.check_collectives;
   run_options.timeout = std::chrono::milliseconds(flags.timeout_ms);
   // Every rank of a lockstep run holds the same agreed report, so every process (one rank each

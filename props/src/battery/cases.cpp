@@ -131,6 +131,11 @@ GroupSpec Layout::spec() const {
       return GroupSpec(lists);
     case Kind::Mesh:
       return GroupSpec(MeshDim{DeviceMesh(mesh_shape, mesh_ranks), mesh_dim});
+    case Kind::Tagged:
+      return GroupSpec(new_group(lists.front(), std::string(kLayoutTag)));
+    case Kind::Mesh1D:
+      return GroupSpec(
+          DeviceMesh({static_cast<std::int64_t>(lists.front().size())}, lists.front()));
   }
   return GroupSpec(lists.front());
 }
@@ -174,6 +179,15 @@ void showValue(const Layout& layout, std::ostream& out) {
       list_text(layout.mesh_ranks);
       out << " dim " << layout.mesh_dim;
       return;
+    case Layout::Kind::Tagged:
+      out << "new_group(";
+      list_text(layout.lists.front());
+      out << ", '" << kLayoutTag << "')";
+      return;
+    case Layout::Kind::Mesh1D:
+      out << "1-D mesh ";
+      list_text(layout.lists.front());
+      return;
   }
 }
 
@@ -183,7 +197,7 @@ rc::Gen<std::vector<int>> gen_permutation(int n) {
     std::iota(permutation.begin(), permutation.end(), 0);
     // Fisher-Yates with each swap offset generated: all-zero offsets are the identity.
     for (int i = n - 1; i > 0; --i) {
-      const int offset = *rc::gen::inRange(0, i + 1);
+      const int offset = *gen_index(i + 1);
       std::swap(permutation[static_cast<std::size_t>(i)],
                 permutation[static_cast<std::size_t>(i - offset)]);
     }
@@ -193,20 +207,35 @@ rc::Gen<std::vector<int>> gen_permutation(int n) {
 
 namespace {
 
+// The generated kind numbers: Layout::Kind in order, but the 2-D mesh takes two, one per dim.
+constexpr int kWorld = 0;
+constexpr int kSubset = 1;
+constexpr int kLists = 2;
+constexpr int kMeshDim0 = 3;
+constexpr int kMeshDim1 = 4;
+constexpr int kTagged = 5;
+constexpr int kMesh1D = 6;
+static_assert(kMesh1D == Layout::kKinds, "a generated kind per layout kind, and a second for Mesh");
+
+// `count`: the subset's size (Subset, Tagged, Mesh1D), or the number of lists or mesh rows.
 Layout make_layout(int world_size, int kind, const std::vector<int>& permutation, int count) {
   Layout layout;
   std::vector<int> all(static_cast<std::size_t>(world_size));
   std::iota(all.begin(), all.end(), 0);
   switch (kind) {
-    case 0:
+    case kWorld:
       layout.kind = Layout::Kind::World;
       layout.lists = {all};
       break;
-    case 1:
-      layout.kind = Layout::Kind::Subset;
+    case kSubset:
+    case kTagged:
+    case kMesh1D:
+      layout.kind = kind == kSubset   ? Layout::Kind::Subset
+                    : kind == kTagged ? Layout::Kind::Tagged
+                                      : Layout::Kind::Mesh1D;
       layout.lists = {std::vector<int>(permutation.begin(), permutation.begin() + count)};
       break;
-    case 2: {
+    case kLists: {
       // `count` sub-lists of the permuted ranks.
       layout.kind = Layout::Kind::Lists;
       const int length = world_size / count;
@@ -218,10 +247,11 @@ Layout make_layout(int world_size, int kind, const std::vector<int>& permutation
     }
     default: {
       // A 2-D mesh of the permuted ranks, `count` rows; the slices along the chosen dim.
+      CHORUS_CHECK(kind == kMeshDim0 || kind == kMeshDim1);
       layout.kind = Layout::Kind::Mesh;
       layout.mesh_shape = {count, world_size / count};
       layout.mesh_ranks = permutation;
-      layout.mesh_dim = kind - 3;
+      layout.mesh_dim = kind - kMeshDim0;
       const DeviceMesh mesh(layout.mesh_shape, layout.mesh_ranks);
       for (const int r : all) {
         std::vector<int> slice = mesh.dim_ranks(layout.mesh_dim, r);
@@ -235,14 +265,17 @@ Layout make_layout(int world_size, int kind, const std::vector<int>& permutation
   return layout;
 }
 
-rc::Gen<Layout> gen_layout_of_kinds(int world_size, std::vector<int> kinds) {
-  return rc::gen::exec([world_size, kinds] {
+// covering: Tagged and Mesh1D hold every rank (in a generated order).
+rc::Gen<Layout> gen_layout_of_kinds(int world_size, std::vector<int> kinds, bool covering) {
+  return rc::gen::exec([world_size, kinds, covering] {
     const int kind = *gen_element_of(kinds);
     const std::vector<int> permutation = *gen_permutation(world_size);
     int count = 1;
-    if (kind == 1) {
-      count = *rc::gen::inRange(1, world_size + 1);
-    } else if (kind >= 2) {
+    if (kind == kSubset || ((kind == kTagged || kind == kMesh1D) && !covering)) {
+      count = 1 + *gen_index(world_size);
+    } else if (kind == kTagged || kind == kMesh1D) {
+      count = world_size;
+    } else if (kind != kWorld) {
       count = *gen_element_of(divisors(world_size));
     }
     return make_layout(world_size, kind, permutation, count);
@@ -252,11 +285,13 @@ rc::Gen<Layout> gen_layout_of_kinds(int world_size, std::vector<int> kinds) {
 }  // namespace
 
 rc::Gen<Layout> gen_layout(int world_size) {
-  return gen_layout_of_kinds(world_size, {0, 1, 2, 3, 4});
+  return gen_layout_of_kinds(
+      world_size, {kWorld, kSubset, kLists, kMeshDim0, kMeshDim1, kTagged, kMesh1D}, false);
 }
 
 rc::Gen<Layout> gen_covering_layout(int world_size) {
-  return gen_layout_of_kinds(world_size, {0, 2, 3, 4});
+  return gen_layout_of_kinds(world_size, {kWorld, kLists, kMeshDim0, kMeshDim1, kTagged, kMesh1D},
+                             true);
 }
 
 // ---- Shapes, dtypes, ops
@@ -500,7 +535,7 @@ rc::Gen<ReduceCase> gen_reduce_case(const World& world, bool any_dtype) {
       c.op.dtype = *gen_dtype();
     }
     c.shape = *gen_shape();
-    c.dim = *rc::gen::inRange(0, c.layout.group_size());
+    c.dim = *gen_index(c.layout.group_size());
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
     c.form = *gen_input_form();
     return c;

@@ -23,6 +23,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -34,11 +35,19 @@ namespace chorus::props::families {
 
 // ---- Generators that shrink (rc::gen::element and elementOf do not).
 
-// One of `values`, shrinking towards the first.
+// An index in [0, count), any of them at every case size, shrinking towards 0. Drawn at the
+// nominal size: rc::gen::inRange scales its range with the size, and the runners' case sizes stop
+// at 99, so the top of a range of more than about 50 was never drawn (the 79th (op, dtype) pair,
+// roots 62 and 63 of a 64-rank group). Choices and roots use it; sizes grow with the case.
+template <class T = int>
+rc::Gen<T> gen_index(T count) {
+  return rc::gen::resize(rc::kNominalSize, rc::gen::inRange<T>(0, count));
+}
+// One of `values`, any of them at every case size, shrinking towards the first.
 template <class T>
 rc::Gen<T> gen_element_of(std::vector<T> values) {
   const std::size_t count = values.size();
-  return rc::gen::map(rc::gen::inRange<std::size_t>(0, count),
+  return rc::gen::map(gen_index<std::size_t>(count),
                       [values = std::move(values)](std::size_t i) { return values[i]; });
 }
 // false or true, shrinking towards false.
@@ -47,16 +56,24 @@ inline rc::Gen<bool> gen_flag() {
 }
 
 // ---- Group layouts: every form a GroupSpec takes.
+// The tag of the Tagged layout's group: a communicator of its own, apart from the untagged one
+// of the same ranks (and from the lockstep runner's verdicts, tag "chorus.check.verdicts").
+inline constexpr std::string_view kLayoutTag = "chorus.check.tagged";
 struct Layout {
-  enum class Kind { World, Subset, Lists, Mesh };
+  // World: world()'s ranks as a list. Subset: a rank list. Lists: 2-D MPMD rank lists. Mesh: a
+  // MeshDim of a 2-D DeviceMesh. Tagged: a ProcessGroup new_group(ranks, kLayoutTag). Mesh1D: a
+  // 1-D DeviceMesh.
+  enum class Kind { World, Subset, Lists, Mesh, Tagged, Mesh1D };
+  static constexpr int kKinds = static_cast<int>(Kind::Mesh1D) + 1;
   Kind kind = Kind::World;
-  // World, Subset: one list (group order). Lists: the sub-lists. Mesh: every slice along
-  // mesh_dim (to answer members_of); the spec is the MeshDim.
+  // World, Subset, Tagged, Mesh1D: one list (group order). Lists: the sub-lists. Mesh: every
+  // slice along mesh_dim (to answer members_of); the spec is the MeshDim.
   std::vector<std::vector<int>> lists;
   Shape mesh_shape;
   std::vector<int> mesh_ranks;
   std::int64_t mesh_dim = 0;
 
+  // Call inside a rank (Tagged makes its ProcessGroup there, with new_group).
   GroupSpec spec() const;
   // The caller's group, in group order; empty when `rank` is not a member.
   const std::vector<int>* members_of(int rank) const;
@@ -64,7 +81,8 @@ struct Layout {
 };
 void showValue(const Layout& layout, std::ostream& out);
 rc::Gen<Layout> gen_layout(int world_size);
-// Only layouts where every rank is a member (World, Lists, Mesh).
+// Only layouts where every rank is a member (World, Lists, Mesh; Tagged and Mesh1D of every
+// rank).
 rc::Gen<Layout> gen_covering_layout(int world_size);
 
 // A permutation of 0..n-1 that shrinks towards the identity.

@@ -169,10 +169,9 @@ void showValue(const MismatchCase& c, std::ostream& out) {
 rc::Gen<MismatchCase> gen_mismatch_case(const World& world) {
   return rc::gen::exec([world] {
     MismatchCase c;
-    // Every kind at every case size (rc::gen::inRange scales its range with the size).
-    c.kind = static_cast<Mismatch>(
-        *rc::gen::resize(rc::kNominalSize, rc::gen::inRange(0, kMismatchCount)));
-    c.odd = *rc::gen::inRange(0, world.size);
+    // Every kind and odd rank at every case size (rc::gen::inRange scales its range with the size).
+    c.kind = static_cast<Mismatch>(*gen_index(kMismatchCount));
+    c.odd = *gen_index(world.size);
     c.shape = *gen_shape(2);
     return c;
   });

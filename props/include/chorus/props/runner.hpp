@@ -128,9 +128,11 @@ CheckReport check_in_lockstep(const std::vector<Property>& properties, const Che
 // The chorus::run options for check_in_lockstep on `transport` ("sim", "mpi" or "nccl"): its
 // ranks and seed, and on the simulator its schedule: `strategy` (a generated choice list is the
 // simulator runner's alone: nullopt means RandomWalk here), `pct_depth` and `reduction_order`,
-// which the lockstep tokens record. Real transports ignore the schedule fields (the caller should
-// refuse them; the CLI does). Never blocks, never throws.
-RunOptions lockstep_run_options(const CheckOptions& options, const std::string& transport);
+// which the lockstep tokens record, and `pct_steps`, PCT's estimate of the run's length, from the
+// number of `properties` the runner will not skip, cases and ranks. Real transports ignore the
+// schedule fields (the caller should refuse them; the CLI does). Never blocks, never throws.
+RunOptions lockstep_run_options(const std::vector<Property>& properties,
+                                const CheckOptions& options, const std::string& transport);
 
 // Reruns a failing case from its replay token on the simulator, with events recorded (for
 // timelines and traces): returns the run's report, `result` filled as a check would.
