@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 // RapidCheck's nominal largest size: case i of n is generated at size i * kSizeMax / n.
 constexpr int kSizeMax = 100;
-constexpr std::string_view kTokenPrefix = "chorus-check:2:";
+constexpr std::string_view kTokenPrefix = "chorus-check:3:";
 // PCT's bug depths the CLI and tokens take (sim::SimOptions::pct_depth itself only needs >= 1).
 constexpr int kPctDepthMin = 1;
 constexpr int kPctDepthMax = 3;
@@ -562,7 +562,7 @@ Outcome execute_in_lockstep(const Property& property, const Case& value) {
   return agree(failure);
 }
 
-// ---- Replay tokens: chorus-check:2:<property>:<ranks>:<seed>:<cases>:<case>:<schedules>:
+// ---- Replay tokens: chorus-check:3:<property>:<ranks>:<seed>:<cases>:<case>:<schedules>:
 // <pct depth>:<reduction order>:<shrink path>:<simulator token>
 
 struct Token {
@@ -606,10 +606,13 @@ int parse_in_range(std::string_view text, std::string_view token, std::string_vi
 }
 
 Token parse_token(std::string_view token) {
-  if (token.starts_with("chorus-check:1:")) {
-    bad_token(token,
-              "it is of format 1, from an older chorus, which generated cases differently (world "
-              "sizes, shapes, PCT): run chorus check again for a token of format 2");
+  // Older formats name cases this build's generators no longer draw: refused, never replayed as
+  // another case. 2: before input forms, tagged and 1-D mesh layouts, choices drawn at the
+  // nominal size and PCT runs sized to their case (2026-12-03).
+  if (token.starts_with("chorus-check:1:") || token.starts_with("chorus-check:2:")) {
+    bad_token(token, std::string("it is of format ") + token[13] +
+                         ", from an older chorus, which generated cases differently: run chorus "
+                         "check again for a token of format 3");
   }
   if (token.substr(0, kTokenPrefix.size()) != kTokenPrefix) {
     bad_token(token, "it does not start with '" + std::string(kTokenPrefix) + "'");

@@ -408,6 +408,45 @@ TEST(NcclUniqueIdExchangeErrors, ATruncatedIdIsRefusedOnRankZero) {
                InvalidArgument);
 }
 
+// ncclGetUniqueId failing on rank 0 reaches every rank at once, naming the failure, instead of
+// leaving the others to wait out the deadline for an id that never comes.
+TEST(NcclUniqueIdExchangeErrors, RankZerosFailureToMakeTheIdReachesEveryRank) {
+  constexpr int kWorldSize = 3;
+  store::Server server;
+  std::vector<std::string> errors(kWorldSize);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    threads.emplace_back([&, rank] {
+      store::Client client(options_for(server), std::chrono::seconds(30));
+      store::Rendezvous rendezvous(client, rank, kWorldSize);
+      try {
+        (void)exchange_unique_id(
+            rendezvous, 128,
+            []() -> std::string {
+              throw TransportError(ErrorContext{0, "communicator set-up", -1, ""},
+                                   "nccl: ncclGetUniqueId failed: unhandled system error");
+            },
+            std::chrono::seconds(60));  // a peer still waiting would fail this test by timing
+      } catch (const TransportError& error) {
+        errors[static_cast<std::size_t>(rank)] = error.what();
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  EXPECT_NE(errors[0].find("nccl: ncclGetUniqueId failed: unhandled system error"),
+            std::string::npos)
+      << errors[0];
+  for (std::size_t rank = 1; rank < errors.size(); ++rank) {
+    EXPECT_NE(errors[rank].find("nccl: rank 0 of this communicator could not make its unique id: "
+                                "chorus::TransportError: [rank 0] communicator set-up: nccl: "
+                                "ncclGetUniqueId failed: unhandled system error"),
+              std::string::npos)
+        << "rank " << rank << ": " << errors[rank];
+  }
+}
+
 TEST(NcclUniqueIdExchangeErrors, ARankWaitsForRankZeroUntilTheDeadline) {
   store::Server server;
   store::Client client(options_for(server), std::chrono::seconds(30));

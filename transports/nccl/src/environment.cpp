@@ -71,19 +71,52 @@ Environment read_environment() {
   });
 }
 
+namespace {
+
+// What rank 0 publishes in place of an id it could not make: the marker, then its error's text,
+// never id_bytes long (an id is exactly that long), so every rank fails at once instead of
+// waiting out the deadline for an id that never comes.
+constexpr std::string_view kFailedIdMarker = "chorus: no unique id: ";
+
+std::string failed_id_payload(std::string text, std::size_t id_bytes) {
+  std::string payload = std::string(kFailedIdMarker) + text;
+  if (payload.size() == id_bytes) {
+    payload.insert(kFailedIdMarker.size(), " ");  // the reader drops the spaces after the marker
+  }
+  return payload;
+}
+
+}  // namespace
+
 std::string exchange_unique_id(store::Rendezvous& rendezvous, std::size_t id_bytes,
                                const std::function<std::string()>& make_id,
                                store::Deadline deadline) {
   std::string id;
   if (rendezvous.rank() == 0) {
-    id = make_id();
-    if (id.size() != id_bytes) {
-      throw InvalidArgument(ErrorContext{0, "nccl::exchange_unique_id", -1, ""},
-                            "nccl: the unique id has " + std::to_string(id.size()) +
-                                " bytes, expected " + std::to_string(id_bytes));
+    try {
+      id = make_id();
+      if (id.size() != id_bytes) {
+        throw InvalidArgument(ErrorContext{0, "nccl::exchange_unique_id", -1, ""},
+                              "nccl: the unique id has " + std::to_string(id.size()) +
+                                  " bytes, expected " + std::to_string(id_bytes));
+      }
+    } catch (const std::exception& error) {
+      // The others learn of it (below), then this rank throws its own error. A failure to
+      // publish is secondary: the peers time out then, as without this.
+      try {
+        (void)rendezvous.broadcast_bytes(0, failed_id_payload(error.what(), id_bytes), deadline);
+      } catch (const std::exception&) {
+      }
+      throw;
     }
   }
   std::string received = rendezvous.broadcast_bytes(0, id, deadline);
+  if (received.size() != id_bytes && std::string_view(received).starts_with(kFailedIdMarker)) {
+    throw TransportError(
+        ErrorContext{rendezvous.rank(), "nccl::exchange_unique_id", -1, ""},
+        "nccl: rank 0 of this communicator could not make its unique id: " +
+            received.substr(received.find_first_not_of(' ', kFailedIdMarker.size())));
+  }
   if (received.size() != id_bytes) {
     throw InvalidArgument(ErrorContext{rendezvous.rank(), "nccl::exchange_unique_id", -1, ""},
                           "nccl: received a unique id of " + std::to_string(received.size()) +

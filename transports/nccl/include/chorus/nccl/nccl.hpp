@@ -65,7 +65,10 @@ Environment read_environment();
 // The unique-id exchange of communicator set-up: rank 0 of `rendezvous` calls `make_id` (NCCL's
 // ncclGetUniqueId, serialised) and every rank returns its bytes (Rendezvous::broadcast_bytes).
 // Throws InvalidArgument when rank 0's id is not `id_bytes` long, and the store's errors
-// (Timeout when rank 0 does not publish by `deadline`). Blocks; one thread per Rendezvous.
+// (Timeout when rank 0 does not publish by `deadline`). When `make_id` throws, or its id has the
+// wrong length, rank 0 publishes that failure instead of an id and throws its own error; the
+// other ranks throw TransportError "nccl: rank 0 of this communicator could not make its unique
+// id: <its error>" at once. Blocks; one thread per Rendezvous.
 std::string exchange_unique_id(store::Rendezvous& rendezvous, std::size_t id_bytes,
                                const std::function<std::string()>& make_id,
                                store::Deadline deadline);
