@@ -395,7 +395,8 @@ void check_inplace(const InplaceCase& c, Env& env) {
   } else if (c.form == 1) {
     const Tensor expected = all_gather_tensor(input, b.dim, group);
     Tensor output = in_form(Tensor::zeros(expected.sizes(), b.op.dtype), b.form);
-    all_gather_tensor_inplace(output, input, group, "", b.dim);
+    Tensor& returned = all_gather_tensor_inplace(output, input, group, "", b.dim);
+    env.require(&returned == &output, "all_gather_tensor_inplace returns its output argument");
     env.require(!output.is_pending(), "all_gather_tensor_inplace returns after the result");
     env.require_bitwise_equal(output, expected, "all_gather_tensor_inplace vs all_gather_tensor");
     env.record(output);
@@ -406,7 +407,8 @@ void check_inplace(const InplaceCase& c, Env& env) {
       return;
     }
     Tensor output = in_form(Tensor::zeros(expected->sizes(), b.op.dtype), b.form);
-    reduce_scatter_tensor_inplace(output, input, b.op.op, group, b.dim);
+    Tensor& returned = reduce_scatter_tensor_inplace(output, input, b.op.op, group, b.dim);
+    env.require(&returned == &output, "reduce_scatter_tensor_inplace returns its output argument");
     env.require(!output.is_pending(), "reduce_scatter_tensor_inplace returns after the result");
     env.require_bitwise_equal(output, *expected,
                               "reduce_scatter_tensor_inplace vs reduce_scatter_tensor");
