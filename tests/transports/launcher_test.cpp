@@ -65,14 +65,14 @@ struct Outcome {
   std::vector<std::string> out_lines;
 };
 
-Outcome run_probe(int ranks, std::vector<std::string> args,
-                  std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
+// Launches `command` on `ranks` ranks, capturing what the launcher and the ranks write.
+Outcome run_command(int ranks, std::vector<std::string> command,
+                    std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
   Capture out;
   Capture err;
   LaunchOptions options;
   options.ranks = ranks;
-  options.command = {CHORUS_LAUNCH_PROBE};
-  options.command.insert(options.command.end(), args.begin(), args.end());
+  options.command = std::move(command);
   options.grace = grace;
   options.stdout_fd = out.fd();
   options.stderr_fd = err.fd();
@@ -82,6 +82,13 @@ Outcome run_probe(int ranks, std::vector<std::string> args,
   outcome.err = err.text();
   outcome.out_lines = out.lines();
   return outcome;
+}
+
+Outcome run_probe(int ranks, std::vector<std::string> args,
+                  std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
+  std::vector<std::string> command = {CHORUS_LAUNCH_PROBE};
+  command.insert(command.end(), args.begin(), args.end());
+  return run_command(ranks, std::move(command), grace);
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -286,22 +293,6 @@ TEST(Launcher, WorksWhenTheCallerIgnoresSigchld) {
   EXPECT_EQ(outcome.status, 5);
   EXPECT_TRUE(contains(outcome.err, "exited with code 5; stopping the other 1 rank\n"))
       << outcome.err;
-}
-
-// Launches `command` on `ranks` ranks, capturing what the launcher and the ranks write.
-Outcome run_command(int ranks, std::vector<std::string> command) {
-  Capture out;
-  Capture err;
-  LaunchOptions options;
-  options.ranks = ranks;
-  options.command = std::move(command);
-  options.stdout_fd = out.fd();
-  options.stderr_fd = err.fd();
-  Outcome outcome;
-  outcome.status = launch(options);
-  outcome.out = out.text();
-  outcome.err = err.text();
-  return outcome;
 }
 
 TEST(Launcher, AStopSignalTheCallerIgnoresStaysIgnored) {
