@@ -157,7 +157,9 @@ CommState::~CommState() {
     // Note [NCCL work lifecycle]: finalize (flushes outstanding operations), then destroy.
     ncclResult_t result = finalize_started_ ? finalize_result_ : ncclCommFinalize(comm_);
     if (result == ncclSuccess || result == ncclInProgress) {
-      result = settle(deadline_after(timeout_));
+      // One deadline for every communicator the transport finalized together (start_finalize):
+      // with a peer that never finalizes, K communicators would otherwise take K timeouts.
+      result = settle(finalize_started_ ? settle_by_ : deadline_after(timeout_));
     }
     if (result == ncclSuccess) {
       ncclCommDestroy(comm_);
@@ -182,7 +184,7 @@ ncclResult_t CommState::settle(Clock::time_point deadline) {
   }
 }
 
-void CommState::start_finalize() {
+void CommState::start_finalize(Clock::time_point settle_by) {
   const std::lock_guard lock(mutex_);
   if (aborted_ || finalize_started_) {
     return;
@@ -190,6 +192,7 @@ void CommState::start_finalize() {
   cudaSetDevice(device_);
   finalize_result_ = ncclCommFinalize(comm_);
   finalize_started_ = true;
+  settle_by_ = settle_by;
 }
 
 ncclResult_t CommState::async_error() {
@@ -937,8 +940,9 @@ NcclTransport::NcclTransport(Environment environment, std::shared_ptr<store::Sto
           allocate_pinned, [](void* block) { cudaFreeHost(block); }, kPinnedKeepBytes)) {}
 
 NcclTransport::~NcclTransport() {
+  const Clock::time_point settle_by = deadline_after(timeout_);
   for (const std::shared_ptr<CommState>& state : states_) {
-    state->start_finalize();  // every one started before any is waited for
+    state->start_finalize(settle_by);  // every one started before any is waited for
   }
   comms_.clear();
   states_.clear();  // the last owners finalize and destroy (Note [NCCL work lifecycle])

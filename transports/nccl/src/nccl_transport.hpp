@@ -95,8 +95,9 @@ class CommState {
   // Starts ncclCommFinalize now, so that the destructor only settles it: at the transport's end
   // every communicator's finalize is started before any is waited for (a finalize completes
   // only once the other ranks' finalize of it started too, and ranks may hold their
-  // communicators in different orders). Nothing after an abort; idempotent.
-  void start_finalize();
+  // communicators in different orders). The destructor waits for it until `settle_by`, one
+  // deadline shared by all the transport's communicators. Nothing after an abort; idempotent.
+  void start_finalize(std::chrono::steady_clock::time_point settle_by);
   // Polls ncclCommGetAsyncError until it leaves ncclInProgress. Returns ncclSuccess or the
   // error; ncclInProgress when `deadline` passed first. Call with mutex() held.
   ncclResult_t settle(std::chrono::steady_clock::time_point deadline);
@@ -125,6 +126,7 @@ class CommState {
   std::mutex mutex_;
   bool finalize_started_ = false;
   ncclResult_t finalize_result_ = ncclSuccess;
+  std::chrono::steady_clock::time_point settle_by_;  // start_finalize's deadline
   ncclComm_t comm_;
   cudaStream_t stream_;
   int device_;
