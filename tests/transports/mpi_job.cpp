@@ -34,6 +34,10 @@
 //            "Leftovers"); the retry's own message, left at rank 1, is dropped there as stale
 //            at the next set-up (h), and a set-up of another group (h2) after a timed-out one
 //            (g2) is refused until g2 is retried ("Stale messages").
+//   setup_counts  (3 ranks, rank 1 with a short --timeout-ms) ranks 0 and 1 set up g = {0, 1, 2}
+//            while rank 2 sets up h = {0, 2}: rank 0 and 2 get CollectiveMismatch, rank 1 a
+//            Timeout; then ranks 0 and 1 set up j = {0, 1} and all_reduce on it ("Stale
+//            messages": both counted their exchanged pair).
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 //   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
@@ -825,6 +829,37 @@ void setup_retry() {
   }
 }
 
+void setup_counts() {
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
+          "first world all_reduce");  // the world's set-up, before the others
+  const chorus::ProcessGroup g = chorus::new_group({0, 1, 2}, "g");
+  const chorus::ProcessGroup h = chorus::new_group({0, 2}, "h");
+  const chorus::ProcessGroup j = chorus::new_group({0, 1}, "j");
+  std::string outcome = "completed";
+  try {
+    (void)chorus::all_reduce(one, "sum", chorus::rank() == 2 ? h : g).to_vector<float>();
+  } catch (const chorus::CollectiveMismatch&) {
+    outcome = "CollectiveMismatch";
+  } catch (const chorus::Timeout&) {
+    outcome = "Timeout";
+  }
+  // Rank 0 has both peers' messages (g from rank 1, h from rank 2); rank 2 has rank 0's g; rank
+  // 1 waits for rank 2, which never sends to it, until its short timeout.
+  const char* expected = chorus::rank() == 1 ? "Timeout" : "CollectiveMismatch";
+  require(outcome == expected, "rank " + std::to_string(chorus::rank()) +
+                                   "'s first set-up: " + outcome + ", expected " + expected);
+  if (chorus::rank() != 2) {
+    const float sum = chorus::all_reduce(one, "sum", j).to_vector<float>()[0];
+    require(sum == 2.0f, "all_reduce on j is " + std::to_string(sum));
+  }
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
+          "last world all_reduce");
+  if (chorus::rank() == 0) {
+    std::printf("mpi_job setup_counts: all checks passed\n");
+  }
+}
+
 void sigkill() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -895,6 +930,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "setup_retry") {
     return chorus::run(options, setup_retry);
+  }
+  if (mode == "setup_counts") {
+    return chorus::run(options, setup_counts);
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);

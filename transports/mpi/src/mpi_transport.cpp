@@ -1310,6 +1310,7 @@ MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nan
       setups_sent_(static_cast<std::size_t>(process_->world_size()), 0),
       setups_received_(static_cast<std::size_t>(process_->world_size()), 0),
       pairings_(static_cast<std::size_t>(process_->world_size()), 0),
+      last_paired_(static_cast<std::size_t>(process_->world_size()), 0),
       abandoned_(static_cast<std::size_t>(process_->world_size()), 0),
       abandoned_group_(static_cast<std::size_t>(process_->world_size())) {}
 
@@ -1385,6 +1386,21 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   std::vector<std::string> busy(world_size);  // what a member answered it is setting up
   // An MPI failure: the call and its text, taken under the MPI lock, thrown outside it.
   std::string failure;
+  // "Stale messages": whether peer i's received message was sent for the set-up this rank last
+  // paired with that peer (a retry's leftover), not for this one.
+  const auto stale = [&](std::size_t i) {
+    const auto peer = static_cast<std::size_t>(ranks[i]);
+    return (*ids)[2 * i + 1] < pairings_[peer] && (*ids)[2 * i] == last_paired_[peer];
+  };
+  // Both messages of the pair with peer i are (or will be) consumed: counted on both sides.
+  const auto record_pairing = [&](std::size_t i) {
+    const auto peer = static_cast<std::size_t>(ranks[i]);
+    ++pairings_[peer];
+    last_paired_[peer] = (*ids)[2 * i];
+    abandoned_group_[peer].clear();  // the peer took this rank's leftover first, if any
+  };
+  // Receives that matched while being cancelled (their message arrived as the deadline passed).
+  std::vector<char> matched_at_cancel(n, 0);
   // "Leftovers": a receive of this set-up that never matched must not stay posted, or it would
   // take its peer's message of the next set-up. Call with the MPI lock held.
   const auto cancel_receives = [&] {
@@ -1402,6 +1418,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       MPI_Test_cancelled(&status, &cancelled);
       if (cancelled == 0) {
         ++setups_received_[static_cast<std::size_t>(ranks[i])];  // it matched before the cancel
+        matched_at_cancel[i] = 1;
       }
     }
   };
@@ -1529,7 +1546,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
           if (arrived != 0) {
             const auto peer = static_cast<std::size_t>(ranks[i]);
             ++setups_received_[peer];
-            if ((*ids)[2 * i + 1] < pairings_[peer]) {
+            if (stale(i)) {
               // "Stale messages": sent for a set-up this rank has since paired; the next one.
               if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i],
                                              kRendezvousTag, process_->control(), &receives[i]);
@@ -1559,20 +1576,38 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         const std::lock_guard mpi_lock(process_->mutex());
         cancel_receives();
       }
+      // A message that arrived as its receive was cancelled is an arrival, unless stale.
+      std::vector<int> still_missing;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (std::ranges::find(missing, ranks[i]) != missing.end() &&
+            (matched_at_cancel[i] == 0 || stale(i))) {
+          still_missing.push_back(ranks[i]);
+        }
+      }
+      if (still_missing.empty()) {
+        break;  // every peer's message arrived after all: the set-up completes
+      }
       process_->park(std::move(pending));
-      for (const int rank : missing) {
-        // Its message stays there ("Stale messages"), unless the cancel found it had arrived.
-        const auto peer = static_cast<std::size_t>(rank);
-        if (abandoned_group_[peer].empty()) {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (ranks[i] == process_->rank()) {
+          continue;
+        }
+        const auto peer = static_cast<std::size_t>(ranks[i]);
+        if (std::ranges::find(still_missing, ranks[i]) == still_missing.end()) {
+          // This pair's messages are consumed on both sides (the peer takes this rank's when it
+          // gets here): counted as on the peer, or the counts part ("Stale messages").
+          record_pairing(i);
+        } else if (abandoned_group_[peer].empty()) {
+          // This rank's message stays there ("Stale messages").
           abandoned_[peer] = id;
           abandoned_group_[peer] = context.group;
         }
       }
-      throw Timeout(context, unreached_set_up_message(missing, busy, context.group));
+      throw Timeout(context, unreached_set_up_message(still_missing, busy, context.group));
     }
     std::this_thread::yield();
   }
-  // Every peer's id arrived, so every peer posted its sends to us; ours are 8-byte eager
+  // Every peer's id arrived, so every peer posted its sends to us; ours are 16-byte eager
   // messages whose receives the peers posted with theirs, and busy replies are eager too: this
   // completes without waiting on anyone's progress but MPI's.
   {
@@ -1592,13 +1627,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (ranks[i] != process_->rank()) {
-      // Both messages of the pair are consumed, matching or not.
-      const auto peer = static_cast<std::size_t>(ranks[i]);
-      ++pairings_[peer];
-      if ((*ids)[2 * i] == id) {
-        abandoned_[peer] = 0;
-        abandoned_group_[peer].clear();
-      }
+      record_pairing(i);  // both messages of the pair are consumed, matching or not
     }
   }
   for (std::size_t i = 0; i < n; ++i) {

@@ -400,7 +400,11 @@ class MpiComm final : public transport::Comm {
 // first and the second would be taken as the peer's next set-up message (a false
 // CollectiveMismatch there, and this rank alone in MPI_Comm_create_group, holding the MPI lock,
 // forever). A message whose count is below the receiver's own count with its sender was sent
-// for a set-up the receiver has since paired, so it is dropped and the receive posted again.
+// for a set-up the receiver has since paired, so it is dropped and the receive posted again; so
+// is only a message of the group last paired (a leftover is always its sender's retry of the
+// set-up the pair completed). A Timeout counts the pairs it did exchange, as a completed set-up
+// does, so two ranks' counts stay equal whichever of them gave up; a message that arrives as its
+// receive is cancelled at the deadline is an arrival.
 // A rank whose set-up timed out with a peer still owes that peer the message it left there:
 // until it pairs a set-up of the same group with that peer (a retry), a set-up of another group
 // with it would pair with the leftover on the peer's side, so it is refused (abandoned_).
@@ -442,6 +446,7 @@ class MpiTransport final : public transport::Transport {
   // of a set-up that timed out waiting for it, whose message it may still take (label empty:
   // none); "Stale messages".
   std::vector<std::uint64_t> pairings_;
+  std::vector<std::uint64_t> last_paired_;  // the id its last paired message carried
   std::vector<std::uint64_t> abandoned_;
   std::vector<std::string> abandoned_group_;
 };

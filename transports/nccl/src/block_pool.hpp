@@ -8,12 +8,13 @@
 // to a list per size class (powers of two, at least 4 KiB) and is handed out again; the pool
 // keeps at most `keep_bytes` in all. A block beyond that is not freed where it is given back
 // (a Work's cleanup, on the watchdog: a cudaFreeHost there would wait for the very kernel the
-// watchdog has to time out) but at the pool's next take(), on the thread issuing an operation,
-// or when the pool ends. A request whose class exceeds `keep_bytes` is never kept: it gets whole
-// 4 KiB pages, not a power of two.
-// Thread-safe: blocks come back from any thread. A block keeps its pool alive; the pool frees what
-// it kept when the last block and the last owner are gone. No CUDA here: the allocation functions
-// are given, so the unit tests run it on host memory.
+// watchdog has to time out) but by free_unkept(), which the transport calls as it starts an
+// operation, before it takes the communicator's lock (the watchdog needs that lock to abort a
+// hung kernel), or when the pool ends. A request whose class exceeds `keep_bytes` is never kept: it
+// gets whole 4 KiB pages, not a power of two. Thread-safe: blocks come back from any thread. A
+// block keeps its pool alive; the pool frees what it kept when the last block and the last owner
+// are gone. No CUDA here: the allocation functions are given, so the unit tests run it on host
+// memory.
 
 #include <algorithm>
 #include <cstddef>
@@ -50,7 +51,6 @@ class BlockPool : public std::enable_shared_from_this<BlockPool> {
 
   // A block of at least max(bytes, 1) bytes; freeing the shared_ptr gives it back to the pool.
   std::shared_ptr<void> take(std::size_t bytes) {
-    free_unkept();
     std::size_t size = size_class(bytes);
     if (size > keep_bytes_) {
       size = (std::max<std::size_t>(bytes, 1) + kMinBlock - 1) / kMinBlock * kMinBlock;
@@ -70,6 +70,19 @@ class BlockPool : public std::enable_shared_from_this<BlockPool> {
       ++allocations_;
     }
     return {block, [pool = shared_from_this(), size](void* data) { pool->give_back(data, size); }};
+  }
+
+  // Frees the blocks given back beyond what the pool keeps (outside the pool's lock). Call where
+  // a free may wait for the device: not under a lock the watchdog needs.
+  void free_unkept() {
+    std::vector<void*> blocks;
+    {
+      const std::lock_guard lock(mutex_);
+      blocks.swap(unkept_);
+    }
+    for (void* block : blocks) {
+      free_block_(block);
+    }
   }
 
   // The size class of `bytes`: the smallest power of two at least max(bytes, kMinBlock).
@@ -115,18 +128,6 @@ class BlockPool : public std::enable_shared_from_this<BlockPool> {
       }
     }
     free_block_(block);
-  }
-
-  // Frees the blocks given back beyond what the pool keeps, outside the lock.
-  void free_unkept() {
-    std::vector<void*> blocks;
-    {
-      const std::lock_guard lock(mutex_);
-      blocks.swap(unkept_);
-    }
-    for (void* block : blocks) {
-      free_block_(block);
-    }
   }
 
   Allocate allocate_;

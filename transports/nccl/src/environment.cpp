@@ -1,5 +1,6 @@
 // The torchrun environment and the unique-id exchange (chorus/nccl/nccl.hpp): no CUDA, no NCCL.
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <string>
@@ -115,7 +116,8 @@ std::string exchange_unique_id(store::Rendezvous& rendezvous, std::size_t id_byt
     throw TransportError(
         ErrorContext{rendezvous.rank(), "nccl::exchange_unique_id", -1, ""},
         "nccl: rank 0 of this communicator could not make its unique id: " +
-            received.substr(received.find_first_not_of(' ', kFailedIdMarker.size())));
+            received.substr(std::min(received.size(),
+                                     received.find_first_not_of(' ', kFailedIdMarker.size()))));
   }
   if (received.size() != id_bytes) {
     throw InvalidArgument(ErrorContext{rendezvous.rank(), "nccl::exchange_unique_id", -1, ""},

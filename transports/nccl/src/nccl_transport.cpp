@@ -605,6 +605,11 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
                                                  const std::vector<SplitSizes>& splits,
                                                  const transport::OpInfo& info) {
   const ErrorContext context = context_of(info);
+  // Staging blocks the pool did not keep are freed here, before the communicator's lock (Note
+  // [Pinned staging pool]): cudaFreeHost waits for running kernels, and the watchdog needs that
+  // lock to abort a hung one.
+  cudaSetDevice(state_->device());
+  pinned_->free_unkept();
   if (check_store_ != nullptr) {
     // Before anything reaches NCCL: a mismatch leaves the communicator usable.
     check_collective(*check_store_, comm_key(tag_, ranks_), ranks_, group_rank_, info.seq,

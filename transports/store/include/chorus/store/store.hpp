@@ -301,7 +301,8 @@ class Rendezvous {
 // moment exit_barrier returns there, without any other rank losing the connection mid-call.
 // Rank 0 is the one that must host the store, if a rank does. Ranks make no other calls on
 // `store` after it. Once per job and key space: give it a store (or PrefixStore) no other
-// exit_barrier uses; it removes the keys it made. Blocks; errors are those of Rendezvous::barrier
+// exit_barrier uses; on success it removes the keys it made (a rank that fails or times out
+// leaves its keys in a store that outlives the job, as Rendezvous does). Blocks; errors are those of Rendezvous::barrier
 // and, on rank 0, a Timeout naming the key of the first rank that did not leave by the deadline.
 // InvalidArgument unless 0 <= rank < world_size.
 void exit_barrier(Store& store, int rank, int world_size, Deadline deadline = kDefaultTimeout);
