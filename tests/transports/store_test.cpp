@@ -18,6 +18,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -123,6 +124,94 @@ std::string hello_frame() {
   body += std::string("\x00\x00\x00\x00", 4);  // empty token
   return frame(body);
 }
+
+// Reads exactly `bytes` from `fd`; false when the peer closed (or the read failed) first.
+bool read_exactly(int fd, char* out, std::size_t bytes) {
+  while (bytes > 0) {
+    const ssize_t n = ::recv(fd, out, bytes, 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      return false;
+    }
+    out += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// A frame's body length from its 4-byte little-endian header.
+std::size_t frame_length(const char* header) {
+  std::size_t length = 0;
+  for (int i = 3; i >= 0; --i) {
+    length = (length << 8) | static_cast<unsigned char>(header[i]);
+  }
+  return length;
+}
+
+// A store spoken by hand, for what a real Server does not do on demand (stop reading in the
+// middle of a request): it accepts one connection, reads its hello and answers it (a frame limit
+// of 1 GiB), runs `script` on the connection, then closes it. Its receive buffer is small, so a
+// large request fills the socket buffers at once and the client's write blocks while the script
+// does not read.
+class ScriptedStore {
+ public:
+  explicit ScriptedStore(std::function<void(int connection)> script)
+      : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    EXPECT_GE(fd_, 0);
+    const int receive_buffer_bytes = 64 << 10;  // inherited by the accepted connection
+    EXPECT_EQ(::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer_bytes,
+                           sizeof receive_buffer_bytes),
+              0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    EXPECT_EQ(::listen(fd_, 1), 0);
+    socklen_t length = sizeof address;
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this, script = std::move(script)] {
+      const int connection = ::accept(fd_, nullptr, nullptr);
+      if (connection < 0) {
+        return;  // shut down before anybody connected
+      }
+      char header[4];
+      std::string hello;
+      if (read_exactly(connection, header, sizeof header)) {
+        hello.resize(frame_length(header));
+        if (read_exactly(connection, hello.data(), hello.size())) {
+          std::string answer(1, '\0');   // Ok
+          for (int i = 0; i < 8; ++i) {  // u64 frame limit: 1 GiB
+            answer += static_cast<char>(((std::uint64_t{1} << 30) >> (8 * i)) & 0xff);
+          }
+          const std::string reply = frame(answer);
+          ::send(connection, reply.data(), reply.size(), MSG_NOSIGNAL);
+          script(connection);
+        }
+      }
+      ::close(connection);
+    });
+  }
+  ~ScriptedStore() {
+    ::shutdown(fd_, SHUT_RDWR);  // wakes an accept() still waiting
+    thread_.join();
+    ::close(fd_);
+  }
+  ScriptedStore(const ScriptedStore&) = delete;
+  ScriptedStore& operator=(const ScriptedStore&) = delete;
+
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+// Far more than the socket buffers between a client and a ScriptedStore hold.
+constexpr std::size_t kLargeRequestBytes = std::size_t{64} << 20;
 
 // Sets an environment variable for its lifetime and restores what was there (set or not) after,
 // whether the test passes or an ASSERT leaves it early.
@@ -421,6 +510,95 @@ TEST(Store, CancelReleasesABlockedWaitWithAborted) {
   EXPECT_EQ(client->get("after"), "cancel");
   client->cancel();
   EXPECT_EQ(client->get("after"), "cancel");
+}
+
+TEST(Store, CancelDoesNotWaitForALargeRequestBeingWritten) {
+  // A multi_set far larger than the socket buffers, to a store that stops reading after its first
+  // bytes: the client's write blocks until the store reads or the deadline passes. A cancel()
+  // meanwhile has nothing to cancel (a multi_set is not cancellable) and must say so at once,
+  // not wait for the write (Note [Client cancel] in client.cpp).
+  std::promise<void> started;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  ScriptedStore store([&](int connection) {
+    char header[4];
+    read_exactly(connection, header, sizeof header);  // the multi_set is being written
+    started.set_value();
+    released.wait();
+  });  // then closes the connection: the client's write fails
+  ClientOptions options;
+  options.port = store.port();
+  Client client(options, kHang);
+  auto setting = std::async(std::launch::async, [&] {
+    try {
+      client.multi_set({{"big", std::string(kLargeRequestBytes, 'x')}}, kHang);
+      return std::string("no error");
+    } catch (const TransportError&) {
+      return std::string("TransportError");
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+  });
+  const bool began = started.get_future().wait_for(kHang) == std::future_status::ready;
+  auto cancelling = std::async(std::launch::async, [&] { client.cancel(); });
+  const bool prompt = cancelling.wait_for(kPrompt) == std::future_status::ready;
+  const bool still_writing = setting.wait_for(seconds(0)) == std::future_status::timeout;
+  release.set_value();
+  EXPECT_TRUE(began);
+  EXPECT_TRUE(prompt) << "cancel() waited for the multi_set being written";
+  EXPECT_TRUE(still_writing);
+  EXPECT_EQ(setting.get(), "TransportError");
+  cancelling.get();
+}
+
+TEST(Store, ACancelWhileABlockingRequestIsWrittenFollowsIt) {
+  // A wait whose request (one very long key) is still being written when cancel() comes: cancel()
+  // returns at once, and the Cancel frame follows the whole request on the wire (the server
+  // allows only a Cancel after a pending wait), so the wait is answered Cancelled: Aborted.
+  std::promise<void> started;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<std::string> next_frame;  // what the client sent after the wait
+  ScriptedStore store([&](int connection) {
+    char header[4];
+    read_exactly(connection, header, sizeof header);  // the wait is being written
+    started.set_value();
+    released.wait();
+    std::string request(frame_length(header), '\0');
+    std::string next;
+    if (read_exactly(connection, request.data(), request.size()) &&
+        read_exactly(connection, header, sizeof header)) {
+      next.assign(frame_length(header), '\0');
+      if (!read_exactly(connection, next.data(), next.size())) {
+        next = "truncated";
+      }
+    }
+    next_frame.set_value(next);
+    const std::string answer = frame(std::string("\x02\x09\x00\x00\x00", 5) + "cancelled");
+    ::send(connection, answer.data(), answer.size(), MSG_NOSIGNAL);
+  });
+  ClientOptions options;
+  options.port = store.port();
+  Client client(options, kHang);
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      client.wait({std::string(kLargeRequestBytes, 'k')}, kHang);
+      return std::string("no error");
+    } catch (const Aborted&) {
+      return std::string("Aborted");
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+  });
+  const bool began = started.get_future().wait_for(kHang) == std::future_status::ready;
+  auto cancelling = std::async(std::launch::async, [&] { client.cancel(); });
+  const bool prompt = cancelling.wait_for(kPrompt) == std::future_status::ready;
+  release.set_value();
+  EXPECT_TRUE(began);
+  EXPECT_TRUE(prompt) << "cancel() waited for the wait's request being written";
+  EXPECT_EQ(waiting.get(), "Aborted");
+  cancelling.get();
+  EXPECT_EQ(next_frame.get_future().get(), std::string(1, '\x0b'));  // Op::Cancel, alone
 }
 
 TEST(Store, CancelThroughAPrefixView) {

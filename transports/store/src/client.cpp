@@ -5,7 +5,8 @@
 // costs three descriptors (epoll, eventfd, timerfd) per context. A process running thousands of
 // clients on loopback (bench/store_bench.cpp: 4096 clients and the server in one process) would
 // need four descriptors per client instead of one. A non-blocking socket, poll() with the
-// deadline, and one mutex for writes give the same behaviour at one descriptor each.
+// deadline, and a small state mutex (Note [Client cancel]) give the same behaviour at one
+// descriptor each.
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -106,7 +107,20 @@ void poll_until(int fd, short events, const Deadline& deadline) {
 
 }  // namespace
 
+// Note [Client cancel]
+// cancel() is called from another thread while a call is in flight, and must not wait for that
+// call's request to be written: a large multi_set (or a wait on many keys) to a server that
+// reads slowly, or not at all, can take until its deadline to write. So no lock is held while a
+// request is written, and the call's phase says who may write: in Sending only the calling
+// thread writes (its request), in Answering only cancel() does (its Cancel frame, under
+// state_mutex, so two cancels send one frame). A cancel() that comes in Sending for a blocking
+// call is remembered (cancel_requested) and the calling thread sends the Cancel frame itself as
+// soon as its request is out, while still in step: the server allows only a Cancel after a
+// pending blocking request. A cancel() for a non-blocking call does nothing (such calls are not
+// cancellable), at once.
 struct Client::Impl {
+  enum class Phase { Idle, Sending, Answering };
+
   ClientOptions options;
   std::string address;  // host:port, for messages
   std::size_t frame_bytes_max = 0;
@@ -114,10 +128,15 @@ struct Client::Impl {
   // Held for a whole call: one request on the wire at a time. Timed: a call queued behind
   // another thread's blocking call waits for it no longer than its own deadline.
   std::timed_mutex call_mutex;
-  // Held while writing a frame and while changing the fields below (cancel() writes too).
-  std::mutex write_mutex;
+  // Guards the fields below; held only briefly (and while cancel() writes its small frame),
+  // never while a request is written. See Note [Client cancel].
+  std::mutex state_mutex;
+  // Changed under state_mutex, by the thread that holds call_mutex (or the constructor or
+  // destructor); read without it by that thread.
   int fd = -1;
-  bool blocking_in_flight = false;
+  Phase phase = Phase::Idle;
+  bool blocking_in_flight = false;  // the call in flight is a get/wait/multi_get
+  bool cancel_requested = false;    // cancel() came while the request was being written
   bool cancel_sent = false;
   // Why the connection was closed (empty while it is usable). Guarded by call_mutex.
   std::string closed_because;
@@ -125,7 +144,7 @@ struct Client::Impl {
   ~Impl() { close_socket(); }
 
   void close_socket() noexcept {
-    const std::lock_guard lock(write_mutex);
+    const std::lock_guard lock(state_mutex);
     if (fd >= 0) {
       ::close(fd);
       fd = -1;
@@ -138,7 +157,7 @@ struct Client::Impl {
     close_socket();
   }
 
-  // Caller holds write_mutex.
+  // Only one thread writes at a time: Note [Client cancel].
   void send_all(const std::vector<std::uint8_t>& frame, const Deadline& deadline) const {
     CHORUS_CHECK(fd >= 0);
     std::size_t sent = 0;
@@ -264,6 +283,47 @@ struct Client::Impl {
     }
   }
 
+  // Caller holds state_mutex; the call in flight is blocking and its request is out.
+  void send_cancel_locked() noexcept {
+    CHORUS_CHECK(phase == Phase::Answering);
+    CHORUS_CHECK(blocking_in_flight);
+    if (fd < 0 || cancel_sent) {
+      return;
+    }
+    cancel_sent = true;
+    try {
+      send_all(detail::encode_request(detail::make_request(Op::Cancel)),
+               Deadline(kCancelWriteTimeout));
+    } catch (...) {
+      // The call in flight sees the broken connection itself.
+    }
+  }
+
+  // The call's phases (Note [Client cancel]); the calling thread holds call_mutex.
+  void begin_sending(bool blocking) {
+    const std::lock_guard lock(state_mutex);
+    CHORUS_CHECK(phase == Phase::Idle);
+    phase = Phase::Sending;
+    blocking_in_flight = blocking;
+    cancel_requested = false;
+    cancel_sent = false;
+  }
+  void begin_answering() {
+    const std::lock_guard lock(state_mutex);
+    CHORUS_CHECK(phase == Phase::Sending);
+    phase = Phase::Answering;
+    if (cancel_requested) {
+      CHORUS_CHECK(blocking_in_flight);
+      send_cancel_locked();
+    }
+  }
+  void end_call() noexcept {
+    const std::lock_guard lock(state_mutex);
+    phase = Phase::Idle;
+    blocking_in_flight = false;
+    cancel_requested = false;
+  }
+
   void hello(const Deadline& deadline) {
     Request request = detail::make_request(Op::Hello, {}, {token_from(options.token).value_or("")},
                                            detail::kVersion);
@@ -278,10 +338,7 @@ struct Client::Impl {
     }
     Response response;
     try {
-      {
-        const std::lock_guard lock(write_mutex);
-        send_all(frame, deadline);
-      }
+      send_all(frame, deadline);  // no call can be in flight yet, so no cancel()
       response = detail::parse_response(Op::Hello, read_frame(deadline));
     } catch (const DeadlinePassed&) {
       close_socket();
@@ -325,17 +382,16 @@ std::size_t Client::frame_bytes_max() const noexcept { return impl_->frame_bytes
 
 void Client::cancel() noexcept {
   Impl& impl = *impl_;
-  const std::lock_guard lock(impl.write_mutex);
+  const std::lock_guard lock(impl.state_mutex);
   if (impl.fd < 0 || !impl.blocking_in_flight || impl.cancel_sent) {
     return;
   }
-  impl.cancel_sent = true;
-  try {
-    impl.send_all(detail::encode_request(detail::make_request(Op::Cancel)),
-                  Deadline(kCancelWriteTimeout));
-  } catch (...) {
-    // The call in flight sees the broken connection itself.
+  if (impl.phase == Impl::Phase::Sending) {
+    // The request is still being written: the calling thread sends the Cancel after it.
+    impl.cancel_requested = true;
+    return;
   }
+  impl.send_cancel_locked();
 }
 
 Response Client::round_trip(Request& request, Deadline deadline) {
@@ -393,35 +449,23 @@ Response Client::round_trip(Request& request, Deadline deadline) {
     return text;
   };
   std::vector<std::uint8_t> body;
+  impl.begin_sending(blocking);
   try {
-    {
-      const std::lock_guard lock(impl.write_mutex);
-      impl.send_all(frame, deadline);
-      impl.blocking_in_flight = blocking;
-      impl.cancel_sent = false;
-    }
+    impl.send_all(frame, deadline);  // no lock held: Note [Client cancel]
+    impl.begin_answering();
     body = impl.read_frame(answer_deadline);
   } catch (const DeadlinePassed&) {
+    impl.end_call();
     impl.fail("a " + op + " timed out mid-call");
-    {
-      const std::lock_guard lock(impl.write_mutex);
-      impl.blocking_in_flight = false;
-    }
     throw Timeout(error_context(op), "no answer from the store at " + impl.address +
                                          describe_keys() +
                                          " before the deadline; the connection is closed");
   } catch (const Error& error) {
+    impl.end_call();
     impl.fail(error.detail());
-    {
-      const std::lock_guard lock(impl.write_mutex);
-      impl.blocking_in_flight = false;
-    }
     throw TransportError(error_context(op), error.detail());
   }
-  {
-    const std::lock_guard lock(impl.write_mutex);
-    impl.blocking_in_flight = false;
-  }
+  impl.end_call();
   try {
     return detail::parse_response(request.op, body);
   } catch (const detail::ProtocolError& error) {

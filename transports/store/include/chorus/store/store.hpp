@@ -193,7 +193,9 @@ class Store {
 
   // Cancels the blocking call (get, wait, multi_get) in progress on this store's connection, if
   // any: it throws Aborted. Does nothing when no blocking call is in progress, or when the call
-  // completes before the server sees the cancellation. Never blocks for long; never throws.
+  // completes before the server sees the cancellation. Never blocks for long: it does not wait
+  // for a request another thread is still writing (a cancel() that comes while a blocking call's
+  // request is written is sent by that thread right after it). Never throws.
   virtual void cancel() noexcept = 0;
 
  protected:
