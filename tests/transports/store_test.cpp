@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "resolver.hpp"  // transports/store/src: the client's resolver seam
+
 // The public header keeps Boost private (pimpl): nothing above may have pulled it in.
 #if defined(BOOST_ASIO_VERSION) || defined(BOOST_CONFIG_HPP) || defined(BOOST_VERSION)
 #error "<chorus/store/store.hpp> must not reach a Boost header"
@@ -212,6 +214,42 @@ class ScriptedStore {
 
 // Far more than the socket buffers between a client and a ScriptedStore hold.
 constexpr std::size_t kLargeRequestBytes = std::size_t{64} << 20;
+
+// Puts a stand-in resolver in the client's place for its lifetime (resolver.hpp): the stand-in
+// fails with `error` (by default EAI_AGAIN, a temporary failure: the name server did not answer)
+// the first `failures` times it is called, then asks ::getaddrinfo. A negative count fails every
+// time.
+class ScopedFlakyResolver {
+ public:
+  explicit ScopedFlakyResolver(int failures, int error = EAI_AGAIN) {
+    failures_left_ = failures;
+    error_ = error;
+    calls_ = 0;
+    previous_ = detail::exchange_resolver(&resolve);
+  }
+  ~ScopedFlakyResolver() { detail::exchange_resolver(previous_); }
+  ScopedFlakyResolver(const ScopedFlakyResolver&) = delete;
+  ScopedFlakyResolver& operator=(const ScopedFlakyResolver&) = delete;
+
+  static int calls() { return calls_.load(); }
+
+ private:
+  static int resolve(const char* host, const char* service, const addrinfo* hints,
+                     addrinfo** found) {
+    calls_.fetch_add(1);
+    if (failures_left_.load() != 0) {
+      failures_left_.fetch_sub(1);
+      return error_.load();
+    }
+    return ::getaddrinfo(host, service, hints, found);
+  }
+
+  // Static: a resolver is a plain function pointer. One ScopedFlakyResolver at a time.
+  static inline std::atomic<int> failures_left_{0};
+  static inline std::atomic<int> calls_{0};
+  static inline std::atomic<int> error_{EAI_AGAIN};
+  detail::Resolver previous_ = nullptr;
+};
 
 // Sets an environment variable for its lifetime and restores what was there (set or not) after,
 // whether the test passes or an ASSERT leaves it early.
@@ -1108,6 +1146,51 @@ TEST(Store, ClientRetriesUntilTheServerListens) {
   EXPECT_GE(refusals.load(), 1);
   EXPECT_EQ(first_refusal, std::strerror(ECONNREFUSED));
   EXPECT_EQ(seen, "v");
+}
+
+TEST(Store, ATemporaryResolverFailureIsRetriedUntilTheDeadline) {
+  // EAI_AGAIN twice, then the real resolver: the client tries again (on_connect_retry is told
+  // why, each time) and connects.
+  Server server;
+  const ScopedFlakyResolver resolver(2);
+  std::vector<std::string> retries;
+  ClientOptions options = options_for(server);
+  options.on_connect_retry = [&](const std::string& reason) { retries.push_back(reason); };
+  Client client(options, kHang);
+  client.set("k", "v");
+  EXPECT_EQ(client.get("k"), "v");
+  EXPECT_EQ(ScopedFlakyResolver::calls(), 3);
+  EXPECT_EQ(retries, std::vector<std::string>(2, ::gai_strerror(EAI_AGAIN)));
+}
+
+TEST(Store, AResolverThatStaysTemporarilyFailedIsTimeoutAtTheDeadline) {
+  const ScopedFlakyResolver resolver(-1);
+  ClientOptions options;
+  options.host = "store.invalid";
+  options.port = 1;
+  const auto start = Clock::now();
+  try {
+    Client client(options, milliseconds(200));
+    FAIL() << "connected through a resolver that always fails";
+  } catch (const Timeout& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("could not resolve store host 'store.invalid' before the deadline: " +
+                        std::string(::gai_strerror(EAI_AGAIN))),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_GE(Clock::now() - start, milliseconds(200));
+  EXPECT_LT(Clock::now() - start, kPrompt);
+  EXPECT_GT(ScopedFlakyResolver::calls(), 1);
+}
+
+TEST(Store, APermanentResolverFailureIsInvalidArgumentAtOnce) {
+  const ScopedFlakyResolver resolver(-1, EAI_NONAME);
+  ClientOptions options;
+  options.host = "store.invalid";
+  options.port = 1;
+  EXPECT_THROW(Client(options, kHang), InvalidArgument);
+  EXPECT_EQ(ScopedFlakyResolver::calls(), 1);
 }
 
 // The server's process is killed (no stop(), no destructor): the kernel closes its sockets, and a

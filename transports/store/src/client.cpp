@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chorus/check.hpp>
 #include <chorus/error.hpp>
@@ -29,8 +30,25 @@
 #include <thread>
 
 #include "protocol.hpp"
+#include "resolver.hpp"
 
 namespace chorus::store {
+namespace detail {
+namespace {
+// Atomic so that a test swapping it and a client reading it never race.
+std::atomic<Resolver> current_resolver{nullptr};  // nullptr: ::getaddrinfo
+}  // namespace
+
+Resolver resolver() noexcept {
+  const Resolver chosen = current_resolver.load(std::memory_order_acquire);
+  return chosen != nullptr ? chosen : &::getaddrinfo;
+}
+
+Resolver exchange_resolver(Resolver next) noexcept {
+  return current_resolver.exchange(next, std::memory_order_acq_rel);
+}
+}  // namespace detail
+
 namespace {
 
 using detail::error_context;
@@ -226,17 +244,36 @@ struct Client::Impl {
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV;
+    const std::string service = std::to_string(options.port);
+    std::chrono::milliseconds pause = kRetryFirst;
     addrinfo* found = nullptr;
-    const int resolved =
-        ::getaddrinfo(options.host.c_str(), std::to_string(options.port).c_str(), &hints, &found);
-    if (resolved != 0) {
-      throw InvalidArgument(
-          error_context("store.connect"),
-          "cannot resolve store host '" + options.host + "': " + ::gai_strerror(resolved));
+    for (;;) {
+      const int resolved =
+          detail::resolver()(options.host.c_str(), service.c_str(), &hints, &found);
+      if (resolved == 0) {
+        break;
+      }
+      const std::string reason = ::gai_strerror(resolved);
+      if (resolved != EAI_AGAIN) {
+        throw InvalidArgument(error_context("store.connect"),
+                              "cannot resolve store host '" + options.host + "': " + reason);
+      }
+      // A temporary failure (the name server did not answer in time): it may answer on a later
+      // try, like a server that is not listening yet, so try again until the deadline.
+      if (deadline.passed()) {
+        throw Timeout(
+            error_context("store.connect"),
+            "could not resolve store host '" + options.host + "' before the deadline: " + reason);
+      }
+      if (options.on_connect_retry) {
+        options.on_connect_retry(reason);
+      }
+      std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
+      pause = std::min(pause * 2, kRetryLongest);
     }
     std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
     std::string last_error = "no address";
-    std::chrono::milliseconds pause = kRetryFirst;
+    pause = kRetryFirst;
     for (;;) {
       for (const addrinfo* at = addresses.get(); at != nullptr; at = at->ai_next) {
         const int socket_fd =

@@ -212,19 +212,24 @@ struct ClientOptions {
   // The shared secret presented at connect. nullopt: $CHORUS_STORE_TOKEN (unset: none).
   std::optional<std::string> token;
   // Called on the connecting thread each time every address of the server failed to connect
-  // (refused: nobody listens there yet) and the client is about to try again, with the reason
-  // ("Connection refused"). For logging, and for tests that must know a client was refused.
-  // Empty: nothing is called. What it throws ends the connecting, out of the constructor.
+  // (refused: nobody listens there yet), or the host's name could not be resolved for now
+  // (EAI_AGAIN: the name server did not answer), and the client is about to try again, with the
+  // reason ("Connection refused", "Temporary failure in name resolution"). For logging, and for
+  // tests that must know a client was refused. Empty: nothing is called. What it throws ends the
+  // connecting, out of the constructor.
   std::function<void(const std::string& reason)> on_connect_retry = nullptr;
 };
 
-// A connection to a Server. Connecting retries (a server that is not up yet) until the deadline.
+// A connection to a Server. Connecting retries (a server that is not up yet, a name server that
+// did not answer) until the deadline.
 class Client final : public Store {
  public:
-  // Connects and presents the token. Throws Timeout when no server answers by the deadline,
+  // Connects and presents the token. Throws Timeout when no server answers by the deadline (or
+  // the host's name still fails to resolve with a temporary failure, EAI_AGAIN, at it),
   // TransportError when the server refuses the connection (wrong or missing token, protocol
   // version) or closes it, or when the peer is not a chorus store (its first reply is longer
-  // than a handshake's), InvalidArgument for a host that does not resolve.
+  // than a handshake's), InvalidArgument for a host that does not resolve (any other resolver
+  // failure, at once).
   explicit Client(ClientOptions options, Deadline deadline = kDefaultTimeout);
   ~Client() override;
   Client(const Client&) = delete;
@@ -304,9 +309,9 @@ class Rendezvous {
 // Rank 0 is the one that must host the store, if a rank does. Ranks make no other calls on
 // `store` after it. Once per job and key space: give it a store (or PrefixStore) no other
 // exit_barrier uses; on success it removes the keys it made (a rank that fails or times out
-// leaves its keys in a store that outlives the job, as Rendezvous does). Blocks; errors are those of Rendezvous::barrier
-// and, on rank 0, a Timeout naming the key of the first rank that did not leave by the deadline.
-// InvalidArgument unless 0 <= rank < world_size.
+// leaves its keys in a store that outlives the job, as Rendezvous does). Blocks; errors are those
+// of Rendezvous::barrier and, on rank 0, a Timeout naming the key of the first rank that did not
+// leave by the deadline. InvalidArgument unless 0 <= rank < world_size.
 void exit_barrier(Store& store, int rank, int world_size, Deadline deadline = kDefaultTimeout);
 
 }  // namespace chorus::store
