@@ -196,11 +196,15 @@ void CommState::start_finalize(Clock::time_point settle_by) {
 }
 
 ncclResult_t CommState::async_error() {
-  // Every ncclCommGetAsyncError on this communicator runs under mutex_: on a non-blocking
-  // communicator the call that first sees a group's work finished completes NCCL's group job
-  // (joins its thread, drops its reference), unguarded inside NCCL, so two threads polling at
-  // once (a wait and the watchdog) could release it twice. A holder of mutex_ is polling itself
-  // (settle, in an enqueue, split or finalize) or aborting: no news from here meanwhile.
+  // Every ncclCommGetAsyncError on this communicator runs under mutex_, like every other NCCL
+  // call on it. What is documented: NCCL calls are not thread-safe, only reentrant, and a
+  // communicator may be used from several threads only one thread at a time (NCCL user guide,
+  // "Thread Safety"); the error query is not exempted, and on a non-blocking communicator it is
+  // part of the protocol (a call that returned ncclInProgress is polled with it until it leaves
+  // that state before the next NCCL call). So a wait and the watchdog must not query at once, nor
+  // query while an enqueue, split, finalize or abort runs. What the query does inside NCCL is not
+  // documented and not relied on here. A holder of mutex_ is polling itself (settle, in an
+  // enqueue, split or finalize) or aborting: no news from here meanwhile.
   const std::unique_lock lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) {
     return ncclInProgress;

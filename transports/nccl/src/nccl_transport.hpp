@@ -35,8 +35,9 @@
 //   is not touched again: the error queries of waits and the watchdog skip a communicator
 //   ncclCommAbort freed.
 // - Every NCCL call on a communicator, ncclCommGetAsyncError included, is made under its
-//   CommState's mutex: NCCL's communicators are not thread-safe, and on a non-blocking one the
-//   error query completes the last group's job (CommState::async_error).
+//   CommState's mutex: NCCL documents its calls as not thread-safe (one thread at a time per
+//   communicator) and exempts neither the error query nor ncclCommAbort
+//   (CommState::async_error).
 
 #include <cuda_runtime.h>
 #include <nccl.h>
