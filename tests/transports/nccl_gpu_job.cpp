@@ -123,6 +123,8 @@ void check_premul_sum(const chorus::ProcessGroup& group, chorus::Device gpu) {
 
 // The program's own stream of the current-stream section, destroyed once chorus::run returned.
 cudaStream_t user_stream = nullptr;
+// The stream the graph-capture section captures on, destroyed as user_stream is.
+cudaStream_t capture_stream = nullptr;
 
 void rank_main() {
   using chorus::Tensor;
@@ -294,6 +296,41 @@ void rank_main() {
     expect_equal(host_floats(chorus::all_gather_tensor(dx, 0, group)),
                  std::vector<float>{1, 2, 3, 4}, "all_gather on a user stream, first use waits");
   }
+
+  // A collective issued while the rank's current stream captures a CUDA graph is refused up
+  // front, InvalidArgument naming the op, before the communicator is touched: once the capture
+  // ends the group works. Truly in place on a tensor this rank made (and filled before the
+  // capture), so core itself does no CUDA work on the capturing stream. Written without a GPU to
+  // run it (docs/nccl.md).
+  {
+    Tensor ones = Tensor::full({4}, 1.0, chorus::DType::Float32, gpu);
+    cudaDeviceSynchronize();
+    cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking);
+    std::string refusal = "no error";
+    {
+      const chorus::StreamGuard guard(gpu, capture_stream);
+      cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal);
+      try {
+        chorus::all_reduce_inplace(ones, "sum", group);
+      } catch (const chorus::InvalidArgument& error) {
+        refusal = error.what();
+      } catch (const std::exception& error) {
+        refusal = std::string("another error: ") + error.what();
+      }
+      cudaGraph_t graph = nullptr;
+      cudaStreamEndCapture(capture_stream, &graph);
+      if (graph != nullptr) {
+        cudaGraphDestroy(graph);
+      }
+    }
+    const bool capture_refused = refusal.find("all_reduce_inplace") != std::string::npos &&
+                                 refusal.find("is capturing a CUDA graph") != std::string::npos;
+    expect_equal(std::vector<int>{capture_refused ? 1 : 0}, std::vector<int>{1},
+                 ("a collective under graph capture is refused up front: " + refusal).c_str());
+    chorus::all_reduce_inplace(ones, "sum", group);
+    expect_equal(host_floats(ones), std::vector<float>{w, w, w, w},
+                 "all_reduce_inplace once the capture ended");
+  }
   if (failures > 0) {
     throw std::runtime_error(std::to_string(failures) + " checks failed");
   }
@@ -324,9 +361,11 @@ int main(int argc, char** argv) {
   args.push_back(transport.data());
   const int status = chorus::run(
       chorus::RunOptions::from_args(static_cast<int>(args.size()), args.data()), rank_main);
-  if (user_stream != nullptr) {
-    cudaStreamSynchronize(user_stream);
-    cudaStreamDestroy(user_stream);
+  for (cudaStream_t stream : {user_stream, capture_stream}) {
+    if (stream != nullptr) {
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
   }
   std::printf("%s\n", status == 0 ? "nccl gpu job: passed" : "nccl gpu job: FAILED");
   return status;

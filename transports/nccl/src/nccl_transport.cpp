@@ -490,6 +490,45 @@ void NcclComm::check_device(const transport::Buffer& buffer, const transport::Op
   }
 }
 
+// An operation cannot be captured into a CUDA graph here: it stages CPU buffers through host
+// memory, takes and frees pinned blocks (cudaMallocHost/cudaFreeHost, illegal during a global
+// capture, which they invalidate), polls NCCL from the host until its enqueue settled, and
+// records an event for the Work that a graph replay would not record again. Let through, it
+// fails later and obscurely (an invalidated capture, cudaErrorStreamCaptureUnsupported from an
+// unrelated call, a Work that never completes). So it is refused before anything is done: before
+// the pinned pool frees, the collective check and the communicator's lock, so the communicator
+// stays usable. cudaStreamIsCapturing on the legacy default stream answers
+// cudaErrorStreamCaptureImplicit while a blocking stream captures: refused too.
+void NcclComm::refuse_if_capturing(const transport::OpInfo& info) const {
+  cudaSetDevice(state_->device());
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t code = cudaStreamIsCapturing(cuda_stream(info.stream), &status);
+  if (code == cudaSuccess && status == cudaStreamCaptureStatusNone) {
+    return;
+  }
+  if (code != cudaSuccess) {
+    cudaGetLastError();  // not a sticky error: cleared, so that later checks do not see it
+  }
+  const std::string advice =
+      "; the NCCL backend cannot run a collective inside a graph capture: issue it before "
+      "cudaStreamBeginCapture or after cudaStreamEndCapture";
+  if (code == cudaSuccess) {
+    throw InvalidArgument(
+        context_of(info),
+        std::string("nccl: ") +
+            (info.stream == nullptr ? "the legacy default stream" : "the rank's current stream") +
+            ", which the operation is ordered after, is capturing a CUDA graph" + advice);
+  }
+  if (code == cudaErrorStreamCaptureImplicit) {
+    throw InvalidArgument(context_of(info),
+                          "nccl: the operation is ordered after the legacy default stream, which "
+                          "cannot be used while another stream captures a CUDA graph" +
+                              advice);
+  }
+  throw TransportError(context_of(info),
+                       "nccl: cudaStreamIsCapturing failed: " + cuda_error_text(code));
+}
+
 Plan NcclComm::plan_or_throw(DType dtype, const ReduceOp& reduce_op,
                              const transport::OpInfo& info) const {
   std::string problem;
@@ -588,6 +627,7 @@ std::shared_ptr<transport::Work> NcclComm::launch(const transport::OpSignature& 
                                                   const transport::OpInfo& info, Enqueue enqueue,
                                                   std::optional<SplitSizes> splits) {
   if (batching_) {
+    refuse_if_capturing(info);  // here, not at end_group: the op that was issued is named
     batch_.push_back(std::move(enqueue));
     batch_signatures_.push_back(signature);
     if (splits) {
@@ -609,10 +649,10 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
                                                  const std::vector<SplitSizes>& splits,
                                                  const transport::OpInfo& info) {
   const ErrorContext context = context_of(info);
+  refuse_if_capturing(info);  // selects the device; before cudaFreeHost below
   // Staging blocks the pool did not keep are freed here, before the communicator's lock (Note
   // [Pinned staging pool]): cudaFreeHost waits for running kernels, and the watchdog needs that
   // lock to abort a hung one.
-  cudaSetDevice(state_->device());
   pinned_->free_unkept();
   if (check_store_ != nullptr) {
     // Before anything reaches NCCL: a mismatch leaves the communicator usable.

@@ -290,6 +290,9 @@ class NcclComm final : public transport::Comm {
                         std::vector<ncclRedOp_t>& created);
   Plan plan_or_throw(DType dtype, const ReduceOp& reduce_op, const transport::OpInfo& info) const;
   void check_device(const transport::Buffer& buffer, const transport::OpInfo& info) const;
+  // InvalidArgument when the operation's stream (OpInfo::stream, Note [Current stream]) is
+  // capturing a CUDA graph: see the definition. Selects the communicator's device.
+  void refuse_if_capturing(const transport::OpInfo& info) const;
 
   std::shared_ptr<CommState> state_;
   std::shared_ptr<Watchdog> watchdog_;
