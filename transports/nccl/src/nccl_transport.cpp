@@ -571,11 +571,20 @@ void* NcclComm::stage_in(const transport::Buffer& buffer, bool copy_in, Started&
   return device_data;
 }
 
-void NcclComm::stage_out(const transport::Buffer& buffer, void* device_data, Started& started) {
+std::shared_ptr<void> NcclComm::take_out_host(const transport::Buffer& buffer) {
   if (buffer.device.is_cuda() || buffer.nbytes() == 0) {
+    return nullptr;
+  }
+  return pinned_->take(buffer.nbytes());
+}
+
+void NcclComm::stage_out(const transport::Buffer& buffer, void* device_data,
+                         std::shared_ptr<void> host, Started& started) {
+  if (buffer.device.is_cuda() || buffer.nbytes() == 0) {
+    CHORUS_CHECK(host == nullptr);
     return;
   }
-  std::shared_ptr<void> host = pinned_->take(buffer.nbytes());
+  CHORUS_CHECK(host != nullptr);  // taken before the enqueue (take_out_host)
   const cudaError_t code = cudaMemcpyAsync(host.get(), device_data, buffer.nbytes(),
                                            cudaMemcpyDeviceToHost, state_->stream());
   if (code != cudaSuccess) {
@@ -738,7 +747,9 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
     std::rethrow_exception(error);
   }
   // NCCL's kernels are enqueued now: from here a failure must not free what they use. It
-  // aborts the communicator (its kernels stop) and leaks the buffers, as ~NcclWork does.
+  // aborts the communicator (its kernels stop) and leaks the buffers, as ~NcclWork does. So
+  // nothing here allocates what can run out: the pinned blocks of the copies back were taken
+  // in `before` (take_out_host); what is left are stream calls and the event.
   cudaEvent_t event = nullptr;
   std::shared_ptr<NcclWork> work;
   try {
@@ -753,7 +764,18 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
     state_->track(work);
     watchdog_->add(work);
   } catch (...) {
-    const std::exception_ptr error = std::current_exception();
+    // Named after this operation (a CUDA call of stage_out or the event knows none), and saying
+    // what its failure did: the works that read this error learn why the communicator is gone.
+    std::exception_ptr error = std::current_exception();
+    try {
+      throw;
+    } catch (const Error& failure) {
+      if (failure.context().op.empty()) {
+        error = make_error(failure.code(), context, failure.detail() + "; communicator aborted");
+      }
+    } catch (...) {
+      // Not chorus's: kept as it is.
+    }
     if (work == nullptr) {
       leak(started.keep_alive);
       if (event != nullptr) {
@@ -784,13 +806,16 @@ std::shared_ptr<transport::Work> NcclComm::all_reduce(const transport::Buffer& s
                                                           std::vector<ncclRedOp_t>& created) {
     p->in = stage_in(send, true, started);
     p->out = recv.data == send.data ? p->in : stage_in(recv, false, started);
+    p->out_host = take_out_host(recv);
     p->op = reduction(plan, reduce_op, created);
   };
   enqueue.call = [this, p, count = send.count * static_cast<std::size_t>(plan.count_factor),
                   type = nccl_type(plan.type)] {
     return ncclAllReduce(p->in, p->out, count, type, p->op, state_->comm(), state_->stream());
   };
-  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  enqueue.after = [this, p, recv](Started& started) {
+    stage_out(recv, p->out, std::move(p->out_host), started);
+  };
   return launch(signature, info, std::move(enqueue));
 }
 
@@ -808,11 +833,14 @@ std::shared_ptr<transport::Work> NcclComm::all_gather(const transport::Buffer& s
   enqueue.before = [this, p, send, recv](Started& started, std::vector<ncclRedOp_t>&) {
     p->in = stage_in(send, true, started);
     p->out = stage_in(recv, false, started);
+    p->out_host = take_out_host(recv);
   };
   enqueue.call = [this, p, bytes = send.nbytes()] {
     return ncclAllGather(p->in, p->out, bytes, ncclUint8, state_->comm(), state_->stream());
   };
-  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  enqueue.after = [this, p, recv](Started& started) {
+    stage_out(recv, p->out, std::move(p->out_host), started);
+  };
   return launch(signature, info, std::move(enqueue));
 }
 
@@ -833,13 +861,16 @@ std::shared_ptr<transport::Work> NcclComm::reduce_scatter(const transport::Buffe
                                                           std::vector<ncclRedOp_t>& created) {
     p->in = stage_in(send, true, started);
     p->out = stage_in(recv, false, started);
+    p->out_host = take_out_host(recv);
     p->op = reduction(plan, reduce_op, created);
   };
   enqueue.call = [this, p, count = recv.count * static_cast<std::size_t>(plan.count_factor),
                   type = nccl_type(plan.type)] {
     return ncclReduceScatter(p->in, p->out, count, type, p->op, state_->comm(), state_->stream());
   };
-  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  enqueue.after = [this, p, recv](Started& started) {
+    stage_out(recv, p->out, std::move(p->out_host), started);
+  };
   return launch(signature, info, std::move(enqueue));
 }
 
@@ -867,6 +898,7 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
   enqueue.before = [this, p, send, recv](Started& started, std::vector<ncclRedOp_t>&) {
     p->in = stage_in(send, true, started);
     p->out = stage_in(recv, false, started);
+    p->out_host = take_out_host(recv);
   };
   enqueue.call = [this, p, send, recv, send_counts, recv_counts] {
     const std::size_t element = element_size(send.dtype);
@@ -893,7 +925,9 @@ std::shared_ptr<transport::Work> NcclComm::all_to_all(const transport::Buffer& s
     CHORUS_CHECK_EQ(recv_offset, recv.nbytes());
     return ncclSuccess;
   };
-  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  enqueue.after = [this, p, recv](Started& started) {
+    stage_out(recv, p->out, std::move(p->out_host), started);
+  };
   return launch(signature, info, std::move(enqueue),
                 compared ? std::optional(SplitSizes{send_counts, recv_counts}) : std::nullopt);
 }
@@ -913,11 +947,14 @@ std::shared_ptr<transport::Work> NcclComm::broadcast(const transport::Buffer& se
   enqueue.before = [this, p, send, recv, root](Started& started, std::vector<ncclRedOp_t>&) {
     p->in = stage_in(send, group_rank_ == root, started);  // read on the root only
     p->out = recv.data == send.data ? p->in : stage_in(recv, false, started);
+    p->out_host = take_out_host(recv);
   };
   enqueue.call = [this, p, root, bytes = send.nbytes()] {
     return ncclBroadcast(p->in, p->out, bytes, ncclUint8, root, state_->comm(), state_->stream());
   };
-  enqueue.after = [this, p, recv](Started& started) { stage_out(recv, p->out, started); };
+  enqueue.after = [this, p, recv](Started& started) {
+    stage_out(recv, p->out, std::move(p->out_host), started);
+  };
   return launch(signature, info, std::move(enqueue));
 }
 
@@ -935,10 +972,13 @@ std::shared_ptr<transport::Work> NcclComm::reduce(const transport::Buffer& send,
       transport::OpSignature::of(transport::OpKind::Reduce, send, recv, reduce_op, root);
   auto p = std::make_shared<Pointers>();
   Enqueue enqueue;
-  enqueue.before = [this, p, send, recv, reduce_op, plan](Started& started,
-                                                          std::vector<ncclRedOp_t>& created) {
+  enqueue.before = [this, p, send, recv, reduce_op, plan, root](Started& started,
+                                                                std::vector<ncclRedOp_t>& created) {
     p->in = stage_in(send, true, started);
     p->out = recv.data == send.data ? p->in : stage_in(recv, false, started);
+    if (group_rank_ == root) {
+      p->out_host = take_out_host(recv);  // recv is written on the root only
+    }
     p->op = reduction(plan, reduce_op, created);
   };
   enqueue.call = [this, p, root, count = send.count * static_cast<std::size_t>(plan.count_factor),
@@ -947,7 +987,7 @@ std::shared_ptr<transport::Work> NcclComm::reduce(const transport::Buffer& send,
   };
   enqueue.after = [this, p, recv, root](Started& started) {
     if (group_rank_ == root) {
-      stage_out(recv, p->out, started);  // recv is written on the root only
+      stage_out(recv, p->out, std::move(p->out_host), started);  // recv: written on the root only
     }
   };
   return launch(signature, info, std::move(enqueue));

@@ -20,8 +20,10 @@
 //   buffer by the Work when it completes. So core's CPU tensors run on NCCL too (core cannot
 //   allocate CUDA storage yet); CUDA buffers are used in place.
 // - Buffers (and staging memory) are kept alive until the Work completed or failed. A failure
-//   after NCCL's kernels were enqueued (recording the event, staging out) aborts the
-//   communicator and leaks them rather than free memory a kernel may still use.
+//   after NCCL's kernels were enqueued (recording the event, enqueueing the copies back) aborts
+//   the communicator and leaks them rather than free memory a kernel may still use; its error
+//   names the operation. So the pinned blocks of the copies back are taken before the enqueue
+//   (NcclComm::take_out_host): a cudaMallocHost that fails leaves the communicator usable.
 // - A watchdog thread polls every outstanding Work: an asynchronous NCCL error, or an operation
 //   older than the timeout, fails every outstanding Work of that communicator (TransportError
 //   or Timeout) and aborts the communicator (ncclCommAbort); later operations on it throw
@@ -259,6 +261,9 @@ class NcclComm final : public transport::Comm {
     void* in = nullptr;
     void* out = nullptr;
     ncclRedOp_t op = ncclSum;
+    // The pinned block stage_out copies a CPU result into: taken in `before`, since a failure
+    // after the enqueue aborts the communicator (take_out_host).
+    std::shared_ptr<void> out_host;
   };
   struct Enqueue {
     std::function<void(Started&, std::vector<ncclRedOp_t>&)> before;
@@ -284,7 +289,13 @@ class NcclComm final : public transport::Comm {
   // from the buffer when `copy_in` (staging, Note [NCCL work lifecycle]).
   void* stage_in(const transport::Buffer& buffer, bool copy_in, Started& started);
   // After the operation: copies `device_data` back into a CPU `buffer` (nothing for CUDA).
-  void stage_out(const transport::Buffer& buffer, void* device_data, Started& started);
+  // The pinned block stage_out needs for `buffer` (null for a CUDA or empty buffer). Called in
+  // `before`: a cudaMallocHost that fails there leaves the communicator usable.
+  std::shared_ptr<void> take_out_host(const transport::Buffer& buffer);
+  // Copies `device_data` back into `host` (from take_out_host) on the stream, and into `buffer`
+  // when the Work completes.
+  void stage_out(const transport::Buffer& buffer, void* device_data, std::shared_ptr<void> host,
+                 Started& started);
   // The NCCL op for `plan` (premul_sum: a new op, destroyed after the enqueue).
   ncclRedOp_t reduction(const Plan& plan, const ReduceOp& reduce_op,
                         std::vector<ncclRedOp_t>& created);
