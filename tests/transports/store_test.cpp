@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,10 +19,13 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -214,6 +218,46 @@ class ScriptedStore {
 
 // Far more than the socket buffers between a client and a ScriptedStore hold.
 constexpr std::size_t kLargeRequestBytes = std::size_t{64} << 20;
+
+// The client's end of its connection to `port` on loopback, found among this process's
+// descriptors (-1 when there is none): for a test that writes on it behind the client's back.
+int client_socket_to(std::uint16_t port) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_in peer{};
+    socklen_t length = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) == 0 &&
+        peer.sin_family == AF_INET && ntohs(peer.sin_port) == port) {
+      return fd;
+    }
+  }
+  return -1;
+}
+
+// Writes junk on `fd` (non-blocking) until its send buffer, and the peer's receive buffer, are
+// full: what a peer that stopped reading under a flood of frames leaves. Down to single bytes (a
+// small write can still fit in the last segment after a large one is refused), and again after
+// pauses until two in a row let nothing more in (acknowledgements free the send buffer, and the
+// peer may shrink its receive queue, for a while after the first refusal).
+void fill_send_buffer(int fd) {
+  const std::string junk(64 << 10, 'j');
+  int quiet_pauses = 0;
+  for (int round = 0; round < 100 && quiet_pauses < 2; ++round) {
+    bool wrote = false;
+    for (std::size_t bytes = junk.size(); bytes > 0; bytes /= 16) {
+      while (::send(fd, junk.data(), bytes, MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
+        wrote = true;
+      }
+    }
+    quiet_pauses = wrote ? 0 : quiet_pauses + 1;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
 
 // Puts a stand-in resolver in the client's place for its lifetime (resolver.hpp): the stand-in
 // fails with `error` (by default EAI_AGAIN, a temporary failure: the name server did not answer)
@@ -637,6 +681,114 @@ TEST(Store, ACancelWhileABlockingRequestIsWrittenFollowsIt) {
   EXPECT_EQ(waiting.get(), "Aborted");
   cancelling.get();
   EXPECT_EQ(next_frame.get_future().get(), std::string(1, '\x0b'));  // Op::Cancel, alone
+}
+
+TEST(Store, ACancelWhoseWriteCannotCompleteEndsTheCallPromptly) {
+  // A wait is in flight (the store has read its request) when the store stops reading and the
+  // client's send buffer is full, so the Cancel cannot be written. The connection is not broken:
+  // cancel() gives up on the write after its timeout (a second) and shuts the connection down,
+  // so the wait fails with TransportError at once instead of waiting out its deadline.
+  std::promise<void> read_the_wait;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  ScriptedStore store([&](int connection) {
+    char header[4];
+    if (read_exactly(connection, header, sizeof header)) {
+      std::string request(frame_length(header), '\0');
+      read_exactly(connection, request.data(), request.size());
+    }
+    read_the_wait.set_value();
+    released.wait();  // reads nothing more, answers nothing
+  });
+  ClientOptions options;
+  options.port = store.port();
+  Client client(options, kHang);
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      client.wait({"never"}, kHang);
+      return std::string("no error");
+    } catch (const TransportError&) {
+      return std::string("TransportError");
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+  });
+  const bool began = read_the_wait.get_future().wait_for(kHang) == std::future_status::ready;
+  const int fd = client_socket_to(store.port());
+  if (began && fd >= 0) {
+    fill_send_buffer(fd);
+  }
+  const Clock::time_point start = Clock::now();
+  client.cancel();
+  const bool ended = waiting.wait_for(kPrompt) == std::future_status::ready;
+  const Clock::duration took = Clock::now() - start;
+  release.set_value();  // the store closes the connection: the wait ends now if not before
+  EXPECT_TRUE(began);
+  EXPECT_GE(fd, 0);
+  EXPECT_TRUE(ended) << "the wait outlived a cancel whose Cancel could not be written";
+  EXPECT_LT(took, kPrompt);
+  EXPECT_EQ(waiting.get(), "TransportError");
+  EXPECT_THROW(client.set("after", "cancel", kHang), TransportError);  // closed for good
+}
+
+TEST(Store, AnUnexpectedExceptionMidCallClosesTheConnectionForGood) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "an address-space limit does not mix with a sanitizer's shadow memory";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "an address-space limit does not mix with a sanitizer's shadow memory";
+#endif
+#endif
+  // The store answers a get with a header claiming a body of 1 GiB (its announced frame limit),
+  // and the client, under an address-space limit far below that, fails to allocate the body:
+  // std::bad_alloc mid-call, which is not a chorus Error. The call must still end and close the
+  // connection, so the next call is TransportError (it used to find the call still in flight and
+  // abort the process on a CHORUS_CHECK). In a child process: the limit is process-wide.
+  auto run = [] {
+    ScriptedStore store([](int connection) {
+      char header[4];
+      if (read_exactly(connection, header, sizeof header)) {
+        std::string request(frame_length(header), '\0');
+        read_exactly(connection, request.data(), request.size());
+        const std::uint32_t claimed = std::uint32_t{1} << 30;
+        std::string answer(4, '\0');
+        for (int i = 0; i < 4; ++i) {
+          answer[static_cast<std::size_t>(i)] = static_cast<char>((claimed >> (8 * i)) & 0xff);
+        }
+        ::send(connection, answer.data(), answer.size(), MSG_NOSIGNAL);
+      }
+      char buffer[256];
+      while (::recv(connection, buffer, sizeof buffer, 0) > 0) {
+      }
+    });
+    ClientOptions options;
+    options.port = store.port();
+    Client client(options, kHang);
+    std::size_t pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t limit =
+        static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (256 << 20);
+    const rlimit address_space{limit, limit};
+    if (::setrlimit(RLIMIT_AS, &address_space) != 0) {
+      std::_Exit(10);
+    }
+    try {
+      client.get("k", kHang);
+      std::_Exit(11);
+    } catch (const std::bad_alloc&) {
+    } catch (...) {
+      std::_Exit(12);
+    }
+    try {
+      client.get("k", kHang);
+      std::_Exit(13);
+    } catch (const TransportError&) {
+    } catch (...) {
+      std::_Exit(14);
+    }
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(run(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(Store, CancelThroughAPrefixView) {

@@ -135,7 +135,8 @@ void poll_until(int fd, short events, const Deadline& deadline) {
 // call is remembered (cancel_requested) and the calling thread sends the Cancel frame itself as
 // soon as its request is out, while still in step: the server allows only a Cancel after a
 // pending blocking request. A cancel() for a non-blocking call does nothing (such calls are not
-// cancellable), at once.
+// cancellable), at once. A Cancel frame that cannot be written (kCancelWriteTimeout: the server
+// is not reading) shuts the socket down, so that the call still ends now, with TransportError.
 struct Client::Impl {
   enum class Phase { Idle, Sending, Answering };
 
@@ -149,13 +150,18 @@ struct Client::Impl {
   // Guards the fields below; held only briefly (and while cancel() writes its small frame),
   // never while a request is written. See Note [Client cancel].
   std::mutex state_mutex;
-  // Changed under state_mutex, by the thread that holds call_mutex (or the constructor or
-  // destructor); read without it by that thread.
+  // fd, phase and blocking_in_flight are changed under state_mutex, by the thread that holds
+  // call_mutex (or the constructor or destructor), and read without it by that thread.
+  // cancel_requested and cancel_sent are changed under state_mutex both by that thread (a call
+  // resets them as it begins) and by cancel(), from any thread; read only under state_mutex.
   int fd = -1;
   Phase phase = Phase::Idle;
   bool blocking_in_flight = false;  // the call in flight is a get/wait/multi_get
   bool cancel_requested = false;    // cancel() came while the request was being written
-  bool cancel_sent = false;
+  bool cancel_sent = false;         // a Cancel was written (or tried) for the call in flight
+  // The Cancel's write failed and the socket was shut down (send_cancel_locked): the calling
+  // thread reads it, without state_mutex, to say why its call failed.
+  std::atomic<bool> cancel_write_failed{false};
   // Why the connection was closed (empty while it is usable). Guarded by call_mutex.
   std::string closed_because;
 
@@ -172,6 +178,17 @@ struct Client::Impl {
   // Closes the connection for good: its state is unknown after a failure mid-call.
   void fail(std::string why) {
     closed_because = std::move(why);
+    close_socket();
+  }
+
+  // fail() for a catch (...): when even the reason cannot be stored (out of memory), a short
+  // one (no allocation in practice) is, so that the connection is closed for good all the same.
+  void fail_noexcept(const std::string& op) noexcept {
+    try {
+      closed_because = "a " + op + " failed mid-call with an unexpected exception";
+    } catch (...) {
+      closed_because = "failed";  // within the small-string buffer
+    }
     close_socket();
   }
 
@@ -327,12 +344,19 @@ struct Client::Impl {
     if (fd < 0 || cancel_sent) {
       return;
     }
-    cancel_sent = true;
+    cancel_sent = true;  // one Cancel per call, whether or not its write completes
     try {
       send_all(detail::encode_request(detail::make_request(Op::Cancel)),
                Deadline(kCancelWriteTimeout));
     } catch (...) {
-      // The call in flight sees the broken connection itself.
+      // The Cancel could not be written: the connection failed, or the server has not read for
+      // kCancelWriteTimeout and the send buffer is full (then the connection itself is not
+      // broken, and the call in flight would wait out its whole deadline). Either way the
+      // Cancel is not coming and the cancel must still end the call: shutting the socket down
+      // (not closing it: the calling thread still reads it) wakes the call's read at once,
+      // which then fails with TransportError and closes the connection for good.
+      cancel_write_failed = true;
+      ::shutdown(fd, SHUT_RDWR);
     }
   }
 
@@ -344,6 +368,7 @@ struct Client::Impl {
     blocking_in_flight = blocking;
     cancel_requested = false;
     cancel_sent = false;
+    cancel_write_failed = false;
   }
   void begin_answering() {
     const std::lock_guard lock(state_mutex);
@@ -499,8 +524,21 @@ Response Client::round_trip(Request& request, Deadline deadline) {
                                          " before the deadline; the connection is closed");
   } catch (const Error& error) {
     impl.end_call();
-    impl.fail(error.detail());
-    throw TransportError(error_context(op), error.detail());
+    const std::string why =
+        impl.cancel_write_failed
+            ? "the call was cancelled, but the Cancel could not be written to the store at " +
+                  impl.address +
+                  " (it is not reading, or the connection failed); the connection is closed"
+            : error.detail();
+    impl.fail(why);
+    throw TransportError(error_context(op), why);
+  } catch (...) {
+    // Anything else (std::bad_alloc for the answer's body, say) also leaves the connection in
+    // an unknown state mid-call: end the call (or the next one would find it still in flight)
+    // and close the connection for good, then let the exception go on.
+    impl.end_call();
+    impl.fail_noexcept(op);
+    throw;
   }
   impl.end_call();
   try {
