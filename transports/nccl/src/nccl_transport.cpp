@@ -498,16 +498,16 @@ void NcclComm::check_device(const transport::Buffer& buffer, const transport::Op
 // unrelated call, a Work that never completes). So it is refused before anything is done: before
 // the pinned pool frees, the collective check and the communicator's lock, so the communicator
 // stays usable. cudaStreamIsCapturing on the legacy default stream answers
-// cudaErrorStreamCaptureImplicit while a blocking stream captures: refused too.
+// cudaErrorStreamCaptureImplicit while a blocking stream captures: refused too. Only the
+// operation's own stream is asked: a capture on another stream (even in the global mode, which
+// forbids the cudaFreeHost and cudaMallocHost here) is not detected, and such an operation fails
+// later with whatever CUDA error those calls return.
 void NcclComm::refuse_if_capturing(const transport::OpInfo& info) const {
   cudaSetDevice(state_->device());
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t code = cudaStreamIsCapturing(cuda_stream(info.stream), &status);
   if (code == cudaSuccess && status == cudaStreamCaptureStatusNone) {
     return;
-  }
-  if (code != cudaSuccess) {
-    cudaGetLastError();  // not a sticky error: cleared, so that later checks do not see it
   }
   const std::string advice =
       "; the NCCL backend cannot run a collective inside a graph capture: issue it before "
@@ -520,13 +520,20 @@ void NcclComm::refuse_if_capturing(const transport::OpInfo& info) const {
             ", which the operation is ordered after, is capturing a CUDA graph" + advice);
   }
   if (code == cudaErrorStreamCaptureImplicit) {
+    // Raised by this call: not a sticky error, cleared so that later checks do not see it.
+    // (Other codes are left alone: cudaStreamIsCapturing may return the error of an earlier
+    // asynchronous launch, which is not this check's to clear.)
+    cudaGetLastError();
     throw InvalidArgument(context_of(info),
                           "nccl: the operation is ordered after the legacy default stream, which "
                           "cannot be used while another stream captures a CUDA graph" +
                               advice);
   }
   throw TransportError(context_of(info),
-                       "nccl: cudaStreamIsCapturing failed: " + cuda_error_text(code));
+                       "nccl: cudaStreamIsCapturing, asked whether the stream is capturing a CUDA "
+                       "graph, returned an error (a CUDA error was pending, from an earlier "
+                       "launch?): " +
+                           cuda_error_text(code));
 }
 
 Plan NcclComm::plan_or_throw(DType dtype, const ReduceOp& reduce_op,
@@ -658,7 +665,7 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
                                                  const std::vector<SplitSizes>& splits,
                                                  const transport::OpInfo& info) {
   const ErrorContext context = context_of(info);
-  refuse_if_capturing(info);  // selects the device; before cudaFreeHost below
+  refuse_if_capturing(info);  // selects the device; before cudaFreeHost below (own stream only)
   // Staging blocks the pool did not keep are freed here, before the communicator's lock (Note
   // [Pinned staging pool]): cudaFreeHost waits for running kernels, and the watchdog needs that
   // lock to abort a hung one.
@@ -748,8 +755,9 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
   }
   // NCCL's kernels are enqueued now: from here a failure must not free what they use. It
   // aborts the communicator (its kernels stop) and leaks the buffers, as ~NcclWork does. So
-  // nothing here allocates what can run out: the pinned blocks of the copies back were taken
-  // in `before` (take_out_host); what is left are stream calls and the event.
+  // nothing here takes pinned or device memory, which can run out: the pinned blocks of the
+  // copies back were taken in `before` (take_out_host); what is left are stream calls, the event
+  // and small host allocations (the Work, its lists), whose failure aborts like any other below.
   cudaEvent_t event = nullptr;
   std::shared_ptr<NcclWork> work;
   try {
