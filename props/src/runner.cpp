@@ -322,24 +322,19 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
   const bool by_pct = input.schedule.seeded && (sim_options.strategy == sim::Strategy::Pct ||
                                                 sim_options.strategy == sim::Strategy::Portfolio);
   Outcome outcome;
-  SimRun run;
-  if (by_pct && !replaying) {
-    // Note [PCT's estimate of a case's length]
-    // PCT draws its change points among the first pct_steps decisions; the simulator's default
-    // estimate of 256 lies far past a case's 20 to 100 decisions, so most runs never reached
-    // one. A case's length is only known by running it: a first run (the default estimate)
-    // measures it, and the case then runs again with pct_steps that length. Both come from the
-    // case's schedule seed alone, so a token without a simulator token regenerates both; one
-    // with a simulator token replays the run that decided and needs no measure. The measuring
-    // run is a run of the case like any other: its failure is the case's.
+  // Note [PCT's estimate of a case's length]
+  // PCT draws its change points among the first pct_steps decisions; the simulator's default
+  // estimate of 256 lies far past a case's 20 to 100 decisions, so most runs never reached one.
+  // A case's length is only known by running it: a first run (the default estimate) measures it,
+  // and the case then runs again with pct_steps that length. Both come from the case's schedule
+  // seed alone, so a token without a simulator token regenerates both; one with a simulator token
+  // replays the run that decided and needs no measure. The measuring run is a run of the case
+  // like any other: its failure is the case's.
+  SimRun run = simulate_case(property, input.value, sim_options);
+  if (by_pct && !replaying && run.report.ok() && run.report.strategy == sim::Strategy::Pct) {
+    sim_options.pct_steps = std::max<std::uint64_t>(run.report.steps, 1);
     run = simulate_case(property, input.value, sim_options);
-    if (run.report.ok() && run.report.strategy == sim::Strategy::Pct) {
-      sim_options.pct_steps = std::max<std::uint64_t>(run.report.steps, 1);
-      run = simulate_case(property, input.value, sim_options);
-      ++outcome.runs;
-    }
-  } else {
-    run = simulate_case(property, input.value, sim_options);
+    ++outcome.runs;
   }
   outcome.sim_token = run.report.replay_token;
   // A replay keeps the report of the run that decided the verdict.
