@@ -64,7 +64,7 @@ struct PropertyResult {
   std::string counterexample;  // the minimal case (and schedule), as RapidCheck shows it
   std::string failure;         // every failing rank's error
   std::string timeline;        // simulator: per-rank timeline of the minimal failing run
-  std::string replay_token;    // "chorus-check:3:..."; `chorus replay TOKEN`
+  std::string replay_token;    // "chorus-check:4:..."; `chorus replay TOKEN`
   int shrink_steps = 0;        // shrinks taken from the first failing case
 };
 
