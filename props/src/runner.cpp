@@ -576,6 +576,7 @@ struct Token {
   int case_index = 0;
   std::optional<sim::Strategy> strategy;
   bool lockstep = false;  // found by the lockstep runner: the case alone, the all-0 schedule
+                          // (replay_note says so wherever the token is printed)
   int pct_depth = 2;
   sim::ReductionOrder order = sim::ReductionOrder::Fixed;
   std::vector<int> path;
@@ -953,6 +954,17 @@ std::string summary_table(const CheckReport& report) {
   return out.str();
 }
 
+std::string replay_note(std::string_view token) {
+  if (!parse_token(token).lockstep) {
+    return {};
+  }
+  return "a lockstep token replays the case alone on the simulator with choice 0 at every "
+         "scheduling decision (and, for a schedule-independent property, its other strategies "
+         "and reduction orders), not the lockstep run's own schedule or transport, which it does "
+         "not record: a failure that depended on them may not reproduce; rerun the same chorus "
+         "check (same seed, ranks and transport) to see it again";
+}
+
 std::string failure_report(const PropertyResult& result, std::string_view replay_with) {
   std::ostringstream out;
   out << "property " << result.name << " FAILED";
@@ -965,6 +977,10 @@ std::string failure_report(const PropertyResult& result, std::string_view replay
     out << "timeline of the minimal failing run:\n" << result.timeline;
   }
   out << "replay: " << replay_with << " " << result.replay_token << "\n";
+  if (const std::string note = result.replay_token.empty() ? "" : replay_note(result.replay_token);
+      !note.empty()) {
+    out << "  (" << note << ")\n";
+  }
   return out.str();
 }
 

@@ -153,6 +153,15 @@ TEST(Battery, LockstepCheckThatFailsMidwayStillReachesItsPeersCollectives) {
   EXPECT_EQ(again.result.verdict, Verdict::Failed);
   EXPECT_EQ(again.result.counterexample, failed.counterexample);
   EXPECT_EQ(replay(properties, failed.replay_token).result.verdict, Verdict::Passed);
+  // The report says what a lockstep token replays (the all-0 schedule, not the run's own): it
+  // used to print the token as if it replayed the run.
+  const std::string report = failure_report(failed);
+  EXPECT_NE(report.find("replay: chorus replay " + failed.replay_token +
+                        "\n  (a lockstep token replays the case alone on the simulator with "
+                        "choice 0 at every scheduling decision"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(replay_note("chorus-check:4:law.gather_dim:3:5:100:7:generated:2:fixed:-:-"), "");
 }
 
 TEST(Battery, PropertyNamesThatTokensCannotCarryAreRefused) {

@@ -145,7 +145,15 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
 
 // A table: property, cases, runs, time, verdict; then the total.
 std::string summary_table(const CheckReport& report);
-// A failed property's minimal counterexample, errors, timeline and replay command: `replay_with`
+// What replaying `token` reruns, when that is not the run that printed it: empty for a token of
+// the simulator runner (it replays that run's schedule); for a lockstep token (`:lockstep:`),
+// which records no schedule, a note that its replay runs the case alone on the simulator with
+// choice 0 at every scheduling decision, so a failure that depended on the lockstep run's
+// schedule or transport may not reproduce. Throws InvalidArgument for a malformed token.
+std::string replay_note(std::string_view token);
+
+// A failed property's minimal counterexample, errors, timeline and replay command (with
+// replay_note's note, if any): `replay_with`
 // followed by the token (a program checking its own properties names itself, and passes the
 // token to props::replay with its own property list).
 std::string failure_report(const PropertyResult& result,
