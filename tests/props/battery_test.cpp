@@ -164,6 +164,30 @@ TEST(Battery, LockstepCheckThatFailsMidwayStillReachesItsPeersCollectives) {
   EXPECT_EQ(replay_note("chorus-check:4:law.gather_dim:3:5:100:7:generated:2:fixed:-:-"), "");
 }
 
+// errors.invalid_argument's NotAMember kind: after the refused calls, the members of the group
+// they named run a collective on it and check its result and that they numbered it alike (they
+// used not to touch that group at all, so nothing showed whether the refusals had left it out of
+// step). A bug planted on rank 0 under that group's communicators alone (tag
+// "props.errors.other_group", errors.cpp's kOtherGroupTag) shows there and only there.
+TEST(Battery, NotAMemberRefusalsLeaveTheOtherGroupInStep) {
+  CheckOptions options;
+  options.ranks = 4;
+  options.cases = 100;
+  const std::vector<Property> properties = select(battery(), "errors.invalid_argument");
+  EXPECT_TRUE(check_on_simulator(properties, options).passed());
+  options.wrap_transport =
+      testing::plant_on_tag(PlantedBug::CompletesBeforeData, 0, "props.errors.other_group");
+  const CheckReport report = check_on_simulator(properties, options);
+  ASSERT_EQ(report.results.size(), 1u);
+  const PropertyResult& failed = report.results[0];
+  EXPECT_EQ(failed.verdict, Verdict::Failed);
+  EXPECT_NE(failed.counterexample.find("caller not a member"), std::string::npos)
+      << failed.counterexample;
+  EXPECT_NE(failed.failure.find("rank 0: an all_reduce on the group the refused calls named"),
+            std::string::npos)
+      << failed.failure;
+}
+
 TEST(Battery, PropertyNamesThatTokensCannotCarryAreRefused) {
   Property bad = battery().front();
   bad.name = "user:layer";
