@@ -5,7 +5,6 @@
 // compares them at the rendezvous).
 
 #include <algorithm>
-#include <charconv>
 #include <iterator>
 #include <optional>
 
@@ -94,22 +93,6 @@ std::vector<int> other_group(const Layout& layout) {
     }
   }
   return ranks;
-}
-
-// The sequence number an error's message names ("... all_reduce #3 on group ..."), if any.
-std::optional<std::int64_t> named_seq(const std::string& message) {
-  // Only in the context before the group (a detail may hold anything).
-  const std::size_t hash = message.substr(0, message.find(" on group ")).find(" #");
-  if (hash == std::string::npos) {
-    return std::nullopt;
-  }
-  std::int64_t seq = -1;
-  const char* first = message.data() + hash + 2;
-  const auto [end, error] = std::from_chars(first, message.data() + message.size(), seq);
-  if (error != std::errc() || end == first) {
-    return std::nullopt;
-  }
-  return seq;
 }
 
 // Issues the bad call (the result is dropped at once, if any call returns).
@@ -212,13 +195,14 @@ void check_bad_input(const BadCase& c, Env& env) {
     std::optional<std::int64_t> refused_seq;
     if (makes_bad_call(c.layout, env.rank())) {
       CHORUS_CHECK(!in_other);
-      const std::string message = env.require_throws<InvalidArgument>(
-          [&] { issue_bad(c, input, size); }, std::string(kBadNames[static_cast<int>(c.bad)]));
+      const Refusal refusal = require_refusal(
+          env, [&] { issue_bad(c, input, size); }, std::string(kBadNames[static_cast<int>(c.bad)]));
+      const std::string& message = refusal.message;
       const std::string named = "[rank " + std::to_string(env.rank()) + "]";
       env.require(message.find(named) != std::string::npos,
                   "the error names the rank (" + named + "): " + message);
       env.require(work_registry_size() == 0, "a refused call registers nothing");
-      refused_seq = named_seq(message);
+      refused_seq = refusal.seq;
       // A rank has no sequence numbers on a group it is not in.
       if (c.bad == Bad::NotAMember) {
         env.require(!refused_seq.has_value(),
