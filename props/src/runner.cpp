@@ -955,14 +955,23 @@ std::string summary_table(const CheckReport& report) {
 }
 
 std::string replay_note(std::string_view token) {
-  if (!parse_token(token).lockstep) {
+  // failure_report calls this on whatever token a PropertyResult holds, and never threw before
+  // the note: a token parse_token refuses (say a format-3 token of one case) gets no note.
+  bool lockstep = false;
+  try {
+    lockstep = parse_token(token).lockstep;
+  } catch (const Error&) {
+    return {};
+  }
+  if (!lockstep) {
     return {};
   }
   return "a lockstep token replays the case alone on the simulator with choice 0 at every "
          "scheduling decision (and, for a schedule-independent property, its other strategies "
          "and reduction orders), not the lockstep run's own schedule or transport, which it does "
-         "not record: a failure that depended on them may not reproduce; rerun the same chorus "
-         "check (same seed, ranks and transport) to see it again";
+         "not record: a failure that depended on them may not reproduce; rerunning the same "
+         "chorus check (same seed, ranks and transport) reproduces it on the simulator, and on "
+         "MPI or NCCL may reproduce it (their timing is not replayed)";
 }
 
 std::string failure_report(const PropertyResult& result, std::string_view replay_with) {

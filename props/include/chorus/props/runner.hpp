@@ -149,7 +149,8 @@ std::string summary_table(const CheckReport& report);
 // the simulator runner (it replays that run's schedule); for a lockstep token (`:lockstep:`),
 // which records no schedule, a note that its replay runs the case alone on the simulator with
 // choice 0 at every scheduling decision, so a failure that depended on the lockstep run's
-// schedule or transport may not reproduce. Throws InvalidArgument for a malformed token.
+// schedule or transport may not reproduce. Empty for a malformed token (never throws:
+// failure_report calls it on whatever token a result holds).
 std::string replay_note(std::string_view token);
 
 // A failed property's minimal counterexample, errors, timeline and replay command (with
