@@ -241,6 +241,9 @@ int run_replay(const std::string& token, const std::string& trace, const std::st
     std::cout << "FAILED:\n" << replayed.result.failure << replayed.result.timeline;
   } else {
     std::cout << "passed (the failure did not reproduce)\n";
+    if (const std::string note = props::replay_note(token); !note.empty()) {
+      std::cout << "note: " << note << "\n";
+    }
   }
   if (!trace.empty()) {
     std::cout << "trace: " << trace << "\n";

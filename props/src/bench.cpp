@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <chorus/check.hpp>
 #include <chorus/chorus.hpp>
 #include <chorus/sim/sim.hpp>
 #include <chrono>
@@ -443,12 +444,19 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
   const ReduceOp reduce_op = reduce_op_of(options.reduce_op);
   BenchReport report;
   bool completed = false;
+  // The verdict's inputs, kept on every process: on a real transport each process is one rank,
+  // and its exit status must agree with the verdict rank 0 prints. Every rank can reach it, since
+  // a row's #wrong is agreed by all ranks; on the simulator (one process) rank 0 keeps them.
+  std::int64_t rows_measured = 0;
+  std::int64_t wrong_agreed = 0;
+  bool finished = false;
 
   const auto rank_main = [&] {
     const int n = world_size();
     const int me = rank();
     const Crafted crafted(options.reduce_op, options.dtype, n);
     const bool printer = me == 0;
+    const bool keeps_verdict = printer || !simulator;
     if (printer) {
       report.ranks = n;
       table.header(options, n);
@@ -525,6 +533,10 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
               static_cast<double>(count_wrong(result, expected_values(op, crafted, me, shape)));
           row.wrong = static_cast<std::int64_t>(agree({wrong}, "sum").front());
         }
+        if (keeps_verdict) {
+          ++rows_measured;
+          wrong_agreed += std::max<std::int64_t>(row.wrong, 0);
+        }
         if (printer) {
           table.row(row, type, reduces(op) ? std::string_view(options.reduce_op) : "none", n);
           report.rows.push_back(row);
@@ -533,6 +545,9 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
     }
     if (printer) {
       completed = true;
+    }
+    if (keeps_verdict) {
+      finished = true;
     }
   };
 
@@ -571,13 +586,14 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
     wrong += std::max<std::int64_t>(row.wrong, 0);
     unchecked = unchecked || row.wrong < 0;
   }
-  report.ok = status == 0 && wrong == 0 && (completed || report.ranks == 0);
+  // Every size skipped (no row) must not read as a pass either.
+  report.ok = status == 0 && finished && rows_measured > 0 && wrong_agreed == 0;
   if (!completed) {
     return report;  // not the printing rank (or it failed: the error is printed)
   }
+  CHORUS_CHECK_EQ(wrong, wrong_agreed);
+  CHORUS_CHECK_EQ(static_cast<std::int64_t>(report.rows.size()), rows_measured);
   if (report.rows.empty()) {
-    // Every size was skipped: a table with no row must not read as a pass.
-    report.ok = false;
     std::size_t needed = std::numeric_limits<std::size_t>::max();
     for (const std::string& op : options.ops) {
       const bool whole = op == "all_reduce" || op == "broadcast";

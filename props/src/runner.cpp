@@ -18,9 +18,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// RapidCheck's nominal largest size: case i of n is generated at size i * kSizeMax / n.
+// RapidCheck's nominal largest size: case i of n is generated at size i * kSizeMax / n, and a
+// single case at kSizeMax (case_size).
 constexpr int kSizeMax = 100;
-constexpr std::string_view kTokenPrefix = "chorus-check:3:";
+constexpr std::string_view kTokenPrefix = "chorus-check:4:";
+// Format 3 differs from 4 only in a single case's size (0 there): its tokens of more than one
+// case replay as they were generated.
+constexpr std::string_view kFormat3Prefix = "chorus-check:3:";
 // PCT's bug depths the CLI and tokens take (sim::SimOptions::pct_depth itself only needs >= 1).
 constexpr int kPctDepthMin = 1;
 constexpr int kPctDepthMax = 3;
@@ -52,8 +56,12 @@ rc::Random case_random(std::uint64_t seed, std::string_view property, int case_i
       splitmix(splitmix(seed ^ hash_name(property)) + static_cast<std::uint64_t>(case_index)));
 }
 
+// Sizes ramp from 0 towards kSizeMax over the cases, small cases first. A run of one case
+// (`--cases 1`, a quick smoke test) runs it at the nominal size, as RapidCheck's last cases are:
+// at size 0 it would have drawn the smallest shapes and groups only (format 3 did).
 int case_size(int case_index, int cases) {
-  return cases <= 1 ? 0
+  CHORUS_CHECK(case_index >= 0 && case_index < cases);
+  return cases == 1 ? kSizeMax
                     : static_cast<int>(std::int64_t{case_index} * kSizeMax / std::int64_t{cases});
 }
 
@@ -322,24 +330,19 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
   const bool by_pct = input.schedule.seeded && (sim_options.strategy == sim::Strategy::Pct ||
                                                 sim_options.strategy == sim::Strategy::Portfolio);
   Outcome outcome;
-  SimRun run;
-  if (by_pct && !replaying) {
-    // Note [PCT's estimate of a case's length]
-    // PCT draws its change points among the first pct_steps decisions; the simulator's default
-    // estimate of 256 lies far past a case's 20 to 100 decisions, so most runs never reached
-    // one. A case's length is only known by running it: a first run (the default estimate)
-    // measures it, and the case then runs again with pct_steps that length. Both come from the
-    // case's schedule seed alone, so a token without a simulator token regenerates both; one
-    // with a simulator token replays the run that decided and needs no measure. The measuring
-    // run is a run of the case like any other: its failure is the case's.
+  // Note [PCT's estimate of a case's length]
+  // PCT draws its change points among the first pct_steps decisions; the simulator's default
+  // estimate of 256 lies far past a case's 20 to 100 decisions, so most runs never reached one.
+  // A case's length is only known by running it: a first run (the default estimate) measures it,
+  // and the case then runs again with pct_steps that length. Both come from the case's schedule
+  // seed alone, so a token without a simulator token regenerates both; one with a simulator token
+  // replays the run that decided and needs no measure. The measuring run is a run of the case
+  // like any other: its failure is the case's.
+  SimRun run = simulate_case(property, input.value, sim_options);
+  if (by_pct && !replaying && run.report.ok() && run.report.strategy == sim::Strategy::Pct) {
+    sim_options.pct_steps = std::max<std::uint64_t>(run.report.steps, 1);
     run = simulate_case(property, input.value, sim_options);
-    if (run.report.ok() && run.report.strategy == sim::Strategy::Pct) {
-      sim_options.pct_steps = std::max<std::uint64_t>(run.report.steps, 1);
-      run = simulate_case(property, input.value, sim_options);
-      ++outcome.runs;
-    }
-  } else {
-    run = simulate_case(property, input.value, sim_options);
+    ++outcome.runs;
   }
   outcome.sim_token = run.report.replay_token;
   // A replay keeps the report of the run that decided the verdict.
@@ -562,7 +565,7 @@ Outcome execute_in_lockstep(const Property& property, const Case& value) {
   return agree(failure);
 }
 
-// ---- Replay tokens: chorus-check:3:<property>:<ranks>:<seed>:<cases>:<case>:<schedules>:
+// ---- Replay tokens: chorus-check:4:<property>:<ranks>:<seed>:<cases>:<case>:<schedules>:
 // <pct depth>:<reduction order>:<shrink path>:<simulator token>
 
 struct Token {
@@ -573,6 +576,7 @@ struct Token {
   int case_index = 0;
   std::optional<sim::Strategy> strategy;
   bool lockstep = false;  // found by the lockstep runner: the case alone, the all-0 schedule
+                          // (replay_note says so wherever the token is printed)
   int pct_depth = 2;
   sim::ReductionOrder order = sim::ReductionOrder::Fixed;
   std::vector<int> path;
@@ -608,15 +612,18 @@ int parse_in_range(std::string_view text, std::string_view token, std::string_vi
 Token parse_token(std::string_view token) {
   // Older formats name cases this build's generators no longer draw: refused, never replayed as
   // another case. 2: before input forms, tagged and 1-D mesh layouts, choices drawn at the
-  // nominal size and PCT runs sized to their case (2026-12-03).
+  // nominal size and PCT runs sized to their case (2026-12-03). 3: a single case at size 0
+  // (2026-12-03): only its tokens of one case are refused, below.
   if (token.starts_with("chorus-check:1:") || token.starts_with("chorus-check:2:")) {
     bad_token(token, std::string("it is of format ") + token[13] +
                          ", from an older chorus, which generated cases differently: run chorus "
-                         "check again for a token of format 3");
+                         "check again for a token of format 4");
   }
-  if (token.substr(0, kTokenPrefix.size()) != kTokenPrefix) {
+  const bool format3 = token.starts_with(kFormat3Prefix);
+  if (!format3 && !token.starts_with(kTokenPrefix)) {
     bad_token(token, "it does not start with '" + std::string(kTokenPrefix) + "'");
   }
+  static_assert(kFormat3Prefix.size() == kTokenPrefix.size());
   std::string_view rest = token.substr(kTokenPrefix.size());
   std::vector<std::string_view> fields;
   // Ten fields; the last (the simulator's token) holds colons itself.
@@ -638,6 +645,12 @@ Token parse_token(std::string_view token) {
       parse_in_range(fields[3], token, "cases", 1, std::numeric_limits<int>::max(), "at least 1");
   parsed.case_index = parse_in_range(fields[4], token, "case", 0, parsed.cases - 1,
                                      "0 to " + std::to_string(parsed.cases - 1) + ", below cases");
+  if (format3 && parsed.cases == 1) {
+    bad_token(token,
+              "it is of format 3 with cases 1: format 3 generated a single case at size 0, "
+              "format 4 at the nominal size, so it would replay another case: run chorus check "
+              "again for a token of format 4");
+  }
   if (fields[5] == "lockstep") {
     parsed.lockstep = true;
   } else if (fields[5] != "generated") {
@@ -941,6 +954,26 @@ std::string summary_table(const CheckReport& report) {
   return out.str();
 }
 
+std::string replay_note(std::string_view token) {
+  // failure_report calls this on whatever token a PropertyResult holds, and never threw before
+  // the note: a token parse_token refuses (say a format-3 token of one case) gets no note.
+  bool lockstep = false;
+  try {
+    lockstep = parse_token(token).lockstep;
+  } catch (const Error&) {
+    return {};
+  }
+  if (!lockstep) {
+    return {};
+  }
+  return "a lockstep token replays the case alone on the simulator with choice 0 at every "
+         "scheduling decision (and, for a schedule-independent property, its other strategies "
+         "and reduction orders), not the lockstep run's own schedule or transport, which it does "
+         "not record: a failure that depended on them may not reproduce; rerunning the same "
+         "chorus check (same seed, ranks and transport) reproduces it on the simulator, and on "
+         "MPI or NCCL may reproduce it (their timing is not replayed)";
+}
+
 std::string failure_report(const PropertyResult& result, std::string_view replay_with) {
   std::ostringstream out;
   out << "property " << result.name << " FAILED";
@@ -953,6 +986,10 @@ std::string failure_report(const PropertyResult& result, std::string_view replay
     out << "timeline of the minimal failing run:\n" << result.timeline;
   }
   out << "replay: " << replay_with << " " << result.replay_token << "\n";
+  if (const std::string note = result.replay_token.empty() ? "" : replay_note(result.replay_token);
+      !note.empty()) {
+    out << "  (" << note << ")\n";
+  }
   return out.str();
 }
 

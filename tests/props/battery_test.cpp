@@ -60,7 +60,7 @@ TEST(Battery, PlantedLastBitOnOneRankFailsWithAShrunkReplayableCounterexample) {
       << result.counterexample;
   EXPECT_GT(result.shrink_steps, 0);
   EXPECT_NE(result.timeline.find("rank 1"), std::string::npos);
-  EXPECT_EQ(result.replay_token.rfind("chorus-check:3:reduce.all_reduce:4:0:100:", 0), 0u)
+  EXPECT_EQ(result.replay_token.rfind("chorus-check:4:reduce.all_reduce:4:0:100:", 0), 0u)
       << result.replay_token;
 
   // The token replays the failure with the bug planted, and passes without it.
@@ -153,6 +153,63 @@ TEST(Battery, LockstepCheckThatFailsMidwayStillReachesItsPeersCollectives) {
   EXPECT_EQ(again.result.verdict, Verdict::Failed);
   EXPECT_EQ(again.result.counterexample, failed.counterexample);
   EXPECT_EQ(replay(properties, failed.replay_token).result.verdict, Verdict::Passed);
+  // The report says what a lockstep token replays (the all-0 schedule, not the run's own): it
+  // used to print the token as if it replayed the run.
+  const std::string report = failure_report(failed);
+  EXPECT_NE(report.find("replay: chorus replay " + failed.replay_token +
+                        "\n  (a lockstep token replays the case alone on the simulator with "
+                        "choice 0 at every scheduling decision"),
+            std::string::npos)
+      << report;
+  // A rerun reproduces it only where timing is replayed: the simulator, not MPI or NCCL.
+  EXPECT_NE(report.find("reproduces it on the simulator, and on MPI or NCCL may reproduce it"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(replay_note("chorus-check:4:law.gather_dim:3:5:100:7:generated:2:fixed:-:-"), "");
+}
+
+// failure_report never throws, whatever token a result holds: a token parse_token refuses (a
+// format-3 token of one case, kept from an earlier build) gets no note. Since the note it
+// called replay_note, which threw InvalidArgument on such a token.
+TEST(Battery, FailureReportOfAMalformedTokenDoesNotThrow) {
+  PropertyResult result;
+  result.name = "reduce.all_reduce";
+  result.verdict = Verdict::Failed;
+  result.counterexample = "a case";
+  result.failure = "rank 0: wrong\n";
+  for (const std::string token :
+       {"chorus-check:3:reduce.all_reduce:4:0:1:0:lockstep:2:fixed:-:-", "not a token"}) {
+    result.replay_token = token;
+    std::string report;
+    EXPECT_NO_THROW(report = failure_report(result)) << token;
+    EXPECT_NE(report.find("replay: chorus replay " + token + "\n"), std::string::npos) << report;
+    EXPECT_EQ(report.find("a lockstep token"), std::string::npos) << report;
+    EXPECT_EQ(replay_note(token), "") << token;
+  }
+}
+
+// errors.invalid_argument's NotAMember kind: after the refused calls, the members of the group
+// they named run a collective on it and check its result and that they numbered it alike (they
+// used not to touch that group at all, so nothing showed whether the refusals had left it out of
+// step). A bug planted on rank 0 under that group's communicators alone (tag
+// "props.errors.other_group", errors.cpp's kOtherGroupTag) shows there and only there.
+TEST(Battery, NotAMemberRefusalsLeaveTheOtherGroupInStep) {
+  CheckOptions options;
+  options.ranks = 4;
+  options.cases = 100;
+  const std::vector<Property> properties = select(battery(), "errors.invalid_argument");
+  EXPECT_TRUE(check_on_simulator(properties, options).passed());
+  options.wrap_transport =
+      testing::plant_on_tag(PlantedBug::CompletesBeforeData, 0, "props.errors.other_group");
+  const CheckReport report = check_on_simulator(properties, options);
+  ASSERT_EQ(report.results.size(), 1u);
+  const PropertyResult& failed = report.results[0];
+  EXPECT_EQ(failed.verdict, Verdict::Failed);
+  EXPECT_NE(failed.counterexample.find("caller not a member"), std::string::npos)
+      << failed.counterexample;
+  EXPECT_NE(failed.failure.find("rank 0: an all_reduce on the group the refused calls named"),
+            std::string::npos)
+      << failed.failure;
 }
 
 TEST(Battery, PropertyNamesThatTokensCannotCarryAreRefused) {
@@ -398,7 +455,7 @@ TEST(Battery, PctCasesPlaceTheirChangePointsWithinTheRun) {
   int all_fired = 0;
   std::uint64_t fired = 0;
   for (int i = 0; i < kCases; ++i) {
-    const std::string token = "chorus-check:3:reduce.all_reduce:8:0:" + std::to_string(kCases) +
+    const std::string token = "chorus-check:4:reduce.all_reduce:8:0:" + std::to_string(kCases) +
                               ":" + std::to_string(i) + ":pct:" + std::to_string(kDepth) +
                               ":fixed:-:-";
     const Replay replayed = replay(battery(), token);
@@ -595,31 +652,79 @@ TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
       [&] {
         (void)replay(all, "chorus-check:1:reduce.all_reduce:4:0:100:0:generated:2:fixed:-:-");
       },
-      {"format 1, from an older chorus", "token of format 3"});
+      {"format 1, from an older chorus", "token of format 4"});
   // Format 2 drew other cases too (input forms, layouts, choices at the nominal size).
   testing::expect_invalid_argument(
       [&] {
         (void)replay(all, "chorus-check:2:reduce.all_reduce:4:0:100:0:generated:2:fixed:-:-");
       },
-      {"format 2, from an older chorus", "token of format 3"});
-  testing::expect_invalid_argument([&] { (void)replay(all, "chorus-check:3:reduce.all_reduce:4"); },
+      {"format 2, from an older chorus", "token of format 4"});
+  testing::expect_invalid_argument([&] { (void)replay(all, "chorus-check:4:reduce.all_reduce:4"); },
                                    {"too few fields"});
   testing::expect_invalid_argument(
-      [&] { (void)replay(all, "chorus-check:3:no.such:4:0:100:0:generated:2:fixed:-:-"); },
+      [&] { (void)replay(all, "chorus-check:4:no.such:4:0:100:0:generated:2:fixed:-:-"); },
       {"no property named 'no.such'"});
   testing::expect_invalid_argument(
       [&] {
-        (void)replay(all, "chorus-check:3:reduce.all_reduce:four:0:100:0:generated:2:fixed:-:-");
+        (void)replay(all, "chorus-check:4:reduce.all_reduce:four:0:100:0:generated:2:fixed:-:-");
       },
       {"ranks is not a number"});
   testing::expect_invalid_argument(
-      [&] { (void)replay(all, "chorus-check:3:reduce.all_reduce:4:0:100:0:psychic:2:fixed:-:-"); },
+      [&] { (void)replay(all, "chorus-check:4:reduce.all_reduce:4:0:100:0:psychic:2:fixed:-:-"); },
       {"unknown schedule source 'psychic'"});
   testing::expect_invalid_argument(
       [&] {
-        (void)replay(all, "chorus-check:3:reduce.all_reduce:4:0:100:0:generated:2:fixed:999:-");
+        (void)replay(all, "chorus-check:4:reduce.all_reduce:4:0:100:0:generated:2:fixed:999:-");
       },
       {"shrink path"});
+}
+
+// A run of one case generates it at the nominal size (RapidCheck's 100), not at size 0, which
+// drew only the smallest shapes and groups; the sizes of longer runs still ramp up from 0. The
+// size reaches the case through the generator, and its replay token (format 4) regenerates it.
+TEST(Battery, ASingleCaseRunsAtTheNominalSize) {
+  auto sizes = std::make_shared<std::vector<int>>();
+  const Property sized = make_property<int>(
+      "user.sized", "records the size its case was generated at",
+      [](World) { return rc::gen::withSize([](int size) { return rc::gen::just(size); }); },
+      [sizes](const int& size, Env& env) {
+        if (env.rank() == 0) {
+          sizes->push_back(size);
+        }
+        env.require(size < 0, "fail, for a token");
+      });
+  CheckOptions options;
+  options.ranks = 1;
+  options.cases = 1;
+  options.shrink_runs_max = 0;
+  const CheckReport one = check_on_simulator({sized}, options);
+  ASSERT_EQ(one.results.size(), 1u);
+  ASSERT_FALSE(sizes->empty());
+  EXPECT_EQ(sizes->front(), 100);
+  EXPECT_EQ(one.results[0].replay_token.rfind("chorus-check:4:user.sized:1:0:1:0:", 0), 0u)
+      << one.results[0].replay_token;
+  sizes->clear();
+  (void)replay({sized}, one.results[0].replay_token);
+  ASSERT_FALSE(sizes->empty());
+  EXPECT_EQ(sizes->front(), 100);
+  // Four cases: sizes 0, 25, 50, 75 (the first case fails at once here, so only its size shows).
+  sizes->clear();
+  options.cases = 4;
+  (void)check_on_simulator({sized}, options);
+  ASSERT_FALSE(sizes->empty());
+  EXPECT_EQ(sizes->front(), 0);
+}
+
+// Format 3 generated a single case at size 0: its tokens of one case are refused rather than
+// replayed as another case; its longer runs' tokens replay as they were generated.
+TEST(Battery, Format3TokensOfOneCaseAreRefused) {
+  const std::vector<Property> all = battery();
+  testing::expect_invalid_argument(
+      [&] { (void)replay(all, "chorus-check:3:reduce.all_reduce:4:0:1:0:generated:2:fixed:-:-"); },
+      {"format 3 with cases 1", "token of format 4"});
+  EXPECT_EQ(replay(all, "chorus-check:3:reduce.all_reduce:4:0:100:7:generated:2:fixed:-:-")
+                .result.verdict,
+            Verdict::Passed);
 }
 
 // Every numeric field is range-checked before anything is generated: a negative case index used
@@ -628,7 +733,7 @@ TEST(Battery, ReplayTokenFieldsOutOfRangeAreRefusedNamingTheField) {
   const std::vector<Property> all = battery();
   const auto refused = [&](const std::string& fields, const std::string& fragment) {
     testing::expect_invalid_argument(
-        [&] { (void)replay(all, "chorus-check:3:reduce.all_reduce:" + fields); },
+        [&] { (void)replay(all, "chorus-check:4:reduce.all_reduce:" + fields); },
         {"malformed token", fragment});
   };
   refused("8:0:100:-7:generated:2:fixed:-:-", "case -7 is out of range (expected 0 to 99");
@@ -642,10 +747,10 @@ TEST(Battery, ReplayTokenFieldsOutOfRangeAreRefusedNamingTheField) {
   refused("8:0:100:0:generated:2:fixed:0.-2:-", "shrink path index -2 is out of range");
   refused("8:-1:100:0:generated:2:fixed:-:-", "seed is not a number: '-1'");
   // The bounds themselves are accepted.
-  EXPECT_EQ(replay(all, "chorus-check:3:reduce.all_reduce:1:0:1:0:pct:3:fixed:-:-").result.verdict,
+  EXPECT_EQ(replay(all, "chorus-check:4:reduce.all_reduce:1:0:1:0:pct:3:fixed:-:-").result.verdict,
             Verdict::Passed);
   EXPECT_EQ(
-      replay(all, "chorus-check:3:reduce.all_reduce:2:0:100:99:pct:1:fixed:-:-").result.verdict,
+      replay(all, "chorus-check:4:reduce.all_reduce:2:0:100:99:pct:1:fixed:-:-").result.verdict,
       Verdict::Passed);
 }
 
@@ -659,7 +764,7 @@ TEST(Battery, CheckRefusesAPctDepthOutsideOneToThree) {
 
 TEST(Battery, ReplayWithoutASimulatorTokenRegeneratesTheSchedule) {
   const Replay replayed =
-      replay(battery(), "chorus-check:3:law.gather_dim:3:5:100:7:generated:2:fixed:-:-");
+      replay(battery(), "chorus-check:4:law.gather_dim:3:5:100:7:generated:2:fixed:-:-");
   EXPECT_EQ(replayed.result.verdict, Verdict::Passed);
   // The world size is generated with the case (at most the token's 3 ranks).
   EXPECT_GE(replayed.report.world_size, 1);

@@ -9,6 +9,7 @@
 #include <chorus/chorus.hpp>
 #include <chorus/sim/sim.hpp>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -145,6 +146,31 @@ TEST(Cases, TheTaggedLayoutIsATaggedProcessGroup) {
   EXPECT_EQ(expanded.tag, kLayoutTag);
   EXPECT_EQ(expanded.ranks, std::vector<int>({2, 0}));
   EXPECT_EQ(rc::toString(layout), "new_group([2, 0], 'chorus.check.tagged')");
+}
+
+// require_refusal reads the sequence number from the error's context, not from its text: the
+// errors property used to search the message for " #", which found a number in the detail when
+// the context named none ("[rank 0] all_reduce: detail #5 x" gave 5).
+TEST(Cases, ARefusalsSequenceNumberIsTheOneItsContextNames) {
+  Env env(0);
+  const Refusal without = require_refusal(
+      env,
+      [] {
+        throw InvalidArgument(ErrorContext{0, "all_reduce", -1, ""}, "detail #5 x");
+      },
+      "no sequence number");
+  EXPECT_NE(without.message.find("detail #5 x"), std::string::npos) << without.message;
+  EXPECT_EQ(without.seq, std::nullopt);
+  const Refusal with = require_refusal(
+      env,
+      [] {
+        throw InvalidArgument(ErrorContext{0, "all_reduce", 3, "world"}, "detail #5 x");
+      },
+      "sequence number 3");
+  EXPECT_EQ(with.seq, std::optional<std::int64_t>(3));
+  EXPECT_THROW(require_refusal(
+                   env, [] {}, "nothing thrown"),
+               PropertyFailure);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -124,15 +125,17 @@ class PlantedComm final : public ForwardingComm {
 
 class PlantedTransport final : public ForwardingTransport {
  public:
-  PlantedTransport(std::shared_ptr<transport::Transport> inner, PlantedBug bug)
-      : ForwardingTransport(std::move(inner)), bug_(bug) {}
+  // `only_tag`, when not empty: the bug is planted under the communicators of that tag alone.
+  PlantedTransport(std::shared_ptr<transport::Transport> inner, PlantedBug bug,
+                   std::string only_tag = {})
+      : ForwardingTransport(std::move(inner)), bug_(bug), only_tag_(std::move(only_tag)) {}
 
   // Communicators whose tag starts with "chorus." are chorus's own (the lockstep runner agrees
   // on verdicts over one): the bug is planted under the program's collectives only.
   std::shared_ptr<transport::Comm> create_comm(const std::string& tag,
                                                const std::vector<int>& ranks) override {
     std::shared_ptr<transport::Comm> comm = ForwardingTransport::create_comm(tag, ranks);
-    if (tag.rfind("chorus.", 0) == 0) {
+    if (tag.rfind("chorus.", 0) == 0 || (!only_tag_.empty() && tag != only_tag_)) {
       return comm;
     }
     return std::make_shared<PlantedComm>(std::move(comm), bug_);
@@ -140,6 +143,7 @@ class PlantedTransport final : public ForwardingTransport {
 
  private:
   PlantedBug bug_;
+  std::string only_tag_;
 };
 
 // A communicator that forgets the layout digest (Note [Layout digest] in core) of one kind of
@@ -216,6 +220,17 @@ inline auto plant(PlantedBug bug, int buggy_rank) {
       return inner;
     }
     return std::make_shared<PlantedTransport>(std::move(inner), bug);
+  };
+}
+
+// As plant, under the communicators tagged `tag` only.
+inline auto plant_on_tag(PlantedBug bug, int buggy_rank, std::string tag) {
+  return [bug, buggy_rank, tag = std::move(tag)](
+             std::shared_ptr<transport::Transport> inner) -> std::shared_ptr<transport::Transport> {
+    if (inner->rank() != buggy_rank) {
+      return inner;
+    }
+    return std::make_shared<PlantedTransport>(std::move(inner), bug, tag);
   };
 }
 

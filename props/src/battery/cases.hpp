@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "chorus/chorus.hpp"
@@ -124,6 +125,32 @@ auto unless_refused(Env& env, const OpDType& op, Issue&& issue)
               "the refusal of a reduction the transport lacks names the transport's reason '" +
                   reason + "': " + message);
   return std::nullopt;
+}
+
+// A refused call's message and the sequence number its error's context names (nullopt when it
+// names none: ErrorContext::seq -1). Read from the error, not from its text, whose detail may
+// hold anything ("detail #5" is no sequence number). Fails like Env::require_throws unless
+// `body` throws InvalidArgument.
+struct Refusal {
+  std::string message;
+  std::optional<std::int64_t> seq;
+};
+template <class Body>
+Refusal require_refusal(Env& env, Body&& body, std::string_view what) {
+  std::optional<std::int64_t> seq;
+  std::string message = env.require_throws<InvalidArgument>(
+      [&] {
+        try {
+          std::forward<Body>(body)();
+        } catch (const InvalidArgument& error) {
+          if (error.context().seq >= 0) {
+            seq = error.context().seq;
+          }
+          throw;
+        }
+      },
+      what);
+  return {std::move(message), seq};
 }
 
 // ---- Exact inputs (Note [Exact inputs]).

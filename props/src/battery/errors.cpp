@@ -1,10 +1,12 @@
 // errors.*: bad input raises the documented error on every rank that passes it, naming the rank,
-// and consumes no sequence number (a good call afterwards still pairs up); ranks that disagree
-// end with CollectiveMismatch on every rank, never a hang (the simulator compares them at the
-// rendezvous).
+// and consumes no sequence number (a good call afterwards still pairs up, at the number the
+// refusal named; a refusal on a group without the caller leaves that group's members in step);
+// ranks that disagree end with CollectiveMismatch on every rank, never a hang (the simulator
+// compares them at the rendezvous).
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
 
 #include "battery/cases.hpp"
 #include "battery/families.hpp"
@@ -28,6 +30,10 @@ constexpr const char* kBadNames[] = {
     "op not allowed for the dtype",   "unknown reduce op",  "scatter dim not divisible",
     "gather_dim out of range",        "wrong split count",  "broadcast src out of range",
     "duplicate permute destinations", "caller not a member"};
+
+// NotAMember's group (new_group(ranks, kOtherGroupTag)): a tag of its own, so that it is never a
+// layout's group, and not a "chorus." one, so that tests can plant transport bugs under it.
+constexpr std::string_view kOtherGroupTag = "props.errors.other_group";
 
 struct BadCase {
   Layout layout;
@@ -61,6 +67,32 @@ rc::Gen<BadCase> gen_bad_case(const World& world) {
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
     return c;
   });
+}
+
+// Whether `rank` makes the bad call: the members at odd positions of their group, and every member
+// of a group of one. Had the call consumed a sequence number, theirs would be one ahead of the
+// other members' and the good call after it would not pair up. (Were every member to make it, a
+// consumed number would go unnoticed.)
+bool makes_bad_call(const Layout& layout, int rank) {
+  const std::vector<int>* members = layout.members_of(rank);
+  if (members == nullptr) {
+    return false;
+  }
+  const auto position = std::find(members->begin(), members->end(), rank) - members->begin();
+  return position % 2 == 1 || members->size() == 1;
+}
+
+// NotAMember's group: every rank of the world that does not make the bad call, the same group on
+// every rank, so that its members can check after the refusals that it is still in step. Empty
+// when every rank makes the bad call.
+std::vector<int> other_group(const Layout& layout) {
+  std::vector<int> ranks;
+  for (int r = 0; r < world_size(); ++r) {
+    if (!makes_bad_call(layout, r)) {
+      ranks.push_back(r);
+    }
+  }
+  return ranks;
 }
 
 // Issues the bad call (the result is dropped at once, if any call returns).
@@ -101,6 +133,13 @@ void issue_bad(const BadCase& c, const Tensor& input, int group_size) {
       return;
     }
     case Bad::NotAMember: {
+      const std::vector<int> other = other_group(c.layout);
+      if (!other.empty()) {
+        (void)all_reduce(input, "sum", new_group(other, std::string(kOtherGroupTag)));
+        return;
+      }
+      // Every rank makes the bad call: a group of all the others (a world of one: a rank that
+      // does not exist), whose members cannot check it afterwards.
       std::vector<int> others;
       for (int r = 0; r < world_size(); ++r) {
         if (r != rank()) {
@@ -108,7 +147,7 @@ void issue_bad(const BadCase& c, const Tensor& input, int group_size) {
         }
       }
       if (others.empty()) {
-        others.push_back(rank() + 1);  // a world of one: a rank that does not exist
+        others.push_back(rank() + 1);
       }
       (void)all_reduce(input, "sum", GroupSpec(others));
       return;
@@ -116,30 +155,77 @@ void issue_bad(const BadCase& c, const Tensor& input, int group_size) {
   }
 }
 
+// NotAMember, on the members of the group the bad callers named (other_group): the refusals
+// left it in step. Its next collective pairs up with the exact result, at the same sequence
+// number on every member (compared by an all_gather on the group). The input has elements
+// whatever the case's shape, so that a result out of step shows.
+void check_other_group_in_step(const BadCase& c, const std::vector<int>& other, Env& env) {
+  const ProcessGroup group = new_group(other, std::string(kOtherGroupTag));
+  const Shape shape{4};
+  const Tensor input = exact_input(c.data_seed, env.rank(), shape, DType::Float32);
+  std::int64_t seq = -1;
+  {
+    const TraceScope trace;
+    const Tensor result = all_reduce(input, "sum", group);
+    env.require_bitwise_equal(result,
+                              reference_reduce(c.data_seed, other, shape, DType::Float32, "sum"),
+                              "an all_reduce on the group the refused calls named, after them");
+    if (env.require(trace.records().size() == 1, "the all_reduce was traced")) {
+      seq = trace.records().front().seq;
+    }
+  }
+  const std::vector<std::int64_t> seqs =
+      all_gather_tensor(Tensor::full({1}, static_cast<double>(seq), DType::Int64), 0, group)
+          .to_vector<std::int64_t>();
+  env.require(seq >= 0 && std::all_of(seqs.begin(), seqs.end(),
+                                      [seq](std::int64_t other_seq) { return other_seq == seq; }),
+              "the group's members numbered the all_reduce after the refusals alike (this "
+              "rank: " +
+                  std::to_string(seq) + ")");
+}
+
 void check_bad_input(const BadCase& c, Env& env) {
+  const std::vector<int> other =
+      c.bad == Bad::NotAMember ? other_group(c.layout) : std::vector<int>{};
+  const bool in_other = std::find(other.begin(), other.end(), env.rank()) != other.end();
   const std::vector<int>* members = c.layout.members_of(env.rank());
-  if (members == nullptr) {
-    return;
+  if (members != nullptr) {
+    const int size = c.layout.group_size();
+    const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, DType::Float32);
+    std::optional<std::int64_t> refused_seq;
+    if (makes_bad_call(c.layout, env.rank())) {
+      CHORUS_CHECK(!in_other);
+      const Refusal refusal = require_refusal(
+          env, [&] { issue_bad(c, input, size); }, std::string(kBadNames[static_cast<int>(c.bad)]));
+      const std::string& message = refusal.message;
+      const std::string named = "[rank " + std::to_string(env.rank()) + "]";
+      env.require(message.find(named) != std::string::npos,
+                  "the error names the rank (" + named + "): " + message);
+      env.require(work_registry_size() == 0, "a refused call registers nothing");
+      refused_seq = refusal.seq;
+      // A rank has no sequence numbers on a group it is not in.
+      if (c.bad == Bad::NotAMember) {
+        env.require(!refused_seq.has_value(),
+                    "a refusal on a group without the caller names no sequence number: " + message);
+      }
+    }
+    // No sequence number was consumed: a good call still pairs up with the other members', at
+    // the number the refusal named (if it named one).
+    const TraceScope trace;
+    const Tensor good = all_reduce(input, "sum", c.layout.spec());
+    env.require_bitwise_equal(
+        good, reference_reduce(c.data_seed, *members, c.shape, DType::Float32, "sum"),
+        "a good all_reduce after the refused call");
+    if (refused_seq && env.require(trace.records().size() == 1, "the good call was traced")) {
+      env.require(trace.records().front().seq == *refused_seq,
+                  "the good call has the sequence number the refused call named (#" +
+                      std::to_string(*refused_seq) + "), got #" +
+                      std::to_string(trace.records().front().seq));
+    }
   }
-  const int size = c.layout.group_size();
-  const Tensor input = exact_input(c.data_seed, env.rank(), c.shape, DType::Float32);
-  // Only the members at odd positions (all of a group of one) make the bad call: had it consumed
-  // a sequence number, theirs would be one ahead of the others' and the good call below would
-  // not pair up. (Were every member to make it, a consumed number would go unnoticed.)
-  const auto position = std::find(members->begin(), members->end(), env.rank()) - members->begin();
-  if (position % 2 == 1 || members->size() == 1) {
-    const std::string message = env.require_throws<InvalidArgument>(
-        [&] { issue_bad(c, input, size); }, std::string(kBadNames[static_cast<int>(c.bad)]));
-    const std::string named = "[rank " + std::to_string(env.rank()) + "]";
-    env.require(message.find(named) != std::string::npos,
-                "the error names the rank (" + named + "): " + message);
-    env.require(work_registry_size() == 0, "a refused call registers nothing");
+  if (in_other) {
+    check_other_group_in_step(c, other, env);
   }
-  // No sequence number was consumed: a good call still pairs up with the other members'.
-  const Tensor good = all_reduce(input, "sum", c.layout.spec());
-  env.require_bitwise_equal(good,
-                            reference_reduce(c.data_seed, *members, c.shape, DType::Float32, "sum"),
-                            "a good all_reduce after the refused call");
 }
 
 // ---- Mismatches between ranks (simulator only: on a real transport they would abort it)

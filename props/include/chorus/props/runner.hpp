@@ -64,7 +64,7 @@ struct PropertyResult {
   std::string counterexample;  // the minimal case (and schedule), as RapidCheck shows it
   std::string failure;         // every failing rank's error
   std::string timeline;        // simulator: per-rank timeline of the minimal failing run
-  std::string replay_token;    // "chorus-check:3:..."; `chorus replay TOKEN`
+  std::string replay_token;    // "chorus-check:4:..."; `chorus replay TOKEN`
   int shrink_steps = 0;        // shrinks taken from the first failing case
 };
 
@@ -145,7 +145,16 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
 
 // A table: property, cases, runs, time, verdict; then the total.
 std::string summary_table(const CheckReport& report);
-// A failed property's minimal counterexample, errors, timeline and replay command: `replay_with`
+// What replaying `token` reruns, when that is not the run that printed it: empty for a token of
+// the simulator runner (it replays that run's schedule); for a lockstep token (`:lockstep:`),
+// which records no schedule, a note that its replay runs the case alone on the simulator with
+// choice 0 at every scheduling decision, so a failure that depended on the lockstep run's
+// schedule or transport may not reproduce. Empty for a malformed token (never throws:
+// failure_report calls it on whatever token a result holds).
+std::string replay_note(std::string_view token);
+
+// A failed property's minimal counterexample, errors, timeline and replay command (with
+// replay_note's note, if any): `replay_with`
 // followed by the token (a program checking its own properties names itself, and passes the
 // token to props::replay with its own property list).
 std::string failure_report(const PropertyResult& result,
