@@ -20,6 +20,10 @@
 //   self_split  rank 0's all_to_all_single sends itself more than it expects from itself:
 //            InvalidArgument naming the counts, on either MPI schedule; with
 //            --check-collectives, CollectiveMismatch on every member.
+//   big_all_to_all  (3 ranks or more, with the test seam CHORUS_MPI_INT_COUNT_MAX=100) an uneven
+//            all_to_all_single whose total on the last rank (and byte offsets on every rank)
+//            passes the lowered int limit while every per-peer count fits: exact results on
+//            every rank, on either MPI schedule (Note [MPI int counts]); exit 0.
 //   group_order  ranks 0 and 1 first use two groups they share in opposite orders (MPI would
 //            deadlock creating the communicators): CollectiveMismatch on both
 //            (Note [Communicator rendezvous]).
@@ -749,6 +753,42 @@ void shape_mismatch() {
 // --check-collectives a CollectiveMismatch from the pairwise comparison on every member.
 void self_split() { all_to_all_with_extra(0, 0, 1); }
 
+// Rank r sends rank j `count(r, j)` int32s, r * 10000 + j * 100 + k for k < count: the last rank
+// 40 to each, the others 10 + j, so only the last rank's total (40 n) passes 100, the limit
+// CHORUS_MPI_INT_COUNT_MAX sets for this test (Note [MPI int counts]).
+void big_all_to_all() {
+  const int n = chorus::world_size();
+  const int rank = chorus::rank();
+  require(n >= 3, "big_all_to_all runs on 3 ranks or more");
+  const auto count = [n](int from, int to) { return from == n - 1 ? 40 : 10 + to; };
+  std::vector<std::int64_t> send_sizes;
+  std::vector<std::int64_t> recv_sizes;
+  std::vector<std::int32_t> outgoing;
+  for (int j = 0; j < n; ++j) {
+    send_sizes.push_back(count(rank, j));
+    recv_sizes.push_back(count(j, rank));
+    for (int k = 0; k < count(rank, j); ++k) {
+      outgoing.push_back(rank * 10000 + j * 100 + k);
+    }
+  }
+  const std::vector<std::int32_t> incoming =
+      chorus::all_to_all_single(chorus::Tensor::from_vector(outgoing), recv_sizes, send_sizes,
+                                chorus::world())
+          .to_vector<std::int32_t>();
+  std::size_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < count(i, rank); ++k) {
+      require(at < incoming.size() && incoming[at] == i * 10000 + rank * 100 + k,
+              "big_all_to_all: element " + std::to_string(k) + " from rank " + std::to_string(i));
+      ++at;
+    }
+  }
+  require(at == incoming.size(), "big_all_to_all: received size");
+  if (rank == 0) {
+    std::printf("mpi_job big_all_to_all: all checks passed on %d ranks\n", n);
+  }
+}
+
 void group_order() {
   const chorus::ProcessGroup first = chorus::new_group({0, 1}, "a");
   const chorus::ProcessGroup second = chorus::new_group({0, 1}, "b");
@@ -936,6 +976,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);
+  }
+  if (mode == "big_all_to_all") {
+    return chorus::run(options, big_all_to_all);
   }
   if (mode == "self_split") {
     return chorus::run(options, self_split);

@@ -89,6 +89,16 @@ std::string unreached_set_up_message(const std::vector<int>& missing,
   return text;
 }
 
+// An all_to_all's per-peer counts and offsets (Note [MPI int counts]), each [send, recv] by group
+// rank, kept alive with its work; the MPI_Ialltoallw arguments are filled as it starts.
+struct AllToAllLayout {
+  std::vector<int> counts;
+  std::vector<std::size_t> offsets;  // elements, packed
+  std::vector<int> wire_counts;      // MPI_Ialltoallw's: counts[i], or 1 of a placed datatype
+  std::vector<int> displacements;    // bytes
+  std::vector<MPI_Datatype> types;
+};
+
 std::shared_ptr<void> scratch(std::size_t nbytes) {
   void* block = std::malloc(nbytes == 0 ? 1 : nbytes);
   if (block == nullptr) {
@@ -183,7 +193,9 @@ std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
 // ---------------------------------------------------------------------------------------------
 // MpiProcess
 
-MpiProcess::MpiProcess(int node_cpus) : user_ops_(std::make_unique<UserOps>()) {
+MpiProcess::MpiProcess(int node_cpus, int int_count_max)
+    : int_count_max_(int_count_max), user_ops_(std::make_unique<UserOps>()) {
+  CHORUS_CHECK(int_count_max > 0);
   spare_started_.reserve(kSpareStartedMax);  // recycle_started never allocates
   const ErrorContext context{-1, "chorus::mpi::run", -1, ""};
   int finalized = 0;
@@ -529,11 +541,16 @@ void MpiComm::check(int code, const char* call, const OpInfo& info) const {
 }
 
 int MpiComm::to_int_count(std::size_t count, const OpInfo& info) const {
-  if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw InvalidArgument(context_of(info),
-                          "the mpi transport takes at most 2^31-1 elements per buffer and peer "
-                          "(MPI counts are int); got " +
-                              std::to_string(count));
+  const int count_max = process_->int_count_max();
+  if (count > static_cast<std::size_t>(count_max)) {
+    const bool lowered = count_max != std::numeric_limits<int>::max();
+    throw InvalidArgument(
+        context_of(info),
+        "the mpi transport takes at most 2^31-1 elements per buffer and peer "
+        "(MPI counts are int)" +
+            (lowered ? " (lowered to " + std::to_string(count_max) + " by CHORUS_MPI_INT_COUNT_MAX)"
+                     : std::string()) +
+            "; got " + std::to_string(count));
   }
   return static_cast<int>(count);
 }
@@ -927,23 +944,23 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   CHORUS_CHECK_EQ(send_counts.size(), ranks_.size());
   CHORUS_CHECK_EQ(recv_counts.size(), ranks_.size());
   CHORUS_CHECK(send.dtype == recv.dtype);
-  to_int_count(send.count, info);  // displacements are int too
-  to_int_count(recv.count, info);
-  // counts and displacements: [send counts, send displs, recv counts, recv displs]
-  auto layout = std::make_shared<std::vector<int>>(4 * ranks_.size());
+  // Note [MPI int counts]: each per-peer count is an MPI int; the totals and offsets are not.
   const std::size_t n = ranks_.size();
-  int send_offset = 0;
-  int recv_offset = 0;
+  auto layout = std::make_shared<AllToAllLayout>();
+  layout->counts.resize(2 * n);
+  layout->offsets.resize(2 * n);
+  std::size_t send_offset = 0;
+  std::size_t recv_offset = 0;
   for (std::size_t peer = 0; peer < n; ++peer) {
-    (*layout)[peer] = to_int_count(send_counts[peer], info);
-    (*layout)[n + peer] = send_offset;
-    (*layout)[2 * n + peer] = to_int_count(recv_counts[peer], info);
-    (*layout)[3 * n + peer] = recv_offset;
-    send_offset += (*layout)[peer];
-    recv_offset += (*layout)[2 * n + peer];
+    layout->counts[peer] = to_int_count(send_counts[peer], info);
+    layout->offsets[peer] = send_offset;
+    layout->counts[n + peer] = to_int_count(recv_counts[peer], info);
+    layout->offsets[n + peer] = recv_offset;
+    send_offset += send_counts[peer];
+    recv_offset += recv_counts[peer];
   }
-  CHORUS_CHECK_EQ(static_cast<std::size_t>(send_offset), send.count);
-  CHORUS_CHECK_EQ(static_cast<std::size_t>(recv_offset), recv.count);
+  CHORUS_CHECK_EQ(send_offset, send.count);
+  CHORUS_CHECK_EQ(recv_offset, recv.count);
   if (std::string problem = transport::self_split_problem(send_counts, recv_counts, group_rank_);
       !check_collectives_ && !problem.empty()) {
     // Checked before anything is posted, on either schedule. Only this rank knows: its peers
@@ -967,30 +984,26 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
           started.keep_alive.push_back(copy);
         }
         const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
-        const int* counts = layout->data();
+        const std::vector<int>& counts = layout->counts;
+        const std::vector<std::size_t>& offsets = layout->offsets;
+        const std::size_t element = element_size(send.dtype);
         // Not by size: ranks' totals differ in an uneven all_to_all, and every rank must choose
         // the same schedule.
         if (chorus_schedule_allowed()) {
           // Note [Direct exchanges]: each peer's slice straight to it; this rank's own by copy.
-          const std::size_t element = element_size(send.dtype);
           const auto me = static_cast<std::size_t>(group_rank_);
           if (counts[me] > 0) {
-            std::memcpy(static_cast<char*>(recv.data) +
-                            static_cast<std::size_t>(counts[3 * n + me]) * element,
-                        static_cast<const char*>(input) +
-                            static_cast<std::size_t>(counts[n + me]) * element,
+            std::memcpy(static_cast<char*>(recv.data) + offsets[n + me] * element,
+                        static_cast<const char*>(input) + offsets[me] * element,
                         static_cast<std::size_t>(counts[me]) * element);
           }
           std::vector<Message>& messages = fresh_messages();
           for (std::size_t peer = 0; peer < n; ++peer) {
             if (peer != me) {
-              messages.push_back({static_cast<int>(peer),
-                                  static_cast<const char*>(input) +
-                                      static_cast<std::size_t>(counts[n + peer]) * element,
-                                  counts[peer],
-                                  static_cast<char*>(recv.data) +
-                                      static_cast<std::size_t>(counts[3 * n + peer]) * element,
-                                  counts[2 * n + peer]});
+              messages.push_back(
+                  {static_cast<int>(peer),
+                   static_cast<const char*>(input) + offsets[peer] * element, counts[peer],
+                   static_cast<char*>(recv.data) + offsets[n + peer] * element, counts[n + peer]});
             }
           }
           post_exchange(started, messages, datatype, info);
@@ -999,9 +1012,47 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
         MPI_Request request = MPI_REQUEST_NULL;
         {
           const std::lock_guard mpi_lock(process_->mutex());
-          check(MPI_Ialltoallv(input, counts, counts + n, datatype, recv.data, counts + 2 * n,
-                               counts + 3 * n, datatype, comm_, &request),
-                "MPI_Ialltoallv", info);
+          // Note [MPI int counts]: MPI_Ialltoallw's displacements are int bytes; a peer whose
+          // offset does not fit gets a datatype that carries it (an MPI_Aint), sent once.
+          std::vector<MPI_Datatype> placed;
+          const auto free_placed = [&placed] {
+            for (MPI_Datatype& type : placed) {
+              // Pending operations that use a freed datatype complete normally (MPI 3.1, 4.1.9).
+              MPI_Type_free(&type);
+            }
+          };
+          layout->wire_counts.resize(2 * n);
+          layout->displacements.resize(2 * n);
+          layout->types.resize(2 * n);
+          for (std::size_t i = 0; i < 2 * n; ++i) {
+            const std::size_t bytes = offsets[i] * element;
+            if (counts[i] == 0 || bytes <= static_cast<std::size_t>(process_->int_count_max())) {
+              layout->wire_counts[i] = counts[i];
+              layout->displacements[i] = counts[i] == 0 ? 0 : static_cast<int>(bytes);
+              layout->types[i] = datatype;
+              continue;
+            }
+            MPI_Datatype type = MPI_DATATYPE_NULL;
+            const auto at = static_cast<MPI_Aint>(bytes);
+            int code = MPI_Type_create_hindexed(1, &counts[i], &at, datatype, &type);
+            if (code == MPI_SUCCESS) {
+              placed.push_back(type);
+              code = MPI_Type_commit(&placed.back());
+            }
+            if (code != MPI_SUCCESS) {
+              free_placed();
+              check(code, "MPI_Type_create_hindexed", info);
+            }
+            layout->wire_counts[i] = 1;
+            layout->displacements[i] = 0;
+            layout->types[i] = placed.back();
+          }
+          const int code = MPI_Ialltoallw(
+              input, layout->wire_counts.data(), layout->displacements.data(), layout->types.data(),
+              recv.data, layout->wire_counts.data() + n, layout->displacements.data() + n,
+              layout->types.data() + n, comm_, &request);
+          free_placed();
+          check(code, "MPI_Ialltoallw", info);
         }
         started.requests.push_back(request);
       },

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -83,8 +84,9 @@ struct Started {
 // destructor what it initialised. Outlived by nothing that calls MPI (comms and works hold it).
 class MpiProcess {
  public:
-  // `node_cpus`: the node's CPUs for Note [Wait backoff]; 0 counts them.
-  explicit MpiProcess(int node_cpus = 0);
+  // `node_cpus`: the node's CPUs for Note [Wait backoff]; 0 counts them. `int_count_max`: the
+  // largest count chorus passes MPI as an int (Note [MPI int counts]); tests lower it.
+  explicit MpiProcess(int node_cpus = 0, int int_count_max = std::numeric_limits<int>::max());
   ~MpiProcess();
   MpiProcess(const MpiProcess&) = delete;
   MpiProcess& operator=(const MpiProcess&) = delete;
@@ -117,6 +119,8 @@ class MpiProcess {
   // Whether waits spin between polls (Note [Wait backoff]): this node runs no more ranks than
   // it has CPUs.
   bool spin_waits() const noexcept { return spin_waits_; }
+  // The largest element count, per buffer and per peer, that MPI takes (Note [MPI int counts]).
+  int int_count_max() const noexcept { return int_count_max_; }
 
  private:
   std::mutex mutex_;
@@ -125,6 +129,7 @@ class MpiProcess {
   int world_size_ = 1;
   MPI_Comm control_ = MPI_COMM_NULL;
   bool spin_waits_ = false;
+  int int_count_max_ = std::numeric_limits<int>::max();
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::unique_ptr<UserOps> user_ops_;  // freed before MPI_Finalize
   std::vector<Started> parked_;
@@ -220,6 +225,20 @@ class MpiWork final : public transport::Work {
 // disagreement fails the work with CollectiveMismatch naming both operations on every rank
 // that received one. The copy is at most 4 KiB per op; larger exchanges stay unsigned (their
 // size check still applies), as NCCL and MPI leave unchecked mismatches undefined.
+//
+// Note [MPI int counts]
+// MPI counts and displacements are int (MPI 4's large-count calls are not in Open MPI 4.1), so
+// every count chorus hands MPI is checked against int (MpiComm::to_int_count): a buffer, or an
+// all_to_all's slice for one peer, of more than 2^31-1 elements is refused with InvalidArgument
+// at issue. An all_to_all's totals are not limited: its direct exchange addresses each peer's
+// slice by pointer, and on MPI's schedule MPI_Ialltoallw takes per-peer byte displacements, with
+// a peer whose offset passes int given a datatype that carries the offset (an MPI_Aint) instead.
+// Until 2026-12-03 the totals had to fit too, and the check failed only on the rank whose total
+// passed 2^31-1, while its peers waited for it until their deadline. A slice's count, unlike a
+// total, is known at both ends (the sender's send count is the receiver's receive count), so
+// both refuse it; other members still wait (docs/mpi.md, "Counts"). The test seam
+// CHORUS_MPI_INT_COUNT_MAX (MpiProcess::int_count_max) lowers the limit, so tests reach it with
+// small buffers (mpi.job.big_all_to_all.*).
 class MpiComm final : public transport::Comm {
  public:
   // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
@@ -288,7 +307,7 @@ class MpiComm final : public transport::Comm {
   ErrorContext context_of(const transport::OpInfo& info) const;
   // Throws TransportError for an MPI failure while starting an operation.
   void check(int code, const char* call, const transport::OpInfo& info) const;
-  // Throws InvalidArgument for a count MPI cannot express (int).
+  // Throws InvalidArgument for a count MPI cannot express (int; Note [MPI int counts]).
   int to_int_count(std::size_t count, const transport::OpInfo& info) const;
   // The MPI datatype and op of a reduction, creating chorus user ops on first use (call with
   // the MPI lock held); and a scaled copy of `send` for premul_sum.
