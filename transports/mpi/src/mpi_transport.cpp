@@ -236,10 +236,11 @@ MpiProcess::MpiProcess(int node_cpus, int int_count_max)
                          "creating chorus's control communicator failed: " + mpi_error_text(code));
   }
   MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
-  // Ranks sharing this node (collective too, as above): Note [Wait backoff].
+  // Ranks sharing this node (collective too, as above; on control_, whose errors return): Note
+  // [Wait backoff].
   MPI_Comm node = MPI_COMM_NULL;
   int node_size = world_size_;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
+  if (MPI_Comm_split_type(control_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
       MPI_SUCCESS) {
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
@@ -1702,12 +1703,15 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
   MPI_Comm check_comm = MPI_COMM_NULL;
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    // Collective over the members only (MPI 3); all of them are here (the rendezvous).
+    // Collective over the members only (MPI 3); all of them are here (the rendezvous). On the
+    // control communicator, not MPI_COMM_WORLD: its errors return (MPI_ERRORS_RETURN) even when
+    // the program initialised MPI and world's handler is still MPI_ERRORS_ARE_FATAL; its ranks are
+    // world's. Its tag does not conflict with point-to-point tags (MPI 3.1, 6.4.2).
     MPI_Group world_group = MPI_GROUP_NULL;
     MPI_Group group = MPI_GROUP_NULL;
-    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Comm_group(process_->control(), &world_group);
     MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
-    const int code = MPI_Comm_create_group(MPI_COMM_WORLD, group,
+    const int code = MPI_Comm_create_group(process_->control(), group,
                                            static_cast<int>(id % kControlTagCount), &comm);
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);

@@ -113,8 +113,8 @@ class MpiProcess {
   // poll of the transport. Call both with the MPI lock held.
   void add_ring(std::shared_ptr<RingAllReduce> ring);
   void progress_rings();
-  // A private duplicate of MPI_COMM_WORLD for chorus's own point-to-point messages
-  // (Note [Communicator rendezvous]).
+  // A private duplicate of MPI_COMM_WORLD, with MPI_ERRORS_RETURN, for chorus's own
+  // point-to-point messages and communicator creation (Note [Communicator rendezvous]).
   MPI_Comm control() const noexcept { return control_; }
   // Whether waits spin between polls (Note [Wait backoff]): this node runs no more ranks than
   // it has CPUs.
@@ -397,7 +397,9 @@ class MpiComm final : public transport::Comm {
 // ("ranks [1] of group [0, 1] did not reach it"), and a member setting up another group first
 // (the two ranks first use their shared groups in different orders, which would deadlock MPI)
 // becomes a CollectiveMismatch. Only then is MPI_Comm_create_group called, which returns
-// promptly since every member is there.
+// promptly since every member is there; it runs on the control communicator, not on
+// MPI_COMM_WORLD, whose handler may be the program's MPI_ERRORS_ARE_FATAL, so its failure is a
+// TransportError (mpi.create_group_test).
 //
 // Busy peers: pairwise order is not enough. With a = {0, 1}, b = {1, 2}, c = {0, 2}, rank 0
 // setting up a, rank 1 b and rank 2 c each wait for a rank busy with the next (a cycle of first
