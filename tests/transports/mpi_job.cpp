@@ -38,6 +38,11 @@
 //            "Leftovers"); the retry's own message, left at rank 1, is dropped there as stale
 //            at the next set-up (h), and a set-up of another group (h2) after a timed-out one
 //            (g2) is refused until g2 is retried ("Stale messages").
+//   busy_leftover  (3 ranks, rank 0 with a short --timeout-ms) rank 0 times out setting up g =
+//            {0, 1} and retries it, which leaves its retry's message at rank 1 ("Stale
+//            messages"); then rank 0 sets up a = {0, 1} while rank 1 sets up b = {1, 2}, which
+//            rank 2 joins only after rank 0's Timeout: that Timeout names what rank 1 is doing,
+//            though the leftover came first ("Busy peers"); exit 0.
 //   setup_counts  (3 ranks, rank 1 with a short --timeout-ms) ranks 0 and 1 set up g = {0, 1, 2}
 //            while rank 2 sets up h = {0, 2}: rank 0 and 2 get CollectiveMismatch, rank 1 a
 //            Timeout; then ranks 0 and 1 set up j = {0, 1} and all_reduce on it ("Stale
@@ -869,6 +874,57 @@ void setup_retry() {
   }
 }
 
+void busy_leftover() {
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  const auto world_sum = [&one](const char* what) {
+    require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f, what);
+  };
+  world_sum("first world all_reduce");  // the world's set-up, before the others
+  const chorus::ProcessGroup g = chorus::new_group({0, 1}, "g");
+  const chorus::ProcessGroup a = chorus::new_group({0, 1}, "a");
+  const chorus::ProcessGroup b = chorus::new_group({1, 2}, "b");
+  const chorus::ProcessGroup c = chorus::new_group({0, 2}, "c");
+  const int rank = chorus::rank();
+  const auto timeout_text = [&one](const chorus::ProcessGroup& group) {
+    try {
+      (void)chorus::all_reduce(one, "sum", group).to_vector<float>();
+    } catch (const chorus::Timeout& error) {
+      return std::string(error.what());
+    }
+    return std::string("no Timeout");
+  };
+  if (rank == 0) {
+    const std::string text = timeout_text(g);  // rank 1 is not there yet
+    require(text != "no Timeout", "rank 0's first set-up of g did not time out");
+  }
+  world_sum("second world all_reduce");  // rank 1 waits here for rank 0's Timeout
+  if (rank != 2) {
+    // Rank 1 pairs with rank 0's first message of g; the retry's stays at rank 1, stale.
+    require(chorus::all_reduce(one, "sum", g).to_vector<float>()[0] == 2.0f, "all_reduce on g");
+  }
+  if (rank == 0) {
+    const std::string text = timeout_text(a);  // rank 1 sets up b meanwhile
+    require(text.find("ranks [1] of group 'a' [0, 1] did not reach its set-up within the timeout: "
+                      "rank 1 is still setting up group 'b' [1, 2]") != std::string::npos,
+            "rank 0's Timeout on a does not say what rank 1 is doing: " + text);
+    require(chorus::all_reduce(one, "sum", c).to_vector<float>()[0] == 2.0f, "all_reduce on c");
+  } else if (rank == 1) {
+    require(chorus::all_reduce(one, "sum", b).to_vector<float>()[0] == 2.0f, "all_reduce on b");
+  } else {
+    // After rank 0's Timeout (c waits for it), so rank 1 is busy with b throughout.
+    require(chorus::all_reduce(one, "sum", c).to_vector<float>()[0] == 2.0f, "all_reduce on c");
+    require(chorus::all_reduce(one, "sum", b).to_vector<float>()[0] == 2.0f, "all_reduce on b");
+  }
+  if (rank != 2) {
+    // Rank 0 retries a; rank 1 pairs with its first message, taken while it was busy with b.
+    require(chorus::all_reduce(one, "sum", a).to_vector<float>()[0] == 2.0f, "all_reduce on a");
+  }
+  world_sum("last world all_reduce");
+  if (rank == 0) {
+    std::printf("mpi_job busy_leftover: all checks passed\n");
+  }
+}
+
 void setup_counts() {
   const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
   require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
@@ -970,6 +1026,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "setup_retry") {
     return chorus::run(options, setup_retry);
+  }
+  if (mode == "busy_leftover") {
+    return chorus::run(options, busy_leftover);
   }
   if (mode == "setup_counts") {
     return chorus::run(options, setup_counts);

@@ -1,6 +1,7 @@
 #include "mpi_transport.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <climits>
 #include <cstdint>
@@ -1364,7 +1365,8 @@ MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nan
       pairings_(static_cast<std::size_t>(process_->world_size()), 0),
       last_paired_(static_cast<std::size_t>(process_->world_size()), 0),
       abandoned_(static_cast<std::size_t>(process_->world_size()), 0),
-      abandoned_group_(static_cast<std::size_t>(process_->world_size())) {}
+      abandoned_group_(static_cast<std::size_t>(process_->world_size())),
+      early_messages_(static_cast<std::size_t>(process_->world_size())) {}
 
 MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
   // Every member of a group must run the same schedule for the same all_reduce, or the ring's
@@ -1434,15 +1436,18 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   for (const int rank : ranks) {
     member[static_cast<std::size_t>(rank)] = 1;
   }
-  std::vector<char> answered(world_size, 0);  // "Busy peers": one reply per asker
+  // "Busy peers": whether this set-up answered the asker's latest message.
+  std::vector<char> answered(world_size, 0);
   std::vector<std::string> busy(world_size);  // what a member answered it is setting up
   // An MPI failure: the call and its text, taken under the MPI lock, thrown outside it.
   std::string failure;
   // "Stale messages": whether peer i's received message was sent for the set-up this rank last
   // paired with that peer (a retry's leftover), not for this one.
+  const auto stale_message = [&](std::size_t peer, const std::uint64_t* message) {
+    return message[1] < pairings_[peer] && message[0] == last_paired_[peer];
+  };
   const auto stale = [&](std::size_t i) {
-    const auto peer = static_cast<std::size_t>(ranks[i]);
-    return (*ids)[2 * i + 1] < pairings_[peer] && (*ids)[2 * i] == last_paired_[peer];
+    return stale_message(static_cast<std::size_t>(ranks[i]), &(*ids)[2 * i]);
   };
   // Both messages of the pair with peer i are (or will be) consumed: counted on both sides.
   const auto record_pairing = [&](std::size_t i) {
@@ -1484,6 +1489,23 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       throw TransportError(context, failure);
     }
   };
+  // Peer i's next set-up message that is not stale: an early one (taken by a busy set-up, "Busy
+  // peers"), else a receive posted for it (receives[i]). Call with the MPI lock held.
+  const auto take_or_receive = [&](std::size_t i) {
+    const auto peer = static_cast<std::size_t>(ranks[i]);
+    while (!early_messages_[peer].empty()) {
+      std::copy_n(early_messages_[peer].front().begin(), 2, &(*ids)[2 * i]);
+      early_messages_[peer].pop_front();
+      if (!stale(i)) {
+        return;  // arrived (receives[i] stays MPI_REQUEST_NULL)
+      }
+    }
+    if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i], kRendezvousTag,
+                                   process_->control(), &receives[i]);
+        code != MPI_SUCCESS) {
+      failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
+    }
+  };
   {
     const std::lock_guard mpi_lock(process_->mutex());
     for (std::size_t i = 0; i < n; ++i) {
@@ -1505,36 +1527,53 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       ++setups_sent_[static_cast<std::size_t>(ranks[i])];
       pending.requests.push_back(send);
       send_peers.push_back(ranks[i]);
-      if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i], kRendezvousTag,
-                                     process_->control(), &receives[i]);
-          code != MPI_SUCCESS) {
-        failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
+      take_or_receive(i);
+      if (!failure.empty()) {
         break;
       }
     }
   }
   fail_if_any();
-  // "Busy peers": answers every non-member whose set-up message waits here, once, with this
-  // set-up's group. Call with the MPI lock held.
+  // "Busy peers": takes every set-up message of a non-member that waited here (dropping stale
+  // ones, keeping the others in early_messages_ for this rank's set-up with it) and answers the
+  // latest with this set-up's group, once per set-up (again if a newer one arrives; an earlier
+  // set-up may have taken it). Call with the MPI lock held.
   const auto answer_askers = [&] {
     for (std::size_t source = 0; source < world_size && failure.empty(); ++source) {
-      if (member[source] != 0 || answered[source] != 0) {
+      if (member[source] != 0) {
         continue;
       }
-      int waiting = 0;
-      if (const int code = MPI_Iprobe(static_cast<int>(source), kRendezvousTag, process_->control(),
-                                      &waiting, MPI_STATUS_IGNORE);
-          code != MPI_SUCCESS) {
-        failure = "MPI_Iprobe (communicator set-up) failed: " + mpi_error_text(code);
-        break;
+      for (;;) {
+        int waiting = 0;
+        MPI_Message probed = MPI_MESSAGE_NULL;
+        if (const int code = MPI_Improbe(static_cast<int>(source), kRendezvousTag,
+                                         process_->control(), &waiting, &probed, MPI_STATUS_IGNORE);
+            code != MPI_SUCCESS) {
+          failure = "MPI_Improbe (communicator set-up) failed: " + mpi_error_text(code);
+          break;
+        }
+        if (waiting == 0) {
+          break;
+        }
+        std::array<std::uint64_t, 2> message = {};
+        if (const int code = MPI_Mrecv(message.data(), 2, MPI_UINT64_T, &probed, MPI_STATUS_IGNORE);
+            code != MPI_SUCCESS) {
+          failure = "MPI_Mrecv (communicator set-up) failed: " + mpi_error_text(code);
+          break;
+        }
+        ++setups_received_[source];
+        if (early_messages_[source].empty() && stale_message(source, message.data())) {
+          continue;  // "Stale messages": a leftover its sender does not wait on
+        }
+        early_messages_[source].push_back(message);
+        answered[source] = 0;
       }
-      if (waiting == 0) {
+      if (early_messages_[source].empty() || answered[source] != 0 || !failure.empty()) {
         continue;
       }
       answered[source] = 1;
       auto reply = std::make_shared<BusyReply>();
-      // The probed message is the asker's first that this rank has not received.
-      reply->answers = setups_received_[source] + 1;
+      reply->answers = setups_received_[source];  // the asker's latest message here
       const std::size_t length = std::min(context.group.size(), sizeof(reply->group) - 1);
       std::memcpy(reply->group, context.group.data(), length);
       MPI_Request request = MPI_REQUEST_NULL;
@@ -1600,13 +1639,11 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
             ++setups_received_[peer];
             if (stale(i)) {
               // "Stale messages": sent for a set-up this rank has since paired; the next one.
-              if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i],
-                                             kRendezvousTag, process_->control(), &receives[i]);
-                  code != MPI_SUCCESS) {
-                failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
+              take_or_receive(i);
+              if (!failure.empty()) {
                 break;
               }
-              arrived = 0;
+              arrived = receives[i] == MPI_REQUEST_NULL ? 1 : 0;
             }
           }
         }

@@ -26,8 +26,10 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -404,12 +406,20 @@ class MpiComm final : public transport::Comm {
 // Busy peers: pairwise order is not enough. With a = {0, 1}, b = {1, 2}, c = {0, 2}, rank 0
 // setting up a, rank 1 b and rank 2 c each wait for a rank busy with the next (a cycle of first
 // uses) and never exchange a message, so each would time out blaming a peer that "has not
-// issued any operation". So while a rank waits it answers every non-member whose set-up message
-// waits for it (MPI_Iprobe on the rendezvous tag) with the label of the group it is setting up
-// instead (kBusyTag, one BusyReply per asker and set-up), and takes the replies to its own
-// messages: the Timeout then names what each missing member is doing. A reply carries which of
-// the asker's set-up messages it answers (setups_sent_ and setups_received_ count them per
-// pair, as MPI orders them), so a late reply to an earlier set-up is recognised and dropped.
+// issued any operation". So while a rank waits it takes every set-up message a non-member sent
+// it (MPI_Improbe and MPI_Mrecv on the rendezvous tag), keeps them in order (early_messages_,
+// where its own later set-ups with that rank take them before posting a receive), and answers
+// the latest with the label of the group it is setting up instead (kBusyTag, a BusyReply), and
+// takes the replies to its own messages: the Timeout then names what each missing member is
+// doing. A reply carries which of the asker's set-up messages it answers (setups_sent_ and
+// setups_received_ count them per pair, as MPI orders them), so a late reply to an earlier
+// set-up is recognised and dropped. Taking the messages, rather than probing the first, lets a
+// stale one ("Stale messages") be dropped there and then, before the asker's real one: until
+// 2026-12-03 the one reply per asker answered a stale leftover that came first, the asker
+// dropped it as answering another message, and its Timeout lost "rank N is still setting up
+// ..." (mpi.job.busy_leftover). Each set-up answers an asker whose latest message it holds
+// once (again if a newer one arrives), so a rank busy with one set-up after another tells a
+// waiting asker about each.
 //
 // Leftovers: on a Timeout or an MPI failure the set-up's receives that did not match are
 // cancelled (MPI_Cancel, then MPI_Wait), or the next set-up with that peer would pair with the
@@ -470,6 +480,9 @@ class MpiTransport final : public transport::Transport {
   std::vector<std::uint64_t> last_paired_;  // the id its last paired message carried
   std::vector<std::uint64_t> abandoned_;
   std::vector<std::string> abandoned_group_;
+  // Per world rank: its set-up messages (id, pairings) that a busy set-up took to answer them
+  // ("Busy peers"), oldest first, for this rank's next set-ups with it.
+  std::vector<std::deque<std::array<std::uint64_t, 2>>> early_messages_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
