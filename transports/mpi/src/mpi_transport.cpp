@@ -1036,14 +1036,16 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
             }
             MPI_Datatype type = MPI_DATATYPE_NULL;
             const auto at = static_cast<MPI_Aint>(bytes);
+            const char* call = "MPI_Type_create_hindexed";
             int code = MPI_Type_create_hindexed(1, &counts[i], &at, datatype, &type);
             if (code == MPI_SUCCESS) {
               placed.push_back(type);
+              call = "MPI_Type_commit";
               code = MPI_Type_commit(&placed.back());
             }
             if (code != MPI_SUCCESS) {
               free_placed();
-              check(code, "MPI_Type_create_hindexed", info);
+              check(code, call, info);
             }
             layout->wire_counts[i] = 1;
             layout->displacements[i] = 0;
