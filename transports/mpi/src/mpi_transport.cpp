@@ -1607,11 +1607,22 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       if (arrived == 0) {
         break;
       }
-      BusyReply reply;
-      if (const int code =
-              MPI_Mrecv(&reply, sizeof(BusyReply), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      // Received as bytes up to its own size, so a longer message is MPI_ERR_TRUNCATE here and
+      // a shorter one is caught by its count: either way a TransportError, never a reply read
+      // from bytes no message wrote.
+      BusyReply reply{};
+      MPI_Status received;
+      if (const int code = MPI_Mrecv(&reply, sizeof(BusyReply), MPI_BYTE, &message, &received);
           code != MPI_SUCCESS) {
         failure = "MPI_Mrecv (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      int bytes = 0;
+      MPI_Get_count(&received, MPI_BYTE, &bytes);
+      if (bytes != static_cast<int>(sizeof(BusyReply))) {
+        failure = "a busy reply from rank " + std::to_string(status.MPI_SOURCE) + " had " +
+                  std::to_string(bytes) + " bytes, not " + std::to_string(sizeof(BusyReply)) +
+                  " (a message of another kind on chorus's control communicator)";
         break;
       }
       const auto source = static_cast<std::size_t>(status.MPI_SOURCE);
