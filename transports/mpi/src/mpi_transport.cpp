@@ -18,12 +18,6 @@
 #include "chorus/transport/fnv1a.hpp"
 
 namespace chorus::mpi::detail {
-namespace {
-
-using transport::Buffer;
-using transport::OpInfo;
-using transport::OpKind;
-using transport::OpSignature;
 
 // FNV-1a over the tag and ranks: the same id on every member, without communicating.
 std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) {
@@ -38,22 +32,14 @@ std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) 
   return hash.value();
 }
 
-// Tags of chorus's control messages and MPI_Comm_create_group: the least MPI_TAG_UB the
-// standard allows.
-constexpr std::uint64_t kControlTagCount = 32767;
-// The tag of every communicator set-up message (Note [Communicator rendezvous]).
-constexpr int kRendezvousTag = 1;
-// The tag of a busy rank's reply to a set-up message (Note [Communicator rendezvous], "Busy
-// peers").
-constexpr int kBusyTag = 2;
+int create_group_tag(std::uint64_t id) noexcept { return static_cast<int>(id % kTagCount); }
 
-// A busy rank's reply: which of the asker's set-up messages to it (counted from 1) it answers,
-// and the label of the group it is setting up instead.
-struct BusyReply {
-  std::uint64_t answers = 0;
-  char group[120] = {};  // NUL-terminated, cut to fit
-};
-static_assert(std::is_trivially_copyable_v<BusyReply>);
+namespace {
+
+using transport::Buffer;
+using transport::OpInfo;
+using transport::OpKind;
+using transport::OpSignature;
 
 // The Timeout text of a set-up that `missing` (world ranks) did not reach; busy[r]: the group
 // rank r answered it is setting up, or "" (Note [Communicator rendezvous], "Busy peers").
@@ -237,11 +223,19 @@ MpiProcess::MpiProcess(int node_cpus, int int_count_max)
                          "creating chorus's control communicator failed: " + mpi_error_text(code));
   }
   MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
-  // Ranks sharing this node (collective too, as above; on control_, whose errors return): Note
-  // [Wait backoff].
+  // The parent of every communicator chorus creates, kept apart from control_'s point-to-point
+  // messages (Note [Communicator rendezvous], "Creation"). Collective too, as above.
+  if (const int code = MPI_Comm_dup(MPI_COMM_WORLD, &comm_parent_); code != MPI_SUCCESS) {
+    MPI_Comm_free(&control_);
+    throw TransportError(ErrorContext{rank_, "MPI_Comm_dup", -1, ""},
+                         "creating chorus's communicator parent failed: " + mpi_error_text(code));
+  }
+  MPI_Comm_set_errhandler(comm_parent_, MPI_ERRORS_RETURN);
+  // Ranks sharing this node (collective too, as above; on comm_parent_, whose errors return):
+  // Note [Wait backoff].
   MPI_Comm node = MPI_COMM_NULL;
   int node_size = world_size_;
-  if (MPI_Comm_split_type(control_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
+  if (MPI_Comm_split_type(comm_parent_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
       MPI_SUCCESS) {
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
@@ -261,6 +255,7 @@ MpiProcess::~MpiProcess() {
     return;
   }
   user_ops_.reset();
+  MPI_Comm_free(&comm_parent_);
   MPI_Comm_free(&control_);
   if (initialized_here_) {
     // Works parked after a caught Timeout may still be pending; MPI_Finalize with pending
@@ -1754,15 +1749,17 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
   {
     const std::lock_guard mpi_lock(process_->mutex());
     // Collective over the members only (MPI 3); all of them are here (the rendezvous). On the
-    // control communicator, not MPI_COMM_WORLD: its errors return (MPI_ERRORS_RETURN) even when
-    // the program initialised MPI and world's handler is still MPI_ERRORS_ARE_FATAL; its ranks are
-    // world's. Its tag does not conflict with point-to-point tags (MPI 3.1, 6.4.2).
+    // communicator parent (Note [Communicator rendezvous], "Creation"): its errors return
+    // (MPI_ERRORS_RETURN) even when the program initialised MPI and world's handler is still
+    // MPI_ERRORS_ARE_FATAL, its ranks are world's, and no point-to-point message of chorus's
+    // travels on it, since Open MPI agrees on the new communicator with point-to-point messages
+    // on the parent under create_group's tag.
     MPI_Group world_group = MPI_GROUP_NULL;
     MPI_Group group = MPI_GROUP_NULL;
-    MPI_Comm_group(process_->control(), &world_group);
+    MPI_Comm_group(process_->comm_parent(), &world_group);
     MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
-    const int code = MPI_Comm_create_group(process_->control(), group,
-                                           static_cast<int>(id % kControlTagCount), &comm);
+    const int code =
+        MPI_Comm_create_group(process_->comm_parent(), group, create_group_tag(id), &comm);
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     if (code != MPI_SUCCESS) {

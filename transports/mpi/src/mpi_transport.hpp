@@ -29,6 +29,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -36,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "chorus/error.hpp"
@@ -47,6 +49,29 @@
 #include "ring_all_reduce.hpp"
 
 namespace chorus::mpi::detail {
+
+// A group's id: FNV-1a over the tag and ranks, the same on every member without communicating.
+std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks);
+// Tags are taken modulo the least MPI_TAG_UB the standard allows.
+inline constexpr std::uint64_t kTagCount = 32767;
+// The tag MPI_Comm_create_group gets for the group with id `id` (on MpiProcess::comm_parent(),
+// never on the control communicator: Note [Communicator rendezvous], "Creation").
+int create_group_tag(std::uint64_t id) noexcept;
+// The tag of every communicator set-up message on the control communicator (Note [Communicator
+// rendezvous]).
+inline constexpr int kRendezvousTag = 1;
+// The tag of a busy rank's reply to a set-up message (Note [Communicator rendezvous], "Busy
+// peers").
+inline constexpr int kBusyTag = 2;
+
+// A busy rank's reply: which of the asker's set-up messages to it (counted from 1) it answers,
+// and the label of the group it is setting up instead. A message of another size on kBusyTag is
+// a TransportError.
+struct BusyReply {
+  std::uint64_t answers = 0;
+  char group[120] = {};  // NUL-terminated, cut to fit
+};
+static_assert(std::is_trivially_copyable_v<BusyReply>);
 
 // Requests and the steps around them of one started operation (or a coalesced batch).
 struct Started {
@@ -116,8 +141,12 @@ class MpiProcess {
   void add_ring(std::shared_ptr<RingAllReduce> ring);
   void progress_rings();
   // A private duplicate of MPI_COMM_WORLD, with MPI_ERRORS_RETURN, for chorus's own
-  // point-to-point messages and communicator creation (Note [Communicator rendezvous]).
+  // point-to-point messages only (Note [Communicator rendezvous]).
   MPI_Comm control() const noexcept { return control_; }
+  // Another private duplicate of MPI_COMM_WORLD, with MPI_ERRORS_RETURN, that only creates
+  // communicators (MPI_Comm_create_group, the node split) and carries no point-to-point message
+  // of chorus's (Note [Communicator rendezvous], "Creation").
+  MPI_Comm comm_parent() const noexcept { return comm_parent_; }
   // Whether waits spin between polls (Note [Wait backoff]): this node runs no more ranks than
   // it has CPUs.
   bool spin_waits() const noexcept { return spin_waits_; }
@@ -130,6 +159,7 @@ class MpiProcess {
   int rank_ = 0;
   int world_size_ = 1;
   MPI_Comm control_ = MPI_COMM_NULL;
+  MPI_Comm comm_parent_ = MPI_COMM_NULL;
   bool spin_waits_ = false;
   int int_count_max_ = std::numeric_limits<int>::max();
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
@@ -399,9 +429,17 @@ class MpiComm final : public transport::Comm {
 // ("ranks [1] of group [0, 1] did not reach it"), and a member setting up another group first
 // (the two ranks first use their shared groups in different orders, which would deadlock MPI)
 // becomes a CollectiveMismatch. Only then is MPI_Comm_create_group called, which returns
-// promptly since every member is there; it runs on the control communicator, not on
-// MPI_COMM_WORLD, whose handler may be the program's MPI_ERRORS_ARE_FATAL, so its failure is a
-// TransportError (mpi.create_group_test).
+// promptly since every member is there.
+//
+// Creation: MPI_Comm_create_group runs on MpiProcess::comm_parent(), a duplicate of
+// MPI_COMM_WORLD that does nothing else. Not on MPI_COMM_WORLD, whose handler may be the
+// program's MPI_ERRORS_ARE_FATAL: comm_parent's errors return, so a failure is a TransportError
+// (mpi.create_group_test). Not on the control communicator either: Open MPI 4.1 agrees on the
+// new communicator's context id with ordinary point-to-point messages on the parent, tagged
+// with create_group's tag (comm_cid.c), so on control_ a group whose tag came out as
+// kRendezvousTag or kBusyTag had Open MPI take chorus's leftover set-up messages or unread busy
+// replies, or chorus take Open MPI's message as a set-up message (from 2026-12-03's 7f6db43 to
+// its fix; mpi.create_group_tag_test).
 //
 // Busy peers: pairwise order is not enough. With a = {0, 1}, b = {1, 2}, c = {0, 2}, rank 0
 // setting up a, rank 1 b and rank 2 c each wait for a rank busy with the next (a cycle of first
