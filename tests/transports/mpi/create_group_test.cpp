@@ -1,9 +1,9 @@
 // Communicator set-up when the program initialised MPI itself (mpi.create_group_test, one rank
 // under mpirun): MPI_COMM_WORLD keeps the program's fatal error handler, and a failure of
 // MPI_Comm_create_group still comes back as TransportError, since chorus creates its
-// communicators from its own control communicator, whose errors return. The failure is real:
-// Open MPI 4.1 runs out of communicator ids after about 65,530 communicators (ob1's 16-bit
-// context id).
+// communicators from a duplicate of world of its own (MpiProcess::comm_parent), whose errors
+// return. The failure is real: Open MPI 4.1 runs out of communicator ids after about 65,530
+// communicators (ob1's 16-bit context id); an MPI that does not skips the test.
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -20,7 +20,8 @@ namespace chorus::mpi::detail {
 namespace {
 
 // More than Open MPI 4.1 can create (65,531 in one process, measured); bounds the loop if an
-// MPI has room for every one.
+// MPI has room for every one, and the test is then skipped. Not registered under sanitizers
+// (tests/CMakeLists.txt): too slow and too big there.
 constexpr int kCommsMax = 70000;
 
 TEST(MpiCreateGroup, FailureIsTransportErrorWhenTheProgramOwnsMpi) {
@@ -42,7 +43,12 @@ TEST(MpiCreateGroup, FailureIsTransportErrorWhenTheProgramOwnsMpi) {
       failure = error.what();
     }
   }
-  ASSERT_FALSE(failure.empty()) << "MPI created " << comms.size() << " communicators";
+  if (failure.empty()) {
+    // An MPI with more ids than Open MPI 4.1's: nothing failed, so there is nothing to check.
+    GTEST_SKIP() << "MPI created all " << comms.size()
+                 << " communicators without a failure; this test needs an MPI that runs out of "
+                    "communicator ids (Open MPI 4.1: about 65,530)";
+  }
   EXPECT_NE(failure.find("communicator set-up"), std::string::npos) << failure;
   EXPECT_NE(failure.find("MPI_Comm_create_group failed"), std::string::npos) << failure;
 
