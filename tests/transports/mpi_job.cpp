@@ -20,6 +20,10 @@
 //   self_split  rank 0's all_to_all_single sends itself more than it expects from itself:
 //            InvalidArgument naming the counts, on either MPI schedule; with
 //            --check-collectives, CollectiveMismatch on every member.
+//   big_all_to_all  (3 ranks or more, with the test seam CHORUS_MPI_INT_COUNT_MAX=100) an uneven
+//            all_to_all_single whose total on the last rank (and byte offsets on every rank)
+//            passes the lowered int limit while every per-peer count fits: exact results on
+//            every rank, on either MPI schedule (Note [MPI int counts]); exit 0.
 //   group_order  ranks 0 and 1 first use two groups they share in opposite orders (MPI would
 //            deadlock creating the communicators): CollectiveMismatch on both
 //            (Note [Communicator rendezvous]).
@@ -34,6 +38,11 @@
 //            "Leftovers"); the retry's own message, left at rank 1, is dropped there as stale
 //            at the next set-up (h), and a set-up of another group (h2) after a timed-out one
 //            (g2) is refused until g2 is retried ("Stale messages").
+//   busy_leftover  (3 ranks, rank 0 with a short --timeout-ms) rank 0 times out setting up g =
+//            {0, 1} and retries it, which leaves its retry's message at rank 1 ("Stale
+//            messages"); then rank 0 sets up a = {0, 1} while rank 1 sets up b = {1, 2}, which
+//            rank 2 joins only after rank 0's Timeout: that Timeout names what rank 1 is doing,
+//            though the leftover came first ("Busy peers"); exit 0.
 //   setup_counts  (3 ranks, rank 1 with a short --timeout-ms) ranks 0 and 1 set up g = {0, 1, 2}
 //            while rank 2 sets up h = {0, 2}: rank 0 and 2 get CollectiveMismatch, rank 1 a
 //            Timeout; then ranks 0 and 1 set up j = {0, 1} and all_reduce on it ("Stale
@@ -749,6 +758,42 @@ void shape_mismatch() {
 // --check-collectives a CollectiveMismatch from the pairwise comparison on every member.
 void self_split() { all_to_all_with_extra(0, 0, 1); }
 
+// Rank r sends rank j `count(r, j)` int32s, r * 10000 + j * 100 + k for k < count: the last rank
+// 40 to each, the others 10 + j, so only the last rank's total (40 n) passes 100, the limit
+// CHORUS_MPI_INT_COUNT_MAX sets for this test (Note [MPI int counts]).
+void big_all_to_all() {
+  const int n = chorus::world_size();
+  const int rank = chorus::rank();
+  require(n >= 3, "big_all_to_all runs on 3 ranks or more");
+  const auto count = [n](int from, int to) { return from == n - 1 ? 40 : 10 + to; };
+  std::vector<std::int64_t> send_sizes;
+  std::vector<std::int64_t> recv_sizes;
+  std::vector<std::int32_t> outgoing;
+  for (int j = 0; j < n; ++j) {
+    send_sizes.push_back(count(rank, j));
+    recv_sizes.push_back(count(j, rank));
+    for (int k = 0; k < count(rank, j); ++k) {
+      outgoing.push_back(rank * 10000 + j * 100 + k);
+    }
+  }
+  const std::vector<std::int32_t> incoming =
+      chorus::all_to_all_single(chorus::Tensor::from_vector(outgoing), recv_sizes, send_sizes,
+                                chorus::world())
+          .to_vector<std::int32_t>();
+  std::size_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < count(i, rank); ++k) {
+      require(at < incoming.size() && incoming[at] == i * 10000 + rank * 100 + k,
+              "big_all_to_all: element " + std::to_string(k) + " from rank " + std::to_string(i));
+      ++at;
+    }
+  }
+  require(at == incoming.size(), "big_all_to_all: received size");
+  if (rank == 0) {
+    std::printf("mpi_job big_all_to_all: all checks passed on %d ranks\n", n);
+  }
+}
+
 void group_order() {
   const chorus::ProcessGroup first = chorus::new_group({0, 1}, "a");
   const chorus::ProcessGroup second = chorus::new_group({0, 1}, "b");
@@ -826,6 +871,57 @@ void setup_retry() {
   require(chorus::all_reduce(one, "sum", h2).to_vector<float>()[0] == 2.0f, "all_reduce on h2");
   if (chorus::rank() == 0) {
     std::printf("mpi_job setup_retry: all checks passed\n");
+  }
+}
+
+void busy_leftover() {
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  const auto world_sum = [&one](const char* what) {
+    require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f, what);
+  };
+  world_sum("first world all_reduce");  // the world's set-up, before the others
+  const chorus::ProcessGroup g = chorus::new_group({0, 1}, "g");
+  const chorus::ProcessGroup a = chorus::new_group({0, 1}, "a");
+  const chorus::ProcessGroup b = chorus::new_group({1, 2}, "b");
+  const chorus::ProcessGroup c = chorus::new_group({0, 2}, "c");
+  const int rank = chorus::rank();
+  const auto timeout_text = [&one](const chorus::ProcessGroup& group) {
+    try {
+      (void)chorus::all_reduce(one, "sum", group).to_vector<float>();
+    } catch (const chorus::Timeout& error) {
+      return std::string(error.what());
+    }
+    return std::string("no Timeout");
+  };
+  if (rank == 0) {
+    const std::string text = timeout_text(g);  // rank 1 is not there yet
+    require(text != "no Timeout", "rank 0's first set-up of g did not time out");
+  }
+  world_sum("second world all_reduce");  // rank 1 waits here for rank 0's Timeout
+  if (rank != 2) {
+    // Rank 1 pairs with rank 0's first message of g; the retry's stays at rank 1, stale.
+    require(chorus::all_reduce(one, "sum", g).to_vector<float>()[0] == 2.0f, "all_reduce on g");
+  }
+  if (rank == 0) {
+    const std::string text = timeout_text(a);  // rank 1 sets up b meanwhile
+    require(text.find("ranks [1] of group 'a' [0, 1] did not reach its set-up within the timeout: "
+                      "rank 1 is still setting up group 'b' [1, 2]") != std::string::npos,
+            "rank 0's Timeout on a does not say what rank 1 is doing: " + text);
+    require(chorus::all_reduce(one, "sum", c).to_vector<float>()[0] == 2.0f, "all_reduce on c");
+  } else if (rank == 1) {
+    require(chorus::all_reduce(one, "sum", b).to_vector<float>()[0] == 2.0f, "all_reduce on b");
+  } else {
+    // After rank 0's Timeout (c waits for it), so rank 1 is busy with b throughout.
+    require(chorus::all_reduce(one, "sum", c).to_vector<float>()[0] == 2.0f, "all_reduce on c");
+    require(chorus::all_reduce(one, "sum", b).to_vector<float>()[0] == 2.0f, "all_reduce on b");
+  }
+  if (rank != 2) {
+    // Rank 0 retries a; rank 1 pairs with its first message, taken while it was busy with b.
+    require(chorus::all_reduce(one, "sum", a).to_vector<float>()[0] == 2.0f, "all_reduce on a");
+  }
+  world_sum("last world all_reduce");
+  if (rank == 0) {
+    std::printf("mpi_job busy_leftover: all checks passed\n");
   }
 }
 
@@ -931,11 +1027,17 @@ int main(int argc, char** argv) {
   if (mode == "setup_retry") {
     return chorus::run(options, setup_retry);
   }
+  if (mode == "busy_leftover") {
+    return chorus::run(options, busy_leftover);
+  }
   if (mode == "setup_counts") {
     return chorus::run(options, setup_counts);
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);
+  }
+  if (mode == "big_all_to_all") {
+    return chorus::run(options, big_all_to_all);
   }
   if (mode == "self_split") {
     return chorus::run(options, self_split);

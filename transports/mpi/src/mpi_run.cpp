@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -77,6 +78,24 @@ int resolve_node_cpus(const MpiRunOptions& options) {
   return cpus;
 }
 
+// The largest count chorus passes MPI as an int (Note [MPI int counts]): INT_MAX, unless the
+// test seam CHORUS_MPI_INT_COUNT_MAX lowers it, so tests reach the limits with small buffers.
+int resolve_int_count_max() {
+  const char* text = std::getenv("CHORUS_MPI_INT_COUNT_MAX");  // NOLINT(concurrency-mt-unsafe)
+  if (text == nullptr) {
+    return std::numeric_limits<int>::max();
+  }
+  const std::string_view value(text);
+  int count_max = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), count_max);
+  if (error != std::errc() || end != value.data() + value.size() || count_max <= 0) {
+    throw InvalidArgument(ErrorContext{-1, "chorus::mpi::run", -1, ""},
+                          "CHORUS_MPI_INT_COUNT_MAX is '" + std::string(value) +
+                              "': expected a positive count no larger than 2^31-1");
+  }
+  return count_max;
+}
+
 }  // namespace
 
 std::string_view schedule_name(MpiSchedule schedule) noexcept {
@@ -114,7 +133,8 @@ bool launched_by_mpi() noexcept {
 int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
   const MpiSchedule schedule = resolve_schedule(run_options);
   const int node_cpus = resolve_node_cpus(run_options);
-  auto process = std::make_shared<detail::MpiProcess>(node_cpus);
+  const int int_count_max = resolve_int_count_max();
+  auto process = std::make_shared<detail::MpiProcess>(node_cpus, int_count_max);
   {
     RankOptions options;
     options.timeout = run_options.timeout;

@@ -1,6 +1,7 @@
 #include "mpi_transport.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <climits>
 #include <cstdint>
@@ -17,12 +18,6 @@
 #include "chorus/transport/fnv1a.hpp"
 
 namespace chorus::mpi::detail {
-namespace {
-
-using transport::Buffer;
-using transport::OpInfo;
-using transport::OpKind;
-using transport::OpSignature;
 
 // FNV-1a over the tag and ranks: the same id on every member, without communicating.
 std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) {
@@ -37,22 +32,14 @@ std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks) 
   return hash.value();
 }
 
-// Tags of chorus's control messages and MPI_Comm_create_group: the least MPI_TAG_UB the
-// standard allows.
-constexpr std::uint64_t kControlTagCount = 32767;
-// The tag of every communicator set-up message (Note [Communicator rendezvous]).
-constexpr int kRendezvousTag = 1;
-// The tag of a busy rank's reply to a set-up message (Note [Communicator rendezvous], "Busy
-// peers").
-constexpr int kBusyTag = 2;
+int create_group_tag(std::uint64_t id) noexcept { return static_cast<int>(id % kTagCount); }
 
-// A busy rank's reply: which of the asker's set-up messages to it (counted from 1) it answers,
-// and the label of the group it is setting up instead.
-struct BusyReply {
-  std::uint64_t answers = 0;
-  char group[120] = {};  // NUL-terminated, cut to fit
-};
-static_assert(std::is_trivially_copyable_v<BusyReply>);
+namespace {
+
+using transport::Buffer;
+using transport::OpInfo;
+using transport::OpKind;
+using transport::OpSignature;
 
 // The Timeout text of a set-up that `missing` (world ranks) did not reach; busy[r]: the group
 // rank r answered it is setting up, or "" (Note [Communicator rendezvous], "Busy peers").
@@ -88,6 +75,16 @@ std::string unreached_set_up_message(const std::vector<int>& missing,
   }
   return text;
 }
+
+// An all_to_all's per-peer counts and offsets (Note [MPI int counts]), each [send, recv] by group
+// rank, kept alive with its work; the MPI_Ialltoallw arguments are filled as it starts.
+struct AllToAllLayout {
+  std::vector<int> counts;
+  std::vector<std::size_t> offsets;  // elements, packed
+  std::vector<int> wire_counts;      // MPI_Ialltoallw's: counts[i], or 1 of a placed datatype
+  std::vector<int> displacements;    // bytes
+  std::vector<MPI_Datatype> types;
+};
 
 std::shared_ptr<void> scratch(std::size_t nbytes) {
   void* block = std::malloc(nbytes == 0 ? 1 : nbytes);
@@ -183,7 +180,9 @@ std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
 // ---------------------------------------------------------------------------------------------
 // MpiProcess
 
-MpiProcess::MpiProcess(int node_cpus) : user_ops_(std::make_unique<UserOps>()) {
+MpiProcess::MpiProcess(int node_cpus, int int_count_max)
+    : int_count_max_(int_count_max), user_ops_(std::make_unique<UserOps>()) {
+  CHORUS_CHECK(int_count_max > 0);
   spare_started_.reserve(kSpareStartedMax);  // recycle_started never allocates
   const ErrorContext context{-1, "chorus::mpi::run", -1, ""};
   int finalized = 0;
@@ -224,10 +223,19 @@ MpiProcess::MpiProcess(int node_cpus) : user_ops_(std::make_unique<UserOps>()) {
                          "creating chorus's control communicator failed: " + mpi_error_text(code));
   }
   MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
-  // Ranks sharing this node (collective too, as above): Note [Wait backoff].
+  // The parent of every communicator chorus creates, kept apart from control_'s point-to-point
+  // messages (Note [Communicator rendezvous], "Creation"). Collective too, as above.
+  if (const int code = MPI_Comm_dup(MPI_COMM_WORLD, &comm_parent_); code != MPI_SUCCESS) {
+    MPI_Comm_free(&control_);
+    throw TransportError(ErrorContext{rank_, "MPI_Comm_dup", -1, ""},
+                         "creating chorus's communicator parent failed: " + mpi_error_text(code));
+  }
+  MPI_Comm_set_errhandler(comm_parent_, MPI_ERRORS_RETURN);
+  // Ranks sharing this node (collective too, as above; on comm_parent_, whose errors return):
+  // Note [Wait backoff].
   MPI_Comm node = MPI_COMM_NULL;
   int node_size = world_size_;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
+  if (MPI_Comm_split_type(comm_parent_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
       MPI_SUCCESS) {
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
@@ -247,6 +255,7 @@ MpiProcess::~MpiProcess() {
     return;
   }
   user_ops_.reset();
+  MPI_Comm_free(&comm_parent_);
   MPI_Comm_free(&control_);
   if (initialized_here_) {
     // Works parked after a caught Timeout may still be pending; MPI_Finalize with pending
@@ -529,11 +538,16 @@ void MpiComm::check(int code, const char* call, const OpInfo& info) const {
 }
 
 int MpiComm::to_int_count(std::size_t count, const OpInfo& info) const {
-  if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw InvalidArgument(context_of(info),
-                          "the mpi transport takes at most 2^31-1 elements per buffer and peer "
-                          "(MPI counts are int); got " +
-                              std::to_string(count));
+  const int count_max = process_->int_count_max();
+  if (count > static_cast<std::size_t>(count_max)) {
+    const bool lowered = count_max != std::numeric_limits<int>::max();
+    throw InvalidArgument(
+        context_of(info),
+        "the mpi transport takes at most 2^31-1 elements per buffer and peer "
+        "(MPI counts are int)" +
+            (lowered ? " (lowered to " + std::to_string(count_max) + " by CHORUS_MPI_INT_COUNT_MAX)"
+                     : std::string()) +
+            "; got " + std::to_string(count));
   }
   return static_cast<int>(count);
 }
@@ -927,23 +941,23 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   CHORUS_CHECK_EQ(send_counts.size(), ranks_.size());
   CHORUS_CHECK_EQ(recv_counts.size(), ranks_.size());
   CHORUS_CHECK(send.dtype == recv.dtype);
-  to_int_count(send.count, info);  // displacements are int too
-  to_int_count(recv.count, info);
-  // counts and displacements: [send counts, send displs, recv counts, recv displs]
-  auto layout = std::make_shared<std::vector<int>>(4 * ranks_.size());
+  // Note [MPI int counts]: each per-peer count is an MPI int; the totals and offsets are not.
   const std::size_t n = ranks_.size();
-  int send_offset = 0;
-  int recv_offset = 0;
+  auto layout = std::make_shared<AllToAllLayout>();
+  layout->counts.resize(2 * n);
+  layout->offsets.resize(2 * n);
+  std::size_t send_offset = 0;
+  std::size_t recv_offset = 0;
   for (std::size_t peer = 0; peer < n; ++peer) {
-    (*layout)[peer] = to_int_count(send_counts[peer], info);
-    (*layout)[n + peer] = send_offset;
-    (*layout)[2 * n + peer] = to_int_count(recv_counts[peer], info);
-    (*layout)[3 * n + peer] = recv_offset;
-    send_offset += (*layout)[peer];
-    recv_offset += (*layout)[2 * n + peer];
+    layout->counts[peer] = to_int_count(send_counts[peer], info);
+    layout->offsets[peer] = send_offset;
+    layout->counts[n + peer] = to_int_count(recv_counts[peer], info);
+    layout->offsets[n + peer] = recv_offset;
+    send_offset += send_counts[peer];
+    recv_offset += recv_counts[peer];
   }
-  CHORUS_CHECK_EQ(static_cast<std::size_t>(send_offset), send.count);
-  CHORUS_CHECK_EQ(static_cast<std::size_t>(recv_offset), recv.count);
+  CHORUS_CHECK_EQ(send_offset, send.count);
+  CHORUS_CHECK_EQ(recv_offset, recv.count);
   if (std::string problem = transport::self_split_problem(send_counts, recv_counts, group_rank_);
       !check_collectives_ && !problem.empty()) {
     // Checked before anything is posted, on either schedule. Only this rank knows: its peers
@@ -967,30 +981,26 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
           started.keep_alive.push_back(copy);
         }
         const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
-        const int* counts = layout->data();
+        const std::vector<int>& counts = layout->counts;
+        const std::vector<std::size_t>& offsets = layout->offsets;
+        const std::size_t element = element_size(send.dtype);
         // Not by size: ranks' totals differ in an uneven all_to_all, and every rank must choose
         // the same schedule.
         if (chorus_schedule_allowed()) {
           // Note [Direct exchanges]: each peer's slice straight to it; this rank's own by copy.
-          const std::size_t element = element_size(send.dtype);
           const auto me = static_cast<std::size_t>(group_rank_);
           if (counts[me] > 0) {
-            std::memcpy(static_cast<char*>(recv.data) +
-                            static_cast<std::size_t>(counts[3 * n + me]) * element,
-                        static_cast<const char*>(input) +
-                            static_cast<std::size_t>(counts[n + me]) * element,
+            std::memcpy(static_cast<char*>(recv.data) + offsets[n + me] * element,
+                        static_cast<const char*>(input) + offsets[me] * element,
                         static_cast<std::size_t>(counts[me]) * element);
           }
           std::vector<Message>& messages = fresh_messages();
           for (std::size_t peer = 0; peer < n; ++peer) {
             if (peer != me) {
-              messages.push_back({static_cast<int>(peer),
-                                  static_cast<const char*>(input) +
-                                      static_cast<std::size_t>(counts[n + peer]) * element,
-                                  counts[peer],
-                                  static_cast<char*>(recv.data) +
-                                      static_cast<std::size_t>(counts[3 * n + peer]) * element,
-                                  counts[2 * n + peer]});
+              messages.push_back(
+                  {static_cast<int>(peer),
+                   static_cast<const char*>(input) + offsets[peer] * element, counts[peer],
+                   static_cast<char*>(recv.data) + offsets[n + peer] * element, counts[n + peer]});
             }
           }
           post_exchange(started, messages, datatype, info);
@@ -999,9 +1009,49 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
         MPI_Request request = MPI_REQUEST_NULL;
         {
           const std::lock_guard mpi_lock(process_->mutex());
-          check(MPI_Ialltoallv(input, counts, counts + n, datatype, recv.data, counts + 2 * n,
-                               counts + 3 * n, datatype, comm_, &request),
-                "MPI_Ialltoallv", info);
+          // Note [MPI int counts]: MPI_Ialltoallw's displacements are int bytes; a peer whose
+          // offset does not fit gets a datatype that carries it (an MPI_Aint), sent once.
+          std::vector<MPI_Datatype> placed;
+          const auto free_placed = [&placed] {
+            for (MPI_Datatype& type : placed) {
+              // Pending operations that use a freed datatype complete normally (MPI 3.1, 4.1.9).
+              MPI_Type_free(&type);
+            }
+          };
+          layout->wire_counts.resize(2 * n);
+          layout->displacements.resize(2 * n);
+          layout->types.resize(2 * n);
+          for (std::size_t i = 0; i < 2 * n; ++i) {
+            const std::size_t bytes = offsets[i] * element;
+            if (counts[i] == 0 || bytes <= static_cast<std::size_t>(process_->int_count_max())) {
+              layout->wire_counts[i] = counts[i];
+              layout->displacements[i] = counts[i] == 0 ? 0 : static_cast<int>(bytes);
+              layout->types[i] = datatype;
+              continue;
+            }
+            MPI_Datatype type = MPI_DATATYPE_NULL;
+            const auto at = static_cast<MPI_Aint>(bytes);
+            const char* call = "MPI_Type_create_hindexed";
+            int code = MPI_Type_create_hindexed(1, &counts[i], &at, datatype, &type);
+            if (code == MPI_SUCCESS) {
+              placed.push_back(type);
+              call = "MPI_Type_commit";
+              code = MPI_Type_commit(&placed.back());
+            }
+            if (code != MPI_SUCCESS) {
+              free_placed();
+              check(code, call, info);
+            }
+            layout->wire_counts[i] = 1;
+            layout->displacements[i] = 0;
+            layout->types[i] = placed.back();
+          }
+          const int code = MPI_Ialltoallw(
+              input, layout->wire_counts.data(), layout->displacements.data(), layout->types.data(),
+              recv.data, layout->wire_counts.data() + n, layout->displacements.data() + n,
+              layout->types.data() + n, comm_, &request);
+          free_placed();
+          check(code, "MPI_Ialltoallw", info);
         }
         started.requests.push_back(request);
       },
@@ -1312,7 +1362,8 @@ MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nan
       pairings_(static_cast<std::size_t>(process_->world_size()), 0),
       last_paired_(static_cast<std::size_t>(process_->world_size()), 0),
       abandoned_(static_cast<std::size_t>(process_->world_size()), 0),
-      abandoned_group_(static_cast<std::size_t>(process_->world_size())) {}
+      abandoned_group_(static_cast<std::size_t>(process_->world_size())),
+      early_messages_(static_cast<std::size_t>(process_->world_size())) {}
 
 MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
   // Every member of a group must run the same schedule for the same all_reduce, or the ring's
@@ -1382,15 +1433,18 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   for (const int rank : ranks) {
     member[static_cast<std::size_t>(rank)] = 1;
   }
-  std::vector<char> answered(world_size, 0);  // "Busy peers": one reply per asker
+  // "Busy peers": whether this set-up answered the asker's latest message.
+  std::vector<char> answered(world_size, 0);
   std::vector<std::string> busy(world_size);  // what a member answered it is setting up
   // An MPI failure: the call and its text, taken under the MPI lock, thrown outside it.
   std::string failure;
   // "Stale messages": whether peer i's received message was sent for the set-up this rank last
   // paired with that peer (a retry's leftover), not for this one.
+  const auto stale_message = [&](std::size_t peer, const std::uint64_t* message) {
+    return message[1] < pairings_[peer] && message[0] == last_paired_[peer];
+  };
   const auto stale = [&](std::size_t i) {
-    const auto peer = static_cast<std::size_t>(ranks[i]);
-    return (*ids)[2 * i + 1] < pairings_[peer] && (*ids)[2 * i] == last_paired_[peer];
+    return stale_message(static_cast<std::size_t>(ranks[i]), &(*ids)[2 * i]);
   };
   // Both messages of the pair with peer i are (or will be) consumed: counted on both sides.
   const auto record_pairing = [&](std::size_t i) {
@@ -1432,6 +1486,23 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       throw TransportError(context, failure);
     }
   };
+  // Peer i's next set-up message that is not stale: an early one (taken by a busy set-up, "Busy
+  // peers"), else a receive posted for it (receives[i]). Call with the MPI lock held.
+  const auto take_or_receive = [&](std::size_t i) {
+    const auto peer = static_cast<std::size_t>(ranks[i]);
+    while (!early_messages_[peer].empty()) {
+      std::copy_n(early_messages_[peer].front().begin(), 2, &(*ids)[2 * i]);
+      early_messages_[peer].pop_front();
+      if (!stale(i)) {
+        return;  // arrived (receives[i] stays MPI_REQUEST_NULL)
+      }
+    }
+    if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i], kRendezvousTag,
+                                   process_->control(), &receives[i]);
+        code != MPI_SUCCESS) {
+      failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
+    }
+  };
   {
     const std::lock_guard mpi_lock(process_->mutex());
     for (std::size_t i = 0; i < n; ++i) {
@@ -1453,36 +1524,53 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       ++setups_sent_[static_cast<std::size_t>(ranks[i])];
       pending.requests.push_back(send);
       send_peers.push_back(ranks[i]);
-      if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i], kRendezvousTag,
-                                     process_->control(), &receives[i]);
-          code != MPI_SUCCESS) {
-        failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
+      take_or_receive(i);
+      if (!failure.empty()) {
         break;
       }
     }
   }
   fail_if_any();
-  // "Busy peers": answers every non-member whose set-up message waits here, once, with this
-  // set-up's group. Call with the MPI lock held.
+  // "Busy peers": takes every set-up message of a non-member that waited here (dropping stale
+  // ones, keeping the others in early_messages_ for this rank's set-up with it) and answers the
+  // latest with this set-up's group, once per set-up (again if a newer one arrives; an earlier
+  // set-up may have taken it). Call with the MPI lock held.
   const auto answer_askers = [&] {
     for (std::size_t source = 0; source < world_size && failure.empty(); ++source) {
-      if (member[source] != 0 || answered[source] != 0) {
+      if (member[source] != 0) {
         continue;
       }
-      int waiting = 0;
-      if (const int code = MPI_Iprobe(static_cast<int>(source), kRendezvousTag, process_->control(),
-                                      &waiting, MPI_STATUS_IGNORE);
-          code != MPI_SUCCESS) {
-        failure = "MPI_Iprobe (communicator set-up) failed: " + mpi_error_text(code);
-        break;
+      for (;;) {
+        int waiting = 0;
+        MPI_Message probed = MPI_MESSAGE_NULL;
+        if (const int code = MPI_Improbe(static_cast<int>(source), kRendezvousTag,
+                                         process_->control(), &waiting, &probed, MPI_STATUS_IGNORE);
+            code != MPI_SUCCESS) {
+          failure = "MPI_Improbe (communicator set-up) failed: " + mpi_error_text(code);
+          break;
+        }
+        if (waiting == 0) {
+          break;
+        }
+        std::array<std::uint64_t, 2> message = {};
+        if (const int code = MPI_Mrecv(message.data(), 2, MPI_UINT64_T, &probed, MPI_STATUS_IGNORE);
+            code != MPI_SUCCESS) {
+          failure = "MPI_Mrecv (communicator set-up) failed: " + mpi_error_text(code);
+          break;
+        }
+        ++setups_received_[source];
+        if (early_messages_[source].empty() && stale_message(source, message.data())) {
+          continue;  // "Stale messages": a leftover its sender does not wait on
+        }
+        early_messages_[source].push_back(message);
+        answered[source] = 0;
       }
-      if (waiting == 0) {
+      if (early_messages_[source].empty() || answered[source] != 0 || !failure.empty()) {
         continue;
       }
       answered[source] = 1;
       auto reply = std::make_shared<BusyReply>();
-      // The probed message is the asker's first that this rank has not received.
-      reply->answers = setups_received_[source] + 1;
+      reply->answers = setups_received_[source];  // the asker's latest message here
       const std::size_t length = std::min(context.group.size(), sizeof(reply->group) - 1);
       std::memcpy(reply->group, context.group.data(), length);
       MPI_Request request = MPI_REQUEST_NULL;
@@ -1514,11 +1602,22 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       if (arrived == 0) {
         break;
       }
-      BusyReply reply;
-      if (const int code =
-              MPI_Mrecv(&reply, sizeof(BusyReply), MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      // Received as bytes up to its own size, so a longer message is MPI_ERR_TRUNCATE here and
+      // a shorter one is caught by its count: either way a TransportError, never a reply read
+      // from bytes no message wrote.
+      BusyReply reply{};
+      MPI_Status received;
+      if (const int code = MPI_Mrecv(&reply, sizeof(BusyReply), MPI_BYTE, &message, &received);
           code != MPI_SUCCESS) {
         failure = "MPI_Mrecv (communicator set-up) failed: " + mpi_error_text(code);
+        break;
+      }
+      int bytes = 0;
+      MPI_Get_count(&received, MPI_BYTE, &bytes);
+      if (bytes != static_cast<int>(sizeof(BusyReply))) {
+        failure = "a busy reply from rank " + std::to_string(status.MPI_SOURCE) + " had " +
+                  std::to_string(bytes) + " bytes, not " + std::to_string(sizeof(BusyReply)) +
+                  " (a message of another kind on chorus's control communicator)";
         break;
       }
       const auto source = static_cast<std::size_t>(status.MPI_SOURCE);
@@ -1548,13 +1647,11 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
             ++setups_received_[peer];
             if (stale(i)) {
               // "Stale messages": sent for a set-up this rank has since paired; the next one.
-              if (const int code = MPI_Irecv(&(*ids)[2 * i], 2, MPI_UINT64_T, ranks[i],
-                                             kRendezvousTag, process_->control(), &receives[i]);
-                  code != MPI_SUCCESS) {
-                failure = "MPI_Irecv (communicator set-up) failed: " + mpi_error_text(code);
+              take_or_receive(i);
+              if (!failure.empty()) {
                 break;
               }
-              arrived = 0;
+              arrived = receives[i] == MPI_REQUEST_NULL ? 1 : 0;
             }
           }
         }
@@ -1651,13 +1748,18 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
   MPI_Comm check_comm = MPI_COMM_NULL;
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    // Collective over the members only (MPI 3); all of them are here (the rendezvous).
+    // Collective over the members only (MPI 3); all of them are here (the rendezvous). On the
+    // communicator parent (Note [Communicator rendezvous], "Creation"): its errors return
+    // (MPI_ERRORS_RETURN) even when the program initialised MPI and world's handler is still
+    // MPI_ERRORS_ARE_FATAL, its ranks are world's, and no point-to-point message of chorus's
+    // travels on it, since Open MPI agrees on the new communicator with point-to-point messages
+    // on the parent under create_group's tag.
     MPI_Group world_group = MPI_GROUP_NULL;
     MPI_Group group = MPI_GROUP_NULL;
-    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Comm_group(process_->comm_parent(), &world_group);
     MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
-    const int code = MPI_Comm_create_group(MPI_COMM_WORLD, group,
-                                           static_cast<int>(id % kControlTagCount), &comm);
+    const int code =
+        MPI_Comm_create_group(process_->comm_parent(), group, create_group_tag(id), &comm);
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     if (code != MPI_SUCCESS) {

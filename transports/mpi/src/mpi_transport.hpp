@@ -26,13 +26,18 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "chorus/error.hpp"
@@ -44,6 +49,29 @@
 #include "ring_all_reduce.hpp"
 
 namespace chorus::mpi::detail {
+
+// A group's id: FNV-1a over the tag and ranks, the same on every member without communicating.
+std::uint64_t comm_id_of(const std::string& tag, const std::vector<int>& ranks);
+// Tags are taken modulo the least MPI_TAG_UB the standard allows.
+inline constexpr std::uint64_t kTagCount = 32767;
+// The tag MPI_Comm_create_group gets for the group with id `id` (on MpiProcess::comm_parent(),
+// never on the control communicator: Note [Communicator rendezvous], "Creation").
+int create_group_tag(std::uint64_t id) noexcept;
+// The tag of every communicator set-up message on the control communicator (Note [Communicator
+// rendezvous]).
+inline constexpr int kRendezvousTag = 1;
+// The tag of a busy rank's reply to a set-up message (Note [Communicator rendezvous], "Busy
+// peers").
+inline constexpr int kBusyTag = 2;
+
+// A busy rank's reply: which of the asker's set-up messages to it (counted from 1) it answers,
+// and the label of the group it is setting up instead. A message of another size on kBusyTag is
+// a TransportError.
+struct BusyReply {
+  std::uint64_t answers = 0;
+  char group[120] = {};  // NUL-terminated, cut to fit
+};
+static_assert(std::is_trivially_copyable_v<BusyReply>);
 
 // Requests and the steps around them of one started operation (or a coalesced batch).
 struct Started {
@@ -83,8 +111,9 @@ struct Started {
 // destructor what it initialised. Outlived by nothing that calls MPI (comms and works hold it).
 class MpiProcess {
  public:
-  // `node_cpus`: the node's CPUs for Note [Wait backoff]; 0 counts them.
-  explicit MpiProcess(int node_cpus = 0);
+  // `node_cpus`: the node's CPUs for Note [Wait backoff]; 0 counts them. `int_count_max`: the
+  // largest count chorus passes MPI as an int (Note [MPI int counts]); tests lower it.
+  explicit MpiProcess(int node_cpus = 0, int int_count_max = std::numeric_limits<int>::max());
   ~MpiProcess();
   MpiProcess(const MpiProcess&) = delete;
   MpiProcess& operator=(const MpiProcess&) = delete;
@@ -111,12 +140,18 @@ class MpiProcess {
   // poll of the transport. Call both with the MPI lock held.
   void add_ring(std::shared_ptr<RingAllReduce> ring);
   void progress_rings();
-  // A private duplicate of MPI_COMM_WORLD for chorus's own point-to-point messages
-  // (Note [Communicator rendezvous]).
+  // A private duplicate of MPI_COMM_WORLD, with MPI_ERRORS_RETURN, for chorus's own
+  // point-to-point messages only (Note [Communicator rendezvous]).
   MPI_Comm control() const noexcept { return control_; }
+  // Another private duplicate of MPI_COMM_WORLD, with MPI_ERRORS_RETURN, that only creates
+  // communicators (MPI_Comm_create_group, the node split) and carries no point-to-point message
+  // of chorus's (Note [Communicator rendezvous], "Creation").
+  MPI_Comm comm_parent() const noexcept { return comm_parent_; }
   // Whether waits spin between polls (Note [Wait backoff]): this node runs no more ranks than
   // it has CPUs.
   bool spin_waits() const noexcept { return spin_waits_; }
+  // The largest element count, per buffer and per peer, that MPI takes (Note [MPI int counts]).
+  int int_count_max() const noexcept { return int_count_max_; }
 
  private:
   std::mutex mutex_;
@@ -124,7 +159,9 @@ class MpiProcess {
   int rank_ = 0;
   int world_size_ = 1;
   MPI_Comm control_ = MPI_COMM_NULL;
+  MPI_Comm comm_parent_ = MPI_COMM_NULL;
   bool spin_waits_ = false;
+  int int_count_max_ = std::numeric_limits<int>::max();
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::unique_ptr<UserOps> user_ops_;  // freed before MPI_Finalize
   std::vector<Started> parked_;
@@ -220,6 +257,20 @@ class MpiWork final : public transport::Work {
 // disagreement fails the work with CollectiveMismatch naming both operations on every rank
 // that received one. The copy is at most 4 KiB per op; larger exchanges stay unsigned (their
 // size check still applies), as NCCL and MPI leave unchecked mismatches undefined.
+//
+// Note [MPI int counts]
+// MPI counts and displacements are int (MPI 4's large-count calls are not in Open MPI 4.1), so
+// every count chorus hands MPI is checked against int (MpiComm::to_int_count): a buffer, or an
+// all_to_all's slice for one peer, of more than 2^31-1 elements is refused with InvalidArgument
+// at issue. An all_to_all's totals are not limited: its direct exchange addresses each peer's
+// slice by pointer, and on MPI's schedule MPI_Ialltoallw takes per-peer byte displacements, with
+// a peer whose offset passes int given a datatype that carries the offset (an MPI_Aint) instead.
+// Until 2026-12-03 the totals had to fit too, and the check failed only on the rank whose total
+// passed 2^31-1, while its peers waited for it until their deadline. A slice's count, unlike a
+// total, is known at both ends (the sender's send count is the receiver's receive count), so
+// both refuse it; other members still wait (docs/mpi.md, "Counts"). The test seam
+// CHORUS_MPI_INT_COUNT_MAX (MpiProcess::int_count_max) lowers the limit, so tests reach it with
+// small buffers (mpi.job.big_all_to_all.*).
 class MpiComm final : public transport::Comm {
  public:
   // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
@@ -288,7 +339,7 @@ class MpiComm final : public transport::Comm {
   ErrorContext context_of(const transport::OpInfo& info) const;
   // Throws TransportError for an MPI failure while starting an operation.
   void check(int code, const char* call, const transport::OpInfo& info) const;
-  // Throws InvalidArgument for a count MPI cannot express (int).
+  // Throws InvalidArgument for a count MPI cannot express (int; Note [MPI int counts]).
   int to_int_count(std::size_t count, const transport::OpInfo& info) const;
   // The MPI datatype and op of a reduction, creating chorus user ops on first use (call with
   // the MPI lock held); and a scaled copy of `send` for premul_sum.
@@ -380,15 +431,33 @@ class MpiComm final : public transport::Comm {
 // becomes a CollectiveMismatch. Only then is MPI_Comm_create_group called, which returns
 // promptly since every member is there.
 //
+// Creation: MPI_Comm_create_group runs on MpiProcess::comm_parent(), a duplicate of
+// MPI_COMM_WORLD that does nothing else. Not on MPI_COMM_WORLD, whose handler may be the
+// program's MPI_ERRORS_ARE_FATAL: comm_parent's errors return, so a failure is a TransportError
+// (mpi.create_group_test). Not on the control communicator either: Open MPI 4.1 agrees on the
+// new communicator's context id with ordinary point-to-point messages on the parent, tagged
+// with create_group's tag (comm_cid.c), so on control_ a group whose tag came out as
+// kRendezvousTag or kBusyTag had Open MPI take chorus's leftover set-up messages or unread busy
+// replies, or chorus take Open MPI's message as a set-up message (from 2026-12-03's 7f6db43 to
+// its fix; mpi.create_group_tag_test).
+//
 // Busy peers: pairwise order is not enough. With a = {0, 1}, b = {1, 2}, c = {0, 2}, rank 0
 // setting up a, rank 1 b and rank 2 c each wait for a rank busy with the next (a cycle of first
 // uses) and never exchange a message, so each would time out blaming a peer that "has not
-// issued any operation". So while a rank waits it answers every non-member whose set-up message
-// waits for it (MPI_Iprobe on the rendezvous tag) with the label of the group it is setting up
-// instead (kBusyTag, one BusyReply per asker and set-up), and takes the replies to its own
-// messages: the Timeout then names what each missing member is doing. A reply carries which of
-// the asker's set-up messages it answers (setups_sent_ and setups_received_ count them per
-// pair, as MPI orders them), so a late reply to an earlier set-up is recognised and dropped.
+// issued any operation". So while a rank waits it takes every set-up message a non-member sent
+// it (MPI_Improbe and MPI_Mrecv on the rendezvous tag), keeps them in order (early_messages_,
+// where its own later set-ups with that rank take them before posting a receive), and answers
+// the latest with the label of the group it is setting up instead (kBusyTag, a BusyReply), and
+// takes the replies to its own messages: the Timeout then names what each missing member is
+// doing. A reply carries which of the asker's set-up messages it answers (setups_sent_ and
+// setups_received_ count them per pair, as MPI orders them), so a late reply to an earlier
+// set-up is recognised and dropped. Taking the messages, rather than probing the first, lets a
+// stale one ("Stale messages") be dropped there and then, before the asker's real one: until
+// 2026-12-03 the one reply per asker answered a stale leftover that came first, the asker
+// dropped it as answering another message, and its Timeout lost "rank N is still setting up
+// ..." (mpi.job.busy_leftover). Each set-up answers an asker whose latest message it holds
+// once (again if a newer one arrives), so a rank busy with one set-up after another tells a
+// waiting asker about each.
 //
 // Leftovers: on a Timeout or an MPI failure the set-up's receives that did not match are
 // cancelled (MPI_Cancel, then MPI_Wait), or the next set-up with that peer would pair with the
@@ -449,6 +518,9 @@ class MpiTransport final : public transport::Transport {
   std::vector<std::uint64_t> last_paired_;  // the id its last paired message carried
   std::vector<std::uint64_t> abandoned_;
   std::vector<std::string> abandoned_group_;
+  // Per world rank: its set-up messages (id, pairings) that a busy set-up took to answer them
+  // ("Busy peers"), oldest first, for this rank's next set-ups with it.
+  std::vector<std::deque<std::array<std::uint64_t, 2>>> early_messages_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
