@@ -788,6 +788,8 @@ TEST(Store, AnUnexpectedExceptionMidCallClosesTheConnectionForGood) {
     }
     std::_Exit(0);
   };
+  // The child starts threads and allocates: re-executed, not a bare fork of this process.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(run(), ::testing::ExitedWithCode(0), "");
 }
 

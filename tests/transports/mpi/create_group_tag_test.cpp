@@ -12,9 +12,11 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -39,10 +41,11 @@ std::string tag_with_create_group_tag(int wanted, const std::string& other) {
 TEST(MpiCreateGroupTag, LeftoverBusyReplyDoesNotMeetCommunicatorCreation) {
   // A rank stuck in MPI_Comm_create_group never returns: fail the job well inside ctest's limit.
   std::jthread watchdog([](const std::stop_token& stop) {
-    for (int i = 0; i < 600 && !stop.stop_requested(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    if (!stop.stop_requested()) {
+    std::mutex mutex;
+    std::condition_variable_any never;
+    std::unique_lock lock(mutex);
+    if (!never.wait_for(lock, stop, std::chrono::seconds(60), [] { return false; }) &&
+        !stop.stop_requested()) {
       std::fputs("mpi.create_group_tag_test: communicator creation hung for 60 s\n", stderr);
       std::_Exit(1);
     }
@@ -66,7 +69,11 @@ TEST(MpiCreateGroupTag, LeftoverBusyReplyDoesNotMeetCommunicatorCreation) {
     }
     ASSERT_EQ(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
     if (rank == late) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      // Until the early rank's set-up message is here (a probe leaves it queued): the rendezvous
+      // then finds its peer at once and never takes the busy reply.
+      const std::lock_guard lock(process->mutex());
+      ASSERT_EQ(MPI_Probe(1 - late, kRendezvousTag, process->control(), MPI_STATUS_IGNORE),
+                MPI_SUCCESS);
     }
     const std::string& tag = late == 0 ? first : second;
     ASSERT_EQ(create_group_tag(comm_id_of(tag, {0, 1})), kBusyTag);

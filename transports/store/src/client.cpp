@@ -518,12 +518,14 @@ Response Client::round_trip(Request& request, Deadline deadline) {
     body = impl.read_frame(answer_deadline);
   } catch (const DeadlinePassed&) {
     impl.end_call();
+    impl.close_socket();  // first: building the messages below may throw
     impl.fail("a " + op + " timed out mid-call");
     throw Timeout(error_context(op), "no answer from the store at " + impl.address +
                                          describe_keys() +
                                          " before the deadline; the connection is closed");
   } catch (const Error& error) {
     impl.end_call();
+    impl.close_socket();  // first: building the message below may throw
     const std::string why =
         impl.cancel_write_failed
             ? "the call was cancelled, but the Cancel could not be written to the store at " +
@@ -541,6 +543,13 @@ Response Client::round_trip(Request& request, Deadline deadline) {
     throw;
   }
   impl.end_call();
+  if (impl.cancel_write_failed) {
+    // The answer came, but a cancel that could not write its Cancel shut the socket down (it
+    // raced with the answer): the call succeeded, the connection is over, and the next call
+    // says why.
+    impl.fail("a cancelled " + op +
+              " was answered, but its Cancel could not be written and shut the connection down");
+  }
   try {
     return detail::parse_response(request.op, body);
   } catch (const detail::ProtocolError& error) {
