@@ -156,20 +156,18 @@ std::size_t frame_length(const char* header) {
   return length;
 }
 
-// A store spoken by hand, for what a real Server does not do on demand (stop reading in the
-// middle of a request): it accepts one connection, reads its hello and answers it (a frame limit
-// of 1 GiB), runs `script` on the connection, then closes it. Its receive buffer is small, so a
-// large request fills the socket buffers at once and the client's write blocks while the script
-// does not read.
-class ScriptedStore {
+// A listener on loopback that accepts one connection, runs `serve` on it and closes it.
+// `receive_buffer_bytes` (0: the system's) is inherited by the accepted connection.
+class OneConnectionServer {
  public:
-  explicit ScriptedStore(std::function<void(int connection)> script)
+  OneConnectionServer(std::function<void(int connection)> serve, int receive_buffer_bytes = 0)
       : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
     EXPECT_GE(fd_, 0);
-    const int receive_buffer_bytes = 64 << 10;  // inherited by the accepted connection
-    EXPECT_EQ(::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer_bytes,
-                           sizeof receive_buffer_bytes),
-              0);
+    if (receive_buffer_bytes > 0) {
+      EXPECT_EQ(::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer_bytes,
+                             sizeof receive_buffer_bytes),
+                0);
+    }
     sockaddr_in address{};
     address.sin_family = AF_INET;
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -178,35 +176,22 @@ class ScriptedStore {
     socklen_t length = sizeof address;
     EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length), 0);
     port_ = ntohs(address.sin_port);
-    thread_ = std::thread([this, script = std::move(script)] {
+    thread_ = std::thread([this, serve = std::move(serve)] {
       const int connection = ::accept(fd_, nullptr, nullptr);
       if (connection < 0) {
         return;  // shut down before anybody connected
       }
-      char header[4];
-      std::string hello;
-      if (read_exactly(connection, header, sizeof header)) {
-        hello.resize(frame_length(header));
-        if (read_exactly(connection, hello.data(), hello.size())) {
-          std::string answer(1, '\0');   // Ok
-          for (int i = 0; i < 8; ++i) {  // u64 frame limit: 1 GiB
-            answer += static_cast<char>(((std::uint64_t{1} << 30) >> (8 * i)) & 0xff);
-          }
-          const std::string reply = frame(answer);
-          ::send(connection, reply.data(), reply.size(), MSG_NOSIGNAL);
-          script(connection);
-        }
-      }
+      serve(connection);
       ::close(connection);
     });
   }
-  ~ScriptedStore() {
+  ~OneConnectionServer() {
     ::shutdown(fd_, SHUT_RDWR);  // wakes an accept() still waiting
     thread_.join();
     ::close(fd_);
   }
-  ScriptedStore(const ScriptedStore&) = delete;
-  ScriptedStore& operator=(const ScriptedStore&) = delete;
+  OneConnectionServer(const OneConnectionServer&) = delete;
+  OneConnectionServer& operator=(const OneConnectionServer&) = delete;
 
   std::uint16_t port() const { return port_; }
 
@@ -214,6 +199,36 @@ class ScriptedStore {
   int fd_;
   std::uint16_t port_ = 0;
   std::thread thread_;
+};
+
+// A store spoken by hand, for what a real Server does not do on demand (stop reading in the
+// middle of a request): it accepts one connection, reads its hello and answers it (a frame limit
+// of 1 GiB), runs `script` on the connection, then closes it. Its receive buffer is small, so a
+// large request fills the socket buffers at once and the client's write blocks while the script
+// does not read.
+class ScriptedStore : public OneConnectionServer {
+ public:
+  explicit ScriptedStore(std::function<void(int connection)> script)
+      : OneConnectionServer(
+            [script = std::move(script)](int connection) {
+              char header[4];
+              std::string hello;
+              if (!read_exactly(connection, header, sizeof header)) {
+                return;
+              }
+              hello.resize(frame_length(header));
+              if (!read_exactly(connection, hello.data(), hello.size())) {
+                return;
+              }
+              std::string answer(1, '\0');   // Ok
+              for (int i = 0; i < 8; ++i) {  // u64 frame limit: 1 GiB
+                answer += static_cast<char>(((std::uint64_t{1} << 30) >> (8 * i)) & 0xff);
+              }
+              const std::string reply = frame(answer);
+              ::send(connection, reply.data(), reply.size(), MSG_NOSIGNAL);
+              script(connection);
+            },
+            /*receive_buffer_bytes=*/64 << 10) {}
 };
 
 // Far more than the socket buffers between a client and a ScriptedStore hold.
@@ -319,46 +334,17 @@ class ScopedEnvironmentVariable {
   std::optional<std::string> previous_;
 };
 
-// A listener on loopback that is not a chorus store: to each connection it sends `greeting`,
+// A listener on loopback that is not a chorus store: to its connection it sends `greeting`,
 // then holds it open until the peer closes it (so that the client sees only the greeting).
-class ForeignServer {
+class ForeignServer : public OneConnectionServer {
  public:
-  explicit ForeignServer(std::string greeting) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    EXPECT_GE(fd_, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-    EXPECT_EQ(::listen(fd_, 1), 0);
-    socklen_t length = sizeof address;
-    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length), 0);
-    port_ = ntohs(address.sin_port);
-    thread_ = std::thread([this, greeting = std::move(greeting)] {
-      const int connection = ::accept(fd_, nullptr, nullptr);
-      if (connection < 0) {
-        return;  // shut down before anybody connected
-      }
-      ::send(connection, greeting.data(), greeting.size(), MSG_NOSIGNAL);
-      char buffer[256];
-      while (::recv(connection, buffer, sizeof buffer, 0) > 0) {
-      }
-      ::close(connection);
-    });
-  }
-  ~ForeignServer() {
-    ::shutdown(fd_, SHUT_RDWR);  // wakes an accept() still waiting
-    thread_.join();
-    ::close(fd_);
-  }
-  ForeignServer(const ForeignServer&) = delete;
-  ForeignServer& operator=(const ForeignServer&) = delete;
-
-  std::uint16_t port() const { return port_; }
-
- private:
-  int fd_;
-  std::uint16_t port_ = 0;
-  std::thread thread_;
+  explicit ForeignServer(std::string greeting)
+      : OneConnectionServer([greeting = std::move(greeting)](int connection) {
+          ::send(connection, greeting.data(), greeting.size(), MSG_NOSIGNAL);
+          char buffer[256];
+          while (::recv(connection, buffer, sizeof buffer, 0) > 0) {
+          }
+        }) {}
 };
 
 TEST(Store, SetGetOverwriteAndBinaryValues) {

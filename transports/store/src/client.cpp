@@ -262,7 +262,15 @@ struct Client::Impl {
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV;
     const std::string service = std::to_string(options.port);
+    // Between tries (the name server or the store may answer later): report, pause, back off.
     std::chrono::milliseconds pause = kRetryFirst;
+    const auto retry_after = [&](const std::string& reason) {
+      if (options.on_connect_retry) {
+        options.on_connect_retry(reason);
+      }
+      std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
+      pause = std::min(pause * 2, kRetryLongest);
+    };
     addrinfo* found = nullptr;
     for (;;) {
       const int resolved =
@@ -282,11 +290,7 @@ struct Client::Impl {
             error_context("store.connect"),
             "could not resolve store host '" + options.host + "' before the deadline: " + reason);
       }
-      if (options.on_connect_retry) {
-        options.on_connect_retry(reason);
-      }
-      std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
-      pause = std::min(pause * 2, kRetryLongest);
+      retry_after(reason);
     }
     std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
     std::string last_error = "no address";
@@ -329,11 +333,7 @@ struct Client::Impl {
             "could not connect to the store at " + address + " before the deadline: " + last_error);
       }
       // The server may not be listening yet (ranks start in any order): try again.
-      if (options.on_connect_retry) {
-        options.on_connect_retry(last_error);
-      }
-      std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
-      pause = std::min(pause * 2, kRetryLongest);
+      retry_after(last_error);
     }
   }
 
