@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <span>
 #include <sstream>
 #include <string>
@@ -336,18 +338,18 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   }
   const std::uint64_t op_index = me.ops_started++;
   // Note [Fault injection]: a Delay stalls here, a Crash throws; the others mark the slot below.
-  std::optional<Fault::Kind> slot_fault;
+  std::optional<FiredFault> slot_fault;
   if (faults_planned_) [[unlikely]] {
-    for (const Fault& fault : fire_faults(rank, op_index)) {
-      switch (fault.kind) {
+    for (const FiredFault& fired : fire_faults(rank, op_index)) {
+      switch (fired.fault.kind) {
         case Fault::Kind::Delay:
-          stall(rank, fault.delay_steps);
+          stall(rank, fired.fault.delay_steps);
           break;
         case Fault::Kind::Crash:
           crash(rank, group, info, op_index);
         case Fault::Kind::TransportError:
         case Fault::Kind::Hang:
-          slot_fault = fault.kind;
+          slot_fault = fired;
           break;
       }
     }
@@ -448,11 +450,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
                   "operation #" + std::to_string(info.seq) + " was a collective mismatch");
     } else {
       if (slot_fault) {
-        slot.fault = slot_fault;
-        slot.fault_injected = Fault{*slot_fault, rank, op_index, 0}.to_string();
-        slot.fault_detail =
-            (*slot_fault == Fault::Kind::Hang ? "it hung" : "the transport reported a failure") +
-            std::string(" (injected fault: ") + slot.fault_injected + ")";
+        mark_slot_fault(slot, *slot_fault);
       }
       check_absent_members(group, info.seq);
     }
@@ -1537,34 +1535,73 @@ void SimWorld::record_fault(const Fault& fault, bool random) {
   faults_fired_.push_back(fault);
 }
 
-std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
-  std::vector<Fault> firing;
+void SimWorld::withdraw_fault(const Fault& fault, bool random) {
+  unmark(fault_mark(fault.kind));
+  if (random) {
+    unmark("fault.random");
+    CHORUS_CHECK_GE(random_faults_fired_, 1u);
+    random_faults_fired_ -= 1;
+  }
+  const auto recorded = std::find(faults_fired_.rbegin(), faults_fired_.rend(), fault);
+  CHORUS_CHECK(recorded != faults_fired_.rend());
+  faults_fired_.erase(std::next(recorded).base());
+}
+
+void SimWorld::mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired) {
+  const Fault::Kind kind = fired.fault.kind;
+  if (slot.fault) {
+    // Note [Fault injection]: a Hang preempts a TransportError; of two of one kind the first stays.
+    if (*slot.fault != Fault::Kind::TransportError || kind != Fault::Kind::Hang) {
+      return;
+    }
+    withdraw_fault(slot.fault_fired, slot.fault_random);
+  }
+  record_fault(fired.fault, fired.random);
+  slot.fault = kind;
+  slot.fault_fired = fired.fault;
+  slot.fault_random = fired.random;
+  slot.fault_injected = fired.fault.to_string();
+  slot.fault_detail = (kind == Fault::Kind::Hang ? "it hung" : "the transport reported a failure") +
+                      std::string(" (injected fault: ") + slot.fault_injected + ")";
+}
+
+std::vector<SimWorld::FiredFault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
+  std::vector<FiredFault> firing;
   for (std::size_t i = 0; i < options_.faults.size(); ++i) {
     const Fault& fault = options_.faults[i];
     if (!fault_spent_[i] && fault.rank == rank && fault.at_op == op_index) {
       fault_spent_[i] = true;
-      firing.push_back(fault);
+      firing.push_back({fault, false});
     }
   }
+  const auto is = [](Fault::Kind kind) {
+    return [kind](const FiredFault& fired) { return fired.fault.kind == kind; };
+  };
   // A crash here ends the rank before it arrives: a transport error or hang of this operation
   // never happens (and is not reported), a delay happens first.
-  const auto is_crash = [](const Fault& fault) { return fault.kind == Fault::Kind::Crash; };
-  if (const auto crash = std::ranges::find_if(firing, is_crash); crash != firing.end()) {
-    const Fault fatal = *crash;
-    std::erase_if(firing, [](const Fault& fault) { return fault.kind != Fault::Kind::Delay; });
+  if (const auto crash = std::ranges::find_if(firing, is(Fault::Kind::Crash));
+      crash != firing.end()) {
+    const FiredFault fatal = *crash;
+    std::erase_if(firing, std::not_fn(is(Fault::Kind::Delay)));
     firing.push_back(fatal);
   }
   // A hang means the operation never completes, so a transport error there (raised where it
   // would have completed) never happens either, and is not reported.
-  if (std::ranges::any_of(firing,
-                          [](const Fault& fault) { return fault.kind == Fault::Kind::Hang; })) {
-    std::erase_if(firing,
-                  [](const Fault& fault) { return fault.kind == Fault::Kind::TransportError; });
+  if (std::ranges::any_of(firing, is(Fault::Kind::Hang))) {
+    std::erase_if(firing, is(Fault::Kind::TransportError));
   }
-  for (const Fault& fault : firing) {
-    record_fault(fault, false);
+  // A Delay or Crash acts now; a TransportError or Hang once it marks its slot (start).
+  const auto record_if_acting = [this](const FiredFault& fired) {
+    if (fired.fault.kind == Fault::Kind::Delay || fired.fault.kind == Fault::Kind::Crash) {
+      record_fault(fired.fault, fired.random);
+    }
+  };
+  for (const FiredFault& fired : firing) {
+    record_if_acting(fired);
   }
-  if (!random_window_open() || !firing.empty()) {  // an explicit fault here: no random one
+  CHORUS_CHECK_GE(steps_, 1u);  // a rank runs only inside a decision, which counted itself
+  const bool draw = firing.empty() && random_window_open(steps_ - 1);
+  if (!draw) {  // an explicit fault here: no random one
     return firing;
   }
   const RandomFaults& random = options_.random_faults;
@@ -1593,8 +1630,8 @@ std::vector<Fault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
       if (fault.kind == Fault::Kind::Delay) {
         fault.delay_steps = 1 + stream_.choose(random.delay_steps_max);  // >= 1: sim::simulate
       }
-      record_fault(fault, true);
-      firing.push_back(fault);
+      firing.push_back({fault, true});
+      record_if_acting(firing.back());
       return firing;
     }
     offset -= ppm[k];
@@ -1677,14 +1714,14 @@ bool SimWorld::skip_virtual_time() {
   return true;
 }
 
-bool SimWorld::random_window_open() const {
+bool SimWorld::random_window_open(std::uint64_t decision) const {
   const RandomFaults& random = options_.random_faults;
   return random.enabled() && random_faults_fired_ < random.max_faults &&
-         (random.until_step == 0 || steps_ < random.until_step);
+         (random.until_step == 0 || decision < random.until_step);
 }
 
 bool SimWorld::faults_over() const {
-  if (random_window_open()) {
+  if (random_window_open(steps_)) {  // between decisions: steps_ is the next one's index
     return false;
   }
   // A delayed rank is still inside its fault: the phase starts once it woke.

@@ -65,10 +65,17 @@
 //   fails a TransportError slot instead of moving bytes and aborts the communicator; a Hang
 //   slot is never a candidate, so its members' waits reach their deadlines (Timeout, abort).
 // At one operation a Delay acts first, a Crash preempts a TransportError or Hang, and a Hang a
-// TransportError; a preempted fault is neither marked nor in faults_fired (fire_faults).
+// TransportError; a preempted fault is neither marked nor in faults_fired (fire_faults). The
+// same holds between the members of one collective (mark_slot_fault): a Hang that a later
+// member brings replaces an earlier member's TransportError, which is withdrawn (unmarked,
+// taken out of faults_fired, and no longer counted against max_faults); of two of one kind the
+// first stays. A TransportError or Hang is reported only once it marks its slot: one drawn for
+// an operation that fails at once (a communicator already aborted, a collective mismatch, a
+// step budget spent) never acts and is not reported; the choice it took stays taken.
 // Random faults take one choice per operation started while their window is open and no
 // explicit fault fires there (choice 0 is "no fault"), and nothing else does: without faults the
-// choice list is unchanged.
+// choice list is unchanged. The window covers the operations started while decisions
+// 0 .. until_step - 1 run (steps_ is already one ahead while a decision runs).
 //
 // Note [Virtual time skip]
 // When no rank can run and no operation can complete because of a fault (a Delayed rank, a Hang
@@ -232,6 +239,8 @@ struct SimGroup {
     // An injected TransportError or Hang on this operation (Note [Fault injection]), and its
     // description for the members' errors.
     std::optional<Fault::Kind> fault;
+    Fault fault_fired;           // which member's fault it is, as reported in faults_fired
+    bool fault_random = false;   // drawn from random_faults
     std::string fault_injected;  // the fault: "hang at rank 3's operation 0"
     std::string fault_detail;    // "it hung (injected fault: hang at rank 3's operation 0)"
   };
@@ -290,6 +299,14 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
       ++it->second;
     } else {
       marks_.emplace(name, 1);
+    }
+  }
+  // Takes back one mark(name); a name whose count falls to 0 was never reached.
+  void unmark(std::string_view name) {
+    const auto it = marks_.find(name);
+    CHORUS_CHECK(it != marks_.end());
+    if (--it->second == 0) {
+      marks_.erase(it);
     }
   }
   // Core dropped / finalized `work` (transport::Work's hooks): marks "timeline.drop" /
@@ -381,9 +398,18 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   }
 
   // Faults (Note [Fault injection]): the faults that fire as `rank` starts its operation
-  // `op_index` (explicit ones, then one drawn from the stream), recorded and marked.
-  std::vector<Fault> fire_faults(int rank, std::uint64_t op_index);
+  // `op_index` (explicit ones, then one drawn from the stream). A Delay or Crash is recorded
+  // and marked here; a TransportError or Hang only by mark_slot_fault, once it marks the slot.
+  struct FiredFault {
+    Fault fault;
+    bool random = false;
+  };
+  std::vector<FiredFault> fire_faults(int rank, std::uint64_t op_index);
   void record_fault(const Fault& fault, bool random);
+  // Undoes record_fault for a fault that another one preempted after it was recorded.
+  void withdraw_fault(const Fault& fault, bool random);
+  // Puts a member's TransportError or Hang on the operation's slot, by precedence.
+  void mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired);
   // Stalls the calling rank `rank` for `steps` steps of virtual time.
   void stall(int rank, std::uint64_t steps);
   // Kills the calling rank `rank` as it starts `info` on `group`; throws its RankFailure.
@@ -397,8 +423,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   bool check_liveness();
   // No fault can fire any more, and none is in effect (a Delayed rank, a Hang slot).
   bool faults_over() const;
-  // Random faults may still be drawn (enabled, under max_faults, before until_step).
-  bool random_window_open() const;
+  // Random faults may still be drawn at decision `decision` (counted from 0): enabled, under
+  // max_faults, decision < until_step.
+  bool random_window_open(std::uint64_t decision) const;
   // Note [Event log]: appends an event about `work` that happened on `rank` now, when
   // SimOptions::record_events; costs a branch otherwise.
   void record(SimEvent::Kind kind, int rank, const SimWork& work, std::string detail = {}) {

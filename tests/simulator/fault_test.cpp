@@ -446,6 +446,86 @@ TEST_P(SimFault, AHangAtTheSameOperationPreemptsItsTransportErrorAndReportsOnlyW
   }
 }
 
+// Between the members of one collective the same precedence holds, whichever arrives first: a
+// rank's Hang replaces another rank's TransportError (withdrawn from the marks and the report),
+// so the operation hangs on every seed. (They used to each mark the slot, the last arrival's
+// winning, and both were reported as fired.)
+TEST_P(SimFault, AHangOfOneMemberPreemptsAnotherMembersTransportErrorInEitherArrivalOrder) {
+  const int size = GetParam();
+  int hang_arrived_first = 0;
+  int error_arrived_first = 0;
+  for (std::uint64_t seed = 0; seed < 3 * kSeeds; ++seed) {
+    SimOptions options = options_for(size, seed, {Fault::hang(0, 0), Fault::transport_error(1, 0)});
+    options.record_events = true;
+    const FaultRun outcome = run_all_reduces(options, 1);
+    EXPECT_EQ(outcome.report.faults_fired, std::vector<Fault>{Fault::hang(0, 0)}) << seed;
+    EXPECT_EQ(outcome.report.mark_count("fault.hang"), 1u) << seed;
+    EXPECT_EQ(outcome.report.mark_count("fault.transport_error"), 0u) << seed;
+    for (int r = 0; r < size; ++r) {
+      expect_caught(outcome.errors[static_cast<std::size_t>(r)][0], ErrorCode::Timeout, r, 0, size,
+                    "it hung (injected fault: hang at rank 0's operation 0)");
+    }
+    for (const sim::SimEvent& event : outcome.report.events) {
+      if (event.kind == sim::SimEvent::Kind::Arrive && (event.rank == 0 || event.rank == 1)) {
+        (event.rank == 0 ? hang_arrived_first : error_arrived_first) += 1;
+        break;
+      }
+    }
+  }
+  // Both orders were exercised.
+  EXPECT_GT(hang_arrived_first, 0);
+  EXPECT_GT(error_arrived_first, 0);
+}
+
+// Of two members' faults of one kind on one collective the first to arrive acts and is reported;
+// the other is not.
+TEST_P(SimFault, OfTwoMembersTransportErrorsOnOneCollectiveOnlyTheFirstIsReported) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    SimOptions options =
+        options_for(size, seed, {Fault::transport_error(0, 0), Fault::transport_error(1, 0)});
+    const FaultRun outcome = run_all_reduces(options, 1);
+    ASSERT_EQ(outcome.report.faults_fired.size(), 1u) << seed;
+    const Fault fired = outcome.report.faults_fired[0];
+    EXPECT_EQ(outcome.report.mark_count("fault.transport_error"), 1u) << seed;
+    for (int r = 0; r < size; ++r) {
+      expect_caught(outcome.errors[static_cast<std::size_t>(r)][0], ErrorCode::TransportError, r, 0,
+                    size, "injected fault: " + fired.to_string());
+    }
+  }
+}
+
+// A fault that lands on an operation failing at once never acts, so it is not reported: after a
+// transport error aborts the world's communicator, rank 1's second all_reduce is Aborted on
+// arrival, and the hang planned for it does not happen.
+TEST_P(SimFault, AFaultOnAnOperationThatFailsAtOnceIsNotReported) {
+  const int size = GetParam();
+  const FaultRun outcome =
+      run_all_reduces(options_for(size, 0, {Fault::transport_error(0, 0), Fault::hang(1, 1)}), 2);
+  EXPECT_EQ(outcome.report.faults_fired, std::vector<Fault>{Fault::transport_error(0, 0)});
+  EXPECT_EQ(outcome.report.mark_count("fault.hang"), 0u);
+  for (int r = 0; r < size; ++r) {
+    expect_caught(outcome.errors[static_cast<std::size_t>(r)][1], ErrorCode::Aborted, r, 1, size,
+                  "the communicator was aborted");
+  }
+}
+
+// The random window covers the operations started while decisions 0 .. until_step - 1 run: with
+// until_step = 1, the first operation (started in decision 0) still draws. (It used to count
+// decision 0 as decision 1, so until_step = 1 drew nothing.)
+TEST_P(SimFault, RandomFaultsUntilStepOneStillCoverTheFirstDecision) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    SimOptions options = options_for(size, seed, {});
+    options.random_faults.crash_ppm = 1'000'000;
+    options.random_faults.until_step = 1;
+    const FaultRun outcome = run_all_reduces(options, 1);
+    EXPECT_EQ(outcome.report.mark_count("fault.crash"), 1u) << seed;
+    ASSERT_EQ(outcome.report.faults_fired.size(), 1u) << seed;
+    EXPECT_EQ(outcome.report.schedule.front().rank, outcome.report.faults_fired[0].rank) << seed;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimFault, ::testing::Values(2, 4), testing::world_name);
 
 TEST(SimFaultCrash, RanksOutsideTheDeadRanksGroupsGoOn) {

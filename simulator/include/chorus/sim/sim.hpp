@@ -113,8 +113,8 @@ struct RandomFaults {
   std::uint32_t hang_ppm = 0;
   std::uint32_t delay_ppm = 0;
   std::uint64_t delay_steps_max = 100;  // a random Delay lasts 1 .. delay_steps_max steps
-  // The window: faults are drawn only before scheduling decision `until_step` (0: no limit) and
-  // until `max_faults` of them fired.
+  // The window: faults are drawn only for operations started while scheduling decisions
+  // 0 .. until_step - 1 run (0: no limit) and until `max_faults` of them fired.
   std::uint64_t until_step = 0;
   std::uint64_t max_faults = 1;
 
