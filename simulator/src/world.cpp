@@ -560,7 +560,7 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
     if (const std::string missing = group.missing_members(at); !missing.empty()) {
       text += ", when rank(s) " + missing + " had not joined it yet";
     }
-    if (slot.fault) {
+    if (slot.fault == Fault::Kind::Hang) {  // a TransportError would act only at completion
       text += ": " + slot.fault_detail;
     }
     return text;
@@ -593,7 +593,7 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
   CHORUS_CHECK(waited != group.slots.end());  // pending, so outstanding
   std::string detail =
       waiter_text + deadline_text + " before the collective completed" + why(seq, waited->second);
-  if (!waited->second.fault) {
+  if (waited->second.fault != Fault::Kind::Hang) {
     detail += behind;
   }
   detail += watchdog;
@@ -1300,6 +1300,18 @@ bool SimWorld::choose_deferred_finalization() noexcept {
   }
 }
 
+namespace {
+
+// Whether an operation failing with `code` is what its injected TransportError or Hang did: a
+// hang ends in its waiters' Timeout, or in a Deadlock when nobody waits with a deadline.
+bool fault_acted(Fault::Kind kind, ErrorCode code) {
+  return kind == Fault::Kind::TransportError
+             ? code == ErrorCode::TransportError
+             : code == ErrorCode::Timeout || code == ErrorCode::Deadlock;
+}
+
+}  // namespace
+
 void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
                          const std::string& detail) {
   group.failures.emplace(seq, SimGroup::Failure{code, detail});
@@ -1310,6 +1322,10 @@ void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
   }
   SimGroup::Slot slot = std::move(it->second);
   group.slots.erase(it);
+  // Note [Fault injection]: a fault whose operation failed for another reason never acted.
+  if (slot.fault && !fault_acted(*slot.fault, code)) {
+    withdraw_fault(slot.fault_fired, slot.fault_random);
+  }
   for (SimGroup::Arrival& arrival : slot.arrivals) {
     if (arrival.arrived) {
       fail_work(*arrival.work, code, detail);
@@ -1536,11 +1552,11 @@ void SimWorld::record_fault(const Fault& fault, bool random) {
 }
 
 void SimWorld::withdraw_fault(const Fault& fault, bool random) {
+  // random_faults_fired_ keeps counting it: the window never reopens once closed, so the
+  // liveness phase, once begun, sees no new fault (Note [Liveness phase]).
   unmark(fault_mark(fault.kind));
   if (random) {
     unmark("fault.random");
-    CHORUS_CHECK_GE(random_faults_fired_, 1u);
-    random_faults_fired_ -= 1;
   }
   const auto recorded = std::find(faults_fired_.rbegin(), faults_fired_.rend(), fault);
   CHORUS_CHECK(recorded != faults_fired_.rend());
@@ -1601,7 +1617,7 @@ std::vector<SimWorld::FiredFault> SimWorld::fire_faults(int rank, std::uint64_t 
   }
   CHORUS_CHECK_GE(steps_, 1u);  // a rank runs only inside a decision, which counted itself
   const bool draw = firing.empty() && random_window_open(steps_ - 1);
-  if (!draw) {  // an explicit fault here: no random one
+  if (!draw) {  // an explicit fault here, or the window is closed: no random one
     return firing;
   }
   const RandomFaults& random = options_.random_faults;

@@ -67,11 +67,14 @@
 // At one operation a Delay acts first, a Crash preempts a TransportError or Hang, and a Hang a
 // TransportError; a preempted fault is neither marked nor in faults_fired (fire_faults). The
 // same holds between the members of one collective (mark_slot_fault): a Hang that a later
-// member brings replaces an earlier member's TransportError, which is withdrawn (unmarked,
-// taken out of faults_fired, and no longer counted against max_faults); of two of one kind the
-// first stays. A TransportError or Hang is reported only once it marks its slot: one drawn for
-// an operation that fails at once (a communicator already aborted, a collective mismatch, a
-// step budget spent) never acts and is not reported; the choice it took stays taken.
+// member brings replaces an earlier member's TransportError, which is withdrawn (unmarked and
+// taken out of faults_fired; a random one still counts against max_faults, so a closed window
+// never reopens); of two of one kind the first stays. A TransportError or Hang is reported only
+// if it acts: it is recorded when it marks its slot, not for an operation that fails on arrival
+// (a communicator already aborted, a step budget spent), and withdrawn by fail_slot when the
+// operation fails for another reason first (a mismatch, a crashed or absent member, an abort):
+// a TransportError acts only as the operation's TransportError, a Hang as its Timeout or
+// Deadlock. Either way the choice a random one took stays taken.
 // Random faults take one choice per operation started while their window is open and no
 // explicit fault fires there (choice 0 is "no fault"), and nothing else does: without faults the
 // choice list is unchanged. The window covers the operations started while decisions

@@ -510,6 +510,33 @@ TEST_P(SimFault, AFaultOnAnOperationThatFailsAtOnceIsNotReported) {
   }
 }
 
+// A fault whose operation fails for another reason first never acts and is withdrawn, whichever
+// member arrives first: rank 1's crash fails the all_reduce rank 0's transport error was planned
+// for, and a mismatching member fails the one rank 0's hang was planned for. (A fault marked on
+// the operation before the other member came used to stay reported.)
+TEST(SimFaultPrecedence, AFaultWhoseOperationFailsForAnotherReasonIsWithdrawn) {
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    const FaultRun crashed = run_all_reduces(
+        options_for(2, seed, {Fault::crash(1, 0), Fault::transport_error(0, 0)}), 1);
+    EXPECT_EQ(crashed.report.faults_fired, std::vector<Fault>{Fault::crash(1, 0)}) << seed;
+    EXPECT_EQ(crashed.report.mark_count("fault.transport_error"), 0u) << seed;
+    expect_caught(crashed.errors[0][0], ErrorCode::RankFailure, 0, 0, 2, "rank 1 crashed");
+
+    std::vector<std::optional<ErrorCode>> codes(2);
+    const SimReport mismatched = sim::simulate(options_for(2, seed, {Fault::hang(0, 0)}), [&] {
+      try {
+        (void)wait_tensor(all_reduce(Tensor::ones({rank() + 1}), "sum", world()));
+      } catch (const Error& error) {
+        codes[rank_slot()] = error.code();
+      }
+    });
+    EXPECT_EQ(mismatched.faults_fired, std::vector<Fault>{}) << seed;
+    EXPECT_EQ(mismatched.mark_count("fault.hang"), 0u) << seed;
+    EXPECT_EQ(codes, (std::vector<std::optional<ErrorCode>>(2, ErrorCode::CollectiveMismatch)))
+        << seed;
+  }
+}
+
 // The random window covers the operations started while decisions 0 .. until_step - 1 run: with
 // until_step = 1, the first operation (started in decision 0) still draws. (It used to count
 // decision 0 as decision 1, so until_step = 1 drew nothing.)
