@@ -95,7 +95,7 @@ MPI_Request failed_request() {
 
 TEST(MpiWork, FailedSendNamesItsPeer) {
   // A direct exchange's failed send names the rank it went to, as a failed receive does
-  // (Started::sends); here the second of three requests, "sent" to world rank 0.
+  // (Started::sends); here the third of three requests, "sent" to world rank 0.
   Started started = self_message(2, 2, std::shared_ptr<int[]>(new int[8]()));
   started.sends.push_back(Started::Send{started.requests.size(), 0});
   started.requests.push_back(failed_request());

@@ -374,6 +374,7 @@ void MpiWork::poll() {
       // find only empty statuses.
       short_message = check_receives();
       started_.receives.clear();
+      started_.sends.clear();  // their requests are freed too
     }
     process_->progress_rings();  // this work's and everyone else's (Note [Ring all_reduce])
     for (const std::shared_ptr<RingAllReduce>& ring : started_.rings) {
