@@ -6,6 +6,7 @@
 #include <chorus/error.hpp>
 #include <chorus/launch_environment.hpp>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace chorus {
@@ -200,6 +201,56 @@ TEST(LaunchEnvironment, ALocalWorldSizeWithoutALocalRankIsAnError) {
       << mpi;
   // Without a local world size the rank still stands in (one node assumed).
   EXPECT_EQ(read({{"RANK", "5"}, {"WORLD_SIZE", "8"}}).local_rank, 5);
+}
+
+// torchrun_rank on a fake environment, like read().
+std::optional<TorchrunRank> read_torchrun_rank(const Variables& variables) {
+  return torchrun_rank([&variables](const char* name) -> const char* {
+    const auto found = variables.find(name);
+    return found == variables.end() ? nullptr : found->second.c_str();
+  });
+}
+
+// The message of the InvalidArgument that torchrun_rank throws on `variables` ("" when none).
+std::string torchrun_rank_error_of(const Variables& variables) {
+  try {
+    read_torchrun_rank(variables);
+  } catch (const InvalidArgument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(TorchrunRank, ReadsRankAndWorldSizeAndNothingElse) {
+  // Every other variable malformed: launch_environment would throw on each.
+  const Variables torchrun = {{"RANK", "1"},
+                              {"WORLD_SIZE", "2"},
+                              {"LOCAL_RANK", "x"},
+                              {"LOCAL_WORLD_SIZE", "9"},
+                              {"MASTER_PORT", "0"},
+                              {"MASTER_ADDR", ""},
+                              {"OMPI_COMM_WORLD_RANK", "x"}};
+  EXPECT_NE(error_of(torchrun), "");
+  const std::optional<TorchrunRank> rank = read_torchrun_rank(torchrun);
+  ASSERT_TRUE(rank);
+  EXPECT_EQ(rank->rank, 1);
+  EXPECT_EQ(rank->world_size, 2);
+
+  // Not started by chorus launch or torchrun: none, whatever else is set.
+  EXPECT_FALSE(read_torchrun_rank({}));
+  EXPECT_FALSE(read_torchrun_rank(
+      {{"MASTER_PORT", "0"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
+}
+
+TEST(TorchrunRank, ChecksItsTwoVariablesAsLaunchEnvironmentDoes) {
+  EXPECT_NE(torchrun_rank_error_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}}).find("RANK='x'"),
+            std::string::npos);
+  EXPECT_NE(torchrun_rank_error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("from 0 to 1"),
+            std::string::npos);
+  EXPECT_NE(torchrun_rank_error_of({{"RANK", "0"}, {"WORLD_SIZE", "0"}}).find("WORLD_SIZE='0'"),
+            std::string::npos);
+  EXPECT_NE(torchrun_rank_error_of({{"RANK", "0"}}).find("WORLD_SIZE is unset while RANK is set"),
+            std::string::npos);
 }
 
 TEST(LaunchEnvironment, TheDefaultReadsTheProcessEnvironment) {

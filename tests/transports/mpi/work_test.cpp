@@ -1,11 +1,13 @@
 // MpiWork's end (Note [Recycled Started]): a work that failed after MPI completed its requests
-// is recycled, not parked until the process ends; one MPI may still write into is parked.
+// is recycled, not parked until the process ends; one MPI may still write into is parked. And a
+// failed request's error names the rank it exchanged with.
 // Runs under mpirun -np 1 (mpi.work_test): one MpiProcess, MPI_COMM_SELF messages to itself.
 
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "chorus/error.hpp"
@@ -69,6 +71,45 @@ TEST(MpiWork, ThrowingAfterStepIsRecycledNotParked) {
     EXPECT_THROW(std::rethrow_exception(error), std::runtime_error);
   }
   EXPECT_EQ(process()->parked_count(), parked);
+}
+
+// A request that completes with MPI_ERR_OTHER in its status, as a failed MPI_Isend would (a
+// generalized request: Open MPI's sends to a live peer over shared memory do not fail).
+MPI_Request failed_request() {
+  const auto query = [](void*, MPI_Status* status) {
+    MPI_Status_set_elements(status, MPI_BYTE, 0);
+    MPI_Status_set_cancelled(status, 0);
+    status->MPI_SOURCE = MPI_UNDEFINED;
+    status->MPI_TAG = MPI_UNDEFINED;
+    status->MPI_ERROR = MPI_ERR_OTHER;
+    return MPI_ERR_OTHER;
+  };
+  const auto free = [](void*) { return MPI_SUCCESS; };
+  const auto cancel = [](void*, int) { return MPI_SUCCESS; };
+  MPI_Request request = MPI_REQUEST_NULL;
+  const std::lock_guard lock(process()->mutex());
+  EXPECT_EQ(MPI_Grequest_start(query, free, cancel, nullptr, &request), MPI_SUCCESS);
+  EXPECT_EQ(MPI_Grequest_complete(request), MPI_SUCCESS);
+  return request;
+}
+
+TEST(MpiWork, FailedSendNamesItsPeer) {
+  // A direct exchange's failed send names the rank it went to, as a failed receive does
+  // (Started::sends); here the third of three requests, "sent" to world rank 0.
+  Started started = self_message(2, 2, std::shared_ptr<int[]>(new int[8]()));
+  started.sends.push_back(Started::Send{started.requests.size(), 0});
+  started.requests.push_back(failed_request());
+  MpiWork work(process(), std::move(started), {}, context());
+  const std::exception_ptr error = wait_for_failure(work);
+  ASSERT_TRUE(error);
+  try {
+    std::rethrow_exception(error);
+  } catch (const TransportError& failure) {
+    EXPECT_NE(std::string(failure.what()).find("MPI_Testall failed: "), std::string::npos)
+        << failure.what();
+    EXPECT_NE(std::string(failure.what()).find("(request 3 of 3, with rank 0)"), std::string::npos)
+        << failure.what();
+  }
 }
 
 TEST(MpiWork, PendingWorkIsStillParked) {

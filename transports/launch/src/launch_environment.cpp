@@ -51,6 +51,36 @@ int parse_int(const char* variable, const char* text, int low, int high) {
   return static_cast<int>(parsed);
 }
 
+// `getenv`, or std::getenv when it is empty.
+GetEnv or_process_environment(const GetEnv& getenv) {
+  return getenv ? getenv : GetEnv([](const char* variable) -> const char* {
+    return std::getenv(variable);  // NOLINT(concurrency-mt-unsafe): reading only
+  });
+}
+
+// Reads the rank and world size of `names` (its size from `world_size_name`) into `environment`
+// and sets its source; false, leaving it untouched, when neither variable is set.
+bool read_rank_and_size(const SourceNames& names, const char* world_size_name, const GetEnv& lookup,
+                        LaunchEnvironment& environment) {
+  const char* rank = lookup(names.rank);
+  const char* world_size = lookup(world_size_name);
+  if (rank == nullptr && world_size == nullptr) {
+    return false;
+  }
+  if (rank == nullptr || world_size == nullptr) {
+    const char* missing = rank == nullptr ? names.rank : world_size_name;
+    const char* present = rank == nullptr ? world_size_name : names.rank;
+    throw InvalidArgument(ErrorContext{-1, "launch_environment", -1, ""},
+                          std::string("environment variable ") + missing + " is unset while " +
+                              present + " is set: a launcher sets both");
+  }
+  environment.source = names.source;
+  environment.world_size =
+      parse_int(world_size_name, world_size, 1, std::numeric_limits<int>::max());
+  environment.rank = parse_int(names.rank, rank, 0, environment.world_size - 1);
+  return true;
+}
+
 }  // namespace
 
 std::string_view name(LaunchSource source) noexcept {
@@ -68,10 +98,7 @@ std::string_view name(LaunchSource source) noexcept {
 }
 
 LaunchEnvironment launch_environment(const GetEnv& getenv) {
-  const GetEnv lookup = getenv ? getenv : GetEnv([](const char* variable) -> const char* {
-    return std::getenv(variable);  // NOLINT(concurrency-mt-unsafe): reading only
-  });
-  constexpr int kIntMax = std::numeric_limits<int>::max();
+  const GetEnv lookup = or_process_environment(getenv);
   LaunchEnvironment environment;
   for (const SourceNames& names : kSources) {
     const char* world_size_name = names.world_size;
@@ -89,21 +116,9 @@ LaunchEnvironment launch_environment(const GetEnv& getenv) {
         world_size_name = kSlurmStepTasks;
       }
     }
-    const char* rank = lookup(names.rank);
-    const char* world_size = lookup(world_size_name);
-    if (rank == nullptr && world_size == nullptr) {
+    if (!read_rank_and_size(names, world_size_name, lookup, environment)) {
       continue;
     }
-    if (rank == nullptr || world_size == nullptr) {
-      const char* missing = rank == nullptr ? names.rank : world_size_name;
-      const char* present = rank == nullptr ? world_size_name : names.rank;
-      throw InvalidArgument(ErrorContext{-1, "launch_environment", -1, ""},
-                            std::string("environment variable ") + missing + " is unset while " +
-                                present + " is set: a launcher sets both");
-    }
-    environment.source = names.source;
-    environment.world_size = parse_int(world_size_name, world_size, 1, kIntMax);
-    environment.rank = parse_int(names.rank, rank, 0, environment.world_size - 1);
     int local_high = environment.world_size - 1;
     const char* local_rank = lookup(names.local_rank);
     if (names.local_world_size != nullptr) {
@@ -136,6 +151,17 @@ LaunchEnvironment launch_environment(const GetEnv& getenv) {
     environment.master_port = static_cast<std::uint16_t>(parse_int("MASTER_PORT", port, 1, 65535));
   }
   return environment;
+}
+
+std::optional<TorchrunRank> torchrun_rank(const GetEnv& getenv) {
+  const SourceNames& torchrun = kSources[0];
+  static_assert(kSources[0].source == LaunchSource::Torchrun, "first in precedence");
+  LaunchEnvironment environment;
+  if (!read_rank_and_size(torchrun, torchrun.world_size, or_process_environment(getenv),
+                          environment)) {
+    return std::nullopt;
+  }
+  return TorchrunRank{environment.rank, environment.world_size};
 }
 
 }  // namespace chorus

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -171,22 +172,26 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
 }
 
 int run(const RunOptions& options, std::function<void()> rank_main) {
-  // One process per rank: who this process is comes from its launcher's variables. Read (and
-  // checked: a malformed value is an InvalidArgument naming it) before any transport starts.
+  // One process per rank: who this process is comes from its launcher's variables, read (and
+  // checked: a malformed value is an InvalidArgument naming it) before any transport starts. MPI
+  // finds its rank itself: for it only RANK/WORLD_SIZE are read, to refuse a process that chorus
+  // launch or torchrun started, so that a variable MPI never uses (MASTER_PORT, LOCAL_RANK)
+  // cannot stop it. NCCL takes everything, the store's address included.
   LaunchEnvironment launched;
-  if (options.transport != "sim") {
-    launched = launch_environment();
-    if (options.transport == "mpi" && launched.source == LaunchSource::Torchrun &&
-        launched.world_size > 1) {
+  if (options.transport == "mpi") {
+    if (const std::optional<TorchrunRank> torchrun = torchrun_rank();
+        torchrun && torchrun->world_size > 1) {
       // MPI would start each process as a world of its own: W silent one-rank jobs.
       throw InvalidArgument(
-          ErrorContext{launched.rank, "chorus::run", -1, ""},
+          ErrorContext{torchrun->rank, "chorus::run", -1, ""},
           "transport 'mpi' needs processes started by mpirun (or srun), but this one was started "
           "by chorus launch or torchrun as rank " +
-              std::to_string(launched.rank) + " of " + std::to_string(launched.world_size) +
-              " (RANK/WORLD_SIZE): run `mpirun -np " + std::to_string(launched.world_size) +
+              std::to_string(torchrun->rank) + " of " + std::to_string(torchrun->world_size) +
+              " (RANK/WORLD_SIZE): run `mpirun -np " + std::to_string(torchrun->world_size) +
               " ...` instead");
     }
+  } else if (options.transport != "sim") {
+    launched = launch_environment();
   }
 #if defined(CHORUS_HAVE_MPI)
   if (options.transport == "mpi") {

@@ -359,10 +359,14 @@ void MpiWork::poll() {
     const int code = MPI_Testall(static_cast<int>(started_.requests.size()),
                                  started_.requests.data(), &done, started_.statuses.data());
     if (code != MPI_SUCCESS) {
-      // The peers of direct exchanges' receives are known; a collective's request has none.
+      // The peers of direct exchanges' receives and sends are known; a collective's request has
+      // none.
       std::vector<int> peers(started_.requests.size(), -1);
       for (const Started::Receive& receive : started_.receives) {
         peers[receive.request] = receive.peer;
+      }
+      for (const Started::Send& send : started_.sends) {
+        peers[send.request] = send.peer;
       }
       failure = mpi_requests_failure("MPI_Testall", code, started_.statuses, MPI_COMM_NULL, peers);
     } else if (done != 0 && !started_.receives.empty()) {
@@ -370,6 +374,7 @@ void MpiWork::poll() {
       // find only empty statuses.
       short_message = check_receives();
       started_.receives.clear();
+      started_.sends.clear();  // their requests are freed too
     }
     process_->progress_rings();  // this work's and everyone else's (Note [Ring all_reduce])
     for (const std::shared_ptr<RingAllReduce>& ring : started_.rings) {
@@ -660,12 +665,14 @@ void MpiComm::post_exchange(Started& started, const std::vector<Message>& messag
                     &receive),
           "MPI_Irecv", info);
     // Note [Direct exchanges], "Short messages".
-    started.receives.push_back({started.requests.size(), datatype, message.receive_count,
-                                ranks_[static_cast<std::size_t>(message.peer)]});
+    const int world_peer = ranks_[static_cast<std::size_t>(message.peer)];
+    started.receives.push_back(
+        {started.requests.size(), datatype, message.receive_count, world_peer});
     started.requests.push_back(receive);
     MPI_Request send = MPI_REQUEST_NULL;
     check(MPI_Isend(message.send, message.send_count, datatype, message.peer, tag, comm_, &send),
           "MPI_Isend", info);
+    started.sends.push_back({started.requests.size(), world_peer});
     started.requests.push_back(send);
   }
 }

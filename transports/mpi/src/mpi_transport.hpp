@@ -93,6 +93,13 @@ struct Started {
     int peer;
   };
   std::vector<Receive> receives;
+  // The sends of direct exchanges: requests[request] sends to world rank `peer`. With the
+  // receives' peers, a failed request's error names the rank it exchanged with.
+  struct Send {
+    std::size_t request;
+    int peer;
+  };
+  std::vector<Send> sends;
   std::vector<MPI_Status> statuses;  // MPI_Testall's, when receives are checked
 
   // Empties every field, keeping the vectors' capacity (Note [Recycled Started]).
@@ -103,6 +110,7 @@ struct Started {
     signatures.clear();
     rings.clear();
     receives.clear();
+    sends.clear();
   }
 };
 

@@ -65,4 +65,20 @@ using GetEnv = std::function<const char*(const char* name)>;
 // local rank. Never blocks; thread-safe when `getenv` is.
 LaunchEnvironment launch_environment(const GetEnv& getenv = {});
 
+// The rank and world size that `chorus launch` or torchrun gave this process.
+struct TorchrunRank {
+  int rank = 0;  // 0 <= rank < world_size
+  int world_size = 1;
+};
+
+// Reads RANK and WORLD_SIZE through `getenv` (std::getenv when empty) and no other variable: for
+// a caller that only needs to know whether `chorus launch` or torchrun started this process
+// (chorus::run refusing --transport=mpi there), so that a variable it never uses, a
+// MASTER_PORT=0 say, cannot fail it. These two come first in launch_environment()'s precedence,
+// so when they are set its source is Torchrun with this rank and world size. std::nullopt when
+// neither is set. Throws InvalidArgument naming the variable as launch_environment() does for
+// these two: a malformed or out-of-range value, or one set without the other. Never blocks;
+// thread-safe when `getenv` is.
+std::optional<TorchrunRank> torchrun_rank(const GetEnv& getenv = {});
+
 }  // namespace chorus

@@ -66,17 +66,19 @@ struct RunOptions {
 // normally (and, with check_determinism, both runs agreed), 1 otherwise (the error, and for the
 // simulator the seed and a replay command, are printed to stderr). Works never waited are reported
 // on stderr with their call sites. Throws InvalidArgument for an unknown or unavailable transport.
-// A transport other than sim reads this process's rank and world size from its launcher's
-// environment (launch_environment(), <chorus/launch_environment.hpp>): malformed variables throw
-// InvalidArgument naming them. --transport=nccl takes its rank, world size, local rank (the CUDA
-// device) and store address (MASTER_ADDR, MASTER_PORT) from it whichever launcher set it —
-// `chorus launch`, torchrun, Open MPI's mpirun or Slurm's srun — and throws InvalidArgument
-// naming MASTER_ADDR or MASTER_PORT when a recognised launcher's job left one unset (with no
-// launcher variables at all, nccl::run names the missing RANK or WORLD_SIZE), before it looks
-// for a GPU. --transport=mpi in a process started by `chorus launch` or
-// torchrun (RANK/WORLD_SIZE with WORLD_SIZE > 1) throws InvalidArgument rather than run W
-// separate one-rank MPI worlds; the simulator in such a process prints a hint on stderr (each
-// process would simulate a whole world).
+// What each transport reads of its launcher's environment (<chorus/launch_environment.hpp>)
+// before it starts; a malformed variable it reads throws InvalidArgument naming it.
+// --transport=nccl reads all of it (launch_environment()) and takes its rank, world size, local
+// rank (the CUDA device) and store address (MASTER_ADDR, MASTER_PORT) from it whichever launcher
+// set it — `chorus launch`, torchrun, Open MPI's mpirun or Slurm's srun — and throws
+// InvalidArgument naming MASTER_ADDR or MASTER_PORT when a recognised launcher's job left one
+// unset (with no launcher variables at all, nccl::run names the missing RANK or WORLD_SIZE),
+// before it looks for a GPU. --transport=mpi reads only RANK and WORLD_SIZE (torchrun_rank()),
+// MPI finding its rank itself: in a process started by `chorus launch` or torchrun (WORLD_SIZE >
+// 1) it throws InvalidArgument rather than run W separate one-rank MPI worlds, and a variable MPI
+// does not use (MASTER_PORT, LOCAL_RANK, ...) is never read, malformed or not. The simulator
+// reads the launcher's variables only for a hint on stderr in such a process (each process would
+// simulate a whole world), and ignores malformed ones.
 int run(const RunOptions& options, std::function<void()> rank_main);
 
 }  // namespace chorus
