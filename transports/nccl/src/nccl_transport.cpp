@@ -1295,6 +1295,10 @@ std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
             group_label(tag, ranks) +
             " (world ranks reached their first operations on partitions in different orders?)");
     made->state()->abort(error);
+    // Core records the partition's communicator only when this returns: a later use of the
+    // partition comes back here without one, and must find no stale cache entry (states_ keeps
+    // the aborted state for the end of the run).
+    comms_.erase(key);
     std::rethrow_exception(error);
   }
   return made;
