@@ -2,6 +2,7 @@
 // threads, idempotent; views share the pending state and never wait; the work registry counts
 // exactly the distinct pending works and drains; freed addresses reused at once never confuse it.
 
+#include <iterator>
 #include <thread>
 
 #include "battery/cases.hpp"
@@ -35,6 +36,9 @@ rc::Gen<Shape> gen_nonempty_shape() {
 enum class WaitRoute { Tensor, View, DataAccess, WaitTensors, OtherThread };
 constexpr const char* kRouteNames[] = {"wait_tensor", "wait_tensor(view)", "data access",
                                        "wait_tensors", "another thread"};
+// Drawn with gen_index: every route at every case size (rc::gen::inRange scales with the size).
+constexpr int kWaitRouteCount = static_cast<int>(std::size(kRouteNames));
+static_assert(kWaitRouteCount == static_cast<int>(WaitRoute::OtherThread) + 1);
 
 struct WaitCase {
   Shape shape;
@@ -60,7 +64,7 @@ rc::Gen<WaitCase> gen_wait_case(const World&) {
     const int count = *rc::gen::inRange(1, 6);
     c.order = *gen_permutation(count);
     for (int k = 0; k < count; ++k) {
-      c.routes.push_back(static_cast<WaitRoute>(*rc::gen::inRange(0, 5)));
+      c.routes.push_back(static_cast<WaitRoute>(*gen_index(kWaitRouteCount)));
       c.twice.push_back(*gen_flag());
     }
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
@@ -141,6 +145,9 @@ enum class Fate { WaitThenDrop, DropUnwaited, ViewOutlivesResult, CoalescedDropO
 constexpr const char* kFateNames[] = {"wait then drop", "drop unwaited", "view outlives the result",
                                       "coalesced, outputs dropped "
                                       "one by one"};
+// Drawn with gen_index: every fate at every case size.
+constexpr int kFateCount = static_cast<int>(std::size(kFateNames));
+static_assert(kFateCount == static_cast<int>(Fate::CoalescedDropOneByOne) + 1);
 
 struct CleanupCase {
   Shape shape;
@@ -164,7 +171,7 @@ rc::Gen<CleanupCase> gen_cleanup_case(const World&) {
     c.shape = *gen_nonempty_shape();
     const int count = *rc::gen::inRange(1, 6);
     for (int i = 0; i < count; ++i) {
-      c.fates.push_back(static_cast<Fate>(*rc::gen::inRange(0, 4)));
+      c.fates.push_back(static_cast<Fate>(*gen_index(kFateCount)));
     }
     c.order = *gen_permutation(count);
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();

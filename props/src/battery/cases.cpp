@@ -553,8 +553,7 @@ rc::Gen<ReduceCase> gen_scatter_case(const World& world) {
     }
     const auto dims = static_cast<std::int64_t>(c.shape.size());
     const std::int64_t dim = *rc::gen::inRange<std::int64_t>(0, dims);
-    c.shape[static_cast<std::size_t>(dim)] =
-        *rc::gen::inRange<std::int64_t>(0, 3) * c.layout.group_size();
+    c.shape[static_cast<std::size_t>(dim)] = *gen_multiple<std::int64_t>(c.layout.group_size());
     c.dim = !*gen_flag() ? dim - dims : dim;
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
     c.form = *gen_input_form();

@@ -30,6 +30,8 @@ constexpr const char* kBadNames[] = {
     "op not allowed for the dtype",   "unknown reduce op",  "scatter dim not divisible",
     "gather_dim out of range",        "wrong split count",  "broadcast src out of range",
     "duplicate permute destinations", "caller not a member"};
+static_assert(std::size(kBadNames) == kBadCount);
+static_assert(kBadCount == static_cast<int>(Bad::NotAMember) + 1);
 
 // NotAMember's group (new_group(ranks, kOtherGroupTag)): a tag of its own, so that it is never a
 // layout's group, and not a "chorus." one, so that tests can plant transport bugs under it.
@@ -43,10 +45,32 @@ struct BadCase {
   std::uint64_t data_seed = 0;
 };
 
+// The shape of the bad call's input where it is not the case's shape (the good call's): nullopt
+// when they are the same. ScatterDivisible makes dim 0 group size * 2 + 1, which the group size
+// never divides; SplitCount sends an empty [0]. The counterexample prints it and issue_bad uses
+// it, so what the report names is what the run passed.
+std::optional<Shape> bad_call_shape(const BadCase& c) {
+  switch (c.bad) {
+    case Bad::ScatterDivisible: {
+      Shape shape = c.shape;
+      CHORUS_CHECK(!shape.empty());
+      shape[0] = c.layout.group_size() * 2 + 1;
+      return shape;
+    }
+    case Bad::SplitCount:
+      return Shape{0};
+    default:
+      return std::nullopt;
+  }
+}
+
 void showValue(const BadCase& c, std::ostream& out) {
   out << kBadNames[static_cast<int>(c.bad)] << " on group ";
   showValue(c.layout, out);
   out << ", shape " << shape_text(c.shape);
+  if (const std::optional<Shape> bad_shape = bad_call_shape(c)) {
+    out << " (the bad call's: " << shape_text(*bad_shape) << ")";
+  }
   if (c.bad == Bad::OpForDType) {
     out << ", ";
     showValue(c.disallowed, out);
@@ -58,7 +82,9 @@ rc::Gen<BadCase> gen_bad_case(const World& world) {
   return rc::gen::exec([world] {
     BadCase c;
     c.layout = *gen_layout(world.size);
-    c.bad = static_cast<Bad>(*rc::gen::inRange(0, kBadCount));
+    // Every kind at every case size (rc::gen::inRange scales its range with the size: "caller
+    // not a member" came only from size 93, so never at --cases 10).
+    c.bad = static_cast<Bad>(*gen_index(kBadCount));
     c.disallowed = *gen_disallowed_op_dtype();
     c.shape = *gen_shape(2);
     if (c.shape.empty()) {
@@ -108,8 +134,7 @@ void issue_bad(const BadCase& c, const Tensor& input, int group_size) {
     case Bad::ScatterDivisible: {
       // group_size * 2 + 1 is never divisible by group_size > 1; for a group of one, a scatter
       // dim past the end instead.
-      Shape shape = c.shape;
-      shape[0] = group_size * 2 + 1;
+      const Shape shape = *bad_call_shape(c);
       (void)reduce_scatter_tensor(Tensor::zeros(shape, DType::Float32), "sum",
                                   group_size > 1 ? 0 : static_cast<std::int64_t>(shape.size()),
                                   group);
@@ -120,7 +145,8 @@ void issue_bad(const BadCase& c, const Tensor& input, int group_size) {
       return;
     case Bad::SplitCount: {
       const std::vector<std::int64_t> splits(static_cast<std::size_t>(group_size + 1), 0);
-      (void)all_to_all_single(Tensor::zeros({0}, DType::Float32), splits, splits, group);
+      (void)all_to_all_single(Tensor::zeros(*bad_call_shape(c), DType::Float32), splits, splits,
+                              group);
       return;
     }
     case Bad::BroadcastSrc:
@@ -244,24 +270,9 @@ static_assert(std::size(kMismatchNames) == kMismatchCount);
 struct MismatchCase {
   Mismatch kind = Mismatch::Shape;
   int odd = 0;  // the rank that differs
-  Shape shape;
+  Shape shape;  // drawn; mismatch_shape gives the one each rank passes
+  int world_size = 1;
 };
-
-void showValue(const MismatchCase& c, std::ostream& out) {
-  out << "rank " << c.odd << " passes a different " << kMismatchNames[static_cast<int>(c.kind)]
-      << ", shape " << shape_text(c.shape);
-}
-
-rc::Gen<MismatchCase> gen_mismatch_case(const World& world) {
-  return rc::gen::exec([world] {
-    MismatchCase c;
-    // Every kind and odd rank at every case size (rc::gen::inRange scales its range with the size).
-    c.kind = static_cast<Mismatch>(*gen_index(kMismatchCount));
-    c.odd = *gen_index(world.size);
-    c.shape = *gen_shape(2);
-    return c;
-  });
-}
 
 std::int64_t count_of(const Shape& shape) {
   std::int64_t count = 1;
@@ -283,32 +294,57 @@ Shape same_count_other_shape(const Shape& shape) {
   return other;
 }
 
-void check_mismatch(const MismatchCase& c, Env& env) {
-  const bool odd = env.rank() == c.odd;
-  const auto world_ranks = static_cast<std::int64_t>(world_size());
-  Shape shape = c.shape;
+// The shape `c`'s ranks pass (`odd`: the rank that differs): the drawn shape, but for Shape and
+// SameCountShape on the odd rank, GatherDim (two dims at least, so that dim 1 exists) and
+// ScatterDim ([W, 2W]: both dims divisible by the world size, so either is a valid scatter dim).
+// The counterexample prints it and check_mismatch uses it, so what the report names is what the
+// run passed.
+Shape mismatch_shape(const MismatchCase& c, bool odd) {
   switch (c.kind) {
     case Mismatch::Shape:
-      if (odd) {
-        shape = {count_of(c.shape) + 1};
-      }
-      break;
+      return odd ? Shape{count_of(c.shape) + 1} : c.shape;
     case Mismatch::SameCountShape:
-      if (odd) {
-        shape = same_count_other_shape(c.shape);
-      }
-      break;
-    case Mismatch::GatherDim:
-      // Two dims at least, so that dim 1 exists.
+      return odd ? same_count_other_shape(c.shape) : c.shape;
+    case Mismatch::GatherDim: {
+      Shape shape = c.shape;
       shape.resize(std::max<std::size_t>(shape.size(), 2), 1);
-      break;
-    case Mismatch::ScatterDim:
-      // Both dims divisible by the world size, so either is a valid scatter dim.
-      shape = {world_ranks, 2 * world_ranks};
-      break;
+      return shape;
+    }
+    case Mismatch::ScatterDim: {
+      const auto world_ranks = static_cast<std::int64_t>(c.world_size);
+      return {world_ranks, 2 * world_ranks};
+    }
     default:
-      break;
+      return c.shape;
   }
+}
+
+void showValue(const MismatchCase& c, std::ostream& out) {
+  const Shape shape = mismatch_shape(c, false);
+  const Shape odd_shape = mismatch_shape(c, true);
+  out << "rank " << c.odd << " passes a different " << kMismatchNames[static_cast<int>(c.kind)]
+      << ", shape " << shape_text(shape);
+  if (odd_shape != shape) {
+    out << " (rank " << c.odd << "'s: " << shape_text(odd_shape) << ")";
+  }
+}
+
+rc::Gen<MismatchCase> gen_mismatch_case(const World& world) {
+  return rc::gen::exec([world] {
+    MismatchCase c;
+    // Every kind and odd rank at every case size (rc::gen::inRange scales its range with the size).
+    c.kind = static_cast<Mismatch>(*gen_index(kMismatchCount));
+    c.odd = *gen_index(world.size);
+    c.shape = *gen_shape(2);
+    c.world_size = world.size;
+    return c;
+  });
+}
+
+void check_mismatch(const MismatchCase& c, Env& env) {
+  CHORUS_CHECK_EQ(c.world_size, world_size());
+  const bool odd = env.rank() == c.odd;
+  const Shape shape = mismatch_shape(c, odd);
   const DType dtype = odd && c.kind == Mismatch::DType ? DType::Float64 : DType::Float32;
   const Tensor input = Tensor::ones(shape, dtype);
   const std::int64_t dim = odd ? 1 : 0;  // GatherDim's and ScatterDim's

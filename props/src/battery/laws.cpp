@@ -61,12 +61,13 @@ rc::Gen<CoalescedCase> gen_coalesced_case(const World& world) {
     CoalescedCase c;
     c.layout = *gen_layout(world.size);
     c.op = *gen_op_dtype();
-    c.form = *rc::gen::inRange(0, 3);
+    c.form = *gen_index(3);  // every form at every case size
     const int count = *rc::gen::inRange(1, 4);
     for (int i = 0; i < count; ++i) {
       Shape shape = *gen_shape(2);
-      // Dim 0 divisible by the group size (reduce_scatter's rule; harmless for the others).
-      shape.insert(shape.begin(), *rc::gen::inRange<std::int64_t>(0, 3) * c.layout.group_size());
+      // Dim 0 divisible by the group size (reduce_scatter's rule; harmless for the others), and 0
+      // only one time in eight (gen_multiple).
+      shape.insert(shape.begin(), *gen_multiple<std::int64_t>(c.layout.group_size()));
       c.shapes.push_back(std::move(shape));
     }
     c.data_seed = *rc::gen::arbitrary<std::uint64_t>();
@@ -211,13 +212,17 @@ rc::Gen<AllToAllCase> gen_all_to_all_case(const World& world) {
     c.trailing = *gen_shape(2);
     const int size = c.layout.group_size();
     c.equal_split = *gen_flag();
-    const std::int64_t equal = *rc::gen::inRange<std::int64_t>(0, 3);
+    // Rows per block 1 or 2, or 0 one time in eight (gen_multiple), at every case size: with
+    // rc::gen::inRange(0, 3) every block was empty below case size 25.
+    const std::int64_t equal = *gen_multiple<std::int64_t>(1);
     c.rows.assign(static_cast<std::size_t>(size),
                   std::vector<std::int64_t>(static_cast<std::size_t>(size), equal));
     if (!c.equal_split) {
+      // Each block on its own, so a member may send another nothing; every block empty only as
+      // often as in a group of one (one time in eight).
       for (auto& row : c.rows) {
         for (auto& count : row) {
-          count = *rc::gen::inRange<std::int64_t>(0, 3);
+          count = *gen_multiple<std::int64_t>(1);
         }
       }
     }
@@ -359,7 +364,7 @@ rc::Gen<InplaceCase> gen_inplace_case(const World& world) {
   return rc::gen::exec([world] {
     InplaceCase c;
     c.base = *gen_scatter_case(world);
-    c.form = *rc::gen::inRange(0, 3);
+    c.form = *gen_index(3);  // every form at every case size
     c.strided = c.form == 0 && c.base.shape.size() >= 2 && *gen_flag();
     return c;
   });

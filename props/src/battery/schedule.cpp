@@ -49,7 +49,7 @@ rc::Gen<ProgramCase> gen_program_case(const World& world) {
     const int count = *rc::gen::inRange(1, 7);
     for (int i = 0; i < count; ++i) {
       Step step;
-      step.op = *rc::gen::inRange(0, kStepOpCount);
+      step.op = *gen_index(kStepOpCount);  // every op at every case size
       step.reduction = *gen_op_dtype();
       step.layout = *gen_covering_layout(world.size);
       step.shape = *gen_shape(2);

@@ -33,7 +33,7 @@ void showValue(const ShapeCase& c, std::ostream& out) {
 rc::Gen<ShapeCase> gen_shape_case(const World& world) {
   return rc::gen::exec([world] {
     ShapeCase c;
-    c.op = *rc::gen::inRange(0, kShapeOpCount);
+    c.op = *gen_index(kShapeOpCount);  // every op at every case size
     // A scatter case fits every op: dim's size is a multiple of the group size.
     c.base = *gen_scatter_case(world);
     if (c.op == 3) {
