@@ -17,9 +17,12 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace chorus::cli {
@@ -331,22 +334,41 @@ int launch_separator(int argc, char** argv) {
   return argc;
 }
 
-// CLI11 reads "-1" into an unsigned option by wrapping it and saturates on overflow: a seed is
-// plain decimal digits within 64 bits, refused otherwise before CLI11 converts it.
-const CLI::Validator kUnsigned64(
-    [](std::string& text) -> std::string {
-      std::uint64_t value = 0;
-      const char* end = text.data() + text.size();
-      const auto [last, error] = std::from_chars(text.data(), end, value);
-      if (text.empty() || error != std::errc() || last != end) {
-        return "'" + text + "' is not an unsigned 64-bit integer (0 to 18446744073709551615)";
-      }
-      return {};
-    },
-    "UINT64");
+// CLI11 2.1.2 converts integers with strtoll/strtoull in base 0: "010" reads as 8 and "0x10" as
+// 16; it also wraps "-1" into an unsigned option and saturates on overflow. Every integer option
+// is therefore plain decimal: an optional '-' (signed types only), then digits without a leading
+// zero, within Int. Refused here, before CLI11 converts the text; range checks come after.
+template <class Int>
+CLI::Validator decimal(std::string description) {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::size_t first_digit = !text.empty() && text.front() == '-' ? 1 : 0;
+        Int value{};
+        const char* end = text.data() + text.size();
+        const auto [last, error] = std::from_chars(text.data(), end, value);
+        const bool leading_zero = text.size() > first_digit + 1 && text[first_digit] == '0';
+        if (text.empty() || error != std::errc() || last != end || leading_zero) {
+          return "'" + text + "' is not a" + (std::is_signed_v<Int> ? " " : "n unsigned ") +
+                 std::to_string(sizeof(Int) * 8) + "-bit integer in plain decimal (" +
+                 std::to_string(std::numeric_limits<Int>::min()) + " to " +
+                 std::to_string(std::numeric_limits<Int>::max()) + "; no +, leading zero or 0x)";
+        }
+        return {};
+      },
+      std::move(description));
+}
+
+// The description shows in --help after the type: "--ranks INT:DECIMAL=8".
+const CLI::Validator kInt = decimal<int>("DECIMAL");
+const CLI::Validator kInt64 = decimal<std::int64_t>("DECIMAL");
+const CLI::Validator kUnsigned64 = decimal<std::uint64_t>("DECIMAL");
 
 // Switches that take a value: 1 or 0 (CLI11 would read 2, 7 or "yes" as true).
 const CLI::Validator kOneOrZero = CLI::IsMember({"0", "1"});
+// A flag given bare reaches its validators as "true"; given a value (--flag=2), that value must
+// be 1 or 0 like the switches above.
+const CLI::Validator kFlagOneOrZero(
+    [](std::string& text) -> std::string { return text == "true" ? "" : kOneOrZero(text); }, "");
 
 }  // namespace
 }  // namespace chorus::cli
@@ -372,11 +394,14 @@ int main(int argc, char** argv) {
   check
       ->add_option("--ranks", flags.ranks,
                    "simulated ranks (mpi, nccl: the launcher's world, which --ranks must match)")
+      ->check(kInt)
       ->capture_default_str();
   check->add_option("--seed", flags.seed, "decides every case and schedule")
       ->check(kUnsigned64)
       ->capture_default_str();
-  check->add_option("--cases", flags.cases, "cases per property")->capture_default_str();
+  check->add_option("--cases", flags.cases, "cases per property")
+      ->check(kInt)
+      ->capture_default_str();
   check->add_option("--property", flags.property, "glob(s) over property names, comma-separated")
       ->capture_default_str();
   check
@@ -386,18 +411,23 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"generated", "random", "pct", "portfolio"}))
       ->capture_default_str();
   check->add_option("--pct-depth", flags.pct_depth, "PCT bug depth (1..3)")
+      ->check(kInt)
       ->check(CLI::Range(1, 3))
       ->capture_default_str();
   check->add_option("--reduction-order", flags.reduction_order, "fixed, ring, tree or adversarial")
       ->capture_default_str();
   check->add_option("--shrink-runs", flags.shrink_runs, "runs allowed while shrinking a failure")
+      ->check(kInt)
       ->capture_default_str();
-  check->add_flag("--check-collectives", flags.check_collectives,
-                  "mpi, nccl: members compare every operation before starting it (docs/mpi.md, "
-                  "docs/nccl.md)");
+  check
+      ->add_flag("--check-collectives", flags.check_collectives,
+                 "mpi, nccl: members compare every operation before starting it (docs/mpi.md, "
+                 "docs/nccl.md)")
+      ->check(kFlagOneOrZero);
   check
       ->add_option("--timeout-ms", flags.timeout_ms,
                    "lockstep runs (mpi, nccl): how long a wait may take before it throws Timeout")
+      ->check(kInt64)
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000} * 60 * 60 * 24 * 365))
       ->capture_default_str();
 
@@ -421,12 +451,15 @@ int main(int argc, char** argv) {
   bench->add_option("--transport", bench_options.transport, "sim, mpi or nccl")
       ->check(CLI::IsMember({"sim", "mpi", "nccl"}))
       ->capture_default_str();
-  bench->add_option("-n,--ranks", bench_options.ranks, "simulated ranks")->capture_default_str();
+  bench->add_option("-n,--ranks", bench_options.ranks, "simulated ranks")
+      ->check(kInt)
+      ->capture_default_str();
   bench->add_option("--ops", bench_flags.ops, "comma-separated operations")->capture_default_str();
   bench->add_option("-b,--min-bytes", bench_flags.min_bytes, "smallest size (bytes, K, M, G)")
       ->capture_default_str();
   bench->add_option("-e,--max-bytes", bench_flags.max_bytes, "largest size")->capture_default_str();
   bench->add_option("-f,--step-factor", bench_options.step_factor, "size multiplier per row")
+      ->check(kInt64)  // signed, so that -1 is refused by the range below, which names it
       ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40))
       ->capture_default_str();
   bench
@@ -436,18 +469,23 @@ int main(int argc, char** argv) {
   bench->add_option("-o,--op", bench_options.reduce_op, "reduction: sum, prod, max or min")
       ->capture_default_str();
   bench->add_option("--iters", bench_options.iters, "operations per timed batch (0: adaptive)")
+      ->check(kInt)
       ->capture_default_str();
   bench->add_option("--batch-ms", bench_options.batch_ms, "adaptive iters: time per batch")
       ->capture_default_str();
   bench->add_option("-w,--warmup", bench_options.warmup, "untimed operations per size")
+      ->check(kInt)
       ->capture_default_str();
   bench->add_option("--reps", bench_options.reps, "timed batches per size (the median is shown)")
+      ->check(kInt)
       ->capture_default_str();
   bench->add_option("-c,--check", bench_options.check, "count #wrong after timing (1 or 0)")
       ->check(kOneOrZero)
       ->capture_default_str();
-  bench->add_flag("--sim-checks", bench_options.sim_checks,
-                  "simulator: keep poisoning pending outputs and checksumming inputs");
+  bench
+      ->add_flag("--sim-checks", bench_options.sim_checks,
+                 "simulator: keep poisoning pending outputs and checksumming inputs")
+      ->check(kFlagOneOrZero);
   bench
       ->add_option("--probe", bench_options.memory_probe,
                    "simulator: measure the memory-bandwidth probe (1 or 0)")
@@ -464,8 +502,9 @@ int main(int argc, char** argv) {
       "start N local ranks of a program with torchrun's environment (RANK WORLD_SIZE LOCAL_RANK "
       "LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT), a rendezvous store and its CHORUS_STORE_TOKEN: "
       "chorus launch -n N [--] program args...");
-  launch->add_option("-n,--nproc", launch_options.ranks, "ranks to start")->required();
+  launch->add_option("-n,--nproc", launch_options.ranks, "ranks to start")->check(kInt)->required();
   launch->add_option("--grace-ms", grace_ms, "after SIGTERM, how long a rank has before SIGKILL")
+      ->check(kInt64)
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   // Everything from the program on is the program's, flags included.

@@ -408,7 +408,8 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
 
 // Half the cases run on the full world (options.ranks), half on a world of any size the
 // property allows (the lockstep runner cannot: its world is the transport's); shrinking moves
-// towards the smallest.
+// towards the smallest. Only for a property the runner does not skip (skip_reason): options.ranks
+// is at least its world_size_min, which replay checks for a token too.
 std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
                                                        const CheckOptions& options) {
   return [&property, &options] {
@@ -426,7 +427,11 @@ std::function<rc::Gen<SimInput>()> simulator_generator(const Property& property,
       // the smallest up; k shrinks towards 0, i.e. through smaller worlds to the smallest. Drawn
       // at the nominal size, not the case's: inRange scales its range with the size, which kept
       // the early cases (size i * 100 / cases) on the smallest worlds.
-      const int smallest = std::min(options.ranks, property.needs.world_size_min);
+      // A world below world_size_min is one on which the property means nothing (a one-rank
+      // "mismatch" returns normally): never drawn, however small options.ranks.
+      CHORUS_CHECK_GE(property.needs.world_size_min, 1);
+      CHORUS_CHECK_GE(options.ranks, property.needs.world_size_min);
+      const int smallest = property.needs.world_size_min;
       const int span = options.ranks - smallest + 1;
       const int k = *rc::gen::resize(kSizeMax, rc::gen::inRange(0, 2 * span));
       input.world_size = k < span ? smallest + k : options.ranks;
@@ -882,6 +887,21 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
   options.pct_depth = parsed.pct_depth;
   options.reduction_order = parsed.order;
   check_options(options);
+  // Only a run that did not skip the property made a token for it: chorus check skips it below
+  // its world_size_min, and the lockstep runner skips those that need the simulator. Such a
+  // token would replay a case no check can draw (a one-rank "mismatch" failed as a false alarm).
+  if (parsed.ranks < property.needs.world_size_min) {
+    bad_token(token, property.name + " needs at least " +
+                         std::to_string(property.needs.world_size_min) +
+                         " ranks but the token has " + std::to_string(parsed.ranks) +
+                         " (chorus check skips it on fewer)");
+  }
+  if (parsed.lockstep && property.needs.simulator_only) {
+    bad_token(token, property.name +
+                         " needs the simulator but the token is from the lockstep runner (which "
+                         "skips it)");
+  }
+  CHORUS_CHECK(skip_reason(property, parsed.ranks, /*simulator=*/!parsed.lockstep).empty());
   const rc::Random random = case_random(options.seed, property.name, parsed.case_index);
   const int size = case_size(parsed.case_index, options.cases);
   SimInput value;

@@ -679,6 +679,29 @@ TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
       {"shrink path"});
 }
 
+// chorus check skips a property below its world_size_min, and the lockstep runner skips the
+// simulator-only ones, so neither prints a token for such a run: replay refuses one by the need
+// it misses. It used to replay a one-rank errors.mismatch case and report it FAILED.
+TEST(Battery, ReplayRefusesTokensOfRunsThatSkipTheProperty) {
+  const std::vector<Property> all = battery();
+  testing::expect_invalid_argument(
+      [&] { (void)replay(all, "chorus-check:4:errors.mismatch:1:0:100:3:generated:2:fixed:-:-"); },
+      {"malformed token", "errors.mismatch needs at least 2 ranks but the token has 1"});
+  testing::expect_invalid_argument(
+      [&] {
+        (void)replay(all, "chorus-check:4:async.address_reuse:4:0:100:3:lockstep:2:fixed:-:-");
+      },
+      {"malformed token",
+       "async.address_reuse needs the simulator but the token is from the lockstep runner"});
+  // The same cases where chorus check runs them still replay (and pass: no bug is planted).
+  EXPECT_EQ(
+      replay(all, "chorus-check:4:errors.mismatch:2:0:100:3:generated:2:fixed:-:-").result.verdict,
+      Verdict::Passed);
+  EXPECT_EQ(replay(all, "chorus-check:4:async.address_reuse:4:0:100:3:generated:2:fixed:-:-")
+                .result.verdict,
+            Verdict::Passed);
+}
+
 // A run of one case generates it at the nominal size (RapidCheck's 100), not at size 0, which
 // drew only the smallest shapes and groups; the sizes of longer runs still ramp up from 0. The
 // size reaches the case through the generator, and its replay token (format 4) regenerates it.
