@@ -560,7 +560,7 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
     if (const std::string missing = group.missing_members(at); !missing.empty()) {
       text += ", when rank(s) " + missing + " had not joined it yet";
     }
-    if (slot.fault == Fault::Kind::Hang) {  // a TransportError would act only at completion
+    if (slot.hangs()) {  // a TransportError would act only at completion
       text += ": " + slot.fault_detail;
     }
     return text;
@@ -581,9 +581,9 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
       break;
     }
     const std::string name = op_name(slot);
-    if (behind.empty() && slot.fault == Fault::Kind::Hang) {
+    if (behind.empty() && slot.hangs()) {
       behind = ", behind " + name + " #" + std::to_string(at) +
-               ", which hung (injected fault: " + slot.fault_injected + ")";
+               ", which hung (injected fault: " + slot.fault->to_string() + ")";
     }
     earlier.emplace_back(at, waiter_text + " on " + work.context().op + " #" + std::to_string(seq) +
                                  deadline_text + " before this collective completed" +
@@ -593,7 +593,7 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
   CHORUS_CHECK(waited != group.slots.end());  // pending, so outstanding
   std::string detail =
       waiter_text + deadline_text + " before the collective completed" + why(seq, waited->second);
-  if (waited->second.fault != Fault::Kind::Hang) {
+  if (!waited->second.hangs()) {
     detail += behind;
   }
   detail += watchdog;
@@ -749,8 +749,7 @@ void SimWorld::schedule() {
     for (const std::shared_ptr<SimGroup>& group : groups_) {
       auto head = group->slots.begin();
       if (head != group->slots.end() && head->first == group->next_to_complete &&
-          head->second.arrived == static_cast<int>(group->ranks.size()) &&
-          head->second.fault != Fault::Kind::Hang) {
+          head->second.arrived == static_cast<int>(group->ranks.size()) && !head->second.hangs()) {
         candidates_.push_back(Decision{Decision::Kind::CompleteOp, -1, group->id, head->first});
       }
     }
@@ -861,7 +860,8 @@ void SimWorld::complete_operation(SimGroup& group) {
       unguard_outputs(*arrival.work);  // before reading inputs and writing outputs
     }
   }
-  if (head->second.fault == Fault::Kind::TransportError) {  // Note [Fault injection]
+  if (head->second.fault &&
+      head->second.fault->kind == Fault::Kind::TransportError) {  // Note [Fault injection]
     const std::string detail =
         head->second.fault_detail + "; the communicator is aborted, as a real transport would";
     fail_slot(group, seq, ErrorCode::TransportError, detail);
@@ -1323,8 +1323,8 @@ void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
   SimGroup::Slot slot = std::move(it->second);
   group.slots.erase(it);
   // Note [Fault injection]: a fault whose operation failed for another reason never acted.
-  if (slot.fault && !fault_acted(*slot.fault, code)) {
-    withdraw_fault(slot.fault_fired, slot.fault_random);
+  if (slot.fault && !fault_acted(slot.fault->kind, code)) {
+    withdraw_fault(*slot.fault, slot.fault_random);
   }
   for (SimGroup::Arrival& arrival : slot.arrivals) {
     if (arrival.arrived) {
@@ -1567,18 +1567,16 @@ void SimWorld::mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired) {
   const Fault::Kind kind = fired.fault.kind;
   if (slot.fault) {
     // Note [Fault injection]: a Hang preempts a TransportError; of two of one kind the first stays.
-    if (*slot.fault != Fault::Kind::TransportError || kind != Fault::Kind::Hang) {
+    if (slot.fault->kind != Fault::Kind::TransportError || kind != Fault::Kind::Hang) {
       return;
     }
-    withdraw_fault(slot.fault_fired, slot.fault_random);
+    withdraw_fault(*slot.fault, slot.fault_random);
   }
   record_fault(fired.fault, fired.random);
-  slot.fault = kind;
-  slot.fault_fired = fired.fault;
+  slot.fault = fired.fault;
   slot.fault_random = fired.random;
-  slot.fault_injected = fired.fault.to_string();
   slot.fault_detail = (kind == Fault::Kind::Hang ? "it hung" : "the transport reported a failure") +
-                      std::string(" (injected fault: ") + slot.fault_injected + ")";
+                      std::string(" (injected fault: ") + fired.fault.to_string() + ")";
 }
 
 std::vector<SimWorld::FiredFault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {
@@ -1708,7 +1706,7 @@ bool SimWorld::skip_virtual_time() {
   }
   for (const std::shared_ptr<SimGroup>& group : groups_) {
     for (const auto& [seq, slot] : group->slots) {
-      hung = hung || slot.fault == Fault::Kind::Hang;
+      hung = hung || slot.hangs();
     }
   }
   if (next == transport::Duration::max() && !hung) {
@@ -1748,9 +1746,7 @@ bool SimWorld::faults_over() const {
   // So is an operation that hangs: it ends when a wait on it times out (its members' errors),
   // and until then the ranks waiting on it are stuck by the fault, not by the program.
   for (const std::shared_ptr<SimGroup>& group : groups_) {
-    if (std::ranges::any_of(group->slots, [](const auto& entry) {
-          return entry.second.fault == Fault::Kind::Hang;
-        })) {
+    if (std::ranges::any_of(group->slots, [](const auto& entry) { return entry.second.hangs(); })) {
       return false;
     }
   }

@@ -239,13 +239,14 @@ struct SimGroup {
   struct Slot {
     std::vector<Arrival> arrivals;  // by group rank
     int arrived = 0;
-    // An injected TransportError or Hang on this operation (Note [Fault injection]), and its
-    // description for the members' errors.
-    std::optional<Fault::Kind> fault;
-    Fault fault_fired;           // which member's fault it is, as reported in faults_fired
-    bool fault_random = false;   // drawn from random_faults
-    std::string fault_injected;  // the fault: "hang at rank 3's operation 0"
-    std::string fault_detail;    // "it hung (injected fault: hang at rank 3's operation 0)"
+    // An injected TransportError or Hang on this operation (Note [Fault injection]): which
+    // member's fault it is, as reported in faults_fired, and its description for the members'
+    // errors.
+    std::optional<Fault> fault;
+    bool fault_random = false;  // drawn from random_faults
+    std::string fault_detail;   // "it hung (injected fault: hang at rank 3's operation 0)"
+
+    bool hangs() const noexcept { return fault && fault->kind == Fault::Kind::Hang; }
   };
   struct Failure {
     ErrorCode code;
