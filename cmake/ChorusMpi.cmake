@@ -39,6 +39,20 @@ function(chorus_mpi_test)
   chorus_mpi_sanitizer_environment(${ARG_NAME})
 endfunction()
 
+# chorus_mpi_fail_on_failed_ranks(<test>...): with PASS_REGULAR_EXPRESSION ctest ignores the
+# exit status, so a job whose rank 0 prints its success line while another rank fails would pass
+# (until 2026-12-03 it did: a wrong result on ranks 1 and 2 of mpi.job.big_all_to_all.mpi.np3
+# passed). A job that must succeed also fails on what a failed rank leaves in the output:
+# chorus::mpi::run's line for a rank that threw, and mpirun's for an abort, a signal or a
+# non-zero exit.
+function(chorus_mpi_fail_on_failed_ranks)
+  foreach(test IN LISTS ARGN)
+    set_property(TEST ${test} APPEND PROPERTY FAIL_REGULAR_EXPRESSION
+      "chorus: rank [0-9]+ of [0-9]+ failed" "MPI_ABORT was invoked" "exited on signal"
+      "non-zero exit code")
+  endforeach()
+endfunction()
+
 # Under ASan, Open MPI's own allocations are not chorus's leaks: tests/transports/
 # openmpi_lsan.supp suppresses stacks through Open MPI. Open MPI has no frame pointers, so
 # unwinding must be the slow, full one, and its components stay loaded so frames resolve.

@@ -15,6 +15,7 @@
 #include <chorus/props/bench.hpp>
 #include <chorus/props/runner.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <limits>
@@ -366,9 +367,27 @@ const CLI::Validator kUnsigned64 = decimal<std::uint64_t>("DECIMAL");
 // Switches that take a value: 1 or 0 (CLI11 would read 2, 7 or "yes" as true).
 const CLI::Validator kOneOrZero = CLI::IsMember({"0", "1"});
 // A flag given bare reaches its validators as "true"; given a value (--flag=2), that value must
-// be 1 or 0 like the switches above.
+// be 1 or 0 like the switches above, or true or false.
 const CLI::Validator kFlagOneOrZero(
-    [](std::string& text) -> std::string { return text == "true" ? "" : kOneOrZero(text); }, "");
+    [](std::string& text) -> std::string {
+      return text == "true" || text == "false" ? "" : kOneOrZero(text);
+    },
+    "");
+
+// Real-valued options: CLI11 reads them with strtold, which also takes hexadecimal ("0x10" is
+// 16), "inf" and "nan". Plain decimal or scientific notation only, and finite.
+const CLI::Validator kDecimalNumber(
+    [](std::string& text) -> std::string {
+      double value = 0;
+      const char* end = text.data() + text.size();
+      const auto [last, error] =
+          std::from_chars(text.data(), end, value, std::chars_format::general);
+      if (text.empty() || error != std::errc() || last != end || !std::isfinite(value)) {
+        return "'" + text + "' is not a finite number in plain decimal (such as 2, 0.5 or 1e3)";
+      }
+      return {};
+    },
+    "DECIMAL");
 
 }  // namespace
 }  // namespace chorus::cli
@@ -472,6 +491,7 @@ int main(int argc, char** argv) {
       ->check(kInt)
       ->capture_default_str();
   bench->add_option("--batch-ms", bench_options.batch_ms, "adaptive iters: time per batch")
+      ->check(kDecimalNumber)
       ->capture_default_str();
   bench->add_option("-w,--warmup", bench_options.warmup, "untimed operations per size")
       ->check(kInt)
