@@ -10,8 +10,9 @@
 // chorus::run, so it runs on any transport and takes every simulator flag.
 //
 // The tensors stay on the host, on every transport (NCCL stages host buffers through the device):
-// an all_gather along dim 1 rearranges blocks with a host copy, which device tensors refuse (core
-// has no device kernels), so --sim-cuda changes nothing here.
+// an all_gather along dim 1 rearranges blocks with a host copy, which device tensors refuse
+// (core does not yet order a strided device copy after the transport), so --sim-cuda changes
+// nothing here.
 //
 //   trace_replay [--ranks=N] [--seed=S] [--transport=sim|mpi|nccl] [simulator flags] [--json]
 //

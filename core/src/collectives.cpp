@@ -263,8 +263,9 @@ class Call {
   void require_host(const std::string& what) const {
     if (device_.is_cuda()) {
       invalid(what + " on " + device_.to_string() +
-              " rearranges blocks with a host copy, and chorus has no device kernels (use dim 0, "
-              "or copy to the host with to(Device::cpu()))");
+              " rearranges blocks with a host copy once the transport is done; chorus does not yet "
+              "order a strided device copy after it on the stream (use dim 0, or copy to the host "
+              "with to(Device::cpu()))");
     }
   }
 

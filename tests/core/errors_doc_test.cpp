@@ -1113,8 +1113,9 @@ TEST(ErrorsDocCollectives, CudaAlongAnotherDim) {
   const Tensor matrix = errdoc_cuda_matrix(values);
   errdoc_expect_on_rank<InvalidArgument>(
       [&] { (void)all_gather_tensor(matrix, 1, {0}); }, "all_gather_tensor", 0, "[0]",
-      "all_gather along dim 1 on cuda:0 rearranges blocks with a host copy, and chorus has no "
-      "device kernels (use dim 0, or copy to the host with to(Device::cpu()))");
+      "all_gather along dim 1 on cuda:0 rearranges blocks with a host copy once the transport is "
+      "done; chorus does not yet order a strided device copy after it on the stream (use dim 0, "
+      "or copy to the host with to(Device::cpu()))");
   errdoc_expect_on_rank<InvalidArgument>(
       [&] {
         (void)reduce_scatter_tensor(matrix.view({3, 2}), "sum", 1, {0});
