@@ -130,8 +130,9 @@ struct ExpandedGroup {
 // InvalidArgument (DESIGN 2.2) for: an empty group or sub-list, duplicate ranks, negative ranks
 // or (inside a rank) ranks >= world_size(), sub-lists of unequal length ("group sizes must be
 // identical ..."), an N-D mesh with N > 1 passed alone ("Only 1D mesh ..."), and a MeshDim whose
-// mesh does not hold the calling rank. Membership of the calling rank is checked by the
-// collective, not here.
+// mesh does not hold the calling rank (a MeshDim names the calling rank's slice, which only a
+// member has). For the other forms the calling rank's membership is checked by the collective,
+// not here, as PyTorch's _expand_group does not check it either.
 ExpandedGroup expand_group(const GroupSpec& group, std::string_view tag = "");
 
 // The calling rank and the number of ranks (thread- or fiber-local in the simulator).
