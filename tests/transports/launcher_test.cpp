@@ -298,10 +298,21 @@ TEST(Launcher, WorksWhenTheCallerIgnoresSigchld) {
 TEST(Launcher, AStopSignalTheCallerIgnoresStaysIgnored) {
   // `nohup chorus launch ...` ignores SIGHUP: a hangup must not stop the job. The launcher once
   // blocked and read SIGHUP whatever its disposition, forwarded it and exited 129.
+  // Rank 0 sends the launcher SIGHUP, then SIGINT, and every rank waits to be stopped. A
+  // launcher that read SIGHUP from its signalfd would read it no later than SIGINT (pending
+  // signals come lowest-numbered first), so the SIGINT it forwards proves the SIGHUP was
+  // discarded, without guessing how long the launcher takes to look. (One sender: a second
+  // SIGINT could arrive after the launcher's last read and stop this process.)
   const auto previous = ::signal(SIGHUP, SIG_IGN);
-  const Outcome outcome = run_command(2, {"/bin/sh", "-c", "kill -HUP $PPID; sleep 0.3"});
+  const Outcome outcome = run_command(
+      2, {"/bin/sh", "-c",
+          "if [ \"$RANK\" = 0 ]; then kill -HUP $PPID; kill -INT $PPID; fi; exec sleep 60"});
   EXPECT_EQ(::signal(SIGHUP, previous), SIG_IGN);  // still ignored after the launch
-  EXPECT_EQ(outcome.status, 0) << outcome.err;
+  EXPECT_EQ(outcome.status, 128 + SIGINT) << outcome.err;
+  EXPECT_TRUE(contains(outcome.err,
+                       "chorus launch: received SIGINT; forwarding it to the 2 "
+                       "running ranks\n"))
+      << outcome.err;
   EXPECT_FALSE(contains(outcome.err, "received SIGHUP")) << outcome.err;
 }
 
