@@ -372,6 +372,9 @@ std::string run_shape(const SimOptions& options) {
   if (options.max_steps != defaults.max_steps) {
     parts.push_back("max_steps=" + std::to_string(options.max_steps));
   }
+  if (options.steps_after_budget != defaults.steps_after_budget) {
+    parts.push_back("steps_after_budget=" + std::to_string(options.steps_after_budget));
+  }
   if (parts.empty()) {
     return "-";
   }

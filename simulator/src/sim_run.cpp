@@ -150,7 +150,7 @@ SimOptions effective_options(const SimOptions& options) {
                                 "}, but this run has {" + shape +
                                 "}: replay it with the same SimOptions (reduction order, "
                                 "allocator, faults, CUDA devices, liveness, timeout, "
-                                "max_steps)");
+                                "max_steps, steps_after_budget)");
     }
     effective.choices = std::move(token.choices);
     effective.fuzz_bytes.reset();

@@ -218,6 +218,13 @@ int SimGroup::group_rank_of(int rank) const noexcept {
 
 namespace {
 
+// Unwinds a rank that retries forever after the step budget ran out (SimWorld::stop_rank). Not
+// a chorus::Error, nor a std::exception, so that the handler that kept the rank retrying does not
+// take it; rank_body records `error` as the rank's.
+struct RankStopped {
+  std::exception_ptr error;
+};
+
 std::unique_ptr<ChoiceSource> source_for(const SimOptions& options) {
   if (options.choices) {
     return recorded_source(*options.choices);
@@ -279,6 +286,10 @@ void SimWorld::rank_body(int rank) {
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   try {
     rank_main_();
+  } catch (const RankStopped& stopped) {
+    slot.error = stopped.error;
+    slot.failed = true;
+    slot.failure = describe(slot.error);
   } catch (...) {
     slot.error = std::current_exception();
     slot.failed = true;
@@ -333,6 +344,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   CHORUS_CHECK_EQ(current_rank(), rank);
   RankSlot& me = ranks_[static_cast<std::size_t>(rank)];
   CHORUS_CHECK(!me.exited);
+  if (stopping_ranks_) [[unlikely]] {
+    stop_rank(rank, group, info);
+  }
   if (me.crashed) {
     throw_crashed(rank, group, info);
   }
@@ -777,6 +791,9 @@ void SimWorld::schedule() {
                        " scheduling decisions without ending (livelock?); step budget "
                        "SimOptions::max_steps exhausted");
       continue;
+    }
+    if (livelocked_ && steps_ - options_.max_steps >= options_.steps_after_budget) {
+      stopping_ranks_ = true;  // a rank still issuing operations retries forever: stop_rank
     }
     Decision decision;
     if (by_priority) {
@@ -1663,6 +1680,18 @@ void SimWorld::stall(int rank, std::uint64_t steps) {
   earliest_deadline_ = std::min(earliest_deadline_, slot.wake_at);
   yield(rank);
   CHORUS_CHECK(slot.phase == Phase::Runnable);
+}
+
+void SimWorld::stop_rank(int rank, const SimGroup& group, const transport::OpInfo& info) {
+  ++marks_["livelock.rank_stopped"];
+  throw RankStopped{std::make_exception_ptr(Deadlock(
+      ErrorContext{rank, std::string(info.name), info.seq, group.label},
+      "rank " + std::to_string(rank) + " still issued operations " +
+          std::to_string(steps_ - options_.max_steps) +
+          " scheduling decisions after the step budget (SimOptions::max_steps = " +
+          std::to_string(options_.max_steps) +
+          ") ran out, catching the errors they raised, so the simulator stopped it (catch only "
+          "the errors you mean to retry, such as Aborted or TransportError)"))};
 }
 
 void SimWorld::throw_crashed(int rank, const SimGroup& group, const transport::OpInfo& info) const {

@@ -419,6 +419,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Kills the calling rank `rank` as it starts `info` on `group`; throws its RankFailure.
   [[noreturn]] void crash(int rank, const SimGroup& group, const transport::OpInfo& info,
                           std::uint64_t op_index);
+  // Unwinds a rank that still issues operations long after the step budget ran out.
+  [[noreturn]] void stop_rank(int rank, const SimGroup& group, const transport::OpInfo& info);
   [[noreturn]] void throw_crashed(int rank, const SimGroup& group,
                                   const transport::OpInfo& info) const;
   // Note [Virtual time skip]: whether virtual time jumped.
@@ -479,6 +481,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<Decision> schedule_;
   std::uint64_t completed_ = 0;
   bool livelocked_ = false;
+  bool stopping_ranks_ = false;  // steps_after_budget decisions after livelocked_: start() unwinds
   // Faults (Note [Fault injection], Note [Liveness phase]).
   bool faults_planned_ = false;    // any explicit fault, or random ones enabled
   std::vector<bool> fault_spent_;  // by index in options_.faults: fired

@@ -160,11 +160,12 @@ TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
   options.liveness_steps = 100;
   options.timeout = std::chrono::microseconds(7);
   options.max_steps = 1000;
+  options.steps_after_budget = 20;
   EXPECT_EQ(run_shape(options),
             "order=adversarial,alloc=quarantine,quarantine=3,guard,cuda,checks=off,fault=crash@1.2,"
             "fault=delay@0.1x40,"
             "random_faults=c0.t0.h5.d0.x100.u0.n1,finalization=chosen,liveness=100,timeout_ns=7000,"
-            "max_steps=1000");
+            "max_steps=1000,steps_after_budget=20");
   // Options that do not change the run (strategy: a replay ignores it; outputs) stay out.
   SimOptions outputs;
   outputs.strategy = Strategy::Pct;

@@ -315,6 +315,39 @@ TEST(SimFailure, LivelockHitsTheStepBudget) {
   EXPECT_TRUE(contains(report.rank_errors[0], "step budget")) << report.rank_errors[0];
 }
 
+// A rank that catches every error and retries would never end once the budget ran out (its
+// operations fail at once, but each is a scheduling decision): steps_after_budget decisions
+// later its next operation unwinds it, past its handler, and it fails with Deadlock.
+TEST(SimFailure, ARankThatRetriesForeverAfterTheStepBudgetIsStopped) {
+  SimOptions options = quiet(2);
+  options.max_steps = 500;
+  options.steps_after_budget = 300;
+  std::vector<std::uint64_t> caught(2, 0);
+  SimReport report = sim::simulate(options, [&caught] {
+    while (true) {
+      try {
+        (void)all_reduce(bytes(1), "sum", {0, 1}).to_vector<std::uint8_t>();
+      } catch (const chorus::Error&) {
+        ++caught[static_cast<std::size_t>(rank())];
+      }
+    }
+  });
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.marks["livelock.rank_stopped"], 2u);
+  EXPECT_GE(report.steps, options.max_steps + options.steps_after_budget);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& error = report.rank_errors[static_cast<std::size_t>(r)];
+    EXPECT_TRUE(contains(error, "chorus::Deadlock: [rank " + std::to_string(r) + "] all_reduce #"))
+        << error;
+    EXPECT_TRUE(contains(error,
+                         "scheduling decisions after the step budget "
+                         "(SimOptions::max_steps = 500) ran out, catching the errors "
+                         "they raised, so the simulator stopped it"))
+        << error;
+    EXPECT_GT(caught[static_cast<std::size_t>(r)], 0u);  // it did retry
+  }
+}
+
 TEST(SimFailure, AFailingRunPrintsTheSeedAndAReplayCommand) {
   ::unsetenv("CHORUS_SIM_SEED");
   ::unsetenv("CHORUS_SIM_REPLAY");

@@ -133,6 +133,11 @@ struct SimOptions {
   // Scheduling decisions before the run is declared livelocked (every unfinished rank gets
   // Deadlock).
   std::uint64_t max_steps = 50'000'000;
+  // Decisions after that before a rank that still issues operations (it catches their errors
+  // and retries) is stopped: its next operation unwinds it with an exception that no
+  // `catch (const chorus::Error&)` or `catch (const std::exception&)` takes, and the rank fails
+  // with Deadlock. Time enough for ranks that handle the budget's errors to end.
+  std::uint64_t steps_after_budget = 100'000;
   // Auto can be overridden with CHORUS_SIM_EXECUTOR=fibers|threads.
   ExecutorKind executor = ExecutorKind::Auto;
   // Print the seed and a one-line replay command to stderr when a rank fails.
