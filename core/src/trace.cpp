@@ -89,6 +89,9 @@ std::int64_t dim_of(const OpRecord& record, std::size_t i, const char* op) {
 std::vector<Shape> result_shapes(const OpRecord& record, const char* op) {
   std::vector<Shape> shapes;
   const int size = record.group_size;
+  if (size < 1) {  // the shape rules divide by it
+    invalid_record(op, record, "group_size " + std::to_string(size) + " is not positive");
+  }
   for (std::size_t i = 0; i < record.input_shapes.size(); ++i) {
     const Shape& input = record.input_shapes[i];
     detail::ShapeRule rule;
@@ -199,19 +202,16 @@ namespace {
 
 // Element i of input k of record n on rank r: (r + 1) * 1000 + n * 10 + k + i (Bool: i % 2).
 Tensor default_input(const OpRecord& record, std::size_t n, std::size_t k, int rank) {
-  const Shape& shape = record.input_shapes[k];
-  std::int64_t numel = 1;
-  for (std::int64_t size : shape) {
-    numel *= size;
-  }
+  // Tensor::empty checks the shape (a negative size, a count that overflows) before anything
+  // is counted here.
+  Tensor values = Tensor::empty(record.input_shapes[k], DType::Int64);
   const auto base =
       static_cast<std::int64_t>((rank + 1) * 1000) + static_cast<std::int64_t>(n * 10 + k);
-  std::vector<std::int64_t> values(static_cast<std::size_t>(numel));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    values[i] = record.input_dtype(k) == DType::Bool ? static_cast<std::int64_t>(i % 2)
-                                                     : base + static_cast<std::int64_t>(i);
+  std::int64_t* const data = values.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < values.numel(); ++i) {
+    data[i] = record.input_dtype(k) == DType::Bool ? i % 2 : base + i;
   }
-  return Tensor::from_vector(values, shape).to(record.input_dtype(k));
+  return values.to(record.input_dtype(k));
 }
 
 }  // namespace

@@ -567,7 +567,19 @@ Outcome execute_in_lockstep(const Property& property, const Case& value) {
   } catch (...) {
     failure = "an exception that is not a std::exception";
   }
-  return agree(failure);
+  if (failure.empty()) {
+    return agree(failure);
+  }
+  // A rank that failed before a collective its peers issued reaches the verdict exchange while
+  // they still wait on that collective: the exchange may time out (or, on the simulator,
+  // deadlock) here first, and its error must still say why this rank left the property.
+  try {
+    return agree(failure);
+  } catch (const Error& error) {
+    throw_error(error.code(), error.context(),
+                error.detail() +
+                    "; before this verdict exchange, this rank had failed the case: " + failure);
+  }
 }
 
 // ---- Replay tokens: chorus-check:4:<property>:<ranks>:<seed>:<cases>:<case>:<schedules>:

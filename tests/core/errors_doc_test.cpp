@@ -1613,6 +1613,40 @@ TEST(ErrorsDocTracing, AdjointOfInvalidRecord) {
           ": input size 3 along scatter_dim 0 is not divisible by the group size 2");
 }
 
+// The shape rules divide by the group size: a record whose group_size is 0 (OpRecord's default)
+// once crashed adjoint with a division by zero.
+TEST(ErrorsDocTracing, AdjointOfNonPositiveGroupSize) {
+  for (const std::string op : {"all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single"}) {
+    for (const int group_size : {0, -1}) {
+      OpRecord forward = errdoc_record(op);
+      forward.input_shapes = {{4}};
+      forward.dims = {0};
+      forward.group_size = group_size;
+      errdoc_expect_plain<InvalidArgument>([&] { (void)adjoint(forward); }, "adjoint",
+                                           "record " + forward.to_string() + ": group_size " +
+                                               std::to_string(group_size) + " is not positive");
+    }
+  }
+}
+
+// replay's default inputs check the record's shapes before counting their elements (a negative
+// size once made a std::length_error, a product past int64 undefined behaviour).
+TEST(ErrorsDocTracing, ReplayOfAnImpossibleShape) {
+  run_quietly(2, [] {
+    const Shape negative = {-1};
+    const Shape huge = {std::int64_t{1} << 32, std::int64_t{1} << 32};
+    for (const auto& [shape, why] : {std::pair{negative, "shape [-1] has a negative size"},
+                                     std::pair{huge,
+                                               "shape [4294967296, 4294967296] of Int64 is "
+                                               "too large to address"}}) {
+      OpRecord record = errdoc_record();
+      record.input_shapes = {shape};
+      record.output_shapes = {shape};
+      (void)expect_error<InvalidArgument>([&] { (void)replay({record}); }, {why}, __LINE__);
+    }
+  });
+}
+
 TEST(ErrorsDocTracing, FromJsonSyntax) {
   EXPECT_NO_THROW((void)from_json(errdoc_json())) << "the base record is valid";
   errdoc_expect_plain<InvalidArgument>([] { (void)from_json("[1,]"); }, "from_json",

@@ -237,6 +237,39 @@ TEST(Battery, AGeneratorThatThrowsFailsThePropertyWithItsMessage) {
       << report.results[0].failure;
 }
 
+// A rank that fails before a collective its peers issue reaches the verdict exchange alone: the
+// exchange fails (here CollectiveMismatch: the simulator sees the ranks wait on different groups;
+// on MPI or NCCL a Timeout), and its error still carries the rank's own failure, which used to
+// be lost.
+TEST(Battery, LockstepVerdictErrorsCarryTheFailureThatCausedThem) {
+  const Property one_sided = make_property<int>(
+      "user.one_sided", "rank 0 fails before a collective the others issue",
+      [](World) { return rc::gen::just(0); },
+      [](const int&, Env&) {
+        if (rank() == 0) {
+          throw std::runtime_error("rank 0 gave up before its all_reduce");
+        }
+        (void)all_reduce(Tensor::ones({1}, DType::Int32), "sum", world()).to_vector<int>();
+      });
+  CheckOptions options;
+  options.cases = 1;
+  sim::SimOptions sim_options;
+  sim_options.world_size = 2;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  const sim::SimReport run =
+      sim::simulate(sim_options, [&] { (void)check_in_lockstep({one_sided}, options); });
+  ASSERT_FALSE(run.ok());
+  EXPECT_NE(run.rank_errors[0].find("chorus::CollectiveMismatch: [rank 0] all_reduce #0 on group "
+                                    "'chorus.check.verdicts'"),
+            std::string::npos)
+      << run.rank_errors[0];
+  EXPECT_NE(run.rank_errors[0].find("; before this verdict exchange, this rank had failed the "
+                                    "case: rank 0 gave up before its all_reduce"),
+            std::string::npos)
+      << run.rank_errors[0];
+}
+
 // Half the simulator runner's cases run on the full --ranks world whatever their index (the docs
 // say so); the world size used to be drawn at the case's RapidCheck size, so the early cases
 // (size i * 100 / cases) ran almost only on the smallest worlds.
