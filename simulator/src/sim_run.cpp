@@ -111,6 +111,15 @@ void check_enumerated_options(const SimOptions& options) {
   }
 }
 
+// InvalidArgument for a wait timeout that is not positive: every wait would time out at once.
+void check_timeout(const SimOptions& options) {
+  if (options.timeout.count() <= 0) {
+    throw InvalidArgument(ErrorContext{-1, "sim::run", -1, ""},
+                          "SimOptions::timeout is " + std::to_string(options.timeout.count()) +
+                              " ns: a wait's timeout must be positive");
+  }
+}
+
 // CHORUS_SIM_TIMELINE and CHORUS_SIM_TRACE, where the options read the environment, over the
 // options' own paths.
 void resolve_output_paths(SimOptions& options) {
@@ -443,6 +452,7 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   }
 #endif
   check_enumerated_options(effective);
+  check_timeout(effective);
   check_fault_plan(effective);
   if (RankContext::current() != nullptr) {
     throw InvalidArgument(ErrorContext{RankContext::current()->rank(), "sim::run", -1, ""},

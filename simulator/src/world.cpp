@@ -218,6 +218,18 @@ int SimGroup::group_rank_of(int rank) const noexcept {
 
 namespace {
 
+// at + by, or the clock's last instant where it would pass it: virtual time near the end of the
+// clock (after a time skip to the deadline of a timeout close to Duration::max()) must not wrap.
+// The last instant is Duration::max() - 1 ns, since Duration::max() means "never" (a deadline
+// that never passes; skip_virtual_time's "nothing to skip to"); a wake-up there still happens.
+transport::Duration saturating_add(transport::Duration at, transport::Duration by) {
+  constexpr transport::Duration kLastInstant = transport::Duration::max() - transport::Duration(1);
+  std::int64_t sum = 0;
+  return __builtin_add_overflow(at.count(), by.count(), &sum) || sum > kLastInstant.count()
+             ? kLastInstant
+             : transport::Duration(sum);
+}
+
 // Unwinds a rank that retries forever after the step budget ran out (SimWorld::stop_rank). Not
 // a chorus::Error, nor a std::exception, so that the handler that kept the rank retrying does not
 // take it; rank_body records `error` as the rank's.
@@ -812,8 +824,7 @@ void SimWorld::schedule() {
       schedule_.push_back(decision);
     }
     ++steps_;
-    now_ns_.store(now_ns_.load(std::memory_order_relaxed) + kStepDuration.count(),
-                  std::memory_order_relaxed);
+    now_ns_.store(saturating_add(now(), kStepDuration).count(), std::memory_order_relaxed);
     execute(decision);
   }
   // Nothing can be outstanding once every rank finished: each rank completed its works before
@@ -1676,7 +1687,7 @@ void SimWorld::stall(int rank, std::uint64_t steps) {
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   CHORUS_CHECK(slot.phase == Phase::Runnable);
   set_phase(static_cast<std::size_t>(rank), Phase::Delayed);
-  slot.wake_at = now() + kStepDuration * static_cast<std::int64_t>(steps);
+  slot.wake_at = saturating_add(now(), kStepDuration * static_cast<std::int64_t>(steps));
   earliest_deadline_ = std::min(earliest_deadline_, slot.wake_at);
   yield(rank);
   CHORUS_CHECK(slot.phase == Phase::Runnable);

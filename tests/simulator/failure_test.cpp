@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "support/expect_error.hpp"
+
 namespace chorus {
 namespace {
 
@@ -346,6 +348,42 @@ TEST(SimFailure, ARankThatRetriesForeverAfterTheStepBudgetIsStopped) {
         << error;
     EXPECT_GT(caught[static_cast<std::size_t>(r)], 0u);  // it did retry
   }
+}
+
+TEST(SimFailure, ATimeoutThatIsNotPositiveIsRefused) {
+  for (const std::chrono::nanoseconds timeout :
+       {std::chrono::nanoseconds(0), std::chrono::nanoseconds(-5)}) {
+    SimOptions options = quiet(2);
+    options.timeout = timeout;
+    testing::expect_invalid_argument([&] { (void)sim::simulate(options, [] {}); },
+                                     {"SimOptions::timeout is " + std::to_string(timeout.count()) +
+                                      " ns: a wait's timeout must be positive"});
+  }
+}
+
+// A timeout close to the end of the clock: the hang's timeout skips virtual time to its deadline,
+// and the delay after it would end past the clock's end. Virtual time saturates instead of
+// wrapping (signed overflow, which the asan-ubsan preset reports), and the run still ends.
+TEST(SimFailure, VirtualTimeNearTheEndOfTheClockDoesNotWrap) {
+  SimOptions options = quiet(2);
+  options.timeout = std::chrono::nanoseconds::max() - std::chrono::seconds(1);
+  options.faults = {sim::Fault::hang(1, 0), sim::Fault::delay(0, 1, std::uint64_t{1} << 30)};
+  std::vector<std::string> first(2);
+  SimReport report = sim::simulate(options, [&first] {
+    try {
+      (void)all_reduce(bytes(1), "sum", {0, 1}).to_vector<std::uint8_t>();
+    } catch (const chorus::Error& error) {
+      first[static_cast<std::size_t>(rank())] = error.what();
+    }
+    if (rank() == 0) {
+      (void)all_reduce(bytes(1), "sum", {0}).to_vector<std::uint8_t>();  // delayed
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(contains(first[static_cast<std::size_t>(r)], "chorus::Timeout"))
+        << first[static_cast<std::size_t>(r)];
+  }
+  EXPECT_EQ(report.marks["fault.time_skip"], 2u) << report.to_string();
 }
 
 TEST(SimFailure, AFailingRunPrintsTheSeedAndAReplayCommand) {

@@ -127,8 +127,9 @@ struct RandomFaults {
 struct SimOptions {
   int world_size = 8;  // 1 .. kMaxWorldSize
   std::uint64_t seed = 0;
-  // Virtual time a wait may take before it throws Timeout. The scheduler advances virtual time
-  // by kStepDuration per decision.
+  // Virtual time a wait may take before it throws Timeout (positive; sim::run refuses others).
+  // The scheduler advances virtual time by kStepDuration per decision; virtual time stops at
+  // the clock's last instant rather than wrap.
   std::chrono::nanoseconds timeout = std::chrono::minutes(10);
   // Scheduling decisions before the run is declared livelocked (every unfinished rank gets
   // Deadlock).
