@@ -259,7 +259,7 @@ class Call {
   }
 
   // InvalidArgument unless the call's tensors are host tensors: `what` needs a host step
-  // (rearranging blocks), and chorus has no device kernels.
+  // (rearranging blocks) after the transport, which chorus does not order on a device stream.
   void require_host(const std::string& what) const {
     if (device_.is_cuda()) {
       invalid(what + " on " + device_.to_string() +

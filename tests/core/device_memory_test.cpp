@@ -559,7 +559,7 @@ TEST(DeviceMemory, DeviceCallsCoreCannotRunAreRefusedBeforeAnythingStarts) {
   DeviceRank rank;
   const Tensor matrix = Tensor::arange(4).view({2, 2}).to(kGpu);
   expect_invalid_argument([&] { all_gather_tensor(matrix, 1, {0}); },
-                          {"all_gather along dim 1 on cuda:0", "no device kernels"});
+                          {"all_gather along dim 1 on cuda:0", "strided device copy"});
   expect_invalid_argument([&] { reduce_scatter_tensor(matrix, "sum", 1, {0}); },
                           {"reduce_scatter along dim 1 on cuda:0"});
   expect_invalid_argument([&] { all_reduce(matrix.transpose(0, 1), "sum", {0}); },
