@@ -571,8 +571,9 @@ Outcome execute_in_lockstep(const Property& property, const Case& value) {
     return agree(failure);
   }
   // A rank that failed before a collective its peers issued reaches the verdict exchange while
-  // they still wait on that collective: the exchange may time out (or, on the simulator,
-  // deadlock) here first, and its error must still say why this rank left the property.
+  // they still wait on that collective: the exchange may time out here first (the simulator
+  // calls it a CollectiveMismatch: the ranks wait on different groups), and its error must still
+  // say why this rank left the property.
   try {
     return agree(failure);
   } catch (const Error& error) {
