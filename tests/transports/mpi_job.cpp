@@ -47,6 +47,22 @@
 //            while rank 2 sets up h = {0, 2}: rank 0 and 2 get CollectiveMismatch, rank 1 a
 //            Timeout; then ranks 0 and 1 set up j = {0, 1} and all_reduce on it ("Stale
 //            messages": both counted their exchanged pair).
+//   setup_retry_late  (3 ranks, rank 0 with a short --timeout-ms) rank 0's set-up of g =
+//            {0, 1, 2} times out having paired with rank 1 only; rank 2 arrives after that
+//            Timeout (it waits in an all_reduce on h = {0, 2}, set up first, that rank 0 issues
+//            after it), pairs with rank 1 and with rank 0's message, and ranks 1 and 2 wait in
+//            MPI_Comm_create_group; rank 0's retries wait for rank 2 only (the first, before
+//            rank 2 can arrive, times out naming rank 2 alone), and all_reduce on g sums to 3
+//            ("Partial set-ups"); exit 0.
+//   setup_retry_both  (3 ranks, ranks 0 and 1 with a short --timeout-ms) ranks 0 and 1 both
+//            time out setting up g = {0, 1, 2}, having paired with each other; rank 2 arrives
+//            after both (through all_reduces on h0 = {0, 2} and h1 = {1, 2}, set up first), and
+//            both retries skip the pair they already exchanged: all_reduce on g sums to 3.
+//   setup_moved_on  (3 ranks, ranks 0 and 1 with a short --timeout-ms) ranks 0 and 1 time out
+//            setting up g = {0, 1, 2}, which rank 2 never issues, having paired with each
+//            other; rank 1 then sets up y = {0, 1} while rank 0 retries g: rank 0's retry gets a
+//            CollectiveMismatch naming rank 1 (which will never create g) instead of going on
+//            to wait for rank 2, and rank 0 then sets up y with rank 1 ("Partial set-ups").
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 //   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
@@ -956,6 +972,132 @@ void setup_counts() {
   }
 }
 
+void setup_retry_late() {
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  const int rank = chorus::rank();
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
+          "first world all_reduce");  // the world's set-up, before the others
+  const chorus::ProcessGroup g = chorus::new_group({0, 1, 2}, "g");
+  const chorus::ProcessGroup h = chorus::new_group({0, 2}, "h");
+  const chorus::ProcessGroup k = chorus::new_group({0, 1, 2}, "k");
+  if (rank != 1) {
+    require(chorus::all_reduce(one, "sum", h).to_vector<float>()[0] == 2.0f, "first on h");
+  }
+  if (rank == 0) {
+    std::string text = "no Timeout";
+    try {
+      (void)chorus::all_reduce(one, "sum", g).to_vector<float>();  // rank 2 waits on h
+    } catch (const chorus::Timeout& error) {
+      text = error.what();
+    }
+    // Rank 1 went straight to g (its long timeout), so this set-up paired with it.
+    require(
+        text.find("ranks [2] of group 'g' [0, 1, 2] did not reach its set-up") != std::string::npos,
+        "rank 0's first set-up of g did not time out on rank 2 alone: " + text);
+    text = "no Timeout";
+    try {
+      (void)chorus::all_reduce(one, "sum", g).to_vector<float>();  // rank 2 still waits on h
+    } catch (const chorus::Timeout& error) {
+      text = error.what();
+    }
+    require(
+        text.find("ranks [2] of group 'g' [0, 1, 2] did not reach its set-up") != std::string::npos,
+        "rank 0's second set-up of g did not time out on rank 2 alone: " + text);
+    require(chorus::all_reduce(one, "sum", h).to_vector<float>()[0] == 2.0f, "second on h");
+  } else if (rank == 2) {
+    require(chorus::all_reduce(one, "sum", h).to_vector<float>()[0] == 2.0f, "second on h");
+  }
+  // Rank 0's retry: ranks 1 and 2 are in MPI_Comm_create_group, and rank 1 sends nothing more.
+  const float sum = chorus::all_reduce(one, "sum", g).to_vector<float>()[0];
+  require(sum == 3.0f, "all_reduce on g after the retried set-up is " + std::to_string(sum));
+  // The retry's message to rank 2 is stale there; a new group's set-up pairs past it.
+  require(chorus::all_reduce(one, "sum", k).to_vector<float>()[0] == 3.0f, "all_reduce on k");
+  if (rank == 0) {
+    std::printf("mpi_job setup_retry_late: all checks passed\n");
+  }
+}
+
+void setup_retry_both() {
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  const int rank = chorus::rank();
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
+          "first world all_reduce");  // the world's set-up, before the others
+  const chorus::ProcessGroup g = chorus::new_group({0, 1, 2}, "g");
+  const chorus::ProcessGroup h0 = chorus::new_group({0, 2}, "h0");
+  const chorus::ProcessGroup h1 = chorus::new_group({1, 2}, "h1");
+  const auto on = [&one](const chorus::ProcessGroup& group, const char* what) {
+    require(chorus::all_reduce(one, "sum", group).to_vector<float>()[0] == 2.0f, what);
+  };
+  if (rank == 2) {
+    on(h0, "first on h0");
+    on(h1, "first on h1");
+    on(h0, "second on h0");  // after rank 0's Timeout
+    on(h1, "second on h1");  // after rank 1's Timeout
+  } else {
+    const chorus::ProcessGroup& mine = rank == 0 ? h0 : h1;
+    on(mine, "first on h0 or h1");
+    std::string text = "no Timeout";
+    try {
+      (void)chorus::all_reduce(one, "sum", g).to_vector<float>();  // rank 2 waits on h0, h1
+    } catch (const chorus::Timeout& error) {
+      text = error.what();
+    }
+    require(
+        text.find("ranks [2] of group 'g' [0, 1, 2] did not reach its set-up") != std::string::npos,
+        "rank " + std::to_string(rank) + "'s first set-up of g did not time out on rank 2 " +
+            "alone: " + text);
+    on(mine, "second on h0 or h1");
+  }
+  // Neither retry sends to or waits for the other: they paired for g already.
+  const float sum = chorus::all_reduce(one, "sum", g).to_vector<float>()[0];
+  require(sum == 3.0f, "all_reduce on g after the retried set-ups is " + std::to_string(sum));
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
+          "last world all_reduce");
+  if (rank == 0) {
+    std::printf("mpi_job setup_retry_both: all checks passed\n");
+  }
+}
+
+void setup_moved_on() {
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  const int rank = chorus::rank();
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
+          "first world all_reduce");  // the world's set-up, before the others
+  const chorus::ProcessGroup g = chorus::new_group({0, 1, 2}, "g");
+  const chorus::ProcessGroup y = chorus::new_group({0, 1}, "y");
+  const auto failure = [&one](const chorus::ProcessGroup& group) {
+    try {
+      (void)chorus::all_reduce(one, "sum", group).to_vector<float>();
+    } catch (const chorus::Timeout& error) {
+      return "Timeout: " + std::string(error.what());
+    } catch (const chorus::CollectiveMismatch& error) {
+      return "CollectiveMismatch: " + std::string(error.what());
+    }
+    return std::string("completed");
+  };
+  if (rank != 2) {
+    const std::string first = failure(g);  // rank 2 never issues g
+    require(first.find("Timeout: ") == 0 &&
+                first.find("ranks [2] of group 'g' [0, 1, 2] did not reach its set-up") !=
+                    std::string::npos,
+            "rank " + std::to_string(rank) + "'s set-up of g: " + first);
+    if (rank == 0) {
+      const std::string retry = failure(g);  // rank 1 sets up y meanwhile
+      require(retry.find("CollectiveMismatch: ") == 0 &&
+                  retry.find("rank 1 is setting up another group instead of this retry") !=
+                      std::string::npos,
+              "rank 0's retry of g: " + retry);
+    }
+    // Rank 1 waits here for rank 0, which took its message during the retry.
+    require(chorus::all_reduce(one, "sum", y).to_vector<float>()[0] == 2.0f, "all_reduce on y");
+  }
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
+          "last world all_reduce");
+  if (rank == 0) {
+    std::printf("mpi_job setup_moved_on: all checks passed\n");
+  }
+}
+
 void sigkill() {
   (void)chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>{1.0f}), "sum",
                            chorus::world())
@@ -1032,6 +1174,15 @@ int main(int argc, char** argv) {
   }
   if (mode == "setup_counts") {
     return chorus::run(options, setup_counts);
+  }
+  if (mode == "setup_retry_late") {
+    return chorus::run(options, setup_retry_late);
+  }
+  if (mode == "setup_retry_both") {
+    return chorus::run(options, setup_retry_both);
+  }
+  if (mode == "setup_moved_on") {
+    return chorus::run(options, setup_moved_on);
   }
   if (mode == "sigkill") {
     return chorus::run(options, sigkill);

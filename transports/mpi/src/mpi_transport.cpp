@@ -1370,6 +1370,7 @@ MpiTransport::MpiTransport(std::shared_ptr<MpiProcess> process, std::chrono::nan
       last_paired_(static_cast<std::size_t>(process_->world_size()), 0),
       abandoned_(static_cast<std::size_t>(process_->world_size()), 0),
       abandoned_group_(static_cast<std::size_t>(process_->world_size())),
+      partial_(static_cast<std::size_t>(process_->world_size())),
       early_messages_(static_cast<std::size_t>(process_->world_size())) {}
 
 MpiSchedule MpiTransport::agree_on_schedule(MpiSchedule requested) {
@@ -1415,6 +1416,13 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
                               const ErrorContext& context) {
   const std::size_t n = ranks.size();
   const auto world_size = static_cast<std::size_t>(process_->world_size());
+  // Members this set-up exchanges no messages with: this rank, and the peers an earlier set-up
+  // of this group paired with before it ended without a communicator ("Partial set-ups").
+  std::vector<char> settled(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    settled[i] = ranks[i] == process_->rank() ||
+                 partial_[static_cast<std::size_t>(ranks[i])] == std::optional(id);
+  }
   // "Stale messages": a set-up with a peer that still holds this rank's leftover of another
   // group would pair with it there.
   for (const int rank : ranks) {
@@ -1436,9 +1444,14 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   pending.keep_alive.push_back(ids);
   std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
   std::vector<int> send_peers;  // pending.requests[i] sends to send_peers[i]
+  // The members this set-up waits for; the others' set-up messages are answered ("Busy peers"),
+  // settled members' too: they sent this set-up nothing, so a message of theirs is for another.
   std::vector<char> member(world_size, 0);
-  for (const int rank : ranks) {
-    member[static_cast<std::size_t>(rank)] = 1;
+  bool skips_peers = false;  // "Partial set-ups"
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool skipped = settled[i] != 0 && ranks[i] != process_->rank();
+    member[static_cast<std::size_t>(ranks[i])] = skipped ? 0 : 1;
+    skips_peers = skips_peers || skipped;
   }
   // "Busy peers": whether this set-up answered the asker's latest message.
   std::vector<char> answered(world_size, 0);
@@ -1513,9 +1526,10 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   {
     const std::lock_guard mpi_lock(process_->mutex());
     for (std::size_t i = 0; i < n; ++i) {
-      if (ranks[i] == process_->rank()) {
+      if (settled[i] != 0) {
         continue;
       }
+      partial_[static_cast<std::size_t>(ranks[i])].reset();  // a set-up of another group
       MPI_Request send = MPI_REQUEST_NULL;
       std::uint64_t* message = &(*ids)[2 * n + 2 * i];
       message[0] = id;
@@ -1634,6 +1648,59 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       }
     }
   };
+  // The members of `missing` whose messages still have not arrived once their receives are
+  // cancelled ("Leftovers"): a message that arrived as its receive was cancelled is an arrival,
+  // unless stale.
+  const auto cancel_missing = [&](const std::vector<int>& missing) {
+    {
+      const std::lock_guard mpi_lock(process_->mutex());
+      cancel_receives();
+    }
+    std::vector<int> still_missing;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (std::ranges::find(missing, ranks[i]) != missing.end() &&
+          (matched_at_cancel[i] == 0 || stale(i))) {
+        still_missing.push_back(ranks[i]);
+      }
+    }
+    return still_missing;
+  };
+  // Ends this set-up without a communicator, `still_missing` having sent nothing: what is
+  // pending is parked, and each pair is recorded as the peer will see it.
+  const auto abandon = [&](const std::vector<int>& still_missing) {
+    process_->park(std::move(pending));
+    for (std::size_t i = 0; i < n; ++i) {
+      if (settled[i] != 0) {
+        continue;
+      }
+      const auto peer = static_cast<std::size_t>(ranks[i]);
+      if (std::ranges::find(still_missing, ranks[i]) == still_missing.end()) {
+        // This pair's messages are consumed on both sides (the peer takes this rank's when it
+        // gets here): counted as on the peer, or the counts part ("Stale messages"); a retry
+        // skips the peer ("Partial set-ups").
+        record_pairing(i);
+        if ((*ids)[2 * i] == id) {
+          partial_[peer] = id;
+        }
+      } else if (abandoned_group_[peer].empty()) {
+        // This rank's message stays there ("Stale messages").
+        abandoned_[peer] = id;
+        abandoned_group_[peer] = context.group;
+      }
+    }
+  };
+  // A skipped member that sent this rank a set-up message since (taken by answer_askers, or by
+  // an earlier set-up) is setting up another group: it will not create this one ("Partial
+  // set-ups"). Its world rank, or -1.
+  const auto departed = [&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto peer = static_cast<std::size_t>(ranks[i]);
+      if (settled[i] != 0 && ranks[i] != process_->rank() && !early_messages_[peer].empty()) {
+        return ranks[i];
+      }
+    }
+    return -1;
+  };
   // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
   const transport::Deadline deadline = transport::Deadline::after(now(), timeout_);
   for (;;) {
@@ -1666,47 +1733,36 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
           missing.push_back(ranks[i]);
         }
       }
+      if (!missing.empty() || skips_peers) {
+        answer_askers();  // with nothing missing, a last look for a skipped peer that moved on
+      }
       if (!missing.empty()) {
-        answer_askers();
         take_replies();
       }
     }
     fail_if_any();
+    if (const int gone = departed(); gone >= 0) {
+      abandon(cancel_missing(missing));
+      partial_[static_cast<std::size_t>(gone)].reset();  // as it did on its side
+      throw CollectiveMismatch(
+          context,
+          "rank " + std::to_string(gone) +
+              " is setting up another group instead of this retry: an earlier set-up of this "
+              "group exchanged its messages with rank " +
+              std::to_string(gone) + " before it ended without a communicator, and rank " +
+              std::to_string(gone) +
+              " moved on, so it would never join this rank in creating the communicator. "
+              "Retry a group whose set-up failed on every member that reached it, or on none");
+    }
     if (missing.empty()) {
       break;
     }
     if (now() >= deadline.at) {
-      {
-        const std::lock_guard mpi_lock(process_->mutex());
-        cancel_receives();
-      }
-      // A message that arrived as its receive was cancelled is an arrival, unless stale.
-      std::vector<int> still_missing;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (std::ranges::find(missing, ranks[i]) != missing.end() &&
-            (matched_at_cancel[i] == 0 || stale(i))) {
-          still_missing.push_back(ranks[i]);
-        }
-      }
+      const std::vector<int> still_missing = cancel_missing(missing);
       if (still_missing.empty()) {
         break;  // every peer's message arrived after all: the set-up completes
       }
-      process_->park(std::move(pending));
-      for (std::size_t i = 0; i < n; ++i) {
-        if (ranks[i] == process_->rank()) {
-          continue;
-        }
-        const auto peer = static_cast<std::size_t>(ranks[i]);
-        if (std::ranges::find(still_missing, ranks[i]) == still_missing.end()) {
-          // This pair's messages are consumed on both sides (the peer takes this rank's when it
-          // gets here): counted as on the peer, or the counts part ("Stale messages").
-          record_pairing(i);
-        } else if (abandoned_group_[peer].empty()) {
-          // This rank's message stays there ("Stale messages").
-          abandoned_[peer] = id;
-          abandoned_group_[peer] = context.group;
-        }
-      }
+      abandon(still_missing);
       throw Timeout(context, unreached_set_up_message(still_missing, busy, context.group));
     }
     std::this_thread::yield();
@@ -1730,19 +1786,32 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
     throw TransportError(context, failure);
   }
   for (std::size_t i = 0; i < n; ++i) {
-    if (ranks[i] != process_->rank()) {
+    if (settled[i] == 0) {
       record_pairing(i);  // both messages of the pair are consumed, matching or not
     }
   }
+  // A member whose message named another group (settled members sent none this time).
+  const auto differs = [&](std::size_t i) { return settled[i] == 0 && (*ids)[2 * i] != id; };
+  std::size_t different = 0;
+  while (different < n && !differs(different)) {
+    ++different;
+  }
+  if (different == n) {
+    for (const int rank : ranks) {
+      partial_[static_cast<std::size_t>(rank)].reset();  // MPI_Comm_create_group comes next
+    }
+    return;
+  }
   for (std::size_t i = 0; i < n; ++i) {
-    if (ranks[i] != process_->rank() && (*ids)[2 * i] != id) {
-      throw CollectiveMismatch(
-          context, "rank " + std::to_string(ranks[i]) +
-                       " is setting up a different group at the same time (ranks or tag "
-                       "differ): ranks must first use the groups they share in the same order, "
-                       "or MPI would hang creating their communicators");
+    if (settled[i] == 0 && !differs(i)) {
+      partial_[static_cast<std::size_t>(ranks[i])] = id;  // "Partial set-ups"
     }
   }
+  throw CollectiveMismatch(
+      context, "rank " + std::to_string(ranks[different]) +
+                   " is setting up a different group at the same time (ranks or tag "
+                   "differ): ranks must first use the groups they share in the same order, "
+                   "or MPI would hang creating their communicators");
 }
 
 std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& tag,

@@ -36,6 +36,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -487,6 +488,25 @@ class MpiComm final : public transport::Comm {
 // with it would pair with the leftover on the peer's side, so it is refused (abandoned_).
 // A peer that reaches a set-up its partner abandoned for good still pairs with the leftover
 // and waits in MPI_Comm_create_group (docs/mpi.md).
+//
+// Partial set-ups: in a group of three or more, a set-up can time out after pairing with some
+// members. Those members cannot tell: with g = {0, 1, 2} and rank 2 late, rank 0 times out
+// having paired with rank 1; rank 2 then arrives, pairs with rank 1 and with rank 0's message,
+// and ranks 1 and 2 wait in MPI_Comm_create_group for rank 0. Rank 1 sends no second message,
+// so a retry on rank 0 that waited for one from every member would wait for rank 1 until its
+// deadline, blaming it, while ranks 1 and 2 wait for rank 0 for ever. So a set-up that ends
+// without a communicator (Timeout, CollectiveMismatch) remembers, per peer, the group whose
+// matching messages it exchanged with that peer (partial_), and a retry of the same group
+// neither sends to nor waits for those peers: it waits only for the members still missing,
+// and its Timeout names only them. A pair exchanged in time is recorded on both sides, so two
+// members that both time out and both retry skip each other; where one side's deadline passed
+// first, that side holds the pair as abandoned_ instead, resends, and the peer drops the resent
+// message as stale. A set-up that completes, or a set-up of another group with that peer,
+// forgets it. A skipped peer that sends this rank a set-up message meanwhile has moved on to
+// another group (it would never join this one in MPI_Comm_create_group): the message is kept
+// and answered as a non-member's ("Busy peers"), and the retry ends in a CollectiveMismatch
+// naming the peer, checked on every poll and once more when nobody is missing; one that
+// arrives after that is not seen (docs/mpi.md).
 class MpiTransport final : public transport::Transport {
  public:
   // `timeout` bounds communicator set-up (Note [Communicator rendezvous]) and the collective
@@ -526,6 +546,10 @@ class MpiTransport final : public transport::Transport {
   std::vector<std::uint64_t> last_paired_;  // the id its last paired message carried
   std::vector<std::uint64_t> abandoned_;
   std::vector<std::string> abandoned_group_;
+  // Per world rank: the id of a set-up that ended without a communicator (Timeout or
+  // CollectiveMismatch) after this rank and that peer exchanged matching messages for it; a
+  // retry of that group skips the peer ("Partial set-ups").
+  std::vector<std::optional<std::uint64_t>> partial_;
   // Per world rank: its set-up messages (id, pairings) that a busy set-up took to answer them
   // ("Busy peers"), oldest first, for this rank's next set-ups with it.
   std::vector<std::deque<std::array<std::uint64_t, 2>>> early_messages_;
