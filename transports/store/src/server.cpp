@@ -29,6 +29,8 @@
 // handler throws) closes that session only (Session::guarded, and the accept handler's own
 // catch): an exception that left a handler would leave io.run() and end the process.
 
+#include <fcntl.h>
+
 #include <array>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
@@ -37,6 +39,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
 #include <charconv>
 #include <chorus/check.hpp>
 #include <chorus/error.hpp>
@@ -74,6 +77,17 @@ using Frame = std::shared_ptr<const std::vector<std::uint8_t>>;
 constexpr std::chrono::milliseconds kAcceptRetry{20};
 // Note [Store memory]: a request body is read, and its buffer grown, this much at a time.
 constexpr std::size_t kBodyChunkBytes = std::size_t{64} << 10;
+
+// Boost.Asio 1.74 opens and accepts sockets without SOCK_CLOEXEC: without the flag set here, a
+// process the application forks and execs (a launcher's ranks, a helper) would inherit the
+// store's listening socket and connections, keeping the port bound and connections open after
+// the server closed them.
+void close_on_exec(int fd, boost::system::error_code& error) {
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags < 0 || ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) < 0) {
+    error = boost::system::error_code(errno, boost::system::system_category());
+  }
+}
 
 std::optional<std::string> token_from(const std::optional<std::string>& option) {
   if (option.has_value()) {
@@ -420,6 +434,9 @@ Server::Impl::Impl(ServerOptions options_in)
   }
   acceptor.open(endpoint.protocol(), error);
   if (!error) {
+    close_on_exec(acceptor.native_handle(), error);
+  }
+  if (!error) {
     acceptor.set_option(tcp::acceptor::reuse_address(true), error);
   }
   if (!error) {
@@ -444,6 +461,12 @@ void Server::Impl::start_accept() {
     if (error) {
       // EMFILE and friends: pause instead of spinning; the pending connection stays queued.
       accept_later();
+      return;
+    }
+    boost::system::error_code cloexec_error;
+    close_on_exec(socket.native_handle(), cloexec_error);
+    if (cloexec_error) {
+      start_accept();  // drop the connection (the socket closes here) rather than leak it
       return;
     }
     try {
