@@ -447,14 +447,51 @@ TEST(NcclUniqueIdExchangeErrors, RankZerosFailureToMakeTheIdReachesEveryRank) {
   }
 }
 
+// The store's Timeout names only its call and key: the rank's error says which rank it is and
+// that it waited for rank 0's unique id.
 TEST(NcclUniqueIdExchangeErrors, ARankWaitsForRankZeroUntilTheDeadline) {
   store::Server server;
   store::Client client(options_for(server), std::chrono::seconds(30));
   store::Rendezvous rendezvous(client, 1, 2);
-  EXPECT_THROW(
-      (void)exchange_unique_id(
-          rendezvous, 128, [] { return std::string(128, 'x'); }, std::chrono::milliseconds(200)),
-      Timeout);
+  try {
+    (void)exchange_unique_id(
+        rendezvous, 128, [] { return std::string(128, 'x'); }, std::chrono::milliseconds(200));
+    FAIL() << "rank 1 got a unique id that rank 0 never published";
+  } catch (const Timeout& error) {
+    EXPECT_EQ(error.context().rank, 1);
+    EXPECT_EQ(error.context().op, "nccl::exchange_unique_id");
+    const std::string& detail = error.detail();
+    EXPECT_TRUE(
+        detail.starts_with("nccl: the unique id from rank 0 of this communicator did not "
+                           "arrive: store.get: key 'chorus.rendezvous/0/broadcast/value' was "
+                           "not set within "))
+        << detail;
+    EXPECT_TRUE(detail.ends_with(" ms")) << detail;
+  }
+}
+
+// create_comm names this rank (not its rank in the group), the group, and the world rank that
+// makes the unique id. Before any device is touched: a rank waiting for the root needs no GPU.
+TEST(NcclUniqueIdExchangeErrors, CommunicatorSetUpNamesTheRankTheGroupAndTheRoot) {
+  store::Server server;
+  auto client = std::make_shared<store::Client>(options_for(server), std::chrono::seconds(30));
+  const Environment environment{2, 3, 2, "127.0.0.1", server.port()};
+  detail::NcclTransport transport(environment, client, 0, std::chrono::milliseconds(200), false,
+                                  false);
+  try {
+    (void)transport.create_comm("", {1, 2});
+    FAIL() << "rank 2 made a communicator with a rank that never arrived";
+  } catch (const Timeout& error) {
+    EXPECT_EQ(error.context().rank, 2);
+    EXPECT_EQ(error.context().op, "communicator set-up");
+    EXPECT_EQ(error.context().group, "[1, 2]");
+    const std::string& detail = error.detail();
+    EXPECT_TRUE(
+        detail.starts_with("nccl: the unique id from rank 0 of this communicator did not "
+                           "arrive: store.get: key 'chorus/nccl/comm/"))
+        << detail;
+    EXPECT_TRUE(detail.ends_with(" ms (rank 0 of this communicator is rank 1)")) << detail;
+  }
 }
 
 // ---- Splitting a partition of the world (Note [NCCL communicator set-up])
