@@ -494,6 +494,34 @@ TEST(NcclUniqueIdExchangeErrors, CommunicatorSetUpNamesTheRankTheGroupAndTheRoot
   }
 }
 
+// Note [NCCL store]: rank 0 connects to a store already listening at MASTER_ADDR:MASTER_PORT.
+TEST(NcclStore, RankZeroConnectsToTheStoreThatHoldsTheAddress) {
+  store::Server launcher;
+  const Environment environment{0, 2, 0, "127.0.0.1", launcher.port()};
+  detail::StoreConnection connection = detail::connect_store(environment, std::chrono::seconds(30));
+  EXPECT_EQ(connection.server, nullptr);
+  connection.client->set("k", "from rank 0");
+  store::Client probe(options_for(launcher), std::chrono::seconds(30));
+  EXPECT_EQ(probe.get("k"), "from rank 0");
+}
+
+// An address rank 0 cannot listen on for another reason than its being taken (192.0.2.1,
+// TEST-NET-1, is no address of this host) is rank 0's error at once, not a connect that waits
+// out the timeout on every rank.
+TEST(NcclStore, RankZeroThatCannotHostTheStoreSaysWhyAtOnce) {
+  const Environment environment{0, 2, 0, "192.0.2.1", 29500};
+  try {
+    (void)detail::connect_store(environment, std::chrono::seconds(60));
+    FAIL() << "rank 0 connected to a store at an address of no host";
+  } catch (const TransportError& error) {
+    EXPECT_EQ(error.context().rank, 0);
+    EXPECT_EQ(error.context().op, "nccl::run");
+    EXPECT_EQ(error.detail(),
+              "rank 0 cannot host the store at MASTER_ADDR:MASTER_PORT (192.0.2.1:29500): cannot "
+              "listen on 192.0.2.1:29500: Cannot assign requested address");
+  }
+}
+
 // ---- Splitting a partition of the world (Note [NCCL communicator set-up])
 
 using Parts = std::vector<std::vector<int>>;

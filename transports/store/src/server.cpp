@@ -445,6 +445,11 @@ Server::Impl::Impl(ServerOptions options_in)
   if (!error) {
     acceptor.listen(asio::socket_base::max_listen_connections, error);
   }
+  if (error == boost::system::errc::address_in_use) {
+    throw AddressInUse(error_context("store.server"), "cannot listen on " + options.host + ":" +
+                                                          std::to_string(options.port) + ": " +
+                                                          error.message());
+  }
   if (error) {
     throw TransportError(error_context("store.server"), "cannot listen on " + options.host + ":" +
                                                             std::to_string(options.port) + ": " +
