@@ -447,14 +447,79 @@ TEST(NcclUniqueIdExchangeErrors, RankZerosFailureToMakeTheIdReachesEveryRank) {
   }
 }
 
+// The store's Timeout names only its call and key: the rank's error says which rank it is and
+// that it waited for rank 0's unique id.
 TEST(NcclUniqueIdExchangeErrors, ARankWaitsForRankZeroUntilTheDeadline) {
   store::Server server;
   store::Client client(options_for(server), std::chrono::seconds(30));
   store::Rendezvous rendezvous(client, 1, 2);
-  EXPECT_THROW(
-      (void)exchange_unique_id(
-          rendezvous, 128, [] { return std::string(128, 'x'); }, std::chrono::milliseconds(200)),
-      Timeout);
+  try {
+    (void)exchange_unique_id(
+        rendezvous, 128, [] { return std::string(128, 'x'); }, std::chrono::milliseconds(200));
+    FAIL() << "rank 1 got a unique id that rank 0 never published";
+  } catch (const Timeout& error) {
+    EXPECT_EQ(error.context().rank, 1);
+    EXPECT_EQ(error.context().op, "nccl::exchange_unique_id");
+    const std::string& detail = error.detail();
+    EXPECT_TRUE(
+        detail.starts_with("nccl: the unique id from rank 0 of this communicator did not "
+                           "arrive: store.get: key 'chorus.rendezvous/0/broadcast/value' was "
+                           "not set within "))
+        << detail;
+    EXPECT_TRUE(detail.ends_with(" ms")) << detail;
+  }
+}
+
+// create_comm names this rank (not its rank in the group), the group, and the world rank that
+// makes the unique id. Before any device is touched: a rank waiting for the root needs no GPU.
+TEST(NcclUniqueIdExchangeErrors, CommunicatorSetUpNamesTheRankTheGroupAndTheRoot) {
+  store::Server server;
+  auto client = std::make_shared<store::Client>(options_for(server), std::chrono::seconds(30));
+  const Environment environment{2, 3, 2, "127.0.0.1", server.port()};
+  detail::NcclTransport transport(environment, client, 0, std::chrono::milliseconds(200), false,
+                                  false);
+  try {
+    (void)transport.create_comm("", {1, 2});
+    FAIL() << "rank 2 made a communicator with a rank that never arrived";
+  } catch (const Timeout& error) {
+    EXPECT_EQ(error.context().rank, 2);
+    EXPECT_EQ(error.context().op, "communicator set-up");
+    EXPECT_EQ(error.context().group, "[1, 2]");
+    const std::string& detail = error.detail();
+    EXPECT_TRUE(
+        detail.starts_with("nccl: the unique id from rank 0 of this communicator did not "
+                           "arrive: store.get: key 'chorus/nccl/comm/"))
+        << detail;
+    EXPECT_TRUE(detail.ends_with(" ms (rank 0 of this communicator is rank 1)")) << detail;
+  }
+}
+
+// Note [NCCL store]: rank 0 connects to a store already listening at MASTER_ADDR:MASTER_PORT.
+TEST(NcclStore, RankZeroConnectsToTheStoreThatHoldsTheAddress) {
+  store::Server launcher;
+  const Environment environment{0, 2, 0, "127.0.0.1", launcher.port()};
+  detail::StoreConnection connection = detail::connect_store(environment, std::chrono::seconds(30));
+  EXPECT_EQ(connection.server, nullptr);
+  connection.client->set("k", "from rank 0");
+  store::Client probe(options_for(launcher), std::chrono::seconds(30));
+  EXPECT_EQ(probe.get("k"), "from rank 0");
+}
+
+// An address rank 0 cannot listen on for another reason than its being taken (192.0.2.1,
+// TEST-NET-1, is no address of this host) is rank 0's error at once, not a connect that waits
+// out the timeout on every rank.
+TEST(NcclStore, RankZeroThatCannotHostTheStoreSaysWhyAtOnce) {
+  const Environment environment{0, 2, 0, "192.0.2.1", 29500};
+  try {
+    (void)detail::connect_store(environment, std::chrono::seconds(60));
+    FAIL() << "rank 0 connected to a store at an address of no host";
+  } catch (const TransportError& error) {
+    EXPECT_EQ(error.context().rank, 0);
+    EXPECT_EQ(error.context().op, "nccl::run");
+    EXPECT_EQ(error.detail(),
+              "rank 0 cannot host the store at MASTER_ADDR:MASTER_PORT (192.0.2.1:29500): cannot "
+              "listen on 192.0.2.1:29500: Cannot assign requested address");
+  }
 }
 
 // ---- Splitting a partition of the world (Note [NCCL communicator set-up])

@@ -3,6 +3,7 @@
 // Everything runs on loopback in this process; nothing sleeps to synchronise (a test that must
 // know a client is blocked polls Server::waiting() under a deadline).
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chorus/error.hpp>
@@ -23,6 +25,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -1413,6 +1416,38 @@ TEST(Store, ManyConnectionsOnOneServerThread) {
   }
   clients.clear();
   eventually([&] { return server.connections() == 0; }, "closed clients leave the server");
+}
+
+// The socket descriptors open in this process now.
+std::vector<int> open_sockets() {
+  std::vector<int> sockets;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::filesystem::path target = std::filesystem::read_symlink(entry.path(), error);
+    if (!error && target.string().starts_with("socket:")) {
+      sockets.push_back(std::stoi(entry.path().filename().string()));
+    }
+  }
+  std::sort(sockets.begin(), sockets.end());
+  return sockets;
+}
+
+TEST(Store, EverySocketOfTheStoreIsClosedOnExec) {
+  // Boost.Asio 1.74 opens the listening socket and accepts connections without SOCK_CLOEXEC: a
+  // process forked and exec'd meanwhile inherited them (and kept the port bound).
+  const std::vector<int> before = open_sockets();
+  Server server;
+  auto client = connect(server);
+  client->set("k", "v");  // answered: the server has accepted the connection
+  std::vector<int> created;
+  std::ranges::set_difference(open_sockets(), before, std::back_inserter(created));
+  // The listening socket, the accepted connection and the client's end of it.
+  ASSERT_EQ(created.size(), 3u);
+  for (const int fd : created) {
+    const int flags = ::fcntl(fd, F_GETFD);
+    ASSERT_GE(flags, 0) << "descriptor " << fd;
+    EXPECT_EQ(flags & FD_CLOEXEC, FD_CLOEXEC) << "descriptor " << fd << " is not close-on-exec";
+  }
 }
 
 TEST(Store, DeadlinesFromDurationsAndTimePoints) {

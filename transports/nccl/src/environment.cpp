@@ -111,7 +111,20 @@ std::string exchange_unique_id(store::Rendezvous& rendezvous, std::size_t id_byt
       throw;
     }
   }
-  std::string received = rendezvous.broadcast_bytes(0, id, deadline);
+  std::string received;
+  try {
+    received = rendezvous.broadcast_bytes(0, id, deadline);
+  } catch (const Error& error) {
+    // The store's error names only its call and key ("store.get: key '.../broadcast/0' was not
+    // set within ..."): say which rank this is and what it waited for.
+    const std::string what = rendezvous.rank() == 0
+                                 ? "nccl: rank 0 of this communicator could not share its "
+                                   "unique id through the store: "
+                                 : "nccl: the unique id from rank 0 of this communicator did "
+                                   "not arrive: ";
+    throw_error(error.code(), ErrorContext{rendezvous.rank(), "nccl::exchange_unique_id", -1, ""},
+                what + error.context().op + ": " + error.detail());
+  }
   if (received.size() != id_bytes && std::string_view(received).starts_with(kFailedIdMarker)) {
     throw TransportError(
         ErrorContext{rendezvous.rank(), "nccl::exchange_unique_id", -1, ""},

@@ -30,21 +30,22 @@ void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {
   }
 }
 
+}  // namespace
+
+namespace detail {
+
 // Note [NCCL store]
 // Rank 0 hosts the store at MASTER_ADDR:MASTER_PORT, as torch's TCPStore does under torchrun.
 // When that address is taken — a launcher (chorus launch) hosts the store there already — rank 0
-// connects to it like every other rank. The server lives until every rank passed the exit
-// barrier, so no rank loses the store while it still sets up a communicator, nor while it is in
-// the exit barrier itself: store::exit_barrier (Note [Exit barrier] in store.cpp) returns on
-// rank 0 only once every other rank has made its last store call, so rank 0 may leave run() and
-// destroy the server at once. (A plain Rendezvous::barrier returned to rank 0 while other ranks
-// still waited for its answers, and they failed "exit barrier: ... server gone?" after a
+// connects to it like every other rank (store::AddressInUse). Any other failure to listen (an
+// address not of this host) is rank 0's TransportError at once: connecting anyway would leave
+// every rank waiting for a store nobody hosts until its timeout. The server lives until every rank
+// passed the exit barrier, so no rank loses the store while it still sets up a communicator, nor
+// while it is in the exit barrier itself: store::exit_barrier (Note [Exit barrier] in store.cpp)
+// returns on rank 0 only once every other rank has made its last store call, so rank 0 may leave
+// run() and destroy the server at once. (A plain Rendezvous::barrier returned to rank 0 while other
+// ranks still waited for its answers, and they failed "exit barrier: ... server gone?" after a
 // correct job.)
-struct StoreConnection {
-  std::unique_ptr<store::Server> server;
-  std::shared_ptr<store::Client> client;
-};
-
 StoreConnection connect_store(const Environment& environment, std::chrono::nanoseconds timeout) {
   StoreConnection connection;
   if (environment.rank == 0) {
@@ -53,10 +54,15 @@ StoreConnection connect_store(const Environment& environment, std::chrono::nanos
     server_options.port = environment.master_port;
     try {
       connection.server = std::make_unique<store::Server>(server_options);
-    } catch (const Error&) {
-      // Taken (a launcher hosts the store, Note [NCCL store]) or not bindable here: connect, and
-      // let the client report what is wrong.
-      connection.server.reset();
+    } catch (const store::AddressInUse&) {
+      // Taken: a launcher hosts the store there (Note [NCCL store]); connect to it.
+    } catch (const Error& error) {
+      // Not bindable here (MASTER_ADDR is not this host's, say). Connecting instead would only
+      // wait, on every rank, for a store nobody hosts until the timeout.
+      throw TransportError(ErrorContext{0, "nccl::run", -1, ""},
+                           "rank 0 cannot host the store at MASTER_ADDR:MASTER_PORT (" +
+                               environment.master_addr + ":" +
+                               std::to_string(environment.master_port) + "): " + error.detail());
     }
   }
   store::ClientOptions client_options;
@@ -66,7 +72,7 @@ StoreConnection connect_store(const Environment& environment, std::chrono::nanos
   return connection;
 }
 
-}  // namespace
+}  // namespace detail
 
 DeviceCount cuda_device_count() noexcept {
   DeviceCount result;
@@ -152,7 +158,7 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
                          "nccl: cudaSetDevice(" + std::to_string(device) +
                              ") failed: " + detail::cuda_error_text(code));
   }
-  StoreConnection connection = connect_store(environment, options.timeout);
+  detail::StoreConnection connection = detail::connect_store(environment, options.timeout);
   int status = 0;
   {
     const char* split = std::getenv("CHORUS_NCCL_SPLIT");

@@ -1118,18 +1118,27 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   store::PrefixStore prefix("chorus/nccl/comm/" + key, *store_);
   store::Rendezvous rendezvous(prefix, group_rank, group_size);
   const auto deadline = deadline_after(timeout_);
-  const std::string id_bytes = exchange_unique_id(
-      rendezvous, sizeof(ncclUniqueId),
-      [&context] {
-        ncclUniqueId id{};
-        const ncclResult_t result = ncclGetUniqueId(&id);
-        if (result != ncclSuccess) {
-          throw TransportError(
-              context, "nccl: ncclGetUniqueId failed: " + std::string(ncclGetErrorString(result)));
-        }
-        return std::string(id.internal, sizeof(id.internal));
-      },
-      store::Deadline(deadline));
+  std::string id_bytes;
+  try {
+    id_bytes = exchange_unique_id(
+        rendezvous, sizeof(ncclUniqueId),
+        [&context] {
+          ncclUniqueId id{};
+          const ncclResult_t result = ncclGetUniqueId(&id);
+          if (result != ncclSuccess) {
+            throw TransportError(context, "nccl: ncclGetUniqueId failed: " +
+                                              std::string(ncclGetErrorString(result)));
+          }
+          return std::string(id.internal, sizeof(id.internal));
+        },
+        store::Deadline(deadline));
+  } catch (const Error& error) {
+    // The same error, at this rank and group (exchange_unique_id knows only the rank in the
+    // group), naming the rank that makes the id: a Timeout here is the root not arriving.
+    throw_error(error.code(), ErrorContext{environment_.rank, "communicator set-up", -1, label},
+                error.detail() + " (rank 0 of this communicator is rank " +
+                    std::to_string(ranks.front()) + ")");
+  }
   ncclUniqueId id{};
   std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
 

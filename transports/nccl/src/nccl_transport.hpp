@@ -374,4 +374,18 @@ class NcclTransport final : public transport::Transport {
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
 std::string group_label(const std::string& tag, const std::vector<int>& ranks);
 
+// Rank 0's store server (when it hosts it) and this rank's connection (Note [NCCL store] in
+// nccl_run.cpp).
+struct StoreConnection {
+  std::unique_ptr<store::Server> server;
+  std::shared_ptr<store::Client> client;
+};
+
+// Rank 0 hosts the store at MASTER_ADDR:MASTER_PORT, or connects to the one listening there
+// already (the address is in use: a launcher's); every other rank connects, retrying until
+// `timeout`. Throws TransportError on rank 0 when it can neither host the store nor find the
+// address in use (MASTER_ADDR is not this host's, say), and the Client's errors (Timeout when
+// no store answers in time). Blocks.
+StoreConnection connect_store(const Environment& environment, std::chrono::nanoseconds timeout);
+
 }  // namespace chorus::nccl::detail

@@ -20,6 +20,16 @@
 // is kept too, and reused until the next write or delete. Waiting sessions that ask for the same
 // keys share a WaitGroup (one cursor, one encoded answer sent to all): a wait for keys equal to
 // the latest group's joins it.
+//
+// Note [Store memory]
+// A frame's header only claims a length: a session grows its body buffer as the bytes arrive,
+// kBodyChunkBytes at a time, so a peer that claims frame_bytes_max and sends nothing (or
+// little) costs the server one chunk, not the whole frame. And an allocation that fails in a
+// handler (std::bad_alloc for a large body, a parsed request or an answer, or anything else a
+// handler throws) closes that session only (Session::guarded, and the accept handler's own
+// catch): an exception that left a handler would leave io.run() and end the process.
+
+#include <fcntl.h>
 
 #include <array>
 #include <atomic>
@@ -29,6 +39,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
 #include <charconv>
 #include <chorus/check.hpp>
 #include <chorus/error.hpp>
@@ -64,6 +75,19 @@ using Frame = std::shared_ptr<const std::vector<std::uint8_t>>;
 
 // A failed accept (out of descriptors, say) is retried after this pause rather than at once.
 constexpr std::chrono::milliseconds kAcceptRetry{20};
+// Note [Store memory]: a request body is read, and its buffer grown, this much at a time.
+constexpr std::size_t kBodyChunkBytes = std::size_t{64} << 10;
+
+// Boost.Asio 1.74 opens and accepts sockets without SOCK_CLOEXEC: without the flag set here, a
+// process the application forks and execs (a launcher's ranks, a helper) would inherit the
+// store's listening socket and connections, keeping the port bound and connections open after
+// the server closed them.
+void close_on_exec(int fd, boost::system::error_code& error) {
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags < 0 || ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) < 0) {
+    error = boost::system::error_code(errno, boost::system::system_category());
+  }
+}
 
 std::optional<std::string> token_from(const std::optional<std::string>& option) {
   if (option.has_value()) {
@@ -133,6 +157,8 @@ struct Server::Impl {
   explicit Impl(ServerOptions options_in);
 
   void start_accept();
+  // start_accept() after kAcceptRetry.
+  void accept_later();
   void serve(const std::shared_ptr<Session>& session);
   void handle(const std::shared_ptr<Session>& session, Request request);
   void start_wait(const std::shared_ptr<Session>& session, Request request);
@@ -193,6 +219,16 @@ struct Session : std::enable_shared_from_this<Session> {
   Session(Server::Impl& server_in, tcp::socket socket_in, std::uint64_t id_in)
       : server(server_in), socket(std::move(socket_in)), timer(server_in.io), id(id_in) {}
 
+  // Note [Store memory]: runs a handler's work; what it throws closes this session only.
+  template <class Work>
+  void guarded(Work work) noexcept {
+    try {
+      work();
+    } catch (const std::exception&) {
+      close();  // out of memory, say: lose this connection, keep the server
+    }
+  }
+
   void start() {
     auto self = shared_from_this();
     timer.expires_after(server.options.handshake_timeout);
@@ -208,9 +244,10 @@ struct Session : std::enable_shared_from_this<Session> {
     CHORUS_CHECK(!reading && !closed);
     reading = true;
     auto self = shared_from_this();
-    asio::async_read(
-        socket, asio::buffer(header),
-        [self](const boost::system::error_code& error, std::size_t) { self->on_header(error); });
+    asio::async_read(socket, asio::buffer(header),
+                     [self](const boost::system::error_code& error, std::size_t) {
+                       self->guarded([&] { self->on_header(error); });
+                     });
   }
 
   void on_header(const boost::system::error_code& error) {
@@ -225,20 +262,39 @@ struct Session : std::enable_shared_from_this<Session> {
       close();  // a frame no client sends: garbage, or a peer trying to exhaust memory
       return;
     }
-    body.resize(bytes);
+    CHORUS_CHECK(body.empty());
+    body_bytes = bytes;
+    read_body();
+  }
+
+  // Note [Store memory]: the next chunk of the body, into a buffer grown only by that much.
+  void read_body() {
+    const std::size_t have = body.size();
+    CHORUS_CHECK(have < body_bytes);
+    const std::size_t chunk = std::min(kBodyChunkBytes, body_bytes - have);
+    body.resize(have + chunk);
     auto self = shared_from_this();
-    asio::async_read(socket, asio::buffer(body),
+    asio::async_read(socket, asio::buffer(body.data() + have, chunk),
                      [self](const boost::system::error_code& read_error, std::size_t) {
-                       self->on_body(read_error);
+                       self->guarded([&] { self->on_body_chunk(read_error); });
                      });
   }
 
-  void on_body(const boost::system::error_code& error) {
-    reading = false;
+  void on_body_chunk(const boost::system::error_code& error) {
     if (error || closed) {
       close();
       return;
     }
+    CHORUS_CHECK(body.size() <= body_bytes);
+    if (body.size() < body_bytes) {
+      read_body();
+      return;
+    }
+    on_body();
+  }
+
+  void on_body() {
+    reading = false;
     Request request;
     try {
       request = detail::parse_request(body);
@@ -248,16 +304,15 @@ struct Session : std::enable_shared_from_this<Session> {
     }
     body.clear();
     body.shrink_to_fit();
-    try {
-      server.handle(shared_from_this(), std::move(request));
-    } catch (const std::exception&) {
-      close();  // out of memory, say: lose this connection, keep the server
+    // What this throws (out of memory, say) is Session::guarded's to catch: Note [Store memory].
+    server.handle(shared_from_this(), std::move(request));
+    if (closed) {
       return;
     }
     // The next request is read once the answer is written (a client that does not read its
     // answers stops being read: no unbounded queue), or now when the request awaits keys (the
     // only request it may send meanwhile is Cancel).
-    if (!closed && !reading && outbox.empty()) {
+    if (!reading && outbox.empty()) {
       read();
     }
   }
@@ -278,9 +333,10 @@ struct Session : std::enable_shared_from_this<Session> {
 
   void write_front() {
     auto self = shared_from_this();
-    asio::async_write(
-        socket, asio::buffer(*outbox.front()),
-        [self](const boost::system::error_code& error, std::size_t) { self->on_written(error); });
+    asio::async_write(socket, asio::buffer(*outbox.front()),
+                      [self](const boost::system::error_code& error, std::size_t) {
+                        self->guarded([&] { self->on_written(error); });
+                      });
   }
 
   void on_written(const boost::system::error_code& error) {
@@ -326,7 +382,8 @@ struct Session : std::enable_shared_from_this<Session> {
   asio::steady_timer timer;  // the handshake deadline, then the pending wait's deadline
   std::uint64_t id;
   std::array<std::uint8_t, detail::kFrameHeaderBytes> header{};
-  std::vector<std::uint8_t> body;
+  std::vector<std::uint8_t> body;  // the bytes of the body read so far: Note [Store memory]
+  std::size_t body_bytes = 0;      // the length its header claims
   std::deque<Frame> outbox;
   bool authenticated = false;
   bool reading = false;
@@ -377,6 +434,9 @@ Server::Impl::Impl(ServerOptions options_in)
   }
   acceptor.open(endpoint.protocol(), error);
   if (!error) {
+    close_on_exec(acceptor.native_handle(), error);
+  }
+  if (!error) {
     acceptor.set_option(tcp::acceptor::reuse_address(true), error);
   }
   if (!error) {
@@ -384,6 +444,11 @@ Server::Impl::Impl(ServerOptions options_in)
   }
   if (!error) {
     acceptor.listen(asio::socket_base::max_listen_connections, error);
+  }
+  if (error == boost::system::errc::address_in_use) {
+    throw AddressInUse(error_context("store.server"), "cannot listen on " + options.host + ":" +
+                                                          std::to_string(options.port) + ": " +
+                                                          error.message());
   }
   if (error) {
     throw TransportError(error_context("store.server"), "cannot listen on " + options.host + ":" +
@@ -400,22 +465,39 @@ void Server::Impl::start_accept() {
     }
     if (error) {
       // EMFILE and friends: pause instead of spinning; the pending connection stays queued.
-      accept_retry.expires_after(kAcceptRetry);
-      accept_retry.async_wait([this](const boost::system::error_code& retry_error) {
-        if (!retry_error) {
-          start_accept();
-        }
-      });
+      accept_later();
       return;
     }
-    boost::system::error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);
-    const std::uint64_t id = next_session_id++;
-    auto session = std::make_shared<Session>(*this, std::move(socket), id);
-    sessions.emplace(id, session);
-    connections.fetch_add(1, std::memory_order_relaxed);
-    session->start();
+    boost::system::error_code cloexec_error;
+    close_on_exec(socket.native_handle(), cloexec_error);
+    if (cloexec_error) {
+      start_accept();  // drop the connection (the socket closes here) rather than leak it
+      return;
+    }
+    try {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      const std::uint64_t id = next_session_id++;
+      auto session = std::make_shared<Session>(*this, std::move(socket), id);
+      sessions.emplace(id, session);
+      connections.fetch_add(1, std::memory_order_relaxed);
+      session->guarded([&] { session->start(); });
+    } catch (const std::exception&) {
+      // Note [Store memory]: no memory for the session; this connection is lost (its socket, or
+      // the session that holds it, closes as it is destroyed), the server accepts the next.
+      accept_later();
+      return;
+    }
     start_accept();
+  });
+}
+
+void Server::Impl::accept_later() {
+  accept_retry.expires_after(kAcceptRetry);
+  accept_retry.async_wait([this](const boost::system::error_code& retry_error) {
+    if (!retry_error) {
+      start_accept();
+    }
   });
 }
 
@@ -648,16 +730,18 @@ void Server::Impl::start_wait(const std::shared_ptr<Session>& session, Request r
     if (error || !late.pending.has_value() || late.pending->wait_id != wait_id) {
       return;
     }
-    const WaitGroup& timed_out = *late.pending->group;
-    CHORUS_CHECK(timed_out.cursor < timed_out.keys.size());
-    std::string message = "key " + quoted(timed_out.keys[timed_out.cursor]) +
-                          " was not set within " + std::to_string(late.pending->timeout.count()) +
-                          " ms";
-    if (timed_out.keys.size() > 1) {
-      message += " (" + std::to_string(timed_out.cursor) + " of " +
-                 std::to_string(timed_out.keys.size()) + " keys were)";
-    }
-    abandon_wait(session, Status::Timeout, message);
+    late.guarded([&] {
+      const WaitGroup& timed_out = *late.pending->group;
+      CHORUS_CHECK(timed_out.cursor < timed_out.keys.size());
+      std::string message = "key " + quoted(timed_out.keys[timed_out.cursor]) +
+                            " was not set within " + std::to_string(late.pending->timeout.count()) +
+                            " ms";
+      if (timed_out.keys.size() > 1) {
+        message += " (" + std::to_string(timed_out.cursor) + " of " +
+                   std::to_string(timed_out.keys.size()) + " keys were)";
+      }
+      abandon_wait(session, Status::Timeout, message);
+    });
   });
 }
 

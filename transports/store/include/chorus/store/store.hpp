@@ -27,6 +27,7 @@
 //
 // No Boost (or any networking) header is reachable from this header.
 
+#include <chorus/error.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -113,11 +114,20 @@ struct ServerOptions {
   std::chrono::milliseconds handshake_timeout{10'000};
 };
 
+// What Server throws when its address is taken (bind failed with EADDRINUSE): another server
+// (a launcher's store, say) listens there already. Every other failure to listen is a plain
+// TransportError.
+class AddressInUse final : public TransportError {
+ public:
+  using TransportError::TransportError;
+};
+
 // The store server: listens at construction and serves on its own thread (one io_context,
 // asynchronous, no thread per client) until stop() or destruction. Thread-safe.
 class Server {
  public:
-  // Binds and listens. Throws TransportError when it cannot (address in use, bad host) and
+  // Binds and listens. Throws AddressInUse (a TransportError) when the address is taken,
+  // TransportError when it cannot listen otherwise (an address not of this host, a bad host) and
   // InvalidArgument for nonsensical options (a zero limit, a handshake timeout that is not
   // positive or is above 2^40 ms).
   explicit Server(ServerOptions options = {});
