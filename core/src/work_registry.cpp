@@ -4,6 +4,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -87,7 +88,11 @@ void PendingWork::finish_on_host(transport::Duration at) const {
   wait_on_host(at);
 }
 
-void PendingWork::complete() const {
+void PendingWork::complete() const { complete_until(nullptr); }
+
+void PendingWork::complete(transport::Duration at) const { complete_until(&at); }
+
+void PendingWork::complete_until(const transport::Duration* at) const {
   if (completion_ == Completion::Stream) {
     if (work_->status() == transport::WorkStatus::Failed) {
       std::rethrow_exception(work_->error());
@@ -96,7 +101,7 @@ void PendingWork::complete() const {
     return;
   }
   if (work_->status() != transport::WorkStatus::Completed) {
-    wait_on_host(deadline_from_now());
+    wait_on_host(at != nullptr ? *at : deadline_from_now());
   }
   if (fixup_) {
     std::call_once(fixup_once_, fixup_);
@@ -366,12 +371,26 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
     });
     storage.works_.clear();
   }
+  std::optional<transport::Duration> at;  // several works on one storage: one deadline
   for (const Claim& claim : claims) {
-    finalize(claim);
+    finalize(claim, shared_deadline(at, *claim.work));
   }
 }
 
+transport::Duration WorkRegistry::shared_deadline(std::optional<transport::Duration>& at,
+                                                  const PendingWork& first) {
+  if (!at.has_value()) {
+    at = first.deadline_from_now();
+  }
+  return *at;
+}
+
 void WorkRegistry::complete_deferred_drops() noexcept {
+  std::optional<transport::Duration> at;
+  complete_deferred_drops(at);
+}
+
+void WorkRegistry::complete_deferred_drops(std::optional<transport::Duration>& at) noexcept {
   if (!may_have_deferred_drops_.load(std::memory_order_acquire)) {
     return;  // no drop was deferred since the last scan
   }
@@ -385,13 +404,18 @@ void WorkRegistry::complete_deferred_drops() noexcept {
     }
     may_have_deferred_drops_.store(false, std::memory_order_relaxed);  // every one is claimed
   }
+  // One deadline for all of them (Note [Work lifecycle]): K drops whose peer is stuck cost one
+  // timeout, not K.
   for (const Claim& claim : claims) {
-    finalize(claim);
+    finalize(claim, shared_deadline(at, *claim.work));
   }
 }
 
 void WorkRegistry::complete_all_at_exit() noexcept {
-  complete_deferred_drops();
+  // One deadline for the whole exit (Note [Work lifecycle], step 4), set by the first batch that
+  // has a work to complete.
+  std::optional<transport::Duration> at;
+  complete_deferred_drops(at);
   std::vector<Claim> claims;
   std::vector<std::shared_ptr<PendingWork>> finalizing_elsewhere;
   {
@@ -408,7 +432,7 @@ void WorkRegistry::complete_all_at_exit() noexcept {
     }
   }
   for (const Claim& claim : claims) {
-    finalize(claim);
+    finalize(claim, shared_deadline(at, *claim.work));
   }
   // Works another context is finalizing: complete and retire them here too (both idempotent),
   // so the rank ends with an empty registry whatever that context does next. A failure is
@@ -417,7 +441,7 @@ void WorkRegistry::complete_all_at_exit() noexcept {
   for (const std::shared_ptr<PendingWork>& work : finalizing_elsewhere) {
     std::exception_ptr error;
     try {
-      work->complete();
+      work->complete(shared_deadline(at, *work));
     } catch (...) {
       error = std::current_exception();
     }
@@ -431,7 +455,7 @@ void WorkRegistry::complete_all_at_exit() noexcept {
       }
     }
   }
-  finish_stream_waits_at_exit();
+  finish_stream_waits_at_exit(at);
 }
 
 void WorkRegistry::settle_stream_waits() noexcept {
@@ -457,7 +481,7 @@ void WorkRegistry::settle_stream_waits() noexcept {
   has_stream_waited_.store(!stream_waited_.empty(), std::memory_order_release);
 }
 
-void WorkRegistry::finish_stream_waits_at_exit() noexcept {
+void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration>& at) noexcept {
   std::deque<StreamWaited> running;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -467,11 +491,12 @@ void WorkRegistry::finish_stream_waits_at_exit() noexcept {
   if (running.empty()) {
     return;
   }
-  // One deadline for all of them: the exit waits at most the rank's timeout, not one per work.
-  const transport::Duration at = running.front().work->deadline_from_now();
+  // One deadline for all of them, and for the rest of the exit: the exit waits at most the rank's
+  // timeout, not one per work.
+  const transport::Duration deadline = shared_deadline(at, *running.front().work);
   for (const StreamWaited& entry : running) {
     try {
-      entry.work->finish_on_host(at);
+      entry.work->finish_on_host(deadline);
     } catch (...) {
       if (entry.reported) {
         continue;
@@ -516,10 +541,10 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
   return claim;
 }
 
-void WorkRegistry::finalize(const Claim& claim) noexcept {
+void WorkRegistry::finalize(const Claim& claim, transport::Duration at) noexcept {
   std::exception_ptr error;
   try {
-    claim.work->complete();
+    claim.work->complete(at);
   } catch (...) {
     error = std::current_exception();
   }

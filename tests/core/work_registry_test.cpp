@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.hpp>
+#include <chrono>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -749,6 +750,105 @@ TEST(WorkRegistry, AFailedDropStillFinalizingElsewhereAtRankExitIsTheRanksError)
   ASSERT_EQ(summary.unwaited.size(), 1u);
   EXPECT_NE(summary.unwaited[0].error.find("link down"), std::string::npos);
   EXPECT_EQ(context.state().registry()->unwaited().size(), 1u) << "one report line";
+}
+
+// Works a rank completes together share one deadline (Note [Work lifecycle]): works whose peer
+// is stuck cost the rank one timeout, not one each. These works never complete, so every wait
+// times out; a deadline computed afresh per work would be later for each (it lay a timeout on).
+constexpr std::chrono::milliseconds kStuckTimeout{20};
+
+RankOptions stuck_options() {
+  RankOptions options;
+  options.timeout = kStuckTimeout;
+  return options;
+}
+
+// `count` results that never complete, on `rank`'s context; their works in issue order.
+std::vector<std::shared_ptr<FakeWork>> issue_stuck(FakeTransport& transport, RankContext& context,
+                                                   int count, std::vector<Tensor>& results) {
+  ScopedRankBinding binding(&context);
+  for (int i = 0; i < count; ++i) {
+    results.push_back(all_reduce(iota(2), "sum", {0}));
+  }
+  return transport.works();
+}
+
+void expect_one_deadline(const std::vector<std::shared_ptr<FakeWork>>& works) {
+  ASSERT_FALSE(works.empty());
+  for (std::size_t i = 0; i < works.size(); ++i) {
+    EXPECT_EQ(works[i]->waits(), 1) << "work " << i;
+    EXPECT_EQ(works[i]->last_deadline().at, works.front()->last_deadline().at) << "work " << i;
+  }
+}
+
+TEST(WorkRegistry, LeftoversAtRankExitShareOneDeadline) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport, stuck_options());
+  std::vector<Tensor> kept;
+  const auto works = issue_stuck(*transport, context, 3, kept);
+  const RankContext::Summary summary = context.finish();
+  expect_one_deadline(works);
+  ASSERT_NE(summary.error, nullptr);
+  EXPECT_THROW(std::rethrow_exception(summary.error), Timeout);
+  ASSERT_EQ(summary.unwaited.size(), 3u);
+  for (const UnwaitedWork& line : summary.unwaited) {
+    EXPECT_TRUE(line.at_rank_exit);
+    EXPECT_NE(line.error.find("fake work timed out"), std::string::npos) << line.error;
+  }
+}
+
+TEST(WorkRegistry, DeferredDropsSettledTogetherShareOneDeadline) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport, stuck_options());
+  std::vector<Tensor> results;
+  const auto works = issue_stuck(*transport, context, 3, results);
+  for (const auto& work : works) {
+    work->defer_finalization_when_dropped();
+  }
+  results.clear();  // three deferred drops
+  {
+    ScopedRankBinding binding(&context);
+    EXPECT_THROW(work_registry_size(), Timeout) << "settles them; the first failure is raised";
+    EXPECT_THROW(work_registry_size(), Timeout) << "then the second";
+    EXPECT_THROW(work_registry_size(), Timeout) << "then the third";
+    EXPECT_EQ(work_registry_size(), 0u);
+  }
+  expect_one_deadline(works);
+}
+
+TEST(WorkRegistry, TheWholeRankExitSharesOneDeadline) {
+  // A deferred drop settled at the exit, then a leftover: one batch.
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport, stuck_options());
+  std::vector<Tensor> results;
+  auto works = issue_stuck(*transport, context, 2, results);
+  works.front()->defer_finalization_when_dropped();
+  results.erase(results.begin());  // deferred: settled first at the exit
+  context.finish();
+  expect_one_deadline(works);
+}
+
+TEST(WorkRegistry, WorksOfOneDroppedStorageShareOneDeadline) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport, stuck_options());
+  ScopedRankBinding binding(&context);
+  std::vector<std::shared_ptr<FakeWork>> fakes;
+  {
+    Tensor t = Tensor::zeros({4}, DType::Int32);
+    const auto& storage = detail::TensorAccess::storage(t);
+    for (int i = 0; i < 3; ++i) {
+      auto fake = std::make_shared<FakeWork>(
+          transport::Fingerprint{1, i, {}},
+          std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+      fakes.push_back(fake);
+      auto work = std::make_shared<detail::PendingWork>(
+          fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr, context.state().transport_ptr(),
+          kStuckTimeout);
+      context.state().registry()->add(work, {storage.get()});
+    }
+  }  // the drop completes all three
+  expect_one_deadline(fakes);
+  EXPECT_EQ(context.state().registry()->size(), 0u);
 }
 
 TEST(WorkRegistry, OutsideARankTheRegistryIsUnreachable) {

@@ -27,7 +27,9 @@
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
 // Works completed together (deferred drops, leftovers at exit) are completed and reported in the
-// order they were issued.
+// order they were issued, and share one deadline: now plus the rank's timeout when the batch
+// began. The rank's exit is one batch (deferred drops, leftovers, drops finalizing elsewhere,
+// stream-waited works), so K leftovers whose peer is stuck cost one timeout, not K.
 // The transport work hears of steps 3 and 4 (transport::Work::on_dropped when its last storage
 // goes, on_finalized once core completed it as unwaited), so that a transport can log them: the
 // simulator's event log draws drops and finalizations (Note [Event log], simulator/src/world.hpp).
@@ -53,6 +55,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -109,8 +112,11 @@ class PendingWork {
   // Completion::Host: waits for the transport work and runs the fixup once. Completion::Stream:
   // orders the current stream (StreamSource) after it (what follows on the stream sees the result;
   // the host does not wait). Rethrows the work's error (every call, for every caller; a stream wait
-  // sees only errors known by then). Idempotent.
+  // sees only errors known by then). Idempotent. A host wait lasts until now plus the timeout.
   void complete() const;
+  // The same, with the host wait lasting until `at` (on the transport's clock): works completed
+  // together share one deadline (Note [Work lifecycle], step 4).
+  void complete(transport::Duration at) const;
   // For a Completion::Stream work after its stream wait (Note [Stream-waited works]): blocks the
   // host until the transport work finished or `at` (on the transport's clock) passed; rethrows
   // its error.
@@ -148,6 +154,8 @@ class PendingWork {
   bool failure_recorded_ = false;  // its failure is in the report and the deferred errors
 
   void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
+  // complete(): the host wait lasts until `*at`, or, null, until now plus the timeout.
+  void complete_until(const transport::Duration* at) const;
 };
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
@@ -263,16 +271,24 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // dropped one also gets its report line's error).
   std::exception_ptr stream_failure_locked(const StreamWaited& entry,
                                            const std::exception_ptr& error);
-  // Waits on the host for every stream-waited work (the rank's exit). Never throws.
-  void finish_stream_waits_at_exit() noexcept;
+  // The deadline a batch of works completed together shares (Note [Work lifecycle]): `*at`,
+  // first set to now plus `first`'s timeout.
+  static transport::Duration shared_deadline(std::optional<transport::Duration>& at,
+                                             const PendingWork& first);
+  // complete_deferred_drops, their waits lasting until `at` (set here if unset and needed).
+  void complete_deferred_drops(std::optional<transport::Duration>& at) noexcept;
+  // Waits on the host for every stream-waited work (the rank's exit), until `at` (set here if
+  // unset and needed). Never throws.
+  void finish_stream_waits_at_exit(std::optional<transport::Duration>& at) noexcept;
   // Records `error` to be raised at the rank's next collective or wait (or by finish()).
   void defer_error_locked(std::exception_ptr error);
   // Marks `work` as being completed as unwaited and writes its report line (step 3 and 4: the
   // line exists from the claim on, so a report taken meanwhile has it; a deferred drop is
   // claimed when it is completed).
   Claim claim_locked(const std::shared_ptr<PendingWork>& work, bool at_rank_exit) noexcept;
-  // Completes a claimed work, retires it, and records a failure (report, deferred error).
-  void finalize(const Claim& claim) noexcept;
+  // Completes a claimed work (its host wait lasting until `at`), retires it, and records a
+  // failure (report, deferred error).
+  void finalize(const Claim& claim, transport::Duration at) noexcept;
 
   mutable std::mutex mutex_;
   // The registered works in issue order, with holes (null) where works left
