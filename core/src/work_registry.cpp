@@ -361,6 +361,7 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
         return;
       }
       work->dropped_ = true;
+      work->drop_listed_ = list_drops_;  // decided now, even if completed later (deferred)
       const transport::Work& transport_work = work->work();
       transport_work.on_dropped();
       if (!unwinding && !transport_work.defer_finalization()) {
@@ -527,7 +528,7 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
   work->claimed_ = true;
   const WorkInfo& info = work->info();
   Claim claim{work, unwaited_.size(), at_rank_exit};
-  if (!at_rank_exit && !list_drops_) {
+  if (!at_rank_exit && !work->drop_listed_) {
     claim.record = kNoRecord;  // a drop made on purpose (list_drops): no report line
     return claim;
   }

@@ -332,6 +332,45 @@ TEST(WorkRegistry, UnlistedDropsAreCompletedWithoutAReportLine) {
   EXPECT_EQ(summary.unwaited[1].seq, 2);
 }
 
+// A result dropped while an exception unwinds the rank; its work completes once waited. The drop
+// is deferred (Note [Work lifecycle], step 3): completed at the rank's next call.
+std::shared_ptr<FakeWork> drop_while_unwinding(FakeTransport& transport) {
+  std::shared_ptr<FakeWork> work;
+  try {
+    Tensor result = all_reduce(iota(2), "sum", {0});
+    work = transport.last_work();
+    work->complete_when_waited();
+    throw std::runtime_error("user error");
+  } catch (const std::runtime_error&) {
+  }
+  return work;
+}
+
+// list_drops applies to the drops made from then on: a deferred drop is listed or not as the
+// setting was when it was dropped, not when it is completed.
+TEST(WorkRegistry, AnUnlistedDropCompletedAfterListingResumesHasNoReportLine) {
+  FakeRank rank;
+  EXPECT_TRUE(rank.context().list_drops(false));
+  const auto dropped = drop_while_unwinding(rank.transport());
+  EXPECT_FALSE(rank.context().list_drops(true));
+  EXPECT_EQ(work_registry_size(), 0u);  // completes the deferred drop
+  EXPECT_EQ(dropped->finalizations(), 1);
+  EXPECT_TRUE(rank.registry().unwaited().empty());
+}
+
+TEST(WorkRegistry, AListedDropCompletedAfterListingStopsHasItsReportLine) {
+  FakeRank rank;
+  const auto dropped = drop_while_unwinding(rank.transport());
+  EXPECT_TRUE(rank.context().list_drops(false));
+  EXPECT_EQ(work_registry_size(), 0u);  // completes the deferred drop
+  EXPECT_EQ(dropped->finalizations(), 1);
+  const std::vector<UnwaitedWork> unwaited = rank.registry().unwaited();
+  ASSERT_EQ(unwaited.size(), 1u);
+  EXPECT_EQ(unwaited[0].op, "all_reduce");
+  EXPECT_EQ(unwaited[0].seq, 0);
+  EXPECT_FALSE(unwaited[0].at_rank_exit);
+}
+
 TEST(WorkRegistry, TellsTheTransportWorkOfADropAndItsFinalizationOnly) {
   FakeRank rank;
   Tensor waited = all_reduce(iota(2), "sum", {0});

@@ -149,6 +149,9 @@ class PendingWork {
   std::size_t slot_ = kNotListed;         // index in owner_->works_ while listed
   StampedLinks<const Storage> storages_;  // valid while listed: ~Storage unlists itself first
   bool dropped_ = false;  // every storage is gone; the work stays until it completes
+  // Whether its drop gets a report line: list_drops when it was dropped, not when a deferred drop
+  // is completed (RankContext::list_drops applies to the drops made from then on).
+  bool drop_listed_ = true;
   bool claimed_ = false;  // someone is completing it as unwaited (its report line exists)
   std::size_t unwaited_record_ = static_cast<std::size_t>(-1);  // its report line; -1: none
   bool failure_recorded_ = false;  // its failure is in the report and the deferred errors
@@ -214,7 +217,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Unwaited works recorded so far (drops and exits).
   std::vector<UnwaitedWork> unwaited() const;
   // Whether later drops are recorded there (RankContext::list_drops); returns the previous
-  // setting. Works completed at exit are recorded either way.
+  // setting. A drop is recorded or not as the setting was when it was made, however late it is
+  // completed. Works completed at exit are recorded either way.
   bool list_drops(bool on) noexcept;
   // The first error recorded while completing a dropped work that has not been raised yet;
   // null if none. Each error is handed out once, in the order recorded; later ones wait for
