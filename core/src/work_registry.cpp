@@ -349,7 +349,7 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
   // registered and are completed at the rank's next collective or when it ends. The transport
   // may defer any other drop the same way (Note [Work lifecycle], step 3).
   const bool unwinding = std::uncaught_exceptions() > 0;
-  std::vector<Claim> claims;
+  ClaimBatch claims;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     storage.works_.for_each([&](const StampedLinks<PendingWork>::Link& link) {
@@ -364,8 +364,12 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
       work->drop_listed_ = list_drops_;  // decided now, even if completed later (deferred)
       const transport::Work& transport_work = work->work();
       transport_work.on_dropped();
+      Claim* slot = nullptr;
       if (!unwinding && !transport_work.defer_finalization()) {
-        claims.push_back(claim_locked(work, /*at_rank_exit=*/false));
+        slot = claims.slot();  // null: out of memory, completed later as a deferred drop
+      }
+      if (slot != nullptr) {
+        *slot = claim_locked(work, /*at_rank_exit=*/false);
       } else {
         may_have_deferred_drops_.store(true, std::memory_order_release);
       }
@@ -373,8 +377,29 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
     storage.works_.clear();
   }
   std::optional<transport::Duration> at;  // several works on one storage: one deadline
-  for (const Claim& claim : claims) {
-    finalize(claim, shared_deadline(at, *claim.work));
+  claims.finalize_all(*this, at);
+}
+
+WorkRegistry::Claim* WorkRegistry::ClaimBatch::slot() noexcept {
+  if (!first_.has_value()) {
+    return &first_.emplace();
+  }
+  try {
+    return &more_.emplace_back();
+  } catch (...) {
+    return nullptr;  // out of memory
+  }
+}
+
+void WorkRegistry::ClaimBatch::finalize_all(WorkRegistry& registry,
+                                            std::optional<transport::Duration>& at) const noexcept {
+  if (!first_.has_value()) {
+    CHORUS_CHECK(more_.empty());
+    return;
+  }
+  registry.finalize(*first_, shared_deadline(at, *first_->work));
+  for (const Claim& claim : more_) {
+    registry.finalize(claim, shared_deadline(at, *claim.work));
   }
 }
 
@@ -395,20 +420,29 @@ void WorkRegistry::complete_deferred_drops(std::optional<transport::Duration>& a
   if (!may_have_deferred_drops_.load(std::memory_order_acquire)) {
     return;  // no drop was deferred since the last scan
   }
-  std::vector<Claim> claims;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const std::shared_ptr<PendingWork>& work : works_) {
-      if (work != nullptr && work->dropped_ && !work->claimed_) {
-        claims.push_back(claim_locked(work, /*at_rank_exit=*/false));
+  // In rounds: one, unless memory runs out (ClaimBatch); each round claims at least one work.
+  for (bool all_claimed = false; !all_claimed;) {
+    ClaimBatch claims;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      all_claimed = true;
+      for (const std::shared_ptr<PendingWork>& work : works_) {
+        if (work != nullptr && work->dropped_ && !work->claimed_) {
+          Claim* slot = claims.slot();
+          if (slot == nullptr) {
+            all_claimed = false;  // out of memory: the rest in the next round
+            break;
+          }
+          *slot = claim_locked(work, /*at_rank_exit=*/false);
+        }
+      }
+      if (all_claimed) {
+        may_have_deferred_drops_.store(false, std::memory_order_relaxed);  // every one is claimed
       }
     }
-    may_have_deferred_drops_.store(false, std::memory_order_relaxed);  // every one is claimed
-  }
-  // One deadline for all of them (Note [Work lifecycle]): K drops whose peer is stuck cost one
-  // timeout, not K.
-  for (const Claim& claim : claims) {
-    finalize(claim, shared_deadline(at, *claim.work));
+    // One deadline for all of them (Note [Work lifecycle]): K drops whose peer is stuck cost one
+    // timeout, not K.
+    claims.finalize_all(*this, at);
   }
 }
 
@@ -417,29 +451,45 @@ void WorkRegistry::complete_all_at_exit() noexcept {
   // has a work to complete.
   std::optional<transport::Duration> at;
   complete_deferred_drops(at);
-  std::vector<Claim> claims;
-  std::vector<std::shared_ptr<PendingWork>> finalizing_elsewhere;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const std::shared_ptr<PendingWork>& work : works_) {
-      if (work == nullptr) {
-        continue;
-      }
-      if (work->claimed_) {
-        finalizing_elsewhere.push_back(work);  // a drop on another thread or rank
-      } else {
-        claims.push_back(claim_locked(work, /*at_rank_exit=*/true));
+  // The leftovers, in rounds: one, unless memory runs out (ClaimBatch).
+  for (bool all_claimed = false; !all_claimed;) {
+    ClaimBatch claims;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      all_claimed = true;
+      for (const std::shared_ptr<PendingWork>& work : works_) {
+        if (work == nullptr || work->claimed_) {
+          continue;  // a claimed one: a drop on another thread or rank (below)
+        }
+        Claim* slot = claims.slot();
+        if (slot == nullptr) {
+          all_claimed = false;  // out of memory: the rest in the next round
+          break;
+        }
+        *slot = claim_locked(work, /*at_rank_exit=*/true);
       }
     }
-  }
-  for (const Claim& claim : claims) {
-    finalize(claim, shared_deadline(at, *claim.work));
+    claims.finalize_all(*this, at);
   }
   // Works another context is finalizing: complete and retire them here too (both idempotent),
   // so the rank ends with an empty registry whatever that context does next. A failure is
   // recorded here too (once, whoever is first): that context may record it only after the rank
-  // has read its errors, and the failure would be raised nowhere.
-  for (const std::shared_ptr<PendingWork>& work : finalizing_elsewhere) {
+  // has read its errors, and the failure would be raised nowhere. One at a time, allocating
+  // nothing: each leaves the registry once retired here or there.
+  for (;;) {
+    std::shared_ptr<PendingWork> work;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const std::shared_ptr<PendingWork>& listed : works_) {
+        if (listed != nullptr && listed->claimed_) {
+          work = listed;
+          break;
+        }
+      }
+    }
+    if (work == nullptr) {
+      break;
+    }
     std::exception_ptr error;
     try {
       work->complete(shared_deadline(at, *work));

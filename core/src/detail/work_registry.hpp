@@ -185,7 +185,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // in its life (it is not retired through another one while listed there).
   void retire(const PendingWork& work, const std::exception_ptr& error);
 
-  // Called by ~Storage (Note [Work lifecycle], step 3). Never throws.
+  // Called by ~Storage (Note [Work lifecycle], step 3). Never throws: a work it has no memory to
+  // claim now (ClaimBatch) is left as a deferred drop.
   void on_storage_dropped(const Storage& storage) noexcept;
 
   // Completes the works whose drop step 3 deferred (while an exception was unwinding, or because
@@ -210,6 +211,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   void settle_stream_waits() noexcept;
   // Stream-waited works not yet released (tests).
   std::size_t stream_waited_in_flight() const;
+  // The allocation a batch of claims makes for its second claim (registry_out_of_memory_test).
+  static constexpr std::size_t second_claim_bytes() noexcept { return sizeof(Claim); }
 
   // Distinct pending works. Exact at every point.
   std::size_t size() const;
@@ -234,8 +237,26 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
                                   bool at_rank_exit);
   struct Claim {
     std::shared_ptr<PendingWork> work;
-    std::size_t record;
-    bool at_rank_exit;
+    std::size_t record = kNoRecord;
+    bool at_rank_exit = false;
+  };
+  // Claims taken together under the lock and finalized after it. The first is held inline: a
+  // batch of one (nearly always) allocates nothing, and a batch whose vector cannot grow (out of
+  // memory, in a noexcept drop or exit) still finalizes its first work, so every round of
+  // claiming makes progress; a work that found no slot stays for a later round.
+  class ClaimBatch {
+   public:
+    // A slot for the next claim; null when out of memory.
+    Claim* slot() noexcept;
+    bool empty() const noexcept { return !first_.has_value(); }
+    // Finalizes every claim in the order claimed, their waits lasting until `at` (set here if
+    // unset and needed).
+    void finalize_all(WorkRegistry& registry,
+                      std::optional<transport::Duration>& at) const noexcept;
+
+   private:
+    std::optional<Claim> first_;
+    std::vector<Claim> more_;
   };
   // A stream-waited work still running (Note [Stream-waited works]).
   struct StreamWaited {
