@@ -4,6 +4,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -87,7 +88,11 @@ void PendingWork::finish_on_host(transport::Duration at) const {
   wait_on_host(at);
 }
 
-void PendingWork::complete() const {
+void PendingWork::complete() const { complete_until(nullptr); }
+
+void PendingWork::complete(transport::Duration at) const { complete_until(&at); }
+
+void PendingWork::complete_until(const transport::Duration* at) const {
   if (completion_ == Completion::Stream) {
     if (work_->status() == transport::WorkStatus::Failed) {
       std::rethrow_exception(work_->error());
@@ -96,7 +101,7 @@ void PendingWork::complete() const {
     return;
   }
   if (work_->status() != transport::WorkStatus::Completed) {
-    wait_on_host(deadline_from_now());
+    wait_on_host(at != nullptr ? *at : deadline_from_now());
   }
   if (fixup_) {
     std::call_once(fixup_once_, fixup_);
@@ -344,7 +349,7 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
   // registered and are completed at the rank's next collective or when it ends. The transport
   // may defer any other drop the same way (Note [Work lifecycle], step 3).
   const bool unwinding = std::uncaught_exceptions() > 0;
-  std::vector<Claim> claims;
+  ClaimBatch claims;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     storage.works_.for_each([&](const StampedLinks<PendingWork>::Link& link) {
@@ -356,68 +361,138 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
         return;
       }
       work->dropped_ = true;
+      work->drop_listed_ = list_drops_;  // decided now, even if completed later (deferred)
       const transport::Work& transport_work = work->work();
       transport_work.on_dropped();
+      Claim* slot = nullptr;
       if (!unwinding && !transport_work.defer_finalization()) {
-        claims.push_back(claim_locked(work, /*at_rank_exit=*/false));
+        slot = claims.slot();  // null: out of memory, completed later as a deferred drop
+      }
+      if (slot != nullptr) {
+        *slot = claim_locked(work, /*at_rank_exit=*/false);
       } else {
         may_have_deferred_drops_.store(true, std::memory_order_release);
       }
     });
     storage.works_.clear();
   }
-  for (const Claim& claim : claims) {
-    finalize(claim);
+  std::optional<transport::Duration> at;  // several works on one storage: one deadline
+  claims.finalize_all(*this, at);
+}
+
+WorkRegistry::Claim* WorkRegistry::ClaimBatch::slot() noexcept {
+  if (!first_.has_value()) {
+    return &first_.emplace();
+  }
+  try {
+    return &more_.emplace_back();
+  } catch (...) {
+    return nullptr;  // out of memory
   }
 }
 
+void WorkRegistry::ClaimBatch::finalize_all(WorkRegistry& registry,
+                                            std::optional<transport::Duration>& at) const noexcept {
+  if (!first_.has_value()) {
+    CHORUS_CHECK(more_.empty());
+    return;
+  }
+  registry.finalize(*first_, shared_deadline(at, *first_->work));
+  for (const Claim& claim : more_) {
+    registry.finalize(claim, shared_deadline(at, *claim.work));
+  }
+}
+
+transport::Duration WorkRegistry::shared_deadline(std::optional<transport::Duration>& at,
+                                                  const PendingWork& first) {
+  if (!at.has_value()) {
+    at = first.deadline_from_now();
+  }
+  return *at;
+}
+
 void WorkRegistry::complete_deferred_drops() noexcept {
+  std::optional<transport::Duration> at;
+  complete_deferred_drops(at);
+}
+
+void WorkRegistry::complete_deferred_drops(std::optional<transport::Duration>& at) noexcept {
   if (!may_have_deferred_drops_.load(std::memory_order_acquire)) {
     return;  // no drop was deferred since the last scan
   }
-  std::vector<Claim> claims;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const std::shared_ptr<PendingWork>& work : works_) {
-      if (work != nullptr && work->dropped_ && !work->claimed_) {
-        claims.push_back(claim_locked(work, /*at_rank_exit=*/false));
+  // In rounds: one, unless memory runs out (ClaimBatch); each round claims at least one work.
+  for (bool all_claimed = false; !all_claimed;) {
+    ClaimBatch claims;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      all_claimed = true;
+      for (const std::shared_ptr<PendingWork>& work : works_) {
+        if (work != nullptr && work->dropped_ && !work->claimed_) {
+          Claim* slot = claims.slot();
+          if (slot == nullptr) {
+            all_claimed = false;  // out of memory: the rest in the next round
+            break;
+          }
+          *slot = claim_locked(work, /*at_rank_exit=*/false);
+        }
+      }
+      if (all_claimed) {
+        may_have_deferred_drops_.store(false, std::memory_order_relaxed);  // every one is claimed
       }
     }
-    may_have_deferred_drops_.store(false, std::memory_order_relaxed);  // every one is claimed
-  }
-  for (const Claim& claim : claims) {
-    finalize(claim);
+    // One deadline for all of them (Note [Work lifecycle]): K drops whose peer is stuck cost one
+    // timeout, not K.
+    claims.finalize_all(*this, at);
   }
 }
 
 void WorkRegistry::complete_all_at_exit() noexcept {
-  complete_deferred_drops();
-  std::vector<Claim> claims;
-  std::vector<std::shared_ptr<PendingWork>> finalizing_elsewhere;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const std::shared_ptr<PendingWork>& work : works_) {
-      if (work == nullptr) {
-        continue;
-      }
-      if (work->claimed_) {
-        finalizing_elsewhere.push_back(work);  // a drop on another thread or rank
-      } else {
-        claims.push_back(claim_locked(work, /*at_rank_exit=*/true));
+  // One deadline for the whole exit (Note [Work lifecycle], step 4), set by the first batch that
+  // has a work to complete.
+  std::optional<transport::Duration> at;
+  complete_deferred_drops(at);
+  // The leftovers, in rounds: one, unless memory runs out (ClaimBatch).
+  for (bool all_claimed = false; !all_claimed;) {
+    ClaimBatch claims;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      all_claimed = true;
+      for (const std::shared_ptr<PendingWork>& work : works_) {
+        if (work == nullptr || work->claimed_) {
+          continue;  // a claimed one: a drop on another thread or rank (below)
+        }
+        Claim* slot = claims.slot();
+        if (slot == nullptr) {
+          all_claimed = false;  // out of memory: the rest in the next round
+          break;
+        }
+        *slot = claim_locked(work, /*at_rank_exit=*/true);
       }
     }
-  }
-  for (const Claim& claim : claims) {
-    finalize(claim);
+    claims.finalize_all(*this, at);
   }
   // Works another context is finalizing: complete and retire them here too (both idempotent),
   // so the rank ends with an empty registry whatever that context does next. A failure is
   // recorded here too (once, whoever is first): that context may record it only after the rank
-  // has read its errors, and the failure would be raised nowhere.
-  for (const std::shared_ptr<PendingWork>& work : finalizing_elsewhere) {
+  // has read its errors, and the failure would be raised nowhere. One at a time, allocating
+  // nothing: each leaves the registry once retired here or there.
+  for (;;) {
+    std::shared_ptr<PendingWork> work;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const std::shared_ptr<PendingWork>& listed : works_) {
+        if (listed != nullptr && listed->claimed_) {
+          work = listed;
+          break;
+        }
+      }
+    }
+    if (work == nullptr) {
+      break;
+    }
     std::exception_ptr error;
     try {
-      work->complete();
+      work->complete(shared_deadline(at, *work));
     } catch (...) {
       error = std::current_exception();
     }
@@ -431,7 +506,7 @@ void WorkRegistry::complete_all_at_exit() noexcept {
       }
     }
   }
-  finish_stream_waits_at_exit();
+  finish_stream_waits_at_exit(at);
 }
 
 void WorkRegistry::settle_stream_waits() noexcept {
@@ -457,7 +532,7 @@ void WorkRegistry::settle_stream_waits() noexcept {
   has_stream_waited_.store(!stream_waited_.empty(), std::memory_order_release);
 }
 
-void WorkRegistry::finish_stream_waits_at_exit() noexcept {
+void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration>& at) noexcept {
   std::deque<StreamWaited> running;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -467,11 +542,12 @@ void WorkRegistry::finish_stream_waits_at_exit() noexcept {
   if (running.empty()) {
     return;
   }
-  // One deadline for all of them: the exit waits at most the rank's timeout, not one per work.
-  const transport::Duration at = running.front().work->deadline_from_now();
+  // One deadline for all of them, and for the rest of the exit: the exit waits at most the rank's
+  // timeout, not one per work.
+  const transport::Duration deadline = shared_deadline(at, *running.front().work);
   for (const StreamWaited& entry : running) {
     try {
-      entry.work->finish_on_host(at);
+      entry.work->finish_on_host(deadline);
     } catch (...) {
       if (entry.reported) {
         continue;
@@ -502,7 +578,7 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
   work->claimed_ = true;
   const WorkInfo& info = work->info();
   Claim claim{work, unwaited_.size(), at_rank_exit};
-  if (!at_rank_exit && !list_drops_) {
+  if (!at_rank_exit && !work->drop_listed_) {
     claim.record = kNoRecord;  // a drop made on purpose (list_drops): no report line
     return claim;
   }
@@ -516,10 +592,10 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
   return claim;
 }
 
-void WorkRegistry::finalize(const Claim& claim) noexcept {
+void WorkRegistry::finalize(const Claim& claim, transport::Duration at) noexcept {
   std::exception_ptr error;
   try {
-    claim.work->complete();
+    claim.work->complete(at);
   } catch (...) {
     error = std::current_exception();
   }

@@ -1,6 +1,8 @@
 // The work registry when memory runs out while it links a work (Note [Registry links]): a failed
 // registration throws std::bad_alloc and leaves no half-made link behind, so the storages stay
-// consistent and the rank ends cleanly. Its own executable: it replaces the global operator new.
+// consistent and the rank ends cleanly; and while it completes works together as unwaited (a
+// drop, deferred drops, the rank's exit), which never throw: what cannot be claimed now is
+// completed in a later round. Its own executable: it replaces the global operator new.
 
 #include <gtest/gtest.h>
 
@@ -60,10 +62,24 @@ std::shared_ptr<FakeWork> fake_work() {
 }
 
 std::shared_ptr<detail::PendingWork> pending(RankContext& context,
-                                             const std::shared_ptr<FakeWork>& fake) {
-  return std::make_shared<detail::PendingWork>(fake, detail::WorkInfo{0, "test", 0, "[0]", {}},
+                                             const std::shared_ptr<FakeWork>& fake,
+                                             std::int64_t seq = 0) {
+  return std::make_shared<detail::PendingWork>(fake, detail::WorkInfo{0, "test", seq, "[0]", {}},
                                                nullptr, context.state().transport_ptr(),
                                                std::chrono::hours(1));
+}
+
+// A batch of claims (works completed together as unwaited) holds its first inline and allocates
+// for the second: that allocation fails.
+const std::size_t kSecondClaimBytes = detail::WorkRegistry::second_claim_bytes();
+
+// Expects the report to list works 0 and 1 in that order, as drops or as leftovers at exit.
+void expect_two_lines(const std::vector<UnwaitedWork>& unwaited, bool at_rank_exit) {
+  ASSERT_EQ(unwaited.size(), 2u);
+  for (std::size_t i = 0; i < unwaited.size(); ++i) {
+    EXPECT_EQ(unwaited[i].seq, static_cast<std::int64_t>(i));
+    EXPECT_EQ(unwaited[i].at_rank_exit, at_rank_exit);
+  }
 }
 
 // A second work on one storage spills the storage's list: that allocation fails.
@@ -141,6 +157,90 @@ TEST(RegistryOutOfMemory, AWorkWhoseSecondStorageCannotBeLinkedLeavesTheFirstUnt
   const RankContext::Summary summary = context.finish();
   EXPECT_EQ(summary.error, nullptr);
   EXPECT_TRUE(summary.unwaited.empty());
+}
+
+// ~Storage of a storage with two pending works: the first is completed at the drop, the second,
+// for which no claim can be made, is left as a deferred drop (it terminated the process: the drop
+// is noexcept).
+TEST(RegistryOutOfMemory, ADropThatCannotClaimASecondWorkDefersIt) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  {
+    ScopedRankBinding binding(&context);
+    detail::WorkRegistry& registry = *context.state().registry();
+    Tensor tensor = Tensor::from_vector(std::vector<std::int32_t>{1, 2, 3});
+    const auto first = fake_work();
+    const auto second = fake_work();
+    registry.add(pending(context, first, 0), detail::TensorAccess::storage(tensor).get());
+    registry.add(pending(context, second, 1), detail::TensorAccess::storage(tensor).get());
+    refuse_next_allocation_of = kSecondClaimBytes;
+    tensor = Tensor();
+    ASSERT_EQ(refuse_next_allocation_of.load(), 0u) << "the refused allocation was the registry's";
+    EXPECT_EQ(first->waits(), 1) << "completed at the drop";
+    EXPECT_EQ(second->waits(), 0) << "deferred";
+    EXPECT_EQ(second->drops(), 1);
+    EXPECT_EQ(registry.size(), 1u);
+    EXPECT_EQ(work_registry_size(), 0u);  // completes the deferred drop
+    EXPECT_EQ(second->waits(), 1);
+    expect_two_lines(registry.unwaited(), /*at_rank_exit=*/false);
+  }
+  const RankContext::Summary summary = context.finish();
+  EXPECT_EQ(summary.error, nullptr);
+}
+
+// Two deferred drops settled together: the second is claimed in a second round.
+TEST(RegistryOutOfMemory, DeferredDropsThatCannotAllBeClaimedAtOnceAreCompletedInRounds) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  {
+    ScopedRankBinding binding(&context);
+    detail::WorkRegistry& registry = *context.state().registry();
+    std::vector<std::shared_ptr<FakeWork>> fakes;
+    for (std::int64_t seq = 0; seq < 2; ++seq) {
+      Tensor tensor = Tensor::from_vector(std::vector<std::int32_t>{1});
+      fakes.push_back(fake_work());
+      fakes.back()->defer_finalization_when_dropped();
+      registry.add(pending(context, fakes.back(), seq),
+                   detail::TensorAccess::storage(tensor).get());
+    }  // both dropped, deferred
+    EXPECT_EQ(registry.size(), 2u);
+    refuse_next_allocation_of = kSecondClaimBytes;
+    EXPECT_EQ(work_registry_size(), 0u);
+    ASSERT_EQ(refuse_next_allocation_of.load(), 0u) << "the refused allocation was the registry's";
+    for (const auto& fake : fakes) {
+      EXPECT_EQ(fake->waits(), 1);
+      EXPECT_EQ(fake->finalizations(), 1);
+    }
+    expect_two_lines(registry.unwaited(), /*at_rank_exit=*/false);
+  }
+  const RankContext::Summary summary = context.finish();
+  EXPECT_EQ(summary.error, nullptr);
+}
+
+// Two leftovers at the rank's exit: the second is claimed in a second round.
+TEST(RegistryOutOfMemory, LeftoversThatCannotAllBeClaimedAtOnceAreCompletedInRounds) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  std::vector<Tensor> kept;
+  std::vector<std::shared_ptr<FakeWork>> fakes;
+  {
+    ScopedRankBinding binding(&context);
+    for (std::int64_t seq = 0; seq < 2; ++seq) {
+      kept.push_back(Tensor::from_vector(std::vector<std::int32_t>{1}));
+      fakes.push_back(fake_work());
+      context.state().registry()->add(pending(context, fakes.back(), seq),
+                                      detail::TensorAccess::storage(kept.back()).get());
+    }
+  }
+  refuse_next_allocation_of = kSecondClaimBytes;
+  const RankContext::Summary summary = context.finish();
+  ASSERT_EQ(refuse_next_allocation_of.load(), 0u) << "the refused allocation was the registry's";
+  EXPECT_EQ(context.state().registry()->size(), 0u);
+  for (const auto& fake : fakes) {
+    EXPECT_EQ(fake->waits(), 1);
+  }
+  EXPECT_EQ(summary.error, nullptr);
+  expect_two_lines(summary.unwaited, /*at_rank_exit=*/true);
 }
 
 }  // namespace

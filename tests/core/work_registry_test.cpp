@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.hpp>
+#include <chrono>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -329,6 +330,45 @@ TEST(WorkRegistry, UnlistedDropsAreCompletedWithoutAReportLine) {
   EXPECT_EQ(summary.unwaited[0].location.line(), kDroppedLine);
   EXPECT_TRUE(summary.unwaited[1].at_rank_exit);
   EXPECT_EQ(summary.unwaited[1].seq, 2);
+}
+
+// A result dropped while an exception unwinds the rank; its work completes once waited. The drop
+// is deferred (Note [Work lifecycle], step 3): completed at the rank's next call.
+std::shared_ptr<FakeWork> drop_while_unwinding(FakeTransport& transport) {
+  std::shared_ptr<FakeWork> work;
+  try {
+    Tensor result = all_reduce(iota(2), "sum", {0});
+    work = transport.last_work();
+    work->complete_when_waited();
+    throw std::runtime_error("user error");
+  } catch (const std::runtime_error&) {
+  }
+  return work;
+}
+
+// list_drops applies to the drops made from then on: a deferred drop is listed or not as the
+// setting was when it was dropped, not when it is completed.
+TEST(WorkRegistry, AnUnlistedDropCompletedAfterListingResumesHasNoReportLine) {
+  FakeRank rank;
+  EXPECT_TRUE(rank.context().list_drops(false));
+  const auto dropped = drop_while_unwinding(rank.transport());
+  EXPECT_FALSE(rank.context().list_drops(true));
+  EXPECT_EQ(work_registry_size(), 0u);  // completes the deferred drop
+  EXPECT_EQ(dropped->finalizations(), 1);
+  EXPECT_TRUE(rank.registry().unwaited().empty());
+}
+
+TEST(WorkRegistry, AListedDropCompletedAfterListingStopsHasItsReportLine) {
+  FakeRank rank;
+  const auto dropped = drop_while_unwinding(rank.transport());
+  EXPECT_TRUE(rank.context().list_drops(false));
+  EXPECT_EQ(work_registry_size(), 0u);  // completes the deferred drop
+  EXPECT_EQ(dropped->finalizations(), 1);
+  const std::vector<UnwaitedWork> unwaited = rank.registry().unwaited();
+  ASSERT_EQ(unwaited.size(), 1u);
+  EXPECT_EQ(unwaited[0].op, "all_reduce");
+  EXPECT_EQ(unwaited[0].seq, 0);
+  EXPECT_FALSE(unwaited[0].at_rank_exit);
 }
 
 TEST(WorkRegistry, TellsTheTransportWorkOfADropAndItsFinalizationOnly) {
@@ -749,6 +789,105 @@ TEST(WorkRegistry, AFailedDropStillFinalizingElsewhereAtRankExitIsTheRanksError)
   ASSERT_EQ(summary.unwaited.size(), 1u);
   EXPECT_NE(summary.unwaited[0].error.find("link down"), std::string::npos);
   EXPECT_EQ(context.state().registry()->unwaited().size(), 1u) << "one report line";
+}
+
+// Works a rank completes together share one deadline (Note [Work lifecycle]): works whose peer
+// is stuck cost the rank one timeout, not one each. These works never complete, so every wait
+// times out; a deadline computed afresh per work would be later for each (it lay a timeout on).
+constexpr std::chrono::milliseconds kStuckTimeout{20};
+
+RankOptions stuck_options() {
+  RankOptions options;
+  options.timeout = kStuckTimeout;
+  return options;
+}
+
+// `count` results that never complete, on `rank`'s context; their works in issue order.
+std::vector<std::shared_ptr<FakeWork>> issue_stuck(FakeTransport& transport, RankContext& context,
+                                                   int count, std::vector<Tensor>& results) {
+  ScopedRankBinding binding(&context);
+  for (int i = 0; i < count; ++i) {
+    results.push_back(all_reduce(iota(2), "sum", {0}));
+  }
+  return transport.works();
+}
+
+void expect_one_deadline(const std::vector<std::shared_ptr<FakeWork>>& works) {
+  ASSERT_FALSE(works.empty());
+  for (std::size_t i = 0; i < works.size(); ++i) {
+    EXPECT_EQ(works[i]->waits(), 1) << "work " << i;
+    EXPECT_EQ(works[i]->last_deadline().at, works.front()->last_deadline().at) << "work " << i;
+  }
+}
+
+TEST(WorkRegistry, LeftoversAtRankExitShareOneDeadline) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport, stuck_options());
+  std::vector<Tensor> kept;
+  const auto works = issue_stuck(*transport, context, 3, kept);
+  const RankContext::Summary summary = context.finish();
+  expect_one_deadline(works);
+  ASSERT_NE(summary.error, nullptr);
+  EXPECT_THROW(std::rethrow_exception(summary.error), Timeout);
+  ASSERT_EQ(summary.unwaited.size(), 3u);
+  for (const UnwaitedWork& line : summary.unwaited) {
+    EXPECT_TRUE(line.at_rank_exit);
+    EXPECT_NE(line.error.find("fake work timed out"), std::string::npos) << line.error;
+  }
+}
+
+TEST(WorkRegistry, DeferredDropsSettledTogetherShareOneDeadline) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport, stuck_options());
+  std::vector<Tensor> results;
+  const auto works = issue_stuck(*transport, context, 3, results);
+  for (const auto& work : works) {
+    work->defer_finalization_when_dropped();
+  }
+  results.clear();  // three deferred drops
+  {
+    ScopedRankBinding binding(&context);
+    EXPECT_THROW(work_registry_size(), Timeout) << "settles them; the first failure is raised";
+    EXPECT_THROW(work_registry_size(), Timeout) << "then the second";
+    EXPECT_THROW(work_registry_size(), Timeout) << "then the third";
+    EXPECT_EQ(work_registry_size(), 0u);
+  }
+  expect_one_deadline(works);
+}
+
+TEST(WorkRegistry, TheWholeRankExitSharesOneDeadline) {
+  // A deferred drop settled at the exit, then a leftover: one batch.
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport, stuck_options());
+  std::vector<Tensor> results;
+  auto works = issue_stuck(*transport, context, 2, results);
+  works.front()->defer_finalization_when_dropped();
+  results.erase(results.begin());  // deferred: settled first at the exit
+  context.finish();
+  expect_one_deadline(works);
+}
+
+TEST(WorkRegistry, WorksOfOneDroppedStorageShareOneDeadline) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport, stuck_options());
+  ScopedRankBinding binding(&context);
+  std::vector<std::shared_ptr<FakeWork>> fakes;
+  {
+    Tensor t = Tensor::zeros({4}, DType::Int32);
+    const auto& storage = detail::TensorAccess::storage(t);
+    for (int i = 0; i < 3; ++i) {
+      auto fake = std::make_shared<FakeWork>(
+          transport::Fingerprint{1, i, {}},
+          std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+      fakes.push_back(fake);
+      auto work = std::make_shared<detail::PendingWork>(
+          fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr, context.state().transport_ptr(),
+          kStuckTimeout);
+      context.state().registry()->add(work, {storage.get()});
+    }
+  }  // the drop completes all three
+  expect_one_deadline(fakes);
+  EXPECT_EQ(context.state().registry()->size(), 0u);
 }
 
 TEST(WorkRegistry, OutsideARankTheRegistryIsUnreachable) {

@@ -133,8 +133,10 @@ class RankContext {
   // purpose, to exercise the drop path, turns it off meanwhile: the lockstep property runner does
   // while a property runs (props::check_in_lockstep), as the simulator runner never prints its
   // runs' reports. The drops are completed as ever, a failure completing one is still raised
-  // (deferred error), and works still pending when the rank ends are listed either way. Returns
-  // the previous setting. Call on the rank's own thread/fiber. Never throws.
+  // (deferred error), and works still pending when the rank ends are listed either way. A drop
+  // whose completion is deferred (made while an exception unwinds, or deferred by the transport)
+  // is listed as the setting was when it was dropped, not when it is completed. Returns the
+  // previous setting. Call on the rank's own thread/fiber. Never throws.
   bool list_drops(bool on) noexcept;
 
   // Ends the rank: completes every work still registered (recording each as unwaited at exit)

@@ -27,7 +27,9 @@
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
 // Works completed together (deferred drops, leftovers at exit) are completed and reported in the
-// order they were issued.
+// order they were issued, and share one deadline: now plus the rank's timeout when the batch
+// began. The rank's exit is one batch (deferred drops, leftovers, drops finalizing elsewhere,
+// stream-waited works), so K leftovers whose peer is stuck cost one timeout, not K.
 // The transport work hears of steps 3 and 4 (transport::Work::on_dropped when its last storage
 // goes, on_finalized once core completed it as unwaited), so that a transport can log them: the
 // simulator's event log draws drops and finalizations (Note [Event log], simulator/src/world.hpp).
@@ -53,6 +55,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -109,8 +112,11 @@ class PendingWork {
   // Completion::Host: waits for the transport work and runs the fixup once. Completion::Stream:
   // orders the current stream (StreamSource) after it (what follows on the stream sees the result;
   // the host does not wait). Rethrows the work's error (every call, for every caller; a stream wait
-  // sees only errors known by then). Idempotent.
+  // sees only errors known by then). Idempotent. A host wait lasts until now plus the timeout.
   void complete() const;
+  // The same, with the host wait lasting until `at` (on the transport's clock): works completed
+  // together share one deadline (Note [Work lifecycle], step 4).
+  void complete(transport::Duration at) const;
   // For a Completion::Stream work after its stream wait (Note [Stream-waited works]): blocks the
   // host until the transport work finished or `at` (on the transport's clock) passed; rethrows
   // its error.
@@ -143,11 +149,16 @@ class PendingWork {
   std::size_t slot_ = kNotListed;         // index in owner_->works_ while listed
   StampedLinks<const Storage> storages_;  // valid while listed: ~Storage unlists itself first
   bool dropped_ = false;  // every storage is gone; the work stays until it completes
+  // Whether its drop gets a report line: list_drops when it was dropped, not when a deferred drop
+  // is completed (RankContext::list_drops applies to the drops made from then on).
+  bool drop_listed_ = true;
   bool claimed_ = false;  // someone is completing it as unwaited (its report line exists)
   std::size_t unwaited_record_ = static_cast<std::size_t>(-1);  // its report line; -1: none
   bool failure_recorded_ = false;  // its failure is in the report and the deferred errors
 
   void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
+  // complete(): the host wait lasts until `*at`, or, null, until now plus the timeout.
+  void complete_until(const transport::Duration* at) const;
 };
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
@@ -174,7 +185,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // in its life (it is not retired through another one while listed there).
   void retire(const PendingWork& work, const std::exception_ptr& error);
 
-  // Called by ~Storage (Note [Work lifecycle], step 3). Never throws.
+  // Called by ~Storage (Note [Work lifecycle], step 3). Never throws: a work it has no memory to
+  // claim now (ClaimBatch) is left as a deferred drop.
   void on_storage_dropped(const Storage& storage) noexcept;
 
   // Completes the works whose drop step 3 deferred (while an exception was unwinding, or because
@@ -199,6 +211,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   void settle_stream_waits() noexcept;
   // Stream-waited works not yet released (tests).
   std::size_t stream_waited_in_flight() const;
+  // The allocation a batch of claims makes for its second claim (registry_out_of_memory_test).
+  static constexpr std::size_t second_claim_bytes() noexcept { return sizeof(Claim); }
 
   // Distinct pending works. Exact at every point.
   std::size_t size() const;
@@ -206,7 +220,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Unwaited works recorded so far (drops and exits).
   std::vector<UnwaitedWork> unwaited() const;
   // Whether later drops are recorded there (RankContext::list_drops); returns the previous
-  // setting. Works completed at exit are recorded either way.
+  // setting. A drop is recorded or not as the setting was when it was made, however late it is
+  // completed. Works completed at exit are recorded either way.
   bool list_drops(bool on) noexcept;
   // The first error recorded while completing a dropped work that has not been raised yet;
   // null if none. Each error is handed out once, in the order recorded; later ones wait for
@@ -222,8 +237,26 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
                                   bool at_rank_exit);
   struct Claim {
     std::shared_ptr<PendingWork> work;
-    std::size_t record;
-    bool at_rank_exit;
+    std::size_t record = kNoRecord;
+    bool at_rank_exit = false;
+  };
+  // Claims taken together under the lock and finalized after it. The first is held inline: a
+  // batch of one (nearly always) allocates nothing, and a batch whose vector cannot grow (out of
+  // memory, in a noexcept drop or exit) still finalizes its first work, so every round of
+  // claiming makes progress; a work that found no slot stays for a later round.
+  class ClaimBatch {
+   public:
+    // A slot for the next claim; null when out of memory.
+    Claim* slot() noexcept;
+    bool empty() const noexcept { return !first_.has_value(); }
+    // Finalizes every claim in the order claimed, their waits lasting until `at` (set here if
+    // unset and needed).
+    void finalize_all(WorkRegistry& registry,
+                      std::optional<transport::Duration>& at) const noexcept;
+
+   private:
+    std::optional<Claim> first_;
+    std::vector<Claim> more_;
   };
   // A stream-waited work still running (Note [Stream-waited works]).
   struct StreamWaited {
@@ -263,16 +296,24 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // dropped one also gets its report line's error).
   std::exception_ptr stream_failure_locked(const StreamWaited& entry,
                                            const std::exception_ptr& error);
-  // Waits on the host for every stream-waited work (the rank's exit). Never throws.
-  void finish_stream_waits_at_exit() noexcept;
+  // The deadline a batch of works completed together shares (Note [Work lifecycle]): `*at`,
+  // first set to now plus `first`'s timeout.
+  static transport::Duration shared_deadline(std::optional<transport::Duration>& at,
+                                             const PendingWork& first);
+  // complete_deferred_drops, their waits lasting until `at` (set here if unset and needed).
+  void complete_deferred_drops(std::optional<transport::Duration>& at) noexcept;
+  // Waits on the host for every stream-waited work (the rank's exit), until `at` (set here if
+  // unset and needed). Never throws.
+  void finish_stream_waits_at_exit(std::optional<transport::Duration>& at) noexcept;
   // Records `error` to be raised at the rank's next collective or wait (or by finish()).
   void defer_error_locked(std::exception_ptr error);
   // Marks `work` as being completed as unwaited and writes its report line (step 3 and 4: the
   // line exists from the claim on, so a report taken meanwhile has it; a deferred drop is
   // claimed when it is completed).
   Claim claim_locked(const std::shared_ptr<PendingWork>& work, bool at_rank_exit) noexcept;
-  // Completes a claimed work, retires it, and records a failure (report, deferred error).
-  void finalize(const Claim& claim) noexcept;
+  // Completes a claimed work (its host wait lasting until `at`), retires it, and records a
+  // failure (report, deferred error).
+  void finalize(const Claim& claim, transport::Duration at) noexcept;
 
   mutable std::mutex mutex_;
   // The registered works in issue order, with holes (null) where works left
