@@ -7,6 +7,10 @@
 //                                 the others wait in pause() until the launcher stops them
 //   launch_probe sigkill R        the same, but rank R SIGKILLs itself
 //   launch_probe stubborn R       the same as `exit R 1`, but the others ignore SIGTERM
+//   launch_probe flood BYTES exit|wait
+//                                 writes BYTES (rounded up to whole lines) in lines of 4087
+//                                 bytes, 4096 with the launcher's "[rank R] " for R < 10; then
+//                                 exits 0, or waits in pause() until the launcher stops it
 //
 // Ranks meet at a barrier before one fails, so the failure always finds the others running.
 
@@ -118,6 +122,20 @@ int main(int argc, char** argv) {
       std::printf("\nnext\n");
       return 0;
     }
+    if (args.size() == 3 && args[0] == "flood" && (args[2] == "exit" || args[2] == "wait")) {
+      const std::size_t total = std::stoul(args[1]);
+      const std::string line = std::string(4086, 'x') + "\n";
+      for (std::size_t sent = 0; sent < total; sent += line.size()) {
+        std::fwrite(line.data(), 1, line.size(), stdout);
+      }
+      std::fflush(stdout);
+      if (args[2] == "exit") {
+        return 0;
+      }
+      for (;;) {
+        ::pause();
+      }
+    }
     if (args.size() == 1 && args[0] == "env") {
       return print_environment();
     }
@@ -138,6 +156,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "launch_probe: %s\n", error.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: launch_probe ok|line N|env|exit R CODE|sigkill R|stubborn R|deaf\n");
+  std::fprintf(stderr,
+               "usage: launch_probe ok|line N|env|exit R CODE|sigkill R|stubborn R|deaf|flood N "
+               "exit|wait\n");
   return 2;
 }

@@ -2,9 +2,12 @@
 // (tests/transports/launch_probe.cpp), with its output captured in temporary files. No sleeps:
 // the failing rank meets the others at a store barrier first, so it always finds them running.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -457,6 +460,110 @@ TEST(Launcher, TheSoftDescriptorLimitIsRaisedForTheLaunchAndNotForTheRanks) {
   for (const std::string& line : lines) {
     EXPECT_TRUE(std::regex_match(line, std::regex(R"(\[rank [0-9]+\] 64)"))) << line;
   }
+}
+
+struct StalledLaunch {
+  int status = -1;                    // the launcher's exit status, -1 if the watchdog fired
+  std::chrono::milliseconds elapsed;  // from `signal_number` (or the start) to its exit
+  std::string err;
+};
+
+// Launches one probe with `args` in a child process (the launcher cannot be stopped otherwise
+// if it hangs), its stdout a one-page pipe that nobody reads and its stderr a file. Once the
+// pipe is full, sends the launcher `signal_number` (0: none) and waits for it to exit, at most
+// `watchdog`, then SIGKILLs it. One page: anything in the pipe fills it (a write that needs a
+// new page blocks), so POLLIN on the read end says the output is stalled, without a sleep.
+StalledLaunch launch_into_a_stalled_pipe(std::vector<std::string> args, int signal_number,
+                                         std::chrono::milliseconds grace,
+                                         std::chrono::milliseconds watchdog) {
+  StalledLaunch outcome;
+  int pipe_fds[2];
+  EXPECT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+  EXPECT_EQ(::fcntl(pipe_fds[1], F_SETPIPE_SZ, 4096), 4096);
+  const Capture err;
+  const auto started = std::chrono::steady_clock::now();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    LaunchOptions options;
+    options.ranks = 1;
+    options.command = {CHORUS_LAUNCH_PROBE};
+    options.command.insert(options.command.end(), args.begin(), args.end());
+    options.grace = grace;
+    options.stdout_fd = pipe_fds[1];
+    options.stderr_fd = err.fd();
+    int status = 101;
+    try {
+      status = launch(options);
+    } catch (...) {
+      status = 102;
+    }
+    ::_exit(status);
+  }
+  const int child_fd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
+  EXPECT_GE(child_fd, 0);
+  pollfd full{pipe_fds[0], POLLIN, 0};
+  EXPECT_EQ(::poll(&full, 1, static_cast<int>(watchdog.count())), 1) << "no output came";
+  auto from = started;
+  if (signal_number != 0) {
+    from = std::chrono::steady_clock::now();
+    ::kill(child, signal_number);
+  }
+  pollfd ended{child_fd, POLLIN, 0};
+  const bool exited = ::poll(&ended, 1, static_cast<int>(watchdog.count())) == 1;
+  outcome.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - from);
+  if (!exited) {
+    ::kill(child, SIGKILL);  // the ranks die with it (PR_SET_PDEATHSIG)
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  if (exited) {
+    outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  ::close(child_fd);
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  outcome.err = err.text();
+  return outcome;
+}
+
+TEST(Launcher, AStalledStdoutDoesNotKeepItFromHandlingSigterm) {
+  // `chorus launch ... | less` with less stopped, and a supervisor's SIGTERM: the launcher once
+  // blocked in write() to its stdout and never read the signal (only SIGKILL ended it). The rank
+  // writes 4 MiB, far more than the pipe and the launcher's queue hold, then waits to be
+  // stopped; the output that cannot be written after it died is given up after the grace.
+  constexpr std::chrono::milliseconds kGrace(500);
+  constexpr std::chrono::milliseconds kMargin(5000);
+  static_assert(kOutputBytesMax < (std::size_t{4} << 20));  // the launcher stops reading it
+  const StalledLaunch outcome =
+      launch_into_a_stalled_pipe({"flood", "4194304", "wait"}, SIGTERM, kGrace, kGrace + kMargin);
+  EXPECT_EQ(outcome.status, 128 + SIGTERM)
+      << "the launcher did not exit within " << (kGrace + kMargin).count() << " ms of SIGTERM";
+  EXPECT_LT(outcome.elapsed, kGrace + kMargin);
+  // Its stderr is another file, not held up by the stalled stdout.
+  EXPECT_TRUE(std::regex_match(
+      outcome.err,
+      std::regex("chorus launch: received SIGTERM; forwarding it to the 1 running rank\n"
+                 "chorus launch: nothing of the output was taken for 500 ms; dropping the "
+                 "[0-9]+ bytes left\n")))
+      << outcome.err;
+}
+
+TEST(Launcher, GivesUpOnOutputNobodyTakesAtTheEnd) {
+  // The rank writes 256 KiB (the launcher takes it all: less than kOutputBytesMax) and exits 0;
+  // nobody reads. The launcher waits kOutputStallMax for the reader, then exits, the rest lost.
+  static_assert(kOutputBytesMax > (std::size_t{256} << 10));
+  constexpr std::chrono::milliseconds kMargin(10000);
+  const StalledLaunch outcome = launch_into_a_stalled_pipe(
+      {"flood", "262144", "exit"}, 0, std::chrono::milliseconds(2000), kOutputStallMax + kMargin);
+  EXPECT_EQ(outcome.status, 0) << "the launcher did not exit within "
+                               << (kOutputStallMax + kMargin).count() << " ms";
+  EXPECT_GE(outcome.elapsed, kOutputStallMax);
+  EXPECT_LT(outcome.elapsed, kOutputStallMax + kMargin);
+  EXPECT_TRUE(
+      std::regex_match(outcome.err, std::regex("chorus launch: nothing of the output was taken for "
+                                               "5000 ms; dropping the [0-9]+ bytes left\n")))
+      << outcome.err;
 }
 
 TEST(Launcher, FindsProgramsOnPath) {

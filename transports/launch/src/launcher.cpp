@@ -6,17 +6,21 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <random>
 #include <string>
@@ -41,33 +45,33 @@ namespace {
 // SIGCHLD reaps with waitpid(pid, WNOHANG) on our own pids only (the caller may have other
 // children), then drains what the dead rank left in its pipes, so its last lines come out
 // before the message about its death. The loop ends when every rank is reaped; pipes a
-// grandchild still holds are drained once more without blocking and closed.
+// grandchild still holds are drained once more without blocking and closed. Output is queued,
+// never written blocking (Note [Launcher output]).
+
+// Note [Launcher output]
+// The event loop must never block in write(): a reader that stalls (`chorus launch ... | less`
+// left on its first page) would keep it from the signalfd, so a supervisor's SIGTERM, the grace
+// deadline's SIGKILL and a dead rank would all wait for the reader. The ranks' lines and the
+// launcher's messages are queued (Output) and written when poll() says the descriptor takes
+// more, at most PIPE_BUF bytes a write: a pipe that polls writable has a free page, so such a
+// write cannot block. The descriptors are left as the caller gave them: O_NONBLOCK belongs to
+// the open file, shared with the shell and whatever else writes to it. (A socket gets
+// MSG_DONTWAIT; a terminal that polls writable may still make a write wait until it takes the
+// rest of one chunk, which a live terminal does at once.) Lines that fit in PIPE_BUF go whole
+// in one write, as before, so a line of another writer to the same pipe cannot split ours.
+// One queue per output file: a stdout and stderr that are one file (a terminal, 2>&1) share it,
+// so every write keeps its order (a dead rank's last lines before the message about its death);
+// two files do not hold each other up. While the queues hold kOutputBytesMax the loop stops
+// reading the ranks' pipes (backpressure: the ranks block in write) but keeps reading the
+// signalfd and keeping its deadlines. Once the ranks are gone it waits for the reader as long
+// as the reader takes something at least every kOutputStallMax (the grace period after a stop
+// signal; a stop signal while it waits ends the wait), then drops the rest and says so.
 
 const ErrorContext kContext{-1, "chorus launch", -1, ""};
 
 [[noreturn]] void system_error(const std::string& what) {
   const int error = errno;
   throw TransportError(kContext, what + ": " + std::strerror(error));
-}
-
-// Writes everything, retrying on EINTR and waiting out EAGAIN; gives up silently on other
-// errors (a closed terminal must not stop the launcher from stopping its ranks).
-void write_all(int fd, std::string_view data) {
-  while (!data.empty()) {
-    const ssize_t written = ::write(fd, data.data(), data.size());
-    if (written < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      if (errno == EAGAIN) {
-        pollfd writable{fd, POLLOUT, 0};
-        ::poll(&writable, 1, -1);
-        continue;
-      }
-      return;
-    }
-    data.remove_prefix(static_cast<std::size_t>(written));
-  }
 }
 
 std::string signal_name(int signal_number) {
@@ -142,33 +146,201 @@ std::string resolve_program(const std::string& program) {
   throw InvalidArgument(kContext, "cannot find program '" + program + "' on PATH");
 }
 
+// The queued output (Note [Launcher output]): one queue per output file, written without
+// blocking.
+class Output {
+ public:
+  Output(int stdout_fd, int stderr_fd) : fds_{stdout_fd, stderr_fd} {
+    struct stat out_status {};
+    struct stat err_status {};
+    const bool one_file =
+        stdout_fd == stderr_fd ||
+        (::fstat(stdout_fd, &out_status) == 0 && ::fstat(stderr_fd, &err_status) == 0 &&
+         out_status.st_dev == err_status.st_dev && out_status.st_ino == err_status.st_ino);
+    queue_of_stderr_ = one_file ? 0 : 1;
+    for (std::size_t index = 0; index < fds_.size(); ++index) {
+      struct stat status {};
+      sockets_[index] = ::fstat(fds_[index], &status) == 0 && S_ISSOCK(status.st_mode);
+    }
+  }
+
+  // Queues `text` for `fd` (stdout_fd or stderr_fd), unless writing to it failed before.
+  void write(int fd, std::string text) {
+    CHORUS_CHECK(fd == fds_[0] || fd == fds_[1]);
+    if (text.empty() || std::find(failed_.begin(), failed_.end(), fd) != failed_.end()) {
+      return;
+    }
+    bytes_ += text.size();
+    queues_[queue_of(fd)].pieces.push_back({fd, std::move(text)});
+  }
+  bool empty() const { return bytes_ == 0; }
+  // The loop stops reading the ranks' pipes meanwhile.
+  bool full() const { return bytes_ >= kOutputBytesMax; }
+
+  // A POLLOUT entry for the descriptor at the head of each queue that has one.
+  void add_polls(std::vector<pollfd>& fds) const {
+    for (const Queue& queue : queues_) {
+      if (!queue.pieces.empty()) {
+        fds.push_back({queue.pieces.front().fd, POLLOUT, 0});
+      }
+    }
+  }
+
+  // Writes what the descriptors take now without blocking, up to a bound per queue (so the loop
+  // gets back to its signals); returns the bytes written. Gives up silently on a descriptor
+  // whose write fails (a closed terminal must not stop the launcher from stopping its ranks):
+  // what is queued for it is dropped, and so is whatever comes later.
+  std::size_t write_some() {
+    constexpr std::size_t kTurnBytesMax = std::size_t{256} << 10;
+    std::size_t total = 0;
+    for (Queue& queue : queues_) {
+      std::size_t turn = 0;
+      while (!queue.pieces.empty() && turn < kTurnBytesMax) {
+        const int fd = queue.pieces.front().fd;
+        pollfd writable{fd, POLLOUT, 0};
+        if (::poll(&writable, 1, 0) != 1) {
+          break;  // full (or EINTR: next turn)
+        }
+        // Whole pieces (lines) while they fit in PIPE_BUF, else PIPE_BUF bytes of the first.
+        std::array<iovec, 64> chunk{};
+        std::size_t count = 0;
+        std::size_t size = 0;
+        for (std::size_t index = 0; index < queue.pieces.size() && count < chunk.size(); ++index) {
+          Piece& piece = queue.pieces[index];
+          const std::size_t skip = index == 0 ? queue.head_written : 0;
+          CHORUS_CHECK(skip < piece.text.size());
+          const std::size_t left = piece.text.size() - skip;
+          if (piece.fd != fd || (count > 0 && size + left > PIPE_BUF)) {
+            break;
+          }
+          chunk[count++] = {piece.text.data() + skip, std::min<std::size_t>(left, PIPE_BUF)};
+          size += chunk[count - 1].iov_len;
+        }
+        CHORUS_CHECK(count > 0 && size > 0);
+        CHORUS_CHECK(size <= PIPE_BUF);  // one page at most: a pipe that polled writable takes it
+        ssize_t written = -1;
+        if (sockets_[fd == fds_[0] ? 0 : 1]) {
+          msghdr header{};
+          header.msg_iov = chunk.data();
+          header.msg_iovlen = count;
+          written = ::sendmsg(fd, &header, MSG_DONTWAIT);
+        } else {
+          written = ::writev(fd, chunk.data(), static_cast<int>(count));
+        }
+        if (written < 0) {
+          if (errno == EINTR) {
+            continue;
+          }
+          if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            break;  // a descriptor the caller made non-blocking: wait for POLLOUT
+          }
+          give_up(fd);
+          continue;
+        }
+        CHORUS_CHECK(static_cast<std::size_t>(written) <= size);
+        consume(queue, static_cast<std::size_t>(written));
+        turn += static_cast<std::size_t>(written);
+      }
+      total += turn;
+    }
+    return total;
+  }
+
+  // Drops everything queued; returns how many bytes that was.
+  std::size_t drop() {
+    const std::size_t dropped = bytes_;
+    for (Queue& queue : queues_) {
+      queue.pieces.clear();
+      queue.head_written = 0;
+    }
+    bytes_ = 0;
+    return dropped;
+  }
+
+ private:
+  struct Piece {
+    int fd = -1;
+    std::string text;
+  };
+  struct Queue {
+    std::deque<Piece> pieces;
+    std::size_t head_written = 0;  // of pieces.front()
+  };
+
+  std::size_t queue_of(int fd) const { return fd == fds_[0] ? 0 : queue_of_stderr_; }
+
+  // `written` bytes from the head of `queue` are out.
+  void consume(Queue& queue, std::size_t written) {
+    CHORUS_CHECK(written <= bytes_);
+    bytes_ -= written;
+    while (written > 0) {
+      CHORUS_CHECK(!queue.pieces.empty());
+      const std::size_t left = queue.pieces.front().text.size() - queue.head_written;
+      const std::size_t taken = std::min(left, written);
+      queue.head_written += taken;
+      written -= taken;
+      if (queue.head_written == queue.pieces.front().text.size()) {
+        queue.pieces.pop_front();
+        queue.head_written = 0;
+      }
+    }
+  }
+
+  void give_up(int fd) {
+    failed_.push_back(fd);
+    Queue& queue = queues_[queue_of(fd)];
+    std::deque<Piece> kept;
+    for (std::size_t index = 0; index < queue.pieces.size(); ++index) {
+      Piece& piece = queue.pieces[index];
+      const std::size_t skip = index == 0 ? queue.head_written : 0;
+      if (piece.fd == fd) {
+        bytes_ -= piece.text.size() - skip;
+      } else if (skip > 0) {
+        kept.push_back({piece.fd, piece.text.substr(skip)});
+      } else {
+        kept.push_back(std::move(piece));
+      }
+    }
+    queue.pieces = std::move(kept);
+    queue.head_written = 0;
+  }
+
+  std::array<int, 2> fds_;
+  std::array<bool, 2> sockets_{};
+  std::size_t queue_of_stderr_ = 1;
+  std::array<Queue, 2> queues_;
+  std::vector<int> failed_;  // descriptors whose write failed
+  std::size_t bytes_ = 0;
+};
+
 // One direction of one rank's output: the pipe and the partial line read so far.
 struct Stream {
   int fd = -1;
   int out_fd = -1;
   std::string prefix;
   std::string pending;
+  Output* output = nullptr;
 
   // Writes every complete line of `pending` (and a too-long partial one), prefixed.
   void emit_lines() {
     std::size_t start = 0;
     for (std::size_t newline = pending.find('\n'); newline != std::string::npos;
          newline = pending.find('\n', start)) {
-      write_all(out_fd, prefix + pending.substr(start, newline + 1 - start));
+      output->write(out_fd, prefix + pending.substr(start, newline + 1 - start));
       start = newline + 1;
     }
     pending.erase(0, start);
     // Only a partial line longer than the limit: one of exactly kLineBytesMax bytes may end
     // with the next byte read, and is then written whole by the loop above.
     while (pending.size() > kLineBytesMax) {
-      write_all(out_fd, prefix + pending.substr(0, kLineBytesMax) + "\n");
+      output->write(out_fd, prefix + pending.substr(0, kLineBytesMax) + "\n");
       pending.erase(0, kLineBytesMax);
     }
   }
   // The last partial line, with a newline added.
   void flush() {
     if (!pending.empty()) {
-      write_all(out_fd, prefix + pending + "\n");
+      output->write(out_fd, prefix + pending + "\n");
       pending.clear();
     }
   }
@@ -243,7 +415,8 @@ class Launch {
       : options_(options),
         child_mask_(child_mask),
         child_files_(child_files),
-        signal_fd_(signal_fd) {}
+        signal_fd_(signal_fd),
+        output_(options.stdout_fd, options.stderr_fd) {}
 
   int run() {
     const std::string program = resolve_program(options_.command.front());
@@ -265,6 +438,7 @@ class Launch {
       rank.out.close_now();
       rank.err.close_now();
     }
+    finish_output();
     if (failed_status_) {
       return exit_code(*failed_status_);
     }
@@ -290,8 +464,55 @@ class Launch {
   Launch& operator=(const Launch&) = delete;
 
  private:
-  void message(const std::string& text) const {
-    write_all(options_.stderr_fd, "chorus launch: " + text + "\n");
+  void message(const std::string& text) {
+    output_.write(options_.stderr_fd, "chorus launch: " + text + "\n");
+  }
+
+  // Writes the output still queued while the reader takes some of it (Note [Launcher output]),
+  // then drops the rest, saying so (if stderr still takes that).
+  void finish_output() {
+    const std::chrono::milliseconds patience =
+        received_signal_ != 0 ? options_.grace : kOutputStallMax;
+    auto progress = std::chrono::steady_clock::now();
+    int interrupted_by = 0;
+    while (!output_.empty() && interrupted_by == 0) {
+      if (output_.write_some() > 0) {
+        progress = std::chrono::steady_clock::now();
+        continue;
+      }
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+          progress + patience - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        break;
+      }
+      std::vector<pollfd> fds;
+      fds.push_back({signal_fd_, POLLIN, 0});
+      output_.add_polls(fds);
+      const int ready = ::poll(fds.data(), fds.size(),
+                               static_cast<int>(std::min<std::int64_t>(left.count(), INT_MAX)));
+      if (ready < 0 && errno != EINTR) {
+        system_error("poll");
+      }
+      if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
+        signalfd_siginfo info{};
+        while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+          if (info.ssi_signo != SIGCHLD) {  // every rank is reaped: only a stop signal matters
+            interrupted_by = static_cast<int>(info.ssi_signo);
+          }
+        }
+      }
+    }
+    if (output_.empty()) {
+      return;
+    }
+    const std::size_t dropped = output_.drop();
+    message(interrupted_by != 0
+                ? "received " + signal_name(interrupted_by) + "; dropping the " +
+                      std::to_string(dropped) + " bytes of output not written yet"
+                : "nothing of the output was taken for " + std::to_string(patience.count()) +
+                      " ms; dropping the " + std::to_string(dropped) + " bytes left");
+    output_.write_some();
+    output_.drop();
   }
 
   std::vector<std::string> environment(int rank, std::uint16_t port,
@@ -355,9 +576,12 @@ class Launch {
       errno = error;
       system_error("pipe2");
     }
-    rank.out =
-        Stream{out_pipe[0], options_.stdout_fd, "[rank " + std::to_string(rank_index) + "] ", {}};
-    rank.err = Stream{err_pipe[0], options_.stderr_fd, rank.out.prefix, {}};
+    rank.out = Stream{out_pipe[0],
+                      options_.stdout_fd,
+                      "[rank " + std::to_string(rank_index) + "] ",
+                      {},
+                      &output_};
+    rank.err = Stream{err_pipe[0], options_.stderr_fd, rank.out.prefix, {}, &output_};
     rlimit files{};
     ::getrlimit(RLIMIT_NOFILE, &files);
     const int fd_end = files.rlim_cur == RLIM_INFINITY || files.rlim_cur > 65536
@@ -497,14 +721,17 @@ class Launch {
     std::vector<pollfd> fds;
     std::vector<Stream*> streams;
     fds.push_back({signal_fd_, POLLIN, 0});
+    // While the output is over its bound only the signals and the output are watched: the
+    // ranks wait in write() for the reader (Note [Launcher output]).
     for (Rank& rank : ranks_) {
       for (Stream* stream : {&rank.out, &rank.err}) {
-        if (stream->fd >= 0) {
+        if (stream->fd >= 0 && !output_.full()) {
           fds.push_back({stream->fd, POLLIN, 0});
           streams.push_back(stream);
         }
       }
     }
+    output_.add_polls(fds);
     int timeout_ms = -1;
     if (stopping_ && !killed_) {
       const auto left =
@@ -522,6 +749,7 @@ class Launch {
     if (ready <= 0) {
       return;
     }
+    output_.write_some();
     for (std::size_t index = 0; index < streams.size(); ++index) {
       if ((fds[index + 1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
         streams[index]->read_available(/*drain=*/false);
@@ -548,6 +776,7 @@ class Launch {
   int received_signal_ = 0;
   std::optional<int> failed_status_;
   std::chrono::steady_clock::time_point kill_at_;
+  Output output_;
 };
 
 }  // namespace

@@ -32,6 +32,16 @@ inline constexpr std::chrono::hours kGraceMax{24};
 // A line longer than this is written out in pieces (each prefixed), so a child that never writes
 // a newline cannot make the launcher buffer without bound.
 inline constexpr std::size_t kLineBytesMax = std::size_t{64} << 10;
+// Output the launcher holds for a reader that is slow or stalled (`chorus launch ... | less`,
+// a paused terminal). At this much it stops reading the ranks' pipes, so a rank that writes more
+// blocks in write() until the reader catches up, but the launcher still handles signals and
+// deadlines. (A dead rank's pipes are drained whatever the queue holds, so its last lines come
+// out before the message about its death: the queue may exceed this by what they held.)
+inline constexpr std::size_t kOutputBytesMax = std::size_t{1} << 20;
+// At the end of a launch, how long the launcher waits for a reader that takes nothing of the
+// output still queued before it drops the rest and exits (after a stop signal: the grace period;
+// a stop signal while it waits drops it at once).
+inline constexpr std::chrono::milliseconds kOutputStallMax{5000};
 
 struct LaunchOptions {
   // Processes to start, 1..kRanksMax.
@@ -59,13 +69,16 @@ struct LaunchOptions {
 // - 127 when the program cannot be executed: the first rank whose exec fails (usually rank 0)
 //   says why and exits 127, and is reported and the others stopped as above; ranks not started
 //   yet are not started, and those already started may or may not say so too.
-// Blocks until every rank has been reaped. While it runs, SIGINT, SIGTERM, SIGHUP and SIGCHLD
-// are blocked in the calling thread (read through a signalfd) and restored afterwards (as is an
-// ignored SIGCHLD, set to its default meanwhile so that waitpid sees the ranks end); call it
-// from the main thread of a process with no other threads that leave those signals unblocked.
-// For the launch, the soft RLIMIT_NOFILE is raised to the hard limit (the ranks get the original
-// one). Not re-entrant. Throws InvalidArgument for bad options, a program that cannot be found,
-// or more ranks than the descriptor limit allows (kDescriptorsPerRank each plus
+// Blocks until every rank has been reaped and their output written, or given up on (a reader
+// that takes nothing for kOutputStallMax, or the grace period after a stop signal: the rest is
+// lost, and said so on stderr). Writing never blocks the launcher: a stalled output delays
+// the ranks (kOutputBytesMax), never its handling of signals and deadlines. While it runs, SIGINT,
+// SIGTERM, SIGHUP and SIGCHLD are blocked in the calling thread (read through a signalfd) and
+// restored afterwards (as is an ignored SIGCHLD, set to its default meanwhile so that waitpid sees
+// the ranks end); call it from the main thread of a process with no other threads that leave those
+// signals unblocked. For the launch, the soft RLIMIT_NOFILE is raised to the hard limit (the ranks
+// get the original one). Not re-entrant. Throws InvalidArgument for bad options, a program that
+// cannot be found, or more ranks than the descriptor limit allows (kDescriptorsPerRank each plus
 // kDescriptorsMargin, against the raised limit), TransportError when a system call fails or the
 // store cannot start.
 int launch(const LaunchOptions& options);
