@@ -494,6 +494,50 @@ TEST(NcclUniqueIdExchangeErrors, CommunicatorSetUpNamesTheRankTheGroupAndTheRoot
   }
 }
 
+// Note [NCCL communicator set-up], "Retries": core calls create_comm again after a set-up threw;
+// the exchange must not run again on the failed attempt's store keys (a late root's id, a
+// partial count). The retry throws the first error's type at once, naming it, without a store
+// call (the server is gone by then: a retry that used the store got TransportError); another
+// group still gets its own set-up.
+TEST(NcclUniqueIdExchangeErrors, ARetryAfterAFailedSetUpThrowsTheFirstErrorAgain) {
+  auto server = std::make_unique<store::Server>();
+  auto client = std::make_shared<store::Client>(options_for(*server), std::chrono::seconds(30));
+  const Environment environment{2, 3, 2, "127.0.0.1", server->port()};
+  detail::NcclTransport transport(environment, client, 0, std::chrono::milliseconds(200), false,
+                                  false);
+  std::string first;
+  try {
+    (void)transport.create_comm("", {1, 2});
+    FAIL() << "rank 2 made a communicator with a rank that never arrived";
+  } catch (const Timeout& error) {
+    first = error.detail();
+  }
+  try {
+    (void)transport.create_comm("", {0, 2});
+    FAIL() << "rank 2 made a communicator with a rank that never arrived";
+  } catch (const Timeout& error) {
+    EXPECT_TRUE(
+        error.detail().starts_with("nccl: the unique id from rank 0 of this communicator "
+                                   "did not arrive: store.get: key 'chorus/nccl/comm/"))
+        << "another group's set-up is its own: " << error.detail();
+  }
+  server.reset();
+  for (int retry = 0; retry < 2; ++retry) {
+    try {
+      (void)transport.create_comm("", {1, 2});
+      FAIL() << "a retry made a communicator";
+    } catch (const Timeout& error) {
+      EXPECT_EQ(error.context().rank, 2);
+      EXPECT_EQ(error.context().op, "communicator set-up");
+      EXPECT_EQ(error.context().group, "[1, 2]");
+      EXPECT_EQ(error.detail(), "nccl: the group's set-up failed earlier: " + first +
+                                    "; a retry is not supported on NCCL");
+    } catch (const Error& error) {
+      ADD_FAILURE() << "retry " << retry << ": " << error.what();
+    }
+  }
+}
+
 // Note [NCCL store]: rank 0 connects to a store already listening at MASTER_ADDR:MASTER_PORT.
 TEST(NcclStore, RankZeroConnectsToTheStoreThatHoldsTheAddress) {
   store::Server launcher;

@@ -915,6 +915,121 @@ TEST(Store, ExitBarrierOfOneRankAndOutsideTheWorld) {
   EXPECT_THROW(exit_barrier(*client, 2, 2, seconds(5)), InvalidArgument);
 }
 
+// The deadline of the exit barriers below: one that only a hang reaches. Before
+// exit_barrier_failed the failed rank just left, and the others waited here for it.
+constexpr seconds kExitBarrierDeadline = kHang;
+
+TEST(Store, ExitBarrierGivesEveryRankTheFailureAFailedRankReported) {
+  // Note [Exit barrier]: rank 2 failed and leaves at once; ranks 0 and 1 finished. They must
+  // get RankFailure naming rank 2 and its error, not a Timeout on 'released' after the whole
+  // deadline (10 min under nccl::run), and rank 0 must still outlive the others' last calls.
+  constexpr int kWorld = 3;
+  auto server = std::make_unique<Server>();
+  const std::uint16_t port = server->port();
+  std::vector<std::string> outcomes(kWorld);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ranks.emplace_back([&, rank] {
+      std::string& outcome = outcomes[static_cast<std::size_t>(rank)];
+      try {
+        ClientOptions options;
+        options.port = port;
+        Client client(options, kHang);
+        PrefixStore exit("exit", client);
+        if (rank == 2) {
+          exit_barrier_failed(exit, rank, kWorld, "chorus::Timeout: boom", seconds(10));
+          outcome = "reported";
+          return;
+        }
+        exit_barrier(exit, rank, kWorld, kExitBarrierDeadline);
+        outcome = "returned";
+      } catch (const RankFailure& error) {
+        outcome = "RankFailure: " + std::string(error.what());
+      } catch (const Error& error) {
+        outcome = "other error: " + std::string(error.what());
+      }
+      if (rank == 0) {
+        server.reset();  // what nccl::run's rank 0 does next
+      }
+    });
+  }
+  for (auto& thread : ranks) {
+    thread.join();
+  }
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(outcomes[static_cast<std::size_t>(rank)],
+              "RankFailure: chorus::RankFailure: [rank " + std::to_string(rank) +
+                  "] store.exit_barrier: rank 2 failed: chorus::Timeout: boom");
+  }
+  EXPECT_EQ(outcomes[2], "reported");
+}
+
+TEST(Store, ExitBarrierWithFailedRanksLetsRankZeroReturnLastAndCleansUp) {
+  // Ranks 1 and 3 of 5 fail together: the first report wins and every other rank gets the same
+  // one; rank 0's wait for the left keys completes (the failed ranks leave too), it returns only
+  // after the others' last calls (its server destroyed then hurts nobody), and no key is left.
+  constexpr int kWorld = 5;
+  constexpr int kRepetitions = 20;
+  for (int repetition = 0; repetition < kRepetitions; ++repetition) {
+    auto server = std::make_unique<Server>();
+    const std::uint16_t port = server->port();
+    std::vector<std::string> outcomes(kWorld);
+    std::int64_t keys_left = -1;
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      ranks.emplace_back([&, rank] {
+        std::string& outcome = outcomes[static_cast<std::size_t>(rank)];
+        try {
+          ClientOptions options;
+          options.port = port;
+          Client client(options, kHang);
+          PrefixStore exit("exit", client);
+          if (rank == 1 || rank == 3) {
+            exit_barrier_failed(exit, rank, kWorld, "error " + std::to_string(rank), seconds(10));
+            outcome = "reported";
+            return;
+          }
+          try {
+            exit_barrier(exit, rank, kWorld, kExitBarrierDeadline);
+            outcome = "returned";
+          } catch (const RankFailure& error) {
+            outcome = error.detail();
+          }
+          if (rank == 0) {
+            keys_left = client.num_keys();
+            server.reset();  // what nccl::run's rank 0 does next
+          }
+        } catch (const Error& error) {
+          outcome = "other error: " + std::string(error.what());
+        }
+      });
+    }
+    for (auto& thread : ranks) {
+      thread.join();
+    }
+    SCOPED_TRACE("repetition " + std::to_string(repetition));
+    const std::string& first = outcomes[0];
+    EXPECT_TRUE(first == "rank 1 failed: error 1" || first == "rank 3 failed: error 3") << first;
+    EXPECT_EQ(outcomes[2], first);
+    EXPECT_EQ(outcomes[4], first);
+    EXPECT_EQ(outcomes[1], "reported");
+    EXPECT_EQ(outcomes[3], "reported");
+    EXPECT_EQ(keys_left, 0) << "exit_barrier left keys behind";
+  }
+}
+
+TEST(Store, ExitBarrierFailedOutsideTheWorldAndCutsLongText) {
+  Server server;
+  auto client = connect(server);
+  EXPECT_THROW(exit_barrier_failed(*client, 2, 2, "x", seconds(5)), InvalidArgument);
+  // A world of one: rank 0 reports (its store outlives it) and releases its own barrier.
+  PrefixStore exit("exit", *client);
+  exit_barrier_failed(exit, 0, 1, std::string(kFailureTextBytesMax + 1, 'x'), seconds(5));
+  EXPECT_EQ(exit.get("chorus.exit/failed", seconds(5)),
+            "rank 0 failed: " + std::string(kFailureTextBytesMax, 'x') + " [...]");
+  EXPECT_EQ(client->num_keys(), 1) << "only the failure is left, for nobody to read";
+}
+
 TEST(Store, CallsQueuedBehindABlockedCallTimeOutWithoutClosingTheConnection) {
   // One client shared by two threads: A blocks in a get; B's set, queued behind it, must not
   // wait past its own deadline, and must not then time out mid-call and close the connection

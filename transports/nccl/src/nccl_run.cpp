@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,6 +20,10 @@
 
 namespace chorus::nccl {
 namespace {
+
+// How long a failed rank spends reporting its failure to the others (exit_barrier_failed): a
+// few round trips to a live store take milliseconds; this only bounds a store that went away.
+constexpr std::chrono::seconds kFailureReportTimeout{10};
 
 void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {
   constexpr std::size_t kUnwaitedListedMax = 16;
@@ -46,6 +52,11 @@ namespace detail {
 // run() and destroy the server at once. (A plain Rendezvous::barrier returned to rank 0 while other
 // ranks still waited for its answers, and they failed "exit barrier: ... server gone?" after a
 // correct job.)
+//
+// A rank that failed does not wait in the exit barrier: it reports its failure there
+// (store::exit_barrier_failed) and leaves, and the others' exit barrier throws RankFailure naming
+// it. Rank 0 cannot when it hosts the server, which goes with it: the others' store calls get
+// TransportError (server gone) at once.
 StoreConnection connect_store(const Environment& environment, std::chrono::nanoseconds timeout) {
   StoreConnection connection;
   if (environment.rank == 0) {
@@ -160,6 +171,7 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
   }
   detail::StoreConnection connection = detail::connect_store(environment, options.timeout);
   int status = 0;
+  std::string failure;  // describe() of this rank's error, when status is 1
   {
     const char* split = std::getenv("CHORUS_NCCL_SPLIT");
     const bool split_partitions =
@@ -192,6 +204,23 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
       std::fflush(stderr);
       transport->abort_all(error);
       status = 1;
+      failure = describe(error);
+    }
+  }
+  if (status != 0 && !connection.server) {
+    // Note [Exit barrier]: the others wait for this rank in the exit barrier; tell them why it
+    // will not come, without waiting there (a failed rank should exit at once). Best effort, on
+    // a short deadline: a store error is printed, the exit status stays this rank's failure.
+    // Rank 0 when it hosts the server cannot (its server goes as it exits: the others' store
+    // calls get TransportError at once).
+    try {
+      store::PrefixStore prefix("chorus/nccl/exit", *connection.client);
+      store::exit_barrier_failed(
+          prefix, rank, world_size, failure,
+          std::min<std::chrono::nanoseconds>(options.timeout, kFailureReportTimeout));
+    } catch (const Error& report_error) {
+      std::fprintf(stderr, "chorus: rank %d: could not report its failure to the other ranks: %s\n",
+                   rank, report_error.what());
     }
   }
   if (status == 0) {

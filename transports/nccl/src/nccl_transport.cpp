@@ -1083,6 +1083,13 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   if (auto found = comms_.find(key); found != comms_.end()) {
     return found->second;
   }
+  const ErrorContext set_up_context{environment_.rank, "communicator set-up", -1, label};
+  if (auto failed = failed_set_ups_.find(key); failed != failed_set_ups_.end()) {
+    // Retries, below: never run the exchange again on these keys.
+    throw_error(failed->second.code, set_up_context,
+                "nccl: the group's set-up failed earlier: " + failed->second.detail +
+                    "; a retry is not supported on NCCL");
+  }
   const int group_rank = static_cast<int>(member - ranks.begin());
   const int group_size = static_cast<int>(ranks.size());
 
@@ -1115,6 +1122,15 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   //   until the timeout and abort the world communicator; Note [Split agreement] turns that
   //   into a Timeout naming the missing ranks, or a CollectiveMismatch, before the split.
   // - Otherwise, and for a partition of one part, the part gets the unique-id set-up above.
+  // Retries. Core calls create_comm again for a group whose set-up threw (ensure_comm keeps no
+  // communicator), but the unique-id exchange cannot run twice: a fresh Rendezvous on the
+  // group's prefix numbers its calls from 0 again, so a retry uses the failed attempt's keys,
+  // and what that attempt left there (rank 0's id, published after the others gave up; a
+  // partial 'done' count) lets a rank read the old id, or count out early and delete keys
+  // another rank has not read yet. So a failed exchange is remembered per group
+  // (failed_set_ups_) and every later create_comm of the group throws its error type again,
+  // naming the first error, without touching the store. (A failure after the exchange, in
+  // ncclCommInitRankConfig, is not remembered: the exchange's keys were all counted out.)
   store::PrefixStore prefix("chorus/nccl/comm/" + key, *store_);
   store::Rendezvous rendezvous(prefix, group_rank, group_size);
   const auto deadline = deadline_after(timeout_);
@@ -1135,9 +1151,10 @@ std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& t
   } catch (const Error& error) {
     // The same error, at this rank and group (exchange_unique_id knows only the rank in the
     // group), naming the rank that makes the id: a Timeout here is the root not arriving.
-    throw_error(error.code(), ErrorContext{environment_.rank, "communicator set-up", -1, label},
-                error.detail() + " (rank 0 of this communicator is rank " +
-                    std::to_string(ranks.front()) + ")");
+    std::string detail = error.detail() + " (rank 0 of this communicator is rank " +
+                         std::to_string(ranks.front()) + ")";
+    failed_set_ups_.insert_or_assign(key, FailedSetUp{error.code(), detail});  // Retries, above
+    throw_error(error.code(), set_up_context, std::move(detail));
   }
   ncclUniqueId id{};
   std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));

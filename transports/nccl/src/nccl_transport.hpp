@@ -369,6 +369,14 @@ class NcclTransport final : public transport::Transport {
   std::shared_ptr<BlockPool> pinned_;  // shared by the rank's communicators
   std::map<std::string, std::shared_ptr<NcclComm>> comms_;
   std::vector<std::shared_ptr<CommState>> states_;
+  // A unique-id exchange that failed, per comm key: its error's type and detail, thrown again
+  // (naming it) on every later create_comm of the group (Note [NCCL communicator set-up],
+  // "Retries").
+  struct FailedSetUp {
+    ErrorCode code;
+    std::string detail;
+  };
+  std::map<std::string, FailedSetUp> failed_set_ups_;
 };
 
 // "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.

@@ -5,7 +5,9 @@
 #include <chorus/check.hpp>
 #include <chorus/error.hpp>
 #include <chorus/store/store.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "protocol.hpp"
@@ -248,6 +250,20 @@ void Rendezvous::barrier(Deadline deadline) {
   finish(name, {arrived, released}, deadline);
 }
 
+// barrier() without the wait: the same keys, so the others' barrier of this number counts this
+// rank in. Counting out at once is safe: 'done' reaches world_size only once every rank arrived
+// (the others count out after 'released'), so whoever deletes the keys then, this rank
+// included, deletes them after everyone is done with them.
+void Rendezvous::arrive(Deadline deadline) {
+  const std::string name = next_name("barrier");
+  const std::string arrived = name + "/arrived";
+  const std::string released = name + "/released";
+  if (store_.add(arrived, 1, deadline) == world_size_) {
+    store_.set(released, "1", deadline);
+  }
+  finish(name, {arrived, released}, deadline);
+}
+
 // Note [Exit barrier]
 // A rank that hosts the store (rank 0 under nccl::run, as torch's TCPStore under torchrun) must
 // keep its server up until no other rank still talks to it. Rendezvous::barrier is not enough:
@@ -262,12 +278,50 @@ void Rendezvous::barrier(Deadline deadline) {
 // more round trips, deleting the keys (it is the last rank to use them). So when rank 0 returns
 // every other rank's last answer is in the kernel, and a server stopped then sends it before
 // closing the connection.
+//
+// A rank that failed must not wait in the barrier (nothing it could learn there helps it exit),
+// but if it only left, the others would wait for it until their deadline (10 min under
+// nccl::run) and then report a Timeout on a barrier key that names nobody. So it calls
+// exit_barrier_failed instead, in this order:
+//  1. compare_set("failed", "", "rank <r> failed: <what>"): the first failure wins, later ones
+//     (ranks failing together) leave it;
+//  2. Rendezvous::arrive: counted into the barrier (and out of it) without waiting;
+//  3. set("left/<r>") unless it is rank 0: its last call, as a successful rank's.
+// The failure key is set before the rank arrives, so a rank released from the barrier finds it
+// whenever any rank reported; each reads it (a compare_set that never swaps: a read that does
+// not block) before its own set("left/<rank>"), and throws RankFailure with it afterwards. Rank 0
+// reads it too and throws only after its wait for the left keys, so its server still outlives
+// every other rank's last call; it then deletes the failure key with the others (nobody reads it
+// after leaving). A failed rank 0 that hosts the server cannot do this: its server goes away as
+// it exits, and the others' calls fail at once with TransportError (server gone), which is
+// prompt, if less clear. When the store outlives rank 0 (a launcher's), rank 0 may report too.
+namespace {
+
+constexpr std::string_view kFailedKey = "chorus.exit/failed";
+
+std::string left_key(int rank) { return "chorus.exit/left/" + std::to_string(rank); }
+
+// The job's reported failure, if any, without blocking: compare_set with an expected value no
+// failure holds (each starts with "rank ") never swaps, and answers the value or nullopt.
+std::optional<std::string> reported_failure(Store& store, Deadline deadline) {
+  const std::string never(1, '\0');
+  return store.compare_set(kFailedKey, never, never, deadline);
+}
+
+}  // namespace
+
 void exit_barrier(Store& store, int rank, int world_size, Deadline deadline) {
   Rendezvous rendezvous(store, rank, world_size);  // checks rank and world_size
   rendezvous.barrier(deadline);
-  const auto left_key = [](int r) { return "chorus.exit/left/" + std::to_string(r); };
+  const std::optional<std::string> failure = reported_failure(store, deadline);
+  const auto throw_failure = [&] {
+    if (failure) {
+      throw RankFailure(error_context("store.exit_barrier", rank), *failure);
+    }
+  };
   if (rank != 0) {
     store.set(left_key(rank), "", deadline);  // this rank's last call on the store
+    throw_failure();
     return;
   }
   std::vector<std::string> left;
@@ -275,16 +329,34 @@ void exit_barrier(Store& store, int rank, int world_size, Deadline deadline) {
   for (int r = 1; r < world_size; ++r) {
     left.push_back(left_key(r));
   }
-  if (left.empty()) {
-    return;
+  if (!left.empty()) {
+    store.wait(left, deadline);
   }
-  store.wait(left, deadline);
   // The others are gone: the deletes only keep a store that outlives the job (a launcher's)
   // from growing. Like Rendezvous's counting out, they get a grace past a used-up deadline.
   const Deadline housekeeping(
       std::max(deadline.at(), Deadline::Clock::now() + Deadline::Clock::duration(kCountOutGrace)));
   for (const std::string& key : left) {
     store.delete_key(key, housekeeping);
+  }
+  if (failure) {
+    store.delete_key(kFailedKey, housekeeping);
+  }
+  throw_failure();
+}
+
+void exit_barrier_failed(Store& store, int rank, int world_size, std::string_view what,
+                         Deadline deadline) {
+  Rendezvous rendezvous(store, rank, world_size);  // checks rank and world_size
+  std::string failure = "rank " + std::to_string(rank) + " failed: ";
+  failure += what.substr(0, kFailureTextBytesMax);
+  if (what.size() > kFailureTextBytesMax) {
+    failure += " [...]";
+  }
+  store.compare_set(kFailedKey, "", failure, deadline);  // Note [Exit barrier], step 1
+  rendezvous.arrive(deadline);
+  if (rank != 0) {
+    store.set(left_key(rank), "", deadline);  // this rank's last call on the store
   }
 }
 

@@ -300,6 +300,10 @@ class Rendezvous {
                                            Deadline deadline = kDefaultTimeout);
   // Returns when every rank has reached its barrier call of the same number.
   void barrier(Deadline deadline = kDefaultTimeout);
+  // Counts this rank into its barrier call of the next number, and out of it, without waiting
+  // for the others: for a rank that leaves instead (exit_barrier_failed). The other ranks'
+  // barrier returns once every rank has arrived. Blocks only for its own round trips.
+  void arrive(Deadline deadline = kDefaultTimeout);
 
  private:
   std::string next_name(std::string_view what);
@@ -321,7 +325,26 @@ class Rendezvous {
 // exit_barrier uses; on success it removes the keys it made (a rank that fails or times out
 // leaves its keys in a store that outlives the job, as Rendezvous does). Blocks; errors are those
 // of Rendezvous::barrier and, on rank 0, a Timeout naming the key of the first rank that did not
-// leave by the deadline. InvalidArgument unless 0 <= rank < world_size.
+// leave by the deadline. InvalidArgument unless 0 <= rank < world_size. When a rank reported
+// its failure with exit_barrier_failed, every rank that called exit_barrier throws RankFailure
+// (op store.exit_barrier) once released, its detail the first reported failure ("rank 2 failed:
+// <what>"); rank 0 throws it only after every other rank has left, as on success, and removes
+// the keys then too.
 void exit_barrier(Store& store, int rank, int world_size, Deadline deadline = kDefaultTimeout);
+
+// For a rank that failed and exits at once instead of calling exit_barrier (Note [Exit barrier]):
+// publishes "rank <rank> failed: <what>" as the job's failure unless another rank's came first
+// (<what> cut at kFailureTextBytesMax bytes), counts this rank into the exit barrier without
+// waiting for the others, and (rank != 0) leaves it, so the ranks in exit_barrier are released
+// and throw RankFailure naming this rank instead of waiting out their deadline. A few round trips;
+// never waits for another rank. Give it a short deadline: a rank that failed should not linger.
+// The rank that hosts the server cannot use it (its server goes when it exits: the others get
+// TransportError); rank 0 may when the store outlives it (a launcher's). Errors are those of the
+// store calls; InvalidArgument unless 0 <= rank < world_size.
+void exit_barrier_failed(Store& store, int rank, int world_size, std::string_view what,
+                         Deadline deadline = kDefaultTimeout);
+
+// The most bytes of exit_barrier_failed's `what` that are published.
+inline constexpr std::size_t kFailureTextBytesMax = 4096;
 
 }  // namespace chorus::store
