@@ -170,6 +170,18 @@ TEST_F(StoreOutOfMemory, AFrameIsBufferedOnlyAsItsBytesArrive) {
   EXPECT_EQ(connect()->get("k"), "v");
 }
 
+TEST_F(StoreOutOfMemory, ABodyGrowsToItsFrameAndNoFurther) {
+  // 32 chunks and a bit: growing by doubling, as a plain resize does, would reserve 4 MiB for
+  // the last bytes. The buffer doubles but stops at the frame; the value the server keeps is a
+  // copy of the same size.
+  auto client = connect();
+  const std::string value((std::size_t{2} << 20) + 100, 'v');
+  client->set("big", value);
+  EXPECT_EQ(client->get("big"), value);
+  EXPECT_GE(server_allocation_bytes_max.load(), value.size());
+  EXPECT_LT(server_allocation_bytes_max.load(), value.size() + kBodyChunkBytes);
+}
+
 TEST_F(StoreOutOfMemory, AnAllocationThatFailsWhileABodyArrivesClosesOnlyThatSession) {
   auto bystander = connect();
   bystander->set("k", "v");
