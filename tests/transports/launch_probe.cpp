@@ -11,6 +11,9 @@
 //                                 writes BYTES (rounded up to whole lines) in lines of 4087
 //                                 bytes, 4096 with the launcher's "[rank R] " for R < 10; then
 //                                 exits 0, or waits in pause() until the launcher stops it
+//   launch_probe flood_split OUT ERR
+//                                 rank 0 writes OUT bytes to stdout and waits in pause(); rank 1
+//                                 writes ERR bytes to stderr and exits 0 (lines as `flood`)
 //
 // Ranks meet at a barrier before one fails, so the failure always finds the others running.
 
@@ -121,6 +124,22 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       std::printf("\nnext\n");
       return 0;
+    }
+    if (args.size() == 3 && args[0] == "flood_split") {
+      const bool first = std::string(variable("RANK")) == "0";
+      const std::size_t total = std::stoul(args[first ? 1 : 2]);
+      FILE* out = first ? stdout : stderr;
+      const std::string line = std::string(4086, 'x') + "\n";
+      for (std::size_t sent = 0; sent < total; sent += line.size()) {
+        std::fwrite(line.data(), 1, line.size(), out);
+      }
+      std::fflush(out);
+      if (!first) {
+        return 0;
+      }
+      for (;;) {
+        ::pause();
+      }
     }
     if (args.size() == 3 && args[0] == "flood" && (args[2] == "exit" || args[2] == "wait")) {
       const std::size_t total = std::stoul(args[1]);

@@ -566,6 +566,76 @@ TEST(Launcher, GivesUpOnOutputNobodyTakesAtTheEnd) {
       << outcome.err;
 }
 
+TEST(Launcher, AStalledStdoutDoesNotHoldUpTheRanksStderr) {
+  // Rank 0 floods a stdout nobody reads; rank 1 writes 16 MiB to stderr, which the test reads.
+  // Each output file has its own queue and bound (Note [Launcher output]): rank 1's stderr
+  // keeps flowing while rank 0 waits in write(). Until 2026-12-04 one bound over both queues
+  // stopped reading every rank's pipes once stdout's queue was full, and rank 1 stalled too.
+  constexpr std::size_t kErrBytes = std::size_t{16} << 20;
+  static_assert(kErrBytes > 4 * kOutputBytesMax);
+  constexpr int kWatchdogMs = 30000;
+  int out_fds[2];
+  int err_fds[2];
+  ASSERT_EQ(::pipe2(out_fds, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(err_fds, O_CLOEXEC), 0);
+  ASSERT_EQ(::fcntl(out_fds[1], F_SETPIPE_SZ, 4096), 4096);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    LaunchOptions options;
+    options.ranks = 2;
+    options.command = {CHORUS_LAUNCH_PROBE, "flood_split", "4194304", std::to_string(kErrBytes)};
+    options.grace = std::chrono::milliseconds(500);
+    options.stdout_fd = out_fds[1];
+    options.stderr_fd = err_fds[1];
+    int status = 101;
+    try {
+      status = launch(options);
+    } catch (...) {
+      status = 102;
+    }
+    ::_exit(status);
+  }
+  ::close(err_fds[1]);
+  // Every byte of rank 1's lines, prefixed, arrives (each line is 4096 bytes with "[rank 1] ").
+  const std::size_t expected = (kErrBytes + 4086) / 4087 * 4096;
+  std::size_t received = 0;
+  std::string tail;
+  while (received < expected) {
+    pollfd readable{err_fds[0], POLLIN, 0};
+    if (::poll(&readable, 1, kWatchdogMs) != 1) {
+      break;  // the watchdog: rank 1's stderr stalled
+    }
+    char buffer[65536];
+    const ssize_t n = ::read(err_fds[0], buffer, sizeof buffer);
+    if (n <= 0) {
+      break;
+    }
+    received += static_cast<std::size_t>(n);
+  }
+  EXPECT_EQ(received, expected) << "rank 1's stderr stalled behind rank 0's stdout";
+  ::kill(child, SIGTERM);
+  // Drain the rest of stderr (the launcher's messages) to its end, when the launcher exits;
+  // else the watchdog: SIGKILL (its ranks die with it, PR_SET_PDEATHSIG).
+  for (;;) {
+    pollfd readable{err_fds[0], POLLIN, 0};
+    char buffer[4096];
+    if (::poll(&readable, 1, kWatchdogMs) != 1) {
+      ADD_FAILURE() << "the launcher did not exit on SIGTERM";
+      ::kill(child, SIGKILL);
+      break;
+    }
+    if (::read(err_fds[0], buffer, sizeof buffer) <= 0) {
+      break;
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << status;
+  ::close(err_fds[0]);
+  ::close(out_fds[0]);
+  ::close(out_fds[1]);
+}
+
 TEST(Launcher, FindsProgramsOnPath) {
   Capture out;
   LaunchOptions options;

@@ -61,8 +61,9 @@ namespace {
 // in one write, as before, so a line of another writer to the same pipe cannot split ours.
 // One queue per output file: a stdout and stderr that are one file (a terminal, 2>&1) share it,
 // so every write keeps its order (a dead rank's last lines before the message about its death);
-// two files do not hold each other up. While the queues hold kOutputBytesMax the loop stops
-// reading the ranks' pipes (backpressure: the ranks block in write) but keeps reading the
+// two files do not hold each other up. While a queue holds kOutputBytesMax the loop stops
+// reading the ranks' pipes bound for it (backpressure: the ranks block in write; pipes bound
+// for the other file go on) but keeps reading the
 // signalfd and keeping its deadlines. Once the ranks are gone it waits for the reader as long
 // as the reader takes something at least every kOutputStallMax (the grace period after a stop
 // signal; a stop signal while it waits ends the wait), then drops the rest and says so.
@@ -171,11 +172,14 @@ class Output {
       return;
     }
     bytes_ += text.size();
-    queues_[queue_of(fd)].pieces.push_back({fd, std::move(text)});
+    Queue& queue = queues_[queue_of(fd)];
+    queue.bytes += text.size();
+    queue.pieces.push_back({fd, std::move(text)});
   }
   bool empty() const { return bytes_ == 0; }
-  // The loop stops reading the ranks' pipes meanwhile.
-  bool full() const { return bytes_ >= kOutputBytesMax; }
+  // Whether the queue `fd` writes to holds kOutputBytesMax: the loop stops reading the ranks'
+  // pipes bound for it meanwhile (those bound for another file go on).
+  bool full(int fd) const { return queues_[queue_of(fd)].bytes >= kOutputBytesMax; }
 
   // A POLLOUT entry for the descriptor at the head of each queue that has one.
   void add_polls(std::vector<pollfd>& fds) const {
@@ -252,6 +256,7 @@ class Output {
     for (Queue& queue : queues_) {
       queue.pieces.clear();
       queue.head_written = 0;
+      queue.bytes = 0;
     }
     bytes_ = 0;
     return dropped;
@@ -265,14 +270,16 @@ class Output {
   struct Queue {
     std::deque<Piece> pieces;
     std::size_t head_written = 0;  // of pieces.front()
+    std::size_t bytes = 0;         // not yet written
   };
 
   std::size_t queue_of(int fd) const { return fd == fds_[0] ? 0 : queue_of_stderr_; }
 
   // `written` bytes from the head of `queue` are out.
   void consume(Queue& queue, std::size_t written) {
-    CHORUS_CHECK(written <= bytes_);
+    CHORUS_CHECK(written <= queue.bytes && queue.bytes <= bytes_);
     bytes_ -= written;
+    queue.bytes -= written;
     while (written > 0) {
       CHORUS_CHECK(!queue.pieces.empty());
       const std::size_t left = queue.pieces.front().text.size() - queue.head_written;
@@ -295,6 +302,7 @@ class Output {
       const std::size_t skip = index == 0 ? queue.head_written : 0;
       if (piece.fd == fd) {
         bytes_ -= piece.text.size() - skip;
+        queue.bytes -= piece.text.size() - skip;
       } else if (skip > 0) {
         kept.push_back({piece.fd, piece.text.substr(skip)});
       } else {
@@ -721,11 +729,11 @@ class Launch {
     std::vector<pollfd> fds;
     std::vector<Stream*> streams;
     fds.push_back({signal_fd_, POLLIN, 0});
-    // While the output is over its bound only the signals and the output are watched: the
-    // ranks wait in write() for the reader (Note [Launcher output]).
+    // The pipes bound for an output file whose queue is over its bound are not watched: their
+    // ranks wait in write() for that file's reader (Note [Launcher output]).
     for (Rank& rank : ranks_) {
       for (Stream* stream : {&rank.out, &rank.err}) {
-        if (stream->fd >= 0 && !output_.full()) {
+        if (stream->fd >= 0 && !output_.full(stream->out_fd)) {
           fds.push_back({stream->fd, POLLIN, 0});
           streams.push_back(stream);
         }

@@ -33,10 +33,11 @@ inline constexpr std::chrono::hours kGraceMax{24};
 // a newline cannot make the launcher buffer without bound.
 inline constexpr std::size_t kLineBytesMax = std::size_t{64} << 10;
 // Output the launcher holds for a reader that is slow or stalled (`chorus launch ... | less`,
-// a paused terminal). At this much it stops reading the ranks' pipes, so a rank that writes more
-// blocks in write() until the reader catches up, but the launcher still handles signals and
-// deadlines. (A dead rank's pipes are drained whatever the queue holds, so its last lines come
-// out before the message about its death: the queue may exceed this by what they held.)
+// a paused terminal), per output file. At this much it stops reading the ranks' pipes bound for
+// that file, so a rank that writes more there blocks in write() until the reader catches up,
+// but the launcher still handles signals and deadlines. (A dead rank's pipes are drained whatever
+// the queue holds, so its last lines come out before the message about its death: the queue may
+// exceed this by what they held.)
 inline constexpr std::size_t kOutputBytesMax = std::size_t{1} << 20;
 // At the end of a launch, how long the launcher waits for a reader that takes nothing of the
 // output still queued before it drops the rest and exits (after a stop signal: the grace period;
