@@ -382,7 +382,9 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
 
 WorkRegistry::Claim* WorkRegistry::ClaimBatch::slot() noexcept {
   if (!first_.has_value()) {
-    return &first_.emplace();
+    // Not emplace(): clang 14 takes Claim, whose members have default initializers, for not
+    // default-constructible inside its enclosing class, and the fuzz preset would not build.
+    return &first_.emplace(Claim{});
   }
   try {
     return &more_.emplace_back();
