@@ -239,27 +239,23 @@ std::vector<std::string> Rendezvous::allgather_bytes(std::string_view blob, Dead
   return values;
 }
 
-void Rendezvous::barrier(Deadline deadline) {
+void Rendezvous::barrier(Deadline deadline) { pass_barrier(/*wait=*/true, deadline); }
+
+// barrier() without the wait: the same keys, so the others' barrier of this number counts this
+// rank in. Counting out at once is safe: 'done' reaches world_size only once every rank arrived
+// (the others count out after 'released'), so whoever deletes the keys then, this rank
+// included, deletes them after everyone is done with them.
+void Rendezvous::arrive(Deadline deadline) { pass_barrier(/*wait=*/false, deadline); }
+
+void Rendezvous::pass_barrier(bool wait, Deadline deadline) {
   const std::string name = next_name("barrier");
   const std::string arrived = name + "/arrived";
   const std::string released = name + "/released";
   if (store_.add(arrived, 1, deadline) == world_size_) {
     store_.set(released, "1", deadline);
   }
-  store_.wait({released}, deadline);
-  finish(name, {arrived, released}, deadline);
-}
-
-// barrier() without the wait: the same keys, so the others' barrier of this number counts this
-// rank in. Counting out at once is safe: 'done' reaches world_size only once every rank arrived
-// (the others count out after 'released'), so whoever deletes the keys then, this rank
-// included, deletes them after everyone is done with them.
-void Rendezvous::arrive(Deadline deadline) {
-  const std::string name = next_name("barrier");
-  const std::string arrived = name + "/arrived";
-  const std::string released = name + "/released";
-  if (store_.add(arrived, 1, deadline) == world_size_) {
-    store_.set(released, "1", deadline);
+  if (wait) {
+    store_.wait({released}, deadline);
   }
   finish(name, {arrived, released}, deadline);
 }

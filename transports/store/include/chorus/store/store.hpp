@@ -308,6 +308,9 @@ class Rendezvous {
  private:
   std::string next_name(std::string_view what);
   void finish(const std::string& name, std::vector<std::string> keys, Deadline call_deadline);
+  // barrier() and arrive(): counts this rank in (the last to arrive releases the others),
+  // waits for the release when `wait`, and counts it out.
+  void pass_barrier(bool wait, Deadline deadline);
 
   Store& store_;
   int rank_;
