@@ -11,6 +11,10 @@
 //                                 writes BYTES (rounded up to whole lines) in lines of 4087
 //                                 bytes, 4096 with the launcher's "[rank R] " for R < 10; then
 //                                 exits 0, or waits in pause() until the launcher stops it
+//   launch_probe flood_and_say BYTES exit|wait
+//                                 the same as `flood`, then "flood done" on stderr (after the
+//                                 last stdout line was written to the pipe) before it exits or
+//                                 waits
 //   launch_probe flood_split OUT ERR
 //                                 rank 0 writes OUT bytes to stdout and waits in pause(); rank 1
 //                                 writes ERR bytes to stderr and exits 0 (lines as `flood`)
@@ -141,13 +145,18 @@ int main(int argc, char** argv) {
         ::pause();
       }
     }
-    if (args.size() == 3 && args[0] == "flood" && (args[2] == "exit" || args[2] == "wait")) {
+    if (args.size() == 3 && (args[0] == "flood" || args[0] == "flood_and_say") &&
+        (args[2] == "exit" || args[2] == "wait")) {
       const std::size_t total = std::stoul(args[1]);
       const std::string line = std::string(4086, 'x') + "\n";
       for (std::size_t sent = 0; sent < total; sent += line.size()) {
         std::fwrite(line.data(), 1, line.size(), stdout);
       }
       std::fflush(stdout);
+      if (args[0] == "flood_and_say") {
+        std::fprintf(stderr, "flood done\n");
+        std::fflush(stderr);
+      }
       if (args[2] == "exit") {
         return 0;
       }
@@ -177,6 +186,6 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: launch_probe ok|line N|env|exit R CODE|sigkill R|stubborn R|deaf|flood N "
-               "exit|wait\n");
+               "exit|wait|flood_and_say N exit|wait|flood_split OUT ERR\n");
   return 2;
 }

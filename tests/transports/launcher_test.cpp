@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chorus/error.hpp>
 #include <chorus/launcher.hpp>
 #include <chrono>
@@ -634,6 +635,266 @@ TEST(Launcher, AStalledStdoutDoesNotHoldUpTheRanksStderr) {
   ::close(err_fds[0]);
   ::close(out_fds[0]);
   ::close(out_fds[1]);
+}
+
+// How the launcher's stdout pipe loses its reader: before the launch, or as `head -1` does.
+enum class Reader { ClosedBeforeTheLaunch, ClosedAfterTheFirstLine };
+
+struct ClosedPipeLaunch {
+  int status = -1;         // the launcher's exit status, 128 + the signal that killed it, or
+                           // -1 if the watchdog fired
+  std::string first_line;  // what the reader read (ClosedAfterTheFirstLine)
+  std::string err;         // the launcher's stderr (a file; empty with `stderr_too`)
+};
+
+// The child's exit status when the launch changed its SIGPIPE disposition, left SIGPIPE blocked
+// or left one pending.
+constexpr int kSigpipeStateChanged = 103;
+
+// `chorus launch -n 2 -- launch_probe flood_and_say 1MiB exit | head -1`: each rank writes 1 MiB
+// to stdout, then "flood done" to stderr, and exits 0. The launcher runs in a child process (a
+// SIGPIPE kills that, not the test) with SIGPIPE's disposition `pipe_disposition`; its stdout is a
+// one-page pipe whose read end this process closes as `reader` says, far sooner than 2 MiB could
+// pass; its stderr a file, or with `stderr_too` the same pipe. After the launch the child checks
+// that SIGPIPE's disposition is the one it set, and that SIGPIPE is neither blocked nor pending.
+ClosedPipeLaunch launch_into_a_closed_pipe(Reader reader, void (*pipe_disposition)(int),
+                                           bool stderr_too = false) {
+  constexpr int kWatchdogMs = 30000;
+  ClosedPipeLaunch outcome;
+  int pipe_fds[2];
+  EXPECT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+  EXPECT_EQ(::fcntl(pipe_fds[1], F_SETPIPE_SZ, 4096), 4096);
+  if (reader == Reader::ClosedBeforeTheLaunch) {
+    ::close(pipe_fds[0]);
+  }
+  const Capture err;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (reader == Reader::ClosedAfterTheFirstLine) {
+      ::close(pipe_fds[0]);  // else this copy would keep the pipe open for reading
+    }
+    ::signal(SIGPIPE, pipe_disposition);
+    LaunchOptions options;
+    options.ranks = 2;
+    options.command = {CHORUS_LAUNCH_PROBE, "flood_and_say", "1048576", "exit"};
+    options.stdout_fd = pipe_fds[1];
+    options.stderr_fd = stderr_too ? pipe_fds[1] : err.fd();
+    int status = 101;
+    try {
+      status = launch(options);
+    } catch (...) {
+      status = 102;
+    }
+    struct sigaction after {};
+    ::sigaction(SIGPIPE, nullptr, &after);
+    sigset_t blocked;
+    ::pthread_sigmask(SIG_SETMASK, nullptr, &blocked);
+    sigset_t pending;
+    ::sigpending(&pending);
+    if (after.sa_handler != pipe_disposition ||  // NOLINT: a union member
+        sigismember(&blocked, SIGPIPE) == 1 || sigismember(&pending, SIGPIPE) == 1) {
+      status = kSigpipeStateChanged;
+    }
+    ::_exit(status);
+  }
+  ::close(pipe_fds[1]);
+  if (reader == Reader::ClosedAfterTheFirstLine) {
+    std::string read;
+    while (read.find('\n') == std::string::npos) {
+      pollfd readable{pipe_fds[0], POLLIN, 0};
+      char buffer[4096];
+      if (::poll(&readable, 1, kWatchdogMs) != 1) {
+        break;
+      }
+      const ssize_t count = ::read(pipe_fds[0], buffer, sizeof buffer);
+      if (count <= 0) {
+        break;
+      }
+      read.append(buffer, static_cast<std::size_t>(count));
+    }
+    outcome.first_line = read.substr(0, read.find('\n'));
+    ::close(pipe_fds[0]);
+  }
+  const int child_fd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
+  EXPECT_GE(child_fd, 0);
+  pollfd ended{child_fd, POLLIN, 0};
+  const bool exited = ::poll(&ended, 1, kWatchdogMs) == 1;
+  if (!exited) {
+    ::kill(child, SIGKILL);  // the ranks die with it (PR_SET_PDEATHSIG)
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  if (exited) {
+    outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  ::close(child_fd);
+  outcome.err = err.text();
+  return outcome;
+}
+
+std::vector<std::string> sorted_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream stream(text);
+  for (std::string line; std::getline(stream, line);) {
+    lines.push_back(line);
+  }
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+// Both ranks ran to their end ("flood done" after all their stdout), the notice came once, and
+// nothing else.
+const std::vector<std::string> kClosedStdoutErr = {
+    "[rank 0] flood done",
+    "[rank 1] flood done",
+    "chorus launch: the reader of stdout went away; the job goes on, its output to stdout is "
+    "discarded",
+};
+
+TEST(Launcher, AStdoutWhoseReaderWentAwayIsDiscardedAndTheJobGoesOn) {
+  // `chorus launch ... | head -1`: the launcher once died of SIGPIPE at its next write, and its
+  // ranks with it (PR_SET_PDEATHSIG), the job's status lost. Now it discards what is bound for
+  // stdout, says so once on stderr, and the job ends as usual: exit 0. SIGPIPE keeps the
+  // caller's default disposition and mask, and none is left pending.
+  for (const Reader reader : {Reader::ClosedBeforeTheLaunch, Reader::ClosedAfterTheFirstLine}) {
+    SCOPED_TRACE(reader == Reader::ClosedBeforeTheLaunch ? "closed before the launch"
+                                                         : "closed after the first line");
+    const ClosedPipeLaunch outcome = launch_into_a_closed_pipe(reader, SIG_DFL);
+    EXPECT_EQ(outcome.status, 0) << "128 + 13 is SIGPIPE\n" << outcome.err;
+    EXPECT_EQ(sorted_lines(outcome.err), kClosedStdoutErr) << outcome.err;
+    if (reader == Reader::ClosedAfterTheFirstLine) {
+      EXPECT_TRUE(std::regex_match(outcome.first_line, std::regex(R"(\[rank [01]\] x{4086})")))
+          << outcome.first_line;
+    }
+  }
+}
+
+TEST(Launcher, AStdoutWhoseReaderWentAwayWhenTheCallerIgnoresSigpipe) {
+  // With SIGPIPE ignored the write fails with EPIPE as well: the same end, SIGPIPE still ignored.
+  for (const Reader reader : {Reader::ClosedBeforeTheLaunch, Reader::ClosedAfterTheFirstLine}) {
+    SCOPED_TRACE(reader == Reader::ClosedBeforeTheLaunch ? "closed before the launch"
+                                                         : "closed after the first line");
+    const ClosedPipeLaunch outcome = launch_into_a_closed_pipe(reader, SIG_IGN);
+    EXPECT_EQ(outcome.status, 0) << outcome.err;
+    EXPECT_EQ(sorted_lines(outcome.err), kClosedStdoutErr) << outcome.err;
+  }
+}
+
+TEST(Launcher, AStdoutAndStderrWhoseReaderWentAwayEndWithTheJobsStatus) {
+  // `chorus launch ... 2>&1 | head -1`: nothing can be said, and the job still ends as usual
+  // (the exit status 0 is the ranks': each exited 0).
+  for (const Reader reader : {Reader::ClosedBeforeTheLaunch, Reader::ClosedAfterTheFirstLine}) {
+    SCOPED_TRACE(reader == Reader::ClosedBeforeTheLaunch ? "closed before the launch"
+                                                         : "closed after the first line");
+    const ClosedPipeLaunch outcome = launch_into_a_closed_pipe(reader, SIG_DFL, true);
+    EXPECT_EQ(outcome.status, 0);
+    EXPECT_EQ(outcome.err, "");
+  }
+}
+
+TEST(Launcher, AStdoutWhoseWriteFailsIsGivenUpTheSameWay) {
+  // /dev/full polls writable and fails every write with ENOSPC: said once on stderr, the job
+  // ends with its status, the ranks' stderr still comes. (The launcher once gave up silently.)
+  const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(full, 0);
+  const Capture err;
+  LaunchOptions options;
+  options.ranks = 2;
+  options.command = {CHORUS_LAUNCH_PROBE, "ok"};
+  options.stdout_fd = full;
+  options.stderr_fd = err.fd();
+  EXPECT_EQ(launch(options), 0) << err.text();
+  ::close(full);
+  EXPECT_EQ(sorted_lines(err.text()),
+            (std::vector<std::string>{
+                "[rank 0] a line on stderr",
+                "[rank 1] a line on stderr",
+                "chorus launch: cannot write to stdout (No space left on device); the job goes on, "
+                "its output to stdout is discarded",
+            }))
+      << err.text();
+}
+
+TEST(Launcher, WhatIsQueuedWhenTheLaunchFailsIsWrittenBeforeTheErrorGoesOn) {
+  // A poll() that fails ends the launch with TransportError. The launcher's stdout is a stalled
+  // one-page pipe, so most of the rank's 512 KiB wait in its queue (more than one turn of writes,
+  // 256 KiB, less than kOutputBytesMax). Once the rank said it wrote everything, the test lowers
+  // the launcher's RLIMIT_NOFILE to 2: poll() then refuses its (at least three) descriptors with
+  // EINVAL, and the launch throws. Then the test reads stdout to its end: every line arrives
+  // before the error reaches the caller (until 2026-12-04 what was queued was lost).
+  constexpr std::size_t kBytes = std::size_t{512} << 10;
+  static_assert(kBytes < kOutputBytesMax && kBytes > (std::size_t{256} << 10) + 4096);
+  constexpr std::size_t kExpected = (kBytes + 4086) / 4087 * 4096;  // lines of 4096, prefixed
+  constexpr int kWatchdogMs = 30000;
+  int out_fds[2];
+  int err_fds[2];
+  ASSERT_EQ(::pipe2(out_fds, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(err_fds, O_CLOEXEC), 0);
+  ASSERT_EQ(::fcntl(out_fds[1], F_SETPIPE_SZ, 4096), 4096);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(out_fds[0]);
+    ::close(err_fds[0]);
+    LaunchOptions options;
+    options.ranks = 1;
+    options.command = {CHORUS_LAUNCH_PROBE, "flood_and_say", std::to_string(kBytes), "wait"};
+    options.stdout_fd = out_fds[1];
+    options.stderr_fd = err_fds[1];
+    try {
+      launch(options);
+    } catch (const TransportError& error) {
+      ::_exit(contains(error.what(), "poll: Invalid argument") ? 0 : 102);
+    } catch (...) {
+      ::_exit(103);
+    }
+    ::_exit(101);
+  }
+  ::close(out_fds[1]);
+  ::close(err_fds[1]);
+  // Reads `fd` until `done` holds for what came, or its end; false when the watchdog fired.
+  const auto read_until = [](int fd, std::string& text,
+                             const std::function<bool(const std::string&)>& done) {
+    while (!done(text)) {
+      pollfd readable{fd, POLLIN, 0};
+      char buffer[65536];
+      if (::poll(&readable, 1, kWatchdogMs) != 1) {
+        return false;
+      }
+      const ssize_t count = ::read(fd, buffer, sizeof buffer);
+      if (count <= 0) {
+        return true;
+      }
+      text.append(buffer, static_cast<std::size_t>(count));
+    }
+    return true;
+  };
+  std::string err;
+  EXPECT_TRUE(read_until(err_fds[0], err, [](const std::string& text) {
+    return contains(text, "[rank 0] flood done\n");
+  }));
+  rlimit files{};
+  ASSERT_EQ(::prlimit(child, RLIMIT_NOFILE, nullptr, &files), 0);
+  files.rlim_cur = 2;
+  ASSERT_EQ(::prlimit(child, RLIMIT_NOFILE, &files, nullptr), 0);
+  std::string out;
+  const bool out_ended = read_until(out_fds[0], out, [](const std::string&) { return false; });
+  EXPECT_TRUE(out_ended) << "stdout did not end";
+  if (!out_ended) {
+    ::kill(child, SIGKILL);  // the rank dies with it (PR_SET_PDEATHSIG)
+  }
+  EXPECT_TRUE(read_until(err_fds[0], err, [](const std::string&) { return false; }));
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(out.size(), kExpected);
+  std::size_t lines = 0;
+  for (std::size_t at = 0; at < out.size(); at += 4096) {
+    lines += out.compare(at, 4096, "[rank 0] " + std::string(4086, 'x') + "\n") == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(lines, kExpected / 4096);
+  EXPECT_EQ(err, "[rank 0] flood done\n");
+  ::close(out_fds[0]);
+  ::close(err_fds[0]);
 }
 
 TEST(Launcher, FindsProgramsOnPath) {

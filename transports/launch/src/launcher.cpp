@@ -67,6 +67,19 @@ namespace {
 // signalfd and keeping its deadlines. Once the ranks are gone it waits for the reader as long
 // as the reader takes something at least every kOutputStallMax (the grace period after a stop
 // signal; a stop signal while it waits ends the wait), then drops the rest and says so.
+// A reader that went away (`chorus launch ... | head -1`) must not end the job either: a write to
+// such a pipe raises SIGPIPE, whose default action would kill the launcher before write()
+// returned EPIPE, and its ranks with it (PR_SET_PDEATHSIG), the job's status lost. The caller's
+// disposition is the caller's (launch() is a library function, the caller may handle SIGPIPE), so
+// write_some blocks SIGPIPE in this thread only while it writes, and takes (sigtimedwait, no wait)
+// the one a failed write raised before unblocking it; the kernel sends it to the writing thread,
+// and takes a thread's own pending signal before one sent to the process. One pending before the
+// writes is someone else's, and is left (ours merges with it). A socket gets MSG_NOSIGNAL. The
+// descriptor is then given up: the ranks' lines for it are read as usual (they never block) and
+// dropped, stdout's loss is said once on stderr, and the job ends with its own status. Under a
+// caller's SIG_IGN nothing changes: the write fails with EPIPE as well.
+// If the launch throws (a fork or a poll fails), the ranks are killed and what they left in their
+// pipes and what was queued goes out as at a normal end, before the exception goes on.
 
 const ErrorContext kContext{-1, "chorus launch", -1, ""};
 
@@ -147,6 +160,47 @@ std::string resolve_program(const std::string& program) {
   throw InvalidArgument(kContext, "cannot find program '" + program + "' on PATH");
 }
 
+// Blocks `signals` in this thread for its lifetime (threads started meanwhile inherit that).
+class SignalBlock {
+ public:
+  explicit SignalBlock(const sigset_t& signals) {
+    if (::pthread_sigmask(SIG_BLOCK, &signals, &previous_) != 0) {
+      system_error("pthread_sigmask");
+    }
+  }
+  ~SignalBlock() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  SignalBlock(const SignalBlock&) = delete;
+  SignalBlock& operator=(const SignalBlock&) = delete;
+  const sigset_t& previous() const { return previous_; }
+
+ private:
+  sigset_t previous_{};
+};
+
+sigset_t pipe_signal_set() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGPIPE);
+  return signals;
+}
+
+// Whether a SIGPIPE is pending, for this thread or the process.
+bool pipe_signal_pending() {
+  sigset_t pending;
+  sigemptyset(&pending);
+  return ::sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+}
+
+// Takes the pending SIGPIPE that a failed write to a pipe raised in this thread (blocked: see
+// write_some), so that it is never delivered. A signal pending for the thread is taken before one
+// pending for the process.
+void take_pipe_signal() {
+  const sigset_t signals = pipe_signal_set();
+  const timespec now{0, 0};
+  while (::sigtimedwait(&signals, nullptr, &now) < 0 && errno == EINTR) {
+  }
+}
+
 // The queued output (Note [Launcher output]): one queue per output file, written without
 // blocking.
 class Output {
@@ -191,11 +245,17 @@ class Output {
   }
 
   // Writes what the descriptors take now without blocking, up to a bound per queue (so the loop
-  // gets back to its signals); returns the bytes written. Gives up silently on a descriptor
-  // whose write fails (a closed terminal must not stop the launcher from stopping its ranks):
-  // what is queued for it is dropped, and so is whatever comes later.
+  // gets back to its signals); returns the bytes written. Gives up on a descriptor whose write
+  // fails (a closed terminal, a pipe whose reader went away, must not stop the launcher from
+  // running and stopping its ranks): what is queued for it is dropped, and so is whatever comes
+  // later; for stdout, one line on stderr says so. SIGPIPE is blocked in this thread meanwhile,
+  // and one that a write raised is taken before it is unblocked (Note [Launcher output]).
   std::size_t write_some() {
     constexpr std::size_t kTurnBytesMax = std::size_t{256} << 10;
+    const SignalBlock block(pipe_signal_set());
+    // One pending already (sent by someone else, or raised while the caller blocks SIGPIPE) is
+    // not ours to take: it stays, and so does ours, merged with it.
+    const bool pipe_signal_was_pending = pipe_signal_pending();
     std::size_t total = 0;
     for (Queue& queue : queues_) {
       std::size_t turn = 0;
@@ -227,7 +287,7 @@ class Output {
           msghdr header{};
           header.msg_iov = chunk.data();
           header.msg_iovlen = count;
-          written = ::sendmsg(fd, &header, MSG_DONTWAIT);
+          written = ::sendmsg(fd, &header, MSG_DONTWAIT | MSG_NOSIGNAL);
         } else {
           written = ::writev(fd, chunk.data(), static_cast<int>(count));
         }
@@ -238,7 +298,12 @@ class Output {
           if (errno == EAGAIN || errno == EWOULDBLOCK) {
             break;  // a descriptor the caller made non-blocking: wait for POLLOUT
           }
-          give_up(fd);
+          const int error = errno;
+          // A pipe without a reader raised SIGPIPE for this thread (a socket: MSG_NOSIGNAL).
+          if (error == EPIPE && !pipe_signal_was_pending) {
+            take_pipe_signal();
+          }
+          give_up(fd, error);
           continue;
         }
         CHORUS_CHECK(static_cast<std::size_t>(written) <= size);
@@ -293,7 +358,11 @@ class Output {
     }
   }
 
-  void give_up(int fd) {
+  // Drops what is queued for `fd`, whose write failed with `error`, and whatever comes for it
+  // later. For stdout, says so on stderr (unless stderr is the same descriptor, failed too; if it
+  // is another descriptor of the same closed pipe, that write fails in turn, silently).
+  void give_up(int fd, int error) {
+    CHORUS_CHECK(std::find(failed_.begin(), failed_.end(), fd) == failed_.end());
     failed_.push_back(fd);
     Queue& queue = queues_[queue_of(fd)];
     std::deque<Piece> kept;
@@ -311,6 +380,13 @@ class Output {
     }
     queue.pieces = std::move(kept);
     queue.head_written = 0;
+    if (fd == fds_[0]) {
+      const std::string reason =
+          error == EPIPE ? "the reader of stdout went away"
+                         : std::string("cannot write to stdout (") + std::strerror(error) + ")";
+      write(fds_[1],
+            "chorus launch: " + reason + "; the job goes on, its output to stdout is discarded\n");
+    }
   }
 
   std::array<int, 2> fds_;
@@ -399,23 +475,6 @@ struct Rank {
   Stream err;
 };
 
-// Blocks `signals` in this thread for its lifetime (threads started meanwhile inherit that).
-class SignalBlock {
- public:
-  explicit SignalBlock(const sigset_t& signals) {
-    if (::pthread_sigmask(SIG_BLOCK, &signals, &previous_) != 0) {
-      system_error("pthread_sigmask");
-    }
-  }
-  ~SignalBlock() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
-  SignalBlock(const SignalBlock&) = delete;
-  SignalBlock& operator=(const SignalBlock&) = delete;
-  const sigset_t& previous() const { return previous_; }
-
- private:
-  sigset_t previous_{};
-};
-
 class Launch {
  public:
   Launch(const LaunchOptions& options, const sigset_t& child_mask, const rlimit& child_files,
@@ -426,7 +485,34 @@ class Launch {
         signal_fd_(signal_fd),
         output_(options.stdout_fd, options.stderr_fd) {}
 
+  // Runs the job. If that throws (a fork or a poll fails), the ranks still running are killed
+  // and what they and the launcher left is written as at a normal end (finish_output) before the
+  // exception goes on.
   int run() {
+    try {
+      return run_job();
+    } catch (...) {
+      write_what_is_left();
+      throw;
+    }
+  }
+
+  // Kills whatever is still running (an exception is unwinding): a launch never leaves orphans.
+  ~Launch() {
+    kill_all();
+    for (Rank& rank : ranks_) {
+      for (Stream* stream : {&rank.out, &rank.err}) {
+        if (stream->fd >= 0) {
+          ::close(stream->fd);
+        }
+      }
+    }
+  }
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+
+ private:
+  int run_job() {
     const std::string program = resolve_program(options_.command.front());
     store::ServerOptions server_options;
     server_options.host = "127.0.0.1";
@@ -453,25 +539,35 @@ class Launch {
     return received_signal_ != 0 ? 128 + received_signal_ : 0;
   }
 
-  // Kills whatever is still running (an exception is unwinding): a launch never leaves orphans.
-  ~Launch() {
+  // SIGKILLs and reaps every rank still running.
+  void kill_all() noexcept {
     for (Rank& rank : ranks_) {
       if (rank.running) {
         ::kill(rank.pid, SIGKILL);
         int status = 0;
-        ::waitpid(rank.pid, &status, 0);
-      }
-      for (Stream* stream : {&rank.out, &rank.err}) {
-        if (stream->fd >= 0) {
-          ::close(stream->fd);
+        while (::waitpid(rank.pid, &status, 0) < 0 && errno == EINTR) {
         }
+        rank.running = false;
+        --running_;
       }
     }
   }
-  Launch(const Launch&) = delete;
-  Launch& operator=(const Launch&) = delete;
 
- private:
+  // After run_job threw: kills the ranks still running, then writes what they left in their
+  // pipes and what was queued, as a normal end does (so within kOutputStallMax of no progress).
+  // Anything this throws in turn is dropped: the first exception is the one to report.
+  void write_what_is_left() noexcept {
+    kill_all();
+    try {
+      for (Rank& rank : ranks_) {
+        rank.out.close_now();
+        rank.err.close_now();
+      }
+      finish_output();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): see above
+    }
+  }
+
   void message(const std::string& text) {
     output_.write(options_.stderr_fd, "chorus launch: " + text + "\n");
   }

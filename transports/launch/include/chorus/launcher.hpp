@@ -77,11 +77,16 @@ struct LaunchOptions {
 // SIGTERM, SIGHUP and SIGCHLD are blocked in the calling thread (read through a signalfd) and
 // restored afterwards (as is an ignored SIGCHLD, set to its default meanwhile so that waitpid sees
 // the ranks end); call it from the main thread of a process with no other threads that leave those
-// signals unblocked. For the launch, the soft RLIMIT_NOFILE is raised to the hard limit (the ranks
-// get the original one). Not re-entrant. Throws InvalidArgument for bad options, a program that
-// cannot be found, or more ranks than the descriptor limit allows (kDescriptorsPerRank each plus
-// kDescriptorsMargin, against the raised limit), TransportError when a system call fails or the
-// store cannot start.
+// signals unblocked. SIGPIPE is blocked in the calling thread only while it writes (one a write
+// raised is taken, never delivered); its disposition is never changed. A stdout whose reader went
+// away (or whose write fails) is given up: the ranks' output to it is read and discarded, stderr
+// says so once, and the job ends with its usual status. For the launch, the soft RLIMIT_NOFILE is
+// raised to the hard limit (the ranks get the original one). Not re-entrant. Throws
+// InvalidArgument for bad options, a program that cannot be found, or more ranks than the
+// descriptor limit allows (kDescriptorsPerRank each plus kDescriptorsMargin, against the raised
+// limit), TransportError when a system call fails or the store cannot start; ranks already
+// started are then SIGKILLed and reaped, and the output queued is written (as at a normal end)
+// before the exception leaves.
 int launch(const LaunchOptions& options);
 
 }  // namespace chorus::launcher
