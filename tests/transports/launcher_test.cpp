@@ -816,6 +816,13 @@ TEST(Launcher, AStdoutWhoseWriteFailsIsGivenUpTheSameWay) {
 }
 
 TEST(Launcher, WhatIsQueuedWhenTheLaunchFailsIsWrittenBeforeTheErrorGoesOn) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The asan-ubsan preset: UBSan's vptr check probes an object's memory through a pipe the first
+  // time it meets a dynamic type (a TransportError, std::thread's state), and under the lowered
+  // descriptor limit below that pipe fails and it reports a false "invalid vptr". The dev and
+  // tsan builds run this test.
+  GTEST_SKIP() << "UBSan's vptr check needs descriptors that the limit below takes away";
+#endif
   // A poll() that fails ends the launch with TransportError. The launcher's stdout is a stalled
   // one-page pipe, so most of the rank's 512 KiB wait in its queue (more than one turn of writes,
   // 256 KiB, less than kOutputBytesMax). Once the rank said it wrote everything, the test lowers
