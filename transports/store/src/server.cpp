@@ -28,6 +28,13 @@
 // handler (std::bad_alloc for a large body, a parsed request or an answer, or anything else a
 // handler throws) closes that session only (Session::guarded, and accept_pending's own
 // catch): an exception that left a handler would leave io.run() and end the process.
+// A wait group is the exception: its members are waiting on other sessions' handlers, so a
+// failure that would leave them unanswered (no memory for the group's answer in finish_group, or
+// to register the group under its next missing key when a write advances it in notify) must not
+// close only the session whose handler ran into it (the writer's, whose request succeeded), or
+// the members would learn nothing until their own timeouts. fail_group closes every member still
+// waiting instead (closing allocates nothing), so each client gets a prompt TransportError; the
+// writer's session and the other groups carry on.
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -192,7 +199,12 @@ struct Server::Impl {
   void handle(const std::shared_ptr<Session>& session, Request request);
   void start_wait(const std::shared_ptr<Session>& session, Request request);
   void advance(const std::shared_ptr<WaitGroup>& group);
+  // Answers every member still waiting (the group's keys are all present). Throws nothing a
+  // handler must catch: Note [Store memory].
   void finish_group(const std::shared_ptr<WaitGroup>& group);
+  // Ends a group that cannot be answered: closes every member still waiting, so that each client
+  // learns it at once (TransportError) rather than at its timeout. Allocates nothing.
+  void fail_group(WaitGroup& wait);
   std::vector<std::uint8_t> answer(Op op, std::span<const std::string* const> values) const;
   // A member's wait ends: answered, timed out, cancelled, or its connection closed.
   void end_wait(Session& s);
@@ -893,20 +905,27 @@ std::vector<std::uint8_t> Server::Impl::answer(Op op,
   return {};
 }
 
-// Every member still waiting gets the same answer, encoded once.
+// Every member still waiting gets the same answer, encoded once. Note [Store memory]: if there
+// is no memory for that answer, every member is closed instead (fail_group), and one member's
+// failure to queue the answer closes that member only.
 void Server::Impl::finish_group(const std::shared_ptr<WaitGroup>& group) {
   WaitGroup& wait = *group;
   CHORUS_CHECK(!wait.done);
   CHORUS_CHECK_EQ(wait.cursor, wait.keys.size());
   CHORUS_CHECK_EQ(wait.deletions_seen, deletions);
+  Frame frame;
+  try {
+    frame = std::make_shared<const std::vector<std::uint8_t>>(answer(wait.op, wait.values));
+  } catch (const std::exception&) {
+    fail_group(wait);
+    return;
+  }
   wait.done = true;
-  const Frame frame =
-      std::make_shared<const std::vector<std::uint8_t>>(answer(wait.op, wait.values));
   for (const WaitGroup::Member& member : wait.members) {
     const std::shared_ptr<Session> session = member.session.lock();
     if (session && session->pending.has_value() && session->pending->wait_id == member.wait_id) {
       end_wait(*session);
-      session->send(frame);
+      session->guarded([&] { session->send(frame); });
     }
   }
   CHORUS_CHECK_EQ(wait.live, std::size_t{0});
@@ -917,6 +936,18 @@ void Server::Impl::finish_group(const std::shared_ptr<WaitGroup>& group) {
     resolved_frame = frame;
     resolved_frame_mutations = mutations;
   }
+}
+
+void Server::Impl::fail_group(WaitGroup& wait) {
+  CHORUS_CHECK(!wait.done);
+  wait.done = true;
+  for (const WaitGroup::Member& member : wait.members) {
+    const std::shared_ptr<Session> session = member.session.lock();
+    if (session && session->pending.has_value() && session->pending->wait_id == member.wait_id) {
+      session->close();  // ends its wait (end_wait) and allocates nothing
+    }
+  }
+  CHORUS_CHECK_EQ(wait.live, std::size_t{0});
 }
 
 void Server::Impl::end_wait(Session& s) {
@@ -961,7 +992,15 @@ void Server::Impl::notify(const std::string& key) {
   for (const std::weak_ptr<WaitGroup>& entry : list) {
     const std::shared_ptr<WaitGroup> group = entry.lock();
     if (group && !group->done) {
-      advance(group);
+      // Note [Store memory]: the list was taken out of `waiters`, so a group whose advance fails
+      // (no memory to register it under its next missing key) is registered nowhere: it is
+      // failed here, and the groups after it still advance. The failure is not the writer's:
+      // its session stays open.
+      try {
+        advance(group);
+      } catch (const std::exception&) {
+        fail_group(*group);
+      }
     }
   }
 }
