@@ -15,11 +15,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <future>
 #include <limits>
 #include <memory>
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -101,8 +103,41 @@ class StoreOutOfMemory : public ::testing::Test {
     }
   }
 
+  // Polls (no sleep) until `count` clients wait for keys; fails the test at kHang.
+  void expect_waiting(std::size_t count) const {
+    const Deadline deadline(kHang);
+    while (server_.waiting() != count) {
+      ASSERT_FALSE(deadline.passed())
+          << server_.waiting() << " clients wait for keys, not " << count;
+      std::this_thread::yield();
+    }
+  }
+
   Server server_;
 };
+
+// Runs `call` on a thread of its own whose allocations count as the test's, not the server's.
+template <class Call>
+std::future<void> on_own_thread(Call call) {
+  return std::async(std::launch::async, [call = std::move(call)] {
+    on_test_thread = true;
+    call();
+  });
+}
+
+// How a blocked call ended: "answered", or the name of the error it threw.
+std::string outcome(std::future<void>& call) {
+  try {
+    call.get();
+    return "answered";
+  } catch (const TransportError&) {
+    return "TransportError";
+  } catch (const Timeout&) {
+    return "Timeout";
+  } catch (const std::exception& error) {
+    return std::string("another error: ") + error.what();
+  }
+}
 
 std::string frame_header(std::uint32_t bytes) {
   std::string header(4, '\0');
@@ -212,6 +247,71 @@ TEST_F(StoreOutOfMemory, AnAllocationThatFailsWhileARequestIsParsedClosesOnlyTha
   EXPECT_EQ(bystander->get("k"), "v");
   bystander->set("parsed", value);
   EXPECT_EQ(connect()->get("parsed"), value);
+}
+
+TEST_F(StoreOutOfMemory, AGroupWhoseAnswerCannotBeAllocatedEndsEveryWaitAtOnce) {
+  // Three clients wait for the same key: one wait group, answered by one encoded frame
+  // (finish_group in server.cpp). Its allocation fails. Every waiter must learn it at once (its
+  // connection closed: TransportError), not at its own deadline (kHang: Timeout), which is what
+  // it did when the exception closed only the writer's session.
+  constexpr int kWaiters = 3;
+  const std::string value(300'000, 'v');
+  std::vector<std::unique_ptr<Client>> waiters;
+  std::vector<std::future<void>> calls;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.push_back(connect());
+    calls.push_back(on_own_thread([&waiter = *waiters.back()] { waiter.get("key", kHang); }));
+  }
+  expect_waiting(kWaiters);
+  // The set's body is the value and 12 bytes (the opcode, the key and two lengths), the answer's
+  // frame the value and 24 (its header, status, length and the encoder's slack): while the set
+  // runs, the answer is the server's only allocation this large.
+  refuse_server_allocations_from = value.size() + 20;
+  auto writer = connect();
+  writer->set("key", value);
+  for (std::future<void>& call : calls) {
+    EXPECT_EQ(outcome(call), "TransportError");
+  }
+  refuse_server_allocations_from = kNone;
+  EXPECT_EQ(server_allocations_refused.load(), 1);
+  EXPECT_EQ(server_.waiting(), 0U);
+  // The writer's request succeeded and its session is not the one to blame: it stays usable.
+  EXPECT_EQ(writer->get("key"), value);
+  expect_connections(1);
+  EXPECT_EQ(connect()->get("key"), value);
+}
+
+TEST_F(StoreOutOfMemory, AGroupThatCannotBeRegisteredUnderItsNextKeyEndsEveryWaitAtOnce) {
+  // Three clients wait for the same two keys: one wait group, registered under "first". When
+  // "first" is written the group moves on to the second key and registers itself under it; the
+  // copy of that key (long, so not in the string's inline buffer) fails. The group is then
+  // registered nowhere: every waiter must learn it at once (TransportError), not at its own
+  // deadline (Timeout), which is what it did when the exception closed only the writer's session.
+  constexpr int kWaiters = 3;
+  const std::vector<std::string> keys = {"first", std::string(1000, 's')};
+  std::vector<std::unique_ptr<Client>> waiters;
+  std::vector<std::future<void>> calls;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.push_back(connect());
+    calls.push_back(
+        on_own_thread([&waiter = *waiters.back(), &keys] { waiter.wait(keys, kHang); }));
+  }
+  expect_waiting(kWaiters);
+  // Writing "first" (a frame of a few bytes) allocates nothing else this large.
+  refuse_server_allocations_from = keys[1].size() + 1;
+  auto writer = connect();
+  writer->set("first", "1");
+  for (std::future<void>& call : calls) {
+    EXPECT_EQ(outcome(call), "TransportError");
+  }
+  refuse_server_allocations_from = kNone;
+  EXPECT_EQ(server_allocations_refused.load(), 1);
+  EXPECT_EQ(server_.waiting(), 0U);
+  EXPECT_EQ(writer->get("first"), "1");
+  expect_connections(1);
+  auto late = connect();
+  late->set(keys[1], "2");
+  late->wait(keys, kHang);
 }
 
 }  // namespace

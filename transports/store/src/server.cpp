@@ -26,10 +26,18 @@
 // kBodyChunkBytes at a time, so a peer that claims frame_bytes_max and sends nothing (or
 // little) costs the server one chunk, not the whole frame. And an allocation that fails in a
 // handler (std::bad_alloc for a large body, a parsed request or an answer, or anything else a
-// handler throws) closes that session only (Session::guarded, and the accept handler's own
+// handler throws) closes that session only (Session::guarded, and accept_pending's own
 // catch): an exception that left a handler would leave io.run() and end the process.
+// A wait group is the exception: its members are waiting on other sessions' handlers, so a
+// failure that would leave them unanswered (no memory for the group's answer in finish_group, or
+// to register the group under its next missing key when a write advances it in notify) must not
+// close only the session whose handler ran into it (the writer's, whose request succeeded), or
+// the members would learn nothing until their own timeouts. fail_group closes every member still
+// waiting instead (closing allocates nothing), so each client gets a prompt TransportError; the
+// writer's session and the other groups carry on.
 
-#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -52,6 +60,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "protocol.hpp"
 
@@ -78,15 +87,39 @@ constexpr std::chrono::milliseconds kAcceptRetry{20};
 // Note [Store memory]: a request body is read, and its buffer grown, this much at a time.
 constexpr std::size_t kBodyChunkBytes = std::size_t{64} << 10;
 
-// Boost.Asio 1.74 opens and accepts sockets without SOCK_CLOEXEC: without the flag set here, a
-// process the application forks and execs (a launcher's ranks, a helper) would inherit the
-// store's listening socket and connections, keeping the port bound and connections open after
-// the server closed them.
-void close_on_exec(int fd, boost::system::error_code& error) {
-  const int flags = ::fcntl(fd, F_GETFD);
-  if (flags < 0 || ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) < 0) {
-    error = boost::system::error_code(errno, boost::system::system_category());
+// Note [Store close-on-exec]
+// Every socket of the server is close-on-exec from the system call that creates it: a process
+// the application forks and execs (a launcher's ranks, a helper) must not inherit the listening
+// socket or a connection, or it keeps the port bound and connections open after the server
+// closed them. Boost.Asio 1.74 (Asio 1.18) opens sockets with a plain ::socket() and accepts
+// with a plain ::accept() (asio/detail/impl/socket_ops.ipp); it passes SOCK_CLOEXEC nowhere, and
+// only its own epoll, timerfd and eventfd descriptors are close-on-exec. Setting FD_CLOEXEC with
+// fcntl afterwards leaves a window in which another thread's fork+exec (the launcher hosts the
+// store in the process that forks the ranks) inherits the socket. So the server opens its
+// listening socket with ::socket(..., SOCK_STREAM | SOCK_CLOEXEC, ...) and accepts with
+// ::accept4(..., SOCK_CLOEXEC), and hands the descriptors to Asio with assign(). The client opens
+// its socket with SOCK_CLOEXEC too (client.cpp).
+
+// Owns a descriptor until it is released to an Asio object, and closes it otherwise.
+class OwnedDescriptor {
+ public:
+  explicit OwnedDescriptor(int fd) noexcept : fd_(fd) {}
+  OwnedDescriptor(const OwnedDescriptor&) = delete;
+  OwnedDescriptor& operator=(const OwnedDescriptor&) = delete;
+  ~OwnedDescriptor() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
   }
+  int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+boost::system::error_code last_error() {
+  return boost::system::error_code(errno, boost::system::system_category());
 }
 
 std::optional<std::string> token_from(const std::optional<std::string>& option) {
@@ -156,14 +189,22 @@ struct WaitGroup {
 struct Server::Impl {
   explicit Impl(ServerOptions options_in);
 
+  // Waits for a pending connection, then accept_pending().
   void start_accept();
+  // Accepts one pending connection (close-on-exec from the start) and starts its session.
+  void accept_pending();
   // start_accept() after kAcceptRetry.
   void accept_later();
   void serve(const std::shared_ptr<Session>& session);
   void handle(const std::shared_ptr<Session>& session, Request request);
   void start_wait(const std::shared_ptr<Session>& session, Request request);
   void advance(const std::shared_ptr<WaitGroup>& group);
+  // Answers every member still waiting (the group's keys are all present). Throws nothing a
+  // handler must catch: Note [Store memory].
   void finish_group(const std::shared_ptr<WaitGroup>& group);
+  // Ends a group that cannot be answered: closes every member still waiting, so that each client
+  // learns it at once (TransportError) rather than at its timeout. Allocates nothing.
+  void fail_group(WaitGroup& wait);
   std::vector<std::uint8_t> answer(Op op, std::span<const std::string* const> values) const;
   // A member's wait ends: answered, timed out, cancelled, or its connection closed.
   void end_wait(Session& s);
@@ -180,6 +221,7 @@ struct Server::Impl {
   std::optional<std::string> token;
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  tcp protocol = tcp::v4();  // the listening socket's, and so every accepted one's
   asio::steady_timer accept_retry{io};
   std::uint16_t port = 0;
   std::thread thread;
@@ -436,9 +478,22 @@ Server::Impl::Impl(ServerOptions options_in)
     }
     endpoint = results.begin()->endpoint();
   }
-  acceptor.open(endpoint.protocol(), error);
+  // Note [Store close-on-exec].
+  protocol = endpoint.protocol();
+  OwnedDescriptor listening(
+      ::socket(protocol.family(), SOCK_STREAM | SOCK_CLOEXEC, protocol.protocol()));
+  if (listening.get() < 0) {
+    error = last_error();
+  } else {
+    acceptor.assign(protocol, listening.get(), error);
+    if (!error) {
+      listening.release();  // the acceptor's now
+    }
+  }
   if (!error) {
-    close_on_exec(acceptor.native_handle(), error);
+    // So that an accept4 after a readiness that no connection backs any more (reset meanwhile)
+    // fails with EAGAIN instead of blocking the server's thread.
+    acceptor.non_blocking(true, error);
   }
   if (!error) {
     acceptor.set_option(tcp::acceptor::reuse_address(true), error);
@@ -463,37 +518,65 @@ Server::Impl::Impl(ServerOptions options_in)
 }
 
 void Server::Impl::start_accept() {
-  acceptor.async_accept([this](const boost::system::error_code& error, tcp::socket socket) {
+  // Note [Store close-on-exec]: Asio waits until a connection is pending, accept4 takes it.
+  acceptor.async_wait(tcp::acceptor::wait_read, [this](const boost::system::error_code& error) {
     if (error == asio::error::operation_aborted || !acceptor.is_open()) {
       return;
     }
     if (error) {
-      // EMFILE and friends: pause instead of spinning; the pending connection stays queued.
-      accept_later();
+      accept_later();  // the wait itself failed: retry after a pause, not at once
       return;
     }
-    boost::system::error_code cloexec_error;
-    close_on_exec(socket.native_handle(), cloexec_error);
-    if (cloexec_error) {
-      start_accept();  // drop the connection (the socket closes here) rather than leak it
-      return;
-    }
-    try {
-      boost::system::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      const std::uint64_t id = next_session_id++;
-      auto session = std::make_shared<Session>(*this, std::move(socket), id);
-      sessions.emplace(id, session);
-      connections.fetch_add(1, std::memory_order_relaxed);
-      session->guarded([&] { session->start(); });
-    } catch (const std::exception&) {
-      // Note [Store memory]: no memory for the session; this connection is lost (its socket, or
-      // the session that holds it, closes as it is destroyed), the server accepts the next.
-      accept_later();
-      return;
-    }
-    start_accept();
+    accept_pending();
   });
+}
+
+void Server::Impl::accept_pending() {
+  int fd = -1;
+  do {
+    fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    switch (errno) {
+      case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+      case EWOULDBLOCK:
+#endif
+      case ECONNABORTED:
+      case EPROTO:
+        // The connection went away between the readiness and the accept: wait for the next.
+        start_accept();
+        return;
+      default:
+        // EMFILE and friends: pause instead of spinning; the pending connection stays queued.
+        accept_later();
+        return;
+    }
+  }
+  OwnedDescriptor accepted(fd);
+  try {
+    tcp::socket socket(io);
+    boost::system::error_code assign_error;
+    socket.assign(protocol, accepted.get(), assign_error);
+    if (assign_error) {
+      start_accept();  // drop the connection (its descriptor closes here) rather than leak it
+      return;
+    }
+    accepted.release();  // the socket's now
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    const std::uint64_t id = next_session_id++;
+    auto session = std::make_shared<Session>(*this, std::move(socket), id);
+    sessions.emplace(id, session);
+    connections.fetch_add(1, std::memory_order_relaxed);
+    session->guarded([&] { session->start(); });
+  } catch (const std::exception&) {
+    // Note [Store memory]: no memory for the session; this connection is lost (its descriptor,
+    // socket or session closes as it is destroyed), the server accepts the next.
+    accept_later();
+    return;
+  }
+  start_accept();
 }
 
 void Server::Impl::accept_later() {
@@ -822,20 +905,27 @@ std::vector<std::uint8_t> Server::Impl::answer(Op op,
   return {};
 }
 
-// Every member still waiting gets the same answer, encoded once.
+// Every member still waiting gets the same answer, encoded once. Note [Store memory]: if there
+// is no memory for that answer, every member is closed instead (fail_group), and one member's
+// failure to queue the answer closes that member only.
 void Server::Impl::finish_group(const std::shared_ptr<WaitGroup>& group) {
   WaitGroup& wait = *group;
   CHORUS_CHECK(!wait.done);
   CHORUS_CHECK_EQ(wait.cursor, wait.keys.size());
   CHORUS_CHECK_EQ(wait.deletions_seen, deletions);
+  Frame frame;
+  try {
+    frame = std::make_shared<const std::vector<std::uint8_t>>(answer(wait.op, wait.values));
+  } catch (const std::exception&) {
+    fail_group(wait);
+    return;
+  }
   wait.done = true;
-  const Frame frame =
-      std::make_shared<const std::vector<std::uint8_t>>(answer(wait.op, wait.values));
   for (const WaitGroup::Member& member : wait.members) {
     const std::shared_ptr<Session> session = member.session.lock();
     if (session && session->pending.has_value() && session->pending->wait_id == member.wait_id) {
       end_wait(*session);
-      session->send(frame);
+      session->guarded([&] { session->send(frame); });
     }
   }
   CHORUS_CHECK_EQ(wait.live, std::size_t{0});
@@ -846,6 +936,18 @@ void Server::Impl::finish_group(const std::shared_ptr<WaitGroup>& group) {
     resolved_frame = frame;
     resolved_frame_mutations = mutations;
   }
+}
+
+void Server::Impl::fail_group(WaitGroup& wait) {
+  CHORUS_CHECK(!wait.done);
+  wait.done = true;
+  for (const WaitGroup::Member& member : wait.members) {
+    const std::shared_ptr<Session> session = member.session.lock();
+    if (session && session->pending.has_value() && session->pending->wait_id == member.wait_id) {
+      session->close();  // ends its wait (end_wait) and allocates nothing
+    }
+  }
+  CHORUS_CHECK_EQ(wait.live, std::size_t{0});
 }
 
 void Server::Impl::end_wait(Session& s) {
@@ -890,7 +992,15 @@ void Server::Impl::notify(const std::string& key) {
   for (const std::weak_ptr<WaitGroup>& entry : list) {
     const std::shared_ptr<WaitGroup> group = entry.lock();
     if (group && !group->done) {
-      advance(group);
+      // Note [Store memory]: the list was taken out of `waiters`, so a group whose advance fails
+      // (no memory to register it under its next missing key) is registered nowhere: it is
+      // failed here, and the groups after it still advance. The failure is not the writer's:
+      // its session stays open.
+      try {
+        advance(group);
+      } catch (const std::exception&) {
+        fail_group(*group);
+      }
     }
   }
 }
