@@ -88,11 +88,17 @@ void PendingWork::finish_on_host(transport::Duration at) const {
   wait_on_host(at);
 }
 
-void PendingWork::complete() const { complete_until(nullptr); }
+void PendingWork::complete() const {
+  std::optional<transport::Duration> at;
+  complete_sharing(at);
+}
 
-void PendingWork::complete(transport::Duration at) const { complete_until(&at); }
+void PendingWork::complete(transport::Duration at) const {
+  std::optional<transport::Duration> shared = at;
+  complete_sharing(shared);
+}
 
-void PendingWork::complete_until(const transport::Duration* at) const {
+void PendingWork::complete_sharing(std::optional<transport::Duration>& at) const {
   if (completion_ == Completion::Stream) {
     if (work_->status() == transport::WorkStatus::Failed) {
       std::rethrow_exception(work_->error());
@@ -101,7 +107,10 @@ void PendingWork::complete_until(const transport::Duration* at) const {
     return;
   }
   if (work_->status() != transport::WorkStatus::Completed) {
-    wait_on_host(at != nullptr ? *at : deadline_from_now());
+    if (!at.has_value()) {
+      at = deadline_from_now();
+    }
+    wait_on_host(*at);
   }
   if (fixup_) {
     std::call_once(fixup_once_, fixup_);
@@ -243,9 +252,12 @@ std::exception_ptr WorkRegistry::complete_and_retire(
     const std::vector<std::shared_ptr<PendingWork>>& works) {
   std::exception_ptr first_error;
   std::vector<std::exception_ptr> errors(works.size());
+  // One deadline for the whole wait (Note [Work lifecycle], step 2), set by the first work that
+  // needs a host wait: K works whose peer is stuck cost the waiter one timeout, not K.
+  std::optional<transport::Duration> at;
   for (std::size_t i = 0; i < works.size(); ++i) {
     try {
-      works[i]->complete();
+      works[i]->complete_sharing(at);
     } catch (...) {
       errors[i] = std::current_exception();
       if (!first_error) {

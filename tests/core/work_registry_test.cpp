@@ -890,6 +890,72 @@ TEST(WorkRegistry, WorksOfOneDroppedStorageShareOneDeadline) {
   EXPECT_EQ(context.state().registry()->size(), 0u);
 }
 
+// The works of one wait share one deadline too (Note [Work lifecycle], step 2), measured on the
+// fake transport's virtual clock: a stuck work's wait moves it to the wait's deadline, so the
+// clock shows how many timeouts the wait took, without sleeping.
+constexpr std::chrono::minutes kVirtualTimeout{10};
+
+RankOptions virtual_timeout_options() {
+  RankOptions options;
+  options.timeout = kVirtualTimeout;
+  return options;
+}
+
+TEST(WorkRegistry, WaitTensorsOnStuckWorksTakesOneTimeout) {
+  auto transport = std::make_shared<FakeTransport>();
+  transport->use_virtual_clock();
+  RankContext context(transport, virtual_timeout_options());
+  {
+    ScopedRankBinding binding(&context);
+    std::vector<Tensor> results;
+    for (int i = 0; i < 3; ++i) {
+      results.push_back(all_reduce(iota(2), "sum", {0}));  // a peer that never joins
+    }
+    const transport::Duration start = transport->now();
+    EXPECT_THROW(wait_tensors(results), Timeout);
+    EXPECT_EQ(transport->now() - start, kVirtualTimeout) << "one timeout, not three";
+    expect_one_deadline(transport->works());
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      EXPECT_FALSE(results[i].is_pending()) << "result " << i;
+      EXPECT_THROW((void)results[i].to_vector<std::int32_t>(), Timeout) << "result " << i;
+    }
+    EXPECT_EQ(work_registry_size(), 0u);
+  }
+  const RankContext::Summary summary = context.finish();
+  EXPECT_EQ(summary.error, nullptr) << "every failure was raised where it was waited";
+  EXPECT_TRUE(summary.unwaited.empty());
+}
+
+TEST(WorkRegistry, StuckWorksOnOneStorageWaitedTogetherTakeOneTimeout) {
+  auto transport = std::make_shared<FakeTransport>();
+  transport->use_virtual_clock();
+  RankContext context(transport, virtual_timeout_options());
+  {
+    ScopedRankBinding binding(&context);
+    Tensor t = Tensor::zeros({4}, DType::Int32);
+    const auto& storage = detail::TensorAccess::storage(t);
+    std::vector<std::shared_ptr<FakeWork>> fakes;
+    for (int i = 0; i < 3; ++i) {
+      auto fake = std::make_shared<FakeWork>(
+          transport::Fingerprint{1, i, {}},
+          std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+      transport->record(fake);  // on the virtual clock
+      fakes.push_back(fake);
+      context.state().registry()->add(std::make_shared<detail::PendingWork>(
+                                          fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr,
+                                          context.state().transport_ptr(), kVirtualTimeout),
+                                      {storage.get()});
+    }
+    const transport::Duration start = transport->now();
+    EXPECT_THROW(wait_tensor(t), Timeout);
+    EXPECT_EQ(transport->now() - start, kVirtualTimeout) << "one timeout, not three";
+    expect_one_deadline(fakes);
+    EXPECT_FALSE(t.is_pending());
+    EXPECT_EQ(work_registry_size(), 0u);
+  }
+  EXPECT_EQ(context.finish().error, nullptr);
+}
+
 TEST(WorkRegistry, OutsideARankTheRegistryIsUnreachable) {
   EXPECT_THROW(work_registry_size(), InvalidArgument);
   EXPECT_THROW(all_reduce(iota(2), "sum", {0}), InvalidArgument);

@@ -10,6 +10,9 @@
 //    transport Work is waited outside the registry lock, its completion fixup runs once, then
 //    the work is *retired*: it leaves the registry and every storage it sits under. Retiring is
 //    idempotent, so concurrent waiters from several threads are safe and the first one wins.
+//    The works of one wait (wait_tensors' works of one registry, or several works pending on one
+//    storage) are completed together: in the order found, under one deadline, and each retired
+//    with its own error (the first error is rethrown).
 // 3. Drop. When the last Tensor of a pending storage dies, Storage::~Storage calls
 //    on_storage_dropped: the storage's entries leave; a work left with no storage is completed
 //    right there (the seed's finalizer policy: never leave a collective dangling) and recorded as
@@ -26,10 +29,12 @@
 //    reported as dropped (not "at exit"); a failure is raised by that same settle_unwaited.
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
-// Works completed together (deferred drops, leftovers at exit) are completed and reported in the
-// order they were issued, and share one deadline: now plus the rank's timeout when the batch
-// began. The rank's exit is one batch (deferred drops, leftovers, drops finalizing elsewhere,
-// stream-waited works), so K leftovers whose peer is stuck cost one timeout, not K.
+// Works completed together (the works of one wait, deferred drops, leftovers at exit) share one
+// deadline: now plus the rank's timeout when the batch began (for a wait: when the first of its
+// works needed a host wait). Deferred drops and leftovers are completed and reported in the order
+// they were issued. The rank's exit is one batch (deferred drops, leftovers, drops finalizing
+// elsewhere, stream-waited works), so K leftovers whose peer is stuck cost one timeout, not K,
+// and so do K stuck works waited by one wait_tensors (until 2026-12-04 each took its own).
 // The transport work hears of steps 3 and 4 (transport::Work::on_dropped when its last storage
 // goes, on_finalized once core completed it as unwaited), so that a transport can log them: the
 // simulator's event log draws drops and finalizations (Note [Event log], simulator/src/world.hpp).
@@ -157,8 +162,9 @@ class PendingWork {
   bool failure_recorded_ = false;  // its failure is in the report and the deferred errors
 
   void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
-  // complete(): the host wait lasts until `*at`, or, null, until now plus the timeout.
-  void complete_until(const transport::Duration* at) const;
+  // complete(): the host wait lasts until `*at`; unset, `at` is first set to now plus the timeout
+  // (when a host wait is needed), so works completed in turn with one `at` share its deadline.
+  void complete_sharing(std::optional<transport::Duration>& at) const;
 };
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
@@ -174,9 +180,10 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   void add(const std::shared_ptr<PendingWork>& work, Storage* storage);
 
   // Waits every work pending on `storage`, retires them, and rethrows the first failure after
-  // all were waited.
+  // all were waited. Several works share one deadline (Note [Work lifecycle], step 2).
   void wait_storage(const Storage& storage);
-  // Waits every distinct work pending on any of `storages` once, then as wait_storage.
+  // Waits every distinct work pending on any of `storages` once, all under one deadline, then as
+  // wait_storage.
   void wait_storages(const std::vector<const Storage*>& storages);
 
   // Removes `work` from the registry and every storage it sits under, marking those storages
@@ -280,7 +287,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   const std::shared_ptr<PendingWork>& listed_work_locked(
       const StampedLinks<PendingWork>::Link& link) const;
   std::vector<std::shared_ptr<PendingWork>> works_of(const Storage& storage) const;
-  // Completes `works`, then retires each; returns the first error.
+  // Completes `works` under one deadline (Note [Work lifecycle], step 2), then retires each with
+  // its own error; returns the first error.
   std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
   // The same for one work (a storage with one pending work: the common case), without vectors.
   std::exception_ptr complete_and_retire_one(const std::shared_ptr<PendingWork>& work);
