@@ -956,6 +956,35 @@ TEST(WorkRegistry, StuckWorksOnOneStorageWaitedTogetherTakeOneTimeout) {
   EXPECT_EQ(context.finish().error, nullptr);
 }
 
+// A collective whose transport call throws (Note [Registration]): the room its registration
+// reserved is given back while its output is still alive (the output dies as the call unwinds;
+// giving the room back after that touched a freed storage: ASan's heap-use-after-free, and heap
+// corruption under the simulator's threads executor). Nothing is registered, and the rank goes
+// on.
+TEST(WorkRegistry, ACollectiveWhoseTransportCallThrowsLeavesNothingRegistered) {
+  FakeRank rank;
+  Tensor input = iota(3);
+  Tensor kept = all_reduce(iota(2), "sum", {0});  // a work already pending
+  rank.transport().on_call = [] {
+    throw TransportError(ErrorContext{0, "all_reduce", 1, "[0]"}, "refused by the transport");
+  };
+  EXPECT_THROW(all_reduce(input, "sum", {0}), TransportError);
+  // (Not a coalesced call: a throw inside the transport's group leaves the fake's group open.)
+  EXPECT_THROW(all_reduce_inplace(input, "sum", {0}), TransportError);
+  rank.transport().on_call = nullptr;
+  EXPECT_EQ(rank.transport().works().size(), 1u);
+  EXPECT_FALSE(input.is_pending());
+  EXPECT_EQ(work_registry_size(), 1u) << "the work pending before, only";
+  for (const auto& work : rank.transport().works()) {
+    work->complete_when_waited();
+  }
+  EXPECT_EQ(wait_tensor(kept).to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
+  Tensor next = all_reduce(input, "sum", {0});
+  rank.transport().last_work()->complete_when_waited();
+  EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2, 3}));
+  EXPECT_EQ(work_registry_size(), 0u);
+}
+
 TEST(WorkRegistry, OutsideARankTheRegistryIsUnreachable) {
   EXPECT_THROW(work_registry_size(), InvalidArgument);
   EXPECT_THROW(all_reduce(iota(2), "sum", {0}), InvalidArgument);

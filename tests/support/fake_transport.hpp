@@ -307,9 +307,19 @@ class FakeTransport final : public transport::Transport {
       work->complete_on_stream_wait();
     }
     work->virtual_clock = virtual_clock_;
-    std::lock_guard<std::mutex> lock(mutex);
-    works_.push_back(std::move(work));
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      works_.push_back(std::move(work));
+    }
+    if (on_started) {
+      on_started();  // the operation has started: what core does from here on must not fail
+    }
   }
+  // Runs once each work is started (recorded), before the transport's call returns it.
+  std::function<void()> on_started;
+  // Runs first in each call that starts operations or adds one to a batch (core has handed the
+  // operation over).
+  std::function<void()> on_call;
 
   int comms_created = 0;  // create_comm calls, the partition default's included
   std::vector<PartitionCall> partition_calls;
@@ -325,6 +335,9 @@ class FakeTransport final : public transport::Transport {
 inline std::shared_ptr<transport::Work> FakeComm::add(const transport::Buffer& send,
                                                       const transport::Buffer& recv,
                                                       const transport::OpInfo& info) {
+  if (owner_.on_call) {
+    owner_.on_call();
+  }
   if (batching_) {
     batch_.emplace_back(send, recv);
     return nullptr;
@@ -338,6 +351,9 @@ inline std::shared_ptr<transport::Work> FakeComm::add(const transport::Buffer& s
 }
 
 inline std::shared_ptr<transport::Work> FakeComm::end_group(const transport::OpInfo& info) {
+  if (owner_.on_call) {
+    owner_.on_call();
+  }
   batching_ = false;
   auto work =
       std::make_shared<FakeWork>(transport::Fingerprint{1, info.seq, {}}, std::move(batch_));
