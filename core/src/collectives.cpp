@@ -123,6 +123,9 @@ class Call {
   }
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
+  // register_work() follows start() at once, and gives the room back itself if the operation
+  // does not start: here the outputs may be gone already (destroyed while unwinding).
+  ~Call() { CHORUS_CHECK(pending_ == nullptr); }
 
   int group_size() const noexcept { return static_cast<int>(members_.size()); }
   int group_rank() const noexcept {
@@ -269,9 +272,16 @@ class Call {
     }
   }
 
-  // Everything validated: take the sequence number and the communicator.
-  transport::Comm& start() {
+  // Everything validated: take the communicator and the sequence number, and make ready what
+  // registering the operation's work under `outputs` (not empty) takes (Note [Registration] in
+  // work_registry.hpp): the PendingWork with `fixup` (run once after the transport work
+  // completed, e.g. all_gather's rearrangement) and room in the registry. Throws what setting up
+  // the communicator throws, or std::bad_alloc: then nothing started and no sequence number is
+  // taken. Start the operation with register_work(), at once.
+  transport::Comm& start(std::span<const Tensor> outputs, std::function<void()> fixup = {}) {
     CHORUS_CHECK(!meta_);
+    CHORUS_CHECK(seq_ < 0);  // one operation per call
+    CHORUS_CHECK(pending_ == nullptr);
     std::span<const int> parts;
     int part_size = 0;
     std::vector<int> storage;  // a MeshDim's parts
@@ -280,37 +290,37 @@ class Call {
                                 storage)
             ? state_->ensure_partition_comm(*slot_, expanded_->tag, members_, parts, part_size)
             : state_->ensure_comm(*slot_, expanded_->tag, members_);
-    seq_ = slot_->next_seq++;
     stream_ = state_->stream_of(device_);
+    prepare_registration(outputs, std::move(fixup), slot_->next_seq);
+    seq_ = slot_->next_seq++;
     return comm;
+  }
+  transport::Comm& start(const Tensor& output, std::function<void()> fixup = {}) {
+    return start(std::span<const Tensor>(&output, 1), std::move(fixup));
   }
   transport::OpInfo info() const { return transport::OpInfo{op_, seq_, site_, stream_}; }
 
-  // Registers `work` as pending under the storages of `outputs`.
-  void register_work(std::shared_ptr<transport::Work> work, std::span<const Tensor> outputs,
-                     std::function<void()> fixup = {}) {
+  // Starts the operation: `start_operation()` hands it to the transport and returns its work
+  // (not null). Then registers that work as pending under the outputs start() was given, which
+  // allocates nothing and cannot fail (Note [Registration]): every operation that started is
+  // registered, and waitable. Called right after start(), with the outputs alive: when
+  // `start_operation` throws, the room start() reserved under them is given back here, and the
+  // exception propagates.
+  template <class StartOperation>
+  void register_work(StartOperation start_operation) {
     CHORUS_CHECK(seq_ >= 0);
-    const detail::Completion completion =
-        device_.is_cuda() ? detail::Completion::Stream : detail::Completion::Host;
-    auto pending = std::make_shared<detail::PendingWork>(
-        std::move(work), detail::WorkInfo{state_->rank(), op_, seq_, slot_->label, site_},
-        std::move(fixup), state_->transport_ptr(), state_->options().timeout, completion,
-        device_.is_cuda() ? detail::StreamSource{state_->streams(), device_.index()}
-                          : detail::StreamSource{});
-    if (outputs.size() == 1) {  // the common case, without a vector
-      state_->registry()->add(pending, TensorAccess::storage(outputs.front()).get());
-      return;
+    CHORUS_CHECK(pending_ != nullptr);  // start() made it ready
+    std::shared_ptr<transport::Work> work;
+    try {
+      work = start_operation();
+    } catch (...) {
+      state_->registry()->cancel_reservation(*pending_, output_storages());
+      pending_.reset();
+      throw;
     }
-    std::vector<detail::Storage*> storages;
-    storages.reserve(outputs.size());
-    for (const Tensor& output : outputs) {
-      storages.push_back(TensorAccess::storage(output).get());
-    }
-    state_->registry()->add(pending, storages);
-  }
-  void register_work(std::shared_ptr<transport::Work> work, const Tensor& output,
-                     std::function<void()> fixup = {}) {
-    register_work(std::move(work), std::span<const Tensor>(&output, 1), std::move(fixup));
+    pending_->attach(std::move(work));
+    state_->registry()->add_reserved(pending_, output_storages());
+    pending_.reset();  // the registry holds it now
   }
 
   // Under a TraceScope: waits `outputs` and appends the call's record, whose op-specific fields
@@ -381,6 +391,42 @@ class Call {
   int checked_inputs_ = 0;
   std::int64_t seq_ = -1;
   void* stream_ = nullptr;  // the current stream of device_ when the op started
+  // What start() made ready for register_work() (Note [Registration]): the work, null before
+  // start() and once registered, and its outputs' storages (one inline, several in the vector).
+  std::shared_ptr<detail::PendingWork> pending_;
+  detail::Storage* output_storage_ = nullptr;
+  std::vector<detail::Storage*> output_storages_;
+
+  std::span<detail::Storage* const> output_storages() const noexcept {
+    if (!output_storages_.empty()) {
+      return output_storages_;
+    }
+    return std::span<detail::Storage* const>(&output_storage_, 1);
+  }
+
+  // start()'s preparation; the work's sequence number will be `seq`. Throws std::bad_alloc, and
+  // then leaves nothing to give back.
+  void prepare_registration(std::span<const Tensor> outputs, std::function<void()> fixup,
+                            std::int64_t seq) {
+    CHORUS_CHECK(!outputs.empty());
+    const bool on_device = device_.is_cuda();
+    auto pending = std::make_shared<detail::PendingWork>(
+        detail::WorkInfo{state_->rank(), op_, seq, slot_->label, site_}, std::move(fixup),
+        state_->transport_ptr(), state_->options().timeout,
+        on_device ? detail::Completion::Stream : detail::Completion::Host,
+        on_device ? detail::StreamSource{state_->streams(), device_.index()}
+                  : detail::StreamSource{});
+    if (outputs.size() == 1) {  // the common case, without a vector
+      output_storage_ = TensorAccess::storage(outputs.front()).get();
+    } else {
+      output_storages_.reserve(outputs.size());
+      for (const Tensor& output : outputs) {
+        output_storages_.push_back(TensorAccess::storage(output).get());
+      }
+    }
+    state_->registry()->reserve(*pending, output_storages());
+    pending_ = std::move(pending);
+  }
 };
 
 // A contiguous tensor's elements as a transport buffer (lowered, Note [Lowering]) that keeps
@@ -528,13 +574,15 @@ class Batch {
   // is its tensor's (the buffers carry the wire dtype).
   template <class StartOne>
   std::vector<Tensor> issue(Call& call, StartOne start_one) {
-    transport::Comm& comm = call.start();
-    comm.begin_group();
-    for (std::size_t i = 0; i < sends_.size(); ++i) {
-      // batched: no work yet
-      CHORUS_CHECK(start_one(comm, sends_[i], recvs_[i], outputs_[i].dtype()) == nullptr);
-    }
-    call.register_work(comm.end_group(call.info()), outputs_);
+    transport::Comm& comm = call.start(outputs_);
+    call.register_work([&] {
+      comm.begin_group();
+      for (std::size_t i = 0; i < sends_.size(); ++i) {
+        // batched: no work yet
+        CHORUS_CHECK(start_one(comm, sends_[i], recvs_[i], outputs_[i].dtype()) == nullptr);
+      }
+      return comm.end_group(call.info());
+    });
     return std::move(outputs_);
   }
 
@@ -599,9 +647,10 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
   }
   Buffer send = with_layout(input_buffer(input), input.sizes());
   auto [output, recv] = new_output(call, input.sizes(), input.dtype(), input.device());
-  transport::Comm& comm = call.start();
-  call.register_work(
-      comm.all_reduce(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info()), output);
+  transport::Comm& comm = call.start(output);
+  call.register_work([&] {
+    return comm.all_reduce(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info());
+  });
   return output;
 }
 
@@ -616,16 +665,16 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   Buffer send = with_layout(input_buffer(input), input.sizes(), rule.dim);
   auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
   if (!rearranges) {
-    transport::Comm& comm = call.start();
-    call.register_work(comm.all_gather(send, recv, call.info()), output);
+    transport::Comm& comm = call.start(output);
+    call.register_work([&] { return comm.all_gather(send, recv, call.info()); });
     return output;
   }
   Shape staging_shape = {call.group_size()};
   staging_shape.insert(staging_shape.end(), input.sizes().begin(), input.sizes().end());
   Tensor staging = new_output(call, staging_shape, input.dtype(), input.device()).first;
-  transport::Comm& comm = call.start();
-  call.register_work(comm.all_gather(send, recv, call.info()), output,
-                     gather_fixup(staging, output, rule.dim, call.group_size()));
+  transport::Comm& comm =
+      call.start(output, gather_fixup(staging, output, rule.dim, call.group_size()));
+  call.register_work([&] { return comm.all_gather(send, recv, call.info()); });
   return output;
 }
 
@@ -644,10 +693,10 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
                                 : input_buffer(scatter_staging(input, rule.dim, call.group_size())),
                   input.sizes(), rule.dim);
   auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
-  transport::Comm& comm = call.start();
-  call.register_work(
-      comm.reduce_scatter(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info()),
-      output);
+  transport::Comm& comm = call.start(output);
+  call.register_work([&] {
+    return comm.reduce_scatter(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info());
+  });
   return output;
 }
 
@@ -892,8 +941,9 @@ Tensor all_to_all_single(const Tensor& input,
     Buffer send = with_layout(input_buffer(input), std::span(input.sizes()).subspan(1));
     auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
-    transport::Comm& comm = call.start();
-    call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()), output);
+    transport::Comm& comm = call.start(output);
+    call.register_work(
+        [&] { return comm.all_to_all(send, send_counts, recv, recv_counts, call.info()); });
   }
   call.trace(output, [&](OpRecord& record) {
     describe_input(record, input);
@@ -917,8 +967,8 @@ Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::stri
     output = std::move(fresh);
     // Only the root's input is read (and so waited for); elsewhere send is a stand-in.
     Buffer send = with_layout(call.group_rank() == src ? input_buffer(input) : recv, input.sizes());
-    transport::Comm& comm = call.start();
-    call.register_work(comm.broadcast(send, recv, src, call.info()), output);
+    transport::Comm& comm = call.start(output);
+    call.register_work([&] { return comm.broadcast(send, recv, src, call.info()); });
   }
   call.trace(output, [&](OpRecord& record) {
     describe_input(record, input);
@@ -944,10 +994,10 @@ Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec&
                                       : Tensor::zeros(rule.shape, input.dtype(), input.device());
     });
     Buffer recv = buffer_of(output);
-    transport::Comm& comm = call.start();
-    call.register_work(
-        comm.reduce(send, recv, wire_reduce_op(input.dtype(), reduce_op), dst, call.info()),
-        output);
+    transport::Comm& comm = call.start(output);
+    call.register_work([&] {
+      return comm.reduce(send, recv, wire_reduce_op(input.dtype(), reduce_op), dst, call.info());
+    });
   }
   call.trace(output, [&](OpRecord& record) {
     record.reduce_op = reduce_op;
@@ -996,8 +1046,9 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
     if (!receives) {
       recv.count = 0;
     }
-    transport::Comm& comm = call.start();
-    call.register_work(comm.all_to_all(send, send_counts, recv, recv_counts, call.info()), output);
+    transport::Comm& comm = call.start(output);
+    call.register_work(
+        [&] { return comm.all_to_all(send, send_counts, recv, recv_counts, call.info()); });
   }
   call.trace(output, [&](OpRecord& record) {
     describe_input(record, input);
@@ -1024,10 +1075,11 @@ Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& 
         canonicalize_bool_bytes(tensor);  // the result overwrites it (Note [Bool bytes])
       }
       const Buffer buffer = with_layout(buffer_of(tensor), tensor.sizes());
-      transport::Comm& comm = call.start();
-      call.register_work(
-          comm.all_reduce(buffer, buffer, wire_reduce_op(tensor.dtype(), reduce_op), call.info()),
-          tensor);
+      transport::Comm& comm = call.start(tensor);
+      call.register_work([&] {
+        return comm.all_reduce(buffer, buffer, wire_reduce_op(tensor.dtype(), reduce_op),
+                               call.info());
+      });
       wait_tensor(tensor);
     } else {
       tensor.copy_(issue_all_reduce(call, tensor, reduce_op));  // waits for the result

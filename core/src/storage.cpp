@@ -50,7 +50,7 @@ Storage::~Storage() {
 }
 
 void Storage::attach_registry(const WorkRegistry* registry,
-                              const std::weak_ptr<WorkRegistry>& self) {
+                              const std::weak_ptr<WorkRegistry>& self) noexcept {
   if (!registry_.expired()) {
     CHORUS_CHECK(attached_ == registry);  // one live registry per storage: its maker's
     return;

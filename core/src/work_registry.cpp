@@ -59,17 +59,30 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
                          std::function<void()> fixup,
                          std::shared_ptr<transport::Transport> transport,
                          transport::Duration timeout, Completion completion, StreamSource stream)
+    : PendingWork(std::move(info), std::move(fixup), std::move(transport), timeout, completion,
+                  std::move(stream)) {
+  attach(std::move(work));
+}
+
+PendingWork::PendingWork(WorkInfo info, std::function<void()> fixup,
+                         std::shared_ptr<transport::Transport> transport,
+                         transport::Duration timeout, Completion completion, StreamSource stream)
     : generation_(next_work_generation.fetch_add(1, std::memory_order_relaxed)),
-      work_(std::move(work)),
       info_(std::move(info)),
       fixup_(std::move(fixup)),
       transport_(std::move(transport)),
       timeout_(timeout),
       completion_(completion),
       stream_(std::move(stream)) {
-  CHORUS_CHECK(work_ != nullptr);
   CHORUS_CHECK(transport_ != nullptr);
   CHORUS_CHECK(completion_ == Completion::Host || !fixup_);
+}
+
+void PendingWork::attach(std::shared_ptr<transport::Work> work) noexcept {
+  CHORUS_CHECK(work != nullptr);
+  CHORUS_CHECK(work_ == nullptr);   // once
+  CHORUS_CHECK(owner_ == nullptr);  // before it is registered
+  work_ = std::move(work);
 }
 
 transport::Duration PendingWork::deadline_from_now() const {
@@ -88,11 +101,17 @@ void PendingWork::finish_on_host(transport::Duration at) const {
   wait_on_host(at);
 }
 
-void PendingWork::complete() const { complete_until(nullptr); }
+void PendingWork::complete() const {
+  std::optional<transport::Duration> at;
+  complete_sharing(at);
+}
 
-void PendingWork::complete(transport::Duration at) const { complete_until(&at); }
+void PendingWork::complete(transport::Duration at) const {
+  std::optional<transport::Duration> shared = at;
+  complete_sharing(shared);
+}
 
-void PendingWork::complete_until(const transport::Duration* at) const {
+void PendingWork::complete_sharing(std::optional<transport::Duration>& at) const {
   if (completion_ == Completion::Stream) {
     if (work_->status() == transport::WorkStatus::Failed) {
       std::rethrow_exception(work_->error());
@@ -101,7 +120,10 @@ void PendingWork::complete_until(const transport::Duration* at) const {
     return;
   }
   if (work_->status() != transport::WorkStatus::Completed) {
-    wait_on_host(at != nullptr ? *at : deadline_from_now());
+    if (!at.has_value()) {
+      at = deadline_from_now();
+    }
+    wait_on_host(*at);
   }
   if (fixup_) {
     std::call_once(fixup_once_, fixup_);
@@ -120,39 +142,82 @@ void WorkRegistry::add(const std::shared_ptr<PendingWork>& work, Storage* storag
 void WorkRegistry::add_under(const std::shared_ptr<PendingWork>& work,
                              std::span<Storage* const> storages) {
   CHORUS_CHECK(work != nullptr);
+  reserve(*work, storages);
+  add_reserved(work, storages);
+}
+
+void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages) {
   CHORUS_CHECK(!storages.empty());
+  CHORUS_CHECK(work.owner_ == nullptr);  // not registered
   std::lock_guard<std::mutex> lock(mutex_);
-  list_locked(work);
+  // A slot in the work list, growing it as push_back would (geometrically): the list keeps its
+  // capacity, so after the first few collectives this allocates nothing.
+  const std::size_t slots_needed = works_.size() + reserved_ + 1;
+  if (slots_needed > works_.capacity()) {
+    works_.reserve(std::max(slots_needed, 2 * works_.capacity()));
+  }
+  // The links, all or none: the work's own list (nobody else's yet), then each storage's.
+  work.storages_.reserve(storages.size());
+  std::size_t reserved_storages = 0;
   try {
     for (Storage* storage : storages) {
-      link_locked(*work, storage);
+      CHORUS_CHECK(storage != nullptr);
+      storage->works_.reserve(1);
+      ++reserved_storages;
     }
   } catch (...) {
-    retire_locked(*work, nullptr);  // out of memory: unlinks what was linked, then unlists
-    throw;
+    for (std::size_t i = 0; i < reserved_storages; ++i) {
+      storages[i]->works_.release(1);
+    }
+    work.storages_.release(storages.size());
+    throw;  // out of memory: nothing reserved (the work list's capacity stays, unused)
+  }
+  ++reserved_;
+}
+
+void WorkRegistry::add_reserved(const std::shared_ptr<PendingWork>& work,
+                                std::span<Storage* const> storages) noexcept {
+  CHORUS_CHECK(work != nullptr);
+  CHORUS_CHECK(!storages.empty());
+  CHORUS_CHECK(work->work_ != nullptr);  // attached
+  std::lock_guard<std::mutex> lock(mutex_);
+  CHORUS_CHECK_GT(reserved_, 0u);
+  --reserved_;
+  list_locked(work);
+  for (Storage* storage : storages) {
+    link_locked(*work, storage);
+  }
+  CHORUS_CHECK_EQ(work->storages_.reserved(), 0u);  // exactly the storages reserved
+}
+
+void WorkRegistry::cancel_reservation(PendingWork& work,
+                                      std::span<Storage* const> storages) noexcept {
+  CHORUS_CHECK(work.owner_ == nullptr);  // never added
+  std::lock_guard<std::mutex> lock(mutex_);
+  CHORUS_CHECK_GT(reserved_, 0u);
+  --reserved_;
+  work.storages_.release(storages.size());
+  for (Storage* storage : storages) {
+    storage->works_.release(1);
   }
 }
 
-void WorkRegistry::list_locked(const std::shared_ptr<PendingWork>& work) {
-  CHORUS_CHECK(work->owner_ == nullptr);  // a work is registered once
+void WorkRegistry::list_locked(const std::shared_ptr<PendingWork>& work) noexcept {
+  CHORUS_CHECK(work->owner_ == nullptr);              // a work is registered once
+  CHORUS_CHECK_LT(works_.size(), works_.capacity());  // reserved: no reallocation
   works_.push_back(work);
   work->slot_ = works_.size() - 1;
   work->owner_ = this;
   ++listed_;
 }
 
-void WorkRegistry::link_locked(PendingWork& work, Storage* storage) {
+void WorkRegistry::link_locked(PendingWork& work, Storage* storage) noexcept {
   CHORUS_CHECK(storage != nullptr);
   CHORUS_CHECK(!work.storages_.contains(storage));  // no duplicates
   storage->attach_registry(this, weak_from_this());
-  // Both links or neither: a push that throws (out of memory) leaves the other list as it was.
+  // Both in room reserve() made: neither allocates.
   storage->works_.push_back(&work, work.generation());
-  try {
-    work.storages_.push_back(storage, storage->generation());
-  } catch (...) {
-    storage->works_.erase(&work);
-    throw;
-  }
+  work.storages_.push_back(storage, storage->generation());
   storage->add_pending();
 }
 
@@ -243,9 +308,12 @@ std::exception_ptr WorkRegistry::complete_and_retire(
     const std::vector<std::shared_ptr<PendingWork>>& works) {
   std::exception_ptr first_error;
   std::vector<std::exception_ptr> errors(works.size());
+  // One deadline for the whole wait (Note [Work lifecycle], step 2), set by the first work that
+  // needs a host wait: K works whose peer is stuck cost the waiter one timeout, not K.
+  std::optional<transport::Duration> at;
   for (std::size_t i = 0; i < works.size(); ++i) {
     try {
-      works[i]->complete();
+      works[i]->complete_sharing(at);
     } catch (...) {
       errors[i] = std::current_exception();
       if (!first_error) {

@@ -2,7 +2,10 @@
 // registration throws std::bad_alloc and leaves no half-made link behind, so the storages stay
 // consistent and the rank ends cleanly; and while it completes works together as unwaited (a
 // drop, deferred drops, the rank's exit), which never throw: what cannot be claimed now is
-// completed in a later round. Its own executable: it replaces the global operator new.
+// completed in a later round. And while a collective call registers its work
+// (Note [Registration]): every allocation the call makes, refused in turn, either fails the call
+// before its operation started or leaves the operation registered and waitable; none is made after
+// the start. Its own executable: it replaces the global operator new.
 
 #include <gtest/gtest.h>
 
@@ -11,8 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "detail/rank_state.hpp"
@@ -26,6 +31,18 @@ namespace {
 // The size of the next allocation to refuse (0: none).
 std::atomic<std::size_t> refuse_next_allocation_of{0};
 
+// While counting, allocations are numbered from 1, and the one numbered refuse_allocation_number
+// (0: none) is refused; refused_in_transport and refused_after_start say whether core had handed
+// the operation to the transport by then (in_transport_call, set by the fake transport's on_call)
+// and whether the transport had started it (operation_started, set by its on_started).
+std::atomic<bool> counting{false};
+std::atomic<std::size_t> allocations_counted{0};
+std::atomic<std::size_t> refuse_allocation_number{0};
+std::atomic<bool> in_transport_call{false};
+std::atomic<bool> operation_started{false};
+std::atomic<bool> refused_in_transport{false};
+std::atomic<bool> refused_after_start{false};
+
 // A StampedLinks' first spilled link: the registry's only allocation when a second link is made
 // (once the registry's work list has room).
 constexpr std::size_t kLinkBytes =
@@ -37,6 +54,14 @@ void* operator new(std::size_t size) {
   std::size_t refused = size;
   if (size != 0 && refuse_next_allocation_of.compare_exchange_strong(refused, 0)) {
     throw std::bad_alloc();
+  }
+  if (counting.load()) {
+    std::size_t number = allocations_counted.fetch_add(1) + 1;
+    if (refuse_allocation_number.compare_exchange_strong(number, 0)) {
+      refused_in_transport.store(in_transport_call.load());
+      refused_after_start.store(operation_started.load());
+      throw std::bad_alloc();
+    }
   }
   if (void* block = std::malloc(size != 0 ? size : 1)) {
     return block;
@@ -116,8 +141,9 @@ TEST(RegistryOutOfMemory, ASecondWorkOnAStorageThatCannotBeLinkedIsNotRegistered
   EXPECT_EQ(summary.unwaited.size(), 1u);
 }
 
-// A work under two storages spills its own list at the second: that allocation fails, and the
-// link already made to the first storage is undone.
+// A work under two storages spills its own list at the second: that allocation (made when the
+// registration reserves its room, Note [Registration]) fails, and neither storage keeps a link or
+// a reservation.
 TEST(RegistryOutOfMemory, AWorkWhoseSecondStorageCannotBeLinkedLeavesTheFirstUntouched) {
   auto transport = std::make_shared<FakeTransport>();
   RankContext context(transport);
@@ -241,6 +267,174 @@ TEST(RegistryOutOfMemory, LeftoversThatCannotAllBeClaimedAtOnceAreCompletedInRou
   }
   EXPECT_EQ(summary.error, nullptr);
   expect_two_lines(summary.unwaited, /*at_rank_exit=*/true);
+}
+
+// ---- Registration (Note [Registration]).
+
+// One kind of collective call, on inputs made before the allocations are counted. It moves its
+// results into `results` (room made beforehand), so it allocates nothing after the call returns;
+// an in-place call's results are its inputs. On one rank every result equals its input.
+struct CallKind {
+  const char* name;
+  std::function<std::vector<Tensor>()> make_inputs;
+  std::function<void(std::vector<Tensor>& inputs, std::vector<Tensor>& results)> call;
+  bool results_are_inputs = false;
+};
+
+std::vector<CallKind> call_kinds() {
+  const auto one = [] { return std::vector<Tensor>{Tensor::arange(6, DType::Int32).view({2, 3})}; };
+  const ReduceOp sum("sum");
+  const GroupSpec group({0});
+  return {
+      {"all_reduce", one,
+       [sum, group](std::vector<Tensor>& inputs, std::vector<Tensor>& results) {
+         results[0] = all_reduce(inputs[0], sum, group);
+       }},
+      {"all_gather_tensor along dim 1 (a fixup)", one,
+       [group](std::vector<Tensor>& inputs, std::vector<Tensor>& results) {
+         results[0] = all_gather_tensor(inputs[0], 1, group);
+       }},
+      {"all_reduce_coalesced (several outputs)",
+       [] {
+         return std::vector<Tensor>{Tensor::arange(3, DType::Int32),
+                                    Tensor::arange(5, DType::Int32),
+                                    Tensor::arange(2, DType::Int32)};
+       },
+       [sum, group](std::vector<Tensor>& inputs, std::vector<Tensor>& results) {
+         results = all_reduce_coalesced(inputs, sum, group);
+       }},
+      {"all_reduce_inplace (the caller's storage)", one,
+       [sum, group](std::vector<Tensor>& inputs, std::vector<Tensor>&) {
+         all_reduce_inplace(inputs[0], sum, group);
+       },
+       /*results_are_inputs=*/true},
+  };
+}
+
+void start_counting(std::size_t refuse) {
+  allocations_counted = 0;
+  in_transport_call = false;
+  operation_started = false;
+  refused_in_transport = false;
+  refused_after_start = false;
+  refuse_allocation_number = refuse;
+  counting = true;
+}
+
+// Stops counting; returns the allocations counted.
+std::size_t stop_counting() {
+  counting = false;
+  return allocations_counted.load();
+}
+
+// Every allocation a collective call makes is refused in turn, at every point up to its end (a
+// wait inside the call included): the call either fails before its operation started (with
+// std::bad_alloc, or the InvalidArgument an output's allocation becomes; the transport started
+// nothing, and no sequence number was taken unless the refusal was in the transport's own call),
+// or its operation is registered and waitable, with the right result. After the transport started
+// the operation the call allocates nothing at all, so no refusal can land there. (A refusal in
+// the transport's call is also a transport call that throws: the room reserved is given back.)
+TEST(RegistryOutOfMemory, ACollectiveCallFailsBeforeItsOperationStartsOrRegistersIt) {
+  for (const CallKind& kind : call_kinds()) {
+    SCOPED_TRACE(kind.name);
+    auto transport = std::make_shared<FakeTransport>();
+    RankContext context(transport);
+    {
+      ScopedRankBinding binding(&context);
+      std::size_t allocations_at_start = 0;
+      transport->on_call = [] { in_transport_call = true; };
+      transport->on_started = [&] {
+        allocations_at_start = allocations_counted.load();
+        operation_started = true;
+        transport->last_work()->complete_when_waited();
+      };
+      std::int64_t next_seq = 0;
+      std::size_t failed_before_start = 0;
+      std::size_t registered_despite_refusal = 0;
+      // n = 0: nothing refused. Then the n-th allocation, until a run makes fewer than n.
+      for (std::size_t n = 0;; ++n) {
+        ASSERT_LT(n, 10'000u) << "the sweep does not end";
+        std::vector<Tensor> inputs = kind.make_inputs();
+        std::vector<std::int32_t> expected;
+        for (const Tensor& input : inputs) {
+          const auto values = input.to_vector<std::int32_t>();
+          expected.insert(expected.end(), values.begin(), values.end());
+        }
+        std::vector<Tensor> results(inputs.size());
+        const std::size_t works_before = transport->works().size();
+        std::string thrown;
+        start_counting(n);
+        try {
+          kind.call(inputs, results);
+        } catch (const std::bad_alloc&) {
+          thrown = "std::bad_alloc";
+        } catch (const std::exception& e) {
+          thrown = e.what();
+        }
+        const std::size_t allocations = stop_counting();
+        if (kind.results_are_inputs) {
+          results = inputs;
+        }
+        const bool refused = n != 0 && refuse_allocation_number.load() == 0;
+        refuse_allocation_number = 0;
+        // The call made fewer than n allocations: every one was refused once, this is the last run.
+        const bool last = n != 0 && !refused;
+        if (n == 0 || last) {
+          ASSERT_EQ(thrown, "");
+          ASSERT_TRUE(operation_started.load());
+          EXPECT_EQ(allocations - allocations_at_start, 0u)
+              << "allocations after the transport started the operation";
+        }
+        SCOPED_TRACE("allocation " + std::to_string(n) + " refused");
+        EXPECT_FALSE(refused && refused_after_start.load())
+            << "an allocation after the transport started the operation";
+        if (!thrown.empty()) {
+          // std::bad_alloc, or the InvalidArgument an output's allocation becomes (docs/errors.md).
+          EXPECT_TRUE(thrown == "std::bad_alloc" ||
+                      thrown.find("cannot allocate the output") != std::string::npos)
+              << thrown;
+          EXPECT_FALSE(operation_started.load()) << "started, then failed: abandoned";
+          EXPECT_EQ(transport->works().size(), works_before) << "the transport saw nothing";
+          EXPECT_EQ(work_registry_size(), 0u);
+          for (const Tensor& input : inputs) {
+            EXPECT_FALSE(input.is_pending());
+          }
+          if (refused_in_transport.load()) {
+            // The transport's own call failed: core had handed the operation over with its
+            // sequence number, and registered nothing; what the transport made of it is its own.
+            ++next_seq;
+          }
+          ++failed_before_start;
+          continue;
+        }
+        if (refused) {
+          ++registered_despite_refusal;  // the refusal was absorbed (e.g. a report line)
+        }
+        // Started and registered: waitable, exactly once, with the right result.
+        ASSERT_EQ(transport->works().size(), works_before + 1);
+        const std::shared_ptr<FakeWork> work = transport->last_work();
+        EXPECT_EQ(work->fingerprint().seq, next_seq++) << "one sequence number per operation";
+        std::vector<std::int32_t> got;
+        for (const Tensor& result : wait_tensors(results)) {
+          const auto values = result.to_vector<std::int32_t>();
+          got.insert(got.end(), values.begin(), values.end());
+        }
+        EXPECT_EQ(got, expected);
+        EXPECT_EQ(work->waits(), 1);
+        EXPECT_EQ(work_registry_size(), 0u);
+        if (last) {
+          break;
+        }
+      }
+      EXPECT_GT(failed_before_start, 0u) << "the sweep refused the call's allocations";
+      EXPECT_EQ(registered_despite_refusal, 0u);
+      transport->on_call = nullptr;
+      transport->on_started = nullptr;
+    }
+    const RankContext::Summary summary = context.finish();
+    EXPECT_EQ(summary.error, nullptr);
+    EXPECT_TRUE(summary.unwaited.empty()) << "no operation was lost or dropped";
+  }
 }
 
 }  // namespace

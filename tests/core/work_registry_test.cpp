@@ -890,6 +890,101 @@ TEST(WorkRegistry, WorksOfOneDroppedStorageShareOneDeadline) {
   EXPECT_EQ(context.state().registry()->size(), 0u);
 }
 
+// The works of one wait share one deadline too (Note [Work lifecycle], step 2), measured on the
+// fake transport's virtual clock: a stuck work's wait moves it to the wait's deadline, so the
+// clock shows how many timeouts the wait took, without sleeping.
+constexpr std::chrono::minutes kVirtualTimeout{10};
+
+RankOptions virtual_timeout_options() {
+  RankOptions options;
+  options.timeout = kVirtualTimeout;
+  return options;
+}
+
+TEST(WorkRegistry, WaitTensorsOnStuckWorksTakesOneTimeout) {
+  auto transport = std::make_shared<FakeTransport>();
+  transport->use_virtual_clock();
+  RankContext context(transport, virtual_timeout_options());
+  {
+    ScopedRankBinding binding(&context);
+    std::vector<Tensor> results;
+    for (int i = 0; i < 3; ++i) {
+      results.push_back(all_reduce(iota(2), "sum", {0}));  // a peer that never joins
+    }
+    const transport::Duration start = transport->now();
+    EXPECT_THROW(wait_tensors(results), Timeout);
+    EXPECT_EQ(transport->now() - start, kVirtualTimeout) << "one timeout, not three";
+    expect_one_deadline(transport->works());
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      EXPECT_FALSE(results[i].is_pending()) << "result " << i;
+      EXPECT_THROW((void)results[i].to_vector<std::int32_t>(), Timeout) << "result " << i;
+    }
+    EXPECT_EQ(work_registry_size(), 0u);
+  }
+  const RankContext::Summary summary = context.finish();
+  EXPECT_EQ(summary.error, nullptr) << "every failure was raised where it was waited";
+  EXPECT_TRUE(summary.unwaited.empty());
+}
+
+TEST(WorkRegistry, StuckWorksOnOneStorageWaitedTogetherTakeOneTimeout) {
+  auto transport = std::make_shared<FakeTransport>();
+  transport->use_virtual_clock();
+  RankContext context(transport, virtual_timeout_options());
+  {
+    ScopedRankBinding binding(&context);
+    Tensor t = Tensor::zeros({4}, DType::Int32);
+    const auto& storage = detail::TensorAccess::storage(t);
+    std::vector<std::shared_ptr<FakeWork>> fakes;
+    for (int i = 0; i < 3; ++i) {
+      auto fake = std::make_shared<FakeWork>(
+          transport::Fingerprint{1, i, {}},
+          std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+      transport->record(fake);  // on the virtual clock
+      fakes.push_back(fake);
+      context.state().registry()->add(std::make_shared<detail::PendingWork>(
+                                          fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr,
+                                          context.state().transport_ptr(), kVirtualTimeout),
+                                      {storage.get()});
+    }
+    const transport::Duration start = transport->now();
+    EXPECT_THROW(wait_tensor(t), Timeout);
+    EXPECT_EQ(transport->now() - start, kVirtualTimeout) << "one timeout, not three";
+    expect_one_deadline(fakes);
+    EXPECT_FALSE(t.is_pending());
+    EXPECT_EQ(work_registry_size(), 0u);
+  }
+  EXPECT_EQ(context.finish().error, nullptr);
+}
+
+// A collective whose transport call throws (Note [Registration]): the room its registration
+// reserved is given back while its output is still alive (the output dies as the call unwinds;
+// giving the room back after that touched a freed storage: ASan's heap-use-after-free, and heap
+// corruption under the simulator's threads executor). Nothing is registered, and the rank goes
+// on.
+TEST(WorkRegistry, ACollectiveWhoseTransportCallThrowsLeavesNothingRegistered) {
+  FakeRank rank;
+  Tensor input = iota(3);
+  Tensor kept = all_reduce(iota(2), "sum", {0});  // a work already pending
+  rank.transport().on_call = [] {
+    throw TransportError(ErrorContext{0, "all_reduce", 1, "[0]"}, "refused by the transport");
+  };
+  EXPECT_THROW(all_reduce(input, "sum", {0}), TransportError);
+  // (Not a coalesced call: a throw inside the transport's group leaves the fake's group open.)
+  EXPECT_THROW(all_reduce_inplace(input, "sum", {0}), TransportError);
+  rank.transport().on_call = nullptr;
+  EXPECT_EQ(rank.transport().works().size(), 1u);
+  EXPECT_FALSE(input.is_pending());
+  EXPECT_EQ(work_registry_size(), 1u) << "the work pending before, only";
+  for (const auto& work : rank.transport().works()) {
+    work->complete_when_waited();
+  }
+  EXPECT_EQ(wait_tensor(kept).to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2}));
+  Tensor next = all_reduce(input, "sum", {0});
+  rank.transport().last_work()->complete_when_waited();
+  EXPECT_EQ(next.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 2, 3}));
+  EXPECT_EQ(work_registry_size(), 0u);
+}
+
 TEST(WorkRegistry, OutsideARankTheRegistryIsUnreachable) {
   EXPECT_THROW(work_registry_size(), InvalidArgument);
   EXPECT_THROW(all_reduce(iota(2), "sum", {0}), InvalidArgument);

@@ -22,6 +22,9 @@
 
 namespace chorus::testing {
 
+// The fake transport's virtual clock (FakeTransport::use_virtual_clock): nanoseconds.
+using VirtualClock = std::atomic<transport::Duration::rep>;
+
 class FakeWork final : public transport::Work {
  public:
   FakeWork(transport::Fingerprint fingerprint,
@@ -37,6 +40,16 @@ class FakeWork final : public transport::Work {
     std::unique_lock<std::mutex> lock(mutex_);
     ++waits_;
     last_deadline_ = deadline;
+    if (virtual_clock != nullptr && !deadline.is_never() &&
+        status_ == transport::WorkStatus::Pending) {
+      // Nothing else can complete it meanwhile: the wait times out at once, and the clock moves
+      // on to its deadline (never back), as the simulator's clock jumps when nothing can run.
+      transport::Duration::rep now = virtual_clock->load();
+      while (now < deadline.at.count() &&
+             !virtual_clock->compare_exchange_weak(now, deadline.at.count())) {
+      }
+      throw Timeout(ErrorContext{0, "fake", fingerprint_.seq, ""}, "fake work timed out");
+    }
     const auto until = std::chrono::steady_clock::time_point(
         deadline.is_never() ? std::chrono::hours(1000000) : deadline.at);
     if (!done_.wait_until(lock, until, [&] { return status_ != transport::WorkStatus::Pending; })) {
@@ -64,6 +77,9 @@ class FakeWork final : public transport::Work {
   void* last_stream_waited() const { return last_stream_waited_.load(); }
   // OpInfo::stream of the operation (or batch) that started the work.
   void* started_on_stream = nullptr;
+  // The transport's virtual clock, if it has one (FakeTransport::use_virtual_clock); set before
+  // the work is shared.
+  std::shared_ptr<VirtualClock> virtual_clock;
 
   transport::WorkStatus status() const override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -249,7 +265,17 @@ class FakeTransport final : public transport::Transport {
     transport::Partition partition;
     bool had_existing = false;
   };
-  transport::Duration now() override { return std::chrono::steady_clock::now().time_since_epoch(); }
+  transport::Duration now() override {
+    if (virtual_clock_ != nullptr) {
+      return transport::Duration(virtual_clock_->load());
+    }
+    return std::chrono::steady_clock::now().time_since_epoch();
+  }
+  // From now on now() reads a virtual clock starting at 0, and a host wait (with a deadline) on a
+  // work recorded from then on that is still pending times out at once, moving the clock to its
+  // deadline: a test of deadlines reads the time they cost without sleeping. Call before the
+  // works are started.
+  void use_virtual_clock() { virtual_clock_ = std::make_shared<VirtualClock>(0); }
   std::string supports(transport::OpKind, DType, const ReduceOp&, Device device) const override {
     return device.is_cpu() || (device.is_cuda() && accepts_cuda_buffers)
                ? std::string()
@@ -280,9 +306,20 @@ class FakeTransport final : public transport::Transport {
     if (completes_on_stream_wait) {
       work->complete_on_stream_wait();
     }
-    std::lock_guard<std::mutex> lock(mutex);
-    works_.push_back(std::move(work));
+    work->virtual_clock = virtual_clock_;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      works_.push_back(std::move(work));
+    }
+    if (on_started) {
+      on_started();  // the operation has started: what core does from here on must not fail
+    }
   }
+  // Runs once each work is started (recorded), before the transport's call returns it.
+  std::function<void()> on_started;
+  // Runs first in each call that starts operations or adds one to a batch (core has handed the
+  // operation over).
+  std::function<void()> on_call;
 
   int comms_created = 0;  // create_comm calls, the partition default's included
   std::vector<PartitionCall> partition_calls;
@@ -292,11 +329,15 @@ class FakeTransport final : public transport::Transport {
   int rank_;
   int world_size_;
   std::vector<std::shared_ptr<FakeWork>> works_;
+  std::shared_ptr<VirtualClock> virtual_clock_;  // null: the steady clock
 };
 
 inline std::shared_ptr<transport::Work> FakeComm::add(const transport::Buffer& send,
                                                       const transport::Buffer& recv,
                                                       const transport::OpInfo& info) {
+  if (owner_.on_call) {
+    owner_.on_call();
+  }
   if (batching_) {
     batch_.emplace_back(send, recv);
     return nullptr;
@@ -310,6 +351,9 @@ inline std::shared_ptr<transport::Work> FakeComm::add(const transport::Buffer& s
 }
 
 inline std::shared_ptr<transport::Work> FakeComm::end_group(const transport::OpInfo& info) {
+  if (owner_.on_call) {
+    owner_.on_call();
+  }
   batching_ = false;
   auto work =
       std::make_shared<FakeWork>(transport::Fingerprint{1, info.seq, {}}, std::move(batch_));

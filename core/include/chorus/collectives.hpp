@@ -138,8 +138,13 @@ Tensor& reduce_scatter_tensor_inplace(Tensor& output, const Tensor& input, Reduc
 Tensor wait_tensor(const Tensor& tensor);
 
 // Waits for every distinct work pending on any of `tensors` once (a coalesced work shared by
-// several outputs is waited once), then returns `tensors`. Rethrows the first error after
-// waiting every work; then settles the rank's dropped results as wait_tensor does.
+// several outputs is waited once), then returns `tensors`. The host waits share one deadline, the
+// rank's timeout (RankOptions::timeout) from the first of them: K collectives a stuck peer never
+// completes raise Timeout after one timeout, not K, and each of their tensors keeps its own error.
+// (Results of several ranks' collectives, passed between ranks of one process, get one deadline
+// per rank, on that rank's transport's clock.)
+// Rethrows the first error after waiting every work; then settles the rank's dropped results as
+// wait_tensor does.
 std::vector<Tensor> wait_tensors(const std::vector<Tensor>& tensors);
 
 // Distinct pending works registered for the calling rank (a coalesced call counts 1). Exact at

@@ -79,7 +79,8 @@ class Storage {
   // storages made by the collective that registers them; all_reduce_inplace registers the
   // caller's storage only when the caller made it, made_by). `self` is `registry`'s
   // weak_from_this().
-  void attach_registry(const WorkRegistry* registry, const std::weak_ptr<WorkRegistry>& self);
+  void attach_registry(const WorkRegistry* registry,
+                       const std::weak_ptr<WorkRegistry>& self) noexcept;
   void add_pending() noexcept;
   void remove_pending() noexcept;
   // Marks the storage failed; data access rethrows `error` from then on.

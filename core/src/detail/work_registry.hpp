@@ -10,6 +10,9 @@
 //    transport Work is waited outside the registry lock, its completion fixup runs once, then
 //    the work is *retired*: it leaves the registry and every storage it sits under. Retiring is
 //    idempotent, so concurrent waiters from several threads are safe and the first one wins.
+//    The works of one wait (wait_tensors' works of one registry, or several works pending on one
+//    storage) are completed together: in the order found, under one deadline, and each retired
+//    with its own error (the first error is rethrown).
 // 3. Drop. When the last Tensor of a pending storage dies, Storage::~Storage calls
 //    on_storage_dropped: the storage's entries leave; a work left with no storage is completed
 //    right there (the seed's finalizer policy: never leave a collective dangling) and recorded as
@@ -26,10 +29,12 @@
 //    reported as dropped (not "at exit"); a failure is raised by that same settle_unwaited.
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
-// Works completed together (deferred drops, leftovers at exit) are completed and reported in the
-// order they were issued, and share one deadline: now plus the rank's timeout when the batch
-// began. The rank's exit is one batch (deferred drops, leftovers, drops finalizing elsewhere,
-// stream-waited works), so K leftovers whose peer is stuck cost one timeout, not K.
+// Works completed together (the works of one wait, deferred drops, leftovers at exit) share one
+// deadline: now plus the rank's timeout when the batch began (for a wait: when the first of its
+// works needed a host wait). Deferred drops and leftovers are completed and reported in the order
+// they were issued. The rank's exit is one batch (deferred drops, leftovers, drops finalizing
+// elsewhere, stream-waited works), so K leftovers whose peer is stuck cost one timeout, not K,
+// and so do K stuck works waited by one wait_tensors (until 2026-12-04 each took its own).
 // The transport work hears of steps 3 and 4 (transport::Work::on_dropped when its last storage
 // goes, on_finalized once core completed it as unwaited), so that a transport can log them: the
 // simulator's event log draws drops and finalizations (Note [Event log], simulator/src/world.hpp).
@@ -46,6 +51,24 @@
 // several pending works, and one work may sit under several storages, without duplicates.
 // Registering and retiring a work finds nothing by hashing and touches no heap memory after the
 // first few collectives (the work list keeps its capacity).
+//
+// Note [Registration]
+// Once the transport has started an operation, core must not lose it: a started operation whose
+// Work is destroyed unwaited is abandoned silently, and its peers may wait for it. So everything
+// its registration needs is made before the start (Call::start): the PendingWork, built without
+// its transport work, the fixup, the list of output storages, and room in the registry
+// (WorkRegistry::reserve: a slot in the work list, and a link in each output storage's list and in
+// the work's own). Reserving is all or nothing and may throw std::bad_alloc; then nothing has
+// started and no sequence number is taken. After the start, PendingWork::attach and
+// WorkRegistry::add_reserved only fill what was reserved: they allocate nothing and cannot throw,
+// so every started operation is registered, and waitable. Room reserved and never filled (the
+// transport's call threw) is given back at once, while the outputs are still alive
+// (cancel_reservation, from Call::register_work: later, unwinding may have destroyed them).
+// Reserved room is counted (the registry's and each StampedLinks'), so another thread registering
+// meanwhile cannot use it up. The hot path allocates what it did before (the PendingWork, a second
+// storage's link), only earlier; the reservation itself allocates only when a list must grow, as a
+// push would have. It takes the registry's mutex twice (reserve, add_reserved), uncontended, where
+// add took it once.
 
 #include <atomic>
 #include <cstddef>
@@ -108,6 +131,14 @@ class PendingWork {
   PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info, std::function<void()> fixup,
               std::shared_ptr<transport::Transport> transport, transport::Duration timeout,
               Completion completion = Completion::Host, StreamSource stream = {});
+  // The same without its transport work, made before the operation starts (Note [Registration]):
+  // attach() gives it the work once started. Nothing but attach() may be called before that.
+  PendingWork(WorkInfo info, std::function<void()> fixup,
+              std::shared_ptr<transport::Transport> transport, transport::Duration timeout,
+              Completion completion = Completion::Host, StreamSource stream = {});
+  // Gives a PendingWork made without its transport work that work (not null), once, before it is
+  // registered. Never throws.
+  void attach(std::shared_ptr<transport::Work> work) noexcept;
 
   // Completion::Host: waits for the transport work and runs the fixup once. Completion::Stream:
   // orders the current stream (StreamSource) after it (what follows on the stream sees the result;
@@ -157,8 +188,9 @@ class PendingWork {
   bool failure_recorded_ = false;  // its failure is in the report and the deferred errors
 
   void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
-  // complete(): the host wait lasts until `*at`, or, null, until now plus the timeout.
-  void complete_until(const transport::Duration* at) const;
+  // complete(): the host wait lasts until `*at`; unset, `at` is first set to now plus the timeout
+  // (when a host wait is needed), so works completed in turn with one `at` share its deadline.
+  void complete_sharing(std::optional<transport::Duration>& at) const;
 };
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
@@ -168,15 +200,26 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   WorkRegistry& operator=(const WorkRegistry&) = delete;
 
   // Registers `work` under each of `storages` (distinct, alive, not yet attached to another
-  // registry).
+  // registry). Throws std::bad_alloc, and then registers nothing.
   void add(const std::shared_ptr<PendingWork>& work, const std::vector<Storage*>& storages);
   // The same for one storage (every single-output collective), without a vector.
   void add(const std::shared_ptr<PendingWork>& work, Storage* storage);
 
+  // add() in two steps (Note [Registration]). reserve() makes room for `work` (not registered)
+  // under `storages` (not empty, distinct, alive until the room is filled or given back); throws
+  // std::bad_alloc, and then reserves nothing. add_reserved() registers `work`, its transport work
+  // attached, under the same storages in that room; cancel_reservation() gives the room back
+  // unused. Exactly one of them follows each reserve(). Neither allocates or throws.
+  void reserve(PendingWork& work, std::span<Storage* const> storages);
+  void add_reserved(const std::shared_ptr<PendingWork>& work,
+                    std::span<Storage* const> storages) noexcept;
+  void cancel_reservation(PendingWork& work, std::span<Storage* const> storages) noexcept;
+
   // Waits every work pending on `storage`, retires them, and rethrows the first failure after
-  // all were waited.
+  // all were waited. Several works share one deadline (Note [Work lifecycle], step 2).
   void wait_storage(const Storage& storage);
-  // Waits every distinct work pending on any of `storages` once, then as wait_storage.
+  // Waits every distinct work pending on any of `storages` once, all under one deadline, then as
+  // wait_storage.
   void wait_storages(const std::vector<const Storage*>& storages);
 
   // Removes `work` from the registry and every storage it sits under, marking those storages
@@ -267,12 +310,13 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
     bool reported = false;           // its failure already reached a waiter
   };
 
-  // Both add()s: lists `work` and links it under `storages`, all or nothing.
+  // Both add()s: reserve(), then add_reserved().
   void add_under(const std::shared_ptr<PendingWork>& work, std::span<Storage* const> storages);
-  // Lists `work` (not yet registered anywhere).
-  void list_locked(const std::shared_ptr<PendingWork>& work);
-  // Puts `work` (listed) under `storage` (alive, attached to no other registry).
-  void link_locked(PendingWork& work, Storage* storage);
+  // Lists `work` (not yet registered anywhere) in a slot reserve() made.
+  void list_locked(const std::shared_ptr<PendingWork>& work) noexcept;
+  // Puts `work` (listed) under `storage` (alive, attached to no other registry) in links
+  // reserve() made.
+  void link_locked(PendingWork& work, Storage* storage) noexcept;
   // Unlists `work` (listed): its slot becomes a hole, and the list is compacted once holes are
   // the majority, so the list keeps issue order and unlisting costs O(1) amortised.
   void unlist_locked(PendingWork& work) noexcept;
@@ -280,7 +324,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   const std::shared_ptr<PendingWork>& listed_work_locked(
       const StampedLinks<PendingWork>::Link& link) const;
   std::vector<std::shared_ptr<PendingWork>> works_of(const Storage& storage) const;
-  // Completes `works`, then retires each; returns the first error.
+  // Completes `works` under one deadline (Note [Work lifecycle], step 2), then retires each with
+  // its own error; returns the first error.
   std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
   // The same for one work (a storage with one pending work: the common case), without vectors.
   std::exception_ptr complete_and_retire_one(const std::shared_ptr<PendingWork>& work);
@@ -320,6 +365,9 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // (Note [Registry links]); PendingWork::slot_ is each one's index.
   std::vector<std::shared_ptr<PendingWork>> works_;
   std::size_t listed_ = 0;  // the works in works_ that are not holes
+  // Slots of works_ that reserve() promised and add_reserved() has not filled yet: always
+  // works_.size() + reserved_ <= works_.capacity() (Note [Registration]).
+  std::size_t reserved_ = 0;
   std::vector<UnwaitedWork> unwaited_;
   bool list_drops_ = true;  // drops get a line in unwaited_ (exits always do)
   std::vector<std::exception_ptr> deferred_errors_;
