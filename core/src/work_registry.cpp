@@ -162,6 +162,9 @@ void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages
   try {
     for (Storage* storage : storages) {
       CHORUS_CHECK(storage != nullptr);
+      // One live registry per storage (Storage::attach_registry): checked before its list is
+      // touched, not only when the work is added after the operation started.
+      CHORUS_CHECK(storage->registry_.expired() || storage->attached_ == this);
       storage->works_.reserve(1);
       ++reserved_storages;
     }

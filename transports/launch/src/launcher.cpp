@@ -73,9 +73,12 @@ namespace {
 // disposition is the caller's (launch() is a library function, the caller may handle SIGPIPE), so
 // write_some blocks SIGPIPE in this thread only while it writes, and takes (sigtimedwait, no wait)
 // the one a failed write raised before unblocking it; the kernel sends it to the writing thread,
-// and takes a thread's own pending signal before one sent to the process. One pending before the
-// writes is someone else's, and is left (ours merges with it). A socket gets MSG_NOSIGNAL. The
-// descriptor is then given up: the ranks' lines for it are read as usual (they never block) and
+// and takes a thread's own pending signal before one sent to the process. When one is pending
+// before the writes (sent by someone else, or left by the caller, who blocks SIGPIPE), none is
+// taken: it is not ours to take, and ours is then left pending too (if the caller blocks SIGPIPE
+// and the pending one was sent to the process, the caller sees a second one when it unblocks it,
+// as it would without the launcher). A socket gets MSG_NOSIGNAL, raises none, and none is taken.
+// The descriptor is then given up: the ranks' lines for it are read as usual (they never block) and
 // dropped, stdout's loss is said once on stderr, and the job ends with its own status. Under a
 // caller's SIG_IGN nothing changes: the write fails with EPIPE as well.
 // If the launch throws (a fork or a poll fails), the ranks are killed and what they left in their
@@ -217,6 +220,7 @@ class Output {
       struct stat status {};
       sockets_[index] = ::fstat(fds_[index], &status) == 0 && S_ISSOCK(status.st_mode);
     }
+    failed_.reserve(fds_.size());  // give_up marks a descriptor without allocating
   }
 
   // Queues `text` for `fd` (stdout_fd or stderr_fd), unless writing to it failed before.
@@ -299,8 +303,9 @@ class Output {
             break;  // a descriptor the caller made non-blocking: wait for POLLOUT
           }
           const int error = errno;
-          // A pipe without a reader raised SIGPIPE for this thread (a socket: MSG_NOSIGNAL).
-          if (error == EPIPE && !pipe_signal_was_pending) {
+          // A pipe without a reader raised SIGPIPE for this thread; a socket did not
+          // (MSG_NOSIGNAL), and one pending now is someone else's.
+          if (error == EPIPE && !is_socket(fd) && !pipe_signal_was_pending) {
             take_pipe_signal();
           }
           give_up(fd, error);
@@ -339,6 +344,7 @@ class Output {
   };
 
   std::size_t queue_of(int fd) const { return fd == fds_[0] ? 0 : queue_of_stderr_; }
+  bool is_socket(int fd) const { return sockets_[fd == fds_[0] ? 0 : 1]; }
 
   // `written` bytes from the head of `queue` are out.
   void consume(Queue& queue, std::size_t written) {
@@ -361,24 +367,33 @@ class Output {
   // Drops what is queued for `fd`, whose write failed with `error`, and whatever comes for it
   // later. For stdout, says so on stderr (unless stderr is the same descriptor, failed too; if it
   // is another descriptor of the same closed pipe, that write fails in turn, silently).
+  // Only the head's unwritten part is copied, before anything changes; the rest moves in place
+  // (noexcept). So if that copy runs out of memory the exception leaves with the state as it
+  // was, and a later write_some (the flush when the launch throws) meets the same failure and
+  // gives up again.
   void give_up(int fd, int error) {
     CHORUS_CHECK(std::find(failed_.begin(), failed_.end(), fd) == failed_.end());
-    failed_.push_back(fd);
     Queue& queue = queues_[queue_of(fd)];
-    std::deque<Piece> kept;
+    const bool head_kept_in_part = queue.head_written > 0 && queue.pieces.front().fd != fd;
+    std::string head_rest =
+        head_kept_in_part ? queue.pieces.front().text.substr(queue.head_written) : std::string();
+    std::size_t dropped = 0;
     for (std::size_t index = 0; index < queue.pieces.size(); ++index) {
-      Piece& piece = queue.pieces[index];
-      const std::size_t skip = index == 0 ? queue.head_written : 0;
+      const Piece& piece = queue.pieces[index];
       if (piece.fd == fd) {
-        bytes_ -= piece.text.size() - skip;
-        queue.bytes -= piece.text.size() - skip;
-      } else if (skip > 0) {
-        kept.push_back({piece.fd, piece.text.substr(skip)});
-      } else {
-        kept.push_back(std::move(piece));
+        dropped += piece.text.size() - (index == 0 ? queue.head_written : 0);
       }
     }
-    queue.pieces = std::move(kept);
+    // From here nothing allocates.
+    failed_.push_back(fd);  // reserved by the constructor
+    bytes_ -= dropped;
+    queue.bytes -= dropped;
+    if (head_kept_in_part) {
+      queue.pieces.front().text = std::move(head_rest);
+    }
+    queue.pieces.erase(std::remove_if(queue.pieces.begin(), queue.pieces.end(),
+                                      [fd](const Piece& piece) { return piece.fd == fd; }),
+                       queue.pieces.end());
     queue.head_written = 0;
     if (fd == fds_[0]) {
       const std::string reason =

@@ -78,7 +78,8 @@ struct LaunchOptions {
 // restored afterwards (as is an ignored SIGCHLD, set to its default meanwhile so that waitpid sees
 // the ranks end); call it from the main thread of a process with no other threads that leave those
 // signals unblocked. SIGPIPE is blocked in the calling thread only while it writes (one a write
-// raised is taken, never delivered); its disposition is never changed. A stdout whose reader went
+// raised is taken, never delivered, unless one was pending already: docs/launch.md); its
+// disposition is never changed. A stdout whose reader went
 // away (or whose write fails) is given up: the ranks' output to it is read and discarded, stderr
 // says so once, and the job ends with its usual status. For the launch, the soft RLIMIT_NOFILE is
 // raised to the hard limit (the ranks get the original one). Not re-entrant. Throws
