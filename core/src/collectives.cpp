@@ -648,7 +648,8 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
   Buffer send = with_layout(input_buffer(input), input.sizes());
   auto [output, recv] = new_output(call, input.sizes(), input.dtype(), input.device());
   transport::Comm& comm = call.start(output);
-  call.register_work([&] {
+  // recv by an init-capture: clang 14 cannot capture a structured binding (the same below).
+  call.register_work([&, &recv = recv] {
     return comm.all_reduce(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info());
   });
   return output;
@@ -666,7 +667,7 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
   if (!rearranges) {
     transport::Comm& comm = call.start(output);
-    call.register_work([&] { return comm.all_gather(send, recv, call.info()); });
+    call.register_work([&, &recv = recv] { return comm.all_gather(send, recv, call.info()); });
     return output;
   }
   Shape staging_shape = {call.group_size()};
@@ -674,7 +675,7 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   Tensor staging = new_output(call, staging_shape, input.dtype(), input.device()).first;
   transport::Comm& comm =
       call.start(output, gather_fixup(staging, output, rule.dim, call.group_size()));
-  call.register_work([&] { return comm.all_gather(send, recv, call.info()); });
+  call.register_work([&, &recv = recv] { return comm.all_gather(send, recv, call.info()); });
   return output;
 }
 
@@ -694,7 +695,7 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
                   input.sizes(), rule.dim);
   auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
   transport::Comm& comm = call.start(output);
-  call.register_work([&] {
+  call.register_work([&, &recv = recv] {
     return comm.reduce_scatter(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info());
   });
   return output;
@@ -942,8 +943,9 @@ Tensor all_to_all_single(const Tensor& input,
     auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
     output = std::move(fresh);
     transport::Comm& comm = call.start(output);
-    call.register_work(
-        [&] { return comm.all_to_all(send, send_counts, recv, recv_counts, call.info()); });
+    call.register_work([&, &recv = recv] {
+      return comm.all_to_all(send, send_counts, recv, recv_counts, call.info());
+    });
   }
   call.trace(output, [&](OpRecord& record) {
     describe_input(record, input);
@@ -968,7 +970,7 @@ Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::stri
     // Only the root's input is read (and so waited for); elsewhere send is a stand-in.
     Buffer send = with_layout(call.group_rank() == src ? input_buffer(input) : recv, input.sizes());
     transport::Comm& comm = call.start(output);
-    call.register_work([&] { return comm.broadcast(send, recv, src, call.info()); });
+    call.register_work([&, &recv = recv] { return comm.broadcast(send, recv, src, call.info()); });
   }
   call.trace(output, [&](OpRecord& record) {
     describe_input(record, input);

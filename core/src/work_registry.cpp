@@ -606,28 +606,34 @@ void WorkRegistry::settle_stream_waits() noexcept {
 }
 
 void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration>& at) noexcept {
-  std::deque<StreamWaited> running;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    running.swap(stream_waited_);
-    has_stream_waited_.store(false, std::memory_order_release);
-  }
-  if (running.empty()) {
-    return;
-  }
-  // One deadline for all of them, and for the rest of the exit: the exit waits at most the rank's
-  // timeout, not one per work.
-  const transport::Duration deadline = shared_deadline(at, *running.front().work);
-  for (const StreamWaited& entry : running) {
+  // One at a time, taken off the front under the lock (a move and a pop: nothing allocates, as
+  // swapping the list into a local std::deque would, which libstdc++ allocates when made).
+  std::optional<transport::Duration> deadline;
+  while (true) {
+    std::optional<StreamWaited> entry;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stream_waited_.empty()) {
+        has_stream_waited_.store(false, std::memory_order_release);
+        return;
+      }
+      entry.emplace(std::move(stream_waited_.front()));
+      stream_waited_.pop_front();
+    }
+    // One deadline for all of them, and for the rest of the exit: the exit waits at most the
+    // rank's timeout, not one per work.
+    if (!deadline) {
+      deadline = shared_deadline(at, *entry->work);
+    }
     try {
-      entry.work->finish_on_host(deadline);
+      entry->work->finish_on_host(*deadline);
     } catch (...) {
-      if (entry.reported) {
+      if (entry->reported) {
         continue;
       }
       try {
         std::lock_guard<std::mutex> lock(mutex_);
-        defer_error_locked(stream_failure_locked(entry, std::current_exception()));
+        defer_error_locked(stream_failure_locked(*entry, std::current_exception()));
       } catch (...) {
         // Out of memory while recording: never throw at exit.
       }

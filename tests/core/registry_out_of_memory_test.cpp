@@ -30,6 +30,8 @@ namespace {
 
 // The size of the next allocation to refuse (0: none).
 std::atomic<std::size_t> refuse_next_allocation_of{0};
+// Every allocation is refused while set.
+std::atomic<bool> refuse_every_allocation{false};
 
 // While counting, allocations are numbered from 1, and the one numbered refuse_allocation_number
 // (0: none) is refused; refused_in_transport and refused_after_start say whether core had handed
@@ -51,6 +53,9 @@ constexpr std::size_t kLinkBytes =
 }  // namespace
 
 void* operator new(std::size_t size) {
+  if (refuse_every_allocation.load()) {
+    throw std::bad_alloc();
+  }
   std::size_t refused = size;
   if (size != 0 && refuse_next_allocation_of.compare_exchange_strong(refused, 0)) {
     throw std::bad_alloc();
@@ -267,6 +272,39 @@ TEST(RegistryOutOfMemory, LeftoversThatCannotAllBeClaimedAtOnceAreCompletedInRou
   }
   EXPECT_EQ(summary.error, nullptr);
   expect_two_lines(summary.unwaited, /*at_rank_exit=*/true);
+}
+
+// Note [Stream-waited works]: a Completion::Stream work still running when the rank exits is
+// finished on the host there, in a noexcept function. With no memory at all the exit still takes
+// it off the list and finishes it (the wait's failure cannot even be recorded) instead of
+// terminating the process: it swapped the list into a local std::deque, whose constructor
+// allocates in libstdc++.
+TEST(RegistryOutOfMemory, AStreamWaitedWorkIsFinishedAtExitWithoutMemory) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  const std::shared_ptr<FakeWork> fake = fake_work();  // completes when the host waits
+  {
+    ScopedRankBinding binding(&context);
+    detail::WorkRegistry& registry = *context.state().registry();
+    Tensor tensor = Tensor::from_vector(std::vector<std::int32_t>{1});
+    registry.add(
+        std::make_shared<detail::PendingWork>(fake, detail::WorkInfo{0, "test", 0, "[0]", {}},
+                                              nullptr, context.state().transport_ptr(),
+                                              std::chrono::hours(1), detail::Completion::Stream),
+        detail::TensorAccess::storage(tensor).get());
+    wait_tensor(tensor);  // a stream wait: the host does not wait, the work stays in flight
+    ASSERT_EQ(fake->stream_waits(), 1);
+    ASSERT_EQ(fake->waits(), 0);
+    ASSERT_EQ(registry.stream_waited_in_flight(), 1u);
+    refuse_every_allocation = true;
+    registry.complete_all_at_exit();
+    refuse_every_allocation = false;
+    EXPECT_EQ(fake->waits(), 1) << "finished on the host at exit";
+    EXPECT_EQ(registry.stream_waited_in_flight(), 0u);
+  }
+  const RankContext::Summary summary = context.finish();
+  EXPECT_EQ(summary.error, nullptr);
+  EXPECT_TRUE(summary.unwaited.empty());
 }
 
 // ---- Registration (Note [Registration]).
