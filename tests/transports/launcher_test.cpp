@@ -463,6 +463,31 @@ TEST(Launcher, TheSoftDescriptorLimitIsRaisedForTheLaunchAndNotForTheRanks) {
   }
 }
 
+// Waits up to `watchdog_ms` for the launcher child process `child` (its pidfd `child_fd`) to
+// exit, and reaps it: its exit status (128 + the signal that killed it), or -1 when the watchdog
+// fired (it is SIGKILLed then, its ranks with it: PR_SET_PDEATHSIG).
+int reap_launcher(pid_t child, int child_fd, int watchdog_ms) {
+  pollfd ended{child_fd, POLLIN, 0};
+  const bool exited = ::poll(&ended, 1, watchdog_ms) == 1;
+  if (!exited) {
+    ::kill(child, SIGKILL);
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  if (!exited) {
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The pipes of a launcher child's stdout (one page deep, so that a few lines fill it when nobody
+// reads) and stderr, close-on-exec.
+void make_output_pipes(int out_fds[2], int err_fds[2]) {
+  ASSERT_EQ(::pipe2(out_fds, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(err_fds, O_CLOEXEC), 0);
+  ASSERT_EQ(::fcntl(out_fds[1], F_SETPIPE_SZ, 4096), 4096);
+}
+
 struct StalledLaunch {
   int status = -1;                    // the launcher's exit status, -1 if the watchdog fired
   std::chrono::milliseconds elapsed;  // from `signal_number` (or the start) to its exit
@@ -509,18 +534,9 @@ StalledLaunch launch_into_a_stalled_pipe(std::vector<std::string> args, int sign
     from = std::chrono::steady_clock::now();
     ::kill(child, signal_number);
   }
-  pollfd ended{child_fd, POLLIN, 0};
-  const bool exited = ::poll(&ended, 1, static_cast<int>(watchdog.count())) == 1;
+  outcome.status = reap_launcher(child, child_fd, static_cast<int>(watchdog.count()));
   outcome.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - from);
-  if (!exited) {
-    ::kill(child, SIGKILL);  // the ranks die with it (PR_SET_PDEATHSIG)
-  }
-  int status = 0;
-  EXPECT_EQ(::waitpid(child, &status, 0), child);
-  if (exited) {
-    outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
   ::close(child_fd);
   ::close(pipe_fds[0]);
   ::close(pipe_fds[1]);
@@ -577,9 +593,7 @@ TEST(Launcher, AStalledStdoutDoesNotHoldUpTheRanksStderr) {
   constexpr int kWatchdogMs = 30000;
   int out_fds[2];
   int err_fds[2];
-  ASSERT_EQ(::pipe2(out_fds, O_CLOEXEC), 0);
-  ASSERT_EQ(::pipe2(err_fds, O_CLOEXEC), 0);
-  ASSERT_EQ(::fcntl(out_fds[1], F_SETPIPE_SZ, 4096), 4096);
+  ASSERT_NO_FATAL_FAILURE(make_output_pipes(out_fds, err_fds));
   const pid_t child = ::fork();
   if (child == 0) {
     LaunchOptions options;
@@ -717,16 +731,7 @@ ClosedPipeLaunch launch_into_a_closed_pipe(Reader reader, void (*pipe_dispositio
   }
   const int child_fd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
   EXPECT_GE(child_fd, 0);
-  pollfd ended{child_fd, POLLIN, 0};
-  const bool exited = ::poll(&ended, 1, kWatchdogMs) == 1;
-  if (!exited) {
-    ::kill(child, SIGKILL);  // the ranks die with it (PR_SET_PDEATHSIG)
-  }
-  int status = 0;
-  EXPECT_EQ(::waitpid(child, &status, 0), child);
-  if (exited) {
-    outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
+  outcome.status = reap_launcher(child, child_fd, kWatchdogMs);
   ::close(child_fd);
   outcome.err = err.text();
   return outcome;
@@ -835,9 +840,7 @@ TEST(Launcher, WhatIsQueuedWhenTheLaunchFailsIsWrittenBeforeTheErrorGoesOn) {
   constexpr int kWatchdogMs = 30000;
   int out_fds[2];
   int err_fds[2];
-  ASSERT_EQ(::pipe2(out_fds, O_CLOEXEC), 0);
-  ASSERT_EQ(::pipe2(err_fds, O_CLOEXEC), 0);
-  ASSERT_EQ(::fcntl(out_fds[1], F_SETPIPE_SZ, 4096), 4096);
+  ASSERT_NO_FATAL_FAILURE(make_output_pipes(out_fds, err_fds));
   const pid_t child = ::fork();
   if (child == 0) {
     ::close(out_fds[0]);
