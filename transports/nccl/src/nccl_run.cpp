@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,9 +55,10 @@ namespace detail {
 // correct job.)
 //
 // A rank that failed does not wait in the exit barrier: it reports its failure there
-// (store::exit_barrier_failed) and leaves, and the others' exit barrier throws RankFailure naming
-// it. Rank 0 cannot when it hosts the server, which goes with it: the others' store calls get
-// TransportError (server gone) at once.
+// (store::exit_barrier_failed) and leaves, also when its transport or rank context could not be
+// set up (run() then throws that error after the report), and the others' exit barrier throws
+// RankFailure naming it. Rank 0 cannot when it hosts the server, which goes with it: the others'
+// store calls get TransportError (server gone) at once.
 StoreConnection connect_store(const Environment& environment, std::chrono::nanoseconds timeout) {
   StoreConnection connection;
   if (environment.rank == 0) {
@@ -171,40 +173,55 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
   }
   detail::StoreConnection connection = detail::connect_store(environment, options.timeout);
   int status = 0;
-  std::string failure;  // describe() of this rank's error, when status is 1
+  std::string failure;               // describe() of this rank's error, when status is 1
+  std::exception_ptr setup_failure;  // of the transport or the rank context, rethrown below
   {
     const char* split = std::getenv("CHORUS_NCCL_SPLIT");
     const bool split_partitions =
         options.split_partitions || (split != nullptr && std::string_view(split) == "1");
-    auto transport = std::make_shared<detail::NcclTransport>(environment, connection.client, device,
-                                                             options.timeout, split_partitions,
-                                                             options.check_collectives);
-    RankOptions rank_options;
-    rank_options.timeout = options.timeout;
-    rank_options.host_pool_bytes_max = options.host_pool_bytes_max;
-    rank_options.device_memory = cuda_device_memory(device);
-    RankContext context(transport, rank_options);
-    const ScopedRankBinding binding(&context);
-    std::exception_ptr error;
+    std::shared_ptr<detail::NcclTransport> transport;
+    std::optional<RankContext> context;
     try {
-      rank_main();
+      transport = std::make_shared<detail::NcclTransport>(environment, connection.client, device,
+                                                          options.timeout, split_partitions,
+                                                          options.check_collectives);
+      RankOptions rank_options;
+      rank_options.timeout = options.timeout;
+      rank_options.host_pool_bytes_max = options.host_pool_bytes_max;
+      rank_options.device_memory = cuda_device_memory(device);
+      context.emplace(transport, rank_options);
     } catch (...) {
-      error = std::current_exception();
-    }
-    if (!error) {
-      RankContext::Summary summary = context.finish();
-      report_unwaited(summary.unwaited);
-      error = summary.error;
-    }
-    if (error) {
-      std::fprintf(stderr,
-                   "chorus: rank %d of %d failed: %s\n"
-                   "chorus: aborting rank %d's NCCL communicators so no other rank waits for it\n",
-                   rank, world_size, describe(error).c_str(), rank);
-      std::fflush(stderr);
-      transport->abort_all(error);
+      // Note [NCCL store]: the others would wait for this rank in the exit barrier until their
+      // timeout, then blame nobody; it reports below, as a rank whose function threw does, and
+      // then throws (the caller prints it, as every error of run()'s set-up).
+      setup_failure = std::current_exception();
       status = 1;
-      failure = describe(error);
+      failure = describe(setup_failure);
+    }
+    if (context) {
+      const ScopedRankBinding binding(&*context);
+      std::exception_ptr error;
+      try {
+        rank_main();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (!error) {
+        RankContext::Summary summary = context->finish();
+        report_unwaited(summary.unwaited);
+        error = summary.error;
+      }
+      if (error) {
+        std::fprintf(
+            stderr,
+            "chorus: rank %d of %d failed: %s\n"
+            "chorus: aborting rank %d's NCCL communicators so no other rank waits for it\n",
+            rank, world_size, describe(error).c_str(), rank);
+        std::fflush(stderr);
+        transport->abort_all(error);
+        status = 1;
+        failure = describe(error);
+      }
     }
   }
   if (status != 0 && !connection.server) {
@@ -222,6 +239,9 @@ int run(const NcclRunOptions& options, std::function<void()> rank_main) {
       std::fprintf(stderr, "chorus: rank %d: could not report its failure to the other ranks: %s\n",
                    rank, report_error.what());
     }
+  }
+  if (setup_failure) {
+    std::rethrow_exception(setup_failure);  // as before the report: run() throws set-up errors
   }
   if (status == 0) {
     // Note [NCCL store]: rank 0's server stays up until every rank is done with it.
