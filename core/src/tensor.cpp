@@ -872,8 +872,15 @@ void Tensor::check_single_element(const char* what) const {
 }
 
 void Tensor::copy_to_host_bytes(void* out, DType expected, const char* op) const {
+  copy_host_elements(out, checked_host_elements(expected, op));
+}
+
+const void* Tensor::checked_host_elements(DType expected, const char* op) const {
   check_element_type(expected, op);
-  const void* first = checked_data_for_host(op);
+  return checked_data_for_host(op);
+}
+
+void Tensor::copy_host_elements(void* out, const void* first) const {
   detail::strided_copy(out, contiguous_strides(layout().sizes), first, layout().strides,
                        layout().sizes, element_size());
 }

@@ -442,6 +442,16 @@ TEST(TensorDTypeMismatch, MessageNamesBothDTypes) {
                           {"tensor has dtype Bool, requested UInt8"});
 }
 
+TEST(TensorDTypeMismatch, IsRefusedBeforeTheResultIsAllocated) {
+  // 2^50 elements: a result vector of them cannot be allocated (4 PiB of floats), so only a
+  // check made before allocating gives the InvalidArgument rather than a std::bad_alloc.
+  const Tensor huge = Tensor::empty({std::int64_t{1} << 50}, DType::UInt8, Device::meta());
+  expect_invalid_argument([&] { (void)huge.to_vector<float>(); },
+                          {"Tensor::to_vector: tensor has dtype UInt8, requested Float32"});
+  expect_invalid_argument([&] { (void)huge.to_vector<std::uint8_t>(); },
+                          {"Tensor::to_vector", "meta"});
+}
+
 TEST(TensorItem, RequiresExactlyOneElement) {
   const Tensor t = Tensor::zeros({2, 3});
   expect_invalid_argument(

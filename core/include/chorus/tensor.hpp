@@ -192,6 +192,11 @@ class Tensor {
   static Tensor from_host_bytes(const void* data, std::size_t count, DType dtype, Shape shape);
   // Waits; contiguous element copy. Errors name `op`.
   void copy_to_host_bytes(void* out, DType expected, const char* op = "Tensor::to_vector") const;
+  // copy_to_host_bytes in two steps, so a caller can allocate `out` only once the tensor passed:
+  // checked_host_elements checks the dtype and the device and waits (errors name `op`), and
+  // returns the first element; copy_host_elements copies every element from it into `out`.
+  const void* checked_host_elements(DType expected, const char* op) const;
+  void copy_host_elements(void* out, const void* first) const;
   void check_element_type(DType expected, const char* what) const;
   void check_single_element(const char* what) const;
   void* checked_data_for_host(const char* what) const;  // waits, checks device
@@ -227,14 +232,17 @@ Tensor Tensor::from_vector(const std::vector<T>& values) {
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   constexpr DType kDType = dtype_of<T>;
+  // Checked (and waited) before the result is allocated: a wrong dtype or a meta tensor of any
+  // size is an InvalidArgument, not a std::bad_alloc.
+  const void* first = checked_host_elements(kDType, "Tensor::to_vector");
   const auto count = static_cast<std::size_t>(numel());
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<std::uint8_t> bytes(count);
-    copy_to_host_bytes(bytes.data(), kDType);
+    copy_host_elements(bytes.data(), first);
     return std::vector<bool>(bytes.begin(), bytes.end());
   } else {
     std::vector<T> out(count);
-    copy_to_host_bytes(out.data(), kDType);
+    copy_host_elements(out.data(), first);
     return out;
   }
 }
