@@ -277,7 +277,8 @@ class Call {
   // work_registry.hpp): the PendingWork with `fixup` (run once after the transport work
   // completed, e.g. all_gather's rearrangement) and room in the registry. Throws what setting up
   // the communicator throws, or std::bad_alloc: then nothing started and no sequence number is
-  // taken. Start the operation with register_work(), at once.
+  // taken. Start the operation with register_work(), at once: if the transport's call throws,
+  // register_work() gives the sequence number back (Note [Transport contract]).
   transport::Comm& start(std::span<const Tensor> outputs, std::function<void()> fixup = {}) {
     CHORUS_CHECK(!meta_);
     CHORUS_CHECK(seq_ < 0);  // one operation per call
@@ -304,7 +305,9 @@ class Call {
   // (not null). Then registers that work as pending under the outputs start() was given, which
   // allocates nothing and cannot fail (Note [Registration]): every operation that started is
   // registered, and waitable. Called right after start(), with the outputs alive: when
-  // `start_operation` throws, the room start() reserved under them is given back here, and the
+  // `start_operation` throws, the room start() reserved under them is given back here, and so is
+  // the sequence number (Note [Transport contract]: a transport call that throws started nothing
+  // and took no position, so the communicator's next call gets the same number), and the
   // exception propagates.
   template <class StartOperation>
   void register_work(StartOperation start_operation) {
@@ -316,6 +319,10 @@ class Call {
     } catch (...) {
       state_->registry()->cancel_reservation(*pending_, output_storages());
       pending_.reset();
+      // Nothing else numbered an operation on this communicator since start() (one rank, one
+      // call at a time): the number taken is the last one.
+      CHORUS_CHECK_EQ(slot_->next_seq, seq_ + 1);
+      slot_->next_seq = seq_;
       throw;
     }
     pending_->attach(std::move(work));

@@ -68,6 +68,7 @@ std::shared_ptr<transport::Work> SimComm::all_reduce(const transport::Buffer& se
                                                      const transport::Buffer& recv,
                                                      const ReduceOp& reduce_op,
                                                      const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   return submit(make_op(transport::OpKind::AllReduce, send, recv, reduce_op), info);
@@ -76,6 +77,7 @@ std::shared_ptr<transport::Work> SimComm::all_reduce(const transport::Buffer& se
 std::shared_ptr<transport::Work> SimComm::all_gather(const transport::Buffer& send,
                                                      const transport::Buffer& recv,
                                                      const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(recv.count, send.count * ranks().size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   return submit(make_op(transport::OpKind::AllGather, send, recv, ReduceOp::Kind::Sum), info);
@@ -85,6 +87,7 @@ std::shared_ptr<transport::Work> SimComm::reduce_scatter(const transport::Buffer
                                                          const transport::Buffer& recv,
                                                          const ReduceOp& reduce_op,
                                                          const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count * ranks().size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   return submit(make_op(transport::OpKind::ReduceScatter, send, recv, reduce_op), info);
@@ -106,6 +109,7 @@ std::shared_ptr<transport::Work> SimComm::all_to_all(const transport::Buffer& se
                                                      const transport::Buffer& recv,
                                                      const std::vector<std::size_t>& recv_counts,
                                                      const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send_counts.size(), ranks().size());
   CHORUS_CHECK_EQ(recv_counts.size(), ranks().size());
   CHORUS_CHECK_EQ(send.count, total(send_counts));
@@ -120,6 +124,7 @@ std::shared_ptr<transport::Work> SimComm::all_to_all(const transport::Buffer& se
 std::shared_ptr<transport::Work> SimComm::broadcast(const transport::Buffer& send,
                                                     const transport::Buffer& recv, int root,
                                                     const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   CHORUS_CHECK(root >= 0 && root < size());
@@ -132,12 +137,19 @@ std::shared_ptr<transport::Work> SimComm::reduce(const transport::Buffer& send,
                                                  const transport::Buffer& recv,
                                                  const ReduceOp& reduce_op, int root,
                                                  const transport::OpInfo& info) {
+  const BatchAbandon abandon(*this);
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   CHORUS_CHECK(root >= 0 && root < size());
   SimOp op = make_op(transport::OpKind::Reduce, send, recv, reduce_op);
   op.root = root;
   return submit(std::move(op), info);
+}
+
+void SimComm::abandon_batch() noexcept {
+  // core will not call end_group: nothing of the batch started yet.
+  batching_ = false;
+  batch_.clear();
 }
 
 void SimComm::begin_group() {
@@ -149,11 +161,13 @@ void SimComm::begin_group() {
 std::shared_ptr<transport::Work> SimComm::end_group(const transport::OpInfo& info) {
   CHORUS_CHECK(batching_);
   CHORUS_CHECK(!batch_.empty());
+  // Closed before the start, which may throw (then the batch started nothing and is gone).
   batching_ = false;
   return world_->start(rank_, *group_, std::move(batch_), info);
 }
 
 std::shared_ptr<transport::Work> SimComm::submit(SimOp op, const transport::OpInfo& info) {
+  // Under the caller's BatchAbandon: a push_back that throws drops the batch.
   if (batching_) {
     batch_.push_back(std::move(op));
     return nullptr;

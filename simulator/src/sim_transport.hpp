@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/transport/batch_abandon.hpp"
 #include "chorus/transport/transport.hpp"
 
 namespace chorus::sim::detail {
@@ -72,7 +73,15 @@ class SimComm final : public transport::Comm {
   std::shared_ptr<transport::Work> end_group(const transport::OpInfo& info) override;
 
  private:
+  using BatchAbandon = transport::BatchAbandon<SimComm>;
+  friend BatchAbandon;
+
+  // Stages `op` into the open batch, or starts it alone (SimWorld::start). Each operation method
+  // holds a BatchAbandon first: one that throws (std::bad_alloc copying its counts or staging
+  // the op) drops the open batch, since core calls no end_group then (Note [Transport contract]).
   std::shared_ptr<transport::Work> submit(SimOp op, const transport::OpInfo& info);
+  // Drops the open batch (nothing of it started); a no-op outside a batch. For BatchAbandon.
+  void abandon_batch() noexcept;
 
   SimWorld* world_;
   std::shared_ptr<SimGroup> group_;

@@ -351,6 +351,28 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   return group;
 }
 
+// Note [Operation positions]
+// A sequence number names an operation's position in its communicator's order (Note [Transport
+// contract]): a start that throws took none, and core gives the number back, so the start must
+// leave no trace of the operation. Everything start can run out of memory making (the
+// fingerprint, the work and its error context, the arrival's name, room for the outputs to
+// guard, the slot and its arrivals, the error of an operation that fails at once, the guard's
+// description) is made first; a std::bad_alloc there leaves nothing (a slot made for it is
+// erased). Then the operation counts (group.issued, ops_issued_), its point of no return. What
+// follows allocates nothing, or, where it still may, fails cleanly instead of throwing:
+// - the Issue, Arrive and Fail events: out of memory the log loses them (record_event);
+// - judge_arrival (only a mismatch's description, an injected TransportError or Hang being
+//   marked, or a member that can never arrive allocate): the operation fails with Aborted and
+//   its communicator is aborted after it (fail_out_of_memory), which itself needs memory: a
+//   second refusal there ends the process (CHORUS_CHECK);
+// - guarding the outputs: they stay poisoned, unguarded, or partly guarded (SimAllocator::protect
+//   records its owner after mprotect: a refusal between the two leaves a page guarded that
+//   completion will not unguard).
+// Faults fire between the two (Note [Fault injection]), unchanged: a Delay stalls and a Crash
+// throws before the operation counts, as before; ops_started, the index faults count in, counts
+// every start that got that far, one that throws included, and a fault that fired (and a random
+// draw made) for a start that then threw stays fired. Nothing here draws a decision.
+
 std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<SimOp> ops,
                                          const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(current_rank(), rank);
@@ -362,6 +384,22 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   if (me.crashed) {
     throw_crashed(rank, group, info);
   }
+  const int group_rank = group.group_rank_of(rank);
+  CHORUS_CHECK_GE(group_rank, 0);
+  // Note [Operation positions]: what can run out of memory is made before the operation counts.
+  transport::Fingerprint signature{group.id, info.seq, {}};
+  signature.ops.reserve(ops.size());
+  for (const SimOp& op : ops) {
+    signature.ops.push_back(
+        transport::OpSignature::of(op.kind, op.send, op.recv, op.reduce_op, op.root));
+  }
+  auto work = std::make_shared<SimWork>(
+      weak_from_this(), rank, std::move(signature),
+      ErrorContext{rank, std::string(info.name), info.seq, group.label}, info.site);
+  const transport::Fingerprint& fingerprint = work->fingerprint();
+  std::string op_name(info.name);  // the arrival's
+  guarded_.clear();
+  guarded_.reserve(ops.size());
   const std::uint64_t op_index = me.ops_started++;
   // Note [Fault injection]: a Delay stalls here, a Crash throws; the others mark the slot below.
   std::optional<FiredFault> slot_fault;
@@ -380,28 +418,60 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
       }
     }
   }
-  const int group_rank = group.group_rank_of(rank);
-  CHORUS_CHECK_GE(group_rank, 0);
   // Core numbers each communicator's operations 0, 1, 2, ... (Note [Transport contract]).
   CHORUS_CHECK_EQ(info.seq, group.issued[static_cast<std::size_t>(group_rank)]);
-  group.issued[static_cast<std::size_t>(group_rank)] += 1;
-
-  transport::Fingerprint signature{group.id, info.seq, {}};
-  signature.ops.reserve(ops.size());
-  for (const SimOp& op : ops) {
-    signature.ops.push_back(
-        transport::OpSignature::of(op.kind, op.send, op.recv, op.reduce_op, op.root));
+  // Nothing else runs from here to the yield below, so what decides the operation's fate now
+  // still holds when it counts. An operation that fails at once fails with an error made now.
+  ErrorCode early_code = ErrorCode::Aborted;
+  std::string early_detail;
+  bool fails_early = true;
+  if (auto failed = group.failures.find(info.seq); failed != group.failures.end()) {
+    early_code = failed->second.code;
+    early_detail = failed->second.detail;
+  } else if (!liveness_violation_.empty()) {
+    early_code = ErrorCode::Deadlock;
+    early_detail = liveness_violation_;
+  } else if (livelocked_) {
+    early_detail = "the simulation exceeded its step budget and was aborted";
+  } else if (group.aborted_from >= 0 && info.seq >= group.aborted_from) {
+    early_detail = "the communicator was aborted: " + group.abort_reason;
+  } else {
+    fails_early = false;
   }
-  auto work = std::make_shared<SimWork>(
-      weak_from_this(), rank, std::move(signature),
-      ErrorContext{rank, std::string(info.name), info.seq, group.label}, info.site);
-  const transport::Fingerprint& fingerprint = work->fingerprint();
+  std::exception_ptr early_error;
+  std::string early_event;  // the Fail event's detail
+  SimGroup::Slot* slot = nullptr;
+  if (fails_early) {
+    early_error = make_error(early_code, work->context(), early_detail);
+    if (options_.record_events) {
+      early_event = std::string(error_code_name(early_code)) + ": " + early_detail;
+    }
+  } else {
+    auto [entry, created] = group.slots.try_emplace(info.seq);
+    try {
+      if (entry->second.arrivals.empty()) {
+        entry->second.arrivals.resize(group.ranks.size());
+      }
+    } catch (...) {
+      if (created) {
+        group.slots.erase(entry);  // nothing else saw it
+      }
+      throw;
+    }
+    slot = &entry->second;
+  }
+  std::string guard_what;
+  if (options_.guard_pending_outputs) {
+    guard_what = guard_description(*work, group, rank, info.site);
+  }
+
+  // The point of no return: the operation takes its position (Note [Operation positions]).
+  group.issued[static_cast<std::size_t>(group_rank)] += 1;
   ops_issued_[static_cast<std::size_t>(rank)] += 1;
   record(SimEvent::Kind::Issue, rank, *work);
 
   // Outputs hold poison until completion, so a read that skipped the wait sees garbage (with
   // guard pages, a fault: Note [Guard pages]). Note [Buffer checks].
-  guarded_.clear();
   for (const SimOp& op : ops) {
     const bool written = op.kind != transport::OpKind::Reduce || op.root == group_rank;
     if (written && (!reads_send(op, group_rank) || !overlaps(op.send, op.recv)) &&
@@ -410,25 +480,15 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
         kernels::fill_poison(op.recv.data, op.recv.dtype, op.recv.count);
       }
       if (options_.guard_pending_outputs) {
-        guarded_.push_back(op.recv);
+        guarded_.push_back(op.recv);  // reserved above: no allocation
       }
     }
   }
 
-  if (auto failed = group.failures.find(info.seq); failed != group.failures.end()) {
-    fail_work(*work, failed->second.code, failed->second.detail);
-  } else if (!liveness_violation_.empty()) {
-    fail_work(*work, ErrorCode::Deadlock, liveness_violation_);
-  } else if (livelocked_) {
-    fail_work(*work, ErrorCode::Aborted, "the simulation exceeded its step budget and was aborted");
-  } else if (group.aborted_from >= 0 && info.seq >= group.aborted_from) {
-    fail_work(*work, ErrorCode::Aborted, "the communicator was aborted: " + group.abort_reason);
+  if (fails_early) {
+    fail_work(*work, std::move(early_error), std::move(early_event));
   } else {
-    SimGroup::Slot& slot = group.slots[info.seq];
-    if (slot.arrivals.empty()) {
-      slot.arrivals.resize(group.ranks.size());
-    }
-    SimGroup::Arrival& arrival = slot.arrivals[static_cast<std::size_t>(group_rank)];
+    SimGroup::Arrival& arrival = slot->arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);
     if (options_.check_buffers) {
       for (SimOp& op : ops) {
@@ -436,67 +496,101 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
             reads_send(op, group_rank) ? checksum_bytes(op.send.data, op.send.nbytes()) : 0;
       }
     }
-    arrival = SimGroup::Arrival{true, std::move(ops), work, std::string(info.name), info.site};
-    slot.arrived += 1;
+    arrival = SimGroup::Arrival{true, std::move(ops), work, std::move(op_name), info.site};
+    slot->arrived += 1;
     record(SimEvent::Kind::Arrive, rank, *work);
-    // Compare with the first other arrival: every arrival is compared, so all must agree.
-    const SimGroup::Arrival* reference = nullptr;
-    int reference_rank = -1;
-    for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
-      if (slot.arrivals[i].arrived && static_cast<int>(i) != group_rank) {
-        reference = &slot.arrivals[i];
-        reference_rank = group.ranks[i];
-        break;
-      }
-    }
-    if (reference != nullptr && (!reference->work->fingerprint().same_ops(fingerprint) ||
-                                 reference->op_name != info.name)) {
-      const auto issued = [](const std::string& name, const transport::Fingerprint& print) {
-        const std::string ops_text = print.to_string();
-        return ops_text.rfind(name + "(", 0) == 0 ? ops_text : name + " " + ops_text;
-      };
-      std::ostringstream detail;
-      detail << "ranks disagree on operation #" << info.seq << " of group " << group.label
-             << ": rank " << reference_rank << " issued "
-             << issued(reference->op_name, reference->work->fingerprint()) << " at "
-             << reference->site.to_string() << "; rank " << rank << " issued "
-             << issued(std::string(info.name), fingerprint) << " at " << info.site.to_string();
-      if (reference->op_name == info.name &&
-          reference->work->fingerprint().differs_only_in_layout(fingerprint)) {
-        detail << transport::kLayoutMismatchNote;  // the signatures print alike
-      }
-      fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
-      abort_group(group, info.seq + 1,
-                  "operation #" + std::to_string(info.seq) + " was a collective mismatch");
-    } else if (std::string split = split_disagreement(group, slot, group_rank); !split.empty()) {
-      fail_slot(group, info.seq, ErrorCode::CollectiveMismatch,
-                "ranks disagree on operation #" + std::to_string(info.seq) + " of group " +
-                    group.label + ": " + split);
-      abort_group(group, info.seq + 1,
-                  "operation #" + std::to_string(info.seq) + " was a collective mismatch");
-    } else {
-      if (slot_fault) {
-        mark_slot_fault(slot, *slot_fault);
-      }
-      check_absent_members(group, info.seq);
+    try {
+      judge_arrival(group, *slot, group_rank, rank, info, fingerprint, slot_fault);
+    } catch (const std::bad_alloc&) {
+      fail_out_of_memory(group, info.seq);
     }
   }
   // After the input hashes (an input may share a block with an output of the batch), and only
   // while the operation is still pending (a failed one is never completed, so never unguarded).
   if (options_.guard_pending_outputs && work->status() == transport::WorkStatus::Pending) {
-    guard_outputs(*work, group, rank, guarded_, info.site);
+    try {
+      guard_outputs(*work, rank, guarded_, guard_what);
+    } catch (const std::bad_alloc&) {
+      // Note [Operation positions]: the outputs stay poisoned, unguarded (or partly guarded).
+    }
   }
   yield(rank);
   return work;
 }
 
-void SimWorld::guard_outputs(const SimWork& work, const SimGroup& group, int rank,
-                             const std::vector<transport::Buffer>& outputs, const CallSite& site) {
+void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_rank, int rank,
+                             const transport::OpInfo& info,
+                             const transport::Fingerprint& fingerprint,
+                             const std::optional<FiredFault>& slot_fault) {
+  // Compare with the first other arrival: every arrival is compared, so all must agree.
+  const SimGroup::Arrival* reference = nullptr;
+  int reference_rank = -1;
+  for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
+    if (slot.arrivals[i].arrived && static_cast<int>(i) != group_rank) {
+      reference = &slot.arrivals[i];
+      reference_rank = group.ranks[i];
+      break;
+    }
+  }
+  if (reference != nullptr &&
+      (!reference->work->fingerprint().same_ops(fingerprint) || reference->op_name != info.name)) {
+    const auto issued = [](const std::string& name, const transport::Fingerprint& print) {
+      const std::string ops_text = print.to_string();
+      return ops_text.rfind(name + "(", 0) == 0 ? ops_text : name + " " + ops_text;
+    };
+    std::ostringstream detail;
+    detail << "ranks disagree on operation #" << info.seq << " of group " << group.label
+           << ": rank " << reference_rank << " issued "
+           << issued(reference->op_name, reference->work->fingerprint()) << " at "
+           << reference->site.to_string() << "; rank " << rank << " issued "
+           << issued(std::string(info.name), fingerprint) << " at " << info.site.to_string();
+    if (reference->op_name == info.name &&
+        reference->work->fingerprint().differs_only_in_layout(fingerprint)) {
+      detail << transport::kLayoutMismatchNote;  // the signatures print alike
+    }
+    fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
+    abort_group(group, info.seq + 1,
+                "operation #" + std::to_string(info.seq) + " was a collective mismatch");
+  } else if (std::string split = split_disagreement(group, slot, group_rank); !split.empty()) {
+    fail_slot(group, info.seq, ErrorCode::CollectiveMismatch,
+              "ranks disagree on operation #" + std::to_string(info.seq) + " of group " +
+                  group.label + ": " + split);
+    abort_group(group, info.seq + 1,
+                "operation #" + std::to_string(info.seq) + " was a collective mismatch");
+  } else {
+    if (slot_fault) {
+      mark_slot_fault(slot, *slot_fault);
+    }
+    check_absent_members(group, info.seq);
+  }
+}
+
+void SimWorld::fail_out_of_memory(SimGroup& group, std::int64_t seq) {
+  // Note [Operation positions]: the operation counted and arrived, so it cannot be taken back;
+  // judging it ran out of memory, so it fails, and the communicator with it (what judging would
+  // have found is unknown). Needs memory itself: a second refusal here ends the process.
+  try {
+    fail_slot(group, seq, ErrorCode::Aborted,
+              "the simulator ran out of memory checking this operation against its peers'");
+    abort_group(group, seq + 1,
+                "the simulator ran out of memory checking operation #" + std::to_string(seq));
+  } catch (const std::bad_alloc&) {
+    CHORUS_CHECK(false && "out of memory again while failing an operation out of memory");
+  }
+}
+
+std::string SimWorld::guard_description(const SimWork& work, const SimGroup& group, int rank,
+                                        const CallSite& site) {
+  return "the pending output of " + work.context().op + " #" + std::to_string(work.context().seq) +
+         " on group " + group.label + " (issued by rank " + std::to_string(rank) + " at " +
+         site.to_string() + ")";
+}
+
+void SimWorld::guard_outputs(const SimWork& work, int rank,
+                             const std::vector<transport::Buffer>& outputs,
+                             const std::string& what) {
   CHORUS_CHECK(options_.guard_pending_outputs);
-  const std::string what = "the pending output of " + work.context().op + " #" +
-                           std::to_string(work.context().seq) + " on group " + group.label +
-                           " (issued by rank " + std::to_string(rank) + " at " + site.to_string() +
-                           ")";
+  CHORUS_CHECK_GE(rank, 0);
   for (const transport::Buffer& output : outputs) {
     if (allocator_->protect(output.data, output.nbytes(), &work, what, &steps_)) {
       mark("guard.protect");
@@ -1263,15 +1357,36 @@ void SimWorld::fail_work(SimWork& work, ErrorCode code, const std::string& detai
   wake_waiters(work);
 }
 
+void SimWorld::fail_work(SimWork& work, std::exception_ptr error, std::string event) noexcept {
+  unguard_outputs(work);
+  work.mark_failed(std::move(error));
+  record(SimEvent::Kind::Fail, work.rank(), work, std::move(event));
+  wake_waiters(work);
+}
+
 // ---- The event log (Note [Event log])
 
 void SimWorld::record_event(SimEvent::Kind kind, int rank, const SimWork& work,
-                            std::string detail) {
+                            std::string detail) noexcept {
   if (events_.size() >= options_.events_record_max) {
     ++events_not_recorded_;
     return;
   }
-  SimEvent& event = events_.emplace_back();
+  // Out of memory, the log loses the event, as it does past events_record_max (Note [Operation
+  // positions]: start records after the point of no return).
+  const std::size_t before = events_.size();
+  try {
+    fill_event(events_.emplace_back(), kind, rank, work, std::move(detail));
+  } catch (const std::bad_alloc&) {
+    if (events_.size() > before) {
+      events_.pop_back();  // the half-filled event
+    }
+    ++events_not_recorded_;
+  }
+}
+
+void SimWorld::fill_event(SimEvent& event, SimEvent::Kind kind, int rank, const SimWork& work,
+                          std::string detail) {
   event.kind = kind;
   event.step = steps_;
   event.time = now();

@@ -276,6 +276,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   // ---- Called by a rank through its transport. `rank` is the calling rank.
   std::shared_ptr<SimGroup> group_for(const std::string& tag, const std::vector<int>& ranks);
+  // Starts `ops` (one, or a coalesced batch) as operation info.seq of `group`. Throws what a
+  // Crash or the step budget throws, or std::bad_alloc; then the operation took no position and
+  // left no trace but the fault bookkeeping (Note [Operation positions]).
   std::shared_ptr<SimWork> start(int rank, SimGroup& group, std::vector<SimOp> ops,
                                  const transport::OpInfo& info);
   // Blocks simulated rank `rank` (the caller; not necessarily the work's owner) until `work`
@@ -369,6 +372,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Failure plumbing (Note [Simulator failures]).
   void fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code, const std::string& detail);
   void fail_work(SimWork& work, ErrorCode code, const std::string& detail);
+  // The same with the error made beforehand, and the Fail event's detail: cannot throw.
+  void fail_work(SimWork& work, std::exception_ptr error, std::string event) noexcept;
   void wake_waiters(SimWork& work);
   void time_out(SimWork& work, transport::Deadline deadline, int waiter);
   // Operations of a communicator complete in order; failed ones are skipped.
@@ -393,8 +398,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void notify_off_rank_waiters();
   // Guard pages (Note [Guard pages]): protects the outputs `start` poisoned, or unprotects a
   // work's outputs before the simulator touches them. Do nothing without guard mode.
-  void guard_outputs(const SimWork& work, const SimGroup& group, int rank,
-                     const std::vector<transport::Buffer>& outputs, const CallSite& site);
+  void guard_outputs(const SimWork& work, int rank, const std::vector<transport::Buffer>& outputs,
+                     const std::string& what);
+  // What guard_outputs names the outputs of `work`, issued by `rank` at `site`.
+  static std::string guard_description(const SimWork& work, const SimGroup& group, int rank,
+                                       const CallSite& site);
   void unguard_outputs(const SimWork& work) noexcept {
     if (options_.guard_pending_outputs) {
       allocator_->unprotect(&work);
@@ -414,6 +422,14 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void withdraw_fault(const Fault& fault, bool random);
   // Puts a member's TransportError or Hang on the operation's slot, by precedence.
   void mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired);
+  // start, once `rank` arrived at operation info.seq of `group`: compares its arrival with the
+  // others' (CollectiveMismatch), marks its fault, fails it if a member can never arrive.
+  void judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_rank, int rank,
+                     const transport::OpInfo& info, const transport::Fingerprint& fingerprint,
+                     const std::optional<FiredFault>& slot_fault);
+  // Note [Operation positions]: judge_arrival ran out of memory; fails the operation and aborts
+  // the communicator after it.
+  void fail_out_of_memory(SimGroup& group, std::int64_t seq);
   // Stalls the calling rank `rank` for `steps` steps of virtual time.
   void stall(int rank, std::uint64_t steps);
   // Kills the calling rank `rank` as it starts `info` on `group`; throws its RankFailure.
@@ -439,7 +455,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
       record_event(kind, rank, work, std::move(detail));
     }
   }
-  void record_event(SimEvent::Kind kind, int rank, const SimWork& work, std::string detail);
+  // Out of memory, the event is not recorded (counted as past events_record_max).
+  void record_event(SimEvent::Kind kind, int rank, const SimWork& work,
+                    std::string detail) noexcept;
+  void fill_event(SimEvent& event, SimEvent::Kind kind, int rank, const SimWork& work,
+                  std::string detail);
   SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 
   // Sets rank r's phase, keeping the runnable set (Note [Runnable set]).

@@ -63,7 +63,9 @@
 // WorkRegistry::add_reserved only fill what was reserved: they allocate nothing and cannot throw,
 // so every started operation is registered, and waitable. Room reserved and never filled (the
 // transport's call threw) is given back at once, while the outputs are still alive
-// (cancel_reservation, from Call::register_work: later, unwinding may have destroyed them).
+// (cancel_reservation, from Call::register_work: later, unwinding may have destroyed them), and so
+// is the sequence number: an operation whose transport call threw took no position in its
+// communicator's order, and the next call gets the same number (Note [Transport contract]).
 // Reserved room is counted (the registry's and each StampedLinks'), so another thread registering
 // meanwhile cannot use it up. The hot path allocates what it did before (the PendingWork, a second
 // storage's link), only earlier; the reservation itself allocates only when a list must grow, as a

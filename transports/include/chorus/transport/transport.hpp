@@ -9,6 +9,27 @@
 // Note [Transport contract]
 // - Every started operation is identified by (comm id, seq). Core assigns `seq` per Comm, from 0,
 //   one per started operation (one per begin_group/end_group batch); ranks match operations by it.
+//   A sequence number names an operation's position in its communicator's order. A transport
+//   call that throws (an operation method outside a batch, or end_group; std::bad_alloc included)
+//   started nothing and took no position: core gives the number back (Call::register_work), so
+//   the communicator's next call gets the same one, and a transport must leave no trace of the
+//   operation whose call threw: no count, no slot, no open batch (an operation method that
+//   throws inside a batch drops the batch: BatchAbandon, batch_abandon.hpp). The simulator
+//   (SimComm, SimWorld::start) keeps to this exactly. Where a real transport cannot:
+//   - MPI: --check-collectives' comparison (MpiComm::verify) is a collective on the check
+//     communicator, matched by order, not by seq; every member of a mismatch throws and gives
+//     the number back, so they compare the retry under the same number again. A call that throws
+//     after it posted messages (a Timeout or MPI failure in the middle of start, or a mismatch
+//     found after the exchange) parks what it posted (MpiProcess::park): those messages are on
+//     the wire and cannot be taken back, whatever number the next call has, and its peers'
+//     operation fails or times out as before.
+//   - NCCL: --check-collectives' round (check_collective, split_plan.cpp) is keyed in the store
+//     by seq. A round that every member ended (a mismatch: all throw) removes its keys when the
+//     last member counts out, but a member that retries before that, or a round that timed out
+//     (its keys stay, marked), meets that round's keys again under the reused number: a
+//     Timeout or a comparison against stale keys, not a fresh round. A call that throws once
+//     NCCL's kernels are enqueued (or enqueueing failed) aborts the communicator first, so every
+//     later call on it fails with Aborted whatever its number.
 // - Buffers stay alive inside the Work until it completes: a transport keeps `keep_alive` of each
 //   Buffer it was given until the operation finished touching the memory.
 // - Nothing blocks forever: every wait has a deadline on the transport's clock (`now()`).

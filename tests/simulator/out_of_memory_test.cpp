@@ -1,0 +1,247 @@
+// A collective whose transport call runs out of memory on the simulator (Note [Transport
+// contract], Note [Operation positions] in simulator/src/world.cpp): every allocation of one
+// rank's call, refused in turn, fails the call with nothing started and no sequence number taken,
+// or leaves the operation started with the right result; either way the rank's next collective
+// on the group succeeds, bit for bit, under the number the failed call had, and the simulation
+// ends normally. Its own executable: it replaces the global operator new.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chorus/chorus.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "support/sim_helpers.hpp"
+
+namespace {
+
+// While counting, the allocations of the refusing thread (the refusing rank's, on the threads
+// executor: the scheduler and the other ranks run on their own threads) are numbered from 1, and
+// the one numbered refuse_allocation_number (0: none) is refused.
+std::atomic<bool> counting{false};
+std::atomic<std::size_t> allocations_counted{0};
+std::atomic<std::size_t> refuse_allocation_number{0};
+thread_local bool refusing_thread = false;
+
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (refusing_thread && counting.load()) {
+    std::size_t number = allocations_counted.fetch_add(1) + 1;
+    if (refuse_allocation_number.compare_exchange_strong(number, 0)) {
+      throw std::bad_alloc();
+    }
+  }
+  if (void* block = std::malloc(size != 0 ? size : 1)) {
+    return block;
+  }
+  throw std::bad_alloc();
+}
+void operator delete(void* block) noexcept { std::free(block); }
+void operator delete(void* block, std::size_t) noexcept { std::free(block); }
+
+namespace chorus {
+namespace {
+
+using sim::SimEvent;
+using sim::SimOptions;
+using sim::SimReport;
+
+// Rank r's input i: r * 100 + i, so that every sum is exact and distinct.
+Tensor input_of(int r, std::int32_t elements, std::int32_t offset = 0) {
+  std::vector<std::int32_t> values;
+  for (std::int32_t i = 0; i < elements; ++i) {
+    values.push_back(r * 100 + offset + i);
+  }
+  return Tensor::from_vector(values);
+}
+
+// The sum over `world_size` ranks of input_of(r, elements, offset).
+std::vector<std::int32_t> sum_of(int world_size, std::int32_t elements, std::int32_t offset = 0) {
+  std::vector<std::int32_t> sum(static_cast<std::size_t>(elements), 0);
+  for (int r = 0; r < world_size; ++r) {
+    for (std::int32_t i = 0; i < elements; ++i) {
+      sum[static_cast<std::size_t>(i)] += r * 100 + offset + i;
+    }
+  }
+  return sum;
+}
+
+// One kind of collective call on the world group. It moves its results into `results` (room
+// made beforehand), so it allocates nothing after the call returns.
+struct CallKind {
+  const char* name;
+  std::function<void(const std::vector<Tensor>& inputs, std::vector<Tensor>& results)> call;
+  std::vector<std::int32_t> sizes;  // of its inputs
+};
+
+std::vector<CallKind> call_kinds() {
+  return {
+      {"all_reduce",
+       [](const std::vector<Tensor>& inputs, std::vector<Tensor>& results) {
+         results[0] = all_reduce(inputs[0], "sum", world());
+       },
+       {5}},
+      {"all_reduce_coalesced",
+       [](const std::vector<Tensor>& inputs, std::vector<Tensor>& results) {
+         results = all_reduce_coalesced(inputs, "sum", world());
+       },
+       {3, 4, 2}},
+  };
+}
+
+// What rank 0, the refusing rank, saw in one run.
+struct Outcome {
+  bool threw = false;           // the refused call threw (std::bad_alloc or chorus::Error)
+  std::string what;             // what it threw
+  std::int64_t error_seq = -2;  // a chorus::Error's context().seq
+  bool refused = false;         // the refusal happened (the call made that many allocations)
+  std::vector<std::vector<std::int32_t>> results;  // per rank: the call's (or its retry's) results
+  std::vector<std::int32_t> after;                 // rank 0: the all_reduce after it
+};
+
+// Every rank: all_reduce #0, then the kind's call (#1), of which rank 0's `refuse`-th allocation
+// is refused (0: none); a rank whose call threw issues it again, which must be #1 again. Then
+// all_reduce #2 on the same group.
+Outcome run_once(const CallKind& kind, int world_size, std::size_t refuse, SimReport& report) {
+  Outcome outcome;
+  outcome.results.resize(static_cast<std::size_t>(world_size));
+  SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
+  options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
+  options.record_events = true;
+  report = sim::run(options, [&] {
+    const int me = rank();
+    EXPECT_EQ(wait_tensor(all_reduce(input_of(me, 2), "sum", world())).to_vector<std::int32_t>(),
+              sum_of(world_size, 2));
+    std::vector<Tensor> inputs;
+    for (std::size_t i = 0; i < kind.sizes.size(); ++i) {
+      inputs.push_back(input_of(me, kind.sizes[i], static_cast<std::int32_t>(10 * i)));
+    }
+    std::vector<Tensor> results(inputs.size());
+    if (me == 0) {
+      allocations_counted = 0;
+      refuse_allocation_number = refuse;
+      refusing_thread = true;
+      counting = true;
+      try {
+        kind.call(inputs, results);
+      } catch (const std::bad_alloc&) {
+        outcome.threw = true;
+        outcome.what = "std::bad_alloc";
+      } catch (const Error& error) {
+        outcome.threw = true;
+        outcome.what = error.what();
+        outcome.error_seq = error.context().seq;
+      }
+      counting = false;
+      refusing_thread = false;
+      outcome.refused = refuse != 0 && refuse_allocation_number.load() == 0;
+      refuse_allocation_number = 0;
+      if (outcome.threw) {
+        kind.call(inputs, results);  // the retry: memory is back
+      }
+    } else {
+      kind.call(inputs, results);
+    }
+    for (const Tensor& result : wait_tensors(results)) {
+      const auto values = result.to_vector<std::int32_t>();
+      auto& mine = outcome.results[static_cast<std::size_t>(me)];
+      mine.insert(mine.end(), values.begin(), values.end());
+    }
+    const auto after = wait_tensor(all_reduce(input_of(me, 3), "sum", world()));
+    if (me == 0) {
+      outcome.after = after.to_vector<std::int32_t>();
+    } else {
+      EXPECT_EQ(after.to_vector<std::int32_t>(), sum_of(world_size, 3));
+    }
+  });
+  return outcome;
+}
+
+// The sequence numbers of rank 0's Issue events, in order.
+std::vector<std::int64_t> issued_seqs(const SimReport& report) {
+  std::vector<std::int64_t> seqs;
+  for (const SimEvent& event : report.events) {
+    if (event.kind == SimEvent::Kind::Issue && event.rank == 0) {
+      seqs.push_back(event.seq);
+    }
+  }
+  return seqs;
+}
+
+class SimOutOfMemory : public ::testing::TestWithParam<int> {};
+
+// Before the fix, the refused call took sequence number 1 for good (core) while the simulator
+// never counted it, and the retry stopped the process (CHORUS_CHECK_EQ in SimWorld::start); a
+// refusal while staging a coalesced call left SimComm's batch open, and the retry's begin_group
+// stopped it (CHORUS_CHECK(!batching_)).
+TEST_P(SimOutOfMemory, ARefusedCallTakesNoSequenceNumberAndTheRetrySucceeds) {
+  const int world_size = GetParam();
+  for (const CallKind& kind : call_kinds()) {
+    SCOPED_TRACE(kind.name);
+    std::vector<std::int32_t> expected;
+    for (std::size_t i = 0; i < kind.sizes.size(); ++i) {
+      const auto part = sum_of(world_size, kind.sizes[i], static_cast<std::int32_t>(10 * i));
+      expected.insert(expected.end(), part.begin(), part.end());
+    }
+    std::size_t threw = 0;
+    // n = 0: nothing refused. Then the n-th allocation, until a run makes fewer than n.
+    for (std::size_t n = 0;; ++n) {
+      ASSERT_LT(n, 10'000u) << "the sweep does not end";
+      SCOPED_TRACE("allocation " + std::to_string(n) + " refused");
+      SimReport report;
+      const Outcome outcome = run_once(kind, world_size, n, report);
+      std::string errors;
+      for (const std::string& error : report.rank_errors) {
+        errors += error + "\n";
+      }
+      ASSERT_TRUE(report.ok()) << errors;
+      EXPECT_TRUE(report.unwaited.empty());
+      for (const auto& results : outcome.results) {
+        EXPECT_EQ(results, expected);
+      }
+      EXPECT_EQ(outcome.after, sum_of(world_size, 3));
+      if (outcome.threw) {
+        ASSERT_TRUE(outcome.refused) << outcome.what;
+        // std::bad_alloc, or the InvalidArgument an output's allocation becomes, which names
+        // the sequence number the call would have had.
+        EXPECT_TRUE(outcome.what == "std::bad_alloc" ||
+                    outcome.what.find("cannot allocate the output") != std::string::npos)
+            << outcome.what;
+        if (outcome.what != "std::bad_alloc") {
+          EXPECT_EQ(outcome.error_seq, 1);
+        }
+        ++threw;
+      }
+      // The refused call left no operation behind, and its retry was #1: rank 0 issued #0, #1,
+      // #2 (an event the log lost to a refusal is missing, never another number).
+      const std::vector<std::int64_t> seqs = issued_seqs(report);
+      if (report.events_not_recorded == 0) {
+        EXPECT_EQ(seqs, (std::vector<std::int64_t>{0, 1, 2})) << outcome.what;
+      } else {
+        // A refusal absorbed by the log: the event lost is #1's Issue or Arrive event.
+        EXPECT_FALSE(outcome.threw) << outcome.what;
+        EXPECT_EQ(report.events_not_recorded, 1u);
+        EXPECT_TRUE(seqs == (std::vector<std::int64_t>{0, 1, 2}) ||
+                    seqs == (std::vector<std::int64_t>{0, 2}))
+            << ::testing::PrintToString(seqs);
+      }
+      EXPECT_EQ(report.ops_issued[0], 3u) << "the refused call started nothing";
+      if (!outcome.refused && n != 0) {
+        break;  // the call made fewer than n allocations: every one was refused once
+      }
+    }
+    EXPECT_GT(threw, 0u) << "the sweep refused the call's allocations";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SimOutOfMemory, ::testing::Values(1, 2));
+
+}  // namespace
+}  // namespace chorus
