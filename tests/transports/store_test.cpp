@@ -18,6 +18,7 @@
 #include <chorus/error.hpp>
 #include <chorus/store/store.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -277,10 +278,15 @@ void fill_send_buffer(int fd) {
   }
 }
 
+// The host name the tests look up through stand-in resolvers, which answer it with 127.0.0.1
+// (where the tests' servers listen): no test asks the real name server. A name, not an address,
+// so that the client looks it up through the resolver (Note [Store host lookup]).
+constexpr const char* kStandInHostName = "store.test";
+
 // Puts a stand-in resolver in the client's place for its lifetime (resolver.hpp): the stand-in
 // fails with `error` (by default EAI_AGAIN, a temporary failure: the name server did not answer)
-// the first `failures` times it is called, then asks ::getaddrinfo. A negative count fails every
-// time.
+// the first `failures` times it is called, then answers with 127.0.0.1's address (from
+// ::getaddrinfo, whatever name it was asked). A negative count fails every time.
 class ScopedFlakyResolver {
  public:
   explicit ScopedFlakyResolver(int failures, int error = EAI_AGAIN) {
@@ -303,13 +309,95 @@ class ScopedFlakyResolver {
       failures_left_.fetch_sub(1);
       return error_.load();
     }
-    return ::getaddrinfo(host, service, hints, found);
+    static_cast<void>(host);
+    return ::getaddrinfo("127.0.0.1", service, hints, found);
   }
 
   // Static: a resolver is a plain function pointer. One ScopedFlakyResolver at a time.
   static inline std::atomic<int> failures_left_{0};
   static inline std::atomic<int> calls_{0};
   static inline std::atomic<int> error_{EAI_AGAIN};
+  detail::Resolver previous_ = nullptr;
+};
+
+// Waits (up to kHang) until every host lookup's helper thread has finished: an answer that came
+// after its client's deadline has then been freed, or leaked, which ASan's leak check sees.
+void wait_for_lookups() {
+  eventually([] { return detail::lookups_running() == 0; }, "the lookups' threads finish");
+}
+
+// Puts a stand-in resolver in the client's place for its lifetime (resolver.hpp) that blocks,
+// like a name server that does not answer, until the test opens its gate; then it answers with
+// 127.0.0.1's address (from ::getaddrinfo, so that ::freeaddrinfo can free it). It records how
+// often it was called and answered, and on which thread. Its destructor opens the gate and waits
+// for the lookups to finish, so that none outlives the test, whatever it asserted. A stand-in
+// that waits for its gate longer than kHang answers anyway: a client that ignores its deadline
+// (and so blocks in the stand-in on the test's thread) fails the test instead of hanging it.
+class ScopedGatedResolver {
+ public:
+  ScopedGatedResolver() {
+    {
+      const std::lock_guard lock(mutex_);
+      open_ = false;
+      calls_ = 0;
+      answers_ = 0;
+      caller_ = std::thread::id();
+    }
+    previous_ = detail::exchange_resolver(&resolve);
+  }
+  ~ScopedGatedResolver() {
+    open();
+    wait_for_lookups();
+    detail::exchange_resolver(previous_);
+  }
+  ScopedGatedResolver(const ScopedGatedResolver&) = delete;
+  ScopedGatedResolver& operator=(const ScopedGatedResolver&) = delete;
+
+  // Lets every call, waiting or to come, answer.
+  static void open() {
+    {
+      const std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    gate_cv_.notify_all();
+  }
+  static int calls() {
+    const std::lock_guard lock(mutex_);
+    return calls_;
+  }
+  static int answers() {
+    const std::lock_guard lock(mutex_);
+    return answers_;
+  }
+  // The thread of the last call (a default id: none yet).
+  static std::thread::id caller() {
+    const std::lock_guard lock(mutex_);
+    return caller_;
+  }
+
+ private:
+  static int resolve(const char* host, const char* service, const addrinfo* hints,
+                     addrinfo** found) {
+    static_cast<void>(host);
+    {
+      std::unique_lock lock(mutex_);
+      ++calls_;
+      caller_ = std::this_thread::get_id();
+      gate_cv_.wait_for(lock, kHang, [] { return open_; });
+    }
+    const int code = ::getaddrinfo("127.0.0.1", service, hints, found);
+    const std::lock_guard lock(mutex_);
+    ++answers_;
+    return code;
+  }
+
+  // Static: a resolver is a plain function pointer. One ScopedGatedResolver at a time.
+  static inline std::mutex mutex_;
+  static inline std::condition_variable gate_cv_;
+  static inline bool open_ = false;  // the fields are guarded by mutex_
+  static inline int calls_ = 0;
+  static inline int answers_ = 0;
+  static inline std::thread::id caller_;
   detail::Resolver previous_ = nullptr;
 };
 
@@ -1413,6 +1501,7 @@ TEST(Store, ATemporaryResolverFailureIsRetriedUntilTheDeadline) {
   const ScopedFlakyResolver resolver(2);
   std::vector<std::string> retries;
   ClientOptions options = options_for(server);
+  options.host = kStandInHostName;  // a numeric host is never looked up, so never fails
   options.on_connect_retry = [&](const std::string& reason) { retries.push_back(reason); };
   Client client(options, kHang);
   client.set("k", "v");
@@ -1449,6 +1538,60 @@ TEST(Store, APermanentResolverFailureIsInvalidArgumentAtOnce) {
   options.port = 1;
   EXPECT_THROW(Client(options, kHang), InvalidArgument);
   EXPECT_EQ(ScopedFlakyResolver::calls(), 1);
+}
+
+TEST(Store, ANameServerThatDoesNotAnswerIsTimeoutAtTheDeadline) {
+  // The stand-in blocks like a name server that does not answer: getaddrinfo takes no deadline,
+  // and a client that called it on its own thread blocked for the resolver's timeout (tens of
+  // seconds), whatever its deadline. Now it waits for the lookup's thread until the deadline.
+  ScopedGatedResolver resolver;
+  ClientOptions options;
+  options.host = kStandInHostName;
+  options.port = 1;
+  try {
+    Client client(options, milliseconds(200));
+    FAIL() << "connected through a resolver that did not answer";
+  } catch (const Timeout& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("could not resolve store host 'store.test' before the deadline: the "
+                        "name server did not answer in time"),
+              std::string::npos)
+        << error.what();
+  }
+  // The constructor returned while the stand-in had not answered: the deadline ended the wait.
+  EXPECT_EQ(ScopedGatedResolver::answers(), 0);
+  // The lookup answers after its client is gone: the answer is freed (ASan's leak check sees it
+  // otherwise), and the lookup's thread, not the test's, asked the resolver.
+  ScopedGatedResolver::open();
+  wait_for_lookups();
+  EXPECT_EQ(ScopedGatedResolver::calls(), 1);
+  EXPECT_EQ(ScopedGatedResolver::answers(), 1);
+  EXPECT_NE(ScopedGatedResolver::caller(), std::this_thread::get_id());
+}
+
+TEST(Store, AHostNameIsLookedUpOnAnotherThreadAndConnects) {
+  Server server;
+  const ScopedGatedResolver resolver;
+  ScopedGatedResolver::open();  // a name server that answers at once
+  ClientOptions options = options_for(server);
+  options.host = kStandInHostName;
+  Client client(options, kHang);
+  client.set("k", "v");
+  EXPECT_EQ(client.get("k"), "v");
+  EXPECT_EQ(ScopedGatedResolver::calls(), 1);
+  EXPECT_EQ(ScopedGatedResolver::answers(), 1);
+  EXPECT_NE(ScopedGatedResolver::caller(), std::this_thread::get_id());
+}
+
+TEST(Store, ANumericHostIsConvertedWithoutTheResolverOrAThread) {
+  // The gate stays shut: a client that asked the resolver would block in it.
+  Server server;
+  const ScopedGatedResolver resolver;
+  Client client(options_for(server), kHang);  // host 127.0.0.1
+  client.set("k", "v");
+  EXPECT_EQ(client.get("k"), "v");
+  EXPECT_EQ(ScopedGatedResolver::calls(), 0);
+  EXPECT_EQ(detail::lookups_running(), 0U);
 }
 
 // The server's process is killed (no stop(), no destructor): the kernel closes its sockets, and a
@@ -1574,8 +1717,13 @@ TEST(Store, DeadlinesFromDurationsAndTimePoints) {
   EXPECT_EQ(past.remaining(), milliseconds(0));
   const Deadline at(Clock::now() + seconds(10));
   EXPECT_LE(at.remaining(), seconds(10));
-  EXPECT_THROW((Client{ClientOptions{"no.such.host.invalid", 1, std::nullopt}, milliseconds(10)}),
-               InvalidArgument);
+  // A resolver that answers at once that the name does not exist: no real name server is asked,
+  // and the deadline leaves the lookup's thread time to start on a loaded machine (one that
+  // answers after the deadline makes this a Timeout).
+  const ScopedFlakyResolver resolver(-1, EAI_NONAME);
+  EXPECT_THROW(
+      (Client{ClientOptions{"no.such.host.invalid", 1, std::nullopt}, milliseconds(kPrompt)}),
+      InvalidArgument);
 }
 
 TEST(Store, TheExtremeTimePointsAreDeadlinesToo) {

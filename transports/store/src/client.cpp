@@ -23,11 +23,16 @@
 #include <chorus/error.hpp>
 #include <chorus/store/store.hpp>
 #include <climits>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
+#include <utility>
 
 #include "protocol.hpp"
 #include "resolver.hpp"
@@ -37,6 +42,8 @@ namespace detail {
 namespace {
 // Atomic so that a test swapping it and a client reading it never race.
 std::atomic<Resolver> current_resolver{nullptr};  // nullptr: ::getaddrinfo
+// Helper threads of host lookups that have not finished yet (Note [Store host lookup]).
+std::atomic<std::size_t> running_lookups{0};
 }  // namespace
 
 Resolver resolver() noexcept {
@@ -47,6 +54,8 @@ Resolver resolver() noexcept {
 Resolver exchange_resolver(Resolver next) noexcept {
   return current_resolver.exchange(next, std::memory_order_acq_rel);
 }
+
+std::size_t lookups_running() noexcept { return running_lookups.load(std::memory_order_acquire); }
 }  // namespace detail
 
 namespace {
@@ -121,6 +130,94 @@ void poll_until(int fd, short events, const Deadline& deadline) {
       throw TransportError(error_context("store"), "poll failed: " + errno_text(errno));
     }
   }
+}
+
+// Note [Store host lookup]
+// getaddrinfo takes no timeout: a name server that does not answer holds one call for
+// resolv.conf's timeout x attempts x servers (5 s x 2 x up to 3 by default), whatever the
+// client's deadline. So connect finds the store's addresses in one of two ways:
+// - A numeric address (127.0.0.1, ::1: the usual MASTER_ADDR) is converted at once on the
+//   calling thread by ::getaddrinfo with AI_NUMERICHOST, which never asks a name server. The
+//   resolver seam (resolver.hpp) is not called for it, and no thread is started.
+// - Any other host is a name. Each try runs the resolver on a helper thread of its own
+//   (detached), and the caller waits for its answer on a condition variable until the deadline.
+//   When the deadline comes first the caller throws Timeout ("the name server did not answer in
+//   time") and leaves the lookup behind. The two threads share only a PendingLookup (a
+//   shared_ptr): whichever lets go of it last frees the answer (~PendingLookup calls
+//   freeaddrinfo on an answer the caller did not take), and the helper thread never touches the
+//   Client, which may be gone by the time the resolver returns. A try that answers EAI_AGAIN is
+//   retried like before (with the backoff of a refused connect), each try waited for no longer
+//   than the time left, and no try starts once the deadline has passed; so a connect leaves at
+//   most one lookup behind, whose thread ends when the resolver gives up.
+// detail::lookups_running() counts the helper threads still running: a test waits for it to
+// reach 0 to know that an abandoned lookup has finished and freed its answer.
+
+// The state a lookup's helper thread shares with the caller waiting for it (Note [Store host
+// lookup]).
+struct PendingLookup {
+  PendingLookup(std::string host_in, std::string service_in, const addrinfo& hints_in)
+      : host(std::move(host_in)), service(std::move(service_in)), hints(hints_in) {}
+  ~PendingLookup() {
+    if (found != nullptr) {
+      ::freeaddrinfo(found);  // an answer that came after the caller's deadline
+    }
+  }
+  PendingLookup(const PendingLookup&) = delete;
+  PendingLookup& operator=(const PendingLookup&) = delete;
+
+  // Set before the helper thread starts; read-only after.
+  const std::string host;
+  const std::string service;
+  const addrinfo hints;
+
+  std::mutex mutex;
+  std::condition_variable answered_cv;
+  // Guarded by mutex.
+  bool answered = false;
+  int code = 0;               // the resolver's result, once answered
+  addrinfo* found = nullptr;  // its addresses (code 0) until the caller takes them
+};
+
+using Addresses = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
+
+// Runs `resolve` for `host` on a helper thread and waits for its answer until the deadline
+// (Note [Store host lookup]). Returns the resolver's code, with its addresses in `addresses`
+// when that is 0, or nullopt when the deadline came first. Throws TransportError when no thread
+// can be started.
+std::optional<int> look_up_until(detail::Resolver resolve, const std::string& host,
+                                 const std::string& service, const addrinfo& hints,
+                                 const Deadline& deadline, Addresses& addresses) {
+  auto lookup = std::make_shared<PendingLookup>(host, service, hints);
+  detail::running_lookups.fetch_add(1, std::memory_order_relaxed);
+  try {
+    std::thread([lookup, resolve]() mutable noexcept {
+      addrinfo* found = nullptr;
+      const int code =
+          resolve(lookup->host.c_str(), lookup->service.c_str(), &lookup->hints, &found);
+      {
+        const std::lock_guard lock(lookup->mutex);
+        lookup->answered = true;
+        lookup->code = code;
+        lookup->found = code == 0 ? found : nullptr;  // on failure `found` means nothing
+      }
+      lookup->answered_cv.notify_one();  // alive: this thread still holds a reference
+      lookup.reset();                    // the last one out frees an answer nobody took
+      detail::running_lookups.fetch_sub(1, std::memory_order_release);
+    }).detach();
+  } catch (const std::system_error& error) {
+    detail::running_lookups.fetch_sub(1, std::memory_order_relaxed);
+    throw TransportError(error_context("store.connect"), "cannot resolve store host '" + host +
+                                                             "': no thread for the lookup (" +
+                                                             error.what() + ")");
+  }
+  std::unique_lock lock(lookup->mutex);
+  if (!lookup->answered_cv.wait_until(lock, deadline.at(), [&] { return lookup->answered; })) {
+    return std::nullopt;  // the helper thread frees what it finds, if it is the last one out
+  }
+  if (lookup->code == 0) {
+    addresses.reset(std::exchange(lookup->found, nullptr));
+  }
+  return lookup->code;
 }
 
 }  // namespace
@@ -271,28 +368,44 @@ struct Client::Impl {
       std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
       pause = std::min(pause * 2, kRetryLongest);
     };
-    addrinfo* found = nullptr;
-    for (;;) {
-      const int resolved =
-          detail::resolver()(options.host.c_str(), service.c_str(), &hints, &found);
-      if (resolved == 0) {
+    // A numeric address at once, a name on a helper thread: Note [Store host lookup].
+    Addresses addresses(nullptr, &::freeaddrinfo);
+    addrinfo numeric_hints = hints;
+    numeric_hints.ai_flags |= AI_NUMERICHOST;
+    addrinfo* numeric = nullptr;
+    if (::getaddrinfo(options.host.c_str(), service.c_str(), &numeric_hints, &numeric) == 0) {
+      addresses.reset(numeric);
+    }
+    const auto resolve_timeout = [&](const std::string& reason) {
+      return Timeout(
+          error_context("store.connect"),
+          "could not resolve store host '" + options.host + "' before the deadline: " + reason);
+    };
+    // Why the last try failed: the Timeout says it when no further try can start.
+    std::string reason = "the deadline had passed before the lookup began";
+    while (addresses == nullptr) {
+      if (deadline.passed()) {
+        throw resolve_timeout(reason);
+      }
+      const std::optional<int> resolved =
+          look_up_until(detail::resolver(), options.host, service, hints, deadline, addresses);
+      if (!resolved.has_value()) {
+        throw resolve_timeout("the name server did not answer in time");
+      }
+      if (*resolved == 0) {
         break;
       }
-      const std::string reason = ::gai_strerror(resolved);
-      if (resolved != EAI_AGAIN) {
+      reason = ::gai_strerror(*resolved);
+      if (*resolved != EAI_AGAIN) {
         throw InvalidArgument(error_context("store.connect"),
                               "cannot resolve store host '" + options.host + "': " + reason);
       }
       // A temporary failure (the name server did not answer in time): it may answer on a later
       // try, like a server that is not listening yet, so try again until the deadline.
-      if (deadline.passed()) {
-        throw Timeout(
-            error_context("store.connect"),
-            "could not resolve store host '" + options.host + "' before the deadline: " + reason);
+      if (!deadline.passed()) {
+        retry_after(reason);
       }
-      retry_after(reason);
     }
-    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
     std::string last_error = "no address";
     pause = kRetryFirst;
     for (;;) {

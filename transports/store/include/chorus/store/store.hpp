@@ -234,12 +234,14 @@ struct ClientOptions {
 // did not answer) until the deadline.
 class Client final : public Store {
  public:
-  // Connects and presents the token. Throws Timeout when no server answers by the deadline (or
-  // the host's name still fails to resolve with a temporary failure, EAI_AGAIN, at it),
-  // TransportError when the server refuses the connection (wrong or missing token, protocol
-  // version) or closes it, or when the peer is not a chorus store (its first reply is longer
-  // than a handshake's), InvalidArgument for a host that does not resolve (any other resolver
-  // failure, at once).
+  // Connects and presents the token; blocks until connected or the deadline, the lookup of a
+  // host name included (it runs on a helper thread, which the client waits for no longer than
+  // the deadline; a numeric host needs no lookup). Throws Timeout when no server answers by the
+  // deadline (or the host's name still fails to resolve with a temporary failure, EAI_AGAIN, at
+  // it, or the name server has not answered by then), TransportError when the server refuses
+  // the connection (wrong or missing token, protocol version) or closes it, or when the peer is
+  // not a chorus store (its first reply is longer than a handshake's), InvalidArgument for a
+  // host that does not resolve (any other resolver failure, at once).
   explicit Client(ClientOptions options, Deadline deadline = kDefaultTimeout);
   ~Client() override;
   Client(const Client&) = delete;
