@@ -850,13 +850,16 @@ TEST(NcclCollectiveCheck, DescriptionsCarryTheLayoutDigest) {
 // a thread with its own client; a member with an empty description never arrives. Returns each
 // member's error text ("" when it agreed).
 // `late`: the last member starts that much after the others (a member that is merely slow).
-// `splits[i]`: member i's all_to_all split sizes (none when `splits` is empty).
+// `splits[i]`: member i's all_to_all split sizes (none when `splits` is empty). `round`: the
+// check round (-1: the round numbered as the operation, as on a communicator whose every check
+// went ahead).
 std::vector<std::string> check(store::Server& server, const std::vector<int>& members,
                                const std::vector<std::string>& descriptions, std::int64_t seq,
                                std::chrono::milliseconds timeout,
                                std::chrono::milliseconds grace = std::chrono::seconds(5),
                                std::chrono::milliseconds late = std::chrono::milliseconds(0),
-                               const std::vector<std::vector<SplitSizes>>& splits = {}) {
+                               const std::vector<std::vector<SplitSizes>>& splits = {},
+                               std::int64_t round = -1) {
   std::vector<std::string> errors(members.size());
   std::vector<std::thread> threads;
   for (std::size_t i = 0; i < members.size(); ++i) {
@@ -870,7 +873,8 @@ std::vector<std::string> check(store::Server& server, const std::vector<int>& me
         std::this_thread::sleep_for(late);  // makes the member late, synchronises nothing
       }
       try {
-        check_collective(client, "tp/1,3,5,", members, static_cast<int>(i), seq, descriptions[i],
+        check_collective(client, "tp/1,3,5,", members, static_cast<int>(i), seq,
+                         round >= 0 ? round : seq, descriptions[i],
                          splits.empty() ? std::vector<SplitSizes>{} : splits[i], context, timeout,
                          grace);
       } catch (const Error& error) {
@@ -969,6 +973,55 @@ TEST(NcclCollectiveCheck, AnAbsentMemberIsNamedWhenTheDeadlineExceedsTheGrace) {
       << late[2];
 }
 
+// Core gives a failed operation's sequence number back (Note [Transport contract]), so a retry is
+// the same operation number; each member counts the check rounds it entered, and the retry is a
+// fresh round, not the failed round's marked keys. Member 5's call failed before its check, so it
+// never entered round 4: members 1 and 3 time out there. In the retry 1 and 3 enter round 5 at
+// once (their keys are published there, not among round 4's marks), while 5 enters round 4,
+// meets the marks ("too late"), and then joins them in round 5.
+TEST(NcclCollectiveCheck, ARetryOfATimedOutOperationIsAFreshRound) {
+  store::Server server;
+  const std::string op = "all_reduce all_reduce(Float32, send=4, recv=4, sum)";
+  const std::vector<std::string> timed_out =
+      check(server, {1, 3, 5}, {op, op, ""}, 4, std::chrono::milliseconds(300));
+  for (const std::size_t i : {std::size_t{0}, std::size_t{1}}) {
+    EXPECT_NE(timed_out[i].find("chorus::Timeout: "), std::string::npos) << timed_out[i];
+  }
+  std::vector<std::string> retried;
+  std::thread one_and_three([&] {
+    retried = check(server, {1, 3, 5}, {op, op, ""}, 4, std::chrono::seconds(30),
+                    std::chrono::seconds(5), std::chrono::milliseconds(0), {}, 5);
+  });
+  store::Client five(options_for(server), std::chrono::seconds(30));
+  const std::string round_5 = "chorus/nccl/check/tp/1,3,5,/5/";
+  std::string wait_error;
+  try {
+    five.wait({round_5 + "1", round_5 + "3"}, std::chrono::seconds(10));
+  } catch (const Error& error) {
+    wait_error = error.what();  // still a failure below, once the thread is joined
+  }
+  const ErrorContext context{5, "all_reduce", 4, "'tp' [1, 3, 5]"};
+  std::string late;
+  try {
+    check_collective(five, "tp/1,3,5,", {1, 3, 5}, 2, 4, 4, op, {}, context,
+                     std::chrono::seconds(30));
+  } catch (const Error& error) {
+    late = error.what();
+  }
+  std::string in_step;
+  try {
+    check_collective(five, "tp/1,3,5,", {1, 3, 5}, 2, 4, 5, op, {}, context,
+                     std::chrono::seconds(30));
+  } catch (const Error& error) {
+    in_step = error.what();
+  }
+  one_and_three.join();
+  EXPECT_EQ(wait_error, "");
+  EXPECT_NE(late.find("reached operation #4 (" + op + ") too late"), std::string::npos) << late;
+  EXPECT_EQ(in_step, "");
+  EXPECT_EQ(retried, std::vector<std::string>(3));
+}
+
 TEST(NcclCollectiveCheck, PremulSumFactorsAreComparedBitForBit) {
   using transport::OpKind;
   using transport::OpSignature;
@@ -985,7 +1038,7 @@ TEST(NcclCollectiveCheck, AGroupOfOneHasNothingToCompare) {
   store::Server server;
   store::Client client(options_for(server), std::chrono::seconds(30));
   const std::int64_t keys_before = client.num_keys();
-  check_collective(client, "tp/4,", {4}, 0, 0, "all_reduce x", {},
+  check_collective(client, "tp/4,", {4}, 0, 0, 0, "all_reduce x", {},
                    ErrorContext{4, "all_reduce", 0, "[4]"}, std::chrono::milliseconds(1));
   EXPECT_EQ(client.num_keys(), keys_before);
 }

@@ -672,7 +672,9 @@ std::shared_ptr<transport::Work> NcclComm::start(std::vector<Enqueue> enqueues,
   pinned_->free_unkept();
   if (check_store_ != nullptr) {
     // Before anything reaches NCCL: a mismatch leaves the communicator usable.
-    check_collective(*check_store_, comm_key(tag_, ranks_), ranks_, group_rank_, info.seq,
+    // A round is counted when entered, whatever its outcome (Note [NCCL collective check]).
+    const std::int64_t round = check_rounds_++;
+    check_collective(*check_store_, comm_key(tag_, ranks_), ranks_, group_rank_, info.seq, round,
                      check_description(info.name, signatures), splits, context,
                      store::Deadline(deadline_after(timeout_)));
   }

@@ -314,7 +314,8 @@ class NcclComm final : public transport::Comm {
   int rank_;
   std::chrono::nanoseconds timeout_;
   std::shared_ptr<store::Store> check_store_;  // Note [NCCL collective check]; null: off
-  std::shared_ptr<BlockPool> pinned_;          // staging blocks, Note [Pinned staging pool]
+  std::int64_t check_rounds_ = 0;  // check rounds this member entered (check_collective's round)
+  std::shared_ptr<BlockPool> pinned_;  // staging blocks, Note [Pinned staging pool]
   bool batching_ = false;
   std::vector<Enqueue> batch_;
   std::vector<transport::OpSignature> batch_signatures_;

@@ -292,9 +292,9 @@ bool parse_check_value(std::string_view value, std::string& description,
 
 void check_collective(store::Store& store, const std::string& comm_key,
                       const std::vector<int>& members, int group_rank, std::int64_t seq,
-                      const std::string& description, const std::vector<SplitSizes>& splits,
-                      const ErrorContext& context, store::Deadline deadline,
-                      std::chrono::milliseconds grace) {
+                      std::int64_t round_index, const std::string& description,
+                      const std::vector<SplitSizes>& splits, const ErrorContext& context,
+                      store::Deadline deadline, std::chrono::milliseconds grace) {
   const std::size_t n = members.size();
   for (const SplitSizes& split : splits) {
     CHORUS_CHECK_EQ(split.send.size(), n);
@@ -304,7 +304,7 @@ void check_collective(store::Store& store, const std::string& comm_key,
     return;  // nobody to disagree with (the transport refuses a member's unpaired own sizes)
   }
   const StoreRound round{
-      .prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(seq) + "/",
+      .prefix = "chorus/nccl/check/" + comm_key + "/" + std::to_string(round_index) + "/",
       .members = members,
       .me = group_rank,
       .context = context,

@@ -23,13 +23,14 @@
 //     found after the exchange) parks what it posted (MpiProcess::park): those messages are on
 //     the wire and cannot be taken back, whatever number the next call has, and its peers'
 //     operation fails or times out as before.
-//   - NCCL: --check-collectives' round (check_collective, split_plan.cpp) is keyed in the store
-//     by seq. A round that every member ended (a mismatch: all throw) removes its keys when the
-//     last member counts out, but a member that retries before that, or a round that timed out
-//     (its keys stay, marked), meets that round's keys again under the reused number: a
-//     Timeout or a comparison against stale keys, not a fresh round. A call that throws once
-//     NCCL's kernels are enqueued (or enqueueing failed) aborts the communicator first, so every
-//     later call on it fails with Aborted whatever its number.
+//   - NCCL: --check-collectives' rounds (check_collective, split_plan.cpp) are keyed in the
+//     store by a count of the rounds each member entered, not by seq, so a retry under the
+//     number given back is a fresh round, not the failed one's keys (a timed-out round's stay,
+//     marked). A member whose call threw before its check never entered that round: its retry
+//     meets the round's marks once ("too late"), which counts, and its next try is in step
+//     with the others' (NcclCollectiveCheck.ARetryOfATimedOutOperationIsAFreshRound). A call that
+//     throws once NCCL's kernels are enqueued (or enqueueing failed) aborts the communicator first,
+//     so every later call on it fails with Aborted whatever its number.
 // - Buffers stay alive inside the Work until it completes: a transport keeps `keep_alive` of each
 //   Buffer it was given until the operation finished touching the memory.
 // - Nothing blocks forever: every wait has a deadline on the transport's clock (`now()`).

@@ -181,14 +181,18 @@ struct SplitSizes {
   std::vector<std::size_t> recv;
 };
 
-// One check round for operation `seq` of the communicator `comm_key` (tag and members, the same
-// on every member); `members` are global ranks in group order, this rank is
+// Check round `round_index` of the communicator `comm_key` (tag and members, the same on every
+// member), for its operation `seq`; `members` are global ranks in group order, this rank is
 // members[group_rank]. `splits`: the split sizes of the operation's all_to_alls, in order.
-// `grace` as StoreRound::grace.
+// `grace` as StoreRound::grace. The store keys are the round's, the errors name the operation:
+// a member counts the rounds it entered (NcclComm::check_rounds_), and a round that failed
+// (mismatch, timeout) is never entered again, while core gives the failed operation's sequence
+// number back (Note [Transport contract]), so a retry is operation `seq` again in a fresh round.
 void check_collective(store::Store& store, const std::string& comm_key,
                       const std::vector<int>& members, int group_rank, std::int64_t seq,
-                      const std::string& description, const std::vector<SplitSizes>& splits,
-                      const ErrorContext& context, store::Deadline deadline,
+                      std::int64_t round_index, const std::string& description,
+                      const std::vector<SplitSizes>& splits, const ErrorContext& context,
+                      store::Deadline deadline,
                       std::chrono::milliseconds grace = std::chrono::seconds(5));
 
 // Note [Split agreement], round `split_index` of this process, on `store` (keys under
