@@ -364,7 +364,9 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // - judge_arrival (only a mismatch's description, an injected TransportError or Hang being
 //   marked, or a member that can never arrive allocate): the operation fails with Aborted and
 //   its communicator is aborted after it (fail_out_of_memory), which itself needs memory: a
-//   second refusal there ends the process (CHORUS_CHECK);
+//   second refusal there ends the process (CHORUS_CHECK). A refusal inside fail_slot, after it
+//   took the slot away, leaves the arrivals it had not failed yet pending: their waits end as
+//   Timeout or Deadlock, not Aborted;
 // - guarding the outputs: they stay poisoned, unguarded, or partly guarded (SimAllocator::protect
 //   records its owner after mprotect: a refusal between the two leaves a page guarded that
 //   completion will not unguard).
@@ -398,8 +400,6 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
       ErrorContext{rank, std::string(info.name), info.seq, group.label}, info.site);
   const transport::Fingerprint& fingerprint = work->fingerprint();
   std::string op_name(info.name);  // the arrival's
-  guarded_.clear();
-  guarded_.reserve(ops.size());
   const std::uint64_t op_index = me.ops_started++;
   // Note [Fault injection]: a Delay stalls here, a Crash throws; the others mark the slot below.
   std::optional<FiredFault> slot_fault;
@@ -438,6 +438,13 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   } else {
     fails_early = false;
   }
+  // After the fault loop: a Delay's stall runs other ranks, whose starts use guarded_ too.
+  guarded_.clear();
+  guarded_.reserve(ops.size());
+  std::string guard_what;
+  if (options_.guard_pending_outputs) {
+    guard_what = guard_description(*work, group, rank, info.site);
+  }
   std::exception_ptr early_error;
   std::string early_event;  // the Fail event's detail
   SimGroup::Slot* slot = nullptr;
@@ -447,6 +454,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
       early_event = std::string(error_code_name(early_code)) + ": " + early_detail;
     }
   } else {
+    // Last: a slot made here is erased again if making its arrivals fails, and nothing after
+    // it can throw before the operation counts.
     auto [entry, created] = group.slots.try_emplace(info.seq);
     try {
       if (entry->second.arrivals.empty()) {
@@ -459,10 +468,6 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
       throw;
     }
     slot = &entry->second;
-  }
-  std::string guard_what;
-  if (options_.guard_pending_outputs) {
-    guard_what = guard_description(*work, group, rank, info.site);
   }
 
   // The point of no return: the operation takes its position (Note [Operation positions]).

@@ -28,6 +28,7 @@ namespace chorus {
 namespace {
 
 using sim::AllocatorPolicy;
+using sim::Fault;
 using sim::SimOptions;
 using sim::SimReport;
 using testing::quiet_options;
@@ -336,6 +337,29 @@ TEST(SimGuardPages, ACorrectProgramRunsWithItsPendingOutputsProtected) {
       EXPECT_EQ(report.mark_count("guard.protect"), 2u * static_cast<std::uint64_t>(world_size));
       EXPECT_EQ(report.mark_count("guard.unowned"), 0u);
     }
+  }
+}
+
+// A Delay stalls a rank inside its start, and the other rank's start runs meanwhile: the stalled
+// rank guards only its own outputs when it resumes (until 2026-12-04 it guarded the other's too,
+// left in the world's scratch list, so a completed result could be protected again under the
+// wrong work). One output per rank, so two protections, whichever rank starts first.
+TEST(SimGuardPages, ARankStalledByADelayGuardsOnlyItsOwnOutputs) {
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    SimOptions options = quiet_options(2, seed);
+    options.guard_pending_outputs = true;
+    options.faults = {Fault::delay(0, 0, 20)};
+    std::vector<std::vector<float>> results(2);
+    const SimReport report = sim::run(options, [&] {
+      const Tensor sum = all_reduce(Tensor::full({1000}, static_cast<float>(rank() + 1)),
+                                    ReduceOp::Kind::Sum, world());
+      results[index_of_rank()] = sum.to_vector<float>();
+    });
+    EXPECT_EQ(results, std::vector<std::vector<float>>(2, std::vector<float>(1000, 3.0f)))
+        << "seed " << seed;
+    EXPECT_EQ(report.mark_count("fault.delay"), 1u) << "seed " << seed;
+    EXPECT_EQ(report.mark_count("guard.protect"), 2u) << "seed " << seed;
+    EXPECT_EQ(report.mark_count("guard.shared"), 0u) << "seed " << seed;
   }
 }
 

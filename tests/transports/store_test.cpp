@@ -283,6 +283,12 @@ void fill_send_buffer(int fd) {
 // so that the client looks it up through the resolver (Note [Store host lookup]).
 constexpr const char* kStandInHostName = "store.test";
 
+// Waits (up to kHang) until every host lookup's helper thread has finished: an answer that came
+// after its client's deadline has then been freed, or leaked, which ASan's leak check sees.
+void wait_for_lookups() {
+  eventually([] { return detail::lookups_running() == 0; }, "the lookups' threads finish");
+}
+
 // Puts a stand-in resolver in the client's place for its lifetime (resolver.hpp): the stand-in
 // fails with `error` (by default EAI_AGAIN, a temporary failure: the name server did not answer)
 // the first `failures` times it is called, then answers with 127.0.0.1's address (from
@@ -295,7 +301,12 @@ class ScopedFlakyResolver {
     calls_ = 0;
     previous_ = detail::exchange_resolver(&resolve);
   }
-  ~ScopedFlakyResolver() { detail::exchange_resolver(previous_); }
+  // Waits for the lookups first: one its client left at the deadline would otherwise call the
+  // stand-in (and count in calls()) during the next test of the same process.
+  ~ScopedFlakyResolver() {
+    wait_for_lookups();
+    detail::exchange_resolver(previous_);
+  }
   ScopedFlakyResolver(const ScopedFlakyResolver&) = delete;
   ScopedFlakyResolver& operator=(const ScopedFlakyResolver&) = delete;
 
@@ -319,12 +330,6 @@ class ScopedFlakyResolver {
   static inline std::atomic<int> error_{EAI_AGAIN};
   detail::Resolver previous_ = nullptr;
 };
-
-// Waits (up to kHang) until every host lookup's helper thread has finished: an answer that came
-// after its client's deadline has then been freed, or leaked, which ASan's leak check sees.
-void wait_for_lookups() {
-  eventually([] { return detail::lookups_running() == 0; }, "the lookups' threads finish");
-}
 
 // Puts a stand-in resolver in the client's place for its lifetime (resolver.hpp) that blocks,
 // like a name server that does not answer, until the test opens its gate; then it answers with

@@ -209,6 +209,9 @@ std::optional<int> look_up_until(detail::Resolver resolve, const std::string& ho
     throw TransportError(error_context("store.connect"), "cannot resolve store host '" + host +
                                                              "': no thread for the lookup (" +
                                                              error.what() + ")");
+  } catch (...) {  // std::bad_alloc from std::thread's state
+    detail::running_lookups.fetch_sub(1, std::memory_order_relaxed);
+    throw;
   }
   std::unique_lock lock(lookup->mutex);
   if (!lookup->answered_cv.wait_until(lock, deadline.at(), [&] { return lookup->answered; })) {
