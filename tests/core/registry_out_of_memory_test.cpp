@@ -25,6 +25,7 @@
 #include "detail/tensor_access.hpp"
 #include "detail/work_registry.hpp"
 #include "support/fake_transport.hpp"
+#include "support/refusing_new.hpp"
 
 namespace {
 
@@ -52,29 +53,24 @@ constexpr std::size_t kLinkBytes =
 
 }  // namespace
 
-void* operator new(std::size_t size) {
+bool chorus::testing::refuse_allocation(std::size_t size) noexcept {
   if (refuse_every_allocation.load()) {
-    throw std::bad_alloc();
+    return true;
   }
   std::size_t refused = size;
   if (size != 0 && refuse_next_allocation_of.compare_exchange_strong(refused, 0)) {
-    throw std::bad_alloc();
+    return true;
   }
   if (counting.load()) {
     std::size_t number = allocations_counted.fetch_add(1) + 1;
     if (refuse_allocation_number.compare_exchange_strong(number, 0)) {
       refused_in_transport.store(in_transport_call.load());
       refused_after_start.store(operation_started.load());
-      throw std::bad_alloc();
+      return true;
     }
   }
-  if (void* block = std::malloc(size != 0 ? size : 1)) {
-    return block;
-  }
-  throw std::bad_alloc();
+  return false;
 }
-void operator delete(void* block) noexcept { std::free(block); }
-void operator delete(void* block, std::size_t) noexcept { std::free(block); }
 
 namespace chorus {
 namespace {

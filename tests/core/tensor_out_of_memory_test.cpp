@@ -17,6 +17,7 @@
 #include "chorus/device.hpp"
 #include "chorus/dtype.hpp"
 #include "chorus/tensor.hpp"
+#include "support/refusing_new.hpp"
 
 namespace {
 
@@ -45,17 +46,9 @@ int refuse_each_allocation_in_turn(const std::function<void()>& call,
 
 }  // namespace
 
-void* operator new(std::size_t size) {
-  if (allocations_before_refusal.load() >= 0 && allocations_before_refusal.fetch_sub(1) == 0) {
-    throw std::bad_alloc();
-  }
-  if (void* block = std::malloc(size != 0 ? size : 1)) {
-    return block;
-  }
-  throw std::bad_alloc();
+bool chorus::testing::refuse_allocation(std::size_t) noexcept {
+  return allocations_before_refusal.load() >= 0 && allocations_before_refusal.fetch_sub(1) == 0;
 }
-void operator delete(void* block) noexcept { std::free(block); }
-void operator delete(void* block, std::size_t) noexcept { std::free(block); }
 
 namespace chorus {
 namespace {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "support/refusing_new.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace {
@@ -31,20 +32,13 @@ thread_local bool refusing_thread = false;
 
 }  // namespace
 
-void* operator new(std::size_t size) {
+bool chorus::testing::refuse_allocation(std::size_t) noexcept {
   if (refusing_thread && counting.load()) {
     std::size_t number = allocations_counted.fetch_add(1) + 1;
-    if (refuse_allocation_number.compare_exchange_strong(number, 0)) {
-      throw std::bad_alloc();
-    }
+    return refuse_allocation_number.compare_exchange_strong(number, 0);
   }
-  if (void* block = std::malloc(size != 0 ? size : 1)) {
-    return block;
-  }
-  throw std::bad_alloc();
+  return false;
 }
-void operator delete(void* block) noexcept { std::free(block); }
-void operator delete(void* block, std::size_t) noexcept { std::free(block); }
 
 namespace chorus {
 namespace {

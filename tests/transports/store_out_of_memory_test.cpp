@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/refusing_new.hpp"
+
 namespace {
 
 constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
@@ -39,29 +41,23 @@ std::atomic<std::size_t> refuse_next_server_allocation_of{kNone};
 // The server's allocations refused so far.
 std::atomic<int> server_allocations_refused{0};
 
-void* allocate(std::size_t size) {
-  if (!on_test_thread) {
-    std::size_t largest = server_allocation_bytes_max.load();
-    while (size > largest && !server_allocation_bytes_max.compare_exchange_weak(largest, size)) {
-    }
-    std::size_t exact = size;
-    if (size >= refuse_server_allocations_from.load() ||
-        refuse_next_server_allocation_of.compare_exchange_strong(exact, kNone)) {
-      server_allocations_refused.fetch_add(1);
-      throw std::bad_alloc();
-    }
-  }
-  if (void* block = std::malloc(size != 0 ? size : 1)) {
-    return block;
-  }
-  throw std::bad_alloc();
-}
-
 }  // namespace
 
-void* operator new(std::size_t size) { return allocate(size); }
-void operator delete(void* block) noexcept { std::free(block); }
-void operator delete(void* block, std::size_t) noexcept { std::free(block); }
+bool chorus::testing::refuse_allocation(std::size_t size) noexcept {
+  if (on_test_thread) {
+    return false;
+  }
+  std::size_t largest = server_allocation_bytes_max.load();
+  while (size > largest && !server_allocation_bytes_max.compare_exchange_weak(largest, size)) {
+  }
+  std::size_t exact = size;
+  if (size >= refuse_server_allocations_from.load() ||
+      refuse_next_server_allocation_of.compare_exchange_strong(exact, kNone)) {
+    server_allocations_refused.fetch_add(1);
+    return true;
+  }
+  return false;
+}
 
 namespace chorus::store {
 namespace {
