@@ -450,9 +450,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   SimGroup::Slot* slot = nullptr;
   if (fails_early) {
     early_error = make_error(early_code, work->context(), early_detail);
-    if (options_.record_events) {
-      early_event = std::string(error_code_name(early_code)) + ": " + early_detail;
-    }
+    early_event = fail_event(early_code, early_detail);
   } else {
     // Last: a slot made here is erased again if making its arrivals fails, and nothing after
     // it can throw before the operation counts.
@@ -514,7 +512,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   // while the operation is still pending (a failed one is never completed, so never unguarded).
   if (options_.guard_pending_outputs && work->status() == transport::WorkStatus::Pending) {
     try {
-      guard_outputs(*work, rank, guarded_, guard_what);
+      guard_outputs(*work, guarded_, guard_what);
     } catch (const std::bad_alloc&) {
       // Note [Operation positions]: the outputs stay poisoned, unguarded (or partly guarded).
     }
@@ -591,11 +589,9 @@ std::string SimWorld::guard_description(const SimWork& work, const SimGroup& gro
          site.to_string() + ")";
 }
 
-void SimWorld::guard_outputs(const SimWork& work, int rank,
-                             const std::vector<transport::Buffer>& outputs,
+void SimWorld::guard_outputs(const SimWork& work, const std::vector<transport::Buffer>& outputs,
                              const std::string& what) {
   CHORUS_CHECK(options_.guard_pending_outputs);
-  CHORUS_CHECK_GE(rank, 0);
   for (const transport::Buffer& output : outputs) {
     if (allocator_->protect(output.data, output.nbytes(), &work, what, &steps_)) {
       mark("guard.protect");
@@ -1353,13 +1349,12 @@ void SimWorld::wake_due_ranks() {
 // ---- Failures (Note [Simulator failures])
 
 void SimWorld::fail_work(SimWork& work, ErrorCode code, const std::string& detail) {
-  unguard_outputs(work);
-  work.mark_failed(make_error(code, work.context(), detail));
-  if (options_.record_events) {
-    record_event(SimEvent::Kind::Fail, work.rank(), work,
-                 std::string(error_code_name(code)) + ": " + detail);
-  }
-  wake_waiters(work);
+  fail_work(work, make_error(code, work.context(), detail), fail_event(code, detail));
+}
+
+std::string SimWorld::fail_event(ErrorCode code, const std::string& detail) const {
+  return options_.record_events ? std::string(error_code_name(code)) + ": " + detail
+                                : std::string();
 }
 
 void SimWorld::fail_work(SimWork& work, std::exception_ptr error, std::string event) noexcept {

@@ -374,6 +374,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void fail_work(SimWork& work, ErrorCode code, const std::string& detail);
   // The same with the error made beforehand, and the Fail event's detail: cannot throw.
   void fail_work(SimWork& work, std::exception_ptr error, std::string event) noexcept;
+  // The Fail event's detail for an error of `code`: empty when events are not recorded.
+  std::string fail_event(ErrorCode code, const std::string& detail) const;
   void wake_waiters(SimWork& work);
   void time_out(SimWork& work, transport::Deadline deadline, int waiter);
   // Operations of a communicator complete in order; failed ones are skipped.
@@ -398,7 +400,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void notify_off_rank_waiters();
   // Guard pages (Note [Guard pages]): protects the outputs `start` poisoned, or unprotects a
   // work's outputs before the simulator touches them. Do nothing without guard mode.
-  void guard_outputs(const SimWork& work, int rank, const std::vector<transport::Buffer>& outputs,
+  void guard_outputs(const SimWork& work, const std::vector<transport::Buffer>& outputs,
                      const std::string& what);
   // What guard_outputs names the outputs of `work`, issued by `rank` at `site`.
   static std::string guard_description(const SimWork& work, const SimGroup& group, int rank,

@@ -12,6 +12,7 @@
 #include <chorus/store/store.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -993,28 +994,28 @@ TEST(NcclCollectiveCheck, ARetryOfATimedOutOperationIsAFreshRound) {
                     std::chrono::seconds(5), std::chrono::milliseconds(0), {}, 5);
   });
   store::Client five(options_for(server), std::chrono::seconds(30));
+  // Errors are kept, not thrown, so the thread is always joined before the assertions.
+  const auto error_of = [](const std::function<void()>& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "";
+  };
   const std::string round_5 = "chorus/nccl/check/tp/1,3,5,/5/";
-  std::string wait_error;
-  try {
+  const std::string wait_error = error_of([&] {
     five.wait({round_5 + "1", round_5 + "3"}, std::chrono::seconds(10));
-  } catch (const Error& error) {
-    wait_error = error.what();  // still a failure below, once the thread is joined
-  }
+  });
   const ErrorContext context{5, "all_reduce", 4, "'tp' [1, 3, 5]"};
-  std::string late;
-  try {
-    check_collective(five, "tp/1,3,5,", {1, 3, 5}, 2, 4, 4, op, {}, context,
-                     std::chrono::seconds(30));
-  } catch (const Error& error) {
-    late = error.what();
-  }
-  std::string in_step;
-  try {
-    check_collective(five, "tp/1,3,5,", {1, 3, 5}, 2, 4, 5, op, {}, context,
-                     std::chrono::seconds(30));
-  } catch (const Error& error) {
-    in_step = error.what();
-  }
+  const auto member_5_in_round = [&](std::int64_t round_index) {
+    return error_of([&] {
+      check_collective(five, "tp/1,3,5,", {1, 3, 5}, 2, 4, round_index, op, {}, context,
+                       std::chrono::seconds(30));
+    });
+  };
+  const std::string late = member_5_in_round(4);
+  const std::string in_step = member_5_in_round(5);
   one_and_three.join();
   EXPECT_EQ(wait_error, "");
   EXPECT_NE(late.find("reached operation #4 (" + op + ") too late"), std::string::npos) << late;
