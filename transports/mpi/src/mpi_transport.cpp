@@ -101,6 +101,32 @@ void keep(Started& started, std::initializer_list<std::shared_ptr<const void>> b
   started.keep_alive.insert(started.keep_alive.end(), buffers);
 }
 
+// The request an operation's one MPI call posts into, made (MPI_REQUEST_NULL) before the call so
+// that nothing allocates after it (Note [Issue without allocation]), with room for its status in
+// the poll. May throw std::bad_alloc.
+MPI_Request* request_slot(Started& started) {
+  started.statuses.reserve(started.requests.size() + 1);
+  return &started.requests.emplace_back(MPI_REQUEST_NULL);
+}
+
+// Runs `on_unwind` (which must not throw) when the scope it guards is left by an exception.
+template <class F>
+class OnUnwind {
+ public:
+  explicit OnUnwind(F on_unwind) : on_unwind_(std::move(on_unwind)) {}
+  OnUnwind(const OnUnwind&) = delete;
+  OnUnwind& operator=(const OnUnwind&) = delete;
+  ~OnUnwind() {
+    if (std::uncaught_exceptions() > uncaught_) {
+      on_unwind_();
+    }
+  }
+
+ private:
+  F on_unwind_;
+  int uncaught_ = std::uncaught_exceptions();
+};
+
 // One OpSignature as bytes on the wire: the collective check's descriptions (Note [Collective
 // check]) and signed messages (Note [Direct exchanges], "Signed messages") carry it. The ranks of
 // a job run one binary, so both ends share the layout.
@@ -264,7 +290,10 @@ MpiProcess::~MpiProcess() {
   }
 }
 
-void MpiProcess::add_ring(std::shared_ptr<RingAllReduce> ring) {
+void MpiProcess::reserve_ring() { rings_.reserve(rings_.size() + 1); }
+
+void MpiProcess::add_ring(std::shared_ptr<RingAllReduce> ring) noexcept {
+  CHORUS_CHECK_LT(rings_.size(), rings_.capacity());  // reserve_ring made room
   rings_.push_back(std::move(ring));
 }
 
@@ -279,38 +308,74 @@ void MpiProcess::progress_rings() {
   }
 }
 
-Started MpiProcess::take_started() noexcept {
-  const std::lock_guard lock(spare_mutex_);
-  if (spare_started_.empty()) {
-    return {};
+std::unique_ptr<Started> MpiProcess::take_started() {
+  {
+    const std::lock_guard lock(spare_mutex_);
+    if (!spare_started_.empty()) {
+      std::unique_ptr<Started> started = std::move(spare_started_.back());
+      spare_started_.pop_back();
+      return started;
+    }
   }
-  Started started = std::move(spare_started_.back());
-  spare_started_.pop_back();
-  return started;
+  return std::make_unique<Started>();
 }
 
-void MpiProcess::recycle_started(Started&& started,
-                                 std::vector<transport::OpSignature>&& signatures) noexcept {
+void MpiProcess::recycle_started(std::unique_ptr<Started> started) noexcept {
+  if (started == nullptr) {
+    return;
+  }
   // Emptied here, outside the lock: keep_alive's buffers and after's captures go now, as they
   // would have with the work.
-  started.clear();
-  started.signatures = std::move(signatures);  // the list the work's fingerprint took
-  started.signatures.clear();
+  started->clear();
+  started->signatures.clear();
+  CHORUS_CHECK(started->next_parked == nullptr);
   const std::lock_guard lock(spare_mutex_);
   if (spare_started_.size() < kSpareStartedMax) {
     spare_started_.push_back(std::move(started));  // within the reserved capacity: no throw
   }
 }
 
-void MpiProcess::park(Started started) {
-  // Callers hold no MPI lock (the MPI lock orders after a work's own lock).
+void MpiProcess::park(std::unique_ptr<Started> started) noexcept {
+  if (started == nullptr) {
+    return;
+  }
+  // Callers hold no MPI lock (the MPI lock orders after a work's own lock). Linking the node
+  // allocates nothing (Note [Issue without allocation]).
   const std::lock_guard lock(mutex_);
-  parked_.push_back(std::move(started));
+  CHORUS_CHECK(started->next_parked == nullptr);
+  started->next_parked = std::move(parked_.head);
+  parked_.head = std::move(started);
+  ++parked_.count;
+}
+
+void MpiProcess::retire(std::unique_ptr<Started> started) noexcept {
+  if (started != nullptr && started->in_flight()) {
+    park(std::move(started));
+  } else {
+    recycle_started(std::move(started));
+  }
+}
+
+MpiProcess::ParkedList::~ParkedList() {
+  while (head != nullptr) {
+    head = std::move(head->next_parked);  // frees one node; its successor is held here
+  }
 }
 
 std::size_t MpiProcess::parked_count() {
   const std::lock_guard lock(mutex_);
-  return parked_.size();
+  return parked_.count;
+}
+
+bool Started::in_flight() const noexcept {
+  // A work that failed after MPI completed its requests (a short message, a signature mismatch,
+  // a throwing after-step) holds only MPI_REQUEST_NULL: nothing of it is MPI's any more.
+  const bool requests_pending = std::ranges::any_of(
+      requests, [](MPI_Request request) { return request != MPI_REQUEST_NULL; });
+  // A failed ring's own requests are in an unknown state, like a running ring's.
+  const bool rings_pending = std::ranges::any_of(
+      rings, [](const std::shared_ptr<RingAllReduce>& ring) { return !ring->finished(); });
+  return requests_pending || rings_pending;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -319,30 +384,34 @@ std::size_t MpiProcess::parked_count() {
 MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, Started started,
                  transport::Fingerprint fingerprint, WorkContext context)
     : process_(std::move(process)),
-      started_(std::move(started)),
+      started_(std::make_unique<Started>(std::move(started))),
       fingerprint_(std::move(fingerprint)),
       context_(std::move(context)) {}
 
-MpiWork::~MpiWork() {
-  if (status_ != transport::WorkStatus::Completed && in_flight()) {
-    // MPI cannot cancel a collective: its buffers must outlive it, so they stay with the process
-    // (a work is dropped pending only after a Timeout, on the way to ending the job; a failed
-    // test leaves its requests in an unknown state, so those stay too).
-    process_->park(std::move(started_));
-    return;
-  }
-  process_->recycle_started(std::move(started_), std::move(fingerprint_.ops));
+MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, transport::Fingerprint fingerprint,
+                 WorkContext context)
+    : process_(std::move(process)),
+      fingerprint_(std::move(fingerprint)),
+      context_(std::move(context)) {}
+
+void MpiWork::adopt(std::unique_ptr<Started> started) noexcept {
+  CHORUS_CHECK(started != nullptr);
+  CHORUS_CHECK(started_ == nullptr);
+  fingerprint_.ops = std::move(started->signatures);
+  started_ = std::move(started);
 }
 
-bool MpiWork::in_flight() const noexcept {
-  // A work that failed after MPI completed its requests (a short message, a signature mismatch,
-  // a throwing after-step) holds only MPI_REQUEST_NULL: nothing of it is MPI's any more.
-  const bool requests_pending = std::ranges::any_of(
-      started_.requests, [](MPI_Request request) { return request != MPI_REQUEST_NULL; });
-  // A failed ring's own requests are in an unknown state, like a running ring's.
-  const bool rings_pending = std::ranges::any_of(
-      started_.rings, [](const std::shared_ptr<RingAllReduce>& ring) { return !ring->finished(); });
-  return requests_pending || rings_pending;
+MpiWork::~MpiWork() {
+  if (started_ == nullptr) {
+    return;  // made for an operation whose start threw (MpiComm::launch): it never had one
+  }
+  // The list the fingerprint took goes back with the Started, for its capacity.
+  started_->signatures = std::move(fingerprint_.ops);
+  // MPI cannot cancel a collective: a pending work's buffers must outlive it, so they stay with
+  // the process (a work is dropped pending only after a Timeout, on the way to ending the job; a
+  // failed test leaves its requests in an unknown state, so those stay too). Parking allocates
+  // nothing, so this destructor cannot throw (Note [Issue without allocation]).
+  process_->retire(std::move(started_));
 }
 
 void MpiWork::poll() {
@@ -355,29 +424,29 @@ void MpiWork::poll() {
   {
     const std::lock_guard mpi_lock(process_->mutex());
     // Statuses always: a failed request's own error is only there (MPI_ERR_IN_STATUS).
-    started_.statuses.resize(started_.requests.size());
-    const int code = MPI_Testall(static_cast<int>(started_.requests.size()),
-                                 started_.requests.data(), &done, started_.statuses.data());
+    started_->statuses.resize(started_->requests.size());
+    const int code = MPI_Testall(static_cast<int>(started_->requests.size()),
+                                 started_->requests.data(), &done, started_->statuses.data());
     if (code != MPI_SUCCESS) {
       // The peers of direct exchanges' receives and sends are known; a collective's request has
       // none.
-      std::vector<int> peers(started_.requests.size(), -1);
-      for (const Started::Receive& receive : started_.receives) {
+      std::vector<int> peers(started_->requests.size(), -1);
+      for (const Started::Receive& receive : started_->receives) {
         peers[receive.request] = receive.peer;
       }
-      for (const Started::Send& send : started_.sends) {
+      for (const Started::Send& send : started_->sends) {
         peers[send.request] = send.peer;
       }
-      failure = mpi_requests_failure("MPI_Testall", code, started_.statuses, MPI_COMM_NULL, peers);
-    } else if (done != 0 && !started_.receives.empty()) {
+      failure = mpi_requests_failure("MPI_Testall", code, started_->statuses, MPI_COMM_NULL, peers);
+    } else if (done != 0 && !started_->receives.empty()) {
       // Once: the requests are freed now, and a later poll (for a ring of the batch) would
       // find only empty statuses.
       short_message = check_receives();
-      started_.receives.clear();
-      started_.sends.clear();  // their requests are freed too
+      started_->receives.clear();
+      started_->sends.clear();  // their requests are freed too
     }
     process_->progress_rings();  // this work's and everyone else's (Note [Ring all_reduce])
-    for (const std::shared_ptr<RingAllReduce>& ring : started_.rings) {
+    for (const std::shared_ptr<RingAllReduce>& ring : started_->rings) {
       if (ring->failed()) {
         failure = ring->failure();
       } else if (!ring->finished()) {
@@ -397,7 +466,7 @@ void MpiWork::poll() {
     return;
   }
   try {
-    for (const std::function<void()>& step : started_.after) {
+    for (const std::function<void()>& step : started_->after) {
       step();
     }
     status_.store(transport::WorkStatus::Completed, std::memory_order_release);
@@ -405,15 +474,15 @@ void MpiWork::poll() {
     error_ = std::current_exception();
     status_.store(transport::WorkStatus::Failed, std::memory_order_release);
   }
-  started_.after.clear();
-  started_.rings.clear();
-  started_.keep_alive.clear();
+  started_->after.clear();
+  started_->rings.clear();
+  started_->keep_alive.clear();
 }
 
 std::string MpiWork::check_receives() const {
-  for (const Started::Receive& receive : started_.receives) {
+  for (const Started::Receive& receive : started_->receives) {
     int arrived = 0;
-    MPI_Get_count(&started_.statuses[receive.request], receive.datatype, &arrived);
+    MPI_Get_count(&started_->statuses[receive.request], receive.datatype, &arrived);
     if (arrived != receive.count) {
       const std::string sent = arrived == MPI_UNDEFINED
                                    ? "a message that is not a whole number of elements"
@@ -657,6 +726,12 @@ int MpiComm::take_p2p_tag() {
 
 void MpiComm::post_exchange(Started& started, const std::vector<Message>& messages,
                             MPI_Datatype datatype, const OpInfo& info) {
+  // Note [Issue without allocation]: room for every request, its status and its peer before the
+  // tag is taken and the first message posted, so the loop allocates nothing.
+  started.requests.reserve(started.requests.size() + 2 * messages.size());
+  started.statuses.reserve(started.requests.capacity());
+  started.receives.reserve(started.receives.size() + messages.size());
+  started.sends.reserve(started.sends.size() + messages.size());
   const int tag = take_p2p_tag();
   const std::lock_guard mpi_lock(process_->mutex());
   for (const Message& message : messages) {
@@ -734,11 +809,10 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
       messages.push_back({peer, own_block_for(peer), count, block_of(peer), count});
     }
   }
-  post_exchange(started, messages,
-                signed_as != nullptr ? MPI_BYTE : mpi_datatype(movement_element(recv.dtype)), info);
-  // After every request completed, sends included: an in-place all_reduce's input is its
-  // output, overwritten only once no send reads it any more. avg and premul_sum are the
-  // kernels' own, so the result is the simulator's fixed-order one, bit for bit.
+  // Added before the posting (Note [Issue without allocation]); runs after every request
+  // completed, sends included: an in-place all_reduce's input is its output, overwritten only
+  // once no send reads it any more. avg and premul_sum are the kernels' own, so the result is
+  // the simulator's fixed-order one, bit for bit.
   const bool check_signatures = signed_as != nullptr;
   started.after.emplace_back([=, mine = check_signatures ? *signed_as : OpSignature{},
                               context = work_context(info), data = recv.data, elements = recv.count,
@@ -777,6 +851,8 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
     }
     kernels::reduce(data, sources, static_cast<std::size_t>(n), elements, dtype, reduce_op);
   });
+  post_exchange(started, messages,
+                signed_as != nullptr ? MPI_BYTE : mpi_datatype(movement_element(recv.dtype)), info);
 }
 
 template <class Start>
@@ -794,20 +870,25 @@ std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature
   if (check_collectives_) {
     verify(std::vector<OpSignature>{op_signature}, info, send_counts, recv_counts);
   }
-  Started started = process_->take_started();
-  started.signatures.push_back(op_signature);
+  // Note [Issue without allocation]: the work and the Started first, then start, which posts
+  // only once it allocated what it needs; the work takes the Started without allocating.
+  std::shared_ptr<MpiWork> work = make_work(info);
+  std::unique_ptr<Started> started = process_->take_started();
+  started->signatures.push_back(op_signature);
   try {
-    start(started);
+    start(*started);
   } catch (...) {
-    process_->park(std::move(started));  // what did start keeps its buffers until the end
+    // What start posted keeps its buffers until the end (parked); if it posted nothing (a
+    // std::bad_alloc, a refusal before the first MPI call), the Started is recycled.
+    process_->retire(std::move(started));
     throw;
   }
-  return make_work(std::move(started), info);
+  work->adopt(std::move(started));
+  return work;
 }
 
-std::shared_ptr<transport::Work> MpiComm::make_work(Started started, const OpInfo& info) {
-  transport::Fingerprint fingerprint{id_, info.seq, std::move(started.signatures)};
-  return std::make_shared<MpiWork>(process_, std::move(started), std::move(fingerprint),
+std::shared_ptr<MpiWork> MpiComm::make_work(const OpInfo& info) {
+  return std::make_shared<MpiWork>(process_, transport::Fingerprint{id_, info.seq, {}},
                                    work_context(info));
 }
 
@@ -826,35 +907,35 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
       post_reduction_exchange(started, send.data, 0, recv, reduce_op, info, &op_signature);
       return;
     }
-    MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
-    {
-      const std::lock_guard mpi_lock(process_->mutex());
-      MPI_Datatype datatype = MPI_DATATYPE_NULL;
-      MPI_Op op = MPI_OP_NULL;
-      reduction(send, reduce_op, plan, datatype, op);
-      const Operands operands =
-          reduction_operands(send, recv, reduce_op, plan, /*writes_recv=*/true, started);
-      const void* input = operands.input;
-      if (use_chorus_schedule(send.nbytes()) && RingAllReduce::keeps_order(send.dtype, reduce_op) &&
-          RingAllReduce::fits(send.count, operands.dtype, size())) {
-        auto ring = std::make_shared<RingAllReduce>(input, operands.output, send.count,
-                                                    operands.dtype, step_op(plan, reduce_op), comm_,
-                                                    group_rank_, size(), take_p2p_tag());
-        started.rings.push_back(ring);  // kept (parked) with its buffers even if start fails
-        ring->start();
-        if (ring->failed()) {
-          throw TransportError(context_of(info), ring->failure());
-        }
-        process_->add_ring(std::move(ring));
-      } else {
-        check(MPI_Iallreduce(input == operands.output ? MPI_IN_PLACE : input, operands.output,
-                             count, datatype, op, comm_, &request),
-              "MPI_Iallreduce", info);
+    const std::lock_guard mpi_lock(process_->mutex());
+    MPI_Datatype datatype = MPI_DATATYPE_NULL;
+    MPI_Op op = MPI_OP_NULL;
+    reduction(send, reduce_op, plan, datatype, op);
+    const Operands operands =
+        reduction_operands(send, recv, reduce_op, plan, /*writes_recv=*/true, started);
+    const void* input = operands.input;
+    if (use_chorus_schedule(send.nbytes()) && RingAllReduce::keeps_order(send.dtype, reduce_op) &&
+        RingAllReduce::fits(send.count, operands.dtype, size())) {
+      // Note [Issue without allocation]: room in the process's ring list, the ring and its
+      // place in `started` first; the tag is taken once nothing before the posting can throw.
+      process_->reserve_ring();
+      const int tag = next_p2p_tag_;
+      auto ring = std::make_shared<RingAllReduce>(input, operands.output, send.count,
+                                                  operands.dtype, step_op(plan, reduce_op), comm_,
+                                                  group_rank_, size(), tag);
+      started.rings.push_back(ring);  // kept (parked) with its buffers even if start fails
+      CHORUS_CHECK_EQ(take_p2p_tag(), tag);
+      ring->start();
+      if (ring->failed()) {
+        throw TransportError(context_of(info), ring->failure());
       }
-    }
-    if (request != MPI_REQUEST_NULL) {
-      started.requests.push_back(request);
+      process_->add_ring(std::move(ring));
+    } else {
+      MPI_Request* request = request_slot(started);
+      check(MPI_Iallreduce(input == operands.output ? MPI_IN_PLACE : input, operands.output, count,
+                           datatype, op, comm_, request),
+            "MPI_Iallreduce", info);
     }
   });
 }
@@ -893,14 +974,11 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
       post_exchange(started, messages, datatype, info);
       return;
     }
-    MPI_Request request = MPI_REQUEST_NULL;
-    {
-      const std::lock_guard mpi_lock(process_->mutex());
-      check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data, count, datatype, recv.data, count,
-                           datatype, comm_, &request),
-            "MPI_Iallgather", info);
-    }
-    started.requests.push_back(request);
+    MPI_Request* request = request_slot(started);
+    const std::lock_guard mpi_lock(process_->mutex());
+    check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data, count, datatype, recv.data, count,
+                         datatype, comm_, request),
+          "MPI_Iallgather", info);
   });
 }
 
@@ -922,20 +1000,17 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
                               use_small_direct_exchange(send.nbytes()) ? &op_signature : nullptr);
       return;
     }
-    MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
-    {
-      const std::lock_guard mpi_lock(process_->mutex());
-      MPI_Datatype datatype = MPI_DATATYPE_NULL;
-      MPI_Op op = MPI_OP_NULL;
-      reduction(send, reduce_op, plan, datatype, op);
-      const Operands operands =
-          reduction_operands(send, recv, reduce_op, plan, /*writes_recv=*/true, started);
-      check(MPI_Ireduce_scatter_block(operands.input, operands.output, count, datatype, op, comm_,
-                                      &request),
-            "MPI_Ireduce_scatter_block", info);
-    }
-    started.requests.push_back(request);
+    const std::lock_guard mpi_lock(process_->mutex());
+    MPI_Datatype datatype = MPI_DATATYPE_NULL;
+    MPI_Op op = MPI_OP_NULL;
+    reduction(send, reduce_op, plan, datatype, op);
+    const Operands operands =
+        reduction_operands(send, recv, reduce_op, plan, /*writes_recv=*/true, started);
+    MPI_Request* request = request_slot(started);
+    check(MPI_Ireduce_scatter_block(operands.input, operands.output, count, datatype, op, comm_,
+                                    request),
+          "MPI_Ireduce_scatter_block", info);
   });
 }
 
@@ -1013,12 +1088,13 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
           post_exchange(started, messages, datatype, info);
           return;
         }
-        MPI_Request request = MPI_REQUEST_NULL;
+        MPI_Request* request = request_slot(started);
         {
           const std::lock_guard mpi_lock(process_->mutex());
           // Note [MPI int counts]: MPI_Ialltoallw's displacements are int bytes; a peer whose
           // offset does not fit gets a datatype that carries it (an MPI_Aint), sent once.
           std::vector<MPI_Datatype> placed;
+          placed.reserve(2 * n);  // no std::bad_alloc between creating a type and keeping it
           const auto free_placed = [&placed] {
             for (MPI_Datatype& type : placed) {
               // Pending operations that use a freed datatype complete normally (MPI 3.1, 4.1.9).
@@ -1056,11 +1132,10 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
           const int code = MPI_Ialltoallw(
               input, layout->wire_counts.data(), layout->displacements.data(), layout->types.data(),
               recv.data, layout->wire_counts.data() + n, layout->displacements.data() + n,
-              layout->types.data() + n, comm_, &request);
+              layout->types.data() + n, comm_, request);
           free_placed();
           check(code, "MPI_Ialltoallw", info);
         }
-        started.requests.push_back(request);
       },
       &send_counts, &recv_counts);
 }
@@ -1079,12 +1154,9 @@ std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Bu
       std::memcpy(recv.data, send.data, recv.nbytes());
     }
     const MPI_Datatype datatype = mpi_datatype(movement_element(recv.dtype));
-    MPI_Request request = MPI_REQUEST_NULL;
-    {
-      const std::lock_guard mpi_lock(process_->mutex());
-      check(MPI_Ibcast(recv.data, count, datatype, root, comm_, &request), "MPI_Ibcast", info);
-    }
-    started.requests.push_back(request);
+    MPI_Request* request = request_slot(started);
+    const std::lock_guard mpi_lock(process_->mutex());
+    check(MPI_Ibcast(recv.data, count, datatype, root, comm_, request), "MPI_Ibcast", info);
   });
 }
 
@@ -1099,22 +1171,19 @@ std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffe
   return launch(op_signature, info, [=, this](Started& started) {
     keep(started, {send.keep_alive, recv.keep_alive});
     const bool is_root = group_rank_ == root;
-    MPI_Request request = MPI_REQUEST_NULL;
     Plan plan;
-    {
-      const std::lock_guard mpi_lock(process_->mutex());
-      MPI_Datatype datatype = MPI_DATATYPE_NULL;
-      MPI_Op op = MPI_OP_NULL;
-      reduction(send, reduce_op, plan, datatype, op);
-      // recv is written on root only (Comm::reduce); only root may reduce in place.
-      const Operands operands = reduction_operands(send, recv, reduce_op, plan, is_root, started);
-      const void* send_arg =
-          is_root && operands.input == operands.output ? MPI_IN_PLACE : operands.input;
-      check(MPI_Ireduce(send_arg, is_root ? operands.output : nullptr, count, datatype, op, root,
-                        comm_, &request),
-            "MPI_Ireduce", info);
-    }
-    started.requests.push_back(request);
+    const std::lock_guard mpi_lock(process_->mutex());
+    MPI_Datatype datatype = MPI_DATATYPE_NULL;
+    MPI_Op op = MPI_OP_NULL;
+    reduction(send, reduce_op, plan, datatype, op);
+    // recv is written on root only (Comm::reduce); only root may reduce in place.
+    const Operands operands = reduction_operands(send, recv, reduce_op, plan, is_root, started);
+    const void* send_arg =
+        is_root && operands.input == operands.output ? MPI_IN_PLACE : operands.input;
+    MPI_Request* request = request_slot(started);
+    check(MPI_Ireduce(send_arg, is_root ? operands.output : nullptr, count, datatype, op, root,
+                      comm_, request),
+          "MPI_Ireduce", info);
   });
 }
 
@@ -1201,38 +1270,44 @@ std::string describe(const WireSignature& wire) {
 
 }  // namespace
 
-void MpiComm::await_requests(Started& pending, const OpInfo& info, const std::string& what) {
+void MpiComm::await_requests(std::unique_ptr<Started>& pending, const OpInfo& info,
+                             const std::string& what) {
   // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
   const transport::Deadline deadline = transport::Deadline::after(since_epoch(*process_), timeout_);
   std::string failure;
-  for (;;) {
-    int done = 0;
-    {
-      const std::lock_guard mpi_lock(process_->mutex());
-      process_->progress_rings();  // a peer may be waiting on one (Note [Ring all_reduce])
-      pending.statuses.resize(pending.requests.size());
-      if (const int code = MPI_Testall(static_cast<int>(pending.requests.size()),
-                                       pending.requests.data(), &done, pending.statuses.data());
-          code != MPI_SUCCESS) {
-        failure = mpi_requests_failure("MPI_Testall (collective check)", code, pending.statuses,
-                                       check_comm_);
+  try {
+    for (;;) {
+      int done = 0;
+      {
+        const std::lock_guard mpi_lock(process_->mutex());
+        process_->progress_rings();  // a peer may be waiting on one (Note [Ring all_reduce])
+        pending->statuses.resize(pending->requests.size());
+        if (const int code = MPI_Testall(static_cast<int>(pending->requests.size()),
+                                         pending->requests.data(), &done, pending->statuses.data());
+            code != MPI_SUCCESS) {
+          failure = mpi_requests_failure("MPI_Testall (collective check)", code, pending->statuses,
+                                         check_comm_);
+        }
       }
+      if (!failure.empty()) {
+        // The requests' state is unknown: their buffers stay with the process.
+        throw TransportError(context_of(info), failure);
+      }
+      if (done != 0) {
+        return;
+      }
+      if (since_epoch(*process_) >= deadline.at) {
+        throw Timeout(context_of(info), "not started: waited for " + what +
+                                            " (--check-collectives) past the deadline; a member "
+                                            "of the group has not issued it");
+      }
+      std::this_thread::yield();
     }
-    if (!failure.empty()) {
-      // The requests' state is unknown: their buffers stay with the process (park).
-      process_->park(std::move(pending));
-      throw TransportError(context_of(info), failure);
-    }
-    if (done != 0) {
-      return;
-    }
-    if (since_epoch(*process_) >= deadline.at) {
-      process_->park(std::move(pending));
-      throw Timeout(context_of(info), "not started: waited for " + what +
-                                          " (--check-collectives) past the deadline; a member "
-                                          "of the group has not issued it");
-    }
-    std::this_thread::yield();
+  } catch (...) {
+    // A failure, the deadline, or a std::bad_alloc (the statuses, the error's text): what is
+    // still in flight stays with the process (park; Note [Issue without allocation]).
+    process_->retire(std::move(pending));
+    throw;
   }
 }
 
@@ -1243,16 +1318,18 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   const auto me = static_cast<std::size_t>(group_rank_);
   auto wires = std::make_shared<std::vector<WireSignature>>(n + 1);  // [members..., mine]
   (*wires)[n] = wire_of(signatures, info);
-  Started pending;
-  pending.keep_alive.push_back(wires);
-  MPI_Request request = MPI_REQUEST_NULL;
+  // Everything allocated before the posting (Note [Issue without allocation]): the Started,
+  // its request and its status.
+  auto pending = std::make_unique<Started>();
+  pending->keep_alive.push_back(wires);
+  pending->statuses.reserve(1);
+  MPI_Request* request = &pending->requests.emplace_back(MPI_REQUEST_NULL);
   {
     const std::lock_guard mpi_lock(process_->mutex());
     check(MPI_Iallgather(&(*wires)[n], sizeof(WireSignature), MPI_BYTE, wires->data(),
-                         sizeof(WireSignature), MPI_BYTE, check_comm_, &request),
+                         sizeof(WireSignature), MPI_BYTE, check_comm_, request),
           "MPI_Iallgather (collective check)", info);
   }
-  pending.requests.push_back(request);
   await_requests(pending, info, "every member's description of this operation");
   for (std::size_t i = 0; i < n; ++i) {
     if (i != me && !same_operation((*wires)[i], (*wires)[n])) {
@@ -1277,15 +1354,16 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
     (*counts)[j] = (*send_counts)[j];
   }
   auto verdicts = std::make_shared<std::vector<std::int32_t>>(n + 1, 0);
-  Started exchange;
-  exchange.keep_alive = {counts, verdicts};
+  auto exchange = std::make_unique<Started>();
+  exchange->keep_alive = {counts, verdicts};
+  exchange->statuses.reserve(1);
+  request = &exchange->requests.emplace_back(MPI_REQUEST_NULL);  // both exchanges' request
   {
     const std::lock_guard mpi_lock(process_->mutex());
     check(MPI_Ialltoall(counts->data(), 1, MPI_UINT64_T, counts->data() + n, 1, MPI_UINT64_T,
-                        check_comm_, &request),
+                        check_comm_, request),
           "MPI_Ialltoall (collective check)", info);
   }
-  exchange.requests = {request};
   await_requests(exchange, info, "every member's all_to_all split sizes");
   std::string problem;
   for (std::size_t j = 0; j < n && problem.empty(); ++j) {
@@ -1299,10 +1377,9 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   {
     const std::lock_guard mpi_lock(process_->mutex());
     check(MPI_Iallgather(&(*verdicts)[n], 1, MPI_INT32_T, verdicts->data(), 1, MPI_INT32_T,
-                         check_comm_, &request),
+                         check_comm_, request),
           "MPI_Iallgather (collective check)", info);
   }
-  exchange.requests = {request};
   await_requests(exchange, info, "every member's verdict on the split sizes");
   for (std::size_t j = 0; j < n && problem.empty(); ++j) {
     if ((*verdicts)[j] != 0) {
@@ -1342,17 +1419,21 @@ std::shared_ptr<transport::Work> MpiComm::end_group(const OpInfo& info) {
   if (check_collectives_) {
     verify(signatures, info, nullptr, nullptr);
   }
-  Started started;
-  started.signatures = std::move(signatures);
+  // Note [Issue without allocation]: as launch. A later operation's start still allocates after
+  // the batch's earlier ones posted; a refusal there parks what they posted.
+  std::shared_ptr<MpiWork> work = make_work(info);
+  std::unique_ptr<Started> started = process_->take_started();
+  started->signatures = std::move(signatures);
   try {
     for (const std::function<void(Started&)>& start : starts) {
-      start(started);
+      start(*started);
     }
   } catch (...) {
-    process_->park(std::move(started));  // what did start keeps its buffers until the end
+    process_->retire(std::move(started));  // parked if anything was posted, as in launch
     throw;
   }
-  return make_work(std::move(started), info);
+  work->adopt(std::move(started));
+  return work;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1440,10 +1521,10 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   // Buffers and requests live on the heap: after a Timeout the process keeps them (park).
   // Two words per message: the group's id and the sender's pairings with the receiver.
   auto ids = std::make_shared<std::vector<std::uint64_t>>(2 * n + 2 * n, 0);  // [peers..., mine]
-  Started pending;
-  pending.keep_alive.push_back(ids);
+  auto pending = std::make_unique<Started>();
+  pending->keep_alive.push_back(ids);
   std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
-  std::vector<int> send_peers;  // pending.requests[i] sends to send_peers[i]
+  std::vector<int> send_peers;  // pending->requests[i] sends to send_peers[i]
   // The members this set-up waits for; the others' set-up messages are answered ("Busy peers"),
   // settled members' too: they sent this set-up nothing, so a message of theirs is for another.
   std::vector<char> member(world_size, 0);
@@ -1485,7 +1566,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       MPI_Status status;
       if (MPI_Cancel(&receives[i]) != MPI_SUCCESS ||
           MPI_Wait(&receives[i], &status) != MPI_SUCCESS) {
-        pending.requests.push_back(receives[i]);  // state unknown: parked with its buffer
+        pending->requests.push_back(receives[i]);  // state unknown: parked with its buffer
         continue;
       }
       int cancelled = 0;
@@ -1496,6 +1577,20 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       }
     }
   };
+  // Note [Issue without allocation]: what throws between the postings below without parking
+  // `pending` first (a std::bad_alloc, or the mismatch found once every request completed)
+  // leaves as an MPI failure does: the receives cancelled, what is in flight parked.
+  const OnUnwind park_on_unwind([&]() noexcept {
+    if (pending == nullptr) {
+      return;  // parked already
+    }
+    try {
+      const std::lock_guard mpi_lock(process_->mutex());
+      cancel_receives();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a receive left uncancelled keeps its buffer
+    }
+    process_->retire(std::move(pending));
+  });
   const auto fail_if_any = [&] {
     if (!failure.empty()) {
       {
@@ -1530,21 +1625,20 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
         continue;
       }
       partial_[static_cast<std::size_t>(ranks[i])].reset();  // a set-up of another group
-      MPI_Request send = MPI_REQUEST_NULL;
       std::uint64_t* message = &(*ids)[2 * n + 2 * i];
       message[0] = id;
       message[1] = pairings_[static_cast<std::size_t>(ranks[i])];
+      send_peers.push_back(ranks[i]);
+      MPI_Request* send = &pending->requests.emplace_back(MPI_REQUEST_NULL);  // before the post
       // One tag for every set-up: between two ranks, set-ups pair up in the order each starts
       // them, so a peer busy setting up another group is seen at once (its id differs).
       if (const int code = MPI_Isend(message, 2, MPI_UINT64_T, ranks[i], kRendezvousTag,
-                                     process_->control(), &send);
+                                     process_->control(), send);
           code != MPI_SUCCESS) {
         failure = "MPI_Isend (communicator set-up) failed: " + mpi_error_text(code);
         break;
       }
       ++setups_sent_[static_cast<std::size_t>(ranks[i])];
-      pending.requests.push_back(send);
-      send_peers.push_back(ranks[i]);
       take_or_receive(i);
       if (!failure.empty()) {
         break;
@@ -1594,17 +1688,17 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
       reply->answers = setups_received_[source];  // the asker's latest message here
       const std::size_t length = std::min(context.group.size(), sizeof(reply->group) - 1);
       std::memcpy(reply->group, context.group.data(), length);
-      MPI_Request request = MPI_REQUEST_NULL;
-      if (const int code =
-              MPI_Isend(reply.get(), sizeof(BusyReply), MPI_BYTE, static_cast<int>(source),
-                        kBusyTag, process_->control(), &request);
+      // Kept, and its request made, before the post (Note [Issue without allocation]).
+      const BusyReply* sent = reply.get();
+      pending->keep_alive.push_back(std::move(reply));
+      send_peers.push_back(static_cast<int>(source));
+      MPI_Request* request = &pending->requests.emplace_back(MPI_REQUEST_NULL);
+      if (const int code = MPI_Isend(sent, sizeof(BusyReply), MPI_BYTE, static_cast<int>(source),
+                                     kBusyTag, process_->control(), request);
           code != MPI_SUCCESS) {
         failure = "MPI_Isend (communicator set-up) failed: " + mpi_error_text(code);
         break;
       }
-      pending.keep_alive.push_back(std::move(reply));
-      pending.requests.push_back(request);
-      send_peers.push_back(static_cast<int>(source));
     }
   };
   // Takes every busy reply that arrived; keeps those that answer this set-up's message (older
@@ -1772,11 +1866,11 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   // completes without waiting on anyone's progress but MPI's.
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    pending.statuses.resize(pending.requests.size());
-    if (const int code = MPI_Waitall(static_cast<int>(pending.requests.size()),
-                                     pending.requests.data(), pending.statuses.data());
+    pending->statuses.resize(pending->requests.size());
+    if (const int code = MPI_Waitall(static_cast<int>(pending->requests.size()),
+                                     pending->requests.data(), pending->statuses.data());
         code != MPI_SUCCESS) {
-      failure = mpi_requests_failure("MPI_Waitall (communicator set-up)", code, pending.statuses,
+      failure = mpi_requests_failure("MPI_Waitall (communicator set-up)", code, pending->statuses,
                                      process_->control(), send_peers);
     }
   }

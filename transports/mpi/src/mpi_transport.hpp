@@ -74,7 +74,38 @@ struct BusyReply {
 };
 static_assert(std::is_trivially_copyable_v<BusyReply>);
 
-// Requests and the steps around them of one started operation (or a coalesced batch).
+// Note [Issue without allocation]
+// A started operation's requests read and write its buffers until MPI completes them, and MPI
+// cannot cancel a collective, so the Started that holds those buffers (keep_alive) must never be
+// freed while a request is in flight: not when a work is dropped pending (MpiWork's destructor
+// parks it: MpiProcess::park), not when issuing throws halfway (an MPI failure, a ring that
+// fails to start: the Started is parked), and not when memory runs out. So:
+// - Issuing allocates everything before it posts anything: MpiComm::launch and end_group make
+//   the MpiWork (MpiComm::make_work) and take the Started (MpiProcess::take_started, a heap
+//   node: see below) first; each start reserves room in the Started's vectors (post_exchange,
+//   the request slot every collective posts into, the process's ring list) and adds its
+//   after-steps before its first MPI call; and the started work takes the Started without
+//   allocating (MpiWork::adopt). A std::bad_alloc in a call therefore leaves nothing started,
+//   no tag taken and nothing to park (MpiProcess::retire recycles what posted nothing), which
+//   is what Note [Transport contract] asks: core gives the sequence number back and a retry is
+//   the same operation for the peers (mpi.out_of_memory_test.*). Until 2026-12-04 the work was
+//   made after the posting, and a refusal there freed buffers MPI was still using.
+// - Parking never allocates, so it cannot throw where it is needed (a destructor, a catch
+//   block): every Started lives in a heap node allocated before it posts anything, and parked
+//   nodes form an intrusive list (Started::next_parked). Finished nodes are recycled (Note
+//   [Recycled Started]), so an operation allocates none in the steady state.
+// What still allocates after a posting: in a coalesced batch (end_group) each operation's start
+// allocates after the batch's earlier operations posted, so a refusal there parks the posted
+// part (their buffers stay) and the peers' batch fails or times out; and under
+// --check-collectives an operation's start allocates after its comparison (Note [Collective
+// check]) with the peers, so a refusal there leaves the peers one comparison ahead (docs/mpi.md,
+// "Memory exhaustion"). The communicator set-up (Note [Communicator rendezvous]) allocates
+// between its postings: a std::bad_alloc there cancels its receives and parks its messages, as
+// an MPI failure does.
+
+// Requests and the steps around them of one started operation (or a coalesced batch). Lives in
+// a heap node (std::unique_ptr) so that parking it allocates nothing (Note [Issue without
+// allocation]).
 struct Started {
   std::vector<MPI_Request> requests;
   // Run once, in order, after every request completed successfully (avg's division, ...).
@@ -102,7 +133,12 @@ struct Started {
   };
   std::vector<Send> sends;
   std::vector<MPI_Status> statuses;  // MPI_Testall's, when receives are checked
+  // The next Started in MpiProcess's parked list (Note [Issue without allocation]).
+  std::unique_ptr<Started> next_parked;
 
+  // Whether MPI may still use the buffers: a request not yet MPI_REQUEST_NULL, or a ring that
+  // has not finished (running, not started, or failed with its requests in an unknown state).
+  bool in_flight() const noexcept;
   // Empties every field, keeping the vectors' capacity (Note [Recycled Started]).
   void clear() noexcept {
     requests.clear();
@@ -132,22 +168,28 @@ class MpiProcess {
   std::mutex& mutex() noexcept { return mutex_; }  // Note [MPI locking]
   UserOps& user_ops() noexcept { return *user_ops_; }
   // Keeps the requests and buffers of a work destroyed while pending (after a Timeout: MPI
-  // cannot cancel a collective) until the process ends. Takes the MPI lock.
-  void park(Started started);
+  // cannot cancel a collective) until the process ends. Takes the MPI lock; allocates nothing
+  // and never throws (Note [Issue without allocation]). Null: nothing to keep.
+  void park(std::unique_ptr<Started> started) noexcept;
   // How many Starteds park() keeps (tests: a work that MPI is done with is not parked). Takes
   // the MPI lock.
   std::size_t parked_count();
   // Note [Recycled Started]: a finished work's Started, emptied, goes back to the process, and
   // the next operation starts from it, so its vectors keep their heap blocks instead of
-  // allocating three per operation. `signatures` is the work's fingerprint's list (moved there
-  // from Started::signatures). Thread-safe (works die on any thread); never throws.
-  Started take_started() noexcept;
-  void recycle_started(Started&& started,
-                       std::vector<transport::OpSignature>&& signatures) noexcept;
+  // allocating three per operation (nor its node: Note [Issue without allocation]). Thread-safe
+  // (works die on any thread). take_started allocates a node when none is spare, and then may
+  // throw std::bad_alloc; recycle_started never throws (null: nothing).
+  std::unique_ptr<Started> take_started();
+  void recycle_started(std::unique_ptr<Started> started) noexcept;
+  // park() if MPI may still use `started`'s buffers (Started::in_flight), else
+  // recycle_started(). Never throws; null: nothing.
+  void retire(std::unique_ptr<Started> started) noexcept;
   std::chrono::steady_clock::time_point epoch() const noexcept { return epoch_; }
   // Note [Ring all_reduce], "Progress": every ring in flight in this process, advanced by every
-  // poll of the transport. Call both with the MPI lock held.
-  void add_ring(std::shared_ptr<RingAllReduce> ring);
+  // poll of the transport. Call all three with the MPI lock held. add_ring allocates nothing
+  // after reserve_ring (Note [Issue without allocation]), which may throw std::bad_alloc.
+  void reserve_ring();
+  void add_ring(std::shared_ptr<RingAllReduce> ring) noexcept;
   void progress_rings();
   // A private duplicate of MPI_COMM_WORLD, with MPI_ERRORS_RETURN, for chorus's own
   // point-to-point messages only (Note [Communicator rendezvous]).
@@ -173,10 +215,21 @@ class MpiProcess {
   int int_count_max_ = std::numeric_limits<int>::max();
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::unique_ptr<UserOps> user_ops_;  // freed before MPI_Finalize
-  std::vector<Started> parked_;
+  // Parked Starteds, newest first, linked through Started::next_parked; guarded by mutex_.
+  // Unlinked one by one at the end (a long chain must not free itself recursively).
+  struct ParkedList {
+    std::unique_ptr<Started> head;
+    std::size_t count = 0;
+    ParkedList() = default;
+    ParkedList(const ParkedList&) = delete;
+    ParkedList& operator=(const ParkedList&) = delete;
+    ~ParkedList();
+  };
+  ParkedList parked_;
   static constexpr std::size_t kSpareStartedMax = 16;
-  std::mutex spare_mutex_;              // guards spare_started_ only
-  std::vector<Started> spare_started_;  // emptied; capacity reserved for kSpareStartedMax
+  std::mutex spare_mutex_;  // guards spare_started_ only
+  // Emptied; capacity reserved for kSpareStartedMax.
+  std::vector<std::unique_ptr<Started>> spare_started_;
   std::vector<std::shared_ptr<RingAllReduce>> rings_;  // in flight; guarded by mutex_
 };
 
@@ -197,7 +250,14 @@ class MpiWork final : public transport::Work {
  public:
   MpiWork(std::shared_ptr<MpiProcess> process, Started started, transport::Fingerprint fingerprint,
           WorkContext context);
+  // A work without its Started yet, made before the operation posts anything; adopt() hands it
+  // the Started (Note [Issue without allocation]). `fingerprint.ops` comes with the Started.
+  MpiWork(std::shared_ptr<MpiProcess> process, transport::Fingerprint fingerprint,
+          WorkContext context);
   ~MpiWork() override;
+
+  // Takes `started` (not null) and its signatures as the fingerprint's ops. Allocates nothing.
+  void adopt(std::unique_ptr<Started> started) noexcept;
 
   bool is_completed() override;
   void wait(transport::Deadline deadline) override;
@@ -209,15 +269,12 @@ class MpiWork final : public transport::Work {
  private:
   // Tests the requests once (Note [MPI locking]); finishes the work when they completed.
   void poll();
-  // Whether MPI may still use the work's buffers: a request not yet MPI_REQUEST_NULL, or a ring
-  // that has not finished (running, or failed with its requests in an unknown state).
-  bool in_flight() const noexcept;
   // Note [Direct exchanges], "Short messages": what a completed receive that got other than its
   // posted count got, or "" when all match. Call with the MPI lock held, after MPI_Testall.
   std::string check_receives() const;
 
   std::shared_ptr<MpiProcess> process_;
-  Started started_;
+  std::unique_ptr<Started> started_;  // null until adopt()
   transport::Fingerprint fingerprint_;
   WorkContext context_;
   std::mutex mutex_;  // serialises poll(), which alone writes what follows
@@ -336,13 +393,16 @@ class MpiComm final : public transport::Comm {
                                           const transport::OpInfo& info, Start&& start,
                                           const std::vector<std::size_t>* send_counts = nullptr,
                                           const std::vector<std::size_t>* recv_counts = nullptr);
-  std::shared_ptr<transport::Work> make_work(Started started, const transport::OpInfo& info);
+  // The work of the operation `info` names, before it starts: Note [Issue without allocation].
+  std::shared_ptr<MpiWork> make_work(const transport::OpInfo& info);
   // Note [Collective check]: throws CollectiveMismatch, Timeout or TransportError.
   void verify(const std::vector<transport::OpSignature>& signatures, const transport::OpInfo& info,
               const std::vector<std::size_t>* send_counts,
               const std::vector<std::size_t>* recv_counts);
-  // Polls `pending` until done or the timeout (then parks it and throws Timeout).
-  void await_requests(Started& pending, const transport::OpInfo& info, const std::string& what);
+  // Polls `pending` until done or the timeout (then parks it and throws Timeout); parks it too
+  // when anything else throws (Note [Issue without allocation]).
+  void await_requests(std::unique_ptr<Started>& pending, const transport::OpInfo& info,
+                      const std::string& what);
   // What a work and an error name: this rank, the operation, the group.
   WorkContext work_context(const transport::OpInfo& info) const;
   ErrorContext context_of(const transport::OpInfo& info) const;
@@ -392,7 +452,9 @@ class MpiComm final : public transport::Comm {
   };
   // message_scratch_, emptied for the next exchange's messages.
   std::vector<Message>& fresh_messages();
-  // Posts every message's MPI_Irecv and MPI_Isend under one new tag into `started`.
+  // Posts every message's MPI_Irecv and MPI_Isend under one new tag into `started`, having
+  // reserved room for their requests first (Note [Issue without allocation]): a std::bad_alloc
+  // leaves nothing posted and no tag taken.
   void post_exchange(Started& started, const std::vector<Message>& messages, MPI_Datatype datatype,
                      const transport::OpInfo& info);
   // A reduction as one direct exchange (Note [Direct exchanges]): peer p gets `input` + p *

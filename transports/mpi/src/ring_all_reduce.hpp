@@ -112,7 +112,7 @@ class RingAllReduce {
   int rank_;
   int size_;
   int tag_;
-  // Advanced under the MPI lock; atomic because MpiWork::in_flight() reads finished() without
+  // Advanced under the MPI lock; atomic because Started::in_flight() reads finished() without
   // it (a dropped work asks while another thread's poll progresses every ring).
   std::atomic<int> step_{0};
   int total_steps_;

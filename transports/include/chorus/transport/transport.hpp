@@ -22,7 +22,11 @@
 //     after it posted messages (a Timeout or MPI failure in the middle of start, or a mismatch
 //     found after the exchange) parks what it posted (MpiProcess::park): those messages are on
 //     the wire and cannot be taken back, whatever number the next call has, and its peers'
-//     operation fails or times out as before.
+//     operation fails or times out as before. std::bad_alloc is not such a case: an operation
+//     allocates everything before it posts anything, and parking allocates nothing (Note [Issue
+//     without allocation] in transports/mpi/src/mpi_transport.hpp), except inside a coalesced
+//     batch (a later operation allocates after the earlier ones posted) and after the
+//     --check-collectives comparison, which the peers have already made.
 //   - NCCL: --check-collectives' rounds (check_collective, split_plan.cpp) are keyed in the
 //     store by a count of the rounds each member entered, not by seq, so a retry under the
 //     number given back is a fresh round, not the failed one's keys (a timed-out round's stay,
