@@ -1,6 +1,7 @@
 // MpiWork's end (Note [Recycled Started]): a work that failed after MPI completed its requests
-// is recycled, not parked until the process ends; one MPI may still write into is parked. And a
-// failed request's error names the rank it exchanged with.
+// is recycled, not parked until the process ends; one MPI may still write into is parked, even
+// with no memory left (Note [Issue without allocation]). And a failed request's error names the
+// rank it exchanged with.
 // Runs under mpirun -np 1 (mpi.work_test): one MpiProcess, MPI_COMM_SELF messages to itself.
 
 #include <gtest/gtest.h>
@@ -12,6 +13,17 @@
 
 #include "chorus/error.hpp"
 #include "mpi_transport.hpp"
+#include "support/refusing_new.hpp"
+
+namespace {
+
+// Set around a work's destruction: every allocation of this thread is refused (the executable
+// links tests/support/refusing_new.cpp).
+thread_local bool refuse_every_allocation = false;
+
+}  // namespace
+
+bool chorus::testing::refuse_allocation(std::size_t) noexcept { return refuse_every_allocation; }
 
 namespace chorus::mpi::detail {
 namespace {
@@ -129,6 +141,36 @@ TEST(MpiWork, PendingWorkIsStillParked) {
     EXPECT_FALSE(work.is_completed());
   }
   EXPECT_EQ(process()->parked_count(), parked + 1);
+}
+
+TEST(MpiWork, PendingWorkIsParkedWithEveryAllocationRefused) {
+  // Note [Issue without allocation]: parking allocates nothing, so a pending work dropped when
+  // no memory is left keeps its buffer with the process instead of ending it (until 2026-12-04
+  // park() grew a std::vector, and its std::bad_alloc left the noexcept destructor: terminate).
+  const std::size_t parked = process()->parked_count();
+  bool released = false;
+  {
+    Started started;
+    auto buffer = std::shared_ptr<int>(new int(0), [&released](const int* block) {
+      released = true;
+      delete block;
+    });
+    MPI_Request receive = MPI_REQUEST_NULL;
+    {
+      const std::lock_guard lock(process()->mutex());
+      ASSERT_EQ(MPI_Irecv(buffer.get(), 1, MPI_INT, 0, 9, MPI_COMM_SELF, &receive), MPI_SUCCESS);
+    }
+    started.requests = {receive};
+    started.keep_alive.push_back(std::move(buffer));
+    auto work = std::make_unique<MpiWork>(process(), std::move(started), transport::Fingerprint{},
+                                          context());
+    EXPECT_FALSE(work->is_completed());
+    refuse_every_allocation = true;
+    work.reset();
+    refuse_every_allocation = false;
+  }
+  EXPECT_EQ(process()->parked_count(), parked + 1);
+  EXPECT_FALSE(released) << "MPI may still write into the buffer";
 }
 
 }  // namespace
