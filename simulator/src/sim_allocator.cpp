@@ -245,10 +245,14 @@ bool SimAllocator::protect(const void* data, std::size_t nbytes, const void* own
     ++marks_["guard.shared"];
     return false;
   }
+  // The owner's record first: a std::bad_alloc making it leaves nothing protected, and a block
+  // protected is always one that unprotect(owner) finds (Note [Operation positions]).
+  const auto recorded = guarded_by_owner_.emplace(owner, it->first);
   if (live.guards == 0) {
     const int entry =
         add_guarded_range(reinterpret_cast<const void*>(it->first), live.capacity, what, step);
     if (entry < 0) {
+      guarded_by_owner_.erase(recorded);
       ++marks_["guard.table_full"];
       return false;
     }
@@ -257,7 +261,6 @@ bool SimAllocator::protect(const void* data, std::size_t nbytes, const void* own
     CHORUS_CHECK_EQ(mprotect(reinterpret_cast<void*>(it->first), live.capacity, PROT_NONE), 0);
   }
   live.guards += 1;
-  guarded_by_owner_.emplace(owner, it->first);
   return true;
 }
 

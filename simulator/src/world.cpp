@@ -367,9 +367,9 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 //   second refusal there ends the process (CHORUS_CHECK). A refusal inside fail_slot, after it
 //   took the slot away, leaves the arrivals it had not failed yet pending: their waits end as
 //   Timeout or Deadlock, not Aborted;
-// - guarding the outputs: they stay poisoned, unguarded, or partly guarded (SimAllocator::protect
-//   records its owner after mprotect: a refusal between the two leaves a page guarded that
-//   completion will not unguard).
+// - guarding the outputs: they stay poisoned, unguarded, or partly guarded. SimAllocator::protect
+//   records the block's owner before it protects the block, so every block it protected is one
+//   that completion or failure unguards.
 // Faults fire between the two (Note [Fault injection]), unchanged: a Delay stalls and a Crash
 // throws before the operation counts, as before; ops_started, the index faults count in, counts
 // every start that got that far, one that throws included, and a fault that fired (and a random
