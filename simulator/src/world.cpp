@@ -5,11 +5,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <iterator>
+#include <new>
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "bits.hpp"
@@ -104,6 +107,54 @@ bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
     return false;
   }
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// Note [Operation positions]: the texts of what fails without the memory to say why. The abort
+// reason fits the room group_for makes in every group's abort_reason.
+constexpr std::string_view kOutOfMemoryErrorDetail =
+    "(the simulator ran out of memory describing this failure)";
+constexpr std::string_view kOutOfMemoryJudgingDetail =
+    "the simulator ran out of memory checking this operation against its peers'";
+constexpr std::string_view kOutOfMemoryAbortReason =
+    "the simulator ran out of memory failing an operation";
+constexpr std::string_view kOutOfMemoryAbortDetail =
+    "the communicator was aborted: the simulator ran out of memory failing an operation";
+constexpr std::string_view kTimedOutOutOfMemoryDetail =
+    "a wait passed its deadline before the collective completed; the communicator is aborted, "
+    "as a watchdog would (the simulator ran out of memory describing more)";
+constexpr std::string_view kFailureNotRecordedDetail =
+    "(the simulator ran out of memory recording why this operation failed)";
+
+// Whether `error` holds a chorus::Error: make_error returns the std::bad_alloc it ran into
+// instead of throwing it.
+bool holds_chorus_error(const std::exception_ptr& error) noexcept {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// make_error, or `fallback` where making it runs out of memory. Never throws.
+std::exception_ptr make_error_or(ErrorCode code, const ErrorContext& context,
+                                 std::string_view detail,
+                                 const std::exception_ptr& fallback) noexcept {
+  try {
+    std::exception_ptr error = make_error(code, context, std::string(detail));
+    if (holds_chorus_error(error)) {
+      return error;
+    }
+  } catch (const std::bad_alloc&) {
+  }
+  return fallback;
+}
+
+SimGroup::Failures::node_type make_spare_failure() {
+  SimGroup::Failures failures;
+  failures.try_emplace(0);
+  return failures.extract(failures.begin());
 }
 
 }  // namespace
@@ -267,6 +318,15 @@ SimWorld::SimWorld(SimOptions options)
   }
   faults_planned_ = !options_.faults.empty() || options_.random_faults.enabled();
   fault_spent_.assign(options_.faults.size(), false);
+  failing_errors_.resize(static_cast<std::size_t>(options_.world_size));
+  failing_events_.resize(static_cast<std::size_t>(options_.world_size));
+  for (int code = 0; code <= static_cast<int>(ErrorCode::InputModified); ++code) {
+    out_of_memory_errors_.push_back(make_error(static_cast<ErrorCode>(code), ErrorContext{},
+                                               std::string(kOutOfMemoryErrorDetail)));
+    if (!holds_chorus_error(out_of_memory_errors_.back())) {
+      std::rethrow_exception(out_of_memory_errors_.back());  // out of memory making the world
+    }
+  }
 }
 
 SimWorld::~SimWorld() {
@@ -338,6 +398,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   group->tag = tag;
   group->ranks = ranks;
   group->issued.assign(ranks.size(), 0);
+  group->spare_failure = make_spare_failure();
+  group->abort_reason.reserve(kOutOfMemoryAbortReason.size());
   group->label = "[";
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     group->label += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
@@ -356,17 +418,29 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // contract]): a start that throws took none, and core gives the number back, so the start must
 // leave no trace of the operation. Everything start can run out of memory making (the
 // fingerprint, the work and its error context, the arrival's name, room for the outputs to
-// guard, the slot and its arrivals, the error of an operation that fails at once, the guard's
-// description) is made first; a std::bad_alloc there leaves nothing (a slot made for it is
-// erased). Then the operation counts (group.issued, ops_issued_), its point of no return. What
-// follows allocates nothing, or, where it still may, fails cleanly instead of throwing:
-// - the Issue, Arrive and Fail events: out of memory the log loses them (record_event);
+// guard, the slot and its arrivals, the error of an operation that fails at once (make_error
+// returns the std::bad_alloc it ran into: start throws it), the guard's description, a spare
+// failure record for the group) is made first; a std::bad_alloc there leaves nothing (a slot made
+// for it is erased). Then the operation counts (group.issued, ops_issued_), its point of no return.
+// What follows allocates nothing, or, where it still may, fails cleanly instead of throwing:
+// - the Issue, Arrive and Fail events: out of memory the log loses them (record_event), or a
+//   Fail event its detail (fail_slot);
 // - judge_arrival (only a mismatch's description, an injected TransportError or Hang being
-//   marked, or a member that can never arrive allocate): the operation fails with Aborted and
-//   its communicator is aborted after it (fail_out_of_memory), which itself needs memory: a
-//   second refusal there ends the process (CHORUS_CHECK). A refusal inside fail_slot, after it
-//   took the slot away, leaves the arrivals it had not failed yet pending: their waits end as
-//   Timeout or Deadlock, not Aborted;
+//   marked, a member that can never arrive, and the abort after a mismatch allocate): the
+//   operation fails with Aborted and its communicator is aborted after it
+//   (fail_out_of_memory). That needs memory for the abort's reason; refused, the reason is a
+//   fixed text in room every group makes at its creation (abort_group_out_of_memory);
+// - fail_slot (here, and wherever an operation fails) never throws: it makes every member's
+//   error and the failure record before it takes the slot away, and where one is refused it
+//   uses what was made in advance: an error of the same code with a fixed text (one per
+//   ErrorCode, made with the world; make_error returns the std::bad_alloc it ran into, so its
+//   result is checked), and for the record the group's spare node (code only: a member arriving
+//   later gets a fixed text; start makes a new spare before its operation counts). With no
+//   spare left the communicator is aborted from that operation on, so later arrivals at it fail
+//   with Aborted. Every member that arrived fails with the intended code either way;
+// - a wait's timeout (time_out, outside start too): out of memory describing it, the waited
+//   operation and those before it still outstanding fail with Timeout and a fixed text, and the
+//   communicator is aborted after it (time_out_out_of_memory);
 // - guarding the outputs: they stay poisoned, unguarded, or partly guarded. SimAllocator::protect
 //   records the block's owner before it protects the block, so every block it protected is one
 //   that completion or failure unguards.
@@ -449,9 +523,18 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   std::string early_event;  // the Fail event's detail
   SimGroup::Slot* slot = nullptr;
   if (fails_early) {
+    if (early_detail.empty()) {
+      early_detail = kFailureNotRecordedDetail;  // fail_slot used the spare failure
+    }
     early_error = make_error(early_code, work->context(), early_detail);
+    if (!holds_chorus_error(early_error)) {
+      std::rethrow_exception(early_error);  // make_error ran out of memory
+    }
     early_event = fail_event(early_code, early_detail);
   } else {
+    if (group.spare_failure.empty()) {
+      group.spare_failure = make_spare_failure();  // fail_slot used it
+    }
     // Last: a slot made here is erased again if making its arrivals fails, and nothing after
     // it can throw before the operation counts.
     auto [entry, created] = group.slots.try_emplace(info.seq);
@@ -568,17 +651,16 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
   }
 }
 
-void SimWorld::fail_out_of_memory(SimGroup& group, std::int64_t seq) {
+void SimWorld::fail_out_of_memory(SimGroup& group, std::int64_t seq) noexcept {
   // Note [Operation positions]: the operation counted and arrived, so it cannot be taken back;
   // judging it ran out of memory, so it fails, and the communicator with it (what judging would
-  // have found is unknown). Needs memory itself: a second refusal here ends the process.
+  // have found is unknown). Out of memory again, the abort's reason is a fixed text.
+  fail_slot(group, seq, ErrorCode::Aborted, kOutOfMemoryJudgingDetail);
   try {
-    fail_slot(group, seq, ErrorCode::Aborted,
-              "the simulator ran out of memory checking this operation against its peers'");
     abort_group(group, seq + 1,
                 "the simulator ran out of memory checking operation #" + std::to_string(seq));
   } catch (const std::bad_alloc&) {
-    CHORUS_CHECK(false && "out of memory again while failing an operation out of memory");
+    abort_group_out_of_memory(group, seq + 1);
   }
 }
 
@@ -647,7 +729,11 @@ void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int ran
   while (work.status() == transport::WorkStatus::Pending) {
     if (slot.timed_out || (!deadline.is_never() && now() >= deadline.at)) {
       slot.timed_out = false;
-      time_out(work, deadline, rank);
+      try {
+        time_out(work, deadline, rank);
+      } catch (const std::bad_alloc&) {
+        time_out_out_of_memory(work);
+      }
       break;
     }
     set_phase(static_cast<std::size_t>(rank), Phase::Blocked);
@@ -723,6 +809,19 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
   }
   fail_slot(group, seq, ErrorCode::Timeout, detail);
   abort_group(group, seq + 1, "operation #" + std::to_string(seq) + " timed out");
+}
+
+void SimWorld::time_out_out_of_memory(const SimWork& work) noexcept {
+  // Note [Operation positions]: time_out ran out of memory describing the timeout, before or
+  // after it failed some of the operations; what it left is failed as it would have, with fixed
+  // texts.
+  SimGroup& group = group_of(work);
+  const std::int64_t seq = work.fingerprint().seq;
+  for (auto it = group.slots.begin(); it != group.slots.end() && it->first <= seq;
+       it = group.slots.begin()) {
+    fail_slot(group, it->first, ErrorCode::Timeout, kTimedOutOutOfMemoryDetail);
+  }
+  abort_group_out_of_memory(group, seq + 1);
 }
 
 bool SimWorld::poll_on_rank(SimWork& work, int rank) {
@@ -1348,12 +1447,8 @@ void SimWorld::wake_due_ranks() {
 
 // ---- Failures (Note [Simulator failures])
 
-void SimWorld::fail_work(SimWork& work, ErrorCode code, const std::string& detail) {
-  fail_work(work, make_error(code, work.context(), detail), fail_event(code, detail));
-}
-
-std::string SimWorld::fail_event(ErrorCode code, const std::string& detail) const {
-  return options_.record_events ? std::string(error_code_name(code)) + ": " + detail
+std::string SimWorld::fail_event(ErrorCode code, std::string_view detail) const {
+  return options_.record_events ? std::string(error_code_name(code)) + ": " + std::string(detail)
                                 : std::string();
 }
 
@@ -1456,12 +1551,49 @@ bool fault_acted(Fault::Kind kind, ErrorCode code) {
 }  // namespace
 
 void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
-                         const std::string& detail) {
-  group.failures.emplace(seq, SimGroup::Failure{code, detail});
+                         std::string_view detail) noexcept {
+  // Note [Operation positions]: what can run out of memory is made, or replaced, first. The
+  // failure, for the members arriving later (the first one recorded stays): out of memory, the
+  // group's spare node with the code alone, or with no spare left, the communicator is aborted
+  // from this operation on (the operations after it fail with Aborted now, later arrivals at it
+  // with Aborted too).
+  if (!group.failures.contains(seq)) {
+    try {
+      group.failures.try_emplace(seq, SimGroup::Failure{code, std::string(detail)});
+    } catch (const std::bad_alloc&) {
+      if (!group.spare_failure.empty()) {
+        group.spare_failure.key() = seq;
+        group.spare_failure.mapped().code = code;
+        group.spare_failure.mapped().detail.clear();
+        group.failures.insert(std::move(group.spare_failure));  // allocates nothing
+      } else if (group.aborted_from < 0 || seq < group.aborted_from) {
+        group.abort_reason.assign(kOutOfMemoryAbortReason);  // within the room made for it
+        group.aborted_from = seq;
+        fail_slots_from(group, seq + 1, kOutOfMemoryAbortDetail);
+      }
+    }
+  }
   advance_completion(group);
   auto it = group.slots.find(seq);
   if (it == group.slots.end()) {
     return;
+  }
+  // Every member's error and Fail event text, while the slot stands: out of memory, an error of
+  // the same code with a fixed text, and an event without its detail.
+  const std::size_t members = it->second.arrivals.size();
+  CHORUS_CHECK_LE(members, failing_errors_.size());
+  for (std::size_t i = 0; i < members; ++i) {
+    const SimGroup::Arrival& arrival = it->second.arrivals[i];
+    if (!arrival.arrived) {
+      continue;
+    }
+    failing_errors_[i] = make_error_or(code, arrival.work->context(), detail,
+                                       out_of_memory_errors_[static_cast<std::size_t>(code)]);
+    try {
+      failing_events_[i] = fail_event(code, detail);
+    } catch (const std::bad_alloc&) {
+      failing_events_[i].clear();
+    }
   }
   SimGroup::Slot slot = std::move(it->second);
   group.slots.erase(it);
@@ -1469,9 +1601,11 @@ void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
   if (slot.fault && !fault_acted(slot.fault->kind, code)) {
     withdraw_fault(*slot.fault, slot.fault_random);
   }
-  for (SimGroup::Arrival& arrival : slot.arrivals) {
-    if (arrival.arrived) {
-      fail_work(*arrival.work, code, detail);
+  for (std::size_t i = 0; i < members; ++i) {
+    if (slot.arrivals[i].arrived) {
+      fail_work(*slot.arrivals[i].work, std::move(failing_errors_[i]),
+                std::move(failing_events_[i]));
+      failing_errors_[i] = nullptr;
     }
   }
   notify_off_rank_waiters();
@@ -1481,16 +1615,28 @@ void SimWorld::abort_group(SimGroup& group, std::int64_t from_seq, const std::st
   if (group.aborted_from >= 0 && group.aborted_from <= from_seq) {
     return;
   }
-  group.aborted_from = from_seq;
+  // What can run out of memory first: a refusal changes nothing.
+  const std::string detail = "the communicator was aborted: " + reason;
   group.abort_reason = reason;
-  std::vector<std::int64_t> doomed;
-  for (const auto& [seq, slot] : group.slots) {
-    if (seq >= from_seq) {
-      doomed.push_back(seq);
-    }
+  group.aborted_from = from_seq;
+  fail_slots_from(group, from_seq, detail);
+}
+
+void SimWorld::abort_group_out_of_memory(SimGroup& group, std::int64_t from_seq) noexcept {
+  if (group.aborted_from >= 0 && group.aborted_from <= from_seq) {
+    return;
   }
-  for (std::int64_t seq : doomed) {
-    fail_slot(group, seq, ErrorCode::Aborted, "the communicator was aborted: " + reason);
+  group.abort_reason.assign(kOutOfMemoryAbortReason);  // within the room group_for made
+  group.aborted_from = from_seq;
+  fail_slots_from(group, from_seq, kOutOfMemoryAbortDetail);
+}
+
+void SimWorld::fail_slots_from(SimGroup& group, std::int64_t from_seq,
+                               std::string_view detail) noexcept {
+  // fail_slot takes each slot away.
+  for (auto it = group.slots.lower_bound(from_seq); it != group.slots.end();
+       it = group.slots.lower_bound(from_seq)) {
+    fail_slot(group, it->first, ErrorCode::Aborted, detail);
   }
 }
 
@@ -1681,7 +1827,20 @@ void SimWorld::declare_deadlock(const std::string& why) {
 
 namespace {
 
-std::string fault_mark(Fault::Kind kind) { return "fault." + std::string(name(kind)); }
+// A literal: withdraw_fault, in fail_slot, must not allocate (Note [Operation positions]).
+std::string_view fault_mark(Fault::Kind kind) noexcept {
+  switch (kind) {
+    case Fault::Kind::Crash:
+      return "fault.crash";
+    case Fault::Kind::TransportError:
+      return "fault.transport_error";
+    case Fault::Kind::Hang:
+      return "fault.hang";
+    case Fault::Kind::Delay:
+      return "fault.delay";
+  }
+  return "fault.unknown";
+}
 
 }  // namespace
 

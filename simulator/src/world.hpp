@@ -149,6 +149,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -249,15 +250,19 @@ struct SimGroup {
     bool hangs() const noexcept { return fault && fault->kind == Fault::Kind::Hang; }
   };
   struct Failure {
-    ErrorCode code;
-    std::string detail;
+    ErrorCode code = ErrorCode::Aborted;
+    std::string detail;  // empty: the simulator ran out of memory recording it
   };
+  using Failures = std::map<std::int64_t, Failure>;
 
-  std::map<std::int64_t, Slot> slots;        // outstanding operations by seq
-  std::map<std::int64_t, Failure> failures;  // failed operations by seq
+  std::map<std::int64_t, Slot> slots;  // outstanding operations by seq
+  Failures failures;                   // failed operations by seq
+  // Note [Operation positions]: a node for `failures` made in advance, which fail_slot uses when
+  // making one is refused (start makes a new one before its operation counts).
+  Failures::node_type spare_failure;
   std::int64_t next_to_complete = 0;
-  std::int64_t aborted_from = -1;  // operations from this seq on fail with Aborted
-  std::string abort_reason;
+  std::int64_t aborted_from = -1;    // operations from this seq on fail with Aborted
+  std::string abort_reason;          // room for kOutOfMemoryAbortReason made at creation
   std::vector<std::int64_t> issued;  // per group rank: operations started
 
   int group_rank_of(int rank) const noexcept;
@@ -370,14 +375,20 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::string rank_table() const;
 
   // Failure plumbing (Note [Simulator failures]).
-  void fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code, const std::string& detail);
-  void fail_work(SimWork& work, ErrorCode code, const std::string& detail);
-  // The same with the error made beforehand, and the Fail event's detail: cannot throw.
+  // Fails operation `seq` of `group` with `code` on every member that arrived and records the
+  // failure for those arriving later. Never throws: what running out of memory changes is in
+  // Note [Operation positions].
+  void fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
+                 std::string_view detail) noexcept;
+  // Fails `work` with `error`, made beforehand, and logs a Fail event with detail `event`: cannot
+  // throw.
   void fail_work(SimWork& work, std::exception_ptr error, std::string event) noexcept;
   // The Fail event's detail for an error of `code`: empty when events are not recorded.
-  std::string fail_event(ErrorCode code, const std::string& detail) const;
+  std::string fail_event(ErrorCode code, std::string_view detail) const;
   void wake_waiters(SimWork& work);
   void time_out(SimWork& work, transport::Deadline deadline, int waiter);
+  // Note [Operation positions]: time_out ran out of memory; fails what it left with fixed texts.
+  void time_out_out_of_memory(const SimWork& work) noexcept;
   // Operations of a communicator complete in order; failed ones are skipped.
   void advance_completion(SimGroup& group);
   // The operation `seq` of `group` an input of which changed since issue, or an empty string.
@@ -388,7 +399,13 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Ranks blocked on different communicators that contain each other disagree on the group:
   // fails those operations with CollectiveMismatch; returns whether it found any.
   bool fail_group_mismatches();
+  // Fails the outstanding operations from `from_seq` on with Aborted, and every later one as it
+  // starts. Throws std::bad_alloc only before it changed anything.
   void abort_group(SimGroup& group, std::int64_t from_seq, const std::string& reason);
+  // abort_group with a fixed reason, allocating nothing (Note [Operation positions]).
+  void abort_group_out_of_memory(SimGroup& group, std::int64_t from_seq) noexcept;
+  // Fails the outstanding operations from `from_seq` on with Aborted and `detail`.
+  void fail_slots_from(SimGroup& group, std::int64_t from_seq, std::string_view detail) noexcept;
   void on_rank_exit(int rank);
   // Why `rank` will never arrive at another operation, or empty if it still may.
   std::pair<ErrorCode, std::string> absence(int rank) const;
@@ -430,8 +447,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
                      const transport::OpInfo& info, const transport::Fingerprint& fingerprint,
                      const std::optional<FiredFault>& slot_fault);
   // Note [Operation positions]: judge_arrival ran out of memory; fails the operation and aborts
-  // the communicator after it.
-  void fail_out_of_memory(SimGroup& group, std::int64_t seq);
+  // the communicator after it. Allocates nothing it cannot do without: never throws.
+  void fail_out_of_memory(SimGroup& group, std::int64_t seq) noexcept;
   // Stalls the calling rank `rank` for `steps` steps of virtual time.
   void stall(int rank, std::uint64_t steps);
   // Kills the calling rank `rank` as it starts `info` on `group`; throws its RankFailure.
@@ -513,6 +530,12 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::string liveness_violation_;              // why the run was ended, once it was
   std::vector<int> stuck_ranks_;
   std::exception_ptr first_error_;
+  // Note [Operation positions]: fail_slot's errors and Fail event texts, made for every member
+  // before the slot is taken (room for world_size made at construction), and per ErrorCode an
+  // error with a fixed text, made at construction, for a member whose own error was refused.
+  std::vector<std::exception_ptr> failing_errors_;
+  std::vector<std::string> failing_events_;
+  std::vector<std::exception_ptr> out_of_memory_errors_;
   std::vector<unsigned char> scratch_;
   std::vector<const void*> sources_;  // complete_operation's reduction sources
   // Note [Reduction order modes]: the planned program (Tree, Adversarial), the ring's rotated

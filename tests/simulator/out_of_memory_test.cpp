@@ -9,12 +9,16 @@
 
 #include <atomic>
 #include <chorus/chorus.hpp>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <new>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/refusing_new.hpp"
@@ -24,20 +28,33 @@ namespace {
 
 // While counting, the allocations of the refusing thread (the refusing rank's, on the threads
 // executor: the scheduler and the other ranks run on their own threads) are numbered from 1, and
-// the one numbered refuse_allocation_number (0: none) is refused.
+// the one numbered refuse_allocation_number (0: none) is refused; with refuse_onwards, that one
+// and every one after it.
 std::atomic<bool> counting{false};
 std::atomic<std::size_t> allocations_counted{0};
 std::atomic<std::size_t> refuse_allocation_number{0};
+std::atomic<bool> refuse_onwards{false};
+std::atomic<std::size_t> allocations_refused{0};
 thread_local bool refusing_thread = false;
 
 }  // namespace
 
 bool chorus::testing::refuse_allocation(std::size_t) noexcept {
-  if (refusing_thread && counting.load()) {
-    std::size_t number = allocations_counted.fetch_add(1) + 1;
-    return refuse_allocation_number.compare_exchange_strong(number, 0);
+  if (!refusing_thread || !counting.load()) {
+    return false;
   }
-  return false;
+  std::size_t number = allocations_counted.fetch_add(1) + 1;
+  bool refuse = false;
+  if (refuse_onwards.load()) {
+    const std::size_t first = refuse_allocation_number.load();
+    refuse = first != 0 && number >= first;
+  } else {
+    refuse = refuse_allocation_number.compare_exchange_strong(number, 0);
+  }
+  if (refuse) {
+    allocations_refused.fetch_add(1);
+  }
+  return refuse;
 }
 
 namespace chorus {
@@ -257,6 +274,249 @@ TEST_P(SimOutOfMemory, ARefusalWhileGuardingOutputsLeavesNoBlockProtected) {
 #endif
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimOutOfMemory, ::testing::Values(1, 2));
+
+// ---- Operations that fail, with allocations refused while they fail (Note [Operation
+// positions]): every member's wait ends with the failure's code, whatever was refused.
+
+// How operation #0 on the world group fails.
+enum class Failing {
+  Mismatch,        // rank 0 arrives last with another count: judged in rank 0's start
+  TransportError,  // injected at rank 0's operation: marked in rank 0's start
+  Timeout,         // rank 1's hangs and rank 0's wait times out: failed in rank 0's wait
+};
+
+const char* name(Failing failing) {
+  switch (failing) {
+    case Failing::Mismatch:
+      return "mismatch";
+    case Failing::TransportError:
+      return "transport error";
+    case Failing::Timeout:
+      return "timeout";
+  }
+  return "?";
+}
+
+// What each rank saw of operation #0 and of #1 after it.
+struct FailingOutcome {
+  std::vector<std::optional<ErrorCode>> codes;  // per rank: #0's wait (none: it succeeded)
+  std::vector<std::string> whats;
+  std::vector<std::vector<std::int32_t>> results;  // per rank: #0's result where it succeeded
+  std::vector<std::optional<ErrorCode>> after;     // per rank: #1's wait
+  std::vector<std::vector<std::int32_t>> after_results;
+  bool threw = false;  // rank 0's refused call (wait) threw std::bad_alloc, and was issued
+                       // (waited) again
+  std::size_t refused = 0;
+};
+
+// Runs `body` on the calling rank with its `number`-th allocation refused (0: none), or with
+// `onwards` every allocation from that one on; true when `body` threw std::bad_alloc, or the
+// InvalidArgument an output's allocation becomes.
+bool refusing(std::size_t number, bool onwards, const std::function<void()>& body) {
+  allocations_counted = 0;
+  allocations_refused = 0;
+  refuse_allocation_number = number;
+  refuse_onwards = onwards;
+  refusing_thread = true;
+  counting = true;
+  bool threw = false;
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  } catch (const InvalidArgument& error) {
+    if (std::string(error.what()).find("cannot allocate the output") == std::string::npos) {
+      throw;
+    }
+    threw = true;
+  }
+  counting = false;
+  refusing_thread = false;
+  refuse_allocation_number = 0;
+  refuse_onwards = false;
+  return threw;
+}
+
+// Waits for `tensor` on the calling rank: its values, or the code of the error it raised.
+void wait_into(const Tensor& tensor, std::optional<ErrorCode>& code, std::string& what,
+               std::vector<std::int32_t>& values) {
+  try {
+    values = wait_tensor(tensor).to_vector<std::int32_t>();
+  } catch (const Error& error) {
+    code = error.code();
+    what = error.what();
+  }
+}
+
+constexpr std::int32_t kElements = 5;
+
+// Every rank: operation #0 on the world group, which fails as `failing` says, with rank 0's
+// `refuse`-th allocation (`onwards`: and every later one) refused in its call (Mismatch,
+// TransportError) or in its wait (Timeout); a call that threw is issued again, memory back. Then
+// every rank issues #1.
+FailingOutcome run_failing(Failing failing, int world_size, std::size_t refuse, bool onwards,
+                           SimReport& report) {
+  const auto size = static_cast<std::size_t>(world_size);
+  FailingOutcome outcome;
+  outcome.codes.resize(size);
+  outcome.whats.resize(size);
+  outcome.results.resize(size);
+  outcome.after.resize(size);
+  outcome.after_results.resize(size);
+  SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
+  options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
+  options.record_events = true;                   // Fail events' texts are made too
+  if (failing == Failing::TransportError) {
+    options.faults = {sim::Fault::transport_error(0, 1)};  // rank 0's #0 (after the side one)
+  } else if (failing == Failing::Timeout) {
+    // Rank 1's #0 hangs; the other ranks stall far past rank 0's deadline starting #1, so that
+    // rank 0's wait is the one that times out.
+    options.timeout = std::chrono::microseconds(50);
+    options.faults = {sim::Fault::hang(1, 0)};
+    for (int r = 1; r < world_size; ++r) {
+      options.faults.push_back(sim::Fault::delay(r, 1, 10'000));
+    }
+  }
+  std::vector<int> everyone;
+  for (int r = 0; r < world_size; ++r) {
+    everyone.push_back(r);
+  }
+  report = sim::run(options, [&] {
+    const int me = rank();
+    const auto mine = static_cast<std::size_t>(me);
+    const Tensor input = input_of(me, failing == Failing::Mismatch && me == 0 ? 4 : kElements);
+    const Tensor after_input = input_of(me, kElements, 50);
+    std::optional<Tensor> result;
+    std::optional<Tensor> after;
+    if (failing == Failing::Timeout) {
+      if (me != 0) {
+        result = all_reduce(input, "sum", world());
+        after = all_reduce(after_input, "sum", world());  // stalls (Delay)
+      }
+    } else {
+      const ProcessGroup side = new_group(everyone, "side");
+      if (me != 0) {
+        result = all_reduce(input, "sum", world());
+      }
+      // Rank 0 issues #0 once every other rank did (Mismatch: it is judged in rank 0's start).
+      wait_tensor(all_reduce(input_of(me, 1), "sum", side));
+    }
+    if (me == 0) {
+      const auto issue = [&] { result = all_reduce(input, "sum", world()); };
+      if (failing == Failing::Timeout) {
+        issue();
+        std::exception_ptr error;  // kept as is: its text is copied with memory back
+        outcome.threw = refusing(refuse, onwards, [&] {
+          try {
+            wait_tensor(*result);
+          } catch (const Error&) {
+            error = std::current_exception();
+          }
+        });
+        if (error) {
+          try {
+            std::rethrow_exception(error);
+          } catch (const Error& caught) {
+            outcome.codes[0] = caught.code();
+            outcome.whats[0] = caught.what();
+          }
+        }
+      } else {
+        outcome.threw = refusing(refuse, onwards, issue);
+      }
+      outcome.refused = allocations_refused.load();
+      if (outcome.threw && failing != Failing::Timeout) {
+        issue();  // memory is back
+      }
+    }
+    // A wait that threw std::bad_alloc is waited again; one that ended timed out.
+    if (me != 0 || failing != Failing::Timeout || (outcome.threw || !outcome.codes[0])) {
+      wait_into(*result, outcome.codes[mine], outcome.whats[mine], outcome.results[mine]);
+    }
+    if (!after) {
+      after = all_reduce(after_input, "sum", world());
+    }
+    std::string what;
+    wait_into(*after, outcome.after[mine], what, outcome.after_results[mine]);
+  });
+  return outcome;
+}
+
+class SimOutOfMemoryFailing : public ::testing::TestWithParam<std::tuple<Failing, int, bool>> {};
+
+// Until 2026-12-04 a refusal inside SimWorld::fail_slot, after it took the slot away, left the
+// members it had not failed yet pending (their waits ended as Deadlock, or a timed-out member's
+// stopped the process: the slot was gone), and a second refusal in SimWorld::fail_out_of_memory
+// stopped the process (CHORUS_CHECK).
+TEST_P(SimOutOfMemoryFailing, EveryMemberFailsWithTheFailuresCode) {
+  const auto [failing, world_size, onwards] = GetParam();
+  SCOPED_TRACE(name(failing));
+  const ErrorCode code = failing == Failing::Mismatch         ? ErrorCode::CollectiveMismatch
+                         : failing == Failing::TransportError ? ErrorCode::TransportError
+                                                              : ErrorCode::Timeout;
+  std::size_t judged_out_of_memory = 0;  // runs that failed #0 with Aborted: out of memory
+  std::size_t refused_runs = 0;
+  // n = 0: nothing refused. Then the n-th allocation (onwards: and all after it), until a run
+  // makes fewer than n.
+  for (std::size_t n = 0;; ++n) {
+    ASSERT_LT(n, 10'000u) << "the sweep does not end";
+    SCOPED_TRACE("allocation " + std::to_string(n) + (onwards ? " onwards" : "") + " refused");
+    SimReport report;
+    const FailingOutcome outcome = run_failing(failing, world_size, n, onwards, report);
+    ASSERT_TRUE(report.ok()) << ::testing::PrintToString(report.rank_errors);
+    if (n != 0 && outcome.refused == 0) {
+      break;  // every allocation was refused once
+    }
+    refused_runs += n != 0 ? 1 : 0;
+    // Every member ends #0 alike: all with `code`, or all with Aborted where judging rank 0's
+    // arrival ran out of memory. A TransportError's start that threw after its fault fired
+    // leaves the fault spent (Note [Fault injection]): the retry succeeds, bit for bit.
+    const std::optional<ErrorCode> first = outcome.codes[0];
+    if (!first) {
+      ASSERT_EQ(failing, Failing::TransportError);
+      EXPECT_TRUE(outcome.threw);
+      for (int r = 0; r < world_size; ++r) {
+        const auto index = static_cast<std::size_t>(r);
+        EXPECT_FALSE(outcome.codes[index]) << "rank " << r << ": " << outcome.whats[index];
+        EXPECT_EQ(outcome.results[index], sum_of(world_size, kElements)) << "rank " << r;
+        EXPECT_FALSE(outcome.after[index]) << "rank " << r;
+        EXPECT_EQ(outcome.after_results[index], sum_of(world_size, kElements, 50));
+      }
+      continue;
+    }
+    if (*first == ErrorCode::Aborted) {
+      ++judged_out_of_memory;
+      EXPECT_NE(failing, Failing::Timeout);
+      EXPECT_FALSE(outcome.threw);
+    } else {
+      if (failing == Failing::Timeout) {
+        EXPECT_FALSE(outcome.threw)
+            << "rank 0's wait on a timed-out operation threw std::bad_alloc";
+      }
+      EXPECT_EQ(*first, code) << outcome.whats[0];
+    }
+    for (int r = 0; r < world_size; ++r) {
+      const auto index = static_cast<std::size_t>(r);
+      EXPECT_EQ(outcome.codes[index], first) << "rank " << r << ": " << outcome.whats[index];
+      if (*first == ErrorCode::Aborted) {
+        EXPECT_NE(outcome.whats[index].find("out of memory"), std::string::npos)
+            << outcome.whats[index];
+      }
+      // The communicator is aborted after it.
+      EXPECT_EQ(outcome.after[index], ErrorCode::Aborted) << "rank " << r;
+    }
+  }
+  EXPECT_GT(refused_runs, 0u);
+  if (failing != Failing::Timeout) {
+    EXPECT_GT(judged_out_of_memory, 0u) << "a refusal reached judge_arrival";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(FailuresWorldSizes, SimOutOfMemoryFailing,
+                         ::testing::Combine(::testing::Values(Failing::Mismatch,
+                                                              Failing::TransportError,
+                                                              Failing::Timeout),
+                                            ::testing::Values(2, 3), ::testing::Bool()));
 
 }  // namespace
 }  // namespace chorus
