@@ -1,6 +1,8 @@
 #include "chorus/error.hpp"
 
+#include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "chorus/runtime.hpp"
@@ -57,18 +59,47 @@ std::string_view error_code_name(ErrorCode code) noexcept {
   return "Unknown";
 }
 
+static_assert(std::is_nothrow_copy_constructible_v<Error>);
+
 Error::Error(ErrorCode code, ErrorContext context, std::string detail)
     : std::runtime_error(format_message(code, context, detail)),
       code_(code),
-      context_(std::move(context)),
-      detail_(std::move(detail)) {}
+      parts_(std::make_shared<const Parts>(Parts{std::move(context), std::move(detail)})) {}
+
+std::exception_ptr try_make_error(ErrorCode code, ErrorContext context,
+                                  std::string detail) noexcept {
+  // std::make_exception_ptr builds the exception in place, without the throw and catch (and
+  // the unwinder's search) that throw_error and std::current_exception would cost.
+  try {
+    switch (code) {
+      case ErrorCode::InvalidArgument:
+        return std::make_exception_ptr(InvalidArgument(std::move(context), std::move(detail)));
+      case ErrorCode::CollectiveMismatch:
+        return std::make_exception_ptr(CollectiveMismatch(std::move(context), std::move(detail)));
+      case ErrorCode::Timeout:
+        return std::make_exception_ptr(Timeout(std::move(context), std::move(detail)));
+      case ErrorCode::Deadlock:
+        return std::make_exception_ptr(Deadlock(std::move(context), std::move(detail)));
+      case ErrorCode::RankFailure:
+        return std::make_exception_ptr(RankFailure(std::move(context), std::move(detail)));
+      case ErrorCode::TransportError:
+        return std::make_exception_ptr(TransportError(std::move(context), std::move(detail)));
+      case ErrorCode::Aborted:
+        return std::make_exception_ptr(Aborted(std::move(context), std::move(detail)));
+      case ErrorCode::InputModified:
+        return std::make_exception_ptr(InputModified(std::move(context), std::move(detail)));
+    }
+    return std::make_exception_ptr(Error(code, std::move(context), std::move(detail)));
+  } catch (...) {  // out of memory formatting the message or sharing its parts
+    return nullptr;
+  }
+}
 
 std::exception_ptr make_error(ErrorCode code, ErrorContext context, std::string detail) {
-  try {
-    throw_error(code, std::move(context), std::move(detail));
-  } catch (...) {
-    return std::current_exception();
+  if (std::exception_ptr error = try_make_error(code, std::move(context), std::move(detail))) {
+    return error;
   }
+  return std::make_exception_ptr(std::bad_alloc());
 }
 
 void throw_error(ErrorCode code, ErrorContext context, std::string detail) {

@@ -1,6 +1,7 @@
 #include "world.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cstdint>
@@ -125,30 +126,39 @@ constexpr std::string_view kTimedOutOutOfMemoryDetail =
 constexpr std::string_view kFailureNotRecordedDetail =
     "(the simulator ran out of memory recording why this operation failed)";
 
-// Whether `error` holds a chorus::Error: make_error returns the std::bad_alloc it ran into
-// instead of throwing it.
-bool holds_chorus_error(const std::exception_ptr& error) noexcept {
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-// make_error, or `fallback` where making it runs out of memory. Never throws.
+// try_make_error, or `fallback` where making the error runs out of memory. Never throws.
 std::exception_ptr make_error_or(ErrorCode code, const ErrorContext& context,
                                  std::string_view detail,
                                  const std::exception_ptr& fallback) noexcept {
   try {
-    std::exception_ptr error = make_error(code, context, std::string(detail));
-    if (holds_chorus_error(error)) {
+    if (std::exception_ptr error = try_make_error(code, context, std::string(detail))) {
       return error;
     }
-  } catch (const std::bad_alloc&) {
+  } catch (const std::bad_alloc&) {  // copying the context or the detail
   }
   return fallback;
+}
+
+// Every ErrorCode, InputModified the last (chorus/error.hpp).
+constexpr std::size_t kErrorCodes = static_cast<std::size_t>(ErrorCode::InputModified) + 1;
+
+// Note [Operation positions]: per ErrorCode, an error with a fixed text for a member whose own
+// error could not be made. Made once per process, by the first world (a std::bad_alloc then
+// fails that world's creation, and the next one tries again): they never change, and one error
+// rethrown on several threads at once is safe (rethrow_exception counts its references).
+const std::array<std::exception_ptr, kErrorCodes>& out_of_memory_errors() {
+  static const std::array<std::exception_ptr, kErrorCodes> errors = [] {
+    std::array<std::exception_ptr, kErrorCodes> made;
+    for (std::size_t code = 0; code < kErrorCodes; ++code) {
+      made[code] = try_make_error(static_cast<ErrorCode>(code), ErrorContext{},
+                                  std::string(kOutOfMemoryErrorDetail));
+      if (made[code] == nullptr) {
+        throw std::bad_alloc();
+      }
+    }
+    return made;
+  }();
+  return errors;
 }
 
 SimGroup::Failures::node_type make_spare_failure() {
@@ -320,13 +330,7 @@ SimWorld::SimWorld(SimOptions options)
   fault_spent_.assign(options_.faults.size(), false);
   failing_errors_.resize(static_cast<std::size_t>(options_.world_size));
   failing_events_.resize(static_cast<std::size_t>(options_.world_size));
-  for (int code = 0; code <= static_cast<int>(ErrorCode::InputModified); ++code) {
-    out_of_memory_errors_.push_back(make_error(static_cast<ErrorCode>(code), ErrorContext{},
-                                               std::string(kOutOfMemoryErrorDetail)));
-    if (!holds_chorus_error(out_of_memory_errors_.back())) {
-      std::rethrow_exception(out_of_memory_errors_.back());  // out of memory making the world
-    }
-  }
+  out_of_memory_errors();  // made before an operation needs one
 }
 
 SimWorld::~SimWorld() {
@@ -418,8 +422,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // contract]): a start that throws took none, and core gives the number back, so the start must
 // leave no trace of the operation. Everything start can run out of memory making (the
 // fingerprint, the work and its error context, the arrival's name, room for the outputs to
-// guard, the slot and its arrivals, the error of an operation that fails at once (make_error
-// returns the std::bad_alloc it ran into: start throws it), the guard's description, a spare
+// guard, the slot and its arrivals, the error of an operation that fails at once (where
+// try_make_error cannot make it, start throws std::bad_alloc), the guard's description, a spare
 // failure record for the group) is made first; a std::bad_alloc there leaves nothing (a slot made
 // for it is erased). Then the operation counts (group.issued, ops_issued_), its point of no return.
 // What follows allocates nothing, or, where it still may, fails cleanly instead of throwing:
@@ -433,8 +437,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // - fail_slot (here, and wherever an operation fails) never throws: it makes every member's
 //   error and the failure record before it takes the slot away, and where one is refused it
 //   uses what was made in advance: an error of the same code with a fixed text (one per
-//   ErrorCode, made with the world; make_error returns the std::bad_alloc it ran into, so its
-//   result is checked), and for the record the group's spare node (code only: a member arriving
+//   ErrorCode, made once per process, by the first world: out_of_memory_errors), and for the
+//   record the group's spare node (code only: a member arriving
 //   later gets a fixed text; start makes a new spare before its operation counts). With no
 //   spare left the communicator is aborted from that operation on, so later arrivals at it fail
 //   with Aborted. Every member that arrived fails with the intended code either way;
@@ -526,9 +530,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     if (early_detail.empty()) {
       early_detail = kFailureNotRecordedDetail;  // fail_slot used the spare failure
     }
-    early_error = make_error(early_code, work->context(), early_detail);
-    if (!holds_chorus_error(early_error)) {
-      std::rethrow_exception(early_error);  // make_error ran out of memory
+    early_error = try_make_error(early_code, work->context(), early_detail);
+    if (early_error == nullptr) {
+      throw std::bad_alloc();  // before the operation counts
     }
     early_event = fail_event(early_code, early_detail);
   } else {
@@ -1588,7 +1592,7 @@ void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
       continue;
     }
     failing_errors_[i] = make_error_or(code, arrival.work->context(), detail,
-                                       out_of_memory_errors_[static_cast<std::size_t>(code)]);
+                                       out_of_memory_errors()[static_cast<std::size_t>(code)]);
     try {
       failing_events_[i] = fail_event(code, detail);
     } catch (const std::bad_alloc&) {

@@ -531,11 +531,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<int> stuck_ranks_;
   std::exception_ptr first_error_;
   // Note [Operation positions]: fail_slot's errors and Fail event texts, made for every member
-  // before the slot is taken (room for world_size made at construction), and per ErrorCode an
-  // error with a fixed text, made at construction, for a member whose own error was refused.
+  // before the slot is taken (room for world_size made at construction; a member whose own error
+  // was refused gets its code's fixed one, out_of_memory_errors in world.cpp).
   std::vector<std::exception_ptr> failing_errors_;
   std::vector<std::string> failing_events_;
-  std::vector<std::exception_ptr> out_of_memory_errors_;
   std::vector<unsigned char> scratch_;
   std::vector<const void*> sources_;  // complete_operation's reduction sources
   // Note [Reduction order modes]: the planned program (Tree, Adversarial), the ring's rotated

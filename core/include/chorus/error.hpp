@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -41,14 +42,19 @@ class Error : public std::runtime_error {
   Error(ErrorCode code, ErrorContext context, std::string detail);
 
   ErrorCode code() const noexcept { return code_; }
-  const ErrorContext& context() const noexcept { return context_; }
+  const ErrorContext& context() const noexcept { return parts_->context; }
   // The message without the context prefix.
-  const std::string& detail() const noexcept { return detail_; }
+  const std::string& detail() const noexcept { return parts_->detail; }
 
  private:
+  // Shared, so that copying an error cannot throw (std::make_exception_ptr and a catch by value
+  // copy it).
+  struct Parts {
+    ErrorContext context;
+    std::string detail;
+  };
   ErrorCode code_;
-  ErrorContext context_;
-  std::string detail_;
+  std::shared_ptr<const Parts> parts_;
 };
 
 #define CHORUS_DECLARE_ERROR(Name)                                         \
@@ -70,8 +76,13 @@ CHORUS_DECLARE_ERROR(InputModified);
 #undef CHORUS_DECLARE_ERROR
 
 // Builds the subclass that matches `code`, for transports that store an error in a Work and
-// rethrow it later with its dynamic type intact.
+// rethrow it later with its dynamic type intact. Out of memory making it, the std::bad_alloc is
+// returned as the error.
 std::exception_ptr make_error(ErrorCode code, ErrorContext context, std::string detail);
+// The same, but an empty exception_ptr where making the error ran out of memory, for callers
+// that fall back to an error made in advance. Never throws.
+std::exception_ptr try_make_error(ErrorCode code, ErrorContext context,
+                                  std::string detail) noexcept;
 
 // what() of `error`, or a fixed text for an exception not derived from std::exception.
 std::string describe(const std::exception_ptr& error);
