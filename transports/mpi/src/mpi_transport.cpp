@@ -381,13 +381,6 @@ bool Started::in_flight() const noexcept {
 // ---------------------------------------------------------------------------------------------
 // MpiWork
 
-MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, Started started,
-                 transport::Fingerprint fingerprint, WorkContext context)
-    : process_(std::move(process)),
-      started_(std::make_unique<Started>(std::move(started))),
-      fingerprint_(std::move(fingerprint)),
-      context_(std::move(context)) {}
-
 MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, transport::Fingerprint fingerprint,
                  WorkContext context)
     : process_(std::move(process)),

@@ -248,8 +248,6 @@ struct WorkContext {
 
 class MpiWork final : public transport::Work {
  public:
-  MpiWork(std::shared_ptr<MpiProcess> process, Started started, transport::Fingerprint fingerprint,
-          WorkContext context);
   // A work without its Started yet, made before the operation posts anything; adopt() hands it
   // the Started (Note [Issue without allocation]). `fingerprint.ops` comes with the Started.
   MpiWork(std::shared_ptr<MpiProcess> process, transport::Fingerprint fingerprint,
