@@ -6,10 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "chorus/error.hpp"
 #include "mpi_transport.hpp"
@@ -20,10 +24,18 @@ namespace {
 // Set around a work's destruction: every allocation of this thread is refused (the executable
 // links tests/support/refusing_new.cpp).
 thread_local bool refuse_every_allocation = false;
+// While set, this thread's allocations are counted.
+thread_local bool count_allocations = false;
+thread_local std::size_t allocations_counted = 0;
 
 }  // namespace
 
-bool chorus::testing::refuse_allocation(std::size_t) noexcept { return refuse_every_allocation; }
+bool chorus::testing::refuse_allocation(std::size_t) noexcept {
+  if (count_allocations) {
+    ++allocations_counted;
+  }
+  return refuse_every_allocation;
+}
 
 namespace chorus::mpi::detail {
 namespace {
@@ -176,6 +188,44 @@ TEST(MpiWork, PendingWorkIsParkedWithEveryAllocationRefused) {
   }
   EXPECT_EQ(process()->parked_count(), parked + 1);
   EXPECT_FALSE(watch.expired()) << "MPI may still write into the buffer";
+}
+
+transport::OpInfo op_info(std::string_view name, std::int64_t seq) {
+  transport::OpInfo info;
+  info.name = name;
+  info.seq = seq;
+  return info;
+}
+
+TEST(MpiComm, ACoalescedBatchGrowsItsVectorsGeometrically) {
+  // A batch's operations start into one Started; each reserves room for its request and status
+  // before posting (Note [Issue without allocation]). Reserving exactly what each needed made
+  // every operation reallocate the statuses (quadratic in the batch); growing them twofold at
+  // least, a batch of kOps reallocates each vector about log2(kOps) times.
+  constexpr int kOps = 256;
+  const auto transport =
+      std::make_shared<MpiTransport>(process(), std::chrono::seconds(20),
+                                     /*check_collectives=*/false, MpiSchedule::Mpi);
+  const std::shared_ptr<transport::Comm> comm = transport->create_comm("batch", {0});
+  auto values = std::make_shared<std::vector<std::int32_t>>(kOps, 7);
+  comm->begin_group();
+  for (int i = 0; i < kOps; ++i) {
+    transport::Buffer buffer;
+    buffer.data = values->data() + i;
+    buffer.count = 1;
+    buffer.dtype = DType::Int32;
+    buffer.keep_alive = values;
+    EXPECT_EQ(comm->broadcast(buffer, buffer, 0, op_info("broadcast", i)), nullptr);
+  }
+  allocations_counted = 0;
+  count_allocations = true;
+  const std::shared_ptr<transport::Work> work =
+      comm->end_group(op_info("broadcast_coalesced", kOps));
+  count_allocations = false;
+  // requests, statuses and keep_alive each about 9 times, the work once: 64 leaves room.
+  EXPECT_LT(allocations_counted, std::size_t{64});
+  work->wait(transport::Deadline::never());
+  EXPECT_EQ(*values, std::vector<std::int32_t>(kOps, 7));
 }
 
 }  // namespace
