@@ -96,6 +96,23 @@ int resolve_int_count_max() {
   return count_max;
 }
 
+// Whether finished Starteds are recycled (Note [Recycled Started]): yes, unless the test seam
+// CHORUS_MPI_RECYCLE_STARTED=0 turns it off, so that an out-of-memory sweep refuses the
+// allocations recycling saves (mpi.out_of_memory_test.*.fresh).
+bool resolve_recycles() {
+  const char* text = std::getenv("CHORUS_MPI_RECYCLE_STARTED");  // NOLINT(concurrency-mt-unsafe)
+  if (text == nullptr) {
+    return true;
+  }
+  const std::string_view value(text);
+  if (value != "0" && value != "1") {
+    throw InvalidArgument(
+        ErrorContext{-1, "chorus::mpi::run", -1, ""},
+        "CHORUS_MPI_RECYCLE_STARTED is '" + std::string(value) + "': expected 0 or 1");
+  }
+  return value == "1";
+}
+
 }  // namespace
 
 std::string_view schedule_name(MpiSchedule schedule) noexcept {
@@ -134,7 +151,8 @@ int run(const MpiRunOptions& run_options, std::function<void()> rank_main) {
   const MpiSchedule schedule = resolve_schedule(run_options);
   const int node_cpus = resolve_node_cpus(run_options);
   const int int_count_max = resolve_int_count_max();
-  auto process = std::make_shared<detail::MpiProcess>(node_cpus, int_count_max);
+  const bool recycles = resolve_recycles();
+  auto process = std::make_shared<detail::MpiProcess>(node_cpus, int_count_max, recycles);
   {
     RankOptions options;
     options.timeout = run_options.timeout;

@@ -216,8 +216,8 @@ std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
 // ---------------------------------------------------------------------------------------------
 // MpiProcess
 
-MpiProcess::MpiProcess(int node_cpus, int int_count_max)
-    : int_count_max_(int_count_max), user_ops_(std::make_unique<UserOps>()) {
+MpiProcess::MpiProcess(int node_cpus, int int_count_max, bool recycles)
+    : int_count_max_(int_count_max), recycles_(recycles), user_ops_(std::make_unique<UserOps>()) {
   CHORUS_CHECK(int_count_max > 0);
   spare_started_.reserve(kSpareStartedMax);  // recycle_started never allocates
   const ErrorContext context{-1, "chorus::mpi::run", -1, ""};
@@ -337,8 +337,10 @@ void MpiProcess::recycle_started(std::unique_ptr<Started> started) noexcept {
   // Emptied here, outside the lock: keep_alive's buffers and after's captures go now, as they
   // would have with the work.
   started->clear();
-  started->signatures.clear();
   CHORUS_CHECK(started->next_parked == nullptr);
+  if (!recycles_) {
+    return;  // freed here (the test seam CHORUS_MPI_RECYCLE_STARTED=0)
+  }
   const std::lock_guard lock(spare_mutex_);
   if (spare_started_.size() < kSpareStartedMax) {
     spare_started_.push_back(std::move(started));  // within the reserved capacity: no throw

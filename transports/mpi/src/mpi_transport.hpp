@@ -158,7 +158,12 @@ class MpiProcess {
  public:
   // `node_cpus`: the node's CPUs for Note [Wait backoff]; 0 counts them. `int_count_max`: the
   // largest count chorus passes MPI as an int (Note [MPI int counts]); tests lower it.
-  explicit MpiProcess(int node_cpus = 0, int int_count_max = std::numeric_limits<int>::max());
+  // `recycles`: whether finished Starteds are kept for the next operation (Note [Recycled
+  // Started]); tests turn it off (the test seam CHORUS_MPI_RECYCLE_STARTED=0), so that every
+  // operation allocates its node and vectors afresh and an out-of-memory sweep refuses those
+  // allocations too (mpi.out_of_memory_test.*.fresh).
+  explicit MpiProcess(int node_cpus = 0, int int_count_max = std::numeric_limits<int>::max(),
+                      bool recycles = true);
   ~MpiProcess();
   MpiProcess(const MpiProcess&) = delete;
   MpiProcess& operator=(const MpiProcess&) = delete;
@@ -178,7 +183,8 @@ class MpiProcess {
   // the next operation starts from it, so its vectors keep their heap blocks instead of
   // allocating three per operation (nor its node: Note [Issue without allocation]). Thread-safe
   // (works die on any thread). take_started allocates a node when none is spare, and then may
-  // throw std::bad_alloc; recycle_started never throws (null: nothing).
+  // throw std::bad_alloc; recycle_started never throws (null: nothing), and frees the node when
+  // this process does not recycle.
   std::unique_ptr<Started> take_started();
   void recycle_started(std::unique_ptr<Started> started) noexcept;
   // park() if MPI may still use `started`'s buffers (Started::in_flight), else
@@ -213,6 +219,7 @@ class MpiProcess {
   MPI_Comm comm_parent_ = MPI_COMM_NULL;
   bool spin_waits_ = false;
   int int_count_max_ = std::numeric_limits<int>::max();
+  bool recycles_ = true;
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::unique_ptr<UserOps> user_ops_;  // freed before MPI_Finalize
   // Parked Starteds, newest first, linked through Started::next_parked; guarded by mutex_.
