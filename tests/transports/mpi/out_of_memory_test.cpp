@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <new>
 #include <string>
@@ -192,13 +193,25 @@ TEST(MpiOutOfMemory, ARefusedCallStartsNothingAndItsRetryIsTheSameOperation) {
   mpi::MpiRunOptions options;
   // A rank whose retry the peer does not match waits this long, then fails the job.
   options.timeout = std::chrono::seconds(20);
-  const int status = mpi::run(options, [] {
+  // mpi.out_of_memory_test.*.checked: under --check-collectives (Note [Collective check]), the
+  // call kinds CHORUS_TEST_CHECK_COLLECTIVES lists (comma-separated) only. Until 2026-12-05 the
+  // check allocated all_to_all's second and third rounds after its first: a refusal there had
+  // this rank's retry post the first round's MPI_Iallgather where the peer posted the second's
+  // MPI_Ialltoall (an erroneous program: MPI_ERR_TRUNCATE or a false mismatch).
+  const char* only = std::getenv("CHORUS_TEST_CHECK_COLLECTIVES");  // NOLINT(concurrency-mt-unsafe)
+  options.check_collectives = only != nullptr;
+  const int status = mpi::run(options, [only] {
     ASSERT_EQ(world_size(), kWorldSize) << "run under mpirun -np 2";
     // The world's communicator is set up by a first collective, outside the sweep.
     EXPECT_EQ(wait_tensor(all_reduce(Tensor::from_vector(values_of(rank(), 2)), "sum", world()))
                   .to_vector<std::int32_t>(),
               sum_of(2));
     for (const CallKind& kind : call_kinds()) {
+      if (only != nullptr &&
+          ("," + std::string(only) + ",").find("," + std::string(kind.name) + ",") ==
+              std::string::npos) {
+        continue;
+      }
       SCOPED_TRACE(kind.name);
       std::size_t threw = 0;
       std::size_t swept = 0;

@@ -873,15 +873,16 @@ std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature
     batch_starts_.emplace_back(std::forward<Start>(start));
     return nullptr;
   }
-  if (check_collectives_) {
-    verify(std::vector<OpSignature>{op_signature}, info, send_counts, recv_counts);
-  }
-  // Note [Issue without allocation]: the work and the Started first, then start, which posts
-  // only once it allocated what it needs; the work takes the Started without allocating.
+  // Note [Issue without allocation]: the work and the Started first, before the collective
+  // check's exchanges too, then start, which posts only once it allocated what it needs; the
+  // work takes the Started without allocating.
   std::shared_ptr<MpiWork> work = make_work(info);
   std::unique_ptr<Started> started = process_->take_started();
-  started->signatures.push_back(op_signature);
   try {
+    started->signatures.push_back(op_signature);
+    if (check_collectives_) {
+      verify(started->signatures, info, send_counts, recv_counts);
+    }
     start(*started);
   } catch (...) {
     // What start posted keeps its buffers until the end (parked); if it posted nothing (a
@@ -1277,7 +1278,7 @@ std::string describe(const WireSignature& wire) {
 }  // namespace
 
 void MpiComm::await_requests(std::unique_ptr<Started>& pending, const OpInfo& info,
-                             const std::string& what) {
+                             const char* what) {
   // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
   const transport::Deadline deadline = transport::Deadline::after(since_epoch(*process_), timeout_);
   std::string failure;
@@ -1303,7 +1304,7 @@ void MpiComm::await_requests(std::unique_ptr<Started>& pending, const OpInfo& in
         return;
       }
       if (since_epoch(*process_) >= deadline.at) {
-        throw Timeout(context_of(info), "not started: waited for " + what +
+        throw Timeout(context_of(info), std::string("not started: waited for ") + what +
                                             " (--check-collectives) past the deadline; a member "
                                             "of the group has not issued it");
       }
@@ -1322,14 +1323,30 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
                      const std::vector<std::size_t>* recv_counts) {
   const std::size_t n = ranks_.size();
   const auto me = static_cast<std::size_t>(group_rank_);
+  const bool splits = send_counts != nullptr;  // an all_to_all: two more rounds
+  CHORUS_CHECK_EQ(splits, recv_counts != nullptr);
+  // Everything every round needs is allocated before the first posting (Note [Issue without
+  // allocation]): a std::bad_alloc between two rounds would leave this rank's retry posting the
+  // first round's MPI_Iallgather on check_comm_ where its peers post the second's
+  // MPI_Ialltoall, an erroneous program. One Started (recycled) and one request serve them all.
   auto wires = std::make_shared<std::vector<WireSignature>>(n + 1);  // [members..., mine]
   (*wires)[n] = wire_of(signatures, info);
-  // Everything allocated before the posting (Note [Issue without allocation]): the Started,
-  // its request and its status.
-  auto pending = std::make_unique<Started>();
-  pending->keep_alive.push_back(wires);
-  pending->statuses.reserve(1);
-  MPI_Request* request = &pending->requests.emplace_back(MPI_REQUEST_NULL);
+  std::shared_ptr<std::vector<std::uint64_t>> counts;  // [mine to j, j's to me]
+  std::shared_ptr<std::vector<std::int32_t>> verdicts;
+  if (splits) {
+    counts = std::make_shared<std::vector<std::uint64_t>>(2 * n);
+    for (std::size_t j = 0; j < n; ++j) {
+      (*counts)[j] = (*send_counts)[j];
+    }
+    verdicts = std::make_shared<std::vector<std::int32_t>>(n + 1, 0);
+  }
+  std::unique_ptr<Started> pending = process_->take_started();
+  // However verify ends: recycled when nothing is in flight (a std::bad_alloc before the first
+  // posting, a mismatch found), else parked (a failed posting; await_requests retires it itself
+  // when a round fails or times out).
+  const OnUnwind retire_on_unwind([&]() noexcept { process_->retire(std::move(pending)); });
+  keep(*pending, {wires, counts, verdicts});
+  MPI_Request* request = request_slot(*pending);  // every round's, with its status
   {
     const std::lock_guard mpi_lock(process_->mutex());
     check(MPI_Iallgather(&(*wires)[n], sizeof(WireSignature), MPI_BYTE, wires->data(),
@@ -1350,43 +1367,39 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
               (layout_only((*wires)[i], (*wires)[n]) ? transport::kLayoutMismatchNote : ""));
     }
   }
-  if (send_counts == nullptr) {
+  if (!splits) {
+    process_->retire(std::move(pending));
     return;
   }
-  CHORUS_CHECK(recv_counts != nullptr);
   // Pairwise: what each member sends me must be what I expect from it.
-  auto counts = std::make_shared<std::vector<std::uint64_t>>(2 * n);  // [mine to j, j's to me]
-  for (std::size_t j = 0; j < n; ++j) {
-    (*counts)[j] = (*send_counts)[j];
-  }
-  auto verdicts = std::make_shared<std::vector<std::int32_t>>(n + 1, 0);
-  auto exchange = std::make_unique<Started>();
-  exchange->keep_alive = {counts, verdicts};
-  exchange->statuses.reserve(1);
-  request = &exchange->requests.emplace_back(MPI_REQUEST_NULL);  // both exchanges' request
   {
     const std::lock_guard mpi_lock(process_->mutex());
     check(MPI_Ialltoall(counts->data(), 1, MPI_UINT64_T, counts->data() + n, 1, MPI_UINT64_T,
                         check_comm_, request),
           "MPI_Ialltoall (collective check)", info);
   }
-  await_requests(exchange, info, "every member's all_to_all split sizes");
-  std::string problem;
-  for (std::size_t j = 0; j < n && problem.empty(); ++j) {
-    if ((*counts)[n + j] != (*recv_counts)[j]) {
-      problem = "rank " + std::to_string(ranks_[j]) + " sends " + std::to_string((*counts)[n + j]) +
-                " elements to rank " + std::to_string(process_->rank()) + ", which expects " +
-                std::to_string((*recv_counts)[j]);
-    }
+  await_requests(pending, info, "every member's all_to_all split sizes");
+  // The first member whose count disagrees, or n; described only after the last round, which
+  // allocates nothing before it is posted.
+  std::size_t disagreeing = 0;
+  while (disagreeing < n && (*counts)[n + disagreeing] == (*recv_counts)[disagreeing]) {
+    ++disagreeing;
   }
-  (*verdicts)[n] = problem.empty() ? 0 : 1;
+  (*verdicts)[n] = disagreeing == n ? 0 : 1;
   {
     const std::lock_guard mpi_lock(process_->mutex());
     check(MPI_Iallgather(&(*verdicts)[n], 1, MPI_INT32_T, verdicts->data(), 1, MPI_INT32_T,
                          check_comm_, request),
           "MPI_Iallgather (collective check)", info);
   }
-  await_requests(exchange, info, "every member's verdict on the split sizes");
+  await_requests(pending, info, "every member's verdict on the split sizes");
+  std::string problem;
+  if (disagreeing != n) {
+    problem = "rank " + std::to_string(ranks_[disagreeing]) + " sends " +
+              std::to_string((*counts)[n + disagreeing]) + " elements to rank " +
+              std::to_string(process_->rank()) + ", which expects " +
+              std::to_string((*recv_counts)[disagreeing]);
+  }
   for (std::size_t j = 0; j < n && problem.empty(); ++j) {
     if ((*verdicts)[j] != 0) {
       problem =
@@ -1400,6 +1413,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
                                                    std::to_string(info.seq) + " of group " +
                                                    *label_ + ": " + problem);
   }
+  process_->retire(std::move(pending));
 }
 
 void MpiComm::abandon_batch() noexcept {
@@ -1422,15 +1436,15 @@ std::shared_ptr<transport::Work> MpiComm::end_group(const OpInfo& info) {
   std::vector<std::function<void(Started&)>> starts = std::move(batch_starts_);
   batch_signatures_.clear();
   batch_starts_.clear();
-  if (check_collectives_) {
-    verify(signatures, info, nullptr, nullptr);
-  }
   // Note [Issue without allocation]: as launch. A later operation's start still allocates after
   // the batch's earlier ones posted; a refusal there parks what they posted.
   std::shared_ptr<MpiWork> work = make_work(info);
   std::unique_ptr<Started> started = process_->take_started();
   started->signatures = std::move(signatures);
   try {
+    if (check_collectives_) {
+      verify(started->signatures, info, nullptr, nullptr);
+    }
     for (const std::function<void(Started&)>& start : starts) {
       start(*started);
     }

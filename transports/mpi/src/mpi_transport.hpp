@@ -407,7 +407,7 @@ class MpiComm final : public transport::Comm {
   // Polls `pending` until done or the timeout (then parks it and throws Timeout); parks it too
   // when anything else throws (Note [Issue without allocation]).
   void await_requests(std::unique_ptr<Started>& pending, const transport::OpInfo& info,
-                      const std::string& what);
+                      const char* what);
   // What a work and an error name: this rank, the operation, the group.
   WorkContext work_context(const transport::OpInfo& info) const;
   ErrorContext context_of(const transport::OpInfo& info) const;
