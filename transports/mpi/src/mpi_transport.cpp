@@ -568,29 +568,42 @@ std::exception_ptr MpiWork::error() const {
 // ---------------------------------------------------------------------------------------------
 // MpiComm
 
-MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm,
-                 std::string tag, std::vector<int> ranks, std::uint64_t id,
-                 std::chrono::nanoseconds timeout, MpiSchedule schedule)
+MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, std::string tag, std::vector<int> ranks,
+                 std::uint64_t id, std::chrono::nanoseconds timeout, MpiSchedule schedule,
+                 bool check_collectives)
     : process_(std::move(process)),
-      comm_(comm),
-      check_comm_(check_comm),
-      check_collectives_(check_comm != MPI_COMM_NULL),
+      check_collectives_(check_collectives),
       tag_(std::move(tag)),
       ranks_(std::move(ranks)),
       label_(std::make_shared<const std::string>(group_label(tag_, ranks_))),
       id_(id),
       timeout_(timeout),
       schedule_(schedule) {
-  CHORUS_CHECK(comm_ != MPI_COMM_NULL);
+  // The group is created from comm_parent's (world's) group with the ranks in this order
+  // (MpiTransport::create_comm), so this rank's group rank is its place here; attach() checks.
+  const auto mine = std::ranges::find(ranks_, process_->rank());
+  CHORUS_CHECK(mine != ranks_.end());
+  group_rank_ = static_cast<int>(mine - ranks_.begin());
+}
+
+void MpiComm::attach(MPI_Comm comm, MPI_Comm check_comm) noexcept {
+  CHORUS_CHECK(comm != MPI_COMM_NULL);
+  CHORUS_CHECK(comm_ == MPI_COMM_NULL);
+  CHORUS_CHECK_EQ(check_comm != MPI_COMM_NULL, check_collectives_);
+  comm_ = comm;
+  check_comm_ = check_comm;
+  int group_rank = -1;
   {
     const std::lock_guard mpi_lock(process_->mutex());
-    MPI_Comm_rank(comm_, &group_rank_);
+    MPI_Comm_rank(comm_, &group_rank);
   }
-  CHORUS_CHECK_GE(group_rank_, 0);
-  CHORUS_CHECK_EQ(ranks_[static_cast<std::size_t>(group_rank_)], process_->rank());
+  CHORUS_CHECK_EQ(group_rank, group_rank_);
 }
 
 MpiComm::~MpiComm() {
+  if (comm_ == MPI_COMM_NULL) {
+    return;  // its set-up failed before the communicators existed (create_comm)
+  }
   const std::lock_guard mpi_lock(process_->mutex());
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -1545,6 +1558,14 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   pending->keep_alive.push_back(ids);
   std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
   std::vector<int> send_peers;  // pending->requests[i] sends to send_peers[i]
+  // Room for every member's message, request and status, and the members a poll finds
+  // missing, before the first posting: a members-only set-up then allocates nothing once its
+  // first message is out (Note [Issue without allocation]; a busy reply still does).
+  send_peers.reserve(n);
+  pending->requests.reserve(n);
+  pending->statuses.reserve(n);
+  std::vector<int> unarrived;  // the members a poll found missing
+  unarrived.reserve(n);
   // The members this set-up waits for; the others' set-up messages are answered ("Busy peers"),
   // settled members' too: they sent this set-up nothing, so a message of theirs is for another.
   std::vector<char> member(world_size, 0);
@@ -1818,7 +1839,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
   // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
   const transport::Deadline deadline = transport::Deadline::after(now(), timeout_);
   for (;;) {
-    std::vector<int> missing;
+    unarrived.clear();
     {
       const std::lock_guard mpi_lock(process_->mutex());
       process_->progress_rings();  // a peer may be waiting on one (Note [Ring all_reduce])
@@ -1844,19 +1865,19 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
           }
         }
         if (arrived == 0) {
-          missing.push_back(ranks[i]);
+          unarrived.push_back(ranks[i]);
         }
       }
-      if (!missing.empty() || skips_peers) {
+      if (!unarrived.empty() || skips_peers) {
         answer_askers();  // with nothing missing, a last look for a skipped peer that moved on
       }
-      if (!missing.empty()) {
+      if (!unarrived.empty()) {
         take_replies();
       }
     }
     fail_if_any();
     if (const int gone = departed(); gone >= 0) {
-      abandon(cancel_missing(missing));
+      abandon(cancel_missing(unarrived));
       partial_[static_cast<std::size_t>(gone)].reset();  // as it did on its side
       throw CollectiveMismatch(
           context,
@@ -1868,11 +1889,11 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
               " moved on, so it would never join this rank in creating the communicator. "
               "Retry a group whose set-up failed on every member that reached it, or on none");
     }
-    if (missing.empty()) {
+    if (unarrived.empty()) {
       break;
     }
     if (now() >= deadline.at) {
-      const std::vector<int> still_missing = cancel_missing(missing);
+      const std::vector<int> still_missing = cancel_missing(unarrived);
       if (still_missing.empty()) {
         break;  // every peer's message arrived after all: the set-up completes
       }
@@ -1931,8 +1952,14 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
 std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& tag,
                                                            const std::vector<int>& ranks) {
   CHORUS_CHECK(!ranks.empty());
-  const ErrorContext context{process_->rank(), "communicator set-up", -1, group_label(tag, ranks)};
   const std::uint64_t id = comm_id_of(tag, ranks);
+  // Everything that allocates comes before the rendezvous: once it completed, the peers go on
+  // into MPI_Comm_create_group and wait there for this rank, so a std::bad_alloc after it could
+  // not be retried (Note [Issue without allocation]). The communicators are handed over without
+  // allocating (attach).
+  auto created =
+      std::make_shared<MpiComm>(process_, tag, ranks, id, timeout_, schedule_, check_collectives_);
+  const ErrorContext context{process_->rank(), "communicator set-up", -1, group_label(tag, ranks)};
   rendezvous(ranks, id, context);
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm check_comm = MPI_COMM_NULL;
@@ -1964,7 +1991,8 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
       }
     }
   }
-  return std::make_shared<MpiComm>(process_, comm, check_comm, tag, ranks, id, timeout_, schedule_);
+  created->attach(comm, check_comm);
+  return created;
 }
 
 transport::Duration MpiTransport::now() { return since_epoch(*process_); }

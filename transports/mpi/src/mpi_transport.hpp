@@ -94,14 +94,20 @@ static_assert(std::is_trivially_copyable_v<BusyReply>);
 //   block): every Started lives in a heap node allocated before it posts anything, and parked
 //   nodes form an intrusive list (Started::next_parked). Finished nodes are recycled (Note
 //   [Recycled Started]), so an operation allocates none in the steady state.
+// - The collective check (MpiComm::verify) allocates what all its rounds need before its first
+//   posting, and launch and end_group make the work and the Started before it.
 // What still allocates after a posting: in a coalesced batch (end_group) each operation's start
 // allocates after the batch's earlier operations posted, so a refusal there parks the posted
 // part (their buffers stay) and the peers' batch fails or times out; and under
 // --check-collectives an operation's start allocates after its comparison (Note [Collective
-// check]) with the peers, so a refusal there leaves the peers one comparison ahead (docs/mpi.md,
-// "Memory exhaustion"). The communicator set-up (Note [Communicator rendezvous]) allocates
-// between its postings: a std::bad_alloc there cancels its receives and parks its messages, as
-// an MPI failure does.
+// check]) with the peers, where it allocates at all, so a refusal there leaves the peers one
+// comparison ahead (docs/mpi.md, "Memory exhaustion"). The communicator set-up
+// (MpiTransport::create_comm) makes its MpiComm before the rendezvous (Note [Communicator
+// rendezvous]) and hands it the communicators without allocating (MpiComm::attach); a
+// rendezvous among members only allocates nothing after its first posting, but answering a
+// non-member with a busy reply does: a std::bad_alloc during the rendezvous cancels its receives
+// and parks its messages, as an MPI failure does, and one after a peer took this rank's message
+// leaves that peer waiting in MPI_Comm_create_group (Note [Transport contract]).
 
 // Requests and the steps around them of one started operation (or a coalesced batch). Lives in
 // a heap node (std::unique_ptr) so that parking it allocates nothing (Note [Issue without
@@ -344,13 +350,20 @@ class MpiWork final : public transport::Work {
 // small buffers (mpi.job.big_all_to_all.*).
 class MpiComm final : public transport::Comm {
  public:
-  // `check_comm`: a twin of `comm` for Note [Collective check], or MPI_COMM_NULL (no check).
-  // `timeout` bounds the check's exchanges. Owns both communicators.
-  // `schedule`: who schedules its collectives (MpiSchedule, already agreed by the ranks).
-  MpiComm(std::shared_ptr<MpiProcess> process, MPI_Comm comm, MPI_Comm check_comm, std::string tag,
-          std::vector<int> ranks, std::uint64_t id, std::chrono::nanoseconds timeout,
-          MpiSchedule schedule);
+  // Made before its communicators exist (MpiTransport::create_comm: everything that allocates
+  // comes before the collective calls that create them), and handed them by attach().
+  // `ranks`: world ranks, this one among them. `timeout` bounds the collective check's
+  // exchanges (Note [Collective check], on when `check_collectives`). `schedule`: who schedules
+  // its collectives (MpiSchedule, already agreed by the ranks).
+  MpiComm(std::shared_ptr<MpiProcess> process, std::string tag, std::vector<int> ranks,
+          std::uint64_t id, std::chrono::nanoseconds timeout, MpiSchedule schedule,
+          bool check_collectives);
+  // Frees the communicators attached, if any.
   ~MpiComm() override;
+  // Takes ownership of `comm`, the group's communicator, and `check_comm`, its twin for Note
+  // [Collective check] (MPI_COMM_NULL without the check). Once, before any operation. Takes the
+  // MPI lock; allocates nothing and never throws.
+  void attach(MPI_Comm comm, MPI_Comm check_comm) noexcept;
 
   std::uint64_t id() const noexcept override { return id_; }
   const std::string& tag() const noexcept override { return tag_; }
@@ -479,8 +492,8 @@ class MpiComm final : public transport::Comm {
   // The messages of the exchange being posted, kept for their capacity (one rank's thread
   // starts this communicator's operations, one at a time).
   std::vector<Message> message_scratch_;
-  MPI_Comm comm_;
-  MPI_Comm check_comm_;
+  MPI_Comm comm_ = MPI_COMM_NULL;        // attach()
+  MPI_Comm check_comm_ = MPI_COMM_NULL;  // attach()
   bool check_collectives_;
   std::string tag_;
   std::vector<int> ranks_;

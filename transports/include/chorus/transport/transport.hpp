@@ -25,8 +25,17 @@
 //     operation fails or times out as before. std::bad_alloc is not such a case: an operation
 //     allocates everything before it posts anything, and parking allocates nothing (Note [Issue
 //     without allocation] in transports/mpi/src/mpi_transport.hpp), except inside a coalesced
-//     batch (a later operation allocates after the earlier ones posted) and after the
-//     --check-collectives comparison, which the peers have already made.
+//     batch (a later operation allocates after the earlier ones posted) and in an operation's
+//     start after its --check-collectives comparison, which the peers have already made (the
+//     comparison's own rounds allocate everything before the first). Communicator set-up
+//     (create_comm, no seq) allocates the communicator object before its rendezvous, and a
+//     rendezvous among members only allocates nothing once its first message is posted; but a
+//     std::bad_alloc after a peer received this rank's set-up message (answering a non-member's
+//     message with a busy reply allocates; Note [Communicator rendezvous]) is not retried
+//     cleanly: the set-up throws, cancelling its receives and parking its messages, while a peer
+//     that got this rank's message (and sent its own) goes on into MPI_Comm_create_group and
+//     waits there, unbounded, for this rank; the retry's new message is never taken, so it ends
+//     in Timeout naming those peers, and the peers wait until the job ends.
 //   - NCCL: --check-collectives' rounds (check_collective, split_plan.cpp) are keyed in the
 //     store by a count of the rounds each member entered, not by seq, so a retry under the
 //     number given back is a fresh round, not the failed one's keys (a timed-out round's stay,
