@@ -238,6 +238,40 @@ TEST(MpiOutOfMemory, ARefusedCallStartsNothingAndItsRetryIsTheSameOperation) {
                     swept, threw);
       }
     }
+    if (only != nullptr) {
+      return;
+    }
+    // The first operation on a group sets its communicator up (Note [Communicator rendezvous]):
+    // a fresh group each round, so that each refusal falls in the set-up or the operation.
+    // Until the transport made its MpiComm before the rendezvous, a refusal there came after
+    // MPI_Comm_create_group: the peer went on with its communicator, and the retry's rendezvous
+    // was never answered (Timeout).
+    std::size_t threw = 0;
+    for (std::size_t k = 0;; ++k) {
+      ASSERT_LT(k, 10'000u) << "the sweep does not end";
+      SCOPED_TRACE("first use of a group, allocation " + std::to_string(k) + " refused");
+      const ProcessGroup group = new_group({0, 1}, "set-up " + std::to_string(k));
+      const CallKind first_use{
+          "first_use", 5, [&group](const Tensor& input) { return all_reduce(input, "sum", group); },
+          [](int) { return sum_of(5); }};
+      const Round round = run_round(first_use, k);
+      if (round.threw) {
+        EXPECT_TRUE(round.what == "std::bad_alloc" ||
+                    round.what.find("cannot allocate the output") != std::string::npos)
+            << round.what;
+        ++threw;
+      }
+      if (k != 0 && !round.refused) {
+        if (rank() == 0) {
+          EXPECT_GT(threw, 0u) << "the sweep refused the call's allocations";
+          std::printf(
+              "first use of a group: %zu allocations refused in turn, %zu of them failed "
+              "the call\n",
+              k - 1, threw);
+        }
+        break;
+      }
+    }
   });
   EXPECT_EQ(status, 0);
 }
