@@ -303,6 +303,7 @@ struct FailingOutcome {
   std::vector<std::string> whats;
   std::vector<std::vector<std::int32_t>> results;  // per rank: #0's result where it succeeded
   std::vector<std::optional<ErrorCode>> after;     // per rank: #1's wait
+  std::vector<std::string> after_whats;
   std::vector<std::vector<std::int32_t>> after_results;
   bool threw = false;  // rank 0's refused call (wait) threw std::bad_alloc, and was issued
                        // (waited) again
@@ -362,6 +363,7 @@ FailingOutcome run_failing(Failing failing, int world_size, std::size_t refuse, 
   outcome.whats.resize(size);
   outcome.results.resize(size);
   outcome.after.resize(size);
+  outcome.after_whats.resize(size);
   outcome.after_results.resize(size);
   SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
   options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
@@ -429,17 +431,28 @@ FailingOutcome run_failing(Failing failing, int world_size, std::size_t refuse, 
         issue();  // memory is back
       }
     }
-    // A wait that threw std::bad_alloc is waited again; one that ended timed out.
-    if (me != 0 || failing != Failing::Timeout || (outcome.threw || !outcome.codes[0])) {
+    // Rank 0's refused wait (Timeout) never throws std::bad_alloc (the test checks): it ended.
+    if (me != 0 || failing != Failing::Timeout) {
       wait_into(*result, outcome.codes[mine], outcome.whats[mine], outcome.results[mine]);
     }
     if (!after) {
       after = all_reduce(after_input, "sum", world());
     }
-    std::string what;
-    wait_into(*after, outcome.after[mine], what, outcome.after_results[mine]);
+    wait_into(*after, outcome.after[mine], outcome.after_whats[mine], outcome.after_results[mine]);
   });
   return outcome;
+}
+
+// Note [Operation positions]: the fixed texts of what fails without the memory to say why
+// (world.cpp), which show that a fallback was taken.
+constexpr const char* kFixedErrorText = "the simulator ran out of memory describing this failure";
+constexpr const char* kFixedAbortText = "the simulator ran out of memory failing an operation";
+constexpr const char* kFixedTimeoutText = "the simulator ran out of memory describing more";
+constexpr const char* kNotRecordedText =
+    "the simulator ran out of memory recording why this operation failed";
+
+bool contains(const std::string& text, const char* part) {
+  return text.find(part) != std::string::npos;
 }
 
 class SimOutOfMemoryFailing : public ::testing::TestWithParam<std::tuple<Failing, int, bool>> {};
@@ -456,6 +469,7 @@ TEST_P(SimOutOfMemoryFailing, EveryMemberFailsWithTheFailuresCode) {
                                                               : ErrorCode::Timeout;
   std::size_t judged_out_of_memory = 0;  // runs that failed #0 with Aborted: out of memory
   std::size_t refused_runs = 0;
+  std::string texts;  // every error text of the sweep, one a line
   // n = 0: nothing refused. Then the n-th allocation (onwards: and all after it), until a run
   // makes fewer than n.
   for (std::size_t n = 0;; ++n) {
@@ -471,6 +485,9 @@ TEST_P(SimOutOfMemoryFailing, EveryMemberFailsWithTheFailuresCode) {
     // Every member ends #0 alike: all with `code`, or all with Aborted where judging rank 0's
     // arrival ran out of memory. A TransportError's start that threw after its fault fired
     // leaves the fault spent (Note [Fault injection]): the retry succeeds, bit for bit.
+    if (failing == Failing::Timeout) {
+      ASSERT_FALSE(outcome.threw) << "rank 0's wait on a timed-out operation threw std::bad_alloc";
+    }
     const std::optional<ErrorCode> first = outcome.codes[0];
     if (!first) {
       ASSERT_EQ(failing, Failing::TransportError);
@@ -489,14 +506,11 @@ TEST_P(SimOutOfMemoryFailing, EveryMemberFailsWithTheFailuresCode) {
       EXPECT_NE(failing, Failing::Timeout);
       EXPECT_FALSE(outcome.threw);
     } else {
-      if (failing == Failing::Timeout) {
-        EXPECT_FALSE(outcome.threw)
-            << "rank 0's wait on a timed-out operation threw std::bad_alloc";
-      }
       EXPECT_EQ(*first, code) << outcome.whats[0];
     }
     for (int r = 0; r < world_size; ++r) {
       const auto index = static_cast<std::size_t>(r);
+      texts += outcome.whats[index] + "\n" + outcome.after_whats[index] + "\n";
       EXPECT_EQ(outcome.codes[index], first) << "rank " << r << ": " << outcome.whats[index];
       if (*first == ErrorCode::Aborted) {
         EXPECT_NE(outcome.whats[index].find("out of memory"), std::string::npos)
@@ -509,6 +523,15 @@ TEST_P(SimOutOfMemoryFailing, EveryMemberFailsWithTheFailuresCode) {
   EXPECT_GT(refused_runs, 0u);
   if (failing != Failing::Timeout) {
     EXPECT_GT(judged_out_of_memory, 0u) << "a refusal reached judge_arrival";
+  }
+  // The fallbacks were reached: a member's fixed error and the fixed abort reason (every
+  // allocation refused), time_out_out_of_memory's text (one refused while describing the
+  // timeout, the errors made).
+  if (onwards) {
+    EXPECT_TRUE(contains(texts, kFixedErrorText)) << texts;
+    EXPECT_TRUE(contains(texts, kFixedAbortText)) << texts;
+  } else if (failing == Failing::Timeout) {
+    EXPECT_TRUE(contains(texts, kFixedTimeoutText)) << texts;
   }
 }
 
