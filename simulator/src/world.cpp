@@ -1831,7 +1831,8 @@ void SimWorld::declare_deadlock(const std::string& why) {
 
 namespace {
 
-// A literal: withdraw_fault, in fail_slot, must not allocate (Note [Operation positions]).
+// A literal: withdraw_fault, in fail_slot, must not allocate (Note [Operation positions]). Each is
+// "fault." and the kind's name in sim_run.cpp (name(Fault::Kind)), which record_fault checks.
 std::string_view fault_mark(Fault::Kind kind) noexcept {
   switch (kind) {
     case Fault::Kind::Crash:
@@ -1849,12 +1850,25 @@ std::string_view fault_mark(Fault::Kind kind) noexcept {
 }  // namespace
 
 void SimWorld::record_fault(const Fault& fault, bool random) {
-  mark(fault_mark(fault.kind));
+  // What can run out of memory first, so that a refusal records nothing: room in faults_fired_,
+  // then the marks (the second refused, the first is taken back).
+  if (faults_fired_.size() == faults_fired_.capacity()) {
+    faults_fired_.reserve(std::max<std::size_t>(4, 2 * faults_fired_.capacity()));
+  }
+  const std::string_view kind_mark = fault_mark(fault.kind);
+  // "fault." and sim_run.cpp's name(kind): the names a report's reader looks for.
+  CHORUS_CHECK(kind_mark.substr(std::string_view("fault.").size()) == name(fault.kind));
+  mark(kind_mark);
   if (random) {
-    mark("fault.random");
+    try {
+      mark("fault.random");
+    } catch (const std::bad_alloc&) {
+      unmark(kind_mark);
+      throw;
+    }
     random_faults_fired_ += 1;
   }
-  faults_fired_.push_back(fault);
+  faults_fired_.push_back(fault);  // room made above: no allocation
 }
 
 void SimWorld::withdraw_fault(const Fault& fault, bool random) {
@@ -1871,18 +1885,25 @@ void SimWorld::withdraw_fault(const Fault& fault, bool random) {
 
 void SimWorld::mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired) {
   const Fault::Kind kind = fired.fault.kind;
+  // Note [Fault injection]: a Hang preempts a TransportError; of two of one kind the first stays.
+  if (slot.fault &&
+      (slot.fault->kind != Fault::Kind::TransportError || kind != Fault::Kind::Hang)) {
+    return;
+  }
+  // Note [Operation positions]: what can run out of memory first (the detail, then the record,
+  // which undoes itself when refused), so that a std::bad_alloc leaves the slot's fault and the
+  // faults recorded as they were; withdrawing the replaced one and assigning allocate nothing.
+  std::string detail = kind == Fault::Kind::Hang ? "it hung" : "the transport reported a failure";
+  detail += " (injected fault: ";
+  detail += fired.fault.to_string();
+  detail += ")";
+  record_fault(fired.fault, fired.random);
   if (slot.fault) {
-    // Note [Fault injection]: a Hang preempts a TransportError; of two of one kind the first stays.
-    if (slot.fault->kind != Fault::Kind::TransportError || kind != Fault::Kind::Hang) {
-      return;
-    }
     withdraw_fault(*slot.fault, slot.fault_random);
   }
-  record_fault(fired.fault, fired.random);
   slot.fault = fired.fault;
   slot.fault_random = fired.random;
-  slot.fault_detail = (kind == Fault::Kind::Hang ? "it hung" : "the transport reported a failure") +
-                      std::string(" (injected fault: ") + fired.fault.to_string() + ")";
+  slot.fault_detail = std::move(detail);
 }
 
 std::vector<SimWorld::FiredFault> SimWorld::fire_faults(int rank, std::uint64_t op_index) {

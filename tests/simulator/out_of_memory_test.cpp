@@ -541,5 +541,109 @@ INSTANTIATE_TEST_SUITE_P(FailuresWorldSizes, SimOutOfMemoryFailing,
                                                               Failing::Timeout),
                                             ::testing::Values(2, 3), ::testing::Bool()));
 
+// ---- A Hang that replaces a TransportError (Note [Fault injection]), with allocations refused
+
+// The faults fired in `report` agree with its "fault.*" marks.
+void expect_faults_marked(const SimReport& report) {
+  std::uint64_t hangs = 0;
+  std::uint64_t transport_errors = 0;
+  for (const sim::Fault& fault : report.faults_fired) {
+    hangs += fault.kind == sim::Fault::Kind::Hang ? 1 : 0;
+    transport_errors += fault.kind == sim::Fault::Kind::TransportError ? 1 : 0;
+  }
+  EXPECT_EQ(report.mark_count("fault.hang"), hangs);
+  EXPECT_EQ(report.mark_count("fault.transport_error"), transport_errors);
+}
+
+class SimOutOfMemoryFaults : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+// Rank 1 arrives at #0 with an injected TransportError, rank 0 last with a Hang, which replaces it
+// (withdrawn), while rank 0's `n`-th allocation (onwards: and every later one) is refused. Until
+// 2026-12-05 SimWorld::mark_slot_fault withdrew the TransportError before recording the Hang: a
+// refusal there left the slot marked with the withdrawn fault, and the operation's failure
+// withdrew it again (CHORUS_CHECK, the process stopped), or left "fault.hang" counted for a fault
+// never recorded.
+TEST_P(SimOutOfMemoryFaults, AHangReplacingATransportErrorIsRecordedOnce) {
+  const auto [world_size, onwards] = GetParam();
+  const auto size = static_cast<std::size_t>(world_size);
+  std::size_t refused_runs = 0;
+  std::size_t timed_out = 0;
+  for (std::size_t n = 0;; ++n) {
+    ASSERT_LT(n, 10'000u) << "the sweep does not end";
+    SCOPED_TRACE("allocation " + std::to_string(n) + (onwards ? " onwards" : "") + " refused");
+    SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
+    options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
+    options.record_events = true;
+    options.timeout = std::chrono::microseconds(50);
+    // Rank 1's #0 is its operation 0; rank 0's #0 its operation 1, after the side one.
+    options.faults = {sim::Fault::transport_error(1, 0), sim::Fault::hang(0, 1)};
+    std::vector<int> everyone;
+    for (int r = 0; r < world_size; ++r) {
+      everyone.push_back(r);
+    }
+    std::vector<std::optional<ErrorCode>> codes(size);
+    std::vector<std::string> whats(size);
+    std::vector<std::optional<ErrorCode>> after(size);
+    bool threw = false;
+    std::size_t refused = 0;
+    const SimReport report = sim::run(options, [&] {
+      const int me = rank();
+      const auto mine = static_cast<std::size_t>(me);
+      const Tensor input = input_of(me, kElements);
+      std::optional<Tensor> result;
+      const ProcessGroup side = new_group(everyone, "side");
+      if (me != 0) {
+        result = all_reduce(input, "sum", world());
+      }
+      wait_tensor(all_reduce(input_of(me, 1), "sum", side));  // rank 0 arrives at #0 last
+      if (me == 0) {
+        const auto issue = [&] { result = all_reduce(input, "sum", world()); };
+        threw = refusing(n, onwards, issue);
+        refused = allocations_refused.load();
+        if (threw) {
+          issue();  // memory is back; the Hang fired for the refused start, and stays spent
+        }
+      }
+      std::vector<std::int32_t> values;
+      wait_into(*result, codes[mine], whats[mine], values);
+      std::string what;
+      wait_into(all_reduce(input_of(me, 1), "sum", world()), after[mine], what, values);
+    });
+    ASSERT_TRUE(report.ok()) << ::testing::PrintToString(report.rank_errors);
+    if (n != 0 && refused == 0) {
+      break;  // every allocation was refused once
+    }
+    refused_runs += n != 0 ? 1 : 0;
+    // Every member ends #0 alike: Timeout where the Hang marked the slot (a start that threw
+    // before the fault fired, retried, too), TransportError where rank 0's start threw after
+    // (its retry brings no Hang), Aborted where judging its arrival ran out of memory (neither
+    // fault acted: both withdrawn).
+    ASSERT_TRUE(codes[0]) << "#0 cannot succeed";
+    const ErrorCode code = *codes[0];
+    std::vector<sim::Fault> fired;
+    if (code == ErrorCode::Timeout) {
+      ++timed_out;
+      fired = {sim::Fault::hang(0, 1)};
+    } else if (code == ErrorCode::TransportError) {
+      EXPECT_TRUE(threw);
+      fired = {sim::Fault::transport_error(1, 0)};
+    } else {
+      EXPECT_EQ(code, ErrorCode::Aborted) << whats[0];
+      EXPECT_FALSE(threw);
+    }
+    EXPECT_EQ(report.faults_fired, fired);
+    expect_faults_marked(report);
+    for (std::size_t r = 0; r < size; ++r) {
+      EXPECT_EQ(codes[r], code) << "rank " << r << ": " << whats[r];
+      EXPECT_EQ(after[r], ErrorCode::Aborted) << "rank " << r;  // the communicator is aborted
+    }
+  }
+  EXPECT_GT(refused_runs, 0u);
+  EXPECT_GT(timed_out, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SimOutOfMemoryFaults,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()));
+
 }  // namespace
 }  // namespace chorus
