@@ -161,12 +161,6 @@ const std::array<std::exception_ptr, kErrorCodes>& out_of_memory_errors() {
   return errors;
 }
 
-SimGroup::Failures::node_type make_spare_failure() {
-  SimGroup::Failures failures;
-  failures.try_emplace(0);
-  return failures.extract(failures.begin());
-}
-
 }  // namespace
 
 int guard_fault_rank() noexcept { return this_thread_rank.rank; }
@@ -402,7 +396,6 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   group->tag = tag;
   group->ranks = ranks;
   group->issued.assign(ranks.size(), 0);
-  group->spare_failure = make_spare_failure();
   group->abort_reason.reserve(kOutOfMemoryAbortReason.size());
   group->label = "[";
   for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -424,9 +417,10 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // fingerprint, the work and its error context, the arrival's name, room for the outputs to
 // guard, the slot and its arrivals, the error of an operation that fails at once (where
 // try_make_error cannot make it, start throws std::bad_alloc), the guard's description, a spare
-// failure record for the group) is made first; a std::bad_alloc there leaves nothing (a slot made
-// for it is erased). Then the operation counts (group.issued, ops_issued_), its point of no return.
-// What follows allocates nothing, or, where it still may, fails cleanly instead of throwing:
+// failure record for the slot it makes) is made first; a std::bad_alloc there leaves nothing (a
+// slot made for it is erased). Then the operation counts (group.issued, ops_issued_), its point of
+// no return. What follows allocates nothing, or, where it still may, fails cleanly instead of
+// throwing:
 // - the Issue, Arrive and Fail events: out of memory the log loses them (record_event), or a
 //   Fail event its detail (fail_slot);
 // - judge_arrival (only a mismatch's description, an injected TransportError or Hang being
@@ -438,10 +432,13 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 //   error and the failure record before it takes the slot away, and where one is refused it
 //   uses what was made in advance: an error of the same code with a fixed text (one per
 //   ErrorCode, made once per process, by the first world: out_of_memory_errors), and for the
-//   record the group's spare node (code only: a member arriving
-//   later gets a fixed text; start makes a new spare before its operation counts). With no
-//   spare left the communicator is aborted from that operation on, so later arrivals at it fail
-//   with Aborted. Every member that arrived fails with the intended code either way;
+//   record one of the group's spare nodes (code only: a member arriving later gets a fixed
+//   text). The group keeps at least one spare per outstanding operation (start makes one with
+//   each slot, before its operation counts; the nodes stay with the group, so only a new high of
+//   outstanding operations allocates), and only an outstanding operation is failed, so a spare
+//   is always there: every member of every operation failed, whoever fails it (a timeout failing
+//   several, a deadlock, a crash), fails with the code it was failed with, and the members
+//   arriving later get that code too;
 // - a wait's timeout (time_out, outside start too): out of memory describing it, the waited
 //   operation and those before it still outstanding fail with Timeout and a fixed text, and the
 //   communicator is aborted after it (time_out_out_of_memory);
@@ -536,15 +533,16 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
     }
     early_event = fail_event(early_code, early_detail);
   } else {
-    if (group.spare_failure.empty()) {
-      group.spare_failure = make_spare_failure();  // fail_slot used it
-    }
-    // Last: a slot made here is erased again if making its arrivals fails, and nothing after
-    // it can throw before the operation counts.
+    // Last: a slot made here is erased again if making its arrivals or its spare failure record
+    // fails, and nothing after it can throw before the operation counts.
     auto [entry, created] = group.slots.try_emplace(info.seq);
     try {
       if (entry->second.arrivals.empty()) {
         entry->second.arrivals.resize(group.ranks.size());
+      }
+      // A spare per outstanding operation: only a new high of them allocates.
+      while (group.spare_failures.size() < group.slots.size()) {
+        group.spare_failures.try_emplace(static_cast<std::int64_t>(group.spare_failures.size()));
       }
     } catch (...) {
       if (created) {
@@ -1557,24 +1555,22 @@ bool fault_acted(Fault::Kind kind, ErrorCode code) {
 void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
                          std::string_view detail) noexcept {
   // Note [Operation positions]: what can run out of memory is made, or replaced, first. The
-  // failure, for the members arriving later (the first one recorded stays): out of memory, the
-  // group's spare node with the code alone, or with no spare left, the communicator is aborted
-  // from this operation on (the operations after it fail with Aborted now, later arrivals at it
-  // with Aborted too).
+  // failure, for the members arriving later (the first one recorded stays): out of memory, one of
+  // the group's spare nodes with the code alone. An operation is failed only while outstanding
+  // (it has a slot) or once failed (recorded already), and start keeps a spare per slot, so one
+  // is always left.
   if (!group.failures.contains(seq)) {
     try {
       group.failures.try_emplace(seq, SimGroup::Failure{code, std::string(detail)});
     } catch (const std::bad_alloc&) {
-      if (!group.spare_failure.empty()) {
-        group.spare_failure.key() = seq;
-        group.spare_failure.mapped().code = code;
-        group.spare_failure.mapped().detail.clear();
-        group.failures.insert(std::move(group.spare_failure));  // allocates nothing
-      } else if (group.aborted_from < 0 || seq < group.aborted_from) {
-        group.abort_reason.assign(kOutOfMemoryAbortReason);  // within the room made for it
-        group.aborted_from = seq;
-        fail_slots_from(group, seq + 1, kOutOfMemoryAbortDetail);
-      }
+      CHORUS_CHECK(group.slots.contains(seq));
+      CHORUS_CHECK(!group.spare_failures.empty());
+      SimGroup::Failures::node_type spare =
+          group.spare_failures.extract(std::prev(group.spare_failures.end()));
+      spare.key() = seq;
+      spare.mapped().code = code;
+      spare.mapped().detail.clear();
+      group.failures.insert(std::move(spare));  // allocates nothing
     }
   }
   advance_completion(group);

@@ -257,9 +257,10 @@ struct SimGroup {
 
   std::map<std::int64_t, Slot> slots;  // outstanding operations by seq
   Failures failures;                   // failed operations by seq
-  // Note [Operation positions]: a node for `failures` made in advance, which fail_slot uses when
-  // making one is refused (start makes a new one before its operation counts).
-  Failures::node_type spare_failure;
+  // Note [Operation positions]: nodes for `failures` made in advance, at least one per
+  // outstanding operation (start makes one as it makes a slot, before its operation counts),
+  // which fail_slot uses when making one is refused. Keys 0 .. size - 1: fail_slot takes the last.
+  Failures spare_failures;
   std::int64_t next_to_complete = 0;
   std::int64_t aborted_from = -1;    // operations from this seq on fail with Aborted
   std::string abort_reason;          // room for kOutOfMemoryAbortReason made at creation

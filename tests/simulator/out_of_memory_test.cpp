@@ -645,5 +645,105 @@ TEST_P(SimOutOfMemoryFaults, AHangReplacingATransportErrorIsRecordedOnce) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimOutOfMemoryFaults,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()));
 
+// ---- A timeout with several operations outstanding, every allocation refused from some point
+
+class SimOutOfMemoryTimeout : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+// Rank 1's #0 hangs; every rank issues #0 and #1, rank 0 #2 too and waits on it, with its `n`-th
+// allocation (onwards: and every later one) refused, while the other ranks stall starting #2 (a
+// Delay) until rank 0's deadline passed. The timeout fails #0, #1 and #2 with Timeout on every
+// member (the later arrivals at #2 read its failure record) and aborts the communicator from #3.
+// Until 2026-12-05 a group had one spare failure record: the second operation failed out of memory
+// aborted the communicator after it at once, so #2 failed with Aborted.
+TEST_P(SimOutOfMemoryTimeout, EveryOutstandingOperationTimesOut) {
+  const auto [world_size, onwards] = GetParam();
+  const auto size = static_cast<std::size_t>(world_size);
+  constexpr std::size_t kOutstanding = 3;
+  std::size_t refused_runs = 0;
+  std::string texts;  // every error text of the sweep, one a line
+  for (std::size_t n = 0;; ++n) {
+    ASSERT_LT(n, 10'000u) << "the sweep does not end";
+    SCOPED_TRACE("allocation " + std::to_string(n) + (onwards ? " onwards" : "") + " refused");
+    SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
+    options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
+    options.record_events = true;
+    options.timeout = std::chrono::microseconds(50);
+    options.faults = {sim::Fault::hang(1, 0)};
+    for (int r = 1; r < world_size; ++r) {
+      options.faults.push_back(sim::Fault::delay(r, 2, 10'000));
+    }
+    std::vector<std::vector<std::optional<ErrorCode>>> codes(
+        size, std::vector<std::optional<ErrorCode>>(kOutstanding + 1));
+    std::vector<std::vector<std::string>> whats(size, std::vector<std::string>(kOutstanding + 1));
+    bool threw = false;
+    std::size_t refused = 0;
+    const SimReport report = sim::run(options, [&] {
+      const int me = rank();
+      const auto mine = static_cast<std::size_t>(me);
+      std::vector<Tensor> results;
+      for (std::size_t i = 0; i < kOutstanding; ++i) {
+        results.push_back(all_reduce(input_of(me, kElements), "sum", world()));  // others stall
+      }
+      std::vector<std::int32_t> values;
+      if (me == 0) {
+        std::exception_ptr error;  // kept as is: its text is copied with memory back
+        threw = refusing(n, onwards, [&] {
+          try {
+            wait_tensor(results[kOutstanding - 1]);
+          } catch (const Error&) {
+            error = std::current_exception();
+          }
+        });
+        refused = allocations_refused.load();
+        if (error) {
+          try {
+            std::rethrow_exception(error);
+          } catch (const Error& caught) {
+            codes[0][kOutstanding - 1] = caught.code();
+            whats[0][kOutstanding - 1] = caught.what();
+          }
+        }
+      }
+      for (std::size_t i = 0; i < kOutstanding; ++i) {
+        if (me != 0 || i != kOutstanding - 1) {  // rank 0 waited on the last one above
+          wait_into(results[i], codes[mine][i], whats[mine][i], values);
+        }
+      }
+      wait_into(all_reduce(input_of(me, kElements), "sum", world()), codes[mine][kOutstanding],
+                whats[mine][kOutstanding], values);
+    });
+    ASSERT_TRUE(report.ok()) << ::testing::PrintToString(report.rank_errors);
+    ASSERT_FALSE(threw) << "rank 0's wait threw std::bad_alloc";
+    if (n != 0 && refused == 0) {
+      break;  // every allocation was refused once
+    }
+    refused_runs += n != 0 ? 1 : 0;
+    for (std::size_t r = 0; r < size; ++r) {
+      for (std::size_t i = 0; i < kOutstanding; ++i) {
+        EXPECT_EQ(codes[r][i], ErrorCode::Timeout)
+            << "rank " << r << "'s #" << i << ": " << whats[r][i];
+        texts += whats[r][i] + "\n";
+      }
+      EXPECT_EQ(codes[r][kOutstanding], ErrorCode::Aborted) << "rank " << r;
+      texts += whats[r][kOutstanding] + "\n";
+    }
+  }
+  EXPECT_GT(refused_runs, 0u);
+  // The fallbacks were reached: the fixed abort reason, time_out_out_of_memory's text (one
+  // refusal while describing the timeout, the errors made), and with every allocation refused,
+  // the members' fixed errors and, for the ranks arriving at #2 later, its failure recorded
+  // without a text (in a spare record).
+  EXPECT_TRUE(contains(texts, kFixedAbortText)) << texts;
+  if (onwards) {
+    EXPECT_TRUE(contains(texts, kFixedErrorText)) << texts;
+    EXPECT_TRUE(contains(texts, kNotRecordedText)) << texts;
+  } else {
+    EXPECT_TRUE(contains(texts, kFixedTimeoutText)) << texts;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SimOutOfMemoryTimeout,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()));
+
 }  // namespace
 }  // namespace chorus
