@@ -405,6 +405,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   if (!tag.empty()) {
     group->label = "'" + tag + "' " + group->label;
   }
+  // Room for every candidate of a decision (the scheduler then allocates nothing for them).
+  candidates_.reserve(ranks_.size() + groups_.size() + 1);
   group_index_.emplace(std::move(key), groups_.size());
   groups_.push_back(group);
   return group;
@@ -442,6 +444,15 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // - a wait's timeout (time_out, outside start too): out of memory describing it, the waited
 //   operation and those before it still outstanding fail with Timeout and a fixed text, and the
 //   communicator is aborted after it (time_out_out_of_memory);
+// - the scheduler's failures (a TransportError at completion, a deadlock, a group disagreement)
+//   allocate nothing they cannot do without either: out of memory, a TransportError's detail is
+//   the fault's description alone, a deadlock's `why` without the rank table, and a group
+//   disagreement is not looked for (the deadlock is declared instead);
+// - the abort after a failure: every caller aborts through abort_group_or_out_of_memory, whose
+//   reason, out of memory, is the fixed text. That text loses what happened to the operation
+//   ("operation #3 timed out", "... failed with a transport error"): the later operations'
+//   Aborted errors no longer name it, while the failed operation's own errors still carry its
+//   code;
 // - guarding the outputs: they stay poisoned, unguarded, or partly guarded. SimAllocator::protect
 //   records the block's owner before it protects the block, so every block it protected is one
 //   that completion or failure unguards.
@@ -637,14 +648,14 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
       detail << transport::kLayoutMismatchNote;  // the signatures print alike
     }
     fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
-    abort_group(group, info.seq + 1,
-                "operation #" + std::to_string(info.seq) + " was a collective mismatch");
+    abort_group_or_out_of_memory(group, info.seq + 1, "operation #", info.seq,
+                                 " was a collective mismatch");
   } else if (std::string split = split_disagreement(group, slot, group_rank); !split.empty()) {
     fail_slot(group, info.seq, ErrorCode::CollectiveMismatch,
               "ranks disagree on operation #" + std::to_string(info.seq) + " of group " +
                   group.label + ": " + split);
-    abort_group(group, info.seq + 1,
-                "operation #" + std::to_string(info.seq) + " was a collective mismatch");
+    abort_group_or_out_of_memory(group, info.seq + 1, "operation #", info.seq,
+                                 " was a collective mismatch");
   } else {
     if (slot_fault) {
       mark_slot_fault(slot, *slot_fault);
@@ -658,12 +669,8 @@ void SimWorld::fail_out_of_memory(SimGroup& group, std::int64_t seq) noexcept {
   // judging it ran out of memory, so it fails, and the communicator with it (what judging would
   // have found is unknown). Out of memory again, the abort's reason is a fixed text.
   fail_slot(group, seq, ErrorCode::Aborted, kOutOfMemoryJudgingDetail);
-  try {
-    abort_group(group, seq + 1,
-                "the simulator ran out of memory checking operation #" + std::to_string(seq));
-  } catch (const std::bad_alloc&) {
-    abort_group_out_of_memory(group, seq + 1);
-  }
+  abort_group_or_out_of_memory(group, seq + 1,
+                               "the simulator ran out of memory checking operation #", seq, "");
 }
 
 std::string SimWorld::guard_description(const SimWork& work, const SimGroup& group, int rank,
@@ -810,7 +817,7 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
     fail_slot(group, at, ErrorCode::Timeout, earlier_detail);
   }
   fail_slot(group, seq, ErrorCode::Timeout, detail);
-  abort_group(group, seq + 1, "operation #" + std::to_string(seq) + " timed out");
+  abort_group_or_out_of_memory(group, seq + 1, "operation #", seq, " timed out");
 }
 
 void SimWorld::time_out_out_of_memory(const SimWork& work) noexcept {
@@ -1086,11 +1093,19 @@ void SimWorld::complete_operation(SimGroup& group) {
   }
   if (head->second.fault &&
       head->second.fault->kind == Fault::Kind::TransportError) {  // Note [Fault injection]
-    const std::string detail =
-        head->second.fault_detail + "; the communicator is aborted, as a real transport would";
-    fail_slot(group, seq, ErrorCode::TransportError, detail);
-    abort_group(group, seq + 1,
-                "operation #" + std::to_string(seq) + " failed with a transport error");
+    // Note [Operation positions]: out of memory, the detail is the fault's alone (read by
+    // fail_slot only before it takes the slot away).
+    std::string detail;
+    try {
+      detail =
+          head->second.fault_detail + "; the communicator is aborted, as a real transport would";
+    } catch (const std::bad_alloc&) {
+      detail.clear();
+    }
+    fail_slot(group, seq, ErrorCode::TransportError,
+              detail.empty() ? std::string_view(head->second.fault_detail) : detail);
+    abort_group_or_out_of_memory(group, seq + 1, "operation #", seq,
+                                 " failed with a transport error");
     return;
   }
   if (std::string modified = options_.check_buffers ? modified_inputs(group, head->second) : "";
@@ -1622,6 +1637,22 @@ void SimWorld::abort_group(SimGroup& group, std::int64_t from_seq, const std::st
   fail_slots_from(group, from_seq, detail);
 }
 
+void SimWorld::abort_group_or_out_of_memory(SimGroup& group, std::int64_t from_seq,
+                                            std::string_view before, std::int64_t seq,
+                                            std::string_view after) noexcept {
+  if (group.aborted_from >= 0 && group.aborted_from <= from_seq) {
+    return;  // as abort_group, before making a reason
+  }
+  try {
+    std::string reason(before);
+    reason += std::to_string(seq);
+    reason += after;
+    abort_group(group, from_seq, reason);
+  } catch (const std::bad_alloc&) {
+    abort_group_out_of_memory(group, from_seq);
+  }
+}
+
 void SimWorld::abort_group_out_of_memory(SimGroup& group, std::int64_t from_seq) noexcept {
   if (group.aborted_from >= 0 && group.aborted_from <= from_seq) {
     return;
@@ -1746,26 +1777,6 @@ bool SimWorld::fail_group_mismatches() {
     std::int64_t seq;
     const SimGroup::Arrival* arrival;  // the waiter's own arrival, for its call site
   };
-  std::vector<Waiting> waiting;
-  for (std::size_t r = 0; r < ranks_.size(); ++r) {
-    const RankSlot& slot = ranks_[r];
-    if (slot.phase != Phase::Blocked || slot.blocked_on->rank() != static_cast<int>(r)) {
-      continue;
-    }
-    SimGroup& group = group_of(*slot.blocked_on);
-    const std::int64_t seq = slot.blocked_on->fingerprint().seq;
-    auto it = group.slots.find(seq);
-    if (it != group.slots.end()) {
-      const int me = group.group_rank_of(static_cast<int>(r));
-      waiting.push_back(Waiting{static_cast<int>(r), &group, seq,
-                                &it->second.arrivals[static_cast<std::size_t>(me)]});
-    }
-  }
-  const auto has_not_joined = [](const Waiting& w, int rank) {
-    const int member = w.group->group_rank_of(rank);
-    return member >= 0 &&
-           !w.group->slots.at(w.seq).arrivals[static_cast<std::size_t>(member)].arrived;
-  };
   // Messages first: failing a slot erases it, and `arrival` points into it.
   struct Disagreement {
     Waiting a;
@@ -1773,48 +1784,79 @@ bool SimWorld::fail_group_mismatches() {
     std::string detail;
   };
   std::vector<Disagreement> disagreements;
-  for (std::size_t i = 0; i < waiting.size(); ++i) {
-    for (std::size_t j = i + 1; j < waiting.size(); ++j) {
-      const Waiting& a = waiting[i];
-      const Waiting& b = waiting[j];
-      if (a.group == b.group || !has_not_joined(a, b.rank) || !has_not_joined(b, a.rank)) {
+  // Note [Operation positions]: out of memory finding them, nothing failed yet, and the ranks are
+  // declared deadlocked instead.
+  try {
+    std::vector<Waiting> waiting;
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      const RankSlot& slot = ranks_[r];
+      if (slot.phase != Phase::Blocked || slot.blocked_on->rank() != static_cast<int>(r)) {
         continue;
       }
-      std::ostringstream detail;
-      detail << "ranks disagree on the group of their next collective: rank " << a.rank
-             << " waits in " << a.arrival->op_name << " #" << a.seq << " on group "
-             << a.group->label << " (issued at " << a.arrival->site.to_string() << ") while rank "
-             << b.rank << " waits in " << b.arrival->op_name << " #" << b.seq << " on group "
-             << b.group->label << " (issued at " << b.arrival->site.to_string()
-             << "); each group holds both ranks, so neither can complete";
-      disagreements.push_back(Disagreement{a, b, detail.str()});
+      SimGroup& group = group_of(*slot.blocked_on);
+      const std::int64_t seq = slot.blocked_on->fingerprint().seq;
+      auto it = group.slots.find(seq);
+      if (it != group.slots.end()) {
+        const int me = group.group_rank_of(static_cast<int>(r));
+        waiting.push_back(Waiting{static_cast<int>(r), &group, seq,
+                                  &it->second.arrivals[static_cast<std::size_t>(me)]});
+      }
     }
+    const auto has_not_joined = [](const Waiting& w, int rank) {
+      const int member = w.group->group_rank_of(rank);
+      return member >= 0 &&
+             !w.group->slots.at(w.seq).arrivals[static_cast<std::size_t>(member)].arrived;
+    };
+    for (std::size_t i = 0; i < waiting.size(); ++i) {
+      for (std::size_t j = i + 1; j < waiting.size(); ++j) {
+        const Waiting& a = waiting[i];
+        const Waiting& b = waiting[j];
+        if (a.group == b.group || !has_not_joined(a, b.rank) || !has_not_joined(b, a.rank)) {
+          continue;
+        }
+        std::ostringstream detail;
+        detail << "ranks disagree on the group of their next collective: rank " << a.rank
+               << " waits in " << a.arrival->op_name << " #" << a.seq << " on group "
+               << a.group->label << " (issued at " << a.arrival->site.to_string() << ") while rank "
+               << b.rank << " waits in " << b.arrival->op_name << " #" << b.seq << " on group "
+               << b.group->label << " (issued at " << b.arrival->site.to_string()
+               << "); each group holds both ranks, so neither can complete";
+        disagreements.push_back(Disagreement{a, b, detail.str()});
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return false;
   }
   for (const Disagreement& disagreement : disagreements) {
     for (const Waiting& side : {disagreement.a, disagreement.b}) {
       if (side.group->slots.count(side.seq) != 0) {
         fail_slot(*side.group, side.seq, ErrorCode::CollectiveMismatch, disagreement.detail);
-        abort_group(*side.group, side.seq + 1,
-                    "operation #" + std::to_string(side.seq) + " was a collective mismatch");
+        abort_group_or_out_of_memory(*side.group, side.seq + 1, "operation #", side.seq,
+                                     " was a collective mismatch");
       }
     }
   }
   return !disagreements.empty();
 }
 
-void SimWorld::declare_deadlock(const std::string& why) {
-  const std::string detail = why + ":" + rank_table();
+void SimWorld::declare_deadlock(std::string_view why) noexcept {
+  // Note [Operation positions]: out of memory describing the ranks, the detail is `why` alone.
+  std::string described;
+  try {
+    described.reserve(why.size() + 1);
+    described.append(why).append(":").append(rank_table());
+  } catch (const std::bad_alloc&) {
+    described.clear();
+  }
+  const std::string_view detail = described.empty() ? why : std::string_view(described);
   for (const std::shared_ptr<SimGroup>& group : groups_) {
     if (!group->slots.empty()) {
+      // No rank runs meanwhile: the slots are those outstanding now, each failed in turn.
       const std::int64_t first = group->slots.begin()->first;
-      std::vector<std::int64_t> seqs;
-      for (const auto& [seq, slot] : group->slots) {
-        seqs.push_back(seq);
+      while (!group->slots.empty()) {
+        fail_slot(*group, group->slots.begin()->first, ErrorCode::Deadlock, detail);
       }
-      for (std::int64_t seq : seqs) {
-        fail_slot(*group, seq, ErrorCode::Deadlock, detail);
-      }
-      abort_group(*group, first, "operation #" + std::to_string(first) + " deadlocked");
+      abort_group_or_out_of_memory(*group, first, "operation #", first, " deadlocked");
     }
   }
   // Every blocked rank waited on an outstanding operation, so all of them can run now.

@@ -372,7 +372,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
                             std::size_t ring_first_chunk);
   // Wakes the Delayed ranks whose wake_at passed and the Blocked ones whose deadline passed.
   void wake_due_ranks();
-  void declare_deadlock(const std::string& why);
+  // Fails every outstanding operation with Deadlock (`why` and the rank table) and aborts their
+  // communicators. Never throws.
+  void declare_deadlock(std::string_view why) noexcept;
   std::string rank_table() const;
 
   // Failure plumbing (Note [Simulator failures]).
@@ -405,6 +407,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void abort_group(SimGroup& group, std::int64_t from_seq, const std::string& reason);
   // abort_group with a fixed reason, allocating nothing (Note [Operation positions]).
   void abort_group_out_of_memory(SimGroup& group, std::int64_t from_seq) noexcept;
+  // abort_group with the reason `before` seq `after` ("operation #3 timed out"), or where making
+  // it runs out of memory, abort_group_out_of_memory: what every caller that failed an operation
+  // uses to abort its communicator after it. Never throws.
+  void abort_group_or_out_of_memory(SimGroup& group, std::int64_t from_seq, std::string_view before,
+                                    std::int64_t seq, std::string_view after) noexcept;
   // Fails the outstanding operations from `from_seq` on with Aborted and `detail`.
   void fail_slots_from(SimGroup& group, std::int64_t from_seq, std::string_view detail) noexcept;
   void on_rank_exit(int rank);

@@ -745,5 +745,106 @@ TEST_P(SimOutOfMemoryTimeout, EveryOutstandingOperationTimesOut) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimOutOfMemoryTimeout,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()));
 
+// ---- Operations the scheduler fails (SimWorld::complete_operation, declare_deadlock), with the
+// scheduler's allocations refused
+
+enum class SchedulerFailing {
+  TransportError,  // injected at rank 1's #0: failed where it would complete
+  Deadlock,        // rank 1's #0 hangs and nobody has a deadline: declared a deadlock
+};
+
+class SimOutOfMemoryScheduler
+    : public ::testing::TestWithParam<std::tuple<SchedulerFailing, bool>> {};
+
+// Both ranks issue #0 and wait on it; from rank 0's start to the end of its wait, the scheduler's
+// (the thread running sim::run) `n`-th allocation (onwards: and every later one) is refused. Until
+// 2026-12-05 complete_operation and declare_deadlock aborted the communicator after failing the
+// operation without a fallback: a refusal there threw std::bad_alloc out of the scheduler, with the
+// operation failed and the communicator not aborted.
+TEST_P(SimOutOfMemoryScheduler, TheOperationFailsAndTheCommunicatorIsAborted) {
+  const auto [failing, onwards] = GetParam();
+  constexpr int kWorldSize = 2;
+  const ErrorCode code =
+      failing == SchedulerFailing::TransportError ? ErrorCode::TransportError : ErrorCode::Deadlock;
+  std::size_t refused_runs = 0;
+  std::string texts;  // every error text of the sweep, one a line
+  for (std::size_t n = 0;; ++n) {
+    ASSERT_LT(n, 10'000u) << "the sweep does not end";
+    SCOPED_TRACE("allocation " + std::to_string(n) + (onwards ? " onwards" : "") + " refused");
+    SimOptions options = testing::quiet_options(kWorldSize, /*seed=*/7);
+    options.executor = sim::ExecutorKind::Threads;  // the scheduler on a thread of its own
+    options.record_events = true;
+    if (failing == SchedulerFailing::TransportError) {
+      options.faults = {sim::Fault::transport_error(1, 0)};
+    } else {
+      options.faults = {sim::Fault::hang(1, 0)};
+      options.timeout = std::chrono::nanoseconds::max();  // no deadline
+    }
+    std::vector<std::optional<ErrorCode>> codes(kWorldSize);
+    std::vector<std::string> whats(kWorldSize);
+    std::vector<std::optional<ErrorCode>> after(kWorldSize);
+    std::vector<std::string> after_whats(kWorldSize);
+    allocations_counted = 0;
+    allocations_refused = 0;
+    refuse_allocation_number = n;
+    refuse_onwards = onwards;
+    refusing_thread = true;  // this thread runs the scheduler; rank 0 counts while it waits
+    SimReport report;
+    try {
+      report = sim::run(options, [&] {
+        const int me = rank();
+        const auto mine = static_cast<std::size_t>(me);
+        if (me == 0) {
+          counting = true;  // from before #0 starts: its completion may follow at once
+        }
+        const Tensor result = all_reduce(input_of(me, kElements), "sum", world());
+        std::vector<std::int32_t> values;
+        if (me == 0) {
+          try {
+            wait_tensor(result);
+          } catch (const Error& error) {
+            counting = false;
+            codes[0] = error.code();
+            whats[0] = error.what();
+          }
+          counting = false;
+        } else {
+          wait_into(result, codes[mine], whats[mine], values);
+        }
+        wait_into(all_reduce(input_of(me, kElements), "sum", world()), after[mine],
+                  after_whats[mine], values);
+      });
+    } catch (...) {
+      refusing_thread = false;
+      counting = false;
+      FAIL() << "sim::run threw: " << describe(std::current_exception());
+    }
+    refusing_thread = false;
+    counting = false;
+    refuse_allocation_number = 0;
+    refuse_onwards = false;
+    ASSERT_TRUE(report.ok()) << ::testing::PrintToString(report.rank_errors);
+    if (n != 0 && allocations_refused.load() == 0) {
+      break;  // every allocation was refused once
+    }
+    refused_runs += n != 0 ? 1 : 0;
+    for (std::size_t r = 0; r < kWorldSize; ++r) {
+      EXPECT_EQ(codes[r], code) << "rank " << r << ": " << whats[r];
+      EXPECT_EQ(after[r], ErrorCode::Aborted) << "rank " << r << ": " << after_whats[r];
+      texts += whats[r] + "\n" + after_whats[r] + "\n";
+    }
+  }
+  EXPECT_GT(refused_runs, 0u);
+  if (onwards) {  // the fallbacks were reached
+    EXPECT_TRUE(contains(texts, kFixedErrorText)) << texts;
+    EXPECT_TRUE(contains(texts, kFixedAbortText)) << texts;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Failures, SimOutOfMemoryScheduler,
+                         ::testing::Combine(::testing::Values(SchedulerFailing::TransportError,
+                                                              SchedulerFailing::Deadlock),
+                                            ::testing::Bool()));
+
 }  // namespace
 }  // namespace chorus
