@@ -1465,8 +1465,13 @@ void SimWorld::wake_due_ranks() {
 // ---- Failures (Note [Simulator failures])
 
 std::string SimWorld::fail_event(ErrorCode code, std::string_view detail) const {
-  return options_.record_events ? std::string(error_code_name(code)) + ": " + std::string(detail)
-                                : std::string();
+  std::string event;  // one allocation, no temporaries
+  if (options_.record_events) {
+    const std::string_view code_name = error_code_name(code);
+    event.reserve(code_name.size() + 2 + detail.size());
+    event.append(code_name).append(": ").append(detail);
+  }
+  return event;
 }
 
 void SimWorld::fail_work(SimWork& work, std::exception_ptr error, std::string event) noexcept {
