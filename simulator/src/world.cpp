@@ -405,8 +405,10 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   if (!tag.empty()) {
     group->label = "'" + tag + "' " + group->label;
   }
-  // Room for every candidate of a decision (the scheduler then allocates nothing for them).
+  // Room for every candidate of a decision (the scheduler then allocates nothing for them), and
+  // for the group before the index names it.
   candidates_.reserve(ranks_.size() + groups_.size() + 1);
+  groups_.reserve(groups_.size() + 1);
   group_index_.emplace(std::move(key), groups_.size());
   groups_.push_back(group);
   return group;
@@ -447,7 +449,10 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // - the scheduler's failures (a TransportError at completion, a deadlock, a group disagreement)
 //   allocate nothing they cannot do without either: out of memory, a TransportError's detail is
 //   the fault's description alone, a deadlock's `why` without the rank table, and a group
-//   disagreement is not looked for (the deadlock is declared instead);
+//   disagreement is not looked for (the deadlock is declared instead). Not covered: the
+//   scheduler's other allocations (the livelock's and the liveness violation's texts and lists,
+//   a time skip's first mark, the schedule log, the changed-input check's scratch) can still let
+//   std::bad_alloc out of sim::run, which then fails as a whole;
 // - the abort after a failure: every caller aborts through abort_group_or_out_of_memory, whose
 //   reason, out of memory, is the fixed text. That text loses what happened to the operation
 //   ("operation #3 timed out", "... failed with a transport error"): the later operations'
@@ -860,6 +865,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   schedule_ = std::exchange(recycled_schedule, {});  // Note [Recycled schedule buffer]
   schedule_.clear();
   ranks_.resize(static_cast<std::size_t>(size));
+  candidates_.reserve(ranks_.size() + groups_.size() + 1);  // as group_for does
   for (int r = 0; r < size; ++r) {
     RankOptions rank_options;
     rank_options.timeout = options_.timeout;
@@ -1095,15 +1101,14 @@ void SimWorld::complete_operation(SimGroup& group) {
       head->second.fault->kind == Fault::Kind::TransportError) {  // Note [Fault injection]
     // Note [Operation positions]: out of memory, the detail is the fault's alone (read by
     // fail_slot only before it takes the slot away).
+    std::string fault_detail = std::move(head->second.fault_detail);  // fail_slot erases the slot
     std::string detail;
     try {
-      detail =
-          head->second.fault_detail + "; the communicator is aborted, as a real transport would";
+      detail = fault_detail + "; the communicator is aborted, as a real transport would";
     } catch (const std::bad_alloc&) {
       detail.clear();
     }
-    fail_slot(group, seq, ErrorCode::TransportError,
-              detail.empty() ? std::string_view(head->second.fault_detail) : detail);
+    fail_slot(group, seq, ErrorCode::TransportError, detail.empty() ? fault_detail : detail);
     abort_group_or_out_of_memory(group, seq + 1, "operation #", seq,
                                  " failed with a transport error");
     return;

@@ -6,6 +6,8 @@
 #include <chorus/chorus.hpp>
 #include <exception>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace chorus {
 namespace {
@@ -34,20 +36,50 @@ TEST(Error, MakeErrorKeepsTheDynamicType) {
   const ErrorCode codes[] = {ErrorCode::InvalidArgument, ErrorCode::CollectiveMismatch,
                              ErrorCode::Timeout,         ErrorCode::Deadlock,
                              ErrorCode::RankFailure,     ErrorCode::TransportError,
-                             ErrorCode::Aborted};
+                             ErrorCode::Aborted,         ErrorCode::InputModified};
   for (ErrorCode code : codes) {
-    std::exception_ptr error = make_error(code, ErrorContext{1, "op", 2, "[0, 1]"}, "detail");
-    try {
-      std::rethrow_exception(error);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), code);
-      EXPECT_NE(std::string(e.what()).find(std::string(error_code_name(code))), std::string::npos);
+    for (const std::exception_ptr& error :
+         {make_error(code, ErrorContext{1, "op", 2, "[0, 1]"}, "detail"),
+          try_make_error(code, ErrorContext{1, "op", 2, "[0, 1]"}, "detail")}) {
+      ASSERT_NE(error, nullptr);
+      try {
+        std::rethrow_exception(error);
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), code);
+        EXPECT_EQ(e.what(), "chorus::" + std::string(error_code_name(code)) +
+                                ": [rank 1] op #2 on group [0, 1]: detail");
+      }
     }
   }
   EXPECT_THROW(std::rethrow_exception(make_error(ErrorCode::Deadlock, {}, "")), Deadlock);
   EXPECT_THROW(std::rethrow_exception(make_error(ErrorCode::RankFailure, {}, "")), RankFailure);
   EXPECT_THROW(throw_error(ErrorCode::Aborted, {}, ""), Aborted);
   EXPECT_THROW(throw_error(ErrorCode::Timeout, {}, ""), std::runtime_error);
+  EXPECT_THROW(std::rethrow_exception(try_make_error(ErrorCode::InputModified, {}, "")),
+               InputModified);
+}
+
+// Errors are copied where they are stored and rethrown (std::make_exception_ptr copies its
+// argument): copying shares the context and detail and cannot throw, and a move copies too, so
+// an error moved from still answers context() and detail().
+TEST(Error, CopiesAndMovesKeepEveryPart) {
+  static_assert(std::is_nothrow_copy_constructible_v<Error>);
+  static_assert(std::is_nothrow_copy_constructible_v<Timeout>);
+  static_assert(std::is_nothrow_copy_assignable_v<Timeout>);
+  Timeout error(ErrorContext{2, "all_gather", 5, "[0, 2]"}, "late");
+  const Timeout copy = error;
+  Timeout moved = std::move(error);
+  const Timeout* const errors[] = {&copy, &moved, &error};  // NOLINT(bugprone-use-after-move)
+  for (const Timeout* e : errors) {
+    EXPECT_EQ(e->context().rank, 2);
+    EXPECT_EQ(e->context().op, "all_gather");
+    EXPECT_EQ(e->context().seq, 5);
+    EXPECT_EQ(e->context().group, "[0, 2]");
+    EXPECT_EQ(e->detail(), "late");
+    EXPECT_STREQ(e->what(), "chorus::Timeout: [rank 2] all_gather #5 on group [0, 2]: late");
+  }
+  moved = copy;
+  EXPECT_EQ(moved.detail(), "late");
 }
 
 }  // namespace

@@ -40,6 +40,10 @@ struct ErrorContext {
 class Error : public std::runtime_error {
  public:
   Error(ErrorCode code, ErrorContext context, std::string detail);
+  // Copies share the parts and cannot throw; there is no move, so an error moved from keeps them.
+  Error(const Error&) noexcept = default;
+  Error& operator=(const Error&) noexcept = default;
+  ~Error() override = default;
 
   ErrorCode code() const noexcept { return code_; }
   const ErrorContext& context() const noexcept { return parts_->context; }
