@@ -68,8 +68,8 @@ Error::Error(ErrorCode code, ErrorContext context, std::string detail)
 
 std::exception_ptr try_make_error(ErrorCode code, ErrorContext context,
                                   std::string detail) noexcept {
-  // std::make_exception_ptr builds the exception in place, without the throw and catch (and
-  // the unwinder's search) that throw_error and std::current_exception would cost.
+  // std::make_exception_ptr builds the exception in place, without a throw and catch (and the
+  // unwinder's search) that std::current_exception would need.
   try {
     switch (code) {
       case ErrorCode::InvalidArgument:
@@ -103,25 +103,8 @@ std::exception_ptr make_error(ErrorCode code, ErrorContext context, std::string 
 }
 
 void throw_error(ErrorCode code, ErrorContext context, std::string detail) {
-  switch (code) {
-    case ErrorCode::InvalidArgument:
-      throw InvalidArgument(std::move(context), std::move(detail));
-    case ErrorCode::CollectiveMismatch:
-      throw CollectiveMismatch(std::move(context), std::move(detail));
-    case ErrorCode::Timeout:
-      throw Timeout(std::move(context), std::move(detail));
-    case ErrorCode::Deadlock:
-      throw Deadlock(std::move(context), std::move(detail));
-    case ErrorCode::RankFailure:
-      throw RankFailure(std::move(context), std::move(detail));
-    case ErrorCode::TransportError:
-      throw TransportError(std::move(context), std::move(detail));
-    case ErrorCode::Aborted:
-      throw Aborted(std::move(context), std::move(detail));
-    case ErrorCode::InputModified:
-      throw InputModified(std::move(context), std::move(detail));
-  }
-  throw Error(code, std::move(context), std::move(detail));
+  // The error of `code`'s type (std::bad_alloc where it cannot be made), as make_error builds it.
+  std::rethrow_exception(make_error(code, std::move(context), std::move(detail)));
 }
 
 std::string describe(const std::exception_ptr& error) {
