@@ -39,10 +39,10 @@ std::shared_ptr<void> HostPool::allocate(std::size_t nbytes) {
   void* block = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = free_blocks_.find(rounded);
-    if (it != free_blocks_.end() && !it->second.empty()) {
-      block = it->second.back();
-      it->second.pop_back();
+    std::vector<void*>* blocks = bucket_locked(rounded);
+    if (blocks != nullptr && !blocks->empty()) {
+      block = blocks->back();
+      blocks->pop_back();
       CHORUS_CHECK_GE(cached_bytes_, rounded);
       cached_bytes_ -= rounded;
     }
@@ -79,11 +79,24 @@ void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {
             CHORUS_CHECK_GE(cached_bytes_, it->first);
             cached_bytes_ -= it->first;
           }
-          it = it->second.empty() ? free_blocks_.erase(it) : std::next(it);
+          if (it->second.empty()) {
+            if (&it->second == last_blocks_) {
+              last_blocks_ = nullptr;
+            }
+            it = free_blocks_.erase(it);
+          } else {
+            ++it;
+          }
         }
       }
       if (cached_bytes_ + rounded_bytes <= cached_bytes_max_) {
-        free_blocks_[rounded_bytes].push_back(block);
+        std::vector<void*>* blocks = bucket_locked(rounded_bytes);
+        if (blocks == nullptr) {
+          blocks = &free_blocks_[rounded_bytes];
+          last_size_ = rounded_bytes;
+          last_blocks_ = blocks;
+        }
+        blocks->push_back(block);
         cached_bytes_ += rounded_bytes;
         kept = true;
       }
@@ -97,6 +110,19 @@ void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {
   if (!kept) {
     std::free(block);
   }
+}
+
+std::vector<void*>* HostPool::bucket_locked(std::size_t rounded_bytes) {
+  if (last_blocks_ != nullptr && last_size_ == rounded_bytes) {
+    return last_blocks_;
+  }
+  const auto it = free_blocks_.find(rounded_bytes);
+  if (it == free_blocks_.end()) {
+    return nullptr;
+  }
+  last_size_ = rounded_bytes;
+  last_blocks_ = &it->second;
+  return last_blocks_;
 }
 
 std::size_t HostPool::cached_bytes() const {

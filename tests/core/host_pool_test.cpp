@@ -37,6 +37,28 @@ TEST(HostPool, EvictsOtherSizesToKeepTheBlockJustFreed) {
   EXPECT_EQ(again.get(), large);
 }
 
+// The pool remembers the bucket it used last; evicting that bucket must make it forget it (under
+// the asan-ubsan preset a stale bucket is a heap-use-after-free here). The bucket evicted is the
+// last used only when the block that evicted it is not kept after all: the blocks of its own size
+// leave no room for it.
+TEST(HostPool, ForgetsTheLastBucketWhenItIsEvicted) {
+  auto pool = std::make_shared<HostPool>(1280);
+  std::shared_ptr<void> a = pool->allocate(512);
+  std::shared_ptr<void> b = pool->allocate(512);
+  std::shared_ptr<void> c = pool->allocate(512);
+  a.reset();
+  b.reset();
+  pool->allocate(256).reset();  // the 256 bucket is the last used
+  EXPECT_EQ(pool->cached_bytes(), 1280u);
+  c.reset();  // evicts the 256 bucket, then finds no room beside the two 512 blocks: freed
+  EXPECT_EQ(pool->cached_bytes(), 1024u);
+  std::shared_ptr<void> small = pool->allocate(256);  // fresh: no 256 block is cached
+  EXPECT_NE(small, nullptr);
+  EXPECT_EQ(pool->cached_bytes(), 1024u);
+  std::shared_ptr<void> cached = pool->allocate(512);
+  EXPECT_EQ(pool->cached_bytes(), 512u);
+}
+
 TEST(HostPool, NeverEvictsForABlockOverTheLimitOrOfTheSameSize) {
   auto pool = std::make_shared<HostPool>(1024);
   std::shared_ptr<void> a = pool->allocate(512);

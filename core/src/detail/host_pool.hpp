@@ -34,9 +34,16 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
 
  private:
   void release(void* block, std::size_t rounded_bytes) noexcept;
+  // The free blocks of `rounded_bytes`, or null when that size has no bucket. Under mutex_.
+  std::vector<void*>* bucket_locked(std::size_t rounded_bytes);
 
   mutable std::mutex mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks_;  // rounded size -> blocks
+  // The bucket used last (nodes of an unordered_map stay put until erased): a loop of
+  // collectives of one size finds its blocks without hashing, whose modulo by the bucket count
+  // is a division on every allocation and release.
+  std::size_t last_size_ = 0;
+  std::vector<void*>* last_blocks_ = nullptr;
   std::size_t cached_bytes_ = 0;
   std::size_t cached_bytes_max_;
 };
