@@ -30,32 +30,42 @@ std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept {
 
 std::uint64_t checksum_bytes(const void* data, std::size_t size) noexcept {
   constexpr std::uint64_t kPrime = 0x100000001b3ull;
+  constexpr std::size_t kLanes = 8;
   const auto* bytes = static_cast<const unsigned char*>(data);
   // Each lane step, (h ^ word) * odd then h ^= h >> 29, is a bijection of h: a changed word
-  // changes its lane's state for good.
-  std::uint64_t lanes[4] = {0xcbf29ce484222325ull ^ size, 0x9e3779b97f4a7c15ull,
-                            0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull};
+  // changes its lane's state for good. Eight independent lanes over 64-byte blocks keep the
+  // multiplier busy instead of waiting on one lane's dependent chain.
+  std::uint64_t lanes[kLanes] = {0xcbf29ce484222325ull ^ size, 0x9e3779b97f4a7c15ull,
+                                 0xbf58476d1ce4e5b9ull,        0x94d049bb133111ebull,
+                                 0xd6e8feb86659fd93ull,        0xa0761d6478bd642full,
+                                 0xe7037ed1a0b428dbull,        0x8ebc6af09c88c6e3ull};
+  const auto step = [&lanes](std::size_t lane, std::uint64_t word) {
+    lanes[lane] = (lanes[lane] ^ word) * kPrime;
+    lanes[lane] ^= lanes[lane] >> 29;
+  };
   std::size_t i = 0;
-  for (; i + 32 <= size; i += 32) {
-    for (std::size_t lane = 0; lane < 4; ++lane) {
+  for (; i + 8 * kLanes <= size; i += 8 * kLanes) {
+#pragma GCC unroll 8
+    for (std::size_t lane = 0; lane < kLanes; ++lane) {
       std::uint64_t word;
       std::memcpy(&word, bytes + i + lane * 8, 8);
-      lanes[lane] = (lanes[lane] ^ word) * kPrime;
-      lanes[lane] ^= lanes[lane] >> 29;
+      step(lane, word);
     }
   }
   for (; i + 8 <= size; i += 8) {
     std::uint64_t word;
     std::memcpy(&word, bytes + i, 8);
-    lanes[0] = (lanes[0] ^ word) * kPrime;
-    lanes[0] ^= lanes[0] >> 29;
+    step(0, word);  // fewer than kLanes words are left
   }
   for (; i < size; ++i) {
-    lanes[1] = (lanes[1] ^ bytes[i]) * kPrime;
+    lanes[kLanes - 1] = (lanes[kLanes - 1] ^ bytes[i]) * kPrime;
   }
-  std::uint64_t hash = hash_combine(lanes[0], lanes[1]);
-  hash = hash_combine(hash, lanes[2]);
-  return hash_combine(hash, lanes[3]);
+  std::uint64_t hash = lanes[0];
+#pragma GCC unroll 8
+  for (std::size_t lane = 1; lane < kLanes; ++lane) {
+    hash = hash_combine(hash, lanes[lane]);
+  }
+  return hash;
 }
 
 }  // namespace chorus::sim::detail

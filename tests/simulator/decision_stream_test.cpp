@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,6 +17,37 @@
 
 namespace chorus::sim::detail {
 namespace {
+
+// InputModified rests on checksum_bytes: any single changed bit, in a full 64-byte block, in the
+// leftover words or in the leftover bytes, changes the checksum, and so does swapping two
+// different words.
+TEST(ChecksumBytes, EveryChangedBitAndSwappedWordChangesIt) {
+  for (const std::size_t size : {1, 7, 8, 9, 63, 64, 65, 72, 200, 256}) {
+    std::vector<unsigned char> bytes(size);
+    for (std::size_t i = 0; i < size; ++i) {
+      bytes[i] = static_cast<unsigned char>(i * 37 + 11);
+    }
+    const std::uint64_t original = checksum_bytes(bytes.data(), size);
+    EXPECT_EQ(checksum_bytes(bytes.data(), size), original);
+    for (std::size_t i = 0; i < size; ++i) {
+      for (int bit = 0; bit < 8; ++bit) {
+        bytes[i] ^= static_cast<unsigned char>(1U << bit);
+        EXPECT_NE(checksum_bytes(bytes.data(), size), original) << size << " " << i << " " << bit;
+        bytes[i] ^= static_cast<unsigned char>(1U << bit);
+      }
+    }
+    for (std::size_t a = 0; a + 8 <= size; a += 8) {
+      for (std::size_t b = a + 8; b + 8 <= size; b += 8) {
+        std::vector<unsigned char> swapped = bytes;
+        std::swap_ranges(swapped.begin() + static_cast<std::ptrdiff_t>(a),
+                         swapped.begin() + static_cast<std::ptrdiff_t>(a + 8),
+                         swapped.begin() + static_cast<std::ptrdiff_t>(b));
+        EXPECT_NE(checksum_bytes(swapped.data(), size), original) << size << " " << a << " " << b;
+      }
+    }
+  }
+  EXPECT_NE(checksum_bytes(nullptr, 0), checksum_bytes("\0", 1));
+}
 
 std::vector<Decision> ranks(std::initializer_list<int> list) {
   std::vector<Decision> out;
