@@ -1,5 +1,7 @@
 #include "sim_transport.hpp"
 
+#include <memory>
+#include <span>
 #include <utility>
 
 #include "chorus/check.hpp"
@@ -161,9 +163,18 @@ void SimComm::begin_group() {
 std::shared_ptr<transport::Work> SimComm::end_group(const transport::OpInfo& info) {
   CHORUS_CHECK(batching_);
   CHORUS_CHECK(!batch_.empty());
-  // Closed before the start, which may throw (then the batch started nothing and is gone).
+  // Closed before the start, which may throw (then the batch started nothing and is gone). The
+  // list keeps its room for the next batch.
   batching_ = false;
-  return world_->start(rank_, *group_, std::move(batch_), info);
+  std::shared_ptr<SimWork> work;
+  try {
+    work = world_->start(rank_, *group_, batch_, info);
+  } catch (...) {
+    batch_.clear();
+    throw;
+  }
+  batch_.clear();
+  return work;
 }
 
 std::shared_ptr<transport::Work> SimComm::submit(SimOp op, const transport::OpInfo& info) {
@@ -172,9 +183,8 @@ std::shared_ptr<transport::Work> SimComm::submit(SimOp op, const transport::OpIn
     batch_.push_back(std::move(op));
     return nullptr;
   }
-  std::vector<SimOp> ops;
-  ops.push_back(std::move(op));
-  return world_->start(rank_, *group_, std::move(ops), info);
+  // No list of one: start moves the op into its arrival, whose room a recycled slot keeps.
+  return world_->start(rank_, *group_, std::span<SimOp>(&op, 1), info);
 }
 
 }  // namespace chorus::sim::detail

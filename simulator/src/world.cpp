@@ -269,6 +269,23 @@ int SimGroup::group_rank_of(int rank) const noexcept {
   return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
 }
 
+void SimGroup::recycle_slot(std::map<std::int64_t, Slot>::node_type node) noexcept {
+  Slot& slot = node.mapped();
+  for (Arrival& arrival : slot.arrivals) {
+    arrival.arrived = false;
+    arrival.ops.clear();  // keeps its room
+    arrival.work.reset();
+    arrival.op_name.clear();
+    arrival.site = CallSite{};
+  }
+  slot.arrived = 0;
+  slot.fault.reset();
+  slot.fault_random = false;
+  slot.fault_detail.clear();
+  node.key() = static_cast<std::int64_t>(spare_slots.size());
+  spare_slots.insert(spare_slots.end(), std::move(node));  // a node: allocates nothing
+}
+
 // ---- SimWorld: setup and the rank side
 
 namespace {
@@ -419,7 +436,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // contract]): a start that throws took none, and core gives the number back, so the start must
 // leave no trace of the operation. Everything start can run out of memory making (the
 // fingerprint, the work and its error context, the arrival's name, room for the outputs to
-// guard, the slot and its arrivals, the error of an operation that fails at once (where
+// guard, the slot and its arrivals (or a spare slot of the group's, SimGroup::spare_slots), room
+// for the ops in the arrival, the error of an operation that fails at once (where
 // try_make_error cannot make it, start throws std::bad_alloc), the guard's description, a spare
 // failure record for the slot it makes) is made first; a std::bad_alloc there leaves nothing (a
 // slot made for it is erased). Then the operation counts (group.issued, ops_issued_), its point of
@@ -466,7 +484,7 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // every start that got that far, one that throws included, and a fault that fired (and a random
 // draw made) for a start that then threw stays fired. Nothing here draws a decision.
 
-std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<SimOp> ops,
+std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<SimOp> ops,
                                          const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(current_rank(), rank);
   RankSlot& me = ranks_[static_cast<std::size_t>(rank)];
@@ -551,11 +569,22 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
   } else {
     // Last: a slot made here is erased again if making its arrivals or its spare failure record
     // fails, and nothing after it can throw before the operation counts.
-    auto [entry, created] = group.slots.try_emplace(info.seq);
+    // A spare slot keeps its arrivals' room (SimGroup::spare_slots).
+    auto entry = group.slots.find(info.seq);
+    const bool created = entry == group.slots.end();
+    if (created && !group.spare_slots.empty()) {
+      auto spare = group.spare_slots.extract(std::prev(group.spare_slots.end()));
+      spare.key() = info.seq;
+      entry = group.slots.insert(group.slots.end(), std::move(spare));  // allocates nothing
+    } else if (created) {
+      entry = group.slots.try_emplace(group.slots.end(), info.seq);
+    }
     try {
       if (entry->second.arrivals.empty()) {
         entry->second.arrivals.resize(group.ranks.size());
       }
+      // Room for the ops (a spare slot's arrival usually has it already).
+      entry->second.arrivals[static_cast<std::size_t>(group_rank)].ops.reserve(ops.size());
       // A spare per outstanding operation: only a new high of them allocates.
       while (group.spare_failures.size() < group.slots.size()) {
         group.spare_failures.try_emplace(static_cast<std::int64_t>(group.spare_failures.size()));
@@ -600,7 +629,12 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::vector<
             reads_send(op, group_rank) ? checksum_bytes(op.send.data, op.send.nbytes()) : 0;
       }
     }
-    arrival = SimGroup::Arrival{true, std::move(ops), work, std::move(op_name), info.site};
+    arrival.arrived = true;
+    // Into the room reserved above: allocates nothing.
+    arrival.ops.assign(std::make_move_iterator(ops.begin()), std::make_move_iterator(ops.end()));
+    arrival.work = work;
+    arrival.op_name = std::move(op_name);
+    arrival.site = info.site;
     slot->arrived += 1;
     record(SimEvent::Kind::Arrive, rank, *work);
     try {
@@ -1118,8 +1152,9 @@ void SimWorld::complete_operation(SimGroup& group) {
     fail_slot(group, seq, ErrorCode::InputModified, modified);
     return;
   }
-  SimGroup::Slot slot = std::move(head->second);
-  group.slots.erase(head);
+  // Back to the group's spares at the end (SimGroup::recycle_slot), for its room.
+  auto node = group.slots.extract(head);
+  SimGroup::Slot& slot = node.mapped();
   group.next_to_complete += 1;
   advance_completion(group);
   const std::size_t size = group.ranks.size();
@@ -1288,6 +1323,7 @@ void SimWorld::complete_operation(SimGroup& group) {
   }
   ++completed_;
   notify_off_rank_waiters();
+  group.recycle_slot(std::move(node));
 }
 
 namespace {

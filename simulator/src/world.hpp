@@ -261,12 +261,19 @@ struct SimGroup {
   // outstanding operation (start makes one as it makes a slot, before its operation counts),
   // which fail_slot uses when making one is refused. Keys 0 .. size - 1: fail_slot takes the last.
   Failures spare_failures;
+  // Slots of completed operations, emptied but keeping their arrivals (and each arrival's room
+  // for ops): start takes one before making a slot, so a communicator allocates slots only for a
+  // new high of outstanding operations. Keys 0 .. size - 1: start takes the last.
+  std::map<std::int64_t, Slot> spare_slots;
   std::int64_t next_to_complete = 0;
   std::int64_t aborted_from = -1;    // operations from this seq on fail with Aborted
   std::string abort_reason;          // room for kOutOfMemoryAbortReason made at creation
   std::vector<std::int64_t> issued;  // per group rank: operations started
 
   int group_rank_of(int rank) const noexcept;
+  // Empties the slot of a completed operation, taken out of `slots`, into spare_slots. Allocates
+  // nothing; the works its arrivals held are released here.
+  void recycle_slot(std::map<std::int64_t, Slot>::node_type node) noexcept;
   // "1, 3": the members that have not joined outstanding operation `seq` yet (empty if none or
   // if `seq` is not outstanding).
   std::string missing_members(std::int64_t seq) const;
@@ -282,10 +289,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   // ---- Called by a rank through its transport. `rank` is the calling rank.
   std::shared_ptr<SimGroup> group_for(const std::string& tag, const std::vector<int>& ranks);
-  // Starts `ops` (one, or a coalesced batch) as operation info.seq of `group`. Throws what a
-  // Crash or the step budget throws, or std::bad_alloc; then the operation took no position and
-  // left no trace but the fault bookkeeping (Note [Operation positions]).
-  std::shared_ptr<SimWork> start(int rank, SimGroup& group, std::vector<SimOp> ops,
+  // Starts `ops` (one, or a coalesced batch) as operation info.seq of `group`, moving them out
+  // once the operation counts (the caller keeps the list's room). Throws what a Crash or the step
+  // budget throws, or std::bad_alloc; then the operation took no position and left no trace but
+  // the fault bookkeeping (Note [Operation positions]), and `ops` are untouched.
+  std::shared_ptr<SimWork> start(int rank, SimGroup& group, std::span<SimOp> ops,
                                  const transport::OpInfo& info);
   // Blocks simulated rank `rank` (the caller; not necessarily the work's owner) until `work`
   // finished, yielding to the scheduler. When `deadline` passes first, the operation fails with
