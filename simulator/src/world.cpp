@@ -167,12 +167,12 @@ int guard_fault_rank() noexcept { return this_thread_rank.rank; }
 
 // ---- SimWork
 
-SimWork::SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint fingerprint,
-                 ErrorContext context, CallSite site)
+SimWork::SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint&& fingerprint,
+                 std::string_view op, std::int64_t seq, const std::string& group, CallSite site)
     : world_(std::move(world)),
       rank_(rank),
       fingerprint_(std::move(fingerprint)),
-      context_(std::move(context)),
+      context_{rank, std::string(op), seq, group},
       site_(site) {}
 
 void SimWork::on_dropped() const noexcept {
@@ -504,9 +504,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
     signature.ops.push_back(
         transport::OpSignature::of(op.kind, op.send, op.recv, op.reduce_op, op.root));
   }
-  auto work = std::make_shared<SimWork>(
-      weak_from_this(), rank, std::move(signature),
-      ErrorContext{rank, std::string(info.name), info.seq, group.label}, info.site);
+  auto work = std::make_shared<SimWork>(weak_from_this(), rank, std::move(signature), info.name,
+                                        info.seq, group.label, info.site);
   const transport::Fingerprint& fingerprint = work->fingerprint();
   std::string op_name(info.name);  // the arrival's
   const std::uint64_t op_index = me.ops_started++;

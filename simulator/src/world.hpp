@@ -181,8 +181,9 @@ struct SimOp {
 // One rank's handle on one started operation (a single op or a batch).
 class SimWork final : public transport::Work {
  public:
-  SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint fingerprint,
-          ErrorContext context, CallSite site);
+  // The context is made in place from its parts (rank, op, seq, group): no string is moved.
+  SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint&& fingerprint,
+          std::string_view op, std::int64_t seq, const std::string& group, CallSite site);
 
   bool is_completed() override;
   void wait(transport::Deadline deadline) override;
