@@ -275,7 +275,6 @@ void SimGroup::recycle_slot(std::map<std::int64_t, Slot>::node_type node) noexce
     arrival.arrived = false;
     arrival.ops.clear();  // keeps its room
     arrival.work.reset();
-    arrival.op_name.clear();
     arrival.site = CallSite{};
   }
   slot.arrived = 0;
@@ -435,14 +434,14 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // A sequence number names an operation's position in its communicator's order (Note [Transport
 // contract]): a start that throws took none, and core gives the number back, so the start must
 // leave no trace of the operation. Everything start can run out of memory making (the
-// fingerprint, the work and its error context, the arrival's name, room for the outputs to
-// guard, the slot and its arrivals (or a spare slot of the group's, SimGroup::spare_slots), room
-// for the ops in the arrival, the error of an operation that fails at once (where
-// try_make_error cannot make it, start throws std::bad_alloc), the guard's description, a spare
-// failure record for the slot it makes) is made first; a std::bad_alloc there leaves nothing (a
-// slot made for it is erased). Then the operation counts (group.issued, ops_issued_), its point of
-// no return. What follows allocates nothing, or, where it still may, fails cleanly instead of
-// throwing:
+// fingerprint, the work and its error context, which also names the arrival's operation, room
+// for the outputs to guard, the slot and its arrivals (or a spare slot of the group's,
+// SimGroup::spare_slots), room for the ops in the arrival, the error of an operation that fails
+// at once (where try_make_error cannot make it, start throws std::bad_alloc), the guard's
+// description, a spare failure record for the slot it makes) is made first; a std::bad_alloc
+// there leaves nothing (a slot made for it is erased). Then the operation counts (group.issued,
+// ops_issued_), its point of no return. What follows allocates nothing, or, where it still may,
+// fails cleanly instead of throwing:
 // - the Issue, Arrive and Fail events: out of memory the log loses them (record_event), or a
 //   Fail event its detail (fail_slot);
 // - judge_arrival (only a mismatch's description, an injected TransportError or Hang being
@@ -507,7 +506,6 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
   auto work = std::make_shared<SimWork>(weak_from_this(), rank, std::move(signature), info.name,
                                         info.seq, group.label, info.site);
   const transport::Fingerprint& fingerprint = work->fingerprint();
-  std::string op_name(info.name);  // the arrival's
   const std::uint64_t op_index = me.ops_started++;
   // Note [Fault injection]: a Delay stalls here, a Crash throws; the others mark the slot below.
   std::optional<FiredFault> slot_fault;
@@ -632,7 +630,6 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
     // Into the room reserved above: allocates nothing.
     arrival.ops.assign(std::make_move_iterator(ops.begin()), std::make_move_iterator(ops.end()));
     arrival.work = work;
-    arrival.op_name = std::move(op_name);
     arrival.site = info.site;
     slot->arrived += 1;
     record(SimEvent::Kind::Arrive, rank, *work);
@@ -669,8 +666,8 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
       break;
     }
   }
-  if (reference != nullptr &&
-      (!reference->work->fingerprint().same_ops(fingerprint) || reference->op_name != info.name)) {
+  if (reference != nullptr && (!reference->work->fingerprint().same_ops(fingerprint) ||
+                               reference->op_name() != info.name)) {
     const auto issued = [](const std::string& name, const transport::Fingerprint& print) {
       const std::string ops_text = print.to_string();
       return ops_text.rfind(name + "(", 0) == 0 ? ops_text : name + " " + ops_text;
@@ -678,10 +675,10 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
     std::ostringstream detail;
     detail << "ranks disagree on operation #" << info.seq << " of group " << group.label
            << ": rank " << reference_rank << " issued "
-           << issued(reference->op_name, reference->work->fingerprint()) << " at "
+           << issued(reference->op_name(), reference->work->fingerprint()) << " at "
            << reference->site.to_string() << "; rank " << rank << " issued "
            << issued(std::string(info.name), fingerprint) << " at " << info.site.to_string();
-    if (reference->op_name == info.name &&
+    if (reference->op_name() == info.name &&
         reference->work->fingerprint().differs_only_in_layout(fingerprint)) {
       detail << transport::kLayoutMismatchNote;  // the signatures print alike
     }
@@ -822,7 +819,7 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
   const auto op_name = [](const SimGroup::Slot& slot) {
     const auto arrived = std::ranges::find_if(slot.arrivals, &SimGroup::Arrival::arrived);
     CHORUS_CHECK(arrived != slot.arrivals.end());  // a slot exists once a member arrived
-    return arrived->op_name;
+    return arrived->op_name();
   };
   const std::string watchdog = "; the communicator is aborted, as a watchdog would";
   // A watchdog aborts the communicator: the operations issued before the waited one and still
@@ -1450,7 +1447,7 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
       if (checksum_bytes(send.data, send.nbytes()) != arrival.ops[op].input_hash) {
         detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
                   std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
-                  " of " + arrival.op_name + " (issued at " + arrival.site.to_string() + ")";
+                  " of " + arrival.op_name() + " (issued at " + arrival.site.to_string() + ")";
       }
     }
   }
@@ -1861,9 +1858,9 @@ bool SimWorld::fail_group_mismatches() {
         }
         std::ostringstream detail;
         detail << "ranks disagree on the group of their next collective: rank " << a.rank
-               << " waits in " << a.arrival->op_name << " #" << a.seq << " on group "
+               << " waits in " << a.arrival->op_name() << " #" << a.seq << " on group "
                << a.group->label << " (issued at " << a.arrival->site.to_string() << ") while rank "
-               << b.rank << " waits in " << b.arrival->op_name << " #" << b.seq << " on group "
+               << b.rank << " waits in " << b.arrival->op_name() << " #" << b.seq << " on group "
                << b.group->label << " (issued at " << b.arrival->site.to_string()
                << "); each group holds both ranks, so neither can complete";
         disagreements.push_back(Disagreement{a, b, detail.str()});

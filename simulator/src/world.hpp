@@ -235,8 +235,10 @@ struct SimGroup {
     bool arrived = false;
     std::vector<SimOp> ops;
     std::shared_ptr<SimWork> work;
-    std::string op_name;
     CallSite site;
+
+    // "all_reduce": the name the operation was issued under (its work's context, not a copy).
+    const std::string& op_name() const noexcept { return work->context().op; }
   };
   struct Slot {
     std::vector<Arrival> arrivals;  // by group rank
