@@ -1739,6 +1739,10 @@ void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq) {
     if (it->second.arrivals[i].arrived) {
       continue;
     }
+    const RankSlot& member = ranks_[static_cast<std::size_t>(group.ranks[i])];
+    if (!member.crashed && !member.exited) {
+      continue;  // it may still arrive: absence's empty answer, without making it
+    }
     auto [code, why] = absence(group.ranks[i]);
     if (!why.empty()) {
       fail_slot(group, seq, code, why);
