@@ -194,7 +194,7 @@ std::size_t DecisionStream::pick_by_pct(std::span<const Decision> candidates) {
 // Note [Replay tokens]
 // "chorus-replay:<format>:<build fingerprint>:<world size>:<shape>:<count>:<choices>". The count
 // guards the choices (LEB128 in base64url) against a cut at a value's boundary, which would
-// otherwise replay a shorter run silently; the text must also be exactly what base64url()
+// otherwise replay a shorter run silently; the text must also be exactly what append_base64url
 // writes. The choices are a run only together with the program and the options that decide what a
 // choice means or what happens around it: the reduction order (Adversarial draws choices), the
 // allocator policy (Random draws), finalization (chosen: each drop draws), faults (random faults
@@ -220,12 +220,12 @@ constexpr char kBase64Url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
   throw InvalidArgument(ErrorContext{-1, "replay token", -1, ""}, detail);
 }
 
-std::string base64url(const std::vector<std::uint8_t>& bytes) {
-  std::string out;
+// Appends `bytes` to `out` in base64url without padding.
+void append_base64url(std::string& out, const std::vector<std::uint8_t>& bytes) {
   // Whole groups are written in place (a long run's token has tens of thousands of them).
-  out.resize(bytes.size() / 3 * 4);
+  std::size_t at = out.size();
+  out.resize(at + bytes.size() / 3 * 4);
   std::size_t i = 0;
-  std::size_t at = 0;
   for (; i + 2 < bytes.size(); i += 3) {
     const std::uint32_t v =
         (std::uint32_t{bytes[i]} << 16) | (std::uint32_t{bytes[i + 1]} << 8) | bytes[i + 2];
@@ -245,7 +245,6 @@ std::string base64url(const std::vector<std::uint8_t>& bytes) {
       out += kBase64Url[(v >> 6) & 63];
     }
   }
-  return out;
 }
 
 std::vector<std::uint8_t> from_base64url(std::string_view text) {
@@ -264,7 +263,7 @@ std::vector<std::uint8_t> from_base64url(std::string_view text) {
       out.push_back(static_cast<std::uint8_t>((bits >> count) & 0xff));
     }
   }
-  // What base64url() writes: 4 characters per 3 bytes, then 2 or 3 for a last 1 or 2, with the
+  // What append_base64url writes: 4 characters per 3 bytes, then 2 or 3 for a last 1 or 2, with the
   // bits past the last byte zero. Anything else was cut or altered.
   if (text.size() % 4 == 1) {
     bad_token("the choices' text has " + std::to_string(text.size()) +
@@ -318,7 +317,7 @@ std::string compute_build_fingerprint() {
 
 }  // namespace
 
-std::string build_fingerprint() {
+const std::string& build_fingerprint() {
   // A constant of the build, computed once: every run's replay token carries it.
   static const std::string fingerprint = compute_build_fingerprint();
   return fingerprint;
@@ -388,25 +387,49 @@ std::string run_shape(const SimOptions& options) {
 std::string encode_replay_token(int world_size, std::string_view shape,
                                 const std::vector<std::uint64_t>& choices) {
   // LEB128, sized first and then written in place (a long run has a million choices).
-  std::size_t size = 0;
+  std::uint64_t any = 0;
   for (std::uint64_t value : choices) {
-    size += 1;
-    for (; value >= 0x80; value >>= 7) {
+    any |= value;
+  }
+  std::vector<std::uint8_t> bytes;
+  if (any < 0x80) {
+    // Every choice is one byte, itself (the common case: few candidates, no random faults).
+    bytes.resize(choices.size());
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      bytes[i] = static_cast<std::uint8_t>(choices[i]);
+    }
+  } else {
+    std::size_t size = 0;
+    for (std::uint64_t value : choices) {
       size += 1;
+      for (; value >= 0x80; value >>= 7) {
+        size += 1;
+      }
     }
-  }
-  std::vector<std::uint8_t> bytes(size);
-  std::size_t at = 0;
-  for (std::uint64_t value : choices) {
-    for (; value >= 0x80; value >>= 7) {
-      bytes[at++] = static_cast<std::uint8_t>((value & 0x7f) | 0x80);
+    bytes.resize(size);
+    std::size_t at = 0;
+    for (std::uint64_t value : choices) {
+      for (; value >= 0x80; value >>= 7) {
+        bytes[at++] = static_cast<std::uint8_t>((value & 0x7f) | 0x80);
+      }
+      bytes[at++] = static_cast<std::uint8_t>(value);
     }
-    bytes[at++] = static_cast<std::uint8_t>(value);
+    CHORUS_CHECK_EQ(at, size);
   }
-  CHORUS_CHECK_EQ(at, size);
-  return std::string(kTokenPrefix) + ":" + std::to_string(kReplayFormatVersion) + ":" +
-         build_fingerprint() + ":" + std::to_string(world_size) + ":" + std::string(shape) + ":" +
-         std::to_string(choices.size()) + ":" + base64url(bytes);
+  // One string, sized first (the choices' part is most of a long run's token).
+  const std::string version = std::to_string(kReplayFormatVersion);
+  const std::string& build = build_fingerprint();
+  const std::string ranks = std::to_string(world_size);
+  const std::string count = std::to_string(choices.size());
+  std::string token;
+  token.reserve(kTokenPrefix.size() + version.size() + build.size() + ranks.size() + shape.size() +
+                count.size() + 6 + (bytes.size() + 2) / 3 * 4);
+  for (std::string_view part : {kTokenPrefix, std::string_view(version), std::string_view(build),
+                                std::string_view(ranks), shape, std::string_view(count)}) {
+    token.append(part).push_back(':');
+  }
+  append_base64url(token, bytes);
+  return token;
 }
 
 ReplayToken decode_replay_token(std::string_view token) {

@@ -158,7 +158,7 @@ inline constexpr int kReplayFormatVersion = 3;
 
 // What this build's simulator is: a digest of everything that changes what a list of indices
 // means (the decision scheme version, the compiler, the build type, sanitizers). Hex, 16 digits.
-std::string build_fingerprint();
+const std::string& build_fingerprint();  // computed once, kept for the process
 
 // The options besides the program that shape a run, as compact readable text ("-" when all are
 // defaults): "order=adversarial,alloc=random,fault=crash@1.2". Equal shapes + equal choices =
