@@ -461,7 +461,9 @@ Buffer buffer_of(const Tensor& contiguous) {
 // allocation and one multiply per integer (FNV-1a's byte at a time cost eight dependent
 // multiplies per integer, 2% of a simulated schedule): each integer is folded in with a
 // multiply by the golden-ratio odd constant and a shift that brings its high bits down. Only
-// equality matters, between ranks of one build. Never 0, which means "not set".
+// equality matters, between ranks of one build (MPI ranks compare digests across processes, so
+// ranks of builds from before and after this digest would report every call a layout mismatch).
+// Never 0, which means "not set".
 std::uint64_t layout_digest(std::span<const std::int64_t> sizes, std::int64_t dim) noexcept {
   constexpr std::uint64_t kOdd = 0x9E37'79B9'7F4A'7C15ULL;
   std::uint64_t digest = 0xCBF2'9CE4'8422'2325ULL;

@@ -103,7 +103,8 @@ std::exception_ptr make_error(ErrorCode code, ErrorContext context, std::string 
 }
 
 void throw_error(ErrorCode code, ErrorContext context, std::string detail) {
-  // The error of `code`'s type (std::bad_alloc where it cannot be made), as make_error builds it.
+  // The error of `code`'s type, as make_error builds it: std::bad_alloc where it cannot be made
+  // (try_make_error maps any exception raised making it, a std::length_error too, to that).
   std::rethrow_exception(make_error(code, std::move(context), std::move(detail)));
 }
 

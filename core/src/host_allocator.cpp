@@ -1,5 +1,4 @@
 #include <cstdlib>
-#include <iterator>
 #include <memory>
 #include <mutex>
 #include <new>

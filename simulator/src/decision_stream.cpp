@@ -386,7 +386,7 @@ std::string run_shape(const SimOptions& options) {
 
 std::string encode_replay_token(int world_size, std::string_view shape,
                                 const std::vector<std::uint64_t>& choices) {
-  // LEB128, sized first and then written in place (a long run has a million choices).
+  // The choices in LEB128 (a long run has a million of them).
   std::uint64_t any = 0;
   for (std::uint64_t value : choices) {
     any |= value;
@@ -399,6 +399,7 @@ std::string encode_replay_token(int world_size, std::string_view shape,
       bytes[i] = static_cast<std::uint8_t>(choices[i]);
     }
   } else {
+    // Sized first, then written in place.
     std::size_t size = 0;
     for (std::uint64_t value : choices) {
       size += 1;

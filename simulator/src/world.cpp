@@ -569,7 +569,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
     // A spare slot keeps its arrivals' room (SimGroup::spare_slots).
     auto entry = group.slots.find(info.seq);
     const bool created = entry == group.slots.end();
-    if (created && !group.spare_slots.empty()) {
+    const bool from_spare = created && !group.spare_slots.empty();
+    if (from_spare) {
       auto spare = group.spare_slots.extract(std::prev(group.spare_slots.end()));
       spare.key() = info.seq;
       entry = group.slots.insert(group.slots.end(), std::move(spare));  // allocates nothing
@@ -587,7 +588,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
         group.spare_failures.try_emplace(static_cast<std::int64_t>(group.spare_failures.size()));
       }
     } catch (...) {
-      if (created) {
+      if (from_spare) {
+        group.recycle_slot(group.slots.extract(entry));  // back with the spares, still empty
+      } else if (created) {
         group.slots.erase(entry);  // nothing else saw it
       }
       throw;
@@ -1718,7 +1721,7 @@ std::pair<ErrorCode, std::string> SimWorld::absence(int rank) const {
   if (slot.crashed) {
     return {ErrorCode::RankFailure, slot.crash};
   }
-  if (!slot.exited) {
+  if (slot.may_still_arrive()) {
     return {ErrorCode::Aborted, {}};
   }
   if (slot.failed) {
@@ -1739,9 +1742,8 @@ void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq) {
     if (it->second.arrivals[i].arrived) {
       continue;
     }
-    const RankSlot& member = ranks_[static_cast<std::size_t>(group.ranks[i])];
-    if (!member.crashed && !member.exited) {
-      continue;  // it may still arrive: absence's empty answer, without making it
+    if (ranks_[static_cast<std::size_t>(group.ranks[i])].may_still_arrive()) {
+      continue;  // absence's empty answer, without making it
     }
     auto [code, why] = absence(group.ranks[i]);
     if (!why.empty()) {

@@ -238,8 +238,11 @@ struct SimGroup {
     CallSite site;
 
     // "all_reduce": the name the operation was issued under (its work's context, not a copy).
+    // Only for an arrival that arrived: one that has not has no work.
     const std::string& op_name() const noexcept { return work->context().op; }
   };
+  // A field added to Slot or Arrival must be reset in recycle_slot, or it carries over into the
+  // next operation that takes the slot.
   struct Slot {
     std::vector<Arrival> arrivals;  // by group rank
     int arrived = 0;
@@ -266,7 +269,9 @@ struct SimGroup {
   Failures spare_failures;
   // Slots of completed operations, emptied but keeping their arrivals (and each arrival's room
   // for ops): start takes one before making a slot, so a communicator allocates slots only for a
-  // new high of outstanding operations. Keys 0 .. size - 1: start takes the last.
+  // new high of outstanding operations (failed slots are erased, not recycled). Keys 0 .. size -
+  // 1: start takes the last. A stale Slot* or Arrival* now reads a recycled slot instead of
+  // freed memory, which ASan would have reported: hold none across a scheduling point.
   std::map<std::int64_t, Slot> spare_slots;
   std::int64_t next_to_complete = 0;
   std::int64_t aborted_from = -1;    // operations from this seq on fail with Aborted
@@ -292,8 +297,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   // ---- Called by a rank through its transport. `rank` is the calling rank.
   std::shared_ptr<SimGroup> group_for(const std::string& tag, const std::vector<int>& ranks);
-  // Starts `ops` (one, or a coalesced batch) as operation info.seq of `group`, moving them out
-  // once the operation counts (the caller keeps the list's room). Throws what a Crash or the step
+  // Starts `ops` (one, or a coalesced batch) as operation info.seq of `group`, moving them into
+  // its arrival once the operation counts and joins a slot (the caller keeps the list's room; an
+  // operation that fails at once leaves them in place). Throws what a Crash or the step
   // budget throws, or std::bad_alloc; then the operation took no position and left no trace but
   // the fault bookkeeping (Note [Operation positions]), and `ops` are untouched.
   std::shared_ptr<SimWork> start(int rank, SimGroup& group, std::span<SimOp> ops,
@@ -364,6 +370,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     transport::Duration wake_at{0};  // Delayed: until when
     bool crashed = false;            // a Crash fault killed it: it never arrives again
     std::string crash;               // what killed it, for its own and its peers' errors
+
+    // Whether it can still join an operation it has not joined (absence() names the others).
+    bool may_still_arrive() const noexcept { return !crashed && !exited; }
   };
 
   void rank_body(int rank);
