@@ -976,12 +976,8 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
     const bool in_place = send.data == static_cast<const char*>(recv.data) +
                                            static_cast<std::size_t>(group_rank_) * send.nbytes();
     if (use_direct_exchange(recv.nbytes())) {
-      // Note [Direct exchanges]: this rank's block to every peer, every peer's into its place.
-      if (!in_place && send.nbytes() > 0) {
-        std::memcpy(
-            static_cast<char*>(recv.data) + static_cast<std::size_t>(group_rank_) * send.nbytes(),
-            send.data, send.nbytes());
-      }
+      // Note [Direct exchanges]: this rank's block to every peer, every peer's into its place,
+      // and its own block by copy once the messages are posted ("Own block last").
       std::vector<Message>& messages = fresh_messages();
       for (int peer = 0; peer < size(); ++peer) {
         if (peer != group_rank_) {
@@ -992,6 +988,11 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
         }
       }
       post_exchange(started, messages, datatype, info);
+      if (!in_place && send.nbytes() > 0) {
+        std::memcpy(
+            static_cast<char*>(recv.data) + static_cast<std::size_t>(group_rank_) * send.nbytes(),
+            send.data, send.nbytes());
+      }
       return;
     }
     MPI_Request* request = request_slot(started);
@@ -1089,13 +1090,9 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
         // Not by size: ranks' totals differ in an uneven all_to_all, and every rank must choose
         // the same schedule.
         if (chorus_schedule_allowed()) {
-          // Note [Direct exchanges]: each peer's slice straight to it; this rank's own by copy.
+          // Note [Direct exchanges]: each peer's slice straight to it; this rank's own by copy,
+          // once the messages are posted ("Own block last").
           const auto me = static_cast<std::size_t>(group_rank_);
-          if (counts[me] > 0) {
-            std::memcpy(static_cast<char*>(recv.data) + offsets[n + me] * element,
-                        static_cast<const char*>(input) + offsets[me] * element,
-                        static_cast<std::size_t>(counts[me]) * element);
-          }
           std::vector<Message>& messages = fresh_messages();
           for (std::size_t peer = 0; peer < n; ++peer) {
             if (peer != me) {
@@ -1106,6 +1103,11 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
             }
           }
           post_exchange(started, messages, datatype, info);
+          if (counts[me] > 0) {
+            std::memcpy(static_cast<char*>(recv.data) + offsets[n + me] * element,
+                        static_cast<const char*>(input) + offsets[me] * element,
+                        static_cast<std::size_t>(counts[me]) * element);
+          }
           return;
         }
         MPI_Request* request = request_slot(started);
