@@ -24,6 +24,7 @@
 #include "detail/format.hpp"
 #include "detail/group_internal.hpp"
 #include "detail/rank_state.hpp"
+#include "detail/recycled_blocks.hpp"
 #include "detail/shape_rules.hpp"
 #include "detail/storage.hpp"
 #include "detail/strided_copy.hpp"
@@ -416,7 +417,9 @@ class Call {
                             std::int64_t seq) {
     CHORUS_CHECK(!outputs.empty());
     const bool on_device = device_.is_cuda();
-    auto pending = std::make_shared<detail::PendingWork>(
+    // Note [Recycled blocks].
+    auto pending = std::allocate_shared<detail::PendingWork>(
+        detail::RecyclingAllocator<detail::PendingWork>{},
         detail::WorkInfo{state_->rank(), op_, seq, slot_->label, site_}, std::move(fixup),
         state_->transport_ptr(), state_->options().timeout,
         on_device ? detail::Completion::Stream : detail::Completion::Host,

@@ -6,6 +6,7 @@
 
 #include "chorus/check.hpp"
 #include "detail/host_pool.hpp"
+#include "detail/recycled_blocks.hpp"
 
 namespace chorus::detail {
 namespace {
@@ -50,8 +51,10 @@ std::shared_ptr<void> HostPool::allocate(std::size_t nbytes) {
     block = aligned_block(rounded);
   }
   std::shared_ptr<HostPool> self = shared_from_this();
+  // The control block is recycled (Note [Recycled blocks]).
   return std::shared_ptr<void>(
-      block, [self = std::move(self), rounded](void* p) { self->release(p, rounded); });
+      block, [self = std::move(self), rounded](void* p) { self->release(p, rounded); },
+      RecyclingAllocator<char>{});
 }
 
 void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {
