@@ -19,12 +19,12 @@
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/trace.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/errors.hpp"
 #include "detail/format.hpp"
 #include "detail/group_internal.hpp"
 #include "detail/rank_state.hpp"
-#include "detail/recycled_blocks.hpp"
 #include "detail/shape_rules.hpp"
 #include "detail/storage.hpp"
 #include "detail/strided_copy.hpp"
@@ -419,7 +419,7 @@ class Call {
     const bool on_device = device_.is_cuda();
     // Note [Recycled blocks].
     auto pending = std::allocate_shared<detail::PendingWork>(
-        detail::RecyclingAllocator<detail::PendingWork>{},
+        transport::RecyclingAllocator<detail::PendingWork>{},
         detail::WorkInfo{state_->rank(), op_, seq, slot_->label, site_}, std::move(fixup),
         state_->transport_ptr(), state_->options().timeout,
         on_device ? detail::Completion::Stream : detail::Completion::Host,

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "chorus/check.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "detail/host_pool.hpp"
-#include "detail/recycled_blocks.hpp"
 
 namespace chorus::detail {
 namespace {
@@ -54,7 +54,7 @@ std::shared_ptr<void> HostPool::allocate(std::size_t nbytes) {
   // The control block is recycled (Note [Recycled blocks]).
   return std::shared_ptr<void>(
       block, [self = std::move(self), rounded](void* p) { self->release(p, rounded); },
-      RecyclingAllocator<char>{});
+      transport::RecyclingAllocator<char>{});
 }
 
 void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {

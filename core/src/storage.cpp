@@ -9,11 +9,11 @@
 
 #include "chorus/check.hpp"
 #include "chorus/runtime.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/errors.hpp"
 #include "detail/host_pool.hpp"
 #include "detail/rank_state.hpp"
-#include "detail/recycled_blocks.hpp"
 #include "detail/work_registry.hpp"
 
 namespace chorus::detail {
@@ -111,7 +111,8 @@ std::shared_ptr<void> allocate_host(std::size_t nbytes) {
 }
 
 std::shared_ptr<Storage> make_host_storage(std::size_t nbytes) {
-  return std::allocate_shared<Storage>(RecyclingAllocator<Storage>{}, allocate_host(nbytes), nbytes,
+  return std::allocate_shared<Storage>(transport::RecyclingAllocator<Storage>{},
+                                       allocate_host(nbytes), nbytes,
                                        Device::cpu());  // Note [Recycled blocks]
 }
 
@@ -163,8 +164,8 @@ std::shared_ptr<Storage> make_storage(std::size_t nbytes, Device device, const c
           bytes->fetch_sub(nbytes, std::memory_order_relaxed);
         });
   }
-  return std::allocate_shared<Storage>(RecyclingAllocator<Storage>{}, std::move(memory), nbytes,
-                                       device);
+  return std::allocate_shared<Storage>(transport::RecyclingAllocator<Storage>{}, std::move(memory),
+                                       nbytes, device);
 }
 
 }  // namespace chorus::detail

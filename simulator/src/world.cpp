@@ -19,6 +19,7 @@
 #include "bits.hpp"
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "guard_pages.hpp"
 #include "sim_allocator.hpp"
 #include "sim_transport.hpp"
@@ -503,8 +504,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
     signature.ops.push_back(
         transport::OpSignature::of(op.kind, op.send, op.recv, op.reduce_op, op.root));
   }
-  auto work = std::make_shared<SimWork>(weak_from_this(), rank, std::move(signature), info.name,
-                                        info.seq, group.label, info.site);
+  auto work = std::allocate_shared<SimWork>(
+      transport::RecyclingAllocator<SimWork>{}, weak_from_this(), rank, std::move(signature),
+      info.name, info.seq, group.label, info.site);  // Note [Recycled blocks]
   const transport::Fingerprint& fingerprint = work->fingerprint();
   const std::uint64_t op_index = me.ops_started++;
   // Note [Fault injection]: a Delay stalls here, a Crash throws; the others mark the slot below.

@@ -1,8 +1,8 @@
 // Per-thread recycling of the blocks collectives make and drop (Note [Recycled blocks],
-// core/src/detail/recycled_blocks.hpp). Under AddressSanitizer nothing is recycled: there the
+// chorus/transport/recycled_blocks.hpp). Under AddressSanitizer nothing is recycled: there the
 // tests check that every block comes from operator new instead.
 
-#include "detail/recycled_blocks.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-namespace chorus::detail {
+namespace chorus::transport {
 namespace {
 
 struct Payload {
@@ -92,4 +92,4 @@ TEST(RecycledBlocks, AThreadsListClosesWhenTheThreadExits) {
 }
 
 }  // namespace
-}  // namespace chorus::detail
+}  // namespace chorus::transport

@@ -95,5 +95,17 @@ TEST(TensorOutOfMemory, FromBlobLeavesTheCallerOwningWhatItCouldNotWrap) {
   EXPECT_EQ(deleter_calls, 1);
 }
 
+// The out-of-memory tests turn block recycling off (Note [Recycled blocks]): a tensor's Storage,
+// whose block a tensor just dropped would otherwise hand to the next one, still reaches the
+// refusing operator new. Under AddressSanitizer nothing is recycled anyway.
+TEST(TensorOutOfMemory, RecycledBlocksAreOffSoEveryAllocationCanBeRefused) {
+  static_cast<void>(Tensor::empty({4}));  // the shape's layout, cached per thread
+  const int refusals =
+      refuse_each_allocation_in_turn([] { static_cast<void>(Tensor::empty({4})); }, [] {});
+  // Three allocations, the storage among them; with recycling on, the storage would come from
+  // the block the warm-up dropped, and only two would be refused.
+  EXPECT_EQ(refusals, 3);
+}
+
 }  // namespace
 }  // namespace chorus

@@ -6,6 +6,19 @@
 #include <cstdlib>
 #include <new>
 
+#include "chorus/transport/recycled_blocks.hpp"
+
+namespace {
+
+// Every allocation reaches the operator new below, none is served from a recycled block (Note
+// [Recycled blocks]): the tests refuse each allocation in turn.
+const bool recycling_off = [] {
+  chorus::transport::recycle_blocks_enabled.store(false);
+  return true;
+}();
+
+}  // namespace
+
 void* operator new(std::size_t size) {
   if (chorus::testing::refuse_allocation(size)) {
     throw std::bad_alloc();

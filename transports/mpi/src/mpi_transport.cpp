@@ -16,6 +16,7 @@
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
 #include "chorus/transport/fnv1a.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 
 namespace chorus::mpi::detail {
 
@@ -908,8 +909,9 @@ std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature
 }
 
 std::shared_ptr<MpiWork> MpiComm::make_work(const OpInfo& info) {
-  return std::make_shared<MpiWork>(process_, transport::Fingerprint{id_, info.seq, {}},
-                                   work_context(info));
+  return std::allocate_shared<MpiWork>(transport::RecyclingAllocator<MpiWork>{}, process_,
+                                       transport::Fingerprint{id_, info.seq, {}},
+                                       work_context(info));  // Note [Recycled blocks]
 }
 
 std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const Buffer& recv,

@@ -1,7 +1,7 @@
 #pragma once
 
-// FNV-1a, 64-bit: the digests ranks compute alike without communicating (communicator ids, the
-// layout digest of Note [Layout digest] in core, MPI's collective-check digest).
+// FNV-1a, 64-bit: the digests ranks compute alike without communicating (communicator ids,
+// MPI's collective-check digest).
 
 #include <cstdint>
 

@@ -1,26 +1,33 @@
 #pragma once
 
 // Note [Recycled blocks]
-// Every collective makes and drops the same few objects: its PendingWork, its output's Storage
-// and the control block of that storage's memory. They are allocated through
-// RecyclingAllocator: a block given back goes to a short per-thread list of blocks of its size,
-// and the next allocation of that size on the thread takes it again, instead of glibc's free and
-// malloc (~195 instructions a pair in a simulated schedule, where most frees find tcache's seven
-// entries full). A block is plain operator-new memory, so one freed on another thread joins that
-// thread's list. A list holds at most kRecycledBlocksMax blocks; beyond that they are deleted.
-// When a thread exits its lists are emptied and closed: a block given back after that (a static
-// Tensor destroyed after the main thread's thread-locals) is deleted at once.
+// Every collective makes and drops the same few objects: core's PendingWork, its output's
+// Storage and the control block of that storage's memory, and the transport's work (SimWork,
+// MpiWork). They are allocated through RecyclingAllocator: a block given back goes to a short
+// per-thread list of blocks of its size, and the next allocation of that size on the thread takes
+// it again, instead of glibc's free and malloc (~195 instructions a pair in a simulated schedule,
+// where most frees find tcache's seven entries full). A block is plain operator-new memory, so one
+// freed on another thread joins that thread's list. A list holds at most kRecycledBlocksMax blocks;
+// beyond that they are deleted. When a thread exits its lists are emptied and closed: a block given
+// back after that (a static Tensor destroyed after the main thread's thread-locals) is deleted at
+// once.
 //
 // Under AddressSanitizer nothing is recycled, so a use after free still reports. An allocation
-// served from a list does not reach operator new, so the out-of-memory tests' refusals
-// (tests/support/refusing_new.hpp) apply to the allocations that do.
+// served from a list does not reach operator new, which the out-of-memory tests replace to
+// refuse each allocation in turn: their operator new (tests/support/refusing_new.cpp) turns
+// recycling off through the test seam recycle_blocks_enabled, so every allocation is theirs.
 
+#include <atomic>
 #include <cstddef>
 #include <new>
 
-namespace chorus::detail {
+namespace chorus::transport {
 
 inline constexpr std::size_t kRecycledBlocksMax = 64;
+
+// Test seam (Note [Recycled blocks]): false, every block comes from operator new and goes back
+// to operator delete.
+inline std::atomic<bool> recycle_blocks_enabled{true};
 
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool kRecycleBlocks = false;
@@ -99,7 +106,7 @@ class RecyclingAllocator {
 
   T* allocate(std::size_t n) {
     static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
-    if (kRecycleBlocks && n == 1) {
+    if (kRecycleBlocks && n == 1 && recycle_blocks_enabled.load(std::memory_order_relaxed)) {
       if (void* block = RecycledBlocks<sizeof(T)>::take()) {
         return static_cast<T*>(block);
       }
@@ -107,7 +114,8 @@ class RecyclingAllocator {
     return static_cast<T*>(::operator new(n * sizeof(T)));
   }
   void deallocate(T* block, std::size_t n) noexcept {
-    if (kRecycleBlocks && n == 1 && RecycledBlocks<sizeof(T)>::give(block)) {
+    if (kRecycleBlocks && n == 1 && recycle_blocks_enabled.load(std::memory_order_relaxed) &&
+        RecycledBlocks<sizeof(T)>::give(block)) {
       return;
     }
     ::operator delete(block);
@@ -119,4 +127,4 @@ class RecyclingAllocator {
   }
 };
 
-}  // namespace chorus::detail
+}  // namespace chorus::transport
