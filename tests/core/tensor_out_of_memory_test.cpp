@@ -17,6 +17,7 @@
 #include "chorus/device.hpp"
 #include "chorus/dtype.hpp"
 #include "chorus/tensor.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "support/refusing_new.hpp"
 
 namespace {
@@ -99,6 +100,7 @@ TEST(TensorOutOfMemory, FromBlobLeavesTheCallerOwningWhatItCouldNotWrap) {
 // whose block a tensor just dropped would otherwise hand to the next one, still reaches the
 // refusing operator new. Under AddressSanitizer nothing is recycled anyway.
 TEST(TensorOutOfMemory, RecycledBlocksAreOffSoEveryAllocationCanBeRefused) {
+  EXPECT_FALSE(transport::testing::recycle_blocks_enabled.load());
   static_cast<void>(Tensor::empty({4}));  // the shape's layout, cached per thread
   const int refusals =
       refuse_each_allocation_in_turn([] { static_cast<void>(Tensor::empty({4})); }, [] {});

@@ -13,7 +13,7 @@ namespace {
 // Every allocation reaches the operator new below, none is served from a recycled block (Note
 // [Recycled blocks]): the tests refuse each allocation in turn.
 const bool recycling_off = [] {
-  chorus::transport::recycle_blocks_enabled.store(false);
+  chorus::transport::testing::recycle_blocks_enabled.store(false);
   return true;
 }();
 

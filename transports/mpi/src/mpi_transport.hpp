@@ -337,9 +337,10 @@ class MpiWork final : public transport::Work {
 //
 // Own block last: all_gather and all_to_all copy this rank's own block into the output after
 // posting the messages, so the peers' transfers start before the copy rather than after it (no
-// message reads or writes that block). On 2 ranks, four interleaved rounds against copying
-// first, busbw ratio to blocking MPI (medians): all_gather 0.916 -> 0.924 at 64 KiB and
-// 0.952 -> 0.963 at 128 KiB, all_to_all 0.904 -> 0.926 and 0.937 -> 0.952
+// message reads or writes that block, as long as the output does not partly overlap the input:
+// core's outputs are fresh storages, and an in-place all_gather skips the copy). On 2 ranks, four
+// interleaved rounds against copying first, busbw ratio to blocking MPI (medians): all_gather 0.916
+// -> 0.924 at 64 KiB and 0.952 -> 0.963 at 128 KiB, all_to_all 0.904 -> 0.926 and 0.937 -> 0.952
 // (docs/performance.md, 2026-12-05).
 //
 // Note [MPI int counts]

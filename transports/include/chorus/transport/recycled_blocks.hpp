@@ -7,15 +7,20 @@
 // per-thread list of blocks of its size, and the next allocation of that size on the thread takes
 // it again, instead of glibc's free and malloc (~195 instructions a pair in a simulated schedule,
 // where most frees find tcache's seven entries full). A block is plain operator-new memory, so one
-// freed on another thread joins that thread's list. A list holds at most kRecycledBlocksMax blocks;
-// beyond that they are deleted. When a thread exits its lists are emptied and closed: a block given
-// back after that (a static Tensor destroyed after the main thread's thread-locals) is deleted at
-// once.
+// freed on another thread joins that thread's list. A list holds at most kRecycledBlocksMax
+// blocks; beyond that they are deleted, so an idle thread keeps at most that many blocks of each
+// size it freed until it exits. When a thread exits its lists are emptied and closed: a block
+// given back after that (a static Tensor destroyed after the main thread's thread-locals) is
+// deleted at once. A list registers its closing at the first take or give that finds it empty;
+// a thread whose first use of a list is a give during its own exit keeps those few blocks until
+// the process ends.
 //
-// Under AddressSanitizer nothing is recycled, so a use after free still reports. An allocation
-// served from a list does not reach operator new, which the out-of-memory tests replace to
-// refuse each allocation in turn: their operator new (tests/support/refusing_new.cpp) turns
-// recycling off through the test seam recycle_blocks_enabled, so every allocation is theirs.
+// Under AddressSanitizer nothing is recycled, so a use after free still reports
+// (ThreadSanitizer and valgrind see no free for a recycled object, so they miss a use after its
+// release). An allocation served from a list does not reach operator new, which the
+// out-of-memory tests replace to refuse each allocation in turn: their operator new
+// (tests/support/refusing_new.cpp) turns recycling off through the test seam
+// testing::recycle_blocks_enabled, so every allocation is theirs.
 
 #include <atomic>
 #include <cstddef>
@@ -25,9 +30,11 @@ namespace chorus::transport {
 
 inline constexpr std::size_t kRecycledBlocksMax = 64;
 
+namespace testing {
 // Test seam (Note [Recycled blocks]): false, every block comes from operator new and goes back
 // to operator delete.
 inline std::atomic<bool> recycle_blocks_enabled{true};
+}  // namespace testing
 
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool kRecycleBlocks = false;
@@ -48,7 +55,11 @@ class RecycledBlocks {
   // A block of Size bytes from the list, or null when it is empty.
   static void* take() noexcept {
     List& list = this_thread();
-    return list.count > 0 ? list.blocks[--list.count] : nullptr;
+    if (list.count > 0) {
+      return list.blocks[--list.count];
+    }
+    close_at_thread_exit();  // the slow path, before an operator new
+    return nullptr;
   }
   // Keeps `block` (Size bytes from operator new) for a later take(); false when the list is full
   // or closed (the caller deletes it then).
@@ -106,7 +117,8 @@ class RecyclingAllocator {
 
   T* allocate(std::size_t n) {
     static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
-    if (kRecycleBlocks && n == 1 && recycle_blocks_enabled.load(std::memory_order_relaxed)) {
+    if (kRecycleBlocks && n == 1 &&
+        testing::recycle_blocks_enabled.load(std::memory_order_relaxed)) {
       if (void* block = RecycledBlocks<sizeof(T)>::take()) {
         return static_cast<T*>(block);
       }
@@ -114,7 +126,8 @@ class RecyclingAllocator {
     return static_cast<T*>(::operator new(n * sizeof(T)));
   }
   void deallocate(T* block, std::size_t n) noexcept {
-    if (kRecycleBlocks && n == 1 && recycle_blocks_enabled.load(std::memory_order_relaxed) &&
+    if (kRecycleBlocks && n == 1 &&
+        testing::recycle_blocks_enabled.load(std::memory_order_relaxed) &&
         RecycledBlocks<sizeof(T)>::give(block)) {
       return;
     }
