@@ -386,36 +386,15 @@ std::string run_shape(const SimOptions& options) {
 
 std::string encode_replay_token(int world_size, std::string_view shape,
                                 const std::vector<std::uint64_t>& choices) {
-  // The choices in LEB128 (a long run has a million of them).
-  std::uint64_t any = 0;
-  for (std::uint64_t value : choices) {
-    any |= value;
-  }
+  // The choices in LEB128 (a long run has a million of them). Room for one byte each: a run
+  // without a choice of 0x80 or more (few candidates, no random faults) never reallocates.
   std::vector<std::uint8_t> bytes;
-  if (any < 0x80) {
-    // Every choice is one byte, itself (the common case: few candidates, no random faults).
-    bytes.resize(choices.size());
-    for (std::size_t i = 0; i < choices.size(); ++i) {
-      bytes[i] = static_cast<std::uint8_t>(choices[i]);
+  bytes.reserve(choices.size());
+  for (std::uint64_t value : choices) {
+    for (; value >= 0x80; value >>= 7) {
+      bytes.push_back(static_cast<std::uint8_t>((value & 0x7f) | 0x80));
     }
-  } else {
-    // Sized first, then written in place.
-    std::size_t size = 0;
-    for (std::uint64_t value : choices) {
-      size += 1;
-      for (; value >= 0x80; value >>= 7) {
-        size += 1;
-      }
-    }
-    bytes.resize(size);
-    std::size_t at = 0;
-    for (std::uint64_t value : choices) {
-      for (; value >= 0x80; value >>= 7) {
-        bytes[at++] = static_cast<std::uint8_t>((value & 0x7f) | 0x80);
-      }
-      bytes[at++] = static_cast<std::uint8_t>(value);
-    }
-    CHORUS_CHECK_EQ(at, size);
+    bytes.push_back(static_cast<std::uint8_t>(value));
   }
   // One string, sized first (the choices' part is most of a long run's token).
   const std::string version = std::to_string(kReplayFormatVersion);

@@ -64,6 +64,16 @@ using sim::SimEvent;
 using sim::SimOptions;
 using sim::SimReport;
 
+// The options of every sweep: seed 7, the ranks on threads (the refusing one on a thread of its
+// own), and the event log on (Fail events' texts are made too, so their allocations are refused as
+// well).
+SimOptions sweep_options(int world_size) {
+  SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
+  options.executor = sim::ExecutorKind::Threads;
+  options.record_events = true;
+  return options;
+}
+
 // Rank r's input i: r * 100 + i, so that every sum is exact and distinct.
 Tensor input_of(int r, std::int32_t elements, std::int32_t offset = 0) {
   std::vector<std::int32_t> values;
@@ -126,9 +136,7 @@ Outcome run_once(const CallKind& kind, int world_size, std::size_t refuse, SimRe
                  bool guard = false) {
   Outcome outcome;
   outcome.results.resize(static_cast<std::size_t>(world_size));
-  SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
-  options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
-  options.record_events = true;
+  SimOptions options = sweep_options(world_size);
   options.guard_pending_outputs = guard;
   report = sim::run(options, [&] {
     const int me = rank();
@@ -365,9 +373,7 @@ FailingOutcome run_failing(Failing failing, int world_size, std::size_t refuse, 
   outcome.after.resize(size);
   outcome.after_whats.resize(size);
   outcome.after_results.resize(size);
-  SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
-  options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
-  options.record_events = true;                   // Fail events' texts are made too
+  SimOptions options = sweep_options(world_size);
   if (failing == Failing::TransportError) {
     options.faults = {sim::Fault::transport_error(0, 1)};  // rank 0's #0 (after the side one)
   } else if (failing == Failing::Timeout) {
@@ -571,9 +577,7 @@ TEST_P(SimOutOfMemoryFaults, AHangReplacingATransportErrorIsRecordedOnce) {
   for (std::size_t n = 0;; ++n) {
     ASSERT_LT(n, 10'000u) << "the sweep does not end";
     SCOPED_TRACE("allocation " + std::to_string(n) + (onwards ? " onwards" : "") + " refused");
-    SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
-    options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
-    options.record_events = true;
+    SimOptions options = sweep_options(world_size);
     options.timeout = std::chrono::microseconds(50);
     // Rank 1's #0 is its operation 0; rank 0's #0 its operation 1, after the side one.
     options.faults = {sim::Fault::transport_error(1, 0), sim::Fault::hang(0, 1)};
@@ -664,9 +668,7 @@ TEST_P(SimOutOfMemoryTimeout, EveryOutstandingOperationTimesOut) {
   for (std::size_t n = 0;; ++n) {
     ASSERT_LT(n, 10'000u) << "the sweep does not end";
     SCOPED_TRACE("allocation " + std::to_string(n) + (onwards ? " onwards" : "") + " refused");
-    SimOptions options = testing::quiet_options(world_size, /*seed=*/7);
-    options.executor = sim::ExecutorKind::Threads;  // the refusing rank on a thread of its own
-    options.record_events = true;
+    SimOptions options = sweep_options(world_size);
     options.timeout = std::chrono::microseconds(50);
     options.faults = {sim::Fault::hang(1, 0)};
     for (int r = 1; r < world_size; ++r) {
@@ -771,9 +773,7 @@ TEST_P(SimOutOfMemoryScheduler, TheOperationFailsAndTheCommunicatorIsAborted) {
   for (std::size_t n = 0;; ++n) {
     ASSERT_LT(n, 10'000u) << "the sweep does not end";
     SCOPED_TRACE("allocation " + std::to_string(n) + (onwards ? " onwards" : "") + " refused");
-    SimOptions options = testing::quiet_options(kWorldSize, /*seed=*/7);
-    options.executor = sim::ExecutorKind::Threads;  // the scheduler on a thread of its own
-    options.record_events = true;
+    SimOptions options = sweep_options(kWorldSize);  // the scheduler on a thread of its own too
     if (failing == SchedulerFailing::TransportError) {
       options.faults = {sim::Fault::transport_error(1, 0)};
     } else {
