@@ -4,6 +4,7 @@
 #include "chorus/collectives.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -192,13 +193,26 @@ class Call {
     if (is_meta) {
       return;
     }
+    // Note [Supported calls] in rank_state.hpp.
+    const detail::RankState::SupportedCall call{
+        kind,
+        input.dtype(),
+        reduce_op != nullptr,
+        reduce_op != nullptr ? reduce_op->kind() : ReduceOp::Kind::Sum,
+        reduce_op != nullptr ? std::bit_cast<std::uint64_t>(reduce_op->premul_factor()) : 0,
+        input.device()};
+    if (state_->last_supported == call) {
+      return;
+    }
     const DType wire = wire_dtype(input.dtype());
     std::string reason = state_->transport().supports(
         kind, wire,
         reduce_op != nullptr ? wire_reduce_op(input.dtype(), *reduce_op)
                              : ReduceOp(ReduceOp::Kind::Sum),
         input.device());
-    if (!reason.empty()) {
+    if (reason.empty()) {
+      state_->last_supported = call;
+    } else {
       std::string lowered;
       if (wire != input.dtype()) {
         lowered = " lowered to " + std::string(dtype_name(wire));

@@ -134,7 +134,7 @@ transport::Comm& RankState::ensure_partition_comm(CommSlot& slot, const std::str
   return *slot.comm;
 }
 
-void RankState::settle_unwaited() {
+void RankState::settle_unwaited_now() {
   if (std::uncaught_exceptions() == 0) {
     registry_->complete_deferred_drops();
   }

@@ -15,12 +15,14 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -36,6 +38,7 @@
 #include "chorus/sim/sim.hpp"
 #include "chorus/tensor.hpp"
 #include "chorus/trace.hpp"
+#include "support/narrowed_transport.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -450,6 +453,72 @@ TEST(AllReduce, UnsupportedReductionGivesTheReasonARefusalWouldCarry) {
   EXPECT_NE(reasons[4].find("the simulator moves host memory only"), std::string::npos)
       << reasons[4];
   EXPECT_EQ(reasons[5], "the call names it");
+}
+
+// Note [Supported calls]: a rank remembers the transport's last yes, keyed by every argument
+// core gives Transport::supports. A call that differs from the accepted one in any of them (op
+// kind, dtype, reduction, premul_sum factor, device) is asked again, and refused here.
+TEST(AllReduce, ARememberedTransportAnswerCoversOnlyTheCallItWasFor) {
+  auto refusals = std::make_shared<std::atomic<int>>(0);
+  sim::SimOptions options = chorus::testing::quiet_options(2);
+  options.cuda_devices = true;
+  options.wrap_transport = chorus::testing::narrow(
+      [](transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
+         Device device) -> std::string {
+        if (kind == transport::OpKind::AllGather) {
+          return "narrowed: no all_gather";
+        }
+        if (dtype == DType::Float16) {
+          return "narrowed: no float16";
+        }
+        if (reduce_op.kind() == ReduceOp::Kind::Max) {
+          return "narrowed: no max";
+        }
+        if (reduce_op.kind() == ReduceOp::Kind::PremulSum && reduce_op.premul_factor() == 3.0) {
+          return "narrowed: no premul_sum by 3";
+        }
+        if (device.is_cuda()) {
+          return "narrowed: host memory only";
+        }
+        return {};
+      },
+      refusals);
+  std::vector<std::vector<std::string>> outcomes(2);
+  const sim::SimReport report = sim::run(options, [&] {
+    const Tensor x = Tensor::ones({4});
+    std::vector<std::string>& mine = outcomes[rank_slot()];
+    const auto outcome = [&](const std::function<Tensor()>& call) {
+      try {
+        (void)wait_tensor(call());
+        mine.emplace_back("ran");
+      } catch (const InvalidArgument& error) {
+        mine.push_back(error.detail());
+      }
+    };
+    outcome([&] { return all_reduce(x, "sum", world()); });
+    outcome([&] { return all_reduce(x.to(DType::Float16), "sum", world()); });
+    outcome([&] { return all_reduce(x, "sum", world()); });
+    outcome([&] { return all_reduce(x, "max", world()); });
+    outcome([&] { return all_reduce(x, ReduceOp::premul_sum(2.0), world()); });
+    outcome([&] { return all_reduce(x, ReduceOp::premul_sum(3.0), world()); });
+    outcome([&] { return all_reduce(x, "sum", world()); });
+    outcome([&] { return all_gather_tensor(x, 0, world()); });
+    outcome([&] { return all_reduce(x, "sum", world()); });
+    outcome([&] { return all_reduce(x.to(Device::cuda(rank())), "sum", world()); });
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  for (const std::vector<std::string>& mine : outcomes) {
+    ASSERT_EQ(mine.size(), 10u);
+    for (std::size_t i = 0; i < mine.size(); i += 2) {
+      EXPECT_EQ(mine[i], "ran") << "call " << i;
+    }
+    EXPECT_NE(mine[1].find("narrowed: no float16"), std::string::npos) << mine[1];
+    EXPECT_NE(mine[3].find("narrowed: no max"), std::string::npos) << mine[3];
+    EXPECT_NE(mine[5].find("narrowed: no premul_sum by 3"), std::string::npos) << mine[5];
+    EXPECT_NE(mine[7].find("narrowed: no all_gather"), std::string::npos) << mine[7];
+    EXPECT_NE(mine[9].find("narrowed: host memory only"), std::string::npos) << mine[9];
+  }
+  EXPECT_EQ(refusals->load(), 10);
 }
 
 TEST(AllReduce, OpNamesAreCaseInsensitiveFromEveryStringType) {

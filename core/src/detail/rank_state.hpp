@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -16,7 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "chorus/device.hpp"
+#include "chorus/dtype.hpp"
 #include "chorus/group.hpp"
+#include "chorus/reduce_op.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
@@ -92,13 +96,36 @@ class RankState {
   // lifecycle], step 3).
   void raise_deferred_error();
   // At every collective and explicit wait: completes drops deferred during unwinding (unless an
-  // exception is in flight now), then raises a deferred error.
-  void settle_unwaited();
+  // exception is in flight now), then raises a deferred error. Inline up to the registry's flags.
+  void settle_unwaited() {
+    if (registry_->may_need_settling()) {
+      settle_unwaited_now();
+    }
+  }
+
+  // Note [Supported calls]
+  // Every collective asks the transport whether it runs its op kind on the input's wire dtype,
+  // wire reduction and device (Transport::supports, a virtual call that returns a string).
+  // Transport::supports is a function of its arguments, so the rank remembers the last
+  // combination the transport accepted, keyed by what the wire ones are made from (the input's
+  // dtype and the caller's reduction), and a call that repeats it skips the question.
+  struct SupportedCall {
+    transport::OpKind kind = transport::OpKind::AllReduce;
+    DType dtype = DType::Float32;
+    bool reduces = false;
+    ReduceOp::Kind reduce_kind = ReduceOp::Kind::Sum;
+    std::uint64_t premul_factor_bits = 0;
+    Device device;
+    friend bool operator==(const SupportedCall&, const SupportedCall&) = default;
+  };
+  std::optional<SupportedCall> last_supported;
 
   bool finished = false;
   TraceScope* trace = nullptr;  // the innermost TraceScope, or null when not tracing
 
  private:
+  void settle_unwaited_now();
+
   int rank_;
   int world_size_;
   std::shared_ptr<transport::Transport> transport_;

@@ -234,6 +234,16 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // claim now (ClaimBatch) is left as a deferred drop.
   void on_storage_dropped(const Storage& storage) noexcept;
 
+  // Whether complete_deferred_drops, settle_stream_waits or take_deferred_error may have
+  // something to do: the flags each of them reads first, read together inline, so the settling
+  // at every collective and wait (RankState::settle_unwaited) costs three loads when there is
+  // nothing to settle, the usual case.
+  bool may_need_settling() const noexcept {
+    return may_have_deferred_drops_.load(std::memory_order_acquire) ||
+           has_stream_waited_.load(std::memory_order_acquire) ||
+           has_deferred_errors_.load(std::memory_order_acquire);
+  }
+
   // Completes the works whose drop step 3 deferred (while an exception was unwinding, or because
   // the transport work asked). Call only when no exception is in flight. Never throws.
   void complete_deferred_drops() noexcept;

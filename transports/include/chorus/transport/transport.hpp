@@ -488,7 +488,9 @@ class Transport {
   virtual Duration now() = 0;
 
   // Whether `kind` on `dtype` with `reduce_op`, on buffers on `device`, runs natively. An empty
-  // string means yes; otherwise the reason, for the InvalidArgument core raises.
+  // string means yes; otherwise the reason, for the InvalidArgument core raises. A function of
+  // its arguments for the transport's life: a rank remembers the last yes and does not ask again
+  // for the same arguments (Note [Supported calls], core/src/detail/rank_state.hpp).
   virtual std::string supports(OpKind kind, DType dtype, const ReduceOp& reduce_op,
                                Device device) const = 0;
 };
