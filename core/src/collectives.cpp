@@ -98,6 +98,16 @@ std::span<const int> members_in(const ExpandedGroup& group, int rank) noexcept {
   return {};
 }
 
+// How Call::check_input's errors name the input ("input", "input 2", "tensor"), spelled out only
+// when one is raised.
+struct InputName {
+  std::string_view name = "input";
+  std::int64_t index = -1;  // for the inputs of a coalesced call
+  std::string text() const {
+    return index < 0 ? std::string(name) : std::string(name) + " " + std::to_string(index);
+  }
+};
+
 // One collective call on the calling rank, from validation to registration and tracing.
 class Call {
  public:
@@ -158,31 +168,32 @@ class Call {
   // transport can run `kind` on it. Meta inputs are accepted under tracing only, and a call's
   // inputs are all meta or none.
   void check_input(const Tensor& input, OpKind kind, const ReduceOp* reduce_op,
-                   const std::string& which = "input") {
+                   const InputName& input_name = {}) {
     if (!input.defined()) {
-      invalid(which + " is an undefined tensor");
+      invalid(input_name.text() + " is an undefined tensor");
     }
     const bool is_meta = input.device().is_meta();
     if (is_meta && trace_ == nullptr) {
-      invalid(which +
+      invalid(input_name.text() +
               " is a meta tensor: meta tensors carry no data to communicate (inside a "
               "TraceScope they are traced for their shapes, without communication)");
     }
     if (checked_inputs_ > 0 && is_meta != meta_) {
-      invalid(which + " is " + (is_meta ? "a meta tensor" : "not a meta tensor") +
+      invalid(input_name.text() + " is " + (is_meta ? "a meta tensor" : "not a meta tensor") +
               " but the inputs before it are " + (meta_ ? "meta" : "not meta") +
               ": a call traces all-meta inputs or communicates real ones, not a mix");
     }
     if (checked_inputs_ > 0 && !is_meta && input.device() != device_) {
-      invalid(which + " is on " + input.device().to_string() + " but the inputs before it are on " +
-              device_.to_string() + ": a call's tensors share one device");
+      invalid(input_name.text() + " is on " + input.device().to_string() +
+              " but the inputs before it are on " + device_.to_string() +
+              ": a call's tensors share one device");
     }
     meta_ = is_meta;
     device_ = input.device();
     ++checked_inputs_;
     if (input.device().is_cuda() && !input.is_contiguous()) {
-      invalid(which + " is a non-contiguous " + input.device().to_string() + " tensor of shape " +
-              detail::bracketed(input.sizes()) +
+      invalid(input_name.text() + " is a non-contiguous " + input.device().to_string() +
+              " tensor of shape " + detail::bracketed(input.sizes()) +
               ": packing it needs a device kernel, and chorus has none (pass a contiguous one)");
     }
     if (reduce_op != nullptr) {
@@ -218,7 +229,7 @@ class Call {
         lowered = " lowered to " + std::string(dtype_name(wire));
       }
       invalid("transport '" + std::string(state_->transport().name()) + "' cannot run " +
-              std::string(transport::op_kind_name(kind)) + " on " + which + " (" +
+              std::string(transport::op_kind_name(kind)) + " on " + input_name.text() + " (" +
               std::string(dtype_name(input.dtype())) + lowered + " on " +
               input.device().to_string() + "): " + reason);
     }
@@ -840,7 +851,8 @@ std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& inputs, Redu
   Call call("all_reduce_coalesced", group, tag, site);
   call.check_reduce_op(reduce_op);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    call.check_input(inputs[i], OpKind::AllReduce, &reduce_op, "input " + std::to_string(i));
+    call.check_input(inputs[i], OpKind::AllReduce, &reduce_op,
+                     {"input", static_cast<std::int64_t>(i)});
   }
   std::vector<Tensor> outputs;
   if (call.meta()) {
@@ -871,7 +883,8 @@ std::vector<Tensor> all_gather_into_tensor_coalesced(const std::vector<Tensor>& 
   Call call("all_gather_into_tensor_coalesced", group, tag, site);
   std::vector<Shape> shapes;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    call.check_input(inputs[i], OpKind::AllGather, nullptr, "input " + std::to_string(i));
+    call.check_input(inputs[i], OpKind::AllGather, nullptr,
+                     {"input", static_cast<std::int64_t>(i)});
     shapes.push_back(
         call.checked(detail::all_gather_rule(inputs[i].sizes(), 0, call.group_size())).shape);
   }
@@ -912,7 +925,8 @@ std::vector<Tensor> reduce_scatter_tensor_coalesced(const std::vector<Tensor>& i
   std::vector<ShapeRule> rules;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const std::string which = "input " + std::to_string(i);
-    call.check_input(inputs[i], OpKind::ReduceScatter, &reduce_op, which);
+    call.check_input(inputs[i], OpKind::ReduceScatter, &reduce_op,
+                     {"input", static_cast<std::int64_t>(i)});
     rules.push_back(call.checked(
         detail::reduce_scatter_rule(inputs[i].sizes(), scatter_dims[i], call.group_size(), which)));
     if (rules.back().dim != 0) {
@@ -1097,7 +1111,7 @@ Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, cons
 Tensor& all_reduce_inplace(Tensor& tensor, ReduceOp reduce_op, const GroupSpec& group,
                            std::string_view tag, CallSite site) {
   Call call("all_reduce_inplace", group, tag, site);
-  call.check_input(tensor, OpKind::AllReduce, &reduce_op, "tensor");
+  call.check_input(tensor, OpKind::AllReduce, &reduce_op, {"tensor"});
   call.check_writable(tensor, "tensor");
   if (!call.meta()) {
     const auto& storage = TensorAccess::storage(tensor);
