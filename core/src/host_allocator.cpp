@@ -38,7 +38,7 @@ std::shared_ptr<void> HostPool::allocate(std::size_t nbytes) {
   const std::size_t rounded = round_up(nbytes);
   void* block = nullptr;
   {
-    std::lock_guard<FutexMutex> lock(mutex_);
+    std::lock_guard<transport::FutexMutex> lock(mutex_);
     std::vector<void*>* blocks = bucket_locked(rounded);
     if (blocks != nullptr && !blocks->empty()) {
       block = blocks->back();
@@ -62,7 +62,7 @@ void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {
   std::vector<void*> evicted;
   bool kept = false;
   {
-    std::lock_guard<FutexMutex> lock(mutex_);
+    std::lock_guard<transport::FutexMutex> lock(mutex_);
     try {
       if (rounded_bytes <= cached_bytes_max_ && cached_bytes_ + rounded_bytes > cached_bytes_max_) {
         // The block just freed is the likeliest to be asked for again (a loop of collectives
@@ -128,7 +128,7 @@ std::vector<void*>* HostPool::bucket_locked(std::size_t rounded_bytes) {
 }
 
 std::size_t HostPool::cached_bytes() const {
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   return cached_bytes_;
 }
 

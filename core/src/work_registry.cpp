@@ -149,7 +149,7 @@ void WorkRegistry::add_under(const std::shared_ptr<PendingWork>& work,
 void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages) {
   CHORUS_CHECK(!storages.empty());
   CHORUS_CHECK(work.owner_ == nullptr);  // not registered
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   // A slot in the work list, growing it as push_back would (geometrically): the list keeps its
   // capacity, so after the first few collectives this allocates nothing.
   const std::size_t slots_needed = works_.size() + reserved_ + 1;
@@ -183,7 +183,7 @@ void WorkRegistry::add_reserved(const std::shared_ptr<PendingWork>& work,
   CHORUS_CHECK(work != nullptr);
   CHORUS_CHECK(!storages.empty());
   CHORUS_CHECK(work->work_ != nullptr);  // attached
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   CHORUS_CHECK_GT(reserved_, 0u);
   --reserved_;
   list_locked(work);
@@ -196,7 +196,7 @@ void WorkRegistry::add_reserved(const std::shared_ptr<PendingWork>& work,
 void WorkRegistry::cancel_reservation(PendingWork& work,
                                       std::span<Storage* const> storages) noexcept {
   CHORUS_CHECK(work.owner_ == nullptr);  // never added
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   CHORUS_CHECK_GT(reserved_, 0u);
   --reserved_;
   work.storages_.release(storages.size());
@@ -262,7 +262,7 @@ const std::shared_ptr<PendingWork>& WorkRegistry::listed_work_locked(
 
 std::vector<std::shared_ptr<PendingWork>> WorkRegistry::works_of(const Storage& storage) const {
   std::vector<std::shared_ptr<PendingWork>> works;
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   works.reserve(storage.works_.size());
   storage.works_.for_each([&](const StampedLinks<PendingWork>::Link& link) {
     works.push_back(listed_work_locked(link));
@@ -273,7 +273,7 @@ std::vector<std::shared_ptr<PendingWork>> WorkRegistry::works_of(const Storage& 
 void WorkRegistry::wait_storage(const Storage& storage) {
   std::shared_ptr<PendingWork> only;  // the storage's work when it has exactly one
   {
-    std::lock_guard<FutexMutex> lock(mutex_);
+    std::lock_guard<transport::FutexMutex> lock(mutex_);
     if (storage.works_.empty()) {
       return;
     }
@@ -324,7 +324,7 @@ std::exception_ptr WorkRegistry::complete_and_retire(
       }
     }
   }
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   for (std::size_t i = 0; i < works.size(); ++i) {
     retire_completed_locked(works[i], errors[i]);
   }
@@ -338,7 +338,7 @@ std::exception_ptr WorkRegistry::complete_and_retire_one(const std::shared_ptr<P
   } catch (...) {
     error = std::current_exception();
   }
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   retire_completed_locked(work, error);
   return error;
 }
@@ -409,7 +409,7 @@ bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_p
 }
 
 void WorkRegistry::retire(const PendingWork& work, const std::exception_ptr& error) {
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   retire_locked(work, error);
 }
 
@@ -422,7 +422,7 @@ void WorkRegistry::on_storage_dropped(const Storage& storage) noexcept {
   const bool unwinding = std::uncaught_exceptions() > 0;
   ClaimBatch claims;
   {
-    std::lock_guard<FutexMutex> lock(mutex_);
+    std::lock_guard<transport::FutexMutex> lock(mutex_);
     storage.works_.for_each([&](const StampedLinks<PendingWork>::Link& link) {
       const std::shared_ptr<PendingWork>& work = listed_work_locked(link);
       work->storages_.erase(&storage);
@@ -497,7 +497,7 @@ void WorkRegistry::complete_deferred_drops(std::optional<transport::Duration>& a
   for (bool all_claimed = false; !all_claimed;) {
     ClaimBatch claims;
     {
-      std::lock_guard<FutexMutex> lock(mutex_);
+      std::lock_guard<transport::FutexMutex> lock(mutex_);
       all_claimed = true;
       for (const std::shared_ptr<PendingWork>& work : works_) {
         if (work != nullptr && work->dropped_ && !work->claimed_) {
@@ -528,7 +528,7 @@ void WorkRegistry::complete_all_at_exit() noexcept {
   for (bool all_claimed = false; !all_claimed;) {
     ClaimBatch claims;
     {
-      std::lock_guard<FutexMutex> lock(mutex_);
+      std::lock_guard<transport::FutexMutex> lock(mutex_);
       all_claimed = true;
       for (const std::shared_ptr<PendingWork>& work : works_) {
         if (work == nullptr || work->claimed_) {
@@ -552,7 +552,7 @@ void WorkRegistry::complete_all_at_exit() noexcept {
   for (;;) {
     std::shared_ptr<PendingWork> work;
     {
-      std::lock_guard<FutexMutex> lock(mutex_);
+      std::lock_guard<transport::FutexMutex> lock(mutex_);
       for (const std::shared_ptr<PendingWork>& listed : works_) {
         if (listed != nullptr && listed->claimed_) {
           work = listed;
@@ -569,7 +569,7 @@ void WorkRegistry::complete_all_at_exit() noexcept {
     } catch (...) {
       error = std::current_exception();
     }
-    std::lock_guard<FutexMutex> lock(mutex_);
+    std::lock_guard<transport::FutexMutex> lock(mutex_);
     retire_completed_locked(work, error);
     if (error) {
       try {
@@ -586,7 +586,7 @@ void WorkRegistry::settle_stream_waits() noexcept {
   if (!has_stream_waited_.load(std::memory_order_acquire)) {
     return;
   }
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   try {
     for (auto entry = stream_waited_.begin(); entry != stream_waited_.end();) {
       const transport::WorkStatus status = entry->work->work().status();
@@ -612,7 +612,7 @@ void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration
   while (true) {
     std::optional<StreamWaited> entry;
     {
-      std::lock_guard<FutexMutex> lock(mutex_);
+      std::lock_guard<transport::FutexMutex> lock(mutex_);
       if (stream_waited_.empty()) {
         has_stream_waited_.store(false, std::memory_order_release);
         return;
@@ -632,7 +632,7 @@ void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration
         continue;
       }
       try {
-        std::lock_guard<FutexMutex> lock(mutex_);
+        std::lock_guard<transport::FutexMutex> lock(mutex_);
         defer_error_locked(stream_failure_locked(*entry, std::current_exception()));
       } catch (...) {
         // Out of memory while recording: never throw at exit.
@@ -647,7 +647,7 @@ void WorkRegistry::defer_error_locked(std::exception_ptr error) {
 }
 
 std::size_t WorkRegistry::stream_waited_in_flight() const {
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   return stream_waited_.size();
 }
 
@@ -680,7 +680,7 @@ void WorkRegistry::finalize(const Claim& claim, transport::Duration at) noexcept
   }
   claim.work->work().on_finalized(claim.at_rank_exit, error != nullptr);
   try {
-    std::lock_guard<FutexMutex> lock(mutex_);
+    std::lock_guard<transport::FutexMutex> lock(mutex_);
     retire_completed_locked(claim.work, error, &claim);
     if (error) {
       record_drop_failure_locked(*claim.work, error, claim.at_rank_exit);
@@ -703,17 +703,17 @@ void WorkRegistry::record_drop_failure_locked(PendingWork& work, const std::exce
 }
 
 std::size_t WorkRegistry::size() const {
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   return listed_;
 }
 
 std::vector<UnwaitedWork> WorkRegistry::unwaited() const {
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   return unwaited_;
 }
 
 bool WorkRegistry::list_drops(bool on) noexcept {
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   return std::exchange(list_drops_, on);
 }
 
@@ -721,7 +721,7 @@ std::exception_ptr WorkRegistry::take_deferred_error() {
   if (!has_deferred_errors_.load(std::memory_order_acquire)) {
     return nullptr;
   }
-  std::lock_guard<FutexMutex> lock(mutex_);
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
   if (deferred_errors_.empty()) {
     return nullptr;
   }

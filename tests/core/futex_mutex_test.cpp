@@ -1,6 +1,6 @@
-// The registry's and the host pool's mutex (Note [Futex mutex], core/src/detail/futex_mutex.hpp).
+// The registry's and the host pool's mutex (Note [Futex mutex], chorus/transport/futex_mutex.hpp).
 
-#include "detail/futex_mutex.hpp"
+#include "chorus/transport/futex_mutex.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-namespace chorus::detail {
+namespace chorus::transport {
 namespace {
 
 TEST(FutexMutex, TryLockFailsWhileHeldAndSucceedsOnceFree) {
@@ -68,4 +68,4 @@ TEST(FutexMutex, AnUnlockWakesTheThreadThatFoundItTaken) {
 }
 
 }  // namespace
-}  // namespace chorus::detail
+}  // namespace chorus::transport

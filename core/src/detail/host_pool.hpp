@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "chorus/runtime.hpp"
-#include "detail/futex_mutex.hpp"
+#include "chorus/transport/futex_mutex.hpp"
 
 namespace chorus::detail {
 
@@ -38,7 +38,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   // The free blocks of `rounded_bytes`, or null when that size has no bucket. Under mutex_.
   std::vector<void*>* bucket_locked(std::size_t rounded_bytes);
 
-  mutable FutexMutex mutex_;                                         // Note [Futex mutex]
+  mutable transport::FutexMutex mutex_;                              // Note [Futex mutex]
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks_;  // rounded size -> blocks
   // The bucket used last (nodes of an unordered_map stay put until erased): a loop of
   // collectives of one size finds its blocks without hashing, whose modulo by the bucket count

@@ -88,9 +88,9 @@
 
 #include "chorus/call_site.hpp"
 #include "chorus/runtime.hpp"
+#include "chorus/transport/futex_mutex.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
-#include "detail/futex_mutex.hpp"
 #include "detail/stamped_links.hpp"
 
 namespace chorus::detail {
@@ -373,7 +373,7 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // failure (report, deferred error).
   void finalize(const Claim& claim, transport::Duration at) noexcept;
 
-  mutable FutexMutex mutex_;  // Note [Futex mutex]
+  mutable transport::FutexMutex mutex_;  // Note [Futex mutex]
   // The registered works in issue order, with holes (null) where works left
   // (Note [Registry links]); PendingWork::slot_ is each one's index.
   std::vector<std::shared_ptr<PendingWork>> works_;

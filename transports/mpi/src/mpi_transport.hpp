@@ -44,6 +44,7 @@
 #include "chorus/error.hpp"
 #include "chorus/mpi/mpi.hpp"
 #include "chorus/transport/batch_abandon.hpp"
+#include "chorus/transport/futex_mutex.hpp"
 #include "chorus/transport/transport.hpp"
 #include "mapping.hpp"
 #include "mpi_errors.hpp"
@@ -176,7 +177,7 @@ class MpiProcess {
 
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return world_size_; }
-  std::mutex& mutex() noexcept { return mutex_; }  // Note [MPI locking]
+  transport::FutexMutex& mutex() noexcept { return mutex_; }  // Note [MPI locking]
   UserOps& user_ops() noexcept { return *user_ops_; }
   // Keeps the requests and buffers of a work destroyed while pending (after a Timeout: MPI
   // cannot cancel a collective) until the process ends. Takes the MPI lock; allocates nothing
@@ -217,7 +218,7 @@ class MpiProcess {
   int int_count_max() const noexcept { return int_count_max_; }
 
  private:
-  std::mutex mutex_;
+  transport::FutexMutex mutex_;  // Note [Futex mutex]
   bool initialized_here_ = false;
   int rank_ = 0;
   int world_size_ = 1;
@@ -240,7 +241,7 @@ class MpiProcess {
   };
   ParkedList parked_;
   static constexpr std::size_t kSpareStartedMax = 16;
-  std::mutex spare_mutex_;  // guards spare_started_ only
+  transport::FutexMutex spare_mutex_;  // guards spare_started_ only
   // Emptied; capacity reserved for kSpareStartedMax.
   std::vector<std::unique_ptr<Started>> spare_started_;
   std::vector<std::shared_ptr<RingAllReduce>> rings_;  // in flight; guarded by mutex_
@@ -288,7 +289,7 @@ class MpiWork final : public transport::Work {
   std::unique_ptr<Started> started_;  // null until adopt()
   transport::Fingerprint fingerprint_;
   WorkContext context_;
-  std::mutex mutex_;  // serialises poll(), which alone writes what follows
+  transport::FutexMutex mutex_;  // serialises poll(), which alone writes what follows
   // Pending until poll() sets error_ (Failed) and then stores the final status (release), so a
   // reader that loads a final status (acquire) reads error_ without the lock.
   std::atomic<transport::WorkStatus> status_ = transport::WorkStatus::Pending;

@@ -12,10 +12,12 @@
 // exchange. A thread that finds it taken marks it contended and sleeps in the kernel (futex),
 // never spins, so a holder that is descheduled costs its waiters no CPU; an unlock that finds it
 // contended wakes one of them. ThreadSanitizer sees its acquire and release through the atomics.
+// The MPI transport's locks use it too (the MPI lock is taken to post each operation and at every
+// poll of a wait, Note [MPI locking]); a transport header, so core and transports share it.
 
 #include <atomic>
 
-namespace chorus::detail {
+namespace chorus::transport {
 
 class FutexMutex {
  public:
@@ -66,4 +68,4 @@ class FutexMutex {
   std::atomic<int> state_{kUnlocked};
 };
 
-}  // namespace chorus::detail
+}  // namespace chorus::transport
