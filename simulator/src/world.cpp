@@ -102,6 +102,17 @@ bool reads_send(const SimOp& op, int group_rank) {
   return op.kind != transport::OpKind::Broadcast || op.root == group_rank;
 }
 
+// Note [Input snapshots]: the bytes `ops`, started by group rank `group_rank`, copy at issue.
+std::size_t snapshot_bytes(std::span<const SimOp> ops, int group_rank) {
+  std::size_t total = 0;
+  for (const SimOp& op : ops) {
+    if (reads_send(op, group_rank) && op.send.nbytes() <= kInputSnapshotBytesMax) {
+      total += op.send.nbytes();
+    }
+  }
+  return total;
+}
+
 bool overlaps(const transport::Buffer& a, const transport::Buffer& b) {
   const auto* a0 = static_cast<const unsigned char*>(a.data);
   const auto* b0 = static_cast<const unsigned char*>(b.data);
@@ -274,7 +285,8 @@ void SimGroup::recycle_slot(std::map<std::int64_t, Slot>::node_type node) noexce
   Slot& slot = node.mapped();
   for (Arrival& arrival : slot.arrivals) {
     arrival.arrived = false;
-    arrival.ops.clear();  // keeps its room
+    arrival.ops.clear();     // keeps its room
+    arrival.inputs.clear();  // keeps its room
     arrival.work.reset();
     arrival.site = CallSite{};
   }
@@ -437,12 +449,12 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // leave no trace of the operation. Everything start can run out of memory making (the
 // fingerprint, the work and its error context, which also names the arrival's operation, room
 // for the outputs to guard, the slot and its arrivals (or a spare slot of the group's,
-// SimGroup::spare_slots), room for the ops in the arrival, the error of an operation that fails
-// at once (where try_make_error cannot make it, start throws std::bad_alloc), the guard's
-// description, a spare failure record for the slot it makes) is made first; a std::bad_alloc
-// there leaves nothing (a slot made for it is erased). Then the operation counts (group.issued,
-// ops_issued_), its point of no return. What follows allocates nothing, or, where it still may,
-// fails cleanly instead of throwing:
+// SimGroup::spare_slots), room for the ops and their input snapshots in the arrival, the error of
+// an operation that fails at once (where try_make_error cannot make it, start throws
+// std::bad_alloc), the guard's description, a spare failure record for the slot it makes) is made
+// first; a std::bad_alloc there leaves nothing (a slot made for it is erased). Then the operation
+// counts (group.issued, ops_issued_), its point of no return. What follows allocates nothing, or,
+// where it still may, fails cleanly instead of throwing:
 // - the Issue, Arrive and Fail events: out of memory the log loses them (record_event), or a
 //   Fail event its detail (fail_slot);
 // - judge_arrival (only a mismatch's description, an injected TransportError or Hang being
@@ -583,8 +595,13 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
       if (entry->second.arrivals.empty()) {
         entry->second.arrivals.resize(group.ranks.size());
       }
-      // Room for the ops (a spare slot's arrival usually has it already).
-      entry->second.arrivals[static_cast<std::size_t>(group_rank)].ops.reserve(ops.size());
+      // Room for the ops and the input snapshots (a spare slot's arrival usually has it
+      // already).
+      SimGroup::Arrival& arrival = entry->second.arrivals[static_cast<std::size_t>(group_rank)];
+      arrival.ops.reserve(ops.size());
+      if (options_.check_buffers) {
+        arrival.inputs.reserve(snapshot_bytes(ops, group_rank));
+      }
       // A spare per outstanding operation: only a new high of them allocates.
       while (group.spare_failures.size() < group.slots.size()) {
         group.spare_failures.try_emplace(static_cast<std::int64_t>(group.spare_failures.size()));
@@ -625,10 +642,20 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
   } else {
     SimGroup::Arrival& arrival = slot->arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);
-    if (options_.check_buffers) {
+    if (options_.check_buffers) {  // Note [Input snapshots]
       for (SimOp& op : ops) {
-        op.input_hash =
-            reads_send(op, group_rank) ? checksum_bytes(op.send.data, op.send.nbytes()) : 0;
+        op.input_hash = 0;
+        if (!reads_send(op, group_rank)) {
+          continue;
+        }
+        const auto* bytes = static_cast<const unsigned char*>(op.send.data);
+        const std::size_t size = op.send.nbytes();
+        if (size <= kInputSnapshotBytesMax) {
+          CHORUS_CHECK_LE(arrival.inputs.size() + size, arrival.inputs.capacity());
+          arrival.inputs.insert(arrival.inputs.end(), bytes, bytes + size);  // reserved above
+        } else {
+          op.input_hash = checksum_bytes(bytes, size);
+        }
       }
     }
     arrival.arrived = true;
@@ -1444,12 +1471,23 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
   std::string detail;
   for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
     const SimGroup::Arrival& arrival = slot.arrivals[i];
+    std::size_t snapshot = 0;  // where the next op's copy starts in arrival.inputs
     for (std::size_t op = 0; op < arrival.ops.size(); ++op) {
       const transport::Buffer& send = arrival.ops[op].send;
       if (!reads_send(arrival.ops[op], static_cast<int>(i))) {
         continue;  // a broadcast's stand-in send on a non-root: its output, not an input
       }
-      if (checksum_bytes(send.data, send.nbytes()) != arrival.ops[op].input_hash) {
+      // Note [Input snapshots]: a small input against its copy, a large one by checksum.
+      const std::size_t size = send.nbytes();
+      bool modified = false;
+      if (size <= kInputSnapshotBytesMax) {
+        CHORUS_CHECK_LE(snapshot + size, arrival.inputs.size());
+        modified = size > 0 && std::memcmp(send.data, arrival.inputs.data() + snapshot, size) != 0;
+        snapshot += size;
+      } else {
+        modified = checksum_bytes(send.data, size) != arrival.ops[op].input_hash;
+      }
+      if (modified) {
         detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
                   std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
                   " of " + arrival.op_name() + " (issued at " + arrival.site.to_string() + ")";

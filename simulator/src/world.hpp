@@ -47,8 +47,9 @@
 //   Timeout on every member and its communicator is aborted (a real transport's watchdog): the
 //   earlier operations still outstanding fail with Timeout too (the waited one names the first
 //   an injected fault hung), the later ones with Aborted.
-// - Input modified: each send buffer is hashed at issue and again at completion; a change fails
-//   the operation with InputModified on every member (on NCCL it would be a data race).
+// - Input modified: each send buffer is copied (or, when large, checksummed) at issue and
+//   compared at completion (Note [Input snapshots]); a change fails the operation with
+//   InputModified on every member (on NCCL it would be a data race).
 // - Livelock: past SimOptions::max_steps decisions, outstanding operations fail with Deadlock and
 //   new ones with Aborted.
 //
@@ -122,11 +123,23 @@
 
 // Note [Buffer checks]
 // A pending output holds poison (quiet NaN, 0xA5 bytes) from issue to completion, so a read that
-// skipped the wait sees garbage; every input is checksummed at issue and again at completion, so
-// a write to it in between is InputModified. Together they read the inputs twice and write the
-// outputs once more than the collective itself, about tripling an all_reduce's memory traffic.
-// SimOptions::check_buffers turns both off for throughput measurements (`chorus bench`, Note
-// [chorus bench]); the bugs they catch then go unnoticed.
+// skipped the wait sees garbage; every input is recorded at issue and compared at completion
+// (Note [Input snapshots]), so a write to it in between is InputModified. Together they read the
+// inputs twice and write the outputs once more than the collective itself, about tripling an
+// all_reduce's memory traffic. SimOptions::check_buffers turns both off for throughput
+// measurements (`chorus bench`, Note [chorus bench]); the bugs they catch then go unnoticed.
+//
+// Note [Input snapshots]
+// An input of at most kInputSnapshotBytesMax bytes is copied at issue into its arrival's
+// `inputs` and compared byte for byte (memcmp) at completion; a larger one is checksummed
+// (checksum_bytes) at issue and again at completion. For the small inputs of a typical schedule a
+// copy and a compare cost a fraction of two checksums (a 256-byte input: about 40 instructions
+// each against about 360), and the room comes back with the slot's arrivals (SimGroup::
+// recycle_slot), so it allocates only for a new high of snapshot bytes, made before the
+// operation counts (Note [Operation positions]). A copy catches every change; a checksum misses
+// one with probability 2^-64, so the two report the same. Past the threshold, a copy would hold
+// a second buffer of every pending input in memory, and the checksum's eight lanes run near
+// memory speed anyway.
 
 // Note [Event log]
 // With SimOptions::record_events the world logs what each rank did (SimReport::events) in the
@@ -175,8 +188,14 @@ struct SimOp {
   int root = -1;                         // broadcast, reduce: the group rank of the root
   std::vector<std::size_t> send_counts;  // all_to_all: elements sent to each group rank
   std::vector<std::size_t> recv_counts;  // all_to_all: elements received from each group rank
-  std::uint64_t input_hash = 0;  // of `send` at issue, checked at completion (InputModified)
+  // Of `send` at issue when it is larger than kInputSnapshotBytesMax, checked at completion
+  // (InputModified; Note [Input snapshots]).
+  std::uint64_t input_hash = 0;
 };
+
+// Note [Input snapshots]: inputs up to this size are copied at issue and compared at completion;
+// larger ones are checksummed.
+inline constexpr std::size_t kInputSnapshotBytesMax = std::size_t{4} << 10;
 
 // One rank's handle on one started operation (a single op or a batch).
 class SimWork final : public transport::Work {
@@ -236,6 +255,9 @@ struct SimGroup {
     std::vector<SimOp> ops;
     std::shared_ptr<SimWork> work;
     CallSite site;
+    // Note [Input snapshots]: the bytes at issue of each op's input of at most
+    // kInputSnapshotBytesMax bytes, one after another in op order.
+    std::vector<unsigned char> inputs;
 
     // "all_reduce": the name the operation was issued under (its work's context, not a copy).
     // Only for an arrival that arrived: one that has not has no work.

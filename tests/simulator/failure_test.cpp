@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/expect_error.hpp"
+#include "world.hpp"
 
 namespace chorus {
 namespace {
@@ -557,6 +558,84 @@ TEST(SimFailure, WithoutBufferChecksAModifiedInputAndAnEarlyReadGoUnnoticed) {
   EXPECT_EQ(early, -7);  // not poisoned: the value it had
   // Both collectives completed after rank 0 wrote 100 into their input, and read it.
   EXPECT_EQ(sums, (std::vector<std::int32_t>{101, 101}));
+}
+
+// Rank 0 issues an all_reduce (one input) or an all_reduce_coalesced (several) of Int32 inputs of
+// `counts` elements, input i filled with i + 1, and flips a bit of the last byte of input
+// `written` (none when it is counts.size()) before rank 1 joins; then both wait. What each caught.
+std::vector<Outcome> write_pending_input(const std::vector<std::int64_t>& counts,
+                                         std::size_t written) {
+  return run_catching(2, [&] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    std::vector<Tensor> inputs;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      inputs.push_back(Tensor::full({counts[i]}, static_cast<double>(i + 1), DType::Int32));
+    }
+    const auto issue = [&] {
+      return inputs.size() == 1 ? std::vector<Tensor>{all_reduce(inputs[0], "sum", world())}
+                                : all_reduce_coalesced(inputs, ReduceOp::Kind::Sum, world());
+    };
+    std::vector<Tensor> results;
+    if (rank() == 0) {
+      results = issue();
+      if (written < inputs.size()) {
+        // The input's last byte (a race on NCCL): a comparison that stops short misses it.
+        auto* last = reinterpret_cast<unsigned char*>(inputs[written].data_ptr<std::int32_t>() +
+                                                      counts[written]) -
+                     1;
+        *last ^= 0x40;
+      }
+      // Rank 1 issues only after this signal: the collective cannot have completed.
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+    } else {
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      results = issue();
+    }
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const std::vector<std::int32_t> sums = results[i].to_vector<std::int32_t>();
+      EXPECT_EQ(sums, std::vector<std::int32_t>(sums.size(), 2 * static_cast<std::int32_t>(i + 1)));
+    }
+  });
+}
+
+// Note [Input snapshots]: an input of up to kInputSnapshotBytesMax bytes is compared with a copy,
+// a larger one by checksum. A write into the last byte is reported on both sides of the
+// threshold, alone and in a batch mixing both (a small input after a large one: the copies must
+// line up), and an untouched batch whose inputs differ from each other is not reported.
+TEST(SimFailure, AModifiedInputIsReportedOnBothSidesOfTheSnapshotThreshold) {
+  constexpr auto kAtThreshold =
+      static_cast<std::int64_t>(sim::detail::kInputSnapshotBytesMax / sizeof(std::int32_t));
+  struct Case {
+    std::vector<std::int64_t> counts;
+    std::size_t written;
+  };
+  const std::vector<Case> cases = {
+      {{1}, 0},
+      {{kAtThreshold}, 0},
+      {{kAtThreshold + 1}, 0},
+      {{16, kAtThreshold + 1, 3}, 0},
+      {{16, kAtThreshold + 1, 3}, 1},
+      {{16, kAtThreshold + 1, 3}, 2},
+      {{16, kAtThreshold, 3}, 2},
+  };
+  for (const Case& c : cases) {
+    const std::string name = std::to_string(c.counts.size()) + " inputs, the first of " +
+                             std::to_string(c.counts.front()) + " elements, input " +
+                             std::to_string(c.written);
+    std::vector<Outcome> outcomes = write_pending_input(c.counts, c.written);
+    for (const Outcome& outcome : outcomes) {
+      ASSERT_TRUE(outcome.code.has_value()) << name;
+      EXPECT_EQ(*outcome.code, ErrorCode::InputModified) << name << ": " << outcome.what;
+      const std::string reported = "rank 0 modified input " + std::to_string(c.written) + " of ";
+      EXPECT_TRUE(contains(outcome.what, reported)) << name << ": " << outcome.what;
+      EXPECT_EQ(outcome.what.find("modified input"), outcome.what.rfind("modified input"))
+          << name << ": only one input was written: " << outcome.what;
+    }
+    // Untouched, the same collective completes.
+    for (const Outcome& outcome : write_pending_input(c.counts, c.counts.size())) {
+      EXPECT_FALSE(outcome.code.has_value()) << name << ": " << outcome.what;
+    }
+  }
 }
 
 TEST(SimFailure, AnInputModifiedCollectiveDoesNotStallTheCommunicator) {
