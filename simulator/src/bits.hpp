@@ -16,7 +16,18 @@ namespace chorus::sim::detail {
 // 64 ranks) would cost more than the rest of the choice. Instead: per-byte population counts
 // (SWAR), their running sums in every byte by one multiplication, the byte that holds the k-th
 // bit found by comparing all eight sums with k at once, then at most seven steps inside it.
+// Below kKthSetBitDirectMax the bits are cleared one by one, without the search: the loop then
+// runs as often as the search's last step would, and a few ranks (k < world size) skip the
+// search's twenty-odd instructions.
+inline constexpr std::size_t kKthSetBitDirectMax = 4;
+
 constexpr int kth_set_bit(std::uint64_t word, std::size_t k) noexcept {
+  if (k < kKthSetBitDirectMax) {
+    for (; k > 0; --k) {
+      word &= word - 1;  // drop the lowest set bit
+    }
+    return std::countr_zero(word);
+  }
   constexpr std::uint64_t kOnes = 0x0101010101010101ull;
   constexpr std::uint64_t kHighs = 0x8080808080808080ull;
   std::uint64_t counts = word - ((word >> 1) & 0x5555555555555555ull);

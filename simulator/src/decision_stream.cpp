@@ -77,7 +77,9 @@ constexpr std::uint64_t kPctDefaultSteps = 256;
 // A stream records every choice; growing a fresh vector by doubling in every run page-faults on
 // each new block once runs are long (a 16k-decision run spent a fifth of its time there). The
 // list's memory therefore passes from a finished stream to the next one on the same thread, up
-// to kRecycledChoicesMax entries; callers copy choices() out (SimWorld::run does).
+// to kRecycledChoicesMax entries; callers copy choices() out (SimWorld::run does). The list's
+// size is its room, kept across runs: the next stream overwrites the old entries as it records
+// (DecisionStream::recorded_ counts them), so a run neither clears nor refills it.
 constexpr std::size_t kRecycledChoicesMax = std::size_t{1} << 20;
 thread_local std::vector<std::uint64_t> recycled_choices;
 
@@ -165,7 +167,11 @@ DecisionStream::DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy st
       replaying_(replaying),
       choices_(std::exchange(recycled_choices, {})),
       record_max_(record_max) {
-  choices_.clear();
+  // The recycled list's entries are room, overwritten before they are read (choices() ends at
+  // recorded_); only its size is capped, which keeps its memory.
+  if (choices_.size() > record_max_) {
+    choices_.resize(record_max_);
+  }
   // The strategy's own randomness (PCT priorities, the portfolio's pick) comes from the seed,
   // not from the choice source: it is not recorded, because the indices it leads to are.
   Rng strategy_rng(hash_combine(seed, 0x5043545f70637421ULL));
@@ -176,6 +182,19 @@ DecisionStream::DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy st
   if (strategy_ == Strategy::Pct && !replaying_) {
     pct_ = std::make_unique<PctPicker>(pct_depth, pct_steps, strategy_rng);
   }
+}
+
+std::uint64_t DecisionStream::record_growing(std::uint64_t index) {
+  CHORUS_CHECK_EQ(recorded_, choices_.size());  // record() stores while there is room
+  if (recorded_ >= record_max_) {
+    overflowed_ = true;
+    return index;
+  }
+  // Doubling, as push_back would, but never past record_max_.
+  constexpr std::size_t kChoicesRoomMin = 64;
+  choices_.resize(std::min(std::max(2 * choices_.size(), kChoicesRoomMin), record_max_));
+  choices_[recorded_++] = index;
+  return index;
 }
 
 DecisionStream::~DecisionStream() {

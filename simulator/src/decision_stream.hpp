@@ -99,9 +99,11 @@ class DecisionStream {
   DecisionStream& operator=(const DecisionStream&) = delete;
 
   // One choice among n of any kind (reduction order, allocator, fault, ...). Inline: the
-  // scheduler makes one per decision.
+  // scheduler makes one per decision. The check names no values (n can only be 0): a check that
+  // prints them takes its operands' addresses, and their stores to the stack stayed on the path
+  // that passes.
   std::uint64_t choose(std::uint64_t n) {
-    CHORUS_CHECK_GE(n, 1u);
+    CHORUS_CHECK(n >= 1);
     return record(prng_ != nullptr ? prng_->below(n) : source_->next(n));
   }
   // A schedule choice among `candidates`, through the strategy.
@@ -117,8 +119,8 @@ class DecisionStream {
   // choose_schedule(candidates) is choose(candidates.size()).
   bool schedules_by_priority() const noexcept { return pct_ != nullptr; }
 
-  // Every index returned so far, in order.
-  const std::vector<std::uint64_t>& choices() const noexcept { return choices_; }
+  // Every index returned so far, in order (the first record_max; valid until the next choice).
+  std::span<const std::uint64_t> choices() const noexcept { return {choices_.data(), recorded_}; }
   bool exhausted() const noexcept { return source_->exhausted(); }
   // More choices were made than record_max: choices() is a prefix.
   bool overflowed() const noexcept { return overflowed_; }
@@ -130,14 +132,17 @@ class DecisionStream {
   }
 
  private:
+  // Inline only while the list has room: growing it (and overflowing) is out of line, so the
+  // scheduler's per-decision path carries no reallocation code and saves no registers for it
+  // (a push_back, even one guarded by a capacity check, brought its reallocation inline).
   std::uint64_t record(std::uint64_t index) {
-    if (choices_.size() < record_max_) [[likely]] {
-      choices_.push_back(index);
-    } else {
-      overflowed_ = true;
+    if (recorded_ < choices_.size()) [[likely]] {
+      choices_[recorded_++] = index;
+      return index;
     }
-    return index;
+    return record_growing(index);
   }
+  std::uint64_t record_growing(std::uint64_t index);
 
   std::size_t pick_by_pct(std::span<const Decision> candidates);
 
@@ -146,7 +151,10 @@ class DecisionStream {
   Strategy strategy_;
   bool replaying_;
   std::unique_ptr<PctPicker> pct_;
+  // The choices recorded are the first recorded_ entries; the rest is room (values left from
+  // earlier runs: Note [Recycled choice buffer]), never more than record_max_ entries in all.
   std::vector<std::uint64_t> choices_;
+  std::size_t recorded_ = 0;
   std::size_t record_max_;
   bool overflowed_ = false;
 };

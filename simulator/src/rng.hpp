@@ -39,9 +39,9 @@ class Rng {
   }
 
   // Uniform in [0, bound); bound > 0. Multiply-shift: deterministic, bias below 2^-32 for the
-  // small bounds the scheduler uses.
+  // small bounds the scheduler uses. The check names no values (as DecisionStream::choose's).
   std::uint64_t below(std::uint64_t bound) noexcept {
-    CHORUS_CHECK_GT(bound, 0u);
+    CHORUS_CHECK(bound > 0);
     __extension__ using Uint128 = unsigned __int128;
     const Uint128 product = static_cast<Uint128>(next()) * bound;
     return static_cast<std::uint64_t>(product >> 64);

@@ -970,7 +970,8 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   report.strategy = stream_.strategy();
   report.choices_exhausted = stream_.exhausted();
   if (!stream_.overflowed()) {
-    report.choices = stream_.choices();
+    const std::span<const std::uint64_t> choices = stream_.choices();
+    report.choices.assign(choices.begin(), choices.end());
     report.replay_token =
         encode_replay_token(options_.world_size, run_shape(options_), report.choices);
   }

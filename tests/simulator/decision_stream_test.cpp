@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,7 +79,47 @@ TEST(DecisionStream, RecordedSourceReplaysThenAnswersZero) {
   EXPECT_FALSE(stream.exhausted());
   EXPECT_EQ(stream.choose(5), 0u);
   EXPECT_TRUE(stream.exhausted());
-  EXPECT_EQ(stream.choices(), (std::vector<std::uint64_t>{2, 1, 1, 0}));
+  const std::span<const std::uint64_t> choices = stream.choices();
+  EXPECT_EQ(std::vector<std::uint64_t>(choices.begin(), choices.end()),
+            (std::vector<std::uint64_t>{2, 1, 1, 0}));
+}
+
+// Note [Recycled choice buffer]: a stream takes over the list of the one before it on its thread,
+// room and old entries: it still records only its own choices, and no more than its record_max.
+TEST(DecisionStream, ARecycledListHoldsOnlyThisStreamsChoicesUpToRecordMax) {
+  const auto drawn = [](std::uint64_t seed, int count) {
+    Rng rng(seed);
+    std::vector<std::uint64_t> out;
+    for (int i = 0; i < count; ++i) {
+      out.push_back(rng.below(7));
+    }
+    return out;
+  };
+  const auto recorded = [](const DecisionStream& stream) {
+    const std::span<const std::uint64_t> choices = stream.choices();
+    return std::vector<std::uint64_t>(choices.begin(), choices.end());
+  };
+  {
+    DecisionStream longer(prng_source(1), Strategy::RandomWalk, 2, 0, 1, false);
+    for (int i = 0; i < 300; ++i) {
+      longer.choose(7);
+    }
+    EXPECT_EQ(recorded(longer), drawn(1, 300));
+  }
+  {
+    DecisionStream capped(prng_source(2), Strategy::RandomWalk, 2, 0, 2, false, 3);
+    for (int i = 0; i < 10; ++i) {
+      capped.choose(7);
+    }
+    EXPECT_EQ(recorded(capped), drawn(2, 3));
+    EXPECT_TRUE(capped.overflowed());
+  }
+  DecisionStream shorter(prng_source(3), Strategy::RandomWalk, 2, 0, 3, false);
+  for (int i = 0; i < 5; ++i) {
+    shorter.choose(7);
+  }
+  EXPECT_EQ(recorded(shorter), drawn(3, 5));
+  EXPECT_FALSE(shorter.overflowed());
 }
 
 TEST(DecisionStream, BytesSourceReadsOneByteForSmallChoicesThenFallsBackToAPrng) {
