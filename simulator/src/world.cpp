@@ -727,7 +727,7 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
     if (slot_fault) {
       mark_slot_fault(slot, *slot_fault);
     }
-    check_absent_members(group, info.seq);
+    check_absent_members(group, info.seq, slot);  // the slot at hand: no lookup
   }
 }
 
@@ -1775,12 +1775,17 @@ std::pair<ErrorCode, std::string> SimWorld::absence(int rank) const {
 }
 
 void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq) {
-  auto it = group.slots.find(seq);
-  if (it == group.slots.end()) {
-    return;
+  if (auto it = group.slots.find(seq); it != group.slots.end()) {
+    check_absent_members(group, seq, it->second);
+  }
+}
+
+void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq, const SimGroup::Slot& slot) {
+  if (slot.arrived == static_cast<int>(group.ranks.size())) {
+    return;  // the last member just arrived: nobody is missing (the common case at the last)
   }
   for (std::size_t i = 0; i < group.ranks.size(); ++i) {
-    if (it->second.arrivals[i].arrived) {
+    if (slot.arrivals[i].arrived) {
       continue;
     }
     if (ranks_[static_cast<std::size_t>(group.ranks[i])].may_still_arrive()) {

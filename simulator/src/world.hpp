@@ -459,7 +459,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void on_rank_exit(int rank);
   // Why `rank` will never arrive at another operation, or empty if it still may.
   std::pair<ErrorCode, std::string> absence(int rank) const;
+  // Fails operation `seq` of `group` (when outstanding) if a member that has not joined it never
+  // will. The second form is given its slot, `slot`, which fail_slot may erase: read it no more.
   void check_absent_members(SimGroup& group, std::int64_t seq);
+  void check_absent_members(SimGroup& group, std::int64_t seq, const SimGroup::Slot& slot);
   // For all_to_all: the first disagreement between `group_rank`'s per-peer counts and those of
   // the members that arrived before it, described; empty if they agree.
   std::string split_disagreement(const SimGroup& group, const SimGroup::Slot& slot,
