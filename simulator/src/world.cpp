@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "bits.hpp"
 #include "chorus/check.hpp"
@@ -173,6 +174,89 @@ const std::array<std::exception_ptr, kErrorCodes>& out_of_memory_errors() {
   return errors;
 }
 
+// Note [Recycled signature lists]
+// Every operation's fingerprint lists its ops' signatures in a std::vector of its own
+// (transport::Fingerprint::ops), so every operation allocated one block and freed it when its
+// SimWork died: a glibc pair (about 200 instructions), the simulator's last allocation per
+// operation in a steady schedule. A SimWork's destructor now gives its list, emptied but keeping
+// its room, to a per-thread list of at most kRecycledBlocksMax lists, and start takes one from
+// there before it reserves. It follows Note [Recycled blocks] (chorus/transport/
+// recycled_blocks.hpp) throughout: the lists live in trivially destructible per-thread storage,
+// emptied and closed when the thread exits (a SimWork destroyed after that frees its list as
+// before), the first take or give that finds it empty registers the closing, and nothing is
+// recycled under AddressSanitizer or while testing::recycle_blocks_enabled is false, so the
+// out-of-memory tests still see, and refuse, the list's allocation.
+class RecycledSignatureLists {
+ public:
+  using List = std::vector<transport::OpSignature>;
+
+  // An empty list, with room from an earlier operation's when one is kept.
+  static List take() noexcept {
+    if (!enabled()) {
+      return {};
+    }
+    Lists& lists = this_thread();
+    if (lists.count == 0) {
+      close_at_thread_exit();  // the slow path: the caller allocates
+      return {};
+    }
+    List* kept = lists.at(--lists.count);
+    List list = std::move(*kept);
+    kept->~List();
+    return list;
+  }
+  // Keeps `list`'s room for a later take(); leaves it alone (its owner frees it) when recycling
+  // is off, or this thread's lists are full or closed.
+  static void give(List& list) noexcept {
+    if (!enabled() || list.capacity() == 0) {
+      return;
+    }
+    Lists& lists = this_thread();
+    if (lists.closed || lists.count == transport::kRecycledBlocksMax) {
+      return;
+    }
+    if (lists.count == 0) {
+      close_at_thread_exit();
+    }
+    list.clear();
+    new (lists.room[lists.count++]) List(std::move(list));
+  }
+
+ private:
+  static bool enabled() noexcept {
+    return transport::kRecycleBlocks &&
+           transport::testing::recycle_blocks_enabled.load(std::memory_order_relaxed);
+  }
+  // Trivially destructible and zero-initialised, so it can be read until the thread is gone.
+  struct Lists {
+    alignas(List) unsigned char room[transport::kRecycledBlocksMax][sizeof(List)];
+    std::size_t count;
+    bool closed;
+
+    List* at(std::size_t i) noexcept { return std::launder(reinterpret_cast<List*>(room[i])); }
+  };
+  static Lists& this_thread() noexcept {
+    thread_local Lists lists{};
+    return lists;
+  }
+  struct Closer {
+    Closer() = default;
+    Closer(const Closer&) = delete;
+    Closer& operator=(const Closer&) = delete;
+    ~Closer() {
+      Lists& lists = this_thread();
+      while (lists.count > 0) {
+        lists.at(--lists.count)->~List();
+      }
+      lists.closed = true;
+    }
+  };
+  static void close_at_thread_exit() noexcept {
+    thread_local Closer closer;  // constructed once per thread: its destructor empties the lists
+    static_cast<void>(closer);
+  }
+};
+
 }  // namespace
 
 int guard_fault_rank() noexcept { return this_thread_rank.rank; }
@@ -186,6 +270,8 @@ SimWork::SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint
       fingerprint_(std::move(fingerprint)),
       context_{rank, std::string(op), seq, group},
       site_(site) {}
+
+SimWork::~SimWork() { RecycledSignatureLists::give(fingerprint_.ops); }
 
 void SimWork::on_dropped() const noexcept {
   if (std::shared_ptr<SimWorld> world = world_.lock()) {
@@ -510,7 +596,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
   const int group_rank = group.group_rank_of(rank);
   CHORUS_CHECK_GE(group_rank, 0);
   // Note [Operation positions]: what can run out of memory is made before the operation counts.
-  transport::Fingerprint signature{group.id, info.seq, {}};
+  // Note [Recycled signature lists]: usually room from an operation completed earlier.
+  transport::Fingerprint signature{group.id, info.seq, RecycledSignatureLists::take()};
   signature.ops.reserve(ops.size());
   for (const SimOp& op : ops) {
     signature.ops.push_back(

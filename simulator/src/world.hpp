@@ -203,6 +203,11 @@ class SimWork final : public transport::Work {
   // The context is made in place from its parts (rank, op, seq, group): no string is moved.
   SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint&& fingerprint,
           std::string_view op, std::int64_t seq, const std::string& group, CallSite site);
+  // Gives the fingerprint's list of signatures back for the next start (Note [Recycled signature
+  // lists] in world.cpp).
+  ~SimWork() override;
+  SimWork(const SimWork&) = delete;
+  SimWork& operator=(const SimWork&) = delete;
 
   bool is_completed() override;
   void wait(transport::Deadline deadline) override;
