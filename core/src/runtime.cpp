@@ -61,10 +61,16 @@ const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
 }
 
 ExpandedGroup& RankState::push_expanded_group() {
-  if (expanded_groups_in_use_ == expanded_groups_.size()) {
-    expanded_groups_.emplace_back();
+  if (expanded_groups_in_use_ == 0) {
+    ++expanded_groups_in_use_;
+    return first_expanded_group_;
   }
-  return expanded_groups_[expanded_groups_in_use_++];
+  const std::size_t nested = expanded_groups_in_use_ - 1;
+  if (nested == nested_expanded_groups_.size()) {
+    nested_expanded_groups_.push_back(std::make_unique<ExpandedGroup>());
+  }
+  ++expanded_groups_in_use_;
+  return *nested_expanded_groups_[nested];
 }
 
 void RankState::pop_expanded_group(std::size_t index) noexcept {

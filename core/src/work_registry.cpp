@@ -606,8 +606,7 @@ void WorkRegistry::settle_stream_waits() noexcept {
 }
 
 void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration>& at) noexcept {
-  // One at a time, taken off the front under the lock (a move and a pop: nothing allocates, as
-  // swapping the list into a local std::deque would, which libstdc++ allocates when made).
+  // One at a time, taken off the front under the lock (a move and a pop: nothing allocates).
   std::optional<transport::Duration> deadline;
   while (true) {
     std::optional<StreamWaited> entry;

@@ -993,5 +993,40 @@ TEST(WorkRegistry, OutsideARankTheRegistryIsUnreachable) {
       << "waiting a tensor with nothing pending is fine anywhere";
 }
 
+// A call's scratch group (RankState::push_expanded_group): the outermost one is kept inline,
+// nested ones (a call inside a call, as tracing's waits make) each in a block of its own. A
+// reference stays valid while deeper groups come and go, and a group given back is handed out
+// again with its heap blocks (its contents are left as they were: expand_group_into overwrites
+// them).
+TEST(RankState, NestedExpandedGroupsStayPutWhileDeeperOnesComeAndGo) {
+  detail::RankState state(std::make_shared<FakeTransport>(), RankOptions{});
+  ExpandedGroup& outer = state.push_expanded_group();
+  outer.tag = "outer";
+  ExpandedGroup& second = state.push_expanded_group();
+  second.tag = "second";
+  ExpandedGroup& third = state.push_expanded_group();
+  third.tag = "third";
+  EXPECT_EQ(state.expanded_groups_in_use(), 3u);
+  EXPECT_NE(&outer, &second);
+  EXPECT_NE(&second, &third);
+  state.pop_expanded_group(2);
+  ExpandedGroup& third_again = state.push_expanded_group();
+  EXPECT_EQ(&third_again, &third);
+  EXPECT_EQ(third_again.tag, "third");
+  ExpandedGroup& fourth = state.push_expanded_group();  // deeper than ever: a new block
+  fourth.tag = "fourth";
+  EXPECT_NE(&fourth, &third);
+  EXPECT_EQ(state.expanded_groups_in_use(), 4u);
+  state.pop_expanded_group(3);
+  state.pop_expanded_group(2);
+  state.pop_expanded_group(1);
+  EXPECT_EQ(outer.tag, "outer");
+  EXPECT_EQ(second.tag, "second");
+  state.pop_expanded_group(0);
+  EXPECT_EQ(state.expanded_groups_in_use(), 0u);
+  EXPECT_EQ(&state.push_expanded_group(), &outer);
+  state.pop_expanded_group(0);
+}
+
 }  // namespace
 }  // namespace chorus

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -136,7 +135,11 @@ class RankState {
       std::make_shared<std::atomic<std::size_t>>(0);
   std::shared_ptr<CurrentStreams> streams_ = std::make_shared<CurrentStreams>();
   std::shared_ptr<const std::vector<int>> world_ranks_;  // built by world_ranks()
-  std::deque<ExpandedGroup> expanded_groups_;  // grows, never shrinks: references stay valid
+  // The outermost call's group inline, nested calls' groups (tracing waits inside a call) each
+  // in a block of its own: references stay valid, and a rank allocates none of them up front (a
+  // std::deque allocates two blocks when made, per rank and per simulated run).
+  ExpandedGroup first_expanded_group_;
+  std::vector<std::unique_ptr<ExpandedGroup>> nested_expanded_groups_;
   std::size_t expanded_groups_in_use_ = 0;
   using CommKey = std::pair<std::string, std::vector<int>>;
   std::map<CommKey, CommSlot> comms_;
