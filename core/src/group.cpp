@@ -181,7 +181,12 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
     out.tag.assign(tag);
     out.group_size = group_size;
   } else if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
-    check_rank_list(process_group->ranks(), op, "process group", &group);
+    // world() on this rank hands out the rank's own list of 0..W-1 (RankState::world_ranks),
+    // valid by construction: the checks of every other list are skipped for it.
+    RankContext* context = RankContext::current();
+    if (context == nullptr || &process_group->ranks() != context->state().built_world_ranks()) {
+      check_rank_list(process_group->ranks(), op, "process group", &group);
+    }
     out.tag.assign(pick_tag(tag, process_group->tag()));
     out.ranks.assign(process_group->ranks().begin(), process_group->ranks().end());
     out.group_size = process_group->size();

@@ -4,6 +4,7 @@
 
 #include <chorus/chorus.hpp>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,28 @@ TEST(Group, WorldIsEveryRankWithTheSameTagEverywhere) {
   for (const std::string& tag : tags) {
     EXPECT_EQ(tag, tags[0]);
   }
+}
+
+// A collective skips the rank-list checks for the list world() hands out on its own rank (valid
+// by construction), and only for that one: a world() kept from a larger run is another rank's
+// list, and is checked, and refused, like any other.
+TEST(Group, AWorldGroupKeptFromALargerRunIsRefusedInASmallerOne) {
+  std::optional<ProcessGroup> kept;
+  on_ranks(4, [&kept] {
+    (void)all_reduce(Tensor::ones({2}), "sum", world()).to_vector<float>();
+    if (rank() == 3) {
+      kept = world();
+    }
+  });
+  ASSERT_TRUE(kept.has_value());
+  std::vector<std::string> outcomes(2);
+  on_ranks(2, [&] {
+    expect_invalid([&] { (void)all_reduce(Tensor::ones({2}), "sum", *kept); },
+                   "process group [0, 1, 2, 3] holds rank 2, out of range [0, 2)");
+    outcomes[static_cast<std::size_t>(rank())] =
+        std::to_string(all_reduce(Tensor::ones({2}), "sum", world()).to_vector<float>()[0]);
+  });
+  EXPECT_EQ(outcomes, (std::vector<std::string>{"2.000000", "2.000000"}));
 }
 
 // Collectives expand their group into a list recycled from call to call

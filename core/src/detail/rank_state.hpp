@@ -81,6 +81,8 @@ class RankState {
 
   // 0, 1, ..., world_size() - 1, built at the first call and shared (chorus::world()).
   const std::shared_ptr<const std::vector<int>>& world_ranks();
+  // That list if world_ranks() built it, else null.
+  const std::vector<int>* built_world_ranks() const noexcept { return world_ranks_.get(); }
 
   // The ExpandedGroup a collective expands its group into, one per collective in progress on
   // this rank (calls nest: tracing waits inside a call), and its release when the call is done,
