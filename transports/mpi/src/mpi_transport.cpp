@@ -95,13 +95,6 @@ std::shared_ptr<void> scratch(std::size_t nbytes) {
   return {block, &std::free};
 }
 
-// Adds an operation's buffers to what `started` keeps alive: a coalesced batch starts several
-// operations into one Started, and each must keep its own (the ring reads its input until its
-// last reduce-scatter step).
-void keep(Started& started, std::initializer_list<std::shared_ptr<const void>> buffers) {
-  started.keep_alive.insert(started.keep_alive.end(), buffers);
-}
-
 // Room for `size_min` elements in `values` without reallocating. Grows the capacity at least
 // twofold, as push_back does: reserving exactly what one operation needs made each operation of
 // a coalesced batch on a fresh Started reallocate its vectors (quadratic in the batch's size).
@@ -110,6 +103,17 @@ void reserve_at_least(std::vector<T>& values, std::size_t size_min) {
   if (size_min > values.capacity()) {
     values.reserve(std::max(size_min, 2 * values.capacity()));
   }
+}
+
+// Adds an operation's buffers to what `started` keeps alive: a coalesced batch starts several
+// operations into one Started, and each must keep its own (the ring reads its input until its
+// last reduce-scatter step). The operations' start callables move their Buffers' keep_alive in
+// (each runs once): a copy costs an atomic increment and decrement per buffer once MPI has
+// started its threads.
+template <class... KeepAlive>
+void keep(Started& started, KeepAlive&&... buffers) {
+  reserve_at_least(started.keep_alive, started.keep_alive.size() + sizeof...(buffers));
+  (started.keep_alive.emplace_back(std::forward<KeepAlive>(buffers)), ...);
 }
 
 // The request an operation's one MPI call posts into, made (MPI_REQUEST_NULL) before the call so
@@ -922,8 +926,8 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(send.count, info);
   const OpSignature op_signature = OpSignature::of(OpKind::AllReduce, send, recv, reduce_op, -1);
-  return launch(op_signature, info, [=, this](Started& started) {
-    keep(started, {send.keep_alive, recv.keep_alive});
+  return launch(op_signature, info, [=, this](Started& started) mutable {
+    keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     if (use_small_direct_exchange(send.nbytes())) {
       // Note [Direct exchanges], "Small operations": the whole input to every peer.
       post_reduction_exchange(started, send.data, 0, recv, reduce_op, info, &op_signature);
@@ -971,8 +975,8 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
   to_int_count(recv.count, info);
   const OpSignature op_signature =
       OpSignature::of(OpKind::AllGather, send, recv, ReduceOp::Kind::Sum, -1);
-  return launch(op_signature, info, [=, this](Started& started) {
-    keep(started, {send.keep_alive, recv.keep_alive});
+  return launch(op_signature, info, [=, this](Started& started) mutable {
+    keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
     // In place when send is this rank's own block of recv.
     const bool in_place = send.data == static_cast<const char*>(recv.data) +
@@ -1015,8 +1019,8 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
   to_int_count(send.count, info);
   const OpSignature op_signature =
       OpSignature::of(OpKind::ReduceScatter, send, recv, reduce_op, -1);
-  return launch(op_signature, info, [=, this](Started& started) {
-    keep(started, {send.keep_alive, recv.keep_alive});
+  return launch(op_signature, info, [=, this](Started& started) mutable {
+    keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     if (use_direct_exchange(send.nbytes())) {
       // Note [Direct exchanges]: block p of the input to rank p.
       post_reduction_exchange(started, send.data, recv.nbytes(), recv, reduce_op, info,
@@ -1076,7 +1080,7 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   return launch(
       op_signature, info,
       [=, this](Started& started) {
-        keep(started, {send.keep_alive, recv.keep_alive, layout});
+        keep(started, send.keep_alive, recv.keep_alive, layout);
         const void* input = send.data;
         if (send.data == recv.data && send.count > 0) {
           // MPI's in-place alltoallv has other semantics: exchange from a copy.
@@ -1172,8 +1176,8 @@ std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Bu
   const int count = to_int_count(recv.count, info);
   const OpSignature op_signature =
       OpSignature::of(OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum, root);
-  return launch(op_signature, info, [=, this](Started& started) {
-    keep(started, {send.keep_alive, recv.keep_alive});
+  return launch(op_signature, info, [=, this](Started& started) mutable {
+    keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     if (group_rank_ == root && send.data != recv.data && recv.count > 0) {
       std::memcpy(recv.data, send.data, recv.nbytes());
     }
@@ -1192,8 +1196,8 @@ std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffe
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(send.count, info);
   const OpSignature op_signature = OpSignature::of(OpKind::Reduce, send, recv, reduce_op, root);
-  return launch(op_signature, info, [=, this](Started& started) {
-    keep(started, {send.keep_alive, recv.keep_alive});
+  return launch(op_signature, info, [=, this](Started& started) mutable {
+    keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     const bool is_root = group_rank_ == root;
     Plan plan;
     const std::lock_guard mpi_lock(process_->mutex());
@@ -1362,7 +1366,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   // posting, a mismatch found), else parked (a failed posting; await_requests retires it itself
   // when a round fails or times out).
   const OnUnwind retire_on_unwind([&]() noexcept { process_->retire(std::move(pending)); });
-  keep(*pending, {wires, counts, verdicts});
+  keep(*pending, wires, counts, verdicts);
   MPI_Request* request = request_slot(*pending);  // every round's, with its status
   {
     const std::lock_guard mpi_lock(process_->mutex());
