@@ -608,6 +608,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Threads that are not ranks wait here (Note [Rank executor]: ranks never block on it).
   std::mutex off_rank_mutex_;
   std::condition_variable off_rank_cv_;
+  std::atomic<int> off_rank_waiters_{0};  // Note [Off-rank waiters] in world.cpp
 };
 
 }  // namespace chorus::sim::detail

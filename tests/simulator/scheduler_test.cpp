@@ -5,12 +5,17 @@
 
 #include <atomic>
 #include <chorus/chorus.hpp>
+#include <chorus/transport/transport.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <future>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace chorus {
@@ -130,6 +135,67 @@ TEST(SimScheduler, OnlyOneRankRunsAtATime) {
       }
     });
     EXPECT_EQ(most.load(), 1);
+  }
+}
+
+// Note [Off-rank waiters]: a thread that is not a rank may wait on a work; the completion wakes
+// it. Rank 1 joins the operation only once the thread has had time to fall asleep on it (rank 0
+// sleeps holding the schedule; rank 1 passes scheduling points on a communicator of its own).
+TEST(SimScheduler, AThreadThatIsNotARankWakesWhenItsWorkCompletes) {
+  for (ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    std::atomic<bool> waiter_asleep{false};
+    std::atomic<bool> pending_when_asleep{false};
+    std::atomic<int> woken{0};
+    const SimReport report =
+        sim::run(quiet(2, 5, executor), [&waiter_asleep, &pending_when_asleep, &woken] {
+          transport::Transport& rank_transport = RankContext::current()->transport();
+          const std::shared_ptr<transport::Comm> comm =
+              rank_transport.create_comm("off_rank_waiter", {0, 1});
+          std::vector<float> send = {1.0F};
+          std::vector<float> recv = {0.0F};
+          transport::Buffer send_buffer;
+          send_buffer.data = send.data();
+          send_buffer.count = 1;
+          transport::Buffer recv_buffer;
+          recv_buffer.data = recv.data();
+          recv_buffer.count = 1;
+          transport::OpInfo info;
+          info.name = "all_reduce";
+          if (rank_transport.rank() == 1) {
+            const std::shared_ptr<transport::Comm> own =
+                rank_transport.create_comm("off_rank_own", {1});
+            for (info.seq = 0; !waiter_asleep.load(); ++info.seq) {
+              own->all_reduce(send_buffer, recv_buffer, ReduceOp::Kind::Sum, info)
+                  ->wait(transport::Deadline::never());
+            }
+            info.seq = 0;
+            comm->all_reduce(send_buffer, recv_buffer, ReduceOp::Kind::Sum, info)
+                ->wait(transport::Deadline::never());
+            return;
+          }
+          info.seq = 0;
+          const std::shared_ptr<transport::Work> work =
+              comm->all_reduce(send_buffer, recv_buffer, ReduceOp::Kind::Sum, info);
+          auto woke = std::make_shared<std::promise<void>>();
+          std::future<void> woke_future = woke->get_future();
+          std::thread waiter([work, woke] {
+            work->wait(transport::Deadline::never());
+            woke->set_value();
+          });
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          pending_when_asleep = work->status() == transport::WorkStatus::Pending;
+          waiter_asleep = true;
+          work->wait(transport::Deadline::never());  // on the rank: rank 1 joins, it completes
+          if (woke_future.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+            waiter.detach();  // asleep for good: the notify missed it
+            return;
+          }
+          waiter.join();
+          woken += 1;
+        });
+    EXPECT_TRUE(report.ok());
+    EXPECT_TRUE(pending_when_asleep.load());
+    EXPECT_EQ(woken.load(), 1) << "the thread waiting off the ranks was not woken";
   }
 }
 
