@@ -14,6 +14,7 @@
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/sim/sim.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "shrink.hpp"
 #include "world.hpp"
 
@@ -458,7 +459,10 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
     throw InvalidArgument(ErrorContext{RankContext::current()->rank(), "sim::run", -1, ""},
                           "sim::run cannot be called from inside a rank");
   }
-  auto world = std::make_shared<detail::SimWorld>(effective);
+  // Recycled (Note [Recycled blocks]): a world is larger than glibc's per-thread cache holds, so
+  // a fresh one costs a run ~2k instructions of malloc.
+  auto world = std::allocate_shared<detail::SimWorld>(
+      transport::RecyclingAllocator<detail::SimWorld>{}, effective);
   SimReport report = world->run(std::move(rank_main));
   // A seeded run replays from its seed (PCT's priorities come from it too); a run driven by a
   // list or by fuzzer bytes replays from its token, and without one (more choices than

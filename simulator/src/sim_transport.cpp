@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "chorus/check.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "world.hpp"
 
 namespace chorus::sim::detail {
@@ -28,7 +29,9 @@ int SimTransport::world_size() const noexcept { return world_->world_size(); }
 
 std::shared_ptr<transport::Comm> SimTransport::create_comm(const std::string& tag,
                                                            const std::vector<int>& ranks) {
-  return std::make_shared<SimComm>(*world_, world_->group_for(tag, ranks), rank_);
+  // Each run makes one per rank and group: recycled (Note [Recycled blocks]).
+  return std::allocate_shared<SimComm>(transport::RecyclingAllocator<SimComm>{}, *world_,
+                                       world_->group_for(tag, ranks), rank_);
 }
 
 transport::Duration SimTransport::now() { return world_->now(); }

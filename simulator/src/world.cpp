@@ -506,7 +506,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   if (it != group_index_.end()) {
     return groups_[it->second];
   }
-  auto group = std::make_shared<SimGroup>();
+  auto group = std::allocate_shared<SimGroup>(
+      transport::RecyclingAllocator<SimGroup>{});  // Note [Recycled blocks]: one per run at least
   group->id = groups_.size() + 1;
   group->tag = tag;
   group->ranks = ranks;
@@ -1041,7 +1042,9 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     if (options_.cuda_devices) {
       rank_options.device_memory = make_simulated_device_memory(r);
     }
-    std::shared_ptr<transport::Transport> rank_transport = std::make_shared<SimTransport>(*this, r);
+    // Each run makes one per rank: recycled (Note [Recycled blocks]).
+    std::shared_ptr<transport::Transport> rank_transport =
+        std::allocate_shared<SimTransport>(transport::RecyclingAllocator<SimTransport>{}, *this, r);
     if (options_.wrap_transport) {
       rank_transport = options_.wrap_transport(std::move(rank_transport));
       CHORUS_CHECK(rank_transport != nullptr);
