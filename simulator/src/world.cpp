@@ -257,6 +257,100 @@ class RecycledSignatureLists {
   }
 };
 
+// Note [Recycled slots]
+// A communicator keeps the slots of its completed operations for its next ones
+// (SimGroup::spare_slots), but every run makes its communicators anew, so each run made its
+// first slots again: the arrivals, and each arrival's room for its ops and input snapshots, about
+// ten allocations a run. A group that dies now gives its spare slots to a per-thread list of at
+// most kRecycledSlotsMax, and start takes one from there when its group has no spare. A slot from
+// a group of another size has as many arrivals as that one had: start resizes them to its own
+// group's. Only slots whose rooms are small are kept (kRecycledSlotBytesMax), so a thread keeps
+// at most half a megabyte for them. Like Note [Recycled signature lists] otherwise: trivially
+// destructible per-thread storage, emptied and closed at thread exit, nothing recycled under
+// AddressSanitizer or while testing::recycle_blocks_enabled is false.
+class RecycledSlots {
+ public:
+  using Node = std::map<std::int64_t, SimGroup::Slot>::node_type;
+
+  // A spare slot of an earlier group, or an empty node when none is kept.
+  static Node take() noexcept {
+    if (!enabled()) {
+      return {};
+    }
+    Nodes& nodes = this_thread();
+    if (nodes.count == 0) {
+      close_at_thread_exit();
+      return {};
+    }
+    Node* kept = nodes.at(--nodes.count);
+    Node node = std::move(*kept);
+    kept->~Node();
+    return node;
+  }
+  // Keeps `node` (a spare slot: emptied by recycle_slot) for a later take(); leaves it alone
+  // (its owner frees it) when recycling is off, its rooms are large, or the list is full or
+  // closed.
+  static void give(Node& node) noexcept {
+    if (!enabled() || node.empty() || !small(node.mapped())) {
+      return;
+    }
+    Nodes& nodes = this_thread();
+    if (nodes.closed || nodes.count == kRecycledSlotsMax) {
+      return;
+    }
+    if (nodes.count == 0) {
+      close_at_thread_exit();
+    }
+    new (nodes.room[nodes.count++]) Node(std::move(node));
+  }
+
+ private:
+  static constexpr std::size_t kRecycledSlotsMax = 8;
+  static constexpr std::size_t kRecycledSlotBytesMax = std::size_t{64}
+                                                       << 10;  // its arrivals' rooms
+
+  static bool enabled() noexcept {
+    return transport::kRecycleBlocks &&
+           transport::testing::recycle_blocks_enabled.load(std::memory_order_relaxed);
+  }
+  static bool small(const SimGroup::Slot& slot) noexcept {
+    std::size_t bytes = slot.arrivals.capacity() * sizeof(SimGroup::Arrival);
+    for (const SimGroup::Arrival& arrival : slot.arrivals) {
+      CHORUS_CHECK(!arrival.arrived && arrival.ops.empty() && arrival.work == nullptr);
+      bytes += arrival.ops.capacity() * sizeof(SimOp) + arrival.inputs.capacity();
+    }
+    return bytes <= kRecycledSlotBytesMax;
+  }
+  // Trivially destructible and zero-initialised, so it can be read until the thread is gone.
+  struct Nodes {
+    alignas(Node) unsigned char room[kRecycledSlotsMax][sizeof(Node)];
+    std::size_t count;
+    bool closed;
+
+    Node* at(std::size_t i) noexcept { return std::launder(reinterpret_cast<Node*>(room[i])); }
+  };
+  static Nodes& this_thread() noexcept {
+    thread_local Nodes nodes{};
+    return nodes;
+  }
+  struct Closer {
+    Closer() = default;
+    Closer(const Closer&) = delete;
+    Closer& operator=(const Closer&) = delete;
+    ~Closer() {
+      Nodes& nodes = this_thread();
+      while (nodes.count > 0) {
+        nodes.at(--nodes.count)->~Node();
+      }
+      nodes.closed = true;
+    }
+  };
+  static void close_at_thread_exit() noexcept {
+    thread_local Closer closer;  // constructed once per thread: its destructor empties the list
+    static_cast<void>(closer);
+  }
+};
+
 }  // namespace
 
 int guard_fault_rank() noexcept { return this_thread_rank.rank; }
@@ -360,6 +454,14 @@ std::string SimGroup::missing_members(std::int64_t seq) const {
     }
   }
   return missing;
+}
+
+SimGroup::~SimGroup() {
+  // Note [Recycled slots]: the spares outlive their group.
+  while (!spare_slots.empty()) {
+    RecycledSlots::Node node = spare_slots.extract(std::prev(spare_slots.end()));
+    RecycledSlots::give(node);  // else the node frees the slot
+  }
 }
 
 int SimGroup::group_rank_of(int rank) const noexcept {
@@ -671,6 +773,13 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
     // A spare slot keeps its arrivals' room (SimGroup::spare_slots).
     auto entry = group.slots.find(info.seq);
     const bool created = entry == group.slots.end();
+    if (created && group.spare_slots.empty()) {
+      // Note [Recycled slots]: one an earlier run's group left on this thread.
+      if (RecycledSlots::Node recycled = RecycledSlots::take(); !recycled.empty()) {
+        recycled.key() = 0;
+        group.spare_slots.insert(std::move(recycled));  // a node: allocates nothing
+      }
+    }
     const bool from_spare = created && !group.spare_slots.empty();
     if (from_spare) {
       auto spare = group.spare_slots.extract(std::prev(group.spare_slots.end()));
@@ -680,7 +789,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
       entry = group.slots.try_emplace(group.slots.end(), info.seq);
     }
     try {
-      if (entry->second.arrivals.empty()) {
+      // A new slot has none; one recycled from another run's group has that group's count
+      // (Note [Recycled slots]).
+      if (entry->second.arrivals.size() != group.ranks.size()) {
         entry->second.arrivals.resize(group.ranks.size());
       }
       // Room for the ops and the input snapshots (a spare slot's arrival usually has it

@@ -305,6 +305,12 @@ struct SimGroup {
   std::string abort_reason;          // room for kOutOfMemoryAbortReason made at creation
   std::vector<std::int64_t> issued;  // per group rank: operations started
 
+  SimGroup() = default;
+  // Gives its spare slots to the next groups on this thread (Note [Recycled slots] in world.cpp).
+  ~SimGroup();
+  SimGroup(const SimGroup&) = delete;
+  SimGroup& operator=(const SimGroup&) = delete;
+
   int group_rank_of(int rank) const noexcept;
   // Empties the slot of a completed operation, taken out of `slots`, into spare_slots. Allocates
   // nothing; the works its arrivals held are released here.
