@@ -1214,7 +1214,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     report.marks["strategy.pct.change_point"] += passed;
   }
   report.schedule.assign(schedule_.begin(), schedule_.end());
-  report.ops_issued = ops_issued_;
+  report.ops_issued.assign(ops_issued_.begin(), ops_issued_.end());
   if (options_.record_events) {
     report.marks["timeline.events"] += events_.size();
     if (events_not_recorded_ > 0) {
@@ -1300,7 +1300,7 @@ void SimWorld::schedule() {
     }
     Decision decision;
     if (by_priority) {
-      decision = candidates_[stream_.choose_schedule(candidates_)];
+      decision = candidates_[stream_.choose_schedule({candidates_.data(), candidates_.size()})];
     } else {
       const auto index = static_cast<std::size_t>(stream_.choose(num_candidates));
       decision = index < runnable_count_
@@ -1407,7 +1407,7 @@ void SimWorld::complete_operation(SimGroup& group) {
   advance_completion(group);
   const std::size_t size = group.ranks.size();
   const std::size_t num_ops = slot.arrivals[0].ops.size();
-  std::vector<const void*>& sources = sources_;  // kept across operations: no allocation
+  PerRank<const void*>& sources = sources_;  // kept across operations: no allocation
   sources.assign(size, nullptr);
   for (std::size_t i = 0; i < num_ops; ++i) {
     const SimOp& first = slot.arrivals[0].ops[i];

@@ -562,7 +562,15 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<RankSlot> ranks_;
   std::vector<std::shared_ptr<SimGroup>> groups_;  // creation order (deterministic)
   std::map<std::pair<std::string, std::vector<int>>, std::size_t> group_index_;
-  std::vector<Decision> candidates_;
+  // Note [Small per-run vectors]
+  // A world lives for one run, so every vector it keeps allocated at least once a run, and about
+  // thirty allocations a run were the simulator's own. Those sized by the world (ranks,
+  // candidates, reduction sources) hold a small world's elements inline instead: kSmallWorld
+  // ranks, and more spill to the heap as before.
+  static constexpr std::size_t kSmallWorld = 8;
+  template <class T>
+  using PerRank = boost::container::small_vector<T, kSmallWorld>;
+  PerRank<Decision> candidates_;
   // Note [Runnable set]
   // The runnable ranks as a bitset (bit r % 64 of word r / 64) and their count, kept by
   // set_phase, the only writer of a rank's phase. A decision's candidates are the runnable ranks
@@ -571,9 +579,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // bit, so a decision no longer visits every rank. PCT weighs each candidate, so for it the
   // list is still built, from the bitset. Either way the same index picks the same candidate as
   // before, so every seed's schedule is unchanged.
-  std::vector<std::uint64_t> runnable_words_;
+  boost::container::small_vector<std::uint64_t, 1> runnable_words_;  // Note [Small per-run...]
   std::size_t runnable_count_ = 0;
-  std::vector<std::uint64_t> run_codes_;  // decision_code of "run rank r", by r
+  PerRank<std::uint64_t> run_codes_;  // decision_code of "run rank r", by r
   // Note [Deadline scan]: a lower bound on every blocked rank's deadline (virtual time), so the
   // scheduler scans for timed-out ranks only once one may have passed (with the default timeout
   // of minutes, never in a typical run). A Delayed rank's wake_at counts as a deadline.
@@ -600,15 +608,15 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<std::exception_ptr> failing_errors_;
   std::vector<std::string> failing_events_;
   std::vector<unsigned char> scratch_;
-  std::vector<const void*> sources_;  // complete_operation's reduction sources
+  PerRank<const void*> sources_;  // complete_operation's reduction sources
   // Note [Reduction order modes]: the planned program (Tree, Adversarial), the ring's rotated
   // sources, and the reduction ops completed (for the mark of the mode).
   std::vector<int> reduction_program_;
   std::vector<const void*> ring_sources_;
   std::vector<const void*> block_sources_;  // Note [All-reduce blocks]
   std::uint64_t reductions_ = 0;
-  std::vector<std::uint64_t> ops_issued_;  // by rank
-  std::vector<SimEvent> events_;           // Note [Event log]
+  PerRank<std::uint64_t> ops_issued_;  // by rank
+  std::vector<SimEvent> events_;       // Note [Event log]
   std::uint64_t events_not_recorded_ = 0;
 
   // Threads that are not ranks wait here (Note [Rank executor]: ranks never block on it).
