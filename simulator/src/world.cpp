@@ -603,11 +603,12 @@ void SimWorld::rank_body(int rank) {
 
 std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
                                               const std::vector<int>& ranks) {
-  auto key = std::make_pair(tag, ranks);
-  auto it = group_index_.find(key);
-  if (it != group_index_.end()) {
+  // Every member asks; only the first makes the group, so the others look up without a copy
+  // of the key (std::less<> compares the tuples element by element).
+  if (auto it = group_index_.find(std::tie(tag, ranks)); it != group_index_.end()) {
     return groups_[it->second];
   }
+  auto key = std::make_tuple(tag, ranks);
   auto group = std::allocate_shared<SimGroup>(
       transport::RecyclingAllocator<SimGroup>{});  // Note [Recycled blocks]: one per run at least
   group->id = groups_.size() + 1;

@@ -163,6 +163,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -301,9 +302,10 @@ struct SimGroup {
   // freed memory, which ASan would have reported: hold none across a scheduling point.
   std::map<std::int64_t, Slot> spare_slots;
   std::int64_t next_to_complete = 0;
-  std::int64_t aborted_from = -1;    // operations from this seq on fail with Aborted
-  std::string abort_reason;          // room for kOutOfMemoryAbortReason made at creation
-  std::vector<std::int64_t> issued;  // per group rank: operations started
+  std::int64_t aborted_from = -1;  // operations from this seq on fail with Aborted
+  std::string abort_reason;        // room for kOutOfMemoryAbortReason made at creation
+  // Per group rank: operations started. Inline for up to 8 members (Note [Small per-run vectors]).
+  boost::container::small_vector<std::int64_t, 8> issued;
 
   SimGroup() = default;
   // Gives its spare slots to the next groups on this thread (Note [Recycled slots] in world.cpp).
@@ -560,13 +562,15 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::unique_ptr<RankExecutor> executor_;
   std::function<void()> rank_main_;
   std::vector<RankSlot> ranks_;
-  std::vector<std::shared_ptr<SimGroup>> groups_;  // creation order (deterministic)
-  std::map<std::pair<std::string, std::vector<int>>, std::size_t> group_index_;
+  // Creation order (deterministic). Inline for a few (Note [Small per-run vectors]).
+  boost::container::small_vector<std::shared_ptr<SimGroup>, 4> groups_;
+  std::map<std::tuple<std::string, std::vector<int>>, std::size_t, std::less<>> group_index_;
   // Note [Small per-run vectors]
-  // A world lives for one run, so every vector it keeps allocated at least once a run, and about
-  // thirty allocations a run were the simulator's own. Those sized by the world (ranks,
-  // candidates, reduction sources) hold a small world's elements inline instead: kSmallWorld
-  // ranks, and more spill to the heap as before.
+  // A world and its groups live for one run, so every vector they keep allocated at least once a
+  // run, and about thirty allocations a run were the simulator's own. Those sized by the world or
+  // a group (candidates, run codes, ops issued, reduction sources, a group's issued counts) hold a
+  // small world's elements inline instead: kSmallWorld ranks, and more spill to the heap as
+  // before; likewise the first few groups.
   static constexpr std::size_t kSmallWorld = 8;
   template <class T>
   using PerRank = boost::container::small_vector<T, kSmallWorld>;
