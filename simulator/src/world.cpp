@@ -103,6 +103,13 @@ bool reads_send(const SimOp& op, int group_rank) {
   return op.kind != transport::OpKind::Broadcast || op.root == group_rank;
 }
 
+// Whether `arrival` has an all_to_all, whose counts can split (SimWorld::split_disagreement).
+// Inline in judge_arrival: most operations have none, and then no call scans the peers.
+bool has_all_to_all(const SimGroup::Arrival& arrival) noexcept {
+  return std::any_of(arrival.ops.begin(), arrival.ops.end(),
+                     [](const SimOp& op) { return op.kind == transport::OpKind::AllToAll; });
+}
+
 // Note [Input snapshots]: the bytes `ops`, started by group rank `group_rank`, copy at issue.
 std::size_t snapshot_bytes(std::span<const SimOp> ops, int group_rank) {
   std::size_t total = 0;
@@ -917,7 +924,10 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
     fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
     abort_group_or_out_of_memory(group, info.seq + 1, "operation #", info.seq,
                                  " was a collective mismatch");
-  } else if (std::string split = split_disagreement(group, slot, group_rank); !split.empty()) {
+  } else if (std::string split = has_all_to_all(slot.arrivals[static_cast<std::size_t>(group_rank)])
+                                     ? split_disagreement(group, slot, group_rank)
+                                     : std::string();
+             !split.empty()) {
     fail_slot(group, info.seq, ErrorCode::CollectiveMismatch,
               "ranks disagree on operation #" + std::to_string(info.seq) + " of group " +
                   group.label + ": " + split);
@@ -961,9 +971,8 @@ std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::
                                          int group_rank) const {
   const auto me = static_cast<std::size_t>(group_rank);
   const SimGroup::Arrival& mine = slot.arrivals[me];
-  const auto is_all_to_all = [](const SimOp& op) { return op.kind == transport::OpKind::AllToAll; };
-  if (std::none_of(mine.ops.begin(), mine.ops.end(), is_all_to_all)) {
-    return {};  // only all_to_all's counts can split (the common case: no scan of the peers)
+  if (!has_all_to_all(mine)) {
+    return {};  // only all_to_all's counts can split
   }
   for (std::size_t peer = 0; peer < slot.arrivals.size(); ++peer) {
     const SimGroup::Arrival& theirs = slot.arrivals[peer];
