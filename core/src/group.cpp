@@ -182,7 +182,8 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
     out.group_size = group_size;
   } else if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
     // world() on this rank hands out the rank's own list of 0..W-1 (RankState::world_ranks),
-    // valid by construction: the checks of every other list are skipped for it.
+    // valid by construction, so it skips the checks every other list gets. Its address cannot be
+    // reused by another list: the RankState holds it and never resets it.
     RankContext* context = RankContext::current();
     if (context == nullptr || &process_group->ranks() != context->state().built_world_ranks()) {
       check_rank_list(process_group->ranks(), op, "process group", &group);

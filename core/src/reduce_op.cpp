@@ -2,7 +2,6 @@
 
 #include <array>
 #include <charconv>
-#include <memory>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -57,7 +56,7 @@ ReduceOp::ReduceOp(std::string_view name) : kind_(Kind::Invalid) {
       return;
     }
   }
-  invalid_name_ = std::make_shared<const std::string>(name);
+  invalid_name_ = std::string(name);
 }
 
 ReduceOp ReduceOp::premul_sum(double factor) noexcept {
@@ -76,7 +75,7 @@ ReduceOp ReduceOp::parse(std::string_view name) {
 
 std::string ReduceOp::invalid_name() const {
   if (is_valid() || kind_ == Kind::Invalid) {
-    return std::string(given_name());
+    return invalid_name_;
   }
   return "ReduceOp::Kind(" + std::to_string(static_cast<int>(kind_)) + ")";
 }
@@ -100,7 +99,7 @@ std::string ReduceOp::to_string() const {
 std::string ReduceOp::check_dtype(DType dtype) const {
   if (!is_valid()) {
     std::string hint;
-    if (equals_ignoring_case(given_name(), "premul_sum")) {
+    if (equals_ignoring_case(invalid_name_, "premul_sum")) {
       hint = " (premul_sum needs a factor: use ReduceOp::premul_sum(f))";
     }
     return "Unrecognized reduce_op '" + invalid_name() +

@@ -617,7 +617,7 @@ void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration
         return;
       }
       entry.emplace(std::move(stream_waited_.front()));
-      stream_waited_.pop_front();
+      stream_waited_.erase(stream_waited_.begin());
     }
     // One deadline for all of them, and for the rest of the exit: the exit waits at most the
     // rank's timeout, not one per work.

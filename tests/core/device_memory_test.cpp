@@ -573,10 +573,18 @@ TEST(DeviceMemory, DeviceCallsCoreCannotRunAreRefusedBeforeAnythingStarts) {
   expect_invalid_argument([&] { all_gather_tensor_inplace(host_out, matrix, {0}); },
                           {"output is on cpu but the input is on cuda:0"});
   EXPECT_TRUE(rank.transport().works().empty()) << "a refused call started something";
+}
+
+// A transport's answers hold for its life (Note [Supported calls]: a rank remembers the last
+// yes), so the transport that refuses device buffers is set up so before the rank's first call.
+TEST(DeviceMemory, DeviceCallsTheTransportCannotRunAreRefusedBeforeAnythingStarts) {
+  DeviceRank rank;
   rank.transport().accepts_cuda_buffers = false;
+  const Tensor matrix = Tensor::arange(4).view({2, 2}).to(kGpu);
   expect_invalid_argument(
       [&] { all_reduce(matrix, "sum", {0}); },
       {"transport 'fake' cannot run all_reduce", "on cuda:0", "host memory only"});
+  EXPECT_TRUE(rank.transport().works().empty()) << "a refused call started something";
 }
 
 // ---- The simulator's simulated CUDA devices (SimOptions::cuda_devices, --sim-cuda)

@@ -1,4 +1,5 @@
-// The registry's and the host pool's mutex (Note [Futex mutex], chorus/transport/futex_mutex.hpp).
+// The mutex of the work registry, the host pool and the MPI transport (Note [Futex mutex],
+// chorus/transport/futex_mutex.hpp).
 
 #include "chorus/transport/futex_mutex.hpp"
 

@@ -114,7 +114,7 @@ TEST(Group, AWorldGroupKeptFromALargerRunIsRefusedInASmallerOne) {
 }
 
 // Collectives expand their group into a list recycled from call to call
-// (RankState::take_expanded_group): a group must never see the ranks or tag of the one before.
+// (RankState::push_expanded_group): a group must never see the ranks or tag of the one before.
 TEST(Group, ConsecutiveCollectivesOnDifferentGroupsDoNotMixTheirRanks) {
   on_ranks(4, [] {
     const int r = rank();

@@ -11,6 +11,11 @@ namespace {
 
 using Kind = ReduceOp::Kind;
 
+// A ReduceOp of a kind is a constant expression (a literal type): code may keep its reductions
+// in constexpr constants, so no member may make the class non-literal.
+constexpr ReduceOp kMaxOp = Kind::Max;
+static_assert(kMaxOp.kind() == Kind::Max && kMaxOp.is_valid());
+
 TEST(ReduceOp, NamesAreCaseInsensitiveFromEveryStringType) {
   EXPECT_EQ(ReduceOp("sum").kind(), Kind::Sum);
   EXPECT_EQ(ReduceOp("SUM").kind(), Kind::Sum);

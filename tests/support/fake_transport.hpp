@@ -290,7 +290,9 @@ class FakeTransport final : public transport::Transport {
   // (FakeWork::complete_on_stream_wait).
   bool completes_on_stream_wait = false;
   // Whether CUDA buffers are accepted (tests of core's device path, whose "device" memory is host
-  // memory: completing a work still copies the bytes on the host).
+  // memory: completing a work still copies the bytes on the host). Set it before the rank's first
+  // collective: supports() must answer the same for its life, as a rank remembers its last yes
+  // (Note [Supported calls]).
   bool accepts_cuda_buffers = false;
 
   // Every work started so far, in order.

@@ -4,7 +4,6 @@
 
 #include <bit>
 #include <cstdint>
-#include <memory>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -71,20 +70,13 @@ class ReduceOp {
   friend bool operator==(const ReduceOp& a, const ReduceOp& b) noexcept {
     return a.kind_ == b.kind_ &&
            std::bit_cast<std::uint64_t>(a.factor_) == std::bit_cast<std::uint64_t>(b.factor_) &&
-           a.given_name() == b.given_name();
+           a.invalid_name_ == b.invalid_name_;
   }
 
  private:
-  // The name an unrecognised op was given; empty for every valid op.
-  std::string_view given_name() const noexcept {
-    return invalid_name_ != nullptr ? std::string_view(*invalid_name_) : std::string_view();
-  }
-
   Kind kind_ = Kind::Sum;
   double factor_ = 1.0;
-  // Set for Kind::Invalid only and shared by copies: a ReduceOp is copied several times per
-  // collective, and a valid one copies no string.
-  std::shared_ptr<const std::string> invalid_name_;
+  std::string invalid_name_;
 };
 
 std::string_view reduce_kind_name(ReduceOp::Kind kind) noexcept;

@@ -77,7 +77,6 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -384,9 +383,10 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   std::vector<UnwaitedWork> unwaited_;
   bool list_drops_ = true;  // drops get a line in unwaited_ (exits always do)
   std::vector<std::exception_ptr> deferred_errors_;
-  // Note [Stream-waited works]. A list: nothing allocated until a CUDA result is waited on the
-  // device (a std::deque allocates two blocks when made, per rank and per simulated run).
-  std::list<StreamWaited> stream_waited_;
+  // Note [Stream-waited works]. A vector: nothing allocated until a CUDA result is waited on the
+  // device (a std::deque allocates two blocks when made, per rank and per simulated run), and
+  // its room is kept from wait to wait.
+  std::vector<StreamWaited> stream_waited_;
   // Every collective settles deferred drops and errors first; these flags (written under
   // mutex_, read without it) let it skip the lock and the scan of every entry when there is
   // nothing to settle, which is nearly always. A drop or error racing with the read is settled
