@@ -1120,8 +1120,7 @@ void SimWorld::wait_off_rank(SimWork& work) {
   CHORUS_CHECK(current_rank_of_thread_is_none());
   std::unique_lock<std::mutex> lock(off_rank_mutex_);
   // Note [Off-rank waiters]: counted before the first look at the status.
-  off_rank_waiters_.fetch_add(1, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  off_rank_waiters_.fetch_add(1, std::memory_order_acq_rel);
   off_rank_cv_.wait(lock, [&] { return work.status() != transport::WorkStatus::Pending; });
   off_rank_waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -1132,13 +1131,15 @@ void SimWorld::wait_off_rank(SimWork& work) {
 // (wait_off_rank), but almost no run has one: a notify that locked the mutex each time cost
 // every operation a lock and an unlock. So a waiter counts itself, under the mutex, before it
 // first reads the status, and a notify that sees no waiter returns without the lock. The status
-// is stored before the notify loads the count, and each side puts a full fence between its store
-// and its load, so at least one sees the other's: either the waiter sees the work done and does
-// not sleep, or the notify sees the waiter and takes the lock, which the waiter holds until it
-// sleeps, so the notify cannot fall between its check and its sleep.
+// is stored before the notify reads the count, and both sides reach the count by a
+// read-modify-write (the notify's adds 0), so the two are ordered in the count's modification
+// order and at least one sees the other: either the notify's comes first, and the waiter's
+// acquires it and so sees the work done and does not sleep; or the waiter's comes first, and the
+// notify sees the waiter and takes the lock, which the waiter holds until it sleeps, so the
+// notify cannot fall between its check and its sleep. (Not fences with plain loads: GCC's
+// ThreadSanitizer refuses std::atomic_thread_fence.)
 void SimWorld::notify_off_rank_waiters() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (off_rank_waiters_.load(std::memory_order_relaxed) == 0) {
+  if (off_rank_waiters_.fetch_add(0, std::memory_order_acq_rel) == 0) {
     return;
   }
   // Under the lock: a waiter between its check and its sleep cannot miss this.
