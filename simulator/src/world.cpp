@@ -190,78 +190,34 @@ const std::array<std::exception_ptr, kErrorCodes>& out_of_memory_errors() {
 // there before it reserves. It follows Note [Recycled blocks] (chorus/transport/
 // recycled_blocks.hpp) throughout: the lists live in trivially destructible per-thread storage,
 // emptied and closed when the thread exits (a SimWork destroyed after that frees its list as
-// before), the first take or give that finds it empty registers the closing, and nothing is
-// recycled under AddressSanitizer or while testing::recycle_blocks_enabled is false, so the
-// out-of-memory tests still see, and refuse, the list's allocation.
+// before), the first take or give that finds it empty registers the closing
+// (transport::RecycledObjects), and nothing is recycled under AddressSanitizer or while
+// testing::recycle_blocks_enabled is false, so the out-of-memory tests still see, and refuse, the
+// list's allocation.
 class RecycledSignatureLists {
  public:
   using List = std::vector<transport::OpSignature>;
 
   // An empty list, with room from an earlier operation's when one is kept.
   static List take() noexcept {
-    if (!enabled()) {
-      return {};
+    List list;
+    if (transport::recycling_enabled()) {
+      (void)Kept::take(list);
     }
-    Lists& lists = this_thread();
-    if (lists.count == 0) {
-      close_at_thread_exit();  // the slow path: the caller allocates
-      return {};
-    }
-    List* kept = lists.at(--lists.count);
-    List list = std::move(*kept);
-    kept->~List();
     return list;
   }
   // Keeps `list`'s room for a later take(); leaves it alone (its owner frees it) when recycling
   // is off, or this thread's lists are full or closed.
   static void give(List& list) noexcept {
-    if (!enabled() || list.capacity() == 0) {
+    if (!transport::recycling_enabled() || list.capacity() == 0) {
       return;
-    }
-    Lists& lists = this_thread();
-    if (lists.closed || lists.count == transport::kRecycledBlocksMax) {
-      return;
-    }
-    if (lists.count == 0) {
-      close_at_thread_exit();
     }
     list.clear();
-    new (lists.room[lists.count++]) List(std::move(list));
+    (void)Kept::give(list);
   }
 
  private:
-  static bool enabled() noexcept {
-    return transport::kRecycleBlocks &&
-           transport::testing::recycle_blocks_enabled.load(std::memory_order_relaxed);
-  }
-  // Trivially destructible and zero-initialised, so it can be read until the thread is gone.
-  struct Lists {
-    alignas(List) unsigned char room[transport::kRecycledBlocksMax][sizeof(List)];
-    std::size_t count;
-    bool closed;
-
-    List* at(std::size_t i) noexcept { return std::launder(reinterpret_cast<List*>(room[i])); }
-  };
-  static Lists& this_thread() noexcept {
-    thread_local Lists lists{};
-    return lists;
-  }
-  struct Closer {
-    Closer() = default;
-    Closer(const Closer&) = delete;
-    Closer& operator=(const Closer&) = delete;
-    ~Closer() {
-      Lists& lists = this_thread();
-      while (lists.count > 0) {
-        lists.at(--lists.count)->~List();
-      }
-      lists.closed = true;
-    }
-  };
-  static void close_at_thread_exit() noexcept {
-    thread_local Closer closer;  // constructed once per thread: its destructor empties the lists
-    static_cast<void>(closer);
-  }
+  using Kept = transport::RecycledObjects<List, transport::kRecycledBlocksMax>;
 };
 
 // Note [Recycled slots]
@@ -281,45 +237,28 @@ class RecycledSlots {
 
   // A spare slot of an earlier group, or an empty node when none is kept.
   static Node take() noexcept {
-    if (!enabled()) {
-      return {};
+    Node node;
+    if (transport::recycling_enabled()) {
+      (void)Kept::take(node);
     }
-    Nodes& nodes = this_thread();
-    if (nodes.count == 0) {
-      close_at_thread_exit();
-      return {};
-    }
-    Node* kept = nodes.at(--nodes.count);
-    Node node = std::move(*kept);
-    kept->~Node();
     return node;
   }
   // Keeps `node` (a spare slot: emptied by recycle_slot) for a later take(); leaves it alone
   // (its owner frees it) when recycling is off, its rooms are large, or the list is full or
   // closed.
   static void give(Node& node) noexcept {
-    if (!enabled() || node.empty() || !small(node.mapped())) {
+    if (!transport::recycling_enabled() || node.empty() || !small(node.mapped())) {
       return;
     }
-    Nodes& nodes = this_thread();
-    if (nodes.closed || nodes.count == kRecycledSlotsMax) {
-      return;
-    }
-    if (nodes.count == 0) {
-      close_at_thread_exit();
-    }
-    new (nodes.room[nodes.count++]) Node(std::move(node));
+    (void)Kept::give(node);
   }
 
  private:
   static constexpr std::size_t kRecycledSlotsMax = 8;
   static constexpr std::size_t kRecycledSlotBytesMax = std::size_t{64}
                                                        << 10;  // its arrivals' rooms
+  using Kept = transport::RecycledObjects<Node, kRecycledSlotsMax>;
 
-  static bool enabled() noexcept {
-    return transport::kRecycleBlocks &&
-           transport::testing::recycle_blocks_enabled.load(std::memory_order_relaxed);
-  }
   static bool small(const SimGroup::Slot& slot) noexcept {
     std::size_t bytes = slot.arrivals.capacity() * sizeof(SimGroup::Arrival);
     for (const SimGroup::Arrival& arrival : slot.arrivals) {
@@ -327,34 +266,6 @@ class RecycledSlots {
       bytes += arrival.ops.capacity() * sizeof(SimOp) + arrival.inputs.capacity();
     }
     return bytes <= kRecycledSlotBytesMax;
-  }
-  // Trivially destructible and zero-initialised, so it can be read until the thread is gone.
-  struct Nodes {
-    alignas(Node) unsigned char room[kRecycledSlotsMax][sizeof(Node)];
-    std::size_t count;
-    bool closed;
-
-    Node* at(std::size_t i) noexcept { return std::launder(reinterpret_cast<Node*>(room[i])); }
-  };
-  static Nodes& this_thread() noexcept {
-    thread_local Nodes nodes{};
-    return nodes;
-  }
-  struct Closer {
-    Closer() = default;
-    Closer(const Closer&) = delete;
-    Closer& operator=(const Closer&) = delete;
-    ~Closer() {
-      Nodes& nodes = this_thread();
-      while (nodes.count > 0) {
-        nodes.at(--nodes.count)->~Node();
-      }
-      nodes.closed = true;
-    }
-  };
-  static void close_at_thread_exit() noexcept {
-    thread_local Closer closer;  // constructed once per thread: its destructor empties the list
-    static_cast<void>(closer);
   }
 };
 

@@ -1,6 +1,7 @@
-// Per-thread recycling of the blocks collectives make and drop (Note [Recycled blocks],
-// chorus/transport/recycled_blocks.hpp). Under AddressSanitizer nothing is recycled: there the
-// tests check that every block comes from operator new instead.
+// Per-thread recycling of the blocks collectives make and drop, and of the objects the simulator
+// keeps from run to run (Note [Recycled blocks], chorus/transport/recycled_blocks.hpp). Under
+// AddressSanitizer nothing is recycled: there the tests check that every block comes from operator
+// new instead.
 
 #include "chorus/transport/recycled_blocks.hpp"
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace chorus::transport {
@@ -89,6 +91,67 @@ TEST(RecycledBlocks, AThreadsListClosesWhenTheThreadExits) {
   }).join();
   EXPECT_TRUE(given_before_exit);
   EXPECT_FALSE(given_after_close);
+}
+
+// RecycledObjects: a thread's stack of objects kept for reuse (the simulator's signature lists
+// and slots), under the same rules as the block lists. It recycles whatever kRecycleBlocks says:
+// its callers check that. Each test runs on a thread of its own, whose exit must destroy what
+// its stack still keeps.
+struct Counted {
+  static inline int alive = 0;
+  std::vector<int> values;  // room that moves with the object
+  Counted() { ++alive; }
+  Counted(Counted&& other) noexcept : values(std::move(other.values)) { ++alive; }
+  Counted& operator=(Counted&& other) noexcept {
+    values = std::move(other.values);
+    return *this;
+  }
+  Counted(const Counted&) = delete;
+  Counted& operator=(const Counted&) = delete;
+  ~Counted() { --alive; }
+};
+using KeptCounted = RecycledObjects<Counted, 3>;
+
+TEST(RecycledObjects, AStackKeepsAtMostItsLimitAndHandsBackTheLastGiven) {
+  std::thread([] {
+    Counted out;
+    EXPECT_FALSE(KeptCounted::take(out));
+    for (int i = 0; i < 3; ++i) {
+      Counted given;
+      given.values = {i};
+      EXPECT_TRUE(KeptCounted::give(given));
+      EXPECT_TRUE(given.values.empty()) << "moved into the stack";
+    }
+    Counted extra;
+    extra.values = {9};
+    EXPECT_FALSE(KeptCounted::give(extra)) << "a full stack refuses";
+    EXPECT_EQ(extra.values, std::vector<int>{9}) << "a refused object is left as it was";
+    ASSERT_TRUE(KeptCounted::take(out));
+    EXPECT_EQ(out.values, std::vector<int>{2});
+    ASSERT_TRUE(KeptCounted::take(out));
+    EXPECT_EQ(out.values, std::vector<int>{1});
+  }).join();
+  EXPECT_EQ(Counted::alive, 0) << "the thread's exit destroys what its stack still keeps";
+}
+
+TEST(RecycledObjects, AThreadsStackClosesWhenTheThreadExits) {
+  bool given_after_close = true;
+  std::thread([&] {
+    struct GiveAtExit {
+      bool* given = nullptr;
+      ~GiveAtExit() {
+        Counted late;
+        *given = KeptCounted::give(late);
+      }
+    };
+    // Constructed before the stack's closer, so destroyed after it.
+    thread_local GiveAtExit at_exit;
+    at_exit.given = &given_after_close;
+    Counted early;
+    EXPECT_TRUE(KeptCounted::give(early));  // the closer destroys it
+  }).join();
+  EXPECT_FALSE(given_after_close);
+  EXPECT_EQ(Counted::alive, 0);
 }
 
 }  // namespace

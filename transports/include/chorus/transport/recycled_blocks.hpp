@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstddef>
 #include <new>
+#include <utility>
 
 namespace chorus::transport {
 
@@ -47,6 +48,12 @@ inline constexpr bool kRecycleBlocks = true;
 #else
 inline constexpr bool kRecycleBlocks = true;
 #endif
+
+// Whether blocks and objects are recycled now: not under AddressSanitizer, nor while the test seam
+// is off.
+inline bool recycling_enabled() noexcept {
+  return kRecycleBlocks && testing::recycle_blocks_enabled.load(std::memory_order_relaxed);
+}
 
 // The calling thread's list of free blocks of `Size` bytes.
 template <std::size_t Size>
@@ -104,6 +111,71 @@ class RecycledBlocks {
   }
 };
 
+// The calling thread's stack of at most Max objects of type T kept for reuse (the simulator's
+// recycled signature lists and slots), under Note [Recycled blocks]'s rules: trivially
+// destructible, zero-initialised storage that can be read until the thread is gone, emptied and
+// closed at thread exit, the closing registered by the first take or give that finds it empty.
+// T's move constructor and move assignment must not throw. Tag tells apart users that keep the
+// same T. Whether to recycle at all (recycling_enabled()) is the caller's check.
+template <class T, std::size_t Max, class Tag = T>
+class RecycledObjects {
+ public:
+  // Moves a kept object into `out`; false (`out` untouched) when none is kept.
+  static bool take(T& out) noexcept {
+    Stack& stack = this_thread();
+    if (stack.count == 0) {
+      close_at_thread_exit();  // the slow path: the caller makes a fresh one
+      return false;
+    }
+    T* kept = stack.at(--stack.count);
+    out = std::move(*kept);
+    kept->~T();
+    return true;
+  }
+  // Keeps `object` (moved from) for a later take(); false (`object` untouched) when the stack is
+  // full or closed.
+  static bool give(T& object) noexcept {
+    Stack& stack = this_thread();
+    if (stack.closed || stack.count == Max) {
+      return false;
+    }
+    if (stack.count == 0) {
+      close_at_thread_exit();
+    }
+    new (stack.room[stack.count++]) T(std::move(object));
+    return true;
+  }
+
+ private:
+  struct Stack {
+    alignas(T) unsigned char room[Max][sizeof(T)];
+    std::size_t count;
+    bool closed;
+
+    T* at(std::size_t i) noexcept { return std::launder(reinterpret_cast<T*>(room[i])); }
+  };
+  static Stack& this_thread() noexcept {
+    thread_local Stack stack{};
+    return stack;
+  }
+  struct Closer {
+    Closer() = default;
+    Closer(const Closer&) = delete;
+    Closer& operator=(const Closer&) = delete;
+    ~Closer() {
+      Stack& stack = this_thread();
+      while (stack.count > 0) {
+        stack.at(--stack.count)->~T();
+      }
+      stack.closed = true;
+    }
+  };
+  static void close_at_thread_exit() noexcept {
+    thread_local Closer closer;  // constructed once per thread: its destructor empties the stack
+    static_cast<void>(closer);
+  }
+};
+
 // An allocator for std::allocate_shared and shared_ptr control blocks whose single-object
 // blocks are recycled per thread (Note [Recycled blocks]).
 template <class T>
@@ -117,8 +189,7 @@ class RecyclingAllocator {
 
   T* allocate(std::size_t n) {
     static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
-    if (kRecycleBlocks && n == 1 &&
-        testing::recycle_blocks_enabled.load(std::memory_order_relaxed)) {
+    if (n == 1 && recycling_enabled()) {
       if (void* block = RecycledBlocks<sizeof(T)>::take()) {
         return static_cast<T*>(block);
       }
@@ -126,9 +197,7 @@ class RecyclingAllocator {
     return static_cast<T*>(::operator new(n * sizeof(T)));
   }
   void deallocate(T* block, std::size_t n) noexcept {
-    if (kRecycleBlocks && n == 1 &&
-        testing::recycle_blocks_enabled.load(std::memory_order_relaxed) &&
-        RecycledBlocks<sizeof(T)>::give(block)) {
+    if (n == 1 && recycling_enabled() && RecycledBlocks<sizeof(T)>::give(block)) {
       return;
     }
     ::operator delete(block);
