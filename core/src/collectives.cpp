@@ -151,7 +151,7 @@ class Call {
   // The context of errors raised before the op starts: the sequence number it would have had.
   ErrorContext context() const {
     return ErrorContext{state_->rank(), std::string(op_), meta_ ? -1 : slot_->next_seq,
-                        slot_->label};
+                        slot_->label.str()};
   }
   [[noreturn]] void invalid(const std::string& detail) const {
     throw InvalidArgument(context(), detail);

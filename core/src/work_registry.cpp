@@ -662,7 +662,7 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
   }
   try {
     unwaited_.push_back(UnwaitedWork{
-        info.rank, std::string(info.op), info.seq, info.group, info.site, at_rank_exit, {}});
+        info.rank, std::string(info.op), info.seq, info.group.str(), info.site, at_rank_exit, {}});
   } catch (...) {
     claim.record = kNoRecord;  // out of memory: the report loses this line
   }

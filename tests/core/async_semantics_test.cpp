@@ -152,6 +152,33 @@ TEST(AsyncSemantics, ARankMayWaitOnAndDropAnotherRanksPendingTensor) {
   }
 }
 
+// Note [Shared group labels]: every work of a communicator shares its slot's label. The report's
+// lines name the group of each dropped work, for a label short enough to be stored inline in a
+// std::string and for one that is not (8 ranks), and for a tagged group.
+TEST(AsyncSemantics, DroppedWorksNameTheirGroupsLabelOnEveryRank) {
+  sim::SimReport report = sim::run(quiet_options(8, 3), [] {
+    (void)all_reduce(Tensor::ones({2}), "sum", world());
+    (void)all_reduce(Tensor::ones({2}), "sum", world());
+    (void)all_reduce(Tensor::ones({2}), "sum", {rank() / 2 * 2, rank() / 2 * 2 + 1}, "pair");
+  });
+  EXPECT_TRUE(report.ok()) << report.to_string();
+  ASSERT_EQ(report.unwaited.size(), 24u);
+  std::vector<int> lines_per_rank(8);
+  for (const UnwaitedWork& line : report.unwaited) {
+    ASSERT_GE(line.rank, 0);
+    ASSERT_LT(line.rank, 8);
+    ++lines_per_rank[static_cast<std::size_t>(line.rank)];
+    if (line.seq == 0 && line.group.starts_with("'pair'")) {
+      const int first = line.rank / 2 * 2;
+      EXPECT_EQ(line.group,
+                "'pair' [" + std::to_string(first) + ", " + std::to_string(first + 1) + "]");
+    } else {
+      EXPECT_EQ(line.group, "[0, 1, 2, 3, 4, 5, 6, 7]") << line.to_string();
+    }
+  }
+  EXPECT_EQ(lines_per_rank, std::vector<int>(8, 3));
+}
+
 // Two ranks reducing in place into views of one storage made outside the ranks (a row each),
 // and each into a tensor the other rank made. Registering the caller's storage in place let
 // works of two ranks sit on one storage: a CHECK aborted the process when the second rank

@@ -38,7 +38,7 @@ namespace chorus::detail {
 struct CommSlot {
   std::shared_ptr<transport::Comm> comm;
   std::int64_t next_seq = 0;
-  std::string label;  // "[0, 1]" or "'tag' [0, 1]", for error messages and reports
+  GroupLabel label;  // "[0, 1]" or "'tag' [0, 1]" (Note [Shared group labels])
 };
 
 class RankState {

@@ -97,12 +97,38 @@ namespace chorus::detail {
 class Storage;
 class WorkRegistry;
 
+// Note [Shared group labels]
+// A group's label ("[0, 1, 2, 3]", "'tp' [0, 1]"), for reports and error messages, is made once
+// per communicator slot (RankState::comm_slot) and shared by every work issued on it: a work
+// copies a pointer, not the text. Copied, a label past 15 characters (groups of 6 ranks or more:
+// "[0, 1, 2, 3, 4, 5]") cost an allocation per operation. Shared rather than borrowed: a
+// PendingWork is reference-counted (the registry, stream waits, a failure being reported) and
+// nothing ties its life to its rank's slots, so it must not point into them.
+class GroupLabel {
+ public:
+  GroupLabel() = default;
+  GroupLabel(std::string text)  // NOLINT(google-explicit-constructor): tests pass literals
+      : text_(std::make_shared<const std::string>(std::move(text))) {}
+  GroupLabel(const char* text)  // NOLINT(google-explicit-constructor)
+      : GroupLabel(std::string(text)) {}
+
+  const std::string& str() const noexcept { return text_ != nullptr ? *text_ : empty_text(); }
+  bool empty() const noexcept { return str().empty(); }
+
+ private:
+  static const std::string& empty_text() noexcept {
+    static const std::string empty;
+    return empty;
+  }
+  std::shared_ptr<const std::string> text_;
+};
+
 // What the report and error messages say about a work.
 struct WorkInfo {
   int rank = -1;
   std::string_view op;  // the API name: a string literal (transport::OpInfo::name)
   std::int64_t seq = -1;
-  std::string group;
+  GroupLabel group;  // Note [Shared group labels]
   CallSite site;
 };
 
