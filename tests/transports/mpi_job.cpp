@@ -314,6 +314,23 @@ void rings() {
     }
   }
 
+  // A wait on an operation without a ring advances the rings in flight too (Note [Lean polls]):
+  // rank 0 waits on an all_gather that the others issue only once their ring all_reduce, which
+  // needs rank 0's polls for its later steps, completed.
+  {
+    const chorus::Tensor ring = chorus::all_reduce(ring_tensor(rank, 20000, chorus::DType::Float32),
+                                                   "sum", chorus::world());
+    const chorus::Tensor block = chorus::Tensor::from_vector(std::vector<float>(8, 1.0f));
+    if (rank == 0) {
+      const chorus::Tensor gathered = chorus::all_gather_tensor(block, 0, chorus::world());
+      chorus::wait_tensor(gathered);
+      chorus::wait_tensor(ring);
+    } else {
+      chorus::wait_tensor(ring);
+      chorus::wait_tensor(chorus::all_gather_tensor(block, 0, chorus::world()));
+    }
+  }
+
   // Inexact float sums: whatever the order, every rank gets the same bits.
   {
     std::vector<float> values(10007);

@@ -66,6 +66,9 @@ WorkContext context() { return WorkContext{0, "all_to_all", 0, nullptr}; }
 // A work as MpiComm makes one (Note [Issue without allocation]): made first, then handed its
 // Started.
 std::unique_ptr<MpiWork> work_of(std::unique_ptr<Started> started) {
+  // Room for every request's status, as each start reserves it (request_slot, post_exchange):
+  // adopt() sizes the statuses without allocating (Note [Lean polls]).
+  started->statuses.reserve(started->requests.size());
   auto work = std::make_unique<MpiWork>(process(), transport::Fingerprint{}, context());
   work->adopt(std::move(started));
   return work;

@@ -77,13 +77,11 @@ std::string unreached_set_up_message(const std::vector<int>& missing,
   return text;
 }
 
-// An all_to_all's per-peer counts and offsets (Note [MPI int counts]), each [send, recv] by group
-// rank, kept alive with its work; the MPI_Ialltoallw arguments are filled as it starts.
+// MPI_Ialltoallw's per-peer arguments (Note [MPI int counts]), each [send, recv] by group rank,
+// kept alive with the work (MPI reads them until the operation completes).
 struct AllToAllLayout {
-  std::vector<int> counts;
-  std::vector<std::size_t> offsets;  // elements, packed
-  std::vector<int> wire_counts;      // MPI_Ialltoallw's: counts[i], or 1 of a placed datatype
-  std::vector<int> displacements;    // bytes
+  std::vector<int> wire_counts;    // the split's counts[i], or 1 of a placed datatype
+  std::vector<int> displacements;  // bytes
   std::vector<MPI_Datatype> types;
 };
 
@@ -109,9 +107,15 @@ void reserve_at_least(std::vector<T>& values, std::size_t size_min) {
 // operations into one Started, and each must keep its own (the ring reads its input until its
 // last reduce-scatter step). The operations' start callables move their Buffers' keep_alive in
 // (each runs once): a copy costs an atomic increment and decrement per buffer once MPI has
-// started its threads.
+// started its threads. They capture the Buffers with an init-capture (`send = send`): a plain
+// by-copy capture of a `const Buffer&` is a const member, whose std::move is a copy (until
+// 2026-12-05 every operation copied both here and released both with its callable); the
+// static_assert refuses a const rvalue.
 template <class... KeepAlive>
 void keep(Started& started, KeepAlive&&... buffers) {
+  static_assert(((std::is_lvalue_reference_v<KeepAlive> ||
+                  !std::is_const_v<std::remove_reference_t<KeepAlive>>)&&...),
+                "a const keep_alive moved in is copied: capture the Buffer non-const");
   reserve_at_least(started.keep_alive, started.keep_alive.size() + sizeof...(buffers));
   (started.keep_alive.emplace_back(std::forward<KeepAlive>(buffers)), ...);
 }
@@ -407,6 +411,10 @@ MpiWork::MpiWork(std::shared_ptr<MpiProcess> process, transport::Fingerprint fin
 void MpiWork::adopt(std::unique_ptr<Started> started) noexcept {
   CHORUS_CHECK(started != nullptr);
   CHORUS_CHECK(started_ == nullptr);
+  // One status per request, sized here rather than by every poll (Note [Lean polls]); within
+  // the capacity every start reserved for them (request_slot, post_exchange), so no allocation.
+  CHORUS_CHECK_LE(started->requests.size(), started->statuses.capacity());
+  started->statuses.resize(started->requests.size());
   fingerprint_.ops = std::move(started->signatures);
   started_ = std::move(started);
 }
@@ -420,8 +428,14 @@ MpiWork::~MpiWork() {
   // MPI cannot cancel a collective: a pending work's buffers must outlive it, so they stay with
   // the process (a work is dropped pending only after a Timeout, on the way to ending the job; a
   // failed test leaves its requests in an unknown state, so those stay too). Parking allocates
-  // nothing, so this destructor cannot throw (Note [Issue without allocation]).
-  process_->retire(std::move(started_));
+  // nothing, so this destructor cannot throw (Note [Issue without allocation]). A completed
+  // work's requests all completed and its rings finished: nothing of it is MPI's, so it skips
+  // retire's scan of them.
+  if (status_.load(std::memory_order_acquire) == transport::WorkStatus::Completed) {
+    process_->recycle_started(std::move(started_));
+  } else {
+    process_->retire(std::move(started_));
+  }
 }
 
 void MpiWork::poll() {
@@ -429,14 +443,24 @@ void MpiWork::poll() {
     return;
   }
   int done = 0;
+  process_->mutex().lock();
+  // Statuses always: a failed request's own error is only there (MPI_ERR_IN_STATUS). adopt()
+  // sized them.
+  const int code = MPI_Testall(static_cast<int>(started_->requests.size()),
+                               started_->requests.data(), &done, started_->statuses.data());
+  if (code == MPI_SUCCESS && done == 0 && started_->rings.empty() && !process_->rings_in_flight()) {
+    process_->mutex().unlock();  // Note [Lean polls]: nothing else to do on this poll
+    return;
+  }
+  conclude_poll(code, done);
+}
+
+void MpiWork::conclude_poll(int code, int done) {
   std::string failure;
-  std::string short_message;
+  std::optional<Started::Receive> short_receive;  // its message is built outside the lock
+  int short_arrived = 0;
   {
-    const std::lock_guard mpi_lock(process_->mutex());
-    // Statuses always: a failed request's own error is only there (MPI_ERR_IN_STATUS).
-    started_->statuses.resize(started_->requests.size());
-    const int code = MPI_Testall(static_cast<int>(started_->requests.size()),
-                                 started_->requests.data(), &done, started_->statuses.data());
+    const std::lock_guard mpi_lock(process_->mutex(), std::adopt_lock);  // poll() took it
     if (code != MPI_SUCCESS) {
       // The peers of direct exchanges' receives and sends are known; a collective's request has
       // none.
@@ -451,11 +475,13 @@ void MpiWork::poll() {
     } else if (done != 0 && !started_->receives.empty()) {
       // Once: the requests are freed now, and a later poll (for a ring of the batch) would
       // find only empty statuses.
-      short_message = check_receives();
+      short_receive = first_short_receive(short_arrived);
       started_->receives.clear();
       started_->sends.clear();  // their requests are freed too
     }
-    process_->progress_rings();  // this work's and everyone else's (Note [Ring all_reduce])
+    if (process_->rings_in_flight()) {
+      process_->progress_rings();  // this work's and everyone else's (Note [Ring all_reduce])
+    }
     for (const std::shared_ptr<RingAllReduce>& ring : started_->rings) {
       if (ring->failed()) {
         failure = ring->failure();
@@ -464,11 +490,11 @@ void MpiWork::poll() {
       }
     }
   }
-  if (!failure.empty() || !short_message.empty()) {
-    error_ =
-        failure.empty()
-            ? make_error(ErrorCode::CollectiveMismatch, context_.error_context(), short_message)
-            : make_error(ErrorCode::TransportError, context_.error_context(), failure);
+  if (!failure.empty() || short_receive.has_value()) {
+    error_ = failure.empty()
+                 ? make_error(ErrorCode::CollectiveMismatch, context_.error_context(),
+                              short_message(*short_receive, short_arrived))
+                 : make_error(ErrorCode::TransportError, context_.error_context(), failure);
     status_.store(transport::WorkStatus::Failed, std::memory_order_release);
     return;
   }
@@ -489,21 +515,24 @@ void MpiWork::poll() {
   started_->keep_alive.clear();
 }
 
-std::string MpiWork::check_receives() const {
+std::optional<Started::Receive> MpiWork::first_short_receive(int& arrived) const {
   for (const Started::Receive& receive : started_->receives) {
-    int arrived = 0;
     MPI_Get_count(&started_->statuses[receive.request], receive.datatype, &arrived);
     if (arrived != receive.count) {
-      const std::string sent = arrived == MPI_UNDEFINED
-                                   ? "a message that is not a whole number of elements"
-                                   : std::to_string(arrived) + " elements";
-      return "rank " + std::to_string(receive.peer) + " sent " + sent +
-             " where this rank expected " + std::to_string(receive.count) +
-             ": the ranks issued different operations or split sizes at this point "
-             "(--check-collectives compares them before anything is sent)";
+      return receive;
     }
   }
-  return {};
+  return std::nullopt;
+}
+
+std::string MpiWork::short_message(const Started::Receive& receive, int arrived) {
+  const std::string sent = arrived == MPI_UNDEFINED
+                               ? "a message that is not a whole number of elements"
+                               : std::to_string(arrived) + " elements";
+  return "rank " + std::to_string(receive.peer) + " sent " + sent + " where this rank expected " +
+         std::to_string(receive.count) +
+         ": the ranks issued different operations or split sizes at this point "
+         "(--check-collectives compares them before anything is sent)";
 }
 
 bool MpiWork::is_completed() {
@@ -525,7 +554,7 @@ void MpiWork::wait(transport::Deadline deadline) {
   const bool spin = process_->spin_waits();
   std::chrono::steady_clock::time_point last_yield;  // set at the first clock read
   for (unsigned polls = 1;; ++polls) {
-    transport::WorkStatus status = this->status();
+    transport::WorkStatus status = status_.load(std::memory_order_acquire);  // as status()
     if (status == transport::WorkStatus::Pending) {
       const std::lock_guard lock(mutex_);
       poll();
@@ -589,6 +618,12 @@ MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, std::string tag, std::vect
   const auto mine = std::ranges::find(ranks_, process_->rank());
   CHORUS_CHECK(mine != ranks_.end());
   group_rank_ = static_cast<int>(mine - ranks_.begin());
+  // Auto was already turned into Mpi on oversubscribed jobs (MpiTransport::agree_on_schedule),
+  // so Auto survives only where every node has a CPU per rank.
+  const std::size_t n = ranks_.size();
+  chorus_schedule_allowed_ = n >= 2 && schedule_ != MpiSchedule::Mpi;
+  small_direct_allowed_ = schedule_ == MpiSchedule::Auto && n >= 2 &&
+                          n <= static_cast<std::size_t>(kSmallDirectMaxRanks);
 }
 
 void MpiComm::attach(MPI_Comm comm, MPI_Comm check_comm) noexcept {
@@ -662,8 +697,9 @@ const void* MpiComm::scaled_input(const Buffer& send, const ReduceOp& reduce_op,
   std::shared_ptr<void> copy = scratch(send.nbytes());
   const void* sources[1] = {send.data};
   kernels::reduce(copy.get(), sources, 1, send.count, send.dtype, reduce_op);
-  started.keep_alive.push_back(copy);
-  return copy.get();
+  const void* scaled = copy.get();
+  started.keep_alive.push_back(std::move(copy));
+  return scaled;
 }
 
 // Note [Widened 16-bit reductions]
@@ -689,8 +725,8 @@ MpiComm::Operands MpiComm::reduction_operands(const Buffer& send, const Buffer& 
             send.dtype};
   }
   std::shared_ptr<void> floats = scratch((send.count + recv.count) * sizeof(float));
-  started.keep_alive.push_back(floats);
   auto* input = static_cast<float*>(floats.get());
+  started.keep_alive.push_back(std::move(floats));
   float* output = input + send.count;
   kernels::convert(input, DType::Float32, send.data, send.dtype, send.count);
   if (plan.scale_input) {
@@ -714,26 +750,11 @@ MpiComm::Operands MpiComm::reduction_operands(const Buffer& send, const Buffer& 
   return {input, output, DType::Float32};
 }
 
-bool MpiComm::chorus_schedule_allowed() const {
-  // Auto was already turned into Mpi on oversubscribed jobs (MpiTransport::agree_on_schedule).
-  return size() >= 2 && schedule_ != MpiSchedule::Mpi;
-}
-
-bool MpiComm::use_chorus_schedule(std::size_t nbytes) const {
+bool MpiComm::use_chorus_schedule(std::size_t nbytes) const noexcept {
   // Auto: the same answer on every rank, since the group's members issued the same byte count.
-  return chorus_schedule_allowed() &&
+  return chorus_schedule_allowed_ &&
          (schedule_ == MpiSchedule::Chorus ||
           (kChorusScheduleMinBytes <= nbytes && nbytes <= kChorusScheduleMaxBytes));
-}
-
-bool MpiComm::use_small_direct_exchange(std::size_t nbytes) const {
-  // Auto survives agreement only where every node has a CPU per rank (agree_on_schedule).
-  return schedule_ == MpiSchedule::Auto && size() >= 2 && size() <= kSmallDirectMaxRanks &&
-         nbytes < kChorusScheduleMinBytes;
-}
-
-bool MpiComm::use_direct_exchange(std::size_t nbytes) const {
-  return use_chorus_schedule(nbytes) || use_small_direct_exchange(nbytes);
 }
 
 std::vector<MpiComm::Message>& MpiComm::fresh_messages() {
@@ -794,11 +815,12 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
   // One scratch block: the n - 1 received slots, then (signed) the packed messages.
   const std::size_t messages_packed =
       signed_as == nullptr ? 0 : (input_stride == 0 ? 1 : static_cast<std::size_t>(n));
-  std::shared_ptr<void> received =
+  std::shared_ptr<void> scratch_block =
       scratch((static_cast<std::size_t>(n - 1) + messages_packed) * slot);
-  started.keep_alive.push_back(received);
+  char* const received = static_cast<char*>(scratch_block.get());
+  started.keep_alive.push_back(std::move(scratch_block));
   // Peer p's block of this rank's result lands in slot p (p < me) or p - 1 (p > me).
-  const auto block_of = [=, received = static_cast<char*>(received.get())](int peer) {
+  const auto block_of = [=](int peer) {
     return received + static_cast<std::size_t>(peer < me ? peer : peer - 1) * slot;
   };
   const auto own_block_for = [=](int peer) {
@@ -806,7 +828,7 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
   };
   const char* packed = nullptr;  // signed: peer p's message at packed + p * slot (p * 0: one)
   if (signed_as != nullptr) {
-    char* copy = static_cast<char*>(received.get()) + static_cast<std::size_t>(n - 1) * slot;
+    char* copy = received + static_cast<std::size_t>(n - 1) * slot;
     const MessageSignature wire{WireOp::of(*signed_as), process_->rank()};
     for (std::size_t p = 0; p < messages_packed; ++p) {
       if (messages_packed == 1 || p != static_cast<std::size_t>(me)) {
@@ -880,14 +902,14 @@ void MpiComm::post_reduction_exchange(Started& started, const void* input, std::
 }
 
 template <class Start>
-std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature,
-                                                 const OpInfo& info, Start&& start,
+std::shared_ptr<transport::Work> MpiComm::launch(OpSignature&& op_signature, const OpInfo& info,
+                                                 Start&& start,
                                                  const std::vector<std::size_t>* send_counts,
                                                  const std::vector<std::size_t>* recv_counts) {
   if (batching_) {
     // NCCL group semantics: the batch starts at end_group, after its check.
     CHORUS_CHECK(send_counts == nullptr);
-    batch_signatures_.push_back(op_signature);
+    batch_signatures_.push_back(std::move(op_signature));
     batch_starts_.emplace_back(std::forward<Start>(start));
     return nullptr;
   }
@@ -897,7 +919,7 @@ std::shared_ptr<transport::Work> MpiComm::launch(const OpSignature& op_signature
   std::shared_ptr<MpiWork> work = make_work(info);
   std::unique_ptr<Started> started = process_->take_started();
   try {
-    started->signatures.push_back(op_signature);
+    started->signatures.push_back(std::move(op_signature));
     if (check_collectives_) {
       verify(started->signatures, info, send_counts, recv_counts);
     }
@@ -921,12 +943,12 @@ std::shared_ptr<MpiWork> MpiComm::make_work(const OpInfo& info) {
 std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const Buffer& recv,
                                                      const ReduceOp& reduce_op,
                                                      const OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(send.count, info);
-  const OpSignature op_signature = OpSignature::of(OpKind::AllReduce, send, recv, reduce_op, -1);
-  return launch(op_signature, info, [=, this](Started& started) mutable {
+  OpSignature op_signature = OpSignature::of(OpKind::AllReduce, send, recv, reduce_op, -1);
+  auto start = [=, this, send = send, recv = recv](Started& started) mutable {
     keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     if (use_small_direct_exchange(send.nbytes())) {
       // Note [Direct exchanges], "Small operations": the whole input to every peer.
@@ -963,19 +985,20 @@ std::shared_ptr<transport::Work> MpiComm::all_reduce(const Buffer& send, const B
                            datatype, op, comm_, request),
             "MPI_Iallreduce", info);
     }
-  });
+  };
+  return launch(std::move(op_signature), info, std::move(start));
 }
 
 std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const Buffer& recv,
                                                      const OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(recv.count, send.count * ranks_.size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(send.count, info);
   to_int_count(recv.count, info);
-  const OpSignature op_signature =
+  OpSignature op_signature =
       OpSignature::of(OpKind::AllGather, send, recv, ReduceOp::Kind::Sum, -1);
-  return launch(op_signature, info, [=, this](Started& started) mutable {
+  auto start = [=, this, send = send, recv = recv](Started& started) mutable {
     keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
     // In place when send is this rank's own block of recv.
@@ -1006,20 +1029,20 @@ std::shared_ptr<transport::Work> MpiComm::all_gather(const Buffer& send, const B
     check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data, count, datatype, recv.data, count,
                          datatype, comm_, request),
           "MPI_Iallgather", info);
-  });
+  };
+  return launch(std::move(op_signature), info, std::move(start));
 }
 
 std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, const Buffer& recv,
                                                          const ReduceOp& reduce_op,
                                                          const OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count * ranks_.size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   const int count = to_int_count(recv.count, info);
   to_int_count(send.count, info);
-  const OpSignature op_signature =
-      OpSignature::of(OpKind::ReduceScatter, send, recv, reduce_op, -1);
-  return launch(op_signature, info, [=, this](Started& started) mutable {
+  OpSignature op_signature = OpSignature::of(OpKind::ReduceScatter, send, recv, reduce_op, -1);
+  auto start = [=, this, send = send, recv = recv](Started& started) mutable {
     keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     if (use_direct_exchange(send.nbytes())) {
       // Note [Direct exchanges]: block p of the input to rank p.
@@ -1032,13 +1055,14 @@ std::shared_ptr<transport::Work> MpiComm::reduce_scatter(const Buffer& send, con
     MPI_Datatype datatype = MPI_DATATYPE_NULL;
     MPI_Op op = MPI_OP_NULL;
     reduction(send, reduce_op, plan, datatype, op);
-    const Operands operands =
-        reduction_operands(send, recv, reduce_op, plan, /*writes_recv=*/true, started);
+    const Operands operands = reduction_operands(send, recv, reduce_op, plan,
+                                                 /*writes_recv=*/true, started);
     MPI_Request* request = request_slot(started);
     check(MPI_Ireduce_scatter_block(operands.input, operands.output, count, datatype, op, comm_,
                                     request),
           "MPI_Ireduce_scatter_block", info);
-  });
+  };
+  return launch(std::move(op_signature), info, std::move(start));
 }
 
 std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
@@ -1046,22 +1070,26 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
                                                      const Buffer& recv,
                                                      const std::vector<std::size_t>& recv_counts,
                                                      const OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send_counts.size(), ranks_.size());
   CHORUS_CHECK_EQ(recv_counts.size(), ranks_.size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   // Note [MPI int counts]: each per-peer count is an MPI int; the totals and offsets are not.
+  // In the communicator's split scratch: all_to_all never joins a batch (launch starts it at
+  // once), and one thread issues a communicator's operations, one at a time. Allocates only on
+  // the group's first all_to_all, before anything is posted.
   const std::size_t n = ranks_.size();
-  auto layout = std::make_shared<AllToAllLayout>();
-  layout->counts.resize(2 * n);
-  layout->offsets.resize(2 * n);
+  std::vector<int>& counts = split_counts_;
+  std::vector<std::size_t>& offsets = split_offsets_;
+  counts.resize(2 * n);
+  offsets.resize(2 * n);
   std::size_t send_offset = 0;
   std::size_t recv_offset = 0;
   for (std::size_t peer = 0; peer < n; ++peer) {
-    layout->counts[peer] = to_int_count(send_counts[peer], info);
-    layout->offsets[peer] = send_offset;
-    layout->counts[n + peer] = to_int_count(recv_counts[peer], info);
-    layout->offsets[n + peer] = recv_offset;
+    counts[peer] = to_int_count(send_counts[peer], info);
+    offsets[peer] = send_offset;
+    counts[n + peer] = to_int_count(recv_counts[peer], info);
+    offsets[n + peer] = recv_offset;
     send_offset += send_counts[peer];
     recv_offset += recv_counts[peer];
   }
@@ -1075,23 +1103,22 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
     // itself, reports it on every member instead.
     throw InvalidArgument(context_of(info), problem);
   }
-  const OpSignature op_signature =
-      OpSignature::of(OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1);
+  OpSignature op_signature = OpSignature::of(OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum, -1);
   return launch(
-      op_signature, info,
-      [=, this](Started& started) {
-        keep(started, send.keep_alive, recv.keep_alive, layout);
+      std::move(op_signature), info,
+      // By reference: launch runs it before it returns (all_to_all is never batched), so
+      // the Buffers' keep_alive is copied once, into `started`, and not into the callable too.
+      [&, this](Started& started) {
+        keep(started, send.keep_alive, recv.keep_alive);
         const void* input = send.data;
         if (send.data == recv.data && send.count > 0) {
           // MPI's in-place alltoallv has other semantics: exchange from a copy.
           std::shared_ptr<void> copy = scratch(send.nbytes());
           std::memcpy(copy.get(), send.data, send.nbytes());
           input = copy.get();
-          started.keep_alive.push_back(copy);
+          started.keep_alive.push_back(std::move(copy));
         }
         const MPI_Datatype datatype = mpi_datatype(movement_element(send.dtype));
-        const std::vector<int>& counts = layout->counts;
-        const std::vector<std::size_t>& offsets = layout->offsets;
         const std::size_t element = element_size(send.dtype);
         // Not by size: ranks' totals differ in an uneven all_to_all, and every rank must choose
         // the same schedule.
@@ -1116,6 +1143,8 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
           }
           return;
         }
+        auto layout = std::make_shared<AllToAllLayout>();
+        keep(started, layout);  // MPI_Ialltoallw's arrays: read until the operation completes
         MPI_Request* request = request_slot(started);
         {
           const std::lock_guard mpi_lock(process_->mutex());
@@ -1170,13 +1199,13 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
 
 std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Buffer& recv,
                                                     int root, const OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(recv.count, info);
-  const OpSignature op_signature =
+  OpSignature op_signature =
       OpSignature::of(OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum, root);
-  return launch(op_signature, info, [=, this](Started& started) mutable {
+  auto start = [=, this, send = send, recv = recv](Started& started) mutable {
     keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     if (group_rank_ == root && send.data != recv.data && recv.count > 0) {
       std::memcpy(recv.data, send.data, recv.nbytes());
@@ -1185,18 +1214,19 @@ std::shared_ptr<transport::Work> MpiComm::broadcast(const Buffer& send, const Bu
     MPI_Request* request = request_slot(started);
     const std::lock_guard mpi_lock(process_->mutex());
     check(MPI_Ibcast(recv.data, count, datatype, root, comm_, request), "MPI_Ibcast", info);
-  });
+  };
+  return launch(std::move(op_signature), info, std::move(start));
 }
 
 std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffer& recv,
                                                  const ReduceOp& reduce_op, int root,
                                                  const OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(root >= 0 && root < size());
   const int count = to_int_count(send.count, info);
-  const OpSignature op_signature = OpSignature::of(OpKind::Reduce, send, recv, reduce_op, root);
-  return launch(op_signature, info, [=, this](Started& started) mutable {
+  OpSignature op_signature = OpSignature::of(OpKind::Reduce, send, recv, reduce_op, root);
+  auto start = [=, this, send = send, recv = recv](Started& started) mutable {
     keep(started, std::move(send.keep_alive), std::move(recv.keep_alive));
     const bool is_root = group_rank_ == root;
     Plan plan;
@@ -1212,7 +1242,8 @@ std::shared_ptr<transport::Work> MpiComm::reduce(const Buffer& send, const Buffe
     check(MPI_Ireduce(send_arg, is_root ? operands.output : nullptr, count, datatype, op, root,
                       comm_, request),
           "MPI_Ireduce", info);
-  });
+  };
+  return launch(std::move(op_signature), info, std::move(start));
 }
 
 namespace {
@@ -1350,23 +1381,28 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   // allocation]): a std::bad_alloc between two rounds would leave this rank's retry posting the
   // first round's MPI_Iallgather on check_comm_ where its peers post the second's
   // MPI_Ialltoall, an erroneous program. One Started (recycled) and one request serve them all.
-  auto wires = std::make_shared<std::vector<WireSignature>>(n + 1);  // [members..., mine]
+  // Owned by `pending` once kept there; used through the plain pointers below (keep moves the
+  // owners in rather than copying three shared_ptrs).
+  auto wires_owner = std::make_shared<std::vector<WireSignature>>(n + 1);  // [members..., mine]
+  std::vector<WireSignature>* const wires = wires_owner.get();
   (*wires)[n] = wire_of(signatures, info);
-  std::shared_ptr<std::vector<std::uint64_t>> counts;  // [mine to j, j's to me]
-  std::shared_ptr<std::vector<std::int32_t>> verdicts;
+  std::shared_ptr<std::vector<std::uint64_t>> counts_owner;  // [mine to j, j's to me]
+  std::shared_ptr<std::vector<std::int32_t>> verdicts_owner;
   if (splits) {
-    counts = std::make_shared<std::vector<std::uint64_t>>(2 * n);
+    counts_owner = std::make_shared<std::vector<std::uint64_t>>(2 * n);
     for (std::size_t j = 0; j < n; ++j) {
-      (*counts)[j] = (*send_counts)[j];
+      (*counts_owner)[j] = (*send_counts)[j];
     }
-    verdicts = std::make_shared<std::vector<std::int32_t>>(n + 1, 0);
+    verdicts_owner = std::make_shared<std::vector<std::int32_t>>(n + 1, 0);
   }
+  std::vector<std::uint64_t>* const counts = counts_owner.get();
+  std::vector<std::int32_t>* const verdicts = verdicts_owner.get();
   std::unique_ptr<Started> pending = process_->take_started();
   // However verify ends: recycled when nothing is in flight (a std::bad_alloc before the first
   // posting, a mismatch found), else parked (a failed posting; await_requests retires it itself
   // when a round fails or times out).
   const OnUnwind retire_on_unwind([&]() noexcept { process_->retire(std::move(pending)); });
-  keep(*pending, wires, counts, verdicts);
+  keep(*pending, std::move(wires_owner), std::move(counts_owner), std::move(verdicts_owner));
   MPI_Request* request = request_slot(*pending);  // every round's, with its status
   {
     const std::lock_guard mpi_lock(process_->mutex());
@@ -1435,6 +1471,13 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
                                                    *label_ + ": " + problem);
   }
   process_->retire(std::move(pending));
+}
+
+std::optional<MpiComm::BatchAbandon> MpiComm::batch_abandon() noexcept {
+  if (!batching_) {
+    return std::nullopt;  // nothing to drop: abandon_batch would do nothing
+  }
+  return std::optional<BatchAbandon>(std::in_place, *this);
 }
 
 void MpiComm::abandon_batch() noexcept {

@@ -23,6 +23,19 @@
 // When this node runs more ranks than it has CPUs, a peer may need this CPU to make progress,
 // and a wait yields after every poll (what Open MPI's mpi_yield_when_idle does when
 // oversubscribed).
+//
+// Note [Lean polls]
+// A spinning wait polls several times per small operation (3-7 for an 8-byte all_gather on 2
+// ranks on an idle machine, dozens on a loaded one), so what a poll does besides MPI_Testall is
+// paid on each. A poll that finds the requests pending, and no ring of its own or of the process
+// to advance, therefore only takes the MPI lock, calls MPI_Testall and releases the lock
+// (MpiWork::poll); everything else (errors, received sizes, rings, the after-steps) is in
+// MpiWork::conclude_poll, and the statuses are sized once, when the work takes its Started
+// (MpiWork::adopt; every start reserves room for them). A wait's loop and poll, MPI_Testall left
+// out, went from ~133 to ~68 instructions per poll (callgrind, 2026-12-05). The ring check is
+// what keeps Note [Ring all_reduce]'s progress: a wait on an operation without a ring still
+// advances the rings in flight (mpi.job.rings.*: rank 0 waits on an all_gather its peer issues
+// only once a ring finished).
 
 #include <mpi.h>
 
@@ -204,6 +217,8 @@ class MpiProcess {
   void reserve_ring();
   void add_ring(std::shared_ptr<RingAllReduce> ring) noexcept;
   void progress_rings();
+  // Whether progress_rings has anything to advance (Note [Lean polls]).
+  bool rings_in_flight() const noexcept { return !rings_.empty(); }
   // A private duplicate of MPI_COMM_WORLD, with MPI_ERRORS_RETURN, for chorus's own
   // point-to-point messages only (Note [Communicator rendezvous]).
   MPI_Comm control() const noexcept { return control_; }
@@ -281,9 +296,15 @@ class MpiWork final : public transport::Work {
  private:
   // Tests the requests once (Note [MPI locking]); finishes the work when they completed.
   void poll();
-  // Note [Direct exchanges], "Short messages": what a completed receive that got other than its
-  // posted count got, or "" when all match. Call with the MPI lock held, after MPI_Testall.
-  std::string check_receives() const;
+  // The rest of a poll whose MPI_Testall (returning `code`, `done`) found something to do
+  // (Note [Lean polls]). Called with the MPI lock held, which it releases.
+  void conclude_poll(int code, int done);
+  // Note [Direct exchanges], "Short messages": the first completed receive that got other than
+  // its posted count, and what it got (`arrived`), or none when all match. Call with the MPI lock
+  // held, after MPI_Testall. short_message describes it, outside the lock (a string is built only
+  // for a failure).
+  std::optional<Started::Receive> first_short_receive(int& arrived) const;
+  static std::string short_message(const Started::Receive& receive, int arrived);
 
   std::shared_ptr<MpiProcess> process_;
   std::unique_ptr<Started> started_;  // null until adopt()
@@ -411,12 +432,16 @@ class MpiComm final : public transport::Comm {
   friend BatchAbandon;
   // Drops the open batch, if any (an operation method threw inside it).
   void abandon_batch() noexcept;
+  // The guard an operation method holds: a BatchAbandon inside a batch, else none, so that an
+  // operation outside a batch does not read std::uncaught_exceptions() (a library call) twice.
+  std::optional<BatchAbandon> batch_abandon() noexcept;
 
   // Starts one operation now (after its check), or defers it into the open batch. `start`
   // issues its MPI requests into a Started. all_to_all passes its per-peer counts for the check.
   // `start` is a callable (kept as a std::function only when batched).
   template <class Start>
-  std::shared_ptr<transport::Work> launch(const transport::OpSignature& op_signature,
+  // `op_signature` is moved into the Started (or the batch).
+  std::shared_ptr<transport::Work> launch(transport::OpSignature&& op_signature,
                                           const transport::OpInfo& info, Start&& start,
                                           const std::vector<std::size_t>* send_counts = nullptr,
                                           const std::vector<std::size_t>* recv_counts = nullptr);
@@ -458,14 +483,20 @@ class MpiComm final : public transport::Comm {
   // Whether this communicator may run chorus's schedules at all (MpiSchedule; Note [Ring
   // all_reduce], Note [Direct exchanges]), and whether an operation of `nbytes` per rank (the
   // larger buffer) does.
-  bool chorus_schedule_allowed() const;
-  bool use_chorus_schedule(std::size_t nbytes) const;
+  // Both fixed per communicator (its size and schedule), so answered from members the
+  // constructor sets.
+  bool chorus_schedule_allowed() const noexcept { return chorus_schedule_allowed_; }
+  bool use_chorus_schedule(std::size_t nbytes) const noexcept;
   // Whether Auto runs an operation of `nbytes` per rank, below chorus's range, as one direct
   // exchange (Note [Direct exchanges], "Small operations").
-  bool use_small_direct_exchange(std::size_t nbytes) const;
+  bool use_small_direct_exchange(std::size_t nbytes) const noexcept {
+    return small_direct_allowed_ && nbytes < kChorusScheduleMinBytes;
+  }
   // Whether all_gather and reduce_scatter of `nbytes` per rank run as a direct exchange (either
   // of the two above).
-  bool use_direct_exchange(std::size_t nbytes) const;
+  bool use_direct_exchange(std::size_t nbytes) const noexcept {
+    return use_chorus_schedule(nbytes) || use_small_direct_exchange(nbytes);
+  }
   // The next tag of this communicator's point-to-point sequence (Note [Ring all_reduce],
   // "Messages"); every member takes tags in the same (issue) order.
   int take_p2p_tag();
@@ -501,6 +532,10 @@ class MpiComm final : public transport::Comm {
   // The messages of the exchange being posted, kept for their capacity (one rank's thread
   // starts this communicator's operations, one at a time).
   std::vector<Message> message_scratch_;
+  // The per-peer element counts and packed offsets of the all_to_all being issued, [send...,
+  // recv...] by group rank (Note [MPI int counts]), kept for their capacity like the messages.
+  std::vector<int> split_counts_;
+  std::vector<std::size_t> split_offsets_;
   MPI_Comm comm_ = MPI_COMM_NULL;        // attach()
   MPI_Comm check_comm_ = MPI_COMM_NULL;  // attach()
   bool check_collectives_;
@@ -511,7 +546,9 @@ class MpiComm final : public transport::Comm {
   std::chrono::nanoseconds timeout_;
   int group_rank_ = -1;
   MpiSchedule schedule_;
-  int next_p2p_tag_ = 0;  // Note [Ring all_reduce]
+  bool chorus_schedule_allowed_ = false;  // two ranks or more, and a schedule other than Mpi
+  bool small_direct_allowed_ = false;     // Auto, on 2 to kSmallDirectMaxRanks ranks
+  int next_p2p_tag_ = 0;                  // Note [Ring all_reduce]
   bool batching_ = false;
   std::vector<transport::OpSignature> batch_signatures_;
   std::vector<std::function<void(Started&)>> batch_starts_;
