@@ -443,6 +443,9 @@ void MpiWork::poll() {
     return;
   }
   int done = 0;
+  // Locked by hand: the lean return below unlocks, and otherwise conclude_poll adopts the lock.
+  // Nothing from here to either may throw (MPI_Testall is C, and the communicators return
+  // errors), or the lock would stay held.
   process_->mutex().lock();
   // Statuses always: a failed request's own error is only there (MPI_ERR_IN_STATUS). adopt()
   // sized them.
@@ -1076,8 +1079,9 @@ std::shared_ptr<transport::Work> MpiComm::all_to_all(const Buffer& send,
   CHORUS_CHECK(send.dtype == recv.dtype);
   // Note [MPI int counts]: each per-peer count is an MPI int; the totals and offsets are not.
   // In the communicator's split scratch: all_to_all never joins a batch (launch starts it at
-  // once), and one thread issues a communicator's operations, one at a time. Allocates only on
-  // the group's first all_to_all, before anything is posted.
+  // once), and one thread issues a communicator's operations, one at a time. The scratch
+  // allocates only on the group's first all_to_all, before anything is posted (MPI's own
+  // alltoallw path below still allocates its layout block per operation).
   const std::size_t n = ranks_.size();
   std::vector<int>& counts = split_counts_;
   std::vector<std::size_t>& offsets = split_offsets_;

@@ -217,7 +217,8 @@ class MpiProcess {
   void reserve_ring();
   void add_ring(std::shared_ptr<RingAllReduce> ring) noexcept;
   void progress_rings();
-  // Whether progress_rings has anything to advance (Note [Lean polls]).
+  // Whether progress_rings has anything to advance (Note [Lean polls]). Call with mutex() held:
+  // reserve_ring may reallocate the list.
   bool rings_in_flight() const noexcept { return !rings_.empty(); }
   // A private duplicate of MPI_COMM_WORLD, with MPI_ERRORS_RETURN, for chorus's own
   // point-to-point messages only (Note [Communicator rendezvous]).
