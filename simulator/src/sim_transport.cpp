@@ -171,7 +171,7 @@ std::shared_ptr<transport::Work> SimComm::end_group(const transport::OpInfo& inf
   batching_ = false;
   std::shared_ptr<SimWork> work;
   try {
-    work = world_->start(rank_, *group_, batch_, info);
+    work = world_->start(rank_, *group_, group_rank_, batch_, info);
   } catch (...) {
     batch_.clear();
     throw;
@@ -187,7 +187,7 @@ std::shared_ptr<transport::Work> SimComm::submit(SimOp op, const transport::OpIn
     return nullptr;
   }
   // No list of one: start moves the op into its arrival, whose room a recycled slot keeps.
-  return world_->start(rank_, *group_, std::span<SimOp>(&op, 1), info);
+  return world_->start(rank_, *group_, group_rank_, std::span<SimOp>(&op, 1), info);
 }
 
 }  // namespace chorus::sim::detail

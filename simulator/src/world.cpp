@@ -502,6 +502,9 @@ void SimWorld::rank_body(int rank) {
   }
   // From here the rank never starts another operation: peers stop waiting for it now, before
   // it completes its leftovers (which may need those peers).
+  if (slot.may_still_arrive()) {
+    ++ranks_gone_;  // Note [Absent members]
+  }
   slot.exited = true;
   on_rank_exit(rank);
   RankContext::Summary summary = slot.context->finish();
@@ -604,8 +607,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // every start that got that far, one that throws included, and a fault that fired (and a random
 // draw made) for a start that then threw stays fired. Nothing here draws a decision.
 
-std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<SimOp> ops,
-                                         const transport::OpInfo& info) {
+std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_rank,
+                                         std::span<SimOp> ops, const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(current_rank(), rank);
   RankSlot& me = ranks_[static_cast<std::size_t>(rank)];
   CHORUS_CHECK(!me.exited);
@@ -615,8 +618,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, std::span<Si
   if (me.crashed) {
     throw_crashed(rank, group, info);
   }
-  const int group_rank = group.group_rank_of(rank);
-  CHORUS_CHECK_GE(group_rank, 0);
+  CHORUS_CHECK(group_rank >= 0 && static_cast<std::size_t>(group_rank) < group.ranks.size());
+  CHORUS_CHECK_EQ(group.ranks[static_cast<std::size_t>(group_rank)], rank);
   // Note [Operation positions]: what can run out of memory is made before the operation counts.
   // Note [Recycled signature lists]: usually room from an operation completed earlier.
   transport::Fingerprint signature{group.id, info.seq, RecycledSignatureLists::take()};
@@ -848,7 +851,9 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
     if (slot_fault) {
       mark_slot_fault(slot, *slot_fault);
     }
-    check_absent_members(group, info.seq, slot);  // the slot at hand: no lookup
+    if (ranks_gone_ > 0) {                          // Note [Absent members]
+      check_absent_members(group, info.seq, slot);  // the slot at hand: no lookup
+    }
   }
 }
 
@@ -2285,7 +2290,8 @@ void SimWorld::throw_crashed(int rank, const SimGroup& group, const transport::O
 void SimWorld::crash(int rank, const SimGroup& group, const transport::OpInfo& info,
                      std::uint64_t op_index) {
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
-  CHORUS_CHECK(!slot.crashed);
+  CHORUS_CHECK(slot.may_still_arrive());  // start refuses an exited or crashed rank
+  ++ranks_gone_;                          // Note [Absent members]
   slot.crashed = true;
   slot.crash = "rank " + std::to_string(rank) +
                " crashed (injected fault: " + Fault::crash(rank, op_index).to_string() +

@@ -336,8 +336,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // its arrival once the operation counts and joins a slot (the caller keeps the list's room; an
   // operation that fails at once leaves them in place). Throws what a Crash or the step
   // budget throws, or std::bad_alloc; then the operation took no position and left no trace but
-  // the fault bookkeeping (Note [Operation positions]), and `ops` are untouched.
-  std::shared_ptr<SimWork> start(int rank, SimGroup& group, std::span<SimOp> ops,
+  // the fault bookkeeping (Note [Operation positions]), and `ops` are untouched. `group_rank` is
+  // `rank`'s index in group.ranks (its comm keeps it: no search per operation).
+  std::shared_ptr<SimWork> start(int rank, SimGroup& group, int group_rank, std::span<SimOp> ops,
                                  const transport::OpInfo& info);
   // Blocks simulated rank `rank` (the caller; not necessarily the work's owner) until `work`
   // finished, yielding to the scheduler. When `deadline` passes first, the operation fails with
@@ -586,6 +587,13 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   boost::container::small_vector<std::uint64_t, 1> runnable_words_;  // Note [Small per-run...]
   std::size_t runnable_count_ = 0;
   PerRank<std::uint64_t> run_codes_;  // decision_code of "run rank r", by r
+  // Note [Absent members]
+  // A member that has not joined an operation fails it for good only once it can never arrive:
+  // its rank function ended or a Crash killed it (RankSlot::may_still_arrive). ranks_gone_ counts
+  // those ranks (rank_body and crash, the only writers of exited and crashed), so until one is
+  // gone judge_arrival skips check_absent_members, which would find every missing member may
+  // still arrive: one comparison per arrival instead of a call that scans the members.
+  int ranks_gone_ = 0;
   // Note [Deadline scan]: a lower bound on every blocked rank's deadline (virtual time), so the
   // scheduler scans for timed-out ranks only once one may have passed (with the default timeout
   // of minutes, never in a typical run). A Delayed rank's wake_at counts as a deadline.
