@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <utility>
 
 #include "chorus/check.hpp"
@@ -213,16 +215,16 @@ std::size_t DecisionStream::pick_by_pct(std::span<const Decision> candidates) {
 // Note [Replay tokens]
 // "chorus-replay:<format>:<build fingerprint>:<world size>:<shape>:<count>:<choices>". The count
 // guards the choices (LEB128 in base64url) against a cut at a value's boundary, which would
-// otherwise replay a shorter run silently; the text must also be exactly what append_base64url
-// writes. The choices are a run only together with the program and the options that decide what a
-// choice means or what happens around it: the reduction order (Adversarial draws choices), the
-// allocator policy (Random draws), finalization (chosen: each drop draws), faults (random faults
-// draw; explicit ones change the run), simulated CUDA devices (the program places its tensors
-// elsewhere), the buffer checks (off, an input modified in flight completes instead of failing),
-// the liveness budget, the timeout and step budget. Those travel as the shape (run_shape: readable,
-// "-" for all defaults), and a replay under other options is refused naming both shapes, rather
-// than silently being another run. The program is the caller's part: the replay command reruns the
-// same command line.
+// otherwise replay a shorter run silently; the text must also be exactly what
+// append_choices_base64url writes. The choices are a run only together with the program and the
+// options that decide what a choice means or what happens around it: the reduction order
+// (Adversarial draws choices), the allocator policy (Random draws), finalization (chosen: each drop
+// draws), faults (random faults draw; explicit ones change the run), simulated CUDA devices (the
+// program places its tensors elsewhere), the buffer checks (off, an input modified in flight
+// completes instead of failing), the liveness budget, the timeout and step budget. Those travel as
+// the shape (run_shape: readable, "-" for all defaults), and a replay under other options is
+// refused naming both shapes, rather than silently being another run. The program is the caller's
+// part: the replay command reruns the same command line.
 
 namespace {
 
@@ -239,31 +241,80 @@ constexpr char kBase64Url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
   throw InvalidArgument(ErrorContext{-1, "replay token", -1, ""}, detail);
 }
 
-// Appends `bytes` to `out` in base64url without padding.
-void append_base64url(std::string& out, const std::vector<std::uint8_t>& bytes) {
-  // Whole groups are written in place (a long run's token has tens of thousands of them).
-  std::size_t at = out.size();
-  out.resize(at + bytes.size() / 3 * 4);
+// The number of bytes `values` take in LEB128: 7 bits of a value per byte, at least one.
+std::size_t leb128_size(std::span<const std::uint64_t> values) noexcept {
+  std::size_t size = values.size();
+  for (const std::uint64_t value : values) {
+    if (value >= 0x80) {
+      size += static_cast<std::size_t>(std::bit_width(value) - 1) / 7;
+    }
+  }
+  return size;
+}
+
+// The base64url characters of `bytes` bytes, without padding: 4 per 3 bytes, then 2 or 3 for a
+// last 1 or 2.
+std::size_t base64url_size(std::size_t bytes) noexcept {
+  return bytes / 3 * 4 + (bytes % 3 == 0 ? 0 : bytes % 3 + 1);
+}
+
+// Appends `choices` in LEB128, in base64url without padding (the bits past the last byte zero),
+// to `out`. The bytes go straight into the characters, written in place: no list of bytes is
+// made (each run makes a token). A schedule's choices are usually one byte each, so three
+// values make a group, and the text is sized for that; from the first group holding a wider
+// value on, the rest is counted, the text grown to fit, and the bytes gathered one at a time.
+void append_choices_base64url(std::string& out, const std::vector<std::uint64_t>& choices) {
+  const std::size_t at = out.size();
+  out.resize(at + base64url_size(choices.size()));
+  char* next = out.data() + at;
+  const auto write_group = [&next](std::uint32_t group) {
+    next[0] = kBase64Url[(group >> 18) & 63];
+    next[1] = kBase64Url[(group >> 12) & 63];
+    next[2] = kBase64Url[(group >> 6) & 63];
+    next[3] = kBase64Url[group & 63];
+    next += 4;
+  };
   std::size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    const std::uint32_t v =
-        (std::uint32_t{bytes[i]} << 16) | (std::uint32_t{bytes[i + 1]} << 8) | bytes[i + 2];
-    out[at++] = kBase64Url[(v >> 18) & 63];
-    out[at++] = kBase64Url[(v >> 12) & 63];
-    out[at++] = kBase64Url[(v >> 6) & 63];
-    out[at++] = kBase64Url[v & 63];
-  }
-  if (i < bytes.size()) {
-    std::uint32_t v = std::uint32_t{bytes[i]} << 16;
-    if (i + 1 < bytes.size()) {
-      v |= std::uint32_t{bytes[i + 1]} << 8;
+  for (; i + 3 <= choices.size(); i += 3) {
+    if ((choices[i] | choices[i + 1] | choices[i + 2]) >= 0x80) {
+      break;
     }
-    out += kBase64Url[(v >> 18) & 63];
-    out += kBase64Url[(v >> 12) & 63];
-    if (i + 1 < bytes.size()) {
-      out += kBase64Url[(v >> 6) & 63];
+    write_group(
+        static_cast<std::uint32_t>((choices[i] << 16) | (choices[i + 1] << 8) | choices[i + 2]));
+  }
+  // The values so far took a byte each.
+  const std::size_t bytes = i + leb128_size(std::span(choices).subspan(i));
+  if (bytes != choices.size()) {
+    const auto written = static_cast<std::size_t>(next - (out.data() + at));
+    out.resize(at + base64url_size(bytes));
+    next = out.data() + at + written;
+  }
+  std::uint32_t group = 0;  // the group's bytes so far, the first one highest
+  int in_group = 0;
+  const auto put = [&](std::uint32_t byte) {
+    group = (group << 8) | byte;
+    if (++in_group == 3) {
+      write_group(group);
+      group = 0;
+      in_group = 0;
+    }
+  };
+  for (; i < choices.size(); ++i) {
+    std::uint64_t value = choices[i];
+    for (; value >= 0x80; value >>= 7) {
+      put(static_cast<std::uint32_t>((value & 0x7f) | 0x80));
+    }
+    put(static_cast<std::uint32_t>(value));
+  }
+  if (in_group > 0) {
+    const std::uint32_t v = group << (8 * (3 - in_group));  // as if zero bytes followed
+    *next++ = kBase64Url[(v >> 18) & 63];
+    *next++ = kBase64Url[(v >> 12) & 63];
+    if (in_group == 2) {
+      *next++ = kBase64Url[(v >> 6) & 63];
     }
   }
+  CHORUS_CHECK(next == out.data() + out.size());
 }
 
 std::vector<std::uint8_t> from_base64url(std::string_view text) {
@@ -282,8 +333,8 @@ std::vector<std::uint8_t> from_base64url(std::string_view text) {
       out.push_back(static_cast<std::uint8_t>((bits >> count) & 0xff));
     }
   }
-  // What append_base64url writes: 4 characters per 3 bytes, then 2 or 3 for a last 1 or 2, with the
-  // bits past the last byte zero. Anything else was cut or altered.
+  // What append_choices_base64url writes: 4 characters per 3 bytes, then 2 or 3 for a last 1 or 2,
+  // with the bits past the last byte zero. Anything else was cut or altered.
   if (text.size() % 4 == 1) {
     bad_token("the choices' text has " + std::to_string(text.size()) +
               " characters, which no whole number of bytes gives (truncated?)");
@@ -405,29 +456,21 @@ std::string run_shape(const SimOptions& options) {
 
 std::string encode_replay_token(int world_size, std::string_view shape,
                                 const std::vector<std::uint64_t>& choices) {
-  // The choices in LEB128 (a long run has a million of them). Room for one byte each: a run
-  // without a choice of 0x80 or more (few candidates, no random faults) never reallocates.
-  std::vector<std::uint8_t> bytes;
-  bytes.reserve(choices.size());
-  for (std::uint64_t value : choices) {
-    for (; value >= 0x80; value >>= 7) {
-      bytes.push_back(static_cast<std::uint8_t>((value & 0x7f) | 0x80));
-    }
-    bytes.push_back(static_cast<std::uint8_t>(value));
-  }
   // One string, sized first (the choices' part is most of a long run's token).
   const std::string version = std::to_string(kReplayFormatVersion);
   const std::string& build = build_fingerprint();
   const std::string ranks = std::to_string(world_size);
   const std::string count = std::to_string(choices.size());
   std::string token;
+  // Room for one LEB128 byte per choice: a run without a choice of 0x80 or more (few
+  // candidates, no random faults) never reallocates.
   token.reserve(kTokenPrefix.size() + version.size() + build.size() + ranks.size() + shape.size() +
-                count.size() + 6 + (bytes.size() + 2) / 3 * 4);
+                count.size() + 6 + base64url_size(choices.size()));
   for (std::string_view part : {kTokenPrefix, std::string_view(version), std::string_view(build),
                                 std::string_view(ranks), shape, std::string_view(count)}) {
     token.append(part).push_back(':');
   }
-  append_base64url(token, bytes);
+  append_choices_base64url(token, choices);
   return token;
 }
 

@@ -219,6 +219,58 @@ TEST(ReplayToken, RoundTripsWorldSizeAndChoices) {
   EXPECT_EQ(decode_replay_token(encode_replay_token(1, "-", {})).choices.size(), 0u);
 }
 
+// The choices' text is LEB128 bytes in base64url (Note [Replay tokens]); the token writes the
+// characters straight from the values, so compare it with the two steps done one after the other,
+// for every tail length (0, 1, 2 bytes past the last whole group), one-byte values only and
+// values of 1 to 10 bytes after a run of one-byte ones.
+TEST(ReplayToken, ChoicesTextIsLeb128InBase64Url) {
+  const auto reference = [](const std::vector<std::uint64_t>& choices) {
+    std::vector<std::uint8_t> bytes;
+    for (std::uint64_t value : choices) {
+      for (; value >= 0x80; value >>= 7) {
+        bytes.push_back(static_cast<std::uint8_t>((value & 0x7f) | 0x80));
+      }
+      bytes.push_back(static_cast<std::uint8_t>(value));
+    }
+    static constexpr char kAlphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    std::string text;
+    for (std::size_t i = 0; i < bytes.size(); i += 3) {
+      std::uint32_t v = std::uint32_t{bytes[i]} << 16;
+      if (i + 1 < bytes.size()) {
+        v |= std::uint32_t{bytes[i + 1]} << 8;
+      }
+      if (i + 2 < bytes.size()) {
+        v |= bytes[i + 2];
+      }
+      text += kAlphabet[(v >> 18) & 63];
+      text += kAlphabet[(v >> 12) & 63];
+      if (i + 1 < bytes.size()) {
+        text += kAlphabet[(v >> 6) & 63];
+      }
+      if (i + 2 < bytes.size()) {
+        text += kAlphabet[v & 63];
+      }
+    }
+    return text;
+  };
+  Rng rng(20261205);
+  std::vector<std::uint64_t> choices;
+  for (int i = 0; i < 315; ++i) {  // the last wide value has 64 bits
+    const std::string token = encode_replay_token(4, "-", choices);
+    ASSERT_EQ(token.substr(token.rfind(':') + 1), reference(choices)) << i;
+    // One-byte values, as a schedule's mostly are; past the first 30, every fifth is wider: 8
+    // bits (two bytes, the first a one-byte value would have), then 9, ... 64 (the text is then
+    // grown past its size for one byte per value).
+    if (i >= 30 && i % 5 == 0) {
+      const int bits = 8 + (i - 30) / 5;
+      choices.push_back((rng.next() >> (64 - bits)) | (std::uint64_t{1} << (bits - 1)));
+    } else {
+      choices.push_back(rng.next() >> 57);
+    }
+  }
+}
+
 TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
   SimOptions options;
   EXPECT_EQ(run_shape(options), "-");
