@@ -98,11 +98,11 @@ class DecisionStream {
   DecisionStream(const DecisionStream&) = delete;
   DecisionStream& operator=(const DecisionStream&) = delete;
 
-  // One choice among n of any kind (reduction order, allocator, fault, ...). Inline: the
-  // scheduler makes one per decision. The check names no values (n can only be 0): a check that
-  // prints them takes its operands' addresses, and their stores to the stack stayed on the path
-  // that passes.
-  std::uint64_t choose(std::uint64_t n) {
+  // One choice among n of any kind (reduction order, allocator, fault, ...). Inline, always
+  // (Note [Inlined hot helpers] in world.cpp): the scheduler makes one per decision. The check
+  // names no values (n can only be 0): a check that prints them takes its operands' addresses, and
+  // their stores to the stack stayed on the path that passes.
+  [[gnu::always_inline]] std::uint64_t choose(std::uint64_t n) {
     CHORUS_CHECK(n >= 1);
     return record(prng_ != nullptr ? prng_->below(n) : source_->next(n));
   }

@@ -343,7 +343,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Blocks simulated rank `rank` (the caller; not necessarily the work's owner) until `work`
   // finished, yielding to the scheduler. When `deadline` passes first, the operation fails with
   // Timeout on every member and its communicator is aborted, as a real transport's watchdog does.
-  void wait_on_rank(SimWork& work, transport::Deadline deadline, int rank);
+  // Inlined into SimWork::wait, world.cpp only (Note [Inlined hot helpers]).
+  [[gnu::always_inline]] inline void wait_on_rank(SimWork& work, transport::Deadline deadline,
+                                                  int rank);
   // A scheduling point for rank `rank`; then whether `work` finished.
   bool poll_on_rank(SimWork& work, int rank);
   // Blocks a thread that is not a simulated rank until `work` finished.
@@ -413,9 +415,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   void rank_body(int rank);
   void yield(int rank);
-  void bind(int rank) noexcept;
+  // bind, execute, set_phase, kth_runnable: Note [Inlined hot helpers] (world.cpp only).
+  [[gnu::always_inline]] inline void bind(int rank) noexcept;
   void schedule();
-  void execute(const Decision& decision);
+  [[gnu::always_inline]] inline void execute(const Decision& decision);
   void complete_operation(SimGroup& group);
   // Note [Reduction order modes]: readies the order of one reduction op over `size` members
   // (Tree, Adversarial: into reduction_program_, drawing Adversarial's choices now).
@@ -549,9 +552,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   SimGroup& group_of(const SimWork& work) { return *groups_[work.fingerprint().comm_id - 1]; }
 
   // Sets rank r's phase, keeping the runnable set (Note [Runnable set]).
-  void set_phase(std::size_t r, Phase phase) noexcept;
+  [[gnu::always_inline]] inline void set_phase(std::size_t r, Phase phase) noexcept;
   // The rank of the k-th runnable rank in increasing rank order (k < runnable_count_).
-  int kth_runnable(std::size_t k) const noexcept;
+  [[gnu::always_inline]] inline int kth_runnable(std::size_t k) const noexcept;
 
   SimOptions options_;
   DecisionStream stream_;
