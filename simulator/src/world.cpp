@@ -52,14 +52,14 @@ bool current_rank_of_thread_is_none() noexcept { return this_thread_rank.world =
 
 // Note [Inlined hot helpers]
 // GCC at -O3 left the small helpers of every decision and every operation as calls (execute,
-// kth_runnable, set_phase, bind, decision_code, DecisionStream::choose, current_rank, wait_on_rank,
-// overlaps, has_all_to_all): each call saved and restored the caller's registers and spilled what
-// it held, often more than the helper's own work. They are [[gnu::always_inline]] (GCC and
-// Clang), which took 278.9k instructions per schedule of bench_sim's BM_Schedule4Ranks8Collectives
-// to 272.3k; they behave exactly as before. A member marked so is declared `inline` in world.hpp
-// and defined here, so only this file may call it: one used elsewhere fails to compile ("used but
-// never defined"); give it an out-of-line wrapper then, as current_rank wraps
-// rank_on_this_thread.
+// kth_runnable, set_phase, bind, yield, decision_code, DecisionStream::choose, current_rank,
+// wait_on_rank, judge_arrival, overlaps, has_all_to_all): each call saved and restored the
+// caller's registers and spilled what it held, often more than the helper's own work. They are
+// [[gnu::always_inline]] (GCC and Clang), which took bench_sim's BM_Schedule4Ranks8Collectives
+// from 278.9k to 270.5k instructions per schedule; they behave exactly as before. A member
+// marked so is declared `inline` in world.hpp and defined here, so only this file may call it:
+// one used elsewhere fails to compile ("used but never defined"); give it an out-of-line
+// wrapper then, as current_rank wraps rank_on_this_thread and scheduling_point wraps yield.
 
 // SimWorld::current_rank, inlined into this file's callers at every scheduling point (yield,
 // start, a work's wait and poll): Note [Inlined hot helpers].
@@ -499,6 +499,8 @@ void SimWorld::yield(int rank) {
   executor_->suspend(rank);
   bind(rank);  // fibers share the OS thread: restore this rank's bindings
 }
+
+void SimWorld::scheduling_point(int rank) { yield(rank); }
 
 void SimWorld::rank_body(int rank) {
   bind(rank);

@@ -352,7 +352,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void wait_off_rank(SimWork& work);
   // A scheduling point for rank `rank` (the caller) that does nothing else: the bare
   // scheduler's cost (bench/sim_bench.cpp).
-  void scheduling_point(int rank) { yield(rank); }
+  // Out of line: yield is inlined into world.cpp's callers only (Note [Inlined hot helpers]).
+  void scheduling_point(int rank);
 
   transport::Duration now() const noexcept {
     return transport::Duration(now_ns_.load(std::memory_order_relaxed));
@@ -414,8 +415,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   };
 
   void rank_body(int rank);
-  void yield(int rank);
-  // bind, execute, set_phase, kth_runnable: Note [Inlined hot helpers] (world.cpp only).
+  // yield, bind, execute, set_phase, kth_runnable: Note [Inlined hot helpers] (world.cpp only).
+  [[gnu::always_inline]] inline void yield(int rank);
   [[gnu::always_inline]] inline void bind(int rank) noexcept;
   void schedule();
   [[gnu::always_inline]] inline void execute(const Decision& decision);
@@ -513,9 +514,12 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired);
   // start, once `rank` arrived at operation info.seq of `group`: compares its arrival with the
   // others' (CollectiveMismatch), marks its fault, fails it if a member can never arrive.
-  void judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_rank, int rank,
-                     const transport::OpInfo& info, const transport::Fingerprint& fingerprint,
-                     const std::optional<FiredFault>& slot_fault);
+  // Inlined into start (Note [Inlined hot helpers]).
+  [[gnu::always_inline]] inline void judge_arrival(SimGroup& group, SimGroup::Slot& slot,
+                                                   int group_rank, int rank,
+                                                   const transport::OpInfo& info,
+                                                   const transport::Fingerprint& fingerprint,
+                                                   const std::optional<FiredFault>& slot_fault);
   // Note [Operation positions]: judge_arrival ran out of memory; fails the operation and aborts
   // the communicator after it. Allocates nothing it cannot do without: never throws.
   void fail_out_of_memory(SimGroup& group, std::int64_t seq) noexcept;
