@@ -543,9 +543,16 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   bool random_window_open(std::uint64_t decision) const;
   // Note [Event log]: appends an event about `work` that happened on `rank` now, when
   // SimOptions::record_events; costs a branch otherwise.
-  void record(SimEvent::Kind kind, int rank, const SimWork& work, std::string detail = {}) {
+  void record(SimEvent::Kind kind, int rank, const SimWork& work, std::string detail) {
     if (options_.record_events) {
       record_event(kind, rank, work, std::move(detail));
+    }
+  }
+  // Without a detail: the caller makes no empty string when nothing is recorded (a default
+  // argument was made and destroyed at every call).
+  void record(SimEvent::Kind kind, int rank, const SimWork& work) {
+    if (options_.record_events) {
+      record_event(kind, rank, work, {});
     }
   }
   // Out of memory, the event is not recorded (counted as past events_record_max).
