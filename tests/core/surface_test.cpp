@@ -388,6 +388,54 @@ TEST_P(SurfaceAllToAll, InputIsNeverModified) {
   });
 }
 
+// Note [Reused count lists]: a rank refills one pair of count lists for every all_to_all_single,
+// whatever its group's size and splits. Uneven splits on 4 ranks, an even split on a pair, an
+// even split on 4 ranks and the uneven one again, all issued before any is read.
+TEST(SurfaceAllToAll, CountListsAreRefilledForEachGroupSizeAndSplit) {
+  constexpr int kWorld = 4;
+  std::vector<std::vector<std::vector<std::int32_t>>> seen(kWorld);
+  run_quietly(kWorld, [&] {
+    const int me = rank();
+    const auto rows = [me](int count) {
+      std::vector<std::int32_t> values(static_cast<std::size_t>(count));
+      for (int k = 0; k < count; ++k) {
+        values[static_cast<std::size_t>(k)] = me * 100 + k;
+      }
+      return Tensor::from_vector(values);
+    };
+    // Rank me sends j + 1 rows to rank j, so it receives me + 1 rows from every rank.
+    const std::vector<std::int64_t> uneven_in = {1, 2, 3, 4};
+    const std::vector<std::int64_t> uneven_out(kWorld, me + 1);
+    const int first = me / 2 * 2;
+    std::vector<Tensor> outputs;
+    outputs.push_back(all_to_all_single(rows(10), uneven_out, uneven_in, world()));
+    outputs.push_back(all_to_all_single(rows(2), std::nullopt, std::nullopt, {first, first + 1}));
+    outputs.push_back(all_to_all_single(rows(4), std::nullopt, std::nullopt, world()));
+    outputs.push_back(all_to_all_single(rows(10), uneven_out, uneven_in, world()));
+    for (const Tensor& output : outputs) {
+      seen[static_cast<std::size_t>(me)].push_back(output.to_vector<std::int32_t>());
+    }
+  });
+  for (int me = 0; me < kWorld; ++me) {
+    std::vector<std::int32_t> uneven;  // from each rank i, its rows [me(me+1)/2, +me+1)
+    for (int i = 0; i < kWorld; ++i) {
+      for (int k = 0; k <= me; ++k) {
+        uneven.push_back(i * 100 + me * (me + 1) / 2 + k);
+      }
+    }
+    const int first = me / 2 * 2;
+    const int g = me % 2;
+    const std::vector<std::int32_t> pair = {first * 100 + g, (first + 1) * 100 + g};
+    const std::vector<std::int32_t> even = {me, 100 + me, 200 + me, 300 + me};
+    const auto& mine = seen[static_cast<std::size_t>(me)];
+    ASSERT_EQ(mine.size(), 4u) << "rank " << me;
+    EXPECT_EQ(mine[0], uneven) << "rank " << me;
+    EXPECT_EQ(mine[1], pair) << "rank " << me;
+    EXPECT_EQ(mine[2], even) << "rank " << me;
+    EXPECT_EQ(mine[3], uneven) << "rank " << me;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Surface, SurfaceAllToAll,
                          ::testing::Combine(::testing::ValuesIn(kWorldSizes),
                                             ::testing::ValuesIn(kAllDTypes)),

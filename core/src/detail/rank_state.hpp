@@ -121,6 +121,11 @@ class RankState {
   };
   std::optional<SupportedCall> last_supported;
 
+  // all_to_all_single's wire count lists, refilled by each call instead of allocated (Note
+  // [Reused count lists] in collectives.cpp).
+  std::vector<std::size_t> send_counts_scratch;
+  std::vector<std::size_t> recv_counts_scratch;
+
   bool finished = false;
   TraceScope* trace = nullptr;  // the innermost TraceScope, or null when not tracing
 

@@ -366,7 +366,9 @@ class Comm {
   // order) to group rank j, and receives block i of `recv` (recv_counts[i] elements) from group
   // rank i (MPI_Alltoallv with packed displacements). Both count lists have size() entries,
   // send.count and recv.count are their sums, and rank i's send_counts[j] must equal rank j's
-  // recv_counts[i] (a transport that can check reports a CollectiveMismatch).
+  // recv_counts[i] (a transport that can check reports a CollectiveMismatch). The count lists
+  // are read during this call only: core refills them for its next all_to_all (Note [Reused
+  // count lists] in core), so a transport copies what it needs later.
   virtual std::shared_ptr<Work> all_to_all(const Buffer& send,
                                            const std::vector<std::size_t>& send_counts,
                                            const Buffer& recv,
