@@ -219,6 +219,32 @@ TEST(ReplayToken, RoundTripsWorldSizeAndChoices) {
   EXPECT_EQ(decode_replay_token(encode_replay_token(1, "-", {})).choices.size(), 0u);
 }
 
+// `bytes` in base64url without padding, one group of three bytes at a time: the plain encoding
+// the tests compare the token's with.
+std::string base64url(const std::vector<std::uint8_t>& bytes) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::string text;
+  for (std::size_t i = 0; i < bytes.size(); i += 3) {
+    std::uint32_t v = std::uint32_t{bytes[i]} << 16;
+    if (i + 1 < bytes.size()) {
+      v |= std::uint32_t{bytes[i + 1]} << 8;
+    }
+    if (i + 2 < bytes.size()) {
+      v |= bytes[i + 2];
+    }
+    text += kAlphabet[(v >> 18) & 63];
+    text += kAlphabet[(v >> 12) & 63];
+    if (i + 1 < bytes.size()) {
+      text += kAlphabet[(v >> 6) & 63];
+    }
+    if (i + 2 < bytes.size()) {
+      text += kAlphabet[v & 63];
+    }
+  }
+  return text;
+}
+
 // The choices' text is LEB128 bytes in base64url (Note [Replay tokens]); the token writes the
 // characters straight from the values, so compare it with the two steps done one after the other,
 // for every tail length (0, 1, 2 bytes past the last whole group), one-byte values only and
@@ -232,27 +258,7 @@ TEST(ReplayToken, ChoicesTextIsLeb128InBase64Url) {
       }
       bytes.push_back(static_cast<std::uint8_t>(value));
     }
-    static constexpr char kAlphabet[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    std::string text;
-    for (std::size_t i = 0; i < bytes.size(); i += 3) {
-      std::uint32_t v = std::uint32_t{bytes[i]} << 16;
-      if (i + 1 < bytes.size()) {
-        v |= std::uint32_t{bytes[i + 1]} << 8;
-      }
-      if (i + 2 < bytes.size()) {
-        v |= bytes[i + 2];
-      }
-      text += kAlphabet[(v >> 18) & 63];
-      text += kAlphabet[(v >> 12) & 63];
-      if (i + 1 < bytes.size()) {
-        text += kAlphabet[(v >> 6) & 63];
-      }
-      if (i + 2 < bytes.size()) {
-        text += kAlphabet[v & 63];
-      }
-    }
-    return text;
+    return base64url(bytes);
   };
   Rng rng(20261205);
   std::vector<std::uint64_t> choices;
@@ -362,26 +368,7 @@ TEST(ReplayToken, ATokenCutOrAlteredIsRefusedNotReplayedShorter) {
   // A value of more than 64 bits: nine continuation bytes, then a tenth above 1.
   const std::vector<std::uint8_t> wide = {0xff, 0xff, 0xff, 0xff, 0xff,
                                           0xff, 0xff, 0xff, 0xff, 0x02};
-  std::string text;
-  for (std::size_t i = 0; i < wide.size(); i += 3) {
-    static constexpr char kAlphabet[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    std::uint32_t v = std::uint32_t{wide[i]} << 16;
-    if (i + 1 < wide.size()) {
-      v |= std::uint32_t{wide[i + 1]} << 8;
-    }
-    if (i + 2 < wide.size()) {
-      v |= wide[i + 2];
-    }
-    text += kAlphabet[(v >> 18) & 63];
-    text += kAlphabet[(v >> 12) & 63];
-    if (i + 1 < wide.size()) {
-      text += kAlphabet[(v >> 6) & 63];
-    }
-    if (i + 2 < wide.size()) {
-      text += kAlphabet[v & 63];
-    }
-  }
+  const std::string text = base64url(wide);
   testing::expect_invalid_argument(
       [&] {
         (void)decode_replay_token("chorus-replay:3:" + build_fingerprint() + ":2:-:1:" + text);
