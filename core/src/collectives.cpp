@@ -353,8 +353,8 @@ class Call {
       throw;
     }
     pending_->attach(std::move(work));
-    state_->registry()->add_reserved(pending_, output_storages());
-    pending_.reset();  // the registry holds it now
+    // Moved: the registry holds it now (Note [Atomic counts per operation]).
+    state_->registry()->add_reserved(std::move(pending_), output_storages());
   }
 
   // Under a TraceScope: waits `outputs` and appends the call's record, whose op-specific fields

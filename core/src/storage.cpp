@@ -50,14 +50,13 @@ Storage::~Storage() {
   }
 }
 
-void Storage::attach_registry(const WorkRegistry* registry,
-                              const std::weak_ptr<WorkRegistry>& self) noexcept {
+void Storage::attach_registry(WorkRegistry& registry) noexcept {
   if (!registry_.expired()) {
-    CHORUS_CHECK(attached_ == registry);  // one live registry per storage: its maker's
+    CHORUS_CHECK(attached_ == &registry);  // one live registry per storage: its maker's
     return;
   }
-  registry_ = self;
-  attached_ = registry;
+  registry_ = registry.weak_from_this();
+  attached_ = &registry;
 }
 
 void Storage::add_pending() noexcept {
@@ -81,15 +80,28 @@ void Storage::set_failure(std::exception_ptr error) noexcept {
 
 void Storage::wait_ready_slow() const {
   if (is_pending()) {
-    std::shared_ptr<WorkRegistry> registry = registry_.lock();
-    // A pending storage has a live registry: the registry retires every work before its rank
-    // state goes away (RankContext::finish).
-    CHORUS_CHECK(registry != nullptr);
-    registry->wait_storage(*this);
+    // Note [Atomic counts per operation]: on the rank that made this storage, its registry is
+    // the rank's own, alive while the rank runs, and the only one the storage's works are
+    // registered with (attach_registry), so it is used without locking registry_.
+    if (RankContext* context = RankContext::current();
+        context != nullptr && maker_ != nullptr && context->state().registry().get() == maker_) {
+      CHORUS_CHECK(attached_ == maker_);  // written by this rank's thread when it registered
+      context->state().registry()->wait_storage(*this);
+    } else {
+      wait_through_weak_registry();
+    }
   }
   if (has_failed()) {
     std::rethrow_exception(failure_);
   }
+}
+
+void Storage::wait_through_weak_registry() const {
+  std::shared_ptr<WorkRegistry> registry = registry_.lock();
+  // A pending storage has a live registry: the registry retires every work before its rank
+  // state goes away (RankContext::finish).
+  CHORUS_CHECK(registry != nullptr);
+  registry->wait_storage(*this);
 }
 
 std::shared_ptr<void> allocate_host(std::size_t nbytes) {

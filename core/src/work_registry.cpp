@@ -178,19 +178,20 @@ void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages
   ++reserved_;
 }
 
-void WorkRegistry::add_reserved(const std::shared_ptr<PendingWork>& work,
+void WorkRegistry::add_reserved(std::shared_ptr<PendingWork> work,
                                 std::span<Storage* const> storages) noexcept {
   CHORUS_CHECK(work != nullptr);
   CHORUS_CHECK(!storages.empty());
   CHORUS_CHECK(work->work_ != nullptr);  // attached
+  PendingWork& listed = *work;           // the list owns it from here
   std::lock_guard<transport::FutexMutex> lock(mutex_);
   CHORUS_CHECK_GT(reserved_, 0u);
   --reserved_;
-  list_locked(work);
+  list_locked(std::move(work));
   for (Storage* storage : storages) {
-    link_locked(*work, storage);
+    link_locked(listed, storage);
   }
-  CHORUS_CHECK_EQ(work->storages_.reserved(), 0u);  // exactly the storages reserved
+  CHORUS_CHECK_EQ(listed.storages_.reserved(), 0u);  // exactly the storages reserved
 }
 
 void WorkRegistry::cancel_reservation(PendingWork& work,
@@ -205,19 +206,20 @@ void WorkRegistry::cancel_reservation(PendingWork& work,
   }
 }
 
-void WorkRegistry::list_locked(const std::shared_ptr<PendingWork>& work) noexcept {
+void WorkRegistry::list_locked(std::shared_ptr<PendingWork> work) noexcept {
   CHORUS_CHECK(work->owner_ == nullptr);              // a work is registered once
   CHORUS_CHECK_LT(works_.size(), works_.capacity());  // reserved: no reallocation
-  works_.push_back(work);
-  work->slot_ = works_.size() - 1;
-  work->owner_ = this;
+  PendingWork& listed = *work;
+  works_.push_back(std::move(work));
+  listed.slot_ = works_.size() - 1;
+  listed.owner_ = this;
   ++listed_;
 }
 
 void WorkRegistry::link_locked(PendingWork& work, Storage* storage) noexcept {
   CHORUS_CHECK(storage != nullptr);
   CHORUS_CHECK(!work.storages_.contains(storage));  // no duplicates
-  storage->attach_registry(this, weak_from_this());
+  storage->attach_registry(*this);
   // Both in room reserve() made: neither allocates.
   storage->works_.push_back(&work, work.generation());
   work.storages_.push_back(storage, storage->generation());

@@ -77,10 +77,9 @@ class Storage {
   // ---- For WorkRegistry, under its lock.
   // A storage is registered only with the registry of the rank that made it (outputs are fresh
   // storages made by the collective that registers them; all_reduce_inplace registers the
-  // caller's storage only when the caller made it, made_by). `self` is `registry`'s
-  // weak_from_this().
-  void attach_registry(const WorkRegistry* registry,
-                       const std::weak_ptr<WorkRegistry>& self) noexcept;
+  // caller's storage only when the caller made it, made_by). Takes `registry`'s
+  // weak_from_this() only when it attaches (Note [Atomic counts per operation]).
+  void attach_registry(WorkRegistry& registry) noexcept;
   void add_pending() noexcept;
   void remove_pending() noexcept;
   // Marks the storage failed; data access rethrows `error` from then on.
@@ -93,6 +92,8 @@ class Storage {
   static constexpr std::uint32_t kPendingMask = 0x7fff'ffffu;
 
   void wait_ready_slow() const;
+  // wait_ready_slow's wait from a thread other than the maker's rank: through registry_.
+  void wait_through_weak_registry() const;
 
   std::uint64_t generation_;
   std::shared_ptr<void> memory_;

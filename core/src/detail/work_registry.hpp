@@ -71,6 +71,19 @@
 // storage's link), only earlier; the reservation itself allocates only when a list must grow, as a
 // push would have. It takes the registry's mutex twice (reserve, add_reserved), uncontended, where
 // add took it once.
+//
+// Note [Atomic counts per operation]
+// In a process that has ever run a second thread (every MPI or NCCL process: those libraries
+// start threads of their own), each std::shared_ptr or std::weak_ptr copy and release is an
+// atomic read-modify-write, ~20 cycles even uncontended; libstdc++ counts with plain
+// increments only while the process has one thread. bench_registry's issue-and-wait took
+// 283-298 ns with one thread and 400-408 ns once a thread had existed, ~34 locked instructions
+// per operation, so the per-operation path moves owners instead of copying them where a copy
+// bought nothing: the registry takes its PendingWork by move (add_reserved), a storage takes
+// its registry's weak pointer only when it first attaches (Storage::attach_registry), and a
+// rank waiting on a storage it made uses its own registry directly instead of locking the
+// storage's weak pointer (Storage::wait_ready_slow; the maker's registry is alive while the
+// rank runs, and the only one a storage's works are registered with).
 
 #include <atomic>
 #include <cstddef>
@@ -99,28 +112,35 @@ class WorkRegistry;
 
 // Note [Shared group labels]
 // A group's label ("[0, 1, 2, 3]", "'tp' [0, 1]"), for reports and error messages, is made once
-// per communicator slot (RankState::comm_slot) and shared by every work issued on it: a work
-// copies a pointer, not the text. Copied, a label past 15 characters (groups of 6 ranks or more:
-// "[0, 1, 2, 3, 4, 5]") cost an allocation per operation. Shared rather than borrowed: a
+// per communicator slot (RankState::comm_slot) and every work issued on it takes a copy. A label
+// of up to 15 characters is copied as a std::string, inline in it (no allocation, no atomic
+// count); a longer one (groups of 6 ranks or more: "[0, 1, 2, 3, 4, 5]") is shared, a pointer
+// copy, where a std::string copy allocated per operation. Shared rather than borrowed: a
 // PendingWork is reference-counted (the registry, stream waits, a failure being reported) and
-// nothing ties its life to its rank's slots, so it must not point into them.
+// nothing ties its life to its rank's slots, so it must not point into them. Short labels are not
+// shared because a shared pointer's copy and release are two atomic read-modify-writes in a
+// multi-threaded process (Note [Atomic counts per operation]), dearer than copying 15 bytes.
 class GroupLabel {
  public:
   GroupLabel() = default;
-  GroupLabel(std::string text)  // NOLINT(google-explicit-constructor): tests pass literals
-      : text_(std::make_shared<const std::string>(std::move(text))) {}
+  GroupLabel(std::string text) {  // NOLINT(google-explicit-constructor): tests pass literals
+    if (text.size() <= kInlineCharacters) {
+      inline_ = std::move(text);
+    } else {
+      shared_ = std::make_shared<const std::string>(std::move(text));
+    }
+  }
   GroupLabel(const char* text)  // NOLINT(google-explicit-constructor)
       : GroupLabel(std::string(text)) {}
 
-  const std::string& str() const noexcept { return text_ != nullptr ? *text_ : empty_text(); }
+  const std::string& str() const noexcept { return shared_ != nullptr ? *shared_ : inline_; }
   bool empty() const noexcept { return str().empty(); }
 
  private:
-  static const std::string& empty_text() noexcept {
-    static const std::string empty;
-    return empty;
-  }
-  std::shared_ptr<const std::string> text_;
+  // What libstdc++'s std::string holds without allocating.
+  static constexpr std::size_t kInlineCharacters = 15;
+  std::string inline_;
+  std::shared_ptr<const std::string> shared_;
 };
 
 // What the report and error messages say about a work.
@@ -239,8 +259,9 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // attached, under the same storages in that room; cancel_reservation() gives the room back
   // unused. Exactly one of them follows each reserve(). Neither allocates or throws.
   void reserve(PendingWork& work, std::span<Storage* const> storages);
-  void add_reserved(const std::shared_ptr<PendingWork>& work,
-                    std::span<Storage* const> storages) noexcept;
+  // `work` is moved into the registry's list (a caller that keeps its own reference passes a
+  // copy).
+  void add_reserved(std::shared_ptr<PendingWork> work, std::span<Storage* const> storages) noexcept;
   void cancel_reservation(PendingWork& work, std::span<Storage* const> storages) noexcept;
 
   // Waits every work pending on `storage`, retires them, and rethrows the first failure after
@@ -351,7 +372,7 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Both add()s: reserve(), then add_reserved().
   void add_under(const std::shared_ptr<PendingWork>& work, std::span<Storage* const> storages);
   // Lists `work` (not yet registered anywhere) in a slot reserve() made.
-  void list_locked(const std::shared_ptr<PendingWork>& work) noexcept;
+  void list_locked(std::shared_ptr<PendingWork> work) noexcept;
   // Puts `work` (listed) under `storage` (alive, attached to no other registry) in links
   // reserve() made.
   void link_locked(PendingWork& work, Storage* storage) noexcept;
