@@ -11,14 +11,21 @@ target_compile_options(chorus_options INTERFACE
   # GCC 12 reports -Wrestrict false positives inside libstdc++'s std::string concatenation
   # ("literal" + std::string) at -O2 and above (GCC bug 105329, fixed in GCC 13).
   $<$<AND:$<CXX_COMPILER_ID:GNU>,$<VERSION_LESS:$<CXX_COMPILER_VERSION>,13>>:-Wno-restrict>)
-# The release preset links with link-time optimisation (CMAKE_INTERPROCEDURAL_OPTIMIZATION), and
-# GCC 12 then inlines the same concatenation across files at link time and reports a
+# The release preset links with link-time optimisation (CMAKE_INTERPROCEDURAL_OPTIMIZATION):
+# its objects hold GCC's intermediate code only, and optimisation, with the warnings it finds
+# (-Wmaybe-uninitialized, -Warray-bounds, -Wfree-nonheap-object, ...), runs at the link, under
+# the link command's options. So the warning options and -Werror are link options there too.
+# GCC 12 then also inlines std::string concatenation across files and reports a
 # -Wstringop-overflow false positive in it (a memcpy bound "between 2^63 + 1 and 2^64 - 1" for a
-# literal prepended to a std::string; the bound cannot be reached: a string's size is below 2^63).
-# Link-time diagnostics follow the link command's options, not the compile's, so the option is a
-# link option.
-target_link_options(chorus_options INTERFACE
-  $<$<AND:$<CXX_COMPILER_ID:GNU>,$<VERSION_LESS:$<CXX_COMPILER_VERSION>,13>>:-Wno-stringop-overflow>)
+# literal prepended to a std::string, which no string's size reaches), so below GCC 13 that
+# warning is off at the link (the compile-time -Wno-restrict above is the same story).
+if(CMAKE_INTERPROCEDURAL_OPTIMIZATION)
+  target_link_options(chorus_options INTERFACE
+    -Wall -Wextra -Wpedantic -Wshadow -Wconversion
+    $<$<BOOL:${CHORUS_WERROR}>:-Werror>
+    $<$<AND:$<CXX_COMPILER_ID:GNU>,$<VERSION_LESS:$<CXX_COMPILER_VERSION>,13>>:-Wno-restrict>
+    $<$<AND:$<CXX_COMPILER_ID:GNU>,$<VERSION_LESS:$<CXX_COMPILER_VERSION>,13>>:-Wno-stringop-overflow>)
+endif()
 
 if(CHORUS_SANITIZE)
   target_compile_options(chorus_options INTERFACE
