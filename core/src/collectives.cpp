@@ -762,9 +762,6 @@ std::size_t row_elements(const Shape& shape) {
   return row;
 }
 
-// Per-peer wire counts of `rows` rows of `row` elements each.
-// Wire elements per group rank: `splits` rows each, or, without splits, the equal split of
-// `rows` over `group_size` ranks.
 // Note [Reused count lists]
 // all_to_all_single hands the transport two lists of wire counts, one per group rank. They are
 // the rank's scratch (RankState::send_counts_scratch, recv_counts_scratch), refilled by each

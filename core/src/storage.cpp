@@ -83,10 +83,11 @@ void Storage::wait_ready_slow() const {
     // Note [Atomic counts per operation]: on the rank that made this storage, its registry is
     // the rank's own, alive while the rank runs, and the only one the storage's works are
     // registered with (attach_registry), so it is used without locking registry_.
-    if (RankContext* context = RankContext::current();
-        context != nullptr && maker_ != nullptr && context->state().registry().get() == maker_) {
+    RankContext* context = RankContext::current();
+    WorkRegistry* own = context != nullptr ? context->state().registry().get() : nullptr;
+    if (own != nullptr && own == maker_) {
       CHORUS_CHECK(attached_ == maker_);  // written by this rank's thread when it registered
-      context->state().registry()->wait_storage(*this);
+      own->wait_storage(*this);
     } else {
       wait_through_weak_registry();
     }
