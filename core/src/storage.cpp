@@ -12,6 +12,7 @@
 #include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/errors.hpp"
+#include "detail/generations.hpp"
 #include "detail/host_pool.hpp"
 #include "detail/rank_state.hpp"
 #include "detail/work_registry.hpp"
@@ -19,9 +20,9 @@
 namespace chorus::detail {
 namespace {
 
-// Generations for storage identity. Process-wide on purpose: a generation must be unique across
-// every rank of a simulated world, since tensors can travel between ranks in one process.
-std::atomic<std::uint64_t> next_storage_generation{1};
+// Generations for storage identity, unique across every rank of a process (tensors travel
+// between the ranks of a simulated world), handed out in batches (Note [Generations in batches]).
+struct StorageGenerations {};
 
 }  // namespace
 
@@ -32,7 +33,7 @@ const WorkRegistry* calling_registry() noexcept {
 }
 
 Storage::Storage(std::shared_ptr<void> memory, std::size_t nbytes, Device device)
-    : generation_(next_storage_generation.fetch_add(1, std::memory_order_relaxed)),
+    : generation_(next_generation<StorageGenerations>()),
       memory_(std::move(memory)),
       nbytes_(nbytes),
       device_(device),
@@ -59,14 +60,17 @@ void Storage::attach_registry(WorkRegistry& registry) noexcept {
   attached_ = &registry;
 }
 
+// Both under the registry's mutex: a load and a release store (Note [Serialized state word]).
 void Storage::add_pending() noexcept {
-  const std::uint32_t before = state_.fetch_add(1, std::memory_order_acq_rel);
+  const std::uint32_t before = state_.load(std::memory_order_relaxed);
   CHORUS_CHECK_LT(before & kPendingMask, kPendingMask);
+  state_.store(before + 1, std::memory_order_release);
 }
 
 void Storage::remove_pending() noexcept {
-  const std::uint32_t before = state_.fetch_sub(1, std::memory_order_acq_rel);
+  const std::uint32_t before = state_.load(std::memory_order_relaxed);
   CHORUS_CHECK_GT(before & kPendingMask, 0u);
+  state_.store(before - 1, std::memory_order_release);
 }
 
 void Storage::set_failure(std::exception_ptr error) noexcept {
@@ -75,7 +79,8 @@ void Storage::set_failure(std::exception_ptr error) noexcept {
     return;  // the first failure stays
   }
   failure_ = std::move(error);
-  state_.fetch_or(kFailedBit, std::memory_order_acq_rel);
+  // Note [Serialized state word]: under the registry's mutex, as every write of state_.
+  state_.store(state_.load(std::memory_order_relaxed) | kFailedBit, std::memory_order_release);
 }
 
 void Storage::wait_ready_slow() const {

@@ -12,13 +12,15 @@
 
 #include "chorus/check.hpp"
 #include "chorus/error.hpp"
+#include "detail/generations.hpp"
 #include "detail/storage.hpp"
 
 namespace chorus::detail {
 namespace {
 
-// Generations for work identity (Note [Registry links]). Process-wide, as the storages'.
-std::atomic<std::uint64_t> next_work_generation{1};
+// Generations for work identity (Note [Registry links]), as the storages' (Note [Generations in
+// batches]).
+struct WorkGenerations {};
 
 // `error` reworded so that where it is raised (a later, unrelated call) it says which collective
 // it belongs to: "the result of all_reduce #3 (issued at f:l) <what happened>: <detail>". Keeps
@@ -67,7 +69,7 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
 PendingWork::PendingWork(WorkInfo info, std::function<void()> fixup,
                          std::shared_ptr<transport::Transport> transport,
                          transport::Duration timeout, Completion completion, StreamSource stream)
-    : generation_(next_work_generation.fetch_add(1, std::memory_order_relaxed)),
+    : generation_(next_generation<WorkGenerations>()),
       info_(std::move(info)),
       fixup_(std::move(fixup)),
       transport_(std::move(transport)),

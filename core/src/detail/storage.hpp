@@ -75,6 +75,14 @@ class Storage {
   std::shared_ptr<WorkRegistry> registry() const noexcept { return registry_.lock(); }
 
   // ---- For WorkRegistry, under its lock.
+  // Note [Serialized state word]
+  // state_ is written only here, under the mutex of the one registry the storage's works are
+  // registered with (attach_registry), and read anywhere. The writers being serialized, each
+  // write is a relaxed load and a release store, not a read-modify-write: in a process that ever
+  // had a second thread a read-modify-write is a locked instruction (Note [Atomic counts per
+  // operation]), two per operation here. A reader's acquire load still sees every value whole,
+  // and the release store of a count that drops publishes the work's results (and a failure_
+  // written before it).
   // A storage is registered only with the registry of the rank that made it (outputs are fresh
   // storages made by the collective that registers them; all_reduce_inplace registers the
   // caller's storage only when the caller made it, made_by). Takes `registry`'s
