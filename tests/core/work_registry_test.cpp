@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
 #include <chrono>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "detail/generations.hpp"
 #include "detail/rank_state.hpp"
 #include "detail/storage.hpp"
 #include "detail/tensor_access.hpp"
@@ -1026,6 +1028,32 @@ TEST(RankState, NestedExpandedGroupsStayPutWhileDeeperOnesComeAndGo) {
   EXPECT_EQ(state.expanded_groups_in_use(), 0u);
   EXPECT_EQ(&state.push_expanded_group(), &outer);
   state.pop_expanded_group(0);
+}
+
+// Note [Generations in batches]: numbers handed out by threads at once, each from its own batch,
+// are never 0 and never repeat, within a thread and across threads, also past a batch's end.
+TEST(Generations, AreUniqueAcrossThreadsAndBatches) {
+  struct Counted {};
+  constexpr std::size_t kPerThread = 3 * detail::kGenerationBatch + 7;
+  std::vector<std::uint64_t> first(kPerThread);
+  std::vector<std::uint64_t> second(kPerThread);
+  std::thread other([&second] {
+    for (std::uint64_t& generation : second) {
+      generation = detail::next_generation<Counted>();
+    }
+  });
+  for (std::uint64_t& generation : first) {
+    generation = detail::next_generation<Counted>();
+  }
+  other.join();
+  std::vector<std::uint64_t> all = first;
+  all.insert(all.end(), second.begin(), second.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_NE(all.front(), 0u);
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end());
+  // Within a thread they count up by one inside a batch.
+  EXPECT_EQ(first[1], first[0] + 1);
+  EXPECT_EQ(second[1], second[0] + 1);
 }
 
 }  // namespace
