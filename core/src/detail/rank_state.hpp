@@ -21,6 +21,7 @@
 #include "chorus/group.hpp"
 #include "chorus/reduce_op.hpp"
 #include "chorus/runtime.hpp"
+#include "chorus/transport/group_label.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
 #include "detail/host_pool.hpp"
@@ -38,7 +39,7 @@ namespace chorus::detail {
 struct CommSlot {
   std::shared_ptr<transport::Comm> comm;
   std::int64_t next_seq = 0;
-  GroupLabel label;  // "[0, 1]" or "'tag' [0, 1]" (Note [Shared group labels])
+  transport::GroupLabel label;  // "[0, 1]" or "'tag' [0, 1]" (Note [Shared group labels])
 };
 
 class RankState {

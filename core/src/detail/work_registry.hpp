@@ -101,6 +101,7 @@
 #include "chorus/call_site.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/transport/futex_mutex.hpp"
+#include "chorus/transport/group_label.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
 #include "detail/stamped_links.hpp"
@@ -110,45 +111,12 @@ namespace chorus::detail {
 class Storage;
 class WorkRegistry;
 
-// Note [Shared group labels]
-// A group's label ("[0, 1, 2, 3]", "'tp' [0, 1]"), for reports and error messages, is made once
-// per communicator slot (RankState::comm_slot) and every work issued on it takes a copy. A label
-// of up to 15 characters is copied as a std::string, inline in it (no allocation, no atomic
-// count); a longer one (groups of 6 ranks or more: "[0, 1, 2, 3, 4, 5]") is shared, a pointer
-// copy, where a std::string copy allocated per operation. Shared rather than borrowed: a
-// PendingWork is reference-counted (the registry, stream waits, a failure being reported) and
-// nothing ties its life to its rank's slots, so it must not point into them. Short labels are not
-// shared because a shared pointer's copy and release are two atomic read-modify-writes in a
-// multi-threaded process (Note [Atomic counts per operation]), dearer than copying 15 bytes.
-class GroupLabel {
- public:
-  GroupLabel() = default;
-  GroupLabel(std::string text) {  // NOLINT(google-explicit-constructor): tests pass literals
-    if (text.size() <= kInlineCharacters) {
-      inline_ = std::move(text);
-    } else {
-      shared_ = std::make_shared<const std::string>(std::move(text));
-    }
-  }
-  GroupLabel(const char* text)  // NOLINT(google-explicit-constructor)
-      : GroupLabel(std::string(text)) {}
-
-  const std::string& str() const noexcept { return shared_ != nullptr ? *shared_ : inline_; }
-  bool empty() const noexcept { return str().empty(); }
-
- private:
-  // What libstdc++'s std::string holds without allocating.
-  static constexpr std::size_t kInlineCharacters = 15;
-  std::string inline_;
-  std::shared_ptr<const std::string> shared_;
-};
-
 // What the report and error messages say about a work.
 struct WorkInfo {
   int rank = -1;
   std::string_view op;  // the API name: a string literal (transport::OpInfo::name)
   std::int64_t seq = -1;
-  GroupLabel group;  // Note [Shared group labels]
+  transport::GroupLabel group;  // Note [Shared group labels] (chorus/transport/group_label.hpp)
   CallSite site;
 };
 

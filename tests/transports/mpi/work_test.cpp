@@ -61,7 +61,7 @@ std::unique_ptr<Started> self_message(int sent, int expected, std::shared_ptr<in
   return started;
 }
 
-WorkContext context() { return WorkContext{0, "all_to_all", 0, nullptr}; }
+WorkContext context() { return WorkContext{0, "all_to_all", 0, {}}; }
 
 // A work as MpiComm makes one (Note [Issue without allocation]): made first, then handed its
 // Started.

@@ -612,7 +612,7 @@ MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, std::string tag, std::vect
       check_collectives_(check_collectives),
       tag_(std::move(tag)),
       ranks_(std::move(ranks)),
-      label_(std::make_shared<const std::string>(group_label(tag_, ranks_))),
+      label_(group_label(tag_, ranks_)),
       id_(id),
       timeout_(timeout),
       schedule_(schedule) {
@@ -1419,7 +1419,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
     if (i != me && !same_operation((*wires)[i], (*wires)[n])) {
       throw CollectiveMismatch(
           context_of(info),
-          "ranks disagree on operation #" + std::to_string(info.seq) + " of group " + *label_ +
+          "ranks disagree on operation #" + std::to_string(info.seq) + " of group " + label_.str() +
               ": rank " + std::to_string(ranks_[i]) + " issued " + describe((*wires)[i]) +
               (((*wires)[i].seq != info.seq)
                    ? " as its operation #" + std::to_string((*wires)[i].seq)
@@ -1472,7 +1472,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   if (!problem.empty()) {
     throw CollectiveMismatch(context_of(info), "ranks disagree on the split sizes of operation #" +
                                                    std::to_string(info.seq) + " of group " +
-                                                   *label_ + ": " + problem);
+                                                   label_.str() + ": " + problem);
   }
   process_->retire(std::move(pending));
 }

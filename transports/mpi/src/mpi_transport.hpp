@@ -58,6 +58,7 @@
 #include "chorus/mpi/mpi.hpp"
 #include "chorus/transport/batch_abandon.hpp"
 #include "chorus/transport/futex_mutex.hpp"
+#include "chorus/transport/group_label.hpp"
 #include "chorus/transport/transport.hpp"
 #include "mapping.hpp"
 #include "mpi_errors.hpp"
@@ -264,15 +265,16 @@ class MpiProcess {
 };
 
 // What a work's errors name, kept cheaply: the ErrorContext (two strings) is built only for an
-// error. `op` is OpInfo::name, a string literal; `group` the communicator's label, shared.
+// error. `op` is OpInfo::name, a string literal; `group` the communicator's label, copied inline
+// or shared (Note [Shared group labels]).
 struct WorkContext {
   int rank = -1;
   std::string_view op;
   std::int64_t seq = -1;
-  std::shared_ptr<const std::string> group;
+  transport::GroupLabel group;
 
   ErrorContext error_context() const {
-    return ErrorContext{rank, std::string(op), seq, group ? *group : std::string()};
+    return ErrorContext{rank, std::string(op), seq, group.str()};
   }
 };
 
@@ -542,7 +544,7 @@ class MpiComm final : public transport::Comm {
   bool check_collectives_;
   std::string tag_;
   std::vector<int> ranks_;
-  std::shared_ptr<const std::string> label_;  // shared with the works' contexts
+  transport::GroupLabel label_;  // copied into the works' contexts
   std::uint64_t id_;
   std::chrono::nanoseconds timeout_;
   int group_rank_ = -1;
