@@ -228,7 +228,6 @@ std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
 MpiProcess::MpiProcess(int node_cpus, int int_count_max, bool recycles)
     : int_count_max_(int_count_max), recycles_(recycles), user_ops_(std::make_unique<UserOps>()) {
   CHORUS_CHECK(int_count_max > 0);
-  spare_started_.reserve(kSpareStartedMax);  // recycle_started never allocates
   const ErrorContext context{-1, "chorus::mpi::run", -1, ""};
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -328,13 +327,10 @@ void MpiProcess::progress_rings() {
 }
 
 std::unique_ptr<Started> MpiProcess::take_started() {
-  {
-    const std::lock_guard lock(spare_mutex_);
-    if (!spare_started_.empty()) {
-      std::unique_ptr<Started> started = std::move(spare_started_.back());
-      spare_started_.pop_back();
-      return started;
-    }
+  std::unique_ptr<Started> started;
+  if (recycles() && SpareStarteds::take(started)) {
+    CHORUS_CHECK(started != nullptr);  // recycle_started keeps only nodes, emptied
+    return started;
   }
   return std::make_unique<Started>();
 }
@@ -343,17 +339,18 @@ void MpiProcess::recycle_started(std::unique_ptr<Started> started) noexcept {
   if (started == nullptr) {
     return;
   }
-  // Emptied here, outside the lock: keep_alive's buffers and after's captures go now, as they
-  // would have with the work.
+  // Emptied before it is kept: keep_alive's buffers and after's captures go now, as they would
+  // have with the work.
   started->clear();
   CHORUS_CHECK(started->next_parked == nullptr);
-  if (!recycles_) {
-    return;  // freed here (the test seam CHORUS_MPI_RECYCLE_STARTED=0)
+  if (!recycles()) {
+    return;  // freed here (the test seam CHORUS_MPI_RECYCLE_STARTED=0, or AddressSanitizer)
   }
-  const std::lock_guard lock(spare_mutex_);
-  if (spare_started_.size() < kSpareStartedMax) {
-    spare_started_.push_back(std::move(started));  // within the reserved capacity: no throw
-  }
+  // This thread's list (Note [Recycled Started]): no lock, and no operator new (fixed
+  // per-thread storage; a thread's first use registers the list's emptying at thread exit, once,
+  // as an MpiWork's recycled block does: Note [Recycled blocks]). When the list is full or
+  // closed (this thread is exiting) `started` stays here and is freed.
+  (void)SpareStarteds::give(started);
 }
 
 void MpiProcess::park(std::unique_ptr<Started> started) noexcept {

@@ -59,6 +59,7 @@
 #include "chorus/transport/batch_abandon.hpp"
 #include "chorus/transport/futex_mutex.hpp"
 #include "chorus/transport/group_label.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
 #include "mapping.hpp"
 #include "mpi_errors.hpp"
@@ -200,12 +201,23 @@ class MpiProcess {
   // How many Starteds park() keeps (tests: a work that MPI is done with is not parked). Takes
   // the MPI lock.
   std::size_t parked_count();
-  // Note [Recycled Started]: a finished work's Started, emptied, goes back to the process, and
-  // the next operation starts from it, so its vectors keep their heap blocks instead of
-  // allocating three per operation (nor its node: Note [Issue without allocation]). Thread-safe
-  // (works die on any thread). take_started allocates a node when none is spare, and then may
-  // throw std::bad_alloc; recycle_started never throws (null: nothing), and frees the node when
-  // this process does not recycle.
+  // Note [Recycled Started]: a finished work's Started, emptied, is kept for the next
+  // operation, which starts from it, so its vectors keep their heap blocks instead of
+  // allocating three per operation (nor its node: Note [Issue without allocation]). The spare
+  // Starteds are kept per thread (transport::RecycledObjects, Note [Recycled blocks]): at most
+  // kSpareStartedMax on each thread that drops works, taken by the next operation issued on that
+  // thread, so neither call takes a lock (until 2026-12-05 one list per process, under a mutex
+  // of its own: a lock and an unlock per call). The cost: a thread that issues operations whose
+  // works another thread drops reuses none, and allocates as with recycling off. A thread's
+  // spares are freed when it exits; an emptied Started holds nothing of MPI's or of this
+  // process's, so they may outlive it.
+  // Thread-safe (works die on any thread). take_started allocates a node when this thread keeps
+  // none, and then may throw std::bad_alloc; recycle_started never allocates or throws (null:
+  // nothing; a full or closed list: it frees the node), and frees the node when this process
+  // does not recycle (the test seam) or under AddressSanitizer (Note [Recycled blocks]: a use
+  // after the work's end still reports). The out-of-memory tests' seam
+  // transport::testing::recycle_blocks_enabled does not stop it: CHORUS_MPI_RECYCLE_STARTED
+  // decides, so mpi.out_of_memory_test.* runs with recycled Starteds and .fresh without.
   std::unique_ptr<Started> take_started();
   void recycle_started(std::unique_ptr<Started> started) noexcept;
   // park() if MPI may still use `started`'s buffers (Started::in_flight), else
@@ -257,10 +269,11 @@ class MpiProcess {
     ~ParkedList();
   };
   ParkedList parked_;
+  // Note [Recycled Started]: emptied Starteds, at most kSpareStartedMax per thread.
   static constexpr std::size_t kSpareStartedMax = 16;
-  transport::FutexMutex spare_mutex_;  // guards spare_started_ only
-  // Emptied; capacity reserved for kSpareStartedMax.
-  std::vector<std::unique_ptr<Started>> spare_started_;
+  using SpareStarteds = transport::RecycledObjects<std::unique_ptr<Started>, kSpareStartedMax>;
+  // Whether Starteds are recycled: the test seam allows it, and not under AddressSanitizer.
+  bool recycles() const noexcept { return transport::kRecycleBlocks && recycles_; }
   std::vector<std::shared_ptr<RingAllReduce>> rings_;  // in flight; guarded by mutex_
 };
 
