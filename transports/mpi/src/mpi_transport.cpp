@@ -328,7 +328,7 @@ void MpiProcess::progress_rings() {
 
 std::unique_ptr<Started> MpiProcess::take_started() {
   std::unique_ptr<Started> started;
-  if (recycles() && SpareStarteds::take(started)) {
+  if (recycles_ && SpareStarteds::take(started)) {
     CHORUS_CHECK(started != nullptr);  // recycle_started keeps only nodes, emptied
     return started;
   }
@@ -343,8 +343,8 @@ void MpiProcess::recycle_started(std::unique_ptr<Started> started) noexcept {
   // have with the work.
   started->clear();
   CHORUS_CHECK(started->next_parked == nullptr);
-  if (!recycles()) {
-    return;  // freed here (the test seam CHORUS_MPI_RECYCLE_STARTED=0, or AddressSanitizer)
+  if (!recycles_) {
+    return;  // freed here (the test seam CHORUS_MPI_RECYCLE_STARTED=0)
   }
   // This thread's list (Note [Recycled Started]): no lock, and no operator new (fixed
   // per-thread storage; a thread's first use registers the list's emptying at thread exit, once,

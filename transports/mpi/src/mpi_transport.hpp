@@ -214,10 +214,12 @@ class MpiProcess {
   // Thread-safe (works die on any thread). take_started allocates a node when this thread keeps
   // none, and then may throw std::bad_alloc; recycle_started never allocates or throws (null:
   // nothing; a full or closed list: it frees the node), and frees the node when this process
-  // does not recycle (the test seam) or under AddressSanitizer (Note [Recycled blocks]: a use
-  // after the work's end still reports). The out-of-memory tests' seam
-  // transport::testing::recycle_blocks_enabled does not stop it: CHORUS_MPI_RECYCLE_STARTED
-  // decides, so mpi.out_of_memory_test.* runs with recycled Starteds and .fresh without.
+  // does not recycle (the test seam). Only CHORUS_MPI_RECYCLE_STARTED decides, not Note
+  // [Recycled blocks]'s rules (nothing recycled under AddressSanitizer or while
+  // transport::testing::recycle_blocks_enabled is off): mpi.out_of_memory_test.*.checked, run
+  // under asan-ubsan too, needs recycled Starteds (a start that allocates after the collective
+  // check's comparison leaves the peers a comparison ahead: Note [Issue without allocation]),
+  // and mpi.out_of_memory_test.* runs with them, .fresh without.
   std::unique_ptr<Started> take_started();
   void recycle_started(std::unique_ptr<Started> started) noexcept;
   // park() if MPI may still use `started`'s buffers (Started::in_flight), else
@@ -272,8 +274,6 @@ class MpiProcess {
   // Note [Recycled Started]: emptied Starteds, at most kSpareStartedMax per thread.
   static constexpr std::size_t kSpareStartedMax = 16;
   using SpareStarteds = transport::RecycledObjects<std::unique_ptr<Started>, kSpareStartedMax>;
-  // Whether Starteds are recycled: the test seam allows it, and not under AddressSanitizer.
-  bool recycles() const noexcept { return transport::kRecycleBlocks && recycles_; }
   std::vector<std::shared_ptr<RingAllReduce>> rings_;  // in flight; guarded by mutex_
 };
 
