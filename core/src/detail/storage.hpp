@@ -74,15 +74,7 @@ class Storage {
   // The registry this storage's works are registered with; null if never registered or gone.
   std::shared_ptr<WorkRegistry> registry() const noexcept { return registry_.lock(); }
 
-  // ---- For WorkRegistry, under its lock.
-  // Note [Serialized state word]
-  // state_ is written only here, under the mutex of the one registry the storage's works are
-  // registered with (attach_registry), and read anywhere. The writers being serialized, each
-  // write is a relaxed load and a release store, not a read-modify-write: in a process that ever
-  // had a second thread a read-modify-write is a locked instruction (Note [Atomic counts per
-  // operation]), two per operation here. A reader's acquire load still sees every value whole,
-  // and the release store of a count that drops publishes the work's results (and a failure_
-  // written before it).
+  // ---- For WorkRegistry, under its lock (state_'s writers: Note [Serialized state word]).
   // A storage is registered only with the registry of the rank that made it (outputs are fresh
   // storages made by the collective that registers them; all_reduce_inplace registers the
   // caller's storage only when the caller made it, made_by). Takes `registry`'s
@@ -111,6 +103,14 @@ class Storage {
   // the address of a registry gone may be reused by a later rank's, which then counts as the
   // maker, harmlessly, since the storage's own registry_ has expired.
   const WorkRegistry* maker_;
+  // Note [Serialized state word]
+  // state_ is written only by add_pending, remove_pending and set_failure, under the mutex of the
+  // one registry the storage's works are registered with (attach_registry), and read anywhere. The
+  // writers being serialized, each write is a relaxed load and a release store, not a
+  // read-modify-write: in a process that ever had a second thread a read-modify-write is a locked
+  // instruction (Note [Atomic counts per operation]), two per operation here. A reader's acquire
+  // load still sees every value whole, and the release store of a count that drops publishes the
+  // work's results (and a failure_ written before it).
   std::atomic<std::uint32_t> state_{0};
   std::weak_ptr<WorkRegistry> registry_;    // set before the storage's first work is listed
   const WorkRegistry* attached_ = nullptr;  // registry_'s target, for the check in attach
