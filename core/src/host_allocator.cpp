@@ -23,7 +23,58 @@ void* aligned_block(std::size_t rounded_bytes) {
   return block;
 }
 
+// Note [Spare host pools]
+// Every rank makes a pool (RankState) and every run of the simulator makes its ranks anew, so
+// a schedule of 4 ranks made 4 pools and their first blocks (glibc's aligned_alloc, ~640
+// instructions a block, and the pool's bucket map and lists) and freed it all again at its end:
+// ~10 k of the ~250 k instructions of bench_sim's schedule of 4 ranks x 8 collectives. A rank's
+// pool that nothing else holds when the rank ends (no block of it still out: every tensor of
+// the rank is gone) is parked on the thread instead, keeping at most kSparePoolCachedBytesMax
+// bytes of its cached blocks, and the next rank made on that thread takes it (with the limit
+// of its own options). A thread keeps at most kSparePoolsMax pools (so at most 1 MiB of idle
+// blocks) until it exits, as recycled blocks are kept (Note [Recycled blocks] in
+// chorus/transport/recycled_blocks.hpp); nothing is parked under AddressSanitizer or while the
+// out-of-memory tests' seam turns recycling off, so those tests still see every allocation.
+struct SparePoolsTag {};
+using SparePools =
+    transport::RecycledObjects<std::shared_ptr<HostPool>, HostPool::kSparePoolsMax, SparePoolsTag>;
+
 }  // namespace
+
+std::shared_ptr<HostPool> HostPool::make(std::size_t cached_bytes_max) {
+  std::shared_ptr<HostPool> pool;
+  if (transport::recycling_enabled() && SparePools::take(pool)) {
+    pool->trim_to(cached_bytes_max);
+    std::lock_guard<transport::FutexMutex> lock(pool->mutex_);
+    pool->cached_bytes_max_ = cached_bytes_max;
+    return pool;
+  }
+  return std::make_shared<HostPool>(cached_bytes_max);
+}
+
+void HostPool::park(std::shared_ptr<HostPool>&& pool) noexcept {
+  // use_count() == 1: no other reference (no block's deleter holds one) can appear any more;
+  // only a holder could copy it.
+  if (pool != nullptr && transport::recycling_enabled() && pool.use_count() == 1) {
+    pool->trim_to(kSparePoolCachedBytesMax);
+    if (SparePools::give(pool)) {
+      return;  // moved from: null
+    }
+  }
+  pool.reset();
+}
+
+void HostPool::trim_to(std::size_t bytes) noexcept {
+  std::lock_guard<transport::FutexMutex> lock(mutex_);
+  for (auto& [size, blocks] : free_blocks_) {
+    while (cached_bytes_ > bytes && !blocks.empty()) {
+      std::free(blocks.back());
+      blocks.pop_back();
+      CHORUS_CHECK_GE(cached_bytes_, size);
+      cached_bytes_ -= size;
+    }
+  }
+}
 
 HostPool::~HostPool() {
   for (auto& [size, blocks] : free_blocks_) {

@@ -44,10 +44,12 @@ RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOption
       transport_(std::move(transport)),
       options_(options),
       registry_(std::make_shared<WorkRegistry>()),
-      host_pool_(std::make_shared<HostPool>(options.host_pool_bytes_max)) {
+      host_pool_(HostPool::make(options.host_pool_bytes_max)) {
   CHORUS_CHECK_GE(rank_, 0);
   CHORUS_CHECK_LT(rank_, world_size_);
 }
+
+RankState::~RankState() { HostPool::park(std::move(host_pool_)); }
 
 const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
   if (world_ranks_ == nullptr) {

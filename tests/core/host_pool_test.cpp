@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
+
+#include "chorus/transport/recycled_blocks.hpp"
 
 namespace chorus::detail {
 namespace {
@@ -71,6 +74,86 @@ TEST(HostPool, NeverEvictsForABlockOverTheLimitOrOfTheSameSize) {
   EXPECT_EQ(pool->cached_bytes(), 1024u);
   pool->allocate(4096).reset();  // over the limit: freed, nothing evicted
   EXPECT_EQ(pool->cached_bytes(), 1024u);
+}
+
+// Note [Spare host pools]. Takes every pool parked on this thread (by earlier tests' ranks), so
+// that the next make() is fresh unless the test parks one; they are dropped with the holder.
+std::vector<std::shared_ptr<HostPool>> take_spare_pools() {
+  std::vector<std::shared_ptr<HostPool>> taken;
+  for (std::size_t i = 0; i < HostPool::kSparePoolsMax; ++i) {
+    taken.push_back(HostPool::make(1024));
+  }
+  return taken;
+}
+
+TEST(HostPool, AParkedPoolIsTheNextMadeOnTheThreadWithItsBlocks) {
+  const auto others = take_spare_pools();
+  std::shared_ptr<HostPool> pool = HostPool::make(1024);
+  HostPool* const parked = pool.get();
+  void* block = nullptr;
+  {
+    std::shared_ptr<void> held = pool->allocate(512);
+    block = held.get();
+  }
+  HostPool::park(std::move(pool));
+  EXPECT_EQ(pool, nullptr);
+  std::shared_ptr<HostPool> next = HostPool::make(2048);
+  if (!transport::recycling_enabled()) {  // AddressSanitizer: nothing is parked
+    EXPECT_EQ(next->cached_bytes(), 0u);
+    return;
+  }
+  ASSERT_EQ(next.get(), parked);
+  EXPECT_EQ(next->cached_bytes(), 512u);
+  EXPECT_EQ(next->allocate(512).get(), block);
+  // The new limit holds: 2048 bytes are kept now, not 1024.
+  std::shared_ptr<void> a = next->allocate(1024);
+  std::shared_ptr<void> b = next->allocate(1024);
+  a.reset();
+  b.reset();
+  EXPECT_EQ(next->cached_bytes(), 2048u);
+}
+
+TEST(HostPool, APoolWithABlockOutIsNotParked) {
+  const auto others = take_spare_pools();
+  std::shared_ptr<HostPool> pool = HostPool::make(1024);
+  HostPool* const first = pool.get();
+  std::shared_ptr<void> out = pool->allocate(256);  // its deleter holds the pool
+  HostPool::park(std::move(pool));
+  std::shared_ptr<HostPool> next = HostPool::make(1024);
+  EXPECT_NE(next.get(), first);  // `first` is still alive: a different pool
+  EXPECT_EQ(next->cached_bytes(), 0u);
+  out.reset();  // back to the first pool, which then goes
+}
+
+TEST(HostPool, AParkedPoolKeepsAtMostItsShareAndTheNewLimit) {
+  const auto others = take_spare_pools();
+  constexpr std::size_t kBlock = HostPool::kSparePoolCachedBytesMax / 2;
+  std::shared_ptr<HostPool> pool = HostPool::make(std::size_t{1} << 20);
+  {
+    std::vector<std::shared_ptr<void>> blocks;
+    for (int i = 0; i < 4; ++i) {
+      blocks.push_back(pool->allocate(kBlock));
+    }
+  }
+  EXPECT_EQ(pool->cached_bytes(), 4 * kBlock);
+  HostPool::park(std::move(pool));
+  std::shared_ptr<HostPool> next = HostPool::make(std::size_t{1} << 20);
+  const bool parks = transport::recycling_enabled();  // not under AddressSanitizer
+  EXPECT_EQ(next->cached_bytes(), parks ? HostPool::kSparePoolCachedBytesMax : 0u);
+  HostPool::park(std::move(next));
+  std::shared_ptr<HostPool> last = HostPool::make(kBlock);  // a limit below what was kept
+  EXPECT_EQ(last->cached_bytes(), parks ? kBlock : 0u);
+}
+
+TEST(HostPool, NothingIsParkedWhileRecyclingIsOff) {
+  const auto others = take_spare_pools();
+  transport::testing::recycle_blocks_enabled = false;
+  std::shared_ptr<HostPool> pool = HostPool::make(1024);
+  pool->allocate(512).reset();
+  HostPool::park(std::move(pool));
+  std::shared_ptr<HostPool> next = HostPool::make(1024);
+  transport::testing::recycle_blocks_enabled = true;
+  EXPECT_EQ(next->cached_bytes(), 0u);  // a parked pool would have kept the 512 bytes
 }
 
 }  // namespace

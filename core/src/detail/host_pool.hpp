@@ -28,12 +28,26 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
+  // Note [Spare host pools]: the pool for a new rank, keeping at most `cached_bytes_max` bytes
+  // of freed blocks: one that a rank which ended on this thread left (with the blocks it
+  // cached), or a fresh one.
+  static std::shared_ptr<HostPool> make(std::size_t cached_bytes_max);
+  // Keeps `pool` for make() on this thread when nothing else holds it (none of its blocks is
+  // out), recycling is on and this thread keeps fewer than kSparePoolsMax; otherwise only drops
+  // this reference. `pool` is null afterwards either way.
+  static void park(std::shared_ptr<HostPool>&& pool) noexcept;
+  static constexpr std::size_t kSparePoolsMax = 16;
+  // A parked pool keeps at most this many bytes of its cached blocks.
+  static constexpr std::size_t kSparePoolCachedBytesMax = std::size_t{64} << 10;
+
   // A 64-byte aligned block of at least `nbytes` (> 0) bytes.
   std::shared_ptr<void> allocate(std::size_t nbytes);
 
   std::size_t cached_bytes() const;
 
  private:
+  // Frees cached blocks until at most `bytes` bytes are cached.
+  void trim_to(std::size_t bytes) noexcept;
   void release(void* block, std::size_t rounded_bytes) noexcept;
   // The free blocks of `rounded_bytes`, or null when that size has no bucket. Under mutex_.
   std::vector<void*>* bucket_locked(std::size_t rounded_bytes);

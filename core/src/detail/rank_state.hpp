@@ -45,6 +45,10 @@ struct CommSlot {
 class RankState {
  public:
   RankState(std::shared_ptr<transport::Transport> transport, RankOptions options);
+  // Parks the host pool for the next rank on this thread (Note [Spare host pools]).
+  ~RankState();
+  RankState(const RankState&) = delete;
+  RankState& operator=(const RankState&) = delete;
 
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return world_size_; }
