@@ -906,9 +906,6 @@ std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::
                                          int group_rank) const {
   const auto me = static_cast<std::size_t>(group_rank);
   const SimGroup::Arrival& mine = slot.arrivals[me];
-  if (!has_all_to_all(mine)) {
-    return {};  // only all_to_all's counts can split
-  }
   for (std::size_t peer = 0; peer < slot.arrivals.size(); ++peer) {
     const SimGroup::Arrival& theirs = slot.arrivals[peer];
     if (!theirs.arrived) {

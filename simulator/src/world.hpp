@@ -482,7 +482,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void check_absent_members(SimGroup& group, std::int64_t seq);
   void check_absent_members(SimGroup& group, std::int64_t seq, const SimGroup::Slot& slot);
   // For all_to_all: the first disagreement between `group_rank`'s per-peer counts and those of
-  // the members that arrived before it, described; empty if they agree.
+  // the members that arrived before it, described; empty if they agree (and for ops other than
+  // all_to_all, which judge_arrival does not ask about: has_all_to_all).
   std::string split_disagreement(const SimGroup& group, const SimGroup::Slot& slot,
                                  int group_rank) const;
   void notify_off_rank_waiters();
