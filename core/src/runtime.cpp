@@ -43,7 +43,7 @@ RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOption
       world_size_(transport->world_size()),
       transport_(std::move(transport)),
       options_(options),
-      registry_(std::make_shared<WorkRegistry>()),
+      registry_(std::allocate_shared<WorkRegistry>(transport::RecyclingAllocator<WorkRegistry>{})),
       host_pool_(HostPool::make(options.host_pool_bytes_max)) {
   CHORUS_CHECK_GE(rank_, 0);
   CHORUS_CHECK_LT(rank_, world_size_);

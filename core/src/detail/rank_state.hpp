@@ -22,6 +22,7 @@
 #include "chorus/reduce_op.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/transport/group_label.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
 #include "detail/host_pool.hpp"
@@ -141,11 +142,16 @@ class RankState {
   int world_size_;
   std::shared_ptr<transport::Transport> transport_;
   RankOptions options_;
+  // The simulator makes these for every rank of every run: the registry, the device byte count
+  // and the streams come from RecyclingAllocator (Note [Recycled blocks]), the host pool from the
+  // thread's spare pools (Note [Spare host pools]).
   std::shared_ptr<WorkRegistry> registry_;
   std::shared_ptr<HostPool> host_pool_;
   std::shared_ptr<std::atomic<std::size_t>> device_bytes_ =
-      std::make_shared<std::atomic<std::size_t>>(0);
-  std::shared_ptr<CurrentStreams> streams_ = std::make_shared<CurrentStreams>();
+      std::allocate_shared<std::atomic<std::size_t>>(
+          transport::RecyclingAllocator<std::atomic<std::size_t>>{}, 0);
+  std::shared_ptr<CurrentStreams> streams_ =
+      std::allocate_shared<CurrentStreams>(transport::RecyclingAllocator<CurrentStreams>{});
   std::shared_ptr<const std::vector<int>> world_ranks_;  // built by world_ranks()
   // The outermost call's group inline, nested calls' groups (tracing waits inside a call) each
   // in a block of its own: references stay valid, and a rank allocates none of them up front (a
