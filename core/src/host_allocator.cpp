@@ -44,9 +44,7 @@ using SparePools =
 std::shared_ptr<HostPool> HostPool::make(std::size_t cached_bytes_max) {
   std::shared_ptr<HostPool> pool;
   if (transport::recycling_enabled() && SparePools::take(pool)) {
-    pool->trim_to(cached_bytes_max);
-    std::lock_guard<transport::FutexMutex> lock(pool->mutex_);
-    pool->cached_bytes_max_ = cached_bytes_max;
+    pool->limit_to(cached_bytes_max);
     return pool;
   }
   return std::make_shared<HostPool>(cached_bytes_max);
@@ -56,7 +54,7 @@ void HostPool::park(std::shared_ptr<HostPool>&& pool) noexcept {
   // use_count() == 1: no other reference (no block's deleter holds one) can appear any more;
   // only a holder could copy it.
   if (pool != nullptr && transport::recycling_enabled() && pool.use_count() == 1) {
-    pool->trim_to(kSparePoolCachedBytesMax);
+    pool->limit_to(kSparePoolCachedBytesMax);  // make() sets the next rank's limit
     if (SparePools::give(pool)) {
       return;  // moved from: null
     }
@@ -64,8 +62,9 @@ void HostPool::park(std::shared_ptr<HostPool>&& pool) noexcept {
   pool.reset();
 }
 
-void HostPool::trim_to(std::size_t bytes) noexcept {
+void HostPool::limit_to(std::size_t bytes) noexcept {
   std::lock_guard<transport::FutexMutex> lock(mutex_);
+  cached_bytes_max_ = bytes;
   for (auto& [size, blocks] : free_blocks_) {
     while (cached_bytes_ > bytes && !blocks.empty()) {
       std::free(blocks.back());

@@ -46,8 +46,8 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   std::size_t cached_bytes() const;
 
  private:
-  // Frees cached blocks until at most `bytes` bytes are cached.
-  void trim_to(std::size_t bytes) noexcept;
+  // Keeps at most `bytes` bytes of freed blocks from now on, freeing cached ones beyond that.
+  void limit_to(std::size_t bytes) noexcept;
   void release(void* block, std::size_t rounded_bytes) noexcept;
   // The free blocks of `rounded_bytes`, or null when that size has no bucket. Under mutex_.
   std::vector<void*>* bucket_locked(std::size_t rounded_bytes);
