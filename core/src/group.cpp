@@ -11,6 +11,7 @@
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/stream.hpp"
+#include "chorus/transport/group_label.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/errors.hpp"
 #include "detail/format.hpp"
@@ -123,7 +124,7 @@ std::string describe(const GroupSpec& group) {
     return out + "]";
   }
   if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
-    return group_label(process_group->tag(), process_group->ranks());
+    return transport::group_label(process_group->tag(), process_group->ranks());
   }
   if (const auto* mesh = std::get_if<DeviceMesh>(&value)) {
     return "mesh " + shape_to_string(mesh->shape()) + " of " + ranks_to_string(mesh->ranks());
@@ -140,13 +141,6 @@ std::string_view pick_tag(std::string_view call_tag, const std::string& own_tag)
 }  // namespace
 
 std::string ranks_to_string(const std::vector<int>& ranks) { return bracketed(ranks); }
-
-std::string group_label(const std::string& tag, const std::vector<int>& members) {
-  if (tag.empty()) {
-    return ranks_to_string(members);
-  }
-  return "'" + tag + "' " + ranks_to_string(members);
-}
 
 ExpandedGroup expand_group_for(const GroupSpec& group, std::string_view tag, std::string_view op) {
   ExpandedGroup out;
@@ -392,7 +386,7 @@ std::vector<int> ExpandedGroup::members_of(int rank) const {
 }
 
 std::string ExpandedGroup::to_string() const {
-  std::string out = detail::group_label(tag, ranks);
+  std::string out = transport::group_label(tag, ranks);
   if (group_size != static_cast<int>(ranks.size())) {
     out += " in sub-groups of " + std::to_string(group_size);
   }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "chorus/check.hpp"
+#include "chorus/transport/group_label.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/group_internal.hpp"
 #include "detail/rank_state.hpp"
@@ -89,7 +90,7 @@ CommSlot& RankState::comm_slot(const std::string& tag, std::span<const int> memb
       comms_.try_emplace(CommKey{tag, std::vector<int>(members.begin(), members.end())});
   CommSlot& slot = it->second;
   if (slot.label.empty()) {
-    slot.label = group_label(tag, it->first.second);
+    slot.label = transport::group_label(tag, it->first.second);
   }
   last_key_ = &it->first;
   last_slot_ = &slot;

@@ -20,6 +20,7 @@
 #include "bits.hpp"
 #include "chorus/check.hpp"
 #include "chorus/kernels.hpp"
+#include "chorus/transport/group_label.hpp"
 #include "chorus/transport/recycled_blocks.hpp"
 #include "guard_pages.hpp"
 #include "sim_allocator.hpp"
@@ -556,14 +557,7 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   group->ranks = ranks;
   group->issued.assign(ranks.size(), 0);
   group->abort_reason.reserve(kOutOfMemoryAbortReason.size());
-  group->label = "[";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    group->label += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
-  }
-  group->label += "]";
-  if (!tag.empty()) {
-    group->label = "'" + tag + "' " + group->label;
-  }
+  group->label = transport::group_label(tag, ranks);
   // Room for every candidate of a decision (the scheduler then allocates nothing for them), and
   // for the group before the index names it.
   candidates_.reserve(ranks_.size() + groups_.size() + 1);

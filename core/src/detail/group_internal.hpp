@@ -28,7 +28,4 @@ bool world_partition(const GroupSpec& group, const ExpandedGroup& expanded, int 
 // "[0, 1, 2]".
 std::string ranks_to_string(const std::vector<int>& ranks);
 
-// The group as error messages name it: "[0, 1]" or "'tag' [0, 1]".
-std::string group_label(const std::string& tag, const std::vector<int>& members);
-
 }  // namespace chorus::detail

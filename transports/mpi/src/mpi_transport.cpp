@@ -213,15 +213,6 @@ transport::Duration since_epoch(const MpiProcess& process) {
 
 }  // namespace
 
-std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
-  std::string label = "[";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    label += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
-  }
-  label += "]";
-  return tag.empty() ? label : "'" + tag + "' " + label;
-}
-
 // ---------------------------------------------------------------------------------------------
 // MpiProcess
 
@@ -609,7 +600,7 @@ MpiComm::MpiComm(std::shared_ptr<MpiProcess> process, std::string tag, std::vect
       check_collectives_(check_collectives),
       tag_(std::move(tag)),
       ranks_(std::move(ranks)),
-      label_(group_label(tag_, ranks_)),
+      label_(transport::group_label(tag_, ranks_)),
       id_(id),
       timeout_(timeout),
       schedule_(schedule) {
@@ -2011,7 +2002,8 @@ std::shared_ptr<transport::Comm> MpiTransport::create_comm(const std::string& ta
   // allocating (attach).
   auto created =
       std::make_shared<MpiComm>(process_, tag, ranks, id, timeout_, schedule_, check_collectives_);
-  const ErrorContext context{process_->rank(), "communicator set-up", -1, group_label(tag, ranks)};
+  const ErrorContext context{process_->rank(), "communicator set-up", -1,
+                             transport::group_label(tag, ranks)};
   rendezvous(ranks, id, context);
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm check_comm = MPI_COMM_NULL;

@@ -697,7 +697,4 @@ class MpiTransport final : public transport::Transport {
   std::vector<std::deque<std::array<std::uint64_t, 2>>> early_messages_;
 };
 
-// "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
-std::string group_label(const std::string& tag, const std::vector<int>& ranks);
-
 }  // namespace chorus::mpi::detail

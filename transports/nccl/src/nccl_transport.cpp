@@ -7,6 +7,7 @@
 
 #include "chorus/check.hpp"
 #include "chorus/transport/fnv1a.hpp"
+#include "chorus/transport/group_label.hpp"
 
 namespace chorus::nccl::detail {
 namespace {
@@ -132,15 +133,6 @@ std::string nccl_error_text(ncclResult_t code, ncclComm_t comm) {
     text += last;
   }
   return text;
-}
-
-std::string group_label(const std::string& tag, const std::vector<int>& ranks) {
-  std::string label = tag.empty() ? "" : "'" + tag + "' ";
-  label += '[';
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    label += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
-  }
-  return label + ']';
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -478,7 +470,8 @@ NcclComm::NcclComm(std::shared_ptr<CommState> state, std::shared_ptr<Watchdog> w
 }
 
 ErrorContext NcclComm::context_of(const transport::OpInfo& info) const {
-  return ErrorContext{rank_, std::string(info.name), info.seq, group_label(tag_, ranks_)};
+  return ErrorContext{rank_, std::string(info.name), info.seq,
+                      transport::group_label(tag_, ranks_)};
 }
 
 void NcclComm::check_device(const transport::Buffer& buffer, const transport::OpInfo& info) const {
@@ -1074,7 +1067,7 @@ void NcclTransport::abort_all(const std::exception_ptr& error) {
 
 std::shared_ptr<transport::Comm> NcclTransport::create_comm(const std::string& tag,
                                                             const std::vector<int>& ranks) {
-  const std::string label = group_label(tag, ranks);
+  const std::string label = transport::group_label(tag, ranks);
   const ErrorContext context{environment_.rank, "create_comm", -1, label};
   const auto member = std::find(ranks.begin(), ranks.end(), environment_.rank);
   if (member == ranks.end()) {
@@ -1220,7 +1213,7 @@ std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
   // world holding this rank.
   const SplitPlan plan = split_plan(partition, environment_.world_size, rank, existing != nullptr);
   const std::vector<int>& ranks = partition.own();
-  const ErrorContext context{rank, "create_comm", -1, group_label(tag, ranks)};
+  const ErrorContext context{rank, "create_comm", -1, transport::group_label(tag, ranks)};
   if (!split_partitions_ || partition.parts.size() == 1) {
     // Not splitting (the default: NcclRunOptions::split_partitions), or one part: every rank is
     // a member, so the members-only set-up is collective over the world already.
@@ -1320,7 +1313,7 @@ std::shared_ptr<transport::Comm> NcclTransport::create_partition_comm(
         ErrorCode::TransportError, context,
         "nccl: " + what + " made a communicator of " + std::to_string(count) +
             " ranks where this rank is " + std::to_string(user_rank) + ", not the part " +
-            group_label(tag, ranks) +
+            transport::group_label(tag, ranks) +
             " (world ranks reached their first operations on partitions in different orders?)");
     made->state()->abort(error);
     // Core records the partition's communicator only when this returns: a later use of the

@@ -380,9 +380,6 @@ class NcclTransport final : public transport::Transport {
   std::map<std::string, FailedSetUp> failed_set_ups_;
 };
 
-// "'tag' [0, 1]" or "[0, 1]", as the simulator labels groups.
-std::string group_label(const std::string& tag, const std::vector<int>& ranks);
-
 // Rank 0's store server (when it hosts it) and this rank's connection (Note [NCCL store] in
 // nccl_run.cpp).
 struct StoreConnection {

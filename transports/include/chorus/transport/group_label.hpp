@@ -14,12 +14,36 @@
 // work_registry.hpp), dearer than copying 15 bytes. Until 2026-12-05 the MPI transport shared
 // every label: two locked instructions per operation.
 
+#include <array>
+#include <charconv>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace chorus::transport {
+
+// "[0, 1, 2]", or "'tp' [0, 1]" for a tagged group: how every layer (core, the simulator, MPI,
+// NCCL) names a group in its reports and errors.
+inline std::string group_label(std::string_view tag, std::span<const int> ranks) {
+  std::string out;
+  if (!tag.empty()) {
+    out.append("'").append(tag).append("' ");
+  }
+  out += '[';
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) {
+      out += ", ";
+    }
+    std::array<char, 12> digits{};  // an int has at most 10 digits and a sign
+    const std::to_chars_result end = std::to_chars(digits.begin(), digits.end(), ranks[i]);
+    out.append(digits.begin(), end.ptr);
+  }
+  out += ']';
+  return out;
+}
 
 // A group's label, copied inline when short and shared when long (Note [Shared group labels]).
 // Immutable once made; copies may be used from any thread.
