@@ -4,15 +4,29 @@
 #include "chorus/transport/futex_mutex.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/single_threaded.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
+#include <fstream>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace chorus::transport {
 namespace {
+
+// Whether thread `tid` of this process is blocked in the futex system call (its
+// /proc/self/task/<tid>/syscall line starts with the call's number), so that an unlock that must
+// wake it is tested against a sleeper and not against a thread still on its way to the kernel.
+bool asleep_in_futex(pid_t tid) {
+  std::ifstream file("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  long number = -1;
+  return static_cast<bool>(file >> number) && number == SYS_futex;
+}
 
 TEST(FutexMutex, TryLockFailsWhileHeldAndSucceedsOnceFree) {
   FutexMutex mutex;
@@ -46,17 +60,19 @@ TEST(FutexMutex, ExcludesEveryOtherThread) {
 }
 
 // The contended path: the holder unlocks only once the second thread has marked the mutex
-// contended, so that thread is asleep in lock() or about to be; the unlock must wake it.
+// contended and sleeps in the kernel; the unlock must wake it.
 TEST(FutexMutex, AnUnlockWakesTheThreadThatFoundItTaken) {
   FutexMutex mutex;
   mutex.lock();
   std::atomic<bool> acquired{false};
+  std::atomic<pid_t> waiter_tid{0};
   std::thread waiter([&] {
+    waiter_tid.store(gettid());
     mutex.lock();
     acquired.store(true);
     mutex.unlock();
   });
-  while (!mutex.marked_contended()) {
+  while (!mutex.marked_contended() || !asleep_in_futex(waiter_tid.load())) {
     std::this_thread::yield();
   }
   EXPECT_FALSE(acquired.load());
@@ -66,6 +82,51 @@ TEST(FutexMutex, AnUnlockWakesTheThreadThatFoundItTaken) {
   EXPECT_FALSE(mutex.marked_contended()) << "the waiter's unlock left it marked";
   EXPECT_TRUE(mutex.try_lock());
   mutex.unlock();
+}
+
+// Note [Single-threaded processes]: a mutex locked with a plain store while the process had one
+// thread, and a thread created while it is held. In a fresh process (the death test's child runs
+// this test alone), so the first lock takes the single-threaded path; each way of going wrong
+// exits with its own code: the new thread must find the mutex taken and go to sleep, and the
+// unlock, which now sees two threads, must wake it (a plain store there would leave it asleep:
+// the test's timeout).
+TEST(FutexMutexDeathTest, AThreadMadeWhileItIsHeldWaitsAndIsWoken) {
+#if defined(CHORUS_FUTEX_MUTEX_TSAN)
+  GTEST_SKIP() << "under ThreadSanitizer the mutex has no single-threaded path";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto lock_then_make_a_thread = [] {
+    if (__libc_single_threaded == 0) {
+      _exit(3);  // not the path under test
+    }
+    FutexMutex mutex;
+    mutex.lock();
+    std::atomic<bool> acquired{false};
+    std::atomic<pid_t> waiter_tid{0};
+    std::thread waiter([&] {
+      waiter_tid.store(gettid());
+      mutex.lock();
+      acquired.store(true);
+      mutex.unlock();
+    });
+    while (!mutex.marked_contended() || !asleep_in_futex(waiter_tid.load())) {
+      if (acquired.load()) {
+        _exit(4);  // the second thread took a mutex that was held
+      }
+      std::this_thread::yield();
+    }
+    mutex.unlock();
+    waiter.join();
+    if (!acquired.load()) {
+      _exit(5);
+    }
+    if (mutex.marked_contended() || !mutex.try_lock()) {
+      _exit(6);  // the waiter's unlock left it marked or held
+    }
+    mutex.unlock();
+    _exit(0);
+  };
+  EXPECT_EXIT(lock_then_make_a_thread(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

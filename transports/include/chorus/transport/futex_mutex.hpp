@@ -20,7 +20,21 @@
 // mutex (the __tsan_mutex_* annotations), so it still reports a double lock, an unlock of a mutex
 // not held and lock-order inversions, as it did for std::mutex.
 
+// Note [Single-threaded processes]
+// The compare-exchange and the exchange are locked instructions, ~20 cycles each whatever the
+// thread count: in the simulator's fiber runs (one thread, every rank a fiber) the registry's and
+// the pool's twelve of them per rank and collective were a tenth of a collective's time. While
+// glibc says the process has one thread (`__libc_single_threaded`, glibc 2.32; libstdc++'s
+// shared_ptr counts read it the same way), nobody else can hold, take or wait for the mutex, so
+// lock() and unlock() store the state word with plain stores. Both still read the flag at every
+// call, so each half decides on its own: a thread created while the mutex is held (creation
+// orders the plain store before the new thread's first read) finds it locked and waits as usual,
+// and the unlock, which then sees more than one thread, takes the exchange and wakes it. A lock
+// that finds the word taken while single-threaded (a self-deadlock, on fibers too) takes the
+// usual path. Not under ThreadSanitizer, whose runtime has threads of its own.
+
 #include <linux/futex.h>
+#include <sys/single_threaded.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -58,10 +72,14 @@ class FutexMutex {
 #if defined(CHORUS_FUTEX_MUTEX_TSAN)
     __tsan_mutex_pre_lock(this, 0);
 #endif
-    int expected = kUnlocked;
-    if (!state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire,
-                                        std::memory_order_relaxed)) {
-      lock_contended();
+    if (single_threaded() && state_.load(std::memory_order_relaxed) == kUnlocked) {
+      state_.store(kLocked, std::memory_order_relaxed);  // Note [Single-threaded processes]
+    } else {
+      int expected = kUnlocked;
+      if (!state_.compare_exchange_strong(expected, kLocked, std::memory_order_acquire,
+                                          std::memory_order_relaxed)) {
+        lock_contended();
+      }
     }
 #if defined(CHORUS_FUTEX_MUTEX_TSAN)
     __tsan_mutex_post_lock(this, 0, 0);
@@ -87,7 +105,9 @@ class FutexMutex {
 #if defined(CHORUS_FUTEX_MUTEX_TSAN)
     __tsan_mutex_pre_unlock(this, 0);
 #endif
-    if (state_.exchange(kUnlocked, std::memory_order_release) == kContended) {
+    if (single_threaded()) {
+      state_.store(kUnlocked, std::memory_order_release);  // nobody else to wake
+    } else if (state_.exchange(kUnlocked, std::memory_order_release) == kContended) {
       futex(FUTEX_WAKE_PRIVATE, 1);
     }
 #if defined(CHORUS_FUTEX_MUTEX_TSAN)
@@ -105,6 +125,15 @@ class FutexMutex {
   static constexpr int kUnlocked = 0;
   static constexpr int kLocked = 1;     // held, nobody waits
   static constexpr int kContended = 2;  // held, and someone may be waiting
+
+  // Whether this process has one thread (Note [Single-threaded processes]).
+  static bool single_threaded() noexcept {
+#if defined(CHORUS_FUTEX_MUTEX_TSAN)
+    return false;
+#else
+    return __libc_single_threaded != 0;
+#endif
+  }
 
   // Marks the mutex contended and sleeps until an unlock leaves it free. Whoever takes it this
   // way leaves it marked contended, so its unlock wakes the next sleeper (at worst one wake-up
