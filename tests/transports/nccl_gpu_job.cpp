@@ -17,9 +17,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "device_scope.hpp"
 
 namespace {
 
@@ -367,6 +370,13 @@ int main(int argc, char** argv) {
       cudaStreamDestroy(stream);
     }
   }
-  std::printf("%s\n", status == 0 ? "nccl gpu job: passed" : "nccl gpu job: FAILED");
-  return status;
+  // The rank ran on device 0, whose primary context stays active until the process ends: the
+  // query behind Note [Device scopes] must say so (a wrong driver entry point answers nullopt).
+  const std::optional<bool> context_active = chorus::nccl::detail::primary_context_active(0);
+  const bool query_ok = context_active.has_value() && *context_active;
+  std::printf("%s: the primary context of device 0 is reported active after the run\n",
+              query_ok ? "ok" : "FAILED");
+  const bool passed = status == 0 && query_ok;
+  std::printf("%s\n", passed ? "nccl gpu job: passed" : "nccl gpu job: FAILED");
+  return passed ? 0 : 1;
 }

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "device_scope.hpp"
 #include "nccl_launch_environment.hpp"
 #include "nccl_transport.hpp"
 #include "support/narrowed_transport.hpp"
@@ -315,6 +317,16 @@ class ScopedVariables {
  private:
   Variables variables_;
 };
+
+// Note [Device scopes]: without a driver the primary-context query cannot tell, and a scope then
+// puts the earlier device back as it always did. nccl_gpu_job checks the query's answer on a
+// device.
+TEST(NcclDeviceScope, WithoutADriverThePrimaryContextQueryCannotTell) {
+  if (cuda_device_count().count > 0) {
+    GTEST_SKIP() << "a CUDA device is present: nccl_gpu_job checks the query there";
+  }
+  EXPECT_EQ(detail::primary_context_active(0), std::nullopt);
+}
 
 // chorus::run --transport=nccl under srun: it passes Slurm's rank and world size to the
 // transport, which then finds no device here, rather than reading RANK/WORLD_SIZE itself.

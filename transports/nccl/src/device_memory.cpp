@@ -11,6 +11,7 @@
 #include "chorus/error.hpp"
 #include "chorus/nccl/nccl.hpp"
 #include "chorus/runtime.hpp"
+#include "device_scope.hpp"
 #include "nccl_transport.hpp"
 
 namespace chorus::nccl {
@@ -38,30 +39,7 @@ namespace {
 //   without stream-ordered pools gets TransportError at the first allocation (the staging of CPU
 //   tensors needs cudaMallocAsync too).
 // The deleter may run on any thread: it selects the block's device first and puts the thread's
-// previous device back.
-
-// Selects `device` on the calling thread for a scope.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) noexcept {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      previous_ = -1;
-    }
-    if (previous_ != device) {
-      cudaSetDevice(device);
-    }
-  }
-  ~DeviceScope() {
-    if (previous_ >= 0) {
-      cudaSetDevice(previous_);
-    }
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = -1;
-};
+// previous device back where that creates no context (Note [Device scopes]).
 
 // chorus's own stream-ordered pool on one device: what is freed stays cached for the next
 // allocation (release threshold: unlimited) without changing the device's default pool, which
@@ -70,7 +48,7 @@ class DeviceScope {
 class DevicePool {
  public:
   explicit DevicePool(int device) {
-    const DeviceScope scope(device);
+    const detail::DeviceScope scope(device);
     int supported = 0;
     if (const cudaError_t code =
             cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device);
@@ -122,7 +100,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (pool_->pool() == nullptr) {
       throw TransportError(context("allocate"), "nccl: " + pool_->problem());
     }
-    const DeviceScope scope(device_);
+    const detail::DeviceScope scope(device_);
     void* block = nullptr;
     if (const cudaError_t code =
             cudaMallocFromPoolAsync(&block, nbytes, pool_->pool(), detail::cuda_stream(stream));
@@ -137,14 +115,14 @@ class CudaDeviceMemory final : public DeviceMemory {
     // allocation's stream (Note [Current stream]: the caller keeps that stream alive).
     return {block,
             [index = device_, pool = pool_, on = detail::cuda_stream(stream)](void* pointer) {
-              const DeviceScope free_scope(index);
+              const detail::DeviceScope free_scope(index);
               cudaFreeAsync(pointer, on);  // a failure here has nobody to tell
             }};
   }
 
   void zero(void* dst, Device device, std::size_t nbytes, void* stream) override {
     check_device(device, "zero");
-    const DeviceScope scope(device_);
+    const detail::DeviceScope scope(device_);
     if (const cudaError_t code = cudaMemsetAsync(dst, 0, nbytes, detail::cuda_stream(stream));
         code != cudaSuccess) {
       throw TransportError(context("zero"), "nccl: cudaMemsetAsync of " + std::to_string(nbytes) +
@@ -165,7 +143,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     if (src_device.is_cuda()) {
       check_device(src_device, "copy");
     }
-    const DeviceScope scope(device_);
+    const detail::DeviceScope scope(device_);
     const cudaStream_t on = detail::cuda_stream(stream);
     cudaError_t code = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, on);
     if (code == cudaSuccess && (dst_device.is_cpu() || src_device.is_cpu())) {

@@ -8,6 +8,7 @@
 #include "chorus/check.hpp"
 #include "chorus/transport/fnv1a.hpp"
 #include "chorus/transport/group_label.hpp"
+#include "device_scope.hpp"
 
 namespace chorus::nccl::detail {
 namespace {
@@ -361,16 +362,12 @@ void NcclWork::wait_on(void* stream) {
       std::rethrow_exception(error_);  // known failed (watchdog, abort): no stream wait hides it
     }
   }
-  // Core may call this on any thread (a result dropped there): select the communicator's device
-  // for the call and give the thread its own device back.
-  int previous = -1;
-  const bool switch_device = cudaGetDevice(&previous) != cudaSuccess || previous != comm_->device();
-  if (switch_device) {
-    cudaSetDevice(comm_->device());
-  }
-  const cudaError_t code = cudaStreamWaitEvent(cuda_stream(stream), event_, 0);
-  if (switch_device && previous >= 0) {
-    cudaSetDevice(previous);
+  // Core may call this on any thread (a result dropped there): the communicator's device for the
+  // call (Note [Device scopes]).
+  cudaError_t code = cudaSuccess;
+  {
+    const DeviceScope scope(comm_->device());
+    code = cudaStreamWaitEvent(cuda_stream(stream), event_, 0);
   }
   if (code != cudaSuccess) {
     throw TransportError(context_, "nccl: cudaStreamWaitEvent failed: " + cuda_error_text(code));
