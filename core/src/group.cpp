@@ -4,7 +4,9 @@
 #include <atomic>
 #include <cstdint>
 #include <ostream>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "chorus/check.hpp"
@@ -138,6 +140,21 @@ std::string_view pick_tag(std::string_view call_tag, const std::string& own_tag)
   return call_tag.empty() ? std::string_view(own_tag) : call_tag;
 }
 
+// A call's scratch group (RankState::push_expanded_group) usually holds the same group as the
+// rank's call before, and an assignment costs more than finding that nothing changed (an
+// std::string assign is ~50 instructions even of an empty string to an empty one): these set
+// only what differs.
+void set_tag(ExpandedGroup& out, std::string_view tag) {
+  if (out.tag != tag) {
+    out.tag.assign(tag);
+  }
+}
+void set_ranks(ExpandedGroup& out, std::span<const int> ranks) {
+  if (!std::equal(out.ranks.begin(), out.ranks.end(), ranks.begin(), ranks.end())) {
+    out.ranks.assign(ranks.begin(), ranks.end());
+  }
+}
+
 }  // namespace
 
 std::string ranks_to_string(const std::vector<int>& ranks) { return bracketed(ranks); }
@@ -154,8 +171,8 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
   const auto fail = [&](std::string detail) { throw_group_error(op, &group, std::move(detail)); };
   if (const auto* ranks = std::get_if<std::vector<int>>(&value)) {
     check_rank_list(*ranks, op, "group", &group);
-    out.tag.assign(tag);
-    out.ranks.assign(ranks->begin(), ranks->end());
+    set_tag(out, tag);
+    set_ranks(out, *ranks);
     out.group_size = static_cast<int>(ranks->size());
   } else if (const auto* lists = std::get_if<std::vector<std::vector<int>>>(&value)) {
     if (lists->empty()) {
@@ -172,7 +189,7 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
       out.ranks.insert(out.ranks.end(), list.begin(), list.end());
     }
     check_rank_list(out.ranks, op, "group (flattened)", &group);
-    out.tag.assign(tag);
+    set_tag(out, tag);
     out.group_size = group_size;
   } else if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
     // world() on this rank hands out the rank's own list of 0..W-1 (RankState::world_ranks),
@@ -182,8 +199,8 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
     if (context == nullptr || &process_group->ranks() != context->state().built_world_ranks()) {
       check_rank_list(process_group->ranks(), op, "process group", &group);
     }
-    out.tag.assign(pick_tag(tag, process_group->tag()));
-    out.ranks.assign(process_group->ranks().begin(), process_group->ranks().end());
+    set_tag(out, pick_tag(tag, process_group->tag()));
+    set_ranks(out, process_group->ranks());
     out.group_size = process_group->size();
   } else if (const auto* mesh = std::get_if<DeviceMesh>(&value)) {
     if (mesh->ndim() != 1) {
@@ -193,8 +210,8 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
           shape_to_string(mesh->shape()) + ")");
     }
     check_rank_list(mesh->ranks(), op, "mesh", &group);
-    out.tag.assign(tag);
-    out.ranks.assign(mesh->ranks().begin(), mesh->ranks().end());
+    set_tag(out, tag);
+    set_ranks(out, mesh->ranks());
     out.group_size = static_cast<int>(mesh->ranks().size());
   } else {
     const auto& mesh_dim = std::get<MeshDim>(value);
@@ -210,7 +227,7 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
            std::to_string(ndim) + "-d mesh (expected [" + std::to_string(-ndim) + ", " +
            std::to_string(ndim - 1) + "])");
     }
-    out.tag.assign(tag);
+    set_tag(out, tag);
     out.ranks = mesh_dim.mesh.dim_ranks(mesh_dim.dim, caller);
     out.group_size = static_cast<int>(out.ranks.size());
   }

@@ -736,6 +736,27 @@ TEST(AllReduceGroups, SubsetOneTwoOfFourRanksWhileTheOthersSkip) {
   EXPECT_TRUE(results[0].bytes.empty() && results[3].bytes.empty());
 }
 
+// Each call expands its group into the rank's scratch group, which keeps the call before's
+// group and is set only where it differs: consecutive calls on pairs of the same size (and on
+// pairs whose first rank is the same) must each run on their own pair. Ranks 0, 1 and 2 pair up
+// as A = [0, 1], B = [0, 2], C = [1, 2], each rank taking its two pairs in that order.
+TEST(AllReduceGroups, ConsecutiveCallsOnPairsOfOneSizeRunEachOnItsOwnPair) {
+  constexpr int kWorld = 3;
+  const std::vector<std::vector<int>> pairs = {{0, 1}, {0, 2}, {1, 2}};
+  std::vector<std::vector<float>> sums(kWorld);
+  run_quietly(kWorld, [&] {
+    const Tensor mine = Tensor::full({2}, static_cast<double>(1 << rank()));  // 1, 2, 4
+    for (const std::vector<int>& pair : pairs) {
+      if (std::find(pair.begin(), pair.end(), rank()) != pair.end()) {
+        sums[rank_slot()].push_back(all_reduce(mine, "sum", pair).to_vector<float>().at(1));
+      }
+    }
+  });
+  EXPECT_EQ(sums[0], (std::vector<float>{3, 5}));  // A, B
+  EXPECT_EQ(sums[1], (std::vector<float>{3, 6}));  // A, C
+  EXPECT_EQ(sums[2], (std::vector<float>{5, 6}));  // B, C
+}
+
 TEST(AllReduceGroups, TwoByTwoRankListOnFourRanks) {
   constexpr int kWorld = 4;
   const std::vector<std::vector<int>> lists = {{0, 1}, {2, 3}};
