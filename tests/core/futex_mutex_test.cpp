@@ -28,6 +28,38 @@ bool asleep_in_futex(pid_t tid) {
   return static_cast<bool>(file >> number) && number == SYS_futex;
 }
 
+// A thread that takes `mutex` (which the test holds), notes that it got it, and gives it back.
+class Waiter {
+ public:
+  explicit Waiter(FutexMutex& mutex)
+      : mutex_(mutex), thread_([this] {
+          tid_.store(gettid());
+          mutex_.lock();
+          acquired_.store(true);
+          mutex_.unlock();
+        }) {}
+  Waiter(const Waiter&) = delete;
+  Waiter& operator=(const Waiter&) = delete;
+  ~Waiter() {
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+
+  // Whether it found the mutex taken, marked it contended and sleeps in the kernel: an unlock
+  // now is tested against a sleeper, not against a thread still on its way to the futex call.
+  bool asleep() const { return mutex_.marked_contended() && asleep_in_futex(tid_.load()); }
+  bool acquired() const { return acquired_.load(); }
+  // Hangs (the test's timeout) if the unlock woke nobody.
+  void join() { thread_.join(); }
+
+ private:
+  FutexMutex& mutex_;
+  std::atomic<pid_t> tid_{0};
+  std::atomic<bool> acquired_{false};
+  std::thread thread_;  // last: it starts once the members it uses exist
+};
+
 TEST(FutexMutex, TryLockFailsWhileHeldAndSucceedsOnceFree) {
   FutexMutex mutex;
   ASSERT_TRUE(mutex.try_lock());
@@ -59,26 +91,19 @@ TEST(FutexMutex, ExcludesEveryOtherThread) {
   EXPECT_EQ(counter, kThreads * kIncrements);
 }
 
-// The contended path: the holder unlocks only once the second thread has marked the mutex
-// contended and sleeps in the kernel; the unlock must wake it.
+// The contended path: the holder unlocks only once the second thread sleeps on the mutex; the
+// unlock must wake it.
 TEST(FutexMutex, AnUnlockWakesTheThreadThatFoundItTaken) {
   FutexMutex mutex;
   mutex.lock();
-  std::atomic<bool> acquired{false};
-  std::atomic<pid_t> waiter_tid{0};
-  std::thread waiter([&] {
-    waiter_tid.store(gettid());
-    mutex.lock();
-    acquired.store(true);
-    mutex.unlock();
-  });
-  while (!mutex.marked_contended() || !asleep_in_futex(waiter_tid.load())) {
+  Waiter waiter(mutex);
+  while (!waiter.asleep()) {
     std::this_thread::yield();
   }
-  EXPECT_FALSE(acquired.load());
+  EXPECT_FALSE(waiter.acquired());
   mutex.unlock();
-  waiter.join();  // hangs (the test's timeout) if the unlock woke nobody
-  EXPECT_TRUE(acquired.load());
+  waiter.join();
+  EXPECT_TRUE(waiter.acquired());
   EXPECT_FALSE(mutex.marked_contended()) << "the waiter's unlock left it marked";
   EXPECT_TRUE(mutex.try_lock());
   mutex.unlock();
@@ -101,23 +126,16 @@ TEST(FutexMutexDeathTest, AThreadMadeWhileItIsHeldWaitsAndIsWoken) {
     }
     FutexMutex mutex;
     mutex.lock();
-    std::atomic<bool> acquired{false};
-    std::atomic<pid_t> waiter_tid{0};
-    std::thread waiter([&] {
-      waiter_tid.store(gettid());
-      mutex.lock();
-      acquired.store(true);
-      mutex.unlock();
-    });
-    while (!mutex.marked_contended() || !asleep_in_futex(waiter_tid.load())) {
-      if (acquired.load()) {
+    Waiter waiter(mutex);
+    while (!waiter.asleep()) {
+      if (waiter.acquired()) {
         _exit(4);  // the second thread took a mutex that was held
       }
       std::this_thread::yield();
     }
     mutex.unlock();
     waiter.join();
-    if (!acquired.load()) {
+    if (!waiter.acquired()) {
       _exit(5);
     }
     if (mutex.marked_contended() || !mutex.try_lock()) {
