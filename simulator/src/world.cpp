@@ -166,15 +166,15 @@ constexpr std::string_view kTimedOutOutOfMemoryDetail =
 constexpr std::string_view kFailureNotRecordedDetail =
     "(the simulator ran out of memory recording why this operation failed)";
 
-// try_make_error, or `fallback` where making the error runs out of memory. Never throws.
-std::exception_ptr make_error_or(ErrorCode code, const ErrorContext& context,
-                                 std::string_view detail,
+// try_make_error with `work`'s context, or `fallback` where making the error runs out of memory.
+// Never throws.
+std::exception_ptr make_error_or(ErrorCode code, const SimWork& work, std::string_view detail,
                                  const std::exception_ptr& fallback) noexcept {
   try {
-    if (std::exception_ptr error = try_make_error(code, context, std::string(detail))) {
+    if (std::exception_ptr error = try_make_error(code, work.context(), std::string(detail))) {
       return error;
     }
-  } catch (const std::bad_alloc&) {  // copying the context or the detail
+  } catch (const std::bad_alloc&) {  // making the context or copying the detail
   }
   return fallback;
 }
@@ -296,12 +296,17 @@ int guard_fault_rank() noexcept { return this_thread_rank.rank; }
 // ---- SimWork
 
 SimWork::SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint&& fingerprint,
-                 std::string_view op, std::int64_t seq, const std::string& group, CallSite site)
+                 std::string_view op, std::int64_t seq, std::shared_ptr<const std::string> group,
+                 CallSite site)
     : world_(std::move(world)),
       rank_(rank),
       fingerprint_(std::move(fingerprint)),
-      context_{rank, std::string(op), seq, group},
-      site_(site) {}
+      op_(op),
+      seq_(seq),
+      group_(std::move(group)),
+      site_(site) {
+  CHORUS_CHECK(group_ != nullptr);
+}
 
 SimWork::~SimWork() { RecycledSignatureLists::give(fingerprint_.ops); }
 
@@ -354,7 +359,7 @@ void SimWork::wait_on(void* /*stream*/) {
   // A world ends only after failing every outstanding work (Note [Simulator failures]).
   CHORUS_CHECK(world != nullptr);
   if (!world->cuda_devices()) {
-    throw InvalidArgument(context_, "the sim transport has no device streams; wait on the host");
+    throw InvalidArgument(context(), "the sim transport has no device streams; wait on the host");
   }
   // A simulated stream wait (SimOptions::cuda_devices): the rank waits until the collective
   // completed, under the rank's timeout, as core's host waits do.
@@ -557,7 +562,7 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   group->ranks = ranks;
   group->issued.assign(ranks.size(), 0);
   group->abort_reason.reserve(kOutOfMemoryAbortReason.size());
-  group->label = transport::group_label(tag, ranks);
+  group->label = std::make_shared<const std::string>(transport::group_label(tag, ranks));
   // Room for every candidate of a decision (the scheduler then allocates nothing for them), and
   // for the group before the index names it.
   candidates_.reserve(ranks_.size() + groups_.size() + 1);
@@ -571,14 +576,15 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // A sequence number names an operation's position in its communicator's order (Note [Transport
 // contract]): a start that throws took none, and core gives the number back, so the start must
 // leave no trace of the operation. Everything start can run out of memory making (the
-// fingerprint, the work and its error context, which also names the arrival's operation, room
-// for the outputs to guard, the slot and its arrivals (or a spare slot of the group's,
-// SimGroup::spare_slots), room for the ops and their input snapshots in the arrival, the error of
-// an operation that fails at once (where try_make_error cannot make it, start throws
-// std::bad_alloc), the guard's description, a spare failure record for the slot it makes) is made
-// first; a std::bad_alloc there leaves nothing (a slot made for it is erased). Then the operation
-// counts (group.issued, ops_issued_), its point of no return. What follows allocates nothing, or,
-// where it still may, fails cleanly instead of throwing:
+// fingerprint, the work, which also names the arrival's operation (its error context is made
+// only for an error, where fail_slot catches a refusal), room for the outputs to guard, the slot
+// and its arrivals (or a spare slot of the group's, SimGroup::spare_slots), room for the ops and
+// their input snapshots in the arrival, the error of an operation that fails at once (where
+// try_make_error cannot make it, start throws std::bad_alloc), the guard's description, a spare
+// failure record for the slot it makes) is made first; a std::bad_alloc there leaves nothing (a
+// slot made for it is erased). Then the operation counts (group.issued, ops_issued_), its point of
+// no return. What follows allocates nothing, or, where it still may, fails cleanly instead of
+// throwing:
 // - the Issue, Arrive and Fail events: out of memory the log loses them (record_event), or a
 //   Fail event its detail (fail_slot);
 // - judge_arrival (only a mismatch's description, an injected TransportError or Hang being
@@ -834,12 +840,13 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
   }
   if (reference != nullptr && (!reference->work->fingerprint().same_ops(fingerprint) ||
                                reference->op_name() != info.name)) {
-    const auto issued = [](const std::string& name, const transport::Fingerprint& print) {
+    const auto issued = [](std::string_view op, const transport::Fingerprint& print) {
+      const std::string name(op);
       const std::string ops_text = print.to_string();
       return ops_text.rfind(name + "(", 0) == 0 ? ops_text : name + " " + ops_text;
     };
     std::ostringstream detail;
-    detail << "ranks disagree on operation #" << info.seq << " of group " << group.label
+    detail << "ranks disagree on operation #" << info.seq << " of group " << *group.label
            << ": rank " << reference_rank << " issued "
            << issued(reference->op_name(), reference->work->fingerprint()) << " at "
            << reference->site.to_string() << "; rank " << rank << " issued "
@@ -857,7 +864,7 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
              !split.empty()) {
     fail_slot(group, info.seq, ErrorCode::CollectiveMismatch,
               "ranks disagree on operation #" + std::to_string(info.seq) + " of group " +
-                  group.label + ": " + split);
+                  *group.label + ": " + split);
     abort_group_or_out_of_memory(group, info.seq + 1, "operation #", info.seq,
                                  " was a collective mismatch");
   } else {
@@ -881,8 +888,8 @@ void SimWorld::fail_out_of_memory(SimGroup& group, std::int64_t seq) noexcept {
 
 std::string SimWorld::guard_description(const SimWork& work, const SimGroup& group, int rank,
                                         const CallSite& site) {
-  return "the pending output of " + work.context().op + " #" + std::to_string(work.context().seq) +
-         " on group " + group.label + " (issued by rank " + std::to_string(rank) + " at " +
+  return "the pending output of " + std::string(work.op()) + " #" + std::to_string(work.seq()) +
+         " on group " + *group.label + " (issued by rank " + std::to_string(rank) + " at " +
          site.to_string() + ")";
 }
 
@@ -998,14 +1005,14 @@ void SimWorld::time_out(SimWork& work, transport::Deadline deadline, int waiter)
     if (at >= seq) {
       break;
     }
-    const std::string name = op_name(slot);
+    const std::string name(op_name(slot));
     if (behind.empty() && slot.hangs()) {
       behind = ", behind " + name + " #" + std::to_string(at) +
                ", which hung (injected fault: " + slot.fault->to_string() + ")";
     }
-    earlier.emplace_back(at, waiter_text + " on " + work.context().op + " #" + std::to_string(seq) +
-                                 deadline_text + " before this collective completed" +
-                                 why(at, slot) + watchdog);
+    earlier.emplace_back(at, waiter_text + " on " + std::string(work.op()) + " #" +
+                                 std::to_string(seq) + deadline_text +
+                                 " before this collective completed" + why(at, slot) + watchdog);
   }
   const auto waited = group.slots.find(seq);
   CHORUS_CHECK(waited != group.slots.end());  // pending, so outstanding
@@ -1647,7 +1654,8 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
       if (modified) {
         detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
                   std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
-                  " of " + arrival.op_name() + " (issued at " + arrival.site.to_string() + ")";
+                  " of " + std::string(arrival.op_name()) + " (issued at " +
+                  arrival.site.to_string() + ")";
       }
     }
   }
@@ -1745,10 +1753,10 @@ void SimWorld::fill_event(SimEvent& event, SimEvent::Kind kind, int rank, const 
   event.step = steps_;
   event.time = now();
   event.rank = rank;
-  event.op = work.context().op;
+  event.op = work.op();
   event.comm_id = work.fingerprint().comm_id;
-  event.group = work.context().group;
-  event.seq = work.context().seq;
+  event.group = work.group();
+  event.seq = work.seq();
   event.owner = work.rank();
   event.site = work.site();
   event.detail = std::move(detail);
@@ -1844,7 +1852,7 @@ void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
     if (!arrival.arrived) {
       continue;
     }
-    failing_errors_[i] = make_error_or(code, arrival.work->context(), detail,
+    failing_errors_[i] = make_error_or(code, *arrival.work, detail,
                                        out_of_memory_errors()[static_cast<std::size_t>(code)]);
     try {
       failing_events_[i] = fail_event(code, detail);
@@ -1993,20 +2001,18 @@ std::string SimWorld::rank_table() const {
         if (work.rank() != static_cast<int>(r)) {
           out << "rank " << work.rank() << "'s ";
         }
-        out << work.context().op << " #" << work.context().seq << " on group "
-            << work.context().group;
+        out << work.op() << " #" << work.seq() << " on group " << work.group();
         const SimGroup& group = *groups_[work.fingerprint().comm_id - 1];
-        auto it = group.slots.find(work.context().seq);
+        auto it = group.slots.find(work.seq());
         if (it != group.slots.end()) {
           const SimGroup::Arrival& mine =
               it->second.arrivals[static_cast<std::size_t>(group.group_rank_of(work.rank()))];
           out << " (issued at " << mine.site.to_string() << ")";
-          if (const std::string missing = group.missing_members(work.context().seq);
-              !missing.empty()) {
+          if (const std::string missing = group.missing_members(work.seq()); !missing.empty()) {
             out << "; not yet joined by rank(s) " << missing;
           } else if (it->second.fault) {
             out << "; " << it->second.fault_detail;
-          } else if (group.next_to_complete != work.context().seq) {
+          } else if (group.next_to_complete != work.seq()) {
             out << "; queued behind #" << group.next_to_complete << " of the same group";
           }
         }
@@ -2067,9 +2073,9 @@ bool SimWorld::fail_group_mismatches() {
         std::ostringstream detail;
         detail << "ranks disagree on the group of their next collective: rank " << a.rank
                << " waits in " << a.arrival->op_name() << " #" << a.seq << " on group "
-               << a.group->label << " (issued at " << a.arrival->site.to_string() << ") while rank "
-               << b.rank << " waits in " << b.arrival->op_name() << " #" << b.seq << " on group "
-               << b.group->label << " (issued at " << b.arrival->site.to_string()
+               << *a.group->label << " (issued at " << a.arrival->site.to_string()
+               << ") while rank " << b.rank << " waits in " << b.arrival->op_name() << " #" << b.seq
+               << " on group " << *b.group->label << " (issued at " << b.arrival->site.to_string()
                << "); each group holds both ranks, so neither can complete";
         disagreements.push_back(Disagreement{a, b, detail.str()});
       }
@@ -2283,7 +2289,7 @@ void SimWorld::stall(int rank, std::uint64_t steps) {
 void SimWorld::stop_rank(int rank, const SimGroup& group, const transport::OpInfo& info) {
   ++marks_["livelock.rank_stopped"];
   throw RankStopped{std::make_exception_ptr(Deadlock(
-      ErrorContext{rank, std::string(info.name), info.seq, group.label},
+      ErrorContext{rank, std::string(info.name), info.seq, *group.label},
       "rank " + std::to_string(rank) + " still issued operations " +
           std::to_string(steps_ - options_.max_steps) +
           " scheduling decisions after the step budget (SimOptions::max_steps = " +
@@ -2293,7 +2299,7 @@ void SimWorld::stop_rank(int rank, const SimGroup& group, const transport::OpInf
 }
 
 void SimWorld::throw_crashed(int rank, const SimGroup& group, const transport::OpInfo& info) const {
-  throw RankFailure(ErrorContext{rank, std::string(info.name), info.seq, group.label},
+  throw RankFailure(ErrorContext{rank, std::string(info.name), info.seq, *group.label},
                     ranks_[static_cast<std::size_t>(rank)].crash);
 }
 
@@ -2306,7 +2312,7 @@ void SimWorld::crash(int rank, const SimGroup& group, const transport::OpInfo& i
   slot.crash = "rank " + std::to_string(rank) +
                " crashed (injected fault: " + Fault::crash(rank, op_index).to_string() +
                ", starting " + std::string(info.name) + " #" + std::to_string(info.seq) +
-               " on group " + group.label + ")";
+               " on group " + *group.label + ")";
   // Its operations in flight die with it; those it has not joined yet fail through absence().
   for (const std::shared_ptr<SimGroup>& member_of : groups_) {
     if (member_of->group_rank_of(rank) < 0) {

@@ -201,9 +201,11 @@ inline constexpr std::size_t kInputSnapshotBytesMax = std::size_t{4} << 10;
 // One rank's handle on one started operation (a single op or a batch).
 class SimWork final : public transport::Work {
  public:
-  // The context is made in place from its parts (rank, op, seq, group): no string is moved.
+  // `op` is OpInfo::name (a string literal), `group` its group's label (SimGroup::label,
+  // shared): a work copies no string, and makes its ErrorContext only for an error.
   SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint&& fingerprint,
-          std::string_view op, std::int64_t seq, const std::string& group, CallSite site);
+          std::string_view op, std::int64_t seq, std::shared_ptr<const std::string> group,
+          CallSite site);
   // Gives the fingerprint's list of signatures back for the next start (Note [Recycled signature
   // lists] in world.cpp).
   ~SimWork() override;
@@ -223,7 +225,11 @@ class SimWork final : public transport::Work {
   bool defer_finalization() const noexcept override;
 
   int rank() const noexcept { return rank_; }
-  const ErrorContext& context() const noexcept { return context_; }
+  std::string_view op() const noexcept { return op_; }
+  std::int64_t seq() const noexcept { return seq_; }
+  const std::string& group() const noexcept { return *group_; }
+  // What its errors name. Copies the op and the group: throws std::bad_alloc out of memory.
+  ErrorContext context() const { return ErrorContext{rank_, std::string(op_), seq_, *group_}; }
   const CallSite& site() const noexcept { return site_; }
 
   // ---- World side (scheduler).
@@ -240,7 +246,9 @@ class SimWork final : public transport::Work {
   std::weak_ptr<SimWorld> world_;
   int rank_;
   transport::Fingerprint fingerprint_;
-  ErrorContext context_;
+  std::string_view op_;
+  std::int64_t seq_;
+  std::shared_ptr<const std::string> group_;  // never null
   CallSite site_;
   std::exception_ptr error_;  // written before status_ becomes Failed
   // Touched only by the context that holds the scheduler's turn. Usually one rank (the owner)
@@ -254,7 +262,8 @@ struct SimGroup {
   std::uint64_t id = 0;
   std::string tag;
   std::vector<int> ranks;
-  std::string label;
+  // "[0, 1]": shared with the group's works (SimWork::group), never null once the group is made.
+  std::shared_ptr<const std::string> label;
 
   struct Arrival {
     bool arrived = false;
@@ -267,7 +276,7 @@ struct SimGroup {
 
     // "all_reduce": the name the operation was issued under (its work's context, not a copy).
     // Only for an arrival that arrived: one that has not has no work.
-    const std::string& op_name() const noexcept { return work->context().op; }
+    std::string_view op_name() const noexcept { return work->op(); }
   };
   // A field added to Slot or Arrival must be reset in recycle_slot, or it carries over into the
   // next operation that takes the slot.
