@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <mutex>
@@ -19,11 +20,23 @@
 namespace chorus::transport {
 namespace {
 
-// Whether thread `tid` of this process is blocked in the futex system call (its
-// /proc/self/task/<tid>/syscall line starts with the call's number), so that an unlock that must
-// wake it is tested against a sleeper and not against a thread still on its way to the kernel.
+// A thread reaches the futex call microseconds after it starts; these bound only a broken run,
+// so that it fails instead of hanging until ctest's timeout.
+constexpr std::chrono::seconds kSleepDeadline{30};
+constexpr unsigned kJoinAlarmSeconds = 30;  // SIGALRM ends the process: an unlock woke nobody
+
+std::string syscall_file(pid_t tid) {
+  return "/proc/self/task/" + std::to_string(tid) + "/syscall";
+}
+
+// Whether this kernel shows a thread's system call (/proc/<pid>/task/<tid>/syscall, absent in
+// some sandboxes): the contended tests need it to see that the waiter sleeps.
+bool can_see_system_calls() { return std::ifstream(syscall_file(gettid())).is_open(); }
+
+// Whether thread `tid` of this process is blocked in the futex system call (its syscall line
+// starts with the call's number).
 bool asleep_in_futex(pid_t tid) {
-  std::ifstream file("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  std::ifstream file(syscall_file(tid));
   long number = -1;
   return static_cast<bool>(file >> number) && number == SYS_futex;
 }
@@ -46,12 +59,28 @@ class Waiter {
     }
   }
 
-  // Whether it found the mutex taken, marked it contended and sleeps in the kernel: an unlock
-  // now is tested against a sleeper, not against a thread still on its way to the futex call.
-  bool asleep() const { return mutex_.marked_contended() && asleep_in_futex(tid_.load()); }
+  // Yields until the waiter found the mutex taken, marked it contended and sleeps in the kernel,
+  // so that an unlock is tested against a sleeper and not against a thread still on its way to
+  // the futex call. False if it took the mutex instead (the mutex let a second holder in) or did
+  // not get to sleep by kSleepDeadline.
+  bool wait_until_asleep() const {
+    const auto deadline = std::chrono::steady_clock::now() + kSleepDeadline;
+    while (!mutex_.marked_contended() || !asleep_in_futex(tid_.load())) {
+      if (acquired() || std::chrono::steady_clock::now() > deadline) {
+        return false;
+      }
+      std::this_thread::yield();
+    }
+    return true;
+  }
   bool acquired() const { return acquired_.load(); }
-  // Hangs (the test's timeout) if the unlock woke nobody.
-  void join() { thread_.join(); }
+  // Once the test unlocked: the waiter must have been woken. A lost wake-up ends the process
+  // (SIGALRM after kJoinAlarmSeconds).
+  void join() {
+    alarm(kJoinAlarmSeconds);
+    thread_.join();
+    alarm(0);
+  }
 
  private:
   FutexMutex& mutex_;
@@ -94,12 +123,13 @@ TEST(FutexMutex, ExcludesEveryOtherThread) {
 // The contended path: the holder unlocks only once the second thread sleeps on the mutex; the
 // unlock must wake it.
 TEST(FutexMutex, AnUnlockWakesTheThreadThatFoundItTaken) {
+  if (!can_see_system_calls()) {
+    GTEST_SKIP() << "this kernel shows no /proc/self/task/<tid>/syscall";
+  }
   FutexMutex mutex;
   mutex.lock();
   Waiter waiter(mutex);
-  while (!waiter.asleep()) {
-    std::this_thread::yield();
-  }
+  EXPECT_TRUE(waiter.wait_until_asleep()) << "the waiter took a held mutex, or never slept";
   EXPECT_FALSE(waiter.acquired());
   mutex.unlock();
   waiter.join();
@@ -119,6 +149,9 @@ TEST(FutexMutexDeathTest, AThreadMadeWhileItIsHeldWaitsAndIsWoken) {
 #if defined(CHORUS_FUTEX_MUTEX_TSAN)
   GTEST_SKIP() << "under ThreadSanitizer the mutex has no single-threaded path";
 #endif
+  if (!can_see_system_calls()) {
+    GTEST_SKIP() << "this kernel shows no /proc/self/task/<tid>/syscall";
+  }
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const auto lock_then_make_a_thread = [] {
     if (__libc_single_threaded == 0) {
@@ -127,11 +160,8 @@ TEST(FutexMutexDeathTest, AThreadMadeWhileItIsHeldWaitsAndIsWoken) {
     FutexMutex mutex;
     mutex.lock();
     Waiter waiter(mutex);
-    while (!waiter.asleep()) {
-      if (waiter.acquired()) {
-        _exit(4);  // the second thread took a mutex that was held
-      }
-      std::this_thread::yield();
+    if (!waiter.wait_until_asleep()) {
+      _exit(4);  // the second thread took a mutex that was held, or never slept
     }
     mutex.unlock();
     waiter.join();

@@ -31,7 +31,9 @@
 // orders the plain store before the new thread's first read) finds it locked and waits as usual,
 // and the unlock, which then sees more than one thread, takes the exchange and wakes it. A lock
 // that finds the word taken while single-threaded (a self-deadlock, on fibers too) takes the
-// usual path. Not under ThreadSanitizer, whose runtime has threads of its own.
+// usual path. Not under ThreadSanitizer, whose runtime has threads of its own. This assumes,
+// as libstdc++ does, that every thread is made through the process's glibc (pthread_create, or
+// std::thread on it): a raw clone() would leave the flag set.
 
 #include <linux/futex.h>
 #include <sys/single_threaded.h>
