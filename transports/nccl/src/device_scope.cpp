@@ -19,9 +19,14 @@ template <typename Function>
 Function driver_call(const char* symbol, unsigned int introduced_in) noexcept {
   void* function = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &function, introduced_in, cudaEnableDefault,
-                                       &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
+#if CUDART_VERSION >= 12050
+  const cudaError_t code =
+      cudaGetDriverEntryPointByVersion(symbol, &function, introduced_in, cudaEnableDefault, &found);
+#else  // before CUDA 12.5: the runtime's own version picks the symbol's
+  (void)introduced_in;
+  const cudaError_t code = cudaGetDriverEntryPoint(symbol, &function, cudaEnableDefault, &found);
+#endif
+  if (code != cudaSuccess || found != cudaDriverEntryPointSuccess || function == nullptr) {
     return nullptr;
   }
   return reinterpret_cast<Function>(function);

@@ -145,7 +145,8 @@ CommState::CommState(ncclComm_t comm, cudaStream_t stream, int device, std::stri
 
 CommState::~CommState() {
   const std::lock_guard lock(mutex_);
-  cudaSetDevice(device_);
+  // The last holder may drop it on any thread (Note [Device scopes]).
+  const DeviceScope scope(device_);
   if (!aborted_) {
     // Note [NCCL work lifecycle]: finalize (flushes outstanding operations), then destroy.
     ncclResult_t result = finalize_started_ ? finalize_result_ : ncclCommFinalize(comm_);
@@ -182,7 +183,7 @@ void CommState::start_finalize(Clock::time_point settle_by) {
   if (aborted_ || finalize_started_) {
     return;
   }
-  cudaSetDevice(device_);
+  const DeviceScope scope(device_);
   finalize_result_ = ncclCommFinalize(comm_);
   finalize_started_ = true;
   settle_by_ = settle_by;
@@ -228,8 +229,8 @@ void CommState::abort(const std::exception_ptr& error) {
       return;
     }
     aborted_ = true;
-    aborting_.store(true);  // before the kernels quit: see aborting() and NcclWork::poll
-    cudaSetDevice(device_);
+    aborting_.store(true);             // before the kernels quit: see aborting() and NcclWork::poll
+    const DeviceScope scope(device_);  // a wait may abort on any thread (Note [Device scopes])
     ncclCommAbort(comm_);
     for (const std::weak_ptr<NcclWork>& entry : outstanding_) {
       if (std::shared_ptr<NcclWork> work = entry.lock()) {
