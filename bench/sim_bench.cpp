@@ -1,6 +1,7 @@
-// The simulator's speed: complete schedules per second of a small program, scheduling decisions
-// per second of the bare scheduler, and the bare cost of switching between ranks, on fibers and
-// on threads (Note [Rank executor]). Figures and history: docs/performance.md.
+// The simulator's speed: complete schedules per second of a small program (and of the same
+// schedule on the transport seam alone, without core), scheduling decisions per second of the
+// bare scheduler, and the bare cost of switching between ranks, on fibers and on threads (Note
+// [Rank executor]). Figures and history: docs/performance.md.
 //
 // The threads variants are timed in real (wall) time, `/real_time` in their names: their ranks
 // run on threads of their own while the benchmark thread waits, so its CPU time (Google
@@ -13,9 +14,11 @@
 #include <benchmark/benchmark.h>
 
 #include <chorus/chorus.hpp>
+#include <chorus/transport/transport.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "executor.hpp"
 #include "world.hpp"
@@ -73,6 +76,44 @@ BENCHMARK(BM_Schedule4Ranks8Collectives)
     ->ArgName("executor(1=fibers,2=threads)")
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+// The same schedule straight on the transport seam: each rank creates the world's communicator
+// and runs 8 all_reduces of 64 floats through it, waiting each, with no chorus tensors, no output
+// allocation, no work registry. What the simulator itself costs per schedule (its scheduling,
+// rendezvous, checks, reduction and completion), so that the complete schedule's time splits into
+// the simulator's and core's shares (docs/performance.md).
+void BM_Schedule4Ranks8CollectivesOnTheSeam(benchmark::State& state) {
+  chorus::sim::SimOptions options;
+  options.world_size = 4;
+  options.executor = ExecutorKind::Fibers;
+  options.seed_from_environment = false;
+  std::uint64_t seed = 0;
+  for (auto _ : state) {
+    options.seed = seed++;
+    const chorus::sim::SimReport report = chorus::sim::run(options, [] {
+      chorus::transport::Transport& transport = chorus::RankContext::current()->transport();
+      const std::shared_ptr<chorus::transport::Comm> comm = transport.create_comm("", {0, 1, 2, 3});
+      std::vector<float> send(64, 1.0F);
+      std::vector<float> recv(64, 0.0F);
+      chorus::transport::Buffer send_buffer;
+      send_buffer.data = send.data();
+      send_buffer.count = send.size();
+      chorus::transport::Buffer recv_buffer;
+      recv_buffer.data = recv.data();
+      recv_buffer.count = recv.size();
+      chorus::transport::OpInfo info;
+      info.name = "all_reduce";
+      for (info.seq = 0; info.seq < 8; ++info.seq) {
+        comm->all_reduce(send_buffer, recv_buffer, chorus::ReduceOp::Kind::Sum, info)
+            ->wait(chorus::transport::Deadline::never());
+      }
+      benchmark::DoNotOptimize(recv.data());
+    });
+    benchmark::DoNotOptimize(report.steps);
+  }
+  state.SetItemsProcessed(state.iterations());  // items = complete schedules
+}
+BENCHMARK(BM_Schedule4Ranks8CollectivesOnTheSeam)->Unit(benchmark::kMicrosecond);
 
 // The bare scheduler: `ranks` ranks that do nothing but reach scheduling points, so every
 // decision is the scheduler's own work (collect the candidates, draw one, hash and record it,
