@@ -21,27 +21,37 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace chorus::transport {
 
-// "[0, 1, 2]", or "'tp' [0, 1]" for a tagged group: how every layer (core, the simulator, MPI,
-// NCCL) names a group in its reports and errors.
-inline std::string group_label(std::string_view tag, std::span<const int> ranks) {
-  std::string out;
-  if (!tag.empty()) {
-    out.append("'").append(tag).append("' ");
-  }
+// Appends "[1, 2, 3]": the integers by std::to_chars, not a std::to_string and a concatenation
+// each (every communicator's label is made so at its first collective). Core's rank lists and
+// shapes in messages (detail::bracketed) are written by it too.
+template <class T>
+void append_bracketed(std::string& out, std::span<const T> values) {
+  static_assert(std::is_integral_v<T>);
   out += '[';
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
     if (i > 0) {
       out += ", ";
     }
-    std::array<char, 12> digits{};  // an int has at most 10 digits and a sign
-    const std::to_chars_result end = std::to_chars(digits.begin(), digits.end(), ranks[i]);
+    std::array<char, 24> digits{};  // a 64-bit integer has at most 20 digits and a sign
+    const std::to_chars_result end = std::to_chars(digits.begin(), digits.end(), values[i]);
     out.append(digits.begin(), end.ptr);
   }
   out += ']';
+}
+
+// "[0, 1, 2]", or "'tp' [0, 1]" for a tagged group: how every layer (core, the simulator, MPI,
+// NCCL) names a group in its reports and errors.
+inline std::string group_label(std::string_view tag, std::span<const int> ranks) {
+  std::string out;  // no reserve: a short label stays in the string's own 15 bytes
+  if (!tag.empty()) {
+    out.append("'").append(tag).append("' ");
+  }
+  append_bracketed(out, ranks);
   return out;
 }
 
