@@ -12,6 +12,7 @@
 //   build/release/bench/bench_sim --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 #include <benchmark/benchmark.h>
+#include <sys/single_threaded.h>
 
 #include <chorus/chorus.hpp>
 #include <chorus/transport/transport.hpp>
@@ -52,9 +53,14 @@ void BM_Schedule4Ranks8Collectives(benchmark::State& state) {
   options.seed_from_environment = false;
   std::uint64_t seed = 0;
   std::uint64_t decisions = 0;
+  // Whether every rank ran while glibc counted one thread, so that FutexMutex and shared_ptr
+  // took their plain paths (Note [Single-threaded processes]): 1 on fibers, 0 on threads. A
+  // regression there shows in the timing only; this counter names it.
+  bool one_thread = true;
   for (auto _ : state) {
     options.seed = seed++;
-    const chorus::sim::SimReport report = chorus::sim::run(options, [] {
+    const chorus::sim::SimReport report = chorus::sim::run(options, [&one_thread] {
+      one_thread = one_thread && __libc_single_threaded != 0;
       const chorus::Tensor input = chorus::Tensor::ones({64});
       for (int i = 0; i < 8; ++i) {
         benchmark::DoNotOptimize(
@@ -66,6 +72,7 @@ void BM_Schedule4Ranks8Collectives(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());  // items = complete schedules
   state.counters["decisions_per_schedule"] =
       static_cast<double>(decisions) / static_cast<double>(state.iterations());
+  state.counters["one_thread"] = one_thread ? 1 : 0;
 }
 BENCHMARK(BM_Schedule4Ranks8Collectives)
     ->Arg(static_cast<int>(ExecutorKind::Fibers))
