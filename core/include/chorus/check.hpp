@@ -9,11 +9,13 @@
 
 namespace chorus::detail {
 
-[[noreturn]] void check_failed(const char* condition, const char* file, int line,
-                               const std::string& values);
+// Both only run when a check fails: cold, and never inlined, not even into a [[gnu::flatten]]
+// function (the reduction kernels' fold_blocks), whose every other call is.
+[[noreturn, gnu::cold, gnu::noinline]] void check_failed(const char* condition, const char* file,
+                                                         int line, const std::string& values);
 
 template <class A, class B>
-std::string format_check_values(const A& a, const B& b) {
+[[gnu::cold, gnu::noinline]] std::string format_check_values(const A& a, const B& b) {
   std::ostringstream out;
   out << "(" << a << " vs " << b << ")";
   return out.str();
