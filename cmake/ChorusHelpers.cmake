@@ -39,17 +39,21 @@ if(CHORUS_SANITIZE)
   endif()
 endif()
 
-# Profile-guided optimisation (the `release-pgo` preset, built by scripts/build-pgo): a
-# CHORUS_PGO=generate build counts branches and calls into CHORUS_PGO_DIR while a training
-# workload runs (the property battery), and the CHORUS_PGO=use build of the same directory lays
-# out, inlines and unrolls by those counts. GCC only. Global options, so that every object and
-# executable of the build, libraries, tools and tests alike, is instrumented or optimised the same.
-#  - prefer-atomic: the threads executor and MPI's ranks count from several threads at once.
-#  - -fprofile-partial-training: code the training never ran (another transport, most error paths)
-#    is optimised as without a profile, not for size as GCC otherwise does with it.
+# Profile-guided optimisation (scripts/build-pgo): a CHORUS_PGO=generate build (the
+# `release-pgo-generate` preset) counts branches and calls into CHORUS_PGO_DIR while a training
+# workload runs (the property battery, `chorus bench`), and a CHORUS_PGO=use build (`release-pgo`)
+# lays out, inlines and unrolls by those counts. GCC only. Global options, so that every object
+# and executable of the build, libraries, tools and tests alike, is instrumented or optimised.
+#  - -fprofile-prefix-path: a profile file is named after its object's path, here taken relative
+#    to the build directory, so the use build (another directory) finds the generate build's.
+#  - prefer-atomic: the threads executor counts from several threads at once (MPI's ranks are
+#    processes, which merge their counts into the files under a lock at exit).
+#  - -fprofile-partial-training: code the training never ran (another transport, most error
+#    paths) is optimised as without a profile, not for size as GCC otherwise does with it.
 #  - -Wno-missing-profile: the objects the training never ran (tests, benchmarks) have none.
 #  - -Wno-error=coverage-mismatch: a source edited since the training keeps building (without
 #    the profile for the functions that changed); scripts/build-pgo retrains.
+# With link-time optimisation the optimising happens at the link: the options go there too.
 if(CHORUS_PGO)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     message(FATAL_ERROR "CHORUS_PGO needs GCC (its -fprofile-generate/-fprofile-use), "
@@ -59,21 +63,20 @@ if(CHORUS_PGO)
     message(FATAL_ERROR "CHORUS_PGO is for optimised builds, not with sanitizers or libFuzzer")
   endif()
   if(CHORUS_PGO STREQUAL "generate")
-    add_compile_options(-fprofile-generate=${CHORUS_PGO_DIR} -fprofile-update=prefer-atomic)
-    add_link_options(-fprofile-generate=${CHORUS_PGO_DIR} -fprofile-update=prefer-atomic)
+    set(chorus_pgo_options -fprofile-generate=${CHORUS_PGO_DIR} -fprofile-update=prefer-atomic)
   elseif(CHORUS_PGO STREQUAL "use")
     if(NOT IS_DIRECTORY "${CHORUS_PGO_DIR}")
       message(WARNING "CHORUS_PGO=use: no profile in ${CHORUS_PGO_DIR}; "
                       "scripts/build-pgo trains one (the build is then an ordinary optimised one)")
     endif()
-    # At the link too: with link-time optimisation the optimising happens there.
-    set(pgo_use -fprofile-use=${CHORUS_PGO_DIR} -fprofile-partial-training -Wno-missing-profile
-                -Wno-error=coverage-mismatch)
-    add_compile_options(${pgo_use})
-    add_link_options(${pgo_use})
+    set(chorus_pgo_options -fprofile-use=${CHORUS_PGO_DIR} -fprofile-partial-training
+                           -Wno-missing-profile -Wno-error=coverage-mismatch)
   else()
     message(FATAL_ERROR "CHORUS_PGO must be '', 'generate' or 'use', not '${CHORUS_PGO}'")
   endif()
+  list(APPEND chorus_pgo_options -fprofile-prefix-path=${CMAKE_BINARY_DIR})
+  add_compile_options(${chorus_pgo_options})
+  add_link_options(${chorus_pgo_options})
 endif()
 
 # libFuzzer (the `fuzz` preset): every library and test is built with coverage instrumentation
