@@ -511,6 +511,11 @@ int main(int argc, char** argv) {
                    "simulator: measure the memory-bandwidth probe (1 or 0)")
       ->check(kOneOrZero)
       ->capture_default_str();
+  bench
+      ->add_option("--kernels", bench_options.kernels,
+                   "reduction kernels' instruction set: auto, baseline or avx2")
+      ->check(CLI::IsMember({"auto", "baseline", "avx2"}))
+      ->capture_default_str();
   bench->add_option("--seed", bench_options.seed, "simulator schedule seed")
       ->check(kUnsigned64)
       ->capture_default_str();

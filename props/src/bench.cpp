@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chorus/check.hpp>
 #include <chorus/chorus.hpp>
+#include <chorus/kernels.hpp>
 #include <chorus/sim/sim.hpp>
 #include <chrono>
 #include <cmath>
@@ -311,7 +312,7 @@ class Table {
          << (options.transport == "sim" ? (options.sim_checks ? ", simulator buffer checks on"
                                                               : ", simulator buffer checks off")
                                         : "")
-         << "\n#\n";
+         << ", kernels " << kernels::isa_name(kernels::active_isa()) << "\n#\n";
     out_ << "# " << std::setw(12) << "size" << std::setw(12) << "count" << std::setw(10) << "type"
          << std::setw(7) << "redop" << std::setw(12) << "time" << std::setw(9) << "algbw"
          << std::setw(9) << "busbw" << std::setw(8) << "#wrong";
@@ -394,6 +395,25 @@ void validate(const BenchOptions& options) {
   if (!(options.batch_ms > 0 && options.batch_ms <= kBatchMsMax)) {
     invalid("batch-ms must lie in (0, 60000], got " + format_number(options.batch_ms));
   }
+  if (options.kernels != "auto" && options.kernels != kernels::isa_name(kernels::Isa::Baseline) &&
+      options.kernels != kernels::isa_name(kernels::Isa::Avx2)) {
+    invalid("unknown kernels '" + options.kernels + "' (auto, baseline, avx2)");
+  }
+  if (options.kernels == kernels::isa_name(kernels::Isa::Avx2) &&
+      !kernels::isa_supported(kernels::Isa::Avx2)) {
+    invalid("kernels avx2 are not supported by this CPU or build (auto, baseline)");
+  }
+}
+
+// BenchOptions::kernels as the instruction set to pin.
+kernels::Isa chosen_isa(const std::string& name) {
+  if (name == kernels::isa_name(kernels::Isa::Baseline)) {
+    return kernels::Isa::Baseline;
+  }
+  if (name == kernels::isa_name(kernels::Isa::Avx2) || kernels::isa_supported(kernels::Isa::Avx2)) {
+    return kernels::Isa::Avx2;  // "avx2", or "auto" on a CPU that has it
+  }
+  return kernels::Isa::Baseline;
 }
 
 }  // namespace
@@ -429,6 +449,7 @@ std::size_t parse_bytes(const std::string& text) {
 
 BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
   validate(options);
+  kernels::set_isa(chosen_isa(options.kernels));
   std::vector<std::size_t> sizes;
   for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes;
        bytes *= options.step_factor) {

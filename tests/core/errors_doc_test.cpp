@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chorus/chorus.hpp>
+#include <chorus/kernels.hpp>
 #include <chrono>
 #include <complex>
 #include <cstddef>
@@ -1868,6 +1869,19 @@ TEST(ErrorsDocRunning, SimExecutorEnvironmentUnknown) {
   errdoc_expect_plain<InvalidArgument>(
       [] { (void)sim::run(quiet_options(1), [] {}); }, "sim::run",
       "CHORUS_SIM_EXECUTOR='coroutines': expected fibers or threads");
+}
+
+TEST(ErrorsDocRunning, KernelIsaNotSupported) {
+  const kernels::Isa initial = kernels::active_isa();
+  errdoc_expect_plain<InvalidArgument>([] { kernels::set_isa(static_cast<kernels::Isa>(7)); },
+                                       "kernels::set_isa",
+                                       "instruction set 'unknown' is not supported by this build");
+  if (!kernels::isa_supported(kernels::Isa::Avx2)) {
+    errdoc_expect_plain<InvalidArgument>([] { kernels::set_isa(kernels::Isa::Avx2); },
+                                         "kernels::set_isa",
+                                         "instruction set 'avx2' is not supported by this ");
+  }
+  EXPECT_EQ(kernels::active_isa(), initial);
 }
 
 // =============================================================================================

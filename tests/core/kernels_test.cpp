@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <complex>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "chorus/dtype.hpp"
+#include "chorus/error.hpp"
 #include "chorus/half.hpp"
 #include "chorus/reduce_op.hpp"
 
@@ -534,6 +536,126 @@ TEST_P(KernelsReduceSweep, LeftFoldProgramGivesReducesBits) {
 
 INSTANTIATE_TEST_SUITE_P(AllDTypesAndOps, KernelsReduceSweep,
                          ::testing::ValuesIn(valid_reduce_cases()), case_name);
+
+// ---------------------------------------------------------------------------------------------
+// Note [Kernel instruction sets]: every instruction set gives the baseline's bits (a NaN result
+// may differ in sign and payload, as element_matches allows).
+
+// A source whose floating elements are raw random bit patterns: NaNs with every payload
+// (signalling ones included), infinities, subnormals and magnitudes that overflow when summed.
+// Integers and Bool as make_source.
+Bytes make_raw_source(DType dtype, std::size_t count, std::uint64_t seed) {
+  if (!is_floating(dtype) && !is_complex(dtype)) {
+    return make_source(dtype, count, seed);
+  }
+  Bytes out(count * element_size(dtype));
+  for (std::size_t b = 0; b < out.size(); b += sizeof(std::uint64_t)) {
+    const std::uint64_t h = mix(seed * 0x1'0000'0000ull + b);
+    std::memcpy(out.data() + b, &h, std::min(sizeof(h), out.size() - b));
+  }
+  return out;
+}
+
+class KernelsIsa : public ::testing::TestWithParam<ReduceCase> {
+ protected:
+  void TearDown() override { set_isa(initial_); }
+
+ private:
+  Isa initial_ = active_isa();
+};
+
+TEST_P(KernelsIsa, Avx2GivesTheBaselinesBits) {
+  if (!isa_supported(Isa::Avx2)) {
+    GTEST_SKIP() << "this CPU or build has no AVX2 kernels";
+  }
+  const auto [dtype, kind] = GetParam();
+  std::uint64_t salt = 7000;
+  // 31: a tail shorter than one AVX2 vector of every element size after the vector loop.
+  for (const std::size_t num_srcs : kNumSrcsSweep) {
+    for (const std::size_t count :
+         {std::size_t{1}, std::size_t{31}, std::size_t{1024}, std::size_t{2049}}) {
+      for (const bool raw : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "num_srcs " << num_srcs << ", count " << count
+                                          << (raw ? ", raw bit patterns" : ""));
+        std::vector<Bytes> srcs;
+        for (std::size_t j = 0; j < num_srcs; ++j) {
+          srcs.push_back(raw ? make_raw_source(dtype, count, salt * kMaxSweepSrcs + j)
+                             : make_source(dtype, count, salt * kMaxSweepSrcs + j));
+        }
+        ++salt;
+        set_isa(Isa::Baseline);
+        const Bytes expected = run_reduce(srcs, count, dtype, make_op(kind));
+        set_isa(Isa::Avx2);
+        ASSERT_TRUE(
+            same_elements(dtype, expected, run_reduce(srcs, count, dtype, make_op(kind)), count));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypesAndOps, KernelsIsa, ::testing::ValuesIn(valid_reduce_cases()),
+                         case_name);
+
+// Every 16-bit pattern alone (avg and premul_sum of one source convert it there and
+// back) and against a spread of partners, so each conversion path (subnormal, normal, overflow to
+// infinity, NaN made quiet) and each rounding tie meets both builds.
+TEST(KernelsIsaSixteenBit, Avx2GivesTheBaselinesBitsOnEveryPattern) {
+  if (!isa_supported(Isa::Avx2)) {
+    GTEST_SKIP() << "this CPU or build has no AVX2 kernels";
+  }
+  const Isa initial = active_isa();
+  constexpr std::size_t kPatterns = 0x10000;
+  Bytes every(kPatterns * 2);
+  for (std::size_t i = 0; i < kPatterns; ++i) {
+    store_at(every, i, static_cast<std::uint16_t>(i));
+  }
+  for (const DType dtype : {DType::Float16, DType::BFloat16}) {
+    for (const Kind kind : {Kind::Sum, Kind::Avg, Kind::Product, Kind::Max, Kind::PremulSum}) {
+      for (const std::uint64_t partner_seed : {1u, 2u, 3u}) {
+        SCOPED_TRACE(::testing::Message() << dtype << " " << reduce_kind_name(kind)
+                                          << ", partner seed " << partner_seed);
+        const std::vector<Bytes> srcs = {every, make_raw_source(dtype, kPatterns, partner_seed),
+                                         make_source(dtype, kPatterns, partner_seed)};
+        for (const std::size_t num_srcs : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+          const std::vector<Bytes> used(srcs.begin(), srcs.begin() + num_srcs);
+          set_isa(Isa::Baseline);
+          const Bytes expected = run_reduce(used, kPatterns, dtype, make_op(kind));
+          set_isa(Isa::Avx2);
+          const Bytes actual = run_reduce(used, kPatterns, dtype, make_op(kind));
+          ASSERT_TRUE(same_elements(dtype, expected, actual, kPatterns)) << "num_srcs " << num_srcs;
+          if (num_srcs == 1) {
+            // One source: no two NaNs meet, so even a NaN's bits are fixed (its conversions
+            // alone: made quiet, payload kept); sum, product and max copy without converting.
+            ASSERT_TRUE(expected == actual) << "a NaN's sign or payload differs";
+          }
+        }
+      }
+    }
+  }
+  set_isa(initial);
+}
+
+TEST(KernelsIsaChoice, PrefersAvx2WhereSupportedAndRefusesWhatIsNot) {
+  const Isa initial = active_isa();
+  EXPECT_TRUE(isa_supported(Isa::Baseline));
+  EXPECT_STREQ(isa_name(Isa::Baseline), "baseline");
+  EXPECT_STREQ(isa_name(Isa::Avx2), "avx2");
+  // The first use chose AVX2 if it could (nothing in this binary pins the ISA for good).
+  EXPECT_EQ(initial, isa_supported(Isa::Avx2) ? Isa::Avx2 : Isa::Baseline);
+  set_isa(Isa::Baseline);
+  EXPECT_EQ(active_isa(), Isa::Baseline);
+  try {
+    set_isa(static_cast<Isa>(7));
+    ADD_FAILURE() << "set_isa accepted an instruction set outside the enumerators";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(
+        std::string(error.what()).find("instruction set 'unknown' is not supported by this build"),
+        std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(active_isa(), Isa::Baseline);  // A refused choice changes nothing.
+  set_isa(initial);
+}
 
 TEST(Kernels, SweepCoversExactlyWhatCheckDtypeAllows) {
   for (const DType dtype : kAllDTypes) {

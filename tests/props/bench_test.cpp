@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.hpp>
+#include <chorus/kernels.hpp>
 #include <chorus/props/bench.hpp>
 #include <limits>
 #include <map>
@@ -296,6 +297,32 @@ TEST(Bench, SizesParseWithSuffixes) {
   EXPECT_THROW(parse_bytes("5Q"), InvalidArgument);
 }
 
+TEST(Bench, KernelsPinTheReductionsInstructionSet) {
+  BenchOptions options = quick(2);
+  options.ops = {"all_reduce"};
+  options.dtype = DType::BFloat16;
+  options.max_bytes = 4096;
+  options.memory_probe = false;
+  options.kernels = "baseline";
+  std::ostringstream baseline_out;
+  EXPECT_TRUE(run_bench(options, baseline_out).ok) << baseline_out.str();
+  EXPECT_EQ(kernels::active_isa(), kernels::Isa::Baseline);
+  EXPECT_NE(baseline_out.str().find(", kernels baseline\n"), std::string::npos)
+      << baseline_out.str();
+  EXPECT_NE(baseline_out.str().find("# wrong elements: 0 OK"), std::string::npos)
+      << baseline_out.str();
+  // auto goes back to the best this CPU runs.
+  options.kernels = "auto";
+  std::ostringstream auto_out;
+  EXPECT_TRUE(run_bench(options, auto_out).ok) << auto_out.str();
+  const kernels::Isa best =
+      kernels::isa_supported(kernels::Isa::Avx2) ? kernels::Isa::Avx2 : kernels::Isa::Baseline;
+  EXPECT_EQ(kernels::active_isa(), best);
+  EXPECT_NE(auto_out.str().find(std::string(", kernels ") + kernels::isa_name(best) + "\n"),
+            std::string::npos)
+      << auto_out.str();
+}
+
 TEST(Bench, BadOptionsAreRefusedBeforeAnythingRuns) {
   const auto refused = [](BenchOptions options, const std::string& why) {
     std::ostringstream out;
@@ -334,6 +361,9 @@ TEST(Bench, BadOptionsAreRefusedBeforeAnythingRuns) {
   options = quick(2);
   options.step_factor = std::numeric_limits<std::size_t>::max();  // what "-1" wrapped to
   refused(options, "the step factor must lie in [2, 2^40], got 18446744073709551615");
+  options = quick(2);
+  options.kernels = "avx512";
+  refused(options, "unknown kernels 'avx512' (auto, baseline, avx2)");
 }
 
 TEST(Bench, SizesWithASignOrSpaceAreRefused) {

@@ -62,4 +62,28 @@ void fill_poison(void* dst, DType dtype, std::size_t count);
 // Elementwise equality as torch.equal (floating: IEEE ==, so NaN != NaN and -0 == +0).
 bool values_equal(const void* a, const void* b, DType dtype, std::size_t count);
 
+// Note [Kernel instruction sets]
+// reduce() has two builds of each of its loops: one for baseline x86-64 (SSE2), which every CPU
+// runs, and one compiled for AVX2 (GCC and Clang on x86-64 only). The process picks AVX2 when the
+// CPU has it, and set_isa() can pin either. Both builds fold in the same order with the same
+// operations (no fused multiply-add: avx2 alone, not fma), so they give the same bits for every
+// input, except the sign and payload of a NaN result: IEEE 754 leaves those unspecified when
+// several operands are NaN, and compilers may commute the operands of + and *. kernels_test
+// compares the builds on every dtype and op, raw bit patterns included. Only the speed
+// differs (2026-12-05, 1 MiB on this project's machine: 1.1-1.6x for integers and Float64 sum,
+// 2-3.8x for Float32, BFloat16, Float16 and min/max; docs/performance.md, "Reduction kernels").
+// reduce_program(), convert() and the others have the baseline build only.
+enum class Isa : std::uint8_t { Baseline, Avx2 };
+
+// "baseline" or "avx2".
+const char* isa_name(Isa isa) noexcept;
+// Whether this build has `isa`'s loops and this CPU can run them (Baseline: always).
+bool isa_supported(Isa isa) noexcept;
+// The instruction set reduce() uses now: AVX2 where supported, unless set_isa() said otherwise.
+Isa active_isa() noexcept;
+// Pins reduce() to `isa` for the whole process (a property of the CPU, not of a rank), for
+// benchmarks and for tests that compare the builds. Throws InvalidArgument naming the ISA when it
+// is not supported here. Not to be called while another thread reduces.
+void set_isa(Isa isa);
+
 }  // namespace chorus::kernels

@@ -62,6 +62,9 @@ struct BenchOptions {
   int warmup = 5;
   int reps = 5;
   bool check = true;  // count #wrong after timing
+  // The reduction kernels' instruction set (Note [Kernel instruction sets]): auto (the best this
+  // CPU runs), baseline or avx2. Set for the whole process before anything runs.
+  std::string kernels = "auto";
   // Simulator only.
   bool sim_checks = false;   // keep poisoning and input checksums on (SimOptions::check_buffers)
   bool memory_probe = true;  // the all_reduce memory-bandwidth comparison
