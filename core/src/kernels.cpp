@@ -295,15 +295,13 @@ constexpr bool op_allowed(Kind kind, DType dtype) noexcept {
 // pass over a block folds two sources and the last pass folds the final one or two and stores,
 // so one or two sources never touch the accumulator at all, and more sources cost one extra pass
 // over an L1-resident block per pair.
-// [[gnu::flatten]] inlines every call in it (the tag's load and store, the 16-bit float
-// conversions, the op's lambdas; not the checks' failure paths, which are noinline), which the
-// loops need to vectorize. Without it, link-time optimisation of a whole program (the release
-// preset) left the Float16 conversions as calls: a 1 MiB float16 all_reduce on 2 simulated
-// ranks took 5.0 ms, 1.2 ms with it (2026-12-05).
+// The body of fold_blocks and of its AVX2 build, fold_blocks_avx2, which each inline it:
+// always_inline so that even GCC at -O0, which ignores flatten, compiles it into both.
 template <class Tag, class Combine, class Prepare, class Finish>
-[[gnu::flatten]] void fold_blocks(void* dst, const void* const* srcs, std::size_t num_srcs,
-                                  std::size_t count, Combine combine, Prepare prepare,
-                                  Finish finish) {
+[[gnu::always_inline]] inline void fold_blocks_body(void* dst, const void* const* srcs,
+                                                    std::size_t num_srcs, std::size_t count,
+                                                    Combine combine, Prepare prepare,
+                                                    Finish finish) {
   using Storage = typename Tag::Storage;
   using Acc = typename Tag::Acc;
   CHORUS_CHECK_GE(num_srcs, std::size_t{1});
@@ -367,8 +365,20 @@ template <class Tag, class Combine, class Prepare, class Finish>
   }
 }
 
+// [[gnu::flatten]] inlines every call in the body (the tag's load and store, the 16-bit float
+// conversions, the op's lambdas; not the checks' failure paths, which are noinline), which the
+// loops need to vectorize. Without it, link-time optimisation of a whole program (the release
+// preset) left the Float16 conversions as calls: a 1 MiB float16 all_reduce on 2 simulated
+// ranks took 5.0 ms, 1.2 ms with it (2026-12-05).
+template <class Tag, class Combine, class Prepare, class Finish>
+[[gnu::flatten]] void fold_blocks(void* dst, const void* const* srcs, std::size_t num_srcs,
+                                  std::size_t count, Combine combine, Prepare prepare,
+                                  Finish finish) {
+  fold_blocks_body<Tag>(dst, srcs, num_srcs, count, combine, prepare, finish);
+}
+
 // Note [Kernel instruction sets] (chorus/kernels.hpp): the same loops compiled for AVX2. Flatten
-// inlines fold_blocks and everything in it here, so all of it is generated with AVX2's wider
+// inlines fold_blocks_body and everything in it here, so all of it is generated with AVX2's wider
 // vectors and its blends (baseline SSE2 has no blend, which is why NaN-propagating min/max gain
 // the most). No "fma": with it GCC would contract premul_sum's multiply and add into one
 // rounding, and the two builds would no longer agree bit for bit.
@@ -378,13 +388,15 @@ template <class Tag, class Combine, class Prepare, class Finish>
                                                             std::size_t num_srcs, std::size_t count,
                                                             Combine combine, Prepare prepare,
                                                             Finish finish) {
-  fold_blocks<Tag>(dst, srcs, num_srcs, count, combine, prepare, finish);
+  fold_blocks_body<Tag>(dst, srcs, num_srcs, count, combine, prepare, finish);
 }
 
 // Float16 in the AVX2 build converts with F16C's instructions, eight elements each, which GCC
 // does not vectorize from HalfTag's bit arithmetic. They give the same bits as
 // half_to_float_fast and float_to_half_fast (round to nearest even, NaNs made quiet with their
-// payload's top bits kept); kernels_test checks every pattern.
+// payload's top bits kept; every half and every float compared, 2026-12-05) in the default
+// rounding mode: float_to_half_fast rounds subnormal results with the FPU, so under another
+// MXCSR rounding mode they would differ there. kernels_test checks every half pattern.
 [[gnu::target("avx2,f16c")]] inline void widen_halves(float* out, const Half* in,
                                                       std::size_t length) noexcept {
   std::size_t i = 0;
@@ -446,6 +458,39 @@ template <class Combine, class Prepare, class Finish>
   }
 }
 
+// BFloat16 to and from float as plain loops, which GCC vectorizes for AVX2 (for convert()).
+[[gnu::target("avx2")]] void widen_bfloat16s(float* out, const BFloat16* in,
+                                             std::size_t length) noexcept {
+  for (std::size_t i = 0; i < length; ++i) {
+    out[i] = bfloat16_to_float_fast(in[i].bits);
+  }
+}
+
+[[gnu::target("avx2")]] void narrow_to_bfloat16s(BFloat16* out, const float* in,
+                                                 std::size_t length) noexcept {
+  for (std::size_t i = 0; i < length; ++i) {
+    out[i] = BFloat16::from_bits(float_to_bfloat16_fast(in[i]));
+  }
+}
+
+// convert() between a 16-bit float and Float32 in the AVX2 build (MPI's widened 16-bit
+// reductions, Tensor::to); false for every other pair. The same bits as convert_typed.
+bool convert_sixteen_bit_avx2(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                              std::size_t count) noexcept {
+  if (dst_dtype == DType::Float32 && src_dtype == DType::Float16) {
+    widen_halves(static_cast<float*>(dst), static_cast<const Half*>(src), count);
+  } else if (dst_dtype == DType::Float16 && src_dtype == DType::Float32) {
+    narrow_to_halves(static_cast<Half*>(dst), static_cast<const float*>(src), count);
+  } else if (dst_dtype == DType::Float32 && src_dtype == DType::BFloat16) {
+    widen_bfloat16s(static_cast<float*>(dst), static_cast<const BFloat16*>(src), count);
+  } else if (dst_dtype == DType::BFloat16 && src_dtype == DType::Float32) {
+    narrow_to_bfloat16s(static_cast<BFloat16*>(dst), static_cast<const float*>(src), count);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // The AVX2 build's fold for Tag.
 template <class Tag, class Combine, class Prepare, class Finish>
 void fold_avx2(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
@@ -458,17 +503,21 @@ void fold_avx2(void* dst, const void* const* srcs, std::size_t num_srcs, std::si
 }
 #endif
 
-// AVX2 and F16C (which every AVX2 CPU has); __builtin_cpu_supports also checks that the OS saves
-// the AVX registers. Clang 14's __builtin_cpu_supports has no "f16c": CPUID leaf 1, ECX bit 29.
-bool cpu_has_avx2() noexcept {
+// Whether this CPU runs the AVX2 build: AVX2 and F16C (which every AVX2 CPU has), with the AVX
+// registers saved by the OS, which __builtin_cpu_supports checks. Clang 14's
+// __builtin_cpu_supports has no "f16c": CPUID leaf 1, ECX bit 29.
+bool cpu_runs_avx2_build() noexcept {
 #if CHORUS_KERNELS_HAVE_AVX2
-  __builtin_cpu_init();
-  unsigned eax = 0;
-  unsigned ebx = 0;
-  unsigned ecx = 0;
-  unsigned edx = 0;
-  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-  return f16c && __builtin_cpu_supports("avx2") != 0;
+  static const bool runs = [] {
+    __builtin_cpu_init();
+    unsigned eax = 0;
+    unsigned ebx = 0;
+    unsigned ecx = 0;
+    unsigned edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return f16c && __builtin_cpu_supports("avx2") != 0;
+  }();
+  return runs;
 #else
   return false;
 #endif
@@ -476,7 +525,7 @@ bool cpu_has_avx2() noexcept {
 
 // The ISA reduce() uses, chosen on first use (AVX2 where the CPU has it); set_isa() changes it.
 std::atomic<Isa>& isa_setting() noexcept {
-  static std::atomic<Isa> setting{cpu_has_avx2() ? Isa::Avx2 : Isa::Baseline};
+  static std::atomic<Isa> setting{cpu_runs_avx2_build() ? Isa::Avx2 : Isa::Baseline};
   return setting;
 }
 
@@ -796,7 +845,7 @@ bool isa_supported(Isa isa) noexcept {
     case Isa::Baseline:
       return true;
     case Isa::Avx2:
-      return cpu_has_avx2();
+      return cpu_runs_avx2_build();
   }
   return false;
 }
@@ -877,6 +926,12 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::
   if (dst != src || dst_size != src_size) {
     CHORUS_CHECK(!overlaps(dst, count * dst_size, src, count * src_size));
   }
+#if CHORUS_KERNELS_HAVE_AVX2
+  if (isa_setting().load(std::memory_order_relaxed) == Isa::Avx2 &&
+      convert_sixteen_bit_avx2(dst, dst_dtype, src, src_dtype, count)) {
+    return;
+  }
+#endif
   dispatch(dst_dtype, [&](auto dst_tag) {
     dispatch(src_dtype, [&](auto src_tag) {
       convert_typed<decltype(dst_tag), decltype(src_tag)>(dst, src, count);

@@ -18,6 +18,7 @@
 #include "props/planted_transport.hpp"
 #include "support/expect_error.hpp"
 #include "support/forwarding_transport.hpp"
+#include "support/kernel_isa.hpp"
 
 namespace chorus::props {
 namespace {
@@ -298,6 +299,7 @@ TEST(Bench, SizesParseWithSuffixes) {
 }
 
 TEST(Bench, KernelsPinTheReductionsInstructionSet) {
+  const testing::IsaRestorer restorer;
   BenchOptions options = quick(2);
   options.ops = {"all_reduce"};
   options.dtype = DType::BFloat16;
