@@ -51,6 +51,8 @@ endif()
 #  - -fprofile-partial-training: code the training never ran (another transport, most error
 #    paths) is optimised as without a profile, not for size as GCC otherwise does with it.
 #  - -Wno-missing-profile: the objects the training never ran (tests, benchmarks) have none.
+#    scripts/build-pgo checks instead that the hottest objects' profiles are where this build
+#    will look for them.
 #  - -Wno-error=coverage-mismatch: a source edited since the training keeps building (without
 #    the profile for the functions that changed); scripts/build-pgo retrains.
 # With link-time optimisation the optimising happens at the link: the options go there too.
