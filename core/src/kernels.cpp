@@ -523,9 +523,9 @@ bool cpu_runs_avx2_build() noexcept {
 #endif
 }
 
-// The ISA reduce() uses, chosen on first use (AVX2 where the CPU has it); set_isa() changes it.
+// The ISA reduce() uses, best_isa() on first use; set_isa() changes it.
 std::atomic<Isa>& isa_setting() noexcept {
-  static std::atomic<Isa> setting{cpu_runs_avx2_build() ? Isa::Avx2 : Isa::Baseline};
+  static std::atomic<Isa> setting{best_isa()};
   return setting;
 }
 
@@ -849,6 +849,8 @@ bool isa_supported(Isa isa) noexcept {
   }
   return false;
 }
+
+Isa best_isa() noexcept { return cpu_runs_avx2_build() ? Isa::Avx2 : Isa::Baseline; }
 
 Isa active_isa() noexcept { return isa_setting().load(std::memory_order_relaxed); }
 

@@ -404,13 +404,11 @@ void validate(const BenchOptions& options) {
 // BenchOptions::kernels as the instruction set to pin (kernels::set_isa refuses avx2 where this
 // CPU or build lacks it, naming which).
 kernels::Isa chosen_isa(const std::string& name) {
-  if (name == kernels::isa_name(kernels::Isa::Baseline)) {
-    return kernels::Isa::Baseline;
+  if (name == "auto") {
+    return kernels::best_isa();
   }
-  if (name == kernels::isa_name(kernels::Isa::Avx2) || kernels::isa_supported(kernels::Isa::Avx2)) {
-    return kernels::Isa::Avx2;  // "avx2", or "auto" on a CPU that has it
-  }
-  return kernels::Isa::Baseline;
+  return name == kernels::isa_name(kernels::Isa::Avx2) ? kernels::Isa::Avx2
+                                                       : kernels::Isa::Baseline;
 }
 
 }  // namespace

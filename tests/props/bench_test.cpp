@@ -317,8 +317,9 @@ TEST(Bench, KernelsPinTheReductionsInstructionSet) {
   options.kernels = "auto";
   std::ostringstream auto_out;
   EXPECT_TRUE(run_bench(options, auto_out).ok) << auto_out.str();
-  const kernels::Isa best =
-      kernels::isa_supported(kernels::Isa::Avx2) ? kernels::Isa::Avx2 : kernels::Isa::Baseline;
+  const kernels::Isa best = kernels::best_isa();
+  EXPECT_EQ(best, kernels::isa_supported(kernels::Isa::Avx2) ? kernels::Isa::Avx2
+                                                             : kernels::Isa::Baseline);
   EXPECT_EQ(kernels::active_isa(), best);
   EXPECT_NE(auto_out.str().find(std::string(", kernels ") + kernels::isa_name(best) + "\n"),
             std::string::npos)

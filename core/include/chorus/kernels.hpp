@@ -71,8 +71,8 @@ bool values_equal(const void* a, const void* b, DType dtype, std::size_t count);
 // the same operations (no fused multiply-add: "avx2", not "fma"), so in the default rounding mode
 // they give the same bits for every input, except the sign and payload of a NaN result: IEEE 754
 // leaves those unspecified when several operands are NaN, and compilers may commute the operands
-// of + and *. kernels_test
-// compares the builds on every dtype and op, raw bit patterns and every 16-bit pattern included.
+// of + and *. kernels_test compares the builds on every dtype and op, raw bit patterns and every
+// 16-bit pattern included.
 // Only the speed differs: a 1 MiB all_reduce on 2 simulated ranks, Float16 11x, BFloat16 2x,
 // 32- and 64-bit max 1.1-1.3x, their sums about 1.05x (docs/performance.md, "Reduction
 // kernels").
@@ -82,7 +82,9 @@ enum class Isa : std::uint8_t { Baseline, Avx2 };
 const char* isa_name(Isa isa) noexcept;
 // Whether this build has `isa`'s loops and this CPU can run them (Baseline: always).
 bool isa_supported(Isa isa) noexcept;
-// The instruction set reduce() uses now: AVX2 where supported, unless set_isa() said otherwise.
+// The fastest instruction set this build and CPU run: what reduce() uses until set_isa().
+Isa best_isa() noexcept;
+// The instruction set reduce() uses now: best_isa(), unless set_isa() said otherwise.
 Isa active_isa() noexcept;
 // Pins reduce() to `isa` for the whole process (a property of the CPU, not of a rank), for
 // benchmarks and for tests that compare the builds. Throws InvalidArgument naming the ISA when it
