@@ -534,19 +534,25 @@ std::atomic<Isa>& isa_setting() noexcept {
 // of partial-result blocks, a combine step folds the top block into the one below it. The
 // result is stored only after every source of the block was read, so an exact alias of dst with
 // a source is safe. `depth`: the most partial results the program holds at once.
-template <class Tag, class Combine, class Prepare, class Finish>
-void evaluate_program(void* dst, const void* const* srcs, std::size_t count,
-                      std::span<const int> program, std::size_t depth, Combine combine,
-                      Prepare prepare, Finish finish) {
+// kF16c (the AVX2 build's Float16 only): a source's block is widened, and the result narrowed,
+// with F16C's instructions, as in fold_half_blocks_f16c; the same bits.
+template <class Tag, bool kF16c, class Combine, class Prepare, class Finish>
+[[gnu::always_inline]] inline void evaluate_program_body(void* dst, const void* const* srcs,
+                                                         std::size_t count,
+                                                         std::span<const int> program,
+                                                         std::size_t depth, Combine combine,
+                                                         Prepare prepare, Finish finish) {
   using Storage = typename Tag::Storage;
   using Acc = typename Tag::Acc;
+  static_assert(!kF16c || std::is_same_v<Tag, HalfTag>);
   constexpr std::size_t kProgramBlockElements = 256;
   std::vector<Acc> stack(depth * kProgramBlockElements);
   auto* out = static_cast<Storage*>(dst);
   for (std::size_t base = 0; base < count; base += kProgramBlockElements) {
     const std::size_t length = std::min(kProgramBlockElements, count - base);
     std::size_t top = 0;  // partial results on the stack
-    for (const int step : program) {
+    for (std::size_t k = 0; k < program.size(); ++k) {
+      const int step = program[k];
       if (step == kCombine) {
         CHORUS_CHECK_GE(top, std::size_t{2});
         Acc* left = stack.data() + (top - 2) * kProgramBlockElements;
@@ -555,23 +561,80 @@ void evaluate_program(void* dst, const void* const* srcs, std::size_t count,
           left[i] = combine(left[i], right[i]);
         }
         --top;
+        continue;
+      }
+      CHORUS_CHECK_LT(top, depth);
+      Acc* pushed = stack.data() + top * kProgramBlockElements;
+      const Storage* source =
+          static_cast<const Storage*>(srcs[static_cast<std::size_t>(step)]) + base;
+      // A source that the next step combines at once (every step of a left fold, every right
+      // leaf of a tree) is folded straight into the partial result below it: one pass instead
+      // of a push and a combine, with the same operands in the same order.
+      const bool combined_next = top >= 1 && k + 1 < program.size() && program[k + 1] == kCombine;
+      Acc* left = combined_next ? pushed - kProgramBlockElements : pushed;
+      if constexpr (kF16c) {
+#if CHORUS_KERNELS_HAVE_AVX2
+        widen_halves(pushed, source, length);
+        if (combined_next) {
+          for (std::size_t i = 0; i < length; ++i) {
+            left[i] = combine(left[i], prepare(pushed[i]));
+          }
+        } else {
+          for (std::size_t i = 0; i < length; ++i) {
+            pushed[i] = prepare(pushed[i]);
+          }
+        }
+#endif
+      } else if (combined_next) {
+        for (std::size_t i = 0; i < length; ++i) {
+          left[i] = combine(left[i], prepare(Tag::load(source[i])));
+        }
       } else {
-        CHORUS_CHECK_LT(top, depth);
-        Acc* pushed = stack.data() + top * kProgramBlockElements;
-        const Storage* source =
-            static_cast<const Storage*>(srcs[static_cast<std::size_t>(step)]) + base;
         for (std::size_t i = 0; i < length; ++i) {
           pushed[i] = prepare(Tag::load(source[i]));
         }
+      }
+      if (combined_next) {
+        ++k;  // the combine just done
+      } else {
         ++top;
       }
     }
     CHORUS_CHECK_EQ(top, std::size_t{1});
-    for (std::size_t i = 0; i < length; ++i) {
-      out[base + i] = Tag::store(finish(stack[i]));
+    if constexpr (kF16c) {
+#if CHORUS_KERNELS_HAVE_AVX2
+      for (std::size_t i = 0; i < length; ++i) {
+        stack[i] = finish(stack[i]);
+      }
+      narrow_to_halves(out + base, stack.data(), length);
+#endif
+    } else {
+      for (std::size_t i = 0; i < length; ++i) {
+        out[base + i] = Tag::store(finish(stack[i]));
+      }
     }
   }
 }
+
+// The baseline build, flattened as fold_blocks is (so that the tag's conversions and the op's
+// lambdas are inlined into the loops).
+template <class Tag, class Combine, class Prepare, class Finish>
+[[gnu::flatten]] void evaluate_program(void* dst, const void* const* srcs, std::size_t count,
+                                       std::span<const int> program, std::size_t depth,
+                                       Combine combine, Prepare prepare, Finish finish) {
+  evaluate_program_body<Tag, false>(dst, srcs, count, program, depth, combine, prepare, finish);
+}
+
+// The AVX2 build (Note [Kernel instruction sets]), F16C's conversions for Float16.
+#if CHORUS_KERNELS_HAVE_AVX2
+template <class Tag, class Combine, class Prepare, class Finish>
+[[gnu::flatten, gnu::target("avx2,f16c")]] void evaluate_program_avx2(
+    void* dst, const void* const* srcs, std::size_t count, std::span<const int> program,
+    std::size_t depth, Combine combine, Prepare prepare, Finish finish) {
+  evaluate_program_body<Tag, std::is_same_v<Tag, HalfTag>>(dst, srcs, count, program, depth,
+                                                           combine, prepare, finish);
+}
+#endif
 
 // Calls run(combine, prepare, finish) with the element functions of `reduce_op` on Tag's
 // accumulation type (Note [Reduction order]); `num_srcs` is avg's divisor.
@@ -901,6 +964,12 @@ void reduce_program(void* dst, const void* const* srcs, std::size_t num_srcs, st
   dispatch(dtype, [&](auto tag) {
     using Tag = decltype(tag);
     with_op_functions<Tag>(num_srcs, reduce_op, [&](auto combine, auto prepare, auto finish) {
+#if CHORUS_KERNELS_HAVE_AVX2
+      if (isa_setting().load(std::memory_order_relaxed) == Isa::Avx2) {
+        return evaluate_program_avx2<Tag>(dst, srcs, count, program, depth, combine, prepare,
+                                          finish);
+      }
+#endif
       evaluate_program<Tag>(dst, srcs, count, program, depth, combine, prepare, finish);
     });
   });

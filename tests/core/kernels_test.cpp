@@ -522,23 +522,29 @@ std::vector<int> left_fold_program(std::size_t num_srcs) {
   return program;
 }
 
+// In every instruction set, against reduce() in the same one.
 TEST_P(KernelsReduceSweep, LeftFoldProgramGivesReducesBits) {
   const auto [dtype, kind] = GetParam();
+  const IsaRestorer restorer;
   std::uint64_t salt = 500;
-  for (const std::size_t num_srcs : kNumSrcsSweep) {
-    for (const std::size_t count : kCountSweep) {
-      SCOPED_TRACE(::testing::Message() << "num_srcs " << num_srcs << ", count " << count);
-      std::vector<Bytes> srcs = make_sources(dtype, num_srcs, count, salt++);
-      const Bytes expected = run_reduce(srcs, count, dtype, make_op(kind));
-      const std::vector<const void*> pointers = pointers_to(srcs);
-      const std::vector<int> program = left_fold_program(num_srcs);
-      Bytes out(count * element_size(dtype), 0xCD);
-      reduce_program(out.data(), pointers.data(), num_srcs, count, dtype, make_op(kind), program);
-      ASSERT_TRUE(same_elements(dtype, expected, out, count));
-      // In place: dst is the last source.
-      reduce_program(srcs.back().data(), pointers.data(), num_srcs, count, dtype, make_op(kind),
-                     program);
-      ASSERT_TRUE(same_elements(dtype, expected, srcs.back(), count));
+  for (const Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (const std::size_t num_srcs : kNumSrcsSweep) {
+      for (const std::size_t count : kCountSweep) {
+        SCOPED_TRACE(::testing::Message()
+                     << isa_name(isa) << ", num_srcs " << num_srcs << ", count " << count);
+        std::vector<Bytes> srcs = make_sources(dtype, num_srcs, count, salt++);
+        const Bytes expected = run_reduce(srcs, count, dtype, make_op(kind));
+        const std::vector<const void*> pointers = pointers_to(srcs);
+        const std::vector<int> program = left_fold_program(num_srcs);
+        Bytes out(count * element_size(dtype), 0xCD);
+        reduce_program(out.data(), pointers.data(), num_srcs, count, dtype, make_op(kind), program);
+        ASSERT_TRUE(same_elements(dtype, expected, out, count));
+        // In place: dst is the last source.
+        reduce_program(srcs.back().data(), pointers.data(), num_srcs, count, dtype, make_op(kind),
+                       program);
+        ASSERT_TRUE(same_elements(dtype, expected, srcs.back(), count));
+      }
     }
   }
 }
@@ -562,6 +568,30 @@ Bytes make_raw_source(DType dtype, std::size_t count, std::uint64_t seed) {
     const std::uint64_t h = mix(seed * 0x1'0000'0000ull + b);
     std::memcpy(out.data() + b, &h, std::min(sizeof(h), out.size() - b));
   }
+  return out;
+}
+
+// {0, 1, kCombine, 2, 3, kCombine, kCombine, ...}: the left subtree takes the largest power of
+// two below the count (the simulator's tree order). Mixes pushed leaves with ones combined at
+// once.
+std::vector<int> pairwise_tree_program(std::size_t begin, std::size_t end) {
+  if (end - begin == 1) {
+    return {static_cast<int>(begin)};
+  }
+  const std::size_t left = std::bit_floor(end - begin - 1);
+  std::vector<int> program = pairwise_tree_program(begin, begin + left);
+  const std::vector<int> right = pairwise_tree_program(begin + left, end);
+  program.insert(program.end(), right.begin(), right.end());
+  program.push_back(kCombine);
+  return program;
+}
+
+Bytes run_program(const std::vector<Bytes>& srcs, std::size_t count, DType dtype,
+                  const ReduceOp& op) {
+  Bytes out(count * element_size(dtype), 0xCD);
+  const std::vector<const void*> pointers = pointers_to(srcs);
+  reduce_program(out.data(), pointers.data(), pointers.size(), count, dtype, op,
+                 pairwise_tree_program(0, srcs.size()));
   return out;
 }
 
@@ -593,9 +623,13 @@ TEST_P(KernelsIsa, Avx2GivesTheBaselinesBits) {
         ++salt;
         set_isa(Isa::Baseline);
         const Bytes expected = run_reduce(srcs, count, dtype, make_op(kind));
+        const Bytes expected_tree = run_program(srcs, count, dtype, make_op(kind));
         set_isa(Isa::Avx2);
         ASSERT_TRUE(
             same_elements(dtype, expected, run_reduce(srcs, count, dtype, make_op(kind)), count));
+        ASSERT_TRUE(same_elements(dtype, expected_tree,
+                                  run_program(srcs, count, dtype, make_op(kind)), count))
+            << "reduce_program, pairwise tree";
       }
     }
   }
@@ -631,6 +665,12 @@ TEST(KernelsIsaSixteenBit, Avx2GivesTheBaselinesBitsOnEveryPattern) {
           set_isa(Isa::Avx2);
           const Bytes actual = run_reduce(used, kPatterns, dtype, make_op(kind));
           ASSERT_TRUE(same_elements(dtype, expected, actual, kPatterns)) << "num_srcs " << num_srcs;
+          set_isa(Isa::Baseline);
+          const Bytes expected_tree = run_program(used, kPatterns, dtype, make_op(kind));
+          set_isa(Isa::Avx2);
+          ASSERT_TRUE(same_elements(dtype, expected_tree,
+                                    run_program(used, kPatterns, dtype, make_op(kind)), kPatterns))
+              << "reduce_program, num_srcs " << num_srcs;
           if (num_srcs == 1) {
             // One source: no two NaNs meet, so even a NaN's bits are fixed (its conversions
             // alone: made quiet, payload kept); sum, product and max copy without converting.
@@ -885,6 +925,42 @@ TEST(KernelsProgram, CombinesInTheProgramsShape) {
                                              bits_of_half(1.0f)};
   EXPECT_EQ(reduce_one_by_program(DType::Float16, Kind::Sum, halves, {0, 1, 2, kCombine, kCombine}),
             bits_of_half(2050.0f));
+}
+
+// The left operand of every combine is the partial result pushed first, whether the right one
+// was pushed or, as a leaf combined at once, folded in directly: max keeps the left of a -0/+0
+// tie, and the left of two NaNs.
+TEST(KernelsProgram, LeftOperandIsThePartialResultPushedFirst) {
+  const IsaRestorer restorer;
+  const float nan_a = std::bit_cast<float>(0x7FC0'0001u);
+  const float nan_b = std::bit_cast<float>(0x7FC0'0002u);
+  const auto bits = [](float value) { return std::bit_cast<std::uint32_t>(value); };
+  for (const Isa isa : supported_isas()) {
+    set_isa(isa);
+    SCOPED_TRACE(isa_name(isa));
+    const std::vector<float> zeros = {-0.0f, 0.0f, 0.0f};
+    EXPECT_EQ(bits(reduce_one_by_program(DType::Float32, Kind::Max, zeros,
+                                         {0, 1, kCombine, 2, kCombine})),
+              bits(-0.0f));
+    EXPECT_EQ(bits(reduce_one_by_program(DType::Float32, Kind::Max, zeros,
+                                         {1, 0, kCombine, 2, kCombine})),
+              bits(0.0f));
+    // Leaf 0 pushed, then (2, 1) combined below it: -0 stays on the left throughout.
+    EXPECT_EQ(bits(reduce_one_by_program(DType::Float32, Kind::Max, zeros,
+                                         {0, 2, 1, kCombine, kCombine})),
+              bits(-0.0f));
+    const std::vector<float> nans = {nan_a, nan_b};
+    EXPECT_EQ(bits(reduce_one_by_program(DType::Float32, Kind::Max, nans, {0, 1, kCombine})),
+              bits(nan_a));
+    EXPECT_EQ(bits(reduce_one_by_program(DType::Float32, Kind::Max, nans, {1, 0, kCombine})),
+              bits(nan_b));
+    // Float16 in the AVX2 build widens and narrows with F16C: the same tie rule.
+    const std::vector<std::uint16_t> half_zeros = {0x8000, 0x0000};
+    EXPECT_EQ(reduce_one_by_program(DType::Float16, Kind::Max, half_zeros, {0, 1, kCombine}),
+              0x8000);
+    EXPECT_EQ(reduce_one_by_program(DType::Float16, Kind::Max, half_zeros, {1, 0, kCombine}),
+              0x0000);
+  }
 }
 
 TEST(KernelsProgramDeathTest, RejectsMalformedPrograms) {

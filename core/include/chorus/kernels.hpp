@@ -40,8 +40,9 @@ void reduce(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_
 // num_srcs, 16-bit floats round once) and stored. Partial results stay in the accumulation type
 // of Note [Reduction order], so the left fold {0, 1, kCombine, 2, kCombine, ...} gives exactly
 // reduce()'s bits, and ((s0 + s1) + (s2 + s3)) is {0, 1, kCombine, 2, 3, kCombine, kCombine}.
-// Aliasing and op/dtype rules as for reduce(); a malformed program is CHORUS_CHECKed. Slower
-// than reduce() (not tuned): for simulation, not for hot paths.
+// Aliasing and op/dtype rules as for reduce(); a malformed program is CHORUS_CHECKed. It works
+// on blocks of partial results, so it makes more passes over memory than reduce(): for
+// simulation, not for hot paths (docs/performance.md, "Reduction kernels").
 inline constexpr int kCombine = -1;
 void reduce_program(void* dst, const void* const* srcs, std::size_t num_srcs, std::size_t count,
                     DType dtype, const ReduceOp& reduce_op, std::span<const int> program);
@@ -65,14 +66,14 @@ bool values_equal(const void* a, const void* b, DType dtype, std::size_t count);
 // Note [Kernel instruction sets]
 // reduce() has two builds of its loops: one for baseline x86-64 (SSE2), which every CPU runs, and
 // one compiled for AVX2, with F16C's conversions for Float16 (GCC and Clang on x86-64 only). The
-// process picks AVX2 when the CPU has AVX2 and F16C, and set_isa() can pin either. convert()
-// between Float16 or BFloat16 and Float32 follows the same choice; reduce_program(), the other
-// conversions and the rest have the baseline build only. Both builds fold in the same order with
-// the same operations (no fused multiply-add: "avx2", not "fma"), so in the default rounding mode
-// they give the same bits for every input, except the sign and payload of a NaN result: IEEE 754
-// leaves those unspecified when several operands are NaN, and compilers may commute the operands
-// of + and *. kernels_test compares the builds on every dtype and op, raw bit patterns and every
-// 16-bit pattern included.
+// process picks AVX2 when the CPU has AVX2 and F16C, and set_isa() can pin either.
+// reduce_program() and convert() between Float16 or BFloat16 and Float32 follow the same choice;
+// the other conversions and the rest have the baseline build only. Both builds fold in the same
+// order with the same operations (no fused multiply-add: "avx2", not "fma"), so in the default
+// rounding mode they give the same bits for every input, except the sign and payload of a NaN
+// result: IEEE 754 leaves those unspecified when several operands are NaN, and compilers may
+// commute the operands of + and *. kernels_test compares the builds on every dtype and op, raw
+// bit patterns and every 16-bit pattern included.
 // Only the speed differs: a 1 MiB all_reduce on 2 simulated ranks, Float16 11x, BFloat16 2x,
 // 32- and 64-bit max 1.1-1.3x, their sums about 1.05x (docs/performance.md, "Reduction
 // kernels").
