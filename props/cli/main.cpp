@@ -516,6 +516,11 @@ int main(int argc, char** argv) {
                    "reduction kernels' instruction set: auto, baseline or avx2")
       ->check(CLI::IsMember({"auto", "baseline", "avx2"}))
       ->capture_default_str();
+  bench
+      ->add_option("--reduction-order", bench_options.reduction_order,
+                   "simulator: fixed, ring, tree or adversarial")
+      ->check(CLI::IsMember({"fixed", "ring", "tree", "adversarial"}))
+      ->capture_default_str();
   bench->add_option("--seed", bench_options.seed, "simulator schedule seed")
       ->check(kUnsigned64)
       ->capture_default_str();

@@ -309,9 +309,11 @@ class Table {
                  ? std::to_string(options.iters)
                  : "adaptive (batches of ~" + format_number(options.batch_ms) + " ms)")
          << ", warmup " << options.warmup << ", median of " << options.reps << " batches"
-         << (options.transport == "sim" ? (options.sim_checks ? ", simulator buffer checks on"
-                                                              : ", simulator buffer checks off")
-                                        : "")
+         << (options.transport == "sim"
+                 ? std::string(options.sim_checks ? ", simulator buffer checks on"
+                                                  : ", simulator buffer checks off") +
+                       ", reduction order " + options.reduction_order
+                 : "")
          << ", kernels " << kernels::isa_name(kernels::active_isa()) << "\n#\n";
     out_ << "# " << std::setw(12) << "size" << std::setw(12) << "count" << std::setw(10) << "type"
          << std::setw(7) << "redop" << std::setw(12) << "time" << std::setw(9) << "algbw"
@@ -358,6 +360,18 @@ class Table {
   bool simulator_;
 };
 
+// BenchOptions::reduction_order as the simulator's enumerator.
+sim::ReductionOrder chosen_order(const std::string& name) {
+  for (const sim::ReductionOrder order :
+       {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring, sim::ReductionOrder::Tree,
+        sim::ReductionOrder::Adversarial}) {
+    if (name == sim::name(order)) {
+      return order;
+    }
+  }
+  invalid("unknown reduction order '" + name + "' (fixed, ring, tree, adversarial)");
+}
+
 void validate(const BenchOptions& options) {
   if (options.ops.empty()) {
     invalid("no op to benchmark (--ops names none)");
@@ -398,6 +412,11 @@ void validate(const BenchOptions& options) {
   if (options.kernels != "auto" && options.kernels != kernels::isa_name(kernels::Isa::Baseline) &&
       options.kernels != kernels::isa_name(kernels::Isa::Avx2)) {
     invalid("unknown kernels '" + options.kernels + "' (auto, baseline, avx2)");
+  }
+  (void)chosen_order(options.reduction_order);
+  if (options.transport != "sim" && options.reduction_order != "fixed") {
+    invalid("reduction order '" + options.reduction_order + "' is the simulator's: transport " +
+            options.transport + " reduces in its library's own order (fixed only)");
   }
 }
 
@@ -578,11 +597,13 @@ BenchReport run_bench(const BenchOptions& options, std::ostream& out) {
     sim_options.seed_from_environment = false;
     sim_options.executor = sim::ExecutorKind::Fibers;
     sim_options.check_buffers = options.sim_checks;
+    sim_options.reduction_order = chosen_order(options.reduction_order);
     sim_options.host_pool_bytes_max = pool_bytes;
     sim_options.wrap_transport = options.wrap_transport;
     try {
       const sim::SimReport sim_report = sim::run(sim_options, rank_main);
       status = sim_report.ok() ? 0 : 1;
+      report.sim_marks = sim_report.marks;
     } catch (const Error& error) {
       out << "chorus bench: " << error.what() << "\n";
       status = 1;

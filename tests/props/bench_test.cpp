@@ -367,6 +367,44 @@ TEST(Bench, BadOptionsAreRefusedBeforeAnythingRuns) {
   options = quick(2);
   options.kernels = "avx512";
   refused(options, "unknown kernels 'avx512' (auto, baseline, avx2)");
+  options = quick(2);
+  options.reduction_order = "sideways";
+  refused(options, "unknown reduction order 'sideways' (fixed, ring, tree, adversarial)");
+  options = quick(2);
+  options.transport = "mpi";
+  options.reduction_order = "tree";
+  refused(options,
+          "reduction order 'tree' is the simulator's: transport mpi reduces in its "
+          "library's own order (fixed only)");
+}
+
+// Each order reaches the simulator (its mark counts the run's reductions, and no other order's
+// mark appears), and the crafted inputs stay exact in every order.
+TEST(Bench, ReductionOrderPicksTheSimulatorsOrder) {
+  const std::vector<std::string> orders = {"fixed", "ring", "tree", "adversarial"};
+  for (const std::string& order : orders) {
+    SCOPED_TRACE(order);
+    BenchOptions options = quick(4);
+    options.ops = {"all_reduce", "reduce_scatter"};
+    options.max_bytes = 4096;
+    options.memory_probe = false;
+    options.dtype = DType::Float16;
+    options.reduction_order = order;
+    std::ostringstream out;
+    const BenchReport report = run_bench(options, out);
+    EXPECT_TRUE(report.ok) << out.str();
+    EXPECT_NE(out.str().find(", reduction order " + order + ", kernels "), std::string::npos)
+        << out.str();
+    for (const std::string& other : orders) {
+      const auto mark = report.sim_marks.find("reduction." + other);
+      if (other == order) {
+        ASSERT_NE(mark, report.sim_marks.end());
+        EXPECT_GT(mark->second, 0u);
+      } else {
+        EXPECT_EQ(mark, report.sim_marks.end()) << other;
+      }
+    }
+  }
 }
 
 TEST(Bench, SizesWithASignOrSpaceAreRefused) {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,9 @@ struct BenchOptions {
   bool sim_checks = false;   // keep poisoning and input checksums on (SimOptions::check_buffers)
   bool memory_probe = true;  // the all_reduce memory-bandwidth comparison
   std::uint64_t seed = 0;
+  // The order of every reduction (SimOptions::reduction_order): fixed, ring, tree or
+  // adversarial; other transports take only fixed, their library's own order.
+  std::string reduction_order = "fixed";
   // Simulator only, a test hook (SimOptions::wrap_transport): plant a transport bug that #wrong
   // must count.
   std::function<std::shared_ptr<transport::Transport>(std::shared_ptr<transport::Transport>)>
@@ -96,6 +100,9 @@ struct BenchReport {
   // Every rank ran to the end, a row was measured and no row had a wrong element. On a real
   // transport every process (one rank each) reaches the same verdict, from the agreed #wrong.
   bool ok = false;
+  // Simulator only: the named marks its run passed (SimReport::marks), "reduction.tree" and the
+  // like.
+  std::map<std::string, std::uint64_t, std::less<>> sim_marks;
 };
 
 // Parses "64K", "8M", "1G" or a plain number of bytes; throws InvalidArgument.
