@@ -544,7 +544,7 @@ template <class Tag, bool kF16c, class Combine, class Prepare, class Finish>
                                                          Prepare prepare, Finish finish) {
   using Storage = typename Tag::Storage;
   using Acc = typename Tag::Acc;
-  static_assert(!kF16c || std::is_same_v<Tag, HalfTag>);
+  static_assert(!kF16c || (CHORUS_KERNELS_HAVE_AVX2 && std::is_same_v<Tag, HalfTag>));
   constexpr std::size_t kProgramBlockElements = 256;
   std::vector<Acc> stack(depth * kProgramBlockElements);
   auto* out = static_cast<Storage*>(dst);
@@ -567,9 +567,9 @@ template <class Tag, bool kF16c, class Combine, class Prepare, class Finish>
       Acc* pushed = stack.data() + top * kProgramBlockElements;
       const Storage* source =
           static_cast<const Storage*>(srcs[static_cast<std::size_t>(step)]) + base;
-      // A source that the next step combines at once (every step of a left fold, every right
-      // leaf of a tree) is folded straight into the partial result below it: one pass instead
-      // of a push and a combine, with the same operands in the same order.
+      // A source that the next step combines at once (a right leaf: every leaf of a left fold
+      // but the first) is folded straight into the partial result below it: one pass instead of
+      // a push and a combine, with the same operands in the same order.
       const bool combined_next = top >= 1 && k + 1 < program.size() && program[k + 1] == kCombine;
       Acc* left = combined_next ? pushed - kProgramBlockElements : pushed;
       if constexpr (kF16c) {

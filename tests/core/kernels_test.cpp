@@ -522,6 +522,44 @@ std::vector<int> left_fold_program(std::size_t num_srcs) {
   return program;
 }
 
+// {0, 1, kCombine, 2, 3, kCombine, kCombine, ...}: the left subtree takes the largest power of
+// two below the count (the simulator's tree order). Mixes pushed leaves with ones combined at
+// once.
+std::vector<int> pairwise_tree_program(std::size_t begin, std::size_t end) {
+  if (end - begin == 1) {
+    return {static_cast<int>(begin)};
+  }
+  const std::size_t left = std::bit_floor(end - begin - 1);
+  std::vector<int> program = pairwise_tree_program(begin, begin + left);
+  const std::vector<int> right = pairwise_tree_program(begin + left, end);
+  program.insert(program.end(), right.begin(), right.end());
+  program.push_back(kCombine);
+  return program;
+}
+
+// {0, 1, ..., n-1, kCombine, ...}: every source pushed before any combine, the deepest stack.
+std::vector<int> right_deep_program(std::size_t num_srcs) {
+  std::vector<int> program;
+  for (std::size_t j = 0; j < num_srcs; ++j) {
+    program.push_back(static_cast<int>(j));
+  }
+  program.insert(program.end(), num_srcs - 1, kCombine);
+  return program;
+}
+
+// The program shapes the instruction-set comparisons run.
+std::vector<std::vector<int>> test_programs(std::size_t num_srcs) {
+  return {pairwise_tree_program(0, num_srcs), right_deep_program(num_srcs)};
+}
+
+Bytes run_program(const std::vector<Bytes>& srcs, std::size_t count, DType dtype,
+                  const ReduceOp& op, const std::vector<int>& program) {
+  Bytes out(count * element_size(dtype), 0xCD);
+  const std::vector<const void*> pointers = pointers_to(srcs);
+  reduce_program(out.data(), pointers.data(), pointers.size(), count, dtype, op, program);
+  return out;
+}
+
 // In every instruction set, against reduce() in the same one.
 TEST_P(KernelsReduceSweep, LeftFoldProgramGivesReducesBits) {
   const auto [dtype, kind] = GetParam();
@@ -549,6 +587,31 @@ TEST_P(KernelsReduceSweep, LeftFoldProgramGivesReducesBits) {
   }
 }
 
+// Tree programs write over any source as they write elsewhere, in every instruction set.
+TEST_P(KernelsReduceSweep, ProgramsMayWriteOverAnySource) {
+  const auto [dtype, kind] = GetParam();
+  const IsaRestorer restorer;
+  constexpr std::size_t kCount = 1025;  // a ragged last block
+  for (const Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (const std::size_t num_srcs : {std::size_t{2}, std::size_t{5}}) {
+      for (const std::vector<int>& program : test_programs(num_srcs)) {
+        const std::vector<Bytes> srcs = make_sources(dtype, num_srcs, kCount, 3000 + num_srcs);
+        const Bytes expected = run_program(srcs, kCount, dtype, make_op(kind), program);
+        for (std::size_t alias = 0; alias < num_srcs; ++alias) {
+          SCOPED_TRACE(::testing::Message() << isa_name(isa) << ", num_srcs " << num_srcs
+                                            << ", dst is srcs[" << alias << "]");
+          std::vector<Bytes> written = srcs;
+          const std::vector<const void*> pointers = pointers_to(written);
+          reduce_program(written[alias].data(), pointers.data(), num_srcs, kCount, dtype,
+                         make_op(kind), program);
+          ASSERT_TRUE(same_elements(dtype, expected, written[alias], kCount));
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDTypesAndOps, KernelsReduceSweep,
                          ::testing::ValuesIn(valid_reduce_cases()), case_name);
 
@@ -568,30 +631,6 @@ Bytes make_raw_source(DType dtype, std::size_t count, std::uint64_t seed) {
     const std::uint64_t h = mix(seed * 0x1'0000'0000ull + b);
     std::memcpy(out.data() + b, &h, std::min(sizeof(h), out.size() - b));
   }
-  return out;
-}
-
-// {0, 1, kCombine, 2, 3, kCombine, kCombine, ...}: the left subtree takes the largest power of
-// two below the count (the simulator's tree order). Mixes pushed leaves with ones combined at
-// once.
-std::vector<int> pairwise_tree_program(std::size_t begin, std::size_t end) {
-  if (end - begin == 1) {
-    return {static_cast<int>(begin)};
-  }
-  const std::size_t left = std::bit_floor(end - begin - 1);
-  std::vector<int> program = pairwise_tree_program(begin, begin + left);
-  const std::vector<int> right = pairwise_tree_program(begin + left, end);
-  program.insert(program.end(), right.begin(), right.end());
-  program.push_back(kCombine);
-  return program;
-}
-
-Bytes run_program(const std::vector<Bytes>& srcs, std::size_t count, DType dtype,
-                  const ReduceOp& op) {
-  Bytes out(count * element_size(dtype), 0xCD);
-  const std::vector<const void*> pointers = pointers_to(srcs);
-  reduce_program(out.data(), pointers.data(), pointers.size(), count, dtype, op,
-                 pairwise_tree_program(0, srcs.size()));
   return out;
 }
 
@@ -623,13 +662,19 @@ TEST_P(KernelsIsa, Avx2GivesTheBaselinesBits) {
         ++salt;
         set_isa(Isa::Baseline);
         const Bytes expected = run_reduce(srcs, count, dtype, make_op(kind));
-        const Bytes expected_tree = run_program(srcs, count, dtype, make_op(kind));
+        std::vector<Bytes> expected_programs;
+        for (const std::vector<int>& program : test_programs(num_srcs)) {
+          expected_programs.push_back(run_program(srcs, count, dtype, make_op(kind), program));
+        }
         set_isa(Isa::Avx2);
         ASSERT_TRUE(
             same_elements(dtype, expected, run_reduce(srcs, count, dtype, make_op(kind)), count));
-        ASSERT_TRUE(same_elements(dtype, expected_tree,
-                                  run_program(srcs, count, dtype, make_op(kind)), count))
-            << "reduce_program, pairwise tree";
+        for (std::size_t p = 0; p < expected_programs.size(); ++p) {
+          ASSERT_TRUE(same_elements(
+              dtype, expected_programs[p],
+              run_program(srcs, count, dtype, make_op(kind), test_programs(num_srcs)[p]), count))
+              << "reduce_program, program " << p << " of test_programs";
+        }
       }
     }
   }
@@ -665,11 +710,13 @@ TEST(KernelsIsaSixteenBit, Avx2GivesTheBaselinesBitsOnEveryPattern) {
           set_isa(Isa::Avx2);
           const Bytes actual = run_reduce(used, kPatterns, dtype, make_op(kind));
           ASSERT_TRUE(same_elements(dtype, expected, actual, kPatterns)) << "num_srcs " << num_srcs;
+          const std::vector<int> tree = pairwise_tree_program(0, num_srcs);
           set_isa(Isa::Baseline);
-          const Bytes expected_tree = run_program(used, kPatterns, dtype, make_op(kind));
+          const Bytes expected_tree = run_program(used, kPatterns, dtype, make_op(kind), tree);
           set_isa(Isa::Avx2);
           ASSERT_TRUE(same_elements(dtype, expected_tree,
-                                    run_program(used, kPatterns, dtype, make_op(kind)), kPatterns))
+                                    run_program(used, kPatterns, dtype, make_op(kind), tree),
+                                    kPatterns))
               << "reduce_program, num_srcs " << num_srcs;
           if (num_srcs == 1) {
             // One source: no two NaNs meet, so even a NaN's bits are fixed (its conversions

@@ -74,9 +74,10 @@ bool values_equal(const void* a, const void* b, DType dtype, std::size_t count);
 // result: IEEE 754 leaves those unspecified when several operands are NaN, and compilers may
 // commute the operands of + and *. kernels_test compares the builds on every dtype and op, raw
 // bit patterns and every 16-bit pattern included.
-// Only the speed differs: a 1 MiB all_reduce on 2 simulated ranks, Float16 11x, BFloat16 2x,
-// 32- and 64-bit max 1.1-1.3x, their sums about 1.05x (docs/performance.md, "Reduction
-// kernels").
+// Only the speed differs: reduce() in a 1 MiB all_reduce on 2 simulated ranks, Float16 11x,
+// BFloat16 2x, 32- and 64-bit max 1.1-1.3x, their sums about 1.05x; reduce_program() in the
+// simulator's tree order, Float16 9x, BFloat16 1.9x, the others 1.1-1.5x (docs/performance.md,
+// "Reduction kernels").
 enum class Isa : std::uint8_t { Baseline, Avx2 };
 
 // "baseline" or "avx2".
