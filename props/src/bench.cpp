@@ -362,14 +362,11 @@ class Table {
 
 // BenchOptions::reduction_order as the simulator's enumerator.
 sim::ReductionOrder chosen_order(const std::string& name) {
-  for (const sim::ReductionOrder order :
-       {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring, sim::ReductionOrder::Tree,
-        sim::ReductionOrder::Adversarial}) {
-    if (name == sim::name(order)) {
-      return order;
-    }
+  const std::optional<sim::ReductionOrder> order = sim::reduction_order_named(name);
+  if (!order) {
+    invalid("unknown reduction order '" + name + "' (fixed, ring, tree, adversarial)");
   }
-  invalid("unknown reduction order '" + name + "' (fixed, ring, tree, adversarial)");
+  return *order;
 }
 
 void validate(const BenchOptions& options) {

@@ -6,6 +6,7 @@
 #include <exception>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -686,18 +687,11 @@ Token parse_token(std::string_view token) {
   }
   parsed.pct_depth =
       parse_in_range(fields[6], token, "pct depth", kPctDepthMin, kPctDepthMax, "1, 2 or 3");
-  bool order_found = false;
-  for (const sim::ReductionOrder order :
-       {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring, sim::ReductionOrder::Tree,
-        sim::ReductionOrder::Adversarial}) {
-    if (fields[7] == sim::name(order)) {
-      parsed.order = order;
-      order_found = true;
-    }
-  }
-  if (!order_found) {
+  const std::optional<sim::ReductionOrder> order = sim::reduction_order_named(fields[7]);
+  if (!order) {
     bad_token(token, "unknown reduction order '" + std::string(fields[7]) + "'");
   }
+  parsed.order = *order;
   if (fields[8] != "-") {
     std::string_view path = fields[8];
     while (!path.empty()) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <typeinfo>
@@ -294,6 +295,16 @@ std::string_view name(ReductionOrder order) noexcept {
       return "adversarial";
   }
   return "unknown";
+}
+
+std::optional<ReductionOrder> reduction_order_named(std::string_view spelling) noexcept {
+  for (const ReductionOrder order : {ReductionOrder::Fixed, ReductionOrder::Ring,
+                                     ReductionOrder::Tree, ReductionOrder::Adversarial}) {
+    if (spelling == name(order)) {
+      return order;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string_view name(AllocatorPolicy policy) noexcept {

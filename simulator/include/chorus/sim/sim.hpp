@@ -259,6 +259,8 @@ std::string_view name(Strategy strategy) noexcept;       // random, pct, portfol
 std::string_view name(ReductionOrder order) noexcept;    // fixed, ring, tree, adversarial
 std::string_view name(AllocatorPolicy policy) noexcept;  // pooled, lifo, quarantine, random
 std::string_view name(Fault::Kind kind) noexcept;        // crash, transport_error, hang, delay
+// The order name() spells `spelling`; nullopt for any other text.
+std::optional<ReductionOrder> reduction_order_named(std::string_view spelling) noexcept;
 
 // The seed a run with `options` uses (SimReport::seed): CHORUS_SIM_SEED when
 // options.seed_from_environment and the variable is set (it wins over `seed`), else
