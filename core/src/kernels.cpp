@@ -571,32 +571,29 @@ template <class Tag, bool kF16c, class Combine, class Prepare, class Finish>
       // but the first) is folded straight into the partial result below it: one pass instead of
       // a push and a combine, with the same operands in the same order.
       const bool combined_next = top >= 1 && k + 1 < program.size() && program[k + 1] == kCombine;
-      Acc* left = combined_next ? pushed - kProgramBlockElements : pushed;
-      if constexpr (kF16c) {
+      // Element i of the source: with F16C the block is widened into the free slot first.
 #if CHORUS_KERNELS_HAVE_AVX2
+      if constexpr (kF16c) {
         widen_halves(pushed, source, length);
-        if (combined_next) {
-          for (std::size_t i = 0; i < length; ++i) {
-            left[i] = combine(left[i], prepare(pushed[i]));
-          }
-        } else {
-          for (std::size_t i = 0; i < length; ++i) {
-            pushed[i] = prepare(pushed[i]);
-          }
-        }
-#endif
-      } else if (combined_next) {
-        for (std::size_t i = 0; i < length; ++i) {
-          left[i] = combine(left[i], prepare(Tag::load(source[i])));
-        }
-      } else {
-        for (std::size_t i = 0; i < length; ++i) {
-          pushed[i] = prepare(Tag::load(source[i]));
-        }
       }
+#endif
+      const auto element = [&](std::size_t i) {
+        if constexpr (kF16c) {
+          return pushed[i];
+        } else {
+          return Tag::load(source[i]);
+        }
+      };
       if (combined_next) {
+        Acc* left = pushed - kProgramBlockElements;
+        for (std::size_t i = 0; i < length; ++i) {
+          left[i] = combine(left[i], prepare(element(i)));
+        }
         ++k;  // the combine just done
       } else {
+        for (std::size_t i = 0; i < length; ++i) {
+          pushed[i] = prepare(element(i));
+        }
         ++top;
       }
     }

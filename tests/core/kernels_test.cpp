@@ -575,9 +575,8 @@ TEST_P(KernelsReduceSweep, LeftFoldProgramGivesReducesBits) {
         const Bytes expected = run_reduce(srcs, count, dtype, make_op(kind));
         const std::vector<const void*> pointers = pointers_to(srcs);
         const std::vector<int> program = left_fold_program(num_srcs);
-        Bytes out(count * element_size(dtype), 0xCD);
-        reduce_program(out.data(), pointers.data(), num_srcs, count, dtype, make_op(kind), program);
-        ASSERT_TRUE(same_elements(dtype, expected, out, count));
+        ASSERT_TRUE(same_elements(dtype, expected,
+                                  run_program(srcs, count, dtype, make_op(kind), program), count));
         // In place: dst is the last source.
         reduce_program(srcs.back().data(), pointers.data(), num_srcs, count, dtype, make_op(kind),
                        program);
@@ -662,17 +661,18 @@ TEST_P(KernelsIsa, Avx2GivesTheBaselinesBits) {
         ++salt;
         set_isa(Isa::Baseline);
         const Bytes expected = run_reduce(srcs, count, dtype, make_op(kind));
+        const std::vector<std::vector<int>> programs = test_programs(num_srcs);
         std::vector<Bytes> expected_programs;
-        for (const std::vector<int>& program : test_programs(num_srcs)) {
+        for (const std::vector<int>& program : programs) {
           expected_programs.push_back(run_program(srcs, count, dtype, make_op(kind), program));
         }
         set_isa(Isa::Avx2);
         ASSERT_TRUE(
             same_elements(dtype, expected, run_reduce(srcs, count, dtype, make_op(kind)), count));
-        for (std::size_t p = 0; p < expected_programs.size(); ++p) {
-          ASSERT_TRUE(same_elements(
-              dtype, expected_programs[p],
-              run_program(srcs, count, dtype, make_op(kind), test_programs(num_srcs)[p]), count))
+        for (std::size_t p = 0; p < programs.size(); ++p) {
+          ASSERT_TRUE(same_elements(dtype, expected_programs[p],
+                                    run_program(srcs, count, dtype, make_op(kind), programs[p]),
+                                    count))
               << "reduce_program, program " << p << " of test_programs";
         }
       }
