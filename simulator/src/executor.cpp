@@ -85,14 +85,8 @@ class ThreadExecutor final : public RankExecutor {
 std::unique_ptr<RankExecutor> make_thread_executor() { return std::make_unique<ThreadExecutor>(); }
 
 ExecutorKind resolve_executor(ExecutorKind kind) noexcept {
-  if (kind != ExecutorKind::Auto) {
-    return kind;
-  }
-#if defined(CHORUS_TSAN)
-  return ExecutorKind::Threads;
-#else
-  return ExecutorKind::Fibers;
-#endif
+  // Fibers in every build: the sanitizers follow them (Note [Fibers under TSan]).
+  return kind == ExecutorKind::Auto ? ExecutorKind::Fibers : kind;
 }
 
 }  // namespace chorus::sim::detail

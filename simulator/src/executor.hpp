@@ -39,7 +39,7 @@ class RankExecutor {
 std::unique_ptr<RankExecutor> make_thread_executor();
 std::unique_ptr<RankExecutor> make_fiber_executor();
 
-// The executor `kind` resolves to in this build (Auto -> Fibers, or Threads under TSan).
+// The executor `kind` resolves to (Auto -> Fibers).
 ExecutorKind resolve_executor(ExecutorKind kind) noexcept;
 
 }  // namespace chorus::sim::detail

@@ -1,6 +1,7 @@
 // The fiber rank executor (Note [Rank executor]): each rank is a Boost.Context fiber with its
-// own guarded stack, switched on the scheduler's thread. Under AddressSanitizer every switch is
-// announced with the sanitizer's fiber API, so ASan follows the stacks.
+// own guarded stack, switched on the scheduler's thread. Under AddressSanitizer and
+// ThreadSanitizer every switch is announced with the sanitizer's fiber API, so ASan follows the
+// stacks and TSan keeps each rank's own context (Note [Fibers under TSan]).
 //
 // Note [Fiber exception state]
 // The C++ runtime keeps the exceptions being handled (the caught-exception chain that `throw;`
@@ -25,6 +26,11 @@
 #if defined(CHORUS_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(CHORUS_TSAN)
+#include <sanitizer/tsan_interface.h>
+
+#include <string>
 #endif
 
 namespace chorus::sim::detail {
@@ -119,6 +125,71 @@ inline void finish_switch([[maybe_unused]] void* fake_stack,
 #endif
 }
 
+// Note [Fibers under TSan]
+// ThreadSanitizer keeps a context per thread (its shadow call stack, its clock, its name in
+// reports). Fibers switched on one thread would all use the scheduler thread's: a report could
+// not say which rank made an access, and the entries each fiber leaves on the shared shadow stack
+// when it is made pile up there, world after world. So each rank gets a TSan context of its own,
+// named "chorus rank N", and the scheduler announces each switch (__tsan_switch_to_fiber):
+// - into a rank, just before the jump; back to its own context just after the jump returns. The
+//   rank side (suspend) announces nothing: the frames around each jump are entered and left in
+//   the rank's context, so every context's shadow stack stays balanced.
+// - with synchronisation: one context runs at a time, and each switch orders what ran before it
+//   before what runs after it, as the threads executor's baton does. So ranks never race with
+//   one another here (they cannot: they share a thread); what TSan checks is everything else,
+//   e.g. a thread that is not a rank and touches a rank's data without synchronising.
+// - around the making of the fiber too: Boost.Context enters the new stack once then, to park the
+//   fiber's entry function, and that entry's frame belongs to the rank.
+// A rank's context stays current until the jump back from its last frames returns, and is
+// destroyed with its lane.
+#if defined(CHORUS_TSAN)
+class TsanContext {
+ public:
+  TsanContext() : context_(__tsan_create_fiber(0)) {}
+  TsanContext(TsanContext&& other) noexcept : context_(std::exchange(other.context_, nullptr)) {}
+  TsanContext& operator=(TsanContext&&) = delete;
+  ~TsanContext() {
+    if (context_ != nullptr) {
+      __tsan_destroy_fiber(context_);
+    }
+  }
+
+  void name_after(int rank) {
+    const std::string name = "chorus rank " + std::to_string(rank);
+    __tsan_set_fiber_name(context_, name.c_str());  // TSan keeps its own copy
+  }
+  void* get() const noexcept { return context_; }
+  // The calling thread's current context (the scheduler's).
+  static void* current() noexcept { return __tsan_get_current_fiber(); }
+
+ private:
+  void* context_;
+};
+
+// Makes a lane's context current while it lives, and the scheduler's again after.
+class InLaneContext {
+ public:
+  InLaneContext(const TsanContext& lane, void* scheduler) : scheduler_(scheduler) {
+    __tsan_switch_to_fiber(lane.get(), 0);
+  }
+  InLaneContext(const InLaneContext&) = delete;
+  InLaneContext& operator=(const InLaneContext&) = delete;
+  ~InLaneContext() { __tsan_switch_to_fiber(scheduler_, 0); }
+
+ private:
+  void* scheduler_;
+};
+#else
+struct TsanContext {
+  void name_after(int /*rank*/) {}
+  static void* current() noexcept { return nullptr; }
+};
+
+struct InLaneContext {
+  InLaneContext(const TsanContext& /*lane*/, void* /*scheduler*/) {}
+};
+#endif
+
 // The Itanium C++ ABI's per-thread exception globals (libsupc++'s __cxa_eh_globals on x86-64 and
 // AArch64: the caught-exception chain and the uncaught-exception count).
 struct ExceptionGlobals {
@@ -143,9 +214,12 @@ class FiberExecutor final : public RankExecutor {
     // The scheduler resumes ranks from the thread that starts them: its exception globals stay
     // where they are (a libstdc++ call and a TLS lookup per switch otherwise).
     scheduler_thread_globals_ = thread_exception_globals();
+    scheduler_tsan_ = TsanContext::current();
     lanes_.resize(static_cast<std::size_t>(count));
     for (int rank = 0; rank < count; ++rank) {
       Lane& lane = lanes_[static_cast<std::size_t>(rank)];
+      lane.tsan.name_after(rank);
+      const InLaneContext in_lane(lane.tsan, scheduler_tsan_);  // Note [Fibers under TSan]
       lane.fiber = ctx::fiber(
           std::allocator_arg, RecordingStack{&lane.stack},
           [this, rank](ctx::fiber&& scheduler) { return run_lane(rank, std::move(scheduler)); });
@@ -163,7 +237,10 @@ class FiberExecutor final : public RankExecutor {
     *globals = lane.exceptions;
     void* fake_stack = nullptr;
     start_switch(&fake_stack, lane.stack);
-    lane.fiber = std::move(lane.fiber).resume();
+    {
+      const InLaneContext in_lane(lane.tsan, scheduler_tsan_);  // Note [Fibers under TSan]
+      lane.fiber = std::move(lane.fiber).resume();
+    }
     finish_switch(fake_stack, nullptr);
     lane.exceptions = *globals;
     *globals = scheduler_exceptions;
@@ -192,6 +269,7 @@ class FiberExecutor final : public RankExecutor {
     ctx::fiber fiber;      // the rank, while suspended
     ctx::fiber scheduler;  // the scheduler, while the rank runs
     SanitizerStack stack;
+    TsanContext tsan;             // Note [Fibers under TSan]
     ExceptionGlobals exceptions;  // this rank's, while it is suspended
     bool finished = false;
   };
@@ -223,6 +301,7 @@ class FiberExecutor final : public RankExecutor {
   std::function<void(int)> body_;
   std::vector<Lane> lanes_;
   SanitizerStack scheduler_stack_;
+  void* scheduler_tsan_ = nullptr;  // the scheduler's TSan context (Note [Fibers under TSan])
   ExceptionGlobals* scheduler_thread_globals_ = nullptr;
 };
 

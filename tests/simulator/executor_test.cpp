@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace chorus::sim::detail {
@@ -87,6 +89,32 @@ INSTANTIATE_TEST_SUITE_P(Kinds, Executor,
                            return kind.param == ExecutorKind::Fibers ? std::string("Fibers")
                                                                      : std::string("Threads");
                          });
+
+#if defined(CHORUS_TSAN)
+// Note [Fibers under TSan]: each rank runs in a TSan context of its own, so a race between a
+// rank and a thread that is not one is reported under the rank's name, not as the scheduler's
+// thread. (Tests built without TSan have no report to read.)
+TEST(FibersUnderTsan, ARaceWithARankIsReportedUnderTheRanksName) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::unique_ptr<RankExecutor> executor = make_fiber_executor();
+        int shared = 0;
+        executor->start(2, [&](int rank) {
+          if (rank == 1) {
+            std::thread other([&] { shared = 1; });
+            shared = 2;  // unordered with the other thread's write: a data race
+            other.join();
+          }
+        });
+        executor->resume(0);
+        executor->resume(1);
+        executor->stop();
+        std::exit(0);  // TSan's exit code (66) replaces 0 after a report
+      },
+      ::testing::ExitedWithCode(66), "data race.*chorus rank 1");
+}
+#endif
 
 }  // namespace
 }  // namespace chorus::sim::detail

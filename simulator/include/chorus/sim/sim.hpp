@@ -32,8 +32,9 @@ class Transport;
 
 namespace chorus::sim {
 
-// How ranks are multiplexed. Fibers switch in nanoseconds; threads are the fallback where a
-// sanitizer cannot follow fiber switches. Auto picks fibers unless built with ThreadSanitizer.
+// How ranks are multiplexed. Fibers switch in nanoseconds, and ASan and TSan follow them; threads
+// (a rank per OS thread, handed one baton) run the same schedule, for a tool that cannot follow
+// fiber switches. Auto picks fibers.
 enum class ExecutorKind : std::uint8_t { Auto, Fibers, Threads };
 
 // How schedule choices are made (Note [Decision stream], simulator/src/decision_stream.hpp).
