@@ -140,8 +140,14 @@ inline void finish_switch([[maybe_unused]] void* fake_stack,
 //   e.g. a thread that is not a rank and touches a rank's data without synchronising.
 // - around the making of the fiber too: Boost.Context enters the new stack once then, to park the
 //   fiber's entry function, and that entry's frame belongs to the rank.
+// - from the frame that jumps (start, resume) itself: the switch's helper is always inlined, even
+//   at -O0 (the tsan preset's Debug build). As a function of its own, its instrumented entry would
+//   be pushed in one context and its exit popped in the other: a new context's shadow stack would
+//   go one below its start, and the next entry would write outside it.
 // A rank's context stays current until the jump back from its last frames returns, and is
-// destroyed with its lane.
+// destroyed with its lane. A rank's stack in a report ends in the scheduler's frames that made
+// it and first resumed it (entered in the rank's context, never left): they did not run on the
+// rank's stack.
 #if defined(CHORUS_TSAN)
 class TsanContext {
  public:
@@ -166,15 +172,17 @@ class TsanContext {
   void* context_;
 };
 
-// Makes a lane's context current while it lives, and the scheduler's again after.
+// Makes a lane's context current while it lives, and the scheduler's again after. Both switches
+// are inlined into the caller's frame, even at -O0 (Note [Fibers under TSan]).
 class InLaneContext {
  public:
-  InLaneContext(const TsanContext& lane, void* scheduler) : scheduler_(scheduler) {
+  [[gnu::always_inline]] InLaneContext(const TsanContext& lane, void* scheduler)
+      : scheduler_(scheduler) {
     __tsan_switch_to_fiber(lane.get(), 0);
   }
   InLaneContext(const InLaneContext&) = delete;
   InLaneContext& operator=(const InLaneContext&) = delete;
-  ~InLaneContext() { __tsan_switch_to_fiber(scheduler_, 0); }
+  [[gnu::always_inline]] ~InLaneContext() { __tsan_switch_to_fiber(scheduler_, 0); }
 
  private:
   void* scheduler_;
@@ -229,6 +237,10 @@ class FiberExecutor final : public RankExecutor {
   void resume(int rank) override {
     Lane& lane = lanes_.at(static_cast<std::size_t>(rank));
     CHORUS_CHECK(!lane.finished);
+#if defined(CHORUS_TSAN)
+    // The scheduler's thread, in its own context (Note [Fibers under TSan]).
+    CHORUS_CHECK(TsanContext::current() == scheduler_tsan_);
+#endif
     // Every switch into a rank starts here and every switch out of it returns here, so swapping
     // the exception globals around this call gives each context its own (Note [Fiber exception
     // state]).
@@ -266,10 +278,11 @@ class FiberExecutor final : public RankExecutor {
 
  private:
   struct Lane {
+    // Note [Fibers under TSan]. First, so that it outlives the fibers below.
+    [[no_unique_address]] TsanContext tsan;
     ctx::fiber fiber;      // the rank, while suspended
     ctx::fiber scheduler;  // the scheduler, while the rank runs
     SanitizerStack stack;
-    TsanContext tsan;             // Note [Fibers under TSan]
     ExceptionGlobals exceptions;  // this rank's, while it is suspended
     bool finished = false;
   };
