@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -20,12 +21,28 @@ class ThreadExecutor final : public RankExecutor {
   ~ThreadExecutor() override { stop(); }
 
   void start(int count, std::function<void(int)> body) override {
-    CHORUS_CHECK(lanes_.empty());
+    CHORUS_CHECK(lanes_.empty() && threads_.empty());
     body_ = std::move(body);
-    lanes_ = std::vector<Lane>(static_cast<std::size_t>(count));
-    threads_.reserve(static_cast<std::size_t>(count));
-    for (int rank = 0; rank < count; ++rank) {
-      threads_.emplace_back([this, rank] { run_lane(rank); });
+    std::exception_ptr failure;
+    try {
+      lanes_ = std::vector<Lane>(static_cast<std::size_t>(count));
+      threads_.reserve(static_cast<std::size_t>(count));
+      for (int rank = 0; rank < count; ++rank) {
+        threads_.emplace_back([this, rank] { run_lane(rank); });
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure != nullptr) {
+      // The threads made so far are parked before their body: each runs to its end without it.
+      cancelled_ = true;
+      for (std::size_t r = 0; r < threads_.size(); ++r) {
+        resume(static_cast<int>(r));
+      }
+      stop();
+      lanes_.clear();
+      cancelled_ = false;
+      std::rethrow_exception(failure);
     }
   }
 
@@ -70,7 +87,9 @@ class ThreadExecutor final : public RankExecutor {
   void run_lane(int rank) {
     Lane& lane = lanes_[static_cast<std::size_t>(rank)];
     lane.state.wait(kParked, std::memory_order_acquire);  // until first resumed
-    body_(rank);
+    if (!cancelled_) {  // written before the resume that woke this thread
+      body_(rank);
+    }
     lane.state.store(kFinished, std::memory_order_release);
     lane.state.notify_one();
   }
@@ -78,6 +97,7 @@ class ThreadExecutor final : public RankExecutor {
   std::function<void(int)> body_;
   std::vector<Lane> lanes_;
   std::vector<std::thread> threads_;
+  bool cancelled_ = false;  // start() failed: lanes end without their body
 };
 
 }  // namespace

@@ -23,7 +23,9 @@ class RankExecutor {
   virtual ~RankExecutor() = default;
 
   // Prepares `count` contexts; context r runs body(r) when first resumed. `body` must not
-  // throw.
+  // throw. When a context cannot be made (out of memory for a stack, no thread to be had), the
+  // contexts made so far end without running `body`, the executor is empty again (it may start
+  // anew), and the error propagates: std::bad_alloc, std::system_error.
   virtual void start(int count, std::function<void(int)> body) = 0;
   // Scheduler side: runs context `rank` until it suspends or its body returns.
   virtual void resume(int rank) = 0;

@@ -15,6 +15,7 @@
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -223,14 +224,34 @@ class FiberExecutor final : public RankExecutor {
     // where they are (a libstdc++ call and a TLS lookup per switch otherwise).
     scheduler_thread_globals_ = thread_exception_globals();
     scheduler_tsan_ = TsanContext::current();
-    lanes_.resize(static_cast<std::size_t>(count));
-    for (int rank = 0; rank < count; ++rank) {
-      Lane& lane = lanes_[static_cast<std::size_t>(rank)];
-      lane.tsan.name_after(rank);
-      const InLaneContext in_lane(lane.tsan, scheduler_tsan_);  // Note [Fibers under TSan]
-      lane.fiber = ctx::fiber(
-          std::allocator_arg, RecordingStack{&lane.stack},
-          [this, rank](ctx::fiber&& scheduler) { return run_lane(rank, std::move(scheduler)); });
+    std::exception_ptr failure;
+    try {
+      lanes_.resize(static_cast<std::size_t>(count));
+      for (int rank = 0; rank < count; ++rank) {
+        Lane& lane = lanes_[static_cast<std::size_t>(rank)];
+        lane.tsan.name_after(rank);
+        const InLaneContext in_lane(lane.tsan, scheduler_tsan_);  // Note [Fibers under TSan]
+        lane.fiber = ctx::fiber(
+            std::allocator_arg, RecordingStack{&lane.stack},
+            [this, rank](ctx::fiber&& scheduler) { return run_lane(rank, std::move(scheduler)); });
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure != nullptr) {
+      // The fibers made so far run to their end without their body, through resume() and its
+      // annotations (destroying an unstarted fiber would unwind it on its own stack unannounced).
+      cancelled_ = true;
+      for (Lane& lane : lanes_) {
+        if (lane.fiber) {
+          resume(static_cast<int>(&lane - lanes_.data()));
+        } else {
+          lane.finished = true;  // never made
+        }
+      }
+      stop();
+      cancelled_ = false;
+      std::rethrow_exception(failure);
     }
   }
 
@@ -305,13 +326,16 @@ class FiberExecutor final : public RankExecutor {
     finish_switch(nullptr, &scheduler_stack_);
     Lane& lane = lanes_[static_cast<std::size_t>(rank)];
     lane.scheduler = std::move(scheduler);
-    body_(rank);
+    if (!cancelled_) {
+      body_(rank);
+    }
     lane.finished = true;
     start_switch(nullptr, scheduler_stack_);  // this stack is about to die
     return std::move(lane.scheduler);
   }
 
   std::function<void(int)> body_;
+  bool cancelled_ = false;  // start() failed: lanes end without their body
   std::vector<Lane> lanes_;
   SanitizerStack scheduler_stack_;
   void* scheduler_tsan_ = nullptr;  // the scheduler's TSan context (Note [Fibers under TSan])

@@ -4,13 +4,21 @@
 #include "executor.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cstddef>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include "support/sim_helpers.hpp"
 
 namespace chorus::sim::detail {
 namespace {
@@ -83,12 +91,99 @@ TEST_P(Executor, DeepRecursionFitsOnARankStack) {
   executor->stop();
 }
 
+std::string kind_name(const ::testing::TestParamInfo<ExecutorKind>& kind) {
+  return kind.param == ExecutorKind::Fibers ? "Fibers" : "Threads";
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, Executor,
-                         ::testing::Values(ExecutorKind::Fibers, ExecutorKind::Threads),
-                         [](const ::testing::TestParamInfo<ExecutorKind>& kind) {
-                           return kind.param == ExecutorKind::Fibers ? std::string("Fibers")
-                                                                     : std::string("Threads");
-                         });
+                         ::testing::Values(ExecutorKind::Fibers, ExecutorKind::Threads), kind_name);
+
+#if !defined(CHORUS_ASAN) && !defined(CHORUS_TSAN)
+// A world whose ranks cannot all get a context (a stack, a thread) fails with the error, never
+// crashes. The address space is limited (RLIMIT_AS) in a child process: the sanitizers' shadow
+// memory would not fit such a limit, hence not in their builds.
+using ExecutorDeathTest = Executor;
+
+// Limits the address space to what the process maps now plus `extra_bytes`; returns the limit
+// to restore.
+rlimit limit_address_space(std::size_t extra_bytes) {
+  rlimit before{};
+  if (getrlimit(RLIMIT_AS, &before) != 0) {
+    std::_Exit(3);
+  }
+  std::size_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  rlimit limited = before;
+  limited.rlim_cur =
+      static_cast<rlim_t>(pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) + extra_bytes);
+  if (setrlimit(RLIMIT_AS, &limited) != 0) {
+    std::_Exit(3);
+  }
+  return before;
+}
+
+// 32 MiB more: a few of 256 contexts (1 MiB stacks for fibers, 8 MiB for threads).
+constexpr std::size_t kRoomForAFewStacks = std::size_t{32} << 20;
+
+TEST_P(ExecutorDeathTest, AStartThatCannotMakeEveryContextRunsNoBodyAndMayStartAgain) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::unique_ptr<RankExecutor> executor = make();
+        int bodies_run = 0;
+        const rlimit before = limit_address_space(kRoomForAFewStacks);
+        bool refused = false;
+        try {
+          executor->start(256, [&](int) { ++bodies_run; });
+        } catch (const std::bad_alloc&) {
+          refused = true;
+        } catch (const std::system_error&) {
+          refused = true;
+        }
+        setrlimit(RLIMIT_AS, &before);
+        if (!refused || bodies_run != 0) {
+          std::_Exit(1);
+        }
+        // Empty again: a new start runs its bodies.
+        executor->start(2, [&](int) { ++bodies_run; });
+        executor->resume(1);
+        executor->resume(0);
+        executor->stop();
+        std::_Exit(bodies_run == 2 ? 0 : 2);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST_P(ExecutorDeathTest, ARunThatCannotStartItsRanksThrowsAndTheNextRunSucceeds) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        SimOptions options = chorus::testing::quiet_options(256);
+        options.executor = GetParam();
+        int ranks_run = 0;
+        const rlimit before = limit_address_space(kRoomForAFewStacks);
+        bool refused = false;
+        try {
+          sim::run(options, [&] { ++ranks_run; });
+        } catch (const std::bad_alloc&) {
+          refused = true;
+        } catch (const std::system_error&) {
+          refused = true;
+        }
+        setrlimit(RLIMIT_AS, &before);
+        if (!refused || ranks_run != 0) {
+          std::_Exit(1);
+        }
+        options.world_size = 2;
+        sim::run(options, [&] { ++ranks_run; });
+        std::_Exit(ranks_run == 2 ? 0 : 2);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ExecutorDeathTest,
+                         ::testing::Values(ExecutorKind::Fibers, ExecutorKind::Threads), kind_name);
+#endif
 
 #if defined(CHORUS_TSAN)
 // Note [Fibers under TSan]: each rank runs in a TSan context of its own, so a race between a
