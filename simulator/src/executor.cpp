@@ -40,7 +40,6 @@ class ThreadExecutor final : public RankExecutor {
         resume(static_cast<int>(r));
       }
       stop();
-      lanes_.clear();
       cancelled_ = false;
       std::rethrow_exception(failure);
     }
@@ -73,6 +72,7 @@ class ThreadExecutor final : public RankExecutor {
       threads_[r].join();
     }
     threads_.clear();
+    lanes_.clear();
   }
 
  private:

@@ -1087,41 +1087,13 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   const int size = options_.world_size;
   schedule_ = std::exchange(recycled_schedule, {});  // Note [Recycled schedule buffer]
   schedule_.clear();
-  ranks_.resize(static_cast<std::size_t>(size));
-  candidates_.reserve(ranks_.size() + groups_.size() + 1);  // as group_for does
-  for (int r = 0; r < size; ++r) {
-    RankOptions rank_options;
-    rank_options.timeout = options_.timeout;
-    rank_options.host_pool_bytes_max = options_.host_pool_bytes_max;
-    rank_options.host_allocator = allocator_;
-    if (options_.cuda_devices) {
-      rank_options.device_memory = make_simulated_device_memory(r);
-    }
-    // Each run makes one per rank: recycled (Note [Recycled blocks]).
-    std::shared_ptr<transport::Transport> rank_transport =
-        std::allocate_shared<SimTransport>(transport::RecyclingAllocator<SimTransport>{}, *this, r);
-    if (options_.wrap_transport) {
-      rank_transport = options_.wrap_transport(std::move(rank_transport));
-      CHORUS_CHECK(rank_transport != nullptr);
-    }
-    ranks_[static_cast<std::size_t>(r)].context =
-        std::make_unique<RankContext>(std::move(rank_transport), rank_options);
+  try {
+    start_ranks();
+  } catch (...) {
+    // No rank ran: the executor ended the contexts it made (RankExecutor::start).
+    release_run_resources();
+    throw;
   }
-  run_codes_.resize(static_cast<std::size_t>(size));
-  // Every rank starts runnable (RankSlot's phase).
-  runnable_words_.assign((static_cast<std::size_t>(size) + 63) / 64, 0);
-  for (std::size_t r = 0; r < static_cast<std::size_t>(size); ++r) {
-    runnable_words_[r / 64] |= std::uint64_t{1} << (r % 64);
-  }
-  runnable_count_ = static_cast<std::size_t>(size);
-  ops_issued_.assign(static_cast<std::size_t>(size), 0);
-  for (int r = 0; r < size; ++r) {
-    run_codes_[static_cast<std::size_t>(r)] =
-        decision_code(Decision{Decision::Kind::RunRank, r, 0, -1});
-  }
-  executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
-                                                                          : make_thread_executor();
-  executor_->start(size, [this](int rank) { rank_body(rank); });
   schedule();
   executor_->stop();
 
@@ -1167,10 +1139,6 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   }
   report.events = std::move(events_);
   report.events_not_recorded = events_not_recorded_;
-  if (schedule_.capacity() <= kRecycledScheduleMax) {
-    schedule_.clear();
-    recycled_schedule = std::move(schedule_);
-  }
   report.collectives_completed = completed_;
   report.virtual_time = now();
   report.rank_errors.resize(static_cast<std::size_t>(size));
@@ -1180,11 +1148,58 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     report.rank_errors[static_cast<std::size_t>(r)] = slot.failure;
   }
   report.first_error = first_error_;
+  release_run_resources();
+  return report;
+}
+
+void SimWorld::start_ranks() {
+  const int size = options_.world_size;
+  ranks_.resize(static_cast<std::size_t>(size));
+  candidates_.reserve(ranks_.size() + groups_.size() + 1);  // as group_for does
+  for (int r = 0; r < size; ++r) {
+    RankOptions rank_options;
+    rank_options.timeout = options_.timeout;
+    rank_options.host_pool_bytes_max = options_.host_pool_bytes_max;
+    rank_options.host_allocator = allocator_;
+    if (options_.cuda_devices) {
+      rank_options.device_memory = make_simulated_device_memory(r);
+    }
+    // Each run makes one per rank: recycled (Note [Recycled blocks]).
+    std::shared_ptr<transport::Transport> rank_transport =
+        std::allocate_shared<SimTransport>(transport::RecyclingAllocator<SimTransport>{}, *this, r);
+    if (options_.wrap_transport) {
+      rank_transport = options_.wrap_transport(std::move(rank_transport));
+      CHORUS_CHECK(rank_transport != nullptr);
+    }
+    ranks_[static_cast<std::size_t>(r)].context =
+        std::make_unique<RankContext>(std::move(rank_transport), rank_options);
+  }
+  run_codes_.resize(static_cast<std::size_t>(size));
+  // Every rank starts runnable (RankSlot's phase).
+  runnable_words_.assign((static_cast<std::size_t>(size) + 63) / 64, 0);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(size); ++r) {
+    runnable_words_[r / 64] |= std::uint64_t{1} << (r % 64);
+  }
+  runnable_count_ = static_cast<std::size_t>(size);
+  ops_issued_.assign(static_cast<std::size_t>(size), 0);
+  for (int r = 0; r < size; ++r) {
+    run_codes_[static_cast<std::size_t>(r)] =
+        decision_code(Decision{Decision::Kind::RunRank, r, 0, -1});
+  }
+  executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
+                                                                          : make_thread_executor();
+  executor_->start(size, [this](int rank) { rank_body(rank); });
+}
+
+void SimWorld::release_run_resources() noexcept {
+  if (schedule_.capacity() <= kRecycledScheduleMax) {  // Note [Recycled schedule buffer]
+    schedule_.clear();
+    recycled_schedule = std::move(schedule_);
+  }
   // Rank contexts go before the world: their transports point at it.
   for (RankSlot& slot : ranks_) {
     slot.context.reset();
   }
-  return report;
 }
 
 void SimWorld::schedule() {

@@ -427,6 +427,12 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // yield, bind, execute, set_phase, kth_runnable: Note [Inlined hot helpers] (world.cpp only).
   [[gnu::always_inline]] inline void yield(int rank);
   [[gnu::always_inline]] inline void bind(int rank) noexcept;
+  // run()'s set-up: each rank's context and transport, the runnable set, the executor started.
+  // Throws what they throw (std::bad_alloc, std::system_error); then no rank ran.
+  void start_ranks();
+  // What a run lends itself goes back: the schedule buffer to the thread (Note [Recycled schedule
+  // buffer]), and the rank contexts, which go before the world (their transports point at it).
+  void release_run_resources() noexcept;
   void schedule();
   [[gnu::always_inline]] inline void execute(const Decision& decision);
   void complete_operation(SimGroup& group);

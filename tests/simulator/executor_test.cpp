@@ -113,6 +113,9 @@ rlimit limit_address_space(std::size_t extra_bytes) {
   }
   std::size_t pages = 0;
   std::ifstream("/proc/self/statm") >> pages;
+  if (pages == 0) {
+    std::_Exit(3);
+  }
   rlimit limited = before;
   limited.rlim_cur =
       static_cast<rlim_t>(pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) + extra_bytes);
@@ -125,6 +128,26 @@ rlimit limit_address_space(std::size_t extra_bytes) {
 // 32 MiB more: a few of 256 contexts (1 MiB stacks for fibers, 8 MiB for threads).
 constexpr std::size_t kRoomForAFewStacks = std::size_t{32} << 20;
 
+// Exit codes of the children below, but 0.
+constexpr int kNotRefused = 1;    // the start that should not fit did not fail
+constexpr int kWrongOutcome = 2;  // bodies ran, or the run after did not
+constexpr int kWrongError = 4;    // failed with another error than the kind's
+constexpr int kNoRoomAtAll = 5;   // not even one context fits under the limit
+
+// What a kind fails with when the system refuses a context: a fiber's stack is mmap'ed (Boost
+// throws std::bad_alloc), a thread is refused by pthread_create (std::system_error).
+template <class Start>
+int refusal_code(ExecutorKind kind, Start start) {
+  try {
+    start();
+  } catch (const std::bad_alloc&) {
+    return kind == ExecutorKind::Fibers ? 0 : kWrongError;
+  } catch (const std::system_error&) {
+    return kind == ExecutorKind::Threads ? 0 : kWrongError;
+  }
+  return kNotRefused;
+}
+
 TEST_P(ExecutorDeathTest, AStartThatCannotMakeEveryContextRunsNoBodyAndMayStartAgain) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
@@ -132,24 +155,27 @@ TEST_P(ExecutorDeathTest, AStartThatCannotMakeEveryContextRunsNoBodyAndMayStartA
         std::unique_ptr<RankExecutor> executor = make();
         int bodies_run = 0;
         const rlimit before = limit_address_space(kRoomForAFewStacks);
-        bool refused = false;
-        try {
-          executor->start(256, [&](int) { ++bodies_run; });
-        } catch (const std::bad_alloc&) {
-          refused = true;
-        } catch (const std::system_error&) {
-          refused = true;
+        // One context fits (and a fiber's stack or a thread's is kept for the next): the start
+        // below makes some before it fails, so ending them is what is checked.
+        if (refusal_code(GetParam(), [&] {
+              executor->start(1, [&](int) { ++bodies_run; });
+              executor->resume(0);
+              executor->stop();
+            }) != kNotRefused) {
+          std::_Exit(kNoRoomAtAll);
         }
+        const int code =
+            refusal_code(GetParam(), [&] { executor->start(256, [&](int) { ++bodies_run; }); });
         setrlimit(RLIMIT_AS, &before);
-        if (!refused || bodies_run != 0) {
-          std::_Exit(1);
+        if (code != 0) {
+          std::_Exit(code);
         }
         // Empty again: a new start runs its bodies.
         executor->start(2, [&](int) { ++bodies_run; });
         executor->resume(1);
         executor->resume(0);
         executor->stop();
-        std::_Exit(bodies_run == 2 ? 0 : 2);
+        std::_Exit(bodies_run == 3 ? 0 : kWrongOutcome);
       },
       ::testing::ExitedWithCode(0), "");
 }
@@ -162,21 +188,17 @@ TEST_P(ExecutorDeathTest, ARunThatCannotStartItsRanksThrowsAndTheNextRunSucceeds
         options.executor = GetParam();
         int ranks_run = 0;
         const rlimit before = limit_address_space(kRoomForAFewStacks);
-        bool refused = false;
-        try {
-          sim::run(options, [&] { ++ranks_run; });
-        } catch (const std::bad_alloc&) {
-          refused = true;
-        } catch (const std::system_error&) {
-          refused = true;
-        }
+        const int code = refusal_code(GetParam(), [&] { sim::run(options, [&] { ++ranks_run; }); });
         setrlimit(RLIMIT_AS, &before);
-        if (!refused || ranks_run != 0) {
-          std::_Exit(1);
+        if (code != 0) {
+          std::_Exit(code);
+        }
+        if (ranks_run != 0) {
+          std::_Exit(kWrongOutcome);
         }
         options.world_size = 2;
         sim::run(options, [&] { ++ranks_run; });
-        std::_Exit(ranks_run == 2 ? 0 : 2);
+        std::_Exit(ranks_run == 2 ? 0 : kWrongOutcome);
       },
       ::testing::ExitedWithCode(0), "");
 }

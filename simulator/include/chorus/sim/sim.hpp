@@ -379,7 +379,9 @@ struct SimReport {
 // rank ends in an uncaught exception, every other rank still runs to its end (peers waiting on it
 // get RankFailure), the failure is printed with the seed and a replay command, and the first
 // rank error (in the order the simulator saw them) is rethrown. Throws InvalidArgument for a
-// world size outside [1, kMaxWorldSize]. Not reentrant from inside a rank.
+// world size outside [1, kMaxWorldSize]. When the system refuses a rank its stack or thread
+// (an address-space limit, too many threads), no rank runs and the system's error propagates
+// (std::bad_alloc, std::system_error). Not reentrant from inside a rank.
 SimReport run(const SimOptions& options, std::function<void()> rank_main);
 
 // Runs the program twice with the same options (and hash_data on) and compares the decision
