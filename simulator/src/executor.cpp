@@ -25,22 +25,12 @@ class ThreadExecutor final : public RankExecutor {
     body_ = std::move(body);
     std::exception_ptr failure;
     try {
-      lanes_ = std::vector<Lane>(static_cast<std::size_t>(count));
-      threads_.reserve(static_cast<std::size_t>(count));
-      for (int rank = 0; rank < count; ++rank) {
-        threads_.emplace_back([this, rank] { run_lane(rank); });
-      }
+      make_lanes(count);
     } catch (...) {
       failure = std::current_exception();
     }
     if (failure != nullptr) {
-      // The threads made so far are parked before their body: each runs to its end without it.
-      cancelled_ = true;
-      for (std::size_t r = 0; r < threads_.size(); ++r) {
-        resume(static_cast<int>(r));
-      }
-      stop();
-      cancelled_ = false;
+      end_made_lanes();
       std::rethrow_exception(failure);
     }
   }
@@ -83,6 +73,25 @@ class ThreadExecutor final : public RankExecutor {
   struct Lane {
     std::atomic<std::uint32_t> state{kParked};
   };
+
+  void make_lanes(int count) {
+    lanes_ = std::vector<Lane>(static_cast<std::size_t>(count));
+    threads_.reserve(static_cast<std::size_t>(count));
+    for (int rank = 0; rank < count; ++rank) {
+      threads_.emplace_back([this, rank] { run_lane(rank); });
+    }
+  }
+
+  // After make_lanes failed: the threads made are parked before their body, and each runs to its
+  // end without it. The executor is empty again.
+  void end_made_lanes() {
+    cancelled_ = true;
+    for (std::size_t r = 0; r < threads_.size(); ++r) {
+      resume(static_cast<int>(r));
+    }
+    stop();
+    cancelled_ = false;
+  }
 
   void run_lane(int rank) {
     Lane& lane = lanes_[static_cast<std::size_t>(rank)];

@@ -226,31 +226,12 @@ class FiberExecutor final : public RankExecutor {
     scheduler_tsan_ = TsanContext::current();
     std::exception_ptr failure;
     try {
-      lanes_.resize(static_cast<std::size_t>(count));
-      for (int rank = 0; rank < count; ++rank) {
-        Lane& lane = lanes_[static_cast<std::size_t>(rank)];
-        lane.tsan.name_after(rank);
-        const InLaneContext in_lane(lane.tsan, scheduler_tsan_);  // Note [Fibers under TSan]
-        lane.fiber = ctx::fiber(
-            std::allocator_arg, RecordingStack{&lane.stack},
-            [this, rank](ctx::fiber&& scheduler) { return run_lane(rank, std::move(scheduler)); });
-      }
+      make_lanes(count);
     } catch (...) {
       failure = std::current_exception();
     }
     if (failure != nullptr) {
-      // The fibers made so far run to their end without their body, through resume() and its
-      // annotations (destroying an unstarted fiber would unwind it on its own stack unannounced).
-      cancelled_ = true;
-      for (Lane& lane : lanes_) {
-        if (lane.fiber) {
-          resume(static_cast<int>(&lane - lanes_.data()));
-        } else {
-          lane.finished = true;  // never made
-        }
-      }
-      stop();
-      cancelled_ = false;
+      end_made_lanes();
       std::rethrow_exception(failure);
     }
   }
@@ -321,6 +302,34 @@ class FiberExecutor final : public RankExecutor {
     }
     void deallocate(ctx::stack_context& context) noexcept { stack_pool.give_back(context); }
   };
+
+  void make_lanes(int count) {
+    lanes_.resize(static_cast<std::size_t>(count));
+    for (int rank = 0; rank < count; ++rank) {
+      Lane& lane = lanes_[static_cast<std::size_t>(rank)];
+      lane.tsan.name_after(rank);
+      const InLaneContext in_lane(lane.tsan, scheduler_tsan_);  // Note [Fibers under TSan]
+      lane.fiber = ctx::fiber(
+          std::allocator_arg, RecordingStack{&lane.stack},
+          [this, rank](ctx::fiber&& scheduler) { return run_lane(rank, std::move(scheduler)); });
+    }
+  }
+
+  // After make_lanes failed: the fibers made run to their end without their body, through
+  // resume() and its annotations (destroying an unstarted fiber would unwind it on its own stack,
+  // unannounced to the sanitizers). The executor is empty again.
+  void end_made_lanes() {
+    cancelled_ = true;
+    for (std::size_t r = 0; r < lanes_.size(); ++r) {
+      if (lanes_[r].fiber) {
+        resume(static_cast<int>(r));
+      } else {
+        lanes_[r].finished = true;  // never made
+      }
+    }
+    stop();
+    cancelled_ = false;
+  }
 
   ctx::fiber run_lane(int rank, ctx::fiber&& scheduler) {
     finish_switch(nullptr, &scheduler_stack_);
