@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -23,15 +22,11 @@ class ThreadExecutor final : public RankExecutor {
   void start(int count, std::function<void(int)> body) override {
     CHORUS_CHECK(lanes_.empty() && threads_.empty());
     body_ = std::move(body);
-    std::exception_ptr failure;
     try {
       make_lanes(count);
     } catch (...) {
-      failure = std::current_exception();
-    }
-    if (failure != nullptr) {
       end_made_lanes();
-      std::rethrow_exception(failure);
+      throw;
     }
   }
 

@@ -15,7 +15,6 @@
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstddef>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -224,15 +223,11 @@ class FiberExecutor final : public RankExecutor {
     // where they are (a libstdc++ call and a TLS lookup per switch otherwise).
     scheduler_thread_globals_ = thread_exception_globals();
     scheduler_tsan_ = TsanContext::current();
-    std::exception_ptr failure;
     try {
       make_lanes(count);
     } catch (...) {
-      failure = std::current_exception();
-    }
-    if (failure != nullptr) {
       end_made_lanes();
-      std::rethrow_exception(failure);
+      throw;
     }
   }
 
@@ -315,9 +310,10 @@ class FiberExecutor final : public RankExecutor {
     }
   }
 
-  // After make_lanes failed: the fibers made run to their end without their body, through
-  // resume() and its annotations (destroying an unstarted fiber would unwind it on its own stack,
-  // unannounced to the sanitizers). The executor is empty again.
+  // After make_lanes failed, in its handler: the fibers made run to their end without their body,
+  // through resume() and its annotations (destroying an unstarted fiber would unwind it on its own
+  // stack, unannounced to the sanitizers), which keep the handler's exception aside meanwhile
+  // (Note [Fiber exception state]). The executor is empty again.
   void end_made_lanes() {
     cancelled_ = true;
     for (std::size_t r = 0; r < lanes_.size(); ++r) {
