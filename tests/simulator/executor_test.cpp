@@ -4,9 +4,11 @@
 #include "executor.hpp"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <fstream>
@@ -125,8 +127,25 @@ rlimit limit_address_space(std::size_t extra_bytes) {
   return before;
 }
 
-// 32 MiB more: a few of 256 contexts (1 MiB stacks for fibers, 8 MiB for threads).
-constexpr std::size_t kRoomForAFewStacks = std::size_t{32} << 20;
+void restore_address_space(const rlimit& before) {
+  if (setrlimit(RLIMIT_AS, &before) != 0) {
+    std::_Exit(3);
+  }
+}
+
+// Room for a few of 256 contexts: three of the larger of a fiber's stack (1 MiB) and a new
+// thread's (glibc's default, from RLIMIT_STACK: 8 MiB with the usual `ulimit -s`), and 8 MiB
+// for the rest.
+std::size_t room_for_a_few_stacks() {
+  std::size_t thread_stack = 0;
+  pthread_attr_t defaults;
+  if (pthread_getattr_default_np(&defaults) == 0) {
+    pthread_attr_getstacksize(&defaults, &thread_stack);
+    pthread_attr_destroy(&defaults);
+  }
+  const std::size_t stack = std::max(thread_stack, std::size_t{1} << 20);
+  return 3 * stack + (std::size_t{8} << 20);
+}
 
 // Exit codes of the children below, but 0.
 constexpr int kNotRefused = 1;    // the start that should not fit did not fail
@@ -154,7 +173,7 @@ TEST_P(ExecutorDeathTest, AStartThatCannotMakeEveryContextRunsNoBodyAndMayStartA
       {
         std::unique_ptr<RankExecutor> executor = make();
         int bodies_run = 0;
-        const rlimit before = limit_address_space(kRoomForAFewStacks);
+        const rlimit before = limit_address_space(room_for_a_few_stacks());
         // One context fits (and a fiber's stack or a thread's is kept for the next): the start
         // below makes some before it fails, so ending them is what is checked.
         if (refusal_code(GetParam(), [&] {
@@ -166,7 +185,7 @@ TEST_P(ExecutorDeathTest, AStartThatCannotMakeEveryContextRunsNoBodyAndMayStartA
         }
         const int code =
             refusal_code(GetParam(), [&] { executor->start(256, [&](int) { ++bodies_run; }); });
-        setrlimit(RLIMIT_AS, &before);
+        restore_address_space(before);
         if (code != 0) {
           std::_Exit(code);
         }
@@ -187,9 +206,9 @@ TEST_P(ExecutorDeathTest, ARunThatCannotStartItsRanksThrowsAndTheNextRunSucceeds
         SimOptions options = chorus::testing::quiet_options(256);
         options.executor = GetParam();
         int ranks_run = 0;
-        const rlimit before = limit_address_space(kRoomForAFewStacks);
+        const rlimit before = limit_address_space(room_for_a_few_stacks());
         const int code = refusal_code(GetParam(), [&] { sim::run(options, [&] { ++ranks_run; }); });
-        setrlimit(RLIMIT_AS, &before);
+        restore_address_space(before);
         if (code != 0) {
           std::_Exit(code);
         }
