@@ -6,20 +6,20 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include "support/address_space.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus::sim::detail {
@@ -106,25 +106,13 @@ INSTANTIATE_TEST_SUITE_P(Kinds, Executor,
 // memory would not fit such a limit, hence not in their builds.
 using ExecutorDeathTest = Executor;
 
-// Limits the address space to what the process maps now plus `extra_bytes`; returns the limit
-// to restore.
-rlimit limit_address_space(std::size_t extra_bytes) {
-  rlimit before{};
-  if (getrlimit(RLIMIT_AS, &before) != 0) {
+// chorus::testing::limit_address_space, ending the child (code 3) when it cannot.
+rlimit limit_address_space_or_exit(std::size_t extra_bytes) {
+  const std::optional<rlimit> before = chorus::testing::limit_address_space(extra_bytes);
+  if (!before) {
     std::_Exit(3);
   }
-  std::size_t pages = 0;
-  std::ifstream("/proc/self/statm") >> pages;
-  if (pages == 0) {
-    std::_Exit(3);
-  }
-  rlimit limited = before;
-  limited.rlim_cur =
-      static_cast<rlim_t>(pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) + extra_bytes);
-  if (setrlimit(RLIMIT_AS, &limited) != 0) {
-    std::_Exit(3);
-  }
-  return before;
+  return *before;
 }
 
 void restore_address_space(const rlimit& before) {
@@ -173,7 +161,7 @@ TEST_P(ExecutorDeathTest, AStartThatCannotMakeEveryContextRunsNoBodyAndMayStartA
       {
         std::unique_ptr<RankExecutor> executor = make();
         int bodies_run = 0;
-        const rlimit before = limit_address_space(room_for_a_few_stacks());
+        const rlimit before = limit_address_space_or_exit(room_for_a_few_stacks());
         // One context fits (and a fiber's stack or a thread's is kept for the next): the start
         // below makes some before it fails, so ending them is what is checked.
         if (refusal_code(GetParam(), [&] {
@@ -206,7 +194,7 @@ TEST_P(ExecutorDeathTest, ARunThatCannotStartItsRanksThrowsAndTheNextRunSucceeds
         SimOptions options = chorus::testing::quiet_options(256);
         options.executor = GetParam();
         int ranks_run = 0;
-        const rlimit before = limit_address_space(room_for_a_few_stacks());
+        const rlimit before = limit_address_space_or_exit(room_for_a_few_stacks());
         const int code = refusal_code(GetParam(), [&] { sim::run(options, [&] { ++ranks_run; }); });
         restore_address_space(before);
         if (code != 0) {

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <iterator>
@@ -36,6 +34,7 @@
 #include <vector>
 
 #include "resolver.hpp"  // transports/store/src: the client's resolver seam
+#include "support/address_space.hpp"
 
 // The public header keeps Boost private (pimpl): nothing above may have pulled it in.
 #if defined(BOOST_ASIO_VERSION) || defined(BOOST_CONFIG_HPP) || defined(BOOST_VERSION)
@@ -846,12 +845,7 @@ TEST(Store, AnUnexpectedExceptionMidCallClosesTheConnectionForGood) {
     ClientOptions options;
     options.port = store.port();
     Client client(options, kHang);
-    std::size_t pages = 0;
-    std::ifstream("/proc/self/statm") >> pages;
-    const rlim_t limit =
-        static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (256 << 20);
-    const rlimit address_space{limit, limit};
-    if (::setrlimit(RLIMIT_AS, &address_space) != 0) {
+    if (!chorus::testing::limit_address_space(std::size_t{256} << 20)) {
       std::_Exit(10);
     }
     try {
