@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <charconv>
@@ -107,14 +108,23 @@ std::string launch_hint(const std::string& transport, int ranks) {
                             : "chorus launch -n " + n + " chorus check --transport " + transport;
 }
 
-template <class Enum>
-Enum parse_enum(const std::string& text, std::initializer_list<Enum> values, const char* flag) {
-  for (const Enum value : values) {
-    if (text == sim::name(value)) {
-      return value;
-    }
+// The value `text` names among `values`; `flag`'s IsMember check took nothing else.
+template <class Enum, std::size_t N>
+Enum parse_enum(const std::string& text, const std::array<Enum, N>& values, const char* flag) {
+  if (const std::optional<Enum> value = sim::named(text, values)) {
+    return *value;
   }
   throw InvalidArgument({}, std::string("chorus: unknown ") + flag + " '" + text + "'");
+}
+
+// The spellings of `values` for CLI11's IsMember, after `extra`.
+template <class Enum, std::size_t N>
+std::vector<std::string> spellings(const std::array<Enum, N>& values,
+                                   std::vector<std::string> extra = {}) {
+  for (const Enum value : values) {
+    extra.emplace_back(sim::name(value));
+  }
+  return extra;
 }
 
 // The exit status of a check: 0 when every property that ran passed and at least one ran, 1
@@ -153,15 +163,10 @@ int run_check(const CheckFlags& flags) {
   options.pct_depth = flags.pct_depth;
   options.shrink_runs_max = flags.shrink_runs;
   if (flags.strategy != "generated") {
-    options.strategy = parse_enum(
-        flags.strategy, {sim::Strategy::RandomWalk, sim::Strategy::Pct, sim::Strategy::Portfolio},
-        "--strategy");
+    options.strategy = parse_enum(flags.strategy, sim::kStrategies, "--strategy");
   }
   options.reduction_order =
-      parse_enum(flags.reduction_order,
-                 {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring, sim::ReductionOrder::Tree,
-                  sim::ReductionOrder::Adversarial},
-                 "--reduction-order");
+      parse_enum(flags.reduction_order, sim::kReductionOrders, "--reduction-order");
   // Refused here, before any rank starts, on every runner and transport alike: inside the ranks
   // the lockstep runner's refusal read as every rank failing (status 1).
   props::check_options(options);
@@ -427,13 +432,14 @@ int main(int argc, char** argv) {
       ->add_option("--strategy", flags.strategy,
                    "simulator schedules: generated (RapidCheck choice lists, shrinkable), random, "
                    "pct or portfolio")
-      ->check(CLI::IsMember({"generated", "random", "pct", "portfolio"}))
+      ->check(CLI::IsMember(spellings(chorus::sim::kStrategies, {"generated"})))
       ->capture_default_str();
   check->add_option("--pct-depth", flags.pct_depth, "PCT bug depth (1..3)")
       ->check(kInt)
       ->check(CLI::Range(1, 3))
       ->capture_default_str();
   check->add_option("--reduction-order", flags.reduction_order, "fixed, ring, tree or adversarial")
+      ->check(CLI::IsMember(spellings(chorus::sim::kReductionOrders)))
       ->capture_default_str();
   check->add_option("--shrink-runs", flags.shrink_runs, "runs allowed while shrinking a failure")
       ->check(kInt)
@@ -519,7 +525,7 @@ int main(int argc, char** argv) {
   bench
       ->add_option("--reduction-order", bench_options.reduction_order,
                    "simulator: fixed, ring, tree or adversarial")
-      ->check(CLI::IsMember({"fixed", "ring", "tree", "adversarial"}))
+      ->check(CLI::IsMember(spellings(chorus::sim::kReductionOrders)))
       ->capture_default_str();
   bench->add_option("--seed", bench_options.seed, "simulator schedule seed")
       ->check(kUnsigned64)

@@ -362,7 +362,7 @@ class Table {
 
 // BenchOptions::reduction_order as the simulator's enumerator.
 sim::ReductionOrder chosen_order(const std::string& name) {
-  const std::optional<sim::ReductionOrder> order = sim::reduction_order_named(name);
+  const std::optional<sim::ReductionOrder> order = sim::named(name, sim::kReductionOrders);
   if (!order) {
     invalid("unknown reduction order '" + name + "' (fixed, ring, tree, adversarial)");
   }

@@ -673,21 +673,15 @@ Token parse_token(std::string_view token) {
   if (fields[5] == "lockstep") {
     parsed.lockstep = true;
   } else if (fields[5] != "generated") {
-    bool found = false;
-    for (const sim::Strategy strategy :
-         {sim::Strategy::RandomWalk, sim::Strategy::Pct, sim::Strategy::Portfolio}) {
-      if (fields[5] == sim::name(strategy)) {
-        parsed.strategy = strategy;
-        found = true;
-      }
-    }
-    if (!found) {
+    const std::optional<sim::Strategy> strategy = sim::named(fields[5], sim::kStrategies);
+    if (!strategy) {
       bad_token(token, "unknown schedule source '" + std::string(fields[5]) + "'");
     }
+    parsed.strategy = strategy;
   }
   parsed.pct_depth =
       parse_in_range(fields[6], token, "pct depth", kPctDepthMin, kPctDepthMax, "1, 2 or 3");
-  const std::optional<sim::ReductionOrder> order = sim::reduction_order_named(fields[7]);
+  const std::optional<sim::ReductionOrder> order = sim::named(fields[7], sim::kReductionOrders);
   if (!order) {
     bad_token(token, "unknown reduction order '" + std::string(fields[7]) + "'");
   }

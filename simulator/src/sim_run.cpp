@@ -297,16 +297,6 @@ std::string_view name(ReductionOrder order) noexcept {
   return "unknown";
 }
 
-std::optional<ReductionOrder> reduction_order_named(std::string_view spelling) noexcept {
-  for (const ReductionOrder order : {ReductionOrder::Fixed, ReductionOrder::Ring,
-                                     ReductionOrder::Tree, ReductionOrder::Adversarial}) {
-    if (spelling == name(order)) {
-      return order;
-    }
-  }
-  return std::nullopt;
-}
-
 std::string_view name(AllocatorPolicy policy) noexcept {
   switch (policy) {
     case AllocatorPolicy::Pooled:

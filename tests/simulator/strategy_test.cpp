@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chorus/chorus.hpp>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "support/expect_error.hpp"
@@ -388,6 +392,31 @@ TEST(Shrink, ARunThatDidNotFailIsRefused) {
   ASSERT_TRUE(passing.ok());
   testing::expect_invalid_argument([&] { (void)sim::shrink(options, bug.program(), passing); },
                                    {"did not fail"});
+}
+
+// The option enums' spellings (flags, replay tokens, marks) and the lookup that parses them:
+// each value comes back from its own name, in declaration order, and near misses name nothing.
+template <class Enum, std::size_t N>
+std::string spelled(const std::array<Enum, N>& values) {
+  std::string joined;
+  for (const Enum value : values) {
+    const std::optional<Enum> parsed = sim::named(sim::name(value), values);
+    EXPECT_EQ(parsed, value) << sim::name(value);
+    joined += (joined.empty() ? "" : ",") + std::string(sim::name(value));
+  }
+  return joined;
+}
+
+TEST(OptionNames, EveryValueIsNamedByItsOwnSpellingOnly) {
+  EXPECT_EQ(spelled(sim::kStrategies), "random,pct,portfolio");
+  EXPECT_EQ(spelled(sim::kReductionOrders), "fixed,ring,tree,adversarial");
+  EXPECT_EQ(spelled(sim::kAllocatorPolicies), "pooled,lifo,quarantine,random");
+  for (const std::string_view miss : {"", "Tree", "tre", "trees", " tree", "generated"}) {
+    EXPECT_EQ(sim::named(miss, sim::kReductionOrders), std::nullopt) << "'" << miss << "'";
+  }
+  EXPECT_EQ(sim::named("random", sim::kStrategies), Strategy::RandomWalk);
+  EXPECT_EQ(sim::named("random", sim::kAllocatorPolicies), sim::AllocatorPolicy::Random);
+  EXPECT_EQ(sim::named("random", sim::kReductionOrders), std::nullopt);
 }
 
 }  // namespace

@@ -51,22 +51,15 @@ std::uint64_t parse_unsigned(const std::string& flag, const std::string& value) 
 template <typename Enum, std::size_t N>
 Enum parse_name(const std::string& flag, const std::string& value,
                 const std::array<Enum, N>& values) {
+  if (const std::optional<Enum> named = sim::named(value, values)) {
+    return *named;
+  }
   std::string expected = "one of";
   for (std::size_t i = 0; i < N; ++i) {
-    if (value == sim::name(values[i])) {
-      return values[i];
-    }
     expected += std::string(i == 0 ? " " : ", ") + std::string(sim::name(values[i]));
   }
   bad_flag(flag, value, expected);
 }
-
-constexpr std::array kStrategies = {sim::Strategy::RandomWalk, sim::Strategy::Pct,
-                                    sim::Strategy::Portfolio};
-constexpr std::array kOrders = {sim::ReductionOrder::Fixed, sim::ReductionOrder::Ring,
-                                sim::ReductionOrder::Tree, sim::ReductionOrder::Adversarial};
-constexpr std::array kAllocators = {sim::AllocatorPolicy::Pooled, sim::AllocatorPolicy::LifoReuse,
-                                    sim::AllocatorPolicy::Quarantine, sim::AllocatorPolicy::Random};
 
 // "(built: sim, mpi)": what this build offers instead.
 std::string built_transports() {
@@ -137,7 +130,7 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       }
       (arg == "--timeline" ? options.timeline_path : options.trace_path) = value;
     } else if (arg == "--strategy") {
-      options.strategy = parse_name(arg, value, kStrategies);
+      options.strategy = parse_name(arg, value, sim::kStrategies);
     } else if (arg == "--pct-depth") {
       const std::uint64_t depth = parse_unsigned(arg, value);
       if (depth < 1 || depth > 3) {
@@ -151,9 +144,9 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       }
       options.pct_steps = steps;
     } else if (arg == "--reduction-order") {
-      options.reduction_order = parse_name(arg, value, kOrders);
+      options.reduction_order = parse_name(arg, value, sim::kReductionOrders);
     } else if (arg == "--allocator") {
-      options.allocator = parse_name(arg, value, kAllocators);
+      options.allocator = parse_name(arg, value, sim::kAllocatorPolicies);
     } else if (arg == "--replay") {
       if (value.empty()) {
         bad_flag(arg, value, "a replay token (chorus-replay:...)");

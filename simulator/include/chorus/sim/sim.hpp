@@ -12,6 +12,7 @@
 // fingerprints and call sites), a rank that dies gives its peers RankFailure. Deadlines run on
 // virtual time, so timeouts are deterministic and instant.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -260,8 +261,26 @@ std::string_view name(Strategy strategy) noexcept;       // random, pct, portfol
 std::string_view name(ReductionOrder order) noexcept;    // fixed, ring, tree, adversarial
 std::string_view name(AllocatorPolicy policy) noexcept;  // pooled, lifo, quarantine, random
 std::string_view name(Fault::Kind kind) noexcept;        // crash, transport_error, hang, delay
-// The order name() spells `spelling`; nullopt for any other text.
-std::optional<ReductionOrder> reduction_order_named(std::string_view spelling) noexcept;
+
+// Every value of the option enums that a flag or a token names, in declaration order.
+inline constexpr std::array kStrategies{Strategy::RandomWalk, Strategy::Pct, Strategy::Portfolio};
+inline constexpr std::array kReductionOrders{ReductionOrder::Fixed, ReductionOrder::Ring,
+                                             ReductionOrder::Tree, ReductionOrder::Adversarial};
+inline constexpr std::array kAllocatorPolicies{AllocatorPolicy::Pooled, AllocatorPolicy::LifoReuse,
+                                               AllocatorPolicy::Quarantine,
+                                               AllocatorPolicy::Random};
+
+// The value among `values` that name() spells `spelling` (named("tree", kReductionOrders));
+// nullopt for any other text.
+template <class Enum, std::size_t N>
+std::optional<Enum> named(std::string_view spelling, const std::array<Enum, N>& values) noexcept {
+  for (const Enum value : values) {
+    if (name(value) == spelling) {
+      return value;
+    }
+  }
+  return std::nullopt;
+}
 
 // The seed a run with `options` uses (SimReport::seed): CHORUS_SIM_SEED when
 // options.seed_from_environment and the variable is set (it wins over `seed`), else
