@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -14,6 +15,8 @@
 
 namespace chorus::sim::detail {
 namespace {
+
+thread_local int contexts_left = -1;  // RefuseContextsAfter's count on this thread (-1: none)
 
 class ThreadExecutor final : public RankExecutor {
  public:
@@ -73,6 +76,10 @@ class ThreadExecutor final : public RankExecutor {
     lanes_ = std::vector<Lane>(static_cast<std::size_t>(count));
     threads_.reserve(static_cast<std::size_t>(count));
     for (int rank = 0; rank < count; ++rank) {
+      if (RefuseContextsAfter::refuses_next()) {
+        throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                                "thread refused (RefuseContextsAfter)");
+      }
       threads_.emplace_back([this, rank] { run_lane(rank); });
     }
   }
@@ -105,6 +112,23 @@ class ThreadExecutor final : public RankExecutor {
 };
 
 }  // namespace
+
+RefuseContextsAfter::RefuseContextsAfter(int made) noexcept : outer_left_(contexts_left) {
+  contexts_left = made;
+}
+
+RefuseContextsAfter::~RefuseContextsAfter() { contexts_left = outer_left_; }
+
+bool RefuseContextsAfter::refuses_next() noexcept {
+  if (contexts_left < 0) {
+    return false;
+  }
+  if (contexts_left == 0) {
+    return true;
+  }
+  --contexts_left;
+  return false;
+}
 
 std::unique_ptr<RankExecutor> make_thread_executor() { return std::make_unique<ThreadExecutor>(); }
 

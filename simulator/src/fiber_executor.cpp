@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -290,6 +291,9 @@ class FiberExecutor final : public RankExecutor {
     SanitizerStack* record;
 
     ctx::stack_context allocate() {
+      if (RefuseContextsAfter::refuses_next()) {
+        throw std::bad_alloc();  // as protected_fixedsize_stack's refused mmap
+      }
       ctx::stack_context context = stack_pool.take();
       record->bottom = static_cast<char*>(context.sp) - context.size;
       record->size = context.size;

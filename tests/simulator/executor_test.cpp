@@ -93,6 +93,49 @@ TEST_P(Executor, DeepRecursionFitsOnARankStack) {
   executor->stop();
 }
 
+// A refused context, in every build (RefuseContextsAfter; the system's own refusals are below,
+// outside the sanitizers): the start throws the kind's error, the contexts made end without
+// running their body, and the executor starts again.
+template <class Start>
+void expect_refused(ExecutorKind kind, Start start) {
+  if (kind == ExecutorKind::Fibers) {
+    EXPECT_THROW(start(), std::bad_alloc);  // a fiber's stack
+  } else {
+    EXPECT_THROW(start(), std::system_error);  // a thread
+  }
+}
+
+TEST_P(Executor, ARefusedContextEndsTheMadeOnesWithoutTheirBodies) {
+  std::unique_ptr<RankExecutor> executor = make();
+  int bodies_run = 0;
+  for (const int made : {0, 2}) {  // the first context refused; two made and ended
+    SCOPED_TRACE(made);
+    {
+      const RefuseContextsAfter refuse(made);
+      expect_refused(GetParam(), [&] { executor->start(4, [&](int) { ++bodies_run; }); });
+    }
+    EXPECT_EQ(bodies_run, 0);
+  }
+  executor->start(2, [&](int) { ++bodies_run; });
+  executor->resume(1);
+  executor->resume(0);
+  executor->stop();
+  EXPECT_EQ(bodies_run, 2);
+}
+
+TEST_P(Executor, ARunWhoseRanksAreRefusedThrowsAndTheNextRunSucceeds) {
+  SimOptions options = chorus::testing::quiet_options(4);
+  options.executor = GetParam();
+  int ranks_run = 0;
+  {
+    const RefuseContextsAfter refuse(3);
+    expect_refused(GetParam(), [&] { sim::run(options, [&] { ++ranks_run; }); });
+  }
+  EXPECT_EQ(ranks_run, 0);
+  sim::run(options, [&] { ++ranks_run; });
+  EXPECT_EQ(ranks_run, 4);
+}
+
 std::string kind_name(const ::testing::TestParamInfo<ExecutorKind>& kind) {
   return kind.param == ExecutorKind::Fibers ? "Fibers" : "Threads";
 }
