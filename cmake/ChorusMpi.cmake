@@ -27,6 +27,8 @@ if(CMAKE_HOST_UNIX)
   endif()
 endif()
 set_property(GLOBAL PROPERTY CHORUS_MPIEXEC_FLAGS ${CHORUS_MPIEXEC_FLAGS})
+# Also in the cache, for scripts that run MPI jobs from a build directory (scripts/build-pgo).
+set(CHORUS_MPIEXEC_FLAGS "${CHORUS_MPIEXEC_FLAGS}" CACHE INTERNAL "mpiexec flags of the MPI tests")
 set_property(GLOBAL PROPERTY CHORUS_MPI_FAILING_JOB_SECONDS 60)
 
 function(chorus_mpi_test)
