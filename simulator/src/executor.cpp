@@ -113,11 +113,13 @@ class ThreadExecutor final : public RankExecutor {
 
 }  // namespace
 
-RefuseContextsAfter::RefuseContextsAfter(int made) noexcept : outer_left_(contexts_left) {
+RefuseContextsAfter::RefuseContextsAfter(int made) {
+  CHORUS_CHECK(made >= 0);
+  CHORUS_CHECK(contexts_left < 0);  // one at a time
   contexts_left = made;
 }
 
-RefuseContextsAfter::~RefuseContextsAfter() { contexts_left = outer_left_; }
+RefuseContextsAfter::~RefuseContextsAfter() { contexts_left = -1; }
 
 bool RefuseContextsAfter::refuses_next() noexcept {
   if (contexts_left < 0) {

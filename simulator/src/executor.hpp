@@ -38,22 +38,20 @@ class RankExecutor {
   virtual void stop() = 0;
 };
 
-// Test seam for the failure path of start() in every build: while one lives on a thread, the
-// executors started on that thread make `made` contexts in all, then refuse the next as the
-// system would (a fiber's stack: std::bad_alloc; a thread: std::system_error). The system's own
-// refusal needs an address-space limit, which the sanitizers' shadow memory cannot live under.
+// Test seam for the failure path of start() in every build: while one lives on a thread (one
+// at a time), the executors started on that thread make `made` contexts in all and refuse every
+// one after, as the system would (a fiber's stack: std::bad_alloc; a thread: std::system_error).
+// The system's own refusal needs an address-space limit, which the sanitizers' shadow memory
+// cannot live under.
 class RefuseContextsAfter {
  public:
-  explicit RefuseContextsAfter(int made) noexcept;
+  explicit RefuseContextsAfter(int made);
   ~RefuseContextsAfter();
   RefuseContextsAfter(const RefuseContextsAfter&) = delete;
   RefuseContextsAfter& operator=(const RefuseContextsAfter&) = delete;
 
   // The executors ask before making each context: whether it is refused (else it is counted).
   static bool refuses_next() noexcept;
-
- private:
-  int outer_left_;  // the enclosing seam's count (-1: none)
 };
 
 std::unique_ptr<RankExecutor> make_thread_executor();

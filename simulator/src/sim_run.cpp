@@ -94,15 +94,15 @@ void check_enumerated_options(const SimOptions& options) {
     refuse("SimOptions::executor " + std::to_string(static_cast<int>(options.executor)) +
            " is not an ExecutorKind");
   }
-  if (beyond(options.strategy, Strategy::Portfolio)) {
+  if (beyond(options.strategy, kStrategies.back())) {
     refuse("SimOptions::strategy " + std::to_string(static_cast<int>(options.strategy)) +
            " is not a Strategy");
   }
-  if (beyond(options.allocator, AllocatorPolicy::Random)) {
+  if (beyond(options.allocator, kAllocatorPolicies.back())) {
     refuse("SimOptions::allocator " + std::to_string(static_cast<int>(options.allocator)) +
            " is not an AllocatorPolicy");
   }
-  if (beyond(options.reduction_order, ReductionOrder::Adversarial)) {
+  if (beyond(options.reduction_order, kReductionOrders.back())) {
     refuse("SimOptions::reduction_order " +
            std::to_string(static_cast<int>(options.reduction_order)) + " is not a ReductionOrder");
   }

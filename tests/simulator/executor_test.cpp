@@ -123,6 +123,19 @@ TEST_P(Executor, ARefusedContextEndsTheMadeOnesWithoutTheirBodies) {
   EXPECT_EQ(bodies_run, 2);
 }
 
+TEST_P(Executor, TheSeamRefusesOnlyTheContextsAfterTheMadeOnes) {
+  std::unique_ptr<RankExecutor> executor = make();
+  int bodies_run = 0;
+  const RefuseContextsAfter refuse(2);
+  executor->start(2, [&](int) { ++bodies_run; });
+  executor->resume(0);
+  executor->resume(1);
+  executor->stop();
+  EXPECT_EQ(bodies_run, 2);
+  expect_refused(GetParam(), [&] { executor->start(1, [&](int) { ++bodies_run; }); });
+  EXPECT_EQ(bodies_run, 2);
+}
+
 TEST_P(Executor, ARunWhoseRanksAreRefusedThrowsAndTheNextRunSucceeds) {
   SimOptions options = chorus::testing::quiet_options(4);
   options.executor = GetParam();

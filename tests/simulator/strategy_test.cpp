@@ -404,6 +404,8 @@ std::string spelled(const std::array<Enum, N>& values) {
     EXPECT_EQ(parsed, value) << sim::name(value);
     joined += (joined.empty() ? "" : ",") + std::string(sim::name(value));
   }
+  // The list ends with the enum: a value after its last one is no value name() spells.
+  EXPECT_EQ(sim::name(static_cast<Enum>(N)), "unknown") << "a value missing from the list";
   return joined;
 }
 
