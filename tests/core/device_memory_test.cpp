@@ -827,5 +827,43 @@ TEST(CurrentStream, EachSimulatedRankHasItsOwn) {
   EXPECT_EQ(seen, (std::vector<std::string>{"3 kept 3 kept 3 kept ", "3 kept 3 kept 3 kept "}));
 }
 
+// A failure raised at its own wait is handed out once: the registry keeps no stream wait for it,
+// and the rank's next call does not raise it again.
+TEST(DeviceMemory, AFailedDeviceCollectiveRaisedAtItsWaitIsNotRaisedAgain) {
+  DeviceRank rank;
+  const Tensor out = all_reduce(on_gpu({1}), "sum", {0});
+  rank.transport().last_work()->fail(
+      std::make_exception_ptr(TransportError(ErrorContext{0, "all_reduce", 0, "[0]"}, "boom")));
+  expect_error<TransportError>([&] { wait_tensor(out); }, {"boom"});
+  EXPECT_EQ(rank.context().state().registry()->stream_waited_in_flight(), 0u);
+  const Tensor next = all_reduce(on_gpu({2}), "sum", {0});  // must not raise "boom" again
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(host_values(next), (std::vector<float>{2}));
+  EXPECT_EQ(rank.context().finish().error, nullptr);
+}
+
+// Two waiters on one stream-waited work: the one that retired it saw its stream wait succeed; the
+// other saw the failure that came after and raises it. The settle after that must not raise it a
+// second time (StreamWaited::reported).
+TEST(DeviceMemory, AStreamFailureRaisedToTheSecondWaiterIsNotRaisedAgain) {
+  DeviceRank rank;
+  const Tensor first = all_reduce(on_gpu({1}), "sum", {0});
+  const std::shared_ptr<FakeWork> first_work = rank.transport().last_work();
+  const Tensor second = all_reduce(on_gpu({2}), "sum", {0});
+  const std::shared_ptr<FakeWork> second_work = rank.transport().last_work();
+  first_work->wait_on_hook = [&] {
+    // While wait_tensors is inside the first work's stream wait: another wait of `second`
+    // orders the stream and retires it, then the collective fails.
+    wait_tensor(second);
+    second_work->fail(std::make_exception_ptr(
+        TransportError(ErrorContext{0, "all_reduce", 1, "[0]"}, "link down")));
+  };
+  expect_error<TransportError>([&] { (void)wait_tensors({first, second}); }, {"link down"});
+  first_work->complete();
+  const Tensor next = all_reduce(on_gpu({3}), "sum", {0});  // must not raise "link down" again
+  rank.transport().last_work()->complete();
+  EXPECT_EQ(host_values(next), (std::vector<float>{3}));
+  EXPECT_EQ(rank.context().finish().error, nullptr);
+}
 }  // namespace
 }  // namespace chorus

@@ -1056,5 +1056,77 @@ TEST(Generations, AreUniqueAcrossThreadsAndBatches) {
   EXPECT_EQ(second[1], second[0] + 1);
 }
 
+// wait_tensors over several failed works raises the first one's failure (in the tensors' order).
+TEST(WorkRegistry, WaitTensorsRaisesTheFirstFailure) {
+  FakeRank rank;
+  const Tensor first = all_reduce(iota(2), "sum", {0});
+  rank.transport().last_work()->fail(
+      make_error(ErrorCode::TransportError, ErrorContext{0, "all_reduce", 0, "[0]"}, "link down"));
+  const Tensor second = all_reduce(iota(2), "sum", {0});
+  rank.transport().last_work()->fail(
+      make_error(ErrorCode::RankFailure, ErrorContext{0, "all_reduce", 1, "[0]"}, "peer died"));
+  EXPECT_THROW((void)wait_tensors({first, second}), TransportError);
+}
+
+// The exit and the dropping thread both complete a failed work: its failure is recorded once,
+// so nothing is left to raise after the rank's error was taken at exit.
+TEST(WorkRegistry, AFailedDropFinalizedTwiceIsRecordedOnce) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  Tensor result;
+  {
+    ScopedRankBinding binding(&context);
+    result = all_reduce(iota(2), "sum", {0});
+  }
+  const auto work = transport->last_work();
+  std::promise<void> reached;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  work->on_finalized_hook = [&reached, released] {
+    reached.set_value();
+    released.wait();
+  };
+  work->fail(
+      make_error(ErrorCode::TransportError, ErrorContext{0, "all_reduce", 0, "[0]"}, "link down"));
+  std::thread dropper([held = std::move(result)]() mutable { held = Tensor(); });
+  reached.get_future().wait();
+  const RankContext::Summary summary = context.finish();
+  release.set_value();
+  dropper.join();
+  ASSERT_NE(summary.error, nullptr);
+  EXPECT_EQ(context.state().registry()->take_deferred_error(), nullptr) << "recorded once";
+}
+
+// A deferred drop made while list_drops is off, by a finalization that runs inside the rank's
+// exit (after the exit's scan for deferred drops): listed as the setting was when it was dropped,
+// that is not at all (RankContext::list_drops).
+TEST(WorkRegistry, AnUnlistedDropMadeDuringTheExitsFinalizationsHasNoReportLine) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  std::shared_ptr<FakeWork> first_work;
+  std::shared_ptr<FakeWork> second_work;
+  {
+    ScopedRankBinding binding(&context);
+    EXPECT_TRUE(context.list_drops(false));
+    Tensor first = all_reduce(iota(2), "sum", {0});
+    first_work = transport->last_work();
+    auto second = std::make_shared<Tensor>(all_reduce(iota(2), "sum", {0}));
+    second_work = transport->last_work();
+    first_work->defer_finalization_when_dropped();
+    second_work->defer_finalization_when_dropped();
+    first_work->complete();
+    second_work->complete();
+    first_work->on_finalized_hook = [second]() mutable { *second = Tensor(); };
+    first = Tensor();  // deferred: finalized at the exit, where it drops `second`
+  }
+  const RankContext::Summary summary = context.finish();
+  EXPECT_EQ(first_work->finalizations(), 1);
+  EXPECT_EQ(second_work->drops(), 1);
+  EXPECT_EQ(summary.unwaited.size(), 0u);
+  for (const UnwaitedWork& line : summary.unwaited) {
+    ADD_FAILURE() << "line: " << line.op << " #" << line.seq
+                  << " at_rank_exit=" << line.at_rank_exit;
+  }
+}
 }  // namespace
 }  // namespace chorus

@@ -65,6 +65,11 @@ class FakeWork final : public transport::Work {
   void wait_on(void* stream) override {
     last_stream_waited_.store(stream);
     stream_waits_.fetch_add(1);
+    if (wait_on_hook) {
+      const std::function<void()> hook = std::move(wait_on_hook);
+      wait_on_hook = nullptr;
+      hook();  // once, on the waiting thread, inside core's stream wait (no core lock held)
+    }
     if (complete_on_stream_wait_.load()) {
       complete();
     }
@@ -146,6 +151,8 @@ class FakeWork final : public transport::Work {
   }
   // Runs inside on_finalized (set it before the work can be finalized; it must not throw).
   std::function<void()> on_finalized_hook;
+  // Runs once inside the next wait_on (set it before the work is waited).
+  std::function<void()> wait_on_hook;
   // Whether core should defer finalizing this work when dropped (transport::Work's hook), and
   // how often core asked.
   bool defer_finalization() const noexcept override {
