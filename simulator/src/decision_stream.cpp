@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cctype>
 #include <cstring>
 #include <limits>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "chorus/check.hpp"
@@ -317,6 +320,17 @@ void append_choices_base64url(std::string& out, const std::vector<std::uint64_t>
   CHORUS_CHECK(next == out.data() + out.size());
 }
 
+// 'x' for a printable character, else its byte (0x00): a message must not hold a NUL or a
+// control character.
+std::string shown_character(char c) {
+  const auto byte = static_cast<unsigned char>(c);
+  if (std::isprint(byte) != 0) {
+    return std::string("'") + c + "'";
+  }
+  constexpr std::string_view kHex = "0123456789abcdef";
+  return std::string("byte 0x") + kHex[byte >> 4] + kHex[byte & 0xF];
+}
+
 std::vector<std::uint8_t> from_base64url(std::string_view text) {
   std::vector<std::uint8_t> out;
   std::uint32_t bits = 0;
@@ -324,7 +338,7 @@ std::vector<std::uint8_t> from_base64url(std::string_view text) {
   for (char c : text) {
     const char* found = std::strchr(kBase64Url, c);
     if (c == '\0' || found == nullptr) {
-      bad_token(std::string("the choices hold '") + c + "', which is not base64url");
+      bad_token("the choices hold " + shown_character(c) + ", which is not base64url");
     }
     bits = (bits << 6) | static_cast<std::uint32_t>(found - kBase64Url);
     count += 6;

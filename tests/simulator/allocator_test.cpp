@@ -5,6 +5,7 @@
 // with rank, op and step (Note [Guard pages]).
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chorus/chorus.hpp>
@@ -507,6 +508,74 @@ TEST(SimGuardPagesDeathTest, UnrelatedFaultsKeepTheirDefaultAction) {
   EXPECT_EXIT(fault_elsewhere(), ::testing::KilledBySignal(SIGSEGV), "");
 }
 
+#endif
+
+// The quarantine check reads every byte of the block, the last one included.
+TEST(SimAllocator, QuarantineCatchesAWriteToTheLastByteOfABlock) {
+  SimOptions options = with_allocator(1, AllocatorPolicy::Quarantine);
+  options.quarantine_frees = 1;
+  const SimReport report = sim::run(options, [] {
+    Tensor tensor = Tensor::zeros({16});  // 64 bytes: exactly one block
+    auto* dangling = static_cast<unsigned char*>(tensor.unsafe_data_ptr());
+    tensor = Tensor();
+    dangling[63] = 0;  // the last byte only
+    Tensor other = Tensor::zeros({16});
+    other = Tensor();  // ends the first block's quarantine: it is checked
+  });
+  EXPECT_EQ(report.mark_count("alloc.quarantine.overwritten"), 1u);
+}
+
+// A rank keeps at most 64 MiB of freed blocks: a bigger block goes back to the heap, one of
+// exactly 64 MiB is kept.
+TEST(SimAllocator, ABlockPastTheRanksCacheLimitIsNotReused) {
+  constexpr std::int64_t kCapFloats = std::int64_t{16} << 20;  // 64 MiB of floats
+  const SimReport over = sim::run(with_allocator(1, AllocatorPolicy::LifoReuse), [] {
+    Tensor big = Tensor::empty({kCapFloats + 16});
+    big = Tensor();
+    const Tensor again = Tensor::empty({kCapFloats + 16});
+  });
+  EXPECT_EQ(over.mark_count("alloc.lifo_reuse"), 0u);
+  const SimReport at = sim::run(with_allocator(1, AllocatorPolicy::LifoReuse), [] {
+    Tensor big = Tensor::empty({kCapFloats});
+    big = Tensor();
+    const Tensor again = Tensor::empty({kCapFloats});
+  });
+  EXPECT_EQ(at.mark_count("alloc.lifo_reuse"), 1u);
+}
+
+// A block taken from the cache no longer counts against the limit: a 40 MiB block freed and
+// reused over and over is reused every time.
+TEST(SimAllocator, ABlockTakenBackLeavesTheCacheCount) {
+  const SimReport report = sim::run(with_allocator(1, AllocatorPolicy::LifoReuse), [] {
+    for (int i = 0; i < 3; ++i) {
+      Tensor block = Tensor::empty({std::int64_t{10} << 20});  // 40 MiB
+      block = Tensor();
+    }
+  });
+  EXPECT_EQ(report.mark_count("alloc.lifo_reuse"), 2u);
+}
+
+#if !defined(CHORUS_ASAN) && !defined(CHORUS_TSAN)
+// Pooled under guard pages reuses exact sizes only, as core's pool: a one-page request does not
+// take a freed two-page block, a two-page one does.
+TEST(SimAllocator, PooledWithGuardPagesReusesExactSizesOnly) {
+  SimOptions options = with_allocator(1, AllocatorPolicy::Pooled);
+  options.guard_pending_outputs = true;
+  int small_reused = -1;
+  int same_reused = -1;
+  sim::run(options, [&] {
+    const auto page_floats = static_cast<std::int64_t>(sysconf(_SC_PAGESIZE)) / 4;
+    Tensor big = Tensor::empty({2 * page_floats});
+    const void* address = big.unsafe_data_ptr();
+    big = Tensor();
+    const Tensor small = Tensor::empty({4});
+    small_reused = small.unsafe_data_ptr() == address ? 1 : 0;
+    const Tensor same = Tensor::empty({2 * page_floats});
+    same_reused = same.unsafe_data_ptr() == address ? 1 : 0;
+  });
+  EXPECT_EQ(small_reused, 0);
+  EXPECT_EQ(same_reused, 1);
+}
 #endif
 
 }  // namespace

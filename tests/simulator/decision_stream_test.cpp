@@ -439,5 +439,50 @@ TEST(ShrinkChoices, AListAsLongAsATokenKeepsReturnsOnceTheBudgetIsSpent) {
   EXPECT_EQ(outcome.choices.size(), std::size_t{1} << 20);
 }
 
+TEST(DecisionStream, BytesSourceReadsOneByteForAChoiceAmong256) {
+  const std::vector<std::uint8_t> bytes = {200, 7};
+  DecisionStream stream(bytes_source(bytes), Strategy::RandomWalk, 2, 0, 0, false);
+  EXPECT_EQ(stream.choose(256), 200u);
+  EXPECT_EQ(stream.choose(4), 3u);  // 7 % 4
+  EXPECT_FALSE(stream.exhausted());
+}
+
+TEST(ReplayToken, AnEmptyChoiceCountIsRefused) {
+  testing::expect_invalid_argument(
+      [] { (void)decode_replay_token("chorus-replay:3:" + build_fingerprint() + ":2:-::"); },
+      {"the token's choice count is empty"});
+}
+
+TEST(ReplayToken, AChoiceCountPast64BitsIsRefusedNotWrapped) {
+  // 2^64 + 1 would wrap to 1, the number of choices "AQ" holds.
+  testing::expect_invalid_argument(
+      [] {
+        (void)decode_replay_token("chorus-replay:3:" + build_fingerprint() +
+                                  ":2:-:18446744073709551617:AQ");
+      },
+      {"choice count '18446744073709551617' is not a number"});
+}
+
+TEST(ReplayToken, AGroupWhoseOnlyWideValueIs128RoundTrips) {
+  const std::vector<std::uint64_t> choices = {128, 0, 0};
+  const std::string token = encode_replay_token(2, "-", choices);
+  EXPECT_EQ(token.substr(token.rfind(':') + 1), "gAEAAA");  // bytes 80 01 00 00
+  EXPECT_EQ(decode_replay_token(token).choices, choices);
+}
+
+TEST(ReplayToken, ANulInTheChoicesIsRefused) {
+  std::string token = "chorus-replay:3:" + build_fingerprint() + ":2:-:1:AQ";
+  token.push_back('\0');
+  testing::expect_invalid_argument([&] { (void)decode_replay_token(token); },
+                                   {"the choices hold byte 0x00, which is not base64url"});
+}
+
+TEST(ReplayToken, WorldSizeBoundsAreInclusive) {
+  EXPECT_EQ(decode_replay_token(encode_replay_token(1024, "-", {1})).world_size, 1024);
+  testing::expect_invalid_argument(
+      [] { (void)decode_replay_token("chorus-replay:3:" + build_fingerprint() + ":1025:-:1:AQ"); },
+      {"world size 1025 is outside [1, 1024]"});
+}
+
 }  // namespace
 }  // namespace chorus::sim::detail
