@@ -543,8 +543,9 @@ void WorkRegistry::complete_all_at_exit() noexcept {
           all_claimed = false;  // out of memory: the rest in the next round
           break;
         }
-        // A drop deferred while the exit finalized others (by one of their finalizations) is a
-        // drop, listed as list_drops was when it was made; the rest are left at the exit.
+        // A drop deferred while the exit finalized the deferred drops (by one of their
+        // finalizations) is a drop, listed as list_drops was when it was made; the rest are
+        // left at the exit.
         *slot = claim_locked(work, /*at_rank_exit=*/!work->dropped_);
       }
     }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cctype>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -320,11 +319,11 @@ void append_choices_base64url(std::string& out, const std::vector<std::uint64_t>
   CHORUS_CHECK(next == out.data() + out.size());
 }
 
-// 'x' for a printable character, else its byte (0x00): a message must not hold a NUL or a
-// control character.
+// 'x' for a printable ASCII character, else its byte (0x00): a message must hold neither a NUL
+// nor a control character nor half of a UTF-8 sequence (whatever the locale).
 std::string shown_character(char c) {
   const auto byte = static_cast<unsigned char>(c);
-  if (std::isprint(byte) != 0) {
+  if (byte >= 0x20 && byte < 0x7f) {
     return std::string("'") + c + "'";
   }
   constexpr std::string_view kHex = "0123456789abcdef";

@@ -331,7 +331,10 @@ TEST(ReplayToken, MalformedTokensAreRefused) {
       {"world size 0 is outside [1, 1024]"});
   testing::expect_invalid_argument(
       [&] { (void)decode_replay_token("chorus-replay:3:" + fingerprint + ":2:-:1:A*"); },
-      {"not base64url"});
+      {"the choices hold '*', which is not base64url"});
+  testing::expect_invalid_argument(
+      [&] { (void)decode_replay_token("chorus-replay:3:" + fingerprint + ":2:-:1:A\xc3"); },
+      {"the choices hold byte 0xc3, which is not base64url"});
   // One byte with the continuation bit set: a value cut in the middle.
   testing::expect_invalid_argument(
       [&] { (void)decode_replay_token("chorus-replay:3:" + fingerprint + ":2:-:1:gA"); },

@@ -65,9 +65,12 @@ class FakeWork final : public transport::Work {
   void wait_on(void* stream) override {
     last_stream_waited_.store(stream);
     stream_waits_.fetch_add(1);
-    if (wait_on_hook) {
-      const std::function<void()> hook = std::move(wait_on_hook);
-      wait_on_hook = nullptr;
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      hook = std::exchange(wait_on_hook, nullptr);
+    }
+    if (hook) {
       hook();  // once, on the waiting thread, inside core's stream wait (no core lock held)
     }
     if (complete_on_stream_wait_.load()) {

@@ -36,7 +36,7 @@ struct UnwaitedWork {
   std::int64_t seq = -1;
   std::string group;
   CallSite location;
-  bool at_rank_exit = false;  // still pending when the rank function returned
+  bool at_rank_exit = false;  // not dropped: its result was alive when the rank's exit completed it
   std::string error;          // non-empty if completing it failed
 
   // "rank 2: all_reduce #3 on group [0, 1] issued at a.cpp:12 (f) was dropped un-waited".
@@ -139,9 +139,10 @@ class RankContext {
   // previous setting. Call on the rank's own thread/fiber. Never throws.
   bool list_drops(bool on) noexcept;
 
-  // Ends the rank: completes every work still registered (recording each as unwaited at exit)
-  // and returns the report. Never throws. Call once, on the rank's own thread/fiber, after the
-  // rank function returned or threw, while the transport can still make progress.
+  // Ends the rank: completes every work still registered (recording each as unwaited: a dropped
+  // one as a drop, the others at exit) and returns the report. Never throws. Call once, on the
+  // rank's own thread/fiber, after the rank function returned or threw, while the transport can
+  // still make progress.
   Summary finish() noexcept;
 
   // The context bound to the calling thread/fiber, or null outside a rank.

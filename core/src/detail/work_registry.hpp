@@ -26,9 +26,9 @@
 //    dropped result is finalized is not fixed on a real runtime, and the simulator makes it a
 //    choice of its decision stream. A deferred drop is completed by settle_unwaited (the rank's
 //    next collective, wait_tensor, wait_tensors, work_registry_size) or at rank exit, and is
-//    reported as dropped (not "at exit"), as list_drops was when it was dropped, even when one
-//    of the exit's own finalizations dropped it; a failure is raised by that same
-//    settle_unwaited.
+//    reported as dropped (not "at exit"), as list_drops was when it was dropped, even when the
+//    finalization of another deferred drop at the exit dropped it (a work already taken as a
+//    leftover stays "at exit"); a failure is raised by that same settle_unwaited.
 // 4. Rank exit. RankContext::finish completes whatever is left and records it as unwaited at
 //    exit, so work_registry_size() is 0 after every rank.
 // Works completed together (the works of one wait, deferred drops, leftovers at exit) share one
