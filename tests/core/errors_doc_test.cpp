@@ -1329,6 +1329,24 @@ TEST(ErrorsDocCollectives, AllToAllSplitSumOverflowIsInvalidArgument) {
   });
 }
 
+// The same row's "or output_split_sizes ...": an output list whose sum overflows (here to a
+// negative row count) is refused by name too, eagerly and by the shape function, not passed on as
+// a shape for Tensor::empty to refuse.
+TEST(ErrorsDocCollectives, AllToAllOutputSplitSumOverflowIsInvalidArgument) {
+  constexpr std::int64_t kHuge = std::numeric_limits<std::int64_t>::max();
+  const std::vector<std::int64_t> output_splits = {kHuge, kHuge, 4};
+  const std::vector<std::int64_t> input_splits = {1, 1, 0};
+  const std::string detail =
+      "output_split_sizes [9223372036854775807, 9223372036854775807, 4] overflow int64 when "
+      "summed";
+  errdoc_expect_on_every_rank<InvalidArgument>(
+      3, [&] { (void)all_to_all_single(Tensor::ones({2}), output_splits, input_splits, world()); },
+      "all_to_all_single", 0, "[0, 1, 2]", detail);
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)meta::all_to_all_single_shape({2}, output_splits, input_splits, 3); },
+      "all_to_all_single_shape", detail);
+}
+
 TEST(ErrorsDocCollectives, BroadcastSrcNotAGroupRank) {
   run_quietly(3, [] {
     if (rank() == 0) {

@@ -252,6 +252,19 @@ TEST(Group, EveryDesugaringErrorNamesTheProblem) {
   });
 }
 
+// A MeshDim's mesh is checked against the world like any other rank list, on every rank, before
+// the caller's slice is taken: rank 0's column [0, 2] is in range, but the mesh names rank 7 of a
+// 4-rank world.
+TEST(Group, AMeshDimsMeshIsCheckedAgainstTheWorldBeforeItIsSliced) {
+  on_ranks(4, [] {
+    expect_invalid(
+        [] {
+          (void)expand_group(MeshDim{DeviceMesh({2, 2}, {0, 1, 2, 7}), 0});
+        },
+        "mesh [0, 1, 2, 7] holds rank 7, out of range [0, 4)");
+  });
+}
+
 TEST(Group, RepeatedRanksAreFoundInListsOfEverySize) {
   // Short lists are compared pairwise, longer ones through a bitset, lists naming ranks of 8192
   // and more by sorting a copy: each path finds a repeat wherever it sits, and none invents one.

@@ -318,6 +318,23 @@ TEST(SimFailure, LivelockHitsTheStepBudget) {
   EXPECT_TRUE(contains(report.rank_errors[0], "step budget")) << report.rank_errors[0];
 }
 
+// The budget is SimOptions::max_steps decisions exactly: the livelock is declared when the
+// (max_steps + 1)-th would be taken, and the error counts max_steps of them.
+TEST(SimFailure, TheStepBudgetRunsOutAfterExactlyMaxStepsDecisions) {
+  SimOptions options = quiet(1);
+  options.max_steps = 40;
+  SimReport report = sim::simulate(options, [] {
+    while (true) {  // never ends, but calls chorus: the budget stops it
+      (void)all_reduce(bytes(1), "sum", {0}).to_vector<std::uint8_t>();
+    }
+  });
+  ASSERT_FALSE(report.ok());
+  EXPECT_TRUE(contains(report.rank_errors[0],
+                       "the simulation took 40 scheduling decisions without ending (livelock?); "
+                       "step budget SimOptions::max_steps exhausted"))
+      << report.rank_errors[0];
+}
+
 // A rank that catches every error and retries would never end once the budget ran out (its
 // operations fail at once, but each is a scheduling decision): steps_after_budget decisions
 // later its next operation unwinds it, past its handler, and it fails with Deadlock.
@@ -349,6 +366,29 @@ TEST(SimFailure, ARankThatRetriesForeverAfterTheStepBudgetIsStopped) {
         << error;
     EXPECT_GT(caught[static_cast<std::size_t>(r)], 0u);  // it did retry
   }
+}
+
+// steps_after_budget counts exactly: the ranks are stopped at the first operation started once
+// max_steps + steps_after_budget decisions were taken, and the error says how far past the
+// budget that was.
+TEST(SimFailure, ARankIsStoppedExactlyStepsAfterBudgetDecisionsPastTheBudget) {
+  SimOptions options = quiet(1);
+  options.max_steps = 100;
+  options.steps_after_budget = 50;
+  SimReport report = sim::simulate(options, [] {
+    while (true) {
+      try {
+        (void)all_reduce(bytes(1), "sum", {0}).to_vector<std::uint8_t>();
+      } catch (const chorus::Error&) {
+      }
+    }
+  });
+  EXPECT_EQ(report.marks["livelock.rank_stopped"], 1u);
+  // The stop is set once decision 150 is due; the rank's operation in decision 151 unwinds it.
+  EXPECT_TRUE(contains(report.rank_errors[0],
+                       "rank 0 still issued operations 51 scheduling decisions after the step "
+                       "budget (SimOptions::max_steps = 100) ran out"))
+      << report.rank_errors[0];
 }
 
 TEST(SimFailure, ATimeoutThatIsNotPositiveIsRefused) {

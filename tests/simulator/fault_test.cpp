@@ -193,6 +193,42 @@ TEST_P(SimFault, ATimeoutBehindAHangFailsTheHungOperationTooAndNamesIt) {
   }
 }
 
+// A waited operation that hung itself gives its own hang as the reason, not the hang of the one
+// before it: the wait on #1 names only #1's hang, and #0 fails with its own.
+TEST_P(SimFault, ATimeoutOfAHungOperationBehindAnotherHangNamesOnlyItsOwn) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    std::vector<CaughtError> later(static_cast<std::size_t>(size));
+    std::vector<CaughtError> hung(static_cast<std::size_t>(size));
+    const SimReport report =
+        sim::simulate(options_for(size, seed, {Fault::hang(0, 0), Fault::hang(0, 1)}), [&] {
+          Tensor first = all_reduce(Tensor::ones({1}), "sum", world());
+          try {
+            (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+          } catch (const Error& error) {
+            later[rank_slot()] = testing::caught_error(error);
+          }
+          try {
+            (void)first.item<float>();
+          } catch (const Error& error) {
+            hung[rank_slot()] = testing::caught_error(error);
+          }
+        });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    EXPECT_EQ(report.mark_count("fault.hang"), 2u);
+    for (int r = 0; r < size; ++r) {
+      const auto slot = static_cast<std::size_t>(r);
+      expect_caught(later[slot], ErrorCode::Timeout, r, 1, size,
+                    " s) before the collective completed: it hung (injected fault: hang at rank "
+                    "0's operation 1); the communicator is aborted, as a watchdog would");
+      EXPECT_FALSE(contains(later[slot].detail, "behind")) << later[slot].what;
+      expect_caught(hung[slot], ErrorCode::Timeout, r, 0, size,
+                    "before this collective completed: it hung (injected fault: hang at rank 0's "
+                    "operation 0); the communicator is aborted, as a watchdog would");
+    }
+  }
+}
+
 TEST_P(SimFault, HangWithoutADeadlineIsADeadlockNamingTheHang) {
   const int size = GetParam();
   SimOptions options = options_for(size, 0, {Fault::hang(0, 0)});
@@ -552,6 +588,72 @@ TEST_P(SimFault, RandomFaultsUntilStepOneStillCoverTheFirstDecision) {
     EXPECT_EQ(outcome.report.mark_count("fault.crash"), 1u) << seed;
     ASSERT_EQ(outcome.report.faults_fired.size(), 1u) << seed;
     EXPECT_EQ(outcome.report.schedule.front().rank, outcome.report.faults_fired[0].rank) << seed;
+  }
+}
+
+// ... and only it: with until_step = 1 and room for more faults, the operations the next
+// decisions start draw nothing (docs/simulator-faults.md: "with 1, only the first decision's").
+// The rank crashed in decision 0 ends there; the others start their operation later.
+TEST_P(SimFault, RandomFaultsUntilStepOneCoverOnlyTheFirstDecision) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    SimOptions options = options_for(size, seed, {});
+    options.random_faults.crash_ppm = 1'000'000;
+    options.random_faults.until_step = 1;
+    options.random_faults.max_faults = static_cast<std::uint64_t>(size);
+    const FaultRun outcome = run_all_reduces(options, 1);
+    EXPECT_EQ(outcome.report.mark_count("fault.crash"), 1u) << seed;
+    EXPECT_EQ(outcome.report.mark_count("fault.random"), 1u) << seed;
+    ASSERT_EQ(outcome.report.faults_fired.size(), 1u) << seed;
+    EXPECT_EQ(outcome.report.faults_fired[0], Fault::crash(outcome.report.schedule.front().rank, 0))
+        << seed;
+  }
+}
+
+// No random fault is drawn at an operation where an explicit one fires (docs/simulator-faults.md,
+// "Random faults"): with a certain random crash, every rank's only operation has its explicit
+// delay, so nothing else fires and every rank gets the sum.
+TEST_P(SimFault, AnExplicitFaultLeavesNoRoomForARandomOneAtItsOperation) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    std::vector<Fault> delays;
+    for (int r = 0; r < size; ++r) {
+      delays.push_back(Fault::delay(r, 0, 1));
+    }
+    SimOptions options = options_for(size, seed, delays);
+    options.random_faults.crash_ppm = 1'000'000;
+    const FaultRun outcome = run_all_reduces(options, 1);
+    EXPECT_EQ(outcome.report.mark_count("fault.delay"), static_cast<std::uint64_t>(size)) << seed;
+    EXPECT_EQ(outcome.report.mark_count("fault.crash"), 0u) << seed;
+    EXPECT_EQ(outcome.report.mark_count("fault.random"), 0u) << seed;
+    EXPECT_EQ(outcome.report.faults_fired.size(), static_cast<std::size_t>(size)) << seed;
+    EXPECT_TRUE(outcome.report.ok()) << outcome.report.to_string();
+    for (int r = 0; r < size; ++r) {
+      EXPECT_EQ(outcome.results[static_cast<std::size_t>(r)],
+                std::vector<std::int32_t>{triangle(size)})
+          << seed;
+    }
+  }
+}
+
+// liveness_steps = N allows N decisions once the phase began (without faults: at decision 0), and
+// no more: a run of exactly N decisions ends well, and with N - 1 its ranks are reported stuck.
+TEST_P(SimFault, LivenessStepsAllowExactlyThatManyDecisions) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    const FaultRun plain = run_all_reduces(options_for(size, seed, {}), 2);
+    ASSERT_TRUE(plain.report.ok()) << plain.report.to_string();
+    SimOptions exact = options_for(size, seed, {});
+    exact.liveness_steps = plain.report.steps;
+    const FaultRun enough = run_all_reduces(exact, 2);
+    EXPECT_TRUE(enough.report.ok()) << enough.report.to_string();
+    EXPECT_EQ(enough.report.mark_count("liveness.phase"), 1u) << seed;
+    EXPECT_EQ(enough.report.mark_count("liveness.violation"), 0u) << seed;
+    SimOptions short_by_one = options_for(size, seed, {});
+    short_by_one.liveness_steps = plain.report.steps - 1;
+    const FaultRun over = run_all_reduces(short_by_one, 2);
+    EXPECT_EQ(over.report.mark_count("liveness.violation"), 1u) << seed;
+    EXPECT_FALSE(over.report.stuck_ranks.empty()) << seed;
   }
 }
 
