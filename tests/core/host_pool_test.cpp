@@ -76,6 +76,25 @@ TEST(HostPool, NeverEvictsForABlockOverTheLimitOrOfTheSameSize) {
   EXPECT_EQ(pool->cached_bytes(), 1024u);
 }
 
+// Blocks of other sizes are evicted only until the block just freed fits: two of the four 128-byte
+// blocks make room for the 768-byte one, the other two stay cached.
+TEST(HostPool, EvictsOnlyAsManyBlocksAsTheBlockJustFreedNeeds) {
+  auto pool = std::make_shared<HostPool>(1024);
+  std::shared_ptr<void> large = pool->allocate(768);
+  {
+    std::vector<std::shared_ptr<void>> small;
+    for (int i = 0; i < 4; ++i) {
+      small.push_back(pool->allocate(128));
+    }
+  }
+  EXPECT_EQ(pool->cached_bytes(), 512u);
+  large.reset();  // 512 + 768 > 1024: evicts two 128-byte blocks, not all four
+  EXPECT_EQ(pool->cached_bytes(), 1024u);
+  std::shared_ptr<void> a = pool->allocate(128);
+  std::shared_ptr<void> b = pool->allocate(128);
+  EXPECT_EQ(pool->cached_bytes(), 768u);  // both came from the cache
+}
+
 // Note [Spare host pools]. Takes every pool parked on this thread (by earlier tests' ranks), so
 // that the next make() is fresh unless the test parks one; they are dropped with the holder.
 std::vector<std::shared_ptr<HostPool>> take_spare_pools() {

@@ -120,6 +120,21 @@ TEST(TensorFactory, FreshTensorsOfOneShapeShareTheirLayoutAndViewsMakeTheirOwn) 
   EXPECT_EQ(a.sizes(), (Shape{2, 3}));
 }
 
+// Note [Shared layouts]: the cache keeps the last four shapes made (round robin), so a loop over
+// four shapes finds each one's layout. The shapes are used by no other test, so all four miss at
+// first whatever the cache held.
+TEST(TensorFactory, TheLayoutCacheKeepsFourShapes) {
+  const std::vector<Shape> shapes = {{3, 5, 7}, {7, 5, 3}, {5, 3, 7}, {105, 1, 1}};
+  std::vector<Tensor> first;
+  for (const Shape& shape : shapes) {
+    first.push_back(Tensor::empty(shape, DType::Int32));
+  }
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const Tensor again = Tensor::empty(shapes[i], DType::UInt8);
+    EXPECT_EQ(again.sizes().data(), first[i].sizes().data()) << "shape " << i;
+  }
+}
+
 // A tensor made while the thread ends, after the layout cache is gone (from the destructor of a
 // thread_local constructed before the cache): it gets a layout of its own (ASan flags a use of
 // the destroyed cache).
@@ -296,6 +311,12 @@ TEST(TensorFactory, FromVectorChecksElementCount) {
       },
       {"Tensor::from_vector", "shape [2, 3] has 6 elements, but 5 values"});
   expect_invalid_argument([&] { (void)Tensor::from_vector(values, {5, -1}); }, {"negative size"});
+  // More values than the shape holds are refused too, not cut short.
+  expect_invalid_argument(
+      [&] {
+        (void)Tensor::from_vector(values, {2, 2});
+      },
+      {"Tensor::from_vector", "shape [2, 2] has 4 elements, but 5 values"});
   const Tensor t = Tensor::from_vector(values, {5, 1});
   EXPECT_EQ(t.sizes(), (Shape{5, 1}));
   EXPECT_EQ(t.to_vector<float>(), values);
@@ -498,6 +519,14 @@ TEST(TensorView, ViewReshapesContiguous) {
   EXPECT_EQ(v.to_vector<float>(), (std::vector<float>{0, 1, 2, 3, 4, 5}));
 }
 
+// A size-1 dim of a view gets the stride it would have in a packed layout (view_strides).
+TEST(TensorView, ViewGivesSizeOneDimsPackedStrides) {
+  const Tensor base = Tensor::arange(6);
+  EXPECT_EQ(base.view({2, 1, 3}).strides(), (Shape{3, 3, 1}));
+  EXPECT_EQ(base.view({1, 6, 1}).strides(), (Shape{6, 1, 1}));
+  EXPECT_EQ(base.view({2, 3}).view({2, 1, 3}).strides(), Tensor::empty({2, 1, 3}).strides());
+}
+
 TEST(TensorView, ViewToZeroDimNeedsOneElement) {
   const Tensor one = Tensor::full({1, 1}, 9.0);
   EXPECT_EQ(one.view({}).dim(), 0);
@@ -668,6 +697,18 @@ TEST(TensorView, TransposeSwapsSizesAndStrides) {
   EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
   EXPECT_EQ(base.transpose(1, 1).strides(), base.strides());
   expect_invalid_argument([&] { (void)base.transpose(0, 2); }, {"Tensor::transpose", "dim 2"});
+}
+
+// is_contiguous ignores the stride of a size-1 dim, which never steps: a transposed [3, 1] view
+// (sizes [1, 3], strides [1, 1]) is contiguous, and contiguous() returns it as is.
+TEST(TensorView, ASizeOneDimsStrideDoesNotMakeAViewNonContiguous) {
+  const Tensor base = Tensor::arange(3).view({3, 1});
+  const Tensor t = base.transpose(0, 1);
+  EXPECT_EQ(t.sizes(), (Shape{1, 3}));
+  EXPECT_EQ(t.strides(), (Shape{1, 1}));
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_TRUE(t.contiguous().shares_storage(base));
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 1, 2}));
 }
 
 TEST(TensorView, PermuteReordersDims) {
@@ -918,6 +959,18 @@ TEST(TensorCopy, ContiguousReturnsSameStorageWhenContiguous) {
   EXPECT_EQ(packed.to_vector<float>(), (std::vector<float>{1, 5, 9}));
 }
 
+// to(device) on the tensor's own device returns the tensor itself (as torch): no copy, no packing.
+TEST(TensorCopy, ToItsOwnDeviceReturnsTheTensorItself) {
+  const Tensor meta = Tensor::empty({2, 3}, DType::Float32, Device::meta());
+  EXPECT_EQ(meta.to(Device::meta()).sizes().data(), meta.sizes().data());
+  const Tensor base = Tensor::arange(6).view({2, 3});
+  const Tensor same = base.to(Device::cpu());
+  EXPECT_TRUE(same.shares_storage(base));
+  EXPECT_EQ(same.unsafe_data_ptr(), base.unsafe_data_ptr());
+  const Tensor transposed = base.transpose(0, 1);
+  EXPECT_EQ(transposed.to(Device::cpu()).strides(), (Shape{1, 3}));  // not packed
+}
+
 TEST(TensorCopy, CloneIsIndependent) {
   const Tensor base = Tensor::arange(6, DType::Int32).view({2, 3});
   const Tensor copy = base.clone();
@@ -1101,6 +1154,22 @@ TEST(TensorFromBlob, EmptyBlobStillRunsDeleter) {
           EXPECT_EQ(p, &marker);
         });
     EXPECT_EQ(t.numel(), 0);
+    EXPECT_TRUE(t.to_vector<float>().empty());
+  }
+  EXPECT_EQ(calls, 1);
+}
+
+// Only a shape with elements needs memory: an empty blob may be null, and its deleter gets null.
+TEST(TensorFromBlob, AnEmptyBlobMayBeNull) {
+  int calls = 0;
+  {
+    const Tensor t =
+        Tensor::from_blob(nullptr, {0, 3}, DType::Float32, Device::cpu(), [&](void* p) {
+          ++calls;
+          EXPECT_EQ(p, nullptr);
+        });
+    EXPECT_EQ(t.sizes(), (Shape{0, 3}));
+    EXPECT_EQ(t.unsafe_data_ptr(), nullptr);
     EXPECT_TRUE(t.to_vector<float>().empty());
   }
   EXPECT_EQ(calls, 1);

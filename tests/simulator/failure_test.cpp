@@ -563,6 +563,37 @@ TEST(SimFailure, WritingAnInputBeforeCompletionFailsTheCollectiveEverywhere) {
   }
 }
 
+// The report names the writer by its world rank, not its rank in the group: world rank 1 is rank 0
+// of the group {1, 2}.
+TEST(SimFailure, AModifiedInputNamesTheWritersWorldRank) {
+  std::vector<Outcome> outcomes = run_catching(3, [] {
+    if (rank() == 0) {
+      return;
+    }
+    const ProcessGroup pair = new_group({1, 2}, "pair");
+    const ProcessGroup signal = new_group({1, 2}, "signal");
+    Tensor input = Tensor::full({4}, 1, DType::Int32);
+    if (rank() == 1) {
+      Tensor sum = all_reduce(input, "sum", pair);
+      input.copy_(Tensor::full({4}, 100, DType::Int32));  // a race on NCCL
+      // Rank 2 joins the pair's collective only after this signal: it cannot have completed.
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)sum.to_vector<std::int32_t>();
+    } else {
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)all_reduce(input, "sum", pair).to_vector<std::int32_t>();
+    }
+  });
+  EXPECT_FALSE(outcomes[0].code.has_value()) << outcomes[0].what;
+  for (std::size_t r = 1; r < outcomes.size(); ++r) {
+    const Outcome& outcome = outcomes[r];
+    ASSERT_TRUE(outcome.code.has_value()) << "rank " << r;
+    EXPECT_EQ(*outcome.code, ErrorCode::InputModified) << outcome.what;
+    EXPECT_TRUE(contains(outcome.what, "rank 1 modified input 0 of all_reduce")) << outcome.what;
+    EXPECT_FALSE(contains(outcome.what, "rank 0 modified")) << outcome.what;
+  }
+}
+
 // SimOptions::check_buffers = false (Note [Buffer checks], for `chorus bench`): the same race
 // goes unnoticed, and a pending output is not poisoned (it keeps what the allocator gave it).
 TEST(SimFailure, WithoutBufferChecksAModifiedInputAndAnEarlyReadGoUnnoticed) {

@@ -299,6 +299,55 @@ TEST(SimScheduler, PendingOutputsHoldPoisonUntilCompletion) {
   });
 }
 
+// Only an output that overlaps its own input (in place) is left unpoisoned; one that merely
+// follows its input in memory is poisoned like any other. Buffers built by hand at the transport
+// (core stages its outputs): input memory[0, 3), output memory[3, 6). Rank 1 joins only after
+// rank 0 looked, as above.
+TEST(SimScheduler, AnOutputRightAfterItsInputIsPoisonedWhilePending) {
+  const SimReport report = sim::run(quiet(2, 0), [] {
+    transport::Transport& rank_transport = RankContext::current()->transport();
+    const std::shared_ptr<transport::Comm> comm = rank_transport.create_comm("adjacent", {0, 1});
+    const std::shared_ptr<transport::Comm> signal =
+        rank_transport.create_comm("adjacent_signal", {0, 1});
+    std::vector<float> memory = {1, 1, 1, 0, 0, 0};
+    transport::Buffer send;
+    send.data = memory.data();
+    send.count = 3;
+    transport::Buffer recv;
+    recv.data = memory.data() + 3;
+    recv.count = 3;
+    std::vector<float> flag = {1.0F};
+    std::vector<float> flag_sum = {0.0F};
+    transport::Buffer flag_send;
+    flag_send.data = flag.data();
+    flag_send.count = 1;
+    transport::Buffer flag_recv;
+    flag_recv.data = flag_sum.data();
+    flag_recv.count = 1;
+    transport::OpInfo info;
+    info.name = "all_reduce";
+    info.seq = 0;
+    if (rank_transport.rank() == 0) {
+      const std::shared_ptr<transport::Work> work =
+          comm->all_reduce(send, recv, ReduceOp::Kind::Sum, info);
+      EXPECT_EQ(work->status(), transport::WorkStatus::Pending);
+      for (std::size_t i = 3; i < memory.size(); ++i) {
+        EXPECT_TRUE(memory[i] != memory[i])
+            << "element " << i << ": expected NaN poison, got " << memory[i];
+      }
+      signal->all_reduce(flag_send, flag_recv, ReduceOp::Kind::Sum, info)
+          ->wait(transport::Deadline::never());
+      work->wait(transport::Deadline::never());
+    } else {
+      signal->all_reduce(flag_send, flag_recv, ReduceOp::Kind::Sum, info)
+          ->wait(transport::Deadline::never());
+      comm->all_reduce(send, recv, ReduceOp::Kind::Sum, info)->wait(transport::Deadline::never());
+    }
+    EXPECT_EQ(memory, (std::vector<float>{1, 1, 1, 2, 2, 2}));
+  });
+  EXPECT_TRUE(report.ok()) << report.to_string();
+}
+
 TEST(SimScheduler, AnAllGatherAlongDimOnePoisonsTheOutputTheCallerHolds) {
   // all_gather along a dim other than 0 rearranges at completion; every element of the output
   // the caller holds is poison while pending (only a staging tensor was, and the caller's
