@@ -153,27 +153,44 @@ TEST_P(SimFault, HangTimesOutEveryMemberInVirtualTime) {
   }
 }
 
+// Every rank issues two all_reduces over the world and waits on the second, then on the first:
+// what each wait raised, per rank.
+struct TwoWaits {
+  SimReport report;
+  std::vector<CaughtError> first;
+  std::vector<CaughtError> second;
+};
+
+TwoWaits wait_second_then_first(const SimOptions& options) {
+  TwoWaits run;
+  run.first.resize(static_cast<std::size_t>(options.world_size));
+  run.second.resize(static_cast<std::size_t>(options.world_size));
+  run.report = sim::simulate(options, [&] {
+    Tensor first = all_reduce(Tensor::ones({1}), "sum", world());
+    try {
+      (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+    } catch (const Error& error) {
+      run.second[rank_slot()] = testing::caught_error(error);
+    }
+    try {
+      (void)first.item<float>();
+    } catch (const Error& error) {
+      run.first[rank_slot()] = testing::caught_error(error);
+    }
+  });
+  return run;
+}
+
 TEST_P(SimFault, ATimeoutBehindAHangFailsTheHungOperationTooAndNamesIt) {
   const int size = GetParam();
   for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
     // Operation #0 hangs and nobody waits on it; the waits on #1 time out behind it. The
     // watchdog that aborts the communicator fails #0 as well, at the same deadline (not a second
     // timeout later), and the error of #1 says what held it up.
-    std::vector<CaughtError> later(static_cast<std::size_t>(size));
-    std::vector<CaughtError> hung(static_cast<std::size_t>(size));
-    const SimReport report = sim::simulate(options_for(size, seed, {Fault::hang(0, 0)}), [&] {
-      Tensor first = all_reduce(Tensor::ones({1}), "sum", world());
-      try {
-        (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
-      } catch (const Error& error) {
-        later[rank_slot()] = testing::caught_error(error);
-      }
-      try {
-        (void)first.item<float>();
-      } catch (const Error& error) {
-        hung[rank_slot()] = testing::caught_error(error);
-      }
-    });
+    const TwoWaits run = wait_second_then_first(options_for(size, seed, {Fault::hang(0, 0)}));
+    const SimReport& report = run.report;
+    const std::vector<CaughtError>& later = run.second;
+    const std::vector<CaughtError>& hung = run.first;
     EXPECT_TRUE(report.ok()) << report.to_string();
     EXPECT_EQ(report.mark_count("fault.hang"), 1u);
     EXPECT_GE(report.virtual_time, std::chrono::minutes(10));
@@ -198,22 +215,11 @@ TEST_P(SimFault, ATimeoutBehindAHangFailsTheHungOperationTooAndNamesIt) {
 TEST_P(SimFault, ATimeoutOfAHungOperationBehindAnotherHangNamesOnlyItsOwn) {
   const int size = GetParam();
   for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
-    std::vector<CaughtError> later(static_cast<std::size_t>(size));
-    std::vector<CaughtError> hung(static_cast<std::size_t>(size));
-    const SimReport report =
-        sim::simulate(options_for(size, seed, {Fault::hang(0, 0), Fault::hang(0, 1)}), [&] {
-          Tensor first = all_reduce(Tensor::ones({1}), "sum", world());
-          try {
-            (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
-          } catch (const Error& error) {
-            later[rank_slot()] = testing::caught_error(error);
-          }
-          try {
-            (void)first.item<float>();
-          } catch (const Error& error) {
-            hung[rank_slot()] = testing::caught_error(error);
-          }
-        });
+    const TwoWaits run =
+        wait_second_then_first(options_for(size, seed, {Fault::hang(0, 0), Fault::hang(0, 1)}));
+    const SimReport& report = run.report;
+    const std::vector<CaughtError>& later = run.second;
+    const std::vector<CaughtError>& hung = run.first;
     EXPECT_TRUE(report.ok()) << report.to_string();
     EXPECT_EQ(report.mark_count("fault.hang"), 2u);
     for (int r = 0; r < size; ++r) {
