@@ -582,37 +582,26 @@ TEST(SimFaultPrecedence, AFaultWhoseOperationFailsForAnotherReasonIsWithdrawn) {
 }
 
 // The random window covers the operations started while decisions 0 .. until_step - 1 run: with
-// until_step = 1, the first operation (started in decision 0) still draws. (It used to count
-// decision 0 as decision 1, so until_step = 1 drew nothing.)
-TEST_P(SimFault, RandomFaultsUntilStepOneStillCoverTheFirstDecision) {
+// until_step = 1, the first operation (started in decision 0) still draws (it used to count
+// decision 0 as decision 1, so until_step = 1 drew nothing), and only it, even with room for more
+// faults (docs/simulator-faults.md: "with 1, only the first decision's"). The rank crashed in
+// decision 0 ends there; the others start their operation later.
+TEST_P(SimFault, RandomFaultsUntilStepOneCoverTheFirstDecisionOnly) {
   const int size = GetParam();
-  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
-    SimOptions options = options_for(size, seed, {});
-    options.random_faults.crash_ppm = 1'000'000;
-    options.random_faults.until_step = 1;
-    const FaultRun outcome = run_all_reduces(options, 1);
-    EXPECT_EQ(outcome.report.mark_count("fault.crash"), 1u) << seed;
-    ASSERT_EQ(outcome.report.faults_fired.size(), 1u) << seed;
-    EXPECT_EQ(outcome.report.schedule.front().rank, outcome.report.faults_fired[0].rank) << seed;
-  }
-}
-
-// ... and only it: with until_step = 1 and room for more faults, the operations the next
-// decisions start draw nothing (docs/simulator-faults.md: "with 1, only the first decision's").
-// The rank crashed in decision 0 ends there; the others start their operation later.
-TEST_P(SimFault, RandomFaultsUntilStepOneCoverOnlyTheFirstDecision) {
-  const int size = GetParam();
-  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
-    SimOptions options = options_for(size, seed, {});
-    options.random_faults.crash_ppm = 1'000'000;
-    options.random_faults.until_step = 1;
-    options.random_faults.max_faults = static_cast<std::uint64_t>(size);
-    const FaultRun outcome = run_all_reduces(options, 1);
-    EXPECT_EQ(outcome.report.mark_count("fault.crash"), 1u) << seed;
-    EXPECT_EQ(outcome.report.mark_count("fault.random"), 1u) << seed;
-    ASSERT_EQ(outcome.report.faults_fired.size(), 1u) << seed;
-    EXPECT_EQ(outcome.report.faults_fired[0], Fault::crash(outcome.report.schedule.front().rank, 0))
-        << seed;
+  for (const std::uint64_t max_faults : {std::uint64_t{1}, static_cast<std::uint64_t>(size)}) {
+    for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+      SimOptions options = options_for(size, seed, {});
+      options.random_faults.crash_ppm = 1'000'000;
+      options.random_faults.until_step = 1;
+      options.random_faults.max_faults = max_faults;
+      const FaultRun outcome = run_all_reduces(options, 1);
+      EXPECT_EQ(outcome.report.mark_count("fault.crash"), 1u) << seed << " " << max_faults;
+      EXPECT_EQ(outcome.report.mark_count("fault.random"), 1u) << seed << " " << max_faults;
+      ASSERT_EQ(outcome.report.faults_fired.size(), 1u) << seed << " " << max_faults;
+      EXPECT_EQ(outcome.report.faults_fired[0],
+                Fault::crash(outcome.report.schedule.front().rank, 0))
+          << seed << " " << max_faults;
+    }
   }
 }
 

@@ -25,6 +25,14 @@ using sim::ExecutorKind;
 using sim::SimOptions;
 using sim::SimReport;
 
+// Float32 elements [offset, offset + count) of `memory`, for a call straight on the transport.
+transport::Buffer floats(std::vector<float>& memory, std::size_t offset, std::size_t count) {
+  transport::Buffer buffer;
+  buffer.data = memory.data() + offset;
+  buffer.count = count;
+  return buffer;
+}
+
 SimOptions quiet(int world_size, std::uint64_t seed, ExecutorKind executor = ExecutorKind::Auto) {
   SimOptions options;
   options.world_size = world_size;
@@ -153,12 +161,8 @@ TEST(SimScheduler, AThreadThatIsNotARankWakesWhenItsWorkCompletes) {
               rank_transport.create_comm("off_rank_waiter", {0, 1});
           std::vector<float> send = {1.0F};
           std::vector<float> recv = {0.0F};
-          transport::Buffer send_buffer;
-          send_buffer.data = send.data();
-          send_buffer.count = 1;
-          transport::Buffer recv_buffer;
-          recv_buffer.data = recv.data();
-          recv_buffer.count = 1;
+          const transport::Buffer send_buffer = floats(send, 0, 1);
+          const transport::Buffer recv_buffer = floats(recv, 0, 1);
           transport::OpInfo info;
           info.name = "all_reduce";
           if (rank_transport.rank() == 1) {
@@ -310,20 +314,12 @@ TEST(SimScheduler, AnOutputRightAfterItsInputIsPoisonedWhilePending) {
     const std::shared_ptr<transport::Comm> signal =
         rank_transport.create_comm("adjacent_signal", {0, 1});
     std::vector<float> memory = {1, 1, 1, 0, 0, 0};
-    transport::Buffer send;
-    send.data = memory.data();
-    send.count = 3;
-    transport::Buffer recv;
-    recv.data = memory.data() + 3;
-    recv.count = 3;
+    const transport::Buffer send = floats(memory, 0, 3);
+    const transport::Buffer recv = floats(memory, 3, 3);
     std::vector<float> flag = {1.0F};
     std::vector<float> flag_sum = {0.0F};
-    transport::Buffer flag_send;
-    flag_send.data = flag.data();
-    flag_send.count = 1;
-    transport::Buffer flag_recv;
-    flag_recv.data = flag_sum.data();
-    flag_recv.count = 1;
+    const transport::Buffer flag_send = floats(flag, 0, 1);
+    const transport::Buffer flag_recv = floats(flag_sum, 0, 1);
     transport::OpInfo info;
     info.name = "all_reduce";
     info.seq = 0;
