@@ -364,7 +364,7 @@ class Table {
 sim::ReductionOrder chosen_order(const std::string& name) {
   const std::optional<sim::ReductionOrder> order = sim::named(name, sim::kReductionOrders);
   if (!order) {
-    invalid("unknown reduction order '" + name + "' (fixed, ring, tree, adversarial)");
+    invalid("unknown reduction order '" + name + "' (" + sim::spelled(sim::kReductionOrders) + ")");
   }
   return *order;
 }

@@ -395,24 +395,22 @@ TEST(Shrink, ARunThatDidNotFailIsRefused) {
 }
 
 // The option enums' spellings (flags, replay tokens, marks) and the lookup that parses them:
-// each value comes back from its own name, in declaration order, and near misses name nothing.
+// each value comes back from its own name, and spelled() lists them in declaration order.
 template <class Enum, std::size_t N>
-std::string spelled(const std::array<Enum, N>& values) {
-  std::string joined;
+std::string checked_spellings(const std::array<Enum, N>& values) {
   for (const Enum value : values) {
     const std::optional<Enum> parsed = sim::named(sim::name(value), values);
     EXPECT_EQ(parsed, value) << sim::name(value);
-    joined += (joined.empty() ? "" : ",") + std::string(sim::name(value));
   }
   // The list ends with the enum: a value after its last one is no value name() spells.
   EXPECT_EQ(sim::name(static_cast<Enum>(N)), "unknown") << "a value missing from the list";
-  return joined;
+  return sim::spelled(values);
 }
 
 TEST(OptionNames, EveryValueIsNamedByItsOwnSpellingOnly) {
-  EXPECT_EQ(spelled(sim::kStrategies), "random,pct,portfolio");
-  EXPECT_EQ(spelled(sim::kReductionOrders), "fixed,ring,tree,adversarial");
-  EXPECT_EQ(spelled(sim::kAllocatorPolicies), "pooled,lifo,quarantine,random");
+  EXPECT_EQ(checked_spellings(sim::kStrategies), "random, pct, portfolio");
+  EXPECT_EQ(checked_spellings(sim::kReductionOrders), "fixed, ring, tree, adversarial");
+  EXPECT_EQ(checked_spellings(sim::kAllocatorPolicies), "pooled, lifo, quarantine, random");
   for (const std::string_view miss : {"", "Tree", "tre", "trees", " tree", "generated"}) {
     EXPECT_EQ(sim::named(miss, sim::kReductionOrders), std::nullopt) << "'" << miss << "'";
   }

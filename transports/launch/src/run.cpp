@@ -54,11 +54,7 @@ Enum parse_name(const std::string& flag, const std::string& value,
   if (const std::optional<Enum> named = sim::named(value, values)) {
     return *named;
   }
-  std::string expected = "one of";
-  for (std::size_t i = 0; i < N; ++i) {
-    expected += std::string(i == 0 ? " " : ", ") + std::string(sim::name(values[i]));
-  }
-  bad_flag(flag, value, expected);
+  bad_flag(flag, value, "one of " + sim::spelled(values));
 }
 
 // "(built: sim, mpi)": what this build offers instead.

@@ -283,6 +283,17 @@ std::optional<Enum> named(std::string_view spelling, const std::array<Enum, N>& 
   return std::nullopt;
 }
 
+// The spellings of `values`, in order, joined by ", " ("fixed, ring, tree, adversarial"): what a
+// message about an unknown name offers instead.
+template <class Enum, std::size_t N>
+std::string spelled(const std::array<Enum, N>& values) {
+  std::string joined;
+  for (const Enum value : values) {
+    joined += (joined.empty() ? "" : ", ") + std::string(name(value));
+  }
+  return joined;
+}
+
 // The seed a run with `options` uses (SimReport::seed): CHORUS_SIM_SEED when
 // options.seed_from_environment and the variable is set (it wins over `seed`), else
 // options.seed. For a program that prints its seed before its run ends. Throws InvalidArgument
