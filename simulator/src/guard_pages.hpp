@@ -35,8 +35,9 @@ void install_guard_handler();
 void ensure_guard_alt_stack();
 
 // Registers [begin, begin + nbytes) with the fault report `what` ("the pending output of ...");
-// `step` is read at fault time (the world's decision counter). Returns the entry's index.
-// CHORUS_CHECKs that the table has room.
+// `step` is read at fault time (the world's decision counter). Returns the entry's index, or -1
+// when the table is full (the caller leaves the range unprotected: SimAllocator marks
+// "guard.table_full").
 int add_guarded_range(const void* begin, std::size_t nbytes, const std::string& what,
                       const std::uint64_t* step);
 void remove_guarded_range(int index) noexcept;

@@ -657,6 +657,27 @@ TEST(SimulatedCuda, AStreamWaitUnderAnInfiniteTimeoutWaits) {
   EXPECT_EQ(sums, (std::vector<float>{3, 3}));
 }
 
+// The transport itself answers for a device: its rank's own, yes; another rank's, no, naming both
+// (tensors on another rank's device are refused earlier, by the rank's device memory).
+TEST(SimulatedCuda, TheTransportRefusesAnotherRanksDeviceNamingBoth) {
+  sim::SimOptions options;
+  options.world_size = 3;
+  options.cuda_devices = true;
+  std::vector<std::string> own(3);
+  std::vector<std::string> other(3);
+  const sim::SimReport report = sim::run(options, [&] {
+    const int r = rank();
+    own[static_cast<std::size_t>(r)] = unsupported_reduction(DType::Float32, "sum", local_device());
+    other[static_cast<std::size_t>(r)] =
+        unsupported_reduction(DType::Float32, "sum", Device::cuda((r + 1) % 3));
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  EXPECT_EQ(own, (std::vector<std::string>{"", "", ""}));
+  EXPECT_EQ(other, (std::vector<std::string>{"simulated rank 0 owns cuda:0, not cuda:1",
+                                             "simulated rank 1 owns cuda:1, not cuda:2",
+                                             "simulated rank 2 owns cuda:2, not cuda:0"}));
+}
+
 TEST(SimulatedCuda, WithoutItTheSimulatorMovesHostMemoryOnly) {
   sim::SimOptions options;
   options.world_size = 2;

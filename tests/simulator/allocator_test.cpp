@@ -5,6 +5,7 @@
 // with rank, op and step (Note [Guard pages]).
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "decision_stream.hpp"
+#include "guard_pages.hpp"
 #include "sim_allocator.hpp"
 #include "support/fake_transport.hpp"
 #include "support/sim_helpers.hpp"
@@ -506,6 +508,124 @@ TEST(SimGuardPagesDeathTest, UnrelatedFaultsKeepTheirDefaultAction) {
     });
   };
   EXPECT_EXIT(fault_elsewhere(), ::testing::KilledBySignal(SIGSEGV), "");
+}
+
+// The reported rank is the faulting one, rank 0 included (choice 0 runs rank 0 first, so its
+// all_reduce is pending until rank 1 issues its own).
+TEST(SimGuardPagesDeathTest, RawReadByRank0NamesRank0) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto read_without_waiting = [] {
+    SimOptions options = quiet_options(2);
+    options.guard_pending_outputs = true;
+    options.choices = std::vector<std::uint64_t>{};
+    sim::run(options, [] {
+      const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
+      if (rank() == 0) {
+        volatile float first = *static_cast<const float*>(output.unsafe_data_ptr());
+        (void)first;
+      }
+      wait_tensor(output);
+    });
+  };
+  EXPECT_DEATH(read_without_waiting(),
+               "chorus sim: rank 0 read the pending output of all_reduce #0 on group \\[0, 1\\] "
+               "\\(issued by rank 0 at .*\\) at step [0-9]+ without waiting");
+}
+
+#if defined(__x86_64__)
+// A write is told from a read by the page fault's error code (x86-64 only).
+TEST(SimGuardPagesDeathTest, RawWriteOfAPendingOutputSaysWroteTo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto write_without_waiting = [] {
+    SimOptions options = quiet_options(2);
+    options.guard_pending_outputs = true;
+    options.choices = std::vector<std::uint64_t>{};
+    sim::run(options, [] {
+      const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
+      if (rank() == 1) {
+        *static_cast<volatile float*>(output.unsafe_data_ptr()) = 2.0f;
+      }
+      wait_tensor(output);
+    });
+  };
+  EXPECT_DEATH(write_without_waiting(),
+               "chorus sim: rank 1 wrote to the pending output of all_reduce #0 on group "
+               "\\[0, 1\\] \\(issued by rank 1 at .*\\) at step [0-9]+ without waiting");
+}
+#endif
+
+// A SIGSEGV sent by raise() or kill() (no fault to re-execute) still kills the process when it
+// is not a guarded page's: the handler raises it again under the default action.
+TEST(SimGuardPagesDeathTest, ASegvSentByRaiseStillKills) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto raise_segv = [] {
+    SimOptions options = quiet_options(1);
+    options.guard_pending_outputs = true;
+    sim::run(options, [] { std::raise(SIGSEGV); });
+  };
+  EXPECT_EXIT(raise_segv(), ::testing::KilledBySignal(SIGSEGV), "");
+}
+
+// ---- The table of guarded ranges itself (guard_pages.hpp), on pages of the test's own.
+
+// Two PROT_NONE pages, unmapped on destruction (never reached in a death test's child).
+struct TwoProtectedPages {
+  std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  char* memory =
+      static_cast<char*>(mmap(nullptr, 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ~TwoProtectedPages() { munmap(memory, 2 * page); }
+};
+
+// A range is [begin, begin + nbytes): the first byte past one range belongs to the next, and the
+// step reported is the one its pointer holds at the fault.
+TEST(SimGuardPagesDeathTest, TheFirstByteAfterARangeIsTheNextRangesWithItsStep) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto read_second_page = [] {
+    sim::detail::install_guard_handler();
+    TwoProtectedPages pages;
+    ASSERT_NE(pages.memory, MAP_FAILED);
+    const std::uint64_t first_step = 41;
+    std::uint64_t second_step = 0;
+    ASSERT_GE(
+        sim::detail::add_guarded_range(pages.memory, pages.page, "the first page", &first_step), 0);
+    ASSERT_GE(sim::detail::add_guarded_range(pages.memory + pages.page, pages.page,
+                                             "the second page", &second_step),
+              0);
+    second_step = 42;
+    volatile char byte = *static_cast<volatile char*>(pages.memory + pages.page);
+    (void)byte;
+  };
+  EXPECT_DEATH(read_second_page(),
+               "chorus sim: a thread of no rank read the second page at step 42 without waiting");
+}
+
+// Guards both pages (step 7), removes the second range by the index add_guarded_range returned,
+// and reads page `page` (0 or 1).
+void read_after_removing_the_second_range(std::size_t page) {
+  sim::detail::install_guard_handler();
+  TwoProtectedPages pages;
+  ASSERT_NE(pages.memory, MAP_FAILED);
+  const std::uint64_t step = 7;
+  ASSERT_GE(sim::detail::add_guarded_range(pages.memory, pages.page, "the first page", &step), 0);
+  const int second = sim::detail::add_guarded_range(pages.memory + pages.page, pages.page,
+                                                    "the second page", &step);
+  ASSERT_GE(second, 0);
+  sim::detail::remove_guarded_range(second);
+  volatile char byte = *static_cast<volatile char*>(pages.memory + page * pages.page);
+  (void)byte;
+}
+
+// Removing a range removes that range only: the other is still reported...
+TEST(SimGuardPagesDeathTest, RemovingARangeKeepsTheOthers) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(read_after_removing_the_second_range(0),
+               "chorus sim: a thread of no rank read the first page at step 7 without waiting");
+}
+
+// ... and the removed one is no longer the handler's: a fault there keeps its default action.
+TEST(SimGuardPagesDeathTest, AFaultInARemovedRangeKeepsItsDefaultAction) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(read_after_removing_the_second_range(1), ::testing::KilledBySignal(SIGSEGV), "");
 }
 
 #endif

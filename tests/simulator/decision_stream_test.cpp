@@ -414,6 +414,61 @@ TEST(ShrinkChoices, LowersValuesAndDropsTrailingZeros) {
   EXPECT_EQ(outcome.choices, (std::vector<std::uint64_t>{4}));
 }
 
+// Lowering tries 0 before its binary search, which never probes 0 itself (0 is taken to pass):
+// a choice that does not matter goes to 0, not 1.
+TEST(ShrinkChoices, LowersAChoiceThatDoesNotMatterToZero) {
+  // Fails whenever the second choice (0 past the end) is at least 2: the minimum is {0, 2}.
+  const auto fails = [](const std::vector<std::uint64_t>& choices) {
+    return choices.size() > 1 && choices[1] >= 2;
+  };
+  const ShrinkOutcome outcome = shrink_choices({7, 3, 9}, fails);
+  EXPECT_EQ(outcome.choices, (std::vector<std::uint64_t>{0, 2}));
+}
+
+// A lowered choice can let a drop succeed that failed before it: shrinking goes round again after
+// every change, a choice lowered to 0 (first) or by the binary search (second) included.
+TEST(ShrinkChoices, GoesRoundAgainAfterLoweringAChoiceToZero) {
+  // {1, 7, 5} fails through its third choice; once the second is 0, dropping the first leaves
+  // {0, 5}, which fails through its first two.
+  const auto fails = [](const std::vector<std::uint64_t>& choices) {
+    const auto at = [&](std::size_t i) -> std::uint64_t {
+      return i < choices.size() ? choices[i] : 0;
+    };
+    return (at(0) == 0 && at(1) == 5) || (at(0) >= 1 && at(2) == 5);
+  };
+  const ShrinkOutcome outcome = shrink_choices({1, 7, 5}, fails);
+  EXPECT_EQ(outcome.choices, (std::vector<std::uint64_t>{0, 5}));
+}
+
+TEST(ShrinkChoices, GoesRoundAgainAfterABinarySearchLowersAChoice) {
+  // {2, 7, 5} fails while its second choice is at least 1 (the search lowers it to 1, not 0);
+  // then dropping the first choice leaves {1, 5}, which fails through its first two.
+  const auto fails = [](const std::vector<std::uint64_t>& choices) {
+    const auto at = [&](std::size_t i) -> std::uint64_t {
+      return i < choices.size() ? choices[i] : 0;
+    };
+    return (at(0) == 1 && at(1) == 5) || (at(0) >= 2 && at(1) >= 1 && at(2) == 5);
+  };
+  const ShrinkOutcome outcome = shrink_choices({2, 7, 5}, fails);
+  EXPECT_EQ(outcome.choices, (std::vector<std::uint64_t>{1, 5}));
+}
+
+// Trailing zeros are dropped even when the budget ends right after the lowering that made them:
+// no later round is left to drop them.
+TEST(ShrinkChoices, DropsTrailingZerosWhenTheBudgetEndsRightAfterLowering) {
+  // Fails while the first choice is 1 or 2, or at least 1 with a second of at least 5. From
+  // {5, 5}: two drops fail, the first choice goes 0 (passes), 2, 1, then the second goes to 0 on
+  // the sixth and last attempt, leaving {1, 0}: the same run as {1}.
+  const auto fails = [](const std::vector<std::uint64_t>& choices) {
+    const std::uint64_t first = choices.empty() ? 0 : choices[0];
+    const std::uint64_t second = choices.size() > 1 ? choices[1] : 0;
+    return first >= 1 && (second >= 5 || first <= 2);
+  };
+  const ShrinkOutcome outcome = shrink_choices({5, 5}, fails, 6);
+  EXPECT_EQ(outcome.attempts, 6u);
+  EXPECT_EQ(outcome.choices, (std::vector<std::uint64_t>{1}));
+}
+
 TEST(ShrinkChoices, StopsAtTheAttemptBudget) {
   std::size_t calls = 0;
   // Fails while at least 33 choices remain: dropping chunks takes many attempts.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -229,6 +231,48 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
 }
 
+// A hand-made two-rank log with exact times (ns), for the layout (Note [Timeline layout]):
+//   rank 0: all_reduce #0 0-2000, its wait 1000-3000 (overlaps without nesting: row 2), then
+//           all_reduce #1 3000-4000, arrived and dropped at 3000, finalized at 4000;
+//   rank 1: all_reduce #0 0-2000, its wait 1000-2000 (ends with it: nested), then
+//           all_reduce #1 2000-2050 (begins as #0 ends: the same row).
+SimReport hand_made_report() {
+  SimReport report;
+  report.world_size = 2;
+  report.virtual_time = std::chrono::nanoseconds(4000);
+  report.rank_errors.resize(2);
+  const auto add = [&](Kind kind, int rank, std::int64_t seq, std::int64_t ns) {
+    SimEvent event;
+    event.kind = kind;
+    event.step = static_cast<std::uint64_t>(ns / 1000);
+    event.time = std::chrono::nanoseconds(ns);
+    event.rank = rank;
+    event.op = "all_reduce";
+    event.comm_id = 1;
+    event.group = "[0, 1]";
+    event.seq = seq;
+    event.owner = rank;
+    event.detail = kind == Kind::Finalize ? "after a drop" : "";
+    report.events.push_back(event);
+  };
+  add(Kind::Issue, 0, 0, 0);
+  add(Kind::Issue, 1, 0, 0);
+  add(Kind::WaitBegin, 0, 0, 1000);
+  add(Kind::WaitBegin, 1, 0, 1000);
+  add(Kind::Complete, 0, 0, 2000);
+  add(Kind::Complete, 1, 0, 2000);
+  add(Kind::WaitEnd, 1, 0, 2000);
+  add(Kind::Issue, 1, 1, 2000);
+  add(Kind::Complete, 1, 1, 2050);
+  add(Kind::WaitEnd, 0, 0, 3000);
+  add(Kind::Issue, 0, 1, 3000);
+  add(Kind::Arrive, 0, 1, 3000);
+  add(Kind::Drop, 0, 1, 3000);
+  add(Kind::Complete, 0, 1, 4000);
+  add(Kind::Finalize, 0, 1, 4000);
+  return report;
+}
+
 // ---- The event log
 
 TEST(EventLog, IsOffByDefaultButOperationsAreCounted) {
@@ -416,6 +460,59 @@ TEST(PerfettoJson, EscapesStringsAndMarksFailures) {
             std::string::npos);
 }
 
+// Each span goes to the first row whose open spans all enclose it: one that ends as the next
+// begins is closed, one that ends with it encloses it. Row k > 0 is thread k * world_size + r,
+// named "rank r (row k+1)" and sorted right under row 0.
+TEST(PerfettoJson, ASpanTakesTheFirstRowWhoseOpenSpansEncloseIt) {
+  const Json trace = parse_json(sim::to_perfetto_json(hand_made_report()));
+  std::vector<std::string> threads;  // "name tid sort_index"
+  std::map<int, std::string> names;
+  std::vector<std::tuple<std::string, int, double, double>> slices;  // name, tid, ts, dur
+  for (const Json& event : trace.at("traceEvents").items) {
+    const std::string phase = event.at("ph").text;
+    const int tid = int(event.at("tid").number);
+    if (phase == "M" && event.at("name").text == "thread_name") {
+      names[tid] = event.at("args").at("name").text;
+    } else if (phase == "M" && event.at("name").text == "thread_sort_index") {
+      threads.push_back(names[tid] + " " + std::to_string(tid) + " " +
+                        std::to_string(int(event.at("args").at("sort_index").number)));
+    } else if (phase == "X") {
+      slices.emplace_back(event.at("name").text, tid, event.at("ts").number,
+                          event.at("dur").number);
+    }
+  }
+  EXPECT_EQ(threads,
+            (std::vector<std::string>{"rank 0 0 0", "rank 0 (row 2) 2 1", "rank 1 1 1024"}));
+  const std::vector<std::tuple<std::string, int, double, double>> expected = {
+      {"all_reduce #0", 0, 0, 2},      {"all_reduce #0", 1, 0, 2},
+      {"wait all_reduce #0", 2, 1, 2}, {"wait all_reduce #0", 1, 1, 1},
+      {"all_reduce #1", 1, 2, 0.05},   {"all_reduce #1", 0, 3, 1}};
+  EXPECT_EQ(slices, expected);
+}
+
+// Times are microseconds with the nanoseconds as three decimals: 50 ns is 0.050, not 0.50.
+TEST(PerfettoJson, TimesKeepTheirNanosecondsAsThreeDecimals) {
+  const std::string json = sim::to_perfetto_json(hand_made_report());
+  EXPECT_NE(json.find("\"ph\":\"X\",\"ts\":2,\"dur\":0.050,"), std::string::npos) << json;
+}
+
+// JSON strings escape every control character; ESC has no short form: \u001b. The process is
+// named after the first line of the first error only, as the SVG's title.
+TEST(PerfettoJson, EscapesControlCharactersAsUnicodeEscapes) {
+  SimReport report;
+  report.world_size = 2;
+  report.rank_errors = {"", "\x1b[31mloss is NaN\x1b[0m\x01\nat step 3"};
+  const std::string json = sim::to_perfetto_json(report);
+  EXPECT_NE(json.find("(failed: rank 1: \\u001b[31mloss is NaN\\u001b[0m\\u0001)\""),
+            std::string::npos)
+      << json;
+  EXPECT_EQ(sim::to_svg_timeline(report).find("at step 3"), std::string::npos);
+  for (const char c : json) {
+    EXPECT_TRUE(static_cast<unsigned char>(c) >= 0x20 || c == '\n')
+        << "control character " << int(c) << " in the JSON";
+  }
+}
+
 TEST(PerfettoJson, IsEmptyWithoutEvents) {
   const SimReport report = sim::run(testing::quiet_options(2), waited_then_dropped);
   const Json trace = parse_json(sim::to_perfetto_json(report));
@@ -451,6 +548,52 @@ TEST(SvgTimeline, DrawsOneLanePerRankAndOneBoxPerOperationWithTheFailingOnesRed)
   EXPECT_NE(svg.find("class=\"failure\""), std::string::npos) << "the error is in the title";
   EXPECT_NE(svg.find("<g class=\"legend\">"), std::string::npos);
   EXPECT_EQ(svg.find("<g class=\"drop\""), std::string::npos);
+}
+
+// A lane is as tall as its rows, and the next lane starts below them; a span sits on its row. An
+// arrival is a tick that takes no marker's place: the drop at the same moment stays at its time.
+TEST(SvgTimeline, LanesAreAsTallAsTheirRowsAndArrivalsLeaveMarkersInPlace) {
+  // 4 us of virtual time at 28 px per us, right of the 90 px labels; lanes from y = 48, 22 px per
+  // row, 8 px apart.
+  const std::string svg = sim::to_svg_timeline(hand_made_report());
+  EXPECT_NE(svg.find(R"(<g class="lane" data-rank="0"><rect class="lane-bg" x="90.0" y="48.0" )"
+                     R"(width="112.0" height="44.0"/>)"),
+            std::string::npos)
+      << svg;
+  EXPECT_NE(svg.find(R"(<g class="lane" data-rank="1"><rect class="lane-bg" x="90.0" y="100.0" )"
+                     R"(width="112.0" height="22.0"/>)"),
+            std::string::npos)
+      << svg;
+  // Rank 0's wait on its second row, rank 1's on its first.
+  EXPECT_NE(svg.find(R"(<rect class="wait" data-rank="0" data-op="all_reduce" data-seq="0" )"
+                     R"(x="118.0" y="76.0" width="56.0" height="10.0">)"),
+            std::string::npos)
+      << svg;
+  EXPECT_NE(svg.find(R"(<rect class="wait" data-rank="1" data-op="all_reduce" data-seq="0" )"
+                     R"(x="118.0" y="106.0" width="28.0" height="10.0">)"),
+            std::string::npos)
+      << svg;
+  EXPECT_NE(svg.find(R"(<path class="drop" d="M 169.0 60.0 L 179.0 60.0 L 174.0 68.0 Z"/>)"),
+            std::string::npos)
+      << svg;
+}
+
+// Markup characters are escaped; overlong sequences after E0 and F0 (second byte below A0 and 90)
+// are ill-formed: one U+FFFD per byte. U+0800, the first three-byte character, passes.
+TEST(SvgTimeline, EscapesMarkupAndReplacesOverlongSequencesInAMessage) {
+  SimReport report;
+  report.world_size = 2;
+  report.rank_errors = {"", "loss < 0 & grad > 1: \xE0\x80\x80 \xF0\x80\x80\x80 \xE0\xA0\x80"};
+  const std::string r = "\xEF\xBF\xBD";  // U+FFFD
+  const std::string shown =
+      "rank 1: loss &lt; 0 &amp; grad &gt; 1: " + r + r + r + " " + r + r + r + r + " \xE0\xA0\x80";
+  const std::string svg = sim::to_svg_timeline(report);
+  EXPECT_NE(svg.find("<text class=\"failure\" x=\"8\" y=\"32\">failed: " + shown + "<title>" +
+                     shown + "</title></text>"),
+            std::string::npos)
+      << svg;
+  EXPECT_NE(sim::to_perfetto_json(report).find(": " + r + r + r + " " + r + r + r + r + " "),
+            std::string::npos);
 }
 
 TEST(SvgTimeline, MarksDropsAndFinalizations) {
