@@ -521,6 +521,65 @@ TEST(AllReduce, ARememberedTransportAnswerCoversOnlyTheCallItWasFor) {
   EXPECT_EQ(refusals->load(), 10);
 }
 
+// Note [Lowering]: the transport is asked about what it will run, the lowered dtype and
+// reduction. On a transport with neither Bool, complex nor bitwise reductions (NCCL's gaps),
+// Bool's band and bor run as min and max on UInt8 and complex sums as pairs of reals; Bool's bxor
+// stays bitwise and is refused, as unsupported_reduction says beforehand.
+TEST(AllReduce, TheTransportIsAskedAboutTheLoweredDTypeAndReduction) {
+  auto refusals = std::make_shared<std::atomic<int>>(0);
+  sim::SimOptions options = chorus::testing::quiet_options(2);
+  options.wrap_transport = chorus::testing::narrow(
+      [](transport::OpKind kind, DType dtype, const ReduceOp& reduce_op,
+         Device device) -> std::string {
+        if (dtype == DType::Bool || is_complex(dtype)) {
+          return "narrowed: no " + std::string(dtype_name(dtype));
+        }
+        return chorus::testing::refuse_bitwise(kind, dtype, reduce_op, device);
+      },
+      refusals);
+  std::vector<std::vector<std::string>> outcomes(2);
+  std::vector<std::vector<Bytes>> bool_results(2);
+  std::vector<std::vector<std::complex<float>>> complex_results(2);
+  const sim::SimReport report = sim::run(options, [&] {
+    std::vector<std::string>& mine = outcomes[rank_slot()];
+    mine.push_back(unsupported_reduction(DType::Bool, "band"));
+    mine.push_back(unsupported_reduction(DType::Bool, "bor"));
+    mine.push_back(unsupported_reduction(DType::Complex64, "sum"));
+    mine.push_back(unsupported_reduction(DType::Bool, "bxor"));
+    Bytes bytes = rank() == 0 ? Bytes{1, 1, 0, 0} : Bytes{1, 0, 1, 0};
+    const Tensor flags = Tensor::from_blob(bytes.data(), {4}, DType::Bool);
+    for (const char* name : {"band", "bor"}) {
+      bool_results[rank_slot()].push_back(tensor_bytes(all_reduce(flags, name, world())));
+    }
+    complex_results[rank_slot()] = all_reduce(Tensor::ones({2}, DType::Complex64), "sum", world())
+                                       .to_vector<std::complex<float>>();
+    try {
+      (void)wait_tensor(all_reduce(flags, "bxor", world()));
+      mine.emplace_back("ran");
+    } catch (const InvalidArgument& error) {
+      mine.push_back(error.detail());
+    }
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  for (std::size_t r = 0; r < 2; ++r) {
+    const std::vector<std::string>& mine = outcomes[r];
+    ASSERT_EQ(mine.size(), 5u);
+    EXPECT_EQ(mine[0], "") << "rank " << r;
+    EXPECT_EQ(mine[1], "") << "rank " << r;
+    EXPECT_EQ(mine[2], "") << "rank " << r;
+    EXPECT_NE(mine[3].find("narrowed: reduce_op bxor on UInt8"), std::string::npos) << mine[3];
+    EXPECT_NE(mine[4].find("cannot run all_reduce on input (Bool lowered to UInt8 on cpu): "
+                           "narrowed: reduce_op bxor on UInt8"),
+              std::string::npos)
+        << mine[4];
+    EXPECT_EQ(bool_results[r], (std::vector<Bytes>{{1, 0, 0, 0}, {1, 1, 1, 0}})) << "rank " << r;
+    EXPECT_EQ(complex_results[r], (std::vector<std::complex<float>>{{2.0F, 0.0F}, {2.0F, 0.0F}}))
+        << "rank " << r;
+  }
+  EXPECT_EQ(refusals->load(), 4)
+      << "bxor only: unsupported_reduction's and the call's, on each rank";
+}
+
 TEST(AllReduce, OpNamesAreCaseInsensitiveFromEveryStringType) {
   constexpr int kWorld = 3;
   const std::string upper_sum = "SUM";

@@ -697,6 +697,28 @@ TEST(SimulatedCuda, WithoutItTheSimulatorMovesHostMemoryOnly) {
   EXPECT_EQ(seen, (std::vector<std::string>{"cpu no device memory", "cpu no device memory"}));
 }
 
+// The refusal names the rank that asked, whichever rank of the world it is.
+TEST(SimulatedCuda, WithoutItTheRefusalOfADeviceTensorNamesTheRankThatAskedForIt) {
+  sim::SimOptions options;
+  options.world_size = 3;
+  std::vector<std::string> details(3);
+  const sim::SimReport report = sim::run(options, [&] {
+    try {
+      (void)Tensor::zeros({2}, DType::Float32, Device::cuda(0));
+    } catch (const InvalidArgument& error) {
+      details[static_cast<std::size_t>(rank())] = error.detail();
+    }
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(details[static_cast<std::size_t>(r)],
+              "rank " + std::to_string(r) +
+                  " on transport 'sim' has no memory for cuda:0 (RankOptions::device_memory; the "
+                  "NCCL launcher installs one): wrap existing device memory with "
+                  "Tensor::from_blob");
+  }
+}
+
 // Note [Current stream]: stream handles are opaque to core; these stand for two user streams.
 void* const kStreamA = reinterpret_cast<void*>(std::uintptr_t{0xA0});
 void* const kStreamB = reinterpret_cast<void*>(std::uintptr_t{0xB0});
@@ -791,6 +813,25 @@ TEST(CurrentStream, OrdersDeviceMemoryCollectivesAndWaits) {
   rank.transport().last_work()->complete();
   EXPECT_EQ(host_values(again), (std::vector<float>{1, 2, 3, 4}));
   EXPECT_EQ(rank.transport().last_work()->last_stream_waited(), nullptr);
+}
+
+// Each device has its own current stream: a factory's fill and the copies of a tensor on cuda:1
+// are ordered on cuda:1's stream, not on another device's.
+TEST(CurrentStream, FactoriesAndCopiesOnADeviceUseThatDevicesStream) {
+  DeviceRank rank;
+  const Device second = Device::cuda(1);
+  set_current_stream(kGpu, kStreamA);
+  set_current_stream(second, kStreamB);
+  const Tensor zeros = Tensor::zeros({2}, DType::Float32, second);
+  EXPECT_EQ(rank.memory().allocation_streams(), (std::vector<void*>{kStreamB}));
+  EXPECT_EQ(rank.memory().zero_streams(), (std::vector<void*>{kStreamB}));
+  const Tensor copied = Tensor::from_vector(std::vector<float>{1, 2}).to(second);
+  ASSERT_EQ(rank.memory().copies().size(), 1u);
+  EXPECT_EQ(rank.memory().copies()[0].stream, kStreamB) << "the host-to-device copy";
+  EXPECT_EQ(host_values(copied), (std::vector<float>{1, 2}));
+  ASSERT_EQ(rank.memory().copies().size(), 2u);
+  EXPECT_EQ(rank.memory().copies()[1].stream, kStreamB) << "the device-to-host copy";
+  EXPECT_EQ(host_values(zeros), (std::vector<float>{0, 0}));
 }
 
 TEST(CurrentStream, ACoalescedBatchAndADroppedResultUseIt) {

@@ -341,6 +341,36 @@ TEST(TensorDLPack, ImportZeroStrideBroadcast) {
   EXPECT_EQ(calls, 1);
 }
 
+// Only a stride 0 that is stepped shares a location among elements: a size-1 dim's stride is
+// never stepped, so a destination with stride 0 there is written; one with stride 0 in an inner
+// dim of size > 1 is refused, naming that dim.
+TEST(TensorDLPack, ImportedZeroStrideIsRefusedAsADestinationOnlyWhereItIsStepped) {
+  std::vector<float> row{1, 2, 3};
+  int calls = 0;
+  ManagedSpec spec;
+  spec.data = row.data();
+  spec.shape = {1, 3};
+  spec.strides = Shape{0, 1};
+  {
+    Tensor t = Tensor::from_dlpack(make_managed(spec, &calls));
+    t.copy_(Tensor::from_vector(std::vector<float>{4, 5, 6}, {1, 3}));
+    EXPECT_EQ(row, (std::vector<float>{4, 5, 6}));
+  }
+  spec.shape = {3, 2};
+  spec.strides = Shape{1, 0};
+  {
+    Tensor t = Tensor::from_dlpack(make_managed(spec, &calls));
+    EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{4, 4, 5, 5, 6, 6}));
+    expect_invalid_argument(
+        [&] {
+          t.copy_(Tensor::zeros({3, 2}));
+        },
+        {"Tensor::copy_", "stride 0 in dim 1"});
+  }
+  EXPECT_EQ(row, (std::vector<float>{4, 5, 6})) << "nothing was written";
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(TensorDLPack, ImportEmptyTensorWithNullData) {
   int calls = 0;
   ManagedSpec spec;

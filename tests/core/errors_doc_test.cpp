@@ -2064,6 +2064,32 @@ TEST(ErrorsDocCrossRank, MismatchGatherDim) {
       kErrdocLayoutNote);
 }
 
+// reduce, permute_tensor and all_gather_into_tensor_coalesced digest their inputs' shapes as the
+// other ops do (Note [Layout digest]): [2, 3] against [6] is a CollectiveMismatch on every rank,
+// not a result laid out as another rank's shape.
+TEST(ErrorsDocCrossRank, MismatchShapeSameCountInReducePermuteAndCoalescedGather) {
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = Tensor::ones(r == 1 ? Shape{2, 3} : Shape{6}, DType::UInt8);
+        (void)reduce(input, "sum", 0, world()).to_vector<std::uint8_t>();
+      },
+      "reduce", "reduce(UInt8, send=6, recv=6, sum, root=0) at ", kErrdocLayoutNote);
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const Tensor input = Tensor::ones(r == 1 ? Shape{2, 3} : Shape{6}, DType::UInt8);
+        (void)permute_tensor(input, {1, 2, 0}, world()).to_vector<std::uint8_t>();
+      },
+      "permute_tensor", "all_to_all(UInt8, send=6, recv=6) at ", kErrdocLayoutNote);
+  errdoc_expect_field_mismatch(
+      [](int r) {
+        const std::vector<Tensor> inputs = {
+            Tensor::ones(r == 1 ? Shape{2, 3} : Shape{6}, DType::UInt8)};
+        (void)wait_tensors(all_gather_into_tensor_coalesced(inputs, world()));
+      },
+      "all_gather_into_tensor_coalesced",
+      "all_gather_into_tensor_coalesced all_gather(UInt8, send=6, recv=18) at ", kErrdocLayoutNote);
+}
+
 // What ranks compare is the normalised dim: -1 and 1 of a 2-d tensor agree.
 TEST(ErrorsDocCrossRank, NegativeAndPositiveDimsAgree) {
   const std::vector<CaughtError> outcomes = run_catching(3, [] {

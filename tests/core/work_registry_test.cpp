@@ -218,6 +218,33 @@ TEST(WorkRegistry, SeveralWorksOnOneStorageAreAllWaited) {
   }
 }
 
+// A storage under several works that fail keeps the failure retired on it first: every access
+// raises that one, never a later work's.
+TEST(WorkRegistry, AStorageUnderSeveralFailedWorksKeepsTheFirstFailure) {
+  FakeRank rank;
+  Tensor t = Tensor::zeros({4}, DType::Int32);
+  const auto& storage = detail::TensorAccess::storage(t);
+  std::vector<std::shared_ptr<FakeWork>> fakes;
+  for (int i = 0; i < 2; ++i) {
+    auto fake =
+        std::make_shared<FakeWork>(transport::Fingerprint{1, i, {}},
+                                   std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+    fakes.push_back(fake);
+    auto work = std::make_shared<detail::PendingWork>(
+        fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr,
+        rank.context().state().transport_ptr(), std::chrono::hours(1));
+    rank.registry().add(work, {storage.get()});
+  }
+  fakes[0]->fail(
+      make_error(ErrorCode::TransportError, ErrorContext{0, "test", 0, "[0]"}, "link down"));
+  fakes[1]->fail(
+      make_error(ErrorCode::RankFailure, ErrorContext{0, "test", 1, "[0]"}, "peer died"));
+  EXPECT_THROW(wait_tensor(t), TransportError);
+  EXPECT_EQ(work_registry_size(), 0u);
+  EXPECT_THROW(wait_tensor(t), TransportError) << "the first failure stays";
+  EXPECT_THROW(t.to_vector<std::int32_t>(), TransportError);
+}
+
 TEST(WorkRegistry, NewStorageAtRecycledAddressIsNeverConfusedWithAnOldEntry) {
   FakeRank rank;
   std::vector<std::int32_t> buffer = {7, 8, 9};
