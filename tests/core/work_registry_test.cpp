@@ -192,12 +192,13 @@ TEST(WorkRegistry, WaitTensorsWaitsEachDistinctWorkOnce) {
   EXPECT_EQ(work_registry_size(), 0u);
 }
 
-TEST(WorkRegistry, SeveralWorksOnOneStorageAreAllWaited) {
-  FakeRank rank;
-  Tensor t = Tensor::zeros({4}, DType::Int32);
-  const auto& storage = detail::TensorAccess::storage(t);
+// `count` works (sequence numbers 0, 1, ...) registered on `tensor`'s storage, pending until
+// their fakes are completed or failed.
+std::vector<std::shared_ptr<FakeWork>> pending_works_on(FakeRank& rank, const Tensor& tensor,
+                                                        int count) {
+  const auto& storage = detail::TensorAccess::storage(tensor);
   std::vector<std::shared_ptr<FakeWork>> fakes;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < count; ++i) {
     auto fake =
         std::make_shared<FakeWork>(transport::Fingerprint{1, i, {}},
                                    std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
@@ -207,6 +208,13 @@ TEST(WorkRegistry, SeveralWorksOnOneStorageAreAllWaited) {
         rank.context().state().transport_ptr(), std::chrono::hours(1));
     rank.registry().add(work, {storage.get()});
   }
+  return fakes;
+}
+
+TEST(WorkRegistry, SeveralWorksOnOneStorageAreAllWaited) {
+  FakeRank rank;
+  Tensor t = Tensor::zeros({4}, DType::Int32);
+  const std::vector<std::shared_ptr<FakeWork>> fakes = pending_works_on(rank, t, 3);
   EXPECT_EQ(work_registry_size(), 3u);
   for (const auto& fake : fakes) {
     fake->complete_when_waited();
@@ -223,18 +231,7 @@ TEST(WorkRegistry, SeveralWorksOnOneStorageAreAllWaited) {
 TEST(WorkRegistry, AStorageUnderSeveralFailedWorksKeepsTheFirstFailure) {
   FakeRank rank;
   Tensor t = Tensor::zeros({4}, DType::Int32);
-  const auto& storage = detail::TensorAccess::storage(t);
-  std::vector<std::shared_ptr<FakeWork>> fakes;
-  for (int i = 0; i < 2; ++i) {
-    auto fake =
-        std::make_shared<FakeWork>(transport::Fingerprint{1, i, {}},
-                                   std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
-    fakes.push_back(fake);
-    auto work = std::make_shared<detail::PendingWork>(
-        fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr,
-        rank.context().state().transport_ptr(), std::chrono::hours(1));
-    rank.registry().add(work, {storage.get()});
-  }
+  const std::vector<std::shared_ptr<FakeWork>> fakes = pending_works_on(rank, t, 2);
   fakes[0]->fail(
       make_error(ErrorCode::TransportError, ErrorContext{0, "test", 0, "[0]"}, "link down"));
   fakes[1]->fail(
