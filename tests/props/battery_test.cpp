@@ -810,6 +810,71 @@ TEST(Battery, ReplayTokenFieldsOutOfRangeAreRefusedNamingTheField) {
       Verdict::Passed);
 }
 
+// A failure that was not shrunk has '-' for its shrink path in the token (the field is never
+// empty), and its error is listed once, under its rank.
+TEST(Battery, AnUnshrunkFailureHasADashForItsShrinkPathAndItsErrorOnce) {
+  const Property failing = make_property<int>(
+      "user.always_fails", "fails on every case", [](World) { return rc::gen::just(0); },
+      [](const int&, Env& env) { env.require(false, "always"); });
+  CheckOptions options;
+  options.ranks = 1;
+  options.cases = 1;
+  options.shrink_runs_max = 0;
+  const CheckReport report = check_on_simulator({failing}, options);
+  ASSERT_EQ(report.results.size(), 1u);
+  const PropertyResult& result = report.results[0];
+  EXPECT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_EQ(result.shrink_steps, 0);
+  EXPECT_EQ(
+      result.replay_token.rfind("chorus-check:4:user.always_fails:1:0:1:0:generated:2:fixed:-:", 0),
+      0u)
+      << result.replay_token;
+  EXPECT_EQ(result.failure, "  rank 0: always\n");
+}
+
+// In lockstep every rank learns each failing rank's first failure, with how many more it had
+// (nothing said when it had none), under its rank once.
+TEST(Battery, LockstepFailuresNameTheFirstAndCountTheRest) {
+  const Property failing = make_property<int>(
+      "user.fails_on_two_ranks", "rank 1 fails once, rank 2 three times",
+      [](World) { return rc::gen::just(0); },
+      [](const int&, Env& env) {
+        if (env.rank() == 1) {
+          env.require(false, "first");
+        }
+        if (env.rank() == 2) {
+          env.require(false, "first");
+          env.require(false, "second");
+          env.require(false, "third");
+        }
+      });
+  CheckOptions options;
+  options.cases = 1;
+  sim::SimOptions sim_options;
+  sim_options.world_size = 3;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  std::vector<CheckReport> reports(3);
+  const sim::SimReport run = sim::simulate(sim_options, [&] {
+    reports[static_cast<std::size_t>(rank())] = check_in_lockstep({failing}, options);
+  });
+  ASSERT_TRUE(run.ok()) << run.to_string();
+  for (const CheckReport& report : reports) {
+    ASSERT_EQ(report.results.size(), 1u);
+    EXPECT_EQ(report.results[0].verdict, Verdict::Failed);
+    EXPECT_EQ(report.results[0].failure, "  rank 1: first\n  rank 2: first (and 2 more)\n");
+  }
+}
+
+TEST(Battery, CheckTakesUpTo1024Ranks) {
+  CheckOptions options;
+  options.ranks = 1024;
+  EXPECT_TRUE(check_on_simulator({}, options).results.empty());  // no property: nothing runs
+  options.ranks = 1025;
+  testing::expect_invalid_argument([&] { (void)check_on_simulator({}, options); },
+                                   {"chorus check: ranks must lie in [1, 1024], got 1025"});
+}
+
 TEST(Battery, CheckRefusesAPctDepthOutsideOneToThree) {
   CheckOptions options;
   options.cases = 1;

@@ -21,7 +21,10 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include "support/scoped_environment.hpp"
 
 #ifndef CHORUS_LAUNCH_PROBE
 #error "CHORUS_LAUNCH_PROBE must name the launch_probe executable"
@@ -127,24 +130,51 @@ TEST(Launcher, ALineOfExactlyTheLimitIsWrittenWhole) {
   EXPECT_EQ(outcome.out_lines[1], "[rank 0] next");
 }
 
+// The probe's `env` lines for `rank` of `ranks`: the variables the launcher set (torchrun's
+// names, one host) and what chorus's own parser read from them.
+void expect_launch_environment(const Outcome& outcome, int rank, int ranks) {
+  const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  const std::string r = std::to_string(rank);
+  const std::string n = std::to_string(ranks);
+  EXPECT_TRUE(contains(outcome.out, prefix + "env RANK=" + r + " WORLD_SIZE=" + n +
+                                        " LOCAL_RANK=" + r + " LOCAL_WORLD_SIZE=" + n +
+                                        " MASTER_ADDR=127.0.0.1 token_chars=32\n"))
+      << outcome.out;
+  EXPECT_TRUE(contains(outcome.out, prefix + "parsed source=torchrun rank=" + r + " world_size=" +
+                                        n + " local_rank=" + r + " port_matches=1\n"))
+      << outcome.out;
+}
+
 TEST(Launcher, EachRankGetsItsEnvironmentAndMeetsTheOthersAtTheStore) {
   constexpr int kRanks = 4;
   const Outcome outcome = run_probe(kRanks, {"env"});
   ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
   for (int rank = 0; rank < kRanks; ++rank) {
+    expect_launch_environment(outcome, rank, kRanks);
     const std::string prefix = "[rank " + std::to_string(rank) + "] ";
-    const std::string r = std::to_string(rank);
-    EXPECT_TRUE(contains(outcome.out, prefix + "env RANK=" + r + " WORLD_SIZE=4 LOCAL_RANK=" + r +
-                                          " LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 "
-                                          "token_chars=32\n"))
-        << outcome.out;
-    EXPECT_TRUE(contains(outcome.out, prefix + "parsed source=torchrun rank=" + r +
-                                          " world_size=4 local_rank=" + r + " port_matches=1\n"))
-        << outcome.out;
     const std::string next = std::to_string((rank + 1) % kRanks);
     EXPECT_TRUE(contains(outcome.out, prefix + "get probe/" + next + " = value of " + next + "\n"))
         << outcome.out;
     EXPECT_TRUE(contains(outcome.out, prefix + "allgather r0,r1,r2,r3\n")) << outcome.out;
+  }
+}
+
+// A launch from within a launched rank (or under torchrun) finds the outer launch's variables in
+// its environment: each rank gets the launcher's own values in their place, not beside them.
+TEST(Launcher, TheVariablesOfAnOuterLaunchAreReplacedNotRepeated) {
+  Outcome outcome;
+  {
+    const testing::ScopedEnvironment outer({{"RANK", "7"},
+                                            {"WORLD_SIZE", "9"},
+                                            {"LOCAL_RANK", "5"},
+                                            {"LOCAL_WORLD_SIZE", "6"},
+                                            {"MASTER_ADDR", "10.0.0.1"},
+                                            {"MASTER_PORT", "1"}});
+    outcome = run_probe(2, {"env"});
+  }
+  ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    expect_launch_environment(outcome, rank, 2);
   }
 }
 
@@ -185,6 +215,19 @@ TEST(Launcher, RanksThatIgnoreSigtermGetSigkillAfterTheGracePeriod) {
         << outcome.err;
   }
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+}
+
+// 0 ms is the shortest grace period allowed: ranks that ignore SIGTERM get SIGKILL at once.
+TEST(Launcher, AGracePeriodOfZeroSendsSigkillAtOnce) {
+  const Outcome outcome = run_probe(3, {"stubborn", "0"}, std::chrono::milliseconds(0));
+  EXPECT_EQ(outcome.status, 1);
+  for (const char* rank : {"rank 1", "rank 2"}) {
+    EXPECT_TRUE(std::regex_search(
+        outcome.err,
+        std::regex(std::string("chorus launch: ") + rank +
+                   R"( \(pid [0-9]+\) did not exit within 0 ms of SIGTERM; sending SIGKILL)")))
+        << outcome.err;
+  }
 }
 
 // Runs `ranks` probes with `args`, their output and the launcher's messages in one pipe; once
@@ -288,6 +331,27 @@ TEST(Launcher, AFirstSignalAfterARankFailedIsForwardedNotTakenForASecond) {
                        "ranks\n"))
       << outcome.err;
   EXPECT_FALSE(contains(outcome.err, "received SIGINT again")) << outcome.err;
+}
+
+TEST(Launcher, AnInterruptDuringTheGracePeriodKeepsItsDeadlineAndItsSignal) {
+  // Rank 0 fails and the others ignore SIGTERM and SIGINT. The interrupt is forwarded, but the
+  // grace period stays the one SIGTERM began: SIGKILL comes when it ends, naming SIGTERM. (An
+  // interrupt that came after it ended would find the same message written already.)
+  const auto stopping = [](const std::string& out) {
+    return out.find("stopping the other 2 ranks\n") != std::string::npos;
+  };
+  const Outcome outcome = launch_and_signal_when(3, {"stubborn", "0"}, stopping, {SIGINT},
+                                                 std::chrono::milliseconds(2000));
+  EXPECT_EQ(outcome.status, 1);  // the failed rank's
+  EXPECT_TRUE(contains(outcome.err, "chorus launch: received SIGINT; forwarding it to the "))
+      << outcome.err;
+  for (const char* rank : {"rank 1", "rank 2"}) {
+    EXPECT_TRUE(std::regex_search(
+        outcome.err,
+        std::regex(std::string("chorus launch: ") + rank +
+                   R"( \(pid [0-9]+\) did not exit within 2000 ms of SIGTERM; sending SIGKILL)")))
+        << outcome.err;
+  }
 }
 
 TEST(Launcher, WorksWhenTheCallerIgnoresSigchld) {

@@ -28,6 +28,7 @@
 #include "nccl_launch_environment.hpp"
 #include "nccl_transport.hpp"
 #include "support/narrowed_transport.hpp"
+#include "support/scoped_environment.hpp"
 
 namespace chorus::nccl {
 namespace {
@@ -297,27 +298,6 @@ TEST(NcclLaunchEnvironment, AMissingStoreAddressNamesTheVariableAndTheLauncher) 
       << error;
 }
 
-// A process environment for one test (each test case runs in its own process under ctest):
-// `variables` set while it lives.
-class ScopedVariables {
- public:
-  explicit ScopedVariables(Variables variables) : variables_(std::move(variables)) {
-    for (const auto& [name, value] : variables_) {
-      ::setenv(name.c_str(), value.c_str(), 1);
-    }
-  }
-  ~ScopedVariables() {
-    for (const auto& [name, value] : variables_) {
-      ::unsetenv(name.c_str());
-    }
-  }
-  ScopedVariables(const ScopedVariables&) = delete;
-  ScopedVariables& operator=(const ScopedVariables&) = delete;
-
- private:
-  Variables variables_;
-};
-
 // Note [Device scopes]: without a driver the primary-context query cannot tell, and a scope then
 // puts the earlier device back as it always did. nccl_gpu_job checks the query's answer on a
 // device.
@@ -334,11 +314,11 @@ TEST(NcclLaunchEnvironment, ChorusRunTakesTheRankFromSrun) {
   if (cuda_device_count().count > 0) {
     GTEST_SKIP() << "a CUDA device is present: the run would start a real rank";
   }
-  const ScopedVariables slurm({{"SLURM_STEP_ID", "0"},
-                               {"SLURM_PROCID", "0"},
-                               {"SLURM_NTASKS", "1"},
-                               {"MASTER_ADDR", "127.0.0.1"},
-                               {"MASTER_PORT", "29400"}});
+  const testing::ScopedEnvironment slurm({{"SLURM_STEP_ID", "0"},
+                                          {"SLURM_PROCID", "0"},
+                                          {"SLURM_NTASKS", "1"},
+                                          {"MASTER_ADDR", "127.0.0.1"},
+                                          {"MASTER_PORT", "29400"}});
   RunOptions options;
   options.transport = "nccl";
   try {
@@ -352,8 +332,10 @@ TEST(NcclLaunchEnvironment, ChorusRunTakesTheRankFromSrun) {
 
 // Under mpirun without MASTER_ADDR: named, with the launcher, on any machine (before the device).
 TEST(NcclLaunchEnvironment, ChorusRunNamesAMissingMasterAddrUnderMpirun) {
-  const ScopedVariables open_mpi(
-      {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"}});
+  const testing::ScopedEnvironment open_mpi({{"OMPI_COMM_WORLD_RANK", "1"},
+                                             {"OMPI_COMM_WORLD_SIZE", "2"},
+                                             {"MASTER_ADDR", std::nullopt},
+                                             {"MASTER_PORT", "29400"}});
   RunOptions options;
   options.transport = "nccl";
   bool ran = false;

@@ -33,8 +33,10 @@
 #include <thread>
 #include <vector>
 
+#include "protocol.hpp"  // transports/store/src: the wire format, for bodies no peer here sends
 #include "resolver.hpp"  // transports/store/src: the client's resolver seam
 #include "support/address_space.hpp"
+#include "support/scoped_environment.hpp"
 
 // The public header keeps Boost private (pimpl): nothing above may have pulled it in.
 #if defined(BOOST_ASIO_VERSION) || defined(BOOST_CONFIG_HPP) || defined(BOOST_VERSION)
@@ -90,6 +92,8 @@ class RawSocket {
   ~RawSocket() { ::close(fd_); }
   RawSocket(const RawSocket&) = delete;
   RawSocket& operator=(const RawSocket&) = delete;
+
+  int fd() const { return fd_; }
 
   void send(std::string_view bytes) const {
     ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
@@ -205,15 +209,16 @@ class OneConnectionServer {
 };
 
 // A store spoken by hand, for what a real Server does not do on demand (stop reading in the
-// middle of a request): it accepts one connection, reads its hello and answers it (a frame limit
-// of 1 GiB), runs `script` on the connection, then closes it. Its receive buffer is small, so a
-// large request fills the socket buffers at once and the client's write blocks while the script
-// does not read.
+// middle of a request, answer out of bounds): it accepts one connection, reads its hello and
+// answers it (with a frame limit of `frame_limit`, 1 GiB unless told), runs `script` on the
+// connection, then closes it. Its receive buffer is small, so a large request fills the socket
+// buffers at once and the client's write blocks while the script does not read.
 class ScriptedStore : public OneConnectionServer {
  public:
-  explicit ScriptedStore(std::function<void(int connection)> script)
+  explicit ScriptedStore(std::function<void(int connection)> script,
+                         std::uint64_t frame_limit = std::uint64_t{1} << 30)
       : OneConnectionServer(
-            [script = std::move(script)](int connection) {
+            [script = std::move(script), frame_limit](int connection) {
               char header[4];
               std::string hello;
               if (!read_exactly(connection, header, sizeof header)) {
@@ -224,8 +229,8 @@ class ScriptedStore : public OneConnectionServer {
                 return;
               }
               std::string answer(1, '\0');   // Ok
-              for (int i = 0; i < 8; ++i) {  // u64 frame limit: 1 GiB
-                answer += static_cast<char>(((std::uint64_t{1} << 30) >> (8 * i)) & 0xff);
+              for (int i = 0; i < 8; ++i) {  // u64 frame limit
+                answer += static_cast<char>((frame_limit >> (8 * i)) & 0xff);
               }
               const std::string reply = frame(answer);
               ::send(connection, reply.data(), reply.size(), MSG_NOSIGNAL);
@@ -405,30 +410,6 @@ class ScopedGatedResolver {
   detail::Resolver previous_ = nullptr;
 };
 
-// Sets an environment variable for its lifetime and restores what was there (set or not) after,
-// whether the test passes or an ASSERT leaves it early.
-class ScopedEnvironmentVariable {
- public:
-  ScopedEnvironmentVariable(std::string name, const char* value) : name_(std::move(name)) {
-    if (const char* previous = std::getenv(name_.c_str())) {
-      previous_ = previous;
-    }
-    set(value);
-  }
-  ~ScopedEnvironmentVariable() { set(previous_ ? previous_->c_str() : nullptr); }
-  ScopedEnvironmentVariable(const ScopedEnvironmentVariable&) = delete;
-  ScopedEnvironmentVariable& operator=(const ScopedEnvironmentVariable&) = delete;
-
-  // nullptr: unset.
-  void set(const char* value) const {
-    EXPECT_EQ(value == nullptr ? ::unsetenv(name_.c_str()) : ::setenv(name_.c_str(), value, 1), 0);
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> previous_;
-};
-
 // A listener on loopback that is not a chorus store: to its connection it sends `greeting`,
 // then holds it open until the peer closes it (so that the client sees only the greeting).
 class ForeignServer : public OneConnectionServer {
@@ -560,6 +541,31 @@ TEST(Store, MultiGetAndWaitAreReleasedKeyByKey) {
   EXPECT_EQ(seen, (std::vector<std::string>{"one", "2", "3"}));
 }
 
+// Waiters for the same keys are answered together only when they asked the same: a wait and a
+// multi_get blocked on the same keys each get their own answer, whichever came first.
+TEST(Store, AWaitAndAMultiGetForTheSameKeysEachGetTheirOwnAnswer) {
+  Server server;
+  auto getter = connect(server);
+  auto waiter = connect(server);
+  auto writer = connect(server);
+  for (const bool multi_get_first : {true, false}) {
+    const std::vector<std::string> keys =
+        multi_get_first ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"c", "d"};
+    std::vector<std::string> values;
+    const auto get = [&] { EXPECT_NO_THROW(values = getter->multi_get(keys, kHang)); };
+    const auto wait = [&] { EXPECT_NO_THROW(waiter->wait(keys, kHang)); };
+    std::thread first(multi_get_first ? std::function<void()>(get) : wait);
+    eventually([&] { return server.waiting() == 1; }, "the first waits");
+    std::thread second(multi_get_first ? std::function<void()>(wait) : get);
+    eventually([&] { return server.waiting() == 2; }, "the second waits");
+    writer->set(keys[0], "1");
+    writer->set(keys[1], "2");
+    first.join();
+    second.join();
+    EXPECT_EQ(values, (std::vector<std::string>{"1", "2"})) << multi_get_first;
+  }
+}
+
 TEST(Store, RepeatedMultiGetSeesLatestValuesAndDeletions) {
   Server server;
   auto client = connect(server);
@@ -648,6 +654,21 @@ TEST(Store, DeadlinePassingIsTimeoutNamingTheKeyAndTheClientStaysUsable) {
   client->set("here", "1");
   EXPECT_EQ(client->get("here"), "1");
   EXPECT_EQ(server.waiting(), 0U);
+}
+
+TEST(Store, AWaitThatTimesOutSaysHowManyOfItsKeysWereSet) {
+  Server server;
+  auto client = connect(server);
+  client->set("a", "1");
+  try {
+    client->wait({"a", "b", "c"}, milliseconds(20));
+    FAIL() << "wait returned";
+  } catch (const Timeout& error) {
+    // The server's timeout is what was left of the 20 ms when the request was sent.
+    const std::string what = error.what();
+    EXPECT_NE(what.find("key 'b' was not set within "), std::string::npos) << what;
+    EXPECT_NE(what.find(" ms (1 of 3 keys were)"), std::string::npos) << what;
+  }
 }
 
 TEST(Store, CancelReleasesABlockedWaitWithAborted) {
@@ -1249,6 +1270,29 @@ TEST(Store, FrameSizeLimitIsInvalidArgumentAndTheClientStaysUsable) {
   EXPECT_THROW(Server{zero}, InvalidArgument);
 }
 
+// The frame limit bounds a body, itself included: a request, and a multi_get's answer, of
+// exactly the limit go through; one byte more is refused.
+TEST(Store, RequestsAndAnswersOfExactlyTheFrameLimitGoThrough) {
+  ServerOptions options;
+  options.frame_bytes_max = 8192;
+  Server server(options);
+  auto client = connect(server);
+  // A set's body: the opcode (1), the key's length word (4) and byte, the value's length word (4).
+  const std::string value(8192 - 1 - 4 - 1 - 4, 'v');
+  client->set("k", value);
+  EXPECT_EQ(client->get("k"), value);
+  EXPECT_THROW(client->set("k", value + "v"), InvalidArgument);
+  // A multi_get's answer: the status (1), the count (4), then a length word (4) per value.
+  const std::string a(4000, 'a');
+  const std::string b(8192 - 1 - 4 - 4 - 4000 - 4, 'b');
+  client->set("a", a);
+  client->set("b", b);
+  EXPECT_EQ(client->multi_get({"a", "b"}), (std::vector<std::string>{a, b}));
+  client->set("b", b + "b");
+  EXPECT_THROW(client->multi_get({"a", "b"}), InvalidArgument);
+  EXPECT_EQ(client->get("k"), value);
+}
+
 TEST(Store, KeyCountLimitIsInvalidArgument) {
   ServerOptions options;
   options.keys_max = 3;
@@ -1309,13 +1353,26 @@ TEST(Store, ATokenTooLongForTheHandshakeIsInvalidArgumentAtTheClient) {
   }
 }
 
+TEST(Store, ATokenThatMakesTheHelloExactlyItsLimitIsAccepted) {
+  // The hello's body: the opcode (1), the magic (4), the version (2), the token's length word (4)
+  // and bytes; at most 4096 bytes.
+  const std::string token(4096 - 1 - 4 - 2 - 4, 't');
+  ServerOptions options;
+  options.token = token;
+  Server server(options);
+  auto client = connect(server, token);
+  client->set("k", "v");
+  EXPECT_EQ(client->get("k"), "v");
+  EXPECT_THROW((Client{options_for(server, token + "t"), kHang}), InvalidArgument);
+}
+
 TEST(Store, TokenFromTheEnvironment) {
   // Restored however the test ends: a token left behind would break every later test.
-  const ScopedEnvironmentVariable token(std::string(kTokenEnvironmentVariable), "from-env");
+  const testing::ScopedEnvironment token({{std::string(kTokenEnvironmentVariable), "from-env"}});
   Server server;  // token unset in the options: the environment's
   EXPECT_THROW((Client{options_for(server, "other"), kHang}), TransportError);
   Client client(options_for(server), kHang);  // the environment's, too
-  token.set(nullptr);
+  token.set(std::string(kTokenEnvironmentVariable), std::nullopt);
   client.set("k", "v");
   EXPECT_THROW((Client{options_for(server), kHang}), TransportError);
 }
@@ -1354,6 +1411,92 @@ TEST(Store, GarbageClosesOnlyThatConnection) {
   good->set("k", "still serving");
   EXPECT_EQ(connect(server)->get("k"), "still serving");
   eventually([&] { return server.connections() == 1; }, "garbage connections are closed");
+}
+
+// An empty frame is no request any client sends: before the hello and after it, its header
+// closes that connection, and the server serves the others.
+TEST(Store, AFrameWithAnEmptyBodyClosesOnlyThatConnection) {
+  Server server;
+  auto good = connect(server);
+  good->set("k", "v");
+  {
+    RawSocket early(server.port());
+    early.send(frame(""));
+    EXPECT_TRUE(early.closed_by_peer(kPrompt));
+  }
+  {
+    RawSocket late(server.port());
+    late.send(hello_frame());
+    late.send(frame(""));
+    EXPECT_TRUE(late.closed_by_peer(kPrompt));
+  }
+  EXPECT_EQ(good->get("k"), "v");
+  eventually([&] { return server.connections() == 1; }, "empty-frame connections are closed");
+}
+
+// Before its hello a connection sends no frame over the hello's limit (4096 bytes), whatever the
+// frame limit: the header closes the connection, without waiting for the body (or for the
+// handshake timeout, here longer than the test).
+TEST(Store, AFrameOverTheHelloLimitBeforeTheHelloClosesTheConnectionAtOnce) {
+  ServerOptions options;
+  options.handshake_timeout = kHang;
+  Server server(options);
+  RawSocket early(server.port());
+  early.send(frame(std::string(4097, '\x01')).substr(0, 4));  // the header only
+  EXPECT_TRUE(early.closed_by_peer(kPrompt));
+}
+
+TEST(Store, AnOpcodeBelowTheFirstClosesTheConnection) {
+  Server server;
+  RawSocket zero(server.port());
+  zero.send(hello_frame());
+  zero.send(frame(std::string("\x00", 1)));  // opcode 0: Op::Hello (1) is the first
+  EXPECT_TRUE(zero.closed_by_peer(kPrompt));
+}
+
+// After its hello a connection says hello no more, and sends one request at a time (a Cancel
+// aside): a second hello, or a request while its get waits, closes it.
+TEST(Store, ASecondHelloOrARequestBehindAWaitingGetClosesTheConnection) {
+  Server server;
+  {
+    RawSocket twice(server.port());
+    twice.send(hello_frame());
+    twice.send(hello_frame());
+    EXPECT_TRUE(twice.closed_by_peer(kPrompt));
+  }
+  {
+    RawSocket eager(server.port());
+    eager.send(hello_frame());
+    std::string get("\x03", 1);                     // get
+    get += std::string("\x10\x27\0\0\0\0\0\0", 8);  // 10000 ms
+    get += std::string("\x05\0\0\0never", 9);       // "never"
+    eager.send(frame(get));
+    eventually([&] { return server.waiting() == 1; }, "the raw get waits");
+    eager.send(frame(std::string("\x08", 1)));  // num_keys, while the get waits
+    EXPECT_TRUE(eager.closed_by_peer(kPrompt));
+  }
+  EXPECT_EQ(server.waiting(), 0U);
+  eventually([&] { return server.connections() == 0; }, "both connections are closed");
+}
+
+TEST(Store, AHelloOfAnotherProtocolVersionIsRefusedNamingBothVersions) {
+  Server server;
+  RawSocket future(server.port());
+  std::string hello;
+  hello += '\x01';                              // Op::Hello
+  hello += std::string("CHST", 4);              // magic
+  hello += std::string("\x02\x00", 2);          // version 2
+  hello += std::string("\x00\x00\x00\x00", 4);  // empty token
+  future.send(frame(hello));
+  // Status::Refused, then the message as a string (its length word, its bytes).
+  const std::string refusal =
+      "\x04" + frame("protocol version 2 is not supported (the server speaks 1)");
+  char header[4];
+  ASSERT_TRUE(read_exactly(future.fd(), header, sizeof header));
+  std::string answer(frame_length(header), '\0');
+  ASSERT_TRUE(read_exactly(future.fd(), answer.data(), answer.size()));
+  EXPECT_EQ(answer, refusal);
+  EXPECT_TRUE(future.closed_by_peer(kPrompt));
 }
 
 TEST(Store, AHandshakeTimeoutThatIsNotPositiveIsRefusedAtConstruction) {
@@ -1406,6 +1549,89 @@ TEST(Store, APeerThatIsNotAStoreIsTransportErrorPromptly) {
         << error.what();
   }
   EXPECT_LT(Clock::now() - start, kPrompt);
+}
+
+TEST(Store, AStoreThatReportsAFrameLimitOfZeroIsRefusedAtConnect) {
+  const ScriptedStore zero([](int) {}, /*frame_limit=*/0);
+  ClientOptions options;
+  options.port = zero.port();
+  try {
+    Client client(options, kHang);
+    FAIL() << "a frame limit of 0 was accepted";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("the store at 127.0.0.1:" + std::to_string(zero.port()) +
+                        " reported a frame limit of 0"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+// An answer whose header claims more than the frame limit the store reported is refused when its
+// header comes, not waited for until the deadline.
+TEST(Store, AnAnswerOverTheFrameLimitIsTransportErrorAtOnce) {
+  const ScriptedStore oversized(
+      [](int connection) {
+        char header[4];
+        std::string request;
+        if (!read_exactly(connection, header, sizeof header)) {
+          return;
+        }
+        request.resize(frame_length(header));
+        if (!read_exactly(connection, request.data(), request.size())) {
+          return;
+        }
+        const std::string claim = frame(std::string(4097, '\0')).substr(0, 4);  // the header only
+        ::send(connection, claim.data(), claim.size(), MSG_NOSIGNAL);
+        char buffer[256];
+        while (::recv(connection, buffer, sizeof buffer, 0) > 0) {
+        }
+      },
+      /*frame_limit=*/4096);
+  ClientOptions options;
+  options.port = oversized.port();
+  Client client(options, kHang);
+  try {
+    client.num_keys(kPrompt);
+    FAIL() << "an answer of 4097 bytes was read";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("the store at 127.0.0.1:" + std::to_string(oversized.port()) +
+                        " sent a frame of 4097 bytes (limit 4096)"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+// A store that takes a wait and never answers: past the deadline and the client's grace for the
+// answer, the call is Timeout naming the first key and how many more, and the connection closes.
+TEST(Store, AStoreThatNeverAnswersIsTimeoutNamingTheKeysAndClosesTheConnection) {
+  const ScriptedStore silent([](int connection) {
+    char buffer[256];
+    while (::recv(connection, buffer, sizeof buffer, 0) > 0) {
+    }
+  });
+  ClientOptions options;
+  options.port = silent.port();
+  Client client(options, kHang);
+  const std::string store = "the store at 127.0.0.1:" + std::to_string(silent.port());
+  try {
+    client.wait({"a", "b", "c"}, milliseconds(50));
+    FAIL() << "the wait returned";
+  } catch (const Timeout& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("no answer from " + store +
+                        " for key 'a' (and 2 more) before the deadline; the connection is closed"),
+              std::string::npos)
+        << error.what();
+  }
+  try {
+    client.num_keys(kHang);
+    FAIL() << "a call went through the closed connection";
+  } catch (const TransportError& error) {
+    EXPECT_NE(std::string(error.what()).find("a store.wait timed out mid-call"), std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(Store, SilentConnectionIsClosedAfterTheHandshakeTimeout) {
@@ -1757,6 +1983,48 @@ TEST(Store, KeysThatTimedOutAreNotKeptForever) {
   EXPECT_EQ(server.waiting(), 0U);
   EXPECT_LE(server.waited_keys(), 64U);
   EXPECT_EQ(client->num_keys(), 0);
+}
+
+// The parser's checks that no client or server here trips, on bodies built by hand.
+std::vector<std::uint8_t> bytes_of(std::string_view text) {
+  return std::vector<std::uint8_t>(text.begin(), text.end());
+}
+
+template <class Parse>
+std::string protocol_error_of(Parse parse) {
+  try {
+    parse();
+  } catch (const detail::ProtocolError& error) {
+    return error.what();
+  }
+  return "no ProtocolError";
+}
+
+// A list's count is checked against the bytes left before any item is read (or room reserved for
+// it): each key takes at least its 4-byte length word.
+TEST(Store, AListCountTheBodyCannotHoldIsRefusedBeforeItsItems) {
+  std::string body("\x09", 1);           // multi_get
+  body += std::string(8, '\0');          // 0 ms
+  body += std::string("\x02\0\0\0", 4);  // two keys
+  body += std::string("\x00\0\0\0", 4);  // room for one empty key, not two
+  EXPECT_EQ(protocol_error_of([&] { (void)detail::parse_request(bytes_of(body)); }),
+            "at offset 13: key count 2 exceeds the body");
+}
+
+// A compare_set's presence flag and a delete_key's existence flag are 0 or 1.
+TEST(Store, AnAnswersFlagAboveOneIsRefused) {
+  EXPECT_EQ(protocol_error_of([] {
+              (void)detail::parse_response(detail::Op::CompareSet,
+                                           bytes_of(std::string("\0\x02", 2)));
+            }),
+            "at offset 2: presence flag 2");
+  EXPECT_EQ(protocol_error_of([] {
+              (void)detail::parse_response(detail::Op::DeleteKey,
+                                           bytes_of(std::string("\0\x02", 2)));
+            }),
+            "at offset 2: existence flag 2");
+  EXPECT_EQ(
+      detail::parse_response(detail::Op::DeleteKey, bytes_of(std::string("\0\x01", 2))).number, 1);
 }
 
 }  // namespace
