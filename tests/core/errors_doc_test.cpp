@@ -1508,6 +1508,15 @@ TEST(ErrorsDocTracing, ExecuteWrongInputCount) {
         },
         "execute", -1, "",
         "record " + record.to_string() + ": got 2 inputs for 1 recorded input shapes");
+    // A collective that is not coalesced takes one input, however many shapes its record lists.
+    OpRecord two_shapes = errdoc_record();
+    two_shapes.input_shapes = {{2}, {2}};
+    errdoc_expect_on_rank<InvalidArgument>(
+        [&] {
+          (void)execute(two_shapes, {Tensor::ones({2}), Tensor::ones({2})});
+        },
+        "execute", -1, "",
+        "record " + two_shapes.to_string() + ": got 2 inputs for 2 recorded input shapes");
   });
 }
 
@@ -1517,6 +1526,10 @@ TEST(ErrorsDocTracing, ExecuteInputDoesNotFit) {
     errdoc_expect_on_rank<InvalidArgument>(
         [&] { (void)execute(record, {Tensor::ones({3}, DType::Int32)}); }, "execute", -1, "",
         "record " + record.to_string() + ": input 0 is Int32 [3], the record expects Float32 [2]");
+    // The recorded shape in another dtype is refused too.
+    errdoc_expect_on_rank<InvalidArgument>(
+        [&] { (void)execute(record, {Tensor::ones({2}, DType::Int32)}); }, "execute", -1, "",
+        "record " + record.to_string() + ": input 0 is Int32 [2], the record expects Float32 [2]");
   });
 }
 

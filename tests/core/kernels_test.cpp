@@ -913,6 +913,26 @@ TEST(Kernels, PremulSumScalesEachInputBeforeSumming) {
             (std::vector<std::uint16_t>{bits_of_half(1.5f)}));
 }
 
+// avg divides each part of a complex sum by the real count: a negative zero keeps its sign and an
+// infinite part leaves the other part finite (a division by the complex (n, 0) would give +0 and
+// NaN there).
+TEST(Kernels, ComplexAvgDividesEachPartByTheCount) {
+  const float inf = std::numeric_limits<float>::infinity();
+  using C64 = std::complex<float>;
+  const std::vector<C64> c64 =
+      reduce_values<C64>(DType::Complex64, Kind::Avg,
+                         {{C64(-0.0f, 1.0f), C64(inf, 1.0f)}, {C64(-0.0f, 3.0f), C64(1.0f, 3.0f)}});
+  EXPECT_EQ(bits_of(c64[0].real()), bits_of(-0.0f));
+  EXPECT_EQ(c64[0].imag(), 2.0f);
+  EXPECT_EQ(bits_of(c64[1].real()), bits_of(inf));
+  EXPECT_EQ(c64[1].imag(), 2.0f);
+  using C128 = std::complex<double>;
+  const std::vector<C128> c128 =
+      reduce_values<C128>(DType::Complex128, Kind::Avg, {{C128(-0.0, -4.0)}, {C128(-0.0, 1.0)}});
+  EXPECT_EQ(bits_of(c128[0].real()), bits_of(-0.0));
+  EXPECT_EQ(c128[0].imag(), -1.5);
+}
+
 TEST(Kernels, SixteenBitFloatsRoundOnceAtTheEnd) {
   // Rounding after each step would give 2048 + 1 -> 2048 (tie to even), + 1 -> 2048.
   EXPECT_EQ(reduce_values<std::uint16_t>(
@@ -1010,6 +1030,25 @@ TEST(KernelsProgram, LeftOperandIsThePartialResultPushedFirst) {
   }
 }
 
+// A program of one source is the left fold of one source, so it gives reduce()'s bits: a copy, in
+// which even a signalling NaN stays as it is (a 16-bit float widened and narrowed again would come
+// back quiet).
+TEST(KernelsProgram, OneSourceCopiesBitsAsReduceDoes) {
+  const IsaRestorer restorer;
+  for (const Isa isa : supported_isas()) {
+    set_isa(isa);
+    SCOPED_TRACE(isa_name(isa));
+    EXPECT_EQ(
+        reduce_one_by_program(DType::Float16, Kind::Sum, std::vector<std::uint16_t>{0x7C01}, {0}),
+        0x7C01);
+    EXPECT_EQ(
+        reduce_one_by_program(DType::BFloat16, Kind::Max, std::vector<std::uint16_t>{0xFF81}, {0}),
+        0xFF81);
+    EXPECT_EQ(reduce_values<std::uint16_t>(DType::Float16, Kind::Sum, {{0x7C01}}),
+              (std::vector<std::uint16_t>{0x7C01}));
+  }
+}
+
 TEST(KernelsProgramDeathTest, RejectsMalformedPrograms) {
   const std::vector<float> values = {1.0f, 2.0f};
   const auto run = [&](const std::vector<int>& program) {
@@ -1081,6 +1120,21 @@ TEST(KernelsDeathTest, RejectsNoSourcesAndPartialOverlap) {
   EXPECT_DEATH(reduce(buffer, srcs, 1, 4, DType::Float32, Kind::Sum), "overlaps");
   // convert: a wider destination over its own source.
   EXPECT_DEATH(convert(buffer, DType::Float64, buffer, DType::Float32, 4), "overlaps");
+}
+
+// Buffers that touch without sharing a byte do not overlap: a destination right before or right
+// after its sources in one allocation is allowed.
+TEST(Kernels, AdjacentBuffersDoNotOverlap) {
+  std::vector<float> buffer = {0.0f, 0.0f, 1.5f, -2.0f, 0.0f, 0.0f};
+  const void* middle[] = {buffer.data() + 2, buffer.data() + 2};
+  reduce(buffer.data(), middle, 2, 2, DType::Float32, Kind::Sum);
+  reduce(buffer.data() + 4, middle, 2, 2, DType::Float32, Kind::Max);
+  EXPECT_EQ(buffer, (std::vector<float>{3.0f, -4.0f, 1.5f, -2.0f, 1.5f, -2.0f}));
+  std::vector<std::int32_t> integers = {7, -1, 0, 0};
+  convert(integers.data() + 2, DType::Float32, integers.data(), DType::Int32, 2);
+  std::vector<float> converted(2);
+  std::memcpy(converted.data(), integers.data() + 2, 2 * sizeof(float));
+  EXPECT_EQ(converted, (std::vector<float>{7.0f, -1.0f}));
 }
 
 TEST(KernelsConvert, InPlaceBetweenEqualSizes) {
@@ -1566,6 +1620,23 @@ TEST(KernelsValuesEqual, FollowsIeeeEquality) {
   const std::vector<std::uint8_t> truth1 = {1, 0};
   const std::vector<std::uint8_t> truth2 = {2, 0};  // Both true.
   EXPECT_TRUE(values_equal(truth1.data(), truth2.data(), DType::Bool, 2));
+}
+
+// Every element counts, not only the last: a difference before an equal last element is found.
+TEST(KernelsValuesEqual, ADifferenceBeforeTheLastElementIsUnequal) {
+  const std::vector<float> a = {1.0f, 2.0f};
+  const std::vector<float> b = {1.5f, 2.0f};
+  EXPECT_FALSE(values_equal(a.data(), b.data(), DType::Float32, 2));
+  const std::vector<std::uint16_t> half_a = {bits_of_half(1.0f), bits_of_half(2.0f)};
+  const std::vector<std::uint16_t> half_b = {bits_of_half(-1.0f), bits_of_half(2.0f)};
+  EXPECT_FALSE(values_equal(half_a.data(), half_b.data(), DType::Float16, 2));
+  const std::vector<std::uint8_t> truth_a = {1, 0};
+  const std::vector<std::uint8_t> truth_b = {0, 0};
+  EXPECT_FALSE(values_equal(truth_a.data(), truth_b.data(), DType::Bool, 2));
+  using C128 = std::complex<double>;
+  const std::vector<C128> c_a = {C128(0.0, 1.0), C128(3.0, 0.0)};
+  const std::vector<C128> c_b = {C128(0.0, -1.0), C128(3.0, 0.0)};
+  EXPECT_FALSE(values_equal(c_a.data(), c_b.data(), DType::Complex128, 2));
 }
 
 }  // namespace

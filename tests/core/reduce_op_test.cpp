@@ -41,6 +41,42 @@ TEST(ReduceOp, UnknownNamesAreInvalidAndRejectedWithTheName) {
   EXPECT_FALSE(ReduceOp("").is_valid());
 }
 
+// parse refuses every name the constructor does not know, the empty one included, with the same
+// text the collectives give.
+TEST(ReduceOp, ParseRefusesTheEmptyName) {
+  try {
+    (void)ReduceOp::parse("");
+    ADD_FAILURE() << "ReduceOp::parse accepted the empty name";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("Unrecognized reduce_op '': expected one of sum, avg, product, min, max, "
+                        "band, bor, bxor"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+// A null name is the empty name: invalid, named "", never a default op.
+TEST(ReduceOp, ANullNameIsInvalidAndEmpty) {
+  const ReduceOp op(static_cast<const char*>(nullptr));
+  EXPECT_FALSE(op.is_valid());
+  EXPECT_EQ(op.kind(), Kind::Invalid);
+  EXPECT_EQ(op.invalid_name(), "");
+  EXPECT_EQ(op, ReduceOp(""));
+}
+
+// premul_sum's hint reads the name case-insensitively, as the names themselves are read.
+TEST(ReduceOp, PremulSumHintIgnoresCase) {
+  for (const char* name : {"premul_sum", "PREMUL_SUM", "Premul_Sum"}) {
+    const std::string reason = ReduceOp(name).check_dtype(DType::Float32);
+    EXPECT_NE(reason.find("Unrecognized reduce_op '" + std::string(name) + "'"), std::string::npos)
+        << reason;
+    EXPECT_NE(reason.find("(premul_sum needs a factor: use ReduceOp::premul_sum(f))"),
+              std::string::npos)
+        << reason;
+  }
+}
+
 TEST(ReduceOp, AKindOutsideTheEnumeratorsIsInvalidAndNamed) {
   // A cast from a bad integer is refused like an unknown name, not passed to a kernel.
   const ReduceOp op(static_cast<Kind>(42));

@@ -1453,6 +1453,24 @@ TEST_P(AdjointLaws, ZeroDimAllGatherAdjointGivesOneElement) {
   });
 }
 
+// The adjoint is issued where the forward was: it keeps the forward's call site (which operator==
+// leaves out, so the laws above cannot see it).
+TEST(Tracing, AdjointKeepsTheCallSiteOfTheForward) {
+  OpRecord forward;
+  forward.op = "all_reduce";
+  forward.reduce_op = ReduceOp(ReduceOp::Kind::Sum);
+  forward.ranks = {0, 1};
+  forward.group_size = 2;
+  forward.input_shapes = {{2}};
+  forward.dtype = DType::Float32;
+  forward.output_shapes = {{2}};
+  forward.site = CallSite("model.cpp", 42, "backward_pass");
+  const OpRecord backward = adjoint(forward);
+  EXPECT_STREQ(backward.site.file_name(), "model.cpp");
+  EXPECT_EQ(backward.site.line(), 42);
+  EXPECT_STREQ(backward.site.function_name(), "backward_pass");
+}
+
 INSTANTIATE_TEST_SUITE_P(Adjoint, AdjointLaws, ::testing::ValuesIn(kWorldSizes), world_name);
 
 }  // namespace
