@@ -143,6 +143,18 @@ TEST(TraceJson, InputDtypesRoundTripAndAreWrittenOnlyWhenSet) {
   EXPECT_NE(back[0], make_record("all_reduce_coalesced", {0, 1}, {{2}, {3}}, ReduceOp::Kind::Sum));
 }
 
+// A single input dtype is still a list that was set: written, and read back as set.
+TEST(TraceJson, ASingleInputDtypeIsWrittenAndReadBack) {
+  OpRecord record = make_record("all_reduce", {0, 1}, {{2}}, ReduceOp::Kind::Sum);
+  record.input_dtypes = {DType::Float64};
+  const std::string json = to_json({record});
+  EXPECT_TRUE(contains(json, "\"input_dtypes\": [\"Float64\"]")) << json;
+  const std::vector<OpRecord> back = from_json(json);
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0], record);
+  EXPECT_EQ(back[0].input_dtypes, std::vector<DType>{DType::Float64});
+}
+
 TEST(OpRecordToString, SingleScatterDim) {
   OpRecord record = make_record("reduce_scatter_tensor", {0, 1}, {{4}}, ReduceOp::Kind::Avg);
   record.dims = {0};
@@ -393,6 +405,15 @@ TEST(TraceJson, ReadsEveryJsonEscape) {
   EXPECT_EQ(records[0].tag, std::string("\"\\/\b\f\n\r\t\xc3\xa9\xc3\xa9\xf0\x9f\x98\x80\0", 17));
 }
 
+// \u escapes become UTF-8 of 1 to 4 bytes, each length at both of its ends.
+TEST(TraceJson, UnicodeEscapesAtEveryUtf8LengthBoundaryDecodeExactly) {
+  std::string json = replace_once(sample_json(), R"("tag": "tp")",
+                                  R"("tag": "\u007f\u0080\u07ff\u0800\uffff\ud800\udc00")");
+  const std::vector<OpRecord> records = from_json(json);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].tag, "\x7f\xc2\x80\xdf\xbf\xe0\xa0\x80\xef\xbf\xbf\xf0\x90\x80\x80");
+}
+
 TEST(TraceJson, EmptyListsAndPresentEmptySplitsRoundTrip) {
   OpRecord record = make_record("all_to_all_single", {}, {});
   record.group_size = 0;
@@ -451,6 +472,25 @@ TEST(TraceJson, MissingOptionalKeysReadAsAbsent) {
   EXPECT_FALSE(records[0].input_split_sizes.has_value());
 }
 
+// An optional key written as null is absent: input_dtypes and premul_factor too.
+TEST(TraceJson, NullOptionalKeysReadAsAbsent) {
+  std::string json = replace_once(sample_json(), R"("reduce_op": "sum", )",
+                                  R"("reduce_op": "sum", "premul_factor": null, )");
+  json = replace_once(json, R"("dtype": "Float32", )",
+                      R"("dtype": "Float32", "input_dtypes": null, )");
+  const std::vector<OpRecord> records = from_json(json);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0], sample_record());
+  EXPECT_TRUE(records[0].input_dtypes.empty());
+  // premul_sum with a null factor lacks one.
+  const std::string null_factor =
+      replace_once(sample_json(), R"("reduce_op": "sum", )",
+                   R"("reduce_op": "premul_sum", "premul_factor": null, )");
+  EXPECT_EQ(from_json_error(null_factor),
+            "at offset " + std::to_string(offset_of(null_factor, "\"premul_sum\"")) +
+                ": reduce_op \"premul_sum\" needs a \"premul_factor\"");
+}
+
 TEST(TraceJson, KeyOrderAndSpacingDoNotMatter) {
   const std::string json =
       R"([{"meta":false,"output_shapes":[[2,3]],"seq":4,"rank":1,"src_dst":[],"src":-1,)"
@@ -499,6 +539,10 @@ TEST(TraceJsonErrors, SyntaxErrorsNameTheOffsetAndWhatWasExpected) {
       {"[\"a\nb\"]",
        "at offset 3: expected an escape (\\u00XX) for a control character in a string, found byte "
        "0x0a"},
+      {"[\"\x1f\"]",
+       "at offset 2: expected an escape (\\u00XX) for a control character in a string, found byte "
+       "0x1f"},
+      {"[\x7f]", "at offset 1: expected a value, found byte 0x7f"},
       {R"(["\x"])", "at offset 3: expected one of \" \\ / b f n r t u after '\\', found 'x'"},
       {R"(["\u12"])", "at offset 6: expected 4 hex digits after \\u, found '\"'"},
       {R"(["\udc00"])", "at offset 2: a low surrogate \\udc00 without a high surrogate before it"},
@@ -527,6 +571,8 @@ TEST(TraceJsonErrors, WrongTypeForAField) {
       {R"("dims": [])", R"("dims": null)"},
       {R"("output_split_sizes": null)", R"("output_split_sizes": [1, true])"},
       {R"("seq": 4)", R"("seq": 4e0)"},
+      {R"("group_size": 2)", R"("group_size": 2E0)"},
+      {R"("tag": "tp")", R"("tag": false)"},
   };
   const std::vector<std::string> details = {
       "expected an array of integers for \"ranks\", found a string",
@@ -537,6 +583,8 @@ TEST(TraceJsonErrors, WrongTypeForAField) {
       "expected an array of integers for \"dims\", found null",
       "expected an integer for \"output_split_sizes\", found true",
       "expected an integer for \"seq\", found the number 4e0",
+      "expected an integer for \"group_size\", found the number 2E0",
+      "expected a string for \"tag\", found false",
   };
   ASSERT_EQ(cases.size(), details.size());
   for (std::size_t i = 0; i < cases.size(); ++i) {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/expect_error.hpp"
@@ -400,6 +401,74 @@ TEST(SimFailure, ATimeoutThatIsNotPositiveIsRefused) {
                                      {"SimOptions::timeout is " + std::to_string(timeout.count()) +
                                       " ns: a wait's timeout must be positive"});
   }
+}
+
+// PCT's bug depth is checked under Strategy::Pct: 0 and kPctDepthMax + 1 are refused with the
+// range, and both of its ends run.
+TEST(SimFailure, APctDepthOutsideOneToTheMaximumIsRefused) {
+  for (const int depth : {0, sim::kPctDepthMax + 1}) {
+    SimOptions options = quiet(1);
+    options.strategy = sim::Strategy::Pct;
+    options.pct_depth = depth;
+    const testing::CaughtError caught =
+        testing::expect_error<InvalidArgument>([&] { (void)sim::simulate(options, [] {}); }, {});
+    EXPECT_EQ(caught.detail, "SimOptions::pct_depth " + std::to_string(depth) +
+                                 " is out of range: PCT's bug depth is 1 to 64");
+    EXPECT_EQ(caught.context.op, "sim::run");
+  }
+  for (const int depth : {1, sim::kPctDepthMax}) {
+    SimOptions options = quiet(1);
+    options.strategy = sim::Strategy::Pct;
+    options.pct_depth = depth;
+    EXPECT_TRUE(sim::simulate(options, [] {}).ok()) << depth;
+  }
+}
+
+// The fault plan's bounds are inclusive: a delay of exactly kDelayStepsMax steps is allowed (at an
+// operation the program never reaches, so it never fires), and random faults without delays need
+// no delay_steps_max.
+TEST(SimFailure, FaultPlanLimitsAreInclusiveAndDelayStepsOnlyMatterForDelays) {
+  SimOptions options = quiet(1);
+  options.faults = {sim::Fault::delay(0, 5, sim::kDelayStepsMax)};
+  EXPECT_TRUE(sim::simulate(options, [] {}).ok());
+  options.faults.clear();
+  options.random_faults.crash_ppm = 1;
+  options.random_faults.delay_ppm = 0;
+  options.random_faults.delay_steps_max = 0;
+  EXPECT_TRUE(sim::simulate(options, [] {}).ok());
+  options.random_faults.delay_ppm = 1;
+  const testing::CaughtError caught =
+      testing::expect_error<InvalidArgument>([&] { (void)sim::simulate(options, [] {}); }, {});
+  EXPECT_EQ(caught.detail, "random delays need RandomFaults::delay_steps_max >= 1");
+}
+
+// An enumerated option cast from an integer past its last enumerator is refused by name.
+TEST(SimFailure, EnumeratedOptionsOutsideTheirEnumeratorsAreRefused) {
+  std::vector<std::pair<SimOptions, std::string>> cases(4, {quiet(1), ""});
+  cases[0].first.executor = static_cast<sim::ExecutorKind>(3);
+  cases[0].second = "SimOptions::executor 3 is not an ExecutorKind";
+  cases[1].first.strategy = static_cast<sim::Strategy>(3);
+  cases[1].second = "SimOptions::strategy 3 is not a Strategy";
+  cases[2].first.allocator = static_cast<sim::AllocatorPolicy>(4);
+  cases[2].second = "SimOptions::allocator 4 is not an AllocatorPolicy";
+  cases[3].first.reduction_order = static_cast<sim::ReductionOrder>(4);
+  cases[3].second = "SimOptions::reduction_order 4 is not a ReductionOrder";
+  for (const auto& [options, detail] : cases) {
+    const testing::CaughtError caught =
+        testing::expect_error<InvalidArgument>([&] { (void)sim::simulate(options, [] {}); }, {});
+    EXPECT_EQ(caught.detail, detail);
+  }
+}
+
+// print_failures prints the report of a failing run only.
+TEST(SimFailure, ASuccessfulRunPrintsNothingEvenWithPrintFailures) {
+  SimOptions options = quiet(1);
+  options.print_failures = true;
+  ::testing::internal::CaptureStderr();
+  const SimReport report = sim::simulate(options, [] {});
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(report.ok());
+  EXPECT_EQ(printed, "");
 }
 
 // A timeout close to the end of the clock: the hang's timeout skips virtual time to its deadline,

@@ -12,11 +12,15 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/expect_error.hpp"
+#include "support/scoped_environment.hpp"
 
 namespace chorus {
 namespace {
@@ -514,6 +518,54 @@ TEST(SimScheduler, EachRankKeepsItsOwnExceptionStateAcrossSwitches) {
 TEST(SimScheduler, WorldSizeOutOfRangeIsRejected) {
   EXPECT_THROW(sim::run(quiet(0, 0), [] {}), InvalidArgument);
   EXPECT_THROW(sim::run(quiet(sim::kMaxWorldSize + 1, 0), [] {}), InvalidArgument);
+}
+
+TEST(SimScheduler, WorldSizeAtTheMaximumIsAccepted) {
+  const SimReport report = sim::run(quiet(sim::kMaxWorldSize, 0), [] {});
+  EXPECT_EQ(report.world_size, sim::kMaxWorldSize);
+}
+
+// CHORUS_SIM_SEED is plain decimal digits in the range of a uint64: a sign, leading space or
+// overflow is refused (strtoull would accept or clamp them), and an empty value means unset.
+TEST(SimScheduler, SeedFromEnvironmentRefusesSignsSpacesAndOverflow) {
+  SimOptions options = quiet(1, 7);
+  options.seed_from_environment = true;
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_SEED", std::nullopt}});
+  for (const std::string text : {"+5", "-1", " 5", "18446744073709551616"}) {
+    environment.set("CHORUS_SIM_SEED", text);
+    const testing::CaughtError caught =
+        testing::expect_error<InvalidArgument>([&] { (void)sim::resolved_seed(options); }, {});
+    EXPECT_EQ(caught.detail, "CHORUS_SIM_SEED='" + text + "' is not an unsigned integer");
+    EXPECT_EQ(caught.context.op, "sim::run");
+  }
+  environment.set("CHORUS_SIM_SEED", "18446744073709551615");
+  EXPECT_EQ(sim::resolved_seed(options), 18446744073709551615u);
+  environment.set("CHORUS_SIM_SEED", "");
+  EXPECT_EQ(sim::resolved_seed(options), 7u);
+}
+
+// CHORUS_SIM_REPLAY, like CHORUS_SIM_SEED, reaches only a run that reads the environment.
+TEST(SimScheduler, ReplayFromEnvironmentIsReadOnlyWithSeedFromEnvironment) {
+  const testing::ScopedEnvironment environment(
+      {{"CHORUS_SIM_REPLAY", "not-a-token"}, {"CHORUS_SIM_SEED", std::nullopt}});
+  const SimReport report = sim::run(quiet(1, 3), [] {});
+  EXPECT_EQ(report.seed, 3u);
+  SimOptions reading = quiet(1, 3);
+  reading.seed_from_environment = true;
+  (void)testing::expect_error<InvalidArgument>([&] { (void)sim::run(reading, [] {}); },
+                                               {"not-a-token"});
+}
+
+// CHORUS_SIM_EXECUTOR picks the executor of ExecutorKind::Auto only: an explicit executor
+// ignores it, however it is spelt.
+TEST(SimScheduler, AnExplicitExecutorIgnoresChorusSimExecutor) {
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_EXECUTOR", std::string("bogus")}});
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    EXPECT_TRUE(sim::run(quiet(1, 0, executor), [] {}).ok());
+  }
+  const testing::CaughtError caught =
+      testing::expect_error<InvalidArgument>([] { (void)sim::run(quiet(1, 0), [] {}); }, {});
+  EXPECT_EQ(caught.detail, "CHORUS_SIM_EXECUTOR='bogus': expected fibers or threads");
 }
 
 TEST(SimScheduler, RunCannotBeNestedInsideARank) {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -18,6 +19,7 @@
 
 #include "support/expect_error.hpp"
 #include "support/planted_bugs.hpp"
+#include "support/scoped_environment.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -392,6 +394,58 @@ TEST(Shrink, ARunThatDidNotFailIsRefused) {
   ASSERT_TRUE(passing.ok());
   testing::expect_invalid_argument([&] { (void)sim::shrink(options, bug.program(), passing); },
                                    {"did not fail"});
+}
+
+// Shrink's attempts run the lists it tries, whatever the environment says: even with
+// seed_from_environment they read neither CHORUS_SIM_SEED nor CHORUS_SIM_REPLAY.
+TEST(Shrink, AttemptsIgnoreTheSeedAndReplayInTheEnvironment) {
+  FirstTickBug bug;
+  SimOptions options = quiet_options(2, 0, Strategy::RandomWalk);
+  options.choices = std::vector<std::uint64_t>{1};  // rank 1 ticks first
+  const SimReport failing = sim::simulate(options, bug.program());
+  ASSERT_FALSE(failing.ok());
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_SEED", std::string("not-a-seed")},
+                                                {"CHORUS_SIM_REPLAY", std::nullopt},
+                                                {"CHORUS_SIM_TIMELINE", std::nullopt},
+                                                {"CHORUS_SIM_TRACE", std::nullopt}});
+  options.choices.reset();
+  options.seed_from_environment = true;
+  const sim::ShrinkResult shrunk = sim::shrink(options, bug.program(), failing);
+  EXPECT_EQ(shrunk.choices, (std::vector<std::uint64_t>{1}));
+  EXPECT_FALSE(shrunk.minimal.ok());
+  EXPECT_EQ(shrunk.minimal.replay_command.find("CHORUS_SIM_REPLAY=" + shrunk.replay_token + " "),
+            0u)
+      << shrunk.minimal.replay_command;
+}
+
+// A failing report whose choices were not kept (no replay token) has nothing to shrink from.
+TEST(Shrink, AFailingReportWithoutAReplayTokenIsRefused) {
+  const SimOptions options = quiet_options(1, 0, Strategy::RandomWalk);
+  SimReport failing;
+  failing.world_size = 1;
+  failing.first_error = std::make_exception_ptr(std::runtime_error("boom"));
+  const testing::CaughtError caught = testing::expect_error<InvalidArgument>(
+      [&] {
+        (void)sim::shrink(
+            options, [] {}, failing);
+      },
+      {});
+  EXPECT_EQ(caught.detail,
+            "the failing run made more choices than SimOptions::choices_record_max, so its "
+            "choices were not kept");
+  EXPECT_EQ(caught.context.op, "sim::shrink");
+}
+
+// A run driven by fuzzer bytes replays from its token: its seed would be another run.
+TEST(Replay, AFuzzedRunsReplayInstructionNamesItsTokenNotItsSeed) {
+  SimOptions options = quiet_options(1, 9, Strategy::RandomWalk);
+  options.fuzz_bytes = std::vector<std::uint8_t>{1, 2, 3};
+  const SimReport report = sim::simulate(options, [] {});
+  ASSERT_FALSE(report.replay_token.empty());
+  EXPECT_EQ(report.replay_command,
+            "(set SimOptions::replay = \"" + report.replay_token +
+                "\": this run does not read CHORUS_SIM_REPLAY, SimOptions::seed_from_environment "
+                "is false)");
 }
 
 // The option enums' spellings (flags, replay tokens, marks) and the lookup that parses them:

@@ -11,12 +11,14 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "support/scoped_environment.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -809,6 +811,78 @@ TEST(RunReport, NamesRanksOperationsDecisionsAndUnwaitedWorksWithCallSites) {
   EXPECT_NE(text.find("24 events recorded"), std::string::npos) << text;
   EXPECT_NE(text.find("2 collective(s) never waited"), std::string::npos) << text;
   EXPECT_EQ(count_of(text, "timeline_test.cpp"), 2u) << "each unwaited work's call site";
+}
+
+// A hand-built event: another rank's work is named with its owner; a rank's own work is not.
+TEST(RunReport, AnEventNamesTheOwnerOfAnotherRanksWorkOnly) {
+  SimEvent event;
+  event.kind = Kind::WaitBegin;
+  event.step = 3;
+  event.time = std::chrono::nanoseconds(2000);
+  event.rank = 1;
+  event.owner = 0;
+  event.op = "all_reduce";
+  event.seq = 2;
+  event.group = "[0, 1]";
+  EXPECT_EQ(event.to_string(),
+            "step 3 t=2us rank 1 wait_begin rank 0's all_reduce #2 on [0, 1] (<unknown>)");
+  event.owner = 1;
+  EXPECT_EQ(event.to_string(),
+            "step 3 t=2us rank 1 wait_begin all_reduce #2 on [0, 1] (<unknown>)");
+}
+
+// A report whose schedule holds every decision has no "not recorded" line.
+TEST(RunReport, TimelineTextOfAnEmptyCompleteScheduleIsItsHeaderOnly) {
+  SimReport report;
+  report.world_size = 1;
+  EXPECT_EQ(sim::timeline_text(report), "step  rank 0    completes\n");
+  report.steps = 2;
+  EXPECT_EQ(sim::timeline_text(report),
+            "step  rank 0    completes\n... 2 more decisions not recorded\n");
+}
+
+// An empty CHORUS_SIM_TIMELINE / CHORUS_SIM_TRACE is unset: the options' own paths stay.
+TEST(TimelineFiles, AnEmptyEnvironmentPathKeepsTheOptionsPath) {
+  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_empty_env_test.svg";
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_TIMELINE", std::string()},
+                                                {"CHORUS_SIM_TRACE", std::string()},
+                                                {"CHORUS_SIM_SEED", std::nullopt},
+                                                {"CHORUS_SIM_REPLAY", std::nullopt}});
+  SimOptions options = testing::quiet_options(1);
+  options.seed_from_environment = true;
+  options.timeline_path = svg_path;
+  const SimReport report = sim::simulate(options, [] {});
+  EXPECT_EQ(report.mark_count("timeline.svg_written"), 1u);
+  EXPECT_EQ(report.mark_count("timeline.trace_written"), 0u);
+  EXPECT_EQ(read_file(svg_path), sim::to_svg_timeline(report));
+  std::remove(svg_path.c_str());
+}
+
+// SimReport::to_string of a hand-built report: microseconds without trailing zeros, and the first
+// 16 unwaited works listed, the rest counted.
+TEST(RunReport, PrintsExactMicrosecondsAndListsTheFirstSixteenUnwaitedWorks) {
+  SimReport report;
+  report.world_size = 1;
+  report.seed = 5;
+  report.virtual_time = std::chrono::nanoseconds(1500);
+  for (std::int64_t seq = 0; seq < 17; ++seq) {
+    UnwaitedWork work;
+    work.rank = 0;
+    work.op = "all_reduce";
+    work.seq = seq;
+    work.group = "[0]";
+    report.unwaited.push_back(work);
+  }
+  const std::string text = report.to_string();
+  EXPECT_EQ(text.substr(0, text.find('\n')),
+            "chorus sim: 1 ranks, seed 5, 0 scheduling decisions, 0 collectives completed, "
+            "virtual time 1.5 us, schedule hash 0")
+      << text;
+  EXPECT_EQ(count_of(text, "all_reduce #"), 16u) << text;
+  EXPECT_NE(text.find("all_reduce #15 "), std::string::npos) << text;
+  EXPECT_EQ(text.find("all_reduce #16 "), std::string::npos) << text;
+  EXPECT_NE(text.find("  17 collective(s) never waited:\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("    ... and 1 more\n"), std::string::npos) << text;
 }
 
 }  // namespace
