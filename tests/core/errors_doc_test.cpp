@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "support/fake_transport.hpp"
+#include "support/scoped_environment.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -104,30 +105,6 @@ void errdoc_expect_outcome(const std::vector<CaughtError>& outcomes, int r, Erro
 }
 
 Tensor errdoc_bytes(std::int64_t n, DType dtype = DType::UInt8) { return Tensor::ones({n}, dtype); }
-
-// Sets an environment variable for a scope, restoring the previous value after.
-class ErrdocEnvironment {
- public:
-  ErrdocEnvironment(const char* name, const char* value) : name_(name) {
-    if (const char* previous = std::getenv(name)) {
-      previous_ = previous;
-    }
-    ::setenv(name, value, 1);
-  }
-  ~ErrdocEnvironment() {
-    if (previous_) {
-      ::setenv(name_, previous_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ErrdocEnvironment(const ErrdocEnvironment&) = delete;
-  ErrdocEnvironment& operator=(const ErrdocEnvironment&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
-};
 
 // A foreign DLPack producer on the stack: owns the shape and stride arrays and counts deleter
 // calls. Not movable (the DLTensor points into it).
@@ -1851,7 +1828,7 @@ TEST(ErrorsDocRunning, SimRunInsideRank) {
 }
 
 TEST(ErrorsDocRunning, SimSeedEnvironmentMalformed) {
-  const ErrdocEnvironment seed("CHORUS_SIM_SEED", "12abc");
+  const testing::ScopedEnvironment seed({{"CHORUS_SIM_SEED", "12abc"}});
   sim::SimOptions options = quiet_options(1);
   options.seed_from_environment = true;
   errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(options, [] {}); }, "sim::run",
@@ -1861,7 +1838,7 @@ TEST(ErrorsDocRunning, SimSeedEnvironmentMalformed) {
 TEST(ErrorsDocRunning, SimSeedEnvironmentNegativeOrTooLarge) {
   // strtoull would wrap "-1" and clamp the second to 2^64 - 1.
   for (const char* text : {"-1", "99999999999999999999999", "+5", " 5"}) {
-    const ErrdocEnvironment seed("CHORUS_SIM_SEED", text);
+    const testing::ScopedEnvironment seed({{"CHORUS_SIM_SEED", text}});
     sim::SimOptions options = quiet_options(1);
     options.seed_from_environment = true;
     errdoc_expect_plain<InvalidArgument>(
@@ -1877,26 +1854,35 @@ TEST(ErrorsDocRunning, SimOptionsOutOfRange) {
   errdoc_expect_plain<InvalidArgument>(
       [&] { (void)sim::run(depth, [] {}); }, "sim::run",
       "SimOptions::pct_depth 0 is out of range: PCT's bug depth is 1 to 64");
+  depth.pct_depth = sim::kPctDepthMax + 1;
+  errdoc_expect_plain<InvalidArgument>(
+      [&] { (void)sim::run(depth, [] {}); }, "sim::run",
+      "SimOptions::pct_depth 65 is out of range: PCT's bug depth is 1 to 64");
   depth.pct_depth = std::numeric_limits<int>::max();  // would draw 2^31 change points
   errdoc_expect_plain<InvalidArgument>(
       [&] { (void)sim::run(depth, [] {}); }, "sim::run",
       "SimOptions::pct_depth 2147483647 is out of range: PCT's bug depth is 1 to 64");
+  // Each enumerated field one past its last enumerator.
   sim::SimOptions order = quiet_options(2);
-  order.reduction_order = static_cast<sim::ReductionOrder>(99);
+  order.reduction_order = static_cast<sim::ReductionOrder>(4);
   errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(order, [] {}); }, "sim::run",
-                                       "SimOptions::reduction_order 99 is not a ReductionOrder");
+                                       "SimOptions::reduction_order 4 is not a ReductionOrder");
   sim::SimOptions strategy = quiet_options(2);
-  strategy.strategy = static_cast<sim::Strategy>(7);
+  strategy.strategy = static_cast<sim::Strategy>(3);
   errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(strategy, [] {}); }, "sim::run",
-                                       "SimOptions::strategy 7 is not a Strategy");
+                                       "SimOptions::strategy 3 is not a Strategy");
   sim::SimOptions allocator = quiet_options(2);
-  allocator.allocator = static_cast<sim::AllocatorPolicy>(9);
+  allocator.allocator = static_cast<sim::AllocatorPolicy>(4);
   errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(allocator, [] {}); }, "sim::run",
-                                       "SimOptions::allocator 9 is not an AllocatorPolicy");
+                                       "SimOptions::allocator 4 is not an AllocatorPolicy");
+  sim::SimOptions executor = quiet_options(2);
+  executor.executor = static_cast<sim::ExecutorKind>(3);
+  errdoc_expect_plain<InvalidArgument>([&] { (void)sim::run(executor, [] {}); }, "sim::run",
+                                       "SimOptions::executor 3 is not an ExecutorKind");
 }
 
 TEST(ErrorsDocRunning, SimExecutorEnvironmentUnknown) {
-  const ErrdocEnvironment executor("CHORUS_SIM_EXECUTOR", "coroutines");
+  const testing::ScopedEnvironment executor({{"CHORUS_SIM_EXECUTOR", "coroutines"}});
   errdoc_expect_plain<InvalidArgument>(
       [] { (void)sim::run(quiet_options(1), [] {}); }, "sim::run",
       "CHORUS_SIM_EXECUTOR='coroutines': expected fibers or threads");

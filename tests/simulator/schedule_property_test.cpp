@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/planted_bugs.hpp"
+#include "support/scoped_environment.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -126,11 +127,10 @@ TEST(ScheduleProperties, TheReplayCommandOfAFailureReplaysItInsteadOfTheGenerate
       << "the first generated list misses the bug";
 
   options.seed_from_environment = true;  // as sim::run's default
-  ::setenv("CHORUS_SIM_REPLAY", found.replay_token.c_str(), 1);
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_REPLAY", found.replay_token}});
   testing::FirstTickBug replayed_bug;
   const sim::ScheduleCheck replayed =
       sim::check_schedules(options, replayed_bug.program(), 1, kRapidCheckSeed);
-  ::unsetenv("CHORUS_SIM_REPLAY");
   EXPECT_FALSE(replayed.passed);
   EXPECT_EQ(replayed.replay_token, found.replay_token);
   EXPECT_TRUE(replayed.choices.empty()) << "the run followed the token, not a generated list";

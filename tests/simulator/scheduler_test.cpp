@@ -442,9 +442,8 @@ TEST(SimScheduler, RegistryIsEmptyAfterEveryRank) {
 TEST(SimScheduler, SeedFromEnvironmentOverridesTheOption) {
   SimOptions options = quiet(2, 1);
   options.seed_from_environment = true;
-  ::setenv("CHORUS_SIM_SEED", "4242", 1);
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_SEED", "4242"}});
   SimReport report = sim::run(options, [] { (void)world(); });
-  ::unsetenv("CHORUS_SIM_SEED");
   EXPECT_EQ(report.seed, 4242u);
   EXPECT_NE(report.replay_command.find("CHORUS_SIM_SEED=4242"), std::string::npos);
 }
@@ -453,11 +452,10 @@ TEST(SimScheduler, SeedFromEnvironmentOverridesTheOption) {
 TEST(SimScheduler, SeedFromEnvironmentIsDecimal) {
   SimOptions options = quiet(2, 1);
   options.seed_from_environment = true;
-  ::setenv("CHORUS_SIM_SEED", "010", 1);
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_SEED", "010"}});
   const std::uint64_t padded = sim::resolved_seed(options);
-  ::setenv("CHORUS_SIM_SEED", "0x10", 1);
+  environment.set("CHORUS_SIM_SEED", "0x10");
   EXPECT_THROW((void)sim::resolved_seed(options), InvalidArgument);
-  ::unsetenv("CHORUS_SIM_SEED");
   EXPECT_EQ(padded, 10u);
 }
 
@@ -466,12 +464,11 @@ TEST(SimScheduler, ResolvedSeedIsTheSeedTheRunUses) {
   SimOptions options = quiet(2, 7);
   options.seed_from_environment = true;
   EXPECT_EQ(sim::resolved_seed(options), 7u);
-  ::setenv("CHORUS_SIM_SEED", "4242", 1);
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_SEED", "4242"}});
   const std::uint64_t resolved = sim::resolved_seed(options);
   const SimReport report = sim::run(options, [] { (void)world(); });
   options.seed_from_environment = false;
   const std::uint64_t ignored = sim::resolved_seed(options);
-  ::unsetenv("CHORUS_SIM_SEED");
   EXPECT_EQ(resolved, 4242u);
   EXPECT_EQ(report.seed, resolved);
   EXPECT_EQ(ignored, 7u);

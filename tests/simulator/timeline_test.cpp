@@ -737,9 +737,8 @@ TEST(TimelineFiles, TheEnvironmentSetsThePaths) {
   const std::string svg_path = ::testing::TempDir() + "chorus_timeline_env_test.svg";
   SimOptions options = testing::quiet_options(2);
   options.seed_from_environment = true;
-  ::setenv("CHORUS_SIM_TIMELINE", svg_path.c_str(), 1);
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_TIMELINE", svg_path}});
   const SimReport report = sim::simulate(options, waited_then_dropped);
-  ::unsetenv("CHORUS_SIM_TIMELINE");
   EXPECT_EQ(report.mark_count("timeline.svg_written"), 1u);
   EXPECT_EQ(read_file(svg_path), sim::to_svg_timeline(report));
   std::remove(svg_path.c_str());
@@ -774,11 +773,9 @@ TEST(TimelineFiles, ShrinkTakesThePathsFromTheEnvironment) {
   const SimReport failing = sim::simulate(options, mismatch_at_second_op);
   ASSERT_FALSE(failing.ok());
   options.seed_from_environment = true;
-  ::setenv("CHORUS_SIM_TIMELINE", svg_path.c_str(), 1);
-  ::setenv("CHORUS_SIM_TRACE", json_path.c_str(), 1);
+  const testing::ScopedEnvironment environment(
+      {{"CHORUS_SIM_TIMELINE", svg_path}, {"CHORUS_SIM_TRACE", json_path}});
   const sim::ShrinkResult shrunk = sim::shrink(options, mismatch_at_second_op, failing);
-  ::unsetenv("CHORUS_SIM_TIMELINE");
-  ::unsetenv("CHORUS_SIM_TRACE");
   EXPECT_EQ(shrunk.minimal.mark_count("timeline.svg_written"), 1u);
   EXPECT_EQ(shrunk.minimal.mark_count("timeline.trace_written"), 1u);
   EXPECT_EQ(read_file(svg_path), sim::to_svg_timeline(shrunk.minimal));

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -17,8 +18,10 @@ namespace chorus::testing {
 class ScopedEnvironment {
  public:
   // Each name set to its value (nullopt: unset) while this lives.
+  // (An initializer list, not a vector: {{"NAME", "value"}} would also read as a vector's
+  // iterator pair.)
   explicit ScopedEnvironment(
-      const std::vector<std::pair<std::string, std::optional<std::string>>>& variables) {
+      std::initializer_list<std::pair<std::string, std::optional<std::string>>> variables) {
     for (const auto& [name, value] : variables) {
       const char* previous = std::getenv(name.c_str());
       previous_.emplace_back(
