@@ -124,10 +124,15 @@ std::vector<Tensor> execute(const OpRecord& record, const std::vector<Tensor>& i
                             CallSite site) {
   constexpr const char* kOp = "execute";
   const bool coalesced = record.op.ends_with("_coalesced");
-  if (inputs.size() != record.input_shapes.size() || (!coalesced && inputs.size() != 1)) {
+  if (inputs.size() != record.input_shapes.size()) {
     invalid_record(kOp, record,
                    "got " + std::to_string(inputs.size()) + " inputs for " +
                        std::to_string(record.input_shapes.size()) + " recorded input shapes");
+  }
+  if (!coalesced && inputs.size() != 1) {
+    invalid_record(kOp, record,
+                   record.op + " takes one input, and the record lists " +
+                       std::to_string(record.input_shapes.size()) + " input shapes");
   }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined() || inputs[i].sizes() != record.input_shapes[i] ||

@@ -1493,7 +1493,8 @@ TEST(ErrorsDocTracing, ExecuteWrongInputCount) {
           (void)execute(two_shapes, {Tensor::ones({2}), Tensor::ones({2})});
         },
         "execute", -1, "",
-        "record " + two_shapes.to_string() + ": got 2 inputs for 2 recorded input shapes");
+        "record " + two_shapes.to_string() +
+            ": all_reduce takes one input, and the record lists 2 input shapes");
   });
 }
 
@@ -1836,8 +1837,8 @@ TEST(ErrorsDocRunning, SimSeedEnvironmentMalformed) {
 }
 
 TEST(ErrorsDocRunning, SimSeedEnvironmentNegativeOrTooLarge) {
-  // strtoull would wrap "-1" and clamp the second to 2^64 - 1.
-  for (const char* text : {"-1", "99999999999999999999999", "+5", " 5"}) {
+  // strtoull would wrap "-1" and clamp the second and third to 2^64 - 1.
+  for (const char* text : {"-1", "99999999999999999999999", "18446744073709551616", "+5", " 5"}) {
     const testing::ScopedEnvironment seed({{"CHORUS_SIM_SEED", text}});
     sim::SimOptions options = quiet_options(1);
     options.seed_from_environment = true;

@@ -1453,6 +1453,8 @@ TEST_P(AdjointLaws, ZeroDimAllGatherAdjointGivesOneElement) {
   });
 }
 
+INSTANTIATE_TEST_SUITE_P(Adjoint, AdjointLaws, ::testing::ValuesIn(kWorldSizes), world_name);
+
 // The adjoint is issued where the forward was: it keeps the forward's call site (which operator==
 // leaves out, so the laws above cannot see it).
 TEST(Tracing, AdjointKeepsTheCallSiteOfTheForward) {
@@ -1470,8 +1472,6 @@ TEST(Tracing, AdjointKeepsTheCallSiteOfTheForward) {
   EXPECT_EQ(backward.site.line(), 42);
   EXPECT_STREQ(backward.site.function_name(), "backward_pass");
 }
-
-INSTANTIATE_TEST_SUITE_P(Adjoint, AdjointLaws, ::testing::ValuesIn(kWorldSizes), world_name);
 
 }  // namespace
 }  // namespace chorus

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chorus/chorus.hpp>
 #include <cmath>
 #include <csignal>
@@ -592,6 +593,7 @@ TEST(SimGuardPagesDeathTest, TheFirstByteAfterARangeIsTheNextRangesWithItsStep) 
                                              "the second page", &second_step),
               0);
     second_step = 42;
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the handler reads it
     volatile char byte = *static_cast<volatile char*>(pages.memory + pages.page);
     (void)byte;
   };

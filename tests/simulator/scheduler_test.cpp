@@ -518,24 +518,17 @@ TEST(SimScheduler, WorldSizeOutOfRangeIsRejected) {
 }
 
 TEST(SimScheduler, WorldSizeAtTheMaximumIsAccepted) {
-  const SimReport report = sim::run(quiet(sim::kMaxWorldSize, 0), [] {});
+  // On fibers: a thousand OS threads at once would test the machine's limits instead.
+  const SimReport report = sim::run(quiet(sim::kMaxWorldSize, 0, ExecutorKind::Fibers), [] {});
   EXPECT_EQ(report.world_size, sim::kMaxWorldSize);
 }
 
-// CHORUS_SIM_SEED is plain decimal digits in the range of a uint64: a sign, leading space or
-// overflow is refused (strtoull would accept or clamp them), and an empty value means unset.
-TEST(SimScheduler, SeedFromEnvironmentRefusesSignsSpacesAndOverflow) {
+// CHORUS_SIM_SEED takes every uint64, the largest included (ErrorsDocRunning's
+// SimSeedEnvironment tests refuse signs, spaces and 2^64), and an empty value means unset.
+TEST(SimScheduler, SeedFromEnvironmentTakesTheLargestSeedAndAnEmptyValueIsUnset) {
   SimOptions options = quiet(1, 7);
   options.seed_from_environment = true;
-  const testing::ScopedEnvironment environment({{"CHORUS_SIM_SEED", std::nullopt}});
-  for (const std::string text : {"+5", "-1", " 5", "18446744073709551616"}) {
-    environment.set("CHORUS_SIM_SEED", text);
-    const testing::CaughtError caught =
-        testing::expect_error<InvalidArgument>([&] { (void)sim::resolved_seed(options); }, {});
-    EXPECT_EQ(caught.detail, "CHORUS_SIM_SEED='" + text + "' is not an unsigned integer");
-    EXPECT_EQ(caught.context.op, "sim::run");
-  }
-  environment.set("CHORUS_SIM_SEED", "18446744073709551615");
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_SEED", "18446744073709551615"}});
   EXPECT_EQ(sim::resolved_seed(options), 18446744073709551615u);
   environment.set("CHORUS_SIM_SEED", "");
   EXPECT_EQ(sim::resolved_seed(options), 7u);

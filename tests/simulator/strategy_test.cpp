@@ -247,6 +247,18 @@ TEST(Replay, FuzzerBytesDriveTheRunDeterministically) {
   EXPECT_EQ(first.schedule.front().rank, 3);  // 3 % 4 runnable ranks
 }
 
+// A run driven by fuzzer bytes replays from its token: its seed would be another run.
+TEST(Replay, AFuzzedRunsReplayInstructionNamesItsTokenNotItsSeed) {
+  SimOptions options = quiet_options(1, 9, Strategy::RandomWalk);
+  options.fuzz_bytes = std::vector<std::uint8_t>{1, 2, 3};
+  const SimReport report = sim::simulate(options, [] {});
+  ASSERT_FALSE(report.replay_token.empty());
+  EXPECT_EQ(report.replay_command,
+            "(set SimOptions::replay = \"" + report.replay_token +
+                "\": this run does not read CHORUS_SIM_REPLAY, SimOptions::seed_from_environment "
+                "is false)");
+}
+
 TEST(Replay, ATokenForAnotherWorldSizeFormatOrRunShapeIsRefused) {
   SimOptions options = quiet_options(4, 5, Strategy::RandomWalk);
   SimReport original;
@@ -434,18 +446,6 @@ TEST(Shrink, AFailingReportWithoutAReplayTokenIsRefused) {
             "the failing run made more choices than SimOptions::choices_record_max, so its "
             "choices were not kept");
   EXPECT_EQ(caught.context.op, "sim::shrink");
-}
-
-// A run driven by fuzzer bytes replays from its token: its seed would be another run.
-TEST(Replay, AFuzzedRunsReplayInstructionNamesItsTokenNotItsSeed) {
-  SimOptions options = quiet_options(1, 9, Strategy::RandomWalk);
-  options.fuzz_bytes = std::vector<std::uint8_t>{1, 2, 3};
-  const SimReport report = sim::simulate(options, [] {});
-  ASSERT_FALSE(report.replay_token.empty());
-  EXPECT_EQ(report.replay_command,
-            "(set SimOptions::replay = \"" + report.replay_token +
-                "\": this run does not read CHORUS_SIM_REPLAY, SimOptions::seed_from_environment "
-                "is false)");
 }
 
 // The option enums' spellings (flags, replay tokens, marks) and the lookup that parses them:

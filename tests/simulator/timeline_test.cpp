@@ -2,6 +2,7 @@
 // layout]), the files SimOptions::timeline_path / trace_path write, and the run report.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chorus/chorus.hpp>
 #include <chrono>
@@ -226,6 +227,12 @@ std::size_t count_of(const std::string& text, const std::string& part) {
     ++count;
   }
   return count;
+}
+
+// A file name in the test's temporary directory, of this process only: the per-test ctest entries
+// and the whole binary's run (simulator_test.threads) may run at the same time.
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + std::to_string(::getpid()) + "_" + name;
 }
 
 std::string read_file(const std::string& path) {
@@ -717,8 +724,8 @@ TEST(SvgTimeline, AWatchdogTimeoutsMinutesOfVirtualTimeFitTheWidth) {
 // ---- Files and the run report
 
 TEST(TimelineFiles, WrittenAtTheEndOfAFailingRun) {
-  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_test.svg";
-  const std::string json_path = ::testing::TempDir() + "chorus_timeline_test.json";
+  const std::string svg_path = temp_path("chorus_timeline_test.svg");
+  const std::string json_path = temp_path("chorus_timeline_test.json");
   SimOptions options = testing::quiet_options(3);
   options.timeline_path = svg_path;
   options.trace_path = json_path;
@@ -734,7 +741,7 @@ TEST(TimelineFiles, WrittenAtTheEndOfAFailingRun) {
 }
 
 TEST(TimelineFiles, TheEnvironmentSetsThePaths) {
-  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_env_test.svg";
+  const std::string svg_path = temp_path("chorus_timeline_env_test.svg");
   SimOptions options = testing::quiet_options(2);
   options.seed_from_environment = true;
   const testing::ScopedEnvironment environment({{"CHORUS_SIM_TIMELINE", svg_path}});
@@ -751,7 +758,7 @@ TEST(TimelineFiles, AnUnwritablePathIsInvalidArgument) {
 }
 
 TEST(TimelineFiles, ShrinkWritesTheMinimalRunOnly) {
-  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_shrink_test.svg";
+  const std::string svg_path = temp_path("chorus_timeline_shrink_test.svg");
   SimOptions options = testing::quiet_options(3, 11);
   const SimReport failing = sim::simulate(options, mismatch_at_second_op);
   ASSERT_FALSE(failing.ok());
@@ -765,8 +772,8 @@ TEST(TimelineFiles, ShrinkWritesTheMinimalRunOnly) {
 // CHORUS_SIM_TIMELINE and CHORUS_SIM_TRACE name shrink's files too (its attempts stop reading
 // the environment; the minimal run still writes where it says).
 TEST(TimelineFiles, ShrinkTakesThePathsFromTheEnvironment) {
-  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_shrink_env_test.svg";
-  const std::string json_path = ::testing::TempDir() + "chorus_timeline_shrink_env_test.json";
+  const std::string svg_path = temp_path("chorus_timeline_shrink_env_test.svg");
+  const std::string json_path = temp_path("chorus_timeline_shrink_env_test.json");
   std::remove(svg_path.c_str());
   std::remove(json_path.c_str());
   SimOptions options = testing::quiet_options(3, 11);
@@ -840,7 +847,7 @@ TEST(RunReport, TimelineTextOfAnEmptyCompleteScheduleIsItsHeaderOnly) {
 
 // An empty CHORUS_SIM_TIMELINE / CHORUS_SIM_TRACE is unset: the options' own paths stay.
 TEST(TimelineFiles, AnEmptyEnvironmentPathKeepsTheOptionsPath) {
-  const std::string svg_path = ::testing::TempDir() + "chorus_timeline_empty_env_test.svg";
+  const std::string svg_path = temp_path("chorus_timeline_empty_env_test.svg");
   const testing::ScopedEnvironment environment({{"CHORUS_SIM_TIMELINE", std::string()},
                                                 {"CHORUS_SIM_TRACE", std::string()},
                                                 {"CHORUS_SIM_SEED", std::nullopt},

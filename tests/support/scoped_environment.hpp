@@ -30,8 +30,9 @@ class ScopedEnvironment {
     }
   }
   ~ScopedEnvironment() {
-    for (const auto& [name, previous] : previous_) {
-      set(name, previous);
+    // Last first: a name listed twice gets back what it had before the first.
+    for (auto entry = previous_.rbegin(); entry != previous_.rend(); ++entry) {
+      set(entry->first, entry->second);
     }
   }
   ScopedEnvironment(const ScopedEnvironment&) = delete;

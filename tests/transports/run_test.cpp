@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "support/scoped_environment.hpp"
 
 namespace chorus {
 namespace {
@@ -66,7 +69,7 @@ TEST(RunOptions, ReadsTheSimulatorsExplorationFlags) {
   EXPECT_FALSE(defaults.check_determinism);
   EXPECT_FALSE(defaults.sim_cuda);
 
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const std::string message = [] {
     try {
       (void)parse({"--strategy=bfs"});
@@ -75,7 +78,7 @@ TEST(RunOptions, ReadsTheSimulatorsExplorationFlags) {
     }
     return std::string();
   }();
-  (void)testing::internal::GetCapturedStderr();
+  (void)::testing::internal::GetCapturedStderr();
   EXPECT_NE(
       message.find("flag --strategy='bfs' is invalid: expected one of random, pct, portfolio"),
       std::string::npos)
@@ -95,24 +98,24 @@ TEST(Run, CheckDeterminismPassesADeterministicProgramAndCatchesStateKeptAcrossRu
   options.ranks = 3;
   options.check_determinism = true;
   options.reduction_order = sim::ReductionOrder::Adversarial;
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const int clean = run(options, [] {
     Tensor sum = all_reduce(Tensor::full({2}, rank() + 1), "sum", world());
     EXPECT_EQ(sum.to_vector<float>(), (std::vector<float>{6, 6}));
   });
-  const std::string clean_log = testing::internal::GetCapturedStderr();
+  const std::string clean_log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(clean, 0);
   EXPECT_NE(clean_log.find("determinism check passed"), std::string::npos) << clean_log;
 
   int runs = 0;  // state kept across the two runs: the second run sums other values
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const int leaky = run(options, [&runs] {
     if (rank() == 0) {
       ++runs;
     }
     (void)all_reduce(Tensor::full({2}, runs), "sum", world()).to_vector<float>();
   });
-  const std::string leaky_log = testing::internal::GetCapturedStderr();
+  const std::string leaky_log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(leaky, 1);
   EXPECT_NE(leaky_log.find("determinism check failed"), std::string::npos) << leaky_log;
 }
@@ -122,13 +125,13 @@ TEST(Run, CheckDeterminismReturnsOneWhenADeterministicProgramFails) {
   RunOptions options;
   options.ranks = 2;
   options.check_determinism = true;
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const int status = run(options, [] {
     if (rank() == 1) {
       throw std::runtime_error("rank 1 gives up every time");
     }
   });
-  const std::string log = testing::internal::GetCapturedStderr();
+  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(status, 1);
   EXPECT_NE(log.find("rank 1 gives up every time"), std::string::npos) << log;
   EXPECT_NE(log.find("determinism check passed"), std::string::npos) << log;
@@ -183,6 +186,9 @@ TEST(Run, ReturnsZeroWhenEveryRankSucceeds) {
 }
 
 TEST(Run, ReturnsOneAndPrintsTheReplayWhenARankFails) {
+  // The run reads the environment (RunOptions leaves seed_from_environment on): none is set here.
+  const chorus::testing::ScopedEnvironment environment(
+      {{"CHORUS_SIM_SEED", std::nullopt}, {"CHORUS_SIM_REPLAY", std::nullopt}});
   RunOptions options;
   options.ranks = 2;
   options.seed = 5;
