@@ -453,22 +453,27 @@ TEST(SimGuardPages, AFailedOperationReleasesItsGuard) {
   EXPECT_GE(report.mark_count("guard.protect"), 1u);
 }
 
+// Two ranks, their pending outputs guarded, always choice 0 (ranks before completions): rank
+// `toucher` reads (or writes) its all_reduce's output before waiting for it.
+void touch_a_pending_output(int toucher, bool write) {
+  SimOptions options = quiet_options(2);
+  options.guard_pending_outputs = true;
+  options.choices = std::vector<std::uint64_t>{};
+  sim::run(options, [&] {
+    const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
+    if (rank() == toucher && write) {
+      *static_cast<volatile float*>(output.unsafe_data_ptr()) = 2.0f;
+    } else if (rank() == toucher) {
+      volatile float first = *static_cast<const float*>(output.unsafe_data_ptr());
+      (void)first;
+    }
+    wait_tensor(output);
+  });
+}
+
 TEST(SimGuardPagesDeathTest, RawReadOfAPendingOutputFaultsWithRankOpAndStep) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const auto read_without_waiting = [] {
-    SimOptions options = quiet_options(2);
-    options.guard_pending_outputs = true;
-    options.choices = std::vector<std::uint64_t>{};  // always choice 0: ranks before completions
-    sim::run(options, [] {
-      const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
-      if (rank() == 1) {
-        volatile float first = *static_cast<const float*>(output.unsafe_data_ptr());
-        (void)first;
-      }
-      wait_tensor(output);
-    });
-  };
-  EXPECT_DEATH(read_without_waiting(),
+  EXPECT_DEATH(touch_a_pending_output(1, false),
                "chorus sim: rank 1 read the pending output of all_reduce #0 on group \\[0, 1\\] "
                "\\(issued by rank 1 at .*allocator_test.cpp:[0-9]+.*\\) at step [0-9]+ without "
                "waiting");
@@ -515,20 +520,7 @@ TEST(SimGuardPagesDeathTest, UnrelatedFaultsKeepTheirDefaultAction) {
 // all_reduce is pending until rank 1 issues its own).
 TEST(SimGuardPagesDeathTest, RawReadByRank0NamesRank0) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const auto read_without_waiting = [] {
-    SimOptions options = quiet_options(2);
-    options.guard_pending_outputs = true;
-    options.choices = std::vector<std::uint64_t>{};
-    sim::run(options, [] {
-      const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
-      if (rank() == 0) {
-        volatile float first = *static_cast<const float*>(output.unsafe_data_ptr());
-        (void)first;
-      }
-      wait_tensor(output);
-    });
-  };
-  EXPECT_DEATH(read_without_waiting(),
+  EXPECT_DEATH(touch_a_pending_output(0, false),
                "chorus sim: rank 0 read the pending output of all_reduce #0 on group \\[0, 1\\] "
                "\\(issued by rank 0 at .*\\) at step [0-9]+ without waiting");
 }
@@ -537,19 +529,7 @@ TEST(SimGuardPagesDeathTest, RawReadByRank0NamesRank0) {
 // A write is told from a read by the page fault's error code (x86-64 only).
 TEST(SimGuardPagesDeathTest, RawWriteOfAPendingOutputSaysWroteTo) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const auto write_without_waiting = [] {
-    SimOptions options = quiet_options(2);
-    options.guard_pending_outputs = true;
-    options.choices = std::vector<std::uint64_t>{};
-    sim::run(options, [] {
-      const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
-      if (rank() == 1) {
-        *static_cast<volatile float*>(output.unsafe_data_ptr()) = 2.0f;
-      }
-      wait_tensor(output);
-    });
-  };
-  EXPECT_DEATH(write_without_waiting(),
+  EXPECT_DEATH(touch_a_pending_output(1, true),
                "chorus sim: rank 1 wrote to the pending output of all_reduce #0 on group "
                "\\[0, 1\\] \\(issued by rank 1 at .*\\) at step [0-9]+ without waiting");
 }
