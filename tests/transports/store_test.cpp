@@ -36,6 +36,7 @@
 #include "protocol.hpp"  // transports/store/src: the wire format, for bodies no peer here sends
 #include "resolver.hpp"  // transports/store/src: the client's resolver seam
 #include "support/address_space.hpp"
+#include "support/expect_error.hpp"
 #include "support/scoped_environment.hpp"
 
 // The public header keeps Boost private (pimpl): nothing above may have pulled it in.
@@ -634,22 +635,16 @@ TEST(Store, DeadlinePassingIsTimeoutNamingTheKeyAndTheClientStaysUsable) {
   Server server;
   auto client = connect(server);
   const auto start = Clock::now();
-  try {
-    client->get("never-set", milliseconds(50));
-    FAIL() << "get returned";
-  } catch (const Timeout& error) {
-    EXPECT_NE(std::string(error.what()).find("never-set"), std::string::npos) << error.what();
-    EXPECT_NE(std::string(error.what()).find("store.get"), std::string::npos) << error.what();
-  }
+  EXPECT_EQ(testing::expect_error<Timeout>([&] { client->get("never-set", milliseconds(50)); },
+                                           {"never-set"})
+                .context.op,
+            "store.get");
   const auto elapsed = Clock::now() - start;
   EXPECT_GE(elapsed, milliseconds(50));
   EXPECT_LT(elapsed, kPrompt);
-  try {
-    client->wait({"here", "missing"}, milliseconds(20));
-    FAIL() << "wait returned";
-  } catch (const Timeout& error) {
-    EXPECT_NE(std::string(error.what()).find("here"), std::string::npos) << error.what();
-  }
+  const std::vector<std::string> here_and_missing{"here", "missing"};
+  testing::expect_error<Timeout>([&] { client->wait(here_and_missing, milliseconds(20)); },
+                                 {"here"});
   EXPECT_THROW(client->multi_get({"missing"}, milliseconds(0)), Timeout);
   client->set("here", "1");
   EXPECT_EQ(client->get("here"), "1");
@@ -660,15 +655,12 @@ TEST(Store, AWaitThatTimesOutSaysHowManyOfItsKeysWereSet) {
   Server server;
   auto client = connect(server);
   client->set("a", "1");
-  try {
-    client->wait({"a", "b", "c"}, milliseconds(20));
-    FAIL() << "wait returned";
-  } catch (const Timeout& error) {
-    // The server's timeout is what was left of the 20 ms when the request was sent.
-    const std::string what = error.what();
-    EXPECT_NE(what.find("key 'b' was not set within "), std::string::npos) << what;
-    EXPECT_NE(what.find(" ms (1 of 3 keys were)"), std::string::npos) << what;
-  }
+  // The server's timeout is what was left of the 20 ms when the request was sent.
+  testing::expect_error<Timeout>(
+      [&] {
+        client->wait({"a", "b", "c"}, milliseconds(20));
+      },
+      {"key 'b' was not set within ", " ms (1 of 3 keys were)"});
 }
 
 TEST(Store, CancelReleasesABlockedWaitWithAborted) {
@@ -1181,14 +1173,10 @@ TEST(Store, NonBlockingCallsUnderAPassedDeadlineAreRefusedUnsentAndTheClientStay
   auto client = connect(server);
   auto other = connect(server);
   const Deadline passed(Clock::now());
-  try {
-    client->set("k", "v", passed);
-    FAIL() << "the set returned";
-  } catch (const Timeout& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("store.set"), std::string::npos) << message;
-    EXPECT_NE(message.find("nothing was sent"), std::string::npos) << message;
-  }
+  EXPECT_EQ(
+      testing::expect_error<Timeout>([&] { client->set("k", "v", passed); }, {"nothing was sent"})
+          .context.op,
+      "store.set");
   EXPECT_THROW(client->add("n", 1, passed), Timeout);
   EXPECT_THROW(client->compare_set("c", "", "x", passed), Timeout);
   EXPECT_THROW(client->multi_set({{"m", "1"}}, passed), Timeout);
@@ -1222,16 +1210,11 @@ TEST(Store, RendezvousRanksThatDisagreeOnTheWorldSizeAreInvalidArgument) {
   Rendezvous of_two(*first, 1, 2);
   EXPECT_EQ(of_two.broadcast_bytes(1, "x"), "x");  // counted out as 1 of 2: keys kept
   Rendezvous of_one(*second, 0, 1);
-  try {
-    of_one.broadcast_bytes(0, "y");  // the same call's keys: counted out as 2 of 1
-    FAIL() << "a second rank of a world of 1 counted out";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what())
-                  .find("rank 0 counted itself out of chorus.rendezvous/0/broadcast as number 2 "
-                        "of a world of 1: the ranks disagree on the world size"),
-              std::string::npos)
-        << error.what();
-  }
+  // The same call's keys: counted out as 2 of 1.
+  testing::expect_error<InvalidArgument>([&] { of_one.broadcast_bytes(0, "y"); },
+                                         {"rank 0 counted itself out of chorus.rendezvous/0/"
+                                          "broadcast as number 2 of a world of 1: the ranks "
+                                          "disagree on the world size"});
   EXPECT_EQ(second->num_keys(kHang), 2);  // the value and the count, left for inspection
 }
 
@@ -1252,13 +1235,8 @@ TEST(Store, FrameSizeLimitIsInvalidArgumentAndTheClientStaysUsable) {
   Server server(options);
   auto client = connect(server);
   EXPECT_EQ(client->frame_bytes_max(), 8192U);
-  try {
-    client->set("big", std::string(10'000, 'x'));
-    FAIL() << "set of 10000 bytes accepted";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("frame limit of 8192"), std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<InvalidArgument>([&] { client->set("big", std::string(10'000, 'x')); },
+                                         {"frame limit of 8192"});
   // Each value fits; their multi_get answer does not.
   for (const char* key : {"a", "b", "c"}) {
     client->set(key, std::string(3000, 'v'));
@@ -1299,12 +1277,7 @@ TEST(Store, KeyCountLimitIsInvalidArgument) {
   Server server(options);
   auto client = connect(server);
   client->multi_set({{"a", "1"}, {"b", "2"}, {"c", "3"}});
-  try {
-    client->set("d", "4");
-    FAIL() << "a fourth key was accepted";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("limit of 3 keys"), std::string::npos) << error.what();
-  }
+  testing::expect_error<InvalidArgument>([&] { client->set("d", "4"); }, {"limit of 3 keys"});
   EXPECT_THROW(client->add("d", 1), InvalidArgument);
   EXPECT_THROW(client->compare_set("d", "", "4"), InvalidArgument);
   client->set("a", "replaced");  // replacing creates nothing
@@ -1320,19 +1293,10 @@ TEST(Store, WrongOrMissingTokenIsRefusedAtConnect) {
   ServerOptions options;
   options.token = "s3cret";
   Server server(options);
-  try {
-    Client client(options_for(server, ""), kHang);
-    FAIL() << "a client without a token was accepted";
-  } catch (const TransportError& error) {
-    EXPECT_NE(std::string(error.what()).find("requires a token"), std::string::npos)
-        << error.what();
-  }
-  try {
-    Client client(options_for(server, "guess"), kHang);
-    FAIL() << "a client with a wrong token was accepted";
-  } catch (const TransportError& error) {
-    EXPECT_NE(std::string(error.what()).find("wrong token"), std::string::npos) << error.what();
-  }
+  testing::expect_error<TransportError>([&] { Client client(options_for(server, ""), kHang); },
+                                        {"requires a token"});
+  testing::expect_error<TransportError>([&] { Client client(options_for(server, "guess"), kHang); },
+                                        {"wrong token"});
   auto client = connect(server, "s3cret");
   client->set("k", "v");
   EXPECT_EQ(client->get("k"), "v");
@@ -1343,14 +1307,9 @@ TEST(Store, ATokenTooLongForTheHandshakeIsInvalidArgumentAtTheClient) {
   ServerOptions options;
   options.token = "s3cret";
   Server server(options);
-  try {
-    Client client(options_for(server, std::string(5000, 't')), kHang);
-    FAIL() << "a 5000-byte token was sent";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("the token (5000 bytes) makes the handshake longer"),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<InvalidArgument>(
+      [&] { Client client(options_for(server, std::string(5000, 't')), kHang); },
+      {"the token (5000 bytes) makes the handshake longer"});
 }
 
 TEST(Store, ATokenThatMakesTheHelloExactlyItsLimitIsAccepted) {
@@ -1503,15 +1462,9 @@ TEST(Store, AHandshakeTimeoutThatIsNotPositiveIsRefusedAtConstruction) {
   const auto expect_refused = [](milliseconds timeout, const std::string& reason) {
     ServerOptions options;
     options.handshake_timeout = timeout;
-    try {
-      Server server(options);
-      ADD_FAILURE() << "a handshake timeout of " << timeout.count() << " ms was accepted";
-    } catch (const InvalidArgument& error) {
-      EXPECT_NE(std::string(error.what())
-                    .find("handshake_timeout " + reason + std::to_string(timeout.count()) + " ms"),
-                std::string::npos)
-          << error.what();
-    }
+    testing::expect_error<InvalidArgument>(
+        [&] { Server server(options); },
+        {"handshake_timeout " + reason + std::to_string(timeout.count()) + " ms"});
   };
   // It once made the server close every connection before its hello.
   for (const milliseconds timeout : {milliseconds(0), milliseconds(-1)}) {
@@ -1538,16 +1491,10 @@ TEST(Store, APeerThatIsNotAStoreIsTransportErrorPromptly) {
   ClientOptions options;
   options.port = ssh.port();
   const auto start = Clock::now();
-  try {
-    Client client(options, kHang);
-    FAIL() << "an SSH server was taken for a store";
-  } catch (const TransportError& error) {
-    EXPECT_NE(std::string(error.what())
-                  .find("is not a chorus store (handshake reply of 759714643 bytes, at most 4096 "
-                        "expected)"),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<TransportError>(
+      [&] { Client client(options, kHang); },
+      {"is not a chorus store (handshake reply of 759714643 bytes, at most 4096 "
+       "expected)"});
   EXPECT_LT(Clock::now() - start, kPrompt);
 }
 
@@ -1555,16 +1502,9 @@ TEST(Store, AStoreThatReportsAFrameLimitOfZeroIsRefusedAtConnect) {
   const ScriptedStore zero([](int) {}, /*frame_limit=*/0);
   ClientOptions options;
   options.port = zero.port();
-  try {
-    Client client(options, kHang);
-    FAIL() << "a frame limit of 0 was accepted";
-  } catch (const TransportError& error) {
-    EXPECT_NE(std::string(error.what())
-                  .find("the store at 127.0.0.1:" + std::to_string(zero.port()) +
-                        " reported a frame limit of 0"),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<TransportError>(
+      [&] { Client client(options, kHang); },
+      {"the store at 127.0.0.1:" + std::to_string(zero.port()) + " reported a frame limit of 0"});
 }
 
 // An answer whose header claims more than the frame limit the store reported is refused when its
@@ -1591,16 +1531,10 @@ TEST(Store, AnAnswerOverTheFrameLimitIsTransportErrorAtOnce) {
   ClientOptions options;
   options.port = oversized.port();
   Client client(options, kHang);
-  try {
-    client.num_keys(kPrompt);
-    FAIL() << "an answer of 4097 bytes was read";
-  } catch (const TransportError& error) {
-    EXPECT_NE(std::string(error.what())
-                  .find("the store at 127.0.0.1:" + std::to_string(oversized.port()) +
-                        " sent a frame of 4097 bytes (limit 4096)"),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<TransportError>(
+      [&] { client.num_keys(kPrompt); },
+      {"the store at 127.0.0.1:" + std::to_string(oversized.port()) +
+       " sent a frame of 4097 bytes (limit 4096)"});
 }
 
 // A store that takes a wait and never answers: past the deadline and the client's grace for the
@@ -1615,23 +1549,14 @@ TEST(Store, AStoreThatNeverAnswersIsTimeoutNamingTheKeysAndClosesTheConnection) 
   options.port = silent.port();
   Client client(options, kHang);
   const std::string store = "the store at 127.0.0.1:" + std::to_string(silent.port());
-  try {
-    client.wait({"a", "b", "c"}, milliseconds(50));
-    FAIL() << "the wait returned";
-  } catch (const Timeout& error) {
-    EXPECT_NE(std::string(error.what())
-                  .find("no answer from " + store +
-                        " for key 'a' (and 2 more) before the deadline; the connection is closed"),
-              std::string::npos)
-        << error.what();
-  }
-  try {
-    client.num_keys(kHang);
-    FAIL() << "a call went through the closed connection";
-  } catch (const TransportError& error) {
-    EXPECT_NE(std::string(error.what()).find("a store.wait timed out mid-call"), std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<Timeout>(
+      [&] {
+        client.wait({"a", "b", "c"}, milliseconds(50));
+      },
+      {"no answer from " + store +
+       " for key 'a' (and 2 more) before the deadline; the connection is closed"});
+  testing::expect_error<TransportError>([&] { client.num_keys(kHang); },
+                                        {"a store.wait timed out mid-call"});
 }
 
 TEST(Store, SilentConnectionIsClosedAfterTheHandshakeTimeout) {
@@ -1741,16 +1666,10 @@ TEST(Store, AResolverThatStaysTemporarilyFailedIsTimeoutAtTheDeadline) {
   options.host = "store.invalid";
   options.port = 1;
   const auto start = Clock::now();
-  try {
-    Client client(options, milliseconds(200));
-    FAIL() << "connected through a resolver that always fails";
-  } catch (const Timeout& error) {
-    EXPECT_NE(std::string(error.what())
-                  .find("could not resolve store host 'store.invalid' before the deadline: " +
-                        std::string(::gai_strerror(EAI_AGAIN))),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<Timeout>([&] { Client client(options, milliseconds(200)); },
+                                 {"could not resolve store host 'store.invalid' before the "
+                                  "deadline: " +
+                                  std::string(::gai_strerror(EAI_AGAIN))});
   EXPECT_GE(Clock::now() - start, milliseconds(200));
   EXPECT_LT(Clock::now() - start, kPrompt);
   EXPECT_GT(ScopedFlakyResolver::calls(), 1);
@@ -1773,16 +1692,10 @@ TEST(Store, ANameServerThatDoesNotAnswerIsTimeoutAtTheDeadline) {
   ClientOptions options;
   options.host = kStandInHostName;
   options.port = 1;
-  try {
-    Client client(options, milliseconds(200));
-    FAIL() << "connected through a resolver that did not answer";
-  } catch (const Timeout& error) {
-    EXPECT_NE(std::string(error.what())
-                  .find("could not resolve store host 'store.test' before the deadline: the "
-                        "name server did not answer in time"),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<Timeout>(
+      [&] { Client client(options, milliseconds(200)); },
+      {"could not resolve store host 'store.test' before the deadline: the "
+       "name server did not answer in time"});
   // The constructor returned while the stand-in had not answered: the deadline ended the wait.
   EXPECT_EQ(ScopedGatedResolver::answers(), 0);
   // The lookup answers after its client is gone: the answer is freed (ASan's leak check sees it
