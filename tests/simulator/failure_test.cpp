@@ -3,8 +3,11 @@
 // replay line of a failing run.
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chorus/chorus.hpp>
 #include <cmath>
 #include <cstring>
@@ -499,6 +502,53 @@ TEST(SimFailure, AFailingRunPrintsTheSeedAndAReplayCommand) {
                        "CHORUS_SIM_SEED, SimOptions::seed_from_environment is false)\n"))
       << unread;
   EXPECT_FALSE(contains(unread, "CHORUS_SIM_SEED=")) << unread;
+}
+
+// What `command_line_probe <args>` prints: its command line as a replay command repeats it.
+std::string probe_command_line(const std::vector<std::string>& args) {
+  int out[2];
+  if (::pipe(out) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return "";
+  }
+  std::vector<char*> argv{const_cast<char*>(CHORUS_COMMAND_LINE_PROBE)};
+  for (const std::string& arg : args) {
+    argv.push_back(const_cast<char*>(arg.c_str()));
+  }
+  argv.push_back(nullptr);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    ::close(out[0]);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string printed;
+  char chunk[256];
+  for (;;) {
+    const ssize_t n = ::read(out[0], chunk, sizeof chunk);
+    if (n > 0) {
+      printed.append(chunk, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(out[0]);
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  return printed;
+}
+
+// Each argument of the replay command reads back as itself in a POSIX shell: an empty one as '',
+// one with a space or a shell character in single quotes, a single quote as '\''.
+TEST(SimFailure, TheReplayCommandQuotesEachArgumentForTheShell) {
+  const std::string printed = probe_command_line({"", "plain", "a b", "it's", "$HOME", "-x=1"});
+  // After the program's path (itself quoted if the build directory needs it).
+  EXPECT_TRUE(printed.starts_with(" ") &&
+              printed.ends_with(" '' plain 'a b' 'it'\\''s' '$HOME' -x=1"))
+      << printed;
 }
 
 TEST(SimFailure, ReplayingTheSeedReproducesTheFailureExactly) {
