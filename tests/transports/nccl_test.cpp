@@ -27,6 +27,7 @@
 #include "device_scope.hpp"
 #include "nccl_launch_environment.hpp"
 #include "nccl_transport.hpp"
+#include "support/expect_error.hpp"
 #include "support/narrowed_transport.hpp"
 #include "support/scoped_environment.hpp"
 
@@ -144,12 +145,10 @@ TEST(NcclMapping, CoversEveryDTypeAndOp) {
 }
 
 TEST(NcclMapping, RefusesAnUnrecognizedOp) {
-  try {
-    (void)describe_mapping(DType::Float32, ReduceOp("median"));
-    ADD_FAILURE() << "median was accepted";
-  } catch (const InvalidArgument& error) {
-    EXPECT_EQ(error.detail(), "nccl: Unrecognized reduce_op 'median'");
-  }
+  EXPECT_EQ(testing::expect_error<InvalidArgument>(
+                [] { (void)describe_mapping(DType::Float32, ReduceOp("median")); }, {})
+                .detail,
+            "nccl: Unrecognized reduce_op 'median'");
   EXPECT_EQ(mapping_problem(DType::Float32, ReduceOp("median")),
             "nccl: Unrecognized reduce_op 'median'");
 }
@@ -200,12 +199,8 @@ TEST(NcclEnvironment, NamesAMissingOrMalformedVariable) {
     } else {
       variables[name] = value;
     }
-    try {
-      (void)parse(variables);
-      ADD_FAILURE() << name << "=" << value << " was accepted";
-    } catch (const InvalidArgument& error) {
-      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
-    }
+    SCOPED_TRACE(name + "=" + value);
+    testing::expect_error<InvalidArgument>([&] { (void)parse(variables); }, {expected});
   }
 }
 
@@ -321,13 +316,8 @@ TEST(NcclLaunchEnvironment, ChorusRunTakesTheRankFromSrun) {
                                           {"MASTER_PORT", "29400"}});
   RunOptions options;
   options.transport = "nccl";
-  try {
-    (void)chorus::run(options, [] {});
-    ADD_FAILURE() << "chorus::run --transport=nccl succeeded without a device";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::TransportError) << error.what();
-    EXPECT_NE(std::string(error.what()).find("no CUDA device"), std::string::npos) << error.what();
-  }
+  testing::expect_error<TransportError>([&] { (void)chorus::run(options, [] {}); },
+                                        {"no CUDA device"});
 }
 
 // Under mpirun without MASTER_ADDR: named, with the launcher, on any machine (before the device).
@@ -339,16 +329,9 @@ TEST(NcclLaunchEnvironment, ChorusRunNamesAMissingMasterAddrUnderMpirun) {
   RunOptions options;
   options.transport = "nccl";
   bool ran = false;
-  try {
-    (void)chorus::run(options, [&] { ran = true; });
-    ADD_FAILURE() << "chorus::run --transport=nccl ran without MASTER_ADDR";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("environment variable MASTER_ADDR is not set"),
-              std::string::npos)
-        << error.what();
-    EXPECT_NE(std::string(error.what()).find("launcher 'openmpi'"), std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<InvalidArgument>(
+      [&] { (void)chorus::run(options, [&] { ran = true; }); },
+      {"environment variable MASTER_ADDR is not set", "launcher 'openmpi'"});
   EXPECT_FALSE(ran);
 }
 
@@ -448,21 +431,19 @@ TEST(NcclUniqueIdExchangeErrors, ARankWaitsForRankZeroUntilTheDeadline) {
   store::Server server;
   store::Client client(options_for(server), std::chrono::seconds(30));
   store::Rendezvous rendezvous(client, 1, 2);
-  try {
-    (void)exchange_unique_id(
-        rendezvous, 128, [] { return std::string(128, 'x'); }, std::chrono::milliseconds(200));
-    FAIL() << "rank 1 got a unique id that rank 0 never published";
-  } catch (const Timeout& error) {
-    EXPECT_EQ(error.context().rank, 1);
-    EXPECT_EQ(error.context().op, "nccl::exchange_unique_id");
-    const std::string& detail = error.detail();
-    EXPECT_TRUE(
-        detail.starts_with("nccl: the unique id from rank 0 of this communicator did not "
-                           "arrive: store.get: key 'chorus.rendezvous/0/broadcast/value' was "
-                           "not set within "))
-        << detail;
-    EXPECT_TRUE(detail.ends_with(" ms")) << detail;
-  }
+  const testing::CaughtError caught = testing::expect_error<Timeout>(
+      [&] {
+        (void)exchange_unique_id(
+            rendezvous, 128, [] { return std::string(128, 'x'); }, std::chrono::milliseconds(200));
+      },
+      {});
+  EXPECT_EQ(caught.context.rank, 1);
+  EXPECT_EQ(caught.context.op, "nccl::exchange_unique_id");
+  EXPECT_TRUE(caught.detail.starts_with(
+      "nccl: the unique id from rank 0 of this communicator did not arrive: store.get: key "
+      "'chorus.rendezvous/0/broadcast/value' was not set within "))
+      << caught.detail;
+  EXPECT_TRUE(caught.detail.ends_with(" ms")) << caught.detail;
 }
 
 // create_comm names this rank (not its rank in the group), the group, and the world rank that
@@ -473,20 +454,18 @@ TEST(NcclUniqueIdExchangeErrors, CommunicatorSetUpNamesTheRankTheGroupAndTheRoot
   const Environment environment{2, 3, 2, "127.0.0.1", server.port()};
   detail::NcclTransport transport(environment, client, 0, std::chrono::milliseconds(200), false,
                                   false);
-  try {
-    (void)transport.create_comm("", {1, 2});
-    FAIL() << "rank 2 made a communicator with a rank that never arrived";
-  } catch (const Timeout& error) {
-    EXPECT_EQ(error.context().rank, 2);
-    EXPECT_EQ(error.context().op, "communicator set-up");
-    EXPECT_EQ(error.context().group, "[1, 2]");
-    const std::string& detail = error.detail();
-    EXPECT_TRUE(
-        detail.starts_with("nccl: the unique id from rank 0 of this communicator did not "
-                           "arrive: store.get: key 'chorus/nccl/comm/"))
-        << detail;
-    EXPECT_TRUE(detail.ends_with(" ms (rank 0 of this communicator is rank 1)")) << detail;
-  }
+  const std::vector<int> ranks{1, 2};
+  const testing::CaughtError caught =
+      testing::expect_error<Timeout>([&] { (void)transport.create_comm("", ranks); }, {});
+  EXPECT_EQ(caught.context.rank, 2);
+  EXPECT_EQ(caught.context.op, "communicator set-up");
+  EXPECT_EQ(caught.context.group, "[1, 2]");
+  EXPECT_TRUE(
+      caught.detail.starts_with("nccl: the unique id from rank 0 of this communicator did not "
+                                "arrive: store.get: key 'chorus/nccl/comm/"))
+      << caught.detail;
+  EXPECT_TRUE(caught.detail.ends_with(" ms (rank 0 of this communicator is rank 1)"))
+      << caught.detail;
 }
 
 // Note [NCCL communicator set-up], "Retries": core calls create_comm again after a set-up threw;
@@ -500,36 +479,25 @@ TEST(NcclUniqueIdExchangeErrors, ARetryAfterAFailedSetUpThrowsTheFirstErrorAgain
   const Environment environment{2, 3, 2, "127.0.0.1", server->port()};
   detail::NcclTransport transport(environment, client, 0, std::chrono::milliseconds(200), false,
                                   false);
-  std::string first;
-  try {
-    (void)transport.create_comm("", {1, 2});
-    FAIL() << "rank 2 made a communicator with a rank that never arrived";
-  } catch (const Timeout& error) {
-    first = error.detail();
-  }
-  try {
-    (void)transport.create_comm("", {0, 2});
-    FAIL() << "rank 2 made a communicator with a rank that never arrived";
-  } catch (const Timeout& error) {
-    EXPECT_TRUE(
-        error.detail().starts_with("nccl: the unique id from rank 0 of this communicator "
-                                   "did not arrive: store.get: key 'chorus/nccl/comm/"))
-        << "another group's set-up is its own: " << error.detail();
-  }
+  // The set-up of a group of `ranks`, which times out.
+  const auto timed_out_set_up = [&transport](const std::vector<int>& ranks) {
+    return testing::expect_error<Timeout>([&] { (void)transport.create_comm("", ranks); }, {});
+  };
+  const std::string first = timed_out_set_up({1, 2}).detail;
+  const std::string other = timed_out_set_up({0, 2}).detail;
+  EXPECT_TRUE(
+      other.starts_with("nccl: the unique id from rank 0 of this communicator did not "
+                        "arrive: store.get: key 'chorus/nccl/comm/"))
+      << "another group's set-up is its own: " << other;
   server.reset();
   for (int retry = 0; retry < 2; ++retry) {
-    try {
-      (void)transport.create_comm("", {1, 2});
-      FAIL() << "a retry made a communicator";
-    } catch (const Timeout& error) {
-      EXPECT_EQ(error.context().rank, 2);
-      EXPECT_EQ(error.context().op, "communicator set-up");
-      EXPECT_EQ(error.context().group, "[1, 2]");
-      EXPECT_EQ(error.detail(), "nccl: the group's set-up failed earlier: " + first +
-                                    "; a retry is not supported on NCCL");
-    } catch (const Error& error) {
-      ADD_FAILURE() << "retry " << retry << ": " << error.what();
-    }
+    SCOPED_TRACE("retry " + std::to_string(retry));
+    const testing::CaughtError caught = timed_out_set_up({1, 2});
+    EXPECT_EQ(caught.context.rank, 2);
+    EXPECT_EQ(caught.context.op, "communicator set-up");
+    EXPECT_EQ(caught.context.group, "[1, 2]");
+    EXPECT_EQ(caught.detail, "nccl: the group's set-up failed earlier: " + first +
+                                 "; a retry is not supported on NCCL");
   }
 }
 
@@ -549,16 +517,13 @@ TEST(NcclStore, RankZeroConnectsToTheStoreThatHoldsTheAddress) {
 // out the timeout on every rank.
 TEST(NcclStore, RankZeroThatCannotHostTheStoreSaysWhyAtOnce) {
   const Environment environment{0, 2, 0, "192.0.2.1", 29500};
-  try {
-    (void)detail::connect_store(environment, std::chrono::seconds(60));
-    FAIL() << "rank 0 connected to a store at an address of no host";
-  } catch (const TransportError& error) {
-    EXPECT_EQ(error.context().rank, 0);
-    EXPECT_EQ(error.context().op, "nccl::run");
-    EXPECT_EQ(error.detail(),
-              "rank 0 cannot host the store at MASTER_ADDR:MASTER_PORT (192.0.2.1:29500): cannot "
-              "listen on 192.0.2.1:29500: Cannot assign requested address");
-  }
+  const testing::CaughtError caught = testing::expect_error<TransportError>(
+      [&] { (void)detail::connect_store(environment, std::chrono::seconds(60)); }, {});
+  EXPECT_EQ(caught.context.rank, 0);
+  EXPECT_EQ(caught.context.op, "nccl::run");
+  EXPECT_EQ(caught.detail,
+            "rank 0 cannot host the store at MASTER_ADDR:MASTER_PORT (192.0.2.1:29500): cannot "
+            "listen on 192.0.2.1:29500: Cannot assign requested address");
 }
 
 // ---- Splitting a partition of the world (Note [NCCL communicator set-up])
@@ -624,14 +589,9 @@ TEST(NcclSplitPlan, RanksThatListThePartsInOtherOrdersStillSplitIntoTheParts) {
 
 TEST(NcclSplitPlan, RefusesWhatIsNotAPartitionOfTheWorld) {
   const auto refused = [](const transport::Partition& partition, int world_size, int rank) {
-    try {
-      (void)split_plan(partition, world_size, rank, false);
-      ADD_FAILURE() << "accepted";
-    } catch (const InvalidArgument& error) {
-      EXPECT_NE(std::string(error.what()).find("nccl: not a partition of the world"),
-                std::string::npos)
-          << error.what();
-    }
+    testing::expect_error<InvalidArgument>(
+        [&] { (void)split_plan(partition, world_size, rank, false); },
+        {"nccl: not a partition of the world"});
   };
   refused({Parts{{0, 1}}, 0}, 4, 0);          // leaves ranks 2 and 3 out
   refused({Parts{{0, 1}, {2, 3}}, 0}, 4, 2);  // rank 2 is not in part 0
@@ -1403,13 +1363,11 @@ TEST(NcclAbort, EveryOutstandingWorkNamesItsOwnOpAndSequenceNumber) {
       {tripped, "all_reduce #3"}, {behind, "all_gather #4"}};
   for (const auto& [work, names] : expected) {
     ASSERT_EQ(work->status(), transport::WorkStatus::Failed) << names;  // so wait() returns
-    try {
-      work->wait(transport::Deadline::never());
-      ADD_FAILURE() << names << " did not fail";
-    } catch (const Timeout& error) {
-      EXPECT_NE(std::string(error.what()).find(names), std::string::npos) << error.what();
-      EXPECT_EQ(error.detail(), cause);
-    }
+    SCOPED_TRACE(names);
+    const testing::CaughtError caught =
+        testing::expect_error<Timeout>([&] { work->wait(transport::Deadline::never()); }, {});
+    EXPECT_TRUE(testing::contains(caught.what, names)) << caught.what;
+    EXPECT_EQ(caught.detail, cause);
   }
 }
 
@@ -1425,14 +1383,8 @@ TEST(NcclNoDevice, TransportNcclFailsWithAClearError) {
   NcclRunOptions options;
   options.environment = parse(kGood);
   bool ran = false;
-  try {
-    (void)nccl::run(options, [&] { ran = true; });
-    ADD_FAILURE() << "nccl::run succeeded without a device";
-  } catch (const TransportError& error) {
-    EXPECT_NE(std::string(error.what()).find("no CUDA device: cudaGetDeviceCount returned"),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<TransportError>([&] { (void)nccl::run(options, [&] { ran = true; }); },
+                                        {"no CUDA device: cudaGetDeviceCount returned"});
   EXPECT_FALSE(ran);
 }
 
@@ -1442,14 +1394,8 @@ TEST(NcclNoDevice, AMissingEnvironmentIsNamedBeforeTheDevice) {
   RunOptions options;
   options.transport = "nccl";
   bool ran = false;
-  try {
-    (void)chorus::run(options, [&] { ran = true; });
-    ADD_FAILURE() << "chorus::run --transport=nccl succeeded without RANK or WORLD_SIZE";
-  } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("environment variable WORLD_SIZE is not set"),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_error<InvalidArgument>([&] { (void)chorus::run(options, [&] { ran = true; }); },
+                                         {"environment variable WORLD_SIZE is not set"});
   EXPECT_FALSE(ran);
 }
 
