@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/expect_error.hpp"
 #include "support/scoped_environment.hpp"
 
 #ifndef CHORUS_LAUNCH_PROBE
@@ -420,14 +421,9 @@ TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
         std::chrono::milliseconds(kGraceMax) + std::chrono::milliseconds(1),
         std::chrono::milliseconds::max()}) {
     options.grace = grace;
-    try {
-      launch(options);
-      ADD_FAILURE() << "a grace period of " << grace.count() << " ms was accepted";
-    } catch (const InvalidArgument& error) {
-      EXPECT_TRUE(contains(error.what(), "a grace period of " + std::to_string(grace.count()) +
-                                             " ms: it must be 0 to 86400000 ms (24 hours)"))
-          << error.what();
-    }
+    testing::expect_error<InvalidArgument>([&] { launch(options); },
+                                           {"a grace period of " + std::to_string(grace.count()) +
+                                            " ms: it must be 0 to 86400000 ms (24 hours)"});
   }
   options.grace = kGraceMax;  // the longest is fine
   const Capture quiet;
@@ -436,21 +432,11 @@ TEST(Launcher, RefusesBadOptionsAndMissingPrograms) {
   EXPECT_EQ(launch(options), 0);
   options.grace = std::chrono::milliseconds(2000);
   options.command = {"/tmp"};  // access(X_OK) passes a directory
-  try {
-    launch(options);
-    ADD_FAILURE() << "a directory was accepted as the program";
-  } catch (const InvalidArgument& error) {
-    EXPECT_TRUE(contains(error.what(), "cannot execute '/tmp': not a regular file"))
-        << error.what();
-  }
+  testing::expect_error<InvalidArgument>([&] { launch(options); },
+                                         {"cannot execute '/tmp': not a regular file"});
   options.command = {"chorus-no-such-program-anywhere"};
-  try {
-    launch(options);
-    ADD_FAILURE() << "a missing program was accepted";
-  } catch (const InvalidArgument& error) {
-    EXPECT_TRUE(contains(error.what(), "cannot find program 'chorus-no-such-program-anywhere'"))
-        << error.what();
-  }
+  testing::expect_error<InvalidArgument>([&] { launch(options); },
+                                         {"cannot find program 'chorus-no-such-program-anywhere'"});
 }
 
 // Runs `body` in a child process whose RLIMIT_NOFILE is `soft`/`hard` and returns its exit

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/expect_error.hpp"
 #include "support/scoped_environment.hpp"
 
 namespace chorus {
@@ -234,13 +235,8 @@ TEST(Run, UnbuiltTransportsAreRefusedClearly) {
   for (const std::string& name : names) {
     RunOptions options;
     options.transport = name;
-    try {
-      run(options, [] {});
-      ADD_FAILURE() << "expected InvalidArgument";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("'" + name + "' is not built"), std::string::npos)
-          << e.what();
-    }
+    testing::expect_error<InvalidArgument>([&] { run(options, [] {}); },
+                                           {"'" + name + "' is not built"});
   }
 }
 
