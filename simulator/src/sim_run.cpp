@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -217,19 +218,44 @@ void check_fault_plan(const SimOptions& options) {
   }
 }
 
-// Writes `text` to `path` (SimOptions::timeline_path, trace_path) and leaves `mark` in `report`.
-void write_output(const std::string& path, const std::string& text, std::string_view mark,
-                  SimReport& report) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file << text;
-  file.close();
-  if (!file) {
-    throw InvalidArgument(
-        ErrorContext{-1, "sim::run", -1, ""},
-        "cannot write the simulator's " + std::string(mark) + " to '" + path + "'");
+// "cannot write the SVG timeline to '<path>': <why>", errno's reason.
+[[noreturn]] void cannot_write(const std::string& path, std::string_view what, int error) {
+  throw InvalidArgument(
+      ErrorContext{-1, "sim::run", -1, ""},
+      "cannot write the " + std::string(what) + " to '" + path + "': " + std::strerror(error));
+}
+
+// Refuses, before the run, an output file (SimOptions::timeline_path, trace_path) that cannot be
+// opened for writing: found only at the end, the error came after the run's report, and in place
+// of `chorus replay`'s verdict. Opening to append leaves an existing file as it is.
+void check_writable(const std::string& path, std::string_view what) {
+  if (path.empty()) {
+    return;
+  }
+  std::FILE* file = std::fopen(path.c_str(), "ab");
+  if (file == nullptr) {
+    cannot_write(path, what, errno);
+  }
+  std::fclose(file);
+}
+
+// Writes `text` to `path` (the `what` of check_writable) and leaves `mark` in `report`.
+void write_output(const std::string& path, std::string_view what, const std::string& text,
+                  std::string_view mark, SimReport& report) {
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) {
+    cannot_write(path, what, errno);
+  }
+  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  const int write_error = errno;
+  if (std::fclose(file) != 0 || !written) {
+    cannot_write(path, what, written ? errno : write_error);
   }
   report.marks[std::string(mark)] += 1;
 }
+
+constexpr std::string_view kTimelineFile = "SVG timeline";
+constexpr std::string_view kTraceFile = "trace JSON";
 
 // Microseconds, exactly, in plain digits: "600000012.345", never the "6e+08" a stream prints
 // for a double (a 10-minute virtual timeout is 6e8 us; events microseconds apart must differ).
@@ -460,6 +486,8 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
     throw InvalidArgument(ErrorContext{RankContext::current()->rank(), "sim::run", -1, ""},
                           "sim::run cannot be called from inside a rank");
   }
+  check_writable(effective.timeline_path, kTimelineFile);
+  check_writable(effective.trace_path, kTraceFile);
   // Recycled (Note [Recycled blocks]): a world is larger than glibc's per-thread cache holds, so
   // a fresh one costs a run ~2k instructions of malloc.
   auto world = std::allocate_shared<detail::SimWorld>(
@@ -483,10 +511,12 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
     std::fflush(stderr);
   }
   if (!effective.timeline_path.empty()) {
-    write_output(effective.timeline_path, to_svg_timeline(report), "timeline.svg_written", report);
+    write_output(effective.timeline_path, kTimelineFile, to_svg_timeline(report),
+                 "timeline.svg_written", report);
   }
   if (!effective.trace_path.empty()) {
-    write_output(effective.trace_path, to_perfetto_json(report), "timeline.trace_written", report);
+    write_output(effective.trace_path, kTraceFile, to_perfetto_json(report),
+                 "timeline.trace_written", report);
   }
   return report;
 }

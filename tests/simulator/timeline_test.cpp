@@ -751,10 +751,24 @@ TEST(TimelineFiles, TheEnvironmentSetsThePaths) {
   std::remove(svg_path.c_str());
 }
 
-TEST(TimelineFiles, AnUnwritablePathIsInvalidArgument) {
+// Refused before the run, with the operating system's reason: found at the end, the error came
+// after a failing run's report (and in place of `chorus replay`'s verdict).
+TEST(TimelineFiles, AnUnwritablePathIsInvalidArgumentBeforeTheRun) {
+  bool ran = false;
+  const auto program = [&ran] { ran = true; };
   SimOptions options = testing::quiet_options(2);
   options.trace_path = "/nonexistent-directory/trace.json";
-  EXPECT_THROW(sim::simulate(options, waited_then_dropped), InvalidArgument);
+  testing::expect_error<InvalidArgument>(
+      [&] { sim::simulate(options, program); },
+      {"cannot write the trace JSON to '/nonexistent-directory/trace.json': No such file or "
+       "directory"});
+  options.trace_path.clear();
+  options.timeline_path = "/nonexistent-directory/timeline.svg";
+  testing::expect_error<InvalidArgument>(
+      [&] { sim::simulate(options, program); },
+      {"cannot write the SVG timeline to '/nonexistent-directory/timeline.svg': No such file or "
+       "directory"});
+  EXPECT_FALSE(ran);
 }
 
 TEST(TimelineFiles, ShrinkWritesTheMinimalRunOnly) {
