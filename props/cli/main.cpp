@@ -271,18 +271,19 @@ struct BenchFlags {
   std::string dtype = "float32";
 };
 
+// The comma-separated words of `text`, each trimmed of surrounding blanks ("all_reduce,
+// broadcast"), empty ones dropped.
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> words;
-  std::string word;
-  for (const char c : text + ",") {
-    if (c == ',') {
-      if (!word.empty()) {
-        words.push_back(word);
-      }
-      word.clear();
-    } else {
-      word += c;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::size_t first = text.find_first_not_of(" \t", start);
+    if (first < comma) {
+      const std::size_t last = text.find_last_not_of(" \t", comma - 1);
+      words.push_back(text.substr(first, last - first + 1));
     }
+    start = comma + 1;
   }
   return words;
 }
@@ -375,7 +376,10 @@ const CLI::Validator kOneOrZero = CLI::IsMember({"0", "1"});
 // be 1 or 0 like the switches above, or true or false.
 const CLI::Validator kFlagOneOrZero(
     [](std::string& text) -> std::string {
-      return text == "true" || text == "false" ? "" : kOneOrZero(text);
+      return text == "true" || text == "false" || text == "1" || text == "0"
+                 ? ""
+                 : "'" + text +
+                       "' is not a switch's value: give the flag alone, or =true, =false, =1 or =0";
     },
     "");
 
@@ -546,6 +550,20 @@ int main(int argc, char** argv) {
   // Everything from the program on is the program's, flags included.
   launch->prefix_command();
 
+  // CLI11 says only "A subcommand is required" for a mistyped one.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string commands;
+    for (const CLI::App* command : app.get_subcommands({})) {
+      known = known || command->check_name(argv[1]);
+      commands += (commands.empty() ? "" : ", ") + command->get_name();
+    }
+    if (!known) {
+      std::cerr << "chorus: unknown command '" << argv[1] << "' (commands: " << commands
+                << "; chorus --help tells more)\n";
+      return 2;
+    }
+  }
   const int separator = launch_separator(argc, argv);
   try {
     app.parse(separator, argv);

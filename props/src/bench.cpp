@@ -373,10 +373,13 @@ void validate(const BenchOptions& options) {
   if (options.ops.empty()) {
     invalid("no op to benchmark (--ops names none)");
   }
-  for (const std::string& op : options.ops) {
-    if (std::find(std::begin(kOps), std::end(kOps), op) == std::end(kOps)) {
-      invalid("unknown op '" + op +
+  for (auto op = options.ops.begin(); op != options.ops.end(); ++op) {
+    if (std::find(std::begin(kOps), std::end(kOps), *op) == std::end(kOps)) {
+      invalid("unknown op '" + *op +
               "' (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast)");
+    }
+    if (std::find(options.ops.begin(), op, *op) != op) {
+      invalid("op '" + *op + "' is listed twice (its table would be printed twice)");
     }
   }
   if (std::find(std::begin(kReduceOps), std::end(kReduceOps), options.reduce_op) ==
@@ -388,7 +391,9 @@ void validate(const BenchOptions& options) {
             " is not benchmarked (UInt8, Int8, Int32, Int64, Float16, BFloat16, Float32, Float64)");
   }
   if (options.min_bytes == 0 || options.min_bytes > options.max_bytes) {
-    invalid("sizes must satisfy 0 < min-bytes <= max-bytes");
+    invalid("sizes must satisfy 0 < min-bytes <= max-bytes, got min-bytes " +
+            std::to_string(options.min_bytes) + " and max-bytes " +
+            std::to_string(options.max_bytes));
   }
   if (options.max_bytes > (std::size_t{1} << 40)) {
     invalid("max-bytes is larger than 1 TiB");

@@ -799,7 +799,9 @@ void check_options(const CheckOptions& options) {
         {}, "chorus check: pct_depth must lie in [1, 3], got " + std::to_string(options.pct_depth));
   }
   if (options.shrink_runs_max < 0) {
-    throw InvalidArgument({}, "chorus check: shrink_runs_max must not be negative");
+    throw InvalidArgument({},
+                          "chorus check: shrink runs (--shrink-runs) must not be negative, got " +
+                              std::to_string(options.shrink_runs_max));
   }
 }
 

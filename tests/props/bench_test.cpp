@@ -347,7 +347,12 @@ TEST(Bench, BadOptionsAreRefusedBeforeAnythingRuns) {
   options = quick(2);
   options.min_bytes = 1024;
   options.max_bytes = 8;
-  refused(options, "0 < min-bytes <= max-bytes");
+  refused(options,
+          "sizes must satisfy 0 < min-bytes <= max-bytes, got min-bytes 1024 and "
+          "max-bytes 8");
+  options = quick(2);
+  options.ops = {"all_reduce", "broadcast", "all_reduce"};
+  refused(options, "chorus bench: op 'all_reduce' is listed twice");
   // Options that used to be taken and benchmark nothing or garbage.
   options = quick(2);
   options.ops = {};
