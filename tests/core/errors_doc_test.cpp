@@ -1790,6 +1790,40 @@ TEST(ErrorsDocRunning, FromArgsMissingValue) {
                                        "flag --ranks='' is invalid: expected a value");
 }
 
+// Refused rather than ignored, whichever comes first on the command line; --seed, --timeout-ms
+// and --check-collectives apply to every transport.
+TEST(ErrorsDocRunning, FromArgsSimulatorFlagsOnAnotherTransport) {
+  errdoc_expect_plain<InvalidArgument>(
+      [] {
+        (void)errdoc_from_args(
+            {"--ranks=4", "--transport=mpi", "--timeline=out.svg", "--guard-pages=false"});
+      },
+      "RunOptions::from_args",
+      "--ranks, --timeline, --guard-pages are for the simulator only, not --transport=mpi: there "
+      "the launcher sets the world (mpirun -np N, chorus launch -n N) and the library the "
+      "schedule");
+  errdoc_expect_plain<InvalidArgument>(
+      [] {
+        (void)errdoc_from_args({"--transport=nccl", "--strategy", "pct"});
+      },
+      "RunOptions::from_args", "--strategy is for the simulator only, not --transport=nccl");
+  const RunOptions everywhere = errdoc_from_args(
+      {"--transport=mpi", "--seed=7", "--timeout-ms=100", "--check-collectives=true"});
+  EXPECT_EQ(everywhere.seed, 7U);
+  EXPECT_TRUE(everywhere.check_collectives);
+}
+
+// A switch takes no value, or true, false, 1 or 0 (as chorus check's do).
+TEST(ErrorsDocRunning, FromArgsSwitchValue) {
+  errdoc_expect_plain<InvalidArgument>(
+      [] { (void)errdoc_from_args({"--guard-pages=yes"}); }, "RunOptions::from_args",
+      "flag --guard-pages='yes' is invalid: expected no value (a switch), or true, false, 1 or 0");
+  EXPECT_TRUE(errdoc_from_args({"--sim-cuda=1"}).sim_cuda);
+  EXPECT_FALSE(errdoc_from_args({"--sim-cuda", "--sim-cuda=false"}).sim_cuda);
+  EXPECT_FALSE(errdoc_from_args({"--check-determinism=0"}).check_determinism);
+  EXPECT_TRUE(errdoc_from_args({"--check-determinism=true"}).check_determinism);
+}
+
 TEST(ErrorsDocRunning, TransportNotBuilt) {
   std::string built = "(built: sim";
   std::vector<std::string> names = {"gloo"};

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "chorus/error.hpp"
 #include "chorus/launch_environment.hpp"
@@ -73,6 +74,9 @@ std::string built_transports() {
 
 RunOptions RunOptions::from_args(int argc, char** argv) {
   RunOptions options;
+  // Flags that only the simulator reads: another transport refuses them below rather than
+  // ignoring them (its world is its launcher's, its schedule the library's).
+  std::vector<std::string> simulator_flags;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -84,13 +88,18 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
     }
     if (arg == "--guard-pages" || arg == "--check-determinism" || arg == "--check-collectives" ||
         arg == "--sim-cuda") {
-      if (has_value) {
-        bad_flag(arg, value, "no value (a switch)");
+      // As `chorus check` takes its switches: alone, or =true, =false, =1, =0.
+      const bool on = !has_value || value == "true" || value == "1";
+      if (has_value && !on && value != "false" && value != "0") {
+        bad_flag(arg, value, "no value (a switch), or true, false, 1 or 0");
       }
       (arg == "--guard-pages"         ? options.guard_pages
        : arg == "--check-determinism" ? options.check_determinism
        : arg == "--sim-cuda"          ? options.sim_cuda
-                                      : options.check_collectives) = true;
+                                      : options.check_collectives) = on;
+      if (arg != "--check-collectives") {
+        simulator_flags.push_back(arg);
+      }
       continue;
     }
     const bool known = arg == "--transport" || arg == "--ranks" || arg == "--seed" ||
@@ -100,6 +109,9 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
     if (!known) {
       options.args.push_back(argv[i]);
       continue;
+    }
+    if (arg != "--transport" && arg != "--seed" && arg != "--timeout-ms") {
+      simulator_flags.push_back(arg);
     }
     if (!has_value) {
       if (i + 1 >= argc) {
@@ -156,6 +168,17 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       }
       options.timeout = std::chrono::milliseconds(milliseconds);
     }
+  }
+  if (options.transport != "sim" && !simulator_flags.empty()) {
+    std::string flags;
+    for (const std::string& flag : simulator_flags) {
+      flags += (flags.empty() ? "" : ", ") + flag;
+    }
+    throw InvalidArgument(ErrorContext{-1, "RunOptions::from_args", -1, ""},
+                          flags + (simulator_flags.size() == 1 ? " is" : " are") +
+                              " for the simulator only, not --transport=" + options.transport +
+                              ": there the launcher sets the world (mpirun -np N, chorus launch "
+                              "-n N) and the library the schedule");
   }
   return options;
 }

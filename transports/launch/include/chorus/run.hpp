@@ -57,8 +57,10 @@ struct RunOptions {
   // --pct-steps=K, --reduction-order=fixed|ring|tree|adversarial,
   // --allocator=pooled|lifo|quarantine|random,
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
-  // --check-determinism, --check-collectives and --sim-cuda; everything else lands in `args`.
-  // Throws InvalidArgument for a malformed value.
+  // --check-determinism, --check-collectives and --sim-cuda (alone, or =true, =false, =1, =0);
+  // everything else lands in `args`. Throws InvalidArgument for a malformed value, and for a
+  // simulator-only flag (all but --transport, --seed, --timeout-ms, --check-collectives) with
+  // --transport=mpi or nccl, which would ignore it.
   static RunOptions from_args(int argc, char** argv);
 };
 
