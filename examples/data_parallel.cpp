@@ -7,7 +7,7 @@
 // (--transport=mpi under mpirun), whose float sums round differently, as NCCL's ring does.
 //
 //   data_parallel [--ranks=N] [--seed=S] [--steps=K] [--timeline=out.svg] [--trace=out.json]
-//                 [--bug=unbucketed]
+//                 [--bug=unbucketed]                  (kSynopsis; --help)
 //
 // --timeline / --trace write the simulated run's SVG timeline / Perfetto trace JSON
 // (docs/simulator-timeline.md). --bug=unbucketed plants a real bug to look at: from step 1 on, the
@@ -26,6 +26,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "example_support.hpp"
@@ -141,21 +142,24 @@ bool close_to(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
+constexpr std::string_view kSynopsis =
+    "data_parallel [chorus flags] [--steps=K] [--timeline=out.svg] [--trace=out.json] "
+    "[--bug=unbucketed]";
+
 static int run_main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
+  if (examples::help_asked(options.args, kSynopsis)) {
+    return 0;
+  }
   int steps = 5;
   bool unbucketed = false;
-  for (std::size_t i = 0; i < options.args.size(); ++i) {
-    std::string arg = options.args[i];
-    if ((arg == "--steps" || arg == "--bug") && i + 1 < options.args.size()) {
-      arg += "=" + options.args[++i];  // "--steps 2", as from_args reads "--ranks 4"
-    }
+  for (const std::string& arg : examples::joined_flags(options.args, {"--steps", "--bug"})) {
     if (arg.rfind("--steps=", 0) == 0) {
       steps = static_cast<int>(examples::flag_at_least(arg, 8, 0));
     } else if (arg == "--bug=unbucketed") {
       unbucketed = true;
     } else {
-      throw std::invalid_argument("unknown argument " + arg);
+      throw examples::unknown_argument(arg, kSynopsis);
     }
   }
   // Bitwise equal to the reference only where the reduction folds in rank order: the simulator's

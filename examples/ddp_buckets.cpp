@@ -22,14 +22,25 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
+
+constexpr std::string_view kSynopsis =
+    "ddp_buckets [chorus flags] [--steps=K] [--layers=L] [--width=W] "
+    "[--batch-per-rank=B] [--bucket-elements=E] [--data-seed=S] "
+    "[--bug=wait-in-backward]";
 
 int main(int argc, char** argv) {
   chorus::RunOptions options;
   examples::DdpCase c;
   try {
     options = chorus::RunOptions::from_args(argc, argv);
-    for (const std::string& arg : options.args) {
+    if (examples::help_asked(options.args, kSynopsis)) {
+      return 0;
+    }
+    for (const std::string& arg :
+         examples::joined_flags(options.args, {"--steps", "--layers", "--width", "--batch-per-rank",
+                                               "--bucket-elements", "--data-seed", "--bug"})) {
       if (arg.rfind("--steps=", 0) == 0) {
         c.steps = examples::flag_at_least(arg, 8, 0);
       } else if (arg.rfind("--layers=", 0) == 0) {
@@ -41,12 +52,11 @@ int main(int argc, char** argv) {
       } else if (arg.rfind("--bucket-elements=", 0) == 0) {
         c.bucket_elements = examples::flag_at_least(arg, 18, 1);
       } else if (arg.rfind("--data-seed=", 0) == 0) {
-        c.data_seed = std::stoull(arg.substr(12));
+        c.data_seed = examples::flag_unsigned(arg, 12);
       } else if (arg == "--bug=wait-in-backward") {
         c.bug_wait_in_backward = true;
       } else {
-        std::fprintf(stderr, "ddp_buckets: unknown argument %s\n", arg.c_str());
-        return 2;
+        throw examples::unknown_argument(arg, kSynopsis);
       }
     }
   } catch (const std::exception& error) {

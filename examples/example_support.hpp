@@ -21,6 +21,7 @@
 // same code in the same order on the rank and in the reference, so they need no proof.
 
 #include <algorithm>
+#include <charconv>
 #include <chorus/check.hpp>
 #include <chorus/chorus.hpp>
 #include <cmath>
@@ -28,9 +29,11 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -384,13 +387,90 @@ inline void require_reference_on_every_rank(const Results& actual, const Results
   }
 }
 
-// The integer value of a flag `arg` ("--steps=3") after its `prefix` characters; throws
-// std::invalid_argument below `minimum` (std::stoll's own errors for a malformed number).
-inline std::int64_t flag_at_least(const std::string& arg, std::size_t prefix,
-                                  std::int64_t minimum) {
-  const std::int64_t value = std::stoll(arg.substr(prefix));
-  if (value < minimum) {
-    throw std::invalid_argument(arg + ": must be at least " + std::to_string(minimum));
+// Note [Example flags]
+// An example reads its own flags from RunOptions::args, what chorus::RunOptions::from_args left
+// of the command line. A flag that takes a value is "--name=value" or "--name value", as
+// from_args reads "--ranks 4" (joined_flags). Numbers are plain decimal: a sign, a fraction, a
+// 0x or trailing junk is refused naming the flag, never read as far as it goes (std::stoll took
+// "3abc" as 3 and "0x10" as 0). An argument the example does not know is refused with its
+// synopsis (unknown_argument), which --help prints (help_asked). Errors are
+// std::invalid_argument; the examples print them and exit with status 2.
+
+// What every example takes before its own flags (chorus::RunOptions::from_args).
+inline constexpr const char* kChorusFlags =
+    "[--ranks=N] [--seed=S] [--transport=sim|mpi|nccl] [--timeout-ms=T] [simulator flags: "
+    "docs/simulator.md]";
+
+// `args` with each "--name value" of a flag in `valued` joined into "--name=value".
+inline std::vector<std::string> joined_flags(const std::vector<std::string>& args,
+                                             std::initializer_list<std::string_view> valued) {
+  std::vector<std::string> joined;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const bool takes_value =
+        std::find(valued.begin(), valued.end(), std::string_view(args[i])) != valued.end();
+    if (takes_value && i + 1 < args.size()) {
+      joined.push_back(args[i] + "=" + args[i + 1]);
+      ++i;
+    } else {
+      joined.push_back(args[i]);
+    }
+  }
+  return joined;
+}
+
+// Whether `args` holds --help (or -h); then prints the usage, `synopsis` being
+// "<program> [chorus flags] [--steps=K] ...", on stdout.
+inline bool help_asked(const std::vector<std::string>& args, std::string_view synopsis) {
+  if (std::none_of(args.begin(), args.end(),
+                   [](const std::string& arg) { return arg == "--help" || arg == "-h"; })) {
+    return false;
+  }
+  std::printf("usage: %.*s\n  chorus flags: %s\n", static_cast<int>(synopsis.size()),
+              synopsis.data(), kChorusFlags);
+  return true;
+}
+
+// The error for an argument the example does not take: names it and shows the usage.
+inline std::invalid_argument unknown_argument(const std::string& arg, std::string_view synopsis) {
+  return std::invalid_argument("unknown argument " + arg + " (usage: " + std::string(synopsis) +
+                               "; --help lists the chorus flags)");
+}
+
+// The unsigned decimal value of a flag `arg` ("--data-seed=7") after its `prefix` characters
+// (Note [Example flags]).
+inline std::uint64_t flag_unsigned(const std::string& arg, std::size_t prefix) {
+  const std::string name = arg.substr(0, prefix - 1);
+  const std::string text = arg.substr(prefix);
+  std::uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+    throw std::invalid_argument("flag " + name + "='" + text +
+                                "' is invalid: expected an unsigned integer in plain decimal" +
+                                (error == std::errc::result_out_of_range ? " below 2^64" : ""));
+  }
+  return value;
+}
+
+// The integer value of a flag `arg` ("--steps=3") after its `prefix` characters, from `minimum`
+// to `maximum` (at least 0: no flag of the examples is negative; Note [Example flags]).
+inline std::int64_t flag_at_least(const std::string& arg, std::size_t prefix, std::int64_t minimum,
+                                  std::int64_t maximum = std::numeric_limits<std::int64_t>::max()) {
+  CHORUS_CHECK(minimum >= 0 && minimum <= maximum);
+  const std::string name = arg.substr(0, prefix - 1);
+  const std::string text = arg.substr(prefix);
+  const std::string expected =
+      maximum == std::numeric_limits<std::int64_t>::max()
+          ? "an integer of at least " + std::to_string(minimum)
+          : "an integer from " + std::to_string(minimum) + " to " + std::to_string(maximum);
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || text[0] == '-' || error != std::errc() || end != text.data() + text.size()) {
+    throw std::invalid_argument("flag " + name + "='" + text + "' is invalid: expected " +
+                                expected + " in plain decimal");
+  }
+  if (value < minimum || value > maximum) {
+    throw std::invalid_argument("flag " + name + "='" + text + "' is invalid: expected " +
+                                expected);
   }
   return value;
 }

@@ -6,7 +6,7 @@
 //
 //   examples_property                         # 8 simulated ranks, 100 cases per property
 //   examples_property --ranks=3 --seed=4 --cases=40
-//   examples_property --properties=example.moe*
+//   examples_property --property=example.moe*     # (or --properties=)
 //   examples_property --runner=lockstep       # the real-transport runner, on simulated ranks
 //   examples_property --bug=unpermuted        # a planted bug (as in the programs): fails, shrunk
 //   examples_property --bug=unpermuted --replay-case <token>   # rerun the minimal case
@@ -18,8 +18,10 @@
 #include <chorus/props/runner.hpp>
 #include <cstdint>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ddp_buckets.hpp"
@@ -164,6 +166,11 @@ std::vector<Property> all_properties(Bugs bugs) {
 
 }  // namespace
 
+constexpr std::string_view kSynopsis =
+    "examples_property [chorus flags] [--cases=N] [--property=GLOB[,GLOB...]] "
+    "[--runner=simulator|lockstep] [--bug=local-dx|local-gradient|wait-in-backward|unpermuted] "
+    "[--replay-case TOKEN]";
+
 int main(int argc, char** argv) {
   try {
     const chorus::RunOptions run_options = chorus::RunOptions::from_args(argc, argv);
@@ -175,8 +182,12 @@ int main(int argc, char** argv) {
     chorus::props::CheckOptions options;
     options.ranks = run_options.ranks;
     options.seed = run_options.seed;
-    for (std::size_t i = 0; i < run_options.args.size(); ++i) {
-      const std::string& arg = run_options.args[i];
+    if (examples::help_asked(run_options.args, kSynopsis)) {
+      return 0;
+    }
+    for (const std::string& arg : examples::joined_flags(
+             run_options.args,
+             {"--bug", "--runner", "--property", "--properties", "--replay-case", "--cases"})) {
       if (arg == "--bug=local-dx") {
         bugs.local_dx = true;
       } else if (arg == "--bug=local-gradient") {
@@ -187,15 +198,18 @@ int main(int argc, char** argv) {
         bugs.unpermuted = true;
       } else if (arg.rfind("--runner=", 0) == 0) {
         runner = arg.substr(9);
+      } else if (arg.rfind("--property=", 0) == 0) {  // as chorus check names it
+        selection = arg.substr(11);
       } else if (arg.rfind("--properties=", 0) == 0) {
         selection = arg.substr(13);
-      } else if (arg == "--replay-case" && i + 1 < run_options.args.size()) {
-        replay_case = run_options.args[++i];
+      } else if (arg.rfind("--replay-case=", 0) == 0) {
+        replay_case = arg.substr(14);
       } else if (arg.rfind("--cases=", 0) == 0) {
-        options.cases = std::stoi(arg.substr(8));
+        // 0 and up: props::check_options refuses 0 below, as chorus check does.
+        options.cases =
+            static_cast<int>(examples::flag_at_least(arg, 8, 0, std::numeric_limits<int>::max()));
       } else {
-        std::cerr << "examples_property: unknown argument " << arg << "\n";
-        return 2;
+        throw examples::unknown_argument(arg, kSynopsis);
       }
       if (arg.rfind("--bug=", 0) == 0) {
         bug_flag += " " + arg;
@@ -213,10 +227,7 @@ int main(int argc, char** argv) {
     }
     if (!replay_case.empty()) {
       const chorus::props::Replay replayed = chorus::props::replay(properties, replay_case);
-      std::cout << replayed.result.counterexample << "\n"
-                << (replayed.result.verdict == chorus::props::Verdict::Failed
-                        ? "FAILED:\n" + replayed.result.failure + replayed.result.timeline
-                        : std::string("passed\n"));
+      std::cout << chorus::props::replay_text(replayed, replay_case);
       return replayed.result.verdict == chorus::props::Verdict::Failed ? 1 : 0;
     }
     chorus::props::CheckReport report;

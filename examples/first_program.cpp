@@ -2,7 +2,7 @@
 // number, the ranks sum with one all_reduce, and every rank checks the sum against the closed
 // form 0 + 1 + ... + (W - 1). --bug=skip plants a bug to read: the last rank skips the all_reduce.
 //
-//   first_program [--ranks=N] [--seed=S] [--transport=sim|mpi] [--bug=skip]
+//   first_program [--ranks=N] [--seed=S] [--transport=sim|mpi] [--bug=skip]   (kUsage; --help)
 //
 // Exit status 0 when every rank got the sum; 1 when a rank failed; 2 on bad arguments (an
 // unknown one too) or an unavailable transport.
@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+static const char* const kUsage =
+    "first_program [--ranks=N] [--seed=S] [--transport=sim|mpi] [simulator flags: "
+    "docs/simulator.md] [--bug=skip]";
+
 static int run_main(int argc, char** argv) {
   chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
   bool skip = false;
@@ -25,8 +29,11 @@ static int run_main(int argc, char** argv) {
     }
     if (arg == "--bug=skip") {
       skip = true;
+    } else if (arg == "--help" || arg == "-h") {
+      std::printf("usage: %s\n", kUsage);
+      return 0;
     } else {
-      throw std::invalid_argument("unknown argument " + arg);
+      throw std::invalid_argument("unknown argument " + arg + " (usage: " + kUsage + ")");
     }
   }
   return chorus::run(options, [skip] {

@@ -22,6 +22,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -30,12 +31,21 @@ constexpr int kPrintRanksMax = 16;  // larger worlds skip printing the split mat
 
 }  // namespace
 
+constexpr std::string_view kSynopsis =
+    "moe_dispatch [chorus flags] [--max-tokens=T] [--features=F] "
+    "[--experts-per-rank=E] [--top-k=K] [--data-seed=S] [--bug=unpermuted]";
+
 int main(int argc, char** argv) {
   chorus::RunOptions options;
   examples::MoeCase c;
   try {
     options = chorus::RunOptions::from_args(argc, argv);
-    for (const std::string& arg : options.args) {
+    if (examples::help_asked(options.args, kSynopsis)) {
+      return 0;
+    }
+    for (const std::string& arg :
+         examples::joined_flags(options.args, {"--max-tokens", "--features", "--experts-per-rank",
+                                               "--top-k", "--data-seed", "--bug"})) {
       if (arg.rfind("--max-tokens=", 0) == 0) {
         c.max_tokens = examples::flag_at_least(arg, 13, 0);
       } else if (arg.rfind("--features=", 0) == 0) {
@@ -45,12 +55,11 @@ int main(int argc, char** argv) {
       } else if (arg.rfind("--top-k=", 0) == 0) {
         c.top_k = examples::flag_at_least(arg, 8, 1);
       } else if (arg.rfind("--data-seed=", 0) == 0) {
-        c.data_seed = std::stoull(arg.substr(12));
+        c.data_seed = examples::flag_unsigned(arg, 12);
       } else if (arg == "--bug=unpermuted") {
         c.bug_unpermuted_combine = true;
       } else {
-        std::fprintf(stderr, "moe_dispatch: unknown argument %s\n", arg.c_str());
-        return 2;
+        throw examples::unknown_argument(arg, kSynopsis);
       }
     }
   } catch (const std::exception& error) {

@@ -21,13 +21,23 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+
+constexpr std::string_view kSynopsis =
+    "sharded_optimizer [chorus flags] [--steps=K] [--inputs=I] [--outputs=O] "
+    "[--batch-per-rank=B] [--data-seed=S] [--bug=local-gradient]";
 
 int main(int argc, char** argv) {
   chorus::RunOptions options;
   examples::ShardedCase c;
   try {
     options = chorus::RunOptions::from_args(argc, argv);
-    for (const std::string& arg : options.args) {
+    if (examples::help_asked(options.args, kSynopsis)) {
+      return 0;
+    }
+    for (const std::string& arg : examples::joined_flags(
+             options.args,
+             {"--steps", "--inputs", "--outputs", "--batch-per-rank", "--data-seed", "--bug"})) {
       if (arg.rfind("--steps=", 0) == 0) {
         c.steps = examples::flag_at_least(arg, 8, 0);
       } else if (arg.rfind("--inputs=", 0) == 0) {
@@ -37,12 +47,11 @@ int main(int argc, char** argv) {
       } else if (arg.rfind("--batch-per-rank=", 0) == 0) {
         c.batch_per_rank = examples::flag_at_least(arg, 17, 1);
       } else if (arg.rfind("--data-seed=", 0) == 0) {
-        c.data_seed = std::stoull(arg.substr(12));
+        c.data_seed = examples::flag_unsigned(arg, 12);
       } else if (arg == "--bug=local-gradient") {
         c.bug_local_gradient = true;
       } else {
-        std::fprintf(stderr, "sharded_optimizer: unknown argument %s\n", arg.c_str());
-        return 2;
+        throw examples::unknown_argument(arg, kSynopsis);
       }
     }
   } catch (const std::exception& error) {

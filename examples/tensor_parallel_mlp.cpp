@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -28,19 +29,32 @@ using examples::MlpVariant;
 
 }  // namespace
 
+constexpr std::string_view kSynopsis =
+    "tensor_parallel_mlp [chorus flags] [--variant=tensor|sequence|both] "
+    "[--tokens-per-rank=T] [--model=D] [--hidden-per-rank=H] [--data-seed=S] "
+    "[--bug=local-dx]";
+
 int main(int argc, char** argv) {
   chorus::RunOptions options;
   MlpCase c;
   std::vector<MlpVariant> variants = {MlpVariant::TensorParallel, MlpVariant::SequenceParallel};
   try {
     options = chorus::RunOptions::from_args(argc, argv);
-    for (const std::string& arg : options.args) {
+    if (examples::help_asked(options.args, kSynopsis)) {
+      return 0;
+    }
+    for (const std::string& arg :
+         examples::joined_flags(options.args, {"--variant", "--tokens-per-rank", "--model",
+                                               "--hidden-per-rank", "--data-seed", "--bug"})) {
       if (arg == "--variant=tensor") {
         variants = {MlpVariant::TensorParallel};
       } else if (arg == "--variant=sequence") {
         variants = {MlpVariant::SequenceParallel};
       } else if (arg == "--variant=both") {
         variants = {MlpVariant::TensorParallel, MlpVariant::SequenceParallel};
+      } else if (arg.rfind("--variant=", 0) == 0) {
+        throw std::invalid_argument("flag --variant='" + arg.substr(10) +
+                                    "' is invalid: expected tensor, sequence or both");
       } else if (arg.rfind("--tokens-per-rank=", 0) == 0) {
         c.tokens_per_rank = examples::flag_at_least(arg, 18, 1);
       } else if (arg.rfind("--model=", 0) == 0) {
@@ -48,12 +62,11 @@ int main(int argc, char** argv) {
       } else if (arg.rfind("--hidden-per-rank=", 0) == 0) {
         c.hidden_per_rank = examples::flag_at_least(arg, 18, 1);
       } else if (arg.rfind("--data-seed=", 0) == 0) {
-        c.data_seed = std::stoull(arg.substr(12));
+        c.data_seed = examples::flag_unsigned(arg, 12);
       } else if (arg == "--bug=local-dx") {
         c.bug_local_dx = true;
       } else {
-        std::fprintf(stderr, "tensor_parallel_mlp: unknown argument %s\n", arg.c_str());
-        return 2;
+        throw examples::unknown_argument(arg, kSynopsis);
       }
     }
   } catch (const std::exception& error) {

@@ -15,12 +15,14 @@
 //   all_reduce(sum) of x_r W_r gives y = x W.
 // Inputs are small integers, so every order of the sums is exact and results compare bitwise.
 
+#include <charconv>
 #include <chorus/chorus.hpp>
 #include <chorus/props/runner.hpp>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -158,6 +160,21 @@ props::Property row_parallel_property() {
       });
 }
 
+constexpr const char* kUsage =
+    "tensor_parallel_property [--ranks=N] [--seed=S] [--transport=sim|mpi|nccl] [--cases=N] "
+    "[--runner=simulator|lockstep] [--bug=offset] [--replay-case TOKEN]";
+
+// --cases: plain decimal, 0 and up (props::check_options refuses 0 with chorus check's message).
+int parse_cases(const std::string& text) {
+  int cases = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), cases);
+  if (text.empty() || text[0] == '-' || error != std::errc() || end != text.data() + text.size()) {
+    throw std::invalid_argument("flag --cases='" + text +
+                                "' is invalid: expected an integer from 0 to 2147483647");
+  }
+  return cases;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,17 +186,25 @@ int main(int argc, char** argv) {
     options.ranks = run_options.ranks;
     options.seed = run_options.seed;
     for (std::size_t i = 0; i < run_options.args.size(); ++i) {
-      const std::string& arg = run_options.args[i];
+      std::string arg = run_options.args[i];
+      if ((arg == "--bug" || arg == "--runner" || arg == "--replay-case" || arg == "--cases") &&
+          i + 1 < run_options.args.size()) {
+        arg += "=" + run_options.args[++i];  // "--cases 40", as from_args reads "--ranks 4"
+      }
       if (arg == "--bug=offset") {
         planted_offset_bug = true;
       } else if (arg.rfind("--runner=", 0) == 0) {
         runner = arg.substr(9);
-      } else if (arg == "--replay-case" && i + 1 < run_options.args.size()) {
-        replay_case = run_options.args[++i];
+      } else if (arg.rfind("--replay-case=", 0) == 0) {
+        replay_case = arg.substr(14);
       } else if (arg.rfind("--cases=", 0) == 0) {
-        options.cases = std::stoi(arg.substr(8));
+        options.cases = parse_cases(arg.substr(8));
+      } else if (arg == "--help" || arg == "-h") {
+        std::cout << "usage: " << kUsage << "\n";
+        return 0;
       } else {
-        std::cerr << "tensor_parallel_property: unknown argument " << arg << "\n";
+        std::cerr << "tensor_parallel_property: unknown argument " << arg << " (usage: " << kUsage
+                  << ")\n";
         return 2;
       }
     }
@@ -193,10 +218,7 @@ int main(int argc, char** argv) {
                                                      row_parallel_property()};
     if (!replay_case.empty()) {
       const props::Replay replayed = props::replay(properties, replay_case);
-      std::cout << replayed.result.counterexample << "\n"
-                << (replayed.result.verdict == props::Verdict::Failed
-                        ? "FAILED:\n" + replayed.result.failure + replayed.result.timeline
-                        : std::string("passed\n"));
+      std::cout << props::replay_text(replayed, replay_case);
       return replayed.result.verdict == props::Verdict::Failed ? 1 : 0;
     }
     props::CheckReport report;
@@ -235,7 +257,7 @@ int main(int argc, char** argv) {
     }
     return report.passed() ? 0 : 1;
   } catch (const std::exception& error) {
-    std::cerr << error.what() << "\n";
+    std::cerr << "tensor_parallel_property: " << error.what() << "\n";
     return 2;
   }
 }

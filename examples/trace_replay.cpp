@@ -15,6 +15,7 @@
 // nothing here.
 //
 //   trace_replay [--ranks=N] [--seed=S] [--transport=sim|mpi|nccl] [simulator flags] [--json]
+//                                                           (kSynopsis; --help)
 //
 // Exit status 0 when the ranks agree and every adjoint holds; 1 when the traces diverge or an
 // adjoint does not hold (every rank fails, naming what differed); 2 on bad arguments or an
@@ -188,12 +189,17 @@ void rank_main(const chorus::RunOptions& options, bool print_json) {
 
 }  // namespace
 
+constexpr std::string_view kSynopsis = "trace_replay [chorus flags] [--json]";
+
 static int run_main(int argc, char** argv) {
   const chorus::RunOptions options = chorus::RunOptions::from_args(argc, argv);
+  if (examples::help_asked(options.args, kSynopsis)) {
+    return 0;
+  }
   bool print_json = false;
   for (const std::string& arg : options.args) {
     if (arg != "--json") {
-      throw std::invalid_argument("unknown argument " + arg);
+      throw examples::unknown_argument(arg, kSynopsis);
     }
     print_json = true;
   }

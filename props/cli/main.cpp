@@ -244,16 +244,7 @@ int run_replay(const std::string& token, const std::string& trace, const std::st
   extra.trace_path = trace;
   extra.timeline_path = timeline;
   const props::Replay replayed = props::replay(props::battery(), token, extra);
-  std::cout << "property " << replayed.result.name << "\ncase:\n  "
-            << replayed.result.counterexample << "\n";
-  if (replayed.result.verdict == props::Verdict::Failed) {
-    std::cout << "FAILED:\n" << replayed.result.failure << replayed.result.timeline;
-  } else {
-    std::cout << "passed (the failure did not reproduce)\n";
-    if (const std::string note = props::replay_note(token); !note.empty()) {
-      std::cout << "note: " << note << "\n";
-    }
-  }
+  std::cout << props::replay_text(replayed, token);
   if (!trace.empty()) {
     std::cout << "trace: " << trace << "\n";
   }

@@ -878,8 +878,13 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
   const auto found = std::find_if(properties.begin(), properties.end(),
                                   [&](const Property& p) { return p.name == parsed.property; });
   if (found == properties.end()) {
-    throw InvalidArgument(
-        {}, "chorus replay: no property named '" + parsed.property + "' (chorus list shows them)");
+    // The program's own list: `chorus list` shows the battery's, not a property program's.
+    std::string names;
+    for (const Property& property : properties) {
+      names += (names.empty() ? "" : ", ") + property.name;
+    }
+    throw InvalidArgument({}, "chorus replay: no property named '" + parsed.property +
+                                  "' (the properties here: " + names + ")");
   }
   const Property& property = *found;
   CheckOptions options;
@@ -995,6 +1000,19 @@ std::string replay_note(std::string_view token) {
          "not record: a failure that depended on them may not reproduce; rerunning the same "
          "chorus check (same seed, ranks and transport) reproduces it on the simulator, and on "
          "MPI or NCCL may reproduce it (their timing is not replayed)";
+}
+
+std::string replay_text(const Replay& replayed, std::string_view token) {
+  std::string text =
+      "property " + replayed.result.name + "\ncase:\n  " + replayed.result.counterexample + "\n";
+  if (replayed.result.verdict == Verdict::Failed) {
+    return text + "FAILED:\n" + replayed.result.failure + replayed.result.timeline;
+  }
+  text += "passed (the failure did not reproduce)\n";
+  if (const std::string note = replay_note(token); !note.empty()) {
+    text += "note: " + note + "\n";
+  }
+  return text;
 }
 
 std::string failure_report(const PropertyResult& result, std::string_view replay_with) {

@@ -142,6 +142,10 @@ struct Replay {
 };
 Replay replay(const std::vector<Property>& properties, std::string_view token,
               sim::SimOptions extra = {});
+// What `chorus replay` prints of `replayed`, the replay of `token`: the property and the case,
+// then "FAILED:" with the failure and the timeline of the run, or "passed (the failure did not
+// reproduce)" with replay_note's note for a lockstep token. Property programs print the same.
+std::string replay_text(const Replay& replayed, std::string_view token);
 
 // A table: property, cases, runs, time, verdict; then the total.
 std::string summary_table(const CheckReport& report);
