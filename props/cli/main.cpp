@@ -442,7 +442,7 @@ int main(int argc, char** argv) {
   check
       ->add_flag("--check-collectives", flags.check_collectives,
                  "mpi, nccl: members compare every operation before starting it (docs/mpi.md, "
-                 "docs/nccl.md)")
+                 "docs/nccl.md); the simulator always does")
       ->check(kFlagOneOrZero);
   check
       ->add_option("--timeout-ms", flags.timeout_ms,
