@@ -5,6 +5,7 @@
 
 #include <chorus/chorus.hpp>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -30,6 +31,23 @@ TEST(Error, FieldsThatDoNotApplyAreLeftOut) {
   // No context at all: one colon after the code, not "InvalidArgument:: bad".
   EXPECT_STREQ(InvalidArgument({}, "chorus bench: bad").what(),
                "chorus::InvalidArgument: chorus bench: bad");
+  // Operation #0 and rank 0 are numbers like any other; a sequence number without an operation
+  // has nothing to follow.
+  EXPECT_STREQ(Deadlock(ErrorContext{0, "barrier", 0, ""}, "stuck").what(),
+               "chorus::Deadlock: [rank 0] barrier #0: stuck");
+  EXPECT_STREQ(Aborted(ErrorContext{-1, "", 3, "[0, 1]"}, "gone").what(),
+               "chorus::Aborted: on group [0, 1]: gone");
+}
+
+// describe: what() of a chorus error or any std::exception, fixed texts otherwise.
+TEST(Error, DescribeNamesAnyExceptionAndNone) {
+  EXPECT_EQ(describe(nullptr), "no error");
+  EXPECT_EQ(describe(make_error(ErrorCode::Timeout, ErrorContext{1, "send", 4, ""}, "late")),
+            "chorus::Timeout: [rank 1] send #4: late");
+  EXPECT_EQ(describe(std::make_exception_ptr(std::logic_error("plain"))), "plain");
+  EXPECT_EQ(describe(std::make_exception_ptr(42)), "an exception not derived from std::exception");
+  // A value outside the enumeration still has a name.
+  EXPECT_EQ(error_code_name(static_cast<ErrorCode>(99)), "Unknown");
 }
 
 TEST(Error, MakeErrorKeepsTheDynamicType) {

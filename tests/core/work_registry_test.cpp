@@ -310,6 +310,28 @@ TEST(WorkRegistry, DropCompletesTheWorkAndReportsItsCallSite) {
   EXPECT_NE(unwaited[0].to_string().find("dropped un-waited"), std::string::npos);
 }
 
+// The report's line names each field that applies: operation #0 and a completion's error too,
+// the sequence number and group left out when unknown (-1, empty).
+TEST(WorkRegistry, AnUnwaitedLineNamesEveryFieldThatApplies) {
+  UnwaitedWork work;
+  work.rank = 2;
+  work.op = "all_reduce";
+  work.seq = 0;
+  work.group = "[0, 2]";
+  EXPECT_EQ(work.to_string(),
+            "rank 2: all_reduce #0 on group [0, 2] issued at <unknown> was dropped un-waited");
+  work.at_rank_exit = true;
+  work.error = "link down";
+  EXPECT_EQ(work.to_string(),
+            "rank 2: all_reduce #0 on group [0, 2] issued at <unknown> was still pending when the "
+            "rank ended; completing it failed: link down");
+  work.seq = -1;
+  work.group.clear();
+  work.error.clear();
+  EXPECT_EQ(work.to_string(),
+            "rank 2: all_reduce issued at <unknown> was still pending when the rank ended");
+}
+
 TEST(WorkRegistry, FailedDropIsRaisedAtTheRanksNextCallOnce) {
   FakeRank rank;
   {

@@ -141,6 +141,37 @@ TEST(SimFailure, AfterAMismatchTheCommunicatorIsAborted) {
   }
 }
 
+// As AModifiedInputNamesTheWritersWorldRank: a mismatch in the group {1, 2} names both sides by
+// their world ranks (1 and 2), not their ranks in the group (0 and 1), whichever arrived first.
+TEST(SimFailure, AMismatchNamesBothSidesByTheirWorldRanks) {
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    std::vector<Outcome> outcomes = run_catching(
+        3,
+        [] {
+          if (rank() == 0) {
+            return;
+          }
+          const ProcessGroup pair = new_group({1, 2}, "pair");
+          if (rank() == 1) {
+            (void)all_reduce(bytes(4), "sum", pair).to_vector<std::uint8_t>();
+          } else {
+            (void)all_gather_tensor(bytes(2), 0, pair).to_vector<std::uint8_t>();
+          }
+        },
+        seed);
+    EXPECT_FALSE(outcomes[0].code.has_value()) << outcomes[0].what;
+    for (std::size_t r = 1; r < outcomes.size(); ++r) {
+      const Outcome& outcome = outcomes[r];
+      ASSERT_TRUE(outcome.code.has_value()) << "rank " << r;
+      EXPECT_EQ(*outcome.code, ErrorCode::CollectiveMismatch) << outcome.what;
+      EXPECT_TRUE(contains(outcome.what, "rank 1 issued all_reduce(UInt8, send=4, recv=4, sum)"))
+          << outcome.what;
+      EXPECT_TRUE(contains(outcome.what, "rank 2 issued all_gather_tensor all_gather(UInt8"))
+          << outcome.what;
+    }
+  }
+}
+
 TEST(SimFailure, RanksThatDisagreeOnTheGroupGetCollectiveMismatchNamingBoth) {
   // Rank 0 joins {0, 1}; rank 1 joins {0, 1, 2}; rank 2 joins {1, 2}: each waits for a peer
   // that is waiting in another group holding them both.
@@ -195,6 +226,67 @@ TEST(SimFailure, CyclicWaitsAcrossGroupsAreADeadlockWithEveryRanksPendingOp) {
     EXPECT_TRUE(contains(what, "rank 2: waiting in all_reduce #0 on group [0, 2]")) << what;
     EXPECT_TRUE(contains(what, "not yet joined by rank(s) 1")) << what;
     EXPECT_TRUE(contains(what, "failure_test.cpp:")) << what;
+  }
+}
+
+// A cycle as above beside two ranks that already ended: the deadlock's rank table says how each
+// ended, in rank order (the last lines of the detail).
+TEST(SimFailure, TheDeadlocksRankTableSaysHowEachEndedRankEnded) {
+  std::vector<Outcome> outcomes(5);
+  EXPECT_THROW(
+      sim::run(quiet(5),
+               [&] {
+                 const int r = rank();
+                 if (r == 3) {
+                   return;
+                 }
+                 if (r == 4) {
+                   throw std::runtime_error("rank 4's own bug");
+                 }
+                 // 0 waits for 1, 1 for 2, 2 for 0.
+                 std::vector<int> first = {r, (r + 1) % 3};
+                 std::sort(first.begin(), first.end());
+                 try {
+                   (void)all_reduce(bytes(1), "sum", first).to_vector<std::uint8_t>();
+                 } catch (const Error& e) {
+                   outcomes[static_cast<std::size_t>(r)] = Outcome{e.code(), e.what(), e.context()};
+                 }
+               }),
+      std::runtime_error)
+      << "sim::run rethrows rank 4's error";
+  for (std::size_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(outcomes[r].code.has_value()) << "rank " << r;
+    EXPECT_EQ(*outcomes[r].code, ErrorCode::Deadlock) << outcomes[r].what;
+    EXPECT_TRUE(outcomes[r].what.ends_with(
+        "\n  rank 3: finished\n  rank 4: ended with an error: rank 4's own bug"))
+        << outcomes[r].what;
+  }
+}
+
+// A rank waiting on a result another rank issued (a tensor they share) is listed as waiting in
+// that rank's operation: here ranks 1 and 2 wait on rank 0's all_reduce, which neither joins.
+TEST(SimFailure, TheDeadlocksRankTableNamesTheIssuerOfAnotherRanksOperation) {
+  Tensor shared;
+  std::vector<Outcome> outcomes = run_catching(3, [&shared] {
+    const ProcessGroup signal = new_group({0, 1, 2}, "signal");
+    if (rank() == 0) {
+      shared = all_reduce(bytes(1), "sum", world());
+    }
+    // Rank 0 issued its all_reduce before this one completes.
+    (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+    (void)shared.to_vector<std::uint8_t>();
+  });
+  shared = Tensor();
+  for (std::size_t r = 0; r < outcomes.size(); ++r) {
+    ASSERT_TRUE(outcomes[r].code.has_value()) << "rank " << r;
+    EXPECT_EQ(*outcomes[r].code, ErrorCode::Deadlock) << outcomes[r].what;
+    const std::string& what = outcomes[r].what;
+    EXPECT_TRUE(contains(what, "\n  rank 0: waiting in all_reduce #0 on group [0, 1, 2]")) << what;
+    EXPECT_TRUE(contains(what, "\n  rank 1: waiting in rank 0's all_reduce #0 on group [0, 1, 2]"))
+        << what;
+    EXPECT_TRUE(contains(what, "\n  rank 2: waiting in rank 0's all_reduce #0 on group [0, 1, 2]"))
+        << what;
+    EXPECT_TRUE(contains(what, "; not yet joined by rank(s) 1, 2")) << what;
   }
 }
 
@@ -837,6 +929,42 @@ TEST(SimFailure, AnInputModifiedCollectiveDoesNotStallTheCommunicator) {
         seed);
     EXPECT_EQ(modified[0], 1) << "seed " << seed << ": rank 0's write was not reported";
     EXPECT_EQ(after, (std::vector<std::int32_t>{4, 4})) << "seed " << seed;
+  }
+}
+
+// A drop deferred while unwinding (Note [Work lifecycle]) stays deferred through a collective
+// called while the exception is still in flight (from a destructor): completing it there would
+// wait for rank 1, which waits in that very collective first, a deadlock.
+TEST(SimFailure, ACollectiveCalledWhileUnwindingLeavesTheDeferredDropForLater) {
+  struct JoinsSideWhileUnwinding {
+    ProcessGroup side;
+    std::vector<std::uint8_t>& sums;
+    ~JoinsSideWhileUnwinding() {
+      try {
+        sums[0] = all_reduce(bytes(1), "sum", side).to_vector<std::uint8_t>()[0];
+      } catch (const Error& e) {
+        ADD_FAILURE() << e.what();
+      }
+    }
+  };
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    std::vector<std::uint8_t> side_sums(2);
+    const SimReport report = sim::simulate(quiet(2, seed), [&] {
+      const ProcessGroup side = new_group({0, 1}, "side");
+      if (rank() == 0) {
+        try {
+          const JoinsSideWhileUnwinding joins{side, side_sums};  // destroyed after `pending`
+          Tensor pending = all_reduce(bytes(1), "sum", world());
+          throw std::runtime_error("unwinding");
+        } catch (const std::runtime_error&) {
+        }
+      } else {
+        side_sums[1] = all_reduce(bytes(1), "sum", side).to_vector<std::uint8_t>()[0];
+        (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+      }
+    });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    EXPECT_EQ(side_sums, (std::vector<std::uint8_t>{2, 2})) << "seed " << seed;
   }
 }
 

@@ -652,6 +652,33 @@ TEST_P(SimFault, LivenessStepsAllowExactlyThatManyDecisions) {
   }
 }
 
+// The violation names the decision its phase began at: without faults, decision 0 (not the
+// decision that found it).
+TEST(SimFaultLiveness, AViolationNamesTheDecisionItsPhaseBeganAt) {
+  SimOptions options = options_for(2, 0, {});
+  options.liveness_steps = 10;
+  std::vector<CaughtError> errors(2);
+  const SimReport report = sim::simulate(options, [&] {
+    try {
+      while (true) {
+        (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
+      }
+    } catch (const Error& error) {
+      errors[rank_slot()] = testing::caught_error(error);
+    }
+  });
+  EXPECT_EQ(report.mark_count("liveness.violation"), 1u);
+  for (const CaughtError& caught : errors) {
+    ASSERT_TRUE(caught.code.has_value());
+    EXPECT_EQ(*caught.code, ErrorCode::Deadlock) << caught.what;
+    EXPECT_TRUE(contains(caught.detail,
+                         "liveness violated: rank(s) 0, 1 did not finish within "
+                         "SimOptions::liveness_steps = 10 scheduling decisions once no fault "
+                         "could fire (from decision 0)"))
+        << caught.what;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SimFault, ::testing::Values(2, 4), testing::world_name);
 
 TEST(SimFaultCrash, RanksOutsideTheDeadRanksGroupsGoOn) {

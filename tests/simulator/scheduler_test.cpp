@@ -558,6 +558,24 @@ TEST(SimScheduler, AnExplicitExecutorIgnoresChorusSimExecutor) {
   EXPECT_EQ(caught.detail, "CHORUS_SIM_EXECUTOR='bogus': expected fibers or threads");
 }
 
+// ExecutorKind::Auto means fibers (every rank on the thread that called sim::run) unless
+// CHORUS_SIM_EXECUTOR names threads (a thread of its own per rank).
+TEST(SimScheduler, AutoRunsFibersUnlessChorusSimExecutorNamesThreads) {
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<std::thread::id> threads(2);
+  const auto record = [&threads] {
+    threads[static_cast<std::size_t>(rank())] = std::this_thread::get_id();
+  };
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_EXECUTOR", std::nullopt}});
+  EXPECT_TRUE(sim::run(quiet(2, 0), record).ok());
+  EXPECT_EQ(threads, (std::vector<std::thread::id>{caller, caller}));
+  environment.set("CHORUS_SIM_EXECUTOR", "threads");
+  EXPECT_TRUE(sim::run(quiet(2, 0), record).ok());
+  EXPECT_NE(threads[0], caller);
+  EXPECT_NE(threads[1], caller);
+  EXPECT_NE(threads[0], threads[1]);
+}
+
 TEST(SimScheduler, RunCannotBeNestedInsideARank) {
   sim::run(quiet(1, 0), [] { EXPECT_THROW(sim::run(quiet(1, 0), [] {}), InvalidArgument); });
 }
