@@ -1,15 +1,18 @@
-// Note [MPI mapping]: which MPI datatype and operation carry each (dtype, reduction). Pure
-// functions: no MPI process needed.
+// Note [MPI mapping]: which MPI datatype and operation carry each (dtype, reduction); and the
+// ring's chunk layout (Note [Ring all_reduce]). Pure functions: no MPI process needed.
 
 #include "mapping.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "chorus/error.hpp"
 #include "chorus/mpi/mpi.hpp"
+#include "ring_all_reduce.hpp"
 
 namespace chorus::mpi {
 namespace {
@@ -80,7 +83,11 @@ INSTANTIATE_TEST_SUITE_P(
         Expected{DType::Complex64, "sum", "MPI_C_FLOAT_COMPLEX", "MPI_SUM", false, false, false},
         Expected{DType::Complex128, "avg", "MPI_C_DOUBLE_COMPLEX", "MPI_SUM", false, true, false},
         Expected{DType::Complex64, "premul_sum", "MPI_C_FLOAT_COMPLEX", "MPI_SUM", false, false,
-                 true}));
+                 true}),
+    // "Float16_max", not the bytes of the struct (which hold pointers: a name per build).
+    [](const ::testing::TestParamInfo<Expected>& param_info) {
+      return std::string(dtype_name(param_info.param.dtype)) + "_" + param_info.param.reduce_op;
+    });
 
 // Every allowed pair maps; user ops exactly where Note [MPI mapping] says.
 TEST(MpiMappingSweep, EveryAllowedPairMaps) {
@@ -158,6 +165,12 @@ TEST(MpiDivideInPlace, FloatsAndComplexDivideEveryPart) {
   divide_in_place(complex128, DType::Complex128, 1, 3);
   EXPECT_EQ(complex128[0], 2.0);
   EXPECT_EQ(complex128[1], -1.0);
+  float complex64[4] = {6.0f, -3.0f, 9.0f, 12.0f};  // two Complex64 elements: 4 floats
+  divide_in_place(complex64, DType::Complex64, 2, 3);
+  EXPECT_EQ(complex64[0], 2.0f);
+  EXPECT_EQ(complex64[1], -1.0f);
+  EXPECT_EQ(complex64[2], 3.0f);
+  EXPECT_EQ(complex64[3], 4.0f);
 }
 
 // 16-bit averages are divided while widened to float32; dividing the 16-bit values is a bug.
@@ -172,6 +185,48 @@ TEST(MpiUserOpsDeathTest, SixteenBitFloatsTakeUserOpsForMinAndMaxOnly) {
   UserOps ops;
   EXPECT_DEATH(ops.get(DType::Float16, ReduceOp::Kind::Sum), "false");
   EXPECT_DEATH(ops.get(DType::BFloat16, ReduceOp::Kind::Product), "false");
+}
+
+// Note [Ring all_reduce]: chunk c of `count` elements over n ranks holds count / n elements, one
+// more for the first count % n chunks, laid out in order.
+TEST(MpiRingLayout, ChunksSplitTheRemainderOverTheFirstRanks) {
+  const std::size_t offsets[4] = {0, 3, 6, 8};
+  const std::size_t counts[4] = {3, 3, 2, 2};
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    EXPECT_EQ(RingAllReduce::chunk_offset(10, 4, chunk), offsets[chunk]) << chunk;
+    EXPECT_EQ(RingAllReduce::chunk_count(10, 4, chunk), counts[chunk]) << chunk;
+  }
+  EXPECT_EQ(RingAllReduce::chunk_count(2, 4, 2), std::size_t{0});  // fewer elements than ranks
+  EXPECT_EQ(RingAllReduce::chunk_offset(2, 4, 3), std::size_t{2});
+}
+
+// A chunk's bytes travel as one int count of MPI_BYTE: the largest chunk may hold exactly
+// INT_MAX bytes, not one element more.
+TEST(MpiRingLayout, FitsUpToAnIntCountOfBytesPerChunk) {
+  constexpr auto kIntMax = static_cast<std::size_t>(std::numeric_limits<int>::max());
+  EXPECT_TRUE(RingAllReduce::fits(2 * kIntMax, DType::UInt8, 2));
+  EXPECT_FALSE(RingAllReduce::fits(2 * kIntMax + 1, DType::UInt8, 2));  // chunk 0: INT_MAX + 1
+  EXPECT_TRUE(RingAllReduce::fits(3 * (kIntMax / 4), DType::Float32, 3));
+  EXPECT_FALSE(RingAllReduce::fits(3 * (kIntMax / 4) + 1, DType::Float32, 3));
+}
+
+// Note [Ring all_reduce], "Ties": the ring folds chunks out of group-rank order, which only a
+// floating min/max (-0 against +0, NaN payloads) can tell; everything else takes the ring.
+TEST(MpiRingLayout, KeepsOrderForAllButFloatingMinAndMax) {
+  for (const DType dtype : {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64}) {
+    EXPECT_FALSE(RingAllReduce::keeps_order(dtype, ReduceOp(ReduceOp::Kind::Min)))
+        << dtype_name(dtype);
+    EXPECT_FALSE(RingAllReduce::keeps_order(dtype, ReduceOp(ReduceOp::Kind::Max)))
+        << dtype_name(dtype);
+    EXPECT_TRUE(RingAllReduce::keeps_order(dtype, ReduceOp(ReduceOp::Kind::Sum)))
+        << dtype_name(dtype);
+  }
+  for (const DType dtype : {DType::UInt8, DType::Int8, DType::Int32, DType::Int64}) {
+    EXPECT_TRUE(RingAllReduce::keeps_order(dtype, ReduceOp(ReduceOp::Kind::Min)))
+        << dtype_name(dtype);
+    EXPECT_TRUE(RingAllReduce::keeps_order(dtype, ReduceOp(ReduceOp::Kind::Max)))
+        << dtype_name(dtype);
+  }
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // MpiWork's end (Note [Recycled Started]): a work that failed after MPI completed its requests
 // is recycled, not parked until the process ends; one MPI may still write into is parked, even
 // with no memory left (Note [Issue without allocation]). And a failed request's error names the
-// rank it exchanged with.
+// rank it exchanged with; the user ops (Note [MPI mapping]) step as the kernels do.
 // Runs under mpirun -np 1 (mpi.work_test): one MpiProcess, MPI_COMM_SELF messages to itself.
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "chorus/error.hpp"
+#include "mpi_errors.hpp"
 #include "mpi_transport.hpp"
 #include "support/refusing_new.hpp"
 
@@ -259,6 +262,126 @@ TEST(MpiComm, ACoalescedBatchGrowsItsVectorsGeometrically) {
   EXPECT_LT(allocations_counted, std::size_t{64});
   work->wait(transport::Deadline::never());
   EXPECT_EQ(*values, std::vector<std::int32_t>(kOps, 7));
+}
+
+// Note [MPI mapping]: a user op is one step of the kernels' reduction, inout = in (op) inout,
+// `in` holding the lower ranks' side (MPI's operand order), on the dtype's own elements.
+template <typename T>
+T reduce_local(MPI_Op op, MPI_Datatype datatype, T in, T inout) {
+  EXPECT_EQ(MPI_Reduce_local(&in, &inout, 1, datatype, op), MPI_SUCCESS);
+  return inout;
+}
+
+TEST(MpiUserOps, ReduceAsTheKernelsWithTheLowerRanksOnTheLeft) {
+  UserOps& ops = process()->user_ops();
+  const std::lock_guard lock(process()->mutex());
+  // A tie keeps the left operand, `in`: max(-0, +0) is -0, min(+0, -0) is +0.
+  const MPI_Op f32_max = ops.get(DType::Float32, ReduceOp::Kind::Max);
+  const MPI_Op f32_min = ops.get(DType::Float32, ReduceOp::Kind::Min);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(reduce_local(f32_max, MPI_FLOAT, -0.0f, 0.0f)),
+            0x8000'0000u);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(reduce_local(f32_min, MPI_FLOAT, 0.0f, -0.0f)),
+            0x0000'0000u);
+  // Each 16-bit dtype compares as itself: 0x7C01 is BFloat16's 2^121 * (1 + 2^-7), finite and
+  // above 1.0 (0x3F80); read as Float16 it would be a NaN, which min and max propagate.
+  const MPI_Op bf16_min = ops.get(DType::BFloat16, ReduceOp::Kind::Min);
+  const MPI_Op bf16_max = ops.get(DType::BFloat16, ReduceOp::Kind::Max);
+  EXPECT_EQ(reduce_local<std::uint16_t>(bf16_min, MPI_UINT16_T, 0x3F80, 0x7C01), 0x3F80);
+  EXPECT_EQ(reduce_local<std::uint16_t>(bf16_max, MPI_UINT16_T, 0x3F80, 0x7C01), 0x7C01);
+  // 8-bit sums and products wrap (Open MPI's own saturate: ompi#8045).
+  const MPI_Op i8_sum = ops.get(DType::Int8, ReduceOp::Kind::Sum);
+  const MPI_Op u8_product = ops.get(DType::UInt8, ReduceOp::Kind::Product);
+  EXPECT_EQ(reduce_local<std::int8_t>(i8_sum, MPI_UINT8_T, 100, 100), -56);
+  EXPECT_EQ(reduce_local<std::uint8_t>(u8_product, MPI_UINT8_T, 16, 17), 16);  // 272 mod 256
+}
+
+// Only sums and products tell MPI they commute: on min and max it must keep rank order, or which
+// of two tied operands survives would depend on its algorithm.
+TEST(MpiUserOps, OnlySumsAndProductsCommute) {
+  UserOps& ops = process()->user_ops();
+  const std::lock_guard lock(process()->mutex());
+  const auto commutes = [&](DType dtype, ReduceOp::Kind kind) {
+    int commute = -1;
+    EXPECT_EQ(MPI_Op_commutative(ops.get(dtype, kind), &commute), MPI_SUCCESS);
+    return commute;
+  };
+  EXPECT_EQ(commutes(DType::Int8, ReduceOp::Kind::Sum), 1);
+  EXPECT_EQ(commutes(DType::UInt8, ReduceOp::Kind::Product), 1);
+  for (const DType dtype : {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64}) {
+    EXPECT_EQ(commutes(dtype, ReduceOp::Kind::Min), 0) << dtype_name(dtype);
+    EXPECT_EQ(commutes(dtype, ReduceOp::Kind::Max), 0) << dtype_name(dtype);
+  }
+}
+
+// Operations that move elements without arithmetic (all_gather, broadcast, all_to_all, the direct
+// exchanges) send each dtype as an MPI type of its own size: Complex128, 16 bytes, has no
+// unsigned integer of its width. (Behind chorus's API complex and Bool buffers arrive lowered,
+// Note [Lowering] in core; the transport's own entry points take every dtype.)
+TEST(MpiMapping, EveryDTypeMovesAsAnMpiTypeOfItsSize) {
+  const std::lock_guard lock(process()->mutex());
+  for (const DType dtype : kAllDTypes) {
+    int bytes = 0;
+    ASSERT_EQ(MPI_Type_size(mpi_datatype(movement_element(dtype)), &bytes), MPI_SUCCESS);
+    EXPECT_EQ(static_cast<std::size_t>(bytes), element_size(dtype)) << dtype_name(dtype);
+  }
+}
+
+// A group's id (Note [Communicator rendezvous]) tells its set-up messages from another group's,
+// and gives its MPI_Comm_create_group tag: every byte of the tag and of each rank counts.
+TEST(MpiTransport, GroupIdsTellTagsAndRanksApart) {
+  EXPECT_EQ(comm_id_of("a", {0, 1}), comm_id_of("a", {0, 1}));
+  EXPECT_NE(comm_id_of("a", {0, 1}), comm_id_of("b", {0, 1}));
+  EXPECT_NE(comm_id_of("", {0, 1}), comm_id_of("", {0, 257}));  // 257 = 0x101
+  EXPECT_NE(comm_id_of("", {0, 1}), comm_id_of("", {1, 0}));
+}
+
+MPI_Status status_of(int error, int source = MPI_UNDEFINED) {
+  MPI_Status status{};
+  status.MPI_SOURCE = source;
+  status.MPI_ERROR = error;
+  return status;
+}
+
+// A failed wait's text names the first request whose status holds an error (MPI_ERR_PENDING:
+// one that neither failed nor completed), counted from 1, and the rank it exchanged with.
+TEST(MpiRequestsFailure, NamesTheFirstFailedRequestAndItsPeer) {
+  const std::lock_guard lock(process()->mutex());
+  const std::array<MPI_Status, 3> statuses = {status_of(MPI_SUCCESS), status_of(MPI_ERR_PENDING),
+                                              status_of(MPI_ERR_TRUNCATE)};
+  const std::array<int, 3> peers = {4, 5, 6};
+  EXPECT_EQ(
+      mpi_requests_failure("MPI_Waitall", MPI_ERR_IN_STATUS, statuses, MPI_COMM_SELF, peers),
+      "MPI_Waitall failed: " + mpi_error_text(MPI_ERR_TRUNCATE) + " (request 3 of 3, with rank 6)");
+  // Without a peer list: the status's source, a rank of `comm`, as a world rank; a source that
+  // is no rank of `comm` names none.
+  const std::array<MPI_Status, 1> from_self = {status_of(MPI_ERR_TRUNCATE, 0)};
+  EXPECT_EQ(
+      mpi_requests_failure("MPI_Testall", MPI_ERR_IN_STATUS, from_self, MPI_COMM_SELF, {}),
+      "MPI_Testall failed: " + mpi_error_text(MPI_ERR_TRUNCATE) + " (request 1 of 1, with rank 0)");
+  const std::array<MPI_Status, 1> from_outside = {status_of(MPI_ERR_TRUNCATE, 1)};
+  EXPECT_EQ(mpi_requests_failure("MPI_Testall", MPI_ERR_IN_STATUS, from_outside, MPI_COMM_SELF, {}),
+            "MPI_Testall failed: " + mpi_error_text(MPI_ERR_TRUNCATE) + " (request 1 of 1)");
+}
+
+// Any other code than MPI_ERR_IN_STATUS is the failure itself: the statuses are not read.
+TEST(MpiRequestsFailure, ReportsTheCallsOwnCodeUnlessInStatus) {
+  const std::lock_guard lock(process()->mutex());
+  const std::array<MPI_Status, 1> statuses = {status_of(MPI_ERR_TRUNCATE)};
+  const std::array<int, 1> peers = {3};
+  EXPECT_EQ(mpi_requests_failure("MPI_Testall", MPI_ERR_OTHER, statuses, MPI_COMM_SELF, peers),
+            "MPI_Testall failed: " + mpi_error_text(MPI_ERR_OTHER));
+  const std::array<MPI_Status, 1> clean = {status_of(MPI_SUCCESS)};
+  EXPECT_EQ(mpi_requests_failure("MPI_Testall", MPI_ERR_IN_STATUS, clean, MPI_COMM_SELF, peers),
+            "MPI_Testall failed: " + mpi_error_text(MPI_ERR_IN_STATUS) +
+                " (no request's status names an error)");
+}
+
+TEST(MpiRequestsFailure, WorldRankOfIsMinusOneOutsideTheCommunicator) {
+  const std::lock_guard lock(process()->mutex());
+  EXPECT_EQ(world_rank_of(MPI_COMM_SELF, 0), 0);
+  EXPECT_EQ(world_rank_of(MPI_COMM_SELF, 1), -1);  // size 1: rank 1 is past its last
+  EXPECT_EQ(world_rank_of(MPI_COMM_SELF, -1), -1);
+  EXPECT_EQ(world_rank_of(MPI_COMM_NULL, 0), -1);
 }
 
 }  // namespace
