@@ -38,10 +38,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sweep_flags.hpp"
@@ -434,13 +436,21 @@ void bench_rank(const BenchOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  chorus::RunOptions run_options = chorus::RunOptions::from_args(argc, argv);
-  bool transport_given = false;
-  for (int i = 1; i < argc; ++i) {
-    transport_given = transport_given || std::string(argv[i]).rfind("--transport", 0) == 0;
+  // A benchmark of the MPI transport: --transport=mpi unless given, read by from_args so that it
+  // refuses the simulator's flags (--ranks: mpirun -np decides) instead of ignoring them.
+  std::vector<char*> args(argv, argv + argc);
+  std::string transport = "--transport=mpi";
+  if (std::none_of(argv + 1, argv + argc, [](const char* arg) {
+        return std::string_view(arg).starts_with("--transport");
+      })) {
+    args.insert(args.begin() + 1, transport.data());
   }
-  if (!transport_given) {
-    run_options.transport = "mpi";  // a benchmark of the MPI transport
+  chorus::RunOptions run_options;
+  try {
+    run_options = chorus::RunOptions::from_args(static_cast<int>(args.size()), args.data());
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "bench_mpi: %s\n", error.what());
+    return 2;
   }
   if (run_options.transport != "mpi") {
     std::fprintf(stderr, "bench_mpi: runs on --transport=mpi only (under mpirun)\n");

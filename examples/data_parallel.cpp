@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -155,7 +156,7 @@ static int run_main(int argc, char** argv) {
   bool unbucketed = false;
   for (const std::string& arg : examples::joined_flags(options.args, {"--steps", "--bug"})) {
     if (arg.rfind("--steps=", 0) == 0) {
-      steps = static_cast<int>(examples::flag_at_least(arg, 8, 0));
+      steps = static_cast<int>(examples::flag_at_least(arg, 8, 0, std::numeric_limits<int>::max()));
     } else if (arg == "--bug=unbucketed") {
       unbucketed = true;
     } else {

@@ -401,19 +401,23 @@ inline constexpr const char* kChorusFlags =
     "[--ranks=N] [--seed=S] [--transport=sim|mpi|nccl] [--timeout-ms=T] [simulator flags: "
     "docs/simulator.md]";
 
-// `args` with each "--name value" of a flag in `valued` joined into "--name=value".
+// `args` with each "--name value" of a flag in `valued` joined into "--name=value" (a flag in
+// `valued` last, with no value after it, is an error).
 inline std::vector<std::string> joined_flags(const std::vector<std::string>& args,
                                              std::initializer_list<std::string_view> valued) {
   std::vector<std::string> joined;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const bool takes_value =
         std::find(valued.begin(), valued.end(), std::string_view(args[i])) != valued.end();
-    if (takes_value && i + 1 < args.size()) {
-      joined.push_back(args[i] + "=" + args[i + 1]);
-      ++i;
-    } else {
+    if (!takes_value) {
       joined.push_back(args[i]);
+      continue;
     }
+    if (i + 1 == args.size()) {
+      throw std::invalid_argument("flag " + args[i] + " is missing its value");
+    }
+    joined.push_back(args[i] + "=" + args[i + 1]);
+    ++i;
   }
   return joined;
 }
@@ -464,11 +468,13 @@ inline std::int64_t flag_at_least(const std::string& arg, std::size_t prefix, st
           : "an integer from " + std::to_string(minimum) + " to " + std::to_string(maximum);
   std::int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || text[0] == '-' || error != std::errc() || end != text.data() + text.size()) {
+  const bool too_large = error == std::errc::result_out_of_range;
+  if (text.empty() || text[0] == '-' || (error != std::errc() && !too_large) ||
+      end != text.data() + text.size()) {
     throw std::invalid_argument("flag " + name + "='" + text + "' is invalid: expected " +
                                 expected + " in plain decimal");
   }
-  if (value < minimum || value > maximum) {
+  if (too_large || value < minimum || value > maximum) {
     throw std::invalid_argument("flag " + name + "='" + text + "' is invalid: expected " +
                                 expected);
   }

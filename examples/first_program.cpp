@@ -2,7 +2,7 @@
 // number, the ranks sum with one all_reduce, and every rank checks the sum against the closed
 // form 0 + 1 + ... + (W - 1). --bug=skip plants a bug to read: the last rank skips the all_reduce.
 //
-//   first_program [--ranks=N] [--seed=S] [--transport=sim|mpi] [--bug=skip]   (kUsage; --help)
+//   first_program [--ranks=N] [--seed=S] [--transport=sim|mpi|nccl] [--bug=skip]   (kUsage; --help)
 //
 // Exit status 0 when every rank got the sum; 1 when a rank failed; 2 on bad arguments (an
 // unknown one too) or an unavailable transport.
@@ -16,7 +16,7 @@
 #include <vector>
 
 static const char* const kUsage =
-    "first_program [--ranks=N] [--seed=S] [--transport=sim|mpi] [simulator flags: "
+    "first_program [--ranks=N] [--seed=S] [--transport=sim|mpi|nccl] [simulator flags: "
     "docs/simulator.md] [--bug=skip]";
 
 static int run_main(int argc, char** argv) {

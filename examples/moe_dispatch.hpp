@@ -7,8 +7,9 @@
 // Rank r holds tokens_of(r) tokens (between 0 and max_tokens: ranks differ, some hold none) of
 // `features` values each, and experts [r E_r, (r + 1) E_r) of the E = E_r W experts (E_r =
 // experts_per_rank); expert e is relu(x V_e). A router sends each token to k = top_k distinct
-// experts (at most the experts it may route to) with power-of-two gates. With three or more ranks no rank routes to its successor's
-// experts, so every world has zero splits as well as uneven ones. On every rank:
+// experts (at most the experts it may route to) with power-of-two gates. With three or more ranks
+// no rank routes to its successor's experts, so every world has zero splits as well as uneven ones.
+// On every rank:
 //   1. order the (token, choice) pairs by destination rank; input_split_sizes[j] = how many go to
 //      rank j;
 //   2. exchange the counts (all_to_all_single of one int64 per peer, equal splits) ->

@@ -878,10 +878,15 @@ Replay replay(const std::vector<Property>& properties, std::string_view token,
   const auto found = std::find_if(properties.begin(), properties.end(),
                                   [&](const Property& p) { return p.name == parsed.property; });
   if (found == properties.end()) {
-    // The program's own list: `chorus list` shows the battery's, not a property program's.
+    // The program's own list (`chorus list` shows the battery's, not a property program's): its
+    // first names, enough to tell whose token this is.
+    constexpr std::size_t kNamesShown = 4;
     std::string names;
-    for (const Property& property : properties) {
-      names += (names.empty() ? "" : ", ") + property.name;
+    for (std::size_t i = 0; i < std::min(properties.size(), kNamesShown); ++i) {
+      names += (i == 0 ? "" : ", ") + properties[i].name;
+    }
+    if (properties.size() > kNamesShown) {
+      names += " and " + std::to_string(properties.size() - kNamesShown) + " more";
     }
     throw InvalidArgument({}, "chorus replay: no property named '" + parsed.property +
                                   "' (the properties here: " + names + ")");

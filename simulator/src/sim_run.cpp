@@ -1,9 +1,13 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -225,18 +229,32 @@ void check_fault_plan(const SimOptions& options) {
       "cannot write the " + std::string(what) + " to '" + path + "': " + std::strerror(error));
 }
 
-// Refuses, before the run, an output file (SimOptions::timeline_path, trace_path) that cannot be
-// opened for writing: found only at the end, the error came after the run's report, and in place
-// of `chorus replay`'s verdict. Opening to append leaves an existing file as it is.
+// Refuses, before the run, an output file (SimOptions::timeline_path, trace_path) that could not
+// be written: found only at the end, the error came after the run's report, and in place of
+// `chorus replay`'s verdict. Creates and opens nothing: an existing file must be writable, a new
+// one needs a writable directory; anything else that exists (a FIFO, /dev/stdout) is left to the
+// write at the end, which opens it once.
 void check_writable(const std::string& path, std::string_view what) {
   if (path.empty()) {
     return;
   }
-  std::FILE* file = std::fopen(path.c_str(), "ab");
-  if (file == nullptr) {
+  struct stat status {};
+  if (::stat(path.c_str(), &status) == 0) {
+    if (S_ISDIR(status.st_mode)) {
+      cannot_write(path, what, EISDIR);
+    }
+    if (S_ISREG(status.st_mode) && ::access(path.c_str(), W_OK) != 0) {
+      cannot_write(path, what, errno);
+    }
+    return;
+  }
+  if (errno != ENOENT) {
     cannot_write(path, what, errno);
   }
-  std::fclose(file);
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (::access(parent.empty() ? "." : parent.c_str(), W_OK | X_OK) != 0) {
+    cannot_write(path, what, errno);
+  }
 }
 
 // Writes `text` to `path` (the `what` of check_writable) and leaves `mark` in `report`.

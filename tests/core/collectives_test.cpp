@@ -751,7 +751,7 @@ TEST_P(AllReduceGroups, DifferentTagsMakeDifferentGroupsThatBothWork) {
          std::vector<std::pair<std::string, std::int64_t>>{{"a", 2}, {"b", 2}, {"", 0}, {"c", 0}}) {
       SCOPED_TRACE("tag '" + tag + "'");
       const testing::CaughtError refused = testing::expect_error<InvalidArgument>(
-          [&] { (void)all_reduce(floats, "band", everyone, tag); }, {});
+          [&, &tag = tag] { (void)all_reduce(floats, "band", everyone, tag); }, {});
       EXPECT_EQ(refused.context.seq, seq);
       EXPECT_EQ(refused.context.group, (ExpandedGroup{tag, everyone, world_size}.to_string()));
     }

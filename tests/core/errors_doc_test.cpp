@@ -1790,25 +1790,25 @@ TEST(ErrorsDocRunning, FromArgsMissingValue) {
                                        "flag --ranks='' is invalid: expected a value");
 }
 
-// Refused rather than ignored, whichever comes first on the command line; --seed, --timeout-ms
-// and --check-collectives apply to every transport.
+// Refused rather than ignored, whichever comes first on the command line, each named once;
+// --seed, --timeout-ms and --check-collectives apply to every transport.
 TEST(ErrorsDocRunning, FromArgsSimulatorFlagsOnAnotherTransport) {
   errdoc_expect_plain<InvalidArgument>(
       [] {
         (void)errdoc_from_args(
-            {"--ranks=4", "--transport=mpi", "--timeline=out.svg", "--guard-pages=false"});
+            {"--ranks=4", "--transport=mpi", "--timeline=out.svg", "--guard-pages", "--ranks=2"});
       },
       "RunOptions::from_args",
-      "--ranks, --timeline, --guard-pages are for the simulator only, not --transport=mpi: there "
-      "the launcher sets the world (mpirun -np N, chorus launch -n N) and the library the "
-      "schedule");
+      "--ranks, --timeline, --guard-pages are simulator flags, which --transport=mpi would ignore "
+      "(its launcher sets the world: mpirun -np N, chorus launch -n N)");
+  const std::vector<std::string> strategy_on_nccl = {"--transport=nccl", "--strategy", "pct"};
   errdoc_expect_plain<InvalidArgument>(
-      [] {
-        (void)errdoc_from_args({"--transport=nccl", "--strategy", "pct"});
-      },
-      "RunOptions::from_args", "--strategy is for the simulator only, not --transport=nccl");
-  const RunOptions everywhere = errdoc_from_args(
-      {"--transport=mpi", "--seed=7", "--timeout-ms=100", "--check-collectives=true"});
+      [&] { (void)errdoc_from_args(strategy_on_nccl); }, "RunOptions::from_args",
+      "--strategy is a simulator flag, which --transport=nccl would ignore");
+  // A switch turned off asks for nothing a transport would ignore.
+  const RunOptions everywhere =
+      errdoc_from_args({"--transport=mpi", "--seed=7", "--timeout-ms=100",
+                        "--check-collectives=true", "--guard-pages=false", "--sim-cuda=0"});
   EXPECT_EQ(everywhere.seed, 7U);
   EXPECT_TRUE(everywhere.check_collectives);
 }

@@ -701,6 +701,10 @@ TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
       {"no property named 'no.such' (the properties here: " + two[0].name + ", " + two[1].name +
        ")"});
   testing::expect_invalid_argument(
+      [&] { (void)replay(all, "chorus-check:4:no.such:4:0:100:0:generated:2:fixed:-:-"); },
+      {"(the properties here: " + all[0].name + ", " + all[1].name + ", " + all[2].name + ", " +
+       all[3].name + " and " + std::to_string(all.size() - 4) + " more)"});
+  testing::expect_invalid_argument(
       [&] {
         (void)replay(all, "chorus-check:4:reduce.all_reduce:four:0:100:0:generated:2:fixed:-:-");
       },

@@ -2,6 +2,7 @@
 // peers, peers that leave without joining, virtual-time timeouts, livelock, and the seed +
 // replay line of a failing run.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -233,27 +234,29 @@ TEST(SimFailure, CyclicWaitsAcrossGroupsAreADeadlockWithEveryRanksPendingOp) {
 // ended, in rank order (the last lines of the detail).
 TEST(SimFailure, TheDeadlocksRankTableSaysHowEachEndedRankEnded) {
   std::vector<Outcome> outcomes(5);
-  EXPECT_THROW(
-      sim::run(quiet(5),
-               [&] {
-                 const int r = rank();
-                 if (r == 3) {
-                   return;
-                 }
-                 if (r == 4) {
-                   throw std::runtime_error("rank 4's own bug");
-                 }
-                 // 0 waits for 1, 1 for 2, 2 for 0.
-                 std::vector<int> first = {r, (r + 1) % 3};
-                 std::sort(first.begin(), first.end());
-                 try {
-                   (void)all_reduce(bytes(1), "sum", first).to_vector<std::uint8_t>();
-                 } catch (const Error& e) {
-                   outcomes[static_cast<std::size_t>(r)] = Outcome{e.code(), e.what(), e.context()};
-                 }
-               }),
-      std::runtime_error)
-      << "sim::run rethrows rank 4's error";
+  std::string rethrown;
+  try {
+    sim::run(quiet(5), [&] {
+      const int r = rank();
+      if (r == 3) {
+        return;
+      }
+      if (r == 4) {
+        throw std::runtime_error("rank 4's own bug");
+      }
+      // 0 waits for 1, 1 for 2, 2 for 0.
+      std::vector<int> first = {r, (r + 1) % 3};
+      std::sort(first.begin(), first.end());
+      try {
+        (void)all_reduce(bytes(1), "sum", first).to_vector<std::uint8_t>();
+      } catch (const Error& e) {
+        outcomes[static_cast<std::size_t>(r)] = Outcome{e.code(), e.what(), e.context()};
+      }
+    });
+  } catch (const std::exception& e) {
+    rethrown = e.what();
+  }
+  EXPECT_EQ(rethrown, "rank 4's own bug") << "sim::run rethrows rank 4's error";
   for (std::size_t r = 0; r < 3; ++r) {
     ASSERT_TRUE(outcomes[r].code.has_value()) << "rank " << r;
     EXPECT_EQ(*outcomes[r].code, ErrorCode::Deadlock) << outcomes[r].what;
@@ -599,7 +602,7 @@ TEST(SimFailure, AFailingRunPrintsTheSeedAndAReplayCommand) {
 // What `command_line_probe <args>` prints: its command line as a replay command repeats it.
 std::string probe_command_line(const std::vector<std::string>& args) {
   int out[2];
-  if (::pipe(out) != 0) {
+  if (::pipe2(out, O_CLOEXEC) != 0) {
     ADD_FAILURE() << "pipe: " << std::strerror(errno);
     return "";
   }
@@ -610,12 +613,17 @@ std::string probe_command_line(const std::vector<std::string>& args) {
   argv.push_back(nullptr);
   const pid_t child = ::fork();
   if (child == 0) {
-    ::dup2(out[1], STDOUT_FILENO);
-    ::close(out[0]);
+    ::dup2(out[1], STDOUT_FILENO);  // dup2 clears close-on-exec on the copy
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
+  const int fork_error = errno;
   ::close(out[1]);
+  if (child < 0) {
+    ::close(out[0]);
+    ADD_FAILURE() << "fork: " << std::strerror(fork_error);
+    return "";
+  }
   std::string printed;
   char chunk[256];
   for (;;) {

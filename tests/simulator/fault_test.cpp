@@ -658,9 +658,12 @@ TEST(SimFaultLiveness, AViolationNamesTheDecisionItsPhaseBeganAt) {
   SimOptions options = options_for(2, 0, {});
   options.liveness_steps = 10;
   std::vector<CaughtError> errors(2);
+  // Far more collectives than 10 decisions allow: the liveness check ends the loop, or the test
+  // fails below instead of hanging.
+  constexpr int kCollectivesMax = 1000;
   const SimReport report = sim::simulate(options, [&] {
     try {
-      while (true) {
+      for (int i = 0; i < kCollectivesMax; ++i) {
         (void)all_reduce(Tensor::ones({1}), "sum", world()).item<float>();
       }
     } catch (const Error& error) {

@@ -768,6 +768,17 @@ TEST(TimelineFiles, AnUnwritablePathIsInvalidArgumentBeforeTheRun) {
       [&] { sim::simulate(options, program); },
       {"cannot write the SVG timeline to '/nonexistent-directory/timeline.svg': No such file or "
        "directory"});
+  options.timeline_path = "/";
+  testing::expect_error<InvalidArgument>([&] { sim::simulate(options, program); },
+                                         {"cannot write the SVG timeline to '/': Is a directory"});
+  // The check creates nothing: a writable timeline path beside an unwritable trace path is left
+  // as it was.
+  const std::string svg_path = temp_path("chorus_timeline_unwritable_trace_test.svg");
+  std::remove(svg_path.c_str());
+  options.timeline_path = svg_path;
+  options.trace_path = "/nonexistent-directory/trace.json";
+  EXPECT_THROW(sim::simulate(options, program), InvalidArgument);
+  EXPECT_FALSE(std::ifstream(svg_path).good()) << svg_path << " was created";
   EXPECT_FALSE(ran);
 }
 

@@ -1364,8 +1364,8 @@ TEST(NcclAbort, EveryOutstandingWorkNamesItsOwnOpAndSequenceNumber) {
   for (const auto& [work, names] : expected) {
     ASSERT_EQ(work->status(), transport::WorkStatus::Failed) << names;  // so wait() returns
     SCOPED_TRACE(names);
-    const testing::CaughtError caught =
-        testing::expect_error<Timeout>([&] { work->wait(transport::Deadline::never()); }, {});
+    const testing::CaughtError caught = testing::expect_error<Timeout>(
+        [&work = work] { work->wait(transport::Deadline::never()); }, {});
     EXPECT_TRUE(testing::contains(caught.what, names)) << caught.what;
     EXPECT_EQ(caught.detail, cause);
   }

@@ -1,5 +1,6 @@
 #include "chorus/run.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -77,6 +78,11 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
   // Flags that only the simulator reads: another transport refuses them below rather than
   // ignoring them (its world is its launcher's, its schedule the library's).
   std::vector<std::string> simulator_flags;
+  const auto note_simulator_flag = [&simulator_flags](const std::string& flag) {
+    if (std::find(simulator_flags.begin(), simulator_flags.end(), flag) == simulator_flags.end()) {
+      simulator_flags.push_back(flag);
+    }
+  };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -97,8 +103,8 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
        : arg == "--check-determinism" ? options.check_determinism
        : arg == "--sim-cuda"          ? options.sim_cuda
                                       : options.check_collectives) = on;
-      if (arg != "--check-collectives") {
-        simulator_flags.push_back(arg);
+      if (arg != "--check-collectives" && on) {  // a switch turned off asks for nothing
+        note_simulator_flag(arg);
       }
       continue;
     }
@@ -111,7 +117,7 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       continue;
     }
     if (arg != "--transport" && arg != "--seed" && arg != "--timeout-ms") {
-      simulator_flags.push_back(arg);
+      note_simulator_flag(arg);
     }
     if (!has_value) {
       if (i + 1 >= argc) {
@@ -175,10 +181,12 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       flags += (flags.empty() ? "" : ", ") + flag;
     }
     throw InvalidArgument(ErrorContext{-1, "RunOptions::from_args", -1, ""},
-                          flags + (simulator_flags.size() == 1 ? " is" : " are") +
-                              " for the simulator only, not --transport=" + options.transport +
-                              ": there the launcher sets the world (mpirun -np N, chorus launch "
-                              "-n N) and the library the schedule");
+                          flags +
+                              (simulator_flags.size() == 1 ? " is a simulator flag, which"
+                                                           : " are simulator flags, which") +
+                              " --transport=" + options.transport +
+                              " would ignore (its launcher sets the world: mpirun -np N, chorus "
+                              "launch -n N)");
   }
   return options;
 }

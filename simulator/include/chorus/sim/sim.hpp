@@ -234,7 +234,9 @@ struct SimOptions {
   // When non-empty, the run's SVG timeline (to_svg_timeline) / Chrome trace JSON
   // (to_perfetto_json) is written to this file at the end of the run, failing or not; either one
   // turns record_events on. With seed_from_environment, CHORUS_SIM_TIMELINE / CHORUS_SIM_TRACE
-  // set them. A file that cannot be written throws InvalidArgument after the run.
+  // set them. A path that cannot be written (its directory missing or read-only, the file
+  // read-only) throws InvalidArgument before the run; a write that fails at the end (a full disk)
+  // throws it after the run.
   std::string timeline_path;
   std::string trace_path;
 
@@ -410,7 +412,9 @@ struct SimReport {
 // rank ends in an uncaught exception, every other rank still runs to its end (peers waiting on it
 // get RankFailure), the failure is printed with the seed and a replay command, and the first
 // rank error (in the order the simulator saw them) is rethrown. Throws InvalidArgument for a
-// world size outside [1, kMaxWorldSize]. When the system refuses a rank its stack or thread
+// world size outside [1, kMaxWorldSize], other options out of range, and a timeline or trace
+// path that cannot be written (SimOptions::timeline_path). When the system refuses a rank its
+// stack or thread
 // (an address-space limit, too many threads), no rank runs and the system's error propagates
 // (std::bad_alloc, std::system_error). Not reentrant from inside a rank.
 SimReport run(const SimOptions& options, std::function<void()> rank_main);
