@@ -12,10 +12,12 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
@@ -43,30 +45,28 @@ std::string quote(const std::string& arg) {
 std::string read_command_line() {
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
   std::string raw((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-  std::string command;
-  std::string arg;
-  const auto append = [&command](const std::string& word) {
-    command += ' ';
-    command += quote(word);
-  };
+  std::vector<std::string> words;
+  std::string word;
   for (char c : raw) {
     if (c == '\0') {
-      append(arg);
-      arg.clear();
+      words.push_back(std::move(word));
+      word.clear();
     } else {
-      arg += c;
+      word += c;
     }
   }
-  if (!arg.empty()) {
-    append(arg);
+  if (!word.empty()) {
+    words.push_back(std::move(word));
   }
-  return command;
+  return command_line(words);
 }
 
-// "<assignment> <this process's command line>". The command line is read once per process: it
-// does not change, and reading /proc/self/cmdline (open, read, close) on every run was a large
-// part of a short run's fixed cost.
-std::string replay_command(const std::string& assignment) { return assignment + command_line(); }
+// "<assignment> <the command line>": `words` when given, else this process's, which is read once
+// per process: it does not change, and reading /proc/self/cmdline (open, read, close) on every
+// run was a large part of a short run's fixed cost.
+std::string replay_command(const std::string& assignment, const std::vector<std::string>& words) {
+  return assignment + (words.empty() ? command_line() : command_line(words));
+}
 
 // SimReport::replay_command of a run seeded with `seed` (token empty) or following `token`: the
 // command line when the run reads the environment, else what to set in the program, since
@@ -74,8 +74,10 @@ std::string replay_command(const std::string& assignment) { return assignment + 
 std::string replay_instruction(const SimOptions& options, std::uint64_t seed,
                                const std::string& token) {
   if (options.seed_from_environment) {
-    return replay_command(token.empty() ? "CHORUS_SIM_SEED=" + std::to_string(seed)
-                                        : "CHORUS_SIM_REPLAY=" + token);
+    return token.empty()
+               ? replay_command("CHORUS_SIM_SEED=" + std::to_string(seed),
+                                options.command_without_seed)
+               : replay_command("CHORUS_SIM_REPLAY=" + token, options.command_without_replay);
   }
   return token.empty()
              ? "(set SimOptions::seed = " + std::to_string(seed) +
@@ -661,6 +663,15 @@ ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank
 
 std::string command_line() {
   static const std::string line = read_command_line();
+  return line;
+}
+
+std::string command_line(std::span<const std::string> words) {
+  std::string line;
+  for (const std::string& word : words) {
+    line += ' ';
+    line += quote(word);
+  }
   return line;
 }
 

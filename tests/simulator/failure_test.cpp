@@ -651,6 +651,23 @@ TEST(SimFailure, TheReplayCommandQuotesEachArgumentForTheShell) {
       << printed;
 }
 
+// chorus::run's command lines without the flag that the replay command's variable overrides.
+TEST(SimFailure, TheReplayCommandRerunsTheCommandLineItIsGiven) {
+  const testing::ScopedEnvironment environment(
+      {{"CHORUS_SIM_SEED", std::nullopt}, {"CHORUS_SIM_REPLAY", std::nullopt}});
+  SimOptions options = quiet(2, 7);
+  options.seed_from_environment = true;
+  options.command_without_seed = {"prog", "a b", "--replay=r"};
+  options.command_without_replay = {"prog", "--seed=s"};
+  const auto program = [] { (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>(); };
+  const SimReport seeded = sim::simulate(options, program);
+  EXPECT_EQ(seeded.replay_command, "CHORUS_SIM_SEED=7 prog 'a b' --replay=r");
+  ASSERT_FALSE(seeded.replay_token.empty());
+  options.replay = seeded.replay_token;
+  const SimReport followed = sim::simulate(options, program);
+  EXPECT_EQ(followed.replay_command, "CHORUS_SIM_REPLAY=" + seeded.replay_token + " prog --seed=s");
+}
+
 TEST(SimFailure, ReplayingTheSeedReproducesTheFailureExactly) {
   // A bug that shows only in some interleavings: rank 1 reads a shared flag that rank 0 sets
   // after its first collective; whether rank 1 sees it depends on the schedule.

@@ -37,6 +37,34 @@ TEST(RunOptions, ReadsItsFlagsInBothSpellingsAndKeepsTheRest) {
   EXPECT_EQ(options.args, (std::vector<std::string>{"--user-flag", "file.txt"}));
 }
 
+// The replay command a failed run prints sets CHORUS_SIM_SEED (or CHORUS_SIM_REPLAY), which
+// overrides --seed (or --replay): its command line leaves that flag out, in either spelling.
+TEST(RunOptions, KeepsTheCommandLineWithoutItsSeedAndWithoutItsReplayFlags) {
+  const RunOptions options = parse({"--seed", "3", "--ranks=2", "--replay=chorus-replay:a",
+                                    "--seed=4", "x", "--replay", "chorus-replay:b"});
+  EXPECT_EQ(options.command_without_seed,
+            (std::vector<std::string>{"program", "--ranks=2", "--replay=chorus-replay:a", "x",
+                                      "--replay", "chorus-replay:b"}));
+  EXPECT_EQ(options.command_without_replay,
+            (std::vector<std::string>{"program", "--seed", "3", "--ranks=2", "--seed=4", "x"}));
+}
+
+TEST(Run, TheReplayCommandLeavesOutTheSeedFlagItsVariableOverrides) {
+  const chorus::testing::ScopedEnvironment environment(
+      {{"CHORUS_SIM_SEED", std::nullopt}, {"CHORUS_SIM_REPLAY", std::nullopt}});
+  const RunOptions options = parse({"--ranks=2", "--seed", "5", "a b"});
+  ::testing::internal::CaptureStderr();
+  const int status = run(options, [] {
+    if (rank() == 1) {
+      throw std::runtime_error("rank 1 gives up");
+    }
+  });
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(printed.find("replay: CHORUS_SIM_SEED=5 program --ranks=2 'a b'\n"), std::string::npos)
+      << printed;
+}
+
 TEST(RunOptions, ReadsTheTimelineAndTracePaths) {
   const RunOptions options = parse({"--timeline=out.svg", "--trace", "out.json"});
   EXPECT_EQ(options.timeline_path, "out.svg");

@@ -83,7 +83,11 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       simulator_flags.push_back(flag);
     }
   };
+  // Which words each flag took ("--seed=3", or "--seed 3"), for the replay command's lines.
+  std::vector<bool> seed_words(static_cast<std::size_t>(std::max(argc, 0)), false);
+  std::vector<bool> replay_words(seed_words.size(), false);
   for (int i = 1; i < argc; ++i) {
+    const int first_word = i;
     std::string arg = argv[i];
     std::string value;
     bool has_value = false;
@@ -124,6 +128,12 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
         bad_flag(arg, "", "a value");
       }
       value = argv[++i];
+    }
+    if (arg == "--seed" || arg == "--replay") {
+      std::vector<bool>& words = arg == "--seed" ? seed_words : replay_words;
+      for (int word = first_word; word <= i; ++word) {
+        words[static_cast<std::size_t>(word)] = true;
+      }
     }
     if (arg == "--transport") {
       if (value != "sim" && value != "mpi" && value != "nccl") {
@@ -187,6 +197,14 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
                               " --transport=" + options.transport +
                               " would ignore (its launcher sets the world: mpirun -np N, chorus "
                               "launch -n N)");
+  }
+  for (int i = 0; i < argc; ++i) {
+    if (!seed_words[static_cast<std::size_t>(i)]) {
+      options.command_without_seed.emplace_back(argv[i]);
+    }
+    if (!replay_words[static_cast<std::size_t>(i)]) {
+      options.command_without_replay.emplace_back(argv[i]);
+    }
   }
   return options;
 }
@@ -282,6 +300,8 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
   sim_options.guard_pending_outputs = options.guard_pages;
   sim_options.cuda_devices = options.sim_cuda;
   sim_options.replay = options.replay;
+  sim_options.command_without_seed = options.command_without_seed;
+  sim_options.command_without_replay = options.command_without_replay;
   if (options.check_determinism) {
     const sim::DeterminismCheck check = sim::check_determinism(sim_options, std::move(rank_main));
     if (!check.first.ok()) {

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -148,6 +149,12 @@ struct SimOptions {
   bool print_failures = true;
   // Let the CHORUS_SIM_SEED environment variable override `seed` (the replay command sets it).
   bool seed_from_environment = true;
+  // The program's command line (argv[0] first, unquoted) that a replay command reruns after
+  // CHORUS_SIM_SEED=<seed>, and after CHORUS_SIM_REPLAY=<token>; empty: this process's whole
+  // (command_line()). chorus::run passes its program's without the --seed, and the --replay,
+  // flag that the variable overrides, so that the printed command names one seed or one token.
+  std::vector<std::string> command_without_seed;
+  std::vector<std::string> command_without_replay;
   // Decisions kept in SimReport::schedule (all of them are hashed into schedule_hash).
   std::size_t schedule_record_max = std::size_t{1} << 16;
 
@@ -305,6 +312,8 @@ std::uint64_t resolved_seed(const SimOptions& options);
 // This process's command line, each argument quoted for the shell and preceded by a space: what
 // a replay command ("CHORUS_SIM_SEED=<seed>" + command_line()) reruns. Read once per process.
 std::string command_line();
+// `words` in command_line()'s form: each quoted for the shell and preceded by a space.
+std::string command_line(std::span<const std::string> words);
 
 inline constexpr int kMaxWorldSize = 1024;
 // The longest injected delay, in steps (2^40 us of virtual time, about 12.7 days): longer ones

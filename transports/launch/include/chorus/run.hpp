@@ -51,6 +51,12 @@ struct RunOptions {
   std::string replay;
   // Arguments from_args did not consume, in order (argv[0] excluded), for the program.
   std::vector<std::string> args;
+  // Simulator only: the command line from_args read (argv[0] first) without its --seed flags, and
+  // without its --replay flags, which the replay command printed for a failed run overrides with
+  // CHORUS_SIM_SEED or CHORUS_SIM_REPLAY (sim::SimOptions::command_without_seed). Empty: that
+  // command reruns the process's command line whole.
+  std::vector<std::string> command_without_seed;
+  std::vector<std::string> command_without_replay;
 
   // Reads --transport=sim|mpi|nccl, --ranks=N, --seed=S, --timeout-ms=T, --timeline=out.svg,
   // --trace=out.json, --strategy=random|pct|portfolio, --pct-depth=1..3,
@@ -58,7 +64,8 @@ struct RunOptions {
   // --allocator=pooled|lifo|quarantine|random,
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
   // --check-determinism, --check-collectives and --sim-cuda (alone, or =true, =false, =1, =0);
-  // everything else lands in `args`. Throws InvalidArgument for a malformed value, and for a
+  // everything else lands in `args`; the command lines without --seed and without --replay are
+  // kept for the replay command. Throws InvalidArgument for a malformed value, and for a
   // simulator-only flag (all but --transport, --seed, --timeout-ms, --check-collectives) with
   // --transport=mpi or nccl, which would ignore it.
   static RunOptions from_args(int argc, char** argv);
