@@ -601,6 +601,12 @@ void rounding() {
       chorus::wait_tensor(reduced);
       if (rank == root) {
         require(same_bytes(reduced, expected), what + ": reduce differs from the fold");
+      } else {
+        // Zeros (collectives.hpp), although this member's float32 scratch held the operations'
+        // sums just before: neither converted nor divided into its output.
+        require(
+            same_bytes(reduced, chorus::Tensor::zeros({static_cast<std::int64_t>(count)}, c.dtype)),
+            what + ": a non-root member's reduce output is not zeros");
       }
     }
     // Ties: rank r holds +0 (r even) or -0, and a NaN whose payload is r + 1.
