@@ -741,6 +741,21 @@ void splits() { all_to_all_with_extra(1, 0, 1); }
 // exchanges], "Short messages") instead of handing it an element nobody sent.
 void short_splits() { all_to_all_with_extra(1, 0, -1); }
 
+// The last rank all_reduces one float more than the others, through the ring (run with
+// CHORUS_MPI_SCHEDULE=chorus): its chunks are longer, so a peer's receive is truncated and its
+// own receive from a peer is short. Both are CollectiveMismatch naming the sender (Note [Ring
+// all_reduce], "Sizes"), where the short one used to complete with an element nobody sent.
+void ring_sizes() {
+  const int n = chorus::world_size();
+  const std::size_t count = 4096 + (chorus::rank() == n - 1 ? 1 : 0);
+  const std::vector<float> result =
+      chorus::all_reduce(chorus::Tensor::from_vector(std::vector<float>(count, 1.0f)), "sum",
+                         chorus::world())
+          .to_vector<float>();
+  throw std::runtime_error("the mismatched all_reduce completed with " +
+                           std::to_string(result.size()) + " elements");
+}
+
 // Small operations whose messages have the same size on every rank but that differ otherwise
 // (run with CHORUS_MPI_NODE_CPUS=8, so they take the small direct exchange): the signature each
 // message carries fails the work with CollectiveMismatch (Note [Direct exchanges], "Signed
@@ -1170,6 +1185,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "short_splits") {
     return chorus::run(options, short_splits);
+  }
+  if (mode == "ring_sizes") {
+    return chorus::run(options, ring_sizes);
   }
   if (mode == "small_factor_mismatch") {
     return chorus::run(options, small_factor_mismatch);

@@ -376,6 +376,39 @@ TEST(MpiRequestsFailure, ReportsTheCallsOwnCodeUnlessInStatus) {
                 " (no request's status names an error)");
 }
 
+// Only a truncation in the request's own status, under MPI_ERR_IN_STATUS, is a longer message.
+TEST(MpiRequestsFailure, TruncatedReadsTheRequestsOwnStatus) {
+  const std::lock_guard lock(process()->mutex());
+  const std::array<MPI_Status, 2> statuses = {status_of(MPI_SUCCESS), status_of(MPI_ERR_TRUNCATE)};
+  EXPECT_FALSE(truncated(MPI_ERR_IN_STATUS, statuses, 0));
+  EXPECT_TRUE(truncated(MPI_ERR_IN_STATUS, statuses, 1));
+  EXPECT_FALSE(truncated(MPI_ERR_OTHER, statuses, 1));      // the statuses are not read
+  EXPECT_FALSE(truncated(MPI_ERR_IN_STATUS, statuses, 2));  // past the last request
+  const std::array<MPI_Status, 1> other = {status_of(MPI_ERR_OTHER)};
+  EXPECT_FALSE(truncated(MPI_ERR_IN_STATUS, other, 0));
+}
+
+// A message of another size: the sender, both sizes in the receive's unit (one without its s),
+// and where.
+TEST(MpiRequestsFailure, MessageSizeMismatchNamesTheSenderAndBothSizes) {
+  const std::string tail =
+      ": the ranks issued different operations or sizes at this point (--check-collectives "
+      "compares them before anything is sent)";
+  EXPECT_EQ(message_size_mismatch(3, 0, 1, "elements", ""),
+            "rank 3 sent 0 elements where this rank expected 1" + tail);
+  EXPECT_EQ(message_size_mismatch(2, 1, 4, "elements", ""),
+            "rank 2 sent 1 element where this rank expected 4" + tail);
+  EXPECT_EQ(message_size_mismatch(1, kLongerMessage, 1, "elements", ""),
+            "rank 1 sent more than the 1 element this rank expected" + tail);
+  EXPECT_EQ(
+      message_size_mismatch(0, kLongerMessage, 8192, "bytes", " in the ring all_reduce"),
+      "rank 0 sent more than the 8192 bytes this rank expected in the ring all_reduce" + tail);
+  EXPECT_EQ(message_size_mismatch(5, MPI_UNDEFINED, 2, "elements", ""),
+            "rank 5 sent a message that is not a whole number of elements where this rank "
+            "expected 2 elements" +
+                tail);
+}
+
 TEST(MpiRequestsFailure, WorldRankOfIsMinusOneOutsideTheCommunicator) {
   const std::lock_guard lock(process()->mutex());
   EXPECT_EQ(world_rank_of(MPI_COMM_SELF, 0), 0);

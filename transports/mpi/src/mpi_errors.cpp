@@ -56,4 +56,30 @@ std::string mpi_requests_failure(const char* call, int code, std::span<const MPI
   return failed + mpi_error_text(code) + " (no request's status names an error)";
 }
 
+bool truncated(int code, std::span<const MPI_Status> statuses, std::size_t request) {
+  if (code != MPI_ERR_IN_STATUS || request >= statuses.size()) {
+    return false;
+  }
+  int error_class = MPI_SUCCESS;
+  return MPI_Error_class(statuses[request].MPI_ERROR, &error_class) == MPI_SUCCESS &&
+         error_class == MPI_ERR_TRUNCATE;
+}
+
+std::string message_size_mismatch(int peer, int arrived, int expected, const std::string& unit,
+                                  const std::string& where) {
+  // "1 element", "2 elements".
+  const auto amount = [&unit](int n) {
+    return std::to_string(n) + " " + (n == 1 ? unit.substr(0, unit.size() - 1) : unit);
+  };
+  const std::string sent =
+      arrived == kLongerMessage ? "more than the " + amount(expected) + " this rank expected"
+      : arrived == MPI_UNDEFINED
+          ? "a message that is not a whole number of " + unit + " where this rank expected " +
+                amount(expected)
+          : amount(arrived) + " where this rank expected " + std::to_string(expected);
+  return "rank " + std::to_string(peer) + " sent " + sent + where +
+         ": the ranks issued different operations or sizes at this point (--check-collectives "
+         "compares them before anything is sent)";
+}
+
 }  // namespace chorus::mpi::detail

@@ -26,4 +26,19 @@ int world_rank_of(MPI_Comm comm, int rank);
 std::string mpi_requests_failure(const char* call, int code, std::span<const MPI_Status> statuses,
                                  MPI_Comm comm, std::span<const int> peers = {});
 
+// Whether request `request` of a failed MPI_Testall or MPI_Waitall (`code`, `statuses`) was a
+// receive whose message was longer than it posted for (MPI_ERR_TRUNCATE in its status).
+bool truncated(int code, std::span<const MPI_Status> statuses, std::size_t request);
+
+// CollectiveMismatch's detail for a receive whose message had another size than this rank posted
+// for (Note [Direct exchanges], "Short messages"; Note [Ring all_reduce], "Sizes"): "rank <peer>
+// sent <arrived> <unit> where this rank expected <expected><where>: the ranks issued different
+// operations or sizes at this point (...)". `peer` is a world rank, `unit` "elements" or "bytes"
+// (plural; "1 element" drops its s), `where` empty or " in the ring all_reduce"; `arrived` is
+// kLongerMessage for a longer message (truncated) and MPI_UNDEFINED for one that is not a whole
+// number of elements.
+inline constexpr int kLongerMessage = -1;
+std::string message_size_mismatch(int peer, int arrived, int expected, const std::string& unit,
+                                  const std::string& where);
+
 }  // namespace chorus::mpi::detail

@@ -448,25 +448,32 @@ void MpiWork::poll() {
 
 void MpiWork::conclude_poll(int code, int done) {
   std::string failure;
-  std::optional<Started::Receive> short_receive;  // its message is built outside the lock
-  int short_arrived = 0;
+  ErrorCode failure_code = ErrorCode::TransportError;
+  // A receive that got another size than it posted for: its message is built outside the lock.
+  std::optional<Started::Receive> mismatched;
+  int mismatched_arrived = 0;
   {
     const std::lock_guard mpi_lock(process_->mutex(), std::adopt_lock);  // poll() took it
     if (code != MPI_SUCCESS) {
-      // The peers of direct exchanges' receives and sends are known; a collective's request has
-      // none.
-      std::vector<int> peers(started_->requests.size(), -1);
-      for (const Started::Receive& receive : started_->receives) {
-        peers[receive.request] = receive.peer;
+      mismatched = first_truncated_receive(code);
+      mismatched_arrived = kLongerMessage;
+      if (!mismatched.has_value()) {
+        // The peers of direct exchanges' receives and sends are known; a collective's request
+        // has none.
+        std::vector<int> peers(started_->requests.size(), -1);
+        for (const Started::Receive& receive : started_->receives) {
+          peers[receive.request] = receive.peer;
+        }
+        for (const Started::Send& send : started_->sends) {
+          peers[send.request] = send.peer;
+        }
+        failure =
+            mpi_requests_failure("MPI_Testall", code, started_->statuses, MPI_COMM_NULL, peers);
       }
-      for (const Started::Send& send : started_->sends) {
-        peers[send.request] = send.peer;
-      }
-      failure = mpi_requests_failure("MPI_Testall", code, started_->statuses, MPI_COMM_NULL, peers);
     } else if (done != 0 && !started_->receives.empty()) {
       // Once: the requests are freed now, and a later poll (for a ring of the batch) would
       // find only empty statuses.
-      short_receive = first_short_receive(short_arrived);
+      mismatched = first_short_receive(mismatched_arrived);
       started_->receives.clear();
       started_->sends.clear();  // their requests are freed too
     }
@@ -476,16 +483,17 @@ void MpiWork::conclude_poll(int code, int done) {
     for (const std::shared_ptr<RingAllReduce>& ring : started_->rings) {
       if (ring->failed()) {
         failure = ring->failure();
+        failure_code =
+            ring->mismatched() ? ErrorCode::CollectiveMismatch : ErrorCode::TransportError;
       } else if (!ring->finished()) {
         done = 0;
       }
     }
   }
-  if (!failure.empty() || short_receive.has_value()) {
-    error_ = failure.empty()
-                 ? make_error(ErrorCode::CollectiveMismatch, context_.error_context(),
-                              short_message(*short_receive, short_arrived))
-                 : make_error(ErrorCode::TransportError, context_.error_context(), failure);
+  if (!failure.empty() || mismatched.has_value()) {
+    error_ = failure.empty() ? make_error(ErrorCode::CollectiveMismatch, context_.error_context(),
+                                          size_mismatch_message(*mismatched, mismatched_arrived))
+                             : make_error(failure_code, context_.error_context(), failure);
     status_.store(transport::WorkStatus::Failed, std::memory_order_release);
     return;
   }
@@ -516,14 +524,19 @@ std::optional<Started::Receive> MpiWork::first_short_receive(int& arrived) const
   return std::nullopt;
 }
 
-std::string MpiWork::short_message(const Started::Receive& receive, int arrived) {
-  const std::string sent = arrived == MPI_UNDEFINED
-                               ? "a message that is not a whole number of elements"
-                               : std::to_string(arrived) + " elements";
-  return "rank " + std::to_string(receive.peer) + " sent " + sent + " where this rank expected " +
-         std::to_string(receive.count) +
-         ": the ranks issued different operations or split sizes at this point "
-         "(--check-collectives compares them before anything is sent)";
+std::optional<Started::Receive> MpiWork::first_truncated_receive(int code) const {
+  for (const Started::Receive& receive : started_->receives) {
+    if (truncated(code, started_->statuses, receive.request)) {
+      return receive;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string MpiWork::size_mismatch_message(const Started::Receive& receive, int arrived) {
+  // Signed messages travel as bytes, a block and its signature (Note [Direct exchanges]).
+  return message_size_mismatch(receive.peer, arrived, receive.count,
+                               receive.datatype == MPI_BYTE ? "bytes" : "elements", "");
 }
 
 bool MpiWork::is_completed() {

@@ -317,10 +317,14 @@ class MpiWork final : public transport::Work {
   void conclude_poll(int code, int done);
   // Note [Direct exchanges], "Short messages": the first completed receive that got other than
   // its posted count, and what it got (`arrived`), or none when all match. Call with the MPI lock
-  // held, after MPI_Testall. short_message describes it, outside the lock (a string is built only
-  // for a failure).
+  // held, after MPI_Testall. size_mismatch_message describes it, outside the lock (a string is
+  // built only for a failure).
   std::optional<Started::Receive> first_short_receive(int& arrived) const;
-  static std::string short_message(const Started::Receive& receive, int arrived);
+  // The first receive whose message was longer than it posted for, when MPI_Testall failed with
+  // `code`: MPI's truncation error, reported as the mismatch it is. Call with the MPI lock held.
+  std::optional<Started::Receive> first_truncated_receive(int code) const;
+  // `arrived` as first_short_receive gives it, or kLongerMessage.
+  static std::string size_mismatch_message(const Started::Receive& receive, int arrived);
 
   std::shared_ptr<MpiProcess> process_;
   std::unique_ptr<Started> started_;  // null until adopt()

@@ -3,6 +3,7 @@
 #include "ring_all_reduce.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "chorus/check.hpp"
@@ -114,11 +115,27 @@ void RingAllReduce::post_step() {
     send = output_chunk(send_chunk);
     receive = output_chunk(receive_chunk);
   }
-  check_call(
-      MPI_Irecv(receive, chunk_bytes(receive_chunk), MPI_BYTE, left, tag_, comm_, &requests_[0]),
-      "MPI_Irecv");
+  receive_bytes_ = chunk_bytes(receive_chunk);
+  receive_ = receive;
+  check_call(MPI_Irecv(receive, receive_bytes_, MPI_BYTE, left, tag_, comm_, &requests_[0]),
+             "MPI_Irecv");
   check_call(MPI_Isend(send, chunk_bytes(send_chunk), MPI_BYTE, right, tag_, comm_, &requests_[1]),
              "MPI_Isend");
+}
+
+void RingAllReduce::check_received(const MPI_Status& status) {
+  int arrived = 0;
+  MPI_Get_count(&status, MPI_BYTE, &arrived);
+  if (arrived == receive_bytes_ || !short_message_.empty()) {
+    return;
+  }
+  // The rest of the chunk is zeros, not what the scratch held: the step still reduces it.
+  if (0 <= arrived && arrived < receive_bytes_) {
+    std::memset(static_cast<char*>(receive_) + arrived, 0,
+                static_cast<std::size_t>(receive_bytes_ - arrived));
+  }
+  short_message_ = message_size_mismatch(world_rank_of(comm_, wrap(rank_ - 1)), arrived,
+                                         receive_bytes_, "bytes", " in the ring all_reduce");
 }
 
 void RingAllReduce::finish_step() {
@@ -141,17 +158,27 @@ bool RingAllReduce::progress() {
         // requests_[0] receives from the left neighbour, [1] sends to the right.
         const std::array<int, 2> peers = {world_rank_of(comm_, wrap(rank_ - 1)),
                                           world_rank_of(comm_, wrap(rank_ + 1))};
+        if (truncated(code, statuses, 0)) {
+          mismatched_ = true;
+          throw RingFailure{message_size_mismatch(peers[0], kLongerMessage, receive_bytes_, "bytes",
+                                                  " in the ring all_reduce")};
+        }
         throw RingFailure{mpi_requests_failure("MPI_Testall", code, statuses, comm_, peers) +
                           " (ring all_reduce)"};
       }
       if (completed == 0) {
         return false;
       }
+      check_received(statuses[0]);
       finish_step();
       ++step_;
       if (step_ < total_steps_) {
         post_step();
       }
+    }
+    if (!short_message_.empty()) {
+      mismatched_ = true;
+      failure_ = short_message_;
     }
   } catch (const RingFailure& failure) {
     failure_ = failure.what;

@@ -42,6 +42,13 @@ namespace chorus::mpi::detail {
 //
 // 16-bit float sums reach the ring widened to float32 (Note [Widened 16-bit reductions]).
 //
+// Sizes: every step's receive is posted for the chunk this rank's count gives. A peer whose
+// count differs (a mismatched program, without --check-collectives) sends another size: a
+// longer message is MPI's truncation error, which ends the ring; a shorter one is noticed from
+// its status, and the ring still runs its remaining steps, so that its peers are not left
+// waiting for messages it would not send, then fails. Both fail the work with
+// CollectiveMismatch naming the sender and the sizes (mismatched()).
+//
 // Buffers: the output is written only in chunks the schedule has finished with, so input and
 // output may be the same buffer (in place). avg and premul_sum reach the ring as sums (the
 // work divides afterwards or the input was scaled first, Note [MPI mapping]).
@@ -83,6 +90,8 @@ class RingAllReduce {
   bool done() const noexcept { return finished() || failed(); }
   // "MPI_Isend failed (ring all_reduce): ..." once failed().
   const std::string& failure() const noexcept { return failure_; }
+  // Whether the failure is a message of another size than this rank posted for ("Sizes").
+  bool mismatched() const noexcept { return mismatched_; }
 
   // Whether a ring can carry `count` elements of `dtype` over `group_size` ranks: one chunk's
   // bytes travel as an int count of MPI_BYTE.
@@ -97,6 +106,8 @@ class RingAllReduce {
  private:
   void post_step();
   void finish_step();
+  // Notes a completed step's receive that got fewer bytes than posted ("Sizes").
+  void check_received(const MPI_Status& status);
   int wrap(int chunk) const noexcept { return ((chunk % size_) + size_) % size_; }
   char* output_chunk(int chunk) const;
   const char* input_chunk(int chunk) const;
@@ -118,7 +129,11 @@ class RingAllReduce {
   int total_steps_;
   std::unique_ptr<char[]> scratch_;
   std::array<MPI_Request, 2> requests_{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int receive_bytes_ = 0;  // what the current step's receive was posted for
+  void* receive_ = nullptr;
   std::string failure_;
+  std::string short_message_;  // the first short receive's, reported once the ring ends
+  bool mismatched_ = false;
 };
 
 }  // namespace chorus::mpi::detail
