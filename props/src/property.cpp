@@ -89,6 +89,7 @@ bool Env::require_bitwise_equal(const Tensor& actual, const Tensor& expected,
 }
 
 void Env::record(const Tensor& tensor) {
+  ++records_;
   const auto mix = [this](const void* data, std::size_t size) {
     const auto* bytes = static_cast<const unsigned char*>(data);
     for (std::size_t i = 0; i < size; ++i) {

@@ -249,6 +249,7 @@ void require_registry_empty(Env& env) {
 struct SimRun {
   sim::SimReport report;
   std::vector<std::uint64_t> digests;
+  int records = 0;  // Env::record calls, every rank's
 };
 
 sim::SimOptions simulator_options(const Property& property, const CheckOptions& options,
@@ -282,6 +283,7 @@ SimRun simulate_case(const Property& property, const Case& value, sim::SimOption
     property.check(value, env);
     require_registry_empty(env);
     run.digests[static_cast<std::size_t>(rank())] = env.digest();
+    run.records += env.records();
   });
   return run;
 }
@@ -360,6 +362,14 @@ Outcome execute_on_simulator(const Property& property, const CheckOptions& optio
     return decided_by(run.report);
   }
   if (!property.needs.schedule_independent) {
+    return decided_by(run.report);
+  }
+  if (run.records == 0) {
+    outcome.passed = false;
+    outcome.failure =
+        "  the property is marked Needs::schedule_independent, but its check recorded no result "
+        "on any rank (Env::record): its runs under other schedules would compare nothing; record "
+        "the results that must not depend on the schedule\n";
     return decided_by(run.report);
   }
   // Variant seeds come from the case's schedule, so every case tries other schedules.

@@ -477,6 +477,41 @@ TEST(Battery, PctScheduleVariantsPlaceTheirChangePointsWithinTheRun) {
   EXPECT_EQ(fired, 8);
 }
 
+// A schedule-independent property whose check records nothing would compare nothing across
+// schedules: it fails, saying so, rather than pass vacuously. Recording one result on one rank
+// is enough.
+TEST(Battery, AScheduleIndependentPropertyThatRecordsNothingFails) {
+  Needs needs;
+  needs.schedule_independent = true;
+  const auto sum_property = [&needs](bool record_on_rank_1) {
+    return make_property<int>(
+        "user.unrecorded_sum", "an all_reduce whose result is recorded, or not",
+        [](World) { return rc::gen::just(0); },
+        [record_on_rank_1](const int&, Env& env) {
+          const Tensor sum = all_reduce(Tensor::ones({2}), "sum", world());
+          env.require_bitwise_equal(sum, Tensor::full({2}, world_size()), "sum");
+          if (record_on_rank_1 && rank() == 1) {
+            env.record(sum);
+          }
+        },
+        needs);
+  };
+  CheckOptions options;
+  options.ranks = 2;
+  options.cases = 3;
+  const CheckReport unrecorded = check_on_simulator({sum_property(false)}, options);
+  ASSERT_EQ(unrecorded.results.size(), 1u);
+  EXPECT_EQ(unrecorded.results[0].verdict, Verdict::Failed);
+  EXPECT_NE(unrecorded.results[0].failure.find(
+                "marked Needs::schedule_independent, but its check recorded no result on any "
+                "rank (Env::record)"),
+            std::string::npos)
+      << unrecorded.results[0].failure;
+  const CheckReport recorded = check_on_simulator({sum_property(true)}, options);
+  ASSERT_EQ(recorded.results.size(), 1u);
+  EXPECT_EQ(recorded.results[0].verdict, Verdict::Passed) << recorded.results[0].failure;
+}
+
 // The simulator runner's PCT cases place their change points within the run too (Note [PCT's
 // estimate of a case's length]): with the default estimate of 256 decisions, a case's 20 to 40
 // seldom reached one (13 of these 200 change points fired, both in no case; 196 now). A token

@@ -119,9 +119,12 @@ class Env {
   const std::string& first_failure() const noexcept { return first_failure_; }
   int failures() const noexcept { return failures_; }
 
-  // Mixes `tensor`'s dtype, shape and bytes (waits) into this rank's result digest.
+  // Mixes `tensor`'s dtype, shape and bytes (waits) into this rank's result digest: what a
+  // Needs::schedule_independent property's runs under other schedules compare. Such a check must
+  // record its results; one that records nothing on every rank fails the case.
   void record(const Tensor& tensor);
   std::uint64_t digest() const noexcept { return digest_; }
+  int records() const noexcept { return records_; }  // record calls so far
 
  private:
   // Throws, or records and returns false.
@@ -132,6 +135,7 @@ class Env {
   std::string first_failure_;
   int failures_ = 0;
   std::uint64_t digest_ = 0xcbf29ce484222325ull;
+  int records_ = 0;
 };
 
 // Which runs a property needs; the runners skip a property whose needs they cannot meet, and say
@@ -145,7 +149,8 @@ struct Needs {
   // Simulator allocator policy to run under (e.g. LifoReuse for address-reuse properties).
   sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
   // The simulator runner also runs each case under other schedules and reduction orders and
-  // requires every rank's Env digest to be the same in all of them.
+  // requires every rank's Env digest (Env::record) to be the same in all of them. A case whose
+  // check records nothing on any rank fails: it would compare nothing.
   bool schedule_independent = false;
 };
 
