@@ -65,6 +65,15 @@ TEST(Run, TheReplayCommandLeavesOutTheSeedFlagItsVariableOverrides) {
       << printed;
 }
 
+// A property case's token passed as the simulator's: refused naming what reruns it.
+TEST(RunOptions, APropertyCaseTokenIsNotTheSimulatorsReplayToken) {
+  const testing::CaughtError caught = testing::expect_error<InvalidArgument>(
+      [] { parse({"--replay=chorus-check:4:reduce.all_reduce:8:0:100:5:generated:2:fixed:-:-"}); },
+      {"flag --replay='chorus-check:4:", "this one is a property case's (chorus-check:...)",
+       "`chorus replay <token>` or a property program's --replay-case"});
+  EXPECT_EQ(caught.context.op, "RunOptions::from_args");
+}
+
 TEST(RunOptions, ReadsTheTimelineAndTracePaths) {
   const RunOptions options = parse({"--timeline=out.svg", "--trace", "out.json"});
   EXPECT_EQ(options.timeline_path, "out.svg");

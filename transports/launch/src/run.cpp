@@ -175,6 +175,12 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       if (value.empty()) {
         bad_flag(arg, value, "a replay token (chorus-replay:...)");
       }
+      if (value.starts_with("chorus-check:")) {
+        bad_flag(arg, value,
+                 "a simulator replay token (chorus-replay:...); this one is a property case's "
+                 "(chorus-check:...), which `chorus replay <token>` or a property program's "
+                 "--replay-case reruns");
+      }
       options.replay = value;
     } else {
       constexpr std::uint64_t kTimeoutMsMax = std::uint64_t{1000} * 60 * 60 * 24 * 365;
