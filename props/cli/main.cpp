@@ -98,7 +98,8 @@ struct CheckFlags {
   // The simulator's schedule flags given on the command line (--strategy ...): refused on a real
   // transport, whose schedule is its own.
   std::vector<std::string> schedule_flags_given;
-  bool ranks_given = false;  // --ranks on the command line: a real transport's world must match
+  bool ranks_given = false;   // --ranks on the command line: a real transport's world must match
+  bool runner_given = false;  // --runner on the command line: a real transport runs lockstep only
 };
 
 // How to start `ranks` ranks of `chorus check` on a real transport.
@@ -189,6 +190,13 @@ int run_check(const CheckFlags& flags) {
     return print_report(props::check_on_simulator(properties, options));
   }
   // Lockstep: the same cases on every rank of a transport, verdicts agreed by all-reduce.
+  if (flags.transport != "sim" && flags.runner_given && flags.runner == "simulator") {
+    std::cerr << "chorus check: --runner simulator runs the battery on simulated ranks only: "
+                 "--transport "
+              << flags.transport
+              << " runs the lockstep runner (leave --runner out, or give --runner lockstep)\n";
+    return 2;
+  }
   if (flags.transport != "sim" && !flags.schedule_flags_given.empty()) {
     std::cerr << "chorus check: " << flags.schedule_flags_given.front()
               << " chooses the simulator's schedule: only the simulator (--transport sim) takes "
@@ -564,6 +572,7 @@ int main(int argc, char** argv) {
     return app.exit(error) == 0 ? 0 : 2;
   }
   flags.ranks_given = check->count("--ranks") > 0;
+  flags.runner_given = check->count("--runner") > 0;
   for (const char* flag : {"--strategy", "--pct-depth", "--reduction-order"}) {
     if (check->count(flag) > 0) {
       flags.schedule_flags_given.emplace_back(flag);
