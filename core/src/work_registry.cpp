@@ -577,7 +577,9 @@ void WorkRegistry::complete_all_at_exit() noexcept {
       error = std::current_exception();
     }
     std::lock_guard<transport::FutexMutex> lock(mutex_);
-    retire_completed_locked(work, error);
+    // A claimed work is a drop finalizing elsewhere: kept as one if it was stream-waited.
+    const Claim claim{work, work->unwaited_record_, /*at_rank_exit=*/false};
+    retire_completed_locked(work, error, &claim);
     if (error) {
       try {
         record_drop_failure_locked(*work, error, /*at_rank_exit=*/false);

@@ -8,12 +8,14 @@
 
 #include <chorus/chorus.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "detail/rank_state.hpp"
@@ -494,6 +496,51 @@ TEST(DeviceMemory, ADroppedResultFailingAfterItsStreamWaitIsReportedAsDropped) {
       {"the result of all_reduce #0", "was dropped un-waited", "link down"});
   const RankContext::Summary summary = rank.context().finish();
   ASSERT_EQ(summary.unwaited.size(), 1u);
+  EXPECT_NE(summary.unwaited[0].error.find("link down"), std::string::npos)
+      << summary.unwaited[0].error;
+}
+
+// A result dropped on another thread whose finalization is inside its stream wait when the rank
+// exits: the exit finalizes it too (the third loop of complete_all_at_exit), and it stays a drop,
+// so the failure that follows reads as one and its report line carries it (the exit kept it as
+// a work the program had waited: "was waited on the device stream", and an empty line).
+TEST(DeviceMemory, ADropFinalizingElsewhereWhenTheRankExitsIsStillReportedAsADrop) {
+  DeviceRank rank;
+  Tensor out = all_reduce(on_gpu({1}), "sum", {0});
+  const std::shared_ptr<FakeWork> work = rank.transport().last_work();
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool dropper_in_stream_wait = false;
+  bool release_dropper = false;
+  work->wait_on_hook = [&] {
+    std::unique_lock lock(mutex);
+    dropper_in_stream_wait = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return release_dropper; });
+  };
+  std::thread dropper([dropped = std::move(out)]() mutable { dropped = Tensor(); });
+  {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return dropper_in_stream_wait; });
+  }
+  // The exit's own stream wait of the work: the collective fails after it.
+  work->wait_on_hook = [&work] {
+    work->fail(std::make_exception_ptr(
+        TransportError(ErrorContext{0, "all_reduce", 0, "[0]"}, "link down")));
+  };
+  const RankContext::Summary summary = rank.context().finish();
+  {
+    const std::lock_guard lock(mutex);
+    release_dropper = true;
+  }
+  changed.notify_all();
+  dropper.join();
+  ASSERT_NE(summary.error, nullptr);
+  expect_error<TransportError>(
+      [&] { std::rethrow_exception(summary.error); },
+      {"the result of all_reduce #0", "was dropped un-waited", "link down"});
+  ASSERT_EQ(summary.unwaited.size(), 1u);
+  EXPECT_FALSE(summary.unwaited[0].at_rank_exit);
   EXPECT_NE(summary.unwaited[0].error.find("link down"), std::string::npos)
       << summary.unwaited[0].error;
 }
