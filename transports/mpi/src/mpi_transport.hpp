@@ -365,7 +365,10 @@ class MpiWork final : public transport::Work {
 // operation, or other all_to_all split sizes, can so send less than this rank expects, and the
 // rest of the output would be whatever the memory held. So the poll that completes a direct
 // exchange compares every receive's MPI_Get_count with its posted count and fails the work
-// with CollectiveMismatch naming the peer and both counts (MpiWork::poll; Started::receives).
+// with CollectiveMismatch naming the peer and both counts (MpiWork::poll; Started::receives); a
+// receive that MPI found truncated (MPI_ERR_TRUNCATE in its status) fails it the same way, as
+// a longer message than posted for, rather than as MPI's TransportError. Signed messages are
+// bytes, and their counts are said in bytes.
 //
 // Signed messages: a small all_reduce or reduce_scatter folds every rank's block at every
 // rank with that rank's own op, so without --check-collectives two ranks that passed different
