@@ -123,19 +123,19 @@ void RingAllReduce::post_step() {
              "MPI_Isend");
 }
 
-void RingAllReduce::check_received(const MPI_Status& status) {
-  int arrived = 0;
-  MPI_Get_count(&status, MPI_BYTE, &arrived);
-  if (arrived == receive_bytes_ || !short_message_.empty()) {
+void RingAllReduce::note_received(int arrived) {
+  if (arrived == receive_bytes_) {
     return;
   }
-  // The rest of the chunk is zeros, not what the scratch held: the step still reduces it.
+  // The rest of a short chunk is zeros, not what the memory held: the step still reduces it.
   if (0 <= arrived && arrived < receive_bytes_) {
     std::memset(static_cast<char*>(receive_) + arrived, 0,
                 static_cast<std::size_t>(receive_bytes_ - arrived));
   }
-  short_message_ = message_size_mismatch(world_rank_of(comm_, wrap(rank_ - 1)), arrived,
-                                         receive_bytes_, "bytes", " in the ring all_reduce");
+  if (size_message_.empty()) {
+    size_message_ = message_size_mismatch(world_rank_of(comm_, wrap(rank_ - 1)), arrived,
+                                          receive_bytes_, "bytes", " in the ring all_reduce");
+  }
 }
 
 void RingAllReduce::finish_step() {
@@ -153,32 +153,40 @@ bool RingAllReduce::progress() {
     while (!done()) {
       int completed = 0;
       std::array<MPI_Status, 2> statuses{};
-      if (const int code = MPI_Testall(2, requests_.data(), &completed, statuses.data());
-          code != MPI_SUCCESS) {
-        // requests_[0] receives from the left neighbour, [1] sends to the right.
-        const std::array<int, 2> peers = {world_rank_of(comm_, wrap(rank_ - 1)),
-                                          world_rank_of(comm_, wrap(rank_ + 1))};
-        if (truncated(code, statuses, 0)) {
-          mismatched_ = true;
-          throw RingFailure{message_size_mismatch(peers[0], kLongerMessage, receive_bytes_, "bytes",
-                                                  " in the ring all_reduce")};
+      const int code = MPI_Testall(2, requests_.data(), &completed, statuses.data());
+      if (code != MPI_SUCCESS) {
+        // MPI reports MPI_ERR_IN_STATUS once both requests completed: a receive truncated (a
+        // longer message than posted for) beside a send that succeeded is a size mismatch, and
+        // the ring goes on as after a short receive ("Sizes"). Anything else ends it.
+        if (!truncated(code, statuses, 0) || statuses[1].MPI_ERROR != MPI_SUCCESS) {
+          // requests_[0] receives from the left neighbour, [1] sends to the right.
+          const std::array<int, 2> peers = {world_rank_of(comm_, wrap(rank_ - 1)),
+                                            world_rank_of(comm_, wrap(rank_ + 1))};
+          throw RingFailure{mpi_requests_failure("MPI_Testall", code, statuses, comm_, peers) +
+                            " (ring all_reduce)"};
         }
-        throw RingFailure{mpi_requests_failure("MPI_Testall", code, statuses, comm_, peers) +
-                          " (ring all_reduce)"};
-      }
-      if (completed == 0) {
+        for (MPI_Request& request : requests_) {
+          if (request != MPI_REQUEST_NULL) {
+            MPI_Request_free(&request);  // a failed request MPI left allocated
+          }
+        }
+        note_received(kLongerMessage);
+      } else if (completed == 0) {
         return false;
+      } else {
+        int arrived = 0;
+        MPI_Get_count(&statuses[0], MPI_BYTE, &arrived);
+        note_received(arrived);
       }
-      check_received(statuses[0]);
       finish_step();
       ++step_;
       if (step_ < total_steps_) {
         post_step();
       }
     }
-    if (!short_message_.empty()) {
+    if (!size_message_.empty()) {
       mismatched_ = true;
-      failure_ = short_message_;
+      failure_ = size_message_;
     }
   } catch (const RingFailure& failure) {
     failure_ = failure.what;

@@ -44,10 +44,12 @@ namespace chorus::mpi::detail {
 //
 // Sizes: every step's receive is posted for the chunk this rank's count gives. A peer whose
 // count differs (a mismatched program, without --check-collectives) sends another size: a
-// longer message is MPI's truncation error, which ends the ring; a shorter one is noticed from
-// its status, and the ring still runs its remaining steps, so that its peers are not left
-// waiting for messages it would not send, then fails. Both fail the work with
-// CollectiveMismatch naming the sender and the sizes (mismatched()).
+// longer message is MPI's truncation error (in the receive's status), a shorter one shows in
+// MPI_Get_count. Either way the ring still runs its remaining steps, so that its peers are not
+// left waiting for messages it would not send, then fails the work with CollectiveMismatch
+// naming the first sender of another size and both sizes (mismatched()). A rank whose own
+// receives all had their sizes completes, with whatever the mismatched chunks held: undefined,
+// as any mismatch is without --check-collectives.
 //
 // Buffers: the output is written only in chunks the schedule has finished with, so input and
 // output may be the same buffer (in place). avg and premul_sum reach the ring as sums (the
@@ -106,8 +108,9 @@ class RingAllReduce {
  private:
   void post_step();
   void finish_step();
-  // Notes a completed step's receive that got fewer bytes than posted ("Sizes").
-  void check_received(const MPI_Status& status);
+  // Notes what a completed step's receive got, `arrived` bytes or kLongerMessage, when it is
+  // not what was posted for ("Sizes").
+  void note_received(int arrived);
   int wrap(int chunk) const noexcept { return ((chunk % size_) + size_) % size_; }
   char* output_chunk(int chunk) const;
   const char* input_chunk(int chunk) const;
@@ -132,7 +135,7 @@ class RingAllReduce {
   int receive_bytes_ = 0;  // what the current step's receive was posted for
   void* receive_ = nullptr;
   std::string failure_;
-  std::string short_message_;  // the first short receive's, reported once the ring ends
+  std::string size_message_;  // the first receive of another size's, reported once the ring ends
   bool mismatched_ = false;
 };
 
