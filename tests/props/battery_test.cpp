@@ -477,9 +477,9 @@ TEST(Battery, PctScheduleVariantsPlaceTheirChangePointsWithinTheRun) {
   EXPECT_EQ(fired, 8);
 }
 
-// A schedule-independent property whose check records nothing would compare nothing across
-// schedules: it fails, saying so, rather than pass vacuously. Recording one result on one rank
-// is enough.
+// A schedule-independent property whose check records nothing compares nothing across
+// schedules: it fails, saying so, rather than pass vacuously. Recording in some cases, on some
+// ranks, is enough: a case on one rank (the world sizes go down to 1) records nothing here.
 TEST(Battery, AScheduleIndependentPropertyThatRecordsNothingFails) {
   Needs needs;
   needs.schedule_independent = true;
@@ -496,20 +496,24 @@ TEST(Battery, AScheduleIndependentPropertyThatRecordsNothingFails) {
         },
         needs);
   };
-  CheckOptions options;
-  options.ranks = 2;
-  options.cases = 3;
-  const CheckReport unrecorded = check_on_simulator({sum_property(false)}, options);
-  ASSERT_EQ(unrecorded.results.size(), 1u);
-  EXPECT_EQ(unrecorded.results[0].verdict, Verdict::Failed);
-  EXPECT_NE(unrecorded.results[0].failure.find(
-                "marked Needs::schedule_independent, but its check recorded no result on any "
-                "rank (Env::record)"),
-            std::string::npos)
-      << unrecorded.results[0].failure;
-  const CheckReport recorded = check_on_simulator({sum_property(true)}, options);
-  ASSERT_EQ(recorded.results.size(), 1u);
-  EXPECT_EQ(recorded.results[0].verdict, Verdict::Passed) << recorded.results[0].failure;
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    CheckOptions options;
+    options.ranks = 2;
+    options.cases = 6;
+    options.seed = seed;
+    const CheckReport unrecorded = check_on_simulator({sum_property(false)}, options);
+    ASSERT_EQ(unrecorded.results.size(), 1u);
+    EXPECT_EQ(unrecorded.results[0].verdict, Verdict::Failed);
+    EXPECT_EQ(unrecorded.results[0].cases, 6);
+    EXPECT_NE(unrecorded.results[0].failure.find(
+                  "marked Needs::schedule_independent, but no case's check recorded a result on "
+                  "any rank (Env::record)"),
+              std::string::npos)
+        << unrecorded.results[0].failure;
+    const CheckReport recorded = check_on_simulator({sum_property(true)}, options);
+    ASSERT_EQ(recorded.results.size(), 1u);
+    EXPECT_EQ(recorded.results[0].verdict, Verdict::Passed) << recorded.results[0].failure;
+  }
 }
 
 // The simulator runner's PCT cases place their change points within the run too (Note [PCT's

@@ -121,7 +121,8 @@ class Env {
 
   // Mixes `tensor`'s dtype, shape and bytes (waits) into this rank's result digest: what a
   // Needs::schedule_independent property's runs under other schedules compare. Such a check must
-  // record its results; one that records nothing on every rank fails the case.
+  // record its results: a property none of whose cases recorded anything, on any rank, fails on
+  // the simulator runner.
   void record(const Tensor& tensor);
   std::uint64_t digest() const noexcept { return digest_; }
   int records() const noexcept { return records_; }  // record calls so far
@@ -149,8 +150,8 @@ struct Needs {
   // Simulator allocator policy to run under (e.g. LifoReuse for address-reuse properties).
   sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
   // The simulator runner also runs each case under other schedules and reduction orders and
-  // requires every rank's Env digest (Env::record) to be the same in all of them. A case whose
-  // check records nothing on any rank fails: it would compare nothing.
+  // requires every rank's Env digest (Env::record) to be the same in all of them. A property
+  // none of whose cases records anything, on any rank, fails: it compared nothing.
   bool schedule_independent = false;
 };
 
