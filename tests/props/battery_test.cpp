@@ -695,6 +695,10 @@ TEST(Battery, SelectTakesCommaSeparatedGlobs) {
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0].name, "law.gather_dim");
   EXPECT_EQ(two[1].name, "errors.mismatch");
+  // A '*' left when the name is used up matches the empty rest.
+  const std::vector<Property> trailing = select(all, "reduce.all_reduce*");
+  ASSERT_EQ(trailing.size(), 1u);
+  EXPECT_EQ(trailing[0].name, "reduce.all_reduce");
 }
 
 // Blanks around a pattern are trimmed, and a pattern that matches nothing is refused, naming it,
@@ -743,6 +747,12 @@ TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
       [&] { (void)replay(all, "chorus-check:4:no.such:4:0:100:0:generated:2:fixed:-:-"); },
       {"(the properties here: " + all[0].name + ", " + all[1].name + ", " + all[2].name + ", " +
        all[3].name + " and " + std::to_string(all.size() - 4) + " more)"});
+  // Four names are all shown: no "and 0 more".
+  const std::vector<Property> four(all.begin(), all.begin() + 4);
+  testing::expect_invalid_argument(
+      [&] { (void)replay(four, "chorus-check:4:no.such:4:0:100:0:generated:2:fixed:-:-"); },
+      {"(the properties here: " + all[0].name + ", " + all[1].name + ", " + all[2].name + ", " +
+       all[3].name + ")"});
   testing::expect_invalid_argument(
       [&] {
         (void)replay(all, "chorus-check:4:reduce.all_reduce:four:0:100:0:generated:2:fixed:-:-");
@@ -940,6 +950,215 @@ TEST(Battery, ReplayWithoutASimulatorTokenRegeneratesTheSchedule) {
                 std::to_string(replayed.report.world_size) + " ranks: ", 0),
             0u);
   EXPECT_FALSE(replayed.report.events.empty());  // replays record events for traces
+}
+
+// Whatever a lockstep rank throws, the verdict names it: an empty what(), an exception that is
+// not a std::exception (a rank that swallowed it would pass) and a RapidCheck assertion each get
+// a message of their own, and a message longer than the gathered bytes is cut, not lost.
+TEST(Battery, LockstepFailuresOfEveryKindAreNamed) {
+  // runner.cpp's kGatheredMessageBytes (1024), less the terminating zero.
+  constexpr std::size_t kGatheredChars = 1023;
+  const std::string rank_3_message = "rank 3: " + std::string(2000, 'x');
+  const Property throwing = make_property<int>(
+      "user.throws_every_kind", "each rank fails its own way",
+      [](World) { return rc::gen::just(0); },
+      [](const int&, Env& env) {
+        switch (env.rank()) {
+          case 0:
+            throw std::runtime_error("");
+          case 1:
+            throw 42;
+          case 2:
+            RC_FAIL("planted");
+          default:
+            env.require(false, std::string(2000, 'x'));
+        }
+      });
+  CheckOptions options;
+  options.cases = 1;
+  sim::SimOptions sim_options;
+  sim_options.world_size = 4;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  std::vector<CheckReport> reports(4);
+  const sim::SimReport run = sim::simulate(sim_options, [&] {
+    reports[static_cast<std::size_t>(rank())] = check_in_lockstep({throwing}, options);
+  });
+  ASSERT_TRUE(run.ok()) << run.to_string();
+  for (const CheckReport& report : reports) {
+    ASSERT_EQ(report.results.size(), 1u);
+    const PropertyResult& result = report.results[0];
+    EXPECT_EQ(result.verdict, Verdict::Failed);
+    const std::string& failure = result.failure;
+    EXPECT_EQ(failure.rfind("  rank 0: an exception with an empty message\n"
+                            "  rank 1: an exception that is not a std::exception\n"
+                            "  rank 2: a RapidCheck assertion (RC_ASSERT, RC_FAIL) failed: ",
+                            0),
+              0u)
+        << failure;
+    EXPECT_NE(failure.find("planted"), std::string::npos) << failure;
+    const std::string rank_3_line = "\n  " + rank_3_message.substr(0, kGatheredChars) + "\n";
+    ASSERT_GE(failure.size(), rank_3_line.size());
+    EXPECT_EQ(failure.substr(failure.size() - rank_3_line.size()), rank_3_line);
+  }
+}
+
+// The summary names why a property was skipped; a failure report says how far the failure shrank
+// and carries its timeline under a heading.
+TEST(Battery, ReportsNameSkipReasonsShrinkStepsAndTheTimeline) {
+  CheckOptions options;
+  options.ranks = 1;
+  options.cases = 1;
+  const CheckReport skipped = check_on_simulator(select(battery(), "errors.mismatch"), options);
+  EXPECT_NE(summary_table(skipped).find("  skipped (needs at least 2 ranks)\n"), std::string::npos)
+      << summary_table(skipped);
+  PropertyResult result;
+  result.name = "reduce.all_reduce";
+  result.verdict = Verdict::Failed;
+  result.shrink_steps = 3;
+  result.counterexample = "a case";
+  result.failure = "  rank 0: wrong\n";
+  result.timeline = "rank 0 | all_reduce\n";
+  result.replay_token = "chorus-check:4:reduce.all_reduce:4:0:100:7:generated:2:fixed:0.1.0:-";
+  EXPECT_EQ(failure_report(result),
+            "property reduce.all_reduce FAILED (shrunk in 3 steps)\n"
+            "minimal counterexample:\n  a case\n"
+            "errors:\n  rank 0: wrong\n"
+            "timeline of the minimal failing run:\nrank 0 | all_reduce\n"
+            "replay: chorus replay "
+            "chorus-check:4:reduce.all_reduce:4:0:100:7:generated:2:fixed:0.1.0:-\n");
+}
+
+// A value whose shrinks are value - 1 down to 0: every shrink of an always-failing property is
+// another failure, so only the shrink budget stops the shrinking.
+rc::Gen<int> gen_countdown(int from) {
+  return rc::Gen<int>([from](const rc::Random&, int) {
+    return rc::shrinkable::shrinkRecur(
+        from, [](int value) { return value > 0 ? rc::seq::just(value - 1) : rc::Seq<int>(); });
+  });
+}
+
+// Shrinking runs at most shrink_runs_max inputs (CheckOptions): each counts, failing or not.
+TEST(Battery, ShrinkingStopsAtTheShrinkRunsBudget) {
+  const Property failing = make_property<int>(
+      "user.countdown_fails", "fails on every value of a long shrink chain",
+      [](World) { return gen_countdown(1000); },
+      [](const int&, Env& env) { env.require(false, "always"); });
+  CheckOptions options;
+  options.ranks = 1;
+  options.cases = 1;
+  options.shrink_runs_max = 3;
+  const CheckReport report = check_on_simulator({failing}, options);
+  ASSERT_EQ(report.results.size(), 1u);
+  EXPECT_EQ(report.results[0].verdict, Verdict::Failed);
+  EXPECT_EQ(report.results[0].shrink_steps, 3);
+  EXPECT_EQ(report.results[0].runs, 1u + 3u);  // the case, then 3 shrinks
+}
+
+// A shrink whose value the generator cannot produce is skipped but keeps its place in the shrink
+// path: the token's index is the shrink's position, so its replay reaches the same case.
+TEST(Battery, ASkippedShrinkKeepsItsIndexInTheReplayPath) {
+  // 10's shrinks are 5 (whose value throws) and 3; 3 has none.
+  const auto gen = [](World) {
+    return rc::gen::map(rc::Gen<int>([](const rc::Random&, int) {
+                          return rc::shrinkable::shrinkRecur(10, [](int value) {
+                            return value == 10 ? rc::seq::just(5, 3) : rc::Seq<int>();
+                          });
+                        }),
+                        [](int value) {
+                          if (value == 5) {
+                            throw std::runtime_error("no case for 5");
+                          }
+                          return value;
+                        });
+  };
+  const Property failing =
+      make_property<int>("user.skipped_shrink", "fails on every value", gen,
+                         [](const int&, Env& env) { env.require(false, "always"); });
+  CheckOptions options;
+  options.cases = 1;
+  sim::SimOptions sim_options;
+  sim_options.world_size = 1;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  CheckReport report;
+  const sim::SimReport run =
+      sim::simulate(sim_options, [&] { report = check_in_lockstep({failing}, options); });
+  ASSERT_TRUE(run.ok()) << run.to_string();
+  ASSERT_EQ(report.results.size(), 1u);
+  const PropertyResult& result = report.results[0];
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_EQ(result.counterexample, "3");
+  EXPECT_EQ(result.shrink_steps, 1);
+  EXPECT_EQ(result.replay_token, "chorus-check:4:user.skipped_shrink:1:0:1:0:lockstep:2:fixed:1:-");
+  const Replay again = replay({failing}, result.replay_token);
+  EXPECT_EQ(again.result.verdict, Verdict::Failed);
+  EXPECT_EQ(again.result.counterexample, "3");
+}
+
+// schedule.independence checks its first all_reduce against the reference itself: a transport
+// bug that gives every schedule the same wrong bytes passes the digest comparison.
+TEST(Battery, ScheduleIndependenceCatchesAWrongResultEveryScheduleAgreesOn) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.wrap_transport = plant(PlantedBug::WrongLastContribution, 1);
+  const PropertyResult result = check_one("schedule.independence", options);
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_NE(result.failure.find(": all_reduce step "), std::string::npos) << result.failure;
+}
+
+// reduce leaves the members off the destination their zeros: a transport that writes there is
+// caught by reduce.reduce, on the rank it wrote.
+TEST(Battery, PlantedWriteOffTheDestinationIsCaughtByTheReduceProperty) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.wrap_transport = plant(PlantedBug::ReduceWritesOffRoot, 1);
+  const PropertyResult result = check_one("reduce.reduce", options);
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_NE(result.failure.find("rank 1: reduce result off the destination (zeros)"),
+            std::string::npos)
+      << result.failure;
+  EXPECT_EQ(result.failure.find("rank 0:"), std::string::npos) << result.failure;
+}
+
+// The scatter-gather law compares with all_reduce: a wrong all_reduce on one rank breaks it there.
+TEST(Battery, PlantedLastBitBreaksTheScatterGatherLaw) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.wrap_transport = plant(PlantedBug::LastBitOnOneRank, 1);
+  const PropertyResult result = check_one("law.reduce_scatter_then_all_gather", options);
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_NE(result.failure.find("rank 1: all_gather_tensor(reduce_scatter_tensor(x, op, d), d) vs "
+                                "all_reduce"),
+            std::string::npos)
+      << result.failure;
+  EXPECT_EQ(result.failure.find("rank 0:"), std::string::npos) << result.failure;
+}
+
+// A wait that returns before the data is caught by async.wait_orders' comparison of the waited
+// result with the reference, on the planted rank.
+TEST(Battery, PlantedEarlyCompletionFailsTheWaitedResultsComparison) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.cases = 50;
+  options.wrap_transport = plant(PlantedBug::CompletesBeforeData, 2);
+  const PropertyResult result = check_one("async.wait_orders", options);
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_NE(result.failure.find("  rank 2: result waited by "), std::string::npos)
+      << result.failure;
+}
+
+// reduce.all_reduce checks that its input is untouched after the collective: a write into it after
+// the simulator's own checksum at completion is caught there, on the rank that wrote.
+TEST(Battery, PlantedWriteIntoTheInputIsCaughtByTheAllReduceProperty) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.wrap_transport = plant(PlantedBug::WritesInputOnCompletion, 1);
+  const PropertyResult result = check_one("reduce.all_reduce", options);
+  ASSERT_EQ(result.verdict, Verdict::Failed);
+  EXPECT_NE(result.failure.find("rank 1: all_reduce input after the collective"), std::string::npos)
+      << result.failure;
+  EXPECT_EQ(result.failure.find("rank 0:"), std::string::npos) << result.failure;
 }
 
 }  // namespace

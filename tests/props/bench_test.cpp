@@ -296,6 +296,10 @@ TEST(Bench, SizesParseWithSuffixes) {
   EXPECT_EQ(parse_bytes("1g"), std::size_t{1} << 30);
   EXPECT_THROW(parse_bytes("lots"), InvalidArgument);
   EXPECT_THROW(parse_bytes("5Q"), InvalidArgument);
+  // 2^34 G is 2^64 bytes: refused, not wrapped to 0.
+  testing::expect_invalid_argument([] { (void)parse_bytes("17179869184G"); },
+                                   {"size '17179869184G' is too large"});
+  EXPECT_EQ(parse_bytes("17179869183G"), std::size_t{17179869183} << 30);
 }
 
 TEST(Bench, KernelsPinTheReductionsInstructionSet) {
@@ -376,6 +380,15 @@ TEST(Bench, BadOptionsAreRefusedBeforeAnythingRuns) {
   options.reduction_order = "sideways";
   refused(options, "unknown reduction order 'sideways' (fixed, ring, tree, adversarial)");
   options = quick(2);
+  options.max_bytes = (std::size_t{1} << 40) + 1;
+  refused(options, "chorus bench: max-bytes is larger than 1 TiB");
+  options = quick(2);
+  options.step_factor = 1;  // one size, again and again
+  refused(options, "the step factor must lie in [2, 2^40], got 1");
+  options = quick(2);
+  options.iters = -1;
+  refused(options, "iters and warmup must be at least 0, reps at least 1");
+  options = quick(2);
   options.transport = "mpi";
   options.reduction_order = "tree";
   refused(options,
@@ -417,6 +430,61 @@ TEST(Bench, SizesWithASignOrSpaceAreRefused) {
   testing::expect_invalid_argument([] { (void)parse_bytes("+8"); }, {"bad size '+8'"});
   testing::expect_invalid_argument([] { (void)parse_bytes(" 8"); }, {"bad size ' 8'"});
   testing::expect_invalid_argument([] { (void)parse_bytes(""); }, {"bad size ''"});
+}
+
+// Without --check no row is counted (#wrong N/A), and the verdict line says some rows went
+// unchecked.
+TEST(Bench, UncheckedRowsSayNAAndTheVerdictSaysSo) {
+  BenchOptions options = quick(2);
+  options.ops = {"all_reduce"};
+  options.max_bytes = 16;
+  options.check = false;
+  std::ostringstream out;
+  const BenchReport report = run_bench(options, out);
+  EXPECT_TRUE(report.ok) << out.str();
+  ASSERT_EQ(report.rows.size(), 2u);  // 8 and 16 bytes
+  for (const BenchRow& row : report.rows) {
+    EXPECT_EQ(row.wrong, -1);
+  }
+  EXPECT_NE(out.str().find("# wrong elements: 0 (some rows unchecked) OK\n"), std::string::npos)
+      << out.str();
+}
+
+// On one rank nothing crosses a bus but a broadcast's bytes: busbw is algbw for broadcast, 0 for
+// the others (nccl-tests' factors at n = 1).
+TEST(Bench, OneRanksBusFactorsAreOneForBroadcastAndZeroOtherwise) {
+  BenchOptions options = quick(1);
+  options.ops = {"broadcast", "all_reduce"};
+  options.max_bytes = 16;
+  std::ostringstream out;
+  const BenchReport report = run_bench(options, out);
+  EXPECT_TRUE(report.ok) << out.str();
+  ASSERT_EQ(report.rows.size(), 4u);
+  for (const BenchRow& row : report.rows) {
+    EXPECT_EQ(row.busbw_gbps, row.op == "broadcast" ? row.algbw_gbps : 0.0) << row.op;
+  }
+}
+
+// Adaptive iters (iters 0) are sized from the warmup, which then runs once even when warmup is 0
+// (timing no operation made the time per operation 0 / 0, and every batch 1 operation long):
+// batches of a minute hold more than one 16-byte all_reduce, up to the adaptive maximum of 1000
+// (1 only if that all_reduce took 40 s).
+TEST(Bench, AdaptiveItersWithoutWarmupStillTimeTheWarmup) {
+  constexpr int kAdaptiveItersMax = 1000;  // bench.cpp's
+  BenchOptions options = quick(2);
+  options.ops = {"all_reduce"};
+  options.max_bytes = 16;
+  options.iters = 0;
+  options.warmup = 0;
+  options.batch_ms = 60'000;
+  std::ostringstream out;
+  const BenchReport report = run_bench(options, out);
+  EXPECT_TRUE(report.ok) << out.str();
+  ASSERT_EQ(report.rows.size(), 2u);
+  for (const BenchRow& row : report.rows) {
+    EXPECT_GT(row.iters, 1) << row.bytes;
+    EXPECT_LE(row.iters, kAdaptiveItersMax) << row.bytes;
+  }
 }
 
 }  // namespace

@@ -29,6 +29,14 @@ enum class PlantedBug {
   // its input whose last element has the top mantissa bit flipped (2 becomes 3): every rank's
   // result is wrong in that element, whatever the schedule.
   WrongLastContribution,
+  // On one rank, each reduce of which it is not the root has the lowest bit of its output's last
+  // element flipped when the work completes: the output off the root, which must stay zeros, is
+  // written.
+  ReduceWritesOffRoot,
+  // On one rank, each all_reduce has the lowest bit of its input's last element flipped when the
+  // work completes: after the simulator's checksum of the input at completion (Note [Buffer
+  // checks]), so only the property's own comparison of the input sees it.
+  WritesInputOnCompletion,
 };
 
 inline constexpr std::size_t kLargeResult = 4;
@@ -74,8 +82,10 @@ class PlantedWork final : public transport::Work {
 
  private:
   void corrupt_once() {
-    if (bug_ != PlantedBug::LastBitOnOneRank || recv_.count < kLargeResult ||
-        corrupted_.exchange(true)) {
+    const bool flips = bug_ == PlantedBug::ReduceWritesOffRoot ||
+                       bug_ == PlantedBug::WritesInputOnCompletion ||
+                       (bug_ == PlantedBug::LastBitOnOneRank && recv_.count >= kLargeResult);
+    if (!flips || recv_.count == 0 || corrupted_.exchange(true)) {
       return;
     }
     auto* last =
@@ -115,6 +125,18 @@ class PlantedComm final : public ForwardingComm {
     std::shared_ptr<transport::Work> work = inner().all_reduce(send, recv, reduce_op, info);
     if (work == nullptr) {
       return work;  // inside begin_group/end_group
+    }
+    // The buffer PlantedWork writes: the output, or the input for WritesInputOnCompletion.
+    return std::make_shared<PlantedWork>(std::move(work), bug_,
+                                         bug_ == PlantedBug::WritesInputOnCompletion ? send : recv);
+  }
+
+  std::shared_ptr<transport::Work> reduce(const transport::Buffer& send,
+                                          const transport::Buffer& recv, const ReduceOp& reduce_op,
+                                          int root, const transport::OpInfo& info) override {
+    std::shared_ptr<transport::Work> work = inner().reduce(send, recv, reduce_op, root, info);
+    if (work == nullptr || bug_ != PlantedBug::ReduceWritesOffRoot || group_rank() == root) {
+      return work;
     }
     return std::make_shared<PlantedWork>(std::move(work), bug_, recv);
   }
