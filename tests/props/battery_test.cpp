@@ -33,6 +33,32 @@ PropertyResult check_one(const std::string& name, CheckOptions options) {
   return report.results.at(0);
 }
 
+// A world of `world_size` simulated ranks for a lockstep check, quiet and seeded by the options
+// alone.
+sim::SimOptions lockstep_world(int world_size) {
+  sim::SimOptions sim_options;
+  sim_options.world_size = world_size;
+  sim_options.print_failures = false;
+  sim_options.seed_from_environment = false;
+  return sim_options;
+}
+
+// check_in_lockstep of `properties` on every rank of `sim_options`' world, as a real transport's
+// ranks run it: the simulated run's report and each rank's check report, by rank.
+struct LockstepRun {
+  sim::SimReport run;
+  std::vector<CheckReport> reports;
+};
+LockstepRun run_lockstep(const std::vector<Property>& properties, const CheckOptions& options,
+                         const sim::SimOptions& sim_options) {
+  LockstepRun lockstep;
+  lockstep.reports.resize(static_cast<std::size_t>(sim_options.world_size));
+  lockstep.run = sim::simulate(sim_options, [&] {
+    lockstep.reports[static_cast<std::size_t>(rank())] = check_in_lockstep(properties, options);
+  });
+  return lockstep;
+}
+
 TEST(Battery, PlantedLastBitOnOneRankFailsWithAShrunkReplayableCounterexample) {
   CheckOptions options;
   options.ranks = 4;
@@ -126,15 +152,9 @@ TEST(Battery, LockstepCheckThatFailsMidwayStillReachesItsPeersCollectives) {
   CheckOptions options;
   options.cases = 100;
   const std::vector<Property> properties = select(battery(), "law.coalesced_equals_separate");
-  std::vector<CheckReport> reports(3);
-  sim::SimOptions sim_options;
-  sim_options.world_size = 3;
-  sim_options.print_failures = false;
-  sim_options.seed_from_environment = false;
+  sim::SimOptions sim_options = lockstep_world(3);
   sim_options.wrap_transport = plant(PlantedBug::LastBitOnOneRank, 2);
-  const sim::SimReport run = sim::run(sim_options, [&] {
-    reports[static_cast<std::size_t>(rank())] = check_in_lockstep(properties, options);
-  });
+  const auto [run, reports] = run_lockstep(properties, options, sim_options);
   ASSERT_TRUE(run.ok()) << run.to_string();
   for (const CheckReport& report : reports) {
     ASSERT_EQ(report.results.size(), 1u);
@@ -253,12 +273,7 @@ TEST(Battery, LockstepVerdictErrorsCarryTheFailureThatCausedThem) {
       });
   CheckOptions options;
   options.cases = 1;
-  sim::SimOptions sim_options;
-  sim_options.world_size = 2;
-  sim_options.print_failures = false;
-  sim_options.seed_from_environment = false;
-  const sim::SimReport run =
-      sim::simulate(sim_options, [&] { (void)check_in_lockstep({one_sided}, options); });
+  const sim::SimReport run = run_lockstep({one_sided}, options, lockstep_world(2)).run;
   ASSERT_FALSE(run.ok());
   EXPECT_NE(run.rank_errors[0].find("chorus::CollectiveMismatch: [rank 0] all_reduce #0 on group "
                                     "'chorus.check.verdicts'"),
@@ -571,18 +586,12 @@ TEST(Battery, LockstepPctEstimatesTheWholeRunsLength) {
       lockstep_run_options(select(battery(), "reduce.*,errors.mismatch"), options, "sim").pct_steps,
       reductions.pct_steps);
 
-  sim::SimOptions sim_options;
-  sim_options.world_size = run_options.ranks;
+  sim::SimOptions sim_options = lockstep_world(run_options.ranks);
   sim_options.seed = run_options.seed;
   sim_options.strategy = run_options.strategy;
   sim_options.pct_depth = run_options.pct_depth;
   sim_options.pct_steps = run_options.pct_steps;
-  sim_options.print_failures = false;
-  sim_options.seed_from_environment = false;
-  std::vector<CheckReport> reports(static_cast<std::size_t>(options.ranks));
-  const sim::SimReport run = sim::run(sim_options, [&] {
-    reports[static_cast<std::size_t>(rank())] = check_in_lockstep(properties, options);
-  });
+  const auto [run, reports] = run_lockstep(properties, options, sim_options);
   ASSERT_TRUE(run.ok()) << run.to_string();
   EXPECT_TRUE(reports[0].passed()) << summary_table(reports[0]);
   EXPECT_GT(run.steps, 256u);
@@ -594,17 +603,11 @@ TEST(Battery, LockstepPctEstimatesTheWholeRunsLength) {
 TEST(Battery, LockstepRanksAgreeOnTheVerdictAndShrinkTogether) {
   CheckOptions options;
   options.cases = 100;
-  const std::vector<Property> properties = select(battery(), "reduce.all_reduce,errors.mismatch");
-  std::vector<CheckReport> reports(4);
-  sim::SimOptions sim_options;
-  sim_options.world_size = 4;
-  sim_options.print_failures = false;
-  sim_options.seed_from_environment = false;
+  sim::SimOptions sim_options = lockstep_world(4);
   sim_options.wrap_transport = plant(PlantedBug::LastBitOnOneRank, 1);
-  const sim::SimReport run = sim::run(sim_options, [&] {
-    reports[static_cast<std::size_t>(rank())] = check_in_lockstep(properties, options);
-  });
-  ASSERT_TRUE(run.ok());
+  const auto [run, reports] =
+      run_lockstep(select(battery(), "reduce.all_reduce,errors.mismatch"), options, sim_options);
+  ASSERT_TRUE(run.ok()) << run.to_string();
   for (const CheckReport& report : reports) {
     ASSERT_EQ(report.results.size(), 2u);
     const PropertyResult& failed = report.results[0];
@@ -628,17 +631,10 @@ TEST(Battery, LockstepOnATransportWithoutBitwiseReductionsPasses) {
   CheckOptions options;
   options.cases = 40;
   options.seed = 5;
-  const std::vector<Property> properties = battery();
-  std::vector<CheckReport> reports(3);
   auto refusals = std::make_shared<std::atomic<int>>(0);
-  sim::SimOptions sim_options;
-  sim_options.world_size = 3;
-  sim_options.print_failures = false;
-  sim_options.seed_from_environment = false;
+  sim::SimOptions sim_options = lockstep_world(3);
   sim_options.wrap_transport = testing::narrow(testing::refuse_bitwise, refusals);
-  const sim::SimReport run = sim::run(sim_options, [&] {
-    reports[static_cast<std::size_t>(rank())] = check_in_lockstep(properties, options);
-  });
+  const auto [run, reports] = run_lockstep(battery(), options, sim_options);
   ASSERT_TRUE(run.ok()) << run.to_string();
   for (const CheckReport& report : reports) {
     EXPECT_TRUE(report.passed()) << summary_table(report);
@@ -906,14 +902,7 @@ TEST(Battery, LockstepFailuresNameTheFirstAndCountTheRest) {
       });
   CheckOptions options;
   options.cases = 1;
-  sim::SimOptions sim_options;
-  sim_options.world_size = 3;
-  sim_options.print_failures = false;
-  sim_options.seed_from_environment = false;
-  std::vector<CheckReport> reports(3);
-  const sim::SimReport run = sim::simulate(sim_options, [&] {
-    reports[static_cast<std::size_t>(rank())] = check_in_lockstep({failing}, options);
-  });
+  const auto [run, reports] = run_lockstep({failing}, options, lockstep_world(3));
   ASSERT_TRUE(run.ok()) << run.to_string();
   for (const CheckReport& report : reports) {
     ASSERT_EQ(report.results.size(), 1u);
@@ -976,14 +965,7 @@ TEST(Battery, LockstepFailuresOfEveryKindAreNamed) {
       });
   CheckOptions options;
   options.cases = 1;
-  sim::SimOptions sim_options;
-  sim_options.world_size = 4;
-  sim_options.print_failures = false;
-  sim_options.seed_from_environment = false;
-  std::vector<CheckReport> reports(4);
-  const sim::SimReport run = sim::simulate(sim_options, [&] {
-    reports[static_cast<std::size_t>(rank())] = check_in_lockstep({throwing}, options);
-  });
+  const auto [run, reports] = run_lockstep({throwing}, options, lockstep_world(4));
   ASSERT_TRUE(run.ok()) << run.to_string();
   for (const CheckReport& report : reports) {
     ASSERT_EQ(report.results.size(), 1u);
@@ -1077,14 +1059,9 @@ TEST(Battery, ASkippedShrinkKeepsItsIndexInTheReplayPath) {
                          [](const int&, Env& env) { env.require(false, "always"); });
   CheckOptions options;
   options.cases = 1;
-  sim::SimOptions sim_options;
-  sim_options.world_size = 1;
-  sim_options.print_failures = false;
-  sim_options.seed_from_environment = false;
-  CheckReport report;
-  const sim::SimReport run =
-      sim::simulate(sim_options, [&] { report = check_in_lockstep({failing}, options); });
+  const auto [run, reports] = run_lockstep({failing}, options, lockstep_world(1));
   ASSERT_TRUE(run.ok()) << run.to_string();
+  const CheckReport& report = reports[0];
   ASSERT_EQ(report.results.size(), 1u);
   const PropertyResult& result = report.results[0];
   ASSERT_EQ(result.verdict, Verdict::Failed);
