@@ -33,6 +33,14 @@ PropertyResult check_one(const std::string& name, CheckOptions options) {
   return report.results.at(0);
 }
 
+// `name`'s verdict on 3 simulated ranks with `bug` planted on rank `on_rank`.
+PropertyResult check_with_bug(const std::string& name, PlantedBug bug, int on_rank) {
+  CheckOptions options;
+  options.ranks = 3;
+  options.wrap_transport = plant(bug, on_rank);
+  return check_one(name, options);
+}
+
 // A world of `world_size` simulated ranks for a lockstep check, quiet and seeded by the options
 // alone.
 sim::SimOptions lockstep_world(int world_size) {
@@ -1076,10 +1084,8 @@ TEST(Battery, ASkippedShrinkKeepsItsIndexInTheReplayPath) {
 // schedule.independence checks its first all_reduce against the reference itself: a transport
 // bug that gives every schedule the same wrong bytes passes the digest comparison.
 TEST(Battery, ScheduleIndependenceCatchesAWrongResultEveryScheduleAgreesOn) {
-  CheckOptions options;
-  options.ranks = 3;
-  options.wrap_transport = plant(PlantedBug::WrongLastContribution, 1);
-  const PropertyResult result = check_one("schedule.independence", options);
+  const PropertyResult result =
+      check_with_bug("schedule.independence", PlantedBug::WrongLastContribution, 1);
   ASSERT_EQ(result.verdict, Verdict::Failed);
   EXPECT_NE(result.failure.find(": all_reduce step "), std::string::npos) << result.failure;
 }
@@ -1087,10 +1093,7 @@ TEST(Battery, ScheduleIndependenceCatchesAWrongResultEveryScheduleAgreesOn) {
 // reduce leaves the members off the destination their zeros: a transport that writes there is
 // caught by reduce.reduce, on the rank it wrote.
 TEST(Battery, PlantedWriteOffTheDestinationIsCaughtByTheReduceProperty) {
-  CheckOptions options;
-  options.ranks = 3;
-  options.wrap_transport = plant(PlantedBug::ReduceWritesOffRoot, 1);
-  const PropertyResult result = check_one("reduce.reduce", options);
+  const PropertyResult result = check_with_bug("reduce.reduce", PlantedBug::ReduceWritesOffRoot, 1);
   ASSERT_EQ(result.verdict, Verdict::Failed);
   EXPECT_NE(result.failure.find("rank 1: reduce result off the destination (zeros)"),
             std::string::npos)
@@ -1100,10 +1103,8 @@ TEST(Battery, PlantedWriteOffTheDestinationIsCaughtByTheReduceProperty) {
 
 // The scatter-gather law compares with all_reduce: a wrong all_reduce on one rank breaks it there.
 TEST(Battery, PlantedLastBitBreaksTheScatterGatherLaw) {
-  CheckOptions options;
-  options.ranks = 3;
-  options.wrap_transport = plant(PlantedBug::LastBitOnOneRank, 1);
-  const PropertyResult result = check_one("law.reduce_scatter_then_all_gather", options);
+  const PropertyResult result =
+      check_with_bug("law.reduce_scatter_then_all_gather", PlantedBug::LastBitOnOneRank, 1);
   ASSERT_EQ(result.verdict, Verdict::Failed);
   EXPECT_NE(result.failure.find("rank 1: all_gather_tensor(reduce_scatter_tensor(x, op, d), d) vs "
                                 "all_reduce"),
@@ -1128,10 +1129,8 @@ TEST(Battery, PlantedEarlyCompletionFailsTheWaitedResultsComparison) {
 // reduce.all_reduce checks that its input is untouched after the collective: a write into it after
 // the simulator's own checksum at completion is caught there, on the rank that wrote.
 TEST(Battery, PlantedWriteIntoTheInputIsCaughtByTheAllReduceProperty) {
-  CheckOptions options;
-  options.ranks = 3;
-  options.wrap_transport = plant(PlantedBug::WritesInputOnCompletion, 1);
-  const PropertyResult result = check_one("reduce.all_reduce", options);
+  const PropertyResult result =
+      check_with_bug("reduce.all_reduce", PlantedBug::WritesInputOnCompletion, 1);
   ASSERT_EQ(result.verdict, Verdict::Failed);
   EXPECT_NE(result.failure.find("rank 1: all_reduce input after the collective"), std::string::npos)
       << result.failure;
