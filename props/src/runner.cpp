@@ -242,9 +242,10 @@ std::string rank_failures(const std::vector<std::string>& errors) {
 
 void require_registry_empty(Env& env) {
   const std::size_t pending = work_registry_size();
-  env.require(pending == 0, "the work registry holds " + std::to_string(pending) +
-                                " pending work(s) after the case (a leak: every result was "
-                                "dropped or waited)");
+  env.require(pending == 0, "the work registry still holds " + std::to_string(pending) +
+                                " pending work(s) when the check returns: a result neither "
+                                "waited nor dropped (kept alive past the check?) leaks; every "
+                                "result must be waited for or dropped before the check returns");
 }
 
 struct SimRun {
