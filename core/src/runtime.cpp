@@ -127,8 +127,20 @@ transport::Comm& RankState::ensure_partition_comm(CommSlot& slot, const std::str
       partition.parts.emplace_back(part.begin(), part.end());
     }
     CHORUS_CHECK_EQ(partition.problem(world_size_, rank_), std::string());
-    std::shared_ptr<transport::Comm> comm =
-        transport_->create_partition_comm(tag, partition, slot.comm);
+    // Recorded before the transport creates it, and taken back if that fails: running out of
+    // memory recording it afterwards would leave this rank alone believing it has yet to create
+    // it, so its next operation would create it again, on this rank only (a hang).
+    const auto entry =
+        partitions_
+            .insert(PartitionEntry{tag, part_size, std::vector<int>(parts.begin(), parts.end())})
+            .first;
+    std::shared_ptr<transport::Comm> comm;
+    try {
+      comm = transport_->create_partition_comm(tag, partition, slot.comm);
+    } catch (...) {
+      partitions_.erase(entry);
+      throw;
+    }
     CHORUS_CHECK(comm != nullptr);
     if (slot.comm) {
       CHORUS_CHECK(comm == slot.comm);
@@ -136,8 +148,6 @@ transport::Comm& RankState::ensure_partition_comm(CommSlot& slot, const std::str
       CHORUS_CHECK(std::ranges::equal(comm->ranks(), members));
       slot.comm = std::move(comm);
     }
-    partitions_.insert(
-        PartitionEntry{tag, part_size, std::vector<int>(parts.begin(), parts.end())});
   }
   CHORUS_CHECK(slot.comm != nullptr);
   return *slot.comm;

@@ -649,8 +649,16 @@ void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration
   }
 }
 
-void WorkRegistry::defer_error_locked(std::exception_ptr error) {
-  deferred_errors_.push_back(std::move(error));
+void WorkRegistry::defer_error_locked(std::exception_ptr error) noexcept {
+  try {
+    deferred_errors_.push_back(error);
+  } catch (...) {
+    // Out of memory: the first error without room waits in a member of its own (a copy of an
+    // exception_ptr allocates nothing), so the rank still fails; later ones are lost.
+    if (unlisted_deferred_error_ == nullptr) {
+      unlisted_deferred_error_ = std::move(error);
+    }
+  }
   has_deferred_errors_.store(true, std::memory_order_release);
 }
 
@@ -703,11 +711,23 @@ void WorkRegistry::record_drop_failure_locked(PendingWork& work, const std::exce
   if (work.failure_recorded_) {
     return;
   }
+  // The deferred error first: it is what fails the rank. Out of memory explaining it, the
+  // transport's own error is raised instead (its text lacks the drop's story, not the failure).
+  std::exception_ptr explained;
+  try {
+    explained = explain_unwaited_failure(error, work.info(), at_rank_exit);
+  } catch (...) {
+    explained = error;
+  }
+  defer_error_locked(std::move(explained));
   work.failure_recorded_ = true;
   if (work.unwaited_record_ != kNoRecord) {
-    unwaited_[work.unwaited_record_].error = describe(error);
+    try {
+      unwaited_[work.unwaited_record_].error = describe(error);
+    } catch (...) {
+      // Out of memory: the report's line lacks the error; the rank still fails with it.
+    }
   }
-  defer_error_locked(explain_unwaited_failure(error, work.info(), at_rank_exit));
 }
 
 std::size_t WorkRegistry::size() const {
@@ -731,14 +751,17 @@ std::exception_ptr WorkRegistry::take_deferred_error() {
   }
   std::lock_guard<transport::FutexMutex> lock(mutex_);
   if (deferred_errors_.empty()) {
-    return nullptr;
+    // The one recorded without room (defer_error_locked), after those listed before it.
+    has_deferred_errors_.store(false, std::memory_order_relaxed);
+    return std::exchange(unlisted_deferred_error_, nullptr);
   }
   // One at a time, in the order recorded: the others stay for the rank's next collectives or
   // waits. At exit RankContext::finish takes the first of those left; any others are in the
   // report only.
   std::exception_ptr first = deferred_errors_.front();
   deferred_errors_.erase(deferred_errors_.begin());
-  has_deferred_errors_.store(!deferred_errors_.empty(), std::memory_order_relaxed);
+  has_deferred_errors_.store(!deferred_errors_.empty() || unlisted_deferred_error_ != nullptr,
+                             std::memory_order_relaxed);
   return first;
 }
 

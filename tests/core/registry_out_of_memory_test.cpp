@@ -303,6 +303,39 @@ TEST(RegistryOutOfMemory, AStreamWaitedWorkIsFinishedAtExitWithoutMemory) {
   EXPECT_TRUE(summary.unwaited.empty());
 }
 
+// A dropped work whose completion fails while no memory is left: neither the report's line nor
+// the explained error can be made, and the deferred errors have no room, yet the rank still
+// fails, with the transport's own error.
+TEST(RegistryOutOfMemory, ADroppedWorkThatFailsWithoutMemoryStillFailsTheRank) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  const auto fake =
+      std::make_shared<FakeWork>(transport::Fingerprint{1, 0, {}},
+                                 std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+  fake->fail(std::make_exception_ptr(
+      TransportError(ErrorContext{0, "fake", 0, ""}, "the link went down")));
+  {
+    ScopedRankBinding binding(&context);
+    detail::WorkRegistry& registry = *context.state().registry();
+    Tensor tensor = Tensor::from_vector(std::vector<std::int32_t>{1});
+    registry.add(pending(context, fake, 0), detail::TensorAccess::storage(tensor).get());
+    refuse_every_allocation = true;
+    tensor = Tensor();  // the drop completes the work, which fails
+    refuse_every_allocation = false;
+    EXPECT_EQ(fake->waits(), 1);
+    EXPECT_TRUE(registry.unwaited().empty()) << "the report's line was refused";
+  }
+  const RankContext::Summary summary = context.finish();
+  ASSERT_NE(summary.error, nullptr) << "the failure was lost";
+  try {
+    std::rethrow_exception(summary.error);
+  } catch (const TransportError& e) {
+    EXPECT_EQ(e.detail(), "the link went down");
+  } catch (...) {
+    ADD_FAILURE() << "not the transport's error";
+  }
+}
+
 // ---- Registration (Note [Registration]).
 
 // One kind of collective call, on inputs made before the allocations are counted. It moves its
@@ -474,6 +507,43 @@ TEST(RegistryOutOfMemory, ACollectiveCallFailsBeforeItsOperationStartsOrRegister
     EXPECT_EQ(summary.error, nullptr);
     EXPECT_TRUE(summary.unwaited.empty()) << "no operation was lost or dropped";
   }
+}
+
+// The first operation on a partitioned group (Note [Partitioned groups]) with each of its
+// allocations refused in turn: however it fails, the rank creates the partition's communicator
+// once, as every other rank does. One created but not recorded would be created again by the
+// rank's next operation, on this rank alone: on a real transport a hang.
+TEST(RegistryOutOfMemory, APartitionIsCreatedOnceHoweverItsFirstOperationRunsOutOfMemory) {
+  const GroupSpec group(std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+  std::size_t failed = 0;
+  for (std::size_t refuse = 1;; ++refuse) {
+    auto transport = std::make_shared<FakeTransport>(/*rank=*/2, /*world_size=*/4);
+    RankContext context(transport);
+    ScopedRankBinding binding(&context);
+    const Tensor input = Tensor::ones({2}, DType::Int32);
+    start_counting(refuse);
+    try {
+      Tensor result = all_reduce(input, "sum", group);
+      stop_counting();
+      transport->last_work()->complete();
+    } catch (const std::bad_alloc&) {
+      stop_counting();
+      ++failed;
+    } catch (const InvalidArgument&) {
+      stop_counting();
+      ++failed;
+    }
+    const bool last = allocations_counted.load() < refuse;  // nothing was refused
+    // The next operation on the partition (or a second, after a first that failed).
+    Tensor result = all_reduce(input, "sum", group);
+    transport->last_work()->complete();
+    EXPECT_EQ(result.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 1}));
+    EXPECT_EQ(transport->partitions_created, 1) << "allocation " << refuse << " refused";
+    if (last) {
+      break;
+    }
+  }
+  EXPECT_GT(failed, 0u) << "the sweep refused the call's allocations";
 }
 
 }  // namespace

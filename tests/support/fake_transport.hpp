@@ -268,7 +268,10 @@ class FakeTransport final : public transport::Transport {
       const std::string& tag, const transport::Partition& partition,
       const std::shared_ptr<transport::Comm>& existing) override {
     partition_calls.push_back(PartitionCall{tag, partition, existing != nullptr});
-    return Transport::create_partition_comm(tag, partition, existing);
+    std::shared_ptr<transport::Comm> comm =
+        Transport::create_partition_comm(tag, partition, existing);
+    ++partitions_created;
+    return comm;
   }
   struct PartitionCall {
     std::string tag;
@@ -335,6 +338,7 @@ class FakeTransport final : public transport::Transport {
 
   int comms_created = 0;  // create_comm calls, the partition default's included
   std::vector<PartitionCall> partition_calls;
+  int partitions_created = 0;  // create_partition_comm calls that returned a communicator
   std::mutex mutex;
 
  private:

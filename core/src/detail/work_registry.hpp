@@ -380,7 +380,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // unset and needed). Never throws.
   void finish_stream_waits_at_exit(std::optional<transport::Duration>& at) noexcept;
   // Records `error` to be raised at the rank's next collective or wait (or by finish()).
-  void defer_error_locked(std::exception_ptr error);
+  // Never throws: out of memory, the first error without room is still kept.
+  void defer_error_locked(std::exception_ptr error) noexcept;
   // Marks `work` as being completed as unwaited and writes its report line (step 3 and 4: the
   // line exists from the claim on, so a report taken meanwhile has it; a deferred drop is
   // claimed when it is completed).
@@ -400,6 +401,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   std::vector<UnwaitedWork> unwaited_;
   bool list_drops_ = true;  // drops get a line in unwaited_ (exits always do)
   std::vector<std::exception_ptr> deferred_errors_;
+  // An error deferred when deferred_errors_ had no room and none could be made: taken after them.
+  std::exception_ptr unlisted_deferred_error_;
   // Note [Stream-waited works]. A vector: nothing allocated until a CUDA result is waited on the
   // device (a std::deque allocates two blocks when made, per rank and per simulated run), and
   // its room is kept from wait to wait.
@@ -409,7 +412,7 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // nothing to settle, which is nearly always. A drop or error racing with the read is settled
   // at the next collective, exactly as when it raced with taking the lock.
   std::atomic<bool> may_have_deferred_drops_{false};  // set when a drop is deferred
-  std::atomic<bool> has_deferred_errors_{false};      // !deferred_errors_.empty()
+  std::atomic<bool> has_deferred_errors_{false};      // either of the two above holds an error
   std::atomic<bool> has_stream_waited_{false};        // !stream_waited_.empty()
 };
 

@@ -683,6 +683,10 @@ class Launch {
     argv.push_back(nullptr);
     const std::string exec_failed = "chorus launch: cannot execute " + program + ": ";
 
+    // Everything that allocates before the pipes: a std::bad_alloc after them would leak them.
+    rank.out =
+        Stream{-1, options_.stdout_fd, "[rank " + std::to_string(rank_index) + "] ", {}, &output_};
+    rank.err = Stream{-1, options_.stderr_fd, rank.out.prefix, {}, &output_};
     int out_pipe[2];
     int err_pipe[2];
     if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
@@ -695,12 +699,8 @@ class Launch {
       errno = error;
       system_error("pipe2");
     }
-    rank.out = Stream{out_pipe[0],
-                      options_.stdout_fd,
-                      "[rank " + std::to_string(rank_index) + "] ",
-                      {},
-                      &output_};
-    rank.err = Stream{err_pipe[0], options_.stderr_fd, rank.out.prefix, {}, &output_};
+    rank.out.fd = out_pipe[0];
+    rank.err.fd = err_pipe[0];
     rlimit files{};
     ::getrlimit(RLIMIT_NOFILE, &files);
     const int fd_end = files.rlim_cur == RLIM_INFINITY || files.rlim_cur > 65536
