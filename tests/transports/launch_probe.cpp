@@ -7,6 +7,9 @@
 //                                 the others wait in pause() until the launcher stops them
 //   launch_probe sigkill R        the same, but rank R SIGKILLs itself
 //   launch_probe stubborn R       the same as `exit R 1`, but the others ignore SIGTERM
+//   launch_probe interrupt        rank 0 does what a terminal's Ctrl-C does: SIGINT to the
+//                                 launcher, then to itself (which ends it); the others wait in
+//                                 pause() until the launcher stops them
 //   launch_probe flood BYTES exit|wait
 //                                 writes BYTES (rounded up to whole lines) in lines of 4087
 //                                 bytes, 4096 with the launcher's "[rank R] " for R < 10; then
@@ -176,6 +179,15 @@ int main(int argc, char** argv) {
     }
     if (args.size() == 2 && args[0] == "stubborn") {
       return fail_one(std::stoi(args[1]), true, [] { std::exit(1); });
+    }
+    if (args.size() == 1 && args[0] == "interrupt") {
+      if (std::string(variable("RANK")) == "0") {
+        ::kill(::getppid(), SIGINT);
+        ::raise(SIGINT);
+      }
+      for (;;) {
+        ::pause();
+      }
     }
     if (args.size() == 1 && args[0] == "deaf") {
       return fail_one(-1, true, [] {});

@@ -303,6 +303,19 @@ TEST(Launcher, ForwardsSigtermToTheRanks) {
   EXPECT_FALSE(contains(outcome.err, "SIGKILL")) << outcome.err;
 }
 
+// A terminal's Ctrl-C reaches the launcher and its ranks together. A rank it ended, reaped while
+// the launcher was still starting the others, was once reported as a failure ("rank 0 ... was
+// killed by signal 2") before the launcher said it had received SIGINT.
+TEST(Launcher, ACtrlCDuringStartUpIsReportedAsReceivedNotAsARankFailure) {
+  const Outcome outcome = run_probe(8, {"interrupt"});
+  EXPECT_EQ(outcome.status, 128 + SIGINT);
+  EXPECT_TRUE(std::regex_search(
+      outcome.err,
+      std::regex(R"(^chorus launch: received SIGINT; forwarding it to the [1-8] running ranks?
+)"))) << outcome.err;
+  EXPECT_FALSE(contains(outcome.err, "was killed by")) << outcome.err;
+}
+
 TEST(Launcher, ASecondSignalSendsSigkillAtOnceAndSaysWhy) {
   // The ranks ignore both signals, and the grace period is an hour: only the second signal can
   // end this launch in time.

@@ -537,7 +537,11 @@ class Launch {
     ranks_.resize(static_cast<std::size_t>(options_.ranks));
     for (int rank = 0; rank < options_.ranks && !stopping_; ++rank) {
       start(rank, program, server.port(), *server_options.token);
-      // A rank that died already (the program fails at once) stops the launch early.
+      // A rank that died already (the program fails at once) stops the launch early. The
+      // signals first: a terminal's Ctrl-C reaches the ranks too, so the launcher's SIGINT is
+      // pending before any rank it ended can be reaped, and is reported as received rather
+      // than a rank's death as a failure.
+      take_signals();
       reap();
     }
     while (running_ > 0) {
@@ -875,10 +879,16 @@ class Launch {
       }
     }
     if ((fds[0].revents & POLLIN) != 0) {
-      signalfd_siginfo info{};
-      while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
-        on_signal(static_cast<int>(info.ssi_signo));
-      }
+      take_signals();
+    }
+  }
+
+  // Handles the signals pending on signal_fd_ (non-blocking), in the kernel's order: the lowest
+  // number first, so a stop signal comes before the SIGCHLD of a rank it ended.
+  void take_signals() {
+    signalfd_siginfo info{};
+    while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      on_signal(static_cast<int>(info.ssi_signo));
     }
   }
 
