@@ -1769,7 +1769,7 @@ TEST(ErrorsDocRunning, FromArgsNotANumber) {
   errdoc_expect_plain<InvalidArgument>([] { (void)errdoc_from_args({"--seed=-3"}); },
                                        "RunOptions::from_args",
                                        "flag --seed='-3' is invalid: expected an unsigned integer "
-                                       "(decimal, or hexadecimal with 0x)");
+                                       "in plain decimal (no +, leading zero or 0x)");
 }
 
 TEST(ErrorsDocRunning, FromArgsOverflow) {

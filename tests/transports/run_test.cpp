@@ -28,7 +28,7 @@ RunOptions parse(std::vector<std::string> words) {
 }
 
 TEST(RunOptions, ReadsItsFlagsInBothSpellingsAndKeepsTheRest) {
-  const RunOptions options = parse({"--ranks=3", "--user-flag", "--seed", "0x10", "--transport=sim",
+  const RunOptions options = parse({"--ranks=3", "--user-flag", "--seed", "16", "--transport=sim",
                                     "file.txt", "--timeout-ms=250"});
   EXPECT_EQ(options.ranks, 3);
   EXPECT_EQ(options.seed, 16u);
@@ -180,10 +180,14 @@ TEST(RunOptions, MalformedValuesAreRejected) {
   EXPECT_THROW(parse({"--timeout-ms=99999999999999999"}), InvalidArgument) << "beyond a year";
 }
 
-TEST(RunOptions, NumbersAreDecimalOrHexNeverOctal) {
-  EXPECT_EQ(parse({"--ranks=010"}).ranks, 10);
-  EXPECT_EQ(parse({"--seed=0x1F"}).seed, 31u);
+// As every other integer flag of chorus: plain decimal.
+TEST(RunOptions, NumbersArePlainDecimal) {
+  EXPECT_EQ(parse({"--ranks=10"}).ranks, 10);
+  EXPECT_EQ(parse({"--seed=0"}).seed, 0u);
   EXPECT_EQ(parse({"--seed=18446744073709551615"}).seed, 18446744073709551615u);
+  for (const char* refused : {"--ranks=010", "--seed=0x1F", "--seed=00", "--seed=", "--seed= 5"}) {
+    EXPECT_THROW(parse({refused}), InvalidArgument) << refused;
+  }
 }
 
 TEST(RunOptions, TheBoundsOfTheRanksAndTheTimeoutAreAccepted) {

@@ -32,17 +32,16 @@ namespace {
                         "flag " + flag + "='" + value + "' is invalid: expected " + expected);
 }
 
-// Decimal, or hexadecimal with a 0x prefix (never octal: "010" is ten). Rejects signs, junk and
-// values that do not fit 64 bits.
+// Plain decimal, as every other integer flag of chorus (the examples', `chorus check`'s and
+// `chorus launch`'s): digits only, no sign, no leading zero (CLI11 would read "010" as octal
+// there), no 0x. Rejects values that do not fit 64 bits.
 std::uint64_t parse_unsigned(const std::string& flag, const std::string& value) {
-  const bool hex = value.size() > 2 && value[0] == '0' && (value[1] == 'x' || value[1] == 'X');
-  const std::string digits = hex ? value.substr(2) : value;
-  if (digits.empty() || digits.find_first_not_of(hex ? "0123456789abcdefABCDEF" : "0123456789") !=
-                            std::string::npos) {
-    bad_flag(flag, value, "an unsigned integer (decimal, or hexadecimal with 0x)");
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos ||
+      (value.size() > 1 && value.front() == '0')) {
+    bad_flag(flag, value, "an unsigned integer in plain decimal (no +, leading zero or 0x)");
   }
   errno = 0;
-  const unsigned long long parsed = std::strtoull(digits.c_str(), nullptr, hex ? 16 : 10);
+  const unsigned long long parsed = std::strtoull(value.c_str(), nullptr, 10);
   if (errno == ERANGE) {
     bad_flag(flag, value, "an unsigned integer below 2^64");
   }
