@@ -519,11 +519,18 @@ void SimWorld::rank_body(int rank) {
   } catch (const RankStopped& stopped) {
     slot.error = stopped.error;
     slot.failed = true;
+    slot.threw = true;
     slot.failure = describe(slot.error);
   } catch (...) {
     slot.error = std::current_exception();
     slot.failed = true;
+    slot.threw = true;
     slot.failure = describe(slot.error);
+  }
+  // Seen now, not once the rank has settled its pending results below: that can wait for peers
+  // that meanwhile fail, and the first error must stay the one raised first.
+  if (slot.error && !first_error_) {
+    first_error_ = slot.error;
   }
   // From here the rank never starts another operation: peers stop waiting for it now, before
   // it completes its leftovers (which may need those peers).
@@ -1944,7 +1951,7 @@ std::pair<ErrorCode, std::string> SimWorld::absence(int rank) const {
   if (slot.may_still_arrive()) {
     return {ErrorCode::Aborted, {}};
   }
-  if (slot.failed) {
+  if (slot.threw) {
     return {ErrorCode::RankFailure, "rank " + std::to_string(rank) +
                                         " failed before joining this collective: " + slot.failure};
   }

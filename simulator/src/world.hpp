@@ -409,8 +409,13 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     transport::Deadline deadline;
     bool timed_out = false;
     bool exited = false;  // its rank function ended: it never starts another operation
-    bool failed = false;  // its rank function ended in an exception
-    std::string failure;  // what() of that exception
+    // It ended with an error: its rank function threw, or its end raised the failure of a
+    // result it dropped (RankContext::finish).
+    bool failed = false;
+    // Its rank function threw. Decided at its exit, unlike `failed`, so that every peer missing
+    // it hears the same (absence()), however the schedule orders them around its end.
+    bool threw = false;
+    std::string failure;  // what() of its error
     std::exception_ptr error;
     std::vector<UnwaitedWork> unwaited;
     // Faults (Note [Fault injection]).

@@ -1040,5 +1040,60 @@ TEST(SimFailure, PremulSumFactorsMustMatchBitForBit) {
   }
 }
 
+TEST(SimFailure, TheFirstErrorIsTheOneRaisedFirstEvenWhileItsRankStillSettlesItsResults) {
+  // Rank 0 throws with a result pending, so its end waits for that result; rank 1 learns of the
+  // throw (its side collective fails) and only then throws its own error.
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    SimReport report = sim::simulate(quiet(2, seed), [&] {
+      const ProcessGroup side = new_group({0, 1}, "side");
+      if (rank() == 0) {
+        Tensor pending = all_reduce(bytes(1), "sum", world());  // rank 1 never joins it
+        throw std::runtime_error("rank 0 first");
+      }
+      try {
+        (void)all_reduce(bytes(1), "sum", side).to_vector<std::uint8_t>();
+      } catch (const RankFailure&) {
+      }
+      throw std::logic_error("rank 1 later");
+    });
+    ASSERT_NE(report.first_error, nullptr);
+    try {
+      std::rethrow_exception(report.first_error);
+    } catch (const std::exception& error) {
+      EXPECT_STREQ(error.what(), "rank 0 first") << "seed " << seed;
+    }
+  }
+}
+
+TEST(SimFailure, APeerThatReturnsIsReportedAsReturnedEvenWhenItsEndRaisesADroppedFailure) {
+  // Rank 0 drops a collective that fails (a mismatch), so its end raises that failure, and
+  // returns without joining world #0; whenever rank 1 arrives there, rank 0 had returned.
+  for (std::uint64_t seed = 0; seed < 16; ++seed) {
+    std::optional<Outcome> outcome;
+    SimReport report = sim::simulate(quiet(2, seed), [&] {
+      const ProcessGroup side = new_group({0, 1}, "side");
+      if (rank() == 0) {
+        Tensor dropped = all_reduce(bytes(1), "sum", side);
+        return;
+      }
+      try {
+        (void)all_reduce(bytes(2), "sum", side).to_vector<std::uint8_t>();
+      } catch (const CollectiveMismatch&) {
+      }
+      try {
+        (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+      } catch (const Error& e) {
+        outcome = Outcome{e.code(), e.what(), e.context()};
+      }
+    });
+    EXPECT_TRUE(contains(report.rank_errors[0], "was dropped un-waited, and completing it failed"))
+        << report.rank_errors[0];
+    ASSERT_TRUE(outcome.has_value() && outcome->code.has_value()) << "seed " << seed;
+    EXPECT_EQ(*outcome->code, ErrorCode::Deadlock) << "seed " << seed << ": " << outcome->what;
+    EXPECT_TRUE(contains(outcome->what, "rank 0 returned from its rank function without joining"))
+        << outcome->what;
+  }
+}
+
 }  // namespace
 }  // namespace chorus
