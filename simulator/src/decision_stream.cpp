@@ -512,10 +512,14 @@ ReplayToken decode_replay_token(std::string_view token) {
   ReplayToken out;
   int world_size = 0;
   for (char c : parts[3]) {
-    if (c < '0' || c > '9' || world_size > kMaxWorldSize) {
+    if (c < '0' || c > '9') {
       bad_token("the token's world size '" + std::string(parts[3]) + "' is not a number");
     }
-    world_size = world_size * 10 + (c - '0');
+    // Past the limit the value only needs to stay past it (no overflow): the range check below
+    // names it, as it does a world size of 1025.
+    if (world_size <= kMaxWorldSize) {
+      world_size = world_size * 10 + (c - '0');
+    }
   }
   if (world_size < 1 || world_size > kMaxWorldSize) {
     bad_token("the token's world size " + std::string(parts[3]) + " is outside [1, " +

@@ -570,6 +570,10 @@ TEST(ReplayToken, WorldSizeBoundsAreInclusive) {
   testing::expect_invalid_argument(
       [] { (void)decode_replay_token("chorus-replay:3:" + build_fingerprint() + ":1025:-:1:AQ"); },
       {"world size 1025 is outside [1, 1024]"});
+  // A number of more digits is out of range too, not "not a number".
+  testing::expect_invalid_argument(
+      [] { (void)decode_replay_token("chorus-replay:3:" + build_fingerprint() + ":99999:-:1:AQ"); },
+      {"world size 99999 is outside [1, 1024]"});
 }
 
 }  // namespace
