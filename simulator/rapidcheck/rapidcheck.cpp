@@ -46,11 +46,15 @@ std::string failure_message(const SimReport& report, const SimOptions& options) 
   }
   if (options.seed_from_environment) {
     // The runs themselves do not read the environment (run_choices), so their reports say what
-    // to set in SimOptions; this check does read CHORUS_SIM_REPLAY.
+    // to set in SimOptions; this check does read CHORUS_SIM_REPLAY. The command reruns the
+    // program's command line when the options give it (SimOptions::command_without_replay), as
+    // sim::run's replay command does.
+    const std::string command = options.command_without_replay.empty()
+                                    ? command_line()
+                                    : command_line(options.command_without_replay);
     out << "  replay: "
-        << (report.replay_token.empty()
-                ? report.replay_command
-                : "CHORUS_SIM_REPLAY=" + report.replay_token + command_line())
+        << (report.replay_token.empty() ? report.replay_command
+                                        : "CHORUS_SIM_REPLAY=" + report.replay_token + command)
         << "\n";
   } else {
     out << "  replay token (SimOptions::replay): " << report.replay_token << "\n";

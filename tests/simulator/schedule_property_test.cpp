@@ -13,6 +13,7 @@
 #include <chorus/sim/rapidcheck.hpp>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -139,6 +140,24 @@ TEST(ScheduleProperties, TheReplayCommandOfAFailureReplaysItInsteadOfTheGenerate
       << replayed.message;
   EXPECT_NE(replayed.message.find("rank 1: planted bug: rank 1 ticked first"), std::string::npos)
       << replayed.message;
+}
+
+TEST(ScheduleProperties, TheReplayCommandOfAFailureRerunsTheCommandLineItIsGiven) {
+  // The replay line reruns the command line the options give (SimOptions::command_without_replay),
+  // as sim::run's replay command does, not this process's.
+  testing::FirstTickBug bug;
+  SimOptions options = testing::quiet_options(2);
+  options.seed_from_environment = true;
+  options.command_without_replay = {"prog", "--steps=3"};
+  const testing::ScopedEnvironment environment({{"CHORUS_SIM_REPLAY", std::nullopt}});
+  const sim::ScheduleCheck check =
+      sim::check_schedules(options, bug.program(), 100, kRapidCheckSeed);
+  ASSERT_FALSE(check.passed);
+  ASSERT_FALSE(check.replay_token.empty());
+  EXPECT_NE(
+      check.message.find("replay: CHORUS_SIM_REPLAY=" + check.replay_token + " prog --steps=3\n"),
+      std::string::npos)
+      << check.message;
 }
 
 TEST(ScheduleProperties, GeneratedIndicesReachEveryOptionOfEightRunnableRanksAndACollective) {
