@@ -103,8 +103,10 @@ Tensor reduce(const Tensor& input, ReduceOp reduce_op, int dst, const GroupSpec&
 
 // Group rank m sends its input to group rank src_dst[m] (-1: sends nowhere). Destinations must be
 // distinct group ranks (else InvalidArgument). A rank nobody sends to gets zeros of the input's
-// shape (JAX's ppermute semantics; PyTorch returns an uninitialised tensor there). Every member
-// passes the same src_dst and inputs of the same shape and dtype.
+// shape (JAX's ppermute semantics). PyTorch's permute_tensor is an all_to_all_single whose split
+// sizes are the input's numel: a rank nobody sends to gets an empty tensor of 0 rows there, and
+// only inputs whose numel is their size(0) (1-d ones) go through; chorus moves a whole input of
+// any shape. Every member passes the same src_dst and inputs of the same shape and dtype.
 Tensor permute_tensor(const Tensor& input, const std::vector<int>& src_dst, const GroupSpec& group,
                       std::string_view tag = "", CallSite site = CallSite::current());
 
