@@ -25,6 +25,7 @@ struct GuardedRange {
   std::atomic<std::uintptr_t> begin{0};  // 0: a free entry; published last
   std::uintptr_t end = 0;
   const std::uint64_t* step = nullptr;
+  const char* replay = nullptr;
   char what[kWhatMax] = {};
 };
 
@@ -91,7 +92,14 @@ void on_segv(int signal, siginfo_t* info, void* context) {
     append_number(message, sizeof message, &length, static_cast<std::int64_t>(*range.step));
     append(message, sizeof message, &length,
            " without waiting (guard pages: SimOptions::guard_pending_outputs)\n");
-    const ssize_t written = write(STDERR_FILENO, message, length);
+    ssize_t written = write(STDERR_FILENO, message, length);
+    if (range.replay != nullptr) {
+      std::size_t replay_length = 0;  // strlen is not async-signal-safe
+      while (range.replay[replay_length] != '\0') {
+        ++replay_length;
+      }
+      written = write(STDERR_FILENO, range.replay, replay_length);
+    }
     (void)written;
     std::abort();
   }
@@ -155,7 +163,7 @@ void ensure_guard_alt_stack() {
 }
 
 int add_guarded_range(const void* begin, std::size_t nbytes, const std::string& what,
-                      const std::uint64_t* step) {
+                      const std::uint64_t* step, const char* replay) {
   CHORUS_CHECK(begin != nullptr);
   CHORUS_CHECK_GT(nbytes, 0u);
   std::lock_guard<std::mutex> lock(guarded_ranges_mutex);
@@ -166,6 +174,7 @@ int add_guarded_range(const void* begin, std::size_t nbytes, const std::string& 
     }
     range.end = reinterpret_cast<std::uintptr_t>(begin) + nbytes;
     range.step = step;
+    range.replay = replay;
     const std::size_t length = std::min(what.size(), kWhatMax - 1);
     std::memcpy(range.what, what.data(), length);
     range.what[length] = '\0';

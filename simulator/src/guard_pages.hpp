@@ -11,7 +11,9 @@
 // protected ranges, writes
 //   chorus sim: rank 2 read the pending output of all_reduce #3 on group [0, 1] (issued by rank
 //   2 at a.cpp:12) at step 1234 without waiting
-// and aborts. A fault outside the table goes to the handler that was installed before ours.
+// then the run's replay line (the world's, made when the run starts), and aborts: the run never
+// ends, so its report, timeline and trace are not written, and the replay line is how to get
+// back to the fault. A fault outside the table goes to the handler that was installed before ours.
 //
 // A signal handler may take no lock and allocate nothing, so each entry's text is formatted when
 // the range is protected, and entries are published with atomics. The table, the handler and
@@ -35,11 +37,12 @@ void install_guard_handler();
 void ensure_guard_alt_stack();
 
 // Registers [begin, begin + nbytes) with the fault report `what` ("the pending output of ...");
-// `step` is read at fault time (the world's decision counter). Returns the entry's index, or -1
-// when the table is full (the caller leaves the range unprotected: SimAllocator marks
-// "guard.table_full").
+// `step` is read at fault time (the world's decision counter), and `replay` (null: none), a
+// text written after the report, too: both belong to the world, which outlives its ranges.
+// Returns the entry's index, or -1 when the table is full (the caller leaves the range
+// unprotected: SimAllocator marks "guard.table_full").
 int add_guarded_range(const void* begin, std::size_t nbytes, const std::string& what,
-                      const std::uint64_t* step);
+                      const std::uint64_t* step, const char* replay = nullptr);
 void remove_guarded_range(int index) noexcept;
 
 // The simulated rank running on the calling thread, or -1 (world.cpp; reads a thread_local, so

@@ -225,7 +225,7 @@ std::map<std::string, std::uint64_t, std::less<>> SimAllocator::marks() const {
 }
 
 bool SimAllocator::protect(const void* data, std::size_t nbytes, const void* owner,
-                           const std::string& what, const std::uint64_t* step) {
+                           const std::string& what, const std::uint64_t* step, const char* replay) {
   CHORUS_CHECK(config_.whole_pages);
   CHORUS_CHECK_GT(nbytes, 0u);
   const auto address = reinterpret_cast<std::uintptr_t>(data);
@@ -249,8 +249,8 @@ bool SimAllocator::protect(const void* data, std::size_t nbytes, const void* own
   // protected is always one that unprotect(owner) finds (Note [Operation positions]).
   const auto recorded = guarded_by_owner_.emplace(owner, it->first);
   if (live.guards == 0) {
-    const int entry =
-        add_guarded_range(reinterpret_cast<const void*>(it->first), live.capacity, what, step);
+    const int entry = add_guarded_range(reinterpret_cast<const void*>(it->first), live.capacity,
+                                        what, step, replay);
     if (entry < 0) {
       guarded_by_owner_.erase(recorded);
       ++marks_["guard.table_full"];

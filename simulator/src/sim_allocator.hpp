@@ -72,14 +72,14 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
 
   // ---- Guard pages (Note [Guard pages]); whole_pages only.
   // Protects the block holding [data, data + nbytes) on behalf of `owner` (a work), with the
-  // fault report `what`; `step` is read at fault time. False, leaving it unprotected, when no
-  // live block of this allocator holds that range (caller memory: from_blob; mark
-  // "guard.unowned"), when another work already protects the block (two pending outputs in one
-  // storage: the simulator must write the first one's results while the second is pending; mark
-  // "guard.shared"), or when the process-wide table of guarded ranges is full
+  // fault report `what`; `step` and `replay` are read at fault time (add_guarded_range). False,
+  // leaving it unprotected, when no live block of this allocator holds that range (caller memory:
+  // from_blob; mark "guard.unowned"), when another work already protects the block (two pending
+  // outputs in one storage: the simulator must write the first one's results while the second is
+  // pending; mark "guard.shared"), or when the process-wide table of guarded ranges is full
   // ("guard.table_full").
   bool protect(const void* data, std::size_t nbytes, const void* owner, const std::string& what,
-               const std::uint64_t* step);
+               const std::uint64_t* step, const char* replay = nullptr);
   // Unprotects every block protected on behalf of `owner`. Cheap when there is none.
   void unprotect(const void* owner) noexcept;
 

@@ -88,6 +88,24 @@ std::string replay_instruction(const SimOptions& options, std::uint64_t seed,
                    "SimOptions::seed_from_environment is false)";
 }
 
+// What a guard-page fault writes after its report (Note [Guard pages]), which aborts the
+// process: the run's replay line, known before it starts. A seeded run replays from its seed, a
+// run following a replay token from that token; one driven by a decision list or by fuzzer bytes
+// from those, which a token made at the fault would only copy.
+std::string guard_fault_replay(const SimOptions& options) {
+  std::string line = "  replay: ";
+  if (!options.replay.empty()) {
+    line += replay_instruction(options, 0, options.replay);
+  } else if (options.choices) {
+    line += "rerun with the same decision list (SimOptions::choices)";
+  } else if (options.fuzz_bytes) {
+    line += "rerun the fuzzer on the same input";
+  } else {
+    line += replay_instruction(options, options.seed, "");
+  }
+  return line + "\n";
+}
+
 // InvalidArgument for an enumerated option outside its enumerators (a cast integer) and a PCT
 // depth below 1, which the run would otherwise clamp or trip over.
 void check_enumerated_options(const SimOptions& options) {
@@ -512,6 +530,9 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   // a fresh one costs a run ~2k instructions of malloc.
   auto world = std::allocate_shared<detail::SimWorld>(
       transport::RecyclingAllocator<detail::SimWorld>{}, effective);
+  if (effective.guard_pending_outputs) {
+    world->set_guard_fault_replay(guard_fault_replay(effective));
+  }
   SimReport report = world->run(std::move(rank_main));
   // A seeded run replays from its seed (PCT's priorities come from it too); a run driven by a
   // list or by fuzzer bytes replays from its token, and without one (more choices than

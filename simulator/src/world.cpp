@@ -904,7 +904,8 @@ void SimWorld::guard_outputs(const SimWork& work, const std::vector<transport::B
                              const std::string& what) {
   CHORUS_CHECK(options_.guard_pending_outputs);
   for (const transport::Buffer& output : outputs) {
-    if (allocator_->protect(output.data, output.nbytes(), &work, what, &steps_)) {
+    if (allocator_->protect(output.data, output.nbytes(), &work, what, &steps_,
+                            guard_fault_replay_.empty() ? nullptr : guard_fault_replay_.c_str())) {
       mark("guard.protect");
     }  // else poisoned only; the allocator marked why (guard.unowned, shared, table_full)
   }

@@ -338,6 +338,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   // Runs the world to its end; see sim::simulate.
   SimReport run(std::function<void()> rank_main);
+  // What a guard-page fault writes after its report (Note [Guard pages]): the run's replay
+  // line. Set before run().
+  void set_guard_fault_replay(std::string replay) { guard_fault_replay_ = std::move(replay); }
 
   // ---- Called by a rank through its transport. `rank` is the calling rank.
   std::shared_ptr<SimGroup> group_for(const std::string& tag, const std::vector<int>& ranks);
@@ -593,6 +596,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Every rank's host allocator, or null for core's pool (Note [Simulator allocator]).
   std::shared_ptr<SimAllocator> allocator_;
   std::vector<transport::Buffer> guarded_;  // start's outputs to guard (kept: no allocation)
+  std::string guard_fault_replay_;          // set_guard_fault_replay
   std::uint64_t data_hash_ = 0;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
   std::unique_ptr<RankExecutor> executor_;

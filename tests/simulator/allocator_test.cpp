@@ -26,6 +26,7 @@
 #include "guard_pages.hpp"
 #include "sim_allocator.hpp"
 #include "support/fake_transport.hpp"
+#include "support/scoped_environment.hpp"
 #include "support/sim_helpers.hpp"
 
 namespace chorus {
@@ -477,6 +478,32 @@ TEST(SimGuardPagesDeathTest, RawReadOfAPendingOutputFaultsWithRankOpAndStep) {
                "chorus sim: rank 1 read the pending output of all_reduce #0 on group \\[0, 1\\] "
                "\\(issued by rank 1 at .*allocator_test.cpp:[0-9]+.*\\) at step [0-9]+ without "
                "waiting");
+}
+
+// The fault aborts the process, so the run's report never comes: the fault's own message ends
+// with the run's replay line (Note [Guard pages]). Seeded runs: on one rank the all_reduce is
+// pending while the rank runs on, or not, by the seed; the first seed that faults is named.
+TEST(SimGuardPagesDeathTest, AFaultEndsWithTheRunsReplayLine) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto read_pending_outputs = [] {
+    const testing::ScopedEnvironment environment(
+        {{"CHORUS_SIM_SEED", std::nullopt}, {"CHORUS_SIM_REPLAY", std::nullopt}});
+    SimOptions options = quiet_options(1);
+    options.guard_pending_outputs = true;
+    options.seed_from_environment = true;
+    options.command_without_seed = {"prog", "--guard-pages"};
+    for (options.seed = 0; options.seed < 64; ++options.seed) {
+      sim::run(options, [] {
+        const Tensor output = all_reduce(Tensor::ones({4}), ReduceOp::Kind::Sum, world());
+        volatile float first = *static_cast<const float*>(output.unsafe_data_ptr());
+        (void)first;
+      });
+    }
+  };
+  EXPECT_DEATH(read_pending_outputs(),
+               "chorus sim: rank 0 read the pending output of all_reduce #0 on group \\[0\\] .* "
+               "without waiting \\(guard pages: SimOptions::guard_pending_outputs\\)\n"
+               "  replay: CHORUS_SIM_SEED=[0-9]+ prog --guard-pages\n");
 }
 
 TEST(SimGuardPagesDeathTest, ARawReadFromAThreadOfNoRankSaysSo) {
