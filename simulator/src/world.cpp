@@ -568,6 +568,7 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   group->tag = tag;
   group->ranks = ranks;
   group->issued.assign(ranks.size(), 0);
+  group->last_sites.assign(ranks.size(), CallSite{});
   group->abort_reason.reserve(kOutOfMemoryAbortReason.size());
   group->label = std::make_shared<const std::string>(transport::group_label(tag, ranks));
   // Room for every candidate of a decision (the scheduler then allocates nothing for them), and
@@ -766,6 +767,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
 
   // The point of no return: the operation takes its position (Note [Operation positions]).
   group.issued[static_cast<std::size_t>(group_rank)] += 1;
+  group.last_sites[static_cast<std::size_t>(group_rank)] = info.site;
   ops_issued_[static_cast<std::size_t>(rank)] += 1;
   record(SimEvent::Kind::Issue, rank, *work);
 
@@ -1944,7 +1946,9 @@ void SimWorld::fail_slots_from(SimGroup& group, std::int64_t from_seq,
   }
 }
 
-std::pair<ErrorCode, std::string> SimWorld::absence(int rank) const {
+std::pair<ErrorCode, std::string> SimWorld::absence(const SimGroup& group,
+                                                    std::size_t member) const {
+  const int rank = group.ranks[member];
   const RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   if (slot.crashed) {
     return {ErrorCode::RankFailure, slot.crash};
@@ -1952,13 +1956,22 @@ std::pair<ErrorCode, std::string> SimWorld::absence(int rank) const {
   if (slot.may_still_arrive()) {
     return {ErrorCode::Aborted, {}};
   }
+  // Where the member stopped on this group: a skipped collective shows as the later operations
+  // pairing with the wrong calls, which the member's last site points at.
+  const std::int64_t issued = group.issued[member];
+  const std::string last = issued == 0 ? "it issued no operation on this group"
+                                       : "its last operation on this group was #" +
+                                             std::to_string(issued - 1) + ", issued at " +
+                                             group.last_sites[member].to_string();
   if (slot.threw) {
     return {ErrorCode::RankFailure, "rank " + std::to_string(rank) +
-                                        " failed before joining this collective: " + slot.failure};
+                                        " failed before joining this collective (" + last +
+                                        "): " + slot.failure};
   }
   return {ErrorCode::Deadlock, "rank " + std::to_string(rank) +
                                    " returned from its rank function without joining this "
-                                   "collective (on NCCL this would hang)"};
+                                   "collective (" +
+                                   last + "; on NCCL this would hang)"};
 }
 
 void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq) {
@@ -1978,7 +1991,7 @@ void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq, const Sim
     if (ranks_[static_cast<std::size_t>(group.ranks[i])].may_still_arrive()) {
       continue;  // absence's empty answer, without making it
     }
-    auto [code, why] = absence(group.ranks[i]);
+    auto [code, why] = absence(group, i);
     if (!why.empty()) {
       fail_slot(group, seq, code, why);
       return;

@@ -315,6 +315,9 @@ struct SimGroup {
   std::string abort_reason;        // room for kOutOfMemoryAbortReason made at creation
   // Per group rank: operations started. Inline for up to 8 members (Note [Small per-run vectors]).
   boost::container::small_vector<std::int64_t, 8> issued;
+  // Per group rank: where its last operation here was issued (if it issued one), for the error
+  // of a member that ended without joining (SimWorld::absence).
+  boost::container::small_vector<CallSite, 8> last_sites;
 
   SimGroup() = default;
   // Gives its spare slots to the next groups on this thread (Note [Recycled slots] in world.cpp).
@@ -498,8 +501,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Fails the outstanding operations from `from_seq` on with Aborted and `detail`.
   void fail_slots_from(SimGroup& group, std::int64_t from_seq, std::string_view detail) noexcept;
   void on_rank_exit(int rank);
-  // Why `rank` will never arrive at another operation, or empty if it still may.
-  std::pair<ErrorCode, std::string> absence(int rank) const;
+  // Why `group`'s member `member` (a group rank) will never arrive at another operation, or
+  // empty if it still may; it names where the member last issued an operation on `group`.
+  std::pair<ErrorCode, std::string> absence(const SimGroup& group, std::size_t member) const;
   // Fails operation `seq` of `group` (when outstanding) if a member that has not joined it never
   // will. The second form is given its slot, `slot`, which fail_slot may erase: read it no more.
   void check_absent_members(SimGroup& group, std::int64_t seq);

@@ -2303,7 +2303,7 @@ TEST(ErrorsDocCrossRank, DeadlockPeerReturned) {
   });
   errdoc_expect_outcome(outcomes, 0, ErrorCode::Deadlock, "all_reduce", 0, "[0, 1]",
                         "rank 1 returned from its rank function without joining this collective "
-                        "(on NCCL this would hang)");
+                        "(it issued no operation on this group; on NCCL this would hang)");
   EXPECT_FALSE(outcomes[1].code.has_value()) << "the rank that returned sees no error";
 }
 
@@ -2347,7 +2347,8 @@ TEST(ErrorsDocCrossRank, RankFailure) {
       << "sim::run rethrows the dead rank's own error after every rank ended";
   for (int r : {0, 2}) {
     errdoc_expect_outcome(outcomes, r, ErrorCode::RankFailure, "all_reduce", 0, "[0, 1, 2]",
-                          "rank 1 failed before joining this collective: rank 1 crashed");
+                          "rank 1 failed before joining this collective (it issued no operation "
+                          "on this group): rank 1 crashed");
   }
 }
 

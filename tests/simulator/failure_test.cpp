@@ -307,6 +307,32 @@ TEST(SimFailure, APeerThatReturnsWithoutJoiningIsReportedNotAwaitedForever) {
   EXPECT_FALSE(outcomes[2].code.has_value());
 }
 
+// The classic skipped collective: rank 1 skips the first of two all_reduces on "dp", so its
+// one call pairs with the others' #0 and it returns; the others' #1 names where rank 1 stopped.
+TEST(SimFailure, AMemberThatReturnedWithoutJoiningIsNamedWithItsLastOperationOnTheGroup) {
+  std::vector<Outcome> outcomes = run_catching(3, [] {
+    const ProcessGroup dp = new_group({0, 1, 2}, "dp");
+    if (rank() == 1) {
+      (void)all_reduce(bytes(1), "sum", dp, "", CallSite("train.cpp", 7, "step"))
+          .to_vector<std::uint8_t>();
+      return;
+    }
+    (void)all_reduce(bytes(1), "sum", dp).to_vector<std::uint8_t>();
+    (void)all_reduce(bytes(1), "sum", dp).to_vector<std::uint8_t>();
+  });
+  for (int r : {0, 2}) {
+    const Outcome& outcome = outcomes[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::Deadlock);
+    EXPECT_EQ(outcome.context.seq, 1);
+    EXPECT_TRUE(contains(outcome.what,
+                         "rank 1 returned from its rank function without joining this collective "
+                         "(its last operation on this group was #0, issued at train.cpp:7 "
+                         "(step); on NCCL this would hang)"))
+        << outcome.what;
+  }
+}
+
 TEST(SimFailure, ADeadPeerGivesItsWaitingPeersRankFailure) {
   std::vector<Outcome> outcomes(3);
   EXPECT_THROW(
