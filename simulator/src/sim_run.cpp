@@ -106,6 +106,14 @@ std::string guard_fault_replay(const SimOptions& options) {
   return line + "\n";
 }
 
+// A hash as 16 hex digits, as every line that prints one writes it (zeros kept, so the same hash
+// is the same text wherever it is printed).
+std::string hex64(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
 // InvalidArgument for an enumerated option outside its enumerators (a cast integer) and a PCT
 // depth below 1, which the run would otherwise clamp or trip over.
 void check_enumerated_options(const SimOptions& options) {
@@ -453,7 +461,7 @@ std::string SimReport::to_string() const {
   out << "chorus sim: " << world_size << " ranks, seed " << seed << ", " << steps
       << " scheduling decisions, " << collectives_completed
       << " collectives completed, virtual time " << format_microseconds(virtual_time)
-      << " us, schedule hash " << std::hex << schedule_hash << std::dec << "\n";
+      << " us, schedule hash " << hex64(schedule_hash) << "\n";
   if (!ops_issued.empty()) {
     out << "  operations issued per rank:";
     for (std::size_t r = 0; r < ops_issued.size(); ++r) {
@@ -573,8 +581,8 @@ DeterminismCheck check_determinism(const SimOptions& options, std::function<void
     if (check.deterministic && a != b) {
       check.deterministic = false;
       std::ostringstream out;
-      out << what << " differs between two runs with the same options (" << std::hex << a << " vs "
-          << b << ")";
+      out << what << " differs between two runs with the same options (" << hex64(a) << " vs "
+          << hex64(b) << ")";
       check.difference = out.str();
     }
   };

@@ -905,7 +905,7 @@ TEST(RunReport, PrintsExactMicrosecondsAndListsTheFirstSixteenUnwaitedWorks) {
   const std::string text = report.to_string();
   EXPECT_EQ(text.substr(0, text.find('\n')),
             "chorus sim: 1 ranks, seed 5, 0 scheduling decisions, 0 collectives completed, "
-            "virtual time 1.5 us, schedule hash 0")
+            "virtual time 1.5 us, schedule hash 0000000000000000")
       << text;
   EXPECT_EQ(count_of(text, "all_reduce #"), 16u) << text;
   EXPECT_NE(text.find("all_reduce #15 "), std::string::npos) << text;
