@@ -643,6 +643,12 @@ Token parse_token(std::string_view token) {
                          ", from an older chorus, which generated cases differently: run chorus "
                          "check again for a token of format 4");
   }
+  if (token.starts_with("chorus-replay:")) {
+    bad_token(token,
+              "it is the simulator's replay token of a program's run, not a property case's "
+              "(chorus-check:...): rerun that program with --replay=<token> or with "
+              "CHORUS_SIM_REPLAY=<token> set");
+  }
   const bool format3 = token.starts_with(kFormat3Prefix);
   if (!format3 && !token.starts_with(kTokenPrefix)) {
     bad_token(token, "it does not start with '" + std::string(kTokenPrefix) + "'");

@@ -843,6 +843,15 @@ TEST(Battery, Format3TokensOfOneCaseAreRefused) {
             Verdict::Passed);
 }
 
+// The opposite of RunOptions' refusal of a property case's token in --replay.
+TEST(Battery, ASimulatorReplayTokenIsRefusedSayingWhatRerunsIt) {
+  testing::expect_invalid_argument(
+      [] { (void)replay(battery(), "chorus-replay:3:f560e09ab83790fe:4:-:50:AAAA"); },
+      {"malformed token 'chorus-replay:3:f560e09ab83790fe:4:-:50:AAAA': it is the simulator's "
+       "replay token of a program's run, not a property case's (chorus-check:...): rerun that "
+       "program with --replay=<token> or with CHORUS_SIM_REPLAY=<token> set"});
+}
+
 // Every numeric field is range-checked before anything is generated: a negative case index used
 // to reach RapidCheck as a negative size (a crash), the others were taken silently.
 TEST(Battery, ReplayTokenFieldsOutOfRangeAreRefusedNamingTheField) {
