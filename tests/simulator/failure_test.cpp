@@ -948,6 +948,37 @@ TEST(SimFailure, AModifiedInputIsReportedOnBothSidesOfTheSnapshotThreshold) {
   }
 }
 
+// guide/semantics.md, "In-place forms": an in-place collective writing a tensor that an earlier,
+// unwaited collective still reads races with that read only on another group (its own stream on
+// NCCL); a group's operations complete in issue order, so on the same group it never does.
+TEST(SimFailure, AnInPlaceWriteRacesWithAnUnwaitedReadOnlyOnAnotherGroup) {
+  const auto input_modified = [](bool same_group, std::uint64_t seed) {
+    bool modified = false;
+    (void)sim::simulate(quiet(2, seed), [&] {
+      const ProcessGroup other = new_group({0, 1}, "other");
+      Tensor x = Tensor::full({4}, static_cast<float>(rank() + 1));
+      const Tensor y = all_gather_tensor(x, 0, world());
+      all_reduce_inplace(x, "sum", same_group ? ProcessGroup(world()) : other);
+      try {
+        wait_tensor(y);
+      } catch (const InputModified&) {
+        if (rank() == 0) {
+          modified = true;
+        }
+      }
+    });
+    return modified;
+  };
+  int same = 0;
+  int another = 0;
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    same += input_modified(true, seed) ? 1 : 0;
+    another += input_modified(false, seed) ? 1 : 0;
+  }
+  EXPECT_EQ(same, 0);
+  EXPECT_GT(another, 0);  // 50 of the 200 (guide/semantics.md quotes it)
+}
+
 TEST(SimFailure, AnInputModifiedCollectiveDoesNotStallTheCommunicator) {
   // Rank 1 issues `first` only after the signal, which rank 0 joins only after writing into
   // first's input: the write lands while `first` is certainly pending, on every schedule.
