@@ -424,6 +424,8 @@ std::string_view event_kind_name(SimEvent::Kind kind) noexcept {
       return "finalize";
     case SimEvent::Kind::Fail:
       return "fail";
+    case SimEvent::Kind::End:
+      return "end";
   }
   return "unknown";
 }
@@ -431,7 +433,12 @@ std::string_view event_kind_name(SimEvent::Kind kind) noexcept {
 std::string SimEvent::to_string() const {
   std::ostringstream out;
   out << "step " << step << " t=" << format_microseconds(time) << "us rank " << rank << " "
-      << event_kind_name(kind) << " ";
+      << event_kind_name(kind);
+  if (kind == SimEvent::Kind::End) {
+    out << ": " << detail;
+    return out.str();
+  }
+  out << " ";
   if (owner != rank) {
     out << "rank " << owner << "'s ";
   }

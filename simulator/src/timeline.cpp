@@ -8,7 +8,8 @@
 // overlap each other), but the slices of one trace thread must nest. So a rank's lane is split
 // into rows: each span, in the order they begin, goes to the first row whose open spans all
 // enclose it. Row 0 is the trace thread "rank r"; row k > 0 is "rank r (row k+1)", sorted right
-// under it. Instants (arrive, drop, finalize, fail) sit on row 0.
+// under it. Instants (arrive, drop, finalize, fail, and the end of the rank's function) sit on
+// row 0.
 
 #include <algorithm>
 #include <cstdint>
@@ -41,13 +42,14 @@ struct Span {
 
 struct Layout {
   std::vector<Span> spans;                // in the order they begin
-  std::vector<const SimEvent*> instants;  // arrive, drop, finalize, fail
+  std::vector<const SimEvent*> instants;  // arrive, drop, finalize, fail, end
   std::vector<int> rows;                  // per rank: rows of its lane (>= 1)
   std::int64_t end_ns = 0;                // the run's virtual end
 };
 
 bool is_instant(Kind kind) {
-  return kind == Kind::Arrive || kind == Kind::Drop || kind == Kind::Finalize || kind == Kind::Fail;
+  return kind == Kind::Arrive || kind == Kind::Drop || kind == Kind::Finalize ||
+         kind == Kind::Fail || kind == Kind::End;
 }
 
 // Note [Timeline layout]: pairs the events into spans and gives each span its row.
@@ -93,6 +95,7 @@ Layout lay_out(const SimReport& report) {
       case Kind::Arrive:
       case Kind::Drop:
       case Kind::Finalize:
+      case Kind::End:
         break;
     }
     if (is_instant(event.kind)) {
@@ -132,6 +135,17 @@ Layout lay_out(const SimReport& report) {
 std::string op_label(const SimEvent& event) {
   std::string label = event.op + " #" + std::to_string(event.seq);
   return event.owner != event.rank ? "rank " + std::to_string(event.owner) + "'s " + label : label;
+}
+
+// An instant's name: "drop all_reduce #3", or "end" (the rank's function ended: no operation).
+std::string instant_name(const SimEvent& event) {
+  return event.kind == Kind::End ? "end"
+                                 : std::string(event_kind_name(event.kind)) + " " + op_label(event);
+}
+
+// Whether an End event says the rank's function did not return normally (it threw or crashed).
+bool ended_abnormally(const SimEvent& event) {
+  return event.kind == Kind::End && event.detail != "returned";
 }
 
 // The run's first failure, in one line: "rank 1: CollectiveMismatch: ranks disagree ...".
@@ -302,12 +316,13 @@ std::string to_perfetto_json(const SimReport& report) {
                   << ",\"args\":" << json_args(span.end != nullptr ? *span.end : begin) << "}";
   }
   for (const SimEvent* event : layout.instants) {
-    begin_event() << "{\"name\":"
-                  << json_string(std::string(event_kind_name(event->kind)) + " " + op_label(*event))
-                  << ",\"cat\":\"" << event_kind_name(event->kind)
+    begin_event() << "{\"name\":" << json_string(instant_name(*event)) << ",\"cat\":\""
+                  << event_kind_name(event->kind)
                   << "\",\"ph\":\"i\",\"s\":\"t\",\"ts\":" << microseconds(event->time.count())
                   << ",\"pid\":0,\"tid\":" << thread_of(report.world_size, event->rank, 0)
-                  << (event->kind == Kind::Fail ? R"(,"cname":"terrible")" : "")
+                  << (event->kind == Kind::Fail || ended_abnormally(*event)
+                          ? R"(,"cname":"terrible")"
+                          : "")
                   << ",\"args\":" << json_args(*event) << "}";
   }
   out << "\n]}\n";
@@ -325,7 +340,7 @@ constexpr double kTop = 48;         // px above the first lane (title, axis)
 constexpr double kRight = 24;       // px right of the last microsecond
 constexpr double kPlotWidthMax = 1400;
 constexpr double kMicrosecondWidthMax = 28;  // px per microsecond of virtual time, at most
-constexpr double kLegendWidth = 940;         // px: the image is at least as wide as the legend
+constexpr double kLegendWidth = 1040;        // px: the image is at least as wide as the legend
 constexpr double kBoxWidthMin = 8;           // px: the narrowest operation box
 constexpr double kMarkerSpacing = 10;        // px between markers of one rank at the same moment
 constexpr double kCharWidth = 6.7;           // px per character of 11px monospace, about
@@ -403,6 +418,8 @@ constexpr const char* kStyle = R"(
   .drop { fill: #756bb1; }
   .finalize { fill: #ffffff; stroke: #756bb1; stroke-width: 2; }
   .fail { stroke: #d62728; stroke-width: 2.5; }
+  .end { fill: #444; }
+  .end.abnormal { fill: #d62728; }
 )";
 
 }  // namespace
@@ -511,9 +528,8 @@ std::string to_svg_timeline(const SimReport& report) {
         event->kind == Kind::Arrive ? 0 : at_same_moment[{event->rank, event->time.count()}]++;
     const double x = x_of(event->time.count()) + kMarkerSpacing * earlier;
     const double top = row_y(event->rank, 0);
-    const std::string tip = std::string(event_kind_name(event->kind)) + " " + op_label(*event) +
-                            " at " + microseconds(event->time.count()) + "us" +
-                            (event->detail.empty() ? "" : ": " + event->detail);
+    const std::string tip = instant_name(*event) + " at " + microseconds(event->time.count()) +
+                            "us" + (event->detail.empty() ? "" : ": " + event->detail);
     out << "<g class=\"" << event_kind_name(event->kind) << "\" data-rank=\"" << event->rank
         << "\"><title>" << xml_escape(tip) << "</title>";
     switch (event->kind) {
@@ -531,6 +547,12 @@ std::string to_svg_timeline(const SimReport& report) {
       case Kind::Finalize:
         out << R"(<circle class="finalize" cx=")" << px(x) << R"(" cy=")" << px(top + 16)
             << R"(" r="4"/>)";
+        break;
+      // The end of the rank's function: a bar across the row, red when it threw or crashed.
+      case Kind::End:
+        out << R"(<rect class="end)" << (ended_abnormally(*event) ? " abnormal" : "") << R"(" x=")"
+            << px(x - 1.5) << R"(" y=")" << px(top + 1) << R"(" width="3" height=")"
+            << px(kRowHeight - 2) << R"("/>)";
         break;
       default:  // Fail
         out << R"(<path class="fail" d="M )" << px(x - 4) << " " << px(top + 1) << " L "
@@ -561,6 +583,9 @@ std::string to_svg_timeline(const SimReport& report) {
       << R"(<path class="fail" d="M 850 )" << px(legend_y + 1) << " L 860 " << px(legend_y + 11)
       << " M 860 " << px(legend_y + 1) << " L 850 " << px(legend_y + 11) << R"("/>)"
       << R"(<text x="866" y=")" << px(legend_y + 10) << R"(">failure</text>)"
+      << R"(<rect class="end abnormal" x="936" y=")" << px(legend_y - 1)
+      << R"(" width="3" height="14"/>)"
+      << R"(<text x="944" y=")" << px(legend_y + 10) << R"(">rank ended</text>)"
       << "</g>\n";
   out << "</svg>\n";
   return out.str();

@@ -532,6 +532,9 @@ void SimWorld::rank_body(int rank) {
   if (slot.error && !first_error_) {
     first_error_ = slot.error;
   }
+  if (options_.record_events) {
+    record_rank_end(rank);
+  }
   // From here the rank never starts another operation: peers stop waiting for it now, before
   // it completes its leftovers (which may need those peers).
   if (slot.may_still_arrive()) {
@@ -1769,6 +1772,29 @@ void SimWorld::record_event(SimEvent::Kind kind, int rank, const SimWork& work,
       events_.pop_back();  // the half-filled event
     }
     ++events_not_recorded_;
+  }
+}
+
+void SimWorld::record_rank_end(int rank) noexcept {
+  if (events_.size() >= options_.events_record_max) {
+    ++events_not_recorded_;
+    return;
+  }
+  const RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
+  try {
+    std::string detail = slot.crashed ? slot.crash
+                         : slot.threw ? "threw " + slot.failure
+                                      : std::string("returned");
+    SimEvent event;
+    event.kind = SimEvent::Kind::End;
+    event.step = steps_;
+    event.time = now();
+    event.rank = rank;
+    event.owner = rank;
+    event.detail = std::move(detail);
+    events_.push_back(std::move(event));
+  } catch (const std::bad_alloc&) {
+    ++events_not_recorded_;  // as record_event: the log loses it
   }
 }
 

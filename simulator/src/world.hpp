@@ -583,6 +583,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
       record_event(kind, rank, work, {});
     }
   }
+  // An End event (SimOptions::record_events): rank `rank`'s function ended, and how (its slot
+  // says: crashed, threw, or returned).
+  void record_rank_end(int rank) noexcept;
   // Out of memory, the event is not recorded (counted as past events_record_max).
   void record_event(SimEvent::Kind kind, int rank, const SimWork& work,
                     std::string detail) noexcept;

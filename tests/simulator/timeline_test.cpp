@@ -291,13 +291,13 @@ TEST(EventLog, IsOffByDefaultButOperationsAreCounted) {
   EXPECT_EQ(report.ops_issued, (std::vector<std::uint64_t>{2, 2, 2}));
 }
 
-TEST(EventLog, RecordsEachRanksIssueArriveWaitCompleteDropAndFinalize) {
+TEST(EventLog, RecordsEachRanksIssueArriveWaitCompleteDropFinalizeAndEnd) {
   const SimReport report = sim::run(lowest_rank_first(2), waited_then_dropped);
   const std::map<Kind, int> expected = {
       {Kind::Issue, 4},   {Kind::Arrive, 4}, {Kind::Complete, 4}, {Kind::WaitBegin, 4},
-      {Kind::WaitEnd, 4}, {Kind::Drop, 2},   {Kind::Finalize, 2}};
+      {Kind::WaitEnd, 4}, {Kind::Drop, 2},   {Kind::Finalize, 2}, {Kind::End, 2}};
   EXPECT_EQ(count_kinds(report), expected);
-  EXPECT_EQ(report.mark_count("timeline.events"), 24u);
+  EXPECT_EQ(report.mark_count("timeline.events"), 26u);
   EXPECT_EQ(report.mark_count("timeline.drop"), 2u);
   EXPECT_EQ(report.mark_count("timeline.finalize"), 2u);
   // Rank 0's story, in order.
@@ -310,9 +310,19 @@ TEST(EventLog, RecordsEachRanksIssueArriveWaitCompleteDropAndFinalize) {
   const std::vector<std::pair<Kind, std::int64_t>> story = {
       {Kind::Issue, 0},     {Kind::Arrive, 0},   {Kind::WaitBegin, 0}, {Kind::Complete, 0},
       {Kind::WaitEnd, 0},   {Kind::Issue, 1},    {Kind::Arrive, 1},    {Kind::Drop, 1},
-      {Kind::WaitBegin, 1}, {Kind::Complete, 1}, {Kind::WaitEnd, 1},   {Kind::Finalize, 1}};
+      {Kind::WaitBegin, 1}, {Kind::Complete, 1}, {Kind::WaitEnd, 1},   {Kind::Finalize, 1},
+      {Kind::End, -1}};
   EXPECT_EQ(rank0, story);
   for (const SimEvent& event : report.events) {
+    if (event.kind == Kind::End) {  // no operation: how the rank's function ended
+      EXPECT_EQ(event.detail, "returned");
+      EXPECT_EQ(event.op, "");
+      EXPECT_EQ(event.owner, event.rank);
+      EXPECT_EQ(event.to_string(), "step " + std::to_string(event.step) +
+                                       " t=" + std::to_string(event.step) + "us rank " +
+                                       std::to_string(event.rank) + " end: returned");
+      continue;
+    }
     EXPECT_EQ(event.op, "all_reduce");
     EXPECT_EQ(event.group, "[0, 1]");
     EXPECT_EQ(event.owner, event.rank);
@@ -356,6 +366,39 @@ TEST(EventLog, FailuresAreLoggedWithTheirError) {
   EXPECT_EQ(fails, 3);
 }
 
+// The rank that causes a failure shows it: its lane ends with how its function ended (a
+// throw, an injected crash), drawn red in the SVG and "terrible" in the trace.
+TEST(EventLog, EachRanksEndSaysHowItsFunctionEnded) {
+  SimOptions options = lowest_rank_first(3);
+  options.faults = {sim::Fault::crash(2, 1)};
+  const SimReport report = sim::simulate(options, [] {
+    (void)all_reduce(rank_tensor(), "sum", world()).to_vector<std::int32_t>();
+    if (rank() == 1) {
+      throw std::runtime_error("CUDA OOM on rank 1");
+    }
+    (void)all_reduce(rank_tensor(), "sum", world()).to_vector<std::int32_t>();
+  });
+  std::map<int, std::string> ends;
+  for (const SimEvent& event : report.events) {
+    if (event.kind == Kind::End) {
+      EXPECT_TRUE(ends.emplace(event.rank, event.detail).second) << "one End per rank";
+    }
+  }
+  ASSERT_EQ(ends.size(), 3u);
+  EXPECT_EQ(ends[0].rfind("threw chorus::RankFailure: [rank 0] all_reduce #1", 0), 0u) << ends[0];
+  EXPECT_EQ(ends[1], "threw CUDA OOM on rank 1");
+  EXPECT_EQ(
+      ends[2].rfind(
+          "rank 2 crashed (injected fault: crash at rank 2's operation 1, starting all_reduce #1",
+          0),
+      0u)
+      << ends[2];
+  const std::string svg = sim::to_svg_timeline(report);
+  EXPECT_EQ(count_of(svg, "<rect class=\"end abnormal\""), 4u) << "3 ranks and the legend";
+  EXPECT_NE(svg.find("<title>end at "), std::string::npos);
+  EXPECT_NE(svg.find("us: threw CUDA OOM on rank 1</title>"), std::string::npos);
+}
+
 TEST(EventLog, FinalizationAtRankExitIsLogged) {
   Tensor kept[2];
   const SimReport report = sim::run(lowest_rank_first(2), [&] {
@@ -376,8 +419,8 @@ TEST(EventLog, StopsAtItsCapAndCountsTheRest) {
   options.events_record_max = 5;
   const SimReport report = sim::run(options, waited_then_dropped);
   EXPECT_EQ(report.events.size(), 5u);
-  EXPECT_EQ(report.events_not_recorded, 19u);
-  EXPECT_EQ(report.mark_count("timeline.events_not_recorded"), 19u);
+  EXPECT_EQ(report.events_not_recorded, 21u);  // the two End events included
+  EXPECT_EQ(report.mark_count("timeline.events_not_recorded"), 21u);
 }
 
 // ---- Perfetto JSON
@@ -403,6 +446,12 @@ TEST(PerfettoJson, ParsesBackWithOneSpanPerOperationAndWaitAndOneInstantPerMarke
     if (phase != "M") {
       by_category[event.at("cat").text] += 1;
       EXPECT_GE(event.at("ts").number, 1);
+    }
+    if (phase != "M" && event.at("cat").text == "end") {  // no operation
+      EXPECT_EQ(event.at("name").text, "end");
+      EXPECT_EQ(event.at("args").at("detail").text, "returned");
+      EXPECT_EQ(event.find("cname"), nullptr) << "a rank that returned is no failure";
+    } else if (phase != "M") {
       EXPECT_EQ(event.at("args").at("group").text, "[0, 1]");
       EXPECT_NE(event.at("args").at("site").text.find("timeline_test.cpp"), std::string::npos);
     }
@@ -410,10 +459,10 @@ TEST(PerfettoJson, ParsesBackWithOneSpanPerOperationAndWaitAndOneInstantPerMarke
       EXPECT_GE(event.at("dur").number, 1);
     }
   }
-  EXPECT_EQ(by_phase["X"], 8);  // 4 operations (2 per rank), 4 waits
-  EXPECT_EQ(by_phase["i"], 8);  // 4 arrivals, 2 drops, 2 finalizations
-  const std::map<std::string, int> categories = {
-      {"op", 4}, {"wait", 4}, {"arrive", 4}, {"drop", 2}, {"finalize", 2}};
+  EXPECT_EQ(by_phase["X"], 8);   // 4 operations (2 per rank), 4 waits
+  EXPECT_EQ(by_phase["i"], 10);  // 4 arrivals, 2 drops, 2 finalizations, 2 ends
+  const std::map<std::string, int> categories = {{"op", 4},   {"wait", 4},     {"arrive", 4},
+                                                 {"drop", 2}, {"finalize", 2}, {"end", 2}};
   EXPECT_EQ(by_category, categories);
   EXPECT_EQ(rank_threads, (std::vector<std::string>{"rank 0 tid 0", "rank 1 tid 1"}));
 }
@@ -456,15 +505,19 @@ TEST(PerfettoJson, EscapesStringsAndMarksFailures) {
   const Json trace = parse_json(json);  // the mismatch's detail has quotes and newlines
   int failed_spans = 0;
   int fail_instants = 0;
+  int abnormal_ends = 0;  // each rank's function ended by the mismatch it raised
   for (const Json& event : trace.at("traceEvents").items) {
     if (event.find("cname") != nullptr) {
       EXPECT_EQ(event.at("cname").text, "terrible");
-      (event.at("ph").text == "X" ? failed_spans : fail_instants) += 1;
+      (event.at("ph").text == "X"                   ? failed_spans
+       : event.at("cat").text == std::string("end") ? abnormal_ends
+                                                    : fail_instants) += 1;
       EXPECT_NE(event.at("args").at("detail").text.find("CollectiveMismatch"), std::string::npos);
     }
   }
   EXPECT_EQ(failed_spans, 3);
   EXPECT_EQ(fail_instants, 3);
+  EXPECT_EQ(abnormal_ends, 3);
   EXPECT_NE(trace.at("traceEvents").items[0].at("args").at("name").text.find("failed: rank"),
             std::string::npos);
 }
@@ -837,7 +890,7 @@ TEST(RunReport, NamesRanksOperationsDecisionsAndUnwaitedWorksWithCallSites) {
   EXPECT_NE(text.find("chorus sim: 2 ranks"), std::string::npos) << text;
   EXPECT_NE(text.find(std::to_string(report.steps) + " scheduling decisions"), std::string::npos);
   EXPECT_NE(text.find("operations issued per rank: 0: 2, 1: 2"), std::string::npos) << text;
-  EXPECT_NE(text.find("24 events recorded"), std::string::npos) << text;
+  EXPECT_NE(text.find("26 events recorded"), std::string::npos) << text;
   EXPECT_NE(text.find("2 collective(s) never waited"), std::string::npos) << text;
   EXPECT_EQ(count_of(text, "timeline_test.cpp"), 2u) << "each unwaited work's call site";
 }

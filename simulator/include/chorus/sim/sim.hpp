@@ -352,6 +352,10 @@ struct SimEvent {
     Drop,       // every result tensor of the operation died before a wait (core's drop)
     Finalize,   // core completed the operation nobody waited (after a drop or at rank exit)
     Fail,       // the operation failed on this rank
+    // The rank's function ended. No operation: op and group empty, seq -1, comm_id 0, owner the
+    // rank, site unknown. detail: "returned", "threw <what the error says>", or the injected
+    // crash's description ("rank 3 crashed (injected fault: ...)").
+    End,
   };
   Kind kind = Kind::Issue;
   std::uint64_t step = 0;            // scheduling decisions taken before it
@@ -367,11 +371,12 @@ struct SimEvent {
   // ", failed" when completing it failed.
   std::string detail;
 
-  // "step 12 t=12us rank 1 complete all_reduce #0 on [0, 1] (a.cpp:3 (f))".
+  // "step 12 t=12us rank 1 complete all_reduce #0 on [0, 1] (a.cpp:3 (f))"; for End
+  // "step 40 t=40us rank 1 end: returned".
   std::string to_string() const;
 };
 
-// "issue", "arrive", "complete", "wait_begin", "wait_end", "drop", "finalize", "fail".
+// "issue", "arrive", "complete", "wait_begin", "wait_end", "drop", "finalize", "fail", "end".
 std::string_view event_kind_name(SimEvent::Kind kind) noexcept;
 
 struct SimReport {
