@@ -594,6 +594,21 @@ DeterminismCheck check_determinism(const SimOptions& options, std::function<void
     }
   };
   differs("the decision hash", check.first.schedule_hash, check.second.schedule_hash);
+  if (!check.deterministic) {
+    // Where the schedules part, when both recorded that far (SimOptions::schedule_record_max):
+    // the state that leaked from the first run into the second changed what a rank did there.
+    const std::vector<Decision>& a = check.first.schedule;
+    const std::vector<Decision>& b = check.second.schedule;
+    const auto [at_a, at_b] = std::ranges::mismatch(a, b);
+    const std::size_t recorded = twice.schedule_record_max;
+    if ((at_a != a.end() || a.size() < recorded) && (at_b != b.end() || b.size() < recorded)) {
+      const auto decision = [](const std::vector<Decision>& list, auto at) {
+        return at != list.end() ? at->to_string() : std::string("none (the run ended)");
+      };
+      check.difference += "; the schedules part at decision " + std::to_string(at_a - a.begin()) +
+                          ": " + decision(a, at_a) + " vs " + decision(b, at_b);
+    }
+  }
   differs("the number of decisions", check.first.steps, check.second.steps);
   // Choices beyond the schedule (reduction orders, allocator reuse, faults) are not in the
   // decision hash.

@@ -348,6 +348,29 @@ TEST(Determinism, StateKeptAcrossRunsIsCaught) {
                 std::string(hashes));
 }
 
+// State that changes what a rank does makes the schedules part: the check names the decision.
+TEST(Determinism, ADecisionHashThatDiffersNamesWhereTheSchedulesPart) {
+  static int calls = 0;  // 0, 1 in the first run; 2, 3 in the second
+  calls = 0;
+  const sim::DeterminismCheck check =
+      sim::check_determinism(quiet_options(2, 0, Strategy::RandomWalk), [] {
+        const int call = calls++;
+        (void)all_reduce(Tensor::full({2}, 1.0f), "sum", world()).to_vector<float>();
+        if (call == 3) {  // the second run's second rank: one more operation, on its own
+          (void)all_reduce(Tensor::full({2}, 1.0f), "sum", std::vector<int>{rank()})
+              .to_vector<float>();
+        }
+      });
+  EXPECT_FALSE(check.deterministic);
+  EXPECT_EQ(check.difference.rfind("the decision hash differs between two runs", 0), 0u)
+      << check.difference;
+  EXPECT_NE(check.difference.find("; the schedules part at decision "), std::string::npos)
+      << check.difference;
+  // The first run has ended there; the second completes the extra operation (communicator 2).
+  EXPECT_TRUE(check.difference.ends_with(": none (the run ended) vs complete comm 2 #0"))
+      << check.difference;
+}
+
 TEST(Determinism, AChoiceOutsideTheScheduleThatDiffersIsCaught) {
   // The second run frees two blocks before an allocation where the first freed one, so only it
   // draws a Random-allocator choice: same schedule, same bytes, different choices.
