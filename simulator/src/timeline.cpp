@@ -148,8 +148,17 @@ bool ended_abnormally(const SimEvent& event) {
   return event.kind == Kind::End && event.detail != "returned";
 }
 
-// The run's first failure, in one line: "rank 1: CollectiveMismatch: ranks disagree ...".
+// The run's first failure, in one line: "rank 1: CollectiveMismatch: ranks disagree ...": the
+// rank that raised SimReport::first_error (the cause, where the others' errors follow from it),
+// else the lowest-numbered rank that failed (a hand-made report).
 std::string first_failure(const SimReport& report) {
+  if (const int r = report.first_error_rank;
+      r >= 0 && static_cast<std::size_t>(r) < report.rank_errors.size() &&
+      !report.rank_errors[static_cast<std::size_t>(r)].empty()) {
+    const std::string text =
+        "rank " + std::to_string(r) + ": " + report.rank_errors[static_cast<std::size_t>(r)];
+    return text.substr(0, text.find('\n'));
+  }
   for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
     if (!report.rank_errors[r].empty()) {
       std::string text = "rank " + std::to_string(r) + ": " + report.rank_errors[r];

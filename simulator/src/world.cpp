@@ -531,6 +531,7 @@ void SimWorld::rank_body(int rank) {
   // that meanwhile fail, and the first error must stay the one raised first.
   if (slot.error && !first_error_) {
     first_error_ = slot.error;
+    first_error_rank_ = rank;
   }
   if (options_.record_events) {
     record_rank_end(rank);
@@ -551,6 +552,7 @@ void SimWorld::rank_body(int rank) {
   }
   if (slot.error && !first_error_) {
     first_error_ = slot.error;
+    first_error_rank_ = rank;
   }
   set_phase(static_cast<std::size_t>(rank), Phase::Finished);
   RankContext::bind(nullptr);
@@ -1161,6 +1163,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     report.rank_errors[static_cast<std::size_t>(r)] = slot.failure;
   }
   report.first_error = first_error_;
+  report.first_error_rank = first_error_rank_;
   release_run_resources();
   return report;
 }

@@ -660,6 +660,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::string liveness_violation_;              // why the run was ended, once it was
   std::vector<int> stuck_ranks_;
   std::exception_ptr first_error_;
+  int first_error_rank_ = -1;  // whose first_error_ is
   // Note [Operation positions]: fail_slot's errors and Fail event texts, made for every member
   // before the slot is taken (room for world_size made at construction; a member whose own error
   // was refused gets its code's fixed one, out_of_memory_errors in world.cpp).

@@ -399,6 +399,26 @@ TEST(EventLog, EachRanksEndSaysHowItsFunctionEnded) {
   EXPECT_NE(svg.find("us: threw CUDA OOM on rank 1</title>"), std::string::npos);
 }
 
+// The title quotes the error the run raised first (the cause), not the lowest rank's (here a
+// RankFailure that only follows from it).
+TEST(SvgTimeline, TheFailureLineQuotesTheFirstErrorRaised) {
+  const SimReport report = sim::simulate(lowest_rank_first(3), [] {
+    (void)all_reduce(rank_tensor(), "sum", world()).to_vector<std::int32_t>();
+    if (rank() == 2) {
+      throw std::runtime_error("CUDA OOM on rank 2");
+    }
+    (void)all_reduce(rank_tensor(), "sum", world()).to_vector<std::int32_t>();
+  });
+  ASSERT_EQ(report.first_error_rank, 2);
+  EXPECT_NE(report.rank_errors[0].find("RankFailure"), std::string::npos) << report.rank_errors[0];
+  const std::string svg = sim::to_svg_timeline(report);
+  EXPECT_NE(svg.find("<text class=\"failure\" x=\"8\" y=\"32\">failed: rank 2: CUDA OOM on rank 2"),
+            std::string::npos)
+      << svg.substr(0, 2000);
+  EXPECT_NE(sim::to_perfetto_json(report).find("(failed: rank 2: CUDA OOM on rank 2)"),
+            std::string::npos);
+}
+
 TEST(EventLog, FinalizationAtRankExitIsLogged) {
   Tensor kept[2];
   const SimReport report = sim::run(lowest_rank_first(2), [&] {

@@ -390,6 +390,7 @@ struct SimReport {
   std::vector<UnwaitedWork> unwaited;    // every rank's, in rank order
   std::vector<std::string> rank_errors;  // per rank: what() of its uncaught error, or empty
   std::exception_ptr first_error;        // the first rank error the simulator saw, or null
+  int first_error_rank = -1;             // the rank that raised first_error, or -1
   // Reruns this exact schedule: "CHORUS_SIM_SEED=<seed> <command line>" (CHORUS_SIM_REPLAY=<token>
   // for a list-driven run) when the run reads the environment (seed_from_environment), else
   // "(set SimOptions::seed = <seed>: ...)" or "(set SimOptions::replay = \"<token>\": ...)".
