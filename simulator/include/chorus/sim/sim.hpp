@@ -458,8 +458,9 @@ struct ShrinkResult {
 // Shrinks `failing` (a report of running `rank_main` with `options` that failed) by delta
 // debugging over its choice list: the result fails the same way (the same failing ranks, the
 // first error of the same type) with as short and small a list as `max_attempts` runs find.
-// Only the minimal run writes options.timeline_path / trace_path (the environment's are not
-// read). Throws InvalidArgument if `failing` did not fail or holds no choice list
+// Only the minimal run writes options.timeline_path / trace_path, or, with
+// seed_from_environment, CHORUS_SIM_TIMELINE / CHORUS_SIM_TRACE over them (the attempts read
+// neither). Throws InvalidArgument if `failing` did not fail or holds no choice list
 // (SimOptions::choices_record_max exceeded).
 ShrinkResult shrink(const SimOptions& options, const std::function<void()>& rank_main,
                     const SimReport& failing, std::size_t max_attempts = 2000);
