@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "chorus/check.hpp"
+#include "signal_text.hpp"
 
 namespace chorus::sim::detail {
 namespace {
@@ -34,31 +35,6 @@ GuardedRange guarded_ranges[kGuardedRangesMax];
 std::mutex guarded_ranges_mutex;  // serialises add/remove; the handler never takes it
 struct sigaction previous_action;
 std::once_flag handler_once;
-
-// Appends `text` to out[0, capacity) at *length (async-signal-safe).
-void append(char* out, std::size_t capacity, std::size_t* length, const char* text) {
-  while (*text != '\0' && *length + 1 < capacity) {
-    out[(*length)++] = *text++;
-  }
-}
-
-void append_number(char* out, std::size_t capacity, std::size_t* length, std::int64_t value) {
-  char digits[24];
-  std::size_t count = 0;
-  const bool negative = value < 0;
-  auto magnitude =
-      negative ? static_cast<std::uint64_t>(-(value + 1)) + 1 : static_cast<std::uint64_t>(value);
-  do {
-    digits[count++] = static_cast<char>('0' + magnitude % 10);
-    magnitude /= 10;
-  } while (magnitude != 0);
-  if (negative) {
-    append(out, capacity, length, "-");
-  }
-  while (count > 0 && *length + 1 < capacity) {
-    out[(*length)++] = digits[--count];
-  }
-}
 
 bool faulted_on_write(void* context) {
 #if defined(__x86_64__) && defined(REG_ERR)
@@ -81,24 +57,21 @@ void on_segv(int signal, siginfo_t* info, void* context) {
     std::size_t length = 0;
     // A rank's own thread (or fiber) says which; a thread the program started has no rank.
     if (const int rank = guard_fault_rank(); rank >= 0) {
-      append(message, sizeof message, &length, "chorus sim: rank ");
+      append_text(message, sizeof message, &length, "chorus sim: rank ");
       append_number(message, sizeof message, &length, rank);
     } else {
-      append(message, sizeof message, &length, "chorus sim: a thread of no rank");
+      append_text(message, sizeof message, &length, "chorus sim: a thread of no rank");
     }
-    append(message, sizeof message, &length, faulted_on_write(context) ? " wrote to " : " read ");
-    append(message, sizeof message, &length, range.what);
-    append(message, sizeof message, &length, " at step ");
+    append_text(message, sizeof message, &length,
+                faulted_on_write(context) ? " wrote to " : " read ");
+    append_text(message, sizeof message, &length, range.what);
+    append_text(message, sizeof message, &length, " at step ");
     append_number(message, sizeof message, &length, static_cast<std::int64_t>(*range.step));
-    append(message, sizeof message, &length,
-           " without waiting (guard pages: SimOptions::guard_pending_outputs)\n");
+    append_text(message, sizeof message, &length,
+                " without waiting (guard pages: SimOptions::guard_pending_outputs)\n");
     ssize_t written = write(STDERR_FILENO, message, length);
     if (range.replay != nullptr) {
-      std::size_t replay_length = 0;  // strlen is not async-signal-safe
-      while (range.replay[replay_length] != '\0') {
-        ++replay_length;
-      }
-      written = write(STDERR_FILENO, range.replay, replay_length);
+      written = write(STDERR_FILENO, range.replay, text_length(range.replay));
     }
     (void)written;
     std::abort();
@@ -146,7 +119,7 @@ void install_guard_handler() {
   });
 }
 
-void ensure_guard_alt_stack() {
+void ensure_signal_alt_stack() {
   if (alt_stack.memory != nullptr) {
     return;
   }

@@ -19,7 +19,7 @@
 // the range is protected, and entries are published with atomics. The table, the handler and
 // the disposition are process-wide because signal dispositions are; entries are only written by
 // the context holding a world's scheduling turn. The handler runs on an alternate signal stack
-// (fiber stacks are small), which every thread running ranks installs (ensure_guard_alt_stack).
+// (fiber stacks are small), which every thread running ranks installs (ensure_signal_alt_stack).
 // ASan and TSan own SIGSEGV, so sim::run refuses guard mode in those builds.
 
 #include <cstddef>
@@ -33,8 +33,9 @@ inline constexpr std::size_t kGuardedRangesMax = 4096;
 
 // Installs the SIGSEGV handler (once per process). Thread-safe.
 void install_guard_handler();
-// Gives the calling thread an alternate signal stack for the handler (once per thread).
-void ensure_guard_alt_stack();
+// Gives the calling thread an alternate signal stack for the simulator's signal handlers (this
+// one and Note [Interrupt report]'s), once per thread.
+void ensure_signal_alt_stack();
 
 // Registers [begin, begin + nbytes) with the fault report `what` ("the pending output of ...");
 // `step` is read at fault time (the world's decision counter), and `replay` (null: none), a

@@ -23,6 +23,7 @@
 #include "chorus/runtime.hpp"
 #include "chorus/sim/sim.hpp"
 #include "chorus/transport/recycled_blocks.hpp"
+#include "interrupt_report.hpp"
 #include "shrink.hpp"
 #include "world.hpp"
 
@@ -88,11 +89,11 @@ std::string replay_instruction(const SimOptions& options, std::uint64_t seed,
                    "SimOptions::seed_from_environment is false)";
 }
 
-// What a guard-page fault writes after its report (Note [Guard pages]), which aborts the
-// process: the run's replay line, known before it starts. A seeded run replays from its seed, a
-// run following a replay token from that token; one driven by a decision list or by fuzzer bytes
-// from those, which a token made at the fault would only copy.
-std::string guard_fault_replay(const SimOptions& options) {
+// The run's replay line, known before it starts, for what ends the process before the run's
+// report: a guard-page fault (Note [Guard pages]) and an interrupt (Note [Interrupt report]). A
+// seeded run replays from its seed, a run following a replay token from that token; one driven by a
+// decision list or by fuzzer bytes from those, which a token made at the fault would only copy.
+std::string replay_line_before_run(const SimOptions& options) {
   std::string line = "  replay: ";
   if (!options.replay.empty()) {
     line += replay_instruction(options, 0, options.replay);
@@ -113,6 +114,24 @@ std::string hex64(std::uint64_t value) {
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
   return text;
 }
+
+// Note [Interrupt report]: published while the run lasts, withdrawn however it ends.
+class InterruptReport {
+ public:
+  InterruptReport(const detail::SimWorld& world, std::string replay) : replay_(std::move(replay)) {
+    info_.running_rank = &world.running_rank();
+    info_.now_ns = &world.virtual_now();
+    info_.replay = replay_.c_str();
+    detail::publish_interrupt_info(&info_);
+  }
+  ~InterruptReport() { detail::withdraw_interrupt_info(&info_); }
+  InterruptReport(const InterruptReport&) = delete;
+  InterruptReport& operator=(const InterruptReport&) = delete;
+
+ private:
+  std::string replay_;
+  detail::RunInterruptInfo info_;
+};
 
 // InvalidArgument for an enumerated option outside its enumerators (a cast integer) and a PCT
 // depth below 1, which the run would otherwise clamp or trip over.
@@ -546,9 +565,14 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   auto world = std::allocate_shared<detail::SimWorld>(
       transport::RecyclingAllocator<detail::SimWorld>{}, effective);
   if (effective.guard_pending_outputs) {
-    world->set_guard_fault_replay(guard_fault_replay(effective));
+    world->set_guard_fault_replay(replay_line_before_run(effective));
+  }
+  std::optional<InterruptReport> interrupt_report;
+  if (effective.report_on_interrupt) {
+    interrupt_report.emplace(*world, replay_line_before_run(effective));
   }
   SimReport report = world->run(std::move(rank_main));
+  interrupt_report.reset();
   // A seeded run replays from its seed (PCT's priorities come from it too); a run driven by a
   // list or by fuzzer bytes replays from its token, and without one (more choices than
   // SimOptions::choices_record_max) from nothing: its seed would be another run.

@@ -510,8 +510,9 @@ void SimWorld::scheduling_point(int rank) { yield(rank); }
 
 void SimWorld::rank_body(int rank) {
   bind(rank);
-  if (options_.guard_pending_outputs) {
-    ensure_guard_alt_stack();  // Note [Guard pages]: the handler must not run on a fiber stack
+  if (options_.guard_pending_outputs || options_.report_on_interrupt) {
+    // Note [Guard pages], Note [Interrupt report]: a handler must not run on a fiber stack.
+    ensure_signal_alt_stack();
   }
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   try {
@@ -1333,7 +1334,9 @@ void SimWorld::execute(const Decision& decision) {
   if (decision.kind == Decision::Kind::RunRank) {
     RankSlot& slot = ranks_[static_cast<std::size_t>(decision.rank)];
     CHORUS_CHECK(slot.phase == Phase::Runnable);
+    running_rank_.store(decision.rank, std::memory_order_relaxed);
     executor_->resume(decision.rank);
+    running_rank_.store(-1, std::memory_order_relaxed);
     RankContext::bind(nullptr);
     this_thread_rank = CurrentRank{};
     if (executor_->finished(decision.rank)) {

@@ -341,6 +341,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   // Runs the world to its end; see sim::simulate.
   SimReport run(std::function<void()> rank_main);
+  // Note [Interrupt report]: the rank running now (-1: none) and the virtual time in
+  // nanoseconds, read by the SIGINT handler on any thread.
+  const std::atomic<int>& running_rank() const noexcept { return running_rank_; }
+  const std::atomic<std::int64_t>& virtual_now() const noexcept { return now_ns_; }
   // What a guard-page fault writes after its report (Note [Guard pages]): the run's replay
   // line. Set before run().
   void set_guard_fault_replay(std::string replay) { guard_fault_replay_ = std::move(replay); }
@@ -644,6 +648,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // scheduler scans for timed-out ranks only once one may have passed (with the default timeout
   // of minutes, never in a typical run). A Delayed rank's wake_at counts as a deadline.
   transport::Duration earliest_deadline_ = transport::Duration::max();
+  std::atomic<int> running_rank_{-1};    // running_rank()
   std::atomic<std::int64_t> now_ns_{0};  // read by any thread (deadlines), written by the scheduler
   std::uint64_t steps_ = 0;
   std::uint64_t schedule_hash_ = 0;

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1149,6 +1150,57 @@ TEST(SimFailure, APeerThatReturnsIsReportedAsReturnedEvenWhenItsEndRaisesADroppe
     EXPECT_EQ(*outcome->code, ErrorCode::Deadlock) << "seed " << seed << ": " << outcome->what;
     EXPECT_TRUE(contains(outcome->what, "rank 0 returned from its rank function without joining"))
         << outcome->what;
+  }
+}
+
+// ---- Note [Interrupt report]
+
+// A Ctrl-C while a rank runs its own code (here the rank raises SIGINT itself, as the terminal
+// would while it loops) names that rank and the run's replay command, and the process then ends
+// by SIGINT.
+TEST(SimInterruptDeathTest, ACtrlCWhileARankRunsItsOwnCodeNamesItAndTheReplay) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto interrupted_run = [] {
+    const testing::ScopedEnvironment environment({{"CHORUS_SIM_SEED", std::nullopt}});
+    SimOptions options = quiet(2, 4);
+    options.report_on_interrupt = true;
+    options.seed_from_environment = true;
+    options.command_without_seed = {"prog", "--stuck"};
+    sim::run(options, [] {
+      (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+      if (rank() == 1) {
+        ::raise(SIGINT);
+      }
+    });
+  };
+  EXPECT_EXIT(interrupted_run(), ::testing::KilledBySignal(SIGINT),
+              "chorus sim: interrupted at virtual time [0-9]+ us while rank 1 was running its own "
+              "code \\(the simulator runs one rank at a time and switches only at chorus calls.*\n"
+              "  replay: CHORUS_SIM_SEED=4 prog --stuck\n");
+}
+
+// The handler is the run's only while it lasts, and never replaces a SIGINT the caller ignores.
+TEST(SimInterrupt, TheRunInstallsItsHandlerOnlyWhileItLastsAndNotOverAnIgnoredSigint) {
+  for (const auto found : {SIG_DFL, SIG_IGN}) {
+    struct sigaction action {};
+    action.sa_handler = found;
+    sigemptyset(&action.sa_mask);
+    struct sigaction before {};
+    ASSERT_EQ(::sigaction(SIGINT, &action, &before), 0);
+    SimOptions options = quiet(2);
+    options.report_on_interrupt = true;
+    std::vector<bool> replaced(2);
+    sim::run(options, [&] {
+      struct sigaction now {};
+      ::sigaction(SIGINT, nullptr, &now);
+      replaced[static_cast<std::size_t>(rank())] = now.sa_handler != found;
+      (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>();
+    });
+    struct sigaction after {};
+    ::sigaction(SIGINT, nullptr, &after);
+    EXPECT_EQ(after.sa_handler, found) << "put back";
+    EXPECT_EQ(replaced, std::vector<bool>(2, found == SIG_DFL));
+    ::sigaction(SIGINT, &before, nullptr);
   }
 }
 

@@ -307,6 +307,7 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
   sim_options.replay = options.replay;
   sim_options.command_without_seed = options.command_without_seed;
   sim_options.command_without_replay = options.command_without_replay;
+  sim_options.report_on_interrupt = true;  // Note [Interrupt report]: Ctrl-C says where it was
   if (options.check_determinism) {
     const sim::DeterminismCheck check = sim::check_determinism(sim_options, std::move(rank_main));
     if (!check.first.ok()) {

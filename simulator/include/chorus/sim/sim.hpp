@@ -147,6 +147,11 @@ struct SimOptions {
   ExecutorKind executor = ExecutorKind::Auto;
   // Print the seed and a one-line replay command to stderr when a rank fails.
   bool print_failures = true;
+  // While the run lasts, a SIGINT (Ctrl-C) writes the virtual time, the rank running (a rank
+  // stuck in its own code stalls every rank: the simulator switches only at chorus calls) and
+  // the replay command to stderr, then ends the process as SIGINT would. chorus::run sets it.
+  // Not when the caller ignores SIGINT.
+  bool report_on_interrupt = false;
   // Let the CHORUS_SIM_SEED environment variable override `seed` (the replay command sets it).
   bool seed_from_environment = true;
   // The program's command line (argv[0] first, unquoted) that a replay command reruns after
