@@ -537,11 +537,7 @@ class Launch {
     ranks_.resize(static_cast<std::size_t>(options_.ranks));
     for (int rank = 0; rank < options_.ranks && !stopping_; ++rank) {
       start(rank, program, server.port(), *server_options.token);
-      // A rank that died already (the program fails at once) stops the launch early. The
-      // signals first: a terminal's Ctrl-C reaches the ranks too, so the launcher's SIGINT is
-      // pending before any rank it ended can be reaped, and is reported as received rather
-      // than a rank's death as a failure.
-      take_signals();
+      // A rank that died already (the program fails at once) stops the launch early.
       reap();
     }
     while (running_ > 0) {
@@ -551,6 +547,9 @@ class Launch {
       rank.out.close_now();
       rank.err.close_now();
     }
+    // A stop signal still pending (one that came as the last rank ended) is the launch's: taken
+    // here, it never reaches the caller once the signals are unblocked.
+    take_signals();
     finish_output();
     if (failed_status_) {
       return exit_code(*failed_status_);
@@ -774,6 +773,9 @@ class Launch {
       rank.out.read_available(/*drain=*/true);
       rank.err.read_available(/*drain=*/true);
       const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+      if (failed && !stopping_ && WIFSIGNALED(status)) {
+        take_pending_stop_signals();  // the signal that ended the rank may be the launcher's too
+      }
       if (failed && !stopping_) {
         failed_status_ = status;
         std::string text = "rank " + std::to_string(index) + " (pid " + std::to_string(rank.pid) +
@@ -880,6 +882,24 @@ class Launch {
     }
     if ((fds[0].revents & POLLIN) != 0) {
       take_signals();
+    }
+  }
+
+  // A terminal's Ctrl-C (a hangup, a SIGTERM to the process group) reaches the ranks too. The
+  // kernel queues it for every process of the group before any of them can end by it, so once a
+  // rank is seen to have died by a signal, a stop signal of the launcher's is already pending:
+  // handled first, the rank's death is part of the stop, not a failure. Takes only the stop
+  // signals (SIGCHLD stays for the caller's own reaping).
+  void take_pending_stop_signals() {
+    sigset_t stops;
+    sigemptyset(&stops);
+    for (const int stop_signal : {SIGINT, SIGTERM, SIGHUP}) {
+      sigaddset(&stops, stop_signal);
+    }
+    const timespec now{0, 0};
+    for (int taken = ::sigtimedwait(&stops, nullptr, &now); taken > 0;
+         taken = ::sigtimedwait(&stops, nullptr, &now)) {
+      on_signal(taken);
     }
   }
 
