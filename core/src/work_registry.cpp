@@ -379,15 +379,37 @@ void WorkRegistry::retire_completed_locked(const std::shared_ptr<PendingWork>& w
   }
 }
 
-std::exception_ptr WorkRegistry::stream_failure_locked(const StreamWaited& entry,
-                                                       const std::exception_ptr& error) {
+void WorkRegistry::defer_stream_failure_locked(const StreamWaited& entry,
+                                               const std::exception_ptr& error) noexcept {
   if (!entry.dropped) {
-    return explain_stream_failure(error, entry.work->info());
+    defer_failure_locked(error, kNoRecord,
+                         [&] { return explain_stream_failure(error, entry.work->info()); });
+    return;
   }
-  if (entry.record != kNoRecord) {
-    unwaited_[entry.record].error = describe(error);
+  defer_failure_locked(error, entry.record, [&] {
+    return explain_unwaited_failure(error, entry.work->info(), entry.at_rank_exit);
+  });
+}
+
+template <class Explain>
+void WorkRegistry::defer_failure_locked(const std::exception_ptr& error, std::size_t record,
+                                        Explain explain) noexcept {
+  // The deferred error first: it is what fails the rank. Out of memory explaining it, the
+  // transport's own error is raised instead (its text lacks the work's story, not the failure).
+  std::exception_ptr explained;
+  try {
+    explained = explain();
+  } catch (...) {
+    explained = error;
   }
-  return explain_unwaited_failure(error, entry.work->info(), entry.at_rank_exit);
+  defer_error_locked(std::move(explained));
+  if (record != kNoRecord) {
+    try {
+      unwaited_[record].error = describe(error);
+    } catch (...) {
+      // Out of memory: the report's line lacks the error; the rank still fails with it.
+    }
+  }
 }
 
 bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
@@ -604,7 +626,7 @@ void WorkRegistry::settle_stream_waits() noexcept {
         continue;
       }
       if (status == transport::WorkStatus::Failed && !entry->reported) {
-        defer_error_locked(stream_failure_locked(*entry, entry->work->work().error()));
+        defer_stream_failure_locked(*entry, entry->work->work().error());
       }
       entry = stream_waited_.erase(entry);
     }
@@ -641,7 +663,7 @@ void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration
       }
       try {
         std::lock_guard<transport::FutexMutex> lock(mutex_);
-        defer_error_locked(stream_failure_locked(*entry, std::current_exception()));
+        defer_stream_failure_locked(*entry, std::current_exception());
       } catch (...) {
         // Out of memory while recording: never throw at exit.
       }
@@ -650,12 +672,13 @@ void WorkRegistry::finish_stream_waits_at_exit(std::optional<transport::Duration
 }
 
 void WorkRegistry::defer_error_locked(std::exception_ptr error) noexcept {
-  try {
-    deferred_errors_.push_back(error);
-  } catch (...) {
-    // Out of memory: the first error without room waits in a member of its own (a copy of an
-    // exception_ptr allocates nothing), so the rank still fails; later ones are lost.
-    if (unlisted_deferred_error_ == nullptr) {
+  // Out of memory: the first error without room waits in a member of its own (a copy of an
+  // exception_ptr allocates nothing), so the rank still fails. Until it is taken, later errors
+  // are lost rather than listed after it, where they would be raised before it.
+  if (unlisted_deferred_error_ == nullptr) {
+    try {
+      deferred_errors_.push_back(error);
+    } catch (...) {
       unlisted_deferred_error_ = std::move(error);
     }
   }
@@ -711,23 +734,9 @@ void WorkRegistry::record_drop_failure_locked(PendingWork& work, const std::exce
   if (work.failure_recorded_) {
     return;
   }
-  // The deferred error first: it is what fails the rank. Out of memory explaining it, the
-  // transport's own error is raised instead (its text lacks the drop's story, not the failure).
-  std::exception_ptr explained;
-  try {
-    explained = explain_unwaited_failure(error, work.info(), at_rank_exit);
-  } catch (...) {
-    explained = error;
-  }
-  defer_error_locked(std::move(explained));
   work.failure_recorded_ = true;
-  if (work.unwaited_record_ != kNoRecord) {
-    try {
-      unwaited_[work.unwaited_record_].error = describe(error);
-    } catch (...) {
-      // Out of memory: the report's line lacks the error; the rank still fails with it.
-    }
-  }
+  defer_failure_locked(error, work.unwaited_record_,
+                       [&] { return explain_unwaited_failure(error, work.info(), at_rank_exit); });
 }
 
 std::size_t WorkRegistry::size() const {

@@ -349,7 +349,7 @@ constexpr double kTop = 48;         // px above the first lane (title, axis)
 constexpr double kRight = 24;       // px right of the last microsecond
 constexpr double kPlotWidthMax = 1400;
 constexpr double kMicrosecondWidthMax = 28;  // px per microsecond of virtual time, at most
-constexpr double kLegendWidth = 1040;        // px: the image is at least as wide as the legend
+constexpr double kLegendWidth = 1110;        // px: the image is at least as wide as the legend
 constexpr double kBoxWidthMin = 8;           // px: the narrowest operation box
 constexpr double kMarkerSpacing = 10;        // px between markers of one rank at the same moment
 constexpr double kCharWidth = 6.7;           // px per character of 11px monospace, about
@@ -592,9 +592,10 @@ std::string to_svg_timeline(const SimReport& report) {
       << R"(<path class="fail" d="M 850 )" << px(legend_y + 1) << " L 860 " << px(legend_y + 11)
       << " M 860 " << px(legend_y + 1) << " L 850 " << px(legend_y + 11) << R"("/>)"
       << R"(<text x="866" y=")" << px(legend_y + 10) << R"(">failure</text>)"
-      << R"(<rect class="end abnormal" x="936" y=")" << px(legend_y - 1)
+      << R"(<rect class="end" x="936" y=")" << px(legend_y - 1) << R"(" width="3" height="14"/>)"
+      << R"(<rect class="end abnormal" x="942" y=")" << px(legend_y - 1)
       << R"(" width="3" height="14"/>)"
-      << R"(<text x="944" y=")" << px(legend_y + 10) << R"(">rank ended</text>)"
+      << R"(<text x="950" y=")" << px(legend_y + 10) << R"(">rank ended (red: threw)</text>)"
       << "</g>\n";
   out << "</svg>\n";
   return out.str();

@@ -336,6 +336,39 @@ TEST(RegistryOutOfMemory, ADroppedWorkThatFailsWithoutMemoryStillFailsTheRank) {
   }
 }
 
+// Three failed drops, the second's recorded with no memory at all: the errors come out in the
+// order they happened, the second from its room of its own; the third, deferred while the
+// second still waits there, is lost rather than raised before it.
+TEST(RegistryOutOfMemory, DeferredErrorsKeepTheirOrderWhenOneHadNoRoom) {
+  auto transport = std::make_shared<FakeTransport>();
+  RankContext context(transport);
+  ScopedRankBinding binding(&context);
+  detail::WorkRegistry& registry = *context.state().registry();
+  for (int i = 0; i < 3; ++i) {
+    const auto fake =
+        std::make_shared<FakeWork>(transport::Fingerprint{1, i, {}},
+                                   std::vector<std::pair<transport::Buffer, transport::Buffer>>{});
+    fake->fail(std::make_exception_ptr(
+        TransportError(ErrorContext{0, "fake", i, ""}, "failure " + std::to_string(i))));
+    Tensor tensor = Tensor::from_vector(std::vector<std::int32_t>{1});
+    registry.add(pending(context, fake, i), detail::TensorAccess::storage(tensor).get());
+    refuse_every_allocation = i == 1;
+    tensor = Tensor();  // the drop completes the work, which fails
+    refuse_every_allocation = false;
+  }
+  std::vector<std::string> raised;
+  while (const std::exception_ptr error = registry.take_deferred_error()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const TransportError& e) {
+      raised.push_back(e.detail());
+    }
+  }
+  ASSERT_EQ(raised.size(), 2u);
+  EXPECT_NE(raised[0].find("failure 0"), std::string::npos) << raised[0];
+  EXPECT_EQ(raised[1], "failure 1") << "the transport's own error: no memory to explain it";
+}
+
 // ---- Registration (Note [Registration]).
 
 // One kind of collective call, on inputs made before the allocations are counted. It moves its

@@ -366,10 +366,15 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   void retire_completed_locked(const std::shared_ptr<PendingWork>& work,
                                const std::exception_ptr& error,
                                const Claim* claim = nullptr) noexcept;
-  // The deferred error for a stream-waited work that failed, worded for how it was waited (a
-  // dropped one also gets its report line's error).
-  std::exception_ptr stream_failure_locked(const StreamWaited& entry,
-                                           const std::exception_ptr& error);
+  // Defers the error of a stream-waited work that failed, worded for how it was waited (a
+  // dropped one also gets its report line's error). Never throws.
+  void defer_stream_failure_locked(const StreamWaited& entry,
+                                   const std::exception_ptr& error) noexcept;
+  // Defers `error` as explain() words it (out of memory: `error` itself), then writes it into
+  // report line `record` (kNoRecord: none; out of memory the line lacks it). Never throws.
+  template <class Explain>
+  void defer_failure_locked(const std::exception_ptr& error, std::size_t record,
+                            Explain explain) noexcept;
   // The deadline a batch of works completed together shares (Note [Work lifecycle]): `*at`,
   // first set to now plus `first`'s timeout.
   static transport::Duration shared_deadline(std::optional<transport::Duration>& at,
