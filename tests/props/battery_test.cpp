@@ -725,8 +725,8 @@ TEST(Battery, SelectTrimsPatternsAndRefusesOneThatMatchesNothing) {
 
 TEST(Battery, MalformedReplayTokensAreRefusedWithTheReason) {
   const std::vector<Property> all = battery();
-  testing::expect_invalid_argument([&] { (void)replay(all, "chorus-replay:2:x"); },
-                                   {"does not start with"});
+  testing::expect_invalid_argument([&] { (void)replay(all, "chorus-chek:4:x"); },
+                                   {"does not start with 'chorus-check:4:'"});
   // Format 1 generated other cases (world sizes, shapes, PCT's change points): refused, named.
   testing::expect_invalid_argument(
       [&] {
