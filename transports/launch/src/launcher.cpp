@@ -837,8 +837,10 @@ class Launch {
       return;
     }
     received_signal_ = signal_number;
-    message("received " + signal_name(signal_number) + "; forwarding it to the " +
-            std::to_string(running_) + " running " + (running_ == 1 ? "rank" : "ranks"));
+    message("received " + signal_name(signal_number) +
+            (running_ == 0 ? std::string("; no rank is running")
+                           : "; forwarding it to the " + std::to_string(running_) + " running " +
+                                 (running_ == 1 ? "rank" : "ranks")));
     stop(signal_number);
   }
 
