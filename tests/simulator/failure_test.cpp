@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chorus/chorus.hpp>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/expect_error.hpp"
@@ -1177,6 +1179,37 @@ TEST(SimInterruptDeathTest, ACtrlCWhileARankRunsItsOwnCodeNamesItAndTheReplay) {
               "chorus sim: interrupted at virtual time [0-9]+ us while rank 1 was running its own "
               "code \\(the simulator runs one rank at a time and switches only at chorus calls.*\n"
               "  replay: CHORUS_SIM_SEED=4 prog --stuck\n");
+}
+
+// Runs on two threads: the one that ended is out of the report, the one stuck in its rank's own
+// code is in it, whichever thread the signal (sent to the process) lands on.
+TEST(SimInterruptDeathTest, ARunThatEndsLeavesTheRunStillInProgressReported) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto two_runs = [] {
+    std::atomic<bool> stuck{false};
+    std::atomic<bool> never{false};
+    std::thread first([&] {
+      SimOptions options = quiet(2, 7);
+      options.report_on_interrupt = true;
+      sim::run(options, [&] {
+        if (rank() == 1) {
+          stuck = true;
+          while (!never.load()) {  // its own code, forever
+          }
+        }
+      });
+    });
+    while (!stuck.load()) {
+    }
+    SimOptions options = quiet(2, 8);
+    options.report_on_interrupt = true;
+    sim::run(options, [] { (void)all_reduce(bytes(1), "sum", world()).to_vector<std::uint8_t>(); });
+    ::kill(::getpid(), SIGINT);
+    first.join();  // never: the signal ends the process
+  };
+  EXPECT_EXIT(two_runs(), ::testing::KilledBySignal(SIGINT),
+              "chorus sim: interrupted at virtual time [0-9]+ us while rank 1 was running its own "
+              "code [^\n]*\n  replay: \\(set SimOptions::seed = 7: [^\n]*\n");
 }
 
 // The handler is the run's only while it lasts, and never replaces a SIGINT the caller ignores.

@@ -10,6 +10,8 @@
 //   launch_probe interrupt        rank 0 does what a terminal's Ctrl-C does: SIGINT to the
 //                                 launcher, then to itself (which ends it); the others wait in
 //                                 pause() until the launcher stops them
+//   launch_probe interrupt_exit   the same, but rank 0 exits 130 as a program catching SIGINT
+//                                 does (Python's KeyboardInterrupt)
 //   launch_probe flood BYTES exit|wait
 //                                 writes BYTES (rounded up to whole lines) in lines of 4087
 //                                 bytes, 4096 with the launcher's "[rank R] " for R < 10; then
@@ -180,9 +182,12 @@ int main(int argc, char** argv) {
     if (args.size() == 2 && args[0] == "stubborn") {
       return fail_one(std::stoi(args[1]), true, [] { std::exit(1); });
     }
-    if (args.size() == 1 && args[0] == "interrupt") {
+    if (args.size() == 1 && (args[0] == "interrupt" || args[0] == "interrupt_exit")) {
       if (std::string(variable("RANK")) == "0") {
         ::kill(::getppid(), SIGINT);
+        if (args[0] == "interrupt_exit") {
+          std::_Exit(130);
+        }
         ::raise(SIGINT);
       }
       for (;;) {

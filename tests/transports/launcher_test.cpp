@@ -307,14 +307,18 @@ TEST(Launcher, ForwardsSigtermToTheRanks) {
 // the launcher was still starting the others, was once reported as a failure ("rank 0 ... was
 // killed by signal 2") before the launcher said it had received SIGINT.
 TEST(Launcher, ACtrlCDuringStartUpIsReportedAsReceivedNotAsARankFailure) {
-  const Outcome outcome = run_probe(8, {"interrupt"});
-  EXPECT_EQ(outcome.status, 128 + SIGINT);
-  EXPECT_TRUE(std::regex_search(
-      outcome.err,
-      std::regex("^chorus launch: received SIGINT(; forwarding it to the [1-8] running ranks?|; "
-                 "no rank is running)\n")))
-      << outcome.err;
-  EXPECT_FALSE(contains(outcome.err, "was killed by")) << outcome.err;
+  // A rank the signal ends, and one that exits on catching it (Python's KeyboardInterrupt).
+  for (const char* mode : {"interrupt", "interrupt_exit"}) {
+    const Outcome outcome = run_probe(8, {mode});
+    EXPECT_EQ(outcome.status, 128 + SIGINT) << mode;
+    EXPECT_TRUE(std::regex_search(
+        outcome.err,
+        std::regex("^chorus launch: received SIGINT(; forwarding it to the [1-8] running ranks?|; "
+                   "no rank is running)\n")))
+        << mode << ": " << outcome.err;
+    EXPECT_FALSE(contains(outcome.err, "was killed by")) << mode << ": " << outcome.err;
+    EXPECT_FALSE(contains(outcome.err, "exited with")) << mode << ": " << outcome.err;
+  }
 }
 
 TEST(Launcher, ASecondSignalSendsSigkillAtOnceAndSaysWhy) {

@@ -773,8 +773,9 @@ class Launch {
       rank.out.read_available(/*drain=*/true);
       rank.err.read_available(/*drain=*/true);
       const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-      if (failed && !stopping_ && WIFSIGNALED(status)) {
-        take_pending_stop_signals();  // the signal that ended the rank may be the launcher's too
+      if (failed && !stopping_) {
+        // The rank may have ended by (or exited on catching) the launcher's stop signal too.
+        take_pending_stop_signals();
       }
       if (failed && !stopping_) {
         failed_status_ = status;
@@ -888,15 +889,20 @@ class Launch {
   }
 
   // A terminal's Ctrl-C (a hangup, a SIGTERM to the process group) reaches the ranks too. The
-  // kernel queues it for every process of the group before any of them can end by it, so once a
-  // rank is seen to have died by a signal, a stop signal of the launcher's is already pending:
-  // handled first, the rank's death is part of the stop, not a failure. Takes only the stop
-  // signals (SIGCHLD stays for the caller's own reaping).
+  // kernel queues it for every process of the group before any of them can end by it (or exit
+  // on catching it), so once a rank is seen to have ended badly, a stop signal of the
+  // launcher's is already pending: handled first, the rank's end is part of the stop, not a
+  // failure. Takes only the stop signals the launch reads (not one the caller ignores, which a
+  // blocked signal stays pending as), never SIGCHLD (reap() runs here).
   void take_pending_stop_signals() {
     sigset_t stops;
     sigemptyset(&stops);
     for (const int stop_signal : {SIGINT, SIGTERM, SIGHUP}) {
-      sigaddset(&stops, stop_signal);
+      struct sigaction action {};
+      ::sigaction(stop_signal, nullptr, &action);
+      if (action.sa_handler != SIG_IGN) {  // NOLINT: a union member
+        sigaddset(&stops, stop_signal);
+      }
     }
     const timespec now{0, 0};
     for (int taken = ::sigtimedwait(&stops, nullptr, &now); taken > 0;
