@@ -118,10 +118,11 @@ std::string hex64(std::uint64_t value) {
 // Note [Interrupt report]: published while the run lasts, withdrawn however it ends.
 class InterruptReport {
  public:
-  InterruptReport(const detail::SimWorld& world, std::string replay) : replay_(std::move(replay)) {
+  // `world` outlives the report and holds its replay line.
+  explicit InterruptReport(const detail::SimWorld& world) {
     info_.running_rank = &world.running_rank();
     info_.now_ns = &world.virtual_now();
-    info_.replay = replay_.c_str();
+    info_.replay = world.replay_line().c_str();
     detail::publish_interrupt_info(&info_);
   }
   ~InterruptReport() { detail::withdraw_interrupt_info(&info_); }
@@ -129,7 +130,6 @@ class InterruptReport {
   InterruptReport& operator=(const InterruptReport&) = delete;
 
  private:
-  std::string replay_;
   detail::RunInterruptInfo info_;
 };
 
@@ -564,12 +564,12 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   // a fresh one costs a run ~2k instructions of malloc.
   auto world = std::allocate_shared<detail::SimWorld>(
       transport::RecyclingAllocator<detail::SimWorld>{}, effective);
-  if (effective.guard_pending_outputs) {
-    world->set_guard_fault_replay(replay_line_before_run(effective));
+  if (effective.guard_pending_outputs || effective.report_on_interrupt) {
+    world->set_replay_line(replay_line_before_run(effective));
   }
   std::optional<InterruptReport> interrupt_report;
   if (effective.report_on_interrupt) {
-    interrupt_report.emplace(*world, replay_line_before_run(effective));
+    interrupt_report.emplace(*world);
   }
   SimReport report = world->run(std::move(rank_main));
   interrupt_report.reset();

@@ -152,20 +152,22 @@ bool ended_abnormally(const SimEvent& event) {
 // rank that raised SimReport::first_error (the cause, where the others' errors follow from it),
 // else the lowest-numbered rank that failed (a hand-made report).
 std::string first_failure(const SimReport& report) {
-  if (const int r = report.first_error_rank;
-      r >= 0 && static_cast<std::size_t>(r) < report.rank_errors.size() &&
-      !report.rank_errors[static_cast<std::size_t>(r)].empty()) {
-    const std::string text =
-        "rank " + std::to_string(r) + ": " + report.rank_errors[static_cast<std::size_t>(r)];
-    return text.substr(0, text.find('\n'));
-  }
-  for (std::size_t r = 0; r < report.rank_errors.size(); ++r) {
-    if (!report.rank_errors[r].empty()) {
-      std::string text = "rank " + std::to_string(r) + ": " + report.rank_errors[r];
-      return text.substr(0, text.find('\n'));
+  const std::vector<std::string>& errors = report.rank_errors;
+  const auto failed = [&](std::size_t r) { return r < errors.size() && !errors[r].empty(); };
+  std::size_t rank = report.first_error_rank >= 0
+                         ? static_cast<std::size_t>(report.first_error_rank)
+                         : errors.size();
+  if (!failed(rank)) {
+    rank = 0;
+    while (rank < errors.size() && !failed(rank)) {
+      ++rank;
+    }
+    if (rank == errors.size()) {
+      return {};
     }
   }
-  return {};
+  const std::string text = "rank " + std::to_string(rank) + ": " + errors[rank];
+  return text.substr(0, text.find('\n'));
 }
 
 constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD in UTF-8

@@ -913,7 +913,7 @@ void SimWorld::guard_outputs(const SimWork& work, const std::vector<transport::B
   CHORUS_CHECK(options_.guard_pending_outputs);
   for (const transport::Buffer& output : outputs) {
     if (allocator_->protect(output.data, output.nbytes(), &work, what, &steps_,
-                            guard_fault_replay_.empty() ? nullptr : guard_fault_replay_.c_str())) {
+                            replay_line_.empty() ? nullptr : replay_line_.c_str())) {
       mark("guard.protect");
     }  // else poisoned only; the allocator marked why (guard.unowned, shared, table_full)
   }
@@ -1762,8 +1762,8 @@ void SimWorld::fail_work(SimWork& work, std::exception_ptr error, std::string ev
 
 // ---- The event log (Note [Event log])
 
-void SimWorld::record_event(SimEvent::Kind kind, int rank, const SimWork& work,
-                            std::string detail) noexcept {
+template <typename Fill>
+void SimWorld::append_event(Fill&& fill) noexcept {
   if (events_.size() >= options_.events_record_max) {
     ++events_not_recorded_;
     return;
@@ -1772,7 +1772,7 @@ void SimWorld::record_event(SimEvent::Kind kind, int rank, const SimWork& work,
   // positions]: start records after the point of no return).
   const std::size_t before = events_.size();
   try {
-    fill_event(events_.emplace_back(), kind, rank, work, std::move(detail));
+    fill(events_.emplace_back());
   } catch (const std::bad_alloc&) {
     if (events_.size() > before) {
       events_.pop_back();  // the half-filled event
@@ -1781,27 +1781,23 @@ void SimWorld::record_event(SimEvent::Kind kind, int rank, const SimWork& work,
   }
 }
 
+void SimWorld::record_event(SimEvent::Kind kind, int rank, const SimWork& work,
+                            std::string detail) noexcept {
+  append_event([&](SimEvent& event) { fill_event(event, kind, rank, work, std::move(detail)); });
+}
+
 void SimWorld::record_rank_end(int rank) noexcept {
-  if (events_.size() >= options_.events_record_max) {
-    ++events_not_recorded_;
-    return;
-  }
   const RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
-  try {
-    std::string detail = slot.crashed ? slot.crash
-                         : slot.threw ? "threw " + slot.failure
-                                      : std::string("returned");
-    SimEvent event;
+  append_event([&](SimEvent& event) {
     event.kind = SimEvent::Kind::End;
     event.step = steps_;
     event.time = now();
     event.rank = rank;
     event.owner = rank;
-    event.detail = std::move(detail);
-    events_.push_back(std::move(event));
-  } catch (const std::bad_alloc&) {
-    ++events_not_recorded_;  // as record_event: the log loses it
-  }
+    event.detail = slot.crashed ? slot.crash
+                   : slot.threw ? "threw " + slot.failure
+                                : std::string("returned");
+  });
 }
 
 void SimWorld::fill_event(SimEvent& event, SimEvent::Kind kind, int rank, const SimWork& work,

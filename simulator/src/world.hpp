@@ -345,9 +345,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // nanoseconds, read by the SIGINT handler on any thread.
   const std::atomic<int>& running_rank() const noexcept { return running_rank_; }
   const std::atomic<std::int64_t>& virtual_now() const noexcept { return now_ns_; }
-  // What a guard-page fault writes after its report (Note [Guard pages]): the run's replay
-  // line. Set before run().
-  void set_guard_fault_replay(std::string replay) { guard_fault_replay_ = std::move(replay); }
+  // The run's replay line ("  replay: ...\n"), for what ends the process before the run's
+  // report: a guard-page fault (Note [Guard pages]) and an interrupt (Note [Interrupt report]).
+  // Set before run(), and only when one of them is on; empty otherwise.
+  void set_replay_line(std::string line) { replay_line_ = std::move(line); }
+  const std::string& replay_line() const noexcept { return replay_line_; }
 
   // ---- Called by a rank through its transport. `rank` is the calling rank.
   std::shared_ptr<SimGroup> group_for(const std::string& tag, const std::vector<int>& ranks);
@@ -590,6 +592,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // An End event (SimOptions::record_events): rank `rank`'s function ended, and how (its slot
   // says: crashed, threw, or returned).
   void record_rank_end(int rank) noexcept;
+  // Appends an event filled by `fill(SimEvent&)`; past events_record_max or out of memory, the
+  // event is not recorded, only counted.
+  template <typename Fill>
+  void append_event(Fill&& fill) noexcept;
   // Out of memory, the event is not recorded (counted as past events_record_max).
   void record_event(SimEvent::Kind kind, int rank, const SimWork& work,
                     std::string detail) noexcept;
@@ -607,7 +613,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Every rank's host allocator, or null for core's pool (Note [Simulator allocator]).
   std::shared_ptr<SimAllocator> allocator_;
   std::vector<transport::Buffer> guarded_;  // start's outputs to guard (kept: no allocation)
-  std::string guard_fault_replay_;          // set_guard_fault_replay
+  std::string replay_line_;                 // set_replay_line
   std::uint64_t data_hash_ = 0;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
   std::unique_ptr<RankExecutor> executor_;
