@@ -38,16 +38,12 @@ struct Json {
   double number = 0;
   std::string text;
   std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
+  // A vector of a struct declared here, not of std::pair<std::string, Json>: libstdc++'s pair
+  // wants Json complete, which clang 14 holds it to inside Json's own definition.
+  struct Member;
+  std::vector<Member> members;
 
-  const Json* find(const std::string& key) const {
-    for (const auto& [name, value] : members) {
-      if (name == key) {
-        return &value;
-      }
-    }
-    return nullptr;
-  }
+  const Json* find(const std::string& key) const;
   const Json& at(const std::string& key) const {
     const Json* value = find(key);
     if (value == nullptr) {
@@ -56,6 +52,20 @@ struct Json {
     return *value;
   }
 };
+
+struct Json::Member {
+  std::string name;
+  Json value;
+};
+
+const Json* Json::find(const std::string& key) const {
+  for (const auto& [name, value] : members) {
+    if (name == key) {
+      return &value;
+    }
+  }
+  return nullptr;
+}
 
 class JsonReader {
  public:
@@ -140,7 +150,7 @@ class JsonReader {
         do {
           std::string key = read_string();
           take(':');
-          value.members.emplace_back(std::move(key), read_value());
+          value.members.push_back(Json::Member{std::move(key), read_value()});
         } while (peek() == ',' && (take(','), true));
       }
       take('}');
