@@ -227,6 +227,10 @@ std::size_t DecisionStream::pick_by_pct(std::span<const Decision> candidates) {
 // the shape (run_shape: readable, "-" for all defaults), and a replay under other options is
 // refused naming both shapes, rather than silently being another run. The program is the caller's
 // part: the replay command reruns the same command line.
+//
+// A run's token leaves out its trailing zero choices: a list that runs out gives 0 from there on
+// (the stream marks it exhausted), so the shorter token replays the same run, and the run
+// replaying a token (a shrunk list drops its trailing zeros too) reports that same token.
 
 namespace {
 
@@ -265,7 +269,7 @@ std::size_t base64url_size(std::size_t bytes) noexcept {
 // made (each run makes a token). A schedule's choices are usually one byte each, so three
 // values make a group, and the text is sized for that; from the first group holding a wider
 // value on, the rest is counted, the text grown to fit, and the bytes gathered one at a time.
-void append_choices_base64url(std::string& out, const std::vector<std::uint64_t>& choices) {
+void append_choices_base64url(std::string& out, std::span<const std::uint64_t> choices) {
   const std::size_t at = out.size();
   out.resize(at + base64url_size(choices.size()));
   char* next = out.data() + at;
@@ -468,7 +472,7 @@ std::string run_shape(const SimOptions& options) {
 }
 
 std::string encode_replay_token(int world_size, std::string_view shape,
-                                const std::vector<std::uint64_t>& choices) {
+                                std::span<const std::uint64_t> choices) {
   // One string, sized first (the choices' part is most of a long run's token).
   const std::string version = std::to_string(kReplayFormatVersion);
   const std::string& build = build_fingerprint();

@@ -174,7 +174,7 @@ const std::string& build_fingerprint();  // computed once, kept for the process
 std::string run_shape(const SimOptions& options);
 
 std::string encode_replay_token(int world_size, std::string_view shape,
-                                const std::vector<std::uint64_t>& choices);
+                                std::span<const std::uint64_t> choices);
 
 struct ReplayToken {
   int world_size = 0;

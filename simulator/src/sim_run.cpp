@@ -477,6 +477,18 @@ std::string Decision::to_string() const {
 
 bool SimReport::ok() const noexcept { return first_error == nullptr; }
 
+std::string SimReport::choice_source_text() const {
+  switch (choice_source) {
+    case ChoiceSource::List:
+      return "replaying a decision list";
+    case ChoiceSource::FuzzBytes:
+      return "choices from fuzzer bytes";
+    case ChoiceSource::Seed:
+      break;
+  }
+  return "seed " + std::to_string(seed);
+}
+
 std::uint64_t SimReport::mark_count(std::string_view name) const {
   const auto it = marks.find(name);
   return it == marks.end() ? 0 : it->second;
@@ -484,7 +496,7 @@ std::uint64_t SimReport::mark_count(std::string_view name) const {
 
 std::string SimReport::to_string() const {
   std::ostringstream out;
-  out << "chorus sim: " << world_size << " ranks, seed " << seed << ", " << steps
+  out << "chorus sim: " << world_size << " ranks, " << choice_source_text() << ", " << steps
       << " scheduling decisions, " << collectives_completed
       << " collectives completed, virtual time " << format_microseconds(virtual_time)
       << " us, schedule hash " << hex64(schedule_hash) << "\n";
@@ -576,8 +588,7 @@ SimReport simulate(const SimOptions& options, std::function<void()> rank_main) {
   // A seeded run replays from its seed (PCT's priorities come from it too); a run driven by a
   // list or by fuzzer bytes replays from its token, and without one (more choices than
   // SimOptions::choices_record_max) from nothing: its seed would be another run.
-  const bool seeded = !effective.choices && !effective.fuzz_bytes;
-  if (seeded) {
+  if (report.choice_source == SimReport::ChoiceSource::Seed) {
     report.replay_command = replay_instruction(effective, report.seed, "");
   } else if (!report.replay_token.empty()) {
     report.replay_command = replay_instruction(effective, 0, report.replay_token);

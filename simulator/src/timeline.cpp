@@ -295,8 +295,8 @@ std::string to_perfetto_json(const SimReport& report) {
     return out;
   };
   out << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[";
-  std::string process = "chorus sim: " + std::to_string(report.world_size) + " ranks, seed " +
-                        std::to_string(report.seed);
+  std::string process =
+      "chorus sim: " + std::to_string(report.world_size) + " ranks, " + report.choice_source_text();
   if (const std::string failure = first_failure(report); !failure.empty()) {
     process += " (failed: " + failure + ")";
   }
@@ -466,8 +466,8 @@ std::string to_svg_timeline(const SimReport& report) {
   out << R"(<rect width="100%" height="100%" fill="#ffffff"/>)"
       << "\n";
   out << R"(<text class="title" x="8" y="16">)"
-      << xml_escape("chorus sim: " + std::to_string(report.world_size) + " ranks, seed " +
-                    std::to_string(report.seed) + ", " + std::to_string(report.steps) +
+      << xml_escape("chorus sim: " + std::to_string(report.world_size) + " ranks, " +
+                    report.choice_source_text() + ", " + std::to_string(report.steps) +
                     " decisions, " + std::to_string(report.collectives_completed) +
                     " collectives completed")
       << "</text>\n";

@@ -1116,6 +1116,9 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   SimReport report;
   report.world_size = size;
   report.seed = options_.seed;
+  report.choice_source = options_.choices      ? SimReport::ChoiceSource::List
+                         : options_.fuzz_bytes ? SimReport::ChoiceSource::FuzzBytes
+                                               : SimReport::ChoiceSource::Seed;
   report.steps = steps_;
   report.schedule_hash = schedule_hash_;
   report.strategy = stream_.strategy();
@@ -1123,8 +1126,12 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   if (!stream_.overflowed()) {
     const std::span<const std::uint64_t> choices = stream_.choices();
     report.choices.assign(choices.begin(), choices.end());
+    // Without the trailing zeros (Note [Replay tokens]).
+    const auto last_nonzero =
+        std::find_if(choices.rbegin(), choices.rend(), [](std::uint64_t c) { return c != 0; });
     report.replay_token =
-        encode_replay_token(options_.world_size, run_shape(options_), report.choices);
+        encode_replay_token(options_.world_size, run_shape(options_),
+                            choices.first(static_cast<std::size_t>(choices.rend() - last_nonzero)));
   }
   report.data_hash = data_hash_;
   report.marks = marks_;

@@ -337,14 +337,14 @@ TEST(ReplayToken, TheShapeNamesEveryOptionThatShapesTheRun) {
 }
 
 TEST(ReplayToken, ATokenFromAnotherFormatVersionIsRefused) {
-  std::string token = encode_replay_token(2, "-", {1, 0});
+  std::string token = encode_replay_token(2, "-", std::vector<std::uint64_t>{1, 0});
   token.replace(token.find(":3:"), 3, ":2:");
   testing::expect_invalid_argument([&] { (void)decode_replay_token(token); },
                                    {"the token has format version 2, this build reads 3"});
 }
 
 TEST(ReplayToken, ATokenFromAnotherBuildIsRefused) {
-  std::string token = encode_replay_token(2, "-", {1, 0});
+  std::string token = encode_replay_token(2, "-", std::vector<std::uint64_t>{1, 0});
   const std::string fingerprint = build_fingerprint();
   token.replace(token.find(fingerprint), fingerprint.size(), "0123456789abcdef");
   testing::expect_invalid_argument(
@@ -381,7 +381,7 @@ TEST(ReplayToken, MalformedTokensAreRefused) {
 
 TEST(ReplayToken, ATokenCutOrAlteredIsRefusedNotReplayedShorter) {
   // Choices 1, 2, 3 are the bytes 01 02 03: "AQID" in base64url.
-  const std::string token = encode_replay_token(2, "-", {1, 2, 3});
+  const std::string token = encode_replay_token(2, "-", std::vector<std::uint64_t>{1, 2, 3});
   ASSERT_EQ(token.substr(token.rfind(':', token.size() - 6)), ":3:AQID") << token;
   EXPECT_EQ(decode_replay_token(token).choices, (std::vector<std::uint64_t>{1, 2, 3}));
   const std::string head = token.substr(0, token.size() - 4);  // "...:3:"
@@ -408,7 +408,9 @@ TEST(ReplayToken, ATokenCutOrAlteredIsRefusedNotReplayedShorter) {
       },
       {"wider than 64 bits"});
   // The largest value still round-trips (its tenth byte is 1).
-  EXPECT_EQ(decode_replay_token(encode_replay_token(2, "-", {~std::uint64_t{0}})).choices,
+  EXPECT_EQ(decode_replay_token(
+                encode_replay_token(2, "-", std::vector<std::uint64_t>{~std::uint64_t{0}}))
+                .choices,
             (std::vector<std::uint64_t>{~std::uint64_t{0}}));
 }
 
@@ -566,7 +568,9 @@ TEST(ReplayToken, ANulInTheChoicesIsRefused) {
 }
 
 TEST(ReplayToken, WorldSizeBoundsAreInclusive) {
-  EXPECT_EQ(decode_replay_token(encode_replay_token(1024, "-", {1})).world_size, 1024);
+  EXPECT_EQ(
+      decode_replay_token(encode_replay_token(1024, "-", std::vector<std::uint64_t>{1})).world_size,
+      1024);
   testing::expect_invalid_argument(
       [] { (void)decode_replay_token("chorus-replay:3:" + build_fingerprint() + ":1025:-:1:AQ"); },
       {"world size 1025 is outside [1, 1024]"});

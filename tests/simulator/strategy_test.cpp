@@ -217,7 +217,13 @@ TEST(Replay, ATokenReplaysTheRunExactlyWhateverTheStrategy) {
       EXPECT_EQ(replayed.schedule_hash, original.schedule_hash);
       EXPECT_EQ(replayed.schedule, original.schedule);
       EXPECT_EQ(replayed.data_hash, original.data_hash);
-      EXPECT_FALSE(replayed.choices_exhausted);
+      EXPECT_EQ(replayed.choices, original.choices);
+      // The token leaves out the run's trailing zero choices, which its replay reads past its end:
+      // the replay writes the same token.
+      EXPECT_EQ(replayed.replay_token, original.replay_token);
+      EXPECT_EQ(replayed.choices_exhausted, original.choices.back() == 0);
+      EXPECT_EQ(replayed.choice_source, SimReport::ChoiceSource::List);
+      EXPECT_EQ(original.choice_source, SimReport::ChoiceSource::Seed);
     }
   }
 }
@@ -423,10 +429,16 @@ TEST(Shrink, APlantedBugShrinksToItsHandMinimalScheduleAndReplays) {
       << shrunk.timeline;
   EXPECT_NE(shrunk.timeline.find("rank 1 failed: planted bug: rank 1 ticked first"),
             std::string::npos);
-  // Its token replays the failure.
+  // Its token replays the failure, and the replay's own token and report are that run's: the same
+  // token (not one with the zeros the replay read past its end), no seed.
+  EXPECT_EQ(shrunk.minimal.replay_token, shrunk.replay_token);
   SimOptions replay = quiet_options(2, 0, Strategy::RandomWalk);
   replay.replay = shrunk.replay_token;
-  EXPECT_FALSE(sim::simulate(replay, bug.program()).ok());
+  const SimReport replayed = sim::simulate(replay, bug.program());
+  EXPECT_FALSE(replayed.ok());
+  EXPECT_EQ(replayed.replay_token, shrunk.replay_token);
+  EXPECT_EQ(replayed.to_string().find("chorus sim: 2 ranks, replaying a decision list, "), 0u)
+      << replayed.to_string();
 }
 
 TEST(Shrink, ARunThatDidNotFailIsRefused) {

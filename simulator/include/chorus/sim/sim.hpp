@@ -385,8 +385,13 @@ struct SimEvent {
 std::string_view event_kind_name(SimEvent::Kind kind) noexcept;
 
 struct SimReport {
+  // What made the run's choices: its seed, or a decision list (SimOptions::choices, which a replay
+  // token sets) or fuzzer bytes (SimOptions::fuzz_bytes), where `seed` played no part.
+  enum class ChoiceSource { Seed, List, FuzzBytes };
+
   int world_size = 0;
-  std::uint64_t seed = 0;           // the seed actually used
+  std::uint64_t seed = 0;  // the seed actually used (ChoiceSource::Seed)
+  ChoiceSource choice_source = ChoiceSource::Seed;
   std::uint64_t steps = 0;          // scheduling decisions taken
   std::uint64_t schedule_hash = 0;  // digest of every decision: same seed -> same hash
   std::vector<Decision> schedule;   // the first SimOptions::schedule_record_max decisions
@@ -420,6 +425,9 @@ struct SimReport {
   std::uint64_t events_not_recorded = 0;  // past SimOptions::events_record_max
 
   bool ok() const noexcept;  // no rank ended in an error
+  // "seed 3", "replaying a decision list" or "choices from fuzzer bytes", as the report's, the
+  // trace's and the SVG timeline's headers say it.
+  std::string choice_source_text() const;
   // How often the mark `name` was passed (0: never).
   std::uint64_t mark_count(std::string_view name) const;
   // The run report: ranks, operations per rank, decisions, collectives, injected faults, stuck
