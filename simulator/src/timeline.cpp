@@ -10,6 +10,14 @@
 // enclose it. Row 0 is the trace thread "rank r"; row k > 0 is "rank r (row k+1)", sorted right
 // under it. Instants (arrive, drop, finalize, fail, and the end of the rank's function) sit on
 // row 0.
+//
+// Note [Skipped time]
+// Virtual time can jump: a hung operation's timeout skips minutes while every rank waits. Drawn to
+// one scale, everything before the jump would shrink into a pixel of the SVG. So the SVG's time
+// axis draws to scale only the stretches in which something happens, and cuts each quiet stretch
+// (no event begins or ends in it) that is at least kSkipMinNs and kSkipRatio times longer than the
+// rest of the run to a break of kBreakWidth pixels, labelled with the time it skipped. The trace
+// keeps every nanosecond: Perfetto zooms.
 
 #include <algorithm>
 #include <cstdint>
@@ -355,6 +363,10 @@ constexpr double kLegendWidth = 1110;        // px: the image is at least as wid
 constexpr double kBoxWidthMin = 8;           // px: the narrowest operation box
 constexpr double kMarkerSpacing = 10;        // px between markers of one rank at the same moment
 constexpr double kCharWidth = 6.7;           // px per character of 11px monospace, about
+constexpr double kTickCharWidth = 6.2;       // px per character of a tick's 10px label
+constexpr double kBreakWidth = 28;           // px: a stretch of skipped time (Note [Skipped time])
+constexpr std::int64_t kSkipMinNs = 1'000'000;  // shorter quiet stretches stay to scale
+constexpr std::int64_t kSkipRatio = 4;          // ... and those not this much longer than the rest
 
 std::string xml_escape(std::string_view raw) {
   std::string text = valid_utf8(raw);
@@ -415,6 +427,98 @@ std::int64_t tick_spacing_us(std::int64_t total_us) {
   }
 }
 
+// "+10 min", "+2.5 s", "+300 ms": a skipped stretch's length, to its largest unit.
+std::string skipped_text(std::int64_t ns) {
+  struct Unit {
+    std::int64_t ns;
+    const char* name;
+  };
+  for (const Unit unit : {Unit{60'000'000'000, "min"}, Unit{1'000'000'000, "s"},
+                          Unit{1'000'000, "ms"}, Unit{1'000, "us"}}) {
+    if (ns >= unit.ns) {
+      char text[48];
+      std::snprintf(text, sizeof text, "+%.3g %s",
+                    static_cast<double>(ns) / static_cast<double>(unit.ns), unit.name);
+      return text;
+    }
+  }
+  return "+" + std::to_string(ns) + " ns";
+}
+
+// The SVG's time axis (Note [Skipped time]): nanoseconds of virtual time to pixels.
+class TimeAxis {
+ public:
+  // A stretch drawn to scale, from begin_ns to end_ns, starting at pixel x.
+  struct Piece {
+    std::int64_t begin_ns = 0;
+    std::int64_t end_ns = 0;
+    double x = 0;
+  };
+
+  explicit TimeAxis(const Layout& layout) {
+    std::vector<std::int64_t> times = {0, layout.end_ns};
+    for (const Span& span : layout.spans) {
+      times.push_back(span.begin_ns);
+      times.push_back(span.end_ns);
+    }
+    for (const SimEvent* event : layout.instants) {
+      times.push_back(event->time.count());
+    }
+    std::sort(times.begin(), times.end());
+    times.erase(std::unique(times.begin(), times.end()), times.end());
+    // The quiet stretches, longest first; each skipped while it dwarfs what is left to scale.
+    std::vector<std::pair<std::int64_t, std::int64_t>> quiet;  // (length, begin)
+    for (std::size_t i = 1; i < times.size(); ++i) {
+      quiet.emplace_back(times[i] - times[i - 1], times[i - 1]);
+    }
+    std::sort(quiet.begin(), quiet.end(), std::greater<>());
+    std::int64_t to_scale = times.back() - times.front();
+    std::vector<std::pair<std::int64_t, std::int64_t>> skipped;  // (begin, end)
+    for (const auto& [length, begin] : quiet) {
+      if (length < kSkipMinNs || length < kSkipRatio * (to_scale - length)) {
+        break;
+      }
+      to_scale -= length;
+      skipped.emplace_back(begin, begin + length);
+    }
+    std::sort(skipped.begin(), skipped.end());
+    to_scale_us_ = std::max<std::int64_t>((to_scale + 999) / 1000, 1);
+    us_width_ = std::min(kPlotWidthMax / static_cast<double>(to_scale_us_), kMicrosecondWidthMax);
+    Piece piece{times.front(), 0, kLabelWidth};
+    for (const auto& [begin, end] : skipped) {
+      piece.end_ns = begin;
+      pieces_.push_back(piece);
+      piece = Piece{end, 0, x_in(piece, begin) + kBreakWidth};
+    }
+    piece.end_ns = times.back();
+    pieces_.push_back(piece);
+  }
+
+  double x(std::int64_t ns) const {
+    // The last piece that begins at or before `ns`.
+    auto it = std::upper_bound(pieces_.begin(), pieces_.end(), ns,
+                               [](std::int64_t t, const Piece& p) { return t < p.begin_ns; });
+    return x_in(it == pieces_.begin() ? *it : *std::prev(it), ns);
+  }
+  // The right end of the axis: the run's end, rounded up to a whole microsecond.
+  double right() const {
+    const Piece& last = pieces_.back();
+    return x_in(last, (last.end_ns + 999) / 1000 * 1000);
+  }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  // A tick spacing in microseconds for the time drawn to scale.
+  std::int64_t tick_spacing() const { return tick_spacing_us(to_scale_us_); }
+
+ private:
+  double x_in(const Piece& piece, std::int64_t ns) const {
+    return piece.x + static_cast<double>(ns - piece.begin_ns) / 1000.0 * us_width_;
+  }
+
+  std::vector<Piece> pieces_;     // in time order; a break between each two
+  std::int64_t to_scale_us_ = 1;  // the time drawn to scale
+  double us_width_ = 0;           // px per microsecond
+};
+
 constexpr const char* kStyle = R"(
   text { font-family: monospace; font-size: 11px; fill: #222; }
   .title { font-size: 13px; font-weight: bold; }
@@ -431,20 +535,16 @@ constexpr const char* kStyle = R"(
   .fail { stroke: #d62728; stroke-width: 2.5; }
   .end { fill: #444; }
   .end.abnormal { fill: #d62728; }
+  rect.skip { fill: #ffffff; stroke: #999; stroke-dasharray: 3 3; }
 )";
 
 }  // namespace
 
 std::string to_svg_timeline(const SimReport& report) {
   const Layout layout = lay_out(report);
-  const std::int64_t total_us = std::max<std::int64_t>((layout.end_ns + 999) / 1000, 1);
-  // Long runs (a watchdog's timeout skips minutes of virtual time) shrink to the plot's width:
-  // Perfetto's trace is for zooming in.
-  const double us_width =
-      std::min(kPlotWidthMax / static_cast<double>(total_us), kMicrosecondWidthMax);
-  const auto x_of = [&](std::int64_t ns) {
-    return kLabelWidth + static_cast<double>(ns) / 1000.0 * us_width;
-  };
+  // Long runs shrink to the plot's width, skipped time to breaks (Note [Skipped time]).
+  const TimeAxis axis(layout);
+  const auto x_of = [&](std::int64_t ns) { return axis.x(ns); };
   std::vector<double> lane_top;
   double y = kTop;
   for (int rank = 0; rank < report.world_size; ++rank) {
@@ -452,7 +552,7 @@ std::string to_svg_timeline(const SimReport& report) {
     y += kRowHeight * layout.rows[static_cast<std::size_t>(rank)] + kLaneGap;
   }
   const double lanes_bottom = y;
-  const double width = std::max(x_of(total_us * 1000) + kRight, kLegendWidth);
+  const double width = std::max(axis.right() + kRight, kLegendWidth);
   const double height = lanes_bottom + 60;  // axis labels and legend
   const auto row_y = [&](int rank, int row) {
     return lane_top[static_cast<std::size_t>(rank)] + kRowHeight * row;
@@ -486,18 +586,39 @@ std::string to_svg_timeline(const SimReport& report) {
     const int rows = layout.rows[static_cast<std::size_t>(rank)];
     out << R"(<g class="lane" data-rank=")" << rank << R"(">)"
         << R"(<rect class="lane-bg" x=")" << px(kLabelWidth) << R"(" y=")" << px(row_y(rank, 0))
-        << R"(" width=")" << px(x_of(total_us * 1000) - kLabelWidth) << R"(" height=")"
+        << R"(" width=")" << px(axis.right() - kLabelWidth) << R"(" height=")"
         << px(kRowHeight * rows) << R"("/>)"
         << R"(<text x="8" y=")" << px(row_y(rank, 0) + 15) << R"(">rank )" << rank
         << "</text></g>\n";
   }
-  const std::int64_t spacing = tick_spacing_us(total_us);
-  for (std::int64_t us = 0; us <= total_us; us += spacing) {
+  // Ticks in each stretch drawn to scale: where a stretch after a break begins, and at multiples
+  // of one spacing; each clear of the label before it.
+  const std::int64_t spacing = axis.tick_spacing();
+  const std::vector<TimeAxis::Piece>& pieces = axis.pieces();
+  double label_end = 0;  // px: where the last tick's label ends
+  const auto tick = [&](std::int64_t us) {
     const double x = x_of(us * 1000);
+    const std::string label = std::to_string(us) + "us";
+    if (x < label_end) {
+      return;
+    }
+    label_end = x + 4 + kTickCharWidth * static_cast<double>(label.size());
     out << R"(<line class="axis" x1=")" << px(x) << R"(" y1=")" << px(kTop - 4) << R"(" x2=")"
         << px(x) << R"(" y2=")" << px(lanes_bottom) << R"("/>)"
         << R"(<text class="label" x=")" << px(x + 2) << R"(" y=")" << px(lanes_bottom + 12)
-        << R"(">)" << us << "us</text>\n";
+        << R"(">)" << label << "</text>\n";
+  };
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const std::int64_t first_us = (pieces[i].begin_ns + 999) / 1000;
+    const std::int64_t last_us =
+        i + 1 < pieces.size() ? pieces[i].end_ns / 1000 : (pieces[i].end_ns + 999) / 1000;
+    if (i > 0 && first_us <= last_us) {
+      tick(first_us);
+    }
+    for (std::int64_t us = (first_us + spacing - 1) / spacing * spacing; us <= last_us;
+         us += spacing) {
+      tick(us);
+    }
   }
 
   // Spans: operations, then waits, in the order they began (Note [Timeline layout]).
@@ -529,6 +650,21 @@ std::string to_svg_timeline(const SimReport& report) {
       out << R"(<text class="label" x=")" << px(x + 2) << R"(" y=")" << px(top + 12) << R"(">)"
           << xml_escape(shown) << "</text>\n";
     }
+  }
+
+  // Breaks where time was skipped, over the spans that last through them.
+  for (std::size_t i = 1; i < pieces.size(); ++i) {
+    const double x = x_of(pieces[i].begin_ns) - kBreakWidth;
+    out << R"(<g class="skip"><title>)"
+        << xml_escape(skipped_text(pieces[i].begin_ns - pieces[i - 1].end_ns) +
+                      " of virtual time skipped: no event from " +
+                      microseconds(pieces[i - 1].end_ns) + "us to " +
+                      microseconds(pieces[i].begin_ns) + "us")
+        << R"(</title><rect class="skip" x=")" << px(x + 4) << R"(" y=")" << px(kTop - 4)
+        << R"(" width=")" << px(kBreakWidth - 8) << R"(" height=")" << px(lanes_bottom - kTop + 4)
+        << R"("/>)"
+        << R"(<text class="label" x=")" << px(x) << R"(" y=")" << px(kTop - 8) << R"(">)"
+        << xml_escape(skipped_text(pieces[i].begin_ns - pieces[i - 1].end_ns)) << "</text></g>\n";
   }
 
   // Instants, on row 0 of their rank's lane; those at the same moment side by side.

@@ -788,7 +788,17 @@ TEST(SvgTimeline, SameRunGivesTheSameBytes) {
   EXPECT_EQ(sim::to_perfetto_json(first), sim::to_perfetto_json(second));
 }
 
-TEST(SvgTimeline, AWatchdogTimeoutsMinutesOfVirtualTimeFitTheWidth) {
+// The first value of `attribute` (' x="') after the first `prefix` in `svg`.
+double x_of_first(const std::string& svg, const std::string& prefix, const std::string& attribute) {
+  const std::size_t element = svg.find(prefix);
+  if (element == std::string::npos) {
+    throw std::runtime_error("no " + prefix);
+  }
+  const std::size_t at = svg.find(attribute, element) + attribute.size();
+  return std::stod(svg.substr(at, svg.find('"', at) - at));
+}
+
+TEST(SvgTimeline, AWatchdogTimeoutsMinutesOfVirtualTimeAreABreakNotAScale) {
   SimOptions options = recording(2, 0);
   options.faults = {sim::Fault::hang(1, 0)};  // the default 10-minute timeout fires
   const SimReport report = sim::simulate(options, [] {
@@ -802,6 +812,24 @@ TEST(SvgTimeline, AWatchdogTimeoutsMinutesOfVirtualTimeFitTheWidth) {
   const std::size_t at = svg.find("width=\"") + 7;
   const double width = std::stod(svg.substr(at, svg.find('"', at) - at));
   EXPECT_LE(width, 2000.0) << "one pixel per microsecond would be 600 million";
+  // The ten minutes are one break; the microseconds before it keep their scale (28 px each, at
+  // most): rank 1's arrival (after its issue) stands clear of rank 0's, not in the same pixel.
+  EXPECT_EQ(count_of(svg, "<g class=\"skip\">"), 1u) << svg;
+  EXPECT_NE(svg.find(">+10 min</text>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<title>+10 min of virtual time skipped: no event from "), std::string::npos);
+  const double arrive0 = x_of_first(svg, "<g class=\"arrive\" data-rank=\"0\">", " x1=\"");
+  const double arrive1 = x_of_first(svg, "<g class=\"arrive\" data-rank=\"1\">", " x1=\"");
+  const double skip = x_of_first(svg, "<rect class=\"skip\"", " x=\"");
+  EXPECT_GE(std::abs(arrive1 - arrive0), 20.0) << svg;
+  EXPECT_LT(std::max(arrive0, arrive1), skip);
+  // Each side of the break has its ticks, labelled in the run's own microseconds.
+  EXPECT_NE(svg.find(">0us</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">600000003us</text>"), std::string::npos) << svg;
+}
+
+TEST(SvgTimeline, ARunWithoutALongQuietStretchHasNoBreak) {
+  const SimReport report = sim::simulate(recording(4, 3), mismatch_at_second_op);
+  EXPECT_EQ(sim::to_svg_timeline(report).find("class=\"skip\""), std::string::npos);
 }
 
 // ---- Files and the run report
