@@ -214,7 +214,8 @@ static int run_main(int argc, char** argv) {
             .to(chorus::Device::cpu())
             .to_vector<float>();
     for (int r = 0; r < chorus::world_size(); ++r) {
-      const auto row = everyone.begin() + static_cast<std::ptrdiff_t>(r * model.size());
+      const auto row = everyone.begin() +
+                       static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * model.size());
       if (!same_bits(model,
                      std::vector<float>(row, row + static_cast<std::ptrdiff_t>(model.size())))) {
         throw std::runtime_error("rank " + std::to_string(rank) + ": model differs from rank " +

@@ -704,7 +704,8 @@ TEST(KernelsIsaSixteenBit, Avx2GivesTheBaselinesBitsOnEveryPattern) {
         const std::vector<Bytes> srcs = {every, make_raw_source(dtype, kPatterns, partner_seed),
                                          make_source(dtype, kPatterns, partner_seed)};
         for (const std::size_t num_srcs : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
-          const std::vector<Bytes> used(srcs.begin(), srcs.begin() + num_srcs);
+          const std::vector<Bytes> used(srcs.begin(),
+                                        srcs.begin() + static_cast<std::ptrdiff_t>(num_srcs));
           set_isa(Isa::Baseline);
           const Bytes expected = run_reduce(used, kPatterns, dtype, make_op(kind));
           set_isa(Isa::Avx2);

@@ -13,8 +13,12 @@ using Kind = ReduceOp::Kind;
 
 // A ReduceOp of a kind is a constant expression (a literal type): code may keep its reductions
 // in constexpr constants, so no member may make the class non-literal.
+// (Not checkable with clang 14 over libstdc++ 12: it cannot constant-evaluate std::string's
+// default constructor, which libstdc++ 12 makes constexpr; later clangs can.)
+#if !defined(__clang__) || __clang_major__ >= 15
 constexpr ReduceOp kMaxOp = Kind::Max;
 static_assert(kMaxOp.kind() == Kind::Max && kMaxOp.is_valid());
+#endif
 
 TEST(ReduceOp, NamesAreCaseInsensitiveFromEveryStringType) {
   EXPECT_EQ(ReduceOp("sum").kind(), Kind::Sum);

@@ -207,7 +207,7 @@ std::vector<std::shared_ptr<FakeWork>> pending_works_on(FakeRank& rank, const Te
     auto work = std::make_shared<detail::PendingWork>(
         fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr,
         rank.context().state().transport_ptr(), std::chrono::hours(1));
-    rank.registry().add(work, {storage.get()});
+    rank.registry().add(work, storage.get());
   }
   return fakes;
 }
@@ -253,7 +253,7 @@ TEST(WorkRegistry, NewStorageAtRecycledAddressIsNeverConfusedWithAnOldEntry) {
   auto old_work = std::make_shared<detail::PendingWork>(
       old_fake, detail::WorkInfo{0, "old", 0, "[0]", {}}, nullptr,
       rank.context().state().transport_ptr(), std::chrono::hours(1));
-  rank.registry().add(old_work, {detail::TensorAccess::storage(old_tensor).get()});
+  rank.registry().add(old_work, detail::TensorAccess::storage(old_tensor).get());
 
   // A second storage at the very same address is a different storage: nothing pending on it.
   Tensor same_address = Tensor::from_blob(buffer.data(), {3}, DType::Int32);
@@ -274,7 +274,7 @@ TEST(WorkRegistry, NewStorageAtRecycledAddressIsNeverConfusedWithAnOldEntry) {
   auto new_work = std::make_shared<detail::PendingWork>(
       new_fake, detail::WorkInfo{0, "new", 1, "[0]", {}}, nullptr,
       rank.context().state().transport_ptr(), std::chrono::hours(1));
-  rank.registry().add(new_work, {detail::TensorAccess::storage(newer).get()});
+  rank.registry().add(new_work, detail::TensorAccess::storage(newer).get());
   rank.registry().retire(*old_work, nullptr);  // late
   EXPECT_EQ(work_registry_size(), 1u);
   EXPECT_TRUE(newer.is_pending());
@@ -929,7 +929,7 @@ TEST(WorkRegistry, WorksOfOneDroppedStorageShareOneDeadline) {
       auto work = std::make_shared<detail::PendingWork>(
           fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr, context.state().transport_ptr(),
           kStuckTimeout);
-      context.state().registry()->add(work, {storage.get()});
+      context.state().registry()->add(work, storage.get());
     }
   }  // the drop completes all three
   expect_one_deadline(fakes);
@@ -990,7 +990,7 @@ TEST(WorkRegistry, StuckWorksOnOneStorageWaitedTogetherTakeOneTimeout) {
       context.state().registry()->add(std::make_shared<detail::PendingWork>(
                                           fake, detail::WorkInfo{0, "test", i, "[0]", {}}, nullptr,
                                           context.state().transport_ptr(), kVirtualTimeout),
-                                      {storage.get()});
+                                      storage.get());
     }
     const transport::Duration start = transport->now();
     EXPECT_THROW(wait_tensor(t), Timeout);

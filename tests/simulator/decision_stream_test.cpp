@@ -23,7 +23,7 @@ namespace {
 // leftover words or in the leftover bytes, changes the checksum, and so does swapping two
 // different words.
 TEST(ChecksumBytes, EveryChangedBitAndSwappedWordChangesIt) {
-  for (const std::size_t size : {1, 7, 8, 9, 63, 64, 65, 72, 200, 256}) {
+  for (const std::size_t size : {1u, 7u, 8u, 9u, 63u, 64u, 65u, 72u, 200u, 256u}) {
     std::vector<unsigned char> bytes(size);
     for (std::size_t i = 0; i < size; ++i) {
       bytes[i] = static_cast<unsigned char>(i * 37 + 11);

@@ -570,7 +570,9 @@ class SimOutOfMemoryFaults : public ::testing::TestWithParam<std::tuple<int, boo
 // withdrew it again (CHORUS_CHECK, the process stopped), or left "fault.hang" counted for a fault
 // never recorded.
 TEST_P(SimOutOfMemoryFaults, AHangReplacingATransportErrorIsRecordedOnce) {
-  const auto [world_size, onwards] = GetParam();
+  // Not a structured binding: the lambdas below capture `onwards` (clang 14 cannot).
+  const auto world_size = std::get<0>(GetParam());
+  const auto onwards = std::get<1>(GetParam());
   const auto size = static_cast<std::size_t>(world_size);
   std::size_t refused_runs = 0;
   std::size_t timed_out = 0;
@@ -660,7 +662,9 @@ class SimOutOfMemoryTimeout : public ::testing::TestWithParam<std::tuple<int, bo
 // Until 2026-12-05 a group had one spare failure record: the second operation failed out of memory
 // aborted the communicator after it at once, so #2 failed with Aborted.
 TEST_P(SimOutOfMemoryTimeout, EveryOutstandingOperationTimesOut) {
-  const auto [world_size, onwards] = GetParam();
+  // Not a structured binding: the lambdas below capture `onwards` (clang 14 cannot).
+  const auto world_size = std::get<0>(GetParam());
+  const auto onwards = std::get<1>(GetParam());
   const auto size = static_cast<std::size_t>(world_size);
   constexpr std::size_t kOutstanding = 3;
   std::size_t refused_runs = 0;

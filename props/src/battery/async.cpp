@@ -143,8 +143,7 @@ void check_wait_orders(const WaitCase& c, Env& env) {
 
 enum class Fate { WaitThenDrop, DropUnwaited, ViewOutlivesResult, CoalescedDropOneByOne };
 constexpr const char* kFateNames[] = {"wait then drop", "drop unwaited", "view outlives the result",
-                                      "coalesced, outputs dropped "
-                                      "one by one"};
+                                      "coalesced, outputs dropped one by one"};
 // Drawn with gen_index: every fate at every case size.
 constexpr int kFateCount = static_cast<int>(std::size(kFateNames));
 static_assert(kFateCount == static_cast<int>(Fate::CoalescedDropOneByOne) + 1);
