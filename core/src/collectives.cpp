@@ -1247,7 +1247,7 @@ std::vector<Tensor> wait_tensors(const std::vector<Tensor>& tensors) {
     }
   }
   if (first_error) {
-    std::rethrow_exception(first_error);
+    std::rethrow_exception(detail::raised_by_calling_rank(first_error));
   }
   settle_calling_rank();
   return tensors;

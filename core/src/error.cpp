@@ -134,6 +134,33 @@ ErrorContext make_context(std::string_view op, std::int64_t seq, std::string gro
   return context;
 }
 
+std::exception_ptr raised_by_calling_rank(const std::exception_ptr& error) noexcept {
+  const RankContext* caller = RankContext::current();
+  if (caller == nullptr || error == nullptr) {
+    return error;
+  }
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    const int issuer = e.context().rank;
+    if (issuer < 0 || issuer == caller->rank()) {
+      return error;
+    }
+    try {
+      ErrorContext context = e.context();
+      context.rank = caller->rank();
+      return make_error(e.code(), std::move(context),
+                        "rank " + std::to_string(issuer) + " issued this collective and rank " +
+                            std::to_string(caller->rank()) +
+                            " waited on its result: " + e.detail());
+    } catch (...) {
+      return error;  // out of memory: the issuer's error
+    }
+  } catch (...) {
+    return error;
+  }
+}
+
 void throw_invalid(std::string_view op, std::string detail) {
   throw InvalidArgument(make_context(op), std::move(detail));
 }

@@ -84,21 +84,26 @@ void Storage::set_failure(std::exception_ptr error) noexcept {
 }
 
 void Storage::wait_ready_slow() const {
-  if (is_pending()) {
-    // Note [Atomic counts per operation]: on the rank that made this storage, its registry is
-    // the rank's own, alive while the rank runs, and the only one the storage's works are
-    // registered with (attach_registry), so it is used without locking registry_.
-    RankContext* context = RankContext::current();
-    WorkRegistry* own = context != nullptr ? context->state().registry().get() : nullptr;
-    if (own != nullptr && own == maker_) {
-      CHORUS_CHECK(attached_ == maker_);  // written by this rank's thread when it registered
-      own->wait_storage(*this);
-    } else {
-      wait_through_weak_registry();
+  try {
+    if (is_pending()) {
+      // Note [Atomic counts per operation]: on the rank that made this storage, its registry is
+      // the rank's own, alive while the rank runs, and the only one the storage's works are
+      // registered with (attach_registry), so it is used without locking registry_.
+      RankContext* context = RankContext::current();
+      WorkRegistry* own = context != nullptr ? context->state().registry().get() : nullptr;
+      if (own != nullptr && own == maker_) {
+        CHORUS_CHECK(attached_ == maker_);  // written by this rank's thread when it registered
+        own->wait_storage(*this);
+      } else {
+        wait_through_weak_registry();
+      }
     }
-  }
-  if (has_failed()) {
-    std::rethrow_exception(failure_);
+    if (has_failed()) {
+      std::rethrow_exception(failure_);
+    }
+  } catch (...) {
+    // Another rank's result: its failure is raised as this rank's own.
+    std::rethrow_exception(raised_by_calling_rank(std::current_exception()));
   }
 }
 

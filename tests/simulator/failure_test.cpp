@@ -296,6 +296,45 @@ TEST(SimFailure, TheDeadlocksRankTableNamesTheIssuerOfAnotherRanksOperation) {
   }
 }
 
+// A rank waiting on a result another rank issued raises the failure as its own error: [rank R]
+// is the rank that raised it (docs/errors.md, "Reading a message"), the waiter, while op, seq and
+// group stay the collective's and the detail names its issuer. Until 2026-12-06 the waiter raised
+// the issuer's own error, which named the issuer as the rank that raised it.
+TEST(SimFailure, AWaitOnAnotherRanksFailedResultNamesTheWaiterAsTheRankThatRaisedIt) {
+  Tensor shared;
+  std::vector<Outcome> outcomes = run_catching(3, [&shared] {
+    const ProcessGroup signal = new_group({0, 1, 2}, "signal");
+    if (rank() == 0) {
+      shared = all_reduce(bytes(1), "sum", {0, 2});
+    }
+    // Rank 0 issued its all_reduce before this one completes.
+    (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+    if (rank() != 2) {
+      (void)shared.to_vector<std::uint8_t>();  // rank 2 returns without joining
+    }
+  });
+  shared = Tensor();
+  for (int r : {0, 1}) {
+    const Outcome& outcome = outcomes[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(outcome.code.has_value()) << "rank " << r;
+    EXPECT_EQ(*outcome.code, ErrorCode::Deadlock) << outcome.what;
+    EXPECT_EQ(outcome.context.rank, r) << outcome.what;
+    EXPECT_EQ(outcome.context.op, "all_reduce") << outcome.what;
+    EXPECT_EQ(outcome.context.seq, 0) << outcome.what;
+    EXPECT_EQ(outcome.context.group, "[0, 2]") << outcome.what;
+    EXPECT_TRUE(contains(outcome.what, "returned from its rank function without joining"))
+        << outcome.what;
+  }
+  EXPECT_TRUE(outcomes[0].what.starts_with(
+      "chorus::Deadlock: [rank 0] all_reduce #0 on group [0, 2]: rank 2 returned"))
+      << outcomes[0].what;
+  EXPECT_TRUE(outcomes[1].what.starts_with(
+      "chorus::Deadlock: [rank 1] all_reduce #0 on group [0, 2]: rank 0 issued this collective "
+      "and rank 1 waited on its result: rank 2 returned"))
+      << outcomes[1].what;
+  EXPECT_FALSE(outcomes[2].code.has_value()) << outcomes[2].what;
+}
+
 TEST(SimFailure, APeerThatReturnsWithoutJoiningIsReportedNotAwaitedForever) {
   std::vector<Outcome> outcomes = run_catching(3, [] {
     if (rank() == 0) {
