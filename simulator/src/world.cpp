@@ -337,6 +337,7 @@ bool SimWork::is_completed() {
 }
 
 void SimWork::wait(transport::Deadline deadline) {
+  // A finished work returns at once, without a scheduling point (Note [Simulator scheduling]).
   if (status() == transport::WorkStatus::Pending) {
     std::shared_ptr<SimWorld> world = world_.lock();
     // A world ends only after failing every outstanding work (Note [Simulator failures]).
@@ -957,7 +958,8 @@ std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::
 
 void SimWorld::wait_on_rank(SimWork& work, transport::Deadline deadline, int rank) {
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
-  // Every API call is a scheduling point, even when the work is already done.
+  // A scheduling point before the rank blocks (SimWork::wait calls this only for a pending work:
+  // Note [Simulator scheduling]).
   yield(rank);
   bool blocked = false;
   while (work.status() == transport::WorkStatus::Pending) {

@@ -4,13 +4,17 @@
 //
 // Note [Simulator scheduling]
 // Ranks run one at a time on executor contexts (Note [Rank executor]). Every chorus transport
-// call of a rank (start an operation, wait, poll) is a scheduling point: the rank records what it
-// did and suspends. The scheduler then collects the candidates — runnable ranks, and the head
-// operation of each communicator once every member arrived at it — and lets the seeded RNG pick
-// one: resume that rank, or complete that operation (move the bytes for every member at once,
-// reductions in the order of Note [Reduction order modes]). Each decision advances virtual time
-// by kStepDuration. Every choice is a pure function of the seed and the program, so a seed
-// replays an interleaving exactly.
+// call of a rank that starts an operation, polls one, or waits on one still pending is a
+// scheduling point: the rank records what it did and suspends. A wait on a work that already
+// finished (completed or failed) returns at once without one (core does not even reach the
+// transport for a completed one): between two of its scheduling points a rank runs only its own
+// code, which no other rank observes, so a decision there would add no interleaving, only one
+// more decision to every run (SimScheduler.AWaitOnAFinishedWorkTakesNoDecision). The scheduler
+// then collects the candidates — runnable ranks, and the head operation of each communicator once
+// every member arrived at it — and lets the seeded RNG pick one: resume that rank, or complete
+// that operation (move the bytes for every member at once, reductions in the order of Note
+// [Reduction order modes]). Each decision advances virtual time by kStepDuration. Every choice is
+// a pure function of the seed and the program, so a seed replays an interleaving exactly.
 //
 // Note [Reduction order modes]
 // A completing reduction combines the members' contributions once, into one buffer that is then

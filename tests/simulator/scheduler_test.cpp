@@ -288,6 +288,40 @@ TEST(SimScheduler, VirtualTimeAdvancesOneStepPerDecision) {
   EXPECT_EQ(report.schedule.size(), report.steps);
 }
 
+// Note [Simulator scheduling]: a wait on a work that already finished returns at once, without a
+// scheduling point (what a rank does between two of its scheduling points no other rank can see,
+// so a decision there would add no interleaving). Waiting a finished work again and again takes no
+// decision: the run makes the decisions of the run without those waits, on every seed.
+TEST(SimScheduler, AWaitOnAFinishedWorkTakesNoDecision) {
+  const auto program = [](int extra_waits) {
+    return [extra_waits] {
+      transport::Transport& rank_transport = RankContext::current()->transport();
+      const std::shared_ptr<transport::Comm> comm =
+          rank_transport.create_comm("finished_waits", {0, 1});
+      std::vector<float> send = {1.0F};
+      std::vector<float> recv = {0.0F};
+      transport::OpInfo info;
+      info.name = "all_reduce";
+      for (info.seq = 0; info.seq < 3; ++info.seq) {
+        const std::shared_ptr<transport::Work> work =
+            comm->all_reduce(floats(send, 0, 1), floats(recv, 0, 1), ReduceOp::Kind::Sum, info);
+        work->wait(transport::Deadline::never());
+        ASSERT_EQ(work->status(), transport::WorkStatus::Completed);
+        for (int i = 0; i < extra_waits; ++i) {
+          work->wait(transport::Deadline::never());  // finished: no scheduling point
+        }
+      }
+    };
+  };
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    const SimReport plain = sim::run(quiet(2, seed), program(0));
+    const SimReport waited = sim::run(quiet(2, seed), program(5));
+    EXPECT_EQ(waited.steps, plain.steps) << "seed " << seed;
+    EXPECT_EQ(waited.schedule_hash, plain.schedule_hash) << "seed " << seed;
+    EXPECT_EQ(waited.choices, plain.choices) << "seed " << seed;
+  }
+}
+
 TEST(SimScheduler, PendingOutputsHoldPoisonUntilCompletion) {
   // Deterministically observe poison: rank 1 joins the world collective only after rank 0
   // joined a signal collective on another (tagged) group, which rank 0 does after looking.
