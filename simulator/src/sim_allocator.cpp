@@ -18,9 +18,10 @@
 namespace chorus::sim::detail {
 namespace {
 
-// Freed bytes each rank keeps reusable (as core's pool: RankOptions::host_pool_bytes_max); past
-// it a freed block goes back to the heap. Per rank, so whether a rank gets its own block back
-// never depends on what other ranks freed (Note [Simulator allocator]).
+// Freed bytes each rank keeps reusable under LifoReuse, Quarantine and Random (as core's pool by
+// default: RankOptions::host_pool_bytes_max; Pooled keeps Config::pool_bytes_max); past it a freed
+// block goes back to the heap. Per rank, so whether a rank gets its own block back never depends
+// on what other ranks freed (Note [Simulator allocator]).
 constexpr std::size_t kCachedBytesPerRankMax = std::size_t{64} << 20;
 // What a quarantined block holds (Note [Simulator allocator]).
 constexpr unsigned char kQuarantineByte = 0xDD;
@@ -36,6 +37,8 @@ std::size_t page_size() {
 SimAllocator::SimAllocator(Config config, DecisionStream& stream)
     : config_(config),
       alignment_(config.whole_pages ? page_size() : HostAllocator::kAlignment),
+      cached_bytes_max_(config.policy == AllocatorPolicy::Pooled ? config.pool_bytes_max
+                                                                 : kCachedBytesPerRankMax),
       stream_(&stream),
       ranks_(static_cast<std::size_t>(config.world_size)) {
   CHORUS_CHECK_GE(config_.world_size, 1);
@@ -174,7 +177,7 @@ void SimAllocator::release(std::byte* data) noexcept {
 }
 
 void SimAllocator::make_available(RankLists& lists, Block block) noexcept {
-  if (lists.cached_bytes + block.capacity > kCachedBytesPerRankMax) {
+  if (lists.cached_bytes + block.capacity > cached_bytes_max_) {
     std::free(block.data);
     return;
   }

@@ -13,7 +13,8 @@
 //   "alloc.quarantine.overwritten" and a line on stderr) and reused as by LifoReuse.
 // - Random: one of the fitting free blocks, picked with the decision stream (only when there is
 //   more than one), so a run replays from its seed or choice list like any schedule.
-// - Pooled (guard pages only): exact-size reuse, as core's pool.
+// - Pooled (guard pages only): exact-size reuse, keeping at most SimOptions::host_pool_bytes_max
+//   of freed blocks per rank, as core's pool.
 // Free blocks go back to the rank that allocated them. A program's address-keyed state lives in
 // one process, that is one rank: with per-rank lists a rank gets its own freed block back whatever
 // the other ranks did meanwhile. (A world-wide list would hand the block to whichever rank
@@ -50,6 +51,9 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
     bool whole_pages = false;  // page-aligned blocks of whole pages (guard pages)
     int world_size = 1;
     bool print_overwrites = true;  // a line on stderr for a write into a quarantined block
+    // Pooled: the freed bytes each rank keeps for reuse (SimOptions::host_pool_bytes_max, as
+    // core's pool); the other policies keep kCachedBytesPerRankMax (sim_allocator.cpp).
+    std::size_t pool_bytes_max = std::size_t{64} << 20;
   };
 
   // Keeps `stream` until detach().
@@ -105,13 +109,14 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
   // A free block of `rank` for `rounded` bytes, per the policy, or null; under the lock.
   std::byte* take_free(RankLists& lists, std::size_t rounded, std::size_t* capacity);
   void release(std::byte* data) noexcept;
-  // Makes a block available again (or frees it past kCachedBytesPerRankMax); under the lock.
+  // Makes a block available again (or frees it past cached_bytes_max_); under the lock.
   void make_available(RankLists& lists, Block block) noexcept;
   void check_quarantine_pattern(const Block& block, int rank) noexcept;
   void unguard(std::uintptr_t address, LiveBlock& live) noexcept;
 
   const Config config_;
   const std::size_t alignment_;
+  const std::size_t cached_bytes_max_;  // per rank (Config::pool_bytes_max)
   mutable std::mutex mutex_;
   DecisionStream* stream_;
   std::vector<RankLists> ranks_;

@@ -475,7 +475,7 @@ SimWorld::SimWorld(SimOptions options)
     allocator_ = std::make_shared<SimAllocator>(
         SimAllocator::Config{options_.allocator, options_.quarantine_frees,
                              options_.guard_pending_outputs, options_.world_size,
-                             options_.print_failures},
+                             options_.print_failures, options_.host_pool_bytes_max},
         stream_);
   }
   if (options_.guard_pending_outputs) {

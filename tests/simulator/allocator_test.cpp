@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -704,6 +705,39 @@ TEST(SimAllocator, PooledWithGuardPagesReusesExactSizesOnly) {
   });
   EXPECT_EQ(small_reused, 0);
   EXPECT_EQ(same_reused, 1);
+}
+
+// Pooled under guard pages keeps at most SimOptions::host_pool_bytes_max of freed blocks per rank,
+// as core's pool does (until 2026-12-06 it kept 64 MiB whatever the option said). A 40 MiB block
+// (above glibc's largest mmap threshold, 32 MiB, so the heap maps it on its own and unmaps it when
+// freed): with no room it goes back to the heap at once, unmapped; with room it stays mapped in
+// the pool and the next storage of its size gets it.
+TEST(SimAllocator, PooledWithGuardPagesKeepsAtMostHostPoolBytesMax) {
+  constexpr std::int64_t kFloats = std::int64_t{10} << 20;  // 40 MiB
+  for (const std::size_t pool_bytes : {std::size_t{0}, std::size_t{64} << 20}) {
+    SCOPED_TRACE("host_pool_bytes_max " + std::to_string(pool_bytes));
+    SimOptions options = with_allocator(1, AllocatorPolicy::Pooled);
+    options.guard_pending_outputs = true;
+    options.host_pool_bytes_max = pool_bytes;
+    bool mapped_after_free = false;
+    bool reused = false;
+    sim::run(options, [&] {
+      Tensor big = Tensor::empty({kFloats});
+      void* address = big.unsafe_data_ptr();
+      big = Tensor();
+      unsigned char resident = 0;
+      mapped_after_free = mincore(address, 1, &resident) == 0;
+      reused = Tensor::empty({kFloats}).unsafe_data_ptr() == address;
+    });
+    if (pool_bytes == 0) {
+#if defined(__GLIBC__)
+      EXPECT_FALSE(mapped_after_free);
+#endif
+    } else {
+      EXPECT_TRUE(mapped_after_free);
+      EXPECT_TRUE(reused);
+    }
+  }
 }
 #endif
 

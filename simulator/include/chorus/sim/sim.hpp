@@ -203,7 +203,8 @@ struct SimOptions {
   // ---- Allocator (docs/simulator-alloc.md): where the ranks' tensor storages come from.
   AllocatorPolicy allocator = AllocatorPolicy::Pooled;
   // AllocatorPolicy::Pooled: the bytes each rank's pool keeps (RankOptions::host_pool_bytes_max;
-  // `chorus bench` raises it to keep its largest outputs).
+  // with guard pages, the simulator's page pool: docs/simulator-alloc.md; `chorus bench` raises it
+  // to keep its largest outputs).
   std::size_t host_pool_bytes_max = std::size_t{64} << 20;
   // AllocatorPolicy::Quarantine: how many later frees of its rank a freed block waits out.
   std::size_t quarantine_frees = 16;
