@@ -88,10 +88,17 @@ std::shared_ptr<void> SimAllocator::allocate(std::size_t nbytes) {
   CHORUS_CHECK_GE(capacity, rounded);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    const bool inserted =
-        live_.emplace(reinterpret_cast<std::uintptr_t>(data), LiveBlock{capacity, rank, 0, -1})
-            .second;
-    CHORUS_CHECK(inserted);
+    try {
+      const bool inserted =
+          live_.emplace(reinterpret_cast<std::uintptr_t>(data), LiveBlock{capacity, rank, 0, -1})
+              .second;
+      CHORUS_CHECK(inserted);
+    } catch (const std::bad_alloc&) {
+      // Out of memory recording it: the block goes back (to the rank's free blocks, or to the
+      // heap past the bound), not lost.
+      make_available(ranks_[static_cast<std::size_t>(rank)], Block{data, capacity});
+      throw;
+    }
   }
   return std::shared_ptr<void>(data, [self = shared_from_this()](void* block) {
     self->release(static_cast<std::byte*>(block));
@@ -125,7 +132,7 @@ std::byte* SimAllocator::take_free(RankLists& lists, std::size_t rounded, std::s
         index = fitting.front();
       } else if (fitting.size() > 1) {
         index = fitting[stream_->choose(fitting.size())];
-        ++marks_["alloc.random"];
+        mark("alloc.random");
       }
       break;
     }
@@ -138,9 +145,9 @@ std::byte* SimAllocator::take_free(RankLists& lists, std::size_t rounded, std::s
   CHORUS_CHECK_GE(lists.cached_bytes, block.capacity);
   lists.cached_bytes -= block.capacity;
   if (config_.policy == AllocatorPolicy::LifoReuse) {
-    ++marks_["alloc.lifo_reuse"];
+    mark("alloc.lifo_reuse");
   } else if (config_.policy == AllocatorPolicy::Quarantine) {
-    ++marks_["alloc.quarantine.reuse"];
+    mark("alloc.quarantine.reuse");
   }
   *capacity = block.capacity;
   return block.data;
@@ -166,8 +173,13 @@ void SimAllocator::release(std::byte* data) noexcept {
     return;
   }
   std::memset(block.data, kQuarantineByte, block.capacity);
-  lists.quarantined.push_back(block);
-  ++marks_["alloc.quarantine"];
+  try {
+    lists.quarantined.push_back(block);
+  } catch (const std::bad_alloc&) {
+    make_available(lists, block);  // out of memory: reusable at once, unquarantined
+    return;
+  }
+  mark("alloc.quarantine");
   while (lists.quarantined.size() > config_.quarantine_frees) {
     const Block served = lists.quarantined.front();
     lists.quarantined.pop_front();
@@ -192,7 +204,7 @@ void SimAllocator::make_available(RankLists& lists, Block block) noexcept {
 void SimAllocator::check_quarantine_pattern(const Block& block, int rank) noexcept {
   for (std::size_t i = 0; i < block.capacity; ++i) {
     if (static_cast<unsigned char>(block.data[i]) != kQuarantineByte) {
-      ++marks_["alloc.quarantine.overwritten"];
+      mark("alloc.quarantine.overwritten");
       if (config_.print_overwrites) {
         std::fprintf(stderr,
                      "chorus sim: a block of %zu bytes that rank %d freed was written (byte %zu) "
@@ -201,6 +213,14 @@ void SimAllocator::check_quarantine_pattern(const Block& block, int rank) noexce
       }
       return;
     }
+  }
+}
+
+void SimAllocator::mark(const char* name) noexcept {
+  try {
+    ++marks_[name];
+  } catch (const std::bad_alloc&) {
+    // Out of memory: the count is lost, never the block at hand.
   }
 }
 

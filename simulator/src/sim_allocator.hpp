@@ -26,6 +26,9 @@
 // safe. Blocks may be freed on any thread and after the world ended (a tensor kept past run()):
 // a mutex guards the lists, and every block's deleter holds the allocator. Draws happen only in
 // Random mode, so the other policies leave the choice list as it was.
+// Out of memory (tests/simulator/out_of_memory_test.cpp, SimOutOfMemoryAllocator): an allocation
+// that throws std::bad_alloc after taking a block gives it back, and a free never fails (a block
+// the quarantine cannot list is reusable at once; a mark that cannot be counted is lost).
 
 #include <cstddef>
 #include <cstdint>
@@ -112,6 +115,9 @@ class SimAllocator final : public HostAllocator, public std::enable_shared_from_
   // Makes a block available again (or frees it past cached_bytes_max_); under the lock.
   void make_available(RankLists& lists, Block block) noexcept;
   void check_quarantine_pattern(const Block& block, int rank) noexcept;
+  // Counts the mark `name` (a literal); under the lock. Out of memory the count is lost: a free
+  // (noexcept) or an allocation that already took its block must not fail for a mark.
+  void mark(const char* name) noexcept;
   void unguard(std::uintptr_t address, LiveBlock& live) noexcept;
 
   const Config config_;

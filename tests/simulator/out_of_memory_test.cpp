@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "support/refusing_new.hpp"
@@ -849,6 +850,96 @@ INSTANTIATE_TEST_SUITE_P(Failures, SimOutOfMemoryScheduler,
                          ::testing::Combine(::testing::Values(SchedulerFailing::TransportError,
                                                               SchedulerFailing::Deadlock),
                                             ::testing::Bool()));
+
+}  // namespace
+}  // namespace chorus
+
+namespace chorus {
+namespace {
+
+// ---- The simulator's allocator (Note [Simulator allocator]) and a rank's end, out of memory.
+
+// The policies that make the simulator own the storages: (policy, guard pages).
+std::vector<std::pair<sim::AllocatorPolicy, bool>> allocator_modes() {
+  std::vector<std::pair<sim::AllocatorPolicy, bool>> modes = {
+      {sim::AllocatorPolicy::LifoReuse, false},
+      {sim::AllocatorPolicy::Quarantine, false},
+      {sim::AllocatorPolicy::Random, false},
+  };
+#if !defined(CHORUS_ASAN) && !defined(CHORUS_TSAN)  // guard pages: Note [Guard pages]
+  modes.emplace_back(sim::AllocatorPolicy::Pooled, true);
+#endif
+  return modes;
+}
+
+SimOptions allocator_options(sim::AllocatorPolicy policy, bool guard) {
+  SimOptions options = sweep_options(1);
+  options.allocator = policy;
+  options.guard_pending_outputs = guard;
+  options.quarantine_frees = 0;  // a freed block is reusable at once
+  return options;
+}
+
+// A storage whose allocation ran out of memory loses no block: a rank frees a block, the next
+// allocation of its size is refused at each of its allocations in turn, and the one after it
+// still gets the freed block back (the only free one: every policy hands it out). Until
+// 2026-12-06 a refusal recording the block (SimAllocator's live list) or counting its reuse (its
+// first mark) after the block left the free list lost it.
+TEST(SimOutOfMemoryAllocator, ARefusedAllocationLosesNoFreedBlock) {
+  for (const auto& [policy, guard] : allocator_modes()) {
+    SCOPED_TRACE(std::to_string(static_cast<int>(policy)) + (guard ? " with guard pages" : ""));
+    std::size_t threw = 0;
+    for (std::size_t n = 1;; ++n) {
+      ASSERT_LT(n, 10'000u) << "the sweep does not end";
+      SCOPED_TRACE("allocation " + std::to_string(n) + " refused");
+      bool reused = false;
+      bool refused = false;
+      const SimReport report = sim::run(allocator_options(policy, guard), [&] {
+        Tensor first = Tensor::empty({16});
+        const void* address = first.unsafe_data_ptr();
+        first = Tensor();
+        threw += refusing(n, false, [] { (void)Tensor::empty({16}); }) ? 1 : 0;
+        refused = allocations_refused.load() != 0;
+        reused = Tensor::empty({16}).unsafe_data_ptr() == address;
+      });
+      EXPECT_TRUE(report.ok());
+      EXPECT_TRUE(reused);
+      if (!refused) {
+        break;  // Tensor::empty made fewer than n allocations
+      }
+    }
+    EXPECT_GT(threw, 0u);
+  }
+}
+
+// A storage freed while memory is short is freed: the allocator's bookkeeping of the free (a
+// quarantine's list, a mark counted the first time) is not allowed to fail it. Until 2026-12-06 a
+// refusal there escaped SimAllocator's noexcept release and ended the process (std::terminate).
+TEST(SimOutOfMemoryAllocator, AFreeWhileMemoryIsShortEndsNothing) {
+  for (const auto& [policy, guard] : allocator_modes()) {
+    SCOPED_TRACE(std::to_string(static_cast<int>(policy)) + (guard ? " with guard pages" : ""));
+    SimOptions options = allocator_options(policy, guard);
+    options.quarantine_frees = 16;
+    std::size_t refused = 0;
+    const SimReport report = sim::run(options, [&] {
+      std::vector<Tensor> tensors;
+      for (int i = 0; i < 40; ++i) {
+        tensors.push_back(Tensor::empty({16}));
+      }
+      EXPECT_FALSE(refusing(1, true, [&] {
+        while (!tensors.empty()) {
+          tensors.pop_back();  // frees a block: allocates nothing itself
+        }
+      }));
+      refused = allocations_refused.load();
+      EXPECT_EQ(Tensor::full({16}, 2.0).to_vector<float>(), std::vector<float>(16, 2.0F));
+    });
+    EXPECT_TRUE(report.ok());
+    if (policy == sim::AllocatorPolicy::Quarantine) {
+      EXPECT_GT(refused, 0u);  // the quarantine's bookkeeping was refused
+    }
+  }
+}
 
 }  // namespace
 }  // namespace chorus
