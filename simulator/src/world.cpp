@@ -446,6 +446,17 @@ transport::Duration saturating_add(transport::Duration at, transport::Duration b
              : transport::Duration(sum);
 }
 
+// describe(error) for RankSlot::failure, or empty where that runs out of memory (the rank's
+// memory may be what ran out): the rank still ends, with its error, and the report describes
+// the error once the ranks are done.
+std::string describe_failure(const std::exception_ptr& error) noexcept {
+  try {
+    return describe(error);
+  } catch (const std::bad_alloc&) {
+    return {};
+  }
+}
+
 // Unwinds a rank that retries forever after the step budget ran out (SimWorld::stop_rank). Not
 // a chorus::Error, nor a std::exception, so that the handler that kept the rank retrying does not
 // take it; rank_body records `error` as the rank's.
@@ -522,12 +533,12 @@ void SimWorld::rank_body(int rank) {
     slot.error = stopped.error;
     slot.failed = true;
     slot.threw = true;
-    slot.failure = describe(slot.error);
+    slot.failure = describe_failure(slot.error);
   } catch (...) {
     slot.error = std::current_exception();
     slot.failed = true;
     slot.threw = true;
-    slot.failure = describe(slot.error);
+    slot.failure = describe_failure(slot.error);
   }
   // Seen now, not once the rank has settled its pending results below: that can wait for peers
   // that meanwhile fail, and the first error must stay the one raised first.
@@ -550,7 +561,7 @@ void SimWorld::rank_body(int rank) {
   if (!slot.error && summary.error) {
     slot.error = summary.error;
     slot.failed = true;
-    slot.failure = describe(summary.error);
+    slot.failure = describe_failure(summary.error);
   }
   if (slot.error && !first_error_) {
     first_error_ = slot.error;
@@ -1170,7 +1181,9 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   for (int r = 0; r < size; ++r) {
     RankSlot& slot = ranks_[static_cast<std::size_t>(r)];
     report.unwaited.insert(report.unwaited.end(), slot.unwaited.begin(), slot.unwaited.end());
-    report.rank_errors[static_cast<std::size_t>(r)] = slot.failure;
+    // Empty where the rank ran out of memory describing its error (describe_failure).
+    report.rank_errors[static_cast<std::size_t>(r)] =
+        slot.failure.empty() && slot.error ? describe(slot.error) : slot.failure;
   }
   report.first_error = first_error_;
   report.first_error_rank = first_error_rank_;

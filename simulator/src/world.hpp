@@ -431,7 +431,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     // Its rank function threw. Decided at its exit, unlike `failed`, so that every peer missing
     // it hears the same (absence()), however the schedule orders them around its end.
     bool threw = false;
-    std::string failure;  // what() of its error
+    std::string failure;  // what() of its error; empty where describing it ran out of memory
     std::exception_ptr error;
     std::vector<UnwaitedWork> unwaited;
     // Faults (Note [Fault injection]).

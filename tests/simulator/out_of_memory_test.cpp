@@ -17,6 +17,7 @@
 #include <functional>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -938,6 +939,38 @@ TEST(SimOutOfMemoryAllocator, AFreeWhileMemoryIsShortEndsNothing) {
     if (policy == sim::AllocatorPolicy::Quarantine) {
       EXPECT_GT(refused, 0u);  // the quarantine's bookkeeping was refused
     }
+  }
+}
+
+// A rank that ends with an error while its memory is short ends cleanly: describing the error
+// for the report is refused, yet the run ends, the error is the run's first, and the report
+// describes it. Until 2026-12-06 the refusal escaped SimWorld::rank_body and ended the process
+// (std::terminate).
+TEST(SimOutOfMemoryRankEnd, ARankThatEndsWithAnErrorWhileMemoryIsShortIsReported) {
+  for (const int world_size : {1, 2}) {
+    SCOPED_TRACE("world size " + std::to_string(world_size));
+    const std::exception_ptr error = std::make_exception_ptr(
+        std::runtime_error("rank 0 gave up: a message longer than a short string holds"));
+    const SimReport report = sim::simulate(sweep_options(world_size), [&] {
+      if (rank() == 0) {
+        allocations_counted = 0;
+        allocations_refused = 0;
+        refuse_allocation_number = 1;
+        refuse_onwards = true;
+        refusing_thread = true;  // this rank's thread, which ends with the rank (Threads)
+        counting = true;
+        std::rethrow_exception(error);
+      }
+      (void)all_reduce(Tensor::ones({1}), "sum", {rank()}).item<float>();
+    });
+    counting = false;
+    refuse_allocation_number = 0;
+    refuse_onwards = false;
+    EXPECT_GT(allocations_refused.load(), 0u);
+    EXPECT_EQ(report.first_error, error);
+    EXPECT_EQ(report.first_error_rank, 0);
+    ASSERT_EQ(report.rank_errors.size(), static_cast<std::size_t>(world_size));
+    EXPECT_EQ(report.rank_errors[0], "rank 0 gave up: a message longer than a short string holds");
   }
 }
 
