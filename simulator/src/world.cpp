@@ -165,6 +165,9 @@ constexpr std::string_view kTimedOutOutOfMemoryDetail =
     "as a watchdog would (the simulator ran out of memory describing more)";
 constexpr std::string_view kFailureNotRecordedDetail =
     "(the simulator ran out of memory recording why this operation failed)";
+constexpr std::string_view kAbsentOutOfMemoryDetail =
+    "a member ended (or crashed) without joining this collective (the simulator ran out of memory "
+    "describing more)";
 
 // try_make_error with `work`'s context, or `fallback` where making the error runs out of memory.
 // Never throws.
@@ -629,6 +632,10 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 //   is always there: every member of every operation failed, whoever fails it (a timeout failing
 //   several, a deadlock, a crash), fails with the code it was failed with, and the members
 //   arriving later get that code too;
+// - a member that will never arrive (check_absent_members, in start and when a rank ends): out
+//   of memory describing it, the operation fails with the code absence() gives (RankFailure or
+//   Deadlock) and a fixed text, so a rank that ends while memory is short fails its peers' waits
+//   as it would otherwise;
 // - a wait's timeout (time_out, outside start too): out of memory describing it, the waited
 //   operation and those before it still outstanding fail with Timeout and a fixed text, and the
 //   communicator is aborted after it (time_out_out_of_memory);
@@ -2041,7 +2048,19 @@ void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq, const Sim
     if (ranks_[static_cast<std::size_t>(group.ranks[i])].may_still_arrive()) {
       continue;  // absence's empty answer, without making it
     }
-    auto [code, why] = absence(group, i);
+    ErrorCode code = ErrorCode::Aborted;
+    std::string why;
+    try {
+      std::tie(code, why) = absence(group, i);
+    } catch (const std::bad_alloc&) {
+      // Note [Operation positions]: out of memory describing the absent member, the operation
+      // fails all the same, with absence()'s code and a fixed text.
+      const RankSlot& absent = ranks_[static_cast<std::size_t>(group.ranks[i])];
+      fail_slot(group, seq,
+                absent.crashed || absent.threw ? ErrorCode::RankFailure : ErrorCode::Deadlock,
+                kAbsentOutOfMemoryDetail);
+      return;
+    }
     if (!why.empty()) {
       fail_slot(group, seq, code, why);
       return;
@@ -2049,18 +2068,18 @@ void SimWorld::check_absent_members(SimGroup& group, std::int64_t seq, const Sim
   }
 }
 
-void SimWorld::on_rank_exit(int rank) {
+void SimWorld::on_rank_exit(int rank) noexcept {
   for (const std::shared_ptr<SimGroup>& group : groups_) {
     const int group_rank = group->group_rank_of(rank);
     if (group_rank < 0) {
       continue;
     }
-    std::vector<std::int64_t> seqs;
-    for (const auto& [seq, slot] : group->slots) {
-      seqs.push_back(seq);
-    }
-    for (std::int64_t seq : seqs) {
+    // Slot by slot, allocating nothing (the rank's memory may be what ran out): checking one may
+    // erase it, so the next is looked up after it.
+    for (auto it = group->slots.begin(); it != group->slots.end();) {
+      const std::int64_t seq = it->first;
       check_absent_members(*group, seq);
+      it = group->slots.upper_bound(seq);
     }
   }
 }

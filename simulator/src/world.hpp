@@ -510,12 +510,14 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
                                     std::int64_t seq, std::string_view after) noexcept;
   // Fails the outstanding operations from `from_seq` on with Aborted and `detail`.
   void fail_slots_from(SimGroup& group, std::int64_t from_seq, std::string_view detail) noexcept;
-  void on_rank_exit(int rank);
+  // Fails the outstanding operations `rank` (whose function ended) will never join. Never throws.
+  void on_rank_exit(int rank) noexcept;
   // Why `group`'s member `member` (a group rank) will never arrive at another operation, or
   // empty if it still may; it names where the member last issued an operation on `group`.
   std::pair<ErrorCode, std::string> absence(const SimGroup& group, std::size_t member) const;
   // Fails operation `seq` of `group` (when outstanding) if a member that has not joined it never
-  // will. The second form is given its slot, `slot`, which fail_slot may erase: read it no more.
+  // will (out of memory describing it, with a fixed text). The second form is given its slot,
+  // `slot`, which fail_slot may erase: read it no more.
   void check_absent_members(SimGroup& group, std::int64_t seq);
   void check_absent_members(SimGroup& group, std::int64_t seq, const SimGroup::Slot& slot);
   // For all_to_all: the first disagreement between `group_rank`'s per-peer counts and those of

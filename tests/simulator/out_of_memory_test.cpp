@@ -974,5 +974,39 @@ TEST(SimOutOfMemoryRankEnd, ARankThatEndsWithAnErrorWhileMemoryIsShortIsReported
   }
 }
 
+// A rank that returns while its memory is short, leaving a peer waiting in a collective it never
+// joins: the peer's wait fails (Deadlock, with a fixed text: describing the absent rank, and
+// making the error, ran out of memory), and the run ends. Until 2026-12-06 the refusal escaped
+// SimWorld::on_rank_exit, in the ending rank's rank_body, and ended the process (std::terminate).
+TEST(SimOutOfMemoryRankEnd, APeerWaitingForARankThatReturnsWhileMemoryIsShortFails) {
+  std::optional<ErrorCode> code;
+  std::string what;
+  const SimReport report = sim::simulate(sweep_options(2), [&] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    if (rank() == 1) {
+      const Tensor pending = all_reduce(input_of(1, kElements), "sum", world());
+      wait_tensor(all_reduce(input_of(1, 1), "sum", signal));
+      std::vector<std::int32_t> values;
+      wait_into(pending, code, what, values);
+      return;
+    }
+    wait_tensor(all_reduce(input_of(0, 1), "sum", signal));  // rank 1 issued its all_reduce
+    allocations_counted = 0;
+    allocations_refused = 0;
+    refuse_allocation_number = 1;
+    refuse_onwards = true;
+    refusing_thread = true;  // this rank's thread, which ends with the rank (Threads)
+    counting = true;
+  });
+  counting = false;
+  refuse_allocation_number = 0;
+  refuse_onwards = false;
+  EXPECT_GT(allocations_refused.load(), 0u);
+  EXPECT_TRUE(report.ok());
+  EXPECT_EQ(code, ErrorCode::Deadlock) << what;
+  // Made on the refusing rank too: the error made in advance (Note [Operation positions]).
+  EXPECT_TRUE(contains(what, "the simulator ran out of memory describing")) << what;
+}
+
 }  // namespace
 }  // namespace chorus
