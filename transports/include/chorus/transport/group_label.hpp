@@ -28,20 +28,38 @@ namespace chorus::transport {
 
 // Appends "[1, 2, 3]": the integers by std::to_chars, not a std::to_string and a concatenation
 // each (every communicator's label is made so at its first collective). Core's rank lists and
-// shapes in messages (detail::bracketed) are written by it too.
+// shapes in messages (detail::bracketed) are written by it too. The text is written into a local
+// chunk and appended a chunk at a time: a std::string append per bracket, separator and value
+// cost ~290 instructions for "[0, 1, 2, 3]", ~1% of a simulated schedule of 4 ranks.
 template <class T>
 void append_bracketed(std::string& out, std::span<const T> values) {
-  static_assert(std::is_integral_v<T>);
-  out += '[';
+  static_assert(std::is_integral_v<T> && sizeof(T) <= 8);
+  // Room for a separator, a 64-bit integer (at most 20 characters: 19 digits and a sign, or 20
+  // digits) and the closing ']'.
+  constexpr std::size_t kValueMax = 2 + 20 + 1;
+  std::array<char, 64> chunk{};
+  std::size_t used = 0;
+  chunk[used++] = '[';
   for (std::size_t i = 0; i < values.size(); ++i) {
-    if (i > 0) {
-      out += ", ";
+    if (chunk.size() - used < kValueMax) {
+      out.append(chunk.data(), used);
+      used = 0;
     }
-    std::array<char, 24> digits{};  // a 64-bit integer has at most 20 digits and a sign
-    const std::to_chars_result end = std::to_chars(digits.begin(), digits.end(), values[i]);
-    out.append(digits.begin(), end.ptr);
+    if (i > 0) {
+      chunk[used++] = ',';
+      chunk[used++] = ' ';
+    }
+    // Most ranks are one digit, which std::to_chars would count first (negative ones wrap above 9).
+    if (static_cast<std::make_unsigned_t<T>>(values[i]) <= 9) {
+      chunk[used++] = static_cast<char>('0' + values[i]);
+      continue;
+    }
+    const std::to_chars_result end =
+        std::to_chars(chunk.data() + used, chunk.data() + chunk.size(), values[i]);
+    used = static_cast<std::size_t>(end.ptr - chunk.data());
   }
-  out += ']';
+  chunk[used++] = ']';  // kValueMax kept room for it
+  out.append(chunk.data(), used);
 }
 
 // "[0, 1, 2]", or "'tp' [0, 1]" for a tagged group: how every layer (core, the simulator, MPI,
