@@ -8,6 +8,7 @@
 
 #include "chorus/check.hpp"
 #include "chorus/transport/group_label.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/group_internal.hpp"
 #include "detail/rank_state.hpp"
@@ -58,7 +59,9 @@ const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
     for (int r = 0; r < world_size_; ++r) {
       ranks[static_cast<std::size_t>(r)] = r;
     }
-    world_ranks_ = std::make_shared<const std::vector<int>>(std::move(ranks));
+    // Made by every rank of every run: its control block is recycled (Note [Recycled blocks]).
+    world_ranks_ = std::allocate_shared<const std::vector<int>>(
+        transport::RecyclingAllocator<std::vector<int>>{}, std::move(ranks));
   }
   return world_ranks_;
 }

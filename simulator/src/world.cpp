@@ -591,7 +591,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   group->issued.assign(ranks.size(), 0);
   group->last_sites.assign(ranks.size(), CallSite{});
   group->abort_reason.reserve(kOutOfMemoryAbortReason.size());
-  group->label = std::make_shared<const std::string>(transport::group_label(tag, ranks));
+  group->label = std::allocate_shared<const std::string>(
+      transport::RecyclingAllocator<std::string>{}, transport::group_label(tag, ranks));
   // Room for every candidate of a decision (the scheduler then allocates nothing for them), and
   // for the group before the index names it.
   candidates_.reserve(ranks_.size() + groups_.size() + 1);

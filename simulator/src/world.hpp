@@ -174,6 +174,7 @@
 #include "chorus/error.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/sim/sim.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
 #include "decision_stream.hpp"
 #include "executor.hpp"
@@ -627,7 +628,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::vector<RankSlot> ranks_;
   // Creation order (deterministic). Inline for a few (Note [Small per-run vectors]).
   boost::container::small_vector<std::shared_ptr<SimGroup>, 4> groups_;
-  std::map<std::tuple<std::string, std::vector<int>>, std::size_t, std::less<>> group_index_;
+  // Nodes recycled (Note [Recycled blocks]): each run makes its groups anew.
+  std::map<std::tuple<std::string, std::vector<int>>, std::size_t, std::less<>,
+           transport::RecyclingAllocator<
+               std::pair<const std::tuple<std::string, std::vector<int>>, std::size_t>>>
+      group_index_;
   // Note [Small per-run vectors]
   // A world and its groups live for one run, so every vector they keep allocated at least once a
   // run, and about thirty allocations a run were the simulator's own. Those sized by the world or

@@ -160,7 +160,10 @@ class RankState {
   std::vector<std::unique_ptr<ExpandedGroup>> nested_expanded_groups_;
   std::size_t expanded_groups_in_use_ = 0;
   using CommKey = std::pair<std::string, std::vector<int>>;
-  std::map<CommKey, CommSlot> comms_;
+  // Each run's ranks make their slots anew: the nodes are recycled (Note [Recycled blocks]).
+  std::map<CommKey, CommSlot, std::less<CommKey>,
+           transport::RecyclingAllocator<std::pair<const CommKey, CommSlot>>>
+      comms_;
   // The partitions this rank has set up (ensure_partition_comm), as (tag, part size, parts back
   // to back); looked up without building a key.
   struct PartitionKey {
