@@ -34,7 +34,7 @@ std::string mpi_error_text(int code) {
 }
 
 std::string mpi_requests_failure(const char* call, int code, std::span<const MPI_Status> statuses,
-                                 MPI_Comm comm, std::span<const int> peers) {
+                                 std::span<const int> peers) {
   const std::string failed = std::string(call) + " failed: ";
   if (code != MPI_ERR_IN_STATUS) {
     return failed + mpi_error_text(code);
@@ -45,9 +45,7 @@ std::string mpi_requests_failure(const char* call, int code, std::span<const MPI
     if (error == MPI_SUCCESS || error == MPI_ERR_PENDING) {
       continue;
     }
-    const int peer = peers.empty()      ? world_rank_of(comm, statuses[i].MPI_SOURCE)
-                     : i < peers.size() ? peers[i]
-                                        : -1;
+    const int peer = i < peers.size() ? peers[i] : -1;
     return failed + mpi_error_text(error) + " (request " + std::to_string(i + 1) + " of " +
            std::to_string(statuses.size()) +
            (peer >= 0 ? ", with rank " + std::to_string(peer) : std::string()) + ")";

@@ -20,11 +20,13 @@ int world_rank_of(MPI_Comm comm, int rank);
 // What a failed MPI_Testall or MPI_Waitall over `statuses` (one per request, filled by that
 // call) reports: "<call> failed: " and MPI's text. MPI_ERR_IN_STATUS names no error itself (the
 // real one, MPI_ERR_TRUNCATE say, is in the failed request's status), so for it the text is the
-// first failed request's own error and its peer as a world rank: with `peers`, `peers[i]` (the
-// caller knows request i's peer; -1: none to name), else the status's MPI_SOURCE when it is a
-// rank of `comm`. Call with the MPI lock held (Note [MPI locking]).
+// first failed request's own error and, when the caller knows it, its peer as a world rank:
+// `peers[i]` for request i (-1, or no entry: none to name). The status's MPI_SOURCE is never
+// read: MPI leaves it undefined for a collective's request (MPI-3.1, 5.12; Open MPI writes 0,
+// which named the group's first rank whoever failed), and the point-to-point callers know their
+// peers. Call with the MPI lock held (Note [MPI locking]).
 std::string mpi_requests_failure(const char* call, int code, std::span<const MPI_Status> statuses,
-                                 MPI_Comm comm, std::span<const int> peers = {});
+                                 std::span<const int> peers = {});
 
 // Whether request `request` of a failed MPI_Testall or MPI_Waitall (`code`, `statuses`) was a
 // receive whose message was longer than it posted for (MPI_ERR_TRUNCATE in its status).

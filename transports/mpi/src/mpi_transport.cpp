@@ -467,8 +467,7 @@ void MpiWork::conclude_poll(int code, int done) {
         for (const Started::Send& send : started_->sends) {
           peers[send.request] = send.peer;
         }
-        failure =
-            mpi_requests_failure("MPI_Testall", code, started_->statuses, MPI_COMM_NULL, peers);
+        failure = mpi_requests_failure("MPI_Testall", code, started_->statuses, peers);
       }
     } else if (done != 0 && !started_->receives.empty()) {
       // Once: the requests are freed now, and a later poll (for a ring of the batch) would
@@ -1349,8 +1348,8 @@ void MpiComm::await_requests(std::unique_ptr<Started>& pending, const OpInfo& in
         if (const int code = MPI_Testall(static_cast<int>(pending->requests.size()),
                                          pending->requests.data(), &done, pending->statuses.data());
             code != MPI_SUCCESS) {
-          failure = mpi_requests_failure("MPI_Testall (collective check)", code, pending->statuses,
-                                         check_comm_);
+          // A collective's request: no peer to name (its status's MPI_SOURCE is undefined).
+          failure = mpi_requests_failure("MPI_Testall (collective check)", code, pending->statuses);
         }
       }
       if (!failure.empty()) {
@@ -1968,7 +1967,7 @@ void MpiTransport::rendezvous(const std::vector<int>& ranks, std::uint64_t id,
                                      pending->requests.data(), pending->statuses.data());
         code != MPI_SUCCESS) {
       failure = mpi_requests_failure("MPI_Waitall (communicator set-up)", code, pending->statuses,
-                                     process_->control(), send_peers);
+                                     send_peers);
     }
   }
   if (!failure.empty()) {

@@ -162,7 +162,7 @@ bool RingAllReduce::progress() {
           // requests_[0] receives from the left neighbour, [1] sends to the right.
           const std::array<int, 2> peers = {world_rank_of(comm_, wrap(rank_ - 1)),
                                             world_rank_of(comm_, wrap(rank_ + 1))};
-          throw RingFailure{mpi_requests_failure("MPI_Testall", code, statuses, comm_, peers) +
+          throw RingFailure{mpi_requests_failure("MPI_Testall", code, statuses, peers) +
                             " (ring all_reduce)"};
         }
         for (MPI_Request& request : requests_) {
