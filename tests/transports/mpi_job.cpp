@@ -63,6 +63,14 @@
 //            other; rank 1 then sets up y = {0, 1} while rank 0 retries g: rank 0's retry gets a
 //            CollectiveMismatch naming rank 1 (which will never create g) instead of going on
 //            to wait for rank 2, and rank 0 then sets up y with rank 1 ("Partial set-ups").
+//   check_deadline  (3 ranks, with --check-collectives; ranks 0 and 1 with --timeout-ms=T, rank
+//            2 with a shorter one) an all_to_all_single on the world, whose check takes three
+//            rounds: rank 2 times out in the first (rank 1 is not there) and leaves, telling rank
+//            1 through an all_reduce on h = {1, 2}; rank 1 then issues it, which completes the
+//            first round, and the second waits for rank 2 for ever. Rank 0's Timeout must come
+//            by its deadline, T after it issued the operation, not a second T after the first
+//            round ended (Note [Collective check]); rank 0 prints how long it took and ends
+//            the job.
 //   sigkill  rank 1 SIGKILLs itself after its first collective while the others wait in the
 //            next one; mpirun ends the job non-zero.
 //   rings    all_reduce over uneven chunk counts in every dtype and several reductions, many in
@@ -880,6 +888,56 @@ void group_cycle() {
   throw std::runtime_error("the cyclic first uses of groups completed");
 }
 
+void check_deadline(std::chrono::nanoseconds timeout) {
+  const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
+  require(chorus::all_reduce(one, "sum", chorus::world()).to_vector<float>()[0] == 3.0f,
+          "first world all_reduce");  // the world's set-up, before h's
+  const chorus::ProcessGroup h = chorus::new_group({1, 2}, "h");
+  const std::vector<std::int64_t> sizes(3, 1);
+  const auto all_to_all = [&] {
+    (void)chorus::all_to_all_single(chorus::Tensor::from_vector(std::vector<float>(3, 1.0f)), sizes,
+                                    sizes, chorus::world())
+        .to_vector<float>();
+  };
+  if (chorus::rank() == 2) {
+    try {
+      all_to_all();  // rank 1 is in h's set-up, waiting for this rank
+      throw std::runtime_error("rank 2's all_to_all_single completed");
+    } catch (const chorus::Timeout&) {  // expected: the check's first round
+    }
+    require(chorus::all_reduce(one, "sum", h).to_vector<float>()[0] == 2.0f, "all_reduce on h");
+    // Rank 1 never issues this one: it waits (its deadline is a second after rank 0's) until
+    // rank 0's Timeout ends the job. Returning would leave it in MPI_Finalize, where it kept
+    // mpirun from ending after rank 0's MPI_Abort (a minute, until `timeout` killed it).
+    (void)chorus::all_reduce(one, "sum", h).to_vector<float>();
+    throw std::runtime_error("rank 2's second all_reduce on h completed");
+  }
+  if (chorus::rank() == 1) {
+    // Waits (its longer timeout) for rank 2's Timeout, then issues the operation.
+    require(chorus::all_reduce(one, "sum", h).to_vector<float>()[0] == 2.0f, "all_reduce on h");
+    all_to_all();  // the check's second round waits for rank 2 until after rank 0's Timeout
+    throw std::runtime_error("rank 1's all_to_all_single completed");
+  }
+  const auto issued = std::chrono::steady_clock::now();
+  try {
+    all_to_all();
+  } catch (const chorus::Timeout& error) {
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - issued);
+    const auto deadline = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
+    // A second is slack for a loaded machine; the rounds' own deadlines took T + rank 2's T.
+    const bool within = took <= deadline + std::chrono::seconds(1);
+    std::printf(
+        "mpi_job check_deadline: rank 0's Timeout came %lld ms after it issued the "
+        "operation, %s its %lld ms deadline: %s\n",
+        static_cast<long long>(took.count()), within ? "within" : "past",
+        static_cast<long long>(deadline.count()), error.what());
+    std::fflush(stdout);
+    throw;
+  }
+  throw std::runtime_error("rank 0's all_to_all_single completed");
+}
+
 void setup_retry() {
   const chorus::ProcessGroup g = chorus::new_group({0, 1}, "g");
   const chorus::Tensor one = chorus::Tensor::from_vector(std::vector<float>{1.0f});
@@ -1213,6 +1271,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "group_cycle") {
     return chorus::run(options, group_cycle);
+  }
+  if (mode == "check_deadline") {
+    return chorus::run(options, [&options] { check_deadline(options.timeout); });
   }
   if (mode == "setup_retry") {
     return chorus::run(options, setup_retry);

@@ -1264,7 +1264,10 @@ namespace {
 // until the members described theirs, so under the check ranks must issue the operations of
 // different groups in the same order; a program that interleaves two groups differently per rank
 // (legal on MPI, whose nonblocking collectives on different communicators may start in any
-// order) times out under the check.
+// order) times out under the check. The rounds share one deadline, the timeout from the check's
+// start: a check is one wait, however many rounds it takes (until 2026-12-06 each round had a
+// timeout of its own, so an all_to_all whose third member left after the first round reported
+// its Timeout up to three timeouts after it was issued: mpi.job.check_deadline).
 struct WireSignature {
   std::int64_t seq = -1;
   std::uint64_t digest = 0;  // FNV-1a over the name and every WireOp (all_to_all: no counts)
@@ -1334,9 +1337,7 @@ std::string describe(const WireSignature& wire) {
 }  // namespace
 
 void MpiComm::await_requests(std::unique_ptr<Started>& pending, const OpInfo& info,
-                             const char* what) {
-  // Saturating: an infinite timeout (nanoseconds::max()) is never reached, not an overflow.
-  const transport::Deadline deadline = transport::Deadline::after(since_epoch(*process_), timeout_);
+                             const char* what, transport::Deadline deadline) {
   std::string failure;
   try {
     for (;;) {
@@ -1380,6 +1381,9 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
   const std::size_t n = ranks_.size();
   const auto me = static_cast<std::size_t>(group_rank_);
   const bool splits = send_counts != nullptr;  // an all_to_all: two more rounds
+  // Every round's (Note [Collective check]). Saturating: an infinite timeout
+  // (nanoseconds::max()) is never reached, not an overflow.
+  const transport::Deadline deadline = transport::Deadline::after(since_epoch(*process_), timeout_);
   CHORUS_CHECK_EQ(splits, recv_counts != nullptr);
   // Everything every round needs is allocated before the first posting (Note [Issue without
   // allocation]): a std::bad_alloc between two rounds would leave this rank's retry posting the
@@ -1414,7 +1418,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
                          sizeof(WireSignature), MPI_BYTE, check_comm_, request),
           "MPI_Iallgather (collective check)", info);
   }
-  await_requests(pending, info, "every member's description of this operation");
+  await_requests(pending, info, "every member's description of this operation", deadline);
   for (std::size_t i = 0; i < n; ++i) {
     if (i != me && !same_operation((*wires)[i], (*wires)[n])) {
       throw CollectiveMismatch(
@@ -1439,7 +1443,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
                         check_comm_, request),
           "MPI_Ialltoall (collective check)", info);
   }
-  await_requests(pending, info, "every member's all_to_all split sizes");
+  await_requests(pending, info, "every member's all_to_all split sizes", deadline);
   // The first member whose count disagrees, or n; described only after the last round, which
   // allocates nothing before it is posted.
   std::size_t disagreeing = 0;
@@ -1453,7 +1457,7 @@ void MpiComm::verify(const std::vector<OpSignature>& signatures, const OpInfo& i
                          check_comm_, request),
           "MPI_Iallgather (collective check)", info);
   }
-  await_requests(pending, info, "every member's verdict on the split sizes");
+  await_requests(pending, info, "every member's verdict on the split sizes", deadline);
   std::string problem;
   if (disagreeing != n) {
     problem = "rank " + std::to_string(ranks_[disagreeing]) + " sends " +

@@ -474,10 +474,10 @@ class MpiComm final : public transport::Comm {
   void verify(const std::vector<transport::OpSignature>& signatures, const transport::OpInfo& info,
               const std::vector<std::size_t>* send_counts,
               const std::vector<std::size_t>* recv_counts);
-  // Polls `pending` until done or the timeout (then parks it and throws Timeout); parks it too
-  // when anything else throws (Note [Issue without allocation]).
+  // Polls `pending` until done or `deadline`, the whole check's (then parks it and throws
+  // Timeout); parks it too when anything else throws (Note [Issue without allocation]).
   void await_requests(std::unique_ptr<Started>& pending, const transport::OpInfo& info,
-                      const char* what);
+                      const char* what, transport::Deadline deadline);
   // What a work and an error name: this rank, the operation, the group.
   WorkContext work_context(const transport::OpInfo& info) const;
   ErrorContext context_of(const transport::OpInfo& info) const;
