@@ -1,12 +1,15 @@
 // chorus::mpi::run — one MPI process as one chorus rank (chorus/mpi/mpi.hpp).
 
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,9 +19,9 @@
 #include "mpi_transport.hpp"
 
 namespace chorus::mpi {
-namespace {
+namespace detail {
 
-[[noreturn]] void abort_job(detail::MpiProcess& process, const std::string& what) {
+void abort_job(MpiProcess& process, const std::string& what) {
   const int rank = process.rank();
   const int world_size = process.world_size();
   std::fprintf(stderr,
@@ -27,10 +30,29 @@ namespace {
                rank, world_size, what.c_str(), rank);
   std::fflush(stderr);
   std::fflush(stdout);
-  const std::lock_guard mpi_lock(process.mutex());  // Note [MPI locking]
+  // Note [MPI locking], unless another thread keeps the lock (Note [Aborting under the lock]).
+  std::unique_lock mpi_lock(process.mutex(), std::defer_lock);
+  const auto give_up = std::chrono::steady_clock::now() + kAbortLockWait;
+  while (!mpi_lock.try_lock()) {
+    if (std::chrono::steady_clock::now() >= give_up) {
+      std::fprintf(stderr,
+                   "chorus: rank %d: another thread holds the MPI lock (inside a blocking MPI "
+                   "call?); aborting without it\n",
+                   rank);
+      std::fflush(stderr);
+      break;
+    }
+    std::this_thread::yield();
+  }
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; if it did, end this process anyway
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::abort_job;
 
 // Like the simulator's report: the first kUnwaitedListedMax, then a count.
 void report_unwaited(const std::vector<UnwaitedWork>& unwaited) {

@@ -704,4 +704,21 @@ class MpiTransport final : public transport::Transport {
   std::vector<std::deque<std::array<std::uint64_t, 2>>> early_messages_;
 };
 
+// Note [Aborting under the lock]
+// MPI_THREAD_SERIALIZED (Note [MPI locking]) wants no two threads in MPI at once, so a failed
+// rank's MPI_Abort takes the MPI lock first. But another thread of the rank may hold the lock
+// inside an MPI call that never returns: MPI_Comm_create_group, blocking without a deadline for
+// a member that will never join it (docs/mpi.md, "What is not bounded"). Waiting for that thread
+// kept the job from ending at all, the one thing the abort is for (until 2026-12-06
+// abort_job took the lock unconditionally). So the abort waits for the lock kAbortLockWait at
+// most (a thread between two polls holds it for one MPI_Testall), then calls MPI_Abort without
+// it: a call beside another thread's breaks the thread level, and at worst MPI_Abort crashes
+// instead, which ends this process too, and mpirun the job (mpi.abort_test).
+inline constexpr std::chrono::milliseconds kAbortLockWait{1000};
+
+// Prints "chorus: rank R of N failed: <what>" and the abort notice to stderr, then
+// MPI_Abort(MPI_COMM_WORLD, 1) (chorus::mpi::run's end for a failed rank): Note [Aborting under
+// the lock]. Does not return.
+[[noreturn]] void abort_job(MpiProcess& process, const std::string& what);
+
 }  // namespace chorus::mpi::detail
