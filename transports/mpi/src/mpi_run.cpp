@@ -161,6 +161,7 @@ MpiSchedule parse_schedule(std::string_view name) {
 }
 
 bool launched_by_mpi() noexcept {
+  // Which launcher sets each: the declaration (chorus/mpi/mpi.hpp).
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
     if (std::getenv(name) != nullptr) {  // NOLINT(concurrency-mt-unsafe): read-only use
       return true;

@@ -39,8 +39,13 @@ struct Mapping {
 // (ReduceOp::check_dtype); throws InvalidArgument otherwise. Never blocks; thread-safe.
 Mapping describe_mapping(DType dtype, const ReduceOp& reduce_op);
 
-// Whether this process was started by an MPI launcher (mpirun, mpiexec, srun with PMI): one of
-// OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK is set. Thread-safe.
+// Whether this process was started by an MPI launcher, for chorus::run's hint when such a
+// process runs the simulator (each process would simulate a world of its own; docs/mpi.md,
+// "Environment variables"): one of these is set, each by launchers of MPI processes only:
+// OMPI_COMM_WORLD_SIZE (Open MPI's mpirun), PMI_SIZE (PMI-1 and PMI-2 launchers: MPICH's and
+// Intel MPI's Hydra mpiexec, srun --mpi=pmi2), PMIX_RANK (PMIx launchers: Open MPI 5's prterun,
+// srun --mpi=pmix), MPI_LOCALNRANKS (Hydra's count of ranks on the node, which it sets beside
+// its PMI variables). Only read: --transport=mpi asks MPI for the rank. Thread-safe.
 bool launched_by_mpi() noexcept;
 
 // Who schedules all_reduce, reduce_scatter, all_gather and all_to_all (docs/mpi.md, "chorus's
