@@ -1824,6 +1824,14 @@ TEST(ErrorsDocRunning, FromArgsSwitchValue) {
   EXPECT_TRUE(errdoc_from_args({"--check-determinism=true"}).check_determinism);
 }
 
+TEST(ErrorsDocRunning, FromArgsShrinkWithCheckDeterminism) {
+  errdoc_expect_plain<InvalidArgument>(
+      [] { (void)errdoc_from_args({"--check-determinism", "--shrink"}); }, "RunOptions::from_args",
+      "--shrink and --check-determinism together: the check runs the schedule twice as it is; "
+      "shrink a failing run without it");
+  EXPECT_TRUE(errdoc_from_args({"--shrink", "--check-determinism=false"}).shrink);
+}
+
 TEST(ErrorsDocRunning, TransportNotBuilt) {
   std::string built = "(built: sim";
   std::vector<std::string> names = {"gloo"};

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/expect_error.hpp"
+#include "support/planted_bugs.hpp"
 #include "support/scoped_environment.hpp"
 
 namespace chorus {
@@ -251,6 +252,62 @@ TEST(Run, WritesTheTimelineAndTraceOfAFailingRun) {
   EXPECT_NE(read(options.trace_path).find("\"traceEvents\""), std::string::npos);
   std::remove(options.timeline_path.c_str());
   std::remove(options.trace_path.c_str());
+}
+
+TEST(Run, ShrinkReducesAFailingScheduleToItsMinimalOneAndPrintsItsReplay) {
+  const chorus::testing::ScopedEnvironment environment(
+      {{"CHORUS_SIM_SEED", std::nullopt}, {"CHORUS_SIM_REPLAY", std::nullopt}});
+  chorus::testing::FirstTickBug bug;
+  RunOptions options = parse({"--ranks=2", "--shrink"});
+  EXPECT_TRUE(options.shrink);
+  // A seed whose schedule runs into the bug (rank 1 ticks first), shrunk to the one choice it
+  // needs: run rank 1 first.
+  std::string printed;
+  for (std::uint64_t seed = 0; seed < 64 && printed.empty(); ++seed) {
+    options.seed = seed;
+    ::testing::internal::CaptureStderr();
+    const int status = run(options, bug.program());
+    const std::string output = ::testing::internal::GetCapturedStderr();
+    if (status != 0) {
+      printed = output;
+    }
+  }
+  ASSERT_FALSE(printed.empty()) << "no seed of 64 ran into the planted bug";
+  EXPECT_NE(printed.find("chorus: shrinking the failing schedule ("), std::string::npos) << printed;
+  EXPECT_NE(printed.find("chorus: shrunk to 1 choices ("), std::string::npos) << printed;
+  EXPECT_NE(printed.find(" decisions that fails the same way:\n  replay: CHORUS_SIM_REPLAY="),
+            std::string::npos)
+      << printed;
+  EXPECT_NE(printed.find("step  rank 0    rank 1    completes\n0               run\n"),
+            std::string::npos)
+      << printed;
+  EXPECT_NE(printed.find("rank 1 failed: planted bug: rank 1 ticked first"), std::string::npos)
+      << printed;
+  // Its replay command reruns the minimal schedule, which fails the same way.
+  const std::string marker = "  replay: CHORUS_SIM_REPLAY=";
+  const std::size_t at = printed.rfind(marker);
+  ASSERT_NE(at, std::string::npos) << printed;
+  const std::size_t begin = at + marker.size();
+  RunOptions replay = parse({"--ranks=2"});
+  replay.replay = printed.substr(begin, printed.find(' ', begin) - begin);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(run(replay, bug.program()), 1);
+  const std::string replayed = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(replayed.find("planted bug: rank 1 ticked first"), std::string::npos) << replayed;
+  EXPECT_NE(replayed.find("chorus sim: 2 ranks, replaying a decision list, "), std::string::npos)
+      << replayed;
+
+  EXPECT_FALSE(parse({}).shrink);
+  chorus::testing::expect_invalid_argument(
+      [] {
+        (void)parse({"--shrink", "--check-determinism"});
+      },
+      {"--shrink and --check-determinism together"});
+  chorus::testing::expect_invalid_argument(
+      [] {
+        (void)parse({"--shrink", "--transport=mpi"});
+      },
+      {"--shrink is a simulator flag"});
 }
 
 TEST(Run, UnbuiltTransportsAreRefusedClearly) {

@@ -96,7 +96,7 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       has_value = true;
     }
     if (arg == "--guard-pages" || arg == "--check-determinism" || arg == "--check-collectives" ||
-        arg == "--sim-cuda") {
+        arg == "--sim-cuda" || arg == "--shrink") {
       // As `chorus check` takes its switches: alone, or =true, =false, =1, =0.
       const bool on = !has_value || value == "true" || value == "1";
       if (has_value && !on && value != "false" && value != "0") {
@@ -105,6 +105,7 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       (arg == "--guard-pages"         ? options.guard_pages
        : arg == "--check-determinism" ? options.check_determinism
        : arg == "--sim-cuda"          ? options.sim_cuda
+       : arg == "--shrink"            ? options.shrink
                                       : options.check_collectives) = on;
       if (arg != "--check-collectives" && on) {  // a switch turned off asks for nothing
         note_simulator_flag(arg);
@@ -190,6 +191,11 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       options.timeout = std::chrono::milliseconds(milliseconds);
     }
   }
+  if (options.shrink && options.check_determinism) {
+    throw InvalidArgument(ErrorContext{-1, "RunOptions::from_args", -1, ""},
+                          "--shrink and --check-determinism together: the check runs the schedule "
+                          "twice as it is; shrink a failing run without it");
+  }
   if (options.transport != "sim" && !simulator_flags.empty()) {
     std::string flags;
     for (const std::string& flag : simulator_flags) {
@@ -213,6 +219,36 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
   }
   return options;
 }
+
+namespace {
+
+// --shrink: the failing run's schedule reduced to a minimal one that fails the same way
+// (sim::shrink), printed with its replay command and per-rank text timeline; the timeline and
+// trace files, if asked for, are the minimal run's.
+void shrink_and_report(const sim::SimOptions& options, const std::function<void()>& rank_main,
+                       const sim::SimReport& failing) {
+  if (failing.replay_token.empty()) {
+    std::fprintf(stderr,
+                 "chorus: --shrink: the run made more choices than the simulator keeps "
+                 "(sim::SimOptions::choices_record_max): nothing to shrink\n");
+    return;
+  }
+  std::fprintf(stderr, "chorus: shrinking the failing schedule (%llu decisions)...\n",
+               static_cast<unsigned long long>(failing.steps));
+  std::fflush(stderr);
+  const sim::ShrinkResult shrunk = sim::shrink(options, rank_main, failing);
+  // Minimal in its choices (fewest, then smallest: every later one the first candidate), not
+  // in its decisions, which may be more than the failing run's.
+  std::fprintf(stderr,
+               "chorus: shrunk to %zu choices (%zu runs tried), a schedule of %llu decisions that "
+               "fails the same way:\n  replay: %s\n%s",
+               shrunk.choices.size(), shrunk.attempts,
+               static_cast<unsigned long long>(shrunk.minimal.steps),
+               shrunk.minimal.replay_command.c_str(), shrunk.timeline.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
 
 int run(const RunOptions& options, std::function<void()> rank_main) {
   // One process per rank: who this process is comes from its launcher's variables, read (and
@@ -325,9 +361,12 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
     }
     return check.deterministic && check.first.ok() && check.second.ok() ? 0 : 1;
   }
-  const sim::SimReport report = sim::simulate(sim_options, std::move(rank_main));
+  const sim::SimReport report = sim::simulate(sim_options, rank_main);
   if (report.ok() && !report.unwaited.empty()) {
     std::fprintf(stderr, "%s", report.to_string().c_str());  // failures printed already
+  }
+  if (!report.ok() && options.shrink) {
+    shrink_and_report(sim_options, rank_main, report);
   }
   return report.ok() ? 0 : 1;
 }

@@ -37,6 +37,11 @@ struct RunOptions {
   sim::AllocatorPolicy allocator = sim::AllocatorPolicy::Pooled;
   bool guard_pages = false;
   bool check_determinism = false;
+  // Simulator only: a failing run's schedule is shrunk (sim::shrink) to a minimal one that fails
+  // the same way, printed with its replay command and per-rank text timeline. The rank function
+  // runs again for each attempt (up to 2,000), in this process: state it keeps across runs must
+  // start afresh each run. Not with check_determinism.
+  bool shrink = false;
   // Simulator only: each rank poses as the owner of cuda:<rank> (sim::SimOptions::cuda_devices),
   // so a program that places its tensors on local_device() runs them as device tensors.
   bool sim_cuda = false;
@@ -63,7 +68,8 @@ struct RunOptions {
   // --pct-steps=K, --reduction-order=fixed|ring|tree|adversarial,
   // --allocator=pooled|lifo|quarantine|random,
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
-  // --check-determinism, --check-collectives and --sim-cuda (alone, or =true, =false, =1, =0);
+  // --check-determinism, --check-collectives, --sim-cuda and --shrink (alone, or =true, =false,
+  // =1, =0);
   // everything else lands in `args`; the command lines without --seed and without --replay are
   // kept for the replay command. Throws InvalidArgument for a malformed value, and for a
   // simulator-only flag (all but --transport, --seed, --timeout-ms, --check-collectives) with
