@@ -525,12 +525,13 @@ void SimWorld::scheduling_point(int rank) { yield(rank); }
 
 void SimWorld::rank_body(int rank) {
   bind(rank);
-  if (options_.guard_pending_outputs || options_.report_on_interrupt) {
-    // Note [Guard pages], Note [Interrupt report]: a handler must not run on a fiber stack.
-    ensure_signal_alt_stack();
-  }
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   try {
+    if (options_.guard_pending_outputs || options_.report_on_interrupt) {
+      // Note [Guard pages], Note [Interrupt report]: a handler must not run on a fiber stack.
+      // Out of memory for it, the rank fails with std::bad_alloc before its function runs.
+      ensure_signal_alt_stack();
+    }
     rank_main_();
   } catch (const RankStopped& stopped) {
     slot.error = stopped.error;
