@@ -149,10 +149,13 @@ std::exception_ptr raised_by_calling_rank(const std::exception_ptr& error) noexc
     try {
       ErrorContext context = e.context();
       context.rank = caller->rank();
-      return make_error(e.code(), std::move(context),
-                        "rank " + std::to_string(issuer) + " issued this collective and rank " +
-                            std::to_string(caller->rank()) +
-                            " waited on its result: " + e.detail());
+      // try_make_error, not make_error: out of memory making the error, make_error would return
+      // a std::bad_alloc, and the failure would be lost.
+      std::exception_ptr raised = try_make_error(
+          e.code(), std::move(context),
+          "rank " + std::to_string(issuer) + " issued this collective and rank " +
+              std::to_string(caller->rank()) + " waited on its result: " + e.detail());
+      return raised != nullptr ? raised : error;  // out of memory: the issuer's error
     } catch (...) {
       return error;  // out of memory: the issuer's error
     }

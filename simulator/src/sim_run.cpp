@@ -480,9 +480,12 @@ bool SimReport::ok() const noexcept { return first_error == nullptr; }
 std::string SimReport::choice_source_text() const {
   switch (choice_source) {
     case ChoiceSource::List:
-      return "replaying a decision list";
+      return "following a decision list";
     case ChoiceSource::FuzzBytes:
-      return "choices from fuzzer bytes";
+      // PCT's priorities and change points still come from the seed (Note [Decision stream]).
+      return strategy == Strategy::Pct
+                 ? "choices from fuzzer bytes, PCT priorities from seed " + std::to_string(seed)
+                 : "choices from fuzzer bytes";
     case ChoiceSource::Seed:
       break;
   }

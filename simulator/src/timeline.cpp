@@ -427,18 +427,19 @@ std::int64_t tick_spacing_us(std::int64_t total_us) {
   }
 }
 
-// "+10 min", "+2.5 s", "+300 ms": a skipped stretch's length, to its largest unit.
+// "+10 min", "+2.5 s", "+300 ms", "+24 h": a skipped stretch's length, to its largest unit, never
+// in exponent notation (%.3g writes 1440 minutes as 1.44e+03).
 std::string skipped_text(std::int64_t ns) {
   struct Unit {
     std::int64_t ns;
     const char* name;
   };
-  for (const Unit unit : {Unit{60'000'000'000, "min"}, Unit{1'000'000'000, "s"},
-                          Unit{1'000'000, "ms"}, Unit{1'000, "us"}}) {
+  for (const Unit unit : {Unit{3'600'000'000'000, "h"}, Unit{60'000'000'000, "min"},
+                          Unit{1'000'000'000, "s"}, Unit{1'000'000, "ms"}, Unit{1'000, "us"}}) {
     if (ns >= unit.ns) {
+      const double value = static_cast<double>(ns) / static_cast<double>(unit.ns);
       char text[48];
-      std::snprintf(text, sizeof text, "+%.3g %s",
-                    static_cast<double>(ns) / static_cast<double>(unit.ns), unit.name);
+      std::snprintf(text, sizeof text, value < 1000 ? "+%.3g %s" : "+%.0f %s", value, unit.name);
       return text;
     }
   }
@@ -500,10 +501,11 @@ class TimeAxis {
                                [](std::int64_t t, const Piece& p) { return t < p.begin_ns; });
     return x_in(it == pieces_.begin() ? *it : *std::prev(it), ns);
   }
-  // The right end of the axis: the run's end, rounded up to a whole microsecond.
+  // The right end of the axis: the run's end, rounded up to a whole microsecond (at least one
+  // past the last stretch's start: a run of no virtual time still gets a lane to draw in).
   double right() const {
     const Piece& last = pieces_.back();
-    return x_in(last, (last.end_ns + 999) / 1000 * 1000);
+    return x_in(last, std::max((last.end_ns + 999) / 1000 * 1000, last.begin_ns + 1000));
   }
   const std::vector<Piece>& pieces() const { return pieces_; }
   // A tick spacing in microseconds for the time drawn to scale.

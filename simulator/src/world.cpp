@@ -1190,9 +1190,7 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   for (int r = 0; r < size; ++r) {
     RankSlot& slot = ranks_[static_cast<std::size_t>(r)];
     report.unwaited.insert(report.unwaited.end(), slot.unwaited.begin(), slot.unwaited.end());
-    // Empty where the rank ran out of memory describing its error (describe_failure).
-    report.rank_errors[static_cast<std::size_t>(r)] =
-        slot.failure.empty() && slot.error ? describe(slot.error) : slot.failure;
+    report.rank_errors[static_cast<std::size_t>(r)] = failure_text(slot);
   }
   report.first_error = first_error_;
   report.first_error_rank = first_error_rank_;
@@ -1829,7 +1827,7 @@ void SimWorld::record_rank_end(int rank) noexcept {
     event.rank = rank;
     event.owner = rank;
     event.detail = slot.crashed ? slot.crash
-                   : slot.threw ? "threw " + slot.failure
+                   : slot.threw ? "threw " + failure_text(slot)
                                 : std::string("returned");
   });
 }
@@ -2008,6 +2006,11 @@ void SimWorld::fail_slots_from(SimGroup& group, std::int64_t from_seq,
   }
 }
 
+std::string SimWorld::failure_text(const RankSlot& slot) {
+  // Empty where the rank ran out of memory describing its error (describe_failure).
+  return slot.failure.empty() && slot.error ? describe(slot.error) : slot.failure;
+}
+
 std::pair<ErrorCode, std::string> SimWorld::absence(const SimGroup& group,
                                                     std::size_t member) const {
   const int rank = group.ranks[member];
@@ -2028,7 +2031,7 @@ std::pair<ErrorCode, std::string> SimWorld::absence(const SimGroup& group,
   if (slot.threw) {
     return {ErrorCode::RankFailure, "rank " + std::to_string(rank) +
                                         " failed before joining this collective (" + last +
-                                        "): " + slot.failure};
+                                        "): " + failure_text(slot)};
   }
   return {ErrorCode::Deadlock, "rank " + std::to_string(rank) +
                                    " returned from its rank function without joining this "
@@ -2103,7 +2106,7 @@ std::string SimWorld::rank_table() const {
             << std::chrono::duration<double>(slot.wake_at).count() << " s";
         break;
       case Phase::Finished:
-        out << (slot.failed ? "ended with an error: " + slot.failure : "finished");
+        out << (slot.failed ? "ended with an error: " + failure_text(slot) : "finished");
         break;
       case Phase::Blocked: {
         const SimWork& work = *slot.blocked_on;

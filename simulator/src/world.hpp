@@ -7,9 +7,10 @@
 // call of a rank that starts an operation, polls one, or waits on one still pending is a
 // scheduling point: the rank records what it did and suspends. A wait on a work that already
 // finished (completed or failed) returns at once without one (core does not even reach the
-// transport for a completed one): between two of its scheduling points a rank runs only its own
-// code, which no other rank observes, so a decision there would add no interleaving, only one
-// more decision to every run (SimScheduler.AWaitOnAFinishedWorkTakesNoDecision). The scheduler
+// transport for a completed one): ranks interleave where they communicate, and such a wait
+// communicates with no one. A decision there would only reorder the ranks' own code, which on a
+// cluster (a process per rank) no other rank observes, at the cost of one more decision to every
+// run (SimScheduler.AWaitOnAFinishedWorkTakesNoDecision). The scheduler
 // then collects the candidates — runnable ranks, and the head operation of each communicator once
 // every member arrived at it — and lets the seeded RNG pick one: resume that rank, or complete
 // that operation (move the bytes for every member at once, reductions in the order of Note
@@ -516,6 +517,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Why `group`'s member `member` (a group rank) will never arrive at another operation, or
   // empty if it still may; it names where the member last issued an operation on `group`.
   std::pair<ErrorCode, std::string> absence(const SimGroup& group, std::size_t member) const;
+  // What `slot`'s error says: RankSlot::failure, or, where describing the error ran out of memory
+  // when the rank ended (describe_failure), its description made now (may throw std::bad_alloc).
+  static std::string failure_text(const RankSlot& slot);
   // Fails operation `seq` of `group` (when outstanding) if a member that has not joined it never
   // will (out of memory describing it, with a fixed text). The second form is given its slot,
   // `slot`, which fail_slot may erase: read it no more.

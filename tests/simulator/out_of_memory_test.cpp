@@ -974,6 +974,55 @@ TEST(SimOutOfMemoryRankEnd, ARankThatEndsWithAnErrorWhileMemoryIsShortIsReported
   }
 }
 
+// A rank that ends with an error while its memory is short, and a peer that joins a collective the
+// rank never joined only after it ended: the peer's error says why the rank failed, as the
+// report does, and so does the rank's End event where the log kept it (until the fix, both ended
+// in an empty text: RankSlot::failure, left empty by the refusal, was used as it was).
+TEST(SimOutOfMemoryRankEnd, APeerArrivingAfterARankThatEndedWithAnErrorWhileMemoryIsShortSaysWhy) {
+  const std::string message = "rank 0 gave up: a message longer than a short string holds";
+  std::size_t arrived_after = 0;
+  for (std::uint64_t seed = 0; seed < 16; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::exception_ptr error = std::make_exception_ptr(std::runtime_error(message));
+    std::string what;
+    SimOptions options = sweep_options(2);
+    options.seed = seed;
+    const SimReport report = sim::simulate(options, [&] {
+      const ProcessGroup signal = new_group({0, 1}, "signal");
+      wait_tensor(all_reduce(input_of(rank(), 1), "sum", signal));
+      if (rank() == 0) {
+        allocations_counted = 0;
+        allocations_refused = 0;
+        refuse_allocation_number = 1;
+        refuse_onwards = true;
+        refusing_thread = true;  // this rank's thread, which ends with the rank (Threads)
+        counting = true;
+        std::rethrow_exception(error);
+      }
+      try {
+        wait_tensor(all_reduce(input_of(1, 1), "sum", world()));
+      } catch (const RankFailure& e) {
+        what = e.what();
+      }
+    });
+    counting = false;
+    refuse_allocation_number = 0;
+    refuse_onwards = false;
+    ASSERT_EQ(report.rank_errors.size(), 2u);
+    EXPECT_EQ(report.rank_errors[0], message);
+    if (contains(what, "failed before joining this collective")) {
+      ++arrived_after;  // described in rank 1's start, once rank 0 had ended
+      EXPECT_TRUE(what.ends_with("): " + message)) << what;
+    }
+    for (const SimEvent& event : report.events) {
+      if (event.kind == SimEvent::Kind::End && event.rank == 0) {
+        EXPECT_EQ(event.detail, "threw " + message);
+      }
+    }
+  }
+  EXPECT_GT(arrived_after, 0u) << "no seed had rank 1 arrive after rank 0 ended";
+}
+
 // A rank that returns while its memory is short, leaving a peer waiting in a collective it never
 // joins: the peer's wait fails (Deadlock, with a fixed text: describing the absent rank, and
 // making the error, ran out of memory), and the run ends. Until 2026-12-06 the refusal escaped
@@ -1006,6 +1055,61 @@ TEST(SimOutOfMemoryRankEnd, APeerWaitingForARankThatReturnsWhileMemoryIsShortFai
   EXPECT_EQ(code, ErrorCode::Deadlock) << what;
   // Made on the refusing rank too: the error made in advance (Note [Operation positions]).
   EXPECT_TRUE(contains(what, "the simulator ran out of memory describing")) << what;
+}
+
+// A rank waiting on another rank's failed result while its memory is short: each allocation of
+// the wait refused in turn, the wait raises the failure (the waiter's copy, or where making that
+// ran out of memory the issuer's error), never std::bad_alloc (detail::raised_by_calling_rank).
+TEST(SimOutOfMemoryWait, AWaitOnAnotherRanksFailedResultRaisesTheFailure) {
+  Tensor shared;
+  std::vector<std::string> seen;
+  std::size_t swept = 0;
+  const SimReport report = sim::simulate(sweep_options(3), [&] {
+    const ProcessGroup signal = new_group({0, 1, 2}, "signal");
+    if (rank() == 0) {
+      shared = all_reduce(input_of(0, 1), "sum", {0, 2});
+    }
+    wait_tensor(all_reduce(input_of(rank(), 1), "sum", signal));  // rank 0 issued its all_reduce
+    if (rank() != 1) {
+      if (rank() == 0) {
+        EXPECT_THROW((void)shared.to_vector<std::int32_t>(), Deadlock);
+      }
+      return;  // rank 2 without joining rank 0's all_reduce
+    }
+    EXPECT_THROW((void)shared.to_vector<std::int32_t>(), Deadlock);  // failed: no wait from here
+    for (std::size_t n = 1;; ++n) {
+      ASSERT_LT(n, 1'000u) << "the sweep does not end";
+      allocations_counted = 0;
+      allocations_refused = 0;
+      refuse_onwards = false;
+      refuse_allocation_number = n;
+      refusing_thread = true;
+      counting = true;
+      std::exception_ptr caught;
+      try {
+        (void)shared.to_vector<std::int32_t>();
+      } catch (...) {
+        counting = false;
+        caught = std::current_exception();
+      }
+      counting = false;
+      refusing_thread = false;
+      refuse_allocation_number = 0;
+      if (allocations_refused.load() == 0) {
+        break;  // the wait made fewer than n allocations
+      }
+      ++swept;
+      seen.push_back(describe(caught));
+    }
+  });
+  shared = Tensor();
+  EXPECT_GT(swept, 0u);
+  for (const std::string& what : seen) {
+    EXPECT_TRUE(what.starts_with("chorus::Deadlock: [rank 1] all_reduce #0 on group [0, 2]: rank 0 "
+                                 "issued this collective and rank 1 waited on its result: ") ||
+                what.starts_with("chorus::Deadlock: [rank 0] all_reduce #0 on group [0, 2]: "))
+        << what;
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -254,6 +255,27 @@ TEST(Replay, FuzzerBytesDriveTheRunDeterministically) {
   EXPECT_EQ(first.schedule.front().rank, 3);  // 3 % 4 runnable ranks
 }
 
+// Under PCT a fuzzed run's seed still shapes it (PCT draws its priorities from the seed, not from
+// the bytes), so its header names the seed; under the random walk it plays no part.
+TEST(Replay, AFuzzedPctRunsHeaderNamesTheSeedItsPrioritiesCameFrom) {
+  std::set<std::uint64_t> hashes;
+  for (const std::uint64_t seed : {1u, 2u, 3u, 4u}) {
+    SimOptions options = quiet_options(4, seed, Strategy::Pct);
+    options.fuzz_bytes = std::vector<std::uint8_t>{3, 1, 4};
+    SimReport report;
+    (void)mixed_program_result(options, &report);
+    hashes.insert(report.schedule_hash);
+    EXPECT_EQ(report.choice_source_text(),
+              "choices from fuzzer bytes, PCT priorities from seed " + std::to_string(seed));
+  }
+  EXPECT_GT(hashes.size(), 1u) << "the seed made no difference";
+  SimOptions options = quiet_options(4, 1, Strategy::RandomWalk);
+  options.fuzz_bytes = std::vector<std::uint8_t>{3, 1, 4};
+  SimReport report;
+  (void)mixed_program_result(options, &report);
+  EXPECT_EQ(report.choice_source_text(), "choices from fuzzer bytes");
+}
+
 // A run driven by fuzzer bytes replays from its token: its seed would be another run.
 TEST(Replay, AFuzzedRunsReplayInstructionNamesItsTokenNotItsSeed) {
   SimOptions options = quiet_options(1, 9, Strategy::RandomWalk);
@@ -437,7 +459,7 @@ TEST(Shrink, APlantedBugShrinksToItsHandMinimalScheduleAndReplays) {
   const SimReport replayed = sim::simulate(replay, bug.program());
   EXPECT_FALSE(replayed.ok());
   EXPECT_EQ(replayed.replay_token, shrunk.replay_token);
-  EXPECT_EQ(replayed.to_string().find("chorus sim: 2 ranks, replaying a decision list, "), 0u)
+  EXPECT_EQ(replayed.to_string().find("chorus sim: 2 ranks, following a decision list, "), 0u)
       << replayed.to_string();
 }
 

@@ -827,6 +827,35 @@ TEST(SvgTimeline, AWatchdogTimeoutsMinutesOfVirtualTimeAreABreakNotAScale) {
   EXPECT_NE(svg.find(">600000003us</text>"), std::string::npos) << svg;
 }
 
+// A break's label is in plain digits whatever the stretch: a day is "+24 h", not "+1.44e+03 min".
+TEST(SvgTimeline, ABreakOfADayOrMoreIsLabelledInHours) {
+  for (const auto& [skip_ns, label] :
+       {std::pair<std::int64_t, std::string>{std::int64_t{86'400} * 1'000'000'000, ">+24 h</text>"},
+        {std::int64_t{7'200'000} * 1'000'000'000, ">+2000 h</text>"},
+        {std::int64_t{5'000'000}, ">+5 ms</text>"}}) {
+    SimReport report;  // hand-made: one operation that lasts `skip_ns`
+    report.world_size = 1;
+    SimEvent issue;
+    issue.kind = Kind::Issue;
+    issue.rank = 0;
+    issue.owner = 0;
+    issue.op = "all_reduce";
+    issue.group = "[0]";
+    issue.comm_id = 1;
+    issue.seq = 0;
+    issue.time = std::chrono::nanoseconds(1000);
+    SimEvent complete = issue;
+    complete.kind = Kind::Complete;
+    complete.time = issue.time + std::chrono::nanoseconds(skip_ns);
+    report.events = {issue, complete};
+    report.virtual_time = complete.time + std::chrono::nanoseconds(1000);
+    const std::string svg = sim::to_svg_timeline(report);
+    EXPECT_EQ(count_of(svg, "<g class=\"skip\">"), 1u) << svg;
+    EXPECT_NE(svg.find(label), std::string::npos) << svg;
+    EXPECT_EQ(svg.find("e+0"), std::string::npos) << svg;
+  }
+}
+
 TEST(SvgTimeline, ARunWithoutALongQuietStretchHasNoBreak) {
   const SimReport report = sim::simulate(recording(4, 3), mismatch_at_second_op);
   EXPECT_EQ(sim::to_svg_timeline(report).find("class=\"skip\""), std::string::npos);

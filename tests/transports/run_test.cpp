@@ -294,7 +294,7 @@ TEST(Run, ShrinkReducesAFailingScheduleToItsMinimalOneAndPrintsItsReplay) {
   EXPECT_EQ(run(replay, bug.program()), 1);
   const std::string replayed = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(replayed.find("planted bug: rank 1 ticked first"), std::string::npos) << replayed;
-  EXPECT_NE(replayed.find("chorus sim: 2 ranks, replaying a decision list, "), std::string::npos)
+  EXPECT_NE(replayed.find("chorus sim: 2 ranks, following a decision list, "), std::string::npos)
       << replayed;
 
   EXPECT_FALSE(parse({}).shrink);

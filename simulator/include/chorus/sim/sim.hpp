@@ -387,11 +387,12 @@ std::string_view event_kind_name(SimEvent::Kind kind) noexcept;
 
 struct SimReport {
   // What made the run's choices: its seed, or a decision list (SimOptions::choices, which a replay
-  // token sets) or fuzzer bytes (SimOptions::fuzz_bytes), where `seed` played no part.
+  // token sets), where `seed` played no part, or fuzzer bytes (SimOptions::fuzz_bytes), where
+  // `seed` gives PCT its priorities and change points (Strategy::Pct) and plays no other part.
   enum class ChoiceSource { Seed, List, FuzzBytes };
 
   int world_size = 0;
-  std::uint64_t seed = 0;  // the seed actually used (ChoiceSource::Seed)
+  std::uint64_t seed = 0;  // the seed actually used (ChoiceSource::Seed; FuzzBytes under PCT)
   ChoiceSource choice_source = ChoiceSource::Seed;
   std::uint64_t steps = 0;          // scheduling decisions taken
   std::uint64_t schedule_hash = 0;  // digest of every decision: same seed -> same hash
@@ -426,8 +427,8 @@ struct SimReport {
   std::uint64_t events_not_recorded = 0;  // past SimOptions::events_record_max
 
   bool ok() const noexcept;  // no rank ended in an error
-  // "seed 3", "replaying a decision list" or "choices from fuzzer bytes", as the report's, the
-  // trace's and the SVG timeline's headers say it.
+  // "seed 3", "following a decision list" or "choices from fuzzer bytes" (under PCT: ", PCT
+  // priorities from seed 3"), as the report's, the trace's and the SVG timeline's headers say it.
   std::string choice_source_text() const;
   // How often the mark `name` was passed (0: never).
   std::uint64_t mark_count(std::string_view name) const;
