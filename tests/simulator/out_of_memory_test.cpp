@@ -39,6 +39,24 @@ std::atomic<bool> refuse_onwards{false};
 std::atomic<std::size_t> allocations_refused{0};
 thread_local bool refusing_thread = false;
 
+// From here on, the calling thread's `number`-th allocation is refused (0: none), or with
+// `onwards` every one from that one on (on the threads executor, the rank's own thread, which
+// ends with the rank), until stop_refusing().
+void start_refusing(std::size_t number, bool onwards) {
+  allocations_counted = 0;
+  allocations_refused = 0;
+  refuse_allocation_number = number;
+  refuse_onwards = onwards;
+  refusing_thread = true;
+  counting = true;
+}
+
+void stop_refusing() {
+  counting = false;
+  refuse_allocation_number = 0;
+  refuse_onwards = false;
+}
+
 }  // namespace
 
 bool chorus::testing::refuse_allocation(std::size_t) noexcept {
@@ -324,12 +342,7 @@ struct FailingOutcome {
 // `onwards` every allocation from that one on; true when `body` threw std::bad_alloc, or the
 // InvalidArgument an output's allocation becomes.
 bool refusing(std::size_t number, bool onwards, const std::function<void()>& body) {
-  allocations_counted = 0;
-  allocations_refused = 0;
-  refuse_allocation_number = number;
-  refuse_onwards = onwards;
-  refusing_thread = true;
-  counting = true;
+  start_refusing(number, onwards);
   bool threw = false;
   try {
     body();
@@ -826,9 +839,7 @@ TEST_P(SimOutOfMemoryScheduler, TheOperationFailsAndTheCommunicatorIsAborted) {
       FAIL() << "sim::run threw: " << describe(std::current_exception());
     }
     refusing_thread = false;
-    counting = false;
-    refuse_allocation_number = 0;
-    refuse_onwards = false;
+    stop_refusing();
     ASSERT_TRUE(report.ok()) << ::testing::PrintToString(report.rank_errors);
     if (n != 0 && allocations_refused.load() == 0) {
       break;  // every allocation was refused once
@@ -953,19 +964,12 @@ TEST(SimOutOfMemoryRankEnd, ARankThatEndsWithAnErrorWhileMemoryIsShortIsReported
         std::runtime_error("rank 0 gave up: a message longer than a short string holds"));
     const SimReport report = sim::simulate(sweep_options(world_size), [&] {
       if (rank() == 0) {
-        allocations_counted = 0;
-        allocations_refused = 0;
-        refuse_allocation_number = 1;
-        refuse_onwards = true;
-        refusing_thread = true;  // this rank's thread, which ends with the rank (Threads)
-        counting = true;
+        start_refusing(1, true);
         std::rethrow_exception(error);
       }
       (void)all_reduce(Tensor::ones({1}), "sum", {rank()}).item<float>();
     });
-    counting = false;
-    refuse_allocation_number = 0;
-    refuse_onwards = false;
+    stop_refusing();
     EXPECT_GT(allocations_refused.load(), 0u);
     EXPECT_EQ(report.first_error, error);
     EXPECT_EQ(report.first_error_rank, 0);
@@ -991,12 +995,7 @@ TEST(SimOutOfMemoryRankEnd, APeerArrivingAfterARankThatEndedWithAnErrorWhileMemo
       const ProcessGroup signal = new_group({0, 1}, "signal");
       wait_tensor(all_reduce(input_of(rank(), 1), "sum", signal));
       if (rank() == 0) {
-        allocations_counted = 0;
-        allocations_refused = 0;
-        refuse_allocation_number = 1;
-        refuse_onwards = true;
-        refusing_thread = true;  // this rank's thread, which ends with the rank (Threads)
-        counting = true;
+        start_refusing(1, true);
         std::rethrow_exception(error);
       }
       try {
@@ -1005,9 +1004,7 @@ TEST(SimOutOfMemoryRankEnd, APeerArrivingAfterARankThatEndedWithAnErrorWhileMemo
         what = e.what();
       }
     });
-    counting = false;
-    refuse_allocation_number = 0;
-    refuse_onwards = false;
+    stop_refusing();
     ASSERT_EQ(report.rank_errors.size(), 2u);
     EXPECT_EQ(report.rank_errors[0], message);
     if (contains(what, "failed before joining this collective")) {
@@ -1040,16 +1037,9 @@ TEST(SimOutOfMemoryRankEnd, APeerWaitingForARankThatReturnsWhileMemoryIsShortFai
       return;
     }
     wait_tensor(all_reduce(input_of(0, 1), "sum", signal));  // rank 1 issued its all_reduce
-    allocations_counted = 0;
-    allocations_refused = 0;
-    refuse_allocation_number = 1;
-    refuse_onwards = true;
-    refusing_thread = true;  // this rank's thread, which ends with the rank (Threads)
-    counting = true;
+    start_refusing(1, true);
   });
-  counting = false;
-  refuse_allocation_number = 0;
-  refuse_onwards = false;
+  stop_refusing();
   EXPECT_GT(allocations_refused.load(), 0u);
   EXPECT_TRUE(report.ok());
   EXPECT_EQ(code, ErrorCode::Deadlock) << what;
@@ -1079,12 +1069,7 @@ TEST(SimOutOfMemoryWait, AWaitOnAnotherRanksFailedResultRaisesTheFailure) {
     EXPECT_THROW((void)shared.to_vector<std::int32_t>(), Deadlock);  // failed: no wait from here
     for (std::size_t n = 1;; ++n) {
       ASSERT_LT(n, 1'000u) << "the sweep does not end";
-      allocations_counted = 0;
-      allocations_refused = 0;
-      refuse_onwards = false;
-      refuse_allocation_number = n;
-      refusing_thread = true;
-      counting = true;
+      start_refusing(n, false);
       std::exception_ptr caught;
       try {
         (void)shared.to_vector<std::int32_t>();
