@@ -439,7 +439,8 @@ std::string skipped_text(std::int64_t ns) {
     if (ns >= unit.ns) {
       const double value = static_cast<double>(ns) / static_cast<double>(unit.ns);
       char text[48];
-      std::snprintf(text, sizeof text, value < 1000 ? "+%.3g %s" : "+%.0f %s", value, unit.name);
+      // %.3g rounds 999.5 and up to 1e+03: those are written whole too ("+1000 ms").
+      std::snprintf(text, sizeof text, value < 999.5 ? "+%.3g %s" : "+%.0f %s", value, unit.name);
       return text;
     }
   }

@@ -1133,6 +1133,12 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
     throw;
   }
   schedule();
+  // The executor and the world agree that every rank ended: checked once a run, not per decision
+  // (rank_body sets Finished as its last step, so a check as the body returns would test nothing).
+  for (int r = 0; r < size; ++r) {
+    CHORUS_CHECK(executor_->finished(r));
+    CHORUS_CHECK(ranks_[static_cast<std::size_t>(r)].phase == Phase::Finished);
+  }
   executor_->stop();
 
   SimReport report;
@@ -1234,11 +1240,7 @@ void SimWorld::start_ranks() {
   }
   executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
                                                                           : make_thread_executor();
-  executor_->start(size, [this](int rank) {
-    rank_body(rank);
-    // The executor reports the rank finished once this returns (RankExecutor::finished).
-    CHORUS_CHECK(ranks_[static_cast<std::size_t>(rank)].phase == Phase::Finished);
-  });
+  executor_->start(size, [this](int rank) { rank_body(rank); });
 }
 
 void SimWorld::release_run_resources() noexcept {
@@ -1372,8 +1374,8 @@ void SimWorld::execute(const Decision& decision) {
     running_rank_.store(-1, std::memory_order_relaxed);
     RankContext::bind(nullptr);
     this_thread_rank = CurrentRank{};
-    // A rank whose body returned is Finished: checked as the body returns (start_ranks), not here
-    // with a virtual call per decision to ask the executor.
+    // A rank whose body returned is Finished: checked once the schedule ends (run), not here with
+    // a virtual call per decision to ask the executor.
     return;
   }
   SimGroup& group = *groups_[decision.comm_id - 1];

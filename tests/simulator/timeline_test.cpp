@@ -832,7 +832,10 @@ TEST(SvgTimeline, ABreakOfADayOrMoreIsLabelledInHours) {
   for (const auto& [skip_ns, label] :
        {std::pair<std::int64_t, std::string>{std::int64_t{86'400} * 1'000'000'000, ">+24 h</text>"},
         {std::int64_t{7'200'000} * 1'000'000'000, ">+2000 h</text>"},
-        {std::int64_t{5'000'000}, ">+5 ms</text>"}}) {
+        {std::int64_t{5'000'000}, ">+5 ms</text>"},
+        // %.3g would write these as "+1e+03 ms" and "+1e+03 h".
+        {std::int64_t{999'600'000}, ">+1000 ms</text>"},
+        {std::int64_t{3'599'000} * 1'000'000'000, ">+1000 h</text>"}}) {
     SimReport report;  // hand-made: one operation that lasts `skip_ns`
     report.world_size = 1;
     SimEvent issue;

@@ -66,8 +66,9 @@
 //   check_deadline  (3 ranks, with --check-collectives; ranks 0 and 1 with --timeout-ms=T, rank
 //            2 with a shorter one) an all_to_all_single on the world, whose check takes three
 //            rounds: rank 2 times out in the first (rank 1 is not there) and leaves, telling rank
-//            1 through an all_reduce on h = {1, 2}; rank 1 then issues it, which completes the
-//            first round, and the second waits for rank 2 for ever. Rank 0's Timeout must come
+//            1 through an all_reduce on h = {1, 2}, and waits for the job's end; rank 1 then
+//            issues it, which completes the first round, and the second waits for rank 2 for
+//            ever. Rank 0's Timeout must come
 //            by its deadline, T after it issued the operation, not a second T after the first
 //            round ended (Note [Collective check]); rank 0 prints how long it took and ends
 //            the job.
@@ -103,6 +104,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -906,11 +908,14 @@ void check_deadline(std::chrono::nanoseconds timeout) {
     } catch (const chorus::Timeout&) {  // expected: the check's first round
     }
     require(chorus::all_reduce(one, "sum", h).to_vector<float>()[0] == 2.0f, "all_reduce on h");
-    // Rank 1 never issues this one: it waits (its deadline is a second after rank 0's) until
-    // rank 0's Timeout ends the job. Returning would leave it in MPI_Finalize, where it kept
-    // mpirun from ending after rank 0's MPI_Abort (a minute, until `timeout` killed it).
-    (void)chorus::all_reduce(one, "sum", h).to_vector<float>();
-    throw std::runtime_error("rank 2's second all_reduce on h completed");
+    // Waits, with no deadline of its own, until rank 0's MPI_Abort ends the job. Not in a second
+    // collective: its Timeout (T2 after the first ended, T + 1 s after rank 0 issued) would abort
+    // the job before a Timeout of rank 0's that came more than 1 s late, whatever slack rank 0
+    // allows. Not by returning either: that left it in MPI_Finalize, where it kept mpirun from
+    // ending after rank 0's MPI_Abort (a minute, until `timeout` killed it).
+    std::promise<void> never;
+    never.get_future().wait();
+    throw std::runtime_error("rank 2's wait for the job's end returned");
   }
   if (chorus::rank() == 1) {
     // Waits (its longer timeout) for rank 2's Timeout, then issues the operation.

@@ -283,6 +283,8 @@ TEST(Run, ShrinkReducesAFailingScheduleToItsMinimalOneAndPrintsItsReplay) {
       << printed;
   EXPECT_NE(printed.find("rank 1 failed: planted bug: rank 1 ticked first"), std::string::npos)
       << printed;
+  // Neither replay command shrinks again: they rerun one schedule.
+  EXPECT_EQ(printed.find("--shrink"), std::string::npos) << printed;
   // Its replay command reruns the minimal schedule, which fails the same way.
   const std::string marker = "  replay: CHORUS_SIM_REPLAY=";
   const std::size_t at = printed.rfind(marker);
@@ -308,6 +310,11 @@ TEST(Run, ShrinkReducesAFailingScheduleToItsMinimalOneAndPrintsItsReplay) {
         (void)parse({"--shrink", "--transport=mpi"});
       },
       {"--shrink is a simulator flag"});
+  RunOptions both;
+  both.shrink = true;
+  both.check_determinism = true;
+  chorus::testing::expect_invalid_argument([&] { (void)run(both, [] {}); },
+                                           {"RunOptions::shrink and check_determinism together"});
 }
 
 TEST(Run, UnbuiltTransportsAreRefusedClearly) {

@@ -82,9 +82,10 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       simulator_flags.push_back(flag);
     }
   };
-  // Which words each flag took ("--seed=3", or "--seed 3"), for the replay command's lines.
-  std::vector<bool> seed_words(static_cast<std::size_t>(std::max(argc, 0)), false);
-  std::vector<bool> replay_words(seed_words.size(), false);
+  // The words each replay command's line leaves out: those --seed or --replay took ("--seed=3",
+  // or "--seed 3"), and --shrink.
+  std::vector<bool> drop_from_seed_command(static_cast<std::size_t>(std::max(argc, 0)), false);
+  std::vector<bool> drop_from_replay_command(drop_from_seed_command.size(), false);
   for (int i = 1; i < argc; ++i) {
     const int first_word = i;
     std::string arg = argv[i];
@@ -110,6 +111,12 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       if (arg != "--check-collectives" && on) {  // a switch turned off asks for nothing
         note_simulator_flag(arg);
       }
+      if (arg == "--shrink") {
+        // Not in the replay commands: a replay reruns the failing (or the shrunk) schedule once,
+        // not the shrinking's up to 2,000 runs again.
+        drop_from_seed_command[static_cast<std::size_t>(first_word)] = true;
+        drop_from_replay_command[static_cast<std::size_t>(first_word)] = true;
+      }
       continue;
     }
     const bool known = arg == "--transport" || arg == "--ranks" || arg == "--seed" ||
@@ -130,7 +137,8 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       value = argv[++i];
     }
     if (arg == "--seed" || arg == "--replay") {
-      std::vector<bool>& words = arg == "--seed" ? seed_words : replay_words;
+      std::vector<bool>& words =
+          arg == "--seed" ? drop_from_seed_command : drop_from_replay_command;
       for (int word = first_word; word <= i; ++word) {
         words[static_cast<std::size_t>(word)] = true;
       }
@@ -210,10 +218,10 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
                               "launch -n N)");
   }
   for (int i = 0; i < argc; ++i) {
-    if (!seed_words[static_cast<std::size_t>(i)]) {
+    if (!drop_from_seed_command[static_cast<std::size_t>(i)]) {
       options.command_without_seed.emplace_back(argv[i]);
     }
-    if (!replay_words[static_cast<std::size_t>(i)]) {
+    if (!drop_from_replay_command[static_cast<std::size_t>(i)]) {
       options.command_without_replay.emplace_back(argv[i]);
     }
   }
@@ -237,6 +245,14 @@ void shrink_and_report(const sim::SimOptions& options, const std::function<void(
                static_cast<unsigned long long>(failing.steps));
   std::fflush(stderr);
   const sim::ShrinkResult shrunk = sim::shrink(options, rank_main, failing);
+  if (shrunk.minimal.ok()) {
+    // Every attempt failed the same way, but not the last run: the program's runs differ.
+    std::fprintf(stderr,
+                 "chorus: --shrink: the shrunk schedule passed when run again: the program keeps "
+                 "state across runs (each attempt reruns it in this process), so no schedule "
+                 "reproduces its failure\n");
+    return;
+  }
   // Minimal in its choices (fewest, then smallest: every later one the first candidate), not
   // in its decisions, which may be more than the failing run's.
   std::fprintf(stderr,
@@ -251,6 +267,11 @@ void shrink_and_report(const sim::SimOptions& options, const std::function<void(
 }  // namespace
 
 int run(const RunOptions& options, std::function<void()> rank_main) {
+  if (options.shrink && options.check_determinism) {  // set in code: from_args refuses them too
+    throw InvalidArgument(ErrorContext{-1, "chorus::run", -1, ""},
+                          "RunOptions::shrink and check_determinism together: the check runs the "
+                          "schedule twice as it is; shrink a failing run without it");
+  }
   // One process per rank: who this process is comes from its launcher's variables, read (and
   // checked: a malformed value is an InvalidArgument naming it) before any transport starts. MPI
   // finds its rank itself: for it only RANK/WORLD_SIZE are read, to refuse a process that chorus

@@ -70,8 +70,8 @@ struct RunOptions {
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
   // --check-determinism, --check-collectives, --sim-cuda and --shrink (alone, or =true, =false,
   // =1, =0);
-  // everything else lands in `args`; the command lines without --seed and without --replay are
-  // kept for the replay command. Throws InvalidArgument for a malformed value, and for a
+  // everything else lands in `args`; the command lines without --seed and without --replay (both
+  // without --shrink: a replay reruns one schedule) are kept for the replay command. Throws InvalidArgument for a malformed value, and for a
   // simulator-only flag (all but --transport, --seed, --timeout-ms, --check-collectives) with
   // --transport=mpi or nccl, which would ignore it.
   static RunOptions from_args(int argc, char** argv);
