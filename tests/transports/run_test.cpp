@@ -199,6 +199,104 @@ TEST(RunOptions, TheBoundsOfTheRanksAndTheTimeoutAreAccepted) {
   EXPECT_THROW(parse({"--timeout-ms=31536000001"}), InvalidArgument);
 }
 
+TEST(RunOptions, ReadsTheFaultFlags) {
+  const RunOptions options =
+      parse({"--fault=crash:1:3", "--fault", "delay:0:2:40", "--fault=transport_error:2:0",
+             "--random-faults=hang:500,transport_error:250", "--max-faults=2",
+             "--liveness-steps=1000", "--fault=hang:3:7"});
+  EXPECT_EQ(options.faults,
+            (std::vector<sim::Fault>{sim::Fault::crash(1, 3), sim::Fault::delay(0, 2, 40),
+                                     sim::Fault::transport_error(2, 0), sim::Fault::hang(3, 7)}));
+  EXPECT_EQ(options.random_faults.crash_ppm, 0U);
+  EXPECT_EQ(options.random_faults.transport_error_ppm, 250U);
+  EXPECT_EQ(options.random_faults.hang_ppm, 500U);
+  EXPECT_EQ(options.random_faults.delay_ppm, 0U);
+  EXPECT_EQ(options.random_faults.max_faults, 2U);
+  EXPECT_EQ(options.liveness_steps, 1000U);
+  EXPECT_TRUE(options.args.empty());
+  EXPECT_EQ(parse({"--random-faults=crash:1000000"}).random_faults.crash_ppm, 1'000'000U);
+  const RunOptions defaults = parse({});
+  EXPECT_TRUE(defaults.faults.empty());
+  EXPECT_FALSE(defaults.random_faults.enabled());
+  EXPECT_EQ(defaults.liveness_steps, 0U);
+
+  for (const char* refused :
+       {"--fault=crash:1", "--fault=explode:1:2", "--fault=delay:0:1", "--fault=delay:0:1:0",
+        "--fault=crash:01:2", "--fault=crash:1:2:3", "--fault=crash:1:-2",
+        "--fault=", "--fault=crash:1:18446744073709551616", "--fault=crash:100000:0",
+        "--random-faults=crash:1000001", "--random-faults=crash:600000,hang:400001",
+        "--random-faults=crash", "--random-faults=crash:5,crash:6",
+        "--random-faults=", "--random-faults=crash:5,", "--max-faults=0", "--liveness-steps=0"}) {
+    EXPECT_THROW(parse({refused}), InvalidArgument) << refused;
+  }
+  chorus::testing::expect_error<InvalidArgument>(
+      [] { (void)parse({"--fault=crash:1"}); },
+      {"flag --fault='crash:1' is invalid: expected KIND:RANK:OP (KIND one of crash, "
+       "transport_error, hang; OP the rank's operation number from 0) or delay:RANK:OP:STEPS"});
+  chorus::testing::expect_error<InvalidArgument>(
+      [] {
+        (void)parse({"--transport=mpi", "--fault=crash:1:0"});
+      },
+      {"--fault is a simulator flag, which --transport=mpi would ignore"});
+}
+
+// An injected crash ends every rank with RankFailure, not a hang, and the replay command keeps
+// the fault: it reruns the same failing run.
+TEST(Run, AnInjectedCrashFailsEveryRankAndItsReplayKeepsTheFault) {
+  const chorus::testing::ScopedEnvironment environment(
+      {{"CHORUS_SIM_SEED", std::nullopt}, {"CHORUS_SIM_REPLAY", std::nullopt}});
+  const RunOptions options = parse({"--ranks=3", "--fault=crash:1:1"});
+  std::vector<std::string> seen(3);
+  ::testing::internal::CaptureStderr();
+  const int status = run(options, [&seen] {
+    try {
+      for (int step = 0; step < 3; ++step) {
+        wait_tensor(all_reduce(Tensor::ones({2}), "sum", world()));
+      }
+      seen[static_cast<std::size_t>(rank())] = "finished";
+    } catch (const RankFailure& failure) {
+      seen[static_cast<std::size_t>(rank())] = "RankFailure at " +
+                                               std::string(failure.context().op) + " #" +
+                                               std::to_string(failure.context().seq);
+      throw;
+    }
+  });
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(status, 1);
+  // Rank 1 dies as it starts its operation 1, all_reduce #1 (the error names the operation it
+  // crashed at), and its peers' all_reduce #1 fails.
+  EXPECT_EQ(seen, (std::vector<std::string>{"RankFailure at all_reduce #1",
+                                            "RankFailure at all_reduce #1",
+                                            "RankFailure at all_reduce #1"}));
+  EXPECT_NE(printed.find("injected fault: crash at rank 1's operation 1"), std::string::npos)
+      << printed;
+  EXPECT_NE(printed.find("replay: CHORUS_SIM_SEED=0 program --ranks=3 --fault=crash:1:1\n"),
+            std::string::npos)
+      << printed;
+}
+
+// A fault drawn from the decision stream: with certainty and at most one, the first operation
+// started crashes its rank, and the run fails on every rank.
+TEST(Run, ARandomFaultIsDrawnFromTheSchedule) {
+  const chorus::testing::ScopedEnvironment environment(
+      {{"CHORUS_SIM_SEED", std::nullopt}, {"CHORUS_SIM_REPLAY", std::nullopt}});
+  const RunOptions options = parse({"--ranks=2", "--random-faults=crash:1000000"});
+  int failures = 0;
+  ::testing::internal::CaptureStderr();
+  const int status = run(options, [&failures] {
+    try {
+      wait_tensor(all_reduce(Tensor::ones({2}), "sum", world()));
+    } catch (const RankFailure&) {
+      ++failures;
+      throw;
+    }
+  });
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(status, 1);
+  EXPECT_EQ(failures, 2);
+  EXPECT_NE(printed.find("injected fault: crash at rank "), std::string::npos) << printed;
+}
+
 TEST(Run, ReturnsZeroWhenEveryRankSucceeds) {
   RunOptions options;
   options.ranks = 4;

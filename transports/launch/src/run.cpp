@@ -34,18 +34,32 @@ namespace {
 
 // Plain decimal, as every other integer flag of chorus (the examples', `chorus check`'s and
 // `chorus launch`'s): digits only, no sign, no leading zero (CLI11 would read "010" as octal
-// there), no 0x. Rejects values that do not fit 64 bits.
-std::uint64_t parse_unsigned(const std::string& flag, const std::string& value) {
-  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos ||
-      (value.size() > 1 && value.front() == '0')) {
-    bad_flag(flag, value, "an unsigned integer in plain decimal (no +, leading zero or 0x)");
-  }
+// there), no 0x.
+bool plain_decimal(const std::string& text) {
+  return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos &&
+         (text.size() == 1 || text.front() != '0');
+}
+
+// `text`, which plain_decimal accepted, as a number; nullopt from 2^64 up.
+std::optional<std::uint64_t> decimal_value(const std::string& text) {
   errno = 0;
-  const unsigned long long parsed = std::strtoull(value.c_str(), nullptr, 10);
+  const unsigned long long parsed = std::strtoull(text.c_str(), nullptr, 10);
   if (errno == ERANGE) {
-    bad_flag(flag, value, "an unsigned integer below 2^64");
+    return std::nullopt;
   }
   return parsed;
+}
+
+// The value of an integer flag: plain decimal below 2^64, else a bad_flag error.
+std::uint64_t parse_unsigned(const std::string& flag, const std::string& value) {
+  if (!plain_decimal(value)) {
+    bad_flag(flag, value, "an unsigned integer in plain decimal (no +, leading zero or 0x)");
+  }
+  const std::optional<std::uint64_t> parsed = decimal_value(value);
+  if (!parsed) {
+    bad_flag(flag, value, "an unsigned integer below 2^64");
+  }
+  return *parsed;
 }
 
 // The enum value among `values` whose sim::name is `value`, or a bad_flag error listing them.
@@ -56,6 +70,91 @@ Enum parse_name(const std::string& flag, const std::string& value,
     return *named;
   }
   bad_flag(flag, value, "one of " + sim::spelled(values));
+}
+
+// The pieces of `value` between separators (split("crash:1:3", ':') -> crash, 1, 3).
+std::vector<std::string> split(const std::string& value, char separator) {
+  std::vector<std::string> pieces;
+  std::string::size_type begin = 0;
+  for (;;) {
+    const std::string::size_type end = value.find(separator, begin);
+    pieces.push_back(value.substr(begin, end - begin));
+    if (end == std::string::npos) {
+      return pieces;
+    }
+    begin = end + 1;
+  }
+}
+
+// --fault=crash:1:3, --fault=delay:0:2:40 (docs/simulator-faults.md). Whether the rank is in the
+// world is sim::run's check: --ranks may come later.
+sim::Fault parse_fault(const std::string& flag, const std::string& value) {
+  const std::string expected =
+      "KIND:RANK:OP (KIND one of crash, transport_error, hang; OP the rank's operation number "
+      "from 0) or delay:RANK:OP:STEPS";
+  const std::vector<std::string> pieces = split(value, ':');
+  const std::optional<sim::Fault::Kind> kind =
+      pieces.empty() ? std::nullopt : sim::named(pieces[0], sim::kFaultKinds);
+  if (!kind || pieces.size() != (*kind == sim::Fault::Kind::Delay ? 4U : 3U)) {
+    bad_flag(flag, value, expected);
+  }
+  const auto number = [&](const std::string& piece) {
+    const std::optional<std::uint64_t> parsed =
+        plain_decimal(piece) ? decimal_value(piece) : std::nullopt;
+    if (!parsed) {
+      bad_flag(flag, value, expected + ", each number in plain decimal below 2^64");
+    }
+    return *parsed;
+  };
+  const std::uint64_t rank = number(pieces[1]);
+  if (rank >= static_cast<std::uint64_t>(sim::kMaxWorldSize)) {
+    bad_flag(flag, value, "a rank below " + std::to_string(sim::kMaxWorldSize));
+  }
+  sim::Fault fault;
+  fault.kind = *kind;
+  fault.rank = static_cast<int>(rank);
+  fault.at_op = number(pieces[2]);
+  if (*kind == sim::Fault::Kind::Delay) {
+    fault.delay_steps = number(pieces[3]);
+    if (fault.delay_steps == 0) {
+      bad_flag(flag, value, "a delay of at least 1 step");
+    }
+  }
+  return fault;
+}
+
+// --random-faults=crash:1000,hang:500: each kind's chance per started operation in parts per
+// million, at most 1000000 in all.
+sim::RandomFaults parse_random_faults(const std::string& flag, const std::string& value,
+                                      sim::RandomFaults random) {
+  const std::string expected = "KIND:PPM[,KIND:PPM...] (KIND one of " +
+                               sim::spelled(sim::kFaultKinds) +
+                               "; PPM parts per million, 1000000 in all at most)";
+  random.crash_ppm = random.transport_error_ppm = random.hang_ppm = random.delay_ppm = 0;
+  std::uint64_t total = 0;
+  for (const std::string& entry : split(value, ',')) {
+    const std::vector<std::string> pieces = split(entry, ':');
+    const std::optional<sim::Fault::Kind> kind =
+        pieces.size() == 2 ? sim::named(pieces[0], sim::kFaultKinds) : std::nullopt;
+    const std::optional<std::uint64_t> ppm =
+        kind && plain_decimal(pieces[1]) ? decimal_value(pieces[1]) : std::nullopt;
+    if (!ppm) {
+      bad_flag(flag, value, expected);
+    }
+    total += std::min<std::uint64_t>(*ppm, 1'000'001);
+    if (total > 1'000'000) {
+      bad_flag(flag, value, expected);
+    }
+    std::uint32_t& slot = *kind == sim::Fault::Kind::Crash            ? random.crash_ppm
+                          : *kind == sim::Fault::Kind::TransportError ? random.transport_error_ppm
+                          : *kind == sim::Fault::Kind::Hang           ? random.hang_ppm
+                                                                      : random.delay_ppm;
+    if (slot != 0) {
+      bad_flag(flag, value, expected + ", each kind once");
+    }
+    slot = static_cast<std::uint32_t>(*ppm);
+  }
+  return random;
 }
 
 // "(built: sim, mpi)": what this build offers instead.
@@ -122,7 +221,9 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
     const bool known = arg == "--transport" || arg == "--ranks" || arg == "--seed" ||
                        arg == "--timeout-ms" || arg == "--timeline" || arg == "--trace" ||
                        arg == "--strategy" || arg == "--pct-depth" || arg == "--pct-steps" ||
-                       arg == "--reduction-order" || arg == "--allocator" || arg == "--replay";
+                       arg == "--reduction-order" || arg == "--allocator" || arg == "--replay" ||
+                       arg == "--fault" || arg == "--random-faults" || arg == "--max-faults" ||
+                       arg == "--liveness-steps";
     if (!known) {
       options.args.push_back(argv[i]);
       continue;
@@ -179,6 +280,18 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       options.reduction_order = parse_name(arg, value, sim::kReductionOrders);
     } else if (arg == "--allocator") {
       options.allocator = parse_name(arg, value, sim::kAllocatorPolicies);
+    } else if (arg == "--fault") {
+      options.faults.push_back(parse_fault(arg, value));
+    } else if (arg == "--random-faults") {
+      options.random_faults = parse_random_faults(arg, value, options.random_faults);
+    } else if (arg == "--max-faults" || arg == "--liveness-steps") {
+      const std::uint64_t count = parse_unsigned(arg, value);
+      if (count == 0) {
+        bad_flag(arg, value,
+                 arg == "--max-faults" ? "at least 1 (faults a run may draw)"
+                                       : "at least 1 (scheduling decisions)");
+      }
+      (arg == "--max-faults" ? options.random_faults.max_faults : options.liveness_steps) = count;
     } else if (arg == "--replay") {
       if (value.empty()) {
         bad_flag(arg, value, "a replay token (chorus-replay:...)");
@@ -361,6 +474,9 @@ int run(const RunOptions& options, std::function<void()> rank_main) {
   sim_options.host_pool_bytes_max = options.host_pool_bytes_max;
   sim_options.guard_pending_outputs = options.guard_pages;
   sim_options.cuda_devices = options.sim_cuda;
+  sim_options.faults = options.faults;
+  sim_options.random_faults = options.random_faults;
+  sim_options.liveness_steps = options.liveness_steps;
   sim_options.replay = options.replay;
   sim_options.command_without_seed = options.command_without_seed;
   sim_options.command_without_replay = options.command_without_replay;

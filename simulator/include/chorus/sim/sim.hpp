@@ -285,6 +285,8 @@ inline constexpr std::array kReductionOrders{ReductionOrder::Fixed, ReductionOrd
 inline constexpr std::array kAllocatorPolicies{AllocatorPolicy::Pooled, AllocatorPolicy::LifoReuse,
                                                AllocatorPolicy::Quarantine,
                                                AllocatorPolicy::Random};
+inline constexpr std::array kFaultKinds{Fault::Kind::Crash, Fault::Kind::TransportError,
+                                        Fault::Kind::Hang, Fault::Kind::Delay};
 
 // The value among `values` that name() spells `spelling` (named("tree", kReductionOrders));
 // nullopt for any other text.

@@ -53,6 +53,13 @@ struct RunOptions {
   // Outputs larger than this come fresh from the heap every time, paying first touch of every
   // page; `chorus bench` raises it to keep its largest outputs.
   std::size_t host_pool_bytes_max = std::size_t{64} << 20;
+  // Simulator only (docs/simulator-faults.md): faults injected into the run, named (--fault) or
+  // drawn from its decision stream (--random-faults, --max-faults), and the liveness phase's
+  // budget of scheduling decisions once faults stop (0: off). After a fault every rank ends with
+  // a typed error (RankFailure, TransportError, Timeout, Aborted, Deadlock), never hangs.
+  std::vector<sim::Fault> faults;
+  sim::RandomFaults random_faults;
+  std::uint64_t liveness_steps = 0;
   std::string replay;
   // Arguments from_args did not consume, in order (argv[0] excluded), for the program.
   std::vector<std::string> args;
@@ -67,12 +74,17 @@ struct RunOptions {
   // --trace=out.json, --strategy=random|pct|portfolio, --pct-depth=1..3,
   // --pct-steps=K, --reduction-order=fixed|ring|tree|adversarial,
   // --allocator=pooled|lifo|quarantine|random,
+  // --fault=KIND:RANK:OP (KIND crash, transport_error or hang; repeatable) or
+  // --fault=delay:RANK:OP:STEPS, --random-faults=KIND:PPM[,KIND:PPM...] (KIND crash,
+  // transport_error, hang or delay; parts per million per started operation), --max-faults=N,
+  // --liveness-steps=N,
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
   // --check-determinism, --check-collectives, --sim-cuda and --shrink (alone, or =true, =false,
   // =1, =0);
   // everything else lands in `args`; the command lines without --seed and without --replay (both
-  // without --shrink: a replay reruns one schedule) are kept for the replay command. Throws InvalidArgument for a malformed value, and for a
-  // simulator-only flag (all but --transport, --seed, --timeout-ms, --check-collectives) with
+  // without --shrink: a replay reruns one schedule) are kept for the replay command. Throws
+  // InvalidArgument for a malformed value, and for a simulator-only flag (all but --transport,
+  // --seed, --timeout-ms, --check-collectives) with
   // --transport=mpi or nccl, which would ignore it.
   static RunOptions from_args(int argc, char** argv);
 };
