@@ -1824,11 +1824,22 @@ TEST(ErrorsDocRunning, FromArgsSwitchValue) {
   EXPECT_TRUE(errdoc_from_args({"--check-determinism=true"}).check_determinism);
 }
 
+// The same words from the flags and from RunOptions set in code (until 2026-12-07 chorus::run
+// worded it differently).
 TEST(ErrorsDocRunning, FromArgsShrinkWithCheckDeterminism) {
+  const std::string detail =
+      "--shrink and --check-determinism (RunOptions::shrink and check_determinism) together: the "
+      "check runs the schedule twice as it is; shrink a failing run without it";
   errdoc_expect_plain<InvalidArgument>(
-      [] { (void)errdoc_from_args({"--check-determinism", "--shrink"}); }, "RunOptions::from_args",
-      "--shrink and --check-determinism together: the check runs the schedule twice as it is; "
-      "shrink a failing run without it");
+      [] {
+        (void)errdoc_from_args({"--check-determinism", "--shrink"});
+      },
+      "RunOptions::from_args", detail);
+  RunOptions both;
+  both.shrink = true;
+  both.check_determinism = true;
+  errdoc_expect_plain<InvalidArgument>([&] { (void)chorus::run(both, [] {}); }, "chorus::run",
+                                       detail);
   EXPECT_TRUE(errdoc_from_args({"--shrink", "--check-determinism=false"}).shrink);
 }
 

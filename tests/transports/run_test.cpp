@@ -402,7 +402,7 @@ TEST(Run, ShrinkReducesAFailingScheduleToItsMinimalOneAndPrintsItsReplay) {
       [] {
         (void)parse({"--shrink", "--check-determinism"});
       },
-      {"--shrink and --check-determinism together"});
+      {"--shrink and --check-determinism (RunOptions::shrink and check_determinism) together"});
   chorus::testing::expect_invalid_argument(
       [] {
         (void)parse({"--shrink", "--transport=mpi"});
@@ -411,8 +411,9 @@ TEST(Run, ShrinkReducesAFailingScheduleToItsMinimalOneAndPrintsItsReplay) {
   RunOptions both;
   both.shrink = true;
   both.check_determinism = true;
-  chorus::testing::expect_invalid_argument([&] { (void)run(both, [] {}); },
-                                           {"RunOptions::shrink and check_determinism together"});
+  chorus::testing::expect_invalid_argument(
+      [&] { (void)run(both, [] {}); },
+      {"--shrink and --check-determinism (RunOptions::shrink and check_determinism) together"});
 }
 
 TEST(Run, UnbuiltTransportsAreRefusedClearly) {

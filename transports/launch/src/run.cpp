@@ -169,6 +169,17 @@ std::string built_transports() {
   return built + ")";
 }
 
+// --shrink with --check-determinism, refused in the same words by from_args (the flags) and by
+// run (RunOptions set in code), as operation `op`.
+void refuse_shrink_with_determinism_check(const RunOptions& options, const char* op) {
+  if (options.shrink && options.check_determinism) {
+    throw InvalidArgument(ErrorContext{-1, op, -1, ""},
+                          "--shrink and --check-determinism (RunOptions::shrink and "
+                          "check_determinism) together: the check runs the schedule twice as it "
+                          "is; shrink a failing run without it");
+  }
+}
+
 }  // namespace
 
 RunOptions RunOptions::from_args(int argc, char** argv) {
@@ -312,11 +323,7 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
       options.timeout = std::chrono::milliseconds(milliseconds);
     }
   }
-  if (options.shrink && options.check_determinism) {
-    throw InvalidArgument(ErrorContext{-1, "RunOptions::from_args", -1, ""},
-                          "--shrink and --check-determinism together: the check runs the schedule "
-                          "twice as it is; shrink a failing run without it");
-  }
+  refuse_shrink_with_determinism_check(options, "RunOptions::from_args");
   if (options.transport != "sim" && !simulator_flags.empty()) {
     std::string flags;
     for (const std::string& flag : simulator_flags) {
@@ -380,11 +387,7 @@ void shrink_and_report(const sim::SimOptions& options, const std::function<void(
 }  // namespace
 
 int run(const RunOptions& options, std::function<void()> rank_main) {
-  if (options.shrink && options.check_determinism) {  // set in code: from_args refuses them too
-    throw InvalidArgument(ErrorContext{-1, "chorus::run", -1, ""},
-                          "RunOptions::shrink and check_determinism together: the check runs the "
-                          "schedule twice as it is; shrink a failing run without it");
-  }
+  refuse_shrink_with_determinism_check(options, "chorus::run");  // set in code
   // One process per rank: who this process is comes from its launcher's variables, read (and
   // checked: a malformed value is an InvalidArgument naming it) before any transport starts. MPI
   // finds its rank itself: for it only RANK/WORLD_SIZE are read, to refuse a process that chorus
