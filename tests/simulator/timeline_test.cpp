@@ -864,6 +864,46 @@ TEST(SvgTimeline, ARunWithoutALongQuietStretchHasNoBreak) {
   EXPECT_EQ(sim::to_svg_timeline(report).find("class=\"skip\""), std::string::npos);
 }
 
+// TimeAxis::right: the axis ends one microsecond past its last stretch's start at least, so a
+// stretch of no length still gets a lane (until 2026-12-07 a run of no virtual time drew lanes 0
+// px wide, and a run ending where a break ends drew nothing right of the break).
+TEST(SvgTimeline, AStretchOfNoVirtualTimeStillGetsAMicrosecondOfLane) {
+  const auto one_op_report = [](std::int64_t complete_ns, std::int64_t end_ns) {
+    SimReport report;
+    report.world_size = 1;
+    report.virtual_time = std::chrono::nanoseconds(end_ns);
+    report.rank_errors.resize(1);
+    for (const auto& [kind, ns] :
+         {std::pair{Kind::Issue, std::int64_t{0}}, std::pair{Kind::Complete, complete_ns},
+          std::pair{Kind::End, end_ns}}) {
+      SimEvent event;
+      event.kind = kind;
+      event.time = std::chrono::nanoseconds(ns);
+      event.rank = 0;
+      event.op = kind == Kind::End ? "" : "all_reduce";
+      event.group = "[0]";
+      event.seq = kind == Kind::End ? -1 : 0;
+      event.owner = 0;
+      event.detail = kind == Kind::End ? "returned" : "";
+      report.events.push_back(event);
+    }
+    return report;
+  };
+  // Everything at time 0: one microsecond at 28 px, right of the 90 px labels.
+  const std::string instant = sim::to_svg_timeline(one_op_report(0, 0));
+  EXPECT_NE(instant.find(R"(<rect class="lane-bg" x="90.0" y="48.0" width="28.0" )"),
+            std::string::npos)
+      << instant;
+  // 1 us drawn to scale (28 px), a break (28 px, the ten minutes' quiet) and a last stretch that
+  // begins and ends at the run's end: one more microsecond (28 px) after the break.
+  const std::int64_t ten_minutes_ns = std::int64_t{600} * 1'000'000'000;
+  const std::string broken = sim::to_svg_timeline(one_op_report(1000, ten_minutes_ns));
+  EXPECT_EQ(count_of(broken, "<g class=\"skip\">"), 1u) << broken;
+  EXPECT_NE(broken.find(R"(<rect class="lane-bg" x="90.0" y="48.0" width="84.0" )"),
+            std::string::npos)
+      << broken;
+}
+
 // ---- Files and the run report
 
 TEST(TimelineFiles, WrittenAtTheEndOfAFailingRun) {
