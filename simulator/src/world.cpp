@@ -371,7 +371,22 @@ void SimWork::wait_on(void* /*stream*/) {
 }
 
 std::exception_ptr SimWork::error() const {
-  return status() == transport::WorkStatus::Failed ? error_ : nullptr;
+  return status() == transport::WorkStatus::Failed ? raised_error() : nullptr;
+}
+
+// Note [Operation positions]: out of memory making a member's error, fail_slot gives it one of
+// out_of_memory_errors(), which name no rank, operation or group. The rank that raises it may
+// have the memory fail_slot's thread had not: there it is made again with this work's context
+// and the same fixed text, so it reads like every other error ("[rank R] op #seq on group G: ").
+// Out of memory there too, the fixed error. Only a failed work looks.
+std::exception_ptr SimWork::raised_error() const noexcept {
+  const std::array<std::exception_ptr, kErrorCodes>& fixed = out_of_memory_errors();
+  const auto it = std::find(fixed.begin(), fixed.end(), error_);
+  if (it == fixed.end()) {
+    return error_;
+  }
+  return make_error_or(static_cast<ErrorCode>(it - fixed.begin()), *this, kOutOfMemoryErrorDetail,
+                       error_);
 }
 
 void SimWork::mark_completed() noexcept {
@@ -387,7 +402,7 @@ void SimWork::mark_failed(std::exception_ptr error) noexcept {
 
 void SimWork::rethrow_if_failed() const {
   if (status() == transport::WorkStatus::Failed) {
-    std::rethrow_exception(error_);
+    std::rethrow_exception(raised_error());
   }
 }
 
@@ -626,7 +641,9 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // - fail_slot (here, and wherever an operation fails) never throws: it makes every member's
 //   error and the failure record before it takes the slot away, and where one is refused it
 //   uses what was made in advance: an error of the same code with a fixed text (one per
-//   ErrorCode, made once per process, by the first world: out_of_memory_errors), and for the
+//   ErrorCode, made once per process, by the first world: out_of_memory_errors; where it is
+//   raised, SimWork::raised_error makes it again under the member's rank, op, seq and group,
+//   memory permitting), and for the
 //   record one of the group's spare nodes (code only: a member arriving later gets a fixed
 //   text). The group keeps at least one spare per outstanding operation (start makes one with
 //   each slot, before its operation counts; the nodes stay with the group, so only a new high of

@@ -245,10 +245,14 @@ class SimWork final : public transport::Work {
   void add_waiter(int rank) { waiters_.push_back(rank); }
   std::span<const int> waiters() const noexcept { return {waiters_.data(), waiters_.size()}; }
   void clear_waiters() noexcept { waiters_.clear(); }
-  // Rethrows the stored error when failed.
+  // Rethrows the stored error when failed (raised_error).
   void rethrow_if_failed() const;
 
  private:
+  // error_, or, where it is a fixed text made without context (out of memory), the same text
+  // made again under this work's context (Note [Operation positions]).
+  std::exception_ptr raised_error() const noexcept;
+
   std::weak_ptr<SimWorld> world_;
   int rank_;
   transport::Fingerprint fingerprint_;
