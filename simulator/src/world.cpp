@@ -2439,24 +2439,29 @@ void SimWorld::crash(int rank, const SimGroup& group, const transport::OpInfo& i
                      std::uint64_t op_index) {
   RankSlot& slot = ranks_[static_cast<std::size_t>(rank)];
   CHORUS_CHECK(slot.may_still_arrive());  // start refuses an exited or crashed rank
-  ++ranks_gone_;                          // Note [Absent members]
-  slot.crashed = true;
-  slot.crash = "rank " + std::to_string(rank) +
-               " crashed (injected fault: " + Fault::crash(rank, op_index).to_string() +
-               ", starting " + std::string(info.name) + " #" + std::to_string(info.seq) +
-               " on group " + *group.label + ")";
-  // Its operations in flight die with it; those it has not joined yet fail through absence().
+  // Note [Operation positions]: what can run out of memory (the text, the list of operations in
+  // flight) is made before the rank is marked crashed; a std::bad_alloc here leaves it alive, the
+  // Crash fired and spent, like any start that threw. Until 2026-12-07 the rank was marked first:
+  // a refusal left it crashed without a text (its RankFailure said nothing) and its operations in
+  // flight not failed.
+  std::string text = "rank " + std::to_string(rank) +
+                     " crashed (injected fault: " + Fault::crash(rank, op_index).to_string() +
+                     ", starting " + std::string(info.name) + " #" + std::to_string(info.seq) +
+                     " on group " + *group.label + ")";
+  std::vector<std::pair<SimGroup*, std::int64_t>> in_flight;
   for (const std::shared_ptr<SimGroup>& member_of : groups_) {
-    if (member_of->group_rank_of(rank) < 0) {
-      continue;
+    if (member_of->group_rank_of(rank) >= 0) {
+      for (const auto& [seq, outstanding] : member_of->slots) {
+        in_flight.emplace_back(member_of.get(), seq);
+      }
     }
-    std::vector<std::int64_t> seqs;
-    for (const auto& [seq, outstanding] : member_of->slots) {
-      seqs.push_back(seq);
-    }
-    for (std::int64_t seq : seqs) {
-      fail_slot(*member_of, seq, ErrorCode::RankFailure, slot.crash);
-    }
+  }
+  ++ranks_gone_;  // Note [Absent members]
+  slot.crashed = true;
+  slot.crash = std::move(text);
+  // Its operations in flight die with it; those it has not joined yet fail through absence().
+  for (const auto& [member_of, seq] : in_flight) {
+    fail_slot(*member_of, seq, ErrorCode::RankFailure, slot.crash);  // never throws
   }
   throw_crashed(rank, group, info);
 }

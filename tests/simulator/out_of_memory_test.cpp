@@ -1050,6 +1050,78 @@ TEST(SimOutOfMemoryRankEnd, APeerWaitingForARankThatReturnsWhileMemoryIsShortFai
             "memory describing this failure)");
 }
 
+// A Crash fault whose crash runs out of memory, each allocation of the crashing call refused in
+// turn (onwards: and every later one): the rank either crashed, its RankFailure saying so in
+// full and its peer's operation in flight failed with RankFailure, or it is alive (the call threw
+// std::bad_alloc: the Crash fired and is spent, or fires at the retry) and its retry completes
+// the peer's operation. Until 2026-12-07 SimWorld::crash marked the rank crashed before making
+// its text: a refusal there left a crashed rank whose RankFailure said nothing.
+TEST(SimOutOfMemoryCrash, ARankIsCrashedWithItsTextOrAlive) {
+  // Rank 1's operation 0 is the signal, 1 its all_reduce #0 on the world group.
+  const sim::Fault fault = sim::Fault::crash(1, 1);
+  const std::string crashed =
+      "chorus::RankFailure: [rank 1] all_reduce #0 on group [0, 1]: rank 1 crashed (injected "
+      "fault: " +
+      fault.to_string() + ", starting all_reduce #0 on group [0, 1])";
+  for (const bool onwards : {false, true}) {
+    std::size_t crashed_runs = 0;
+    std::size_t alive_runs = 0;
+    for (std::size_t n = 0;; ++n) {
+      ASSERT_LT(n, 10'000u) << "the sweep does not end";
+      SCOPED_TRACE("allocation " + std::to_string(n) + (onwards ? " onwards" : "") + " refused");
+      SimOptions options = sweep_options(2);
+      options.faults = {fault};
+      std::exception_ptr crash;  // rank 1's RankFailure, from its call or its retry
+      std::optional<ErrorCode> codes[2];
+      std::string whats[2];
+      std::vector<std::int32_t> values[2];
+      std::size_t refused = 0;
+      (void)sim::simulate(options, [&] {
+        const ProcessGroup signal = new_group({0, 1}, "signal");
+        const auto me = static_cast<std::size_t>(rank());
+        if (rank() == 0) {
+          const Tensor pending = all_reduce(input_of(0, kElements), "sum", world());
+          wait_tensor(all_reduce(input_of(0, 1), "sum", signal));  // #0 is in flight
+          wait_into(pending, codes[me], whats[me], values[me]);
+          return;
+        }
+        wait_tensor(all_reduce(input_of(1, 1), "sum", signal));
+        std::optional<Tensor> result;
+        const auto issue = [&] {
+          try {
+            result = all_reduce(input_of(1, kElements), "sum", world());
+          } catch (const RankFailure&) {
+            crash = std::current_exception();  // copied without allocating
+          }
+        };
+        if (refusing(n, onwards, issue)) {
+          issue();  // memory is back
+        }
+        refused = allocations_refused.load();
+        if (result) {
+          wait_into(*result, codes[me], whats[me], values[me]);
+        }
+      });
+      if (n != 0 && refused == 0) {
+        break;  // every allocation was refused once
+      }
+      if (crash != nullptr) {
+        ++crashed_runs;
+        EXPECT_EQ(describe(crash), crashed);
+        EXPECT_EQ(codes[0], ErrorCode::RankFailure) << whats[0];
+      } else {
+        ++alive_runs;
+        EXPECT_EQ(codes[1], std::nullopt) << whats[1];
+        EXPECT_EQ(values[1], sum_of(2, kElements));
+        EXPECT_EQ(codes[0], std::nullopt) << whats[0];
+        EXPECT_EQ(values[0], sum_of(2, kElements));
+      }
+    }
+    EXPECT_GT(crashed_runs, 0u);
+    EXPECT_GT(alive_runs, 0u);
+  }
+}
+
 // A rank waiting on another rank's failed result while its memory is short: each allocation of
 // the wait refused in turn, the wait raises the failure (the waiter's copy, or where making that
 // ran out of memory the issuer's error), never std::bad_alloc (detail::raised_by_calling_rank).
