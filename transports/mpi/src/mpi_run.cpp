@@ -40,6 +40,21 @@ void abort_job(MpiProcess& process, const std::string& what) {
                    "call?); aborting without it\n",
                    rank);
       std::fflush(stderr);
+      // MPI_Abort beside that thread breaks the thread level: a watchdog ends this process
+      // should it not return or end; without one (no thread to be had), std::abort at once.
+      try {
+        std::thread([rank] {
+          std::this_thread::sleep_for(kAbortCallWait);
+          std::fprintf(stderr,
+                       "chorus: rank %d: MPI_Abort did not end the process within %lld ms; "
+                       "ending it with std::abort\n",
+                       rank, static_cast<long long>(kAbortCallWait.count()));
+          std::fflush(stderr);
+          std::abort();
+        }).detach();
+      } catch (...) {
+        std::abort();
+      }
       break;
     }
     std::this_thread::yield();

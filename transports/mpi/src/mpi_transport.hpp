@@ -712,9 +712,21 @@ class MpiTransport final : public transport::Transport {
 // kept the job from ending at all, the one thing the abort is for (until 2026-12-06
 // abort_job took the lock unconditionally). So the abort waits for the lock kAbortLockWait at
 // most (a thread between two polls holds it for one MPI_Testall), then calls MPI_Abort without
-// it: a call beside another thread's breaks the thread level, and at worst MPI_Abort crashes
-// instead, which ends this process too, and mpirun the job (mpi.abort_test).
+// it. That call beside another thread's is erroneous under MPI_THREAD_SERIALIZED, and a reviewer
+// proposed std::abort() instead. Both end this process; they differ in who ends the rest of the
+// job. MPI_Abort asks the MPI runtime to end every rank, whatever started them; std::abort leaves
+// that to the launcher noticing a rank killed by a signal: mpirun (Open MPI's, Hydra's) does,
+// srun only with --kill-on-bad-exit, and the other ranks may sit in a call with no deadline of
+// their own (MPI_Comm_create_group waiting for this one) for ever. So MPI_Abort stays, with what
+// the thread level no longer guarantees bounded: its outcomes beside the other thread are that it
+// ends the job (Open MPI 4.1 here: mpi.abort_test), crashes (this process ends: the launcher's
+// case), returns (std::abort follows) or never returns. For the last a watchdog thread, started
+// just before the unlocked call, std::abort()s the process kAbortCallWait later
+// (mpi.abort_hang_test, whose MPI_Abort, interposed through the profiling interface, never
+// returns); where no thread can be started, std::abort at once. Until 2026-12-07 nothing bounded
+// it, and an unlocked MPI_Abort that hung kept the job from ending as the lock had.
 inline constexpr std::chrono::milliseconds kAbortLockWait{1000};
+inline constexpr std::chrono::milliseconds kAbortCallWait{1000};
 
 // Prints "chorus: rank R of N failed: <what>" and the abort notice to stderr, then
 // MPI_Abort(MPI_COMM_WORLD, 1) (chorus::mpi::run's end for a failed rank): Note [Aborting under
