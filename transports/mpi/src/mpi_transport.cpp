@@ -1361,9 +1361,16 @@ void MpiComm::await_requests(std::unique_ptr<Started>& pending, const OpInfo& in
         return;
       }
       if (since_epoch(*process_) >= deadline.at) {
-        throw Timeout(context_of(info), std::string("not started: waited for ") + what +
-                                            " (--check-collectives) past the deadline; a member "
-                                            "of the group has not issued it");
+        // Which member is missing is unknown: a collective request (MPI_Iallgather,
+        // MPI_Ialltoall) completes for all members at once or not at all, and its receive
+        // buffer may not be read before. Nor is "has not issued it" always so: a member that
+        // left after an earlier round (its own deadline passed) issued it (mpi.job.check_deadline).
+        throw Timeout(context_of(info),
+                      std::string("not started: waited for ") + what +
+                          " (--check-collectives) past the deadline; a member of the group has "
+                          "not joined this round (it has not issued the operation, gave up on it "
+                          "at an earlier round, or is stuck; a collective request does not say "
+                          "which member)");
       }
       std::this_thread::yield();
     }
