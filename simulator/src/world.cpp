@@ -835,7 +835,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   } else {
     SimGroup::Arrival& arrival = slot->arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);
-    if (options_.check_buffers) {  // Note [Input snapshots]
+    if (options_.check_buffers) {               // Note [Input snapshots]
+      arrival.completed_at_issue = completed_;  // Note [Likely writers]
       for (SimOp& op : ops) {
         op.input_hash = 0;
         if (!reads_send(op, group_rank)) {
@@ -1599,6 +1600,9 @@ void SimWorld::complete_operation(SimGroup& group) {
     wake_waiters(*arrival.work);
   }
   ++completed_;
+  if (options_.check_buffers) {
+    remember_writes(group, seq, slot);  // Note [Likely writers]
+  }
   notify_off_rank_waiters();
   group.recycle_slot(std::move(node));
 }
@@ -1740,7 +1744,7 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
         detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
                   std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
                   " of " + std::string(arrival.op_name()) + " (issued at " +
-                  arrival.site.to_string() + ")";
+                  arrival.site.to_string() + ")" + likely_writer(send, arrival.completed_at_issue);
       }
     }
   }
@@ -1750,6 +1754,41 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
         "data race); wait for the collective before writing its input";
   }
   return detail;
+}
+
+void SimWorld::remember_writes(const SimGroup& group, std::int64_t seq,
+                               const SimGroup::Slot& slot) noexcept {
+  for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
+    const SimGroup::Arrival& arrival = slot.arrivals[i];
+    for (const SimOp& op : arrival.ops) {
+      const bool written = op.kind != transport::OpKind::Reduce || op.root == static_cast<int>(i);
+      if (!written || op.recv.count == 0) {
+        continue;
+      }
+      recent_writes_[recent_writes_next_] =
+          RecentWrite{op.recv.data, op.recv.nbytes(),  arrival.work->rank(), arrival.op_name(),
+                      seq,          group.label.get(), arrival.site,         completed_};
+      recent_writes_next_ = (recent_writes_next_ + 1) % kRecentWritesMax;
+    }
+  }
+}
+
+std::string SimWorld::likely_writer(const transport::Buffer& input,
+                                    std::uint64_t completed_at_issue) const {
+  for (std::size_t k = 1; k <= kRecentWritesMax; ++k) {
+    const RecentWrite& write =
+        recent_writes_[(recent_writes_next_ + kRecentWritesMax - k) % kRecentWritesMax];
+    const auto* output = static_cast<const unsigned char*>(write.output);
+    const auto* begin = static_cast<const unsigned char*>(input.data);
+    if (write.completed > completed_at_issue && output != nullptr && begin != nullptr &&
+        output < begin + input.nbytes() && begin < output + write.output_bytes) {
+      return ", likely through rank " + std::to_string(write.rank) + "'s " + std::string(write.op) +
+             " #" + std::to_string(write.seq) + " on group " + *write.group + " (issued at " +
+             write.site.to_string() +
+             "), which completed while it was pending and wrote its output there";
+    }
+  }
+  return "";
 }
 
 void SimWorld::wake_waiters(SimWork& work) {

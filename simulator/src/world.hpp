@@ -145,6 +145,23 @@
 // one with probability 2^-64, so the two report the same. Past the threshold, a copy would hold
 // a second buffer of every pending input in memory, and the checksum's eight lanes run near
 // memory speed anyway.
+//
+// Note [Likely writers]
+// InputModified is found at the completion of the operation whose input changed (the victim),
+// which is all a snapshot can say: the bytes differ. Its error names the victim (each member's
+// context: rank, op, seq, group; the detail: whose input, and where it was issued), and, where it
+// can, the likely writer: a collective that completed after the victim's member arrived and
+// whose output overlaps the changed input, such as an in-place collective on another
+// communicator (the in-place forms wait only for collectives that write their tensor, not for
+// those that read it). With check_buffers, complete_operation records the outputs each completed
+// operation wrote in a ring of the last kRecentWritesMax (remember_writes: a few stores per
+// output, no allocation), and each arrival notes completed_ when it arrives; modified_inputs
+// looks through the ring, newest first, only when an input changed. Not named: a write by the
+// rank's own code (copy_, a raw pointer; the simulator sees no such write, and the detail then
+// names no writer), a writer that completed more than kRecentWritesMax outputs ago, and the
+// poison an operation still outstanding wrote into its output at issue (its output overlapping
+// another operation's pending input): finding those would take a scan of every outstanding
+// operation of every communicator, or a record per issue.
 
 // Note [Event log]
 // With SimOptions::record_events the world logs what each rank did (SimReport::events) in the
@@ -155,6 +172,7 @@
 // lock, and logging draws no choice: a run with the log makes exactly the decisions of one
 // without. The log is drawn by simulator/src/timeline.cpp (Perfetto JSON, SVG).
 
+#include <array>
 #include <atomic>
 #include <boost/container/small_vector.hpp>
 #include <condition_variable>
@@ -283,6 +301,9 @@ struct SimGroup {
     // Note [Input snapshots]: the bytes at issue of each op's input of at most
     // kInputSnapshotBytesMax bytes, one after another in op order.
     std::vector<unsigned char> inputs;
+    // Note [Likely writers]: SimWorld::completed_ when it arrived. Set at every arrival with
+    // check_buffers, read only then: recycle_slot need not reset it.
+    std::uint64_t completed_at_issue = 0;
 
     // "all_reduce": the name the operation was issued under (its work's context, not a copy).
     // Only for an arrival that arrived: one that has not has no work.
@@ -501,6 +522,12 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // other than its own in-place one, so the result must be reduced whole before any copy.
   static bool cross_aliased(const SimGroup::Slot& slot, std::size_t op);
   std::string modified_inputs(const SimGroup& group, const SimGroup::Slot& slot) const;
+  // Note [Likely writers]: records the outputs `slot`'s operation just wrote.
+  void remember_writes(const SimGroup& group, std::int64_t seq,
+                       const SimGroup::Slot& slot) noexcept;
+  // Note [Likely writers]: ", likely through rank R's op #seq ..." for an input `input` of an
+  // operation that arrived when completed_ was `completed_at_issue`, or an empty string.
+  std::string likely_writer(const transport::Buffer& input, std::uint64_t completed_at_issue) const;
   // Ranks blocked on different communicators that contain each other disagree on the group:
   // fails those operations with CollectiveMismatch; returns whether it found any.
   bool fail_group_mismatches();
@@ -679,6 +706,22 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::uint64_t schedule_hash_ = 0;
   std::vector<Decision> schedule_;
   std::uint64_t completed_ = 0;
+  // Note [Likely writers]: the outputs of the operations completed last, a ring.
+  struct RecentWrite {
+    // Where its output is: an address and a size only, never the buffer (its keep_alive would
+    // hold the memory, and copying it costs two atomic operations).
+    const void* output = nullptr;
+    std::size_t output_bytes = 0;
+    int rank = -1;
+    std::string_view op;  // OpInfo::name, a string literal
+    std::int64_t seq = -1;
+    const std::string* group = nullptr;  // SimGroup::label, alive as long as the world
+    CallSite site;
+    std::uint64_t completed = 0;  // completed_ once it completed; 0: an empty entry
+  };
+  static constexpr std::size_t kRecentWritesMax = 16;
+  std::array<RecentWrite, kRecentWritesMax> recent_writes_{};
+  std::size_t recent_writes_next_ = 0;  // where the next one goes
   bool livelocked_ = false;
   bool stopping_ranks_ = false;  // steps_after_budget decisions after livelocked_: start() unwinds
   // Faults (Note [Fault injection], Note [Liveness phase]).

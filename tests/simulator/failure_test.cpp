@@ -836,6 +836,50 @@ TEST(SimFailure, WritingAnInputBeforeCompletionFailsTheCollectiveEverywhere) {
     EXPECT_EQ(outcome.context.op, "all_reduce");
     EXPECT_EQ(outcome.context.seq, 0);
     EXPECT_TRUE(contains(outcome.what, "rank 0 modified input 0 of all_reduce")) << outcome.what;
+    EXPECT_FALSE(contains(outcome.what, "likely through")) << outcome.what;  // its own code
+  }
+}
+
+// Note [Likely writers]: an in-place collective on another communicator that completed while the
+// collective was pending, and wrote over its input, is named as the likely writer (the in-place
+// forms wait only for collectives that write their tensor). Until 2026-12-07 only the victim was
+// named. A write by the rank's own code (above) names none.
+TEST(SimFailure, AnInputOverwrittenByAnInPlaceCollectiveNamesItAsTheLikelyWriter) {
+  std::vector<Outcome> outcomes = run_catching(3, [] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    const ProcessGroup pair = new_group({0, 2}, "pair");
+    Tensor input = Tensor::full({4}, 1, DType::Int32);
+    if (rank() == 0) {
+      Tensor sum = all_reduce(input, "sum", {0, 1});
+      (void)all_reduce_inplace(input, "sum", pair).to_vector<std::int32_t>();  // writes input
+      // Rank 1 joins the collective on {0, 1} only after this signal: it cannot have completed.
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)sum.to_vector<std::int32_t>();
+    } else if (rank() == 1) {
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)all_reduce(input, "sum", {0, 1}).to_vector<std::int32_t>();
+    } else {
+      (void)all_reduce_inplace(input, "sum", pair).to_vector<std::int32_t>();
+    }
+  });
+  EXPECT_FALSE(outcomes[2].code.has_value()) << outcomes[2].what;
+  for (std::size_t r = 0; r < 2; ++r) {
+    const Outcome& outcome = outcomes[r];
+    ASSERT_TRUE(outcome.code.has_value()) << "rank " << r;
+    EXPECT_EQ(*outcome.code, ErrorCode::InputModified) << outcome.what;
+    EXPECT_EQ(outcome.context.op, "all_reduce");
+    EXPECT_EQ(outcome.context.seq, 0);
+    EXPECT_EQ(outcome.context.group, "[0, 1]");
+    EXPECT_TRUE(contains(outcome.what, "rank 0 modified input 0 of all_reduce (issued at "))
+        << outcome.what;
+    EXPECT_TRUE(contains(outcome.what,
+                         "), likely through rank 0's all_reduce_inplace #0 on group 'pair' [0, 2] "
+                         "(issued at "))
+        << outcome.what;
+    EXPECT_TRUE(contains(outcome.what,
+                         "), which completed while it was pending and wrote its output there "
+                         "before the collective completed: "))
+        << outcome.what;
   }
 }
 
