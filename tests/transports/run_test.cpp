@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/expect_error.hpp"
@@ -220,24 +221,68 @@ TEST(RunOptions, ReadsTheFaultFlags) {
   EXPECT_FALSE(defaults.random_faults.enabled());
   EXPECT_EQ(defaults.liveness_steps, 0U);
 
-  for (const char* refused :
-       {"--fault=crash:1", "--fault=explode:1:2", "--fault=delay:0:1", "--fault=delay:0:1:0",
-        "--fault=crash:01:2", "--fault=crash:1:2:3", "--fault=crash:1:-2",
-        "--fault=", "--fault=crash:1:18446744073709551616", "--fault=crash:100000:0",
-        "--random-faults=crash:1000001", "--random-faults=crash:600000,hang:400001",
-        "--random-faults=crash", "--random-faults=crash:5,crash:6",
-        "--random-faults=", "--random-faults=crash:5,", "--max-faults=0", "--liveness-steps=0"}) {
-    EXPECT_THROW(parse({refused}), InvalidArgument) << refused;
+  // Kinds accumulate over --random-faults flags, each kind once.
+  const RunOptions twice = parse({"--random-faults=crash:100", "--random-faults=hang:200"});
+  EXPECT_EQ(twice.random_faults.crash_ppm, 100U);
+  EXPECT_EQ(twice.random_faults.hang_ppm, 200U);
+
+  const std::string fault_form =
+      "expected KIND:RANK:OP (KIND one of crash, transport_error, hang; OP the rank's operation "
+      "number from 0) or delay:RANK:OP:STEPS";
+  const std::string random_form =
+      "expected KIND:PPM[,KIND:PPM...] (KIND one of crash, transport_error, hang, delay; PPM "
+      "parts per million, 1000000 in all at most)";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refusals = {
+      {{"--fault=crash:1"}, "flag --fault='crash:1' is invalid: " + fault_form},
+      {{"--fault=explode:1:2"}, "flag --fault='explode:1:2' is invalid: " + fault_form},
+      {{"--fault=delay:0:1"}, "flag --fault='delay:0:1' is invalid: " + fault_form},
+      {{"--fault=crash:1:2:3"}, "flag --fault='crash:1:2:3' is invalid: " + fault_form},
+      {{"--fault="}, "flag --fault='' is invalid: " + fault_form},
+      {{"--fault=crash:01:2"},
+       "flag --fault='crash:01:2' is invalid: " + fault_form +
+           ", each number in plain decimal below 2^64"},
+      {{"--fault=crash:1:-2"},
+       "flag --fault='crash:1:-2' is invalid: " + fault_form +
+           ", each number in plain decimal below 2^64"},
+      {{"--fault=crash:1:18446744073709551616"},
+       "flag --fault='crash:1:18446744073709551616' is invalid: " + fault_form +
+           ", each number in plain decimal below 2^64"},
+      {{"--fault=crash:1024:0"},
+       "flag --fault='crash:1024:0' is invalid: expected a rank below 1024"},
+      {{"--fault=delay:0:1:0"},
+       "flag --fault='delay:0:1:0' is invalid: expected a delay of at least 1 step"},
+      {{"--random-faults=crash:1000001"},
+       "flag --random-faults='crash:1000001' is invalid: " + random_form},
+      {{"--random-faults=crash:600000,hang:400001"},
+       "flag --random-faults='crash:600000,hang:400001' is invalid: " + random_form},
+      {{"--random-faults=crash:600000", "--random-faults=hang:400001"},
+       "flag --random-faults='hang:400001' is invalid: " + random_form},
+      {{"--random-faults=crash"}, "flag --random-faults='crash' is invalid: " + random_form},
+      {{"--random-faults="}, "flag --random-faults='' is invalid: " + random_form},
+      {{"--random-faults=crash:5,"}, "flag --random-faults='crash:5,' is invalid: " + random_form},
+      {{"--random-faults=crash:5,crash:6"},
+       "flag --random-faults='crash:5,crash:6' is invalid: " + random_form +
+           ", each kind once (over every --random-faults)"},
+      // A kind given at 0 ppm is given all the same.
+      {{"--random-faults=crash:0,crash:500"},
+       "flag --random-faults='crash:0,crash:500' is invalid: " + random_form +
+           ", each kind once (over every --random-faults)"},
+      {{"--random-faults=hang:1", "--random-faults=delay:2,hang:3"},
+       "flag --random-faults='delay:2,hang:3' is invalid: " + random_form +
+           ", each kind once (over every --random-faults)"},
+      {{"--max-faults=0"},
+       "flag --max-faults='0' is invalid: expected at least 1 (faults a run may draw)"},
+      {{"--liveness-steps=0"},
+       "flag --liveness-steps='0' is invalid: expected at least 1 (scheduling decisions)"},
+      {{"--transport=mpi", "--fault=crash:1:0"},
+       "--fault is a simulator flag, which --transport=mpi would ignore (its launcher sets the "
+       "world: mpirun -np N, chorus launch -n N)"},
+  };
+  for (const auto& [words, detail] : refusals) {
+    const chorus::testing::CaughtError caught = chorus::testing::expect_error<InvalidArgument>(
+        [&words = words] { (void)parse(words); }, {detail});
+    EXPECT_EQ(caught.detail, detail) << words.back();
   }
-  chorus::testing::expect_error<InvalidArgument>(
-      [] { (void)parse({"--fault=crash:1"}); },
-      {"flag --fault='crash:1' is invalid: expected KIND:RANK:OP (KIND one of crash, "
-       "transport_error, hang; OP the rank's operation number from 0) or delay:RANK:OP:STEPS"});
-  chorus::testing::expect_error<InvalidArgument>(
-      [] {
-        (void)parse({"--transport=mpi", "--fault=crash:1:0"});
-      },
-      {"--fault is a simulator flag, which --transport=mpi would ignore"});
 }
 
 // An injected crash ends every rank with RankFailure, not a hang, and the replay command keeps

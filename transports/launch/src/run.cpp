@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bitset>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -123,15 +124,14 @@ sim::Fault parse_fault(const std::string& flag, const std::string& value) {
   return fault;
 }
 
-// --random-faults=crash:1000,hang:500: each kind's chance per started operation in parts per
-// million, at most 1000000 in all.
-sim::RandomFaults parse_random_faults(const std::string& flag, const std::string& value,
-                                      sim::RandomFaults random) {
+// --random-faults=crash:1000,hang:500 into `random`: each kind's chance per started operation in
+// parts per million, each kind once over all the --random-faults flags (`given`, by
+// sim::kFaultKinds index), at most 1000000 in all.
+void parse_random_faults(const std::string& flag, const std::string& value,
+                         sim::RandomFaults& random, std::bitset<sim::kFaultKinds.size()>& given) {
   const std::string expected = "KIND:PPM[,KIND:PPM...] (KIND one of " +
                                sim::spelled(sim::kFaultKinds) +
                                "; PPM parts per million, 1000000 in all at most)";
-  random.crash_ppm = random.transport_error_ppm = random.hang_ppm = random.delay_ppm = 0;
-  std::uint64_t total = 0;
   for (const std::string& entry : split(value, ',')) {
     const std::vector<std::string> pieces = split(entry, ':');
     const std::optional<sim::Fault::Kind> kind =
@@ -141,20 +141,24 @@ sim::RandomFaults parse_random_faults(const std::string& flag, const std::string
     if (!ppm) {
       bad_flag(flag, value, expected);
     }
-    total += std::min<std::uint64_t>(*ppm, 1'000'001);
+    const auto index = static_cast<std::size_t>(
+        std::find(sim::kFaultKinds.begin(), sim::kFaultKinds.end(), *kind) -
+        sim::kFaultKinds.begin());
+    if (given.test(index)) {
+      bad_flag(flag, value, expected + ", each kind once (over every --random-faults)");
+    }
+    given.set(index);
+    const std::uint64_t total = std::uint64_t{random.crash_ppm} + random.transport_error_ppm +
+                                random.hang_ppm + random.delay_ppm +
+                                std::min<std::uint64_t>(*ppm, 1'000'001);
     if (total > 1'000'000) {
       bad_flag(flag, value, expected);
     }
-    std::uint32_t& slot = *kind == sim::Fault::Kind::Crash            ? random.crash_ppm
-                          : *kind == sim::Fault::Kind::TransportError ? random.transport_error_ppm
-                          : *kind == sim::Fault::Kind::Hang           ? random.hang_ppm
-                                                                      : random.delay_ppm;
-    if (slot != 0) {
-      bad_flag(flag, value, expected + ", each kind once");
-    }
-    slot = static_cast<std::uint32_t>(*ppm);
+    (*kind == sim::Fault::Kind::Crash            ? random.crash_ppm
+     : *kind == sim::Fault::Kind::TransportError ? random.transport_error_ppm
+     : *kind == sim::Fault::Kind::Hang           ? random.hang_ppm
+                                       : random.delay_ppm) = static_cast<std::uint32_t>(*ppm);
   }
-  return random;
 }
 
 // "(built: sim, mpi)": what this build offers instead.
@@ -196,6 +200,7 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
   // or "--seed 3"), and --shrink.
   std::vector<bool> drop_from_seed_command(static_cast<std::size_t>(std::max(argc, 0)), false);
   std::vector<bool> drop_from_replay_command(drop_from_seed_command.size(), false);
+  std::bitset<sim::kFaultKinds.size()> random_fault_kinds_given;
   for (int i = 1; i < argc; ++i) {
     const int first_word = i;
     std::string arg = argv[i];
@@ -294,7 +299,7 @@ RunOptions RunOptions::from_args(int argc, char** argv) {
     } else if (arg == "--fault") {
       options.faults.push_back(parse_fault(arg, value));
     } else if (arg == "--random-faults") {
-      options.random_faults = parse_random_faults(arg, value, options.random_faults);
+      parse_random_faults(arg, value, options.random_faults, random_fault_kinds_given);
     } else if (arg == "--max-faults" || arg == "--liveness-steps") {
       const std::uint64_t count = parse_unsigned(arg, value);
       if (count == 0) {

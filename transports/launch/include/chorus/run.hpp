@@ -76,7 +76,8 @@ struct RunOptions {
   // --allocator=pooled|lifo|quarantine|random,
   // --fault=KIND:RANK:OP (KIND crash, transport_error or hang; repeatable) or
   // --fault=delay:RANK:OP:STEPS, --random-faults=KIND:PPM[,KIND:PPM...] (KIND crash,
-  // transport_error, hang or delay; parts per million per started operation), --max-faults=N,
+  // transport_error, hang or delay, each once over every --random-faults; parts per million per
+  // started operation), --max-faults=N,
   // --liveness-steps=N,
   // --replay=<token> (also as two words, "--ranks 4") and the switches --guard-pages,
   // --check-determinism, --check-collectives, --sim-cuda and --shrink (alone, or =true, =false,
