@@ -122,6 +122,11 @@ bool reads_send(const SimOp& op, int group_rank) {
   return op.kind != transport::OpKind::Broadcast || op.root == group_rank;
 }
 
+// Whether group rank `group_rank`'s `op` has an output: a reduce's non-root ranks have none.
+bool writes_recv(const SimOp& op, int group_rank) {
+  return op.kind != transport::OpKind::Reduce || op.root == group_rank;
+}
+
 // Whether `arrival` has an all_to_all, whose counts can split (SimWorld::split_disagreement).
 // Inline in judge_arrival: most operations have none, and then no call scans the peers.
 [[gnu::always_inline]] inline bool has_all_to_all(const SimGroup::Arrival& arrival) noexcept {
@@ -818,9 +823,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   // Outputs hold poison until completion, so a read that skipped the wait sees garbage (with
   // guard pages, a fault: Note [Guard pages]). Note [Buffer checks].
   for (const SimOp& op : ops) {
-    const bool written = op.kind != transport::OpKind::Reduce || op.root == group_rank;
-    if (written && (!reads_send(op, group_rank) || !overlaps(op.send, op.recv)) &&
-        op.recv.count > 0) {
+    if (writes_recv(op, group_rank) &&
+        (!reads_send(op, group_rank) || !overlaps(op.send, op.recv)) && op.recv.count > 0) {
       if (options_.check_buffers) {
         kernels::fill_poison(op.recv.data, op.recv.dtype, op.recv.count);
       }
@@ -1744,7 +1748,8 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
         detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
                   std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
                   " of " + std::string(arrival.op_name()) + " (issued at " +
-                  arrival.site.to_string() + ")" + likely_writer(send, arrival.completed_at_issue);
+                  arrival.site.to_string() + ")" +
+                  likely_writer(send, group.ranks[i], arrival.completed_at_issue);
       }
     }
   }
@@ -1760,35 +1765,51 @@ void SimWorld::remember_writes(const SimGroup& group, std::int64_t seq,
                                const SimGroup::Slot& slot) noexcept {
   for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
     const SimGroup::Arrival& arrival = slot.arrivals[i];
+    RankSlot& writer = ranks_[static_cast<std::size_t>(arrival.work->rank())];
     for (const SimOp& op : arrival.ops) {
-      const bool written = op.kind != transport::OpKind::Reduce || op.root == static_cast<int>(i);
-      if (!written || op.recv.count == 0) {
+      // A broadcast's root whose output is its input is not written (complete_operation).
+      const bool written = writes_recv(op, static_cast<int>(i)) && op.recv.count > 0 &&
+                           !(op.kind == transport::OpKind::Broadcast &&
+                             op.root == static_cast<int>(i) && op.recv.data == op.send.data);
+      if (!written) {
         continue;
       }
-      recent_writes_[recent_writes_next_] =
-          RecentWrite{op.recv.data, op.recv.nbytes(),  arrival.work->rank(), arrival.op_name(),
-                      seq,          group.label.get(), arrival.site,         completed_};
-      recent_writes_next_ = (recent_writes_next_ + 1) % kRecentWritesMax;
+      writer.recent_writes[writer.recent_writes_next] =
+          RecentWrite{op.recv,           arrival.work->rank(), arrival.op_name(), seq,
+                      group.label.get(), arrival.site,         completed_};
+      writer.recent_writes_next = (writer.recent_writes_next + 1) % kRecentWritesMax;
     }
   }
 }
 
-std::string SimWorld::likely_writer(const transport::Buffer& input,
+std::string SimWorld::likely_writer(const transport::Buffer& input, int rank,
                                     std::uint64_t completed_at_issue) const {
-  for (std::size_t k = 1; k <= kRecentWritesMax; ++k) {
-    const RecentWrite& write =
-        recent_writes_[(recent_writes_next_ + kRecentWritesMax - k) % kRecentWritesMax];
-    const auto* output = static_cast<const unsigned char*>(write.output);
-    const auto* begin = static_cast<const unsigned char*>(input.data);
-    if (write.completed > completed_at_issue && output != nullptr && begin != nullptr &&
-        output < begin + input.nbytes() && begin < output + write.output_bytes) {
-      return ", likely through rank " + std::to_string(write.rank) + "'s " + std::string(write.op) +
-             " #" + std::to_string(write.seq) + " on group " + *write.group + " (issued at " +
-             write.site.to_string() +
-             "), which completed while it was pending and wrote its output there";
+  // The input's own rank's outputs first, newest first (its collectives write its tensors),
+  // then the other ranks' (a tensor shared across ranks in one process).
+  const auto found = [&](const RankSlot& writer) -> const RecentWrite* {
+    for (std::size_t k = 1; k <= kRecentWritesMax; ++k) {
+      const RecentWrite& write =
+          writer
+              .recent_writes[(writer.recent_writes_next + kRecentWritesMax - k) % kRecentWritesMax];
+      if (write.completed > completed_at_issue && overlaps(write.output, input)) {
+        return &write;
+      }
+    }
+    return nullptr;
+  };
+  const RecentWrite* write = found(ranks_[static_cast<std::size_t>(rank)]);
+  for (std::size_t other = 0; write == nullptr && other < ranks_.size(); ++other) {
+    if (other != static_cast<std::size_t>(rank)) {
+      write = found(ranks_[other]);
     }
   }
-  return "";
+  if (write == nullptr) {
+    return "";
+  }
+  return ", likely through rank " + std::to_string(write->rank) + "'s " + std::string(write->op) +
+         " #" + std::to_string(write->seq) + " on group " + *write->group + " (issued at " +
+         write->site.to_string() +
+         "), which completed while it was pending and wrote its output there";
 }
 
 void SimWorld::wake_waiters(SimWork& work) {

@@ -154,14 +154,15 @@
 // whose output overlaps the changed input, such as an in-place collective on another
 // communicator (the in-place forms wait only for collectives that write their tensor, not for
 // those that read it). With check_buffers, complete_operation records the outputs each completed
-// operation wrote in a ring of the last kRecentWritesMax (remember_writes: a few stores per
-// output, no allocation), and each arrival notes completed_ when it arrives; modified_inputs
-// looks through the ring, newest first, only when an input changed. Not named: a write by the
-// rank's own code (copy_, a raw pointer; the simulator sees no such write, and the detail then
-// names no writer), a writer that completed more than kRecentWritesMax outputs ago, and the
-// poison an operation still outstanding wrote into its output at issue (its output overlapping
-// another operation's pending input): finding those would take a scan of every outstanding
-// operation of every communicator, or a record per issue.
+// operation wrote in a ring per rank of its last kRecentWritesMax (remember_writes: a few stores
+// per output, no allocation; per rank, so that one collective of many ranks does not push the
+// others' out), and each arrival notes completed_ when it arrives; modified_inputs looks through
+// the input's rank's ring, newest first, then the other ranks', only when an input changed. Not
+// named: a write by the rank's own code (copy_, a raw pointer; the simulator sees no such write,
+// and the detail then names no writer), a writer that completed more than kRecentWritesMax of
+// its rank's outputs ago, and the poison an operation still outstanding wrote into its output at
+// issue (its output overlapping another operation's pending input): finding those would take a
+// scan of every outstanding operation of every communicator, or a record per issue.
 
 // Note [Event log]
 // With SimOptions::record_events the world logs what each rank did (SimReport::events) in the
@@ -445,6 +446,20 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Delayed: stalled by a Delay fault until virtual time wake_at (Note [Fault injection]).
   enum class Phase : std::uint8_t { Runnable, Blocked, Delayed, Finished };
 
+  // Note [Likely writers]: an output a completed operation wrote, in its rank's ring.
+  struct RecentWrite {
+    // Where its output is: an address and a size only, never the buffer (its keep_alive would
+    // hold the memory, and copying it costs two atomic operations).
+    transport::Buffer output;
+    int rank = -1;
+    std::string_view op;  // OpInfo::name, a string literal
+    std::int64_t seq = -1;
+    const std::string* group = nullptr;  // SimGroup::label, alive as long as the world
+    CallSite site;
+    std::uint64_t completed = 0;  // completed_ once it completed; 0: an empty entry
+  };
+  static constexpr std::size_t kRecentWritesMax = 16;  // per rank
+
   struct RankSlot {
     Phase phase = Phase::Runnable;  // changed only through set_phase (Note [Runnable set])
     std::unique_ptr<RankContext> context;
@@ -466,6 +481,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     transport::Duration wake_at{0};  // Delayed: until when
     bool crashed = false;            // a Crash fault killed it: it never arrives again
     std::string crash;               // what killed it, for its own and its peers' errors
+    // Note [Likely writers]: the outputs its last kRecentWritesMax completed operations wrote.
+    std::array<RecentWrite, kRecentWritesMax> recent_writes{};
+    std::size_t recent_writes_next = 0;  // where the next one goes
 
     // Whether it can still join an operation it has not joined (absence() names the others).
     bool may_still_arrive() const noexcept { return !crashed && !exited; }
@@ -527,7 +545,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
                        const SimGroup::Slot& slot) noexcept;
   // Note [Likely writers]: ", likely through rank R's op #seq ..." for an input `input` of an
   // operation that arrived when completed_ was `completed_at_issue`, or an empty string.
-  std::string likely_writer(const transport::Buffer& input, std::uint64_t completed_at_issue) const;
+  std::string likely_writer(const transport::Buffer& input, int rank,
+                            std::uint64_t completed_at_issue) const;
   // Ranks blocked on different communicators that contain each other disagree on the group:
   // fails those operations with CollectiveMismatch; returns whether it found any.
   bool fail_group_mismatches();
@@ -706,22 +725,6 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::uint64_t schedule_hash_ = 0;
   std::vector<Decision> schedule_;
   std::uint64_t completed_ = 0;
-  // Note [Likely writers]: the outputs of the operations completed last, a ring.
-  struct RecentWrite {
-    // Where its output is: an address and a size only, never the buffer (its keep_alive would
-    // hold the memory, and copying it costs two atomic operations).
-    const void* output = nullptr;
-    std::size_t output_bytes = 0;
-    int rank = -1;
-    std::string_view op;  // OpInfo::name, a string literal
-    std::int64_t seq = -1;
-    const std::string* group = nullptr;  // SimGroup::label, alive as long as the world
-    CallSite site;
-    std::uint64_t completed = 0;  // completed_ once it completed; 0: an empty entry
-  };
-  static constexpr std::size_t kRecentWritesMax = 16;
-  std::array<RecentWrite, kRecentWritesMax> recent_writes_{};
-  std::size_t recent_writes_next_ = 0;  // where the next one goes
   bool livelocked_ = false;
   bool stopping_ranks_ = false;  // steps_after_budget decisions after livelocked_: start() unwinds
   // Faults (Note [Fault injection], Note [Liveness phase]).

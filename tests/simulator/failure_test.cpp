@@ -883,6 +883,44 @@ TEST(SimFailure, AnInputOverwrittenByAnInPlaceCollectiveNamesItAsTheLikelyWriter
   }
 }
 
+// The same in a world of 20 ranks: the in-place collective writes 19 outputs at once, which a
+// ring of 16 shared by the world lost the writer's among; each rank keeps its own.
+TEST(SimFailure, TheLikelyWriterIsNamedAfterACollectiveOfManyRanks) {
+  constexpr int kRanks = 20;
+  std::vector<Outcome> outcomes = run_catching(kRanks, [] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    std::vector<int> all_but_1;
+    for (int r = 0; r < kRanks; ++r) {
+      if (r != 1) {
+        all_but_1.push_back(r);
+      }
+    }
+    const ProcessGroup big = new_group(all_but_1, "big");
+    Tensor input = Tensor::full({4}, 1, DType::Int32);
+    if (rank() == 0) {
+      Tensor sum = all_reduce(input, "sum", {0, 1});
+      (void)all_reduce_inplace(input, "sum", big).to_vector<std::int32_t>();  // writes input
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)sum.to_vector<std::int32_t>();
+    } else if (rank() == 1) {
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)all_reduce(input, "sum", {0, 1}).to_vector<std::int32_t>();
+    } else {
+      (void)all_reduce_inplace(input, "sum", big).to_vector<std::int32_t>();
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    const Outcome& outcome = outcomes[r];
+    ASSERT_TRUE(outcome.code.has_value()) << "rank " << r;
+    EXPECT_EQ(*outcome.code, ErrorCode::InputModified) << outcome.what;
+    EXPECT_TRUE(contains(outcome.what,
+                         "), likely through rank 0's all_reduce_inplace #0 on group "
+                         "'big' [0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
+                         "16, 17, 18, 19] (issued at "))
+        << outcome.what;
+  }
+}
+
 // The report names the writer by its world rank, not its rank in the group: world rank 1 is rank 0
 // of the group {1, 2}.
 TEST(SimFailure, AModifiedInputNamesTheWritersWorldRank) {
