@@ -844,14 +844,22 @@ TEST(SimFailure, WritingAnInputBeforeCompletionFailsTheCollectiveEverywhere) {
 // collective was pending, and wrote over its input, is named as the likely writer (the in-place
 // forms wait only for collectives that write their tensor). Until 2026-12-07 only the victim was
 // named. A write by the rank's own code (above) names none.
-TEST(SimFailure, AnInputOverwrittenByAnInPlaceCollectiveNamesItAsTheLikelyWriter) {
-  std::vector<Outcome> outcomes = run_catching(3, [] {
+// Rank 0's input of a collective on {0, 1} is overwritten, while pending, by its in-place
+// all_reduce on group 'writer' (every rank but 1); rank 1 joins only after a signal from rank 0.
+std::vector<Outcome> input_overwritten_in_place(int ranks) {
+  return run_catching(ranks, [ranks] {
     const ProcessGroup signal = new_group({0, 1}, "signal");
-    const ProcessGroup pair = new_group({0, 2}, "pair");
+    std::vector<int> all_but_1;
+    for (int r = 0; r < ranks; ++r) {
+      if (r != 1) {
+        all_but_1.push_back(r);
+      }
+    }
+    const ProcessGroup writer = new_group(all_but_1, "writer");
     Tensor input = Tensor::full({4}, 1, DType::Int32);
     if (rank() == 0) {
       Tensor sum = all_reduce(input, "sum", {0, 1});
-      (void)all_reduce_inplace(input, "sum", pair).to_vector<std::int32_t>();  // writes input
+      (void)all_reduce_inplace(input, "sum", writer).to_vector<std::int32_t>();  // writes input
       // Rank 1 joins the collective on {0, 1} only after this signal: it cannot have completed.
       (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
       (void)sum.to_vector<std::int32_t>();
@@ -859,9 +867,13 @@ TEST(SimFailure, AnInputOverwrittenByAnInPlaceCollectiveNamesItAsTheLikelyWriter
       (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
       (void)all_reduce(input, "sum", {0, 1}).to_vector<std::int32_t>();
     } else {
-      (void)all_reduce_inplace(input, "sum", pair).to_vector<std::int32_t>();
+      (void)all_reduce_inplace(input, "sum", writer).to_vector<std::int32_t>();
     }
   });
+}
+
+TEST(SimFailure, AnInputOverwrittenByAnInPlaceCollectiveNamesItAsTheLikelyWriter) {
+  const std::vector<Outcome> outcomes = input_overwritten_in_place(3);
   EXPECT_FALSE(outcomes[2].code.has_value()) << outcomes[2].what;
   for (std::size_t r = 0; r < 2; ++r) {
     const Outcome& outcome = outcomes[r];
@@ -873,8 +885,8 @@ TEST(SimFailure, AnInputOverwrittenByAnInPlaceCollectiveNamesItAsTheLikelyWriter
     EXPECT_TRUE(contains(outcome.what, "rank 0 modified input 0 of all_reduce (issued at "))
         << outcome.what;
     EXPECT_TRUE(contains(outcome.what,
-                         "), likely through rank 0's all_reduce_inplace #0 on group 'pair' [0, 2] "
-                         "(issued at "))
+                         "), likely through rank 0's all_reduce_inplace #0 on group 'writer' "
+                         "[0, 2] (issued at "))
         << outcome.what;
     EXPECT_TRUE(contains(outcome.what,
                          "), which completed while it was pending and wrote its output there "
@@ -883,40 +895,18 @@ TEST(SimFailure, AnInputOverwrittenByAnInPlaceCollectiveNamesItAsTheLikelyWriter
   }
 }
 
-// The same in a world of 20 ranks: the in-place collective writes 19 outputs at once, which a
-// ring of 16 shared by the world lost the writer's among; each rank keeps its own.
+// The same in a world of 20 ranks: the in-place collective writes 19 outputs at once, among which
+// a ring of 16 shared by the world lost the writer's; each rank keeps its own.
 TEST(SimFailure, TheLikelyWriterIsNamedAfterACollectiveOfManyRanks) {
-  constexpr int kRanks = 20;
-  std::vector<Outcome> outcomes = run_catching(kRanks, [] {
-    const ProcessGroup signal = new_group({0, 1}, "signal");
-    std::vector<int> all_but_1;
-    for (int r = 0; r < kRanks; ++r) {
-      if (r != 1) {
-        all_but_1.push_back(r);
-      }
-    }
-    const ProcessGroup big = new_group(all_but_1, "big");
-    Tensor input = Tensor::full({4}, 1, DType::Int32);
-    if (rank() == 0) {
-      Tensor sum = all_reduce(input, "sum", {0, 1});
-      (void)all_reduce_inplace(input, "sum", big).to_vector<std::int32_t>();  // writes input
-      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
-      (void)sum.to_vector<std::int32_t>();
-    } else if (rank() == 1) {
-      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
-      (void)all_reduce(input, "sum", {0, 1}).to_vector<std::int32_t>();
-    } else {
-      (void)all_reduce_inplace(input, "sum", big).to_vector<std::int32_t>();
-    }
-  });
+  const std::vector<Outcome> outcomes = input_overwritten_in_place(20);
   for (std::size_t r = 0; r < 2; ++r) {
     const Outcome& outcome = outcomes[r];
     ASSERT_TRUE(outcome.code.has_value()) << "rank " << r;
     EXPECT_EQ(*outcome.code, ErrorCode::InputModified) << outcome.what;
     EXPECT_TRUE(contains(outcome.what,
                          "), likely through rank 0's all_reduce_inplace #0 on group "
-                         "'big' [0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
-                         "16, 17, 18, 19] (issued at "))
+                         "'writer' [0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, "
+                         "15, 16, 17, 18, 19] (issued at "))
         << outcome.what;
   }
 }
