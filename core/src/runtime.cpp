@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -49,9 +50,22 @@ RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOption
       host_pool_(HostPool::make(options.host_pool_bytes_max)) {
   CHORUS_CHECK_GE(rank_, 0);
   CHORUS_CHECK_LT(rank_, world_size_);
+  // Note [Recycled rank states]: the room of an earlier rank's first group, not its contents.
+  if (transport::recycling_enabled()) {
+    SpareExpandedGroups::take(first_expanded_group_);
+    CHORUS_CHECK(first_expanded_group_.ranks.empty() && first_expanded_group_.tag.empty());
+  }
 }
 
-RankState::~RankState() { HostPool::park(std::move(host_pool_)); }
+RankState::~RankState() {
+  HostPool::park(std::move(host_pool_));
+  if (transport::recycling_enabled()) {  // Note [Recycled rank states]
+    first_expanded_group_.tag.clear();
+    first_expanded_group_.ranks.clear();
+    first_expanded_group_.group_size = 0;
+    SpareExpandedGroups::give(first_expanded_group_);
+  }
+}
 
 const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
   if (world_ranks_ == nullptr) {
@@ -172,8 +186,26 @@ void RankState::raise_deferred_error() {
 
 }  // namespace detail
 
+namespace {
+
+// Note [Recycled rank states]: a RankState in a recycled block.
+std::unique_ptr<detail::RankState> make_rank_state(std::shared_ptr<transport::Transport> transport,
+                                                   RankOptions options) {
+  transport::RecyclingAllocator<detail::RankState> allocator;
+  detail::RankState* block = allocator.allocate(1);
+  try {
+    return std::unique_ptr<detail::RankState>(
+        new (block) detail::RankState(std::move(transport), std::move(options)));
+  } catch (...) {
+    allocator.deallocate(block, 1);
+    throw;
+  }
+}
+
+}  // namespace
+
 RankContext::RankContext(std::shared_ptr<transport::Transport> transport, RankOptions options)
-    : state_(std::make_unique<detail::RankState>(std::move(transport), options)) {}
+    : state_(make_rank_state(std::move(transport), std::move(options))) {}
 
 RankContext::~RankContext() {
   // finish() normally ran; if not (a launcher bug or an exception between), still never leave a
@@ -182,6 +214,11 @@ RankContext::~RankContext() {
     state_->streams()->reset();
     state_->registry()->complete_all_at_exit();
   }
+  // Note [Recycled rank states]: the block goes back to this thread's list (state_'s own delete
+  // would free it).
+  detail::RankState* state = state_.release();
+  state->~RankState();
+  transport::RecyclingAllocator<detail::RankState>{}.deallocate(state, 1);
 }
 
 int RankContext::rank() const noexcept { return state_->rank(); }

@@ -148,6 +148,21 @@ void WorkRegistry::add_under(const std::shared_ptr<PendingWork>& work,
   add_reserved(work, storages);
 }
 
+WorkRegistry::WorkRegistry() {
+  if (transport::recycling_enabled()) {
+    SpareWorkLists::take(works_);
+    CHORUS_CHECK(works_.empty());
+  }
+}
+
+WorkRegistry::~WorkRegistry() {
+  // Only an empty list's room (holes only: clearing it destroys no work) goes to the next one.
+  if (listed_ == 0 && reserved_ == 0 && transport::recycling_enabled()) {
+    works_.clear();
+    SpareWorkLists::give(works_);
+  }
+}
+
 void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages) {
   CHORUS_CHECK(!storages.empty());
   CHORUS_CHECK(work.owner_ == nullptr);  // not registered

@@ -157,6 +157,21 @@ class RankState {
   // in a block of its own: references stay valid, and a rank allocates none of them up front (a
   // std::deque allocates two blocks when made, per rank and per simulated run).
   ExpandedGroup first_expanded_group_;
+  // Note [Recycled rank states]
+  // A simulated run makes a RankContext, with its RankState, per rank and ends them with the run,
+  // so everything a rank state allocates on its first collective was allocated again every run.
+  // The RankState's block (and the simulator's RankContext's) is recycled per thread (Note
+  // [Recycled blocks]), and so is the room of its first expanded group (ranks and tag) and of
+  // its work registry's list (WorkRegistry::works_, only when it ends with no work listed),
+  // allocations of the rank's first collective: the destructor empties them and keeps them for
+  // the next RankState (registry) made on the thread, which takes them empty and checks that.
+  // Only room travels between runs, never a value: a rank sees the state a fresh one would
+  // have. Off under AddressSanitizer and while the out-of-memory tests refuse allocations, as
+  // every recycled block (recycling_enabled()).
+  struct SpareExpandedGroupsTag {};
+  using SpareExpandedGroups =
+      transport::RecycledObjects<ExpandedGroup, transport::kRecycledBlocksMax,
+                                 SpareExpandedGroupsTag>;
   std::vector<std::unique_ptr<ExpandedGroup>> nested_expanded_groups_;
   std::size_t expanded_groups_in_use_ = 0;
   using CommKey = std::pair<std::string, std::vector<int>>;

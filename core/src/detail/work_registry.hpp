@@ -104,6 +104,7 @@
 #include "chorus/runtime.hpp"
 #include "chorus/transport/futex_mutex.hpp"
 #include "chorus/transport/group_label.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
 #include "detail/current_streams.hpp"
 #include "detail/stamped_links.hpp"
@@ -213,7 +214,10 @@ class PendingWork {
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
  public:
-  WorkRegistry() = default;
+  // Takes the room of an earlier registry's work list, and gives its own back when it ends
+  // empty (Note [Recycled rank states] in rank_state.hpp).
+  WorkRegistry();
+  ~WorkRegistry();
   WorkRegistry(const WorkRegistry&) = delete;
   WorkRegistry& operator=(const WorkRegistry&) = delete;
 
@@ -399,6 +403,10 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // The registered works in issue order, with holes (null) where works left
   // (Note [Registry links]); PendingWork::slot_ is each one's index.
   std::vector<std::shared_ptr<PendingWork>> works_;
+  struct SpareWorkListsTag {};
+  using SpareWorkLists =
+      transport::RecycledObjects<std::vector<std::shared_ptr<PendingWork>>,
+                                 transport::kRecycledBlocksMax, SpareWorkListsTag>;
   std::size_t listed_ = 0;  // the works in works_ that are not holes
   // Slots of works_ that reserve() promised and add_reserved() has not filled yet: always
   // works_.size() + reserved_ <= works_.capacity() (Note [Registration]).
