@@ -12,11 +12,13 @@
 
 #include "chorus/check.hpp"
 #include "chorus/error.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 
 namespace chorus::sim::detail {
 namespace {
 
-class PrngSource final : public ChoiceSource {
+// One per seeded run: recycled (Note [Recycled blocks]).
+class PrngSource final : public ChoiceSource, public transport::RecycledNew<PrngSource> {
  public:
   explicit PrngSource(std::uint64_t seed) : rng_(seed) {}
   std::uint64_t next(std::uint64_t n) override { return rng_.below(n); }

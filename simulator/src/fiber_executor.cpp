@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "chorus/check.hpp"
+#include "chorus/transport/recycled_blocks.hpp"
 #include "executor.hpp"
 
 #if defined(CHORUS_ASAN)
@@ -213,7 +214,8 @@ ExceptionGlobals* thread_exception_globals() noexcept {
   return reinterpret_cast<ExceptionGlobals*>(abi::__cxa_get_globals());  // NOLINT: ABI layout
 }
 
-class FiberExecutor final : public RankExecutor {
+// One per run: recycled (Note [Recycled blocks]).
+class FiberExecutor final : public RankExecutor, public transport::RecycledNew<FiberExecutor> {
  public:
   ~FiberExecutor() override { stop(); }
 
@@ -345,6 +347,8 @@ class FiberExecutor final : public RankExecutor {
 
   std::function<void(int)> body_;
   bool cancelled_ = false;  // start() failed: lanes end without their body
+  // A std::vector, not inline (Note [Small per-run vectors]): under TSan a Lane's TsanContext
+  // cannot be assigned, which boost's small_vector needs.
   std::vector<Lane> lanes_;
   SanitizerStack scheduler_stack_;
   void* scheduler_tsan_ = nullptr;  // the scheduler's TSan context (Note [Fibers under TSan])

@@ -748,9 +748,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   }
   // After the fault loop: a Delay's stall runs other ranks, whose starts use guarded_ too.
   guarded_.clear();
-  guarded_.reserve(ops.size());
   std::string guard_what;
   if (options_.guard_pending_outputs) {
+    guarded_.reserve(ops.size());  // only guard mode fills it: no allocation a run otherwise
     guard_what = guard_description(*work, group, rank, info.site);
   }
   std::exception_ptr early_error;
@@ -1246,7 +1246,7 @@ void SimWorld::start_ranks() {
       CHORUS_CHECK(rank_transport != nullptr);
     }
     ranks_[static_cast<std::size_t>(r)].context =
-        std::make_unique<RankContext>(std::move(rank_transport), rank_options);
+        make_rank_context(std::move(rank_transport), std::move(rank_options));
   }
   run_codes_.resize(static_cast<std::size_t>(size));
   // Every rank starts runnable (RankSlot's phase).
@@ -1263,6 +1263,18 @@ void SimWorld::start_ranks() {
   executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
                                                                           : make_thread_executor();
   executor_->start(size, [this](int rank) { rank_body(rank); });
+}
+
+SimWorld::RankContextPtr SimWorld::make_rank_context(
+    std::shared_ptr<transport::Transport> transport, RankOptions options) {
+  transport::RecyclingAllocator<RankContext> allocator;
+  RankContext* block = allocator.allocate(1);
+  try {
+    return RankContextPtr(new (block) RankContext(std::move(transport), std::move(options)));
+  } catch (...) {
+    allocator.deallocate(block, 1);
+    throw;
+  }
 }
 
 void SimWorld::release_run_resources() noexcept {

@@ -446,6 +446,17 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Delayed: stalled by a Delay fault until virtual time wake_at (Note [Fault injection]).
   enum class Phase : std::uint8_t { Runnable, Blocked, Delayed, Finished };
 
+  // Each run makes a RankContext per rank: its block is recycled (Note [Recycled blocks]).
+  struct RecycledContextDelete {
+    void operator()(RankContext* context) const noexcept {
+      context->~RankContext();
+      transport::RecyclingAllocator<RankContext>{}.deallocate(context, 1);
+    }
+  };
+  using RankContextPtr = std::unique_ptr<RankContext, RecycledContextDelete>;
+  static RankContextPtr make_rank_context(std::shared_ptr<transport::Transport> transport,
+                                          RankOptions options);
+
   // Note [Likely writers]: an output a completed operation wrote, in its rank's ring.
   struct RecentWrite {
     // Where its output is: an address and a size only, never the buffer (its keep_alive would
@@ -462,7 +473,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   struct RankSlot {
     Phase phase = Phase::Runnable;  // changed only through set_phase (Note [Runnable set])
-    std::unique_ptr<RankContext> context;
+    RankContextPtr context;
     SimWork* blocked_on = nullptr;
     transport::Deadline deadline;
     bool timed_out = false;
@@ -679,7 +690,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::map<std::string, std::uint64_t, std::less<>> marks_;
   std::unique_ptr<RankExecutor> executor_;
   std::function<void()> rank_main_;
-  std::vector<RankSlot> ranks_;
+  // Inline for up to kSmallWorld (below) ranks: Note [Small per-run vectors].
+  boost::container::small_vector<RankSlot, 8> ranks_;
   // Creation order (deterministic). Inline for a few (Note [Small per-run vectors]).
   boost::container::small_vector<std::shared_ptr<SimGroup>, 4> groups_;
   // Nodes recycled (Note [Recycled blocks]): each run makes its groups anew.
@@ -694,6 +706,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // small world's elements inline instead: kSmallWorld ranks, and more spill to the heap as
   // before; likewise the first few groups.
   static constexpr std::size_t kSmallWorld = 8;
+  static_assert(decltype(ranks_)::static_capacity == kSmallWorld);
   template <class T>
   using PerRank = boost::container::small_vector<T, kSmallWorld>;
   PerRank<Decision> candidates_;
@@ -740,8 +753,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Note [Operation positions]: fail_slot's errors and Fail event texts, made for every member
   // before the slot is taken (room for world_size made at construction; a member whose own error
   // was refused gets its code's fixed one, out_of_memory_errors in world.cpp).
-  std::vector<std::exception_ptr> failing_errors_;
-  std::vector<std::string> failing_events_;
+  // Sized by the world: inline for a small one (Note [Small per-run vectors]).
+  PerRank<std::exception_ptr> failing_errors_;
+  PerRank<std::string> failing_events_;
   std::vector<unsigned char> scratch_;
   PerRank<const void*> sources_;  // complete_operation's reduction sources
   // Note [Reduction order modes]: the planned program (Tree, Adversarial), the ring's rotated

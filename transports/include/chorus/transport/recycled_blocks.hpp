@@ -209,4 +209,23 @@ class RecyclingAllocator {
   }
 };
 
+// A base for a class T whose objects are made one at a time with plain `new` and ended with
+// `delete` (through a std::unique_ptr to a base with a virtual destructor, say): their blocks are
+// recycled through RecyclingAllocator<T> (Note [Recycled blocks]). A class derived from T, of
+// another size, gets plain operator new and delete.
+template <class T>
+class RecycledNew {
+ public:
+  static void* operator new(std::size_t size) {
+    return size == sizeof(T) ? RecyclingAllocator<T>{}.allocate(1) : ::operator new(size);
+  }
+  static void operator delete(void* block, std::size_t size) noexcept {
+    if (size == sizeof(T)) {
+      RecyclingAllocator<T>{}.deallocate(static_cast<T*>(block), 1);
+    } else {
+      ::operator delete(block);
+    }
+  }
+};
+
 }  // namespace chorus::transport
