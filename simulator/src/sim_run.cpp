@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -80,13 +82,24 @@ std::string replay_instruction(const SimOptions& options, std::uint64_t seed,
                                 options.command_without_seed)
                : replay_command("CHORUS_SIM_REPLAY=" + token, options.command_without_replay);
   }
-  return token.empty()
-             ? "(set SimOptions::seed = " + std::to_string(seed) +
-                   ": this run does not read CHORUS_SIM_SEED, SimOptions::seed_from_environment "
-                   "is false)"
-             : "(set SimOptions::replay = \"" + token +
-                   "\": this run does not read CHORUS_SIM_REPLAY, "
-                   "SimOptions::seed_from_environment is false)";
+  // Every seeded run's report carries one: made in one string of its final size (the operator+
+  // chain allocated twice a run).
+  constexpr std::string_view kSeedBefore = "(set SimOptions::seed = ";
+  constexpr std::string_view kSeedAfter =
+      ": this run does not read CHORUS_SIM_SEED, SimOptions::seed_from_environment is false)";
+  constexpr std::string_view kTokenBefore = "(set SimOptions::replay = \"";
+  constexpr std::string_view kTokenAfter =
+      "\": this run does not read CHORUS_SIM_REPLAY, SimOptions::seed_from_environment is false)";
+  char digits[24];
+  const std::string_view value =
+      token.empty() ? std::string_view(digits, std::to_chars(digits, std::end(digits), seed).ptr)
+                    : std::string_view(token);
+  const std::string_view before = token.empty() ? kSeedBefore : kTokenBefore;
+  const std::string_view after = token.empty() ? kSeedAfter : kTokenAfter;
+  std::string instruction;
+  instruction.reserve(before.size() + value.size() + after.size());
+  instruction.append(before).append(value).append(after);
+  return instruction;
 }
 
 // The run's replay line, known before it starts, for what ends the process before the run's
