@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "support/expect_error.hpp"
@@ -227,6 +228,108 @@ TEST(SimScheduler, RunsOfOtherSizesOnOneThreadComputeTheSameResults) {
       EXPECT_EQ(gathered[r], static_cast<std::size_t>(3 * size));
     }
     EXPECT_EQ(report.collectives_completed, 4u);
+  }
+}
+
+// Note [Recycled rank states] and Note [Recycled blocks]: a run on a thread reuses the room of the
+// runs before it there (rank states, their first group and work list, the executor, the choice
+// source). None of it may show: after runs that threw, crashed, deadlocked or timed out, one
+// with the same seed gives the same report, bytes and choices as the first, and so does the same
+// run on a thread of its own (fresh lists), with either executor.
+struct RecordedRun {
+  SimReport report;
+  std::vector<std::vector<float>> results;  // every rank's outputs, in order
+};
+
+RecordedRun recorded_run(ExecutorKind executor) {
+  RecordedRun run;
+  SimOptions options = quiet(4, 31, executor);
+  options.hash_data = true;
+  run.results.resize(4);
+  run.report = sim::simulate(options, [&run] {
+    const auto r = static_cast<std::size_t>(rank());
+    const std::vector<int> pair = {static_cast<int>(r & ~std::size_t{1}), static_cast<int>(r | 1)};
+    for (int i = 0; i < 3; ++i) {
+      Tensor sum = all_reduce(Tensor::full({5}, rank() * 3 + i), "sum", world());
+      Tensor both = all_gather_tensor(sum, 0, pair);
+      const std::vector<float> values = both.to_vector<float>();
+      run.results[r].insert(run.results[r].end(), values.begin(), values.end());
+    }
+    std::ignore = all_reduce(Tensor::ones({2}), "max", world());  // dropped un-waited
+  });
+  return run;
+}
+
+void expect_same_run(const RecordedRun& a, const RecordedRun& b) {
+  EXPECT_EQ(a.report.to_string(), b.report.to_string());
+  EXPECT_EQ(a.report.schedule, b.report.schedule);
+  EXPECT_EQ(a.report.schedule_hash, b.report.schedule_hash);
+  EXPECT_EQ(a.report.choices, b.report.choices);
+  EXPECT_EQ(a.report.data_hash, b.report.data_hash);
+  EXPECT_EQ(a.report.replay_token, b.report.replay_token);
+  EXPECT_EQ(a.report.replay_command, b.report.replay_command);
+  EXPECT_EQ(a.report.marks, b.report.marks);
+  EXPECT_EQ(a.report.rank_errors, b.report.rank_errors);
+  EXPECT_EQ(a.report.unwaited.size(), b.report.unwaited.size());
+  EXPECT_EQ(a.results, b.results);
+}
+
+// Runs that end badly, in every way that leaves a rank state, a group or an executor part-used.
+void failing_runs(ExecutorKind executor) {
+  // A rank throws between collectives, with work still pending on the others.
+  SimReport threw = sim::simulate(quiet(3, 5, executor), [] {
+    Tensor pending = all_reduce(Tensor::ones({7}), "sum", world());
+    if (rank() == 1) {
+      throw std::runtime_error("rank 1 gives up");
+    }
+    std::ignore = all_reduce(pending, "sum", world()).to_vector<float>();
+  });
+  EXPECT_FALSE(threw.ok());
+  // A crash fault, then a deadlock on a sub-group, then a timeout.
+  SimOptions crash = quiet(5, 6, executor);
+  crash.faults.push_back(sim::Fault::crash(2, 1));
+  EXPECT_FALSE(sim::simulate(crash, [] {
+                 for (int i = 0; i < 3; ++i) {
+                   std::ignore = all_reduce(Tensor::ones({3}), "sum", world()).item<float>();
+                 }
+               }).ok());
+  EXPECT_FALSE(sim::simulate(quiet(4, 7, executor), [] {
+                 if (rank() != 3) {
+                   std::ignore = all_reduce(Tensor::ones({2}), "sum", world()).to_vector<float>();
+                 }
+               }).ok());
+  SimOptions hang = quiet(2, 8, executor);
+  hang.faults.push_back(sim::Fault::hang(0, 0));
+  hang.timeout = std::chrono::milliseconds(5);
+  EXPECT_FALSE(sim::simulate(hang, [] {
+                 std::ignore = all_reduce(Tensor::ones({2}), "sum", world()).to_vector<float>();
+               }).ok());
+  // The run function itself refused (no rank ran) and a run whose ranks threw from the start.
+  SimOptions refused = quiet(2, 9, executor);
+  refused.world_size = 0;
+  EXPECT_THROW(sim::simulate(refused, [] {}), InvalidArgument);
+  EXPECT_FALSE(
+      sim::simulate(quiet(6, 10, executor), [] { throw std::logic_error("at once"); }).ok());
+}
+
+TEST(SimScheduler, ARunOnAThreadIsIndependentOfTheRunsBeforeIt) {
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    const RecordedRun first = recorded_run(executor);
+    ASSERT_TRUE(first.report.ok()) << first.report.to_string();
+    EXPECT_EQ(first.report.unwaited.size(), 4u);
+    failing_runs(executor);
+    const RecordedRun again = recorded_run(executor);
+    expect_same_run(first, again);
+    RecordedRun elsewhere;
+    std::thread([&] { elsewhere = recorded_run(executor); }).join();
+    expect_same_run(first, elsewhere);
+    // And a thread whose lists hold what the failing runs left.
+    RecordedRun after_failures;
+    std::thread([&] {
+      failing_runs(executor);
+      after_failures = recorded_run(executor);
+    }).join();
+    expect_same_run(first, after_failures);
   }
 }
 
