@@ -145,14 +145,20 @@ std::size_t snapshot_bytes(std::span<const SimOp> ops, int group_rank) {
   return total;
 }
 
-[[gnu::always_inline]] inline bool overlaps(const transport::Buffer& a,
-                                            const transport::Buffer& b) {
-  const auto* a0 = static_cast<const unsigned char*>(a.data);
-  const auto* b0 = static_cast<const unsigned char*>(b.data);
-  if (a0 == nullptr || b0 == nullptr || a.nbytes() == 0 || b.nbytes() == 0) {
+// Whether the bytes [a, a + a_bytes) and [b, b + b_bytes) share one.
+[[gnu::always_inline]] inline bool bytes_overlap(const void* a, std::size_t a_bytes, const void* b,
+                                                 std::size_t b_bytes) {
+  const auto* a0 = static_cast<const unsigned char*>(a);
+  const auto* b0 = static_cast<const unsigned char*>(b);
+  if (a0 == nullptr || b0 == nullptr || a_bytes == 0 || b_bytes == 0) {
     return false;
   }
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+[[gnu::always_inline]] inline bool overlaps(const transport::Buffer& a,
+                                            const transport::Buffer& b) {
+  return bytes_overlap(a.data, a.nbytes(), b.data, b.nbytes());
 }
 
 // Note [Operation positions]: the texts of what fails without the memory to say why. The abort
@@ -1787,8 +1793,8 @@ void SimWorld::remember_writes(const SimGroup& group, std::int64_t seq,
         continue;
       }
       writer.recent_writes[writer.recent_writes_next] =
-          RecentWrite{op.recv,           arrival.work->rank(), arrival.op_name(), seq,
-                      group.label.get(), arrival.site,         completed_};
+          RecentWrite{op.recv.data, op.recv.nbytes(),  arrival.work->rank(), arrival.op_name(),
+                      seq,          group.label.get(), arrival.site,         completed_};
       writer.recent_writes_next = (writer.recent_writes_next + 1) % kRecentWritesMax;
     }
   }
@@ -1803,7 +1809,8 @@ std::string SimWorld::likely_writer(const transport::Buffer& input, int rank,
       const RecentWrite& write =
           writer
               .recent_writes[(writer.recent_writes_next + kRecentWritesMax - k) % kRecentWritesMax];
-      if (write.completed > completed_at_issue && overlaps(write.output, input)) {
+      if (write.completed > completed_at_issue &&
+          bytes_overlap(write.output, write.output_bytes, input.data, input.nbytes())) {
         return &write;
       }
     }

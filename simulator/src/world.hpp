@@ -461,7 +461,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   struct RecentWrite {
     // Where its output is: an address and a size only, never the buffer (its keep_alive would
     // hold the memory, and copying it costs two atomic operations).
-    transport::Buffer output;
+    const void* output = nullptr;
+    std::size_t output_bytes = 0;
     int rank = -1;
     std::string_view op;  // OpInfo::name, a string literal
     std::int64_t seq = -1;
