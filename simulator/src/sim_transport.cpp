@@ -73,7 +73,7 @@ std::shared_ptr<transport::Work> SimComm::all_reduce(const transport::Buffer& se
                                                      const transport::Buffer& recv,
                                                      const ReduceOp& reduce_op,
                                                      const transport::OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   return submit(make_op(transport::OpKind::AllReduce, send, recv, reduce_op), info);
@@ -82,7 +82,7 @@ std::shared_ptr<transport::Work> SimComm::all_reduce(const transport::Buffer& se
 std::shared_ptr<transport::Work> SimComm::all_gather(const transport::Buffer& send,
                                                      const transport::Buffer& recv,
                                                      const transport::OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(recv.count, send.count * ranks().size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   return submit(make_op(transport::OpKind::AllGather, send, recv, ReduceOp::Kind::Sum), info);
@@ -92,7 +92,7 @@ std::shared_ptr<transport::Work> SimComm::reduce_scatter(const transport::Buffer
                                                          const transport::Buffer& recv,
                                                          const ReduceOp& reduce_op,
                                                          const transport::OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count * ranks().size());
   CHORUS_CHECK(send.dtype == recv.dtype);
   return submit(make_op(transport::OpKind::ReduceScatter, send, recv, reduce_op), info);
@@ -114,7 +114,7 @@ std::shared_ptr<transport::Work> SimComm::all_to_all(const transport::Buffer& se
                                                      const transport::Buffer& recv,
                                                      const std::vector<std::size_t>& recv_counts,
                                                      const transport::OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send_counts.size(), ranks().size());
   CHORUS_CHECK_EQ(recv_counts.size(), ranks().size());
   CHORUS_CHECK_EQ(send.count, total(send_counts));
@@ -129,7 +129,7 @@ std::shared_ptr<transport::Work> SimComm::all_to_all(const transport::Buffer& se
 std::shared_ptr<transport::Work> SimComm::broadcast(const transport::Buffer& send,
                                                     const transport::Buffer& recv, int root,
                                                     const transport::OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   CHORUS_CHECK(root >= 0 && root < size());
@@ -142,13 +142,21 @@ std::shared_ptr<transport::Work> SimComm::reduce(const transport::Buffer& send,
                                                  const transport::Buffer& recv,
                                                  const ReduceOp& reduce_op, int root,
                                                  const transport::OpInfo& info) {
-  const BatchAbandon abandon(*this);
+  const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   CHORUS_CHECK(root >= 0 && root < size());
   SimOp op = make_op(transport::OpKind::Reduce, send, recv, reduce_op);
   op.root = root;
   return submit(std::move(op), info);
+}
+
+std::optional<SimComm::BatchAbandon> SimComm::batch_abandon() noexcept {
+  if (!batching_) {
+    CHORUS_CHECK(batch_.empty());  // abandon_batch would do nothing
+    return std::nullopt;
+  }
+  return std::optional<BatchAbandon>(std::in_place, *this);
 }
 
 void SimComm::abandon_batch() noexcept {

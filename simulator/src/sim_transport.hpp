@@ -5,6 +5,7 @@
 // with it these objects, so they point at it without owning it.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,11 +78,16 @@ class SimComm final : public transport::Comm {
   friend BatchAbandon;
 
   // Stages `op` into the open batch, or starts it alone (SimWorld::start). Each operation method
-  // holds a BatchAbandon first: one that throws (std::bad_alloc copying its counts or staging
-  // the op) drops the open batch, since core calls no end_group then (Note [Transport contract]).
+  // holds batch_abandon() first: one that throws inside a batch (std::bad_alloc copying its
+  // counts or staging the op) drops the open batch, since core calls no end_group then (Note
+  // [Transport contract]).
   std::shared_ptr<transport::Work> submit(SimOp op, const transport::OpInfo& info);
   // Drops the open batch (nothing of it started); a no-op outside a batch. For BatchAbandon.
   void abandon_batch() noexcept;
+  // The guard an operation method holds: a BatchAbandon inside a batch, else none (there is
+  // nothing to drop), so that an operation outside a batch does not read
+  // std::uncaught_exceptions() (a library call) twice. As MpiComm::batch_abandon.
+  std::optional<BatchAbandon> batch_abandon() noexcept;
 
   SimWorld* world_;
   std::shared_ptr<SimGroup> group_;
