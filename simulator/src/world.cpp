@@ -1744,30 +1744,32 @@ bool SimWorld::cross_aliased(const SimGroup::Slot& slot, std::size_t op) {
 
 std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slot& slot) const {
   std::string detail;
+  // Every completion runs this loop (with buffer checks), and almost never finds a change: it
+  // walks the ops and the snapshots with pointers, and builds the text out of line.
   for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
     const SimGroup::Arrival& arrival = slot.arrivals[i];
-    std::size_t snapshot = 0;  // where the next op's copy starts in arrival.inputs
-    for (std::size_t op = 0; op < arrival.ops.size(); ++op) {
-      const transport::Buffer& send = arrival.ops[op].send;
-      if (!reads_send(arrival.ops[op], static_cast<int>(i))) {
+    const unsigned char* snapshot = arrival.inputs.data();  // the next op's copy
+    const unsigned char* const snapshots_end = snapshot + arrival.inputs.size();
+    const SimOp* const ops_begin = arrival.ops.data();
+    const SimOp* const ops_end = ops_begin + arrival.ops.size();
+    for (const SimOp* op = ops_begin; op != ops_end; ++op) {
+      if (!reads_send(*op, static_cast<int>(i))) {
         continue;  // a broadcast's stand-in send on a non-root: its output, not an input
       }
       // Note [Input snapshots]: a small input against its copy, a large one by checksum.
+      const transport::Buffer& send = op->send;
       const std::size_t size = send.nbytes();
       bool modified = false;
       if (size <= kInputSnapshotBytesMax) {
-        CHORUS_CHECK_LE(snapshot + size, arrival.inputs.size());
-        modified = size > 0 && std::memcmp(send.data, arrival.inputs.data() + snapshot, size) != 0;
+        CHORUS_CHECK_LE(size, static_cast<std::size_t>(snapshots_end - snapshot));
+        modified = size > 0 && std::memcmp(send.data, snapshot, size) != 0;
         snapshot += size;
       } else {
-        modified = checksum_bytes(send.data, size) != arrival.ops[op].input_hash;
+        modified = checksum_bytes(send.data, size) != op->input_hash;
       }
-      if (modified) {
-        detail += (detail.empty() ? "" : "; ") + std::string("rank ") +
-                  std::to_string(group.ranks[i]) + " modified input " + std::to_string(op) +
-                  " of " + std::string(arrival.op_name()) + " (issued at " +
-                  arrival.site.to_string() + ")" +
-                  likely_writer(send, group.ranks[i], arrival.completed_at_issue);
+      if (modified) [[unlikely]] {
+        append_modified_input(detail, group.ranks[i], static_cast<std::size_t>(op - ops_begin),
+                              arrival, send);
       }
     }
   }
@@ -1829,6 +1831,15 @@ std::string SimWorld::likely_writer(const transport::Buffer& input, int rank,
          " #" + std::to_string(write->seq) + " on group " + *write->group + " (issued at " +
          write->site.to_string() +
          "), which completed while it was pending and wrote its output there";
+}
+
+void SimWorld::append_modified_input(std::string& detail, int rank, std::size_t op,
+                                     const SimGroup::Arrival& arrival,
+                                     const transport::Buffer& send) const {
+  detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank) +
+            " modified input " + std::to_string(op) + " of " + std::string(arrival.op_name()) +
+            " (issued at " + arrival.site.to_string() + ")" +
+            likely_writer(send, rank, arrival.completed_at_issue);
 }
 
 void SimWorld::wake_waiters(SimWork& work) {

@@ -559,6 +559,13 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // operation that arrived when completed_ was `completed_at_issue`, or an empty string.
   std::string likely_writer(const transport::Buffer& input, int rank,
                             std::uint64_t completed_at_issue) const;
+  // Appends to modified_inputs' text that world rank `rank`'s input `op` of `arrival` (its
+  // buffer `send`) changed, with its likely writer. Out of line: the check's loop runs on every
+  // completion, the text almost never.
+  [[gnu::cold, gnu::noinline]] void append_modified_input(std::string& detail, int rank,
+                                                          std::size_t op,
+                                                          const SimGroup::Arrival& arrival,
+                                                          const transport::Buffer& send) const;
   // Ranks blocked on different communicators that contain each other disagree on the group:
   // fails those operations with CollectiveMismatch; returns whether it found any.
   bool fail_group_mismatches();
