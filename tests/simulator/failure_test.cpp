@@ -911,6 +911,44 @@ TEST(SimFailure, TheLikelyWriterIsNamedAfterACollectiveOfManyRanks) {
   }
 }
 
+// Two writers of one collective: the report names both, in group-rank order, in one text (the
+// check's loop builds the text out of line, SimWorld::append_modified_input).
+TEST(SimFailure, EveryModifiedInputOfACollectiveIsNamedInOneText) {
+  std::vector<Outcome> outcomes = run_catching(3, [] {
+    Tensor input = Tensor::full({4}, 1, DType::Int32);
+    if (rank() == 2) {
+      // Joins the world collective only after both writers signalled: it cannot have completed.
+      const ProcessGroup signal0 = new_group({0, 2}, "signal0");
+      const ProcessGroup signal1 = new_group({1, 2}, "signal1");
+      (void)all_reduce(bytes(1), "sum", signal0).to_vector<std::uint8_t>();
+      (void)all_reduce(bytes(1), "sum", signal1).to_vector<std::uint8_t>();
+      (void)all_reduce(input, "sum", world()).to_vector<std::int32_t>();
+      return;
+    }
+    const ProcessGroup signal =
+        rank() == 0 ? new_group({0, 2}, "signal0") : new_group({1, 2}, "signal1");
+    Tensor sum = all_reduce(input, "sum", world());
+    input.copy_(Tensor::full({4}, 100, DType::Int32));  // a race on NCCL
+    (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+    (void)sum.to_vector<std::int32_t>();
+  });
+  for (const Outcome& outcome : outcomes) {
+    ASSERT_TRUE(outcome.code.has_value());
+    EXPECT_EQ(*outcome.code, ErrorCode::InputModified) << outcome.what;
+    const std::size_t first =
+        outcome.what.find("rank 0 modified input 0 of all_reduce (issued at ");
+    const std::size_t second =
+        outcome.what.find("; rank 1 modified input 0 of all_reduce (issued at ");
+    ASSERT_NE(first, std::string::npos) << outcome.what;
+    ASSERT_NE(second, std::string::npos) << outcome.what;
+    EXPECT_LT(first, second) << outcome.what;
+    EXPECT_FALSE(contains(outcome.what, "rank 2 modified")) << outcome.what;
+    EXPECT_EQ(outcome.what.find("before the collective completed"),
+              outcome.what.rfind("before the collective completed"))
+        << outcome.what;
+  }
+}
+
 // The report names the writer by its world rank, not its rank in the group: world rank 1 is rank 0
 // of the group {1, 2}.
 TEST(SimFailure, AModifiedInputNamesTheWritersWorldRank) {
