@@ -432,7 +432,8 @@ std::string SimGroup::missing_members(std::int64_t seq) const {
 SimGroup::~SimGroup() {
   // Note [Recycled slots]: the spares outlive their group.
   while (!spare_slots.empty()) {
-    RecycledSlots::Node node = spare_slots.extract(std::prev(spare_slots.end()));
+    RecycledSlots::Node node = std::move(spare_slots.back());
+    spare_slots.pop_back();
     RecycledSlots::give(node);  // else the node frees the slot
   }
 }
@@ -442,7 +443,7 @@ int SimGroup::group_rank_of(int rank) const noexcept {
   return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
 }
 
-void SimGroup::recycle_slot(std::map<std::int64_t, Slot>::node_type node) noexcept {
+void SimGroup::recycle_slot(SlotNode node) noexcept {
   Slot& slot = node.mapped();
   for (Arrival& arrival : slot.arrivals) {
     arrival.arrived = false;
@@ -455,8 +456,9 @@ void SimGroup::recycle_slot(std::map<std::int64_t, Slot>::node_type node) noexce
   slot.fault.reset();
   slot.fault_random = false;
   slot.fault_detail.clear();
-  node.key() = static_cast<std::int64_t>(spare_slots.size());
-  spare_slots.insert(spare_slots.end(), std::move(node));  // a node: allocates nothing
+  // start reserved room for every slot of the group: allocates nothing.
+  CHORUS_CHECK_LT(spare_slots.size(), spare_slots.capacity());
+  spare_slots.push_back(std::move(node));
 }
 
 // ---- SimWorld: setup and the rank side
@@ -777,16 +779,25 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     // A spare slot keeps its arrivals' room (SimGroup::spare_slots).
     auto entry = group.slots.find(info.seq);
     const bool created = entry == group.slots.end();
+    if (created) {
+      // Room among the spares for every slot of the group, this one included, so that
+      // recycle_slot allocates nothing (SimGroup::spare_slots); only a new high allocates, and
+      // then before anything changed.
+      const std::size_t room = group.slots.size() + group.spare_slots.size() + 1;
+      if (group.spare_slots.capacity() < room) {
+        group.spare_slots.reserve(std::max(room, 2 * group.spare_slots.capacity()));
+      }
+    }
     if (created && group.spare_slots.empty()) {
       // Note [Recycled slots]: one an earlier run's group left on this thread.
       if (RecycledSlots::Node recycled = RecycledSlots::take(); !recycled.empty()) {
-        recycled.key() = 0;
-        group.spare_slots.insert(std::move(recycled));  // a node: allocates nothing
+        group.spare_slots.push_back(std::move(recycled));  // reserved above: allocates nothing
       }
     }
     const bool from_spare = created && !group.spare_slots.empty();
     if (from_spare) {
-      auto spare = group.spare_slots.extract(std::prev(group.spare_slots.end()));
+      SimGroup::SlotNode spare = std::move(group.spare_slots.back());
+      group.spare_slots.pop_back();
       spare.key() = info.seq;
       entry = group.slots.insert(group.slots.end(), std::move(spare));  // allocates nothing
     } else if (created) {

@@ -338,10 +338,15 @@ struct SimGroup {
   Failures spare_failures;
   // Slots of completed operations, emptied but keeping their arrivals (and each arrival's room
   // for ops): start takes one before making a slot, so a communicator allocates slots only for a
-  // new high of outstanding operations (failed slots are erased, not recycled). Keys 0 .. size -
-  // 1: start takes the last. A stale Slot* or Arrival* now reads a recycled slot instead of
-  // freed memory, which ASan would have reported: hold none across a scheduling point.
-  std::map<std::int64_t, Slot> spare_slots;
+  // new high of outstanding operations (failed slots are erased, not recycled). A stack of the
+  // map's node handles (start takes the last; the key is set as it goes back into `slots`), not a
+  // map: no tree to rebalance twice an operation. Its capacity covers every slot the group has
+  // (slots.size() + spare_slots.size()), reserved by start before it makes one, so that
+  // recycle_slot allocates nothing; inline for up to 4. A stale Slot* or Arrival* now reads a
+  // recycled slot instead of freed memory, which ASan would have reported: hold none across a
+  // scheduling point.
+  using SlotNode = std::map<std::int64_t, Slot>::node_type;
+  boost::container::small_vector<SlotNode, 4> spare_slots;
   std::int64_t next_to_complete = 0;
   std::int64_t aborted_from = -1;  // operations from this seq on fail with Aborted
   std::string abort_reason;        // room for kOutOfMemoryAbortReason made at creation
@@ -360,7 +365,7 @@ struct SimGroup {
   int group_rank_of(int rank) const noexcept;
   // Empties the slot of a completed operation, taken out of `slots`, into spare_slots. Allocates
   // nothing; the works its arrivals held are released here.
-  void recycle_slot(std::map<std::int64_t, Slot>::node_type node) noexcept;
+  void recycle_slot(SlotNode node) noexcept;
   // "1, 3": the members that have not joined outstanding operation `seq` yet (empty if none or
   // if `seq` is not outstanding).
   std::string missing_members(std::int64_t seq) const;
