@@ -738,22 +738,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   CHORUS_CHECK_EQ(info.seq, group.issued[static_cast<std::size_t>(group_rank)]);
   // Nothing else runs from here to the yield below, so what decides the operation's fate now
   // still holds when it counts. An operation that fails at once fails with an error made now.
-  ErrorCode early_code = ErrorCode::Aborted;
-  std::string early_detail;
-  bool fails_early = true;
-  if (auto failed = group.failures.find(info.seq); failed != group.failures.end()) {
-    early_code = failed->second.code;
-    early_detail = failed->second.detail;
-  } else if (!liveness_violation_.empty()) {
-    early_code = ErrorCode::Deadlock;
-    early_detail = liveness_violation_;
-  } else if (livelocked_) {
-    early_detail = "the simulation exceeded its step budget and was aborted";
-  } else if (group.aborted_from >= 0 && info.seq >= group.aborted_from) {
-    early_detail = "the communicator was aborted: " + group.abort_reason;
-  } else {
-    fails_early = false;
-  }
+  const bool fails_early = group.failures.count(info.seq) != 0 || !liveness_violation_.empty() ||
+                           livelocked_ ||
+                           (group.aborted_from >= 0 && info.seq >= group.aborted_from);
   // After the fault loop: a Delay's stall runs other ranks, whose starts use guarded_ too.
   guarded_.clear();
   std::string guard_what;
@@ -761,18 +748,10 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     guarded_.reserve(ops.size());  // only guard mode fills it: no allocation a run otherwise
     guard_what = guard_description(*work, group, rank, info.site);
   }
-  std::exception_ptr early_error;
-  std::string early_event;  // the Fail event's detail
+  std::optional<EarlyFailure> early;  // only for an operation that fails at once
   SimGroup::Slot* slot = nullptr;
   if (fails_early) {
-    if (early_detail.empty()) {
-      early_detail = kFailureNotRecordedDetail;  // fail_slot used the spare failure
-    }
-    early_error = try_make_error(early_code, work->context(), early_detail);
-    if (early_error == nullptr) {
-      throw std::bad_alloc();  // before the operation counts
-    }
-    early_event = fail_event(early_code, early_detail);
+    early.emplace(early_failure(group, *work, info.seq));
   } else {
     // Last: a slot made here is erased again if making its arrivals or its spare failure record
     // fails, and nothing after it can throw before the operation counts.
@@ -852,7 +831,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   }
 
   if (fails_early) {
-    fail_work(*work, std::move(early_error), std::move(early_event));
+    fail_work(*work, std::move(early->error), std::move(early->event));
   } else {
     SimGroup::Arrival& arrival = slot->arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);
@@ -897,6 +876,34 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   }
   yield(rank);
   return work;
+}
+
+SimWorld::EarlyFailure SimWorld::early_failure(const SimGroup& group, const SimWork& work,
+                                               std::int64_t seq) {
+  ErrorCode code = ErrorCode::Aborted;
+  std::string detail;
+  if (auto failed = group.failures.find(seq); failed != group.failures.end()) {
+    code = failed->second.code;
+    detail = failed->second.detail;
+  } else if (!liveness_violation_.empty()) {
+    code = ErrorCode::Deadlock;
+    detail = liveness_violation_;
+  } else if (livelocked_) {
+    detail = "the simulation exceeded its step budget and was aborted";
+  } else {
+    CHORUS_CHECK(group.aborted_from >= 0 && seq >= group.aborted_from);
+    detail = "the communicator was aborted: " + group.abort_reason;
+  }
+  if (detail.empty()) {
+    detail = kFailureNotRecordedDetail;  // fail_slot used the spare failure
+  }
+  EarlyFailure early;
+  early.error = try_make_error(code, work.context(), detail);
+  if (early.error == nullptr) {
+    throw std::bad_alloc();  // before the operation counts
+  }
+  early.event = fail_event(code, detail);
+  return early;
 }
 
 void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_rank, int rank,

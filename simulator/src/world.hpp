@@ -631,6 +631,17 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void withdraw_fault(const Fault& fault, bool random);
   // Puts a member's TransportError or Hang on the operation's slot, by precedence.
   void mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired);
+  // What an operation that fails at once (start: it was failed or aborted before it started, or
+  // the run is over its step budget or found a liveness violation) fails with: its error, made
+  // with `work`'s context, and the Fail event's detail. Throws std::bad_alloc when the error
+  // cannot be made (before the operation counts). Out of line, cold: start's usual path then
+  // makes none of its strings.
+  struct EarlyFailure {
+    std::exception_ptr error;
+    std::string event;
+  };
+  [[gnu::cold, gnu::noinline]] EarlyFailure early_failure(const SimGroup& group,
+                                                          const SimWork& work, std::int64_t seq);
   // start, once `rank` arrived at operation info.seq of `group`: compares its arrival with the
   // others' (CollectiveMismatch), marks its fault, fails it if a member can never arrive.
   // Inlined into start (Note [Inlined hot helpers]).
