@@ -837,6 +837,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     CHORUS_CHECK(!arrival.arrived);
     if (options_.check_buffers) {               // Note [Input snapshots]
       arrival.completed_at_issue = completed_;  // Note [Likely writers]
+      ++arrivals_unfinished_;
       for (SimOp& op : ops) {
         op.input_hash = 0;
         if (!reads_send(op, group_rank)) {
@@ -1640,8 +1641,11 @@ void SimWorld::complete_operation(SimGroup& group) {
     wake_waiters(*arrival.work);
   }
   ++completed_;
-  if (options_.check_buffers) {
-    remember_writes(group, seq, slot);  // Note [Likely writers]
+  if (options_.check_buffers) {  // Note [Likely writers]
+    arrivals_unfinished_ -= std::min<std::uint64_t>(arrivals_unfinished_, slot.arrivals.size());
+    if (arrivals_unfinished_ > 0) {  // some other operation may have an input here
+      remember_writes(group, seq, slot);
+    }
   }
   notify_off_rank_waiters();
   group.recycle_slot(std::move(node));

@@ -153,10 +153,13 @@
 // can, the likely writer: a collective that completed after the victim's member arrived and
 // whose output overlaps the changed input, such as an in-place collective on another
 // communicator (the in-place forms wait only for collectives that write their tensor, not for
-// those that read it). With check_buffers, complete_operation records the outputs each completed
-// operation wrote in a ring per rank of its last kRecentWritesMax (remember_writes: a few stores
-// per output, no allocation; per rank, so that one collective of many ranks does not push the
-// others' out), and each arrival notes completed_ when it arrives; modified_inputs looks through
+// those that read it). With check_buffers, each arrival notes completed_ when it arrives, and
+// complete_operation records the outputs each completed operation wrote in a ring per rank of its
+// last kRecentWritesMax (remember_writes: a few stores per output, no allocation; per rank, so
+// that one collective of many ranks does not push the others' out), but only while some other
+// operation has arrived and not completed (arrivals_unfinished_; a failed one is never taken off,
+// which only records more): without one no pending input exists to overwrite, so a program that
+// waits for each collective before the next records nothing. modified_inputs looks through
 // the input's rank's ring, newest first, then the other ranks', only when an input changed. Not
 // named: a write by the rank's own code (copy_, a raw pointer; the simulator sees no such write,
 // and the detail then names no writer), a writer that completed more than kRecentWritesMax of
@@ -762,6 +765,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::uint64_t schedule_hash_ = 0;
   std::vector<Decision> schedule_;
   std::uint64_t completed_ = 0;
+  std::uint64_t arrivals_unfinished_ = 0;  // Note [Likely writers]
   bool livelocked_ = false;
   bool stopping_ranks_ = false;  // steps_after_budget decisions after livelocked_: start() unwinds
   // Faults (Note [Fault injection], Note [Liveness phase]).
