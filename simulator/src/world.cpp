@@ -1641,8 +1641,9 @@ void SimWorld::complete_operation(SimGroup& group) {
     wake_waiters(*arrival.work);
   }
   ++completed_;
-  if (options_.check_buffers) {  // Note [Likely writers]
-    arrivals_unfinished_ -= std::min<std::uint64_t>(arrivals_unfinished_, slot.arrivals.size());
+  if (options_.check_buffers) {                                   // Note [Likely writers]
+    CHORUS_CHECK_GE(arrivals_unfinished_, slot.arrivals.size());  // each arrival was counted
+    arrivals_unfinished_ -= slot.arrivals.size();
     if (arrivals_unfinished_ > 0) {  // some other operation may have an input here
       remember_writes(group, seq, slot);
     }

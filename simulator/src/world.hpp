@@ -163,9 +163,9 @@
 // the input's rank's ring, newest first, then the other ranks', only when an input changed. Not
 // named: a write by the rank's own code (copy_, a raw pointer; the simulator sees no such write,
 // and the detail then names no writer), a writer that completed more than kRecentWritesMax of
-// its rank's outputs ago, and the poison an operation still outstanding wrote into its output at
-// issue (its output overlapping another operation's pending input): finding those would take a
-// scan of every outstanding operation of every communicator, or a record per issue.
+// its rank's recorded outputs ago, and the poison an operation still outstanding wrote into its
+// output at issue (its output overlapping another operation's pending input): finding those would
+// take a scan of every outstanding operation of every communicator, or a record per issue.
 
 // Note [Event log]
 // With SimOptions::record_events the world logs what each rank did (SimReport::events) in the

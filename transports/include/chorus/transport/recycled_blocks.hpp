@@ -112,11 +112,12 @@ class RecycledBlocks {
 };
 
 // The calling thread's stack of at most Max objects of type T kept for reuse (the simulator's
-// recycled signature lists and slots), under Note [Recycled blocks]'s rules: trivially
-// destructible, zero-initialised storage that can be read until the thread is gone, emptied and
-// closed at thread exit, the closing registered by the first take or give that finds it empty.
-// T's move constructor and move assignment must not throw. Tag tells apart users that keep the
-// same T. Whether to recycle at all (recycling_enabled()) is the caller's check.
+// recycled signature lists and slots, core's expanded groups and work lists), under Note [Recycled
+// blocks]'s rules: trivially destructible, zero-initialised storage that can be read until the
+// thread is gone, emptied and closed at thread exit, the closing registered by the first take or
+// give that finds it empty. T's move constructor and move assignment must not throw. Tag tells
+// apart users that keep the same T. Whether to recycle at all (recycling_enabled()) is the caller's
+// check.
 template <class T, std::size_t Max, class Tag = T>
 class RecycledObjects {
  public:
