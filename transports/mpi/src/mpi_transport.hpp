@@ -723,10 +723,14 @@ class MpiTransport final : public transport::Transport {
 // case), returns (std::abort follows) or never returns. For the last a watchdog thread, started
 // just before the unlocked call, std::abort()s the process kAbortCallWait later
 // (mpi.abort_hang_test, whose MPI_Abort, interposed through the profiling interface, never
-// returns); where no thread can be started, std::abort at once. Until 2026-12-07 nothing bounded
-// it, and an unlocked MPI_Abort that hung kept the job from ending as the lock had.
+// returns); where no thread can be started, std::abort at once. kAbortCallWait is 10 s, not 1:
+// an MPI_Abort that works ends the process from the runtime's side (orted's kill), which took
+// over a second under ThreadSanitizer here (the watchdog fired in mpi.abort_test), as it may
+// for a launcher tearing down a large job; the watchdog is for the call that never returns. Until
+// 2026-12-07 nothing bounded it, and an unlocked MPI_Abort that hung kept the job from ending as
+// the lock had.
 inline constexpr std::chrono::milliseconds kAbortLockWait{1000};
-inline constexpr std::chrono::milliseconds kAbortCallWait{1000};
+inline constexpr std::chrono::milliseconds kAbortCallWait{10'000};
 
 // Prints "chorus: rank R of N failed: <what>" and the abort notice to stderr, then
 // MPI_Abort(MPI_COMM_WORLD, 1) (chorus::mpi::run's end for a failed rank): Note [Aborting under
