@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <charconv>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <span>
 #include <string>
@@ -453,7 +455,8 @@ std::string run_shape(const SimOptions& options) {
   if (options.liveness_steps != 0) {
     parts.push_back("liveness=" + std::to_string(options.liveness_steps));
   }
-  const SimOptions defaults;
+  // Made once: a SimOptions is large, and every run's token asks for its shape.
+  static const SimOptions defaults;
   if (options.timeout != defaults.timeout) {
     parts.push_back("timeout_ns=" + std::to_string(options.timeout.count()));
   }
@@ -473,20 +476,37 @@ std::string run_shape(const SimOptions& options) {
   return shape;
 }
 
+namespace {
+
+// "chorus-replay:<format>:<build fingerprint>:", the same for every token of the process: made
+// once (every run makes a token, and these parts cost it more than a short run's choices).
+const std::string& token_head() {
+  static const std::string head = std::string(kTokenPrefix) + ":" +
+                                  std::to_string(kReplayFormatVersion) + ":" + build_fingerprint() +
+                                  ":";
+  return head;
+}
+
+}  // namespace
+
 std::string encode_replay_token(int world_size, std::string_view shape,
                                 std::span<const std::uint64_t> choices) {
-  // One string, sized first (the choices' part is most of a long run's token).
-  const std::string version = std::to_string(kReplayFormatVersion);
-  const std::string& build = build_fingerprint();
-  const std::string ranks = std::to_string(world_size);
-  const std::string count = std::to_string(choices.size());
+  // One string, sized first (the choices' part is most of a long run's token); the numbers are
+  // written with to_chars, not made as strings.
+  const std::string& head = token_head();
+  char ranks_digits[16];
+  const std::string_view ranks(ranks_digits,
+                               std::to_chars(ranks_digits, std::end(ranks_digits), world_size).ptr);
+  char count_digits[24];
+  const std::string_view count(
+      count_digits, std::to_chars(count_digits, std::end(count_digits), choices.size()).ptr);
   std::string token;
   // Room for one LEB128 byte per choice: a run without a choice of 0x80 or more (few
   // candidates, no random faults) never reallocates.
-  token.reserve(kTokenPrefix.size() + version.size() + build.size() + ranks.size() + shape.size() +
-                count.size() + 6 + base64url_size(choices.size()));
-  for (std::string_view part : {kTokenPrefix, std::string_view(version), std::string_view(build),
-                                std::string_view(ranks), shape, std::string_view(count)}) {
+  token.reserve(head.size() + ranks.size() + shape.size() + count.size() + 3 +
+                base64url_size(choices.size()));
+  token.append(head);
+  for (std::string_view part : {ranks, shape, count}) {
     token.append(part).push_back(':');
   }
   append_choices_base64url(token, choices);

@@ -507,8 +507,8 @@ std::unique_ptr<ChoiceSource> source_for(const SimOptions& options) {
 
 }  // namespace
 
-SimWorld::SimWorld(SimOptions options)
-    : options_(std::move(options)),
+SimWorld::SimWorld(const SimOptions& options)
+    : options_(options),
       stream_(source_for(options_), options_.strategy, options_.pct_depth, options_.pct_steps,
               options_.seed, options_.choices.has_value(), options_.choices_record_max) {
   CHORUS_CHECK_GE(options_.world_size, 1);

@@ -376,7 +376,8 @@ struct SimGroup {
 
 class SimWorld : public std::enable_shared_from_this<SimWorld> {
  public:
-  explicit SimWorld(SimOptions options);
+  // Copies `options` (once: sim::simulate keeps its own).
+  explicit SimWorld(const SimOptions& options);
   ~SimWorld();
 
   // Runs the world to its end; see sim::simulate.
