@@ -64,6 +64,14 @@ RankState::~RankState() {
     first_expanded_group_.ranks.clear();
     first_expanded_group_.group_size = 0;
     SpareExpandedGroups::give(first_expanded_group_);
+    // The slots end here rather than with comms_, each key's member list emptied and kept (a
+    // full stack deletes it, as comms_ would have).
+    while (!comms_.empty()) {
+      auto node = comms_.extract(comms_.begin());
+      std::vector<int>& key_members = node.key().second;
+      key_members.clear();
+      SpareMemberLists::give(key_members);
+    }
   }
 }
 
@@ -103,8 +111,13 @@ CommSlot& RankState::comm_slot(const std::string& tag, std::span<const int> memb
       std::ranges::equal(last_key_->second, members)) {
     return *last_slot_;
   }
-  auto [it, inserted] =
-      comms_.try_emplace(CommKey{tag, std::vector<int>(members.begin(), members.end())});
+  std::vector<int> key_members;
+  // Note [Recycled rank states]: the room of an earlier rank's key, not its contents.
+  if (transport::recycling_enabled() && SpareMemberLists::take(key_members)) {
+    CHORUS_CHECK(key_members.empty());
+  }
+  key_members.assign(members.begin(), members.end());
+  auto [it, inserted] = comms_.try_emplace(CommKey{tag, std::move(key_members)});
   CommSlot& slot = it->second;
   if (slot.label.empty()) {
     slot.label = transport::group_label(tag, it->first.second);

@@ -333,6 +333,31 @@ TEST(SimScheduler, ARunOnAThreadIsIndependentOfTheRunsBeforeIt) {
   }
 }
 
+// Note [Recycled rank states]: a rank state's communicator keys take their member lists' room
+// from the rank states before them on the thread, emptied. After a run with larger groups, a
+// run's keys (and so its groups' labels) hold its own members only.
+TEST(SimScheduler, ACommunicatorKeyHoldsOnlyItsOwnMembers) {
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    const SimReport before = sim::simulate(quiet(6, 3, executor), [] {
+      const int r = rank();
+      std::ignore = all_reduce(Tensor::ones({2}), "sum", world()).to_vector<float>();
+      std::ignore =
+          all_reduce(Tensor::ones({2}), "sum", std::vector<int>{r & ~1, r | 1}).to_vector<float>();
+    });
+    ASSERT_TRUE(before.ok()) << before.to_string();
+    const SimReport report = sim::simulate(quiet(4, 4, executor), [] {
+      const std::vector<int> members =
+          rank() % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+      std::ignore = all_reduce(Tensor::ones({2}), "sum", members);  // dropped un-waited
+    });
+    ASSERT_TRUE(report.ok()) << report.to_string();
+    ASSERT_EQ(report.unwaited.size(), 4u);
+    for (const UnwaitedWork& work : report.unwaited) {
+      EXPECT_EQ(work.group, work.rank % 2 == 0 ? "[0, 2]" : "[1, 3]") << work.to_string();
+    }
+  }
+}
+
 // SimGroup::spare_slots: room for every slot of a group is reserved as the slots are made, so the
 // completion that gives one back never allocates (recycle_slot checks it). Bursts of operations
 // left outstanding, some more than the spares' inline room (4), completed in the orders the seeds

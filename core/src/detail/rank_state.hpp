@@ -163,8 +163,9 @@ class RankState {
   // The RankState's block (and the simulator's RankContext's) is recycled per thread (Note
   // [Recycled blocks]), and so is the room of its first expanded group (ranks and tag) and of
   // its work registry's list (WorkRegistry::works_, only when it ends with no work listed),
-  // allocations of the rank's first collective: the destructor empties them and keeps them for
-  // the next RankState (registry) made on the thread, which takes them empty and checks that.
+  // allocations of the rank's first collective, and of each communicator key's member list
+  // (comms_): the destructor empties them and keeps them for the next RankState (registry) made
+  // on the thread, which takes them empty and checks that.
   // Only room travels between runs, never a value: a rank sees the state a fresh one would
   // have. Off under AddressSanitizer and while the out-of-memory tests refuse allocations, as
   // every recycled block (recycling_enabled()).
@@ -175,7 +176,12 @@ class RankState {
   std::vector<std::unique_ptr<ExpandedGroup>> nested_expanded_groups_;
   std::size_t expanded_groups_in_use_ = 0;
   using CommKey = std::pair<std::string, std::vector<int>>;
-  // Each run's ranks make their slots anew: the nodes are recycled (Note [Recycled blocks]).
+  // Each run's ranks make their slots anew: the nodes are recycled (Note [Recycled blocks]), and
+  // the room of each key's member list (Note [Recycled rank states]).
+  struct SpareMemberListsTag {};
+  using SpareMemberLists =
+      transport::RecycledObjects<std::vector<int>, transport::kRecycledBlocksMax,
+                                 SpareMemberListsTag>;
   std::map<CommKey, CommSlot, std::less<CommKey>,
            transport::RecyclingAllocator<std::pair<const CommKey, CommSlot>>>
       comms_;
