@@ -254,6 +254,47 @@ class RecycledSignatureLists {
   using Kept = transport::RecycledObjects<List, transport::kRecycledBlocksMax>;
 };
 
+// Note [Recycled group rooms]
+// Every run makes its communicators' groups anew (group_for), each with three heap blocks
+// besides its slots: its member list (SimGroup::ranks), the group index's copy of it (the key),
+// and the room of its abort reason (made at creation: Note [Operation positions]), three
+// allocations a run for the world's communicator. A group that dies, and the index as its world
+// ends, give that room, emptied, to per-thread stacks of at most kRecycledRoomsMax each, and
+// group_for takes it from there and checks it is empty: only room travels between runs, never a
+// value. A room larger than kRecycledRoomBytesMax is freed. Under Note [Recycled slots]' rules
+// otherwise.
+template <class Room, class Tag>
+class RecycledRooms {
+ public:
+  // An empty room an earlier group left on this thread, or a fresh empty one.
+  static Room take() noexcept {
+    Room room;
+    if (transport::recycling_enabled() && Kept::take(room)) {
+      CHORUS_CHECK(room.empty());
+    }
+    return room;
+  }
+  // Empties `room` and keeps it for a later take(); leaves it (its owner frees it) when recycling
+  // is off, it is large, or the stack is full or closed.
+  static void give(Room& room) noexcept {
+    if (!transport::recycling_enabled() ||
+        room.capacity() * sizeof(typename Room::value_type) > kRecycledRoomBytesMax) {
+      return;
+    }
+    room.clear();
+    (void)Kept::give(room);
+  }
+
+ private:
+  static constexpr std::size_t kRecycledRoomsMax = 16;
+  static constexpr std::size_t kRecycledRoomBytesMax = 4096;
+  using Kept = transport::RecycledObjects<Room, kRecycledRoomsMax, Tag>;
+};
+struct RankListTag {};
+struct AbortReasonTag {};
+using RecycledRankLists = RecycledRooms<std::vector<int>, RankListTag>;
+using RecycledAbortReasons = RecycledRooms<std::string, AbortReasonTag>;
+
 // Note [Recycled slots]
 // A communicator keeps the slots of its completed operations for its next ones
 // (SimGroup::spare_slots), but every run makes its communicators anew, so each run made its
@@ -436,6 +477,9 @@ SimGroup::~SimGroup() {
     spare_slots.pop_back();
     RecycledSlots::give(node);  // else the node frees the slot
   }
+  // Note [Recycled group rooms].
+  RecycledRankLists::give(ranks);
+  RecycledAbortReasons::give(abort_reason);
 }
 
 int SimGroup::group_rank_of(int rank) const noexcept {
@@ -534,6 +578,11 @@ SimWorld::~SimWorld() {
   if (allocator_ != nullptr) {
     allocator_->detach();  // blocks kept past the run may still be freed, never allocated
   }
+  // Note [Recycled group rooms]: the index's keys give their member lists' room.
+  while (!group_index_.empty()) {
+    auto node = group_index_.extract(group_index_.begin());
+    RecycledRankLists::give(std::get<1>(node.key()));
+  }
 }
 
 int SimWorld::current_rank() const noexcept { return rank_on_this_thread(*this); }
@@ -611,14 +660,20 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   if (auto it = group_index_.find(std::tie(tag, ranks)); it != group_index_.end()) {
     return groups_[it->second];
   }
-  auto key = std::make_tuple(tag, ranks);
+  // Note [Recycled group rooms]: the key's and the group's member lists and the abort reason's
+  // room.
+  std::vector<int> key_ranks = RecycledRankLists::take();
+  key_ranks.assign(ranks.begin(), ranks.end());
+  auto key = std::make_tuple(tag, std::move(key_ranks));
   auto group = std::allocate_shared<SimGroup>(
       transport::RecyclingAllocator<SimGroup>{});  // Note [Recycled blocks]: one per run at least
   group->id = groups_.size() + 1;
   group->tag = tag;
-  group->ranks = ranks;
+  group->ranks = RecycledRankLists::take();
+  group->ranks.assign(ranks.begin(), ranks.end());
   group->issued.assign(ranks.size(), 0);
   group->last_sites.assign(ranks.size(), CallSite{});
+  group->abort_reason = RecycledAbortReasons::take();
   group->abort_reason.reserve(kOutOfMemoryAbortReason.size());
   group->label = std::allocate_shared<const std::string>(
       transport::RecyclingAllocator<std::string>{}, transport::group_label(tag, ranks));

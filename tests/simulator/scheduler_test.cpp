@@ -333,9 +333,11 @@ TEST(SimScheduler, ARunOnAThreadIsIndependentOfTheRunsBeforeIt) {
   }
 }
 
-// Note [Recycled rank states]: a rank state's communicator keys take their member lists' room
-// from the rank states before them on the thread, emptied. After a run with larger groups, a
-// run's keys (and so its groups' labels) hold its own members only.
+// Note [Recycled rank states], Note [Recycled group rooms] (world.cpp): a rank state's
+// communicator keys, and the world's groups and their index keys, take their member lists' room
+// from those before them on the thread, emptied. After a run with larger groups, a run's keys
+// and groups hold its own members only (core checks each communicator's ranks against its
+// group's, and the labels name them).
 TEST(SimScheduler, ACommunicatorKeyHoldsOnlyItsOwnMembers) {
   for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
     const SimReport before = sim::simulate(quiet(6, 3, executor), [] {
