@@ -1542,11 +1542,14 @@ void SimWorld::complete_operation(SimGroup& group) {
     switch (first.kind) {
       case transport::OpKind::AllReduce: {
         // Reduce into rank 0's output unless it overlaps another rank's input, then copy.
+        sources[0] = first.send.data;
         bool recv0_overlaps = false;
-        for (std::size_t j = 0; j < size; ++j) {
-          sources[j] = slot.arrivals[j].ops[i].send.data;
-          recv0_overlaps =
-              recv0_overlaps || (j > 0 && overlaps(first.recv, slot.arrivals[j].ops[i].send));
+        const std::size_t recv0_bytes = first.recv.nbytes();
+        for (std::size_t j = 1; j < size; ++j) {
+          const transport::Buffer& send = slot.arrivals[j].ops[i].send;
+          sources[j] = send.data;
+          recv0_overlaps = recv0_overlaps ||
+                           bytes_overlap(first.recv.data, recv0_bytes, send.data, send.nbytes());
         }
         void* target = first.recv.data;
         if (recv0_overlaps) {
@@ -1565,16 +1568,22 @@ void SimWorld::complete_operation(SimGroup& group) {
           block = std::max<std::size_t>(kAllReduceBlockBytes / element, 1);
           streaming = size * count * element >= kStreamingOutputBytes;
         }
-        block_sources_.resize(size);
         for (std::size_t begin = 0; begin < count; begin += block) {
           const std::size_t length = std::min(block, count - begin);
           const std::size_t offset = begin * element;
-          for (std::size_t j = 0; j < size; ++j) {
-            block_sources_[j] = static_cast<const unsigned char*>(sources[j]) + offset;
+          // The first block starts where the inputs do: only a later one needs its own list (an
+          // operation of one block, the usual small one, makes none).
+          const void* const* block_from = sources.data();
+          if (begin > 0) {
+            block_sources_.resize(size);
+            for (std::size_t j = 0; j < size; ++j) {
+              block_sources_[j] = static_cast<const unsigned char*>(sources[j]) + offset;
+            }
+            block_from = block_sources_.data();
           }
           unsigned char* reduced = static_cast<unsigned char*>(target) + offset;
-          reduce_contributions(reduced, block_sources_.data(), size, length, dtype, first.reduce_op,
-                               seq, size, 0);
+          reduce_contributions(reduced, block_from, size, length, dtype, first.reduce_op, seq, size,
+                               0);
           for (std::size_t j = 0; j < size; ++j) {
             auto* recv = static_cast<unsigned char*>(slot.arrivals[j].ops[i].recv.data) + offset;
             if (recv == reduced) {
