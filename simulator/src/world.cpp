@@ -1753,6 +1753,13 @@ void SimWorld::plan_reduction(std::size_t size) {
   CHORUS_CHECK_GE(size, std::size_t{1});
   ++reductions_;
   reduction_program_.clear();
+  if (options_.reduction_order != ReductionOrder::Fixed &&
+      options_.reduction_order != ReductionOrder::Ring) {
+    plan_reduction_program(size);
+  }
+}
+
+void SimWorld::plan_reduction_program(std::size_t size) {
   switch (options_.reduction_order) {
     case ReductionOrder::Fixed:
     case ReductionOrder::Ring:
@@ -1785,6 +1792,17 @@ void SimWorld::reduce_contributions(void* dst, const void* const* sources, std::
                                     std::size_t count, DType dtype, const ReduceOp& reduce_op,
                                     std::int64_t seq, std::size_t ring_chunks,
                                     std::size_t ring_first_chunk) {
+  if (options_.reduction_order == ReductionOrder::Fixed) {
+    kernels::reduce(dst, sources, size, count, dtype, reduce_op);
+    return;
+  }
+  reduce_in_order(dst, sources, size, count, dtype, reduce_op, seq, ring_chunks, ring_first_chunk);
+}
+
+void SimWorld::reduce_in_order(void* dst, const void* const* sources, std::size_t size,
+                               std::size_t count, DType dtype, const ReduceOp& reduce_op,
+                               std::int64_t seq, std::size_t ring_chunks,
+                               std::size_t ring_first_chunk) {
   switch (options_.reduction_order) {
     case ReductionOrder::Fixed:
       kernels::reduce(dst, sources, size, count, dtype, reduce_op);

@@ -524,14 +524,23 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   [[gnu::always_inline]] inline void execute(const Decision& decision);
   void complete_operation(SimGroup& group);
   // Note [Reduction order modes]: readies the order of one reduction op over `size` members
-  // (Tree, Adversarial: into reduction_program_, drawing Adversarial's choices now).
-  void plan_reduction(std::size_t size);
+  // (Tree, Adversarial: into reduction_program_, drawing Adversarial's choices now). Inlined
+  // (Note [Inlined hot helpers]): Fixed and Ring, the usual orders, plan nothing; the others are
+  // planned out of line (plan_reduction_program).
+  [[gnu::always_inline]] inline void plan_reduction(std::size_t size);
+  void plan_reduction_program(std::size_t size);
   // Reduces `count` elements of `size` contributions (group-rank order) into `dst` in the planned
   // order. Ring: the elements are `ring_chunks` chunks, the first one chunk `ring_first_chunk`.
-  void reduce_contributions(void* dst, const void* const* sources, std::size_t size,
-                            std::size_t count, DType dtype, const ReduceOp& reduce_op,
-                            std::int64_t seq, std::size_t ring_chunks,
-                            std::size_t ring_first_chunk);
+  // Inlined (Note [Inlined hot helpers]): Fixed, the usual order, calls the kernel directly; the
+  // others reduce out of line (reduce_in_order).
+  [[gnu::always_inline]] inline void reduce_contributions(void* dst, const void* const* sources,
+                                                          std::size_t size, std::size_t count,
+                                                          DType dtype, const ReduceOp& reduce_op,
+                                                          std::int64_t seq, std::size_t ring_chunks,
+                                                          std::size_t ring_first_chunk);
+  void reduce_in_order(void* dst, const void* const* sources, std::size_t size, std::size_t count,
+                       DType dtype, const ReduceOp& reduce_op, std::int64_t seq,
+                       std::size_t ring_chunks, std::size_t ring_first_chunk);
   // Wakes the Delayed ranks whose wake_at passed and the Blocked ones whose deadline passed.
   void wake_due_ranks();
   // Fails every outstanding operation with Deadlock (`why` and the rank table) and aborts their
