@@ -1850,9 +1850,12 @@ bool SimWorld::cross_aliased(const SimGroup::Slot& slot, std::size_t op) {
 std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slot& slot) const {
   std::string detail;
   // Every completion runs this loop (with buffer checks), and almost never finds a change: it
-  // walks the ops and the snapshots with pointers, and builds the text out of line.
-  for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
-    const SimGroup::Arrival& arrival = slot.arrivals[i];
+  // walks the arrivals, the ops and the snapshots with pointers (the memcmp calls would make it
+  // load each vector's bounds again), and builds the text out of line.
+  const SimGroup::Arrival* const arrivals = slot.arrivals.data();
+  const std::size_t members = slot.arrivals.size();
+  for (std::size_t i = 0; i < members; ++i) {
+    const SimGroup::Arrival& arrival = arrivals[i];
     const unsigned char* snapshot = arrival.inputs.data();  // the next op's copy
     const unsigned char* const snapshots_end = snapshot + arrival.inputs.size();
     const SimOp* const ops_begin = arrival.ops.data();
