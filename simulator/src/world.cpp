@@ -68,12 +68,24 @@ bool current_rank_of_thread_is_none() noexcept { return this_thread_rank.world =
   return this_thread_rank.world == &world ? this_thread_rank.rank : -1;
 }
 
+// Note [Decision codes]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The schedule hash mixes one code per decision: its kind, rank, communicator and seq, chained
+// through hash_combine (decision_code). A decision's code is all the scheduler needs of it, and
+// all but the last link is fixed for a run: "run rank r" is entirely (run_codes_, made once a
+// run), and "complete an operation of group g" only adds the seq to the group's prefix
+// (SimGroup::complete_code, made with the group). So a completion costs one hash_combine for its
+// code, not three; the codes, and so every schedule hash, are the same as decision_code's.
+std::uint64_t decision_code_prefix(Decision::Kind kind, int rank, std::uint64_t comm_id) {
+  std::uint64_t code = kind == Decision::Kind::RunRank ? 1 : 2;
+  code = hash_combine(code, static_cast<std::uint64_t>(rank));
+  return hash_combine(code, comm_id);
+}
+
 // Note [Inlined hot helpers].
 [[gnu::always_inline]] inline std::uint64_t decision_code(const Decision& decision) {
-  std::uint64_t code = decision.kind == Decision::Kind::RunRank ? 1 : 2;
-  code = hash_combine(code, static_cast<std::uint64_t>(decision.rank));
-  code = hash_combine(code, decision.comm_id);
-  return hash_combine(code, static_cast<std::uint64_t>(decision.seq));
+  return hash_combine(decision_code_prefix(decision.kind, decision.rank, decision.comm_id),
+                      static_cast<std::uint64_t>(decision.seq));
 }
 
 // The mark each reduction op leaves in its mode (Note [Reduction order modes]).
@@ -668,6 +680,7 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
   auto group = std::allocate_shared<SimGroup>(
       transport::RecyclingAllocator<SimGroup>{});  // Note [Recycled blocks]: one per run at least
   group->id = groups_.size() + 1;
+  group->complete_code = decision_code_prefix(Decision::Kind::CompleteOp, -1, group->id);
   group->tag = tag;
   group->ranks = RecycledRankLists::take();
   group->ranks.assign(ranks.begin(), ranks.end());
@@ -1368,7 +1381,17 @@ void SimWorld::release_run_resources() noexcept {
   }
 }
 
+// Note [Step checks]
+// ~~~~~~~~~~~~~~~~~~
+// Three checks of every decision depend only on the step count until they first act: the
+// liveness phase (SimOptions::liveness_steps, from the first decision when it is on), the step
+// budget (max_steps) and, past it, the stop of the ranks (steps_after_budget, only once
+// livelocked_, which the budget sets). So a decision before the first step any of them can act
+// at compares steps_ once, and the checks run, in their order, from that step on.
 void SimWorld::schedule() {
+  // Each run schedules once, from an empty record (run): schedule_.size() is min(steps_, max).
+  CHORUS_CHECK(steps_ == 0 && schedule_.empty());
+  const std::uint64_t checked_from = options_.liveness_steps > 0 ? 0 : options_.max_steps;
   while (true) {
     if (now() >= earliest_deadline_) {  // Note [Deadline scan]
       wake_due_ranks();
@@ -1410,18 +1433,20 @@ void SimWorld::schedule() {
       }
       continue;
     }
-    if (options_.liveness_steps > 0 && check_liveness()) {
-      continue;
-    }
-    if (steps_ >= options_.max_steps && !livelocked_) {
-      livelocked_ = true;
-      declare_deadlock("the simulation took " + std::to_string(steps_) +
-                       " scheduling decisions without ending (livelock?); step budget "
-                       "SimOptions::max_steps exhausted");
-      continue;
-    }
-    if (livelocked_ && steps_ - options_.max_steps >= options_.steps_after_budget) {
-      stopping_ranks_ = true;  // a rank still issuing operations retries forever: stop_rank
+    if (steps_ >= checked_from) [[unlikely]] {  // Note [Step checks]
+      if (options_.liveness_steps > 0 && check_liveness()) {
+        continue;
+      }
+      if (steps_ >= options_.max_steps && !livelocked_) {
+        livelocked_ = true;
+        declare_deadlock("the simulation took " + std::to_string(steps_) +
+                         " scheduling decisions without ending (livelock?); step budget "
+                         "SimOptions::max_steps exhausted");
+        continue;
+      }
+      if (livelocked_ && steps_ - options_.max_steps >= options_.steps_after_budget) {
+        stopping_ranks_ = true;  // a rank still issuing operations retries forever: stop_rank
+      }
     }
     Decision decision;
     if (by_priority) {
@@ -1432,11 +1457,14 @@ void SimWorld::schedule() {
                      ? Decision{Decision::Kind::RunRank, kth_runnable(index), 0, -1}
                      : candidates_[index - runnable_count_];
     }
-    schedule_hash_ =
-        hash_combine(schedule_hash_, decision.kind == Decision::Kind::RunRank
-                                         ? run_codes_[static_cast<std::size_t>(decision.rank)]
-                                         : decision_code(decision));
-    if (schedule_.size() < options_.schedule_record_max) {
+    // Note [Decision codes].
+    schedule_hash_ = hash_combine(schedule_hash_,
+                                  decision.kind == Decision::Kind::RunRank
+                                      ? run_codes_[static_cast<std::size_t>(decision.rank)]
+                                      : hash_combine(groups_[decision.comm_id - 1]->complete_code,
+                                                     static_cast<std::uint64_t>(decision.seq)));
+    // The first schedule_record_max decisions: schedule_ holds one per step so far until then.
+    if (steps_ < options_.schedule_record_max) {
       schedule_.push_back(decision);
     }
     ++steps_;

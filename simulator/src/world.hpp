@@ -292,6 +292,9 @@ class SimWork final : public transport::Work {
 // A communicator's shared rendezvous table.
 struct SimGroup {
   std::uint64_t id = 0;
+  // decision_code of completing one of its operations, all but the operation's seq (Note
+  // [Decision codes] in world.cpp): set with id.
+  std::uint64_t complete_code = 0;
   std::string tag;
   std::vector<int> ranks;
   // "[0, 1]": shared with the group's works (SimWork::group), never null once the group is made.
