@@ -41,6 +41,14 @@ struct CurrentRank {
 };
 thread_local CurrentRank this_thread_rank;
 
+// Debug builds check at every decision the completable groups kept against a scan (Note
+// [Completable groups]) and the decision's code against decision_code (Note [Decision codes]).
+#ifdef NDEBUG
+constexpr bool kCheckDecisions = false;
+#else
+constexpr bool kCheckDecisions = true;
+#endif
+
 // Note [Recycled schedule buffer]
 // The decisions a run records (up to SimOptions::schedule_record_max) go into a buffer that
 // outlives the run on its thread: growing a fresh vector by doubling, run after run, page faults
@@ -850,6 +858,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     } else if (created) {
       entry = group.slots.try_emplace(group.slots.end(), info.seq);
     }
+    update_completable(group);
     try {
       // A new slot has none; one recycled from another run's group has that group's count
       // (Note [Recycled slots]).
@@ -873,6 +882,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
       } else if (created) {
         group.slots.erase(entry);  // nothing else saw it
       }
+      update_completable(group);
       throw;
     }
     slot = &entry->second;
@@ -927,6 +937,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     arrival.work = work;
     arrival.site = info.site;
     slot->arrived += 1;
+    update_completable(group);
     record(SimEvent::Kind::Arrive, rank, *work);
     try {
       judge_arrival(group, *slot, group_rank, rank, info, fingerprint, slot_fault);
@@ -1021,6 +1032,7 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
   } else {
     if (slot_fault) {
       mark_slot_fault(slot, *slot_fault);
+      update_completable(group);  // a Hang is no candidate
     }
     if (ranks_gone_ > 0) {                          // Note [Absent members]
       check_absent_members(group, info.seq, slot);  // the slot at hand: no lookup
@@ -1400,26 +1412,35 @@ void SimWorld::schedule() {
     // completable operations in group order. Only PCT looks at the ranks; a uniform choice needs
     // their count, and the chosen one is found in the bitset, so candidates_ lists the ranks for
     // PCT only.
-    candidates_.clear();
+    // Note [Completable groups]: the completions are listed for PCT only, too.
     const bool by_priority = stream_.schedules_by_priority();
-    if (by_priority) {
-      for (std::size_t w = 0; w < runnable_words_.size(); ++w) {
-        for (std::uint64_t word = runnable_words_[w]; word != 0; word &= word - 1) {
-          const auto r =
-              static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word)));
-          candidates_.push_back(Decision{Decision::Kind::RunRank, r, 0, -1});
+    if (by_priority || kCheckDecisions) {
+      candidates_.clear();
+      if (by_priority) {
+        for (std::size_t w = 0; w < runnable_words_.size(); ++w) {
+          for (std::uint64_t word = runnable_words_[w]; word != 0; word &= word - 1) {
+            const auto r =
+                static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word)));
+            candidates_.push_back(Decision{Decision::Kind::RunRank, r, 0, -1});
+          }
         }
       }
-    }
-    for (const std::shared_ptr<SimGroup>& group : groups_) {
-      auto head = group->slots.begin();
-      if (head != group->slots.end() && head->first == group->next_to_complete &&
-          head->second.arrived == static_cast<int>(group->ranks.size()) && !head->second.hangs()) {
-        candidates_.push_back(Decision{Decision::Kind::CompleteOp, -1, group->id, head->first});
+      std::size_t completions = 0;
+      for (const std::shared_ptr<SimGroup>& group : groups_) {
+        auto head = group->slots.begin();
+        const bool completable =
+            head != group->slots.end() && head->first == group->next_to_complete &&
+            head->second.arrived == static_cast<int>(group->ranks.size()) && !head->second.hangs();
+        CHORUS_CHECK(completable == group->completable);
+        if (completable) {
+          candidates_.push_back(Decision{Decision::Kind::CompleteOp, -1, group->id, head->first});
+          ++completions;
+        }
       }
+      CHORUS_CHECK_EQ(completions, completable_groups_);
     }
     const std::size_t num_candidates =
-        by_priority ? candidates_.size() : runnable_count_ + candidates_.size();
+        by_priority ? candidates_.size() : runnable_count_ + completable_groups_;
     if (num_candidates == 0) {
       bool all_finished = true;
       for (const RankSlot& slot : ranks_) {
@@ -1455,14 +1476,17 @@ void SimWorld::schedule() {
       const auto index = static_cast<std::size_t>(stream_.choose(num_candidates));
       decision = index < runnable_count_
                      ? Decision{Decision::Kind::RunRank, kth_runnable(index), 0, -1}
-                     : candidates_[index - runnable_count_];
+                     : kth_completable(index - runnable_count_);
     }
     // Note [Decision codes].
-    schedule_hash_ = hash_combine(schedule_hash_,
-                                  decision.kind == Decision::Kind::RunRank
-                                      ? run_codes_[static_cast<std::size_t>(decision.rank)]
-                                      : hash_combine(groups_[decision.comm_id - 1]->complete_code,
-                                                     static_cast<std::uint64_t>(decision.seq)));
+    const std::uint64_t code = decision.kind == Decision::Kind::RunRank
+                                   ? run_codes_[static_cast<std::size_t>(decision.rank)]
+                                   : hash_combine(groups_[decision.comm_id - 1]->complete_code,
+                                                  static_cast<std::uint64_t>(decision.seq));
+    if constexpr (kCheckDecisions) {
+      CHORUS_CHECK_EQ(code, decision_code(decision));
+    }
+    schedule_hash_ = hash_combine(schedule_hash_, code);
     // The first schedule_record_max decisions: schedule_ holds one per step so far until then.
     if (steps_ < options_.schedule_record_max) {
       schedule_.push_back(decision);
@@ -1993,6 +2017,41 @@ void SimWorld::advance_completion(SimGroup& group) {
   while (group.failures.count(group.next_to_complete) != 0) {
     group.next_to_complete += 1;
   }
+  update_completable(group);
+}
+
+// Note [Completable groups]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A decision's candidates are the runnable ranks, then every group whose head operation can be
+// completed: the lowest outstanding seq, the next to complete, every member arrived, no Hang
+// fault. Scanning the groups for them cost every decision a visit to each group's head, though
+// they change only with a group's slots: an operation created, arrived at, marked with a fault,
+// completed or failed, or next_to_complete moving on. So each of those places calls
+// update_completable, which judges the group's head again and keeps SimGroup::completable and
+// their count, completable_groups_. A uniform choice needs only the count, and the group of a
+// chosen completion is found by kth_completable (one decision in ten in a typical run); PCT
+// weighs every candidate and still lists them by the scan. Either way the candidates, and so
+// every seed's schedule, are the same; debug builds check the kept set against the scan at every
+// decision.
+void SimWorld::update_completable(SimGroup& group) noexcept {
+  const auto head = group.slots.begin();
+  const bool completable = head != group.slots.end() && head->first == group.next_to_complete &&
+                           head->second.arrived == static_cast<int>(group.ranks.size()) &&
+                           !head->second.hangs();
+  if (completable != group.completable) {
+    group.completable = completable;
+    completable_groups_ = completable ? completable_groups_ + 1 : completable_groups_ - 1;
+  }
+}
+
+Decision SimWorld::kth_completable(std::size_t k) const {
+  for (const std::shared_ptr<SimGroup>& group : groups_) {
+    if (group->completable && k-- == 0) {  // its head is next_to_complete
+      return Decision{Decision::Kind::CompleteOp, -1, group->id, group->next_to_complete};
+    }
+  }
+  CHORUS_CHECK(false);  // k < completable_groups_
+  return Decision{};
 }
 
 void SimWorld::wake_due_ranks() {
@@ -2192,6 +2251,7 @@ void SimWorld::fail_slot(SimGroup& group, std::int64_t seq, ErrorCode code,
   }
   SimGroup::Slot slot = std::move(it->second);
   group.slots.erase(it);
+  update_completable(group);
   // Note [Fault injection]: a fault whose operation failed for another reason never acted.
   if (slot.fault && !fault_acted(slot.fault->kind, code)) {
     withdraw_fault(*slot.fault, slot.fault_random);

@@ -354,6 +354,9 @@ struct SimGroup {
   using SlotNode = std::map<std::int64_t, Slot>::node_type;
   boost::container::small_vector<SlotNode, 4> spare_slots;
   std::int64_t next_to_complete = 0;
+  // Its head operation can be completed now: kept by SimWorld::update_completable (Note
+  // [Completable groups] in world.cpp).
+  bool completable = false;
   std::int64_t aborted_from = -1;  // operations from this seq on fail with Aborted
   std::string abort_reason;        // room for kOutOfMemoryAbortReason made at creation
   // Per group rank: operations started. Inline for up to 8 members (Note [Small per-run vectors]).
@@ -568,6 +571,13 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void time_out_out_of_memory(const SimWork& work) noexcept;
   // Operations of a communicator complete in order; failed ones are skipped.
   void advance_completion(SimGroup& group);
+  // Note [Completable groups]: called wherever a group's slots, their arrivals or faults, or its
+  // next_to_complete change.
+  void update_completable(SimGroup& group) noexcept;
+  // The candidate completions of a decision, as a uniform choice sees them (Note [Completable
+  // groups]): the completable groups' count, and the k-th of them in group order.
+  std::size_t completable_groups_ = 0;
+  Decision kth_completable(std::size_t k) const;
   // The operation `seq` of `group` an input of which changed since issue, or an empty string.
   // Note [All-reduce blocks]: whether some member's output of operation `op` overlaps an input
   // other than its own in-place one, so the result must be reduced whole before any copy.
