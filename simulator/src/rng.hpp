@@ -26,7 +26,7 @@ class Rng {
  public:
   explicit Rng(std::uint64_t seed) noexcept;
 
-  std::uint64_t next() noexcept {
+  [[gnu::always_inline]] std::uint64_t next() noexcept {
     const std::uint64_t result = rotl(state_[1] * 5, 7) * 9;
     const std::uint64_t t = state_[1] << 17;
     state_[2] ^= state_[0];
@@ -40,7 +40,8 @@ class Rng {
 
   // Uniform in [0, bound); bound > 0. Multiply-shift: deterministic, bias below 2^-32 for the
   // small bounds the scheduler uses. The check names no values (as DecisionStream::choose's).
-  std::uint64_t below(std::uint64_t bound) noexcept {
+  // Inline, always: GCC made it a call in the scheduler's loop once the loop had less in it.
+  [[gnu::always_inline]] std::uint64_t below(std::uint64_t bound) noexcept {
     CHORUS_CHECK(bound > 0);
     __extension__ using Uint128 = unsigned __int128;
     const Uint128 product = static_cast<Uint128>(next()) * bound;
