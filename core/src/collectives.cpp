@@ -67,13 +67,17 @@ DType wire_dtype(DType dtype) noexcept {
 // Bool's band and bor, as the transport runs them: on the wire's bytes, which are 0 or 1, band
 // is min and bor is max, reductions every transport has (NCCL has no bitwise ones, and would
 // otherwise refuse what check_dtype allows on Bool). Other ops, and other dtypes (whose bytes
-// are not 0/1), travel as they are; so does Bool's bxor.
-ReduceOp wire_reduce_op(DType dtype, const ReduceOp& reduce_op) {
+// are not 0/1), travel as they are; so does Bool's bxor. A reference, to `reduce_op` itself or
+// to a constant: every operation passes its op to the transport, and a copy of a ReduceOp
+// constructs and destroys its (empty) name string.
+constexpr ReduceOp kWireMin(ReduceOp::Kind::Min);
+constexpr ReduceOp kWireMax(ReduceOp::Kind::Max);
+const ReduceOp& wire_reduce_op(DType dtype, const ReduceOp& reduce_op) noexcept {
   if (dtype == DType::Bool && reduce_op.kind() == ReduceOp::Kind::BAnd) {
-    return ReduceOp(ReduceOp::Kind::Min);
+    return kWireMin;
   }
   if (dtype == DType::Bool && reduce_op.kind() == ReduceOp::Kind::BOr) {
-    return ReduceOp(ReduceOp::Kind::Max);
+    return kWireMax;
   }
   return reduce_op;
 }
@@ -306,7 +310,8 @@ class Call {
   // the communicator throws, or std::bad_alloc: then nothing started and no sequence number is
   // taken. Start the operation with register_work(), at once: if the transport's call throws,
   // register_work() gives the sequence number back (Note [Transport contract]).
-  transport::Comm& start(std::span<const Tensor> outputs, std::function<void()> fixup = {}) {
+  // `fixup` by reference: passed down to the PendingWork without a move at each level.
+  transport::Comm& start(std::span<const Tensor> outputs, std::function<void()>&& fixup = {}) {
     CHORUS_CHECK(!meta_);
     CHORUS_CHECK(seq_ < 0);  // one operation per call
     CHORUS_CHECK(pending_ == nullptr);
@@ -323,7 +328,7 @@ class Call {
     seq_ = slot_->next_seq++;
     return comm;
   }
-  transport::Comm& start(const Tensor& output, std::function<void()> fixup = {}) {
+  transport::Comm& start(const Tensor& output, std::function<void()>&& fixup = {}) {
     return start(std::span<const Tensor>(&output, 1), std::move(fixup));
   }
   transport::OpInfo info() const { return transport::OpInfo{op_, seq_, site_, stream_}; }
@@ -440,7 +445,7 @@ class Call {
 
   // start()'s preparation; the work's sequence number will be `seq`. Throws std::bad_alloc, and
   // then leaves nothing to give back.
-  void prepare_registration(std::span<const Tensor> outputs, std::function<void()> fixup,
+  void prepare_registration(std::span<const Tensor> outputs, std::function<void()>&& fixup,
                             std::int64_t seq) {
     CHORUS_CHECK(!outputs.empty());
     const bool on_device = device_.is_cuda();

@@ -61,18 +61,18 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
                          std::function<void()> fixup,
                          std::shared_ptr<transport::Transport> transport,
                          transport::Duration timeout, Completion completion, StreamSource stream)
-    : PendingWork(std::move(info), std::move(fixup), std::move(transport), timeout, completion,
+    : PendingWork(std::move(info), std::move(fixup), transport, timeout, completion,
                   std::move(stream)) {
   attach(std::move(work));
 }
 
-PendingWork::PendingWork(WorkInfo info, std::function<void()> fixup,
-                         std::shared_ptr<transport::Transport> transport,
-                         transport::Duration timeout, Completion completion, StreamSource stream)
+PendingWork::PendingWork(WorkInfo&& info, std::function<void()>&& fixup,
+                         const std::shared_ptr<transport::Transport>& transport,
+                         transport::Duration timeout, Completion completion, StreamSource&& stream)
     : generation_(next_generation<WorkGenerations>()),
       info_(std::move(info)),
       fixup_(std::move(fixup)),
-      transport_(std::move(transport)),
+      transport_(transport),
       timeout_(timeout),
       completion_(completion),
       stream_(std::move(stream)) {

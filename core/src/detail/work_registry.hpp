@@ -152,9 +152,11 @@ class PendingWork {
               Completion completion = Completion::Host, StreamSource stream = {});
   // The same without its transport work, made before the operation starts (Note [Registration]):
   // attach() gives it the work once started. Nothing but attach() may be called before that.
-  PendingWork(WorkInfo info, std::function<void()> fixup,
-              std::shared_ptr<transport::Transport> transport, transport::Duration timeout,
-              Completion completion = Completion::Host, StreamSource stream = {});
+  // Its arguments by reference: made for every collective (through std::allocate_shared, which
+  // forwards them), where by-value parameters cost one more move and destruction each.
+  PendingWork(WorkInfo&& info, std::function<void()>&& fixup,
+              const std::shared_ptr<transport::Transport>& transport, transport::Duration timeout,
+              Completion completion = Completion::Host, StreamSource&& stream = {});
   // Gives a PendingWork made without its transport work that work (not null), once, before it is
   // registered. Never throws.
   void attach(std::shared_ptr<transport::Work> work) noexcept;
