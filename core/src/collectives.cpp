@@ -202,15 +202,10 @@ class Call {
               " tensor of shape " + detail::bracketed(input.sizes()) +
               ": packing it needs a device kernel, and chorus has none (pass a contiguous one)");
     }
-    if (reduce_op != nullptr) {
-      if (std::string reason = reduce_op->check_dtype(input.dtype()); !reason.empty()) {
-        invalid(reason);
-      }
-    }
-    if (is_meta) {
-      return;
-    }
-    // Note [Supported calls] in rank_state.hpp.
+    // Note [Supported calls] in rank_state.hpp. A call that repeats the last one the transport
+    // accepted also skips check_dtype: that call passed it (last_supported is set only below),
+    // and its verdict on a valid op depends on the op's kind and the dtype only, both in the key
+    // (an invalid op never reaches last_supported).
     const detail::RankState::SupportedCall call{
         kind,
         input.dtype(),
@@ -218,7 +213,13 @@ class Call {
         reduce_op != nullptr ? reduce_op->kind() : ReduceOp::Kind::Sum,
         reduce_op != nullptr ? std::bit_cast<std::uint64_t>(reduce_op->premul_factor()) : 0,
         input.device()};
-    if (state_->last_supported == call) {
+    const bool supported_before = !is_meta && state_->last_supported == call;
+    if (reduce_op != nullptr && !supported_before) {
+      if (std::string reason = reduce_op->check_dtype(input.dtype()); !reason.empty()) {
+        invalid(reason);
+      }
+    }
+    if (is_meta || supported_before) {
       return;
     }
     const DType wire = wire_dtype(input.dtype());

@@ -517,6 +517,49 @@ TEST(AllReduce, ARememberedTransportAnswerCoversOnlyTheCallItWasFor) {
   EXPECT_EQ(refusals->load(), 10);
 }
 
+// A call that repeats the transport's last yes skips ReduceOp::check_dtype too (Note [Supported
+// calls]); every call that differs from it in dtype or reduction is still checked, and refused
+// with check_dtype's own text, before and after an accepted call.
+TEST(AllReduce, ARememberedTransportAnswerSkipsNoDtypeCheckOfAnotherCall) {
+  std::vector<std::vector<std::string>> outcomes(2);
+  const sim::SimReport report = sim::run(chorus::testing::quiet_options(2), [&] {
+    const Tensor x = Tensor::ones({4});
+    const Tensor flags = Tensor::ones({4}, DType::Bool);
+    std::vector<std::string>& mine = outcomes[rank_slot()];
+    const auto outcome = [&](const std::function<Tensor()>& call) {
+      try {
+        (void)wait_tensor(call());
+        mine.emplace_back("ran");
+      } catch (const InvalidArgument& error) {
+        mine.push_back(error.detail());
+      }
+    };
+    outcome([&] { return all_reduce(x, "sum", world()); });
+    outcome([&] { return all_reduce(x, "band", world()); });
+    outcome([&] { return all_reduce(x, "sum", world()); });
+    outcome([&] { return all_reduce(x, "summ", world()); });
+    outcome([&] { return all_reduce(flags, "max", world()); });
+    outcome([&] { return all_reduce(flags, "sum", world()); });
+    outcome([&] { return all_reduce(x, ReduceOp::premul_sum(2.0), world()); });
+    outcome([&] { return all_reduce(x.to(DType::Int32), ReduceOp::premul_sum(2.0), world()); });
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  for (const std::vector<std::string>& mine : outcomes) {
+    ASSERT_EQ(mine.size(), 8u);
+    EXPECT_EQ(mine[0], "ran");
+    EXPECT_EQ(mine[1], ReduceOp("band").check_dtype(DType::Float32));
+    EXPECT_EQ(mine[2], "ran");
+    EXPECT_EQ(mine[3], ReduceOp("summ").check_dtype(DType::Float32));
+    EXPECT_EQ(mine[4], "ran");
+    EXPECT_EQ(mine[5], ReduceOp("sum").check_dtype(DType::Bool));
+    EXPECT_EQ(mine[6], "ran");
+    EXPECT_EQ(mine[7], ReduceOp::premul_sum(2.0).check_dtype(DType::Int32));
+    for (std::size_t i : {1u, 3u, 5u, 7u}) {
+      EXPECT_FALSE(mine[i].empty()) << "call " << i;
+    }
+  }
+}
+
 // Note [Lowering]: the transport is asked about what it will run, the lowered dtype and
 // reduction. On a transport with neither Bool, complex nor bitwise reductions (NCCL's gaps),
 // Bool's band and bor run as min and max on UInt8 and complex sums as pairs of reals; Bool's bxor
