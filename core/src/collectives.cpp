@@ -595,14 +595,12 @@ Tensor allocate_output(const Call& call, const Shape& shape, DType dtype, Device
   }
 }
 
-// A fresh output of `shape` on `device` (pending once registered), and its buffer.
-std::pair<Tensor, Buffer> new_output(const Call& call, const Shape& shape, DType dtype,
-                                     Device device) {
-  Tensor output = allocate_output(call, shape, dtype, device, [&] {
-    return detail::TensorAccess::empty(shape, dtype, device);
-  });
-  Buffer buffer = buffer_of(output);
-  return {std::move(output), std::move(buffer)};
+// A fresh output of `shape` on `device` (pending once registered); its buffer is buffer_of(it).
+// The Tensor alone, not a pair with its buffer: made in the caller's variable, where a pair's
+// members were moved out at every operation.
+Tensor new_output(const Call& call, const Shape& shape, DType dtype, Device device) {
+  return allocate_output(call, shape, dtype, device,
+                         [&] { return detail::TensorAccess::empty(shape, dtype, device); });
 }
 
 // A meta output under tracing: no memory, but the same refusal of shapes too large to address.
@@ -616,7 +614,8 @@ Tensor meta_output(const Call& call, const Shape& shape, DType dtype) {
 class Batch {
  public:
   void add(const Call& call, Buffer send, const Shape& output_shape, DType dtype, Device device) {
-    auto [output, recv] = new_output(call, output_shape, dtype, device);
+    Tensor output = new_output(call, output_shape, dtype, device);
+    Buffer recv = buffer_of(output);
     sends_.push_back(std::move(send));
     outputs_.push_back(std::move(output));
     recvs_.push_back(std::move(recv));
@@ -698,7 +697,8 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
     return meta_output(call, input.sizes(), input.dtype());
   }
   Buffer send = with_layout(input_buffer(input), input.sizes());
-  auto [output, recv] = new_output(call, input.sizes(), input.dtype(), input.device());
+  Tensor output = new_output(call, input.sizes(), input.dtype(), input.device());
+  Buffer recv = buffer_of(output);
   transport::Comm& comm = call.start(output);
   // recv by an init-capture: clang 14 cannot capture a structured binding (the same below).
   call.register_work([&, &recv = recv] {
@@ -716,7 +716,8 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
     call.require_host("all_gather along dim " + std::to_string(rule.dim));
   }
   Buffer send = with_layout(input_buffer(input), input.sizes(), rule.dim);
-  auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
+  Tensor output = new_output(call, rule.shape, input.dtype(), input.device());
+  Buffer recv = buffer_of(output);
   if (!rearranges) {
     transport::Comm& comm = call.start(output);
     call.register_work([&, &recv = recv] { return comm.all_gather(send, recv, call.info()); });
@@ -724,7 +725,7 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   }
   Shape staging_shape = {call.group_size()};
   staging_shape.insert(staging_shape.end(), input.sizes().begin(), input.sizes().end());
-  Tensor staging = new_output(call, staging_shape, input.dtype(), input.device()).first;
+  Tensor staging = new_output(call, staging_shape, input.dtype(), input.device());
   transport::Comm& comm =
       call.start(output, gather_fixup(staging, output, rule.dim, call.group_size()));
   call.register_work([&, &recv = recv] { return comm.all_gather(send, recv, call.info()); });
@@ -745,7 +746,8 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
       with_layout(rule.dim == 0 ? input_buffer(input)
                                 : input_buffer(scatter_staging(input, rule.dim, call.group_size())),
                   input.sizes(), rule.dim);
-  auto [output, recv] = new_output(call, rule.shape, input.dtype(), input.device());
+  Tensor output = new_output(call, rule.shape, input.dtype(), input.device());
+  Buffer recv = buffer_of(output);
   transport::Comm& comm = call.start(output);
   call.register_work([&, &recv = recv] {
     return comm.reduce_scatter(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info());
@@ -1004,7 +1006,8 @@ Tensor all_to_all_single(const Tensor& input,
     fill_wire_counts(recv_counts, output_split_sizes, input.size(0), size, row, input.dtype());
     // Dim 0 differs between ranks by design (Note [Layout digest]).
     Buffer send = with_layout(input_buffer(input), std::span(input.sizes()).subspan(1));
-    auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
+    Tensor fresh = new_output(call, rule.shape, input.dtype(), input.device());
+    Buffer recv = buffer_of(fresh);
     output = std::move(fresh);
     transport::Comm& comm = call.start(output);
     call.register_work([&, &recv = recv] {
@@ -1029,7 +1032,8 @@ Tensor broadcast(const Tensor& input, int src, const GroupSpec& group, std::stri
   if (call.meta()) {
     output = meta_output(call, rule.shape, input.dtype());
   } else {
-    auto [fresh, recv] = new_output(call, rule.shape, input.dtype(), input.device());
+    Tensor fresh = new_output(call, rule.shape, input.dtype(), input.device());
+    Buffer recv = buffer_of(fresh);
     output = std::move(fresh);
     // Only the root's input is read (and so waited for); elsewhere send is a stand-in.
     Buffer send = with_layout(call.group_rank() == src ? input_buffer(input) : recv, input.sizes());
