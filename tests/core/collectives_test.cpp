@@ -451,6 +451,17 @@ TEST(AllReduce, UnsupportedReductionGivesTheReasonARefusalWouldCarry) {
   EXPECT_EQ(reasons[5], "the call names it");
 }
 
+// Waits for `call`'s result and appends "ran" to `outcomes`, or the detail of the
+// InvalidArgument it threw.
+void append_outcome(std::vector<std::string>& outcomes, const std::function<Tensor()>& call) {
+  try {
+    (void)wait_tensor(call());
+    outcomes.emplace_back("ran");
+  } catch (const InvalidArgument& error) {
+    outcomes.push_back(error.detail());
+  }
+}
+
 // Note [Supported calls]: a rank remembers the transport's last yes, keyed by every argument
 // core gives Transport::supports. A call that differs from the accepted one in any of them (op
 // kind, dtype, reduction, premul_sum factor, device) is asked again, and refused here.
@@ -483,14 +494,7 @@ TEST(AllReduce, ARememberedTransportAnswerCoversOnlyTheCallItWasFor) {
   const sim::SimReport report = sim::run(options, [&] {
     const Tensor x = Tensor::ones({4});
     std::vector<std::string>& mine = outcomes[rank_slot()];
-    const auto outcome = [&](const std::function<Tensor()>& call) {
-      try {
-        (void)wait_tensor(call());
-        mine.emplace_back("ran");
-      } catch (const InvalidArgument& error) {
-        mine.push_back(error.detail());
-      }
-    };
+    const auto outcome = [&](const std::function<Tensor()>& call) { append_outcome(mine, call); };
     outcome([&] { return all_reduce(x, "sum", world()); });
     outcome([&] { return all_reduce(x.to(DType::Float16), "sum", world()); });
     outcome([&] { return all_reduce(x, "sum", world()); });
@@ -526,14 +530,7 @@ TEST(AllReduce, ARememberedTransportAnswerSkipsNoDtypeCheckOfAnotherCall) {
     const Tensor x = Tensor::ones({4});
     const Tensor flags = Tensor::ones({4}, DType::Bool);
     std::vector<std::string>& mine = outcomes[rank_slot()];
-    const auto outcome = [&](const std::function<Tensor()>& call) {
-      try {
-        (void)wait_tensor(call());
-        mine.emplace_back("ran");
-      } catch (const InvalidArgument& error) {
-        mine.push_back(error.detail());
-      }
-    };
+    const auto outcome = [&](const std::function<Tensor()>& call) { append_outcome(mine, call); };
     outcome([&] { return all_reduce(x, "sum", world()); });
     outcome([&] { return all_reduce(x, "band", world()); });
     outcome([&] { return all_reduce(x, "sum", world()); });
@@ -592,12 +589,7 @@ TEST(AllReduce, TheTransportIsAskedAboutTheLoweredDTypeAndReduction) {
     }
     complex_results[rank_slot()] = all_reduce(Tensor::ones({2}, DType::Complex64), "sum", world())
                                        .to_vector<std::complex<float>>();
-    try {
-      (void)wait_tensor(all_reduce(flags, "bxor", world()));
-      mine.emplace_back("ran");
-    } catch (const InvalidArgument& error) {
-      mine.push_back(error.detail());
-    }
+    append_outcome(mine, [&] { return all_reduce(flags, "bxor", world()); });
   });
   ASSERT_TRUE(report.ok()) << report.to_string();
   for (std::size_t r = 0; r < 2; ++r) {
