@@ -69,7 +69,8 @@ DType wire_dtype(DType dtype) noexcept {
 // otherwise refuse what check_dtype allows on Bool). Other ops, and other dtypes (whose bytes
 // are not 0/1), travel as they are; so does Bool's bxor. A reference, to `reduce_op` itself or
 // to a constant: every operation passes its op to the transport, and a copy of a ReduceOp
-// constructs and destroys its (empty) name string.
+// constructs and destroys its (empty) name string. So the result may live only as long as
+// `reduce_op`: use it within the full expression, or copy it, when that is a temporary.
 constexpr ReduceOp kWireMin(ReduceOp::Kind::Min);
 constexpr ReduceOp kWireMax(ReduceOp::Kind::Max);
 const ReduceOp& wire_reduce_op(DType dtype, const ReduceOp& reduce_op) noexcept {

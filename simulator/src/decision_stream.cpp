@@ -462,8 +462,17 @@ std::string run_shape(const SimOptions& options) {
   if (options.liveness_steps != 0) {
     parts.push_back("liveness=" + std::to_string(options.liveness_steps));
   }
-  // Made once: a SimOptions is large, and every run's token asks for its shape.
-  static const SimOptions defaults;
+  // The three defaults read once: a SimOptions is large, and every run's token asks for its
+  // shape. Plain values, so nothing here is destroyed at exit.
+  struct Defaults {
+    decltype(SimOptions::timeout) timeout;
+    decltype(SimOptions::max_steps) max_steps;
+    decltype(SimOptions::steps_after_budget) steps_after_budget;
+  };
+  static const Defaults defaults = [] {
+    const SimOptions fresh;
+    return Defaults{fresh.timeout, fresh.max_steps, fresh.steps_after_budget};
+  }();
   if (options.timeout != defaults.timeout) {
     parts.push_back("timeout_ns=" + std::to_string(options.timeout.count()));
   }

@@ -574,9 +574,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Note [Completable groups]: called wherever a group's slots, their arrivals or faults, or its
   // next_to_complete change.
   void update_completable(SimGroup& group) noexcept;
-  // The candidate completions of a decision, as a uniform choice sees them (Note [Completable
-  // groups]): the completable groups' count, and the k-th of them in group order.
-  std::size_t completable_groups_ = 0;
+  // The k-th completable group's head operation, in group order, as a uniform choice sees the
+  // candidate completions (Note [Completable groups]; k < completable_groups_).
   Decision kth_completable(std::size_t k) const;
   // The operation `seq` of `group` an input of which changed since issue, or an empty string.
   // Note [All-reduce blocks]: whether some member's output of operation `op` overlaps an input
@@ -770,7 +769,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // before, so every seed's schedule is unchanged.
   boost::container::small_vector<std::uint64_t, 1> runnable_words_;  // Note [Small per-run...]
   std::size_t runnable_count_ = 0;
-  PerRank<std::uint64_t> run_codes_;  // decision_code of "run rank r", by r
+  std::size_t completable_groups_ = 0;  // groups with completable set (Note [Completable groups])
+  PerRank<std::uint64_t> run_codes_;    // decision_code of "run rank r", by r
   // Note [Absent members]
   // A member that has not joined an operation fails it for good only once it can never arrive:
   // its rank function ended or a Crash killed it (RankSlot::may_still_arrive). ranks_gone_ counts

@@ -182,6 +182,9 @@ class RankState {
   using SpareMemberLists =
       transport::RecycledObjects<std::vector<int>, transport::kRecycledBlocksMax,
                                  SpareMemberListsTag>;
+  // Keeps `members`' room, emptied, for a later key on the thread, unless it is large or the
+  // stack is full (then its owner frees it).
+  static void give_member_list(std::vector<int>& members) noexcept;
   std::map<CommKey, CommSlot, std::less<CommKey>,
            transport::RecyclingAllocator<std::pair<const CommKey, CommSlot>>>
       comms_;
