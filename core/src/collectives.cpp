@@ -71,8 +71,10 @@ DType wire_dtype(DType dtype) noexcept {
 // to a constant: every operation passes its op to the transport, and a copy of a ReduceOp
 // constructs and destroys its (empty) name string. So the result may live only as long as
 // `reduce_op`: use it within the full expression, or copy it, when that is a temporary.
-constexpr ReduceOp kWireMin(ReduceOp::Kind::Min);
-constexpr ReduceOp kWireMax(ReduceOp::Kind::Max);
+// Constants, not constexpr: a ReduceOp holds a std::string, which clang 14 with libstdc++ 12
+// cannot make in a constant expression.
+const ReduceOp kWireMin(ReduceOp::Kind::Min);
+const ReduceOp kWireMax(ReduceOp::Kind::Max);
 const ReduceOp& wire_reduce_op(DType dtype, const ReduceOp& reduce_op) noexcept {
   if (dtype == DType::Bool && reduce_op.kind() == ReduceOp::Kind::BAnd) {
     return kWireMin;
