@@ -96,6 +96,14 @@ std::uint64_t decision_code_prefix(Decision::Kind kind, int rank, std::uint64_t 
                       static_cast<std::uint64_t>(decision.seq));
 }
 
+// Whether `group`'s head operation can be completed now: the lowest outstanding seq, the next to
+// complete, every member arrived, no Hang fault (Note [Completable groups]).
+bool head_can_complete(const SimGroup& group) noexcept {
+  const auto head = group.slots.begin();
+  return head != group.slots.end() && head->first == group.next_to_complete &&
+         head->second.arrived == static_cast<int>(group.ranks.size()) && !head->second.hangs();
+}
+
 // The mark each reduction op leaves in its mode (Note [Reduction order modes]).
 std::string reduction_mark(ReductionOrder order) { return "reduction." + std::string(name(order)); }
 
@@ -1427,13 +1435,11 @@ void SimWorld::schedule() {
       }
       std::size_t completions = 0;
       for (const std::shared_ptr<SimGroup>& group : groups_) {
-        auto head = group->slots.begin();
-        const bool completable =
-            head != group->slots.end() && head->first == group->next_to_complete &&
-            head->second.arrived == static_cast<int>(group->ranks.size()) && !head->second.hangs();
-        CHORUS_CHECK(completable == group->completable);
+        const bool completable = head_can_complete(*group);
+        CHORUS_CHECK(completable == group->completable);  // every change was followed
         if (completable) {
-          candidates_.push_back(Decision{Decision::Kind::CompleteOp, -1, group->id, head->first});
+          candidates_.push_back(
+              Decision{Decision::Kind::CompleteOp, -1, group->id, group->next_to_complete});
           ++completions;
         }
       }
@@ -2034,10 +2040,7 @@ void SimWorld::advance_completion(SimGroup& group) {
 // every seed's schedule, are the same; debug builds check the kept set against the scan at every
 // decision.
 void SimWorld::update_completable(SimGroup& group) noexcept {
-  const auto head = group.slots.begin();
-  const bool completable = head != group.slots.end() && head->first == group.next_to_complete &&
-                           head->second.arrived == static_cast<int>(group.ranks.size()) &&
-                           !head->second.hangs();
+  const bool completable = head_can_complete(group);
   if (completable != group.completable) {
     group.completable = completable;
     completable_groups_ = completable ? completable_groups_ + 1 : completable_groups_ - 1;
