@@ -41,23 +41,6 @@ std::string UnwaitedWork::to_string() const {
 
 namespace detail {
 
-namespace {
-
-// Note [Recycled rank states]: a communicator key's member list, emptied, for a later key on the
-// thread; a list with room for more than kSpareMemberListBytesMax is freed instead (a rank of a
-// large MPI or NCCL job need not keep it).
-constexpr std::size_t kSpareMemberListBytesMax = 4096;
-
-}  // namespace
-
-void RankState::give_member_list(std::vector<int>& members) noexcept {
-  if (members.capacity() * sizeof(int) > kSpareMemberListBytesMax) {
-    return;  // its owner frees it
-  }
-  members.clear();
-  (void)SpareMemberLists::give(members);  // else its owner frees it
-}
-
 RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOptions options)
     : rank_(transport->rank()),
       world_size_(transport->world_size()),
@@ -81,11 +64,11 @@ RankState::~RankState() {
     first_expanded_group_.ranks.clear();
     first_expanded_group_.group_size = 0;
     SpareExpandedGroups::give(first_expanded_group_);
-    // The slots end here rather than with comms_, each key's member list kept (give_member_list;
-    // one not kept ends with its node, as with comms_).
+    // The slots end here rather than with comms_, each key's member list's room kept
+    // (SpareMemberLists; one not kept ends with its node, as with comms_).
     while (!comms_.empty()) {
       auto node = comms_.extract(comms_.begin());
-      give_member_list(node.key().second);
+      SpareMemberLists::give(node.key().second);
     }
   }
 }
@@ -126,16 +109,13 @@ CommSlot& RankState::comm_slot(const std::string& tag, std::span<const int> memb
       std::ranges::equal(last_key_->second, members)) {
     return *last_slot_;
   }
-  std::vector<int> key_members;
   // Note [Recycled rank states]: the room of an earlier rank's key, not its contents.
-  if (transport::recycling_enabled() && SpareMemberLists::take(key_members)) {
-    CHORUS_CHECK(key_members.empty());
-  }
+  std::vector<int> key_members = SpareMemberLists::take();
   key_members.assign(members.begin(), members.end());
   CommKey key{tag, std::move(key_members)};
   auto [it, inserted] = comms_.try_emplace(std::move(key));
-  if (!inserted && transport::recycling_enabled()) {
-    give_member_list(key.second);  // try_emplace leaves the key of a slot it finds untouched
+  if (!inserted) {
+    SpareMemberLists::give(key.second);  // try_emplace leaves the key of a slot it finds untouched
   }
   CommSlot& slot = it->second;
   if (slot.label.empty()) {

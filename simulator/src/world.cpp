@@ -287,41 +287,13 @@ class RecycledSignatureLists {
 // besides its slots: its member list (SimGroup::ranks), the group index's copy of it (the key),
 // and the room of its abort reason (made at creation: Note [Operation positions]), three
 // allocations a run for the world's communicator. A group that dies, and the index as its world
-// ends, give that room, emptied, to per-thread stacks of at most kRecycledRoomsMax each, and
-// group_for takes it from there and checks it is empty: only room travels between runs, never a
-// value. A room larger than kRecycledRoomBytesMax is freed. Under Note [Recycled slots]' rules
-// otherwise.
-template <class Room, class Tag>
-class RecycledRooms {
- public:
-  // An empty room an earlier group left on this thread, or a fresh empty one.
-  static Room take() noexcept {
-    Room room;
-    if (transport::recycling_enabled() && Kept::take(room)) {
-      CHORUS_CHECK(room.empty());
-    }
-    return room;
-  }
-  // Empties `room` and keeps it for a later take(); leaves it (its owner frees it) when recycling
-  // is off, it is large, or the stack is full or closed.
-  static void give(Room& room) noexcept {
-    if (!transport::recycling_enabled() ||
-        room.capacity() * sizeof(typename Room::value_type) > kRecycledRoomBytesMax) {
-      return;
-    }
-    room.clear();
-    (void)Kept::give(room);
-  }
-
- private:
-  static constexpr std::size_t kRecycledRoomsMax = 16;
-  static constexpr std::size_t kRecycledRoomBytesMax = 4096;
-  using Kept = transport::RecycledObjects<Room, kRecycledRoomsMax, Tag>;
-};
+// ends, give that room, emptied, to per-thread stacks, and group_for takes it from there
+// (transport::RecycledRooms, Note [Recycled rooms]): only room travels between runs, never a
+// value.
 struct RankListTag {};
 struct AbortReasonTag {};
-using RecycledRankLists = RecycledRooms<std::vector<int>, RankListTag>;
-using RecycledAbortReasons = RecycledRooms<std::string, AbortReasonTag>;
+using RecycledRankLists = transport::RecycledRooms<std::vector<int>, RankListTag>;
+using RecycledAbortReasons = transport::RecycledRooms<std::string, AbortReasonTag>;
 
 // Note [Recycled slots]
 // A communicator keeps the slots of its completed operations for its next ones

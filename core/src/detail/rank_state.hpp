@@ -165,7 +165,8 @@ class RankState {
   // its work registry's list (WorkRegistry::works_, only when it ends with no work listed),
   // allocations of the rank's first collective, and of each communicator key's member list
   // (comms_): the destructor empties them and keeps them for the next RankState (registry) made
-  // on the thread, which takes them empty and checks that.
+  // on the thread, which takes them empty and checks that (a member list's room is empty by
+  // construction: Note [Recycled rooms]).
   // Only room travels between runs, never a value: a rank sees the state a fresh one would
   // have. Off under AddressSanitizer and while the out-of-memory tests refuse allocations, as
   // every recycled block (recycling_enabled()).
@@ -177,14 +178,10 @@ class RankState {
   std::size_t expanded_groups_in_use_ = 0;
   using CommKey = std::pair<std::string, std::vector<int>>;
   // Each run's ranks make their slots anew: the nodes are recycled (Note [Recycled blocks]), and
-  // the room of each key's member list (Note [Recycled rank states]).
+  // the room of each key's member list (Note [Recycled rank states], Note [Recycled rooms]).
   struct SpareMemberListsTag {};
-  using SpareMemberLists =
-      transport::RecycledObjects<std::vector<int>, transport::kRecycledBlocksMax,
-                                 SpareMemberListsTag>;
-  // Keeps `members`' room, emptied, for a later key on the thread, unless it is large or the
-  // stack is full (then its owner frees it).
-  static void give_member_list(std::vector<int>& members) noexcept;
+  using SpareMemberLists = transport::RecycledRooms<std::vector<int>, SpareMemberListsTag,
+                                                    transport::kRecycledBlocksMax>;
   std::map<CommKey, CommSlot, std::less<CommKey>,
            transport::RecyclingAllocator<std::pair<const CommKey, CommSlot>>>
       comms_;

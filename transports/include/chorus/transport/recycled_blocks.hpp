@@ -177,6 +177,44 @@ class RecycledObjects {
   }
 };
 
+// Note [Recycled rooms]
+// Some containers are made anew by every run, though the run before left one of the same kind on
+// the thread: a communicator key's member list in core (Note [Recycled rank states]), a group's
+// member list, its index key and its abort reason in the simulator (Note [Recycled group rooms]).
+// RecycledRooms keeps such a container's room (its capacity) when its owner ends, and the next
+// take() on the thread starts from it: only room travels between runs, never a value, since
+// give() empties a container before keeping it and nothing else puts one on the stack. A room
+// larger than kRecycledRoomBytesMax is left to its owner to free (a rank of a large MPI or NCCL
+// job need not keep it), as is every room while recycling is off (recycling_enabled()) or the
+// stack holds MaxRooms. Otherwise under Note [Recycled blocks]' rules, through RecycledObjects.
+inline constexpr std::size_t kRecycledRoomBytesMax = 4096;
+
+template <class Room, class Tag, std::size_t MaxRooms = 16>
+class RecycledRooms {
+ public:
+  // An empty room an earlier owner left on this thread, or a fresh empty one.
+  static Room take() noexcept {
+    Room room;
+    if (recycling_enabled()) {
+      (void)Kept::take(room);
+    }
+    return room;
+  }
+  // Empties `room` and keeps it for a later take(), unless recycling is off, the room is large,
+  // or the stack is full or closed (then `room` keeps it and its owner frees it).
+  static void give(Room& room) noexcept {
+    if (!recycling_enabled() ||
+        room.capacity() * sizeof(typename Room::value_type) > kRecycledRoomBytesMax) {
+      return;
+    }
+    room.clear();
+    (void)Kept::give(room);
+  }
+
+ private:
+  using Kept = RecycledObjects<Room, MaxRooms, Tag>;
+};
+
 // An allocator for std::allocate_shared and shared_ptr control blocks whose single-object
 // blocks are recycled per thread (Note [Recycled blocks]).
 template <class T>
