@@ -96,6 +96,13 @@ std::uint64_t decision_code_prefix(Decision::Kind kind, int rank, std::uint64_t 
                       static_cast<std::uint64_t>(decision.seq));
 }
 
+// Whether two operation names (OpInfo::name, string literals) are the same. Every member's call
+// usually names the operation with the same literal: equal addresses and lengths answer without
+// comparing characters (a library call per arrival otherwise).
+[[gnu::always_inline]] inline bool same_op_name(std::string_view a, std::string_view b) noexcept {
+  return (a.data() == b.data() && a.size() == b.size()) || a == b;
+}
+
 // Whether `group`'s head operation can be completed now: the lowest outstanding seq, the next to
 // complete, every member arrived, no Hang fault (Note [Completable groups]).
 bool head_can_complete(const SimGroup& group) noexcept {
@@ -350,17 +357,32 @@ int guard_fault_rank() noexcept { return this_thread_rank.rank; }
 
 // ---- SimWork
 
-SimWork::SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint&& fingerprint,
-                 std::string_view op, std::int64_t seq, std::shared_ptr<const std::string> group,
-                 CallSite site)
-    : world_(std::move(world)),
+SimWork::SimWork(SimWorld& world, int rank, std::uint64_t comm_id, std::span<const SimOp> ops,
+                 const transport::OpInfo& info, const std::shared_ptr<const std::string>& group)
+    : world_(world.weak_from_this()),
+      world_address_(&world),
       rank_(rank),
-      fingerprint_(std::move(fingerprint)),
-      op_(op),
-      seq_(seq),
-      group_(std::move(group)),
-      site_(site) {
+      fingerprint_{comm_id, info.seq, RecycledSignatureLists::take()},
+      op_(info.name),
+      seq_(info.seq),
+      group_(group),
+      site_(info.site) {
   CHORUS_CHECK(group_ != nullptr);
+  // Note [Operation positions]: made before the operation counts. Into the work's own list, not
+  // one made beside it and moved in: each moved-from list was one more destructor call.
+  fingerprint_.ops.reserve(ops.size());
+  for (const SimOp& op : ops) {
+    // Made in the list's room: emplace_back constructs from the maker, whose conversion returns
+    // OpSignature::of's result directly there (guaranteed elision), where push_back moved a
+    // temporary in and destroyed it (its ReduceOp's string, twice per operation).
+    struct Signature {
+      const SimOp& op;
+      operator transport::OpSignature() const {  // NOLINT(google-explicit-constructor)
+        return transport::OpSignature::of(op.kind, op.send, op.recv, op.reduce_op, op.root);
+      }
+    };
+    fingerprint_.ops.emplace_back(Signature{op});
+  }
 }
 
 SimWork::~SimWork() { RecycledSignatureLists::give(fingerprint_.ops); }
@@ -382,10 +404,28 @@ bool SimWork::defer_finalization() const noexcept {
   return world != nullptr && world->choose_deferred_finalization();
 }
 
+// Note [Waits without a lock]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A rank's wait (and poll) on its work is a step of every operation, and each one locked the
+// world's weak_ptr (a compare-and-swap, then the release of the shared_ptr it made) only to reach
+// the world and to check that it had not ended. Neither needs the lock on a rank:
+// - a caller that is a rank of the work's world runs inside that world's run(), on its thread, so
+//   the world is alive while the call lasts: the work reaches it through the address it was made
+//   with (SimWork::world_address_);
+// - whether the caller is such a rank compares this thread's world (bound by a live world) with
+//   that address, and an address can name another world only once this one has ended (its
+//   storage reused). So a work first checks that its world has not expired (a load of the count,
+//   not a lock), as the lock checked before: a pending work's world is alive by construction (a
+//   world fails every outstanding work before it ends, Note [Simulator failures]), so wait and
+//   wait_on check it as before, and is_completed, which may be asked after the world ended,
+//   answers from the status then, as before.
+// A thread that is not a rank still locks: it waits on the world's condition variable
+// (wait_off_rank), and the world may end as soon as the work finished, while the waiter is still
+// returning from that wait; the shared_ptr keeps it alive until then.
 bool SimWork::is_completed() {
-  if (std::shared_ptr<SimWorld> world = world_.lock()) {
-    if (const int caller = rank_on_this_thread(*world); caller >= 0) {
-      return world->poll_on_rank(*this, caller);
+  if (!world_.expired()) {
+    if (const int caller = rank_on_this_thread(*world_address_); caller >= 0) {
+      return world_address_->poll_on_rank(*this, caller);
     }
   }
   return status() != transport::WorkStatus::Pending;
@@ -394,12 +434,13 @@ bool SimWork::is_completed() {
 void SimWork::wait(transport::Deadline deadline) {
   // A finished work returns at once, without a scheduling point (Note [Simulator scheduling]).
   if (status() == transport::WorkStatus::Pending) {
-    std::shared_ptr<SimWorld> world = world_.lock();
     // A world ends only after failing every outstanding work (Note [Simulator failures]).
-    CHORUS_CHECK(world != nullptr);
-    if (const int caller = rank_on_this_thread(*world); caller >= 0) {
-      world->wait_on_rank(*this, deadline, caller);
+    CHORUS_CHECK(!world_.expired());
+    if (const int caller = rank_on_this_thread(*world_address_); caller >= 0) {
+      world_address_->wait_on_rank(*this, deadline, caller);  // Note [Waits without a lock]
     } else {
+      const std::shared_ptr<SimWorld> world = world_.lock();
+      CHORUS_CHECK(world != nullptr);
       world->wait_off_rank(*this);
     }
   }
@@ -762,15 +803,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   CHORUS_CHECK_EQ(group.ranks[static_cast<std::size_t>(group_rank)], rank);
   // Note [Operation positions]: what can run out of memory is made before the operation counts.
   // Note [Recycled signature lists]: usually room from an operation completed earlier.
-  transport::Fingerprint signature{group.id, info.seq, RecycledSignatureLists::take()};
-  signature.ops.reserve(ops.size());
-  for (const SimOp& op : ops) {
-    signature.ops.push_back(
-        transport::OpSignature::of(op.kind, op.send, op.recv, op.reduce_op, op.root));
-  }
   auto work = std::allocate_shared<SimWork>(
-      transport::RecyclingAllocator<SimWork>{}, weak_from_this(), rank, std::move(signature),
-      info.name, info.seq, group.label, info.site);  // Note [Recycled blocks]
+      transport::RecyclingAllocator<SimWork>{}, *this, rank, group.id,
+      std::span<const SimOp>(ops.data(), ops.size()), info, group.label);  // Note [Recycled blocks]
   const transport::Fingerprint& fingerprint = work->fingerprint();
   const std::uint64_t op_index = me.ops_started++;
   // Note [Fault injection]: a Delay stalls here, a Crash throws; the others mark the slot below.
@@ -981,7 +1016,7 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
     }
   }
   if (reference != nullptr && (!reference->work->fingerprint().same_ops(fingerprint) ||
-                               reference->op_name() != info.name)) {
+                               !same_op_name(reference->op_name(), info.name))) {
     const auto issued = [](std::string_view op, const transport::Fingerprint& print) {
       const std::string name(op);
       const std::string ops_text = print.to_string();

@@ -229,11 +229,12 @@ inline constexpr std::size_t kInputSnapshotBytesMax = std::size_t{4} << 10;
 // One rank's handle on one started operation (a single op or a batch).
 class SimWork final : public transport::Work {
  public:
-  // `op` is OpInfo::name (a string literal), `group` its group's label (SimGroup::label,
-  // shared): a work copies no string, and makes its ErrorContext only for an error.
-  SimWork(std::weak_ptr<SimWorld> world, int rank, transport::Fingerprint&& fingerprint,
-          std::string_view op, std::int64_t seq, std::shared_ptr<const std::string> group,
-          CallSite site);
+  // Operation info.seq of group `comm_id`, as `ops` (its signature list is made here, in place:
+  // Note [Recycled signature lists] in world.cpp). Its op is info.name (a string literal), `group`
+  // its group's label (SimGroup::label, shared): a work copies no string, and makes its
+  // ErrorContext only for an error. Throws std::bad_alloc.
+  SimWork(SimWorld& world, int rank, std::uint64_t comm_id, std::span<const SimOp> ops,
+          const transport::OpInfo& info, const std::shared_ptr<const std::string>& group);
   // Gives the fingerprint's list of signatures back for the next start (Note [Recycled signature
   // lists] in world.cpp).
   ~SimWork() override;
@@ -275,7 +276,10 @@ class SimWork final : public transport::Work {
   // made again under this work's context (Note [Operation positions]).
   std::exception_ptr raised_error() const noexcept;
 
+  // Note [Waits without a lock] (world.cpp): the world through its weak_ptr where it may have
+  // ended, through its address where it cannot have.
   std::weak_ptr<SimWorld> world_;
+  SimWorld* world_address_;
   int rank_;
   transport::Fingerprint fingerprint_;
   std::string_view op_;
