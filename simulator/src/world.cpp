@@ -372,13 +372,15 @@ SimWork::SimWork(SimWorld& world, int rank, std::uint64_t comm_id, std::span<con
   // one made beside it and moved in: each moved-from list was one more destructor call.
   fingerprint_.ops.reserve(ops.size());
   for (const SimOp& op : ops) {
-    // Made in the list's room: emplace_back constructs from the maker, whose conversion returns
-    // OpSignature::of's result directly there (guaranteed elision), where push_back moved a
-    // temporary in and destroyed it (its ReduceOp's string, twice per operation).
+    // Made in the list's room: emplace_back constructs from the maker, and GCC builds the
+    // conversion's result, OpSignature::of's, directly there (CWG 2327); push_back moved a
+    // temporary in and destroyed it, its ReduceOp's string included. A compiler that does not
+    // elide here moves it, as before.
     struct Signature {
-      const SimOp& op;
+      const SimOp& source;
       operator transport::OpSignature() const {  // NOLINT(google-explicit-constructor)
-        return transport::OpSignature::of(op.kind, op.send, op.recv, op.reduce_op, op.root);
+        return transport::OpSignature::of(source.kind, source.send, source.recv, source.reduce_op,
+                                          source.root);
       }
     };
     fingerprint_.ops.emplace_back(Signature{op});
@@ -413,12 +415,13 @@ bool SimWork::defer_finalization() const noexcept {
 //   the world is alive while the call lasts: the work reaches it through the address it was made
 //   with (SimWork::world_address_);
 // - whether the caller is such a rank compares this thread's world (bound by a live world) with
-//   that address, and an address can name another world only once this one has ended (its
-//   storage reused). So a work first checks that its world has not expired (a load of the count,
-//   not a lock), as the lock checked before: a pending work's world is alive by construction (a
-//   world fails every outstanding work before it ends, Note [Simulator failures]), so wait and
-//   wait_on check it as before, and is_completed, which may be asked after the world ended,
-//   answers from the status then, as before.
+//   that address, which cannot name another world while the work lives: the world's block
+//   (allocate_shared in sim_run.cpp) is freed only once its last weak_ptr, the work's among them,
+//   is gone. The work still checks that its world has not expired (a load of the count, not a
+//   lock), as the lock checked before: wait and wait_on check it as before (a pending work's world
+//   is alive by construction: a world fails every outstanding work before it ends, Note
+//   [Simulator failures]), and is_completed, which may be asked after the world ended, answers
+//   from the status then, as before.
 // A thread that is not a rank still locks: it waits on the world's condition variable
 // (wait_off_rank), and the world may end as soon as the work finished, while the waiter is still
 // returning from that wait; the shared_ptr keeps it alive until then.

@@ -480,6 +480,53 @@ TEST(SimScheduler, AWaitOnAFinishedWorkTakesNoDecision) {
   }
 }
 
+// Note [Waits without a lock]: a work reaches its world through the address it was made with only
+// while that world lives. A work kept past its run is polled and waited from a rank of a later run
+// (on the same thread, with fibers): it answers from its status, takes no scheduling point of the
+// later world, and that run makes the decisions it makes without those calls.
+TEST(SimScheduler, AWorkOfAnEndedWorldTakesNoDecisionOfALaterOne) {
+  for (ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    std::shared_ptr<transport::Work> kept;
+    const SimReport first = sim::run(quiet(2, 0, executor), [&kept] {
+      transport::Transport& rank_transport = RankContext::current()->transport();
+      const std::shared_ptr<transport::Comm> comm = rank_transport.create_comm("kept", {0, 1});
+      std::vector<float> send = {1.0F};
+      std::vector<float> recv = {0.0F};
+      transport::OpInfo info;
+      info.name = "all_reduce";
+      info.seq = 0;
+      std::shared_ptr<transport::Work> work =
+          comm->all_reduce(floats(send, 0, 1), floats(recv, 0, 1), ReduceOp::Kind::Sum, info);
+      work->wait(transport::Deadline::never());
+      if (rank_transport.rank() == 0) {
+        kept = std::move(work);
+      }
+    });
+    ASSERT_TRUE(first.ok()) << first.to_string();
+    ASSERT_NE(kept, nullptr);
+    const auto program = [&kept](bool poll_kept) {
+      return [&kept, poll_kept] {
+        if (poll_kept) {
+          for (int i = 0; i < 3; ++i) {
+            EXPECT_TRUE(kept->is_completed());
+            kept->wait(transport::Deadline::never());
+          }
+        }
+        (void)all_reduce(Tensor::ones({1}), "sum", world()).to_vector<float>();
+      };
+    };
+    for (std::uint64_t seed = 0; seed < 4; ++seed) {
+      const SimReport plain = sim::run(quiet(2, seed, executor), program(false));
+      const SimReport polled = sim::run(quiet(2, seed, executor), program(true));
+      ASSERT_TRUE(polled.ok()) << polled.to_string();
+      EXPECT_EQ(polled.steps, plain.steps) << "seed " << seed;
+      EXPECT_EQ(polled.schedule_hash, plain.schedule_hash) << "seed " << seed;
+      EXPECT_EQ(polled.choices, plain.choices) << "seed " << seed;
+    }
+    EXPECT_EQ(kept->status(), transport::WorkStatus::Completed);
+  }
+}
+
 TEST(SimScheduler, PendingOutputsHoldPoisonUntilCompletion) {
   // Deterministically observe poison: rank 1 joins the world collective only after rank 0
   // joined a signal collective on another (tagged) group, which rank 0 does after looking.
