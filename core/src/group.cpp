@@ -297,9 +297,7 @@ int ProcessGroup::group_rank(int rank) const noexcept {
   return it == members.end() ? -1 : static_cast<int>(it - members.begin());
 }
 
-ProcessGroup world() {
-  return ProcessGroup(detail::require_rank("world").state().world_ranks(), "");
-}
+ProcessGroup world() { return ProcessGroup(detail::require_rank("world").state().world_ranks()); }
 
 ProcessGroup new_group(std::vector<int> ranks, std::string tag) {
   detail::require_rank("new_group");

@@ -51,6 +51,10 @@ class ProcessGroup {
   friend ProcessGroup world();
   friend ProcessGroup new_group(std::vector<int> ranks, std::string tag);
   ProcessGroup(std::shared_ptr<const std::vector<int>> ranks, std::string tag);
+  // With the empty tag (world(), at every collective that names it): no tag string is made from
+  // "" and moved in, two out-of-line std::string calls.
+  explicit ProcessGroup(const std::shared_ptr<const std::vector<int>>& ranks) noexcept
+      : ranks_(ranks) {}
   static const std::vector<int>& no_ranks() noexcept;
 
   // Immutable and shared by copies: a group is copied into every GroupSpec that names it, and
