@@ -455,9 +455,8 @@ class Call {
     const bool on_device = device_.is_cuda();
     // Note [Recycled blocks].
     auto pending = std::allocate_shared<detail::PendingWork>(
-        transport::RecyclingAllocator<detail::PendingWork>{},
-        detail::WorkInfo{state_->rank(), op_, seq, slot_->label, site_}, std::move(fixup),
-        state_->transport_ptr(), state_->options().timeout,
+        transport::RecyclingAllocator<detail::PendingWork>{}, state_->rank(), op_, seq,
+        slot_->label, site_, std::move(fixup), state_->transport_ptr(), state_->options().timeout,
         on_device ? detail::Completion::Stream : detail::Completion::Host,
         on_device ? detail::StreamSource{state_->streams(), device_.index()}
                   : detail::StreamSource{});

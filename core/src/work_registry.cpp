@@ -61,16 +61,18 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
                          std::function<void()> fixup,
                          std::shared_ptr<transport::Transport> transport,
                          transport::Duration timeout, Completion completion, StreamSource stream)
-    : PendingWork(std::move(info), std::move(fixup), transport, timeout, completion,
-                  std::move(stream)) {
+    : PendingWork(info.rank, info.op, info.seq, info.group, info.site, std::move(fixup), transport,
+                  timeout, completion, std::move(stream)) {
   attach(std::move(work));
 }
 
-PendingWork::PendingWork(WorkInfo&& info, std::function<void()>&& fixup,
+PendingWork::PendingWork(int rank, std::string_view op, std::int64_t seq,
+                         const transport::GroupLabel& group, CallSite site,
+                         std::function<void()>&& fixup,
                          const std::shared_ptr<transport::Transport>& transport,
                          transport::Duration timeout, Completion completion, StreamSource&& stream)
     : generation_(next_generation<WorkGenerations>()),
-      info_(std::move(info)),
+      info_{rank, op, seq, group, site},
       fixup_(std::move(fixup)),
       transport_(transport),
       timeout_(timeout),

@@ -153,8 +153,12 @@ class PendingWork {
   // The same without its transport work, made before the operation starts (Note [Registration]):
   // attach() gives it the work once started. Nothing but attach() may be called before that.
   // Its arguments by reference: made for every collective (through std::allocate_shared, which
-  // forwards them), where by-value parameters cost one more move and destruction each.
-  PendingWork(WorkInfo&& info, std::function<void()>&& fixup,
+  // forwards them), where by-value parameters cost one more move and destruction each. Its
+  // WorkInfo is made in place from the parts, `group` copied once: a WorkInfo argument was made
+  // (a copy of the label), moved into the work (a std::string move, an out-of-line call) and
+  // destroyed at every collective.
+  PendingWork(int rank, std::string_view op, std::int64_t seq, const transport::GroupLabel& group,
+              CallSite site, std::function<void()>&& fixup,
               const std::shared_ptr<transport::Transport>& transport, transport::Duration timeout,
               Completion completion = Completion::Host, StreamSource&& stream = {});
   // Gives a PendingWork made without its transport work that work (not null), once, before it is
