@@ -571,8 +571,9 @@ bool needs_canonical_bool_bytes(const Tensor& contiguous) {
 Buffer input_buffer(const Tensor& input) {
   if (input.defined() && input.device().is_cpu() && input.is_contiguous()) {
     // What contiguous() does for a contiguous host tensor (wait, then the tensor itself),
-    // without copying the Tensor.
-    detail::access_data(input, "Tensor::contiguous", detail::DeviceAccess::Host);
+    // without copying the Tensor. access_data's wait without its checks, which refuse only
+    // undefined, meta and device tensors: this one is a defined host tensor, with a storage.
+    TensorAccess::storage(input)->wait_ready();
     if (!needs_canonical_bool_bytes(input)) {
       return buffer_of(input);
     }
