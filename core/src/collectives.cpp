@@ -613,6 +613,13 @@ Tensor new_output(const Call& call, const Shape& shape, DType dtype, Device devi
                          [&] { return detail::TensorAccess::empty(shape, dtype, device); });
 }
 
+// new_output of `input`'s shape, dtype and device, sharing `input`'s layout when that is the
+// contiguous one (TensorAccess::empty_like).
+Tensor new_output_like(const Call& call, const Tensor& input) {
+  return allocate_output(call, input.sizes(), input.dtype(), input.device(),
+                         [&] { return detail::TensorAccess::empty_like(input); });
+}
+
 // A meta output under tracing: no memory, but the same refusal of shapes too large to address.
 Tensor meta_output(const Call& call, const Shape& shape, DType dtype) {
   return allocate_output(call, shape, dtype, Device::meta(),
@@ -707,7 +714,7 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
     return meta_output(call, input.sizes(), input.dtype());
   }
   Buffer send = with_layout(input_buffer(input), input.sizes());
-  Tensor output = new_output(call, input.sizes(), input.dtype(), input.device());
+  Tensor output = new_output_like(call, input);
   Buffer recv = buffer_of(output);
   transport::Comm& comm = call.start(output);
   // recv by an init-capture: clang 14 cannot capture a structured binding (the same below).

@@ -423,6 +423,33 @@ Tensor detail::TensorAccess::empty(const Shape& shape, DType dtype, Device devic
           device};
 }
 
+Tensor detail::TensorAccess::empty_like(const Tensor& like) {
+  const Shape& shape = like.sizes();
+  const DType dtype = like.dtype();
+  const Device device = like.device();
+  if (device.is_meta() || like.layout_ == nullptr) {
+    return empty(shape, dtype, device);
+  }
+  // contiguous_strides(shape), compared as they are made: every stride, a size-1 dim's too (a
+  // contiguous tensor may have any stride there, and the output's strides must be these). Any
+  // other layout, or a product that overflows, takes empty()'s path, errors included.
+  const Shape& strides = like.strides();
+  std::int64_t expected = 1;
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    if (strides[d] != expected ||
+        __builtin_mul_overflow(expected, std::max<std::int64_t>(shape[d], 1), &expected)) {
+      return empty(shape, dtype, device);
+    }
+  }
+  // What empty() makes, with `like`'s layout. checked_nbytes(shape, dtype) is like.nbytes():
+  // `like` exists, so its shape passed it (Note [Addressable layouts]).
+  if (device.index() < 0) {
+    throw_invalid("Tensor::empty", "device index must be >= 0, got " + device.to_string());
+  }
+  return {detail::make_storage(like.nbytes(), device, "Tensor::empty"), like.layout_, 0, dtype,
+          device};
+}
+
 // ---- Construction.
 
 Tensor::Tensor() noexcept = default;

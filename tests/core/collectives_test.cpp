@@ -557,6 +557,34 @@ TEST(AllReduce, ARememberedTransportAnswerSkipsNoDtypeCheckOfAnotherCall) {
   }
 }
 
+// An all_reduce output shares its input's layout only when the input's strides are exactly the
+// contiguous ones (TensorAccess::empty_like): a [1, 3] transpose of a [3, 1] tensor is contiguous
+// (its size-1 dim's stride is 1, not 3), and its output still gets the strides [3, 1], as
+// Tensor::empty({1, 3}) would, not the input's; a fresh [3, 1] input's output gets its strides.
+TEST(AllReduce, AnOutputHasContiguousStridesWhateverItsInputsSizeOneDimsStrides) {
+  std::vector<std::vector<Shape>> strides(2);
+  const sim::SimReport report = sim::run(chorus::testing::quiet_options(2), [&] {
+    const Tensor column = Tensor::ones({3, 1});
+    const Tensor row = column.transpose(0, 1);
+    ASSERT_TRUE(row.is_contiguous());
+    ASSERT_EQ(row.strides(), (Shape{1, 1}));
+    std::vector<Shape>& mine = strides[rank_slot()];
+    const Tensor row_sum = all_reduce(row, "sum", world());
+    const Tensor column_sum = all_reduce(column, "sum", world());
+    mine.push_back(row_sum.strides());
+    mine.push_back(column_sum.strides());
+    EXPECT_EQ(row_sum.sizes(), (Shape{1, 3}));
+    EXPECT_EQ(row_sum.data_ptr<float>()[2], 2.0F);
+    EXPECT_EQ(column_sum.data_ptr<float>()[2], 2.0F);
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  for (const std::vector<Shape>& mine : strides) {
+    ASSERT_EQ(mine.size(), 2u);
+    EXPECT_EQ(mine[0], (Shape{3, 1}));
+    EXPECT_EQ(mine[1], (Shape{1, 1}));
+  }
+}
+
 // Note [Lowering]: the transport is asked about what it will run, the lowered dtype and
 // reduction. On a transport with neither Bool, complex nor bitwise reductions (NCCL's gaps),
 // Bool's band and bor run as min and max on UInt8 and complex sums as pairs of reals; Bool's bxor

@@ -24,6 +24,10 @@ struct TensorAccess {
   // Tensor::empty without a copy of `shape`: a contiguous layout of that shape is reused when
   // one was made recently (Note [Shared layouts]).
   static Tensor empty(const Shape& shape, DType dtype, Device device);
+  // empty(like.sizes(), like.dtype(), like.device()), sharing `like`'s layout when its strides
+  // are the contiguous ones (Note [Shared layouts]): a collective's output shaped as its input
+  // (all_reduce) finds its layout without the cache's search.
+  static Tensor empty_like(const Tensor& like);
 };
 
 enum class DeviceAccess : std::uint8_t {
