@@ -70,20 +70,32 @@ RankState::~RankState() {
       auto node = comms_.extract(comms_.begin());
       SpareMemberLists::give(node.key().second);
     }
+    // chorus::world()'s list, when no group made from it outlives the rank: no one else can read
+    // it (use_count() cannot rise again), and it was made a std::vector<int>, not a const one.
+    if (world_ranks_ != nullptr && world_ranks_.use_count() == 1) {
+      SpareMemberLists::give(const_cast<std::vector<int>&>(*world_ranks_));  // NOLINT
+    }
   }
 }
 
 const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
   if (world_ranks_ == nullptr) {
-    std::vector<int> ranks(static_cast<std::size_t>(world_size_));
-    for (int r = 0; r < world_size_; ++r) {
-      ranks[static_cast<std::size_t>(r)] = r;
-    }
-    // Made by every rank of every run: its control block is recycled (Note [Recycled blocks]).
-    world_ranks_ = std::allocate_shared<const std::vector<int>>(
-        transport::RecyclingAllocator<std::vector<int>>{}, std::move(ranks));
+    build_world_ranks();
   }
   return world_ranks_;
+}
+
+void RankState::build_world_ranks() {
+  // Note [Recycled rank states]: the room of an earlier rank's list, not its contents.
+  std::vector<int> ranks = SpareMemberLists::take();
+  ranks.resize(static_cast<std::size_t>(world_size_));
+  for (int r = 0; r < world_size_; ++r) {
+    ranks[static_cast<std::size_t>(r)] = r;
+  }
+  // Made by every rank of every run: its control block is recycled (Note [Recycled blocks]).
+  // Not made const, so that the destructor may take its room back.
+  world_ranks_ = std::allocate_shared<std::vector<int>>(
+      transport::RecyclingAllocator<std::vector<int>>{}, std::move(ranks));
 }
 
 ExpandedGroup& RankState::push_expanded_group() {

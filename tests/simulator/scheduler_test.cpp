@@ -360,6 +360,39 @@ TEST(SimScheduler, ACommunicatorKeyHoldsOnlyItsOwnMembers) {
   }
 }
 
+// Note [Recycled rank states]: a rank's chorus::world() list takes its room from the lists before
+// it on the thread, emptied, and gives it back as its rank state ends, unless a group made from it
+// outlives the rank. After runs of other sizes, with either executor, world() holds this run's
+// ranks only, and a world kept past its run (here, each rank's, by the test) still holds its own.
+TEST(SimScheduler, AWorldListHoldsItsOwnRanksAndOneKeptPastItsRunKeepsThem) {
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    std::vector<std::optional<ProcessGroup>> kept(6);
+    ASSERT_TRUE(sim::simulate(quiet(6, 1, executor), [&kept] {
+                  kept[static_cast<std::size_t>(rank())].emplace(world());
+                  std::ignore = all_reduce(Tensor::ones({2}), "sum", world()).to_vector<float>();
+                }).ok());
+    for (const int size : {8, 3, 4, 1, 4}) {
+      std::vector<std::vector<int>> seen(static_cast<std::size_t>(size));
+      const SimReport report = sim::simulate(quiet(size, 2, executor), [&seen] {
+        seen[static_cast<std::size_t>(rank())] = world().ranks();
+        std::ignore = all_reduce(Tensor::ones({2}), "sum", world()).to_vector<float>();
+      });
+      ASSERT_TRUE(report.ok()) << report.to_string();
+      std::vector<int> expected(static_cast<std::size_t>(size));
+      for (int r = 0; r < size; ++r) {
+        expected[static_cast<std::size_t>(r)] = r;
+      }
+      for (const std::vector<int>& ranks : seen) {
+        EXPECT_EQ(ranks, expected) << "world size " << size;
+      }
+    }
+    for (const std::optional<ProcessGroup>& group : kept) {
+      ASSERT_TRUE(group.has_value());
+      EXPECT_EQ(group->ranks(), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+    }
+  }
+}
+
 // SimGroup::spare_slots: room for every slot of a group is reserved as the slots are made, so the
 // completion that gives one back never allocates (recycle_slot checks it). Bursts of operations
 // left outstanding, some more than the spares' inline room (4), completed in the orders the seeds

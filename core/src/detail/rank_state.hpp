@@ -137,6 +137,9 @@ class RankState {
 
  private:
   void settle_unwaited_now();
+  // world_ranks()'s first call, once per rank: out of line, so that chorus::world(), inlined into
+  // every collective's caller, stays small.
+  [[gnu::noinline]] void build_world_ranks();
 
   int rank_;
   int world_size_;
@@ -164,9 +167,10 @@ class RankState {
   // [Recycled blocks]), and so is the room of its first expanded group (ranks and tag) and of
   // its work registry's list (WorkRegistry::works_, only when it ends with no work listed),
   // allocations of the rank's first collective, and of each communicator key's member list
-  // (comms_): the destructor empties them and keeps them for the next RankState (registry) made
-  // on the thread, which takes them empty and checks that (a member list's room is empty by
-  // construction: Note [Recycled rooms]).
+  // (comms_) and of chorus::world()'s list (world_ranks_, only when no group made from it
+  // outlives the rank state): the destructor empties them and keeps them for the next RankState
+  // (registry) made on the thread, which takes them empty and checks that (a member list's room
+  // is empty by construction: Note [Recycled rooms]).
   // Only room travels between runs, never a value: a rank sees the state a fresh one would
   // have. Off under AddressSanitizer and while the out-of-memory tests refuse allocations, as
   // every recycled block (recycling_enabled()).
