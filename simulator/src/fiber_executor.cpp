@@ -217,10 +217,14 @@ ExceptionGlobals* thread_exception_globals() noexcept {
 // One per run: recycled (Note [Recycled blocks]).
 class FiberExecutor final : public RankExecutor, public transport::RecycledNew<FiberExecutor> {
  public:
-  ~FiberExecutor() override { stop(); }
+  ~FiberExecutor() override {
+    stop();
+    SpareLanes::give(lanes_);  // Note [Recycled rooms]: the lanes' room, for the next executor
+  }
 
   void start(int count, std::function<void(int)> body) override {
     CHORUS_CHECK(lanes_.empty());
+    lanes_ = SpareLanes::take();  // Note [Recycled rooms]: an earlier executor's, empty
     body_ = std::move(body);
     // The scheduler resumes ranks from the thread that starts them: its exception globals stay
     // where they are (a libstdc++ call and a TLS lookup per switch otherwise).
@@ -348,7 +352,10 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
   std::function<void(int)> body_;
   bool cancelled_ = false;  // start() failed: lanes end without their body
   // A std::vector, not inline (Note [Small per-run vectors]): under TSan a Lane's TsanContext
-  // cannot be assigned, which boost's small_vector needs.
+  // cannot be assigned, which boost's small_vector needs. Its room goes from executor to executor
+  // on the thread (Note [Recycled rooms]), emptied: every run makes an executor.
+  struct SpareLanesTag {};
+  using SpareLanes = transport::RecycledRooms<std::vector<Lane>, SpareLanesTag, 4>;
   std::vector<Lane> lanes_;
   SanitizerStack scheduler_stack_;
   void* scheduler_tsan_ = nullptr;  // the scheduler's TSan context (Note [Fibers under TSan])
