@@ -1970,10 +1970,11 @@ void SimWorld::remember_writes(const SimGroup& group, std::int64_t seq,
       if (!written) {
         continue;
       }
-      writer.recent_writes[writer.recent_writes_next] =
+      new (&writer.recent_writes[writer.recent_writes_next].write)
           RecentWrite{op.recv.data, op.recv.nbytes(),  arrival.work->rank(), arrival.op_name(),
                       seq,          group.label.get(), arrival.site,         completed_};
       writer.recent_writes_next = (writer.recent_writes_next + 1) % kRecentWritesMax;
+      writer.recent_writes_count = std::min(writer.recent_writes_count + 1, kRecentWritesMax);
     }
   }
 }
@@ -1983,10 +1984,11 @@ std::string SimWorld::likely_writer(const transport::Buffer& input, int rank,
   // The input's own rank's outputs first, newest first (its collectives write its tensors),
   // then the other ranks' (a tensor shared across ranks in one process).
   const auto found = [&](const RankSlot& writer) -> const RecentWrite* {
-    for (std::size_t k = 1; k <= kRecentWritesMax; ++k) {
+    for (std::size_t k = 1; k <= writer.recent_writes_count; ++k) {
       const RecentWrite& write =
           writer
-              .recent_writes[(writer.recent_writes_next + kRecentWritesMax - k) % kRecentWritesMax];
+              .recent_writes[(writer.recent_writes_next + kRecentWritesMax - k) % kRecentWritesMax]
+              .write;
       if (write.completed > completed_at_issue &&
           bytes_overlap(write.output, write.output_bytes, input.data, input.nbytes())) {
         return &write;

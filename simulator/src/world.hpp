@@ -487,11 +487,21 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     std::int64_t seq = -1;
     const std::string* group = nullptr;  // SimGroup::label, alive as long as the world
     CallSite site;
-    std::uint64_t completed = 0;  // completed_ once it completed; 0: an empty entry
+    std::uint64_t completed = 0;  // completed_ once it completed
   };
   static constexpr std::size_t kRecentWritesMax = 16;  // per rank
+  // A ring entry's room: unset until remember_writes writes it (every rank of every run makes a
+  // slot, and setting 16 entries was ~180 stores a rank), read only below the ring's count.
+  union RecentWriteRoom {
+    RecentWriteRoom() noexcept {}  // NOLINT(modernize-use-equals-default)
+    RecentWrite write;
+  };
 
   struct RankSlot {
+    // Provided, so that making one (start_ranks, every rank of every run) sets the members below
+    // without first zeroing all ~1.5 KiB of the slot, as value-initialising an implicit one does.
+    RankSlot() noexcept {}  // NOLINT(modernize-use-equals-default)
+
     Phase phase = Phase::Runnable;  // changed only through set_phase (Note [Runnable set])
     RankContextPtr context;
     SimWork* blocked_on = nullptr;
@@ -512,9 +522,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
     transport::Duration wake_at{0};  // Delayed: until when
     bool crashed = false;            // a Crash fault killed it: it never arrives again
     std::string crash;               // what killed it, for its own and its peers' errors
-    // Note [Likely writers]: the outputs its last kRecentWritesMax completed operations wrote.
-    std::array<RecentWrite, kRecentWritesMax> recent_writes{};
-    std::size_t recent_writes_next = 0;  // where the next one goes
+    // Note [Likely writers]: the outputs its last kRecentWritesMax completed operations wrote: a
+    // ring whose recent_writes_count entries before recent_writes_next are written.
+    std::array<RecentWriteRoom, kRecentWritesMax> recent_writes;
+    std::size_t recent_writes_next = 0;   // where the next one goes
+    std::size_t recent_writes_count = 0;  // entries written, at most kRecentWritesMax
 
     // Whether it can still join an operation it has not joined (absence() names the others).
     bool may_still_arrive() const noexcept { return !crashed && !exited; }

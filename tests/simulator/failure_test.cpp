@@ -911,6 +911,53 @@ TEST(SimFailure, TheLikelyWriterIsNamedAfterACollectiveOfManyRanks) {
   }
 }
 
+// Note [Likely writers]: each rank's ring keeps the outputs of its last 16 recorded writes, and
+// only the written entries are read (its room is left unset as a rank's slot is made). The writer,
+// followed by `later` in-place collectives of rank 0 on another tensor and the signal's output, all
+// while the victim is pending: named while it is among the last 16, not once the later ones
+// (`later` + 1) pushed it out.
+std::vector<Outcome> input_overwritten_then_others(int later) {
+  return run_catching(3, [later] {
+    const ProcessGroup signal = new_group({0, 1}, "signal");
+    const ProcessGroup writer = new_group({0, 2}, "writer");
+    Tensor input = Tensor::full({4}, 1, DType::Int32);
+    Tensor other = Tensor::full({4}, 1, DType::Int32);
+    if (rank() == 0 || rank() == 2) {
+      Tensor sum;
+      if (rank() == 0) {
+        sum = all_reduce(input, "sum", {0, 1});
+      }
+      (void)all_reduce_inplace(input, "sum", writer).to_vector<std::int32_t>();  // writes input
+      for (int i = 0; i < later; ++i) {
+        (void)all_reduce_inplace(other, "sum", writer).to_vector<std::int32_t>();
+      }
+      if (rank() == 0) {
+        (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+        (void)sum.to_vector<std::int32_t>();
+      }
+    } else {
+      (void)all_reduce(bytes(1), "sum", signal).to_vector<std::uint8_t>();
+      (void)all_reduce(input, "sum", {0, 1}).to_vector<std::int32_t>();
+    }
+  });
+}
+
+TEST(SimFailure, TheLikelyWriterIsNamedWhileAmongItsRanksLast16Writes) {
+  for (const int later : {0, 5, 14, 15, 21}) {
+    const std::vector<Outcome> outcomes = input_overwritten_then_others(later);
+    const Outcome& outcome = outcomes[0];
+    ASSERT_TRUE(outcome.code.has_value()) << later;
+    EXPECT_EQ(*outcome.code, ErrorCode::InputModified) << outcome.what;
+    EXPECT_EQ(contains(outcome.what,
+                       "), likely through rank 0's all_reduce_inplace #0 on group "
+                       "'writer' [0, 2] (issued at "),
+              later < 15)
+        << later << ": " << outcome.what;
+    EXPECT_EQ(contains(outcome.what, "likely through"), later < 15)
+        << later << ": " << outcome.what;
+  }
+}
+
 // Two writers of one collective: the report names both, in group-rank order, in one text (the
 // check's loop builds the text out of line, SimWorld::append_modified_input).
 TEST(SimFailure, EveryModifiedInputOfACollectiveIsNamedInOneText) {
