@@ -54,7 +54,12 @@ constexpr bool kCheckDecisions = true;
 // outlives the run on its thread: growing a fresh vector by doubling, run after run, page faults
 // on every new block (half the time of a 16k-decision run went there). The report gets an
 // exact-size copy; buffers above kRecycledScheduleMax decisions are not kept.
+// A short run's buffer (up to kHandedScheduleMax decisions, within glibc's heap, not mmapped) goes
+// to the report as it is instead, and the thread keeps a fresh one of the same room: one
+// allocation as the copy's, without copying the decisions one by one (Decision is not trivial,
+// so the copy was a loop, ~8 instructions a decision).
 constexpr std::size_t kRecycledScheduleMax = std::size_t{1} << 16;
+constexpr std::size_t kHandedScheduleMax = std::size_t{1} << 12;
 thread_local std::vector<Decision> recycled_schedule;
 
 bool current_rank_of_thread_is_none() noexcept { return this_thread_rank.world == nullptr; }
@@ -1325,7 +1330,17 @@ SimReport SimWorld::run(std::function<void()> rank_main) {
   if (const std::size_t passed = stream_.pct_change_points_passed(); passed > 0) {
     report.marks["strategy.pct.change_point"] += passed;
   }
-  report.schedule.assign(schedule_.begin(), schedule_.end());
+  if (const std::size_t room = schedule_.capacity(); room <= kHandedScheduleMax) {
+    report.schedule = std::move(schedule_);  // Note [Recycled schedule buffer]
+    schedule_ = std::vector<Decision>();
+    try {
+      schedule_.reserve(room);
+    } catch (const std::bad_alloc&) {
+      // The next run on the thread grows its own.
+    }
+  } else {
+    report.schedule.assign(schedule_.begin(), schedule_.end());
+  }
   report.ops_issued.assign(ops_issued_.begin(), ops_issued_.end());
   if (options_.record_events) {
     report.marks["timeline.events"] += events_.size();
