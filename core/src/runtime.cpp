@@ -72,6 +72,10 @@ RankState::~RankState() {
     }
     // chorus::world()'s list, when no group made from it outlives the rank: no one else can read
     // it (use_count() cannot rise again), and it was made a std::vector<int>, not a const one.
+    // A copy held on another thread (a thread the program started) was released before the count
+    // read 1, and its reads of the list came before that release (an atomic read-modify-write);
+    // use_count() itself is a relaxed load, so ThreadSanitizer would not see that order, but no
+    // chorus thread hands a world group to another.
     if (world_ranks_ != nullptr && world_ranks_.use_count() == 1) {
       SpareMemberLists::give(const_cast<std::vector<int>&>(*world_ranks_));  // NOLINT
     }
