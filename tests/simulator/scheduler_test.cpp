@@ -421,6 +421,65 @@ TEST(SimScheduler, ManyOutstandingOperationsGiveTheirSlotsBack) {
   }
 }
 
+// Twelve operations outstanding on one group (SimGroup::slots), and a member that returns without
+// joining the later six, leaving those it joined un-waited, fails the later ones while the
+// earlier are still outstanding: failed slots behind the oldest, walked over by on_rank_exit
+// (docs/performance.md, 2026-12-07 08:40 UTC, tried them in a ring). On the transport
+// seam, so that the member's return does not wait for its operations (core's results would). In
+// every seed's run the operations rank 2 joined complete with the right sums and the others fail
+// with Deadlock, and a replay of the run's choices makes the same schedule.
+TEST(SimScheduler, OperationsFailedBehindTheOldestLeaveTheRestOutstanding) {
+  constexpr int kRanks = 3;
+  constexpr std::size_t kIssued = 12;
+  constexpr std::size_t kJoined = 6;  // by rank 2, which waits on none of them
+  std::vector<std::vector<float>> sends(kRanks);
+  std::vector<std::vector<float>> recvs(kRanks);
+  // Per rank and operation: 'r' its right sum, 'd' a Deadlock, '?' anything else.
+  std::vector<std::string> outcomes(kRanks);
+  const auto program = [&] {
+    const auto me = static_cast<std::size_t>(rank());
+    const std::shared_ptr<transport::Comm> comm =
+        RankContext::current()->transport().create_comm("ring", {0, 1, 2});
+    const std::size_t joined = me == 2 ? kJoined : kIssued;
+    sends[me].assign(kIssued, 0.0F);
+    recvs[me].assign(kIssued, 0.0F);
+    std::vector<std::shared_ptr<transport::Work>> works;
+    transport::OpInfo info;
+    info.name = "all_reduce";
+    for (std::size_t i = 0; i < joined; ++i) {
+      sends[me][i] = static_cast<float>(me + i);
+      info.seq = static_cast<std::int64_t>(i);
+      works.push_back(comm->all_reduce(floats(sends[me], i, 1), floats(recvs[me], i, 1),
+                                       ReduceOp::Kind::Sum, info));
+    }
+    if (me == 2) {
+      return;  // its operations complete un-waited
+    }
+    std::string& outcome = outcomes[me];
+    outcome.clear();
+    for (std::size_t i = 0; i < joined; ++i) {
+      try {
+        works[i]->wait(transport::Deadline::never());
+        outcome += recvs[me][i] == static_cast<float>(3 + 3 * i) ? 'r' : '?';
+      } catch (const Error& error) {
+        outcome += error.code() == ErrorCode::Deadlock ? 'd' : '?';
+      }
+    }
+  };
+  const std::string expected = std::string(kJoined, 'r') + std::string(kIssued - kJoined, 'd');
+  for (std::uint64_t seed = 0; seed < 16; ++seed) {
+    const SimReport first = sim::run(quiet(kRanks, seed), program);
+    EXPECT_EQ(outcomes, (std::vector<std::string>{expected, expected, ""})) << "seed " << seed;
+    EXPECT_EQ(first.collectives_completed, std::uint64_t{kJoined}) << "seed " << seed;
+    SimOptions replay = quiet(kRanks, seed);
+    replay.choices = first.choices;
+    const SimReport again = sim::run(replay, program);
+    EXPECT_EQ(again.schedule_hash, first.schedule_hash) << "seed " << seed;
+    EXPECT_EQ(again.steps, first.steps) << "seed " << seed;
+    EXPECT_EQ(outcomes, (std::vector<std::string>{expected, expected, ""})) << "seed " << seed;
+  }
+}
+
 class SimWorldSize : public ::testing::TestWithParam<int> {};
 
 TEST_P(SimWorldSize, AllReduceOfRanksIsTheTriangularNumber) {
