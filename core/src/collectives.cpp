@@ -68,13 +68,11 @@ DType wire_dtype(DType dtype) noexcept {
 // is min and bor is max, reductions every transport has (NCCL has no bitwise ones, and would
 // otherwise refuse what check_dtype allows on Bool). Other ops, and other dtypes (whose bytes
 // are not 0/1), travel as they are; so does Bool's bxor. A reference, to `reduce_op` itself or
-// to a constant: every operation passes its op to the transport, and a copy of a ReduceOp
-// constructs and destroys its (empty) name string. So the result may live only as long as
-// `reduce_op`: use it within the full expression, or copy it, when that is a temporary.
-// Constants, not constexpr: a ReduceOp holds a std::string, which clang 14 with libstdc++ 12
-// cannot make in a constant expression.
-const ReduceOp kWireMin(ReduceOp::Kind::Min);
-const ReduceOp kWireMax(ReduceOp::Kind::Max);
+// to a constant: every operation passes its op to the transport, which need not copy it. So the
+// result may live only as long as `reduce_op`: use it within the full expression, or copy it,
+// when that is a temporary. Constant-initialised (Note [A valid op holds no string]).
+constexpr ReduceOp kWireMin(ReduceOp::Kind::Min);
+constexpr ReduceOp kWireMax(ReduceOp::Kind::Max);
 const ReduceOp& wire_reduce_op(DType dtype, const ReduceOp& reduce_op) noexcept {
   if (dtype == DType::Bool && reduce_op.kind() == ReduceOp::Kind::BAnd) {
     return kWireMin;

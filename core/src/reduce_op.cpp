@@ -56,8 +56,14 @@ ReduceOp::ReduceOp(std::string_view name) : kind_(Kind::Invalid) {
       return;
     }
   }
-  invalid_name_ = std::string(name);
+  if (!name.empty()) {  // Note [A valid op holds no string]: "" is kept as null
+    invalid_name_ = new std::string(name);
+  }
 }
+
+std::string* ReduceOp::copy_name(const std::string& name) { return new std::string(name); }
+
+void ReduceOp::free_name(std::string* name) noexcept { delete name; }
 
 ReduceOp ReduceOp::premul_sum(double factor) noexcept {
   ReduceOp op(Kind::PremulSum);
@@ -75,7 +81,7 @@ ReduceOp ReduceOp::parse(std::string_view name) {
 
 std::string ReduceOp::invalid_name() const {
   if (is_valid() || kind_ == Kind::Invalid) {
-    return invalid_name_;
+    return std::string(name_view());
   }
   return "ReduceOp::Kind(" + std::to_string(static_cast<int>(kind_)) + ")";
 }
@@ -99,7 +105,7 @@ std::string ReduceOp::to_string() const {
 std::string ReduceOp::check_dtype(DType dtype) const {
   if (!is_valid()) {
     std::string hint;
-    if (equals_ignoring_case(invalid_name_, "premul_sum")) {
+    if (equals_ignoring_case(name_view(), "premul_sum")) {
       hint = " (premul_sum needs a factor: use ReduceOp::premul_sum(f))";
     }
     return "Unrecognized reduce_op '" + invalid_name() +

@@ -12,13 +12,17 @@ namespace {
 using Kind = ReduceOp::Kind;
 
 // A ReduceOp of a kind is a constant expression (a literal type): code may keep its reductions
-// in constexpr constants, so no member may make the class non-literal.
-// (Not checkable with clang 14 over libstdc++ 12: it cannot constant-evaluate std::string's
-// default constructor, which libstdc++ 12 makes constexpr; later clangs can.)
-#if !defined(__clang__) || __clang_major__ >= 15
+// in constexpr constants, so no member may make the class non-literal. Copies and moves of a
+// valid op are constant expressions too (Note [A valid op holds no string]), with every
+// compiler: no std::string is made for a valid op.
 constexpr ReduceOp kMaxOp = Kind::Max;
 static_assert(kMaxOp.kind() == Kind::Max && kMaxOp.is_valid());
-#endif
+constexpr ReduceOp copied_and_moved(ReduceOp op) {
+  ReduceOp copy = op;
+  ReduceOp moved = std::move(copy);
+  return moved;
+}
+static_assert(copied_and_moved(kMaxOp).kind() == Kind::Max);
 
 TEST(ReduceOp, NamesAreCaseInsensitiveFromEveryStringType) {
   EXPECT_EQ(ReduceOp("sum").kind(), Kind::Sum);
@@ -94,6 +98,45 @@ TEST(ReduceOp, AKindOutsideTheEnumeratorsIsInvalidAndNamed) {
   EXPECT_EQ(ReduceOp(Kind::Invalid).invalid_name(), "");
   EXPECT_TRUE(ReduceOp(Kind::PremulSum).is_valid());
   EXPECT_EQ(ReduceOp(Kind::Sum).invalid_name(), "");
+}
+
+// An invalid op keeps its name through copies, moves and assignments (Note [A valid op holds no
+// string]), and ops compare by name: the same name alike, different ones not, the empty
+// name like a Kind::Invalid op without one.
+TEST(ReduceOp, AnInvalidOpKeepsItsNameThroughCopiesAndMoves) {
+  const ReduceOp summ("summ");
+  EXPECT_EQ(summ, ReduceOp(std::string("summ")));
+  EXPECT_NE(summ, ReduceOp("sunm"));
+  EXPECT_NE(summ, ReduceOp(""));
+  EXPECT_NE(summ, ReduceOp(Kind::Invalid));
+  EXPECT_NE(summ, ReduceOp(Kind::Sum));
+  EXPECT_EQ(ReduceOp(""), ReduceOp(Kind::Invalid));
+  EXPECT_EQ(ReduceOp("SUMM"), ReduceOp("SUMM"));
+  EXPECT_NE(ReduceOp("SUMM"), summ);  // the name as given, not lowered
+
+  ReduceOp copy = summ;
+  EXPECT_EQ(copy.invalid_name(), "summ");
+  ReduceOp moved = std::move(copy);
+  EXPECT_EQ(moved.invalid_name(), "summ");
+  EXPECT_EQ(moved, summ);
+  ReduceOp assigned = Kind::Max;
+  assigned = summ;
+  EXPECT_EQ(assigned.invalid_name(), "summ");
+  assigned = ReduceOp("other");
+  EXPECT_EQ(assigned.invalid_name(), "other");
+  const ReduceOp& itself = assigned;
+  assigned = itself;  // a self-assignment keeps the name
+  EXPECT_EQ(assigned.invalid_name(), "other");
+  assigned = Kind::Avg;
+  EXPECT_TRUE(assigned.is_valid());
+  EXPECT_EQ(assigned.invalid_name(), "");
+  EXPECT_EQ(assigned, ReduceOp("avg"));
+  moved = ReduceOp::premul_sum(0.5);
+  EXPECT_EQ(moved, ReduceOp::premul_sum(0.5));
+  EXPECT_EQ(moved.invalid_name(), "");
+  EXPECT_EQ(ReduceOp(summ).check_dtype(DType::Float32),
+            "Unrecognized reduce_op 'summ': expected one of sum, avg, product, min, max, band, "
+            "bor, bxor");
 }
 
 TEST(ReduceOp, PremulSumCarriesItsFactor) {

@@ -7,6 +7,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "chorus/dtype.hpp"
 
@@ -39,6 +40,46 @@ class ReduceOp {
   ReduceOp(std::string_view name);                         // NOLINT(google-explicit-constructor)
   ReduceOp(const std::string& name);                       // NOLINT(google-explicit-constructor)
 
+  // Note [A valid op holds no string]
+  // The unrecognized name lives on the heap, behind a pointer that is null for every valid op (and
+  // for an empty name), so copying, moving and destroying a valid op copies its kind, its factor
+  // and a null pointer, and tests the pointer. Every operation copies and moves its op several
+  // times (the transport's op, the simulator's SimOp and OpSignature); a std::string member cost
+  // ~90 instructions a move into the simulator's arrival, and a copy of a valid op could not be a
+  // constant expression with clang 14.
+  constexpr ReduceOp(const ReduceOp& other)
+      : kind_(other.kind_),
+        factor_(other.factor_),
+        invalid_name_(other.invalid_name_ == nullptr ? nullptr : copy_name(*other.invalid_name_)) {}
+  constexpr ReduceOp(ReduceOp&& other) noexcept
+      : kind_(other.kind_), factor_(other.factor_), invalid_name_(other.invalid_name_) {
+    other.invalid_name_ = nullptr;
+  }
+  ReduceOp& operator=(const ReduceOp& other) {
+    if (this != &other) {
+      ReduceOp copy(other);
+      *this = std::move(copy);
+    }
+    return *this;
+  }
+  ReduceOp& operator=(ReduceOp&& other) noexcept {
+    if (this != &other) {
+      if (invalid_name_ != nullptr) {
+        free_name(invalid_name_);
+      }
+      kind_ = other.kind_;
+      factor_ = other.factor_;
+      invalid_name_ = other.invalid_name_;
+      other.invalid_name_ = nullptr;
+    }
+    return *this;
+  }
+  constexpr ~ReduceOp() {
+    if (invalid_name_ != nullptr) {
+      free_name(invalid_name_);
+    }
+  }
+
   // Sum of `factor * x_r` over ranks. Floating and complex dtypes only. Every rank must pass
   // the same factor (a different one is a CollectiveMismatch); NCCL also allows per-rank factors,
   // chorus does not.
@@ -70,13 +111,22 @@ class ReduceOp {
   friend bool operator==(const ReduceOp& a, const ReduceOp& b) noexcept {
     return a.kind_ == b.kind_ &&
            std::bit_cast<std::uint64_t>(a.factor_) == std::bit_cast<std::uint64_t>(b.factor_) &&
-           a.invalid_name_ == b.invalid_name_;
+           (a.invalid_name_ == b.invalid_name_ || a.name_view() == b.name_view());
   }
 
  private:
+  // The unrecognized name as given ("" when none is kept).
+  std::string_view name_view() const noexcept {
+    return invalid_name_ == nullptr ? std::string_view() : std::string_view(*invalid_name_);
+  }
+  // Out of line: only an invalid op with a name reaches them.
+  static std::string* copy_name(const std::string& name);
+  static void free_name(std::string* name) noexcept;
+
   Kind kind_ = Kind::Sum;
   double factor_ = 1.0;
-  std::string invalid_name_;
+  // Note [A valid op holds no string]: null for a valid op and for an empty name; owned.
+  std::string* invalid_name_ = nullptr;
 };
 
 std::string_view reduce_kind_name(ReduceOp::Kind kind) noexcept;
