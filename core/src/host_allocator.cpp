@@ -83,27 +83,38 @@ HostPool::~HostPool() {
   }
 }
 
-std::shared_ptr<void> HostPool::allocate(std::size_t nbytes) {
+// Note [A block's reference to its pool]
+// A block's deleter holds its pool, so that a block freed after its rank ended (a tensor kept
+// past the run) still returns to a live pool; the pool goes with its last block. The deleter
+// copies the reference the caller holds (the rank's), rather than taking one from the pool
+// (enable_shared_from_this): a copy of a shared_ptr is a plain increment while the process has
+// one thread (libstdc++ counts atomically only once a second thread exists, Note [Atomic counts
+// per operation]), where shared_from_this() locks a weak_ptr, a locked compare-exchange on every
+// block even then. The guarantee is the same: the block holds one strong reference until its
+// deleter runs. HostPool::park's use_count() == 1 still means that no block is out.
+std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,
+                                         std::size_t nbytes) {
+  CHORUS_CHECK(pool != nullptr);
   CHORUS_CHECK_GT(nbytes, 0u);
+  HostPool& self = *pool;
   const std::size_t rounded = round_up(nbytes);
   void* block = nullptr;
   {
-    std::lock_guard<transport::FutexMutex> lock(mutex_);
-    std::vector<void*>* blocks = bucket_locked(rounded);
+    std::lock_guard<transport::FutexMutex> lock(self.mutex_);
+    std::vector<void*>* blocks = self.bucket_locked(rounded);
     if (blocks != nullptr && !blocks->empty()) {
       block = blocks->back();
       blocks->pop_back();
-      CHORUS_CHECK_GE(cached_bytes_, rounded);
-      cached_bytes_ -= rounded;
+      CHORUS_CHECK_GE(self.cached_bytes_, rounded);
+      self.cached_bytes_ -= rounded;
     }
   }
   if (block == nullptr) {
     block = aligned_block(rounded);
   }
-  std::shared_ptr<HostPool> self = shared_from_this();
   // The control block is recycled (Note [Recycled blocks]).
   return std::shared_ptr<void>(
-      block, [self = std::move(self), rounded](void* p) { self->release(p, rounded); },
+      block, [owner = pool, rounded](void* p) { owner->release(p, rounded); },
       transport::RecyclingAllocator<char>{});
 }
 

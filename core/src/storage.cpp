@@ -128,7 +128,7 @@ std::shared_ptr<void> allocate_host(std::size_t nbytes) {
                       0u);
       return block;
     }
-    return state.host_pool()->allocate(nbytes);
+    return HostPool::allocate(state.host_pool(), nbytes);
   }
   return allocate_unpooled(nbytes);
 }

@@ -16,27 +16,27 @@ TEST(HostPool, ReusesAFreedBlockOfTheSameSize) {
   auto pool = std::make_shared<HostPool>(1024);
   void* first = nullptr;
   {
-    std::shared_ptr<void> block = pool->allocate(512);
+    std::shared_ptr<void> block = HostPool::allocate(pool, 512);
     first = block.get();
   }
   EXPECT_EQ(pool->cached_bytes(), 512u);
-  std::shared_ptr<void> again = pool->allocate(512);
+  std::shared_ptr<void> again = HostPool::allocate(pool, 512);
   EXPECT_EQ(again.get(), first);
   EXPECT_EQ(pool->cached_bytes(), 0u);
 }
 
 TEST(HostPool, EvictsOtherSizesToKeepTheBlockJustFreed) {
   auto pool = std::make_shared<HostPool>(1024);
-  pool->allocate(256).reset();
-  pool->allocate(512).reset();
+  HostPool::allocate(pool, 256).reset();
+  HostPool::allocate(pool, 512).reset();
   EXPECT_EQ(pool->cached_bytes(), 768u);
   void* large = nullptr;
   {
-    std::shared_ptr<void> block = pool->allocate(1024);
+    std::shared_ptr<void> block = HostPool::allocate(pool, 1024);
     large = block.get();
   }
   EXPECT_EQ(pool->cached_bytes(), 1024u);  // the 256 and 512 blocks made room
-  std::shared_ptr<void> again = pool->allocate(1024);
+  std::shared_ptr<void> again = HostPool::allocate(pool, 1024);
   EXPECT_EQ(again.get(), large);
 }
 
@@ -46,33 +46,33 @@ TEST(HostPool, EvictsOtherSizesToKeepTheBlockJustFreed) {
 // leave no room for it.
 TEST(HostPool, ForgetsTheLastBucketWhenItIsEvicted) {
   auto pool = std::make_shared<HostPool>(1280);
-  std::shared_ptr<void> a = pool->allocate(512);
-  std::shared_ptr<void> b = pool->allocate(512);
-  std::shared_ptr<void> c = pool->allocate(512);
+  std::shared_ptr<void> a = HostPool::allocate(pool, 512);
+  std::shared_ptr<void> b = HostPool::allocate(pool, 512);
+  std::shared_ptr<void> c = HostPool::allocate(pool, 512);
   a.reset();
   b.reset();
-  pool->allocate(256).reset();  // the 256 bucket is the last used
+  HostPool::allocate(pool, 256).reset();  // the 256 bucket is the last used
   EXPECT_EQ(pool->cached_bytes(), 1280u);
   c.reset();  // evicts the 256 bucket, then finds no room beside the two 512 blocks: freed
   EXPECT_EQ(pool->cached_bytes(), 1024u);
-  std::shared_ptr<void> small = pool->allocate(256);  // fresh: no 256 block is cached
+  std::shared_ptr<void> small = HostPool::allocate(pool, 256);  // fresh: no 256 block is cached
   EXPECT_NE(small, nullptr);
   EXPECT_EQ(pool->cached_bytes(), 1024u);
-  std::shared_ptr<void> cached = pool->allocate(512);
+  std::shared_ptr<void> cached = HostPool::allocate(pool, 512);
   EXPECT_EQ(pool->cached_bytes(), 512u);
 }
 
 TEST(HostPool, NeverEvictsForABlockOverTheLimitOrOfTheSameSize) {
   auto pool = std::make_shared<HostPool>(1024);
-  std::shared_ptr<void> a = pool->allocate(512);
-  std::shared_ptr<void> b = pool->allocate(512);
-  std::shared_ptr<void> c = pool->allocate(512);
+  std::shared_ptr<void> a = HostPool::allocate(pool, 512);
+  std::shared_ptr<void> b = HostPool::allocate(pool, 512);
+  std::shared_ptr<void> c = HostPool::allocate(pool, 512);
   a.reset();
   b.reset();
   EXPECT_EQ(pool->cached_bytes(), 1024u);
   c.reset();  // same size as every cached block: freed, nothing evicted
   EXPECT_EQ(pool->cached_bytes(), 1024u);
-  pool->allocate(4096).reset();  // over the limit: freed, nothing evicted
+  HostPool::allocate(pool, 4096).reset();  // over the limit: freed, nothing evicted
   EXPECT_EQ(pool->cached_bytes(), 1024u);
 }
 
@@ -80,18 +80,18 @@ TEST(HostPool, NeverEvictsForABlockOverTheLimitOrOfTheSameSize) {
 // blocks make room for the 768-byte one, the other two stay cached.
 TEST(HostPool, EvictsOnlyAsManyBlocksAsTheBlockJustFreedNeeds) {
   auto pool = std::make_shared<HostPool>(1024);
-  std::shared_ptr<void> large = pool->allocate(768);
+  std::shared_ptr<void> large = HostPool::allocate(pool, 768);
   {
     std::vector<std::shared_ptr<void>> small;
     for (int i = 0; i < 4; ++i) {
-      small.push_back(pool->allocate(128));
+      small.push_back(HostPool::allocate(pool, 128));
     }
   }
   EXPECT_EQ(pool->cached_bytes(), 512u);
   large.reset();  // 512 + 768 > 1024: evicts two 128-byte blocks, not all four
   EXPECT_EQ(pool->cached_bytes(), 1024u);
-  std::shared_ptr<void> a = pool->allocate(128);
-  std::shared_ptr<void> b = pool->allocate(128);
+  std::shared_ptr<void> a = HostPool::allocate(pool, 128);
+  std::shared_ptr<void> b = HostPool::allocate(pool, 128);
   EXPECT_EQ(pool->cached_bytes(), 768u);  // both came from the cache
 }
 
@@ -111,7 +111,7 @@ TEST(HostPool, AParkedPoolIsTheNextMadeOnTheThreadWithItsBlocks) {
   HostPool* const parked = pool.get();
   void* block = nullptr;
   {
-    std::shared_ptr<void> held = pool->allocate(512);
+    std::shared_ptr<void> held = HostPool::allocate(pool, 512);
     block = held.get();
   }
   HostPool::park(std::move(pool));
@@ -123,20 +123,40 @@ TEST(HostPool, AParkedPoolIsTheNextMadeOnTheThreadWithItsBlocks) {
   }
   ASSERT_EQ(next.get(), parked);
   EXPECT_EQ(next->cached_bytes(), 512u);
-  EXPECT_EQ(next->allocate(512).get(), block);
+  EXPECT_EQ(HostPool::allocate(next, 512).get(), block);
   // The new limit holds: 2048 bytes are kept now, not 1024.
-  std::shared_ptr<void> a = next->allocate(1024);
-  std::shared_ptr<void> b = next->allocate(1024);
+  std::shared_ptr<void> a = HostPool::allocate(next, 1024);
+  std::shared_ptr<void> b = HostPool::allocate(next, 1024);
   a.reset();
   b.reset();
   EXPECT_EQ(next->cached_bytes(), 2048u);
+}
+
+// Each block's deleter holds its pool (a copy of the caller's reference, not one taken from the
+// pool itself): a block freed after every other holder of its pool let go (its rank ended)
+// still returns to a live pool, which goes with the last block.
+TEST(HostPool, ABlockOutlivingEveryOtherHolderKeepsItsPool) {
+  auto pool = std::make_shared<HostPool>(1024);
+  const std::weak_ptr<HostPool> watch = pool;
+  std::shared_ptr<void> block = HostPool::allocate(pool, 512);
+  std::shared_ptr<void> other = HostPool::allocate(pool, 256);
+  EXPECT_EQ(watch.use_count(), 3);  // the caller's and one per block
+  pool.reset();
+  other.reset();
+  EXPECT_EQ(watch.use_count(), 1);
+  std::shared_ptr<HostPool> alive = watch.lock();
+  ASSERT_NE(alive, nullptr);
+  EXPECT_EQ(alive->cached_bytes(), 256u);  // `other` went back to it
+  alive.reset();
+  block.reset();  // the last holder: the pool frees its blocks and goes
+  EXPECT_TRUE(watch.expired());
 }
 
 TEST(HostPool, APoolWithABlockOutIsNotParked) {
   const auto others = take_spare_pools();
   std::shared_ptr<HostPool> pool = HostPool::make(1024);
   HostPool* const first = pool.get();
-  std::shared_ptr<void> out = pool->allocate(256);  // its deleter holds the pool
+  std::shared_ptr<void> out = HostPool::allocate(pool, 256);  // its deleter holds the pool
   HostPool::park(std::move(pool));
   std::shared_ptr<HostPool> next = HostPool::make(1024);
   EXPECT_NE(next.get(), first);  // `first` is still alive: a different pool
@@ -151,7 +171,7 @@ TEST(HostPool, AParkedPoolKeepsAtMostItsShareAndTheNewLimit) {
   {
     std::vector<std::shared_ptr<void>> blocks;
     for (int i = 0; i < 4; ++i) {
-      blocks.push_back(pool->allocate(kBlock));
+      blocks.push_back(HostPool::allocate(pool, kBlock));
     }
   }
   EXPECT_EQ(pool->cached_bytes(), 4 * kBlock);
@@ -168,7 +188,7 @@ TEST(HostPool, NothingIsParkedWhileRecyclingIsOff) {
   const auto others = take_spare_pools();
   transport::testing::recycle_blocks_enabled = false;
   std::shared_ptr<HostPool> pool = HostPool::make(1024);
-  pool->allocate(512).reset();
+  HostPool::allocate(pool, 512).reset();
   HostPool::park(std::move(pool));
   std::shared_ptr<HostPool> next = HostPool::make(1024);
   transport::testing::recycle_blocks_enabled = true;

@@ -6,7 +6,7 @@
 // a byte limit and handed out again.
 //
 // Thread-safe: blocks may be freed on any thread. Each block's deleter holds the pool, so blocks
-// freed after the rank ended still return safely.
+// freed after the rank ended still return safely (Note [A block's reference to its pool]).
 
 #include <cstddef>
 #include <memory>
@@ -19,7 +19,7 @@
 
 namespace chorus::detail {
 
-class HostPool : public std::enable_shared_from_this<HostPool> {
+class HostPool {
  public:
   static constexpr std::size_t kAlignment = HostAllocator::kAlignment;
 
@@ -40,8 +40,10 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   // A parked pool keeps at most this many bytes of its cached blocks.
   static constexpr std::size_t kSparePoolCachedBytesMax = std::size_t{64} << 10;
 
-  // A 64-byte aligned block of at least `nbytes` (> 0) bytes.
-  std::shared_ptr<void> allocate(std::size_t nbytes);
+  // A 64-byte aligned block of at least `nbytes` (> 0) bytes from `pool` (not null), whose
+  // deleter gives it back to `pool` and holds a copy of that reference until then (Note [A
+  // block's reference to its pool]).
+  static std::shared_ptr<void> allocate(const std::shared_ptr<HostPool>& pool, std::size_t nbytes);
 
   std::size_t cached_bytes() const;
 
