@@ -70,15 +70,6 @@ RankState::~RankState() {
       auto node = comms_.extract(comms_.begin());
       SpareMemberLists::give(node.key().second);
     }
-    // chorus::world()'s list, when no group made from it outlives the rank: no one else can read
-    // it (use_count() cannot rise again), and it was made a std::vector<int>, not a const one.
-    // A copy held on another thread (a thread the program started) was released before the count
-    // read 1, and its reads of the list came before that release (an atomic read-modify-write);
-    // use_count() itself is a relaxed load, so ThreadSanitizer would not see that order, but no
-    // chorus thread hands a world group to another.
-    if (world_ranks_ != nullptr && world_ranks_.use_count() == 1) {
-      SpareMemberLists::give(const_cast<std::vector<int>&>(*world_ranks_));  // NOLINT
-    }
   }
 }
 
@@ -96,10 +87,12 @@ void RankState::build_world_ranks() {
   for (int r = 0; r < world_size_; ++r) {
     ranks[static_cast<std::size_t>(r)] = r;
   }
-  // Made by every rank of every run: its control block is recycled (Note [Recycled blocks]).
-  // Not made const, so that the destructor may take its room back.
-  world_ranks_ = std::allocate_shared<std::vector<int>>(
-      transport::RecyclingAllocator<std::vector<int>>{}, std::move(ranks));
+  // Made by every rank of every run: its control block is recycled (Note [Recycled blocks]), and
+  // its room goes back as the list ends (WorldList).
+  auto list =
+      std::allocate_shared<WorldList>(transport::RecyclingAllocator<WorldList>{}, std::move(ranks));
+  const std::vector<int>* list_ranks = &list->ranks;
+  world_ranks_ = std::shared_ptr<const std::vector<int>>(std::move(list), list_ranks);
 }
 
 ExpandedGroup& RankState::push_expanded_group() {

@@ -361,9 +361,10 @@ TEST(SimScheduler, ACommunicatorKeyHoldsOnlyItsOwnMembers) {
 }
 
 // Note [Recycled rank states]: a rank's chorus::world() list takes its room from the lists before
-// it on the thread, emptied, and gives it back as its rank state ends, unless a group made from it
-// outlives the rank. After runs of other sizes, with either executor, world() holds this run's
-// ranks only, and a world kept past its run (here, each rank's, by the test) still holds its own.
+// it on the thread, emptied, and gives it back as its last holder ends: the rank state, or a group
+// made from it that outlives the rank. After runs of other sizes, with either executor, world()
+// holds this run's ranks only, and a world kept past its run (here, each rank's, by the test)
+// still holds its own.
 TEST(SimScheduler, AWorldListHoldsItsOwnRanksAndOneKeptPastItsRunKeepsThem) {
   for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
     std::vector<std::optional<ProcessGroup>> kept(6);

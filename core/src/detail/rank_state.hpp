@@ -167,10 +167,10 @@ class RankState {
   // [Recycled blocks]), and so is the room of its first expanded group (ranks and tag) and of
   // its work registry's list (WorkRegistry::works_, only when it ends with no work listed),
   // allocations of the rank's first collective, and of each communicator key's member list
-  // (comms_) and of chorus::world()'s list (world_ranks_, only when no group made from it
-  // outlives the rank state): the destructor empties them and keeps them for the next RankState
-  // (registry) made on the thread, which takes them empty and checks that (a member list's room
-  // is empty by construction: Note [Recycled rooms]).
+  // (comms_): the destructor empties them and keeps them for the next RankState (registry) made
+  // on the thread, which takes them empty (checked, or, for a member list, by construction: Note
+  // [Recycled rooms]). chorus::world()'s list (WorldList) gives its room back when its last
+  // holder ends: the rank state, or a group made from it that outlived the rank.
   // Only room travels between runs, never a value: a rank sees the state a fresh one would
   // have. Off under AddressSanitizer and while the out-of-memory tests refuse allocations, as
   // every recycled block (recycling_enabled()).
@@ -186,6 +186,17 @@ class RankState {
   struct SpareMemberListsTag {};
   using SpareMemberLists = transport::RecycledRooms<std::vector<int>, SpareMemberListsTag,
                                                     transport::kRecycledBlocksMax>;
+  // chorus::world()'s list (world_ranks_ points into one): its room goes back to
+  // SpareMemberLists on the thread of its last holder, as that holder ends. A shared_ptr's last
+  // release orders every holder's reads before it, so no holder can see the list emptied.
+  struct WorldList {
+    std::vector<int> ranks;
+
+    explicit WorldList(std::vector<int> list) noexcept : ranks(std::move(list)) {}
+    WorldList(const WorldList&) = delete;
+    WorldList& operator=(const WorldList&) = delete;
+    ~WorldList() { SpareMemberLists::give(ranks); }
+  };
   std::map<CommKey, CommSlot, std::less<CommKey>,
            transport::RecyclingAllocator<std::pair<const CommKey, CommSlot>>>
       comms_;
