@@ -52,14 +52,18 @@ constexpr bool kCheckDecisions = true;
 // Note [Recycled schedule buffer]
 // The decisions a run records (up to SimOptions::schedule_record_max) go into a buffer that
 // outlives the run on its thread: growing a fresh vector by doubling, run after run, page faults
-// on every new block (half the time of a 16k-decision run went there). The report gets an
-// exact-size copy; buffers above kRecycledScheduleMax decisions are not kept.
-// A short run's buffer (up to kHandedScheduleMax decisions, within glibc's heap, not mmapped) goes
-// to the report as it is instead, and the thread keeps a fresh one of the same room: one
-// allocation as the copy's, without copying the decisions one by one (Decision is not trivial,
-// so the copy was a loop, ~8 instructions a decision).
+// on every new block (half the time of a 16k-decision run went there). A long run's report gets
+// an exact-size copy; buffers above kRecycledScheduleMax decisions are not kept.
+// A short run's buffer (room for up to kHandedScheduleMax decisions, within glibc's heap, not
+// mmapped) goes to the report as it is instead, and the thread keeps a fresh one of the same
+// room: one allocation as the copy's, without copying the decisions one by one (Decision is not
+// trivial, so the copy was a loop, ~8 instructions a decision). Such a report's schedule keeps
+// that room (at most ~96 KiB) even when its run made fewer decisions than an earlier one.
 constexpr std::size_t kRecycledScheduleMax = std::size_t{1} << 16;
 constexpr std::size_t kHandedScheduleMax = std::size_t{1} << 12;
+static_assert(kHandedScheduleMax <= kRecycledScheduleMax, "the fresh buffer is kept");
+static_assert(kHandedScheduleMax * sizeof(Decision) < std::size_t{128} << 10,
+              "below glibc's default mmap threshold");
 thread_local std::vector<Decision> recycled_schedule;
 
 bool current_rank_of_thread_is_none() noexcept { return this_thread_rank.world == nullptr; }
@@ -260,39 +264,16 @@ const std::array<std::exception_ptr, kErrorCodes>& out_of_memory_errors() {
 // (transport::Fingerprint::ops), so every operation allocated one block and freed it when its
 // SimWork died: a glibc pair (about 200 instructions), the simulator's last allocation per
 // operation in a steady schedule. A SimWork's destructor now gives its list, emptied but keeping
-// its room, to a per-thread list of at most kRecycledBlocksMax lists, and start takes one from
-// there before it reserves. It follows Note [Recycled blocks] (chorus/transport/
-// recycled_blocks.hpp) throughout: the lists live in trivially destructible per-thread storage,
-// emptied and closed when the thread exits (a SimWork destroyed after that frees its list as
-// before), the first take or give that finds it empty registers the closing
-// (transport::RecycledObjects), and nothing is recycled under AddressSanitizer or while
+// its room, to a per-thread stack of at most kRecycledBlocksMax lists, and the SimWork that start
+// makes takes one from there before it reserves (transport::RecycledRooms, Note [Recycled
+// rooms], under Note [Recycled blocks]' rules: a SimWork destroyed after its thread's stack
+// closed frees its list as before, and nothing is recycled under AddressSanitizer or while
 // testing::recycle_blocks_enabled is false, so the out-of-memory tests still see, and refuse, the
-// list's allocation.
-class RecycledSignatureLists {
- public:
-  using List = std::vector<transport::OpSignature>;
-
-  // An empty list, with room from an earlier operation's when one is kept.
-  static List take() noexcept {
-    List list;
-    if (transport::recycling_enabled()) {
-      (void)Kept::take(list);
-    }
-    return list;
-  }
-  // Keeps `list`'s room for a later take(); leaves it alone (its owner frees it) when recycling
-  // is off, or this thread's lists are full or closed.
-  static void give(List& list) noexcept {
-    if (!transport::recycling_enabled() || list.capacity() == 0) {
-      return;
-    }
-    list.clear();
-    (void)Kept::give(list);
-  }
-
- private:
-  using Kept = transport::RecycledObjects<List, transport::kRecycledBlocksMax>;
-};
+// list's allocation).
+struct SignatureListTag {};
+using RecycledSignatureLists =
+    transport::RecycledRooms<std::vector<transport::OpSignature>, SignatureListTag,
+                             transport::kRecycledBlocksMax>;
 
 // Note [Recycled group rooms]
 // Every run makes its communicators' groups anew (group_for), each with three heap blocks

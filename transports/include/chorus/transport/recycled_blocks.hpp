@@ -178,18 +178,22 @@ class RecycledObjects {
 };
 
 // Note [Recycled rooms]
-// Some containers are made anew by every run, though the run before left one of the same kind on
-// the thread: a communicator key's member list in core (Note [Recycled rank states]), a group's
-// member list, its index key and its abort reason in the simulator (Note [Recycled group rooms]).
+// Some containers are made anew by every run or operation, though one of the same kind ended
+// before on the thread: a communicator key's member list and chorus::world()'s list in core (Note
+// [Recycled rank states]); a group's member list, its index key and its abort reason (Note
+// [Recycled group rooms]), an operation's signature list (Note [Recycled signature lists]) and the
+// fiber executor's lanes in the simulator.
 // RecycledRooms keeps such a container's room (its capacity) when its owner ends, and the next
 // take() on the thread starts from it: only room travels between runs, never a value, since
 // give() empties a container before keeping it and nothing else puts one on the stack. A room
 // larger than kRecycledRoomBytesMax is left to its owner to free (a rank of a large MPI or NCCL
 // job need not keep it), as is every room while recycling is off (recycling_enabled()) or the
-// stack holds MaxRooms. Otherwise under Note [Recycled blocks]' rules, through RecycledObjects.
+// stack holds RoomsMax; a room no larger than a fresh one's (an empty vector's, a short string's
+// inline room) is not worth keeping. Otherwise under Note [Recycled blocks]' rules, through
+// RecycledObjects.
 inline constexpr std::size_t kRecycledRoomBytesMax = 4096;
 
-template <class Room, class Tag, std::size_t MaxRooms = 16>
+template <class Room, class Tag, std::size_t RoomsMax = 16>
 class RecycledRooms {
  public:
   // An empty room an earlier owner left on this thread, or a fresh empty one.
@@ -200,10 +204,11 @@ class RecycledRooms {
     }
     return room;
   }
-  // Empties `room` and keeps it for a later take(), unless recycling is off, the room is large,
-  // or the stack is full or closed (then `room` keeps it and its owner frees it).
+  // Empties `room` and keeps it for a later take(), unless recycling is off, the room is no
+  // larger than a fresh one's or large, or the stack is full or closed (then `room` keeps it and
+  // its owner frees it).
   static void give(Room& room) noexcept {
-    if (!recycling_enabled() ||
+    if (!recycling_enabled() || room.capacity() <= Room().capacity() ||
         room.capacity() * sizeof(typename Room::value_type) > kRecycledRoomBytesMax) {
       return;
     }
@@ -212,7 +217,7 @@ class RecycledRooms {
   }
 
  private:
-  using Kept = RecycledObjects<Room, MaxRooms, Tag>;
+  using Kept = RecycledObjects<Room, RoomsMax, Tag>;
 };
 
 // An allocator for std::allocate_shared and shared_ptr control blocks whose single-object
