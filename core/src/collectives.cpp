@@ -571,7 +571,9 @@ Buffer input_buffer(const Tensor& input) {
     // What contiguous() does for a contiguous host tensor (wait, then the tensor itself),
     // without copying the Tensor. access_data's wait without its checks, which refuse only
     // undefined, meta and device tensors: this one is a defined host tensor, with a storage.
-    TensorAccess::storage(input)->wait_ready();
+    const std::shared_ptr<detail::Storage>& storage = TensorAccess::storage(input);
+    CHORUS_CHECK(storage != nullptr);
+    storage->wait_ready();
     if (!needs_canonical_bool_bytes(input)) {
       return buffer_of(input);
     }

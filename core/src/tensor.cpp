@@ -67,6 +67,20 @@ std::optional<Shape> checked_contiguous_strides(const Shape& sizes) {
   return strides;
 }
 
+// Whether `strides` are exactly checked_contiguous_strides(sizes), a size-1 dim's too (a
+// contiguous tensor may have any stride there), compared as they are made; false where that
+// product overflows.
+bool has_contiguous_strides(const Shape& sizes, const Shape& strides) noexcept {
+  std::int64_t expected = 1;
+  for (std::size_t i = sizes.size(); i-- > 0;) {
+    if (strides[i] != expected ||
+        __builtin_mul_overflow(expected, std::max<std::int64_t>(sizes[i], 1), &expected)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 Shape contiguous_strides(const Shape& sizes) {
   std::optional<Shape> strides = checked_contiguous_strides(sizes);
   CHORUS_CHECK(strides.has_value());
@@ -416,10 +430,16 @@ Tensor detail::TensorAccess::empty(const Shape& shape, DType dtype, Device devic
   if (device.is_meta()) {
     return {nullptr, contiguous_layout(shape), 0, dtype, device};
   }
+  return empty_laid_out(nbytes, contiguous_layout(shape), dtype, device);
+}
+
+Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
+                                            std::shared_ptr<const TensorLayout> layout, DType dtype,
+                                            Device device) {
   if (device.index() < 0) {
     throw_invalid("Tensor::empty", "device index must be >= 0, got " + device.to_string());
   }
-  return {detail::make_storage(nbytes, device, "Tensor::empty"), contiguous_layout(shape), 0, dtype,
+  return {detail::make_storage(nbytes, device, "Tensor::empty"), std::move(layout), 0, dtype,
           device};
 }
 
@@ -430,24 +450,14 @@ Tensor detail::TensorAccess::empty_like(const Tensor& like) {
   if (device.is_meta() || like.layout_ == nullptr) {
     return empty(shape, dtype, device);
   }
-  // contiguous_strides(shape), compared as they are made: every stride, a size-1 dim's too (a
-  // contiguous tensor may have any stride there, and the output's strides must be these). Any
-  // other layout, or a product that overflows, takes empty()'s path, errors included.
-  const Shape& strides = like.strides();
-  std::int64_t expected = 1;
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    if (strides[d] != expected ||
-        __builtin_mul_overflow(expected, std::max<std::int64_t>(shape[d], 1), &expected)) {
-      return empty(shape, dtype, device);
-    }
+  // The output's strides must be the contiguous ones, a size-1 dim's too: any other layout, or a
+  // product that overflows, takes empty()'s path, errors included.
+  if (!has_contiguous_strides(shape, like.strides())) {
+    return empty(shape, dtype, device);
   }
   // What empty() makes, with `like`'s layout. checked_nbytes(shape, dtype) is like.nbytes():
   // `like` exists, so its shape passed it (Note [Addressable layouts]).
-  if (device.index() < 0) {
-    throw_invalid("Tensor::empty", "device index must be >= 0, got " + device.to_string());
-  }
-  return {detail::make_storage(like.nbytes(), device, "Tensor::empty"), like.layout_, 0, dtype,
-          device};
+  return empty_laid_out(like.nbytes(), like.layout_, dtype, device);
 }
 
 // ---- Construction.

@@ -28,6 +28,12 @@ struct TensorAccess {
   // are the contiguous ones (Note [Shared layouts]): a collective's output shaped as its input
   // (all_reduce) finds its layout without the cache's search.
   static Tensor empty_like(const Tensor& like);
+
+ private:
+  // The tail of both: a tensor of fresh storage of `nbytes` on `device` (not meta), laid out as
+  // `layout`. Throws InvalidArgument for a negative device index.
+  static Tensor empty_laid_out(std::size_t nbytes, std::shared_ptr<const TensorLayout> layout,
+                               DType dtype, Device device);
 };
 
 enum class DeviceAccess : std::uint8_t {
