@@ -68,7 +68,7 @@ DType wire_dtype(DType dtype) noexcept {
 // is min and bor is max, reductions every transport has (NCCL has no bitwise ones, and would
 // otherwise refuse what check_dtype allows on Bool). Other ops, and other dtypes (whose bytes
 // are not 0/1), travel as they are; so does Bool's bxor. A reference, to `reduce_op` itself or
-// to a constant: every operation passes its op to the transport, which need not copy it. So the
+// to a constant (the transport's API takes the op by reference; no copy is needed here). So the
 // result may live only as long as `reduce_op`: use it within the full expression, or copy it,
 // when that is a temporary. Constant-initialised (Note [A valid op holds no string]).
 constexpr ReduceOp kWireMin(ReduceOp::Kind::Min);
@@ -569,8 +569,8 @@ bool needs_canonical_bool_bytes(const Tensor& contiguous) {
 Buffer input_buffer(const Tensor& input) {
   if (input.defined() && input.device().is_cpu() && input.is_contiguous()) {
     // What contiguous() does for a contiguous host tensor (wait, then the tensor itself),
-    // without copying the Tensor. access_data's wait without its checks, which refuse only
-    // undefined, meta and device tensors: this one is a defined host tensor, with a storage.
+    // without copying the Tensor: access_data's wait without its undefined, meta and device
+    // checks (this one is a defined host tensor), keeping its check that there is a storage.
     const std::shared_ptr<detail::Storage>& storage = TensorAccess::storage(input);
     CHORUS_CHECK(storage != nullptr);
     storage->wait_ready();

@@ -87,9 +87,9 @@ HostPool::~HostPool() {
 // A block's deleter holds its pool, so that a block freed after its rank ended (a tensor kept
 // past the run) still returns to a live pool; the pool goes with its last block. The deleter
 // copies the reference the caller holds (the rank's), rather than taking one from the pool
-// (enable_shared_from_this): a copy of a shared_ptr is a plain increment while the process has
-// one thread (libstdc++ counts atomically only once a second thread exists, Note [Atomic counts
-// per operation]), where shared_from_this() locks a weak_ptr, a locked compare-exchange on every
+// (enable_shared_from_this): a copy of a shared_ptr is a plain increment until the process first
+// starts a second thread (libstdc++ then counts atomically for good, Note [Atomic counts per
+// operation]), where shared_from_this() locks a weak_ptr, a locked compare-exchange on every
 // block even then. The guarantee is the same: the block holds one strong reference until its
 // deleter runs. HostPool::park's use_count() == 1 still means that no block is out.
 std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,

@@ -67,9 +67,7 @@ std::optional<Shape> checked_contiguous_strides(const Shape& sizes) {
   return strides;
 }
 
-// Whether `strides` are exactly checked_contiguous_strides(sizes), a size-1 dim's too (a
-// contiguous tensor may have any stride there), compared as they are made; false where that
-// product overflows.
+// Compared as they are made (a contiguous tensor may have any stride at a size-1 dim).
 bool has_contiguous_strides(const Shape& sizes, const Shape& strides) noexcept {
   std::int64_t expected = 1;
   for (std::size_t i = sizes.size(); i-- > 0;) {

@@ -264,7 +264,8 @@ const std::array<std::exception_ptr, kErrorCodes>& out_of_memory_errors() {
 // (transport::Fingerprint::ops), so every operation allocated one block and freed it when its
 // SimWork died: a glibc pair (about 200 instructions), the simulator's last allocation per
 // operation in a steady schedule. A SimWork's destructor now gives its list, emptied but keeping
-// its room, to a per-thread stack of at most kRecycledBlocksMax lists, and the SimWork that start
+// its room (up to kRecycledRoomBytesMax, some 60 signatures), to a per-thread stack of at most
+// kRecycledBlocksMax lists, and the SimWork that start
 // makes takes one from there before it reserves (transport::RecycledRooms, Note [Recycled
 // rooms], under Note [Recycled blocks]' rules: a SimWork destroyed after its thread's stack
 // closed frees its list as before, and nothing is recycled under AddressSanitizer or while
@@ -296,7 +297,7 @@ using RecycledAbortReasons = transport::RecycledRooms<std::string, AbortReasonTa
 // most kRecycledSlotsMax, and start takes one from there when its group has no spare. A slot from
 // a group of another size has as many arrivals as that one had: start resizes them to its own
 // group's. Only slots whose rooms are small are kept (kRecycledSlotBytesMax), so a thread keeps
-// at most half a megabyte for them. Like Note [Recycled signature lists] otherwise: trivially
+// at most half a megabyte for them. Under Note [Recycled blocks]' rules otherwise: trivially
 // destructible per-thread storage, emptied and closed at thread exit, nothing recycled under
 // AddressSanitizer or while testing::recycle_blocks_enabled is false.
 class RecycledSlots {
@@ -360,7 +361,7 @@ SimWork::SimWork(SimWorld& world, int rank, std::uint64_t comm_id, std::span<con
   for (const SimOp& op : ops) {
     // Made in the list's room: emplace_back constructs from the maker, and GCC builds the
     // conversion's result, OpSignature::of's, directly there (CWG 2327); push_back moved a
-    // temporary in and destroyed it, its ReduceOp's string included. A compiler that does not
+    // temporary in and destroyed it. A compiler that does not
     // elide here moves it, as before.
     struct Signature {
       const SimOp& source;

@@ -191,6 +191,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -492,10 +493,13 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   static constexpr std::size_t kRecentWritesMax = 16;  // per rank
   // A ring entry's room: unset until remember_writes writes it (every rank of every run makes a
   // slot, and setting 16 entries was ~180 stores a rank), read only below the ring's count.
+  // Written over by placement new without a destructor call: RecentWrite must stay trivially
+  // destructible (asserted below).
   union RecentWriteRoom {
     RecentWriteRoom() noexcept {}  // NOLINT(modernize-use-equals-default)
     RecentWrite write;
   };
+  static_assert(std::is_trivially_destructible_v<RecentWrite>);
 
   struct RankSlot {
     // Provided, so that making one (start_ranks, every rank of every run) sets the members below

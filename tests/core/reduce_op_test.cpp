@@ -20,7 +20,10 @@ static_assert(kMaxOp.kind() == Kind::Max && kMaxOp.is_valid());
 constexpr ReduceOp copied_and_moved(ReduceOp op) {
   ReduceOp copy = op;
   ReduceOp moved = std::move(copy);
-  return moved;
+  ReduceOp assigned = Kind::Sum;
+  assigned = moved;
+  assigned = std::move(moved);
+  return assigned;
 }
 static_assert(copied_and_moved(kMaxOp).kind() == Kind::Max);
 

@@ -20,6 +20,10 @@ namespace chorus {
 // belongs to): it yields an invalid ReduceOp, and the collective it is passed to raises
 // InvalidArgument("Unrecognized reduce_op '<name>'") naming rank, op, sequence number and group.
 // Use ReduceOp::parse() to validate eagerly.
+//
+// An op owns its unrecognized name: copying an invalid op with a name allocates (and may throw
+// std::bad_alloc); moving never throws, and leaves the source an invalid op with no name
+// (invalid_name() "").
 class ReduceOp {
  public:
   enum class Kind : std::uint8_t {
@@ -41,12 +45,12 @@ class ReduceOp {
   ReduceOp(const std::string& name);                       // NOLINT(google-explicit-constructor)
 
   // Note [A valid op holds no string]
-  // The unrecognized name lives on the heap, behind a pointer that is null for every valid op (and
-  // for an empty name), so copying, moving and destroying a valid op copies its kind, its factor
-  // and a null pointer, and tests the pointer. Every operation copies and moves its op several
-  // times (the transport's op, the simulator's SimOp and OpSignature); a std::string member cost
-  // ~90 instructions a move into the simulator's arrival, and a copy of a valid op could not be a
-  // constant expression with clang 14.
+  // The unrecognized name lives on the heap, behind a pointer that is null for every valid op, for
+  // an empty name and for a Kind cast from a bad integer, so copying, moving and destroying a valid
+  // op copies its kind, its factor and a null pointer, and tests the pointer. Every operation
+  // copies and moves its op several times (the transport's op, the simulator's SimOp and
+  // OpSignature); a std::string member cost ~90 instructions a move into the simulator's arrival,
+  // and a copy of a valid op could not be a constant expression with clang 14.
   constexpr ReduceOp(const ReduceOp& other)
       : kind_(other.kind_),
         factor_(other.factor_),
@@ -55,14 +59,14 @@ class ReduceOp {
       : kind_(other.kind_), factor_(other.factor_), invalid_name_(other.invalid_name_) {
     other.invalid_name_ = nullptr;
   }
-  ReduceOp& operator=(const ReduceOp& other) {
+  constexpr ReduceOp& operator=(const ReduceOp& other) {
     if (this != &other) {
       ReduceOp copy(other);
       *this = std::move(copy);
     }
     return *this;
   }
-  ReduceOp& operator=(ReduceOp&& other) noexcept {
+  constexpr ReduceOp& operator=(ReduceOp&& other) noexcept {
     if (this != &other) {
       if (invalid_name_ != nullptr) {
         free_name(invalid_name_);
@@ -125,7 +129,7 @@ class ReduceOp {
 
   Kind kind_ = Kind::Sum;
   double factor_ = 1.0;
-  // Note [A valid op holds no string]: null for a valid op and for an empty name; owned.
+  // Note [A valid op holds no string]: null for a valid op, an empty name and a cast Kind; owned.
   std::string* invalid_name_ = nullptr;
 };
 

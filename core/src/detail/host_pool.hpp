@@ -40,9 +40,10 @@ class HostPool {
   // A parked pool keeps at most this many bytes of its cached blocks.
   static constexpr std::size_t kSparePoolCachedBytesMax = std::size_t{64} << 10;
 
-  // A 64-byte aligned block of at least `nbytes` (> 0) bytes from `pool` (not null), whose
-  // deleter gives it back to `pool` and holds a copy of that reference until then (Note [A
-  // block's reference to its pool]).
+  // A 64-byte aligned block of at least `nbytes` (> 0) bytes from `pool`, whose deleter gives it
+  // back to `pool` and holds a copy of that reference until then (Note [A block's reference to
+  // its pool]). `pool` must own the pool: the pointer make() returned, or a copy of it (not an
+  // aliasing or non-owning one, which would neither keep the pool alive nor count for park).
   static std::shared_ptr<void> allocate(const std::shared_ptr<HostPool>& pool, std::size_t nbytes);
 
   std::size_t cached_bytes() const;

@@ -56,6 +56,10 @@ std::optional<Shape> checked_contiguous_strides(const Shape& sizes);
 // tensor, or one that passed checked_contiguous_strides.
 Shape contiguous_strides(const Shape& sizes);
 
+// Whether `strides` (as many as `sizes`) are exactly checked_contiguous_strides(sizes), a size-1
+// dim's too, without building them; false where that product overflows.
+bool has_contiguous_strides(const Shape& sizes, const Shape& strides) noexcept;
+
 // The alignment, in bytes, of one element of `dtype` (alignof its C++ type): a tensor with
 // elements starts at a multiple of it (Note [Addressable layouts]).
 std::size_t element_alignment(DType dtype) noexcept;
