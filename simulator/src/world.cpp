@@ -265,12 +265,11 @@ const std::array<std::exception_ptr, kErrorCodes>& out_of_memory_errors() {
 // SimWork died: a glibc pair (about 200 instructions), the simulator's last allocation per
 // operation in a steady schedule. A SimWork's destructor now gives its list, emptied but keeping
 // its room (up to kRecycledRoomBytesMax, some 60 signatures), to a per-thread stack of at most
-// kRecycledBlocksMax lists, and the SimWork that start
-// makes takes one from there before it reserves (transport::RecycledRooms, Note [Recycled
-// rooms], under Note [Recycled blocks]' rules: a SimWork destroyed after its thread's stack
-// closed frees its list as before, and nothing is recycled under AddressSanitizer or while
-// testing::recycle_blocks_enabled is false, so the out-of-memory tests still see, and refuse, the
-// list's allocation).
+// kRecycledBlocksMax lists, and the SimWork that start makes takes one from there before it
+// reserves (transport::RecycledRooms, Note [Recycled rooms], under Note [Recycled blocks]' rules:
+// a SimWork destroyed after its thread's stack closed frees its list as before, and nothing is
+// recycled under AddressSanitizer or while testing::recycle_blocks_enabled is false, so the
+// out-of-memory tests still see, and refuse, the list's allocation).
 struct SignatureListTag {};
 using RecycledSignatureLists =
     transport::RecycledRooms<std::vector<transport::OpSignature>, SignatureListTag,
@@ -361,8 +360,7 @@ SimWork::SimWork(SimWorld& world, int rank, std::uint64_t comm_id, std::span<con
   for (const SimOp& op : ops) {
     // Made in the list's room: emplace_back constructs from the maker, and GCC builds the
     // conversion's result, OpSignature::of's, directly there (CWG 2327); push_back moved a
-    // temporary in and destroyed it. A compiler that does not
-    // elide here moves it, as before.
+    // temporary in and destroyed it. A compiler that does not elide here moves it, as before.
     struct Signature {
       const SimOp& source;
       operator transport::OpSignature() const {  // NOLINT(google-explicit-constructor)
