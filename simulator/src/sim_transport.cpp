@@ -1,8 +1,8 @@
 #include "sim_transport.hpp"
 
 #include <memory>
-#include <span>
 #include <utility>
+#include <vector>
 
 #include "chorus/check.hpp"
 #include "chorus/transport/recycled_blocks.hpp"
@@ -11,15 +11,22 @@
 namespace chorus::sim::detail {
 namespace {
 
-SimOp make_op(transport::OpKind kind, const transport::Buffer& send, const transport::Buffer& recv,
-              const ReduceOp& reduce_op) {
-  SimOp op;
-  op.kind = kind;
-  op.send = send;
-  op.recv = recv;
-  op.reduce_op = reduce_op;
-  return op;
-}
+// Note [Ops built in place]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A SimOp is some 220 bytes: two Buffers (each with its keep_alive), a ReduceOp, the counts'
+// vectors. Each operation built one on the stack (zeroed, then written member by member), moved
+// it into its arrival's list (SimWorld::start, a SimOp move constructor call) and destroyed the
+// moved-from one: about 150 instructions an operation spent on copies. Now the comm builds each
+// op once, by a constructor, at the end of its own list (SimComm::ops_, which also holds an open
+// batch), and start swaps that whole list with the arrival's empty one: three pointers each way,
+// whatever the batch's size. The comm gets the arrival's room for its next operation, and the
+// arrival keeps the ops until recycle_slot clears them, as before. Rooms circulate: a comm's
+// list goes back to a per-thread stack as the comm dies (transport::RecycledRooms, Note
+// [Recycled rooms]) and the next run's comms take it from there, so a steady schedule allocates
+// no list, as when start reserved room in the arrival. A start that throws, or an operation that
+// fails at once, leaves the ops in the comm's list, which the comm empties (start_staged).
+struct OpListTag {};
+using RecycledOpLists = transport::RecycledRooms<std::vector<SimOp>, OpListTag>;
 
 }  // namespace
 
@@ -59,11 +66,12 @@ SimComm::SimComm(SimWorld& world, std::shared_ptr<SimGroup> group, int rank)
     : world_(&world),
       group_(std::move(group)),
       rank_(rank),
-      group_rank_(group_->group_rank_of(rank)) {
+      group_rank_(group_->group_rank_of(rank)),
+      ops_(RecycledOpLists::take()) {
   CHORUS_CHECK_GE(group_rank_, 0);
 }
 
-SimComm::~SimComm() = default;
+SimComm::~SimComm() { RecycledOpLists::give(ops_); }  // Note [Ops built in place]
 
 std::uint64_t SimComm::id() const noexcept { return group_->id; }
 const std::string& SimComm::tag() const noexcept { return group_->tag; }
@@ -76,7 +84,8 @@ std::shared_ptr<transport::Work> SimComm::all_reduce(const transport::Buffer& se
   const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
-  return submit(make_op(transport::OpKind::AllReduce, send, recv, reduce_op), info);
+  stage(transport::OpKind::AllReduce, send, recv, reduce_op);
+  return submit(info);
 }
 
 std::shared_ptr<transport::Work> SimComm::all_gather(const transport::Buffer& send,
@@ -85,7 +94,8 @@ std::shared_ptr<transport::Work> SimComm::all_gather(const transport::Buffer& se
   const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(recv.count, send.count * ranks().size());
   CHORUS_CHECK(send.dtype == recv.dtype);
-  return submit(make_op(transport::OpKind::AllGather, send, recv, ReduceOp::Kind::Sum), info);
+  stage(transport::OpKind::AllGather, send, recv, ReduceOp::Kind::Sum);
+  return submit(info);
 }
 
 std::shared_ptr<transport::Work> SimComm::reduce_scatter(const transport::Buffer& send,
@@ -95,7 +105,8 @@ std::shared_ptr<transport::Work> SimComm::reduce_scatter(const transport::Buffer
   const auto abandon = batch_abandon();
   CHORUS_CHECK_EQ(send.count, recv.count * ranks().size());
   CHORUS_CHECK(send.dtype == recv.dtype);
-  return submit(make_op(transport::OpKind::ReduceScatter, send, recv, reduce_op), info);
+  stage(transport::OpKind::ReduceScatter, send, recv, reduce_op);
+  return submit(info);
 }
 
 namespace {
@@ -120,10 +131,13 @@ std::shared_ptr<transport::Work> SimComm::all_to_all(const transport::Buffer& se
   CHORUS_CHECK_EQ(send.count, total(send_counts));
   CHORUS_CHECK_EQ(recv.count, total(recv_counts));
   CHORUS_CHECK(send.dtype == recv.dtype);
-  SimOp op = make_op(transport::OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum);
-  op.send_counts = send_counts;
-  op.recv_counts = recv_counts;
-  return submit(std::move(op), info);
+  // Copied before the op is staged: a copy that throws leaves nothing staged.
+  std::vector<std::size_t> sends = send_counts;
+  std::vector<std::size_t> receives = recv_counts;
+  SimOp& op = stage(transport::OpKind::AllToAll, send, recv, ReduceOp::Kind::Sum);
+  op.send_counts = std::move(sends);
+  op.recv_counts = std::move(receives);
+  return submit(info);
 }
 
 std::shared_ptr<transport::Work> SimComm::broadcast(const transport::Buffer& send,
@@ -133,9 +147,8 @@ std::shared_ptr<transport::Work> SimComm::broadcast(const transport::Buffer& sen
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   CHORUS_CHECK(root >= 0 && root < size());
-  SimOp op = make_op(transport::OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum);
-  op.root = root;
-  return submit(std::move(op), info);
+  stage(transport::OpKind::Broadcast, send, recv, ReduceOp::Kind::Sum).root = root;
+  return submit(info);
 }
 
 std::shared_ptr<transport::Work> SimComm::reduce(const transport::Buffer& send,
@@ -146,14 +159,13 @@ std::shared_ptr<transport::Work> SimComm::reduce(const transport::Buffer& send,
   CHORUS_CHECK_EQ(send.count, recv.count);
   CHORUS_CHECK(send.dtype == recv.dtype);
   CHORUS_CHECK(root >= 0 && root < size());
-  SimOp op = make_op(transport::OpKind::Reduce, send, recv, reduce_op);
-  op.root = root;
-  return submit(std::move(op), info);
+  stage(transport::OpKind::Reduce, send, recv, reduce_op).root = root;
+  return submit(info);
 }
 
 std::optional<SimComm::BatchAbandon> SimComm::batch_abandon() noexcept {
   if (!batching_) {
-    CHORUS_CHECK(batch_.empty());  // abandon_batch would do nothing
+    CHORUS_CHECK(ops_.empty());  // abandon_batch would do nothing
     return std::nullopt;
   }
   return std::optional<BatchAbandon>(std::in_place, *this);
@@ -162,40 +174,49 @@ std::optional<SimComm::BatchAbandon> SimComm::batch_abandon() noexcept {
 void SimComm::abandon_batch() noexcept {
   // core will not call end_group: nothing of the batch started yet.
   batching_ = false;
-  batch_.clear();
+  ops_.clear();
 }
 
 void SimComm::begin_group() {
   CHORUS_CHECK(!batching_);
   batching_ = true;
-  batch_.clear();
+  ops_.clear();
 }
 
 std::shared_ptr<transport::Work> SimComm::end_group(const transport::OpInfo& info) {
   CHORUS_CHECK(batching_);
-  CHORUS_CHECK(!batch_.empty());
-  // Closed before the start, which may throw (then the batch started nothing and is gone). The
-  // list keeps its room for the next batch.
+  CHORUS_CHECK(!ops_.empty());
+  // Closed before the start, which may throw (then the batch started nothing and is gone).
   batching_ = false;
-  std::shared_ptr<SimWork> work;
-  try {
-    work = world_->start(rank_, *group_, group_rank_, batch_, info);
-  } catch (...) {
-    batch_.clear();
-    throw;
-  }
-  batch_.clear();
-  return work;
+  return start_staged(info);
 }
 
-std::shared_ptr<transport::Work> SimComm::submit(SimOp op, const transport::OpInfo& info) {
-  // Under the caller's BatchAbandon: a push_back that throws drops the batch.
+SimOp& SimComm::stage(transport::OpKind kind, const transport::Buffer& send,
+                      const transport::Buffer& recv, const ReduceOp& reduce_op) {
+  // Outside a batch the list is empty here (batch_abandon checked): it holds this op alone.
+  return ops_.emplace_back(kind, send, recv, reduce_op);
+}
+
+std::shared_ptr<transport::Work> SimComm::submit(const transport::OpInfo& info) {
+  // Under the caller's BatchAbandon: the op staged above stays in the batch.
   if (batching_) {
-    batch_.push_back(std::move(op));
     return nullptr;
   }
-  // No list of one: start moves the op into its arrival, whose room a recycled slot keeps.
-  return world_->start(rank_, *group_, group_rank_, std::span<SimOp>(&op, 1), info);
+  return start_staged(info);
+}
+
+std::shared_ptr<transport::Work> SimComm::start_staged(const transport::OpInfo& info) {
+  std::shared_ptr<SimWork> work;
+  try {
+    work = world_->start(rank_, *group_, group_rank_, ops_, info);
+  } catch (...) {
+    ops_.clear();
+    throw;
+  }
+  // Usually the arrival's empty list now (Note [Ops built in place]); an operation that failed
+  // at once left its ops here.
+  ops_.clear();
+  return work;
 }
 
 }  // namespace chorus::sim::detail

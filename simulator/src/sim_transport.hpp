@@ -77,11 +77,18 @@ class SimComm final : public transport::Comm {
   using BatchAbandon = transport::BatchAbandon<SimComm>;
   friend BatchAbandon;
 
-  // Stages `op` into the open batch, or starts it alone (SimWorld::start). Each operation method
-  // holds batch_abandon() first: one that throws inside a batch (std::bad_alloc copying its
-  // counts or staging the op) drops the open batch, since core calls no end_group then (Note
+  // Builds an op at the end of ops_, in place (Note [Ops built in place] in sim_transport.cpp),
+  // for its method to complete (an all_to_all's counts, a root) before submit(). Throws
+  // std::bad_alloc, and then stages nothing.
+  SimOp& stage(transport::OpKind kind, const transport::Buffer& send, const transport::Buffer& recv,
+               const ReduceOp& reduce_op);
+  // Leaves the staged op in the open batch, or starts it alone (SimWorld::start). Each operation
+  // method holds batch_abandon() first: one that throws inside a batch (std::bad_alloc copying
+  // its counts or staging the op) drops the open batch, since core calls no end_group then (Note
   // [Transport contract]).
-  std::shared_ptr<transport::Work> submit(SimOp op, const transport::OpInfo& info);
+  std::shared_ptr<transport::Work> submit(const transport::OpInfo& info);
+  // Starts ops_ (SimWorld::start) and empties it, whether the start returns or throws.
+  std::shared_ptr<transport::Work> start_staged(const transport::OpInfo& info);
   // Drops the open batch (nothing of it started); a no-op outside a batch. For BatchAbandon.
   void abandon_batch() noexcept;
   // The guard an operation method holds: a BatchAbandon inside a batch, else none (there is
@@ -94,7 +101,10 @@ class SimComm final : public transport::Comm {
   int rank_;
   int group_rank_;
   bool batching_ = false;
-  std::vector<SimOp> batch_;
+  // The open batch's ops, or the one op an operation method starts alone; empty between
+  // operations outside a batch. Its room comes and goes with the arrivals' (Note [Ops built in
+  // place]).
+  std::vector<SimOp> ops_;
 };
 
 }  // namespace chorus::sim::detail

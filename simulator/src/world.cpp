@@ -722,8 +722,8 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // leave no trace of the operation. Everything start can run out of memory making (the
 // fingerprint, the work, which also names the arrival's operation (its error context is made
 // only for an error, where fail_slot catches a refusal), room for the outputs to guard, the slot
-// and its arrivals (or a spare slot of the group's, SimGroup::spare_slots), room for the ops and
-// their input snapshots in the arrival, the error of an operation that fails at once (where
+// and its arrivals (or a spare slot of the group's, SimGroup::spare_slots), room for the
+// ops' input snapshots in the arrival, the error of an operation that fails at once (where
 // try_make_error cannot make it, start throws std::bad_alloc), the guard's description, a spare
 // failure record for the slot it makes) is made first; a std::bad_alloc there leaves nothing (a
 // slot made for it is erased). Then the operation counts (group.issued, ops_issued_), its point of
@@ -777,7 +777,7 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // draw made) for a start that then threw stays fired. Nothing here draws a decision.
 
 std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_rank,
-                                         std::span<SimOp> ops, const transport::OpInfo& info) {
+                                         std::vector<SimOp>& ops, const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(rank_on_this_thread(*this), rank);
   RankSlot& me = ranks_[static_cast<std::size_t>(rank)];
   CHORUS_CHECK(!me.exited);
@@ -868,10 +868,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
       if (entry->second.arrivals.size() != group.ranks.size()) {
         entry->second.arrivals.resize(group.ranks.size());
       }
-      // Room for the ops and the input snapshots (a spare slot's arrival usually has it
-      // already).
+      // Room for the input snapshots (a spare slot's arrival usually has it already). The ops
+      // need none: the caller's list is swapped in (Note [Ops built in place]).
       SimGroup::Arrival& arrival = entry->second.arrivals[static_cast<std::size_t>(group_rank)];
-      arrival.ops.reserve(ops.size());
       if (options_.check_buffers) {
         arrival.inputs.reserve(snapshot_bytes(ops, group_rank));
       }
@@ -935,8 +934,10 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
       }
     }
     arrival.arrived = true;
-    // Into the room reserved above: allocates nothing.
-    arrival.ops.assign(std::make_move_iterator(ops.begin()), std::make_move_iterator(ops.end()));
+    // Note [Ops built in place]: the caller's list itself, not its ops moved one by one; the
+    // caller gets the arrival's empty list and its room. Allocates nothing.
+    CHORUS_CHECK(arrival.ops.empty());
+    arrival.ops.swap(ops);
     arrival.work = work;
     arrival.site = info.site;
     slot->arrived += 1;

@@ -211,6 +211,12 @@ class SimWorld;
 
 // One operation of a batch, as one rank started it.
 struct SimOp {
+  SimOp() = default;
+  // Note [Ops built in place] (sim_transport.cpp): each member written once, not zeroed first.
+  SimOp(transport::OpKind op_kind, const transport::Buffer& send_buffer,
+        const transport::Buffer& recv_buffer, const ReduceOp& op)
+      : kind(op_kind), send(send_buffer), recv(recv_buffer), reduce_op(op) {}
+
   transport::OpKind kind = transport::OpKind::AllReduce;
   transport::Buffer send;
   transport::Buffer recv;
@@ -405,13 +411,14 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   // ---- Called by a rank through its transport. `rank` is the calling rank.
   std::shared_ptr<SimGroup> group_for(const std::string& tag, const std::vector<int>& ranks);
-  // Starts `ops` (one, or a coalesced batch) as operation info.seq of `group`, moving them into
-  // its arrival once the operation counts and joins a slot (the caller keeps the list's room; an
-  // operation that fails at once leaves them in place). Throws what a Crash or the step
-  // budget throws, or std::bad_alloc; then the operation took no position and left no trace but
-  // the fault bookkeeping (Note [Operation positions]), and `ops` are untouched. `group_rank` is
+  // Starts `ops` (one, or a coalesced batch) as operation info.seq of `group`. Once the
+  // operation counts and joins a slot, the list is swapped with its arrival's empty one: `ops`
+  // comes back empty, with the arrival's room (Note [Ops built in place] in sim_transport.cpp);
+  // an operation that fails at once leaves them in place. Throws what a Crash or the step budget
+  // throws, or std::bad_alloc; then the operation took no position and left no trace but the
+  // fault bookkeeping (Note [Operation positions]), and `ops` are untouched. `group_rank` is
   // `rank`'s index in group.ranks (its comm keeps it: no search per operation).
-  std::shared_ptr<SimWork> start(int rank, SimGroup& group, int group_rank, std::span<SimOp> ops,
+  std::shared_ptr<SimWork> start(int rank, SimGroup& group, int group_rank, std::vector<SimOp>& ops,
                                  const transport::OpInfo& info);
   // Blocks simulated rank `rank` (the caller; not necessarily the work's owner) until `work`
   // finished, yielding to the scheduler. When `deadline` passes first, the operation fails with
