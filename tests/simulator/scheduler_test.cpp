@@ -481,6 +481,71 @@ TEST(SimScheduler, OperationsFailedBehindTheOldestLeaveTheRestOutstanding) {
   }
 }
 
+// Note [Ops built in place] (simulator/src/sim_transport.cpp): a comm builds each op in its own
+// list, which start swaps into the arrival; an operation that fails at once never reaches an
+// arrival, so its ops stay in the list, and the comm must empty it for the next operation (a left
+// op would be started again with the next one, or stop the process at the next call's check that
+// no batch is open). Here operation #0 is a collective mismatch, which aborts the communicator:
+// the later ones, alone and batched, each fail at once, on the same comm, run after run.
+TEST(SimScheduler, OperationsFailingAtOnceLeaveNothingStagedInTheirComm) {
+  constexpr int kRanks = 2;
+  std::vector<std::vector<float>> sends(kRanks);
+  std::vector<std::vector<float>> recvs(kRanks);
+  // Per rank and operation: 'm' a CollectiveMismatch, 'a' Aborted, '?' anything else.
+  std::vector<std::string> outcomes(kRanks);
+  const auto program = [&] {
+    const auto me = static_cast<std::size_t>(rank());
+    const std::shared_ptr<transport::Comm> comm =
+        RankContext::current()->transport().create_comm("pair", {0, 1});
+    sends[me].assign(4, 1.0F);
+    recvs[me].assign(4, 0.0F);
+    std::string& outcome = outcomes[me];
+    outcome.clear();
+    const auto record = [&](const std::shared_ptr<transport::Work>& work) {
+      try {
+        work->wait(transport::Deadline::never());
+        outcome += '?';
+      } catch (const Error& error) {
+        outcome += error.code() == ErrorCode::CollectiveMismatch ? 'm'
+                   : error.code() == ErrorCode::Aborted          ? 'a'
+                                                                 : '?';
+      }
+    };
+    transport::OpInfo info;
+    info.name = "all_reduce";
+    info.seq = 0;  // rank 0 reduces one element, rank 1 two: a mismatch
+    record(comm->all_reduce(floats(sends[me], 0, me + 1), floats(recvs[me], 0, me + 1),
+                            ReduceOp::Kind::Sum, info));
+    for (std::int64_t seq = 1; seq <= 2; ++seq) {
+      info.seq = seq;
+      record(comm->all_reduce(floats(sends[me], 0, 1), floats(recvs[me], 0, 1), ReduceOp::Kind::Sum,
+                              info));
+    }
+    info.seq = 3;
+    comm->begin_group();
+    EXPECT_EQ(comm->all_reduce(floats(sends[me], 0, 1), floats(recvs[me], 0, 1),
+                               ReduceOp::Kind::Sum, info),
+              nullptr);
+    EXPECT_EQ(comm->all_reduce(floats(sends[me], 1, 2), floats(recvs[me], 1, 2),
+                               ReduceOp::Kind::Max, info),
+              nullptr);
+    record(comm->end_group(info));
+    info.seq = 4;
+    record(comm->all_reduce(floats(sends[me], 3, 1), floats(recvs[me], 3, 1), ReduceOp::Kind::Sum,
+                            info));
+  };
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    const SimReport first = sim::run(quiet(kRanks, seed), program);
+    EXPECT_EQ(outcomes, (std::vector<std::string>{"maaaa", "maaaa"})) << "seed " << seed;
+    EXPECT_EQ(first.collectives_completed, 0U) << "seed " << seed;
+    SimOptions replay = quiet(kRanks, seed);
+    replay.choices = first.choices;
+    const SimReport again = sim::run(replay, program);
+    EXPECT_EQ(again.schedule_hash, first.schedule_hash) << "seed " << seed;
+    EXPECT_EQ(outcomes, (std::vector<std::string>{"maaaa", "maaaa"})) << "seed " << seed;
+  }
+}
+
 class SimWorldSize : public ::testing::TestWithParam<int> {};
 
 TEST_P(SimWorldSize, AllReduceOfRanksIsTheTriangularNumber) {
