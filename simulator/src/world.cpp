@@ -861,7 +861,11 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     } else if (created) {
       entry = group.slots.try_emplace(group.slots.end(), info.seq);
     }
-    update_completable(group);
+    // Note [Completable groups]: only a slot made here changes the group; finding one (the
+    // later members' starts) changes nothing until the arrival below, which updates it.
+    if (created) {
+      update_completable(group);
+    }
     try {
       // A new slot has none; one recycled from another run's group has that group's count
       // (Note [Recycled slots]).
