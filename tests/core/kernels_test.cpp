@@ -1586,6 +1586,28 @@ TEST(KernelsFill, PoisonPatterns) {
   }
 }
 
+// Note [Poison in 64-byte strides]: the bulk of a fill goes 64 bytes a step, the rest element by
+// element. Every length around those steps, from an address one element past the buffer's
+// start, fills every element with the one-element pattern above and writes nothing past the end.
+TEST(KernelsFill, PoisonFillsEveryElementAndNothingPastTheEnd) {
+  constexpr unsigned char kUntouched = 0x11;
+  for (const DType dtype : kAllDTypes) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    const std::size_t size = element_size(dtype);
+    Bytes pattern(size, 0);
+    fill_poison(pattern.data(), dtype, 1);
+    for (std::size_t count = 0; count <= 200; ++count) {
+      SCOPED_TRACE(::testing::Message() << "count " << count);
+      Bytes out((count + 3) * size, kUntouched);
+      fill_poison(out.data() + size, dtype, count);
+      for (std::size_t b = 0; b < out.size(); ++b) {
+        const bool inside = b >= size && b < (count + 1) * size;
+        ASSERT_EQ(out[b], inside ? pattern[b % size] : kUntouched) << "byte " << b;
+      }
+    }
+  }
+}
+
 TEST(KernelsValuesEqual, FollowsIeeeEquality) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> a = {1.0f, 0.0f};
