@@ -29,15 +29,21 @@ class StampedLinks {
   const Link& front() const noexcept { return first_; }
 
   bool contains(const T* target) const noexcept {
+    // rest_ nearly always empty: tested first, not through std::any_of's unrolled set-up.
     return target == first_.target ||
-           std::any_of(rest_.begin(), rest_.end(),
-                       [target](const Link& link) { return link.target == target; });
+           (!rest_.empty() && std::any_of(rest_.begin(), rest_.end(), [target](const Link& link) {
+             return link.target == target;
+           }));
   }
   // Makes room for `count` more links besides those reserved already, so that as many
   // push_back()s allocate nothing. Grows the heap part geometrically, and only when the room
   // already there is short (a first link never allocates). Throws only std::bad_alloc, and then
   // changes nothing.
   void reserve(std::size_t count) {
+    if (count == 1 && reserved_ == 0 && empty()) {
+      reserved_ = 1;  // the inline link: the usual case, no room to count
+      return;
+    }
     const std::size_t needed = size() + reserved_ + count;  // the inline link included
     if (needed > 1 + rest_.capacity()) {
       rest_.reserve(std::max(needed - 1, 2 * rest_.capacity()));
@@ -81,14 +87,21 @@ class StampedLinks {
     first_ = Link{};
     rest_.clear();
   }
+  // Calls f on each link, in order. One call site of `f`, so that the compiler inlines it (two,
+  // one for the inline link and one in the loop, left the registry's lambdas out of line: a call
+  // and a frame per link).
   template <class F>
   void for_each(F f) const {
     if (first_.target == nullptr) {
       return;
     }
-    f(first_);
-    for (const Link& link : rest_) {
-      f(link);
+    const Link* next = rest_.data();
+    const Link* const end = next + rest_.size();
+    for (const Link* link = &first_;; link = next++) {
+      f(*link);
+      if (next == end) {
+        return;
+      }
     }
   }
 
