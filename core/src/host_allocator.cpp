@@ -119,6 +119,26 @@ std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,
 }
 
 void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {
+  // Note [A released block's fast path]
+  // Nearly every block goes back to the bucket used last, with room under the byte limit and in
+  // the bucket's list: kept there without the general path's frame (its list of evicted blocks,
+  // its handler), which cost ~20 of its ~66 instructions per block. Anything else (eviction, a
+  // new bucket, a list to grow, a block over the limit) takes the general path, release_slow,
+  // which decides as before.
+  {
+    std::lock_guard<transport::FutexMutex> lock(mutex_);
+    if (last_blocks_ != nullptr && last_size_ == rounded_bytes &&
+        cached_bytes_ + rounded_bytes <= cached_bytes_max_ &&
+        last_blocks_->size() < last_blocks_->capacity()) {
+      last_blocks_->push_back(block);  // within capacity: cannot throw
+      cached_bytes_ += rounded_bytes;
+      return;
+    }
+  }
+  release_slow(block, rounded_bytes);
+}
+
+void HostPool::release_slow(void* block, std::size_t rounded_bytes) noexcept {
   // Blocks of other sizes evicted to make room, freed after the lock is released.
   std::vector<void*> evicted;
   bool kept = false;

@@ -52,6 +52,9 @@ class HostPool {
   // Keeps at most `bytes` bytes of freed blocks from now on, freeing cached ones beyond that.
   void limit_to(std::size_t bytes) noexcept;
   void release(void* block, std::size_t rounded_bytes) noexcept;
+  // release() past its fast path (Note [A released block's fast path]): out of line, so that the
+  // fast path keeps a small frame.
+  [[gnu::noinline]] void release_slow(void* block, std::size_t rounded_bytes) noexcept;
   // The free blocks of `rounded_bytes`, or null when that size has no bucket. Under mutex_.
   std::vector<void*>* bucket_locked(std::size_t rounded_bytes);
 
