@@ -1053,6 +1053,12 @@ void fill_poison(void* dst, DType dtype, std::size_t count) {
     return;
   }
   CHORUS_CHECK(dst != nullptr);
+  if (dtype == DType::Float32) {
+    // The usual dtype, filled without the dispatch's call and jump table (~20 instructions a
+    // call); the same bytes as its branch below.
+    fill_repeating(static_cast<float*>(dst), count, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
   constexpr unsigned char kIntegerPoisonByte = 0xA5;
   dispatch(dtype, [&](auto tag) {
     using Tag = decltype(tag);
