@@ -291,10 +291,20 @@ constexpr bool op_allowed(Kind kind, DType dtype) noexcept {
   return false;
 }
 
-// dst[i] = finish(prepare(s0[i]) (+) prepare(s1[i]) (+) ...), see the top of this file. The first
-// pass over a block folds two sources and the last pass folds the final one or two and stores,
-// so one or two sources never touch the accumulator at all, and more sources cost one extra pass
-// over an L1-resident block per pair.
+// Note [Folds in one pass]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Three and four sources (a simulated world of 3 or 4 ranks: every all_reduce's completion) fold
+// element by element in one loop, as one and two do: ((s0 (+) s1) (+) s2) (+) s3, the order and
+// the Acc values the block passes give (the first pair held as Acc, as acc[i] holds it), so the
+// bits are the same. The block passes went through an accumulator on the stack and back: for 4
+// sources of 64 floats the AVX2 fold took ~230 instructions, ~150 in one pass (docs/performance.md,
+// 2026-12-07 11:10). Four read streams and one write stay within what a core's prefetchers
+// follow; five sources and more keep the blocks.
+
+// dst[i] = finish(prepare(s0[i]) (+) prepare(s1[i]) (+) ...), see the top of this file. Up to
+// four sources fold in one pass (Note [Folds in one pass]). From five on, the first pass over a
+// block folds two sources and the last pass folds the final one or two and stores, and each pair
+// between costs one extra pass over an L1-resident block.
 // The body of fold_blocks and of its AVX2 build, fold_blocks_avx2, which each inline it:
 // always_inline so that even GCC at -O0, which ignores flatten, compiles it into both.
 template <class Tag, class Combine, class Prepare, class Finish>
@@ -326,6 +336,27 @@ template <class Tag, class Combine, class Prepare, class Finish>
     const Storage* second = source(1, 0);
     for (std::size_t i = 0; i < count; ++i) {
       out[i] = Tag::store(finish(combine(value(first, i), value(second, i))));
+    }
+    return;
+  }
+  if (num_srcs == 3) {  // Note [Folds in one pass]
+    const Storage* first = source(0, 0);
+    const Storage* second = source(1, 0);
+    const Storage* third = source(2, 0);
+    for (std::size_t i = 0; i < count; ++i) {
+      const Acc pair = combine(value(first, i), value(second, i));  // as acc[i] below holds it
+      out[i] = Tag::store(finish(combine(pair, value(third, i))));
+    }
+    return;
+  }
+  if (num_srcs == 4) {
+    const Storage* first = source(0, 0);
+    const Storage* second = source(1, 0);
+    const Storage* third = source(2, 0);
+    const Storage* fourth = source(3, 0);
+    for (std::size_t i = 0; i < count; ++i) {
+      const Acc pair = combine(value(first, i), value(second, i));
+      out[i] = Tag::store(finish(combine(combine(pair, value(third, i)), value(fourth, i))));
     }
     return;
   }
