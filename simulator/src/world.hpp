@@ -376,7 +376,11 @@ struct SimGroup {
   // of a member that ended without joining (SimWorld::absence).
   boost::container::small_vector<CallSite, 8> last_sites;
 
-  SimGroup() = default;
+  // Provided, so that making one (group_for: every communicator of every run, through
+  // allocate_shared, which value-initialises) sets the members above without first zeroing all of
+  // the group (~0.7 KiB, most of it the inline vectors' room), as value-initialising an implicit
+  // one does.
+  SimGroup() {}  // NOLINT(modernize-use-equals-default)
   // Gives its spare slots to the next groups on this thread (Note [Recycled slots] in world.cpp).
   ~SimGroup();
   SimGroup(const SimGroup&) = delete;
