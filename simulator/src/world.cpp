@@ -1602,7 +1602,9 @@ void SimWorld::complete_operation(SimGroup& group) {
   const std::size_t size = group.ranks.size();
   const std::size_t num_ops = slot.arrivals[0].ops.size();
   PerRank<const void*>& sources = sources_;  // kept across operations: no allocation
-  sources.assign(size, nullptr);
+  // Every case below sets all `size` entries before it reads one: sized, not filled (a fill was a
+  // memset call per completion).
+  sources.resize(size);
   for (std::size_t i = 0; i < num_ops; ++i) {
     const SimOp& first = slot.arrivals[0].ops[i];
     const DType dtype = first.send.dtype;
