@@ -15,7 +15,7 @@
 namespace chorus::sim::detail {
 
 // One step of splitmix64: advances `state` and returns the next output.
-inline std::uint64_t splitmix64(std::uint64_t& state) noexcept {
+constexpr std::uint64_t splitmix64(std::uint64_t& state) noexcept {
   std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -64,8 +64,9 @@ std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept;
 // large buffers. Not interchangeable with hash_bytes (different values).
 std::uint64_t checksum_bytes(const void* data, std::size_t size) noexcept;
 
-// Mixes `value` into `hash` (for the schedule digest).
-inline std::uint64_t hash_combine(std::uint64_t hash, std::uint64_t value) noexcept {
+// Mixes `value` into `hash` (for the schedule digest). constexpr: the codes of running a small
+// world's ranks are made at compile time (SimWorld::start_ranks).
+constexpr std::uint64_t hash_combine(std::uint64_t hash, std::uint64_t value) noexcept {
   std::uint64_t state = hash ^ (value + 0x9e3779b97f4a7c15ull + (hash << 6) + (hash >> 2));
   return splitmix64(state);
 }

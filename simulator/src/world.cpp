@@ -90,17 +90,18 @@ bool current_rank_of_thread_is_none() noexcept { return this_thread_rank.world =
 // The schedule hash mixes one code per decision: its kind, rank, communicator and seq, chained
 // through hash_combine (decision_code). A decision's code is all the scheduler needs of it, and
 // all but the last link is fixed for a run: "run rank r" is entirely (run_codes_, made once a
-// run), and "complete an operation of group g" only adds the seq to the group's prefix
+// run; for a rank below SimWorld::kSmallWorld copied from a table made at compile time), and
+// "complete an operation of group g" only adds the seq to the group's prefix
 // (SimGroup::complete_code, made with the group). So a completion costs one hash_combine for its
 // code, not three; the codes, and so every schedule hash, are the same as decision_code's.
-std::uint64_t decision_code_prefix(Decision::Kind kind, int rank, std::uint64_t comm_id) {
+constexpr std::uint64_t decision_code_prefix(Decision::Kind kind, int rank, std::uint64_t comm_id) {
   std::uint64_t code = kind == Decision::Kind::RunRank ? 1 : 2;
   code = hash_combine(code, static_cast<std::uint64_t>(rank));
   return hash_combine(code, comm_id);
 }
 
 // Note [Inlined hot helpers].
-[[gnu::always_inline]] inline std::uint64_t decision_code(const Decision& decision) {
+[[gnu::always_inline]] constexpr std::uint64_t decision_code(const Decision& decision) {
   return hash_combine(decision_code_prefix(decision.kind, decision.rank, decision.comm_id),
                       static_cast<std::uint64_t>(decision.seq));
 }
@@ -1379,9 +1380,20 @@ void SimWorld::start_ranks() {
   }
   runnable_count_ = static_cast<std::size_t>(size);
   ops_issued_.assign(static_cast<std::size_t>(size), 0);
+  // Note [Decision codes]: a small world's are the same every run, made at compile time (each
+  // took three hash_combines a rank and run).
+  static constexpr std::array<std::uint64_t, kSmallWorld> kSmallWorldRunCodes = [] {
+    std::array<std::uint64_t, kSmallWorld> codes{};
+    for (std::size_t r = 0; r < codes.size(); ++r) {
+      codes[r] = decision_code(Decision{Decision::Kind::RunRank, static_cast<int>(r), 0, -1});
+    }
+    return codes;
+  }();
   for (int r = 0; r < size; ++r) {
-    run_codes_[static_cast<std::size_t>(r)] =
-        decision_code(Decision{Decision::Kind::RunRank, r, 0, -1});
+    const auto index = static_cast<std::size_t>(r);
+    run_codes_[index] = index < kSmallWorld
+                            ? kSmallWorldRunCodes[index]
+                            : decision_code(Decision{Decision::Kind::RunRank, r, 0, -1});
   }
   executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
                                                                           : make_thread_executor();
