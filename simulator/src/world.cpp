@@ -708,7 +708,15 @@ void SimWorld::rank_body(int rank) {
 std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
                                               const std::vector<int>& ranks) {
   // Every member asks; only the first makes the group, so the others look up without a copy
-  // of the key (std::less<> compares the tuples element by element).
+  // of the key (std::less<> compares the tuples element by element). The members of a
+  // communicator ask in turn, so the group made last is asked for most: two comparisons, not a
+  // walk of the index (the same group: each key names one).
+  if (!groups_.empty()) {
+    const std::shared_ptr<SimGroup>& last = groups_.back();
+    if (last->ranks == ranks && last->tag == tag) {
+      return last;
+    }
+  }
   if (auto it = group_index_.find(std::tie(tag, ranks)); it != group_index_.end()) {
     return groups_[it->second];
   }

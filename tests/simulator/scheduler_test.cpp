@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chorus/chorus.hpp>
 #include <chorus/transport/transport.hpp>
@@ -18,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "support/expect_error.hpp"
@@ -357,6 +359,52 @@ TEST(SimScheduler, ACommunicatorKeyHoldsOnlyItsOwnMembers) {
     for (const UnwaitedWork& work : report.unwaited) {
       EXPECT_EQ(work.group, work.rank % 2 == 0 ? "[0, 2]" : "[1, 3]") << work.to_string();
     }
+  }
+}
+
+// SimWorld::group_for compares a request with the group made last before it looks in the index:
+// a communicator whose members or tag differ from the last group's only in part still gets its
+// own group. Each rank makes its communicators back to back (no scheduling point between them),
+// asking, right after the group made last, for the same members under another tag, for a tag's
+// other member list, and for the first group again; the ranks that run later ask for groups made
+// before the last. Every member's communicator of a (tag, members) names the same group, and no
+// two keys share one (with the members alone compared, "b" would get "a"'s group).
+TEST(SimScheduler, CommunicatorsOfOneKeyShareAGroupAndOthersDoNot) {
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    constexpr int kRanks = 3;
+    const std::vector<std::pair<std::string, std::vector<int>>> keys = {
+        {"a", {0, 1, 2}}, {"b", {0, 1, 2}}, {"a", {1, 2}}, {"", {0, 1, 2}}, {"a", {0, 1, 2}}};
+    std::vector<std::vector<std::uint64_t>> ids(kRanks);
+    const SimReport report = sim::simulate(quiet(kRanks, 5, executor), [&] {
+      const int me = rank();
+      transport::Transport& rank_transport = RankContext::current()->transport();
+      std::vector<std::uint64_t>& mine = ids[static_cast<std::size_t>(me)];
+      for (const auto& [tag, members] : keys) {
+        if (std::find(members.begin(), members.end(), me) == members.end()) {
+          mine.push_back(0);
+          continue;
+        }
+        const std::shared_ptr<transport::Comm> comm = rank_transport.create_comm(tag, members);
+        EXPECT_EQ(comm->tag(), tag);
+        EXPECT_EQ(comm->ranks(), members);
+        mine.push_back(comm->id());
+      }
+    });
+    ASSERT_TRUE(report.ok()) << report.to_string();
+    // Per key, the group its members' communicators named (whichever rank ran first made it).
+    std::vector<std::uint64_t> group_of_key(keys.size(), 0);
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      for (const int member : keys[k].second) {
+        const std::uint64_t id = ids[static_cast<std::size_t>(member)][k];
+        EXPECT_NE(id, 0u) << "key " << k << ", rank " << member;
+        if (group_of_key[k] == 0) {
+          group_of_key[k] = id;
+        }
+        EXPECT_EQ(id, group_of_key[k]) << "key " << k << ", rank " << member;
+      }
+    }
+    EXPECT_EQ(group_of_key[4], group_of_key[0]);  // the first key again
+    EXPECT_EQ(std::set<std::uint64_t>(group_of_key.begin(), group_of_key.end()).size(), 4u);
   }
 }
 
