@@ -239,7 +239,7 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
   }
 
   void resume(int rank) override {
-    Lane& lane = lanes_.at(static_cast<std::size_t>(rank));
+    Lane& lane = lane_of(rank);
     CHORUS_CHECK(!lane.finished);
 #if defined(CHORUS_TSAN)
     // The scheduler's thread, in its own context (Note [Fibers under TSan]).
@@ -263,7 +263,7 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
   }
 
   void suspend(int rank) override {
-    Lane& lane = lanes_.at(static_cast<std::size_t>(rank));
+    Lane& lane = lane_of(rank);
     start_switch(&lane.stack.fake_stack, scheduler_stack_);
     lane.scheduler = std::move(lane.scheduler).resume();
     finish_switch(lane.stack.fake_stack, &scheduler_stack_);
@@ -290,6 +290,17 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
     ExceptionGlobals exceptions;  // this rank's, while it is suspended
     bool finished = false;
   };
+
+  // The lane of `rank`: the scheduler resumes only ranks it made (SimWorld::execute's decision,
+  // end_made_lanes' index) and a rank suspends itself (SimWorld::yield checks that it is the
+  // caller), so the rank is always one of the lanes' and release builds index without at()'s
+  // bounds check, twice a rank step; debug builds check it.
+  Lane& lane_of(int rank) noexcept {
+#ifndef NDEBUG
+    CHORUS_CHECK(rank >= 0 && static_cast<std::size_t>(rank) < lanes_.size());
+#endif
+    return lanes_[static_cast<std::size_t>(rank)];
+  }
 
   // A guarded stack from this thread's pool (Note [Fiber stack pool]) that tells its lane where
   // it lives (for the sanitizer annotations).
