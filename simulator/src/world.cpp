@@ -1591,8 +1591,11 @@ int SimWorld::kth_runnable(std::size_t k) const noexcept {
 
 void SimWorld::execute(const Decision& decision) {
   if (decision.kind == Decision::Kind::RunRank) {
-    RankSlot& slot = ranks_[static_cast<std::size_t>(decision.rank)];
-    CHORUS_CHECK(slot.phase == Phase::Runnable);
+    if constexpr (kCheckDecisions) {
+      // True by construction: the decision was drawn from the runnable set (kth_runnable, or
+      // PCT's candidates), so release builds do not look at the rank's slot again.
+      CHORUS_CHECK(ranks_[static_cast<std::size_t>(decision.rank)].phase == Phase::Runnable);
+    }
     running_rank_.store(decision.rank, std::memory_order_relaxed);
     executor_->resume(decision.rank);
     running_rank_.store(-1, std::memory_order_relaxed);
