@@ -645,12 +645,20 @@ void SimWorld::bind(int rank) noexcept {
 }
 
 void SimWorld::yield(int rank) {
-  CHORUS_CHECK_EQ(rank_on_this_thread(*this), rank);
+  // Every caller passes its own rank: start (and stall, under it) checks it on entry, the waits
+  // and the polls pass rank_on_this_thread's, scheduling_point checks it below. So only debug
+  // builds look it up again at every scheduling point.
+  if constexpr (kCheckDecisions) {
+    CHORUS_CHECK_EQ(rank_on_this_thread(*this), rank);
+  }
   executor_->suspend(rank);
   bind(rank);  // fibers share the OS thread: restore this rank's bindings
 }
 
-void SimWorld::scheduling_point(int rank) { yield(rank); }
+void SimWorld::scheduling_point(int rank) {
+  CHORUS_CHECK_EQ(rank_on_this_thread(*this), rank);
+  yield(rank);
+}
 
 void SimWorld::rank_body(int rank) {
   bind(rank);
