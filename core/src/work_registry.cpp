@@ -275,8 +275,8 @@ void WorkRegistry::unlist_locked(PendingWork& work) noexcept {
   works_.resize(kept);
 }
 
-// inline: GCC kept it out of line, a call and a frame in every wait_storage (~10 instructions an
-// operation); it is used in this file only.
+// inline (declared so): GCC kept it out of line, a call and a frame in every wait_storage (~10
+// instructions an operation); it is used in this file only.
 inline const std::shared_ptr<PendingWork>& WorkRegistry::listed_work_locked(
     const StampedLinks<PendingWork>::Link& link) const {
   const PendingWork& work = *link.target;

@@ -292,9 +292,10 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
   };
 
   // The lane of `rank`: the scheduler resumes only ranks it made (SimWorld::execute's decision,
-  // end_made_lanes' index) and a rank suspends itself (SimWorld::yield checks that it is the
-  // caller), so the rank is always one of the lanes' and release builds index without at()'s
-  // bounds check, twice a rank step; debug builds check it.
+  // end_made_lanes' index) and a rank suspends itself (every caller of SimWorld::yield passes its
+  // own rank, see yield; debug builds check it there), so the rank is always one of the lanes'
+  // and release builds index without at()'s bounds check, twice a rank step; debug builds check
+  // it here too.
   Lane& lane_of(int rank) noexcept {
 #ifndef NDEBUG
     CHORUS_CHECK(rank >= 0 && static_cast<std::size_t>(rank) < lanes_.size());

@@ -359,8 +359,9 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Unlists `work` (listed): its slot becomes a hole, and the list is compacted once holes are
   // the majority, so the list keeps issue order and unlisting costs O(1) amortised.
   void unlist_locked(PendingWork& work) noexcept;
-  // The listed work a storage's link leads to, its stamp checked.
-  const std::shared_ptr<PendingWork>& listed_work_locked(
+  // The listed work a storage's link leads to, its stamp checked. Inline, defined in
+  // work_registry.cpp, its only user (a call and a frame in every wait_storage otherwise).
+  inline const std::shared_ptr<PendingWork>& listed_work_locked(
       const StampedLinks<PendingWork>::Link& link) const;
   std::vector<std::shared_ptr<PendingWork>> works_of(const Storage& storage) const;
   // Completes `works` under one deadline (Note [Work lifecycle], step 2), then retires each with
