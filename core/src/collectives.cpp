@@ -13,7 +13,9 @@
 #include <new>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "chorus/check.hpp"
@@ -127,14 +129,35 @@ class Call {
     state_ = &context->state();
     state_->settle_unwaited();
     expanded_ = &expanded_lease_.take(*state_);
-    detail::expand_group_into(group, tag, op, *expanded_);
-    members_ = members_in(*expanded_, state_->rank());  // a view into expanded_, never copied
-    if (members_.empty()) {
-      throw InvalidArgument(
-          detail::make_context(op, -1, expanded_->to_string()),
-          "rank " + std::to_string(state_->rank()) + " is not a member of the group");
+    // Note [Repeated world calls] in rank_state.hpp.
+    const bool outermost = state_->expanded_groups_in_use() == 1;
+    const auto* process_group = std::get_if<ProcessGroup>(&group.value());
+    const bool on_world = outermost && process_group != nullptr &&
+                          &process_group->ranks() == state_->built_world_ranks();
+    // The tag the expansion would take; compared by size first: string_view's operator== calls
+    // compare() out of line (~20 instructions) even for two empty tags, world()'s usual case.
+    const std::string_view call_tag =
+        process_group == nullptr || !tag.empty() ? tag : std::string_view(process_group->tag());
+    if (on_world && state_->world_slot != nullptr && expanded_->tag.size() == call_tag.size() &&
+        (call_tag.empty() || std::string_view(expanded_->tag) == call_tag)) {
+      members_ = expanded_->ranks;
+      slot_ = state_->world_slot;
+    } else {
+      if (outermost) {
+        state_->world_slot = nullptr;
+      }
+      detail::expand_group_into(group, tag, op, *expanded_);
+      members_ = members_in(*expanded_, state_->rank());  // a view into expanded_, never copied
+      if (members_.empty()) {
+        throw InvalidArgument(
+            detail::make_context(op, -1, expanded_->to_string()),
+            "rank " + std::to_string(state_->rank()) + " is not a member of the group");
+      }
+      slot_ = &state_->comm_slot(expanded_->tag, members_);
+      if (on_world) {
+        state_->world_slot = slot_;
+      }
     }
-    slot_ = &state_->comm_slot(expanded_->tag, members_);
     trace_ = state_->trace;
   }
   Call(const Call&) = delete;

@@ -17,6 +17,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -438,6 +439,63 @@ TEST(SimScheduler, AWorldListHoldsItsOwnRanksAndOneKeptPastItsRunKeepsThem) {
     for (const std::optional<ProcessGroup>& group : kept) {
       ASSERT_TRUE(group.has_value());
       EXPECT_EQ(group->ranks(), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+    }
+  }
+}
+
+// Note [Repeated world calls]: a call on world() takes the scratch group, members and slot of the
+// rank's call before only while the scratch group holds world()'s expansion under the call's tag.
+// After a call on another group (here, untagged, as world() is), under another tag, or in an
+// earlier run of another size on the thread (whose rank states' blocks this run's take), world()
+// gathers from every rank of its own run, and a tagged call is on its own communicator.
+TEST(SimScheduler, AWorldCallReusesOnlyWorldsOwnExpansion) {
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    for (const int size : {4, 6, 4, 2}) {
+      const auto ranks = static_cast<std::size_t>(size);
+      std::vector<std::vector<float>> gathered(ranks);
+      const SimReport report = sim::simulate(quiet(size, 7, executor), [&gathered] {
+        const int r = rank();
+        const Tensor mine = Tensor::full({1}, r);
+        std::vector<float>& out = gathered[static_cast<std::size_t>(r)];
+        const auto gather = [&](const GroupSpec& group, std::string_view tag) {
+          const std::vector<float> values =
+              all_gather_tensor(mine, 0, group, tag).to_vector<float>();
+          out.insert(out.end(), values.begin(), values.end());
+        };
+        gather(world(), "");
+        gather(world(), "");
+        gather(std::vector<int>{r & ~1, r | 1}, "");
+        gather(world(), "");
+        gather(world(), "tagged");
+        gather(world(), "");
+        std::ignore = all_gather_tensor(mine, 0, world(), "dropped");  // dropped un-waited
+      });
+      ASSERT_TRUE(report.ok()) << report.to_string();
+      std::vector<float> all(ranks);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        all[r] = static_cast<float>(r);
+      }
+      for (std::size_t r = 0; r < ranks; ++r) {
+        std::vector<float> expected;
+        for (int i = 0; i < 2; ++i) {
+          expected.insert(expected.end(), all.begin(), all.end());
+        }
+        expected.push_back(static_cast<float>(r & ~std::size_t{1}));
+        expected.push_back(static_cast<float>(r | 1));
+        for (int i = 0; i < 3; ++i) {
+          expected.insert(expected.end(), all.begin(), all.end());
+        }
+        EXPECT_EQ(gathered[r], expected) << "rank " << r << " of " << size;
+      }
+      std::string label = "'dropped' [";
+      for (std::size_t r = 0; r < ranks; ++r) {
+        label += (r > 0 ? ", " : "") + std::to_string(r);
+      }
+      label += "]";
+      ASSERT_EQ(report.unwaited.size(), ranks);
+      for (const UnwaitedWork& work : report.unwaited) {
+        EXPECT_EQ(work.group, label) << work.to_string();
+      }
     }
   }
 }

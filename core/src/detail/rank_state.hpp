@@ -127,6 +127,21 @@ class RankState {
   };
   std::optional<SupportedCall> last_supported;
 
+  // Note [Repeated world calls]
+  // Most collectives name chorus::world(), call after call. Expanding it into the rank's first
+  // scratch group (comparing its tag and ranks with what the group already holds), finding the
+  // rank's block and looking up the slot cost ~150 instructions a collective, to learn what the
+  // call before found. So the slot of world()'s group is kept here while the first scratch group
+  // holds world()'s expansion (its tag in the scratch group): an outermost call on world() whose
+  // tag is the one the scratch group holds takes the group, its members (all of it) and this slot
+  // as they are. Null otherwise: every outermost call that expands a group clears it before it
+  // expands (an expansion that throws leaves the scratch group changed) and sets it afterwards
+  // only for world(). Only world()'s list qualifies: the rank state holds it and never replaces
+  // it, so no other list can take its address, and it is valid by construction (expand_group_into
+  // checks no list of it either). A fresh rank state starts with it null, and the destructor
+  // clears it with the scratch group (Note [Recycled rank states]): a slot never outlives its run.
+  CommSlot* world_slot = nullptr;
+
   // all_to_all_single's wire count lists, refilled by each call instead of allocated (Note
   // [Reused count lists] in collectives.cpp).
   std::vector<std::size_t> send_counts_scratch;
