@@ -633,19 +633,27 @@ std::size_t Tensor::nbytes() const noexcept {
 }
 
 bool Tensor::is_contiguous() const noexcept {
-  if (numel() == 0) {
-    return true;
+  if (!defined_) {
+    return true;  // no elements
   }
+  // One pass over the sizes (every collective asks this of its input): a tensor without elements
+  // is contiguous whatever its strides, one with elements when its strides are the row-major ones
+  // (numel() first was a second loop).
   const detail::TensorLayout& shape = layout();
   std::int64_t expected = 1;
   for (std::size_t i = shape.sizes.size(); i-- > 0;) {
-    if (shape.sizes[i] == 1) {
+    const std::int64_t size = shape.sizes[i];
+    if (size == 1) {
       continue;  // a size-1 dim never steps, so its stride does not matter
     }
-    if (shape.strides[i] != expected) {
-      return false;
+    if (size == 0) {
+      return true;
     }
-    expected *= shape.sizes[i];
+    if (shape.strides[i] != expected) {
+      const auto before = shape.sizes.begin() + static_cast<std::ptrdiff_t>(i);
+      return std::find(shape.sizes.begin(), before, 0) != before;  // contiguous if no elements
+    }
+    expected *= size;
   }
   return true;
 }

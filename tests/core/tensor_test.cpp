@@ -699,6 +699,23 @@ TEST(TensorView, TransposeSwapsSizesAndStrides) {
   expect_invalid_argument([&] { (void)base.transpose(0, 2); }, {"Tensor::transpose", "dim 2"});
 }
 
+// A tensor without elements is contiguous whatever its strides, wherever its size-0 dim is
+// (is_contiguous looks for it in one pass with the strides): before or after a dim whose stride
+// is off.
+TEST(TensorView, ATensorWithoutElementsIsContiguousWhateverItsStrides) {
+  const Tensor zero_inside = Tensor::empty({2, 0, 3}).transpose(0, 2);
+  EXPECT_EQ(zero_inside.sizes(), (Shape{3, 0, 2}));
+  EXPECT_EQ(zero_inside.strides(), (Shape{1, 3, 3}));
+  EXPECT_TRUE(zero_inside.is_contiguous());
+  const Tensor zero_last = Tensor::empty({3, 2, 0}).transpose(0, 1);
+  EXPECT_EQ(zero_last.sizes(), (Shape{2, 3, 0}));
+  EXPECT_EQ(zero_last.strides(), (Shape{1, 2, 1}));
+  EXPECT_TRUE(zero_last.is_contiguous());
+  EXPECT_FALSE(Tensor::empty({3, 2, 1}).transpose(0, 1).is_contiguous());
+  EXPECT_TRUE(Tensor().is_contiguous());
+  EXPECT_TRUE(Tensor::empty({}).is_contiguous());
+}
+
 // is_contiguous ignores the stride of a size-1 dim, which never steps: a transposed [3, 1] view
 // (sizes [1, 3], strides [1, 1]) is contiguous, and contiguous() returns it as is.
 TEST(TensorView, ASizeOneDimsStrideDoesNotMakeAViewNonContiguous) {
