@@ -197,8 +197,40 @@ class Call {
   // Checks an input tensor, the reduction (null for ops that do not reduce) and that the
   // transport can run `kind` on it. Meta inputs are accepted under tracing only, and a call's
   // inputs are all meta or none.
+  // Here only the usual case, a host input on the device of the inputs before it (if any) in a
+  // call the transport accepted last (Note [Supported calls]): it passes every check of
+  // check_input_fully, which would change only what this changes. Everything else, errors
+  // included, goes through check_input_fully from the start. Small, this part is inlined into the
+  // collectives: the whole check out of line cost ~25 instructions a collective more, mostly its
+  // call and the frame its error messages' strings made large.
   void check_input(const Tensor& input, OpKind kind, const ReduceOp* reduce_op,
                    const InputName& input_name = {}) {
+    if (input.defined()) {
+      const Device device = input.device();
+      if (device.is_cpu() && (checked_inputs_ == 0 || (!meta_ && device == device_)) &&
+          state_->last_supported == supported_call(kind, input.dtype(), reduce_op, device)) {
+        meta_ = false;
+        device_ = device;
+        ++checked_inputs_;
+        return;
+      }
+    }
+    check_input_fully(input, kind, reduce_op, input_name);
+  }
+  // What Note [Supported calls] remembers of a call.
+  static detail::RankState::SupportedCall supported_call(OpKind kind, DType dtype,
+                                                         const ReduceOp* reduce_op,
+                                                         Device device) noexcept {
+    return detail::RankState::SupportedCall{
+        kind,
+        dtype,
+        reduce_op != nullptr,
+        reduce_op != nullptr ? reduce_op->kind() : ReduceOp::Kind::Sum,
+        reduce_op != nullptr ? std::bit_cast<std::uint64_t>(reduce_op->premul_factor()) : 0,
+        device};
+  }
+  [[gnu::noinline]] void check_input_fully(const Tensor& input, OpKind kind,
+                                           const ReduceOp* reduce_op, const InputName& input_name) {
     if (!input.defined()) {
       invalid(input_name.text() + " is an undefined tensor");
     }
@@ -230,13 +262,8 @@ class Call {
     // accepted also skips check_dtype: that call passed it (last_supported is set only below),
     // and its verdict on a valid op depends on the op's kind and the dtype only, both in the key
     // (an invalid op never reaches last_supported).
-    const detail::RankState::SupportedCall call{
-        kind,
-        input.dtype(),
-        reduce_op != nullptr,
-        reduce_op != nullptr ? reduce_op->kind() : ReduceOp::Kind::Sum,
-        reduce_op != nullptr ? std::bit_cast<std::uint64_t>(reduce_op->premul_factor()) : 0,
-        input.device()};
+    const detail::RankState::SupportedCall call =
+        supported_call(kind, input.dtype(), reduce_op, input.device());
     const bool supported_before = !is_meta && state_->last_supported == call;
     if (reduce_op != nullptr && !supported_before) {
       if (std::string reason = reduce_op->check_dtype(input.dtype()); !reason.empty()) {
