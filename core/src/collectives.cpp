@@ -638,6 +638,19 @@ Buffer input_buffer(const Tensor& input) {
   return buffer_of(contiguous);
 }
 
+// allocate_output's errors, made out of line: their strings gave every output's allocation a
+// large frame.
+[[noreturn, gnu::cold, gnu::noinline]] void output_does_not_fit(const Call& call,
+                                                                const Shape& shape, DType dtype,
+                                                                Device device) {
+  call.invalid("cannot allocate the output: shape " + detail::bracketed(shape) + " of " +
+               std::string(dtype_name(dtype)) + " on " + device.to_string() +
+               " does not fit in memory");
+}
+[[noreturn, gnu::cold, gnu::noinline]] void output_refused(const Call& call,
+                                                           const InvalidArgument& error) {
+  call.invalid("cannot allocate the output: " + error.detail());
+}
 // Makes an output with `make` (a Tensor factory for `shape`, `dtype`, `device`). An output too
 // large for memory, or too large to address at all, is the caller's InvalidArgument naming
 // `call`, raised before anything starts (not the factory's error, which names no collective).
@@ -647,11 +660,9 @@ Tensor allocate_output(const Call& call, const Shape& shape, DType dtype, Device
   try {
     return make();
   } catch (const std::bad_alloc&) {
-    call.invalid("cannot allocate the output: shape " + detail::bracketed(shape) + " of " +
-                 std::string(dtype_name(dtype)) + " on " + device.to_string() +
-                 " does not fit in memory");
+    output_does_not_fit(call, shape, dtype, device);
   } catch (const InvalidArgument& error) {
-    call.invalid("cannot allocate the output: " + error.detail());
+    output_refused(call, error);
   }
 }
 
