@@ -445,9 +445,10 @@ TEST(SimScheduler, AWorldListHoldsItsOwnRanksAndOneKeptPastItsRunKeepsThem) {
 
 // Note [Repeated world calls]: a call on world() takes the scratch group, members and slot of the
 // rank's call before only while the scratch group holds world()'s expansion under the call's tag.
-// After a call on another group (here, untagged, as world() is), under another tag, or in an
-// earlier run of another size on the thread (whose rank states' blocks this run's take), world()
-// gathers from every rank of its own run, and a tagged call is on its own communicator.
+// After a call on another group (here, untagged, as world() is: a rank list, then a ProcessGroup
+// of its own list), under another tag (also one of the same length), or in an earlier run of
+// another size on the thread (whose rank states' blocks this run's take), world() gathers from
+// every rank of its own run, and a tagged call is on its own communicator.
 TEST(SimScheduler, AWorldCallReusesOnlyWorldsOwnExpansion) {
   for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
     for (const int size : {4, 6, 4, 2}) {
@@ -468,6 +469,11 @@ TEST(SimScheduler, AWorldCallReusesOnlyWorldsOwnExpansion) {
         gather(world(), "");
         gather(world(), "tagged");
         gather(world(), "");
+        // A ProcessGroup that is not world()'s list, then world() again.
+        gather(new_group({r & ~1, r | 1}), "");
+        gather(world(), "");
+        // Two tags of one length: compared by their characters too.
+        gather(world(), "kept_it");
         std::ignore = all_gather_tensor(mine, 0, world(), "dropped");  // dropped un-waited
       });
       ASSERT_TRUE(report.ok()) << report.to_string();
@@ -483,6 +489,11 @@ TEST(SimScheduler, AWorldCallReusesOnlyWorldsOwnExpansion) {
         expected.push_back(static_cast<float>(r & ~std::size_t{1}));
         expected.push_back(static_cast<float>(r | 1));
         for (int i = 0; i < 3; ++i) {
+          expected.insert(expected.end(), all.begin(), all.end());
+        }
+        expected.push_back(static_cast<float>(r & ~std::size_t{1}));
+        expected.push_back(static_cast<float>(r | 1));
+        for (int i = 0; i < 2; ++i) {
           expected.insert(expected.end(), all.begin(), all.end());
         }
         EXPECT_EQ(gathered[r], expected) << "rank " << r << " of " << size;
