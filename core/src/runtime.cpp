@@ -59,9 +59,6 @@ RankState::RankState(std::shared_ptr<transport::Transport> transport, RankOption
 
 RankState::~RankState() {
   HostPool::park(std::move(host_pool_));
-  // Note [Repeated world calls]: its slot ends with comms_ (a rank state made next in this block
-  // starts without one anyway, by the member's initializer).
-  world_slot = nullptr;
   if (transport::recycling_enabled()) {  // Note [Recycled rank states]
     first_expanded_group_.tag.clear();
     first_expanded_group_.ranks.clear();

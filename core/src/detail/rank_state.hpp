@@ -138,8 +138,9 @@ class RankState {
   // expands (an expansion that throws leaves the scratch group changed) and sets it afterwards
   // only for world(). Only world()'s list qualifies: the rank state holds it and never replaces
   // it, so no other list can take its address, and it is valid by construction (expand_group_into
-  // checks no list of it either). A fresh rank state starts with it null, and the destructor
-  // clears it with the scratch group (Note [Recycled rank states]): a slot never outlives its run.
+  // checks no list of it either). Every rank state starts with it null (the member's
+  // initializer), one made in a recycled block too (Note [Recycled rank states]): a slot never
+  // outlives its run.
   CommSlot* world_slot = nullptr;
 
   // all_to_all_single's wire count lists, refilled by each call instead of allocated (Note
