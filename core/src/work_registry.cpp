@@ -115,7 +115,8 @@ void PendingWork::complete(transport::Duration at) const {
   complete_sharing(shared);
 }
 
-void PendingWork::complete_sharing(std::optional<transport::Duration>& at) const {
+// inline (declared so): used in this file only; see the declaration.
+inline void PendingWork::complete_sharing(std::optional<transport::Duration>& at) const {
   if (completion_ == Completion::Stream) {
     if (work_->status() == transport::WorkStatus::Failed) {
       std::rethrow_exception(work_->error());

@@ -215,7 +215,9 @@ class PendingWork {
   void wait_on_host(transport::Duration at) const;  // the transport's host wait, until `at`
   // complete(): the host wait lasts until `*at`; unset, `at` is first set to now plus the timeout
   // (when a host wait is needed), so works completed in turn with one `at` share its deadline.
-  void complete_sharing(std::optional<transport::Duration>& at) const;
+  // Inline, defined in work_registry.cpp, its only user: every wait of a tensor calls it, and out
+  // of line it was a call and a frame per operation.
+  inline void complete_sharing(std::optional<transport::Duration>& at) const;
 };
 
 class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
