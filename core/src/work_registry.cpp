@@ -366,6 +366,13 @@ std::exception_ptr WorkRegistry::complete_and_retire_one(const std::shared_ptr<P
     error = std::current_exception();
   }
   std::lock_guard<transport::FutexMutex> lock(mutex_);
+  if (!error && work->completion() == Completion::Host) {
+    // retire_completed_locked's whole effect for a host work that completed (a stream-waited
+    // list is for Stream works, and nothing is reported without an error), without its call and
+    // frame: every wait of a tensor comes here.
+    retire_locked(*work, error);
+    return error;
+  }
   retire_completed_locked(work, error);
   return error;
 }
@@ -435,7 +442,8 @@ void WorkRegistry::defer_failure_locked(const std::exception_ptr& error, std::si
   }
 }
 
-bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
+// inline (declared so): used in this file only; see the declaration.
+inline bool WorkRegistry::retire_locked(const PendingWork& work, const std::exception_ptr& error) {
   if (work.owner_ != this) {
     return false;  // retired already by a concurrent waiter (or never registered here)
   }

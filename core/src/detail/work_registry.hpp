@@ -371,8 +371,9 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   std::exception_ptr complete_and_retire(const std::vector<std::shared_ptr<PendingWork>>& works);
   // The same for one work (a storage with one pending work: the common case), without vectors.
   std::exception_ptr complete_and_retire_one(const std::shared_ptr<PendingWork>& work);
-  // Returns whether `work` was registered (false: a concurrent waiter retired it first).
-  bool retire_locked(const PendingWork& work, const std::exception_ptr& error);
+  // Returns whether `work` was registered (false: a concurrent waiter retired it first). Inline,
+  // defined in work_registry.cpp, its only user (a wait of one work retires through it directly).
+  inline bool retire_locked(const PendingWork& work, const std::exception_ptr& error);
   // retire_locked, then, for a Stream work that completed without error, keeps it in
   // stream_waited_ (Note [Stream-waited works]); `claim` is set when it was finalized after a
   // drop. Never throws (out of memory: not kept).
