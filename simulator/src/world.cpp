@@ -539,7 +539,7 @@ int SimGroup::group_rank_of(int rank) const noexcept {
   return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
 }
 
-void SimGroup::recycle_slot(SlotNode node) noexcept {
+void SimGroup::recycle_slot(SlotNode&& node) noexcept {
   Slot& slot = node.mapped();
   for (Arrival& arrival : slot.arrivals) {
     arrival.arrived = false;
@@ -2087,7 +2087,8 @@ void SimWorld::wake_waiters(SimWork& work) {
 }
 
 void SimWorld::advance_completion(SimGroup& group) {
-  while (group.failures.count(group.next_to_complete) != 0) {
+  // Nearly always no failure is recorded: tested before the map's look-up.
+  while (!group.failures.empty() && group.failures.count(group.next_to_complete) != 0) {
     group.next_to_complete += 1;
   }
   update_completable(group);
