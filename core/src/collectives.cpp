@@ -552,8 +552,12 @@ Buffer buffer_of(const Tensor& contiguous) {
 Buffer buffer_like(const Buffer& send, const Tensor& output) {
   const std::shared_ptr<detail::Storage>& storage = TensorAccess::storage(output);
   CHORUS_CHECK(storage != nullptr);
-  return Buffer{storage->data(), send.count, send.dtype, send.device, storage->memory(),
-                send.lowered_from};
+  return Buffer{.data = storage->data(),
+                .count = send.count,
+                .dtype = send.dtype,
+                .device = send.device,
+                .keep_alive = storage->memory(),
+                .lowered_from = send.lowered_from};
 }
 
 // Note [Layout digest]
@@ -584,6 +588,28 @@ std::uint64_t layout_digest(std::span<const std::int64_t> sizes, std::int64_t di
   }
   fold(static_cast<std::uint64_t>(dim));
   return digest != 0 ? digest : 1;
+}
+
+// layout_digest of `input`'s sizes and `dim`, remembered by the rank for the input's layout
+// object (Note [Remembered layout digests] in rank_state.hpp). Only the comparison is inline: a
+// digest made and remembered (a shared_ptr assignment) out of line kept GCC from inlining more of
+// the collectives' path around it.
+[[gnu::noinline]] std::uint64_t digest_and_remember(detail::RankState& state, const Tensor& input,
+                                                    std::int64_t dim) {
+  const std::uint64_t digest = layout_digest(input.sizes(), dim);
+  if (const std::shared_ptr<const detail::TensorLayout>& layout = TensorAccess::layout(input)) {
+    state.digested_layout = layout;
+    state.digested_dim = dim;
+    state.layout_digest = digest;
+  }
+  return digest;
+}
+std::uint64_t layout_digest_of(detail::RankState& state, const Tensor& input, std::int64_t dim) {
+  const std::shared_ptr<const detail::TensorLayout>& layout = TensorAccess::layout(input);
+  if (layout != nullptr && layout == state.digested_layout && dim == state.digested_dim) {
+    return state.layout_digest;
+  }
+  return digest_and_remember(state, input, dim);
 }
 
 // `buffer` with the layout digest of `sizes` and `dim` (Note [Layout digest]).
@@ -791,7 +817,7 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
   // The digest set in place: with_layout's by-value Buffer was one more move (and a moved-from
   // Buffer's end) per operation.
   Buffer send = input_buffer(input);
-  send.layout = layout_digest(input.sizes(), -1);
+  send.layout = layout_digest_of(call.state(), input, -1);
   Tensor output = new_output_like(call, input);
   Buffer recv = buffer_like(send, output);
   transport::Comm& comm = call.start(output);

@@ -585,6 +585,30 @@ TEST(AllReduce, AnOutputHasContiguousStridesWhateverItsInputsSizeOneDimsStrides)
   }
 }
 
+// Note [Remembered layout digests]: a rank reuses the digest of its last input only for that very
+// layout object. Each input here is a view, with a layout of its own that dies with it: rank 1's
+// [2, 3] view is made after its [6] view died, in a block of the same size (where the allocator
+// may well put it), and it must still be digested anew and found to disagree with rank 0's [6].
+TEST(AllReduce, ARememberedLayoutDigestCoversOnlyTheLayoutItWasMadeFor) {
+  std::vector<std::vector<std::string>> outcomes(2);
+  const sim::SimReport report = sim::run(chorus::testing::quiet_options(2), [&] {
+    std::vector<std::string>& mine = outcomes[rank_slot()];
+    const auto outcome = [&](const Shape& shape) {
+      try {
+        (void)wait_tensor(all_reduce(Tensor::ones({6}).view(shape), "sum", world()));
+        mine.emplace_back("ran");
+      } catch (const CollectiveMismatch&) {
+        mine.emplace_back("mismatch");
+      }
+    };
+    outcome(Shape{6});
+    outcome(rank() == 1 ? Shape{2, 3} : Shape{6});
+  });
+  for (const std::vector<std::string>& mine : outcomes) {
+    EXPECT_EQ(mine, (std::vector<std::string>{"ran", "mismatch"})) << report.to_string();
+  }
+}
+
 // Note [Lowering]: the transport is asked about what it will run, the lowered dtype and
 // reduction. On a transport with neither Bool, complex nor bitwise reductions (NCCL's gaps),
 // Bool's band and bor run as min and max on UInt8 and complex sums as pairs of reals; Bool's bxor

@@ -21,6 +21,7 @@
 #include "chorus/group.hpp"
 #include "chorus/reduce_op.hpp"
 #include "chorus/runtime.hpp"
+#include "chorus/tensor.hpp"
 #include "chorus/transport/group_label.hpp"
 #include "chorus/transport/recycled_blocks.hpp"
 #include "chorus/transport/transport.hpp"
@@ -142,6 +143,20 @@ class RankState {
   // initializer), one made in a recycled block too (Note [Recycled rank states]): a slot never
   // outlives its run.
   CommSlot* world_slot = nullptr;
+
+  // Note [Remembered layout digests]
+  // Every collective digests its input's sizes into the send buffer (Note [Layout digest] in
+  // collectives.cpp): ~30 instructions an all_reduce for a 1-d input, to find the digest the call
+  // before found, since a loop of collectives passes tensors of one layout (one tensor, or fresh
+  // ones whose contiguous layouts come from the per-thread cache, Note [Shared layouts]). So the
+  // rank keeps the last layout it digested, with the dim and the digest: a call whose input has
+  // that very layout object and dim takes the digest. The layout is held, not only its address, so
+  // no other layout can be made at that address while it is kept; a layout is immutable, so its
+  // sizes, and their digest, never change. Dropped with the rank state: nothing travels between
+  // runs.
+  std::shared_ptr<const TensorLayout> digested_layout;
+  std::int64_t digested_dim = 0;
+  std::uint64_t layout_digest = 0;
 
   // all_to_all_single's wire count lists, refilled by each call instead of allocated (Note
   // [Reused count lists] in collectives.cpp).

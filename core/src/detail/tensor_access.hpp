@@ -17,6 +17,10 @@ struct TensorAccess {
   static const std::shared_ptr<Storage>& storage(const Tensor& tensor) noexcept {
     return tensor.storage_;
   }
+  // The tensor's layout, shared by its copies and views of the same shape (null when undefined).
+  static const std::shared_ptr<const TensorLayout>& layout(const Tensor& tensor) noexcept {
+    return tensor.layout_;
+  }
   static Tensor make(std::shared_ptr<Storage> storage, Shape sizes, Shape strides,
                      std::int64_t offset, DType dtype, Device device) {
     return Tensor(std::move(storage), std::move(sizes), std::move(strides), offset, dtype, device);
