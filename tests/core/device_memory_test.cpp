@@ -825,6 +825,25 @@ TEST(CurrentStream, TheRanksExitCompletesWhatIsPendingOnTheLegacyStream) {
   EXPECT_EQ(rank.context().state().streams()->get(0), nullptr);
 }
 
+// A rank's streams start unset whatever the rank before it on the thread set (their block is
+// recycled: Note [Recycled blocks]), and reset() clears a stream set through a guard as well as
+// one set directly, when the rank ends without finish() too (~RankContext).
+TEST(CurrentStream, ANewRankStartsOnTheLegacyStreamWhateverTheRankBeforeItSet) {
+  for (int round = 0; round < 3; ++round) {
+    DeviceRank rank;
+    EXPECT_EQ(current_stream(kGpu), nullptr) << "round " << round;
+    EXPECT_EQ(current_stream(Device::cuda(1)), nullptr) << "round " << round;
+    set_current_stream(kGpu, kStreamA);
+    const StreamGuard guard(Device::cuda(1), kStreamB);
+    const std::shared_ptr<detail::CurrentStreams> streams = rank.context().state().streams();
+    if (round == 0) {
+      (void)rank.context().finish();
+      EXPECT_EQ(streams->get(0), nullptr);
+      EXPECT_EQ(streams->get(1), nullptr);
+    }
+  }
+}
+
 TEST(CurrentStream, OrdersDeviceMemoryCollectivesAndWaits) {
   DeviceRank rank;
   set_current_stream(kGpu, kStreamA);

@@ -2,6 +2,7 @@
 
 // A rank's current stream per CUDA device index (Note [Current stream]).
 
+#include <atomic>
 #include <cstddef>
 #include <mutex>
 #include <vector>
@@ -31,17 +32,25 @@ class CurrentStreams {
       streams_.resize(index + 1, nullptr);
     }
     streams_[index] = stream;
+    ever_set_.store(true, std::memory_order_relaxed);
   }
   // Every device back on the legacy default stream (the rank's function returned: the streams
-  // it set may be gone).
+  // it set may be gone). Every rank of every simulated run resets its streams as it ends, and
+  // almost none ever set one: a set that never happened leaves nothing to clear, so that rank
+  // takes no lock (a lock and an unlock, ~55 instructions a rank). The flag guards no data: a
+  // set() it does not see yet is one that comes after this reset, as if it took the lock later.
   void reset() {
+    if (!ever_set_.load(std::memory_order_relaxed)) {
+      return;
+    }
     const std::lock_guard lock(mutex_);
     streams_.clear();
   }
 
  private:
   mutable std::mutex mutex_;
-  std::vector<void*> streams_;  // by device index
+  std::vector<void*> streams_;         // by device index
+  std::atomic<bool> ever_set_{false};  // set() ran once: streams_ may hold a stream
 };
 
 }  // namespace chorus::detail
