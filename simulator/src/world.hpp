@@ -549,7 +549,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   };
 
   void rank_body(int rank);
-  // yield, bind, execute, set_phase, kth_runnable: Note [Inlined hot helpers] (world.cpp only).
+  // yield, bind, take_step, run_rank, execute, set_phase, kth_runnable: Note [Inlined hot
+  // helpers] (world.cpp only).
   [[gnu::always_inline]] inline void yield(int rank);
   [[gnu::always_inline]] inline void bind(int rank) noexcept;
   // run()'s set-up: each rank's context and transport, the runnable set, the executor started.
@@ -559,6 +560,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // buffer]), and the rank contexts, which go before the world (their transports point at it).
   void release_run_resources() noexcept;
   void schedule();
+  // A decision's hash, record, step and virtual time; a rank step's resume (Note [Uniform rank
+  // steps]).
+  [[gnu::always_inline]] inline void take_step(std::uint64_t code, const Decision& decision);
+  [[gnu::always_inline]] inline void run_rank(int rank);
   [[gnu::always_inline]] inline void execute(const Decision& decision);
   void complete_operation(SimGroup& group);
   // Note [Reduction order modes]: readies the order of one reduction op over `size` members
