@@ -829,19 +829,24 @@ TEST(CurrentStream, TheRanksExitCompletesWhatIsPendingOnTheLegacyStream) {
 // recycled: Note [Recycled blocks]), and reset() clears a stream set through a guard as well as
 // one set directly, when the rank ends without finish() too (~RankContext).
 TEST(CurrentStream, ANewRankStartsOnTheLegacyStreamWhateverTheRankBeforeItSet) {
+  std::shared_ptr<detail::CurrentStreams> ended;  // the streams of the rank before, kept
   for (int round = 0; round < 3; ++round) {
+    if (ended != nullptr) {
+      EXPECT_EQ(ended->get(0), nullptr) << "round " << round << ": reset as the rank before ended";
+    }
     DeviceRank rank;
     EXPECT_EQ(current_stream(kGpu), nullptr) << "round " << round;
     EXPECT_EQ(current_stream(Device::cuda(1)), nullptr) << "round " << round;
     set_current_stream(kGpu, kStreamA);
     const StreamGuard guard(Device::cuda(1), kStreamB);
-    const std::shared_ptr<detail::CurrentStreams> streams = rank.context().state().streams();
+    ended = rank.context().state().streams();
     if (round == 0) {
       (void)rank.context().finish();
-      EXPECT_EQ(streams->get(0), nullptr);
-      EXPECT_EQ(streams->get(1), nullptr);
+      EXPECT_EQ(ended->get(0), nullptr);
+      EXPECT_EQ(ended->get(1), nullptr);
     }
   }
+  EXPECT_EQ(ended->get(0), nullptr) << "reset as the last rank ended";
 }
 
 TEST(CurrentStream, OrdersDeviceMemoryCollectivesAndWaits) {
