@@ -859,12 +859,12 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   const bool fails_early = group.failures.count(info.seq) != 0 || !liveness_violation_.empty() ||
                            livelocked_ ||
                            (group.aborted_from >= 0 && info.seq >= group.aborted_from);
-  // After the fault loop: a Delay's stall runs other ranks, whose starts use guarded_ too.
-  guarded_.clear();
-  std::string guard_what;
+  // After the fault loop: a Delay's stall runs other ranks, whose starts use guarded_ and
+  // guard_what_ too. Only guard mode fills them, so an operation without it touches neither.
   if (options_.guard_pending_outputs) {
-    guarded_.reserve(ops.size());  // only guard mode fills it: no allocation a run otherwise
-    guard_what = guard_description(*work, group, rank, info.site);
+    guarded_.clear();
+    guarded_.reserve(ops.size());  // no allocation a run without guard mode
+    guard_what_ = guard_description(*work, group, rank, info.site);
   }
   std::optional<EarlyFailure> early;  // only for an operation that fails at once
   SimGroup::Slot* slot = nullptr;
@@ -981,7 +981,10 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     // caller gets the arrival's empty list and its room. Allocates nothing.
     CHORUS_CHECK(arrival.ops.empty());
     arrival.ops.swap(ops);
-    arrival.work = work;
+    // recycle_slot left it empty: a copy swapped in takes the count inline, where assigning
+    // called shared_ptr's out-of-line assignment (which would also release an old work).
+    CHORUS_CHECK(arrival.work == nullptr);
+    std::shared_ptr<SimWork>(work).swap(arrival.work);
     arrival.site = info.site;
     slot->arrived += 1;
     update_completable(group);
@@ -996,7 +999,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   // while the operation is still pending (a failed one is never completed, so never unguarded).
   if (options_.guard_pending_outputs && work->status() == transport::WorkStatus::Pending) {
     try {
-      guard_outputs(*work, guarded_, guard_what);
+      guard_outputs(*work, guarded_, guard_what_);
     } catch (const std::bad_alloc&) {
       // Note [Operation positions]: the outputs stay poisoned, unguarded (or partly guarded).
     }
@@ -1067,16 +1070,8 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
     fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
     abort_group_or_out_of_memory(group, info.seq + 1, "operation #", info.seq,
                                  " was a collective mismatch");
-  } else if (std::string split = has_all_to_all(slot.arrivals[static_cast<std::size_t>(group_rank)])
-                                     ? split_disagreement(group, slot, group_rank)
-                                     : std::string();
-             !split.empty()) {
-    fail_slot(group, info.seq, ErrorCode::CollectiveMismatch,
-              "ranks disagree on operation #" + std::to_string(info.seq) + " of group " +
-                  *group.label + ": " + split);
-    abort_group_or_out_of_memory(group, info.seq + 1, "operation #", info.seq,
-                                 " was a collective mismatch");
-  } else {
+  } else if (!has_all_to_all(slot.arrivals[static_cast<std::size_t>(group_rank)]) ||
+             !fail_split(group, slot, group_rank, info.seq)) {
     if (slot_fault) {
       mark_slot_fault(slot, *slot_fault);
       update_completable(group);  // a Hang is no candidate
@@ -1112,6 +1107,19 @@ void SimWorld::guard_outputs(const SimWork& work, const std::vector<transport::B
       mark("guard.protect");
     }  // else poisoned only; the allocator marked why (guard.unowned, shared, table_full)
   }
+}
+
+bool SimWorld::fail_split(SimGroup& group, const SimGroup::Slot& slot, int group_rank,
+                          std::int64_t seq) {
+  const std::string split = split_disagreement(group, slot, group_rank);
+  if (split.empty()) {
+    return false;
+  }
+  fail_slot(group, seq, ErrorCode::CollectiveMismatch,
+            "ranks disagree on operation #" + std::to_string(seq) + " of group " + *group.label +
+                ": " + split);
+  abort_group_or_out_of_memory(group, seq + 1, "operation #", seq, " was a collective mismatch");
+  return true;
 }
 
 std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::Slot& slot,

@@ -609,8 +609,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Operations of a communicator complete in order; failed ones are skipped.
   void advance_completion(SimGroup& group);
   // Note [Completable groups]: called wherever a group's slots, their arrivals or faults, or its
-  // next_to_complete change.
-  void update_completable(SimGroup& group) noexcept;
+  // next_to_complete change. Inlined (Note [Inlined hot helpers]): start calls it at every
+  // arrival.
+  [[gnu::always_inline]] inline void update_completable(SimGroup& group) noexcept;
   // The k-th completable group's head operation, in group order, as a uniform choice sees the
   // candidate completions (Note [Completable groups]; k < completable_groups_).
   Decision kth_completable(std::size_t k) const;
@@ -666,6 +667,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // all_to_all, which judge_arrival does not ask about: has_all_to_all).
   std::string split_disagreement(const SimGroup& group, const SimGroup::Slot& slot,
                                  int group_rank) const;
+  // judge_arrival, for an arrival with an all_to_all: fails operation `seq` (CollectiveMismatch)
+  // and aborts the communicator after it if split_disagreement finds a disagreement; returns
+  // whether it did. Out of line: the arrivals without an all_to_all make no string for it.
+  bool fail_split(SimGroup& group, const SimGroup::Slot& slot, int group_rank, std::int64_t seq);
   void notify_off_rank_waiters();
   // Guard pages (Note [Guard pages]): protects the outputs `start` poisoned, or unprotects a
   // work's outputs before the simulator touches them. Do nothing without guard mode.
@@ -771,6 +776,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // Every rank's host allocator, or null for core's pool (Note [Simulator allocator]).
   std::shared_ptr<SimAllocator> allocator_;
   std::vector<transport::Buffer> guarded_;  // start's outputs to guard (kept: no allocation)
+  std::string guard_what_;                  // and what guard_outputs names them (guard mode)
   std::string replay_line_;                 // set_replay_line
   std::uint64_t data_hash_ = 0;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
