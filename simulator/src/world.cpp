@@ -549,6 +549,7 @@ void SimGroup::recycle_slot(SlotNode&& node) noexcept {
     arrival.site = CallSite{};
   }
   slot.arrived = 0;
+  slot.lowest_arrived = -1;
   slot.fault.reset();
   slot.fault_random = false;
   slot.fault_detail.clear();
@@ -907,8 +908,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     }
     try {
       // A new slot has none; one recycled from another run's group has that group's count
-      // (Note [Recycled slots]).
-      if (entry->second.arrivals.size() != group.ranks.size()) {
+      // (Note [Recycled slots]); one found here was sized by the start that made it.
+      if (created && entry->second.arrivals.size() != group.ranks.size()) {
         entry->second.arrivals.resize(group.ranks.size());
       }
       // Room for the input snapshots (a spare slot's arrival usually has it already). The ops
@@ -987,10 +988,15 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     std::shared_ptr<SimWork>(work).swap(arrival.work);
     arrival.site = info.site;
     slot->arrived += 1;
+    const int reference_member = slot->lowest_arrived;
+    if (reference_member < 0 || group_rank < reference_member) {
+      slot->lowest_arrived = group_rank;
+    }
     update_completable(group);
     record(SimEvent::Kind::Arrive, rank, *work);
     try {
-      judge_arrival(group, *slot, group_rank, rank, info, fingerprint, slot_fault);
+      judge_arrival(group, *slot, group_rank, reference_member, rank, info, fingerprint,
+                    slot_fault);
     } catch (const std::bad_alloc&) {
       fail_out_of_memory(group, info.seq);
     }
@@ -1036,19 +1042,28 @@ SimWorld::EarlyFailure SimWorld::early_failure(const SimGroup& group, const SimW
   return early;
 }
 
-void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_rank, int rank,
-                             const transport::OpInfo& info,
+void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_rank,
+                             int reference_member, int rank, const transport::OpInfo& info,
                              const transport::Fingerprint& fingerprint,
                              const std::optional<FiredFault>& slot_fault) {
-  // Compare with the first other arrival: every arrival is compared, so all must agree.
+  // Compare with the first other arrival (in group-rank order): every arrival is compared, so all
+  // must agree. The slot keeps which one that is (Slot::lowest_arrived); debug builds check it
+  // against a scan of the members.
+  if constexpr (kCheckDecisions) {
+    int scanned = -1;
+    for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
+      if (slot.arrivals[i].arrived && static_cast<int>(i) != group_rank) {
+        scanned = static_cast<int>(i);
+        break;
+      }
+    }
+    CHORUS_CHECK_EQ(reference_member, scanned);
+  }
   const SimGroup::Arrival* reference = nullptr;
   int reference_rank = -1;
-  for (std::size_t i = 0; i < slot.arrivals.size(); ++i) {
-    if (slot.arrivals[i].arrived && static_cast<int>(i) != group_rank) {
-      reference = &slot.arrivals[i];
-      reference_rank = group.ranks[i];
-      break;
-    }
+  if (reference_member >= 0) {
+    reference = &slot.arrivals[static_cast<std::size_t>(reference_member)];
+    reference_rank = group.ranks[static_cast<std::size_t>(reference_member)];
   }
   if (reference != nullptr && (!reference->work->fingerprint().same_ops(fingerprint) ||
                                !same_op_name(reference->op_name(), info.name))) {

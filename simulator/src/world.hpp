@@ -332,6 +332,9 @@ struct SimGroup {
   struct Slot {
     std::vector<Arrival> arrivals;  // by group rank
     int arrived = 0;
+    // The lowest group rank that arrived, or -1: judge_arrival's reference for the next arrival
+    // (the first other member that arrived, in group-rank order), without a scan of the members.
+    int lowest_arrived = -1;
     // An injected TransportError or Hang on this operation (Note [Fault injection]): which
     // member's fault it is, as reported in faults_fired, and its description for the members'
     // errors.
@@ -712,8 +715,9 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // start, once `rank` arrived at operation info.seq of `group`: compares its arrival with the
   // others' (CollectiveMismatch), marks its fault, fails it if a member can never arrive.
   // Inlined into start (Note [Inlined hot helpers]).
+  // `reference_member` is the lowest group rank that arrived before it, or -1 (the first).
   [[gnu::always_inline]] inline void judge_arrival(SimGroup& group, SimGroup::Slot& slot,
-                                                   int group_rank, int rank,
+                                                   int group_rank, int reference_member, int rank,
                                                    const transport::OpInfo& info,
                                                    const transport::Fingerprint& fingerprint,
                                                    const std::optional<FiredFault>& slot_fault);
