@@ -114,8 +114,9 @@ constexpr std::uint64_t decision_code_prefix(Decision::Kind kind, int rank, std:
 }
 
 // Whether `group`'s head operation can be completed now: the lowest outstanding seq, the next to
-// complete, every member arrived, no Hang fault (Note [Completable groups]).
-bool head_can_complete(const SimGroup& group) noexcept {
+// complete, every member arrived, no Hang fault (Note [Completable groups]). Inlined into
+// update_completable, which start calls at every arrival (Note [Inlined hot helpers]).
+[[gnu::always_inline]] inline bool head_can_complete(const SimGroup& group) noexcept {
   const auto head = group.slots.begin();
   return head != group.slots.end() && head->first == group.next_to_complete &&
          head->second.arrived == static_cast<int>(group.ranks.size()) && !head->second.hangs();
