@@ -1068,24 +1068,7 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
   }
   if (reference != nullptr && (!reference->work->fingerprint().same_ops(fingerprint) ||
                                !same_op_name(reference->op_name(), info.name))) {
-    const auto issued = [](std::string_view op, const transport::Fingerprint& print) {
-      const std::string name(op);
-      const std::string ops_text = print.to_string();
-      return ops_text.rfind(name + "(", 0) == 0 ? ops_text : name + " " + ops_text;
-    };
-    std::ostringstream detail;
-    detail << "ranks disagree on operation #" << info.seq << " of group " << *group.label
-           << ": rank " << reference_rank << " issued "
-           << issued(reference->op_name(), reference->work->fingerprint()) << " at "
-           << reference->site.to_string() << "; rank " << rank << " issued "
-           << issued(std::string(info.name), fingerprint) << " at " << info.site.to_string();
-    if (reference->op_name() == info.name &&
-        reference->work->fingerprint().differs_only_in_layout(fingerprint)) {
-      detail << transport::kLayoutMismatchNote;  // the signatures print alike
-    }
-    fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
-    abort_group_or_out_of_memory(group, info.seq + 1, "operation #", info.seq,
-                                 " was a collective mismatch");
+    fail_mismatch(group, *reference, reference_rank, rank, info, fingerprint);
   } else if (!has_all_to_all(slot.arrivals[static_cast<std::size_t>(group_rank)]) ||
              !fail_split(group, slot, group_rank, info.seq)) {
     if (slot_fault) {
@@ -1096,6 +1079,29 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
       check_absent_members(group, info.seq, slot);  // the slot at hand: no lookup
     }
   }
+}
+
+void SimWorld::fail_mismatch(SimGroup& group, const SimGroup::Arrival& reference,
+                             int reference_rank, int rank, const transport::OpInfo& info,
+                             const transport::Fingerprint& fingerprint) {
+  const auto issued = [](std::string_view op, const transport::Fingerprint& print) {
+    const std::string name(op);
+    const std::string ops_text = print.to_string();
+    return ops_text.rfind(name + "(", 0) == 0 ? ops_text : name + " " + ops_text;
+  };
+  std::ostringstream detail;
+  detail << "ranks disagree on operation #" << info.seq << " of group " << *group.label << ": rank "
+         << reference_rank << " issued "
+         << issued(reference.op_name(), reference.work->fingerprint()) << " at "
+         << reference.site.to_string() << "; rank " << rank << " issued "
+         << issued(std::string(info.name), fingerprint) << " at " << info.site.to_string();
+  if (reference.op_name() == info.name &&
+      reference.work->fingerprint().differs_only_in_layout(fingerprint)) {
+    detail << transport::kLayoutMismatchNote;  // the signatures print alike
+  }
+  fail_slot(group, info.seq, ErrorCode::CollectiveMismatch, detail.str());
+  abort_group_or_out_of_memory(group, info.seq + 1, "operation #", info.seq,
+                               " was a collective mismatch");
 }
 
 void SimWorld::fail_out_of_memory(SimGroup& group, std::int64_t seq) noexcept {

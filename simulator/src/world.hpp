@@ -721,6 +721,15 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
                                                    const transport::OpInfo& info,
                                                    const transport::Fingerprint& fingerprint,
                                                    const std::optional<FiredFault>& slot_fault);
+  // judge_arrival, for an arrival whose ops or name disagree with those of `reference` (world
+  // rank `reference_rank`): fails operation info.seq with CollectiveMismatch naming both, and
+  // aborts the communicator after it. Out of line, cold: start's usual path then holds none of
+  // its text's making (a stream and its strings).
+  [[gnu::cold, gnu::noinline]] void fail_mismatch(SimGroup& group,
+                                                  const SimGroup::Arrival& reference,
+                                                  int reference_rank, int rank,
+                                                  const transport::OpInfo& info,
+                                                  const transport::Fingerprint& fingerprint);
   // Note [Operation positions]: judge_arrival ran out of memory; fails the operation and aborts
   // the communicator after it. Allocates nothing it cannot do without: never throws.
   void fail_out_of_memory(SimGroup& group, std::int64_t seq) noexcept;
