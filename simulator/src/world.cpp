@@ -878,34 +878,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     // A spare slot keeps its arrivals' room (SimGroup::spare_slots).
     auto entry = group.slots.find(info.seq);
     const bool created = entry == group.slots.end();
+    bool from_spare = false;
     if (created) {
-      // Room among the spares for every slot of the group, this one included, so that
-      // recycle_slot allocates nothing (SimGroup::spare_slots); only a new high allocates, and
-      // then before anything changed.
-      const std::size_t room = group.slots.size() + group.spare_slots.size() + 1;
-      if (group.spare_slots.capacity() < room) {
-        group.spare_slots.reserve(std::max(room, 2 * group.spare_slots.capacity()));
-      }
-    }
-    if (created && group.spare_slots.empty()) {
-      // Note [Recycled slots]: one an earlier run's group left on this thread.
-      if (RecycledSlots::Node recycled = RecycledSlots::take(); !recycled.empty()) {
-        group.spare_slots.push_back(std::move(recycled));  // reserved above: allocates nothing
-      }
-    }
-    const bool from_spare = created && !group.spare_slots.empty();
-    if (from_spare) {
-      SimGroup::SlotNode spare = std::move(group.spare_slots.back());
-      group.spare_slots.pop_back();
-      spare.key() = info.seq;
-      entry = group.slots.insert(group.slots.end(), std::move(spare));  // allocates nothing
-    } else if (created) {
-      entry = group.slots.try_emplace(group.slots.end(), info.seq);
-    }
-    // Note [Completable groups]: only a slot made here changes the group; finding one (the
-    // later members' starts) changes nothing until the arrival below, which updates it.
-    if (created) {
-      update_completable(group);
+      entry = make_slot(group, info.seq, from_spare);
     }
     try {
       // A new slot has none; one recycled from another run's group has that group's count
@@ -1013,6 +988,38 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   }
   yield(rank);
   return work;
+}
+
+std::map<std::int64_t, SimGroup::Slot>::iterator SimWorld::make_slot(SimGroup& group,
+                                                                     std::int64_t seq,
+                                                                     bool& from_spare) {
+  // Room among the spares for every slot of the group, this one included, so that recycle_slot
+  // allocates nothing (SimGroup::spare_slots); only a new high allocates, and then before
+  // anything changed.
+  const std::size_t room = group.slots.size() + group.spare_slots.size() + 1;
+  if (group.spare_slots.capacity() < room) {
+    group.spare_slots.reserve(std::max(room, 2 * group.spare_slots.capacity()));
+  }
+  if (group.spare_slots.empty()) {
+    // Note [Recycled slots]: one an earlier run's group left on this thread.
+    if (RecycledSlots::Node recycled = RecycledSlots::take(); !recycled.empty()) {
+      group.spare_slots.push_back(std::move(recycled));  // reserved above: allocates nothing
+    }
+  }
+  std::map<std::int64_t, SimGroup::Slot>::iterator entry;
+  from_spare = !group.spare_slots.empty();
+  if (from_spare) {
+    SimGroup::SlotNode spare = std::move(group.spare_slots.back());
+    group.spare_slots.pop_back();
+    spare.key() = seq;
+    entry = group.slots.insert(group.slots.end(), std::move(spare));  // allocates nothing
+  } else {
+    entry = group.slots.try_emplace(group.slots.end(), seq);
+  }
+  // Note [Completable groups]: only a slot made here changes the group; finding one (the later
+  // members' starts) changes nothing until the arrival, which updates it.
+  update_completable(group);
+  return entry;
 }
 
 SimWorld::EarlyFailure SimWorld::early_failure(const SimGroup& group, const SimWork& work,

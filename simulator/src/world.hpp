@@ -721,6 +721,13 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
                                                    const transport::OpInfo& info,
                                                    const transport::Fingerprint& fingerprint,
                                                    const std::optional<FiredFault>& slot_fault);
+  // start, for an operation `seq` of `group` that has no slot yet: makes one (a spare of the
+  // group's or of an earlier run's, else a new one) and sets `from_spare` to whether it was a
+  // spare. Throws std::bad_alloc before anything changed. Out of line: most starts find their
+  // slot.
+  [[gnu::noinline]] std::map<std::int64_t, SimGroup::Slot>::iterator make_slot(SimGroup& group,
+                                                                               std::int64_t seq,
+                                                                               bool& from_spare);
   // judge_arrival, for an arrival whose ops or name disagree with those of `reference` (world
   // rank `reference_rank`): fails operation info.seq with CollectiveMismatch naming both, and
   // aborts the communicator after it. Out of line, cold: start's usual path then holds none of
