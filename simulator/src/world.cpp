@@ -868,10 +868,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     guarded_.reserve(ops.size());  // no allocation a run without guard mode
     guard_what_ = guard_description(*work, group, rank, info.site);
   }
-  std::optional<EarlyFailure> early;  // only for an operation that fails at once
   SimGroup::Slot* slot = nullptr;
   if (fails_early) {
-    early.emplace(early_failure(group, *work, info.seq));
+    early_ = early_failure(group, *work, info.seq);
   } else {
     // Last: a slot made here is erased again if making its arrivals or its spare failure record
     // fails, and nothing after it can throw before the operation counts.
@@ -931,7 +930,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   }
 
   if (fails_early) {
-    fail_work(*work, std::move(early->error), std::move(early->event));
+    fail_work(*work, std::move(early_.error), std::move(early_.event));
   } else {
     SimGroup::Arrival& arrival = slot->arrivals[static_cast<std::size_t>(group_rank)];
     CHORUS_CHECK(!arrival.arrived);

@@ -797,7 +797,11 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::shared_ptr<SimAllocator> allocator_;
   std::vector<transport::Buffer> guarded_;  // start's outputs to guard (kept: no allocation)
   std::string guard_what_;                  // and what guard_outputs names them (guard mode)
-  std::string replay_line_;                 // set_replay_line
+  // An operation that fails at once: its error and event, made by start before it counts and
+  // used (moved out) once it counted, with no scheduling point between. A member, not a local:
+  // the usual start makes no std::optional of it to set up and tear down.
+  EarlyFailure early_;
+  std::string replay_line_;  // set_replay_line
   std::uint64_t data_hash_ = 0;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
   std::unique_ptr<RankExecutor> executor_;
