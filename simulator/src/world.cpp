@@ -967,7 +967,13 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     if (reference_member < 0 || group_rank < reference_member) {
       slot->lowest_arrived = group_rank;
     }
-    update_completable(group);
+    // Note [Completable groups]: only the arrival that fills its slot can make the group's head
+    // completable; one that leaves the slot short changes nothing the kept state says (the head
+    // is this slot, still short, or another one, unchanged). Debug builds check the kept state at
+    // every decision.
+    if (slot->arrived == static_cast<int>(group.ranks.size())) {
+      update_completable(group);
+    }
     record(SimEvent::Kind::Arrive, rank, *work);
     try {
       judge_arrival(group, *slot, group_rank, reference_member, rank, info, fingerprint,
@@ -2164,11 +2170,12 @@ void SimWorld::advance_completion(SimGroup& group) {
 // they change only with a group's slots: an operation created, arrived at, marked with a fault,
 // completed or failed, or next_to_complete moving on. So each of those places calls
 // update_completable, which judges the group's head again and keeps SimGroup::completable and
-// their count, completable_groups_. A uniform choice needs only the count, and the group of a
-// chosen completion is found by kth_completable (one decision in ten in a typical run); PCT
-// weighs every candidate and still lists them by the scan. Either way the candidates, and so
-// every seed's schedule, are the same; debug builds check the kept set against the scan at every
-// decision.
+// their count, completable_groups_; of the arrivals, only the one that fills its slot (start: one
+// that leaves it short leaves the head short, or another slot, unchanged). A uniform choice needs
+// only the count, and the group of a chosen completion is found by kth_completable (one decision in
+// ten in a typical run); PCT weighs every candidate and still lists them by the scan. Either way
+// the candidates, and so every seed's schedule, are the same; debug builds check the kept set
+// against the scan at every decision.
 void SimWorld::update_completable(SimGroup& group) noexcept {
   const bool completable = head_can_complete(group);
   if (completable != group.completable) {

@@ -613,7 +613,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void advance_completion(SimGroup& group);
   // Note [Completable groups]: called wherever a group's slots, their arrivals or faults, or its
   // next_to_complete change. Inlined (Note [Inlined hot helpers]): start calls it at every
-  // arrival.
+  // arrival that fills its slot.
   [[gnu::always_inline]] inline void update_completable(SimGroup& group) noexcept;
   // The k-th completable group's head operation, in group order, as a uniform choice sees the
   // candidate completions (Note [Completable groups]; k < completable_groups_).
