@@ -34,7 +34,8 @@ class RankExecutor {
   virtual void suspend(int rank) = 0;
   // Whether body(rank) has returned.
   virtual bool finished(int rank) const = 0;
-  // Releases the contexts; every body must have returned.
+  // Releases the contexts; every body must have returned, and each executor checks that it has
+  // (CHORUS_CHECK, release builds too): SimWorld::run relies on this check at a run's end.
   virtual void stop() = 0;
 };
 

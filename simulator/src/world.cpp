@@ -71,7 +71,8 @@ bool current_rank_of_thread_is_none() noexcept { return this_thread_rank.world =
 // Note [Inlined hot helpers]
 // GCC at -O3 left the small helpers of every decision and every operation as calls (execute,
 // kth_runnable, set_phase, bind, yield, decision_code, DecisionStream::choose, current_rank,
-// wait_on_rank, judge_arrival, overlaps, has_all_to_all): each call saved and restored the
+// wait_on_rank, judge_arrival, overlaps, has_all_to_all; later take_step, run_rank,
+// update_completable, head_can_complete): each call saved and restored the
 // caller's registers and spilled what it held, often more than the helper's own work. They are
 // [[gnu::always_inline]] (GCC and Clang), which took bench_sim's BM_Schedule4Ranks8Collectives
 // from 278.9k to 270.5k instructions per schedule; they behave exactly as before. A member

@@ -552,8 +552,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   };
 
   void rank_body(int rank);
-  // yield, bind, take_step, run_rank, execute, set_phase, kth_runnable: Note [Inlined hot
-  // helpers] (world.cpp only).
+  // yield, bind, take_step, run_rank, execute, set_phase, kth_runnable, update_completable,
+  // judge_arrival: Note [Inlined hot helpers] (world.cpp only).
   [[gnu::always_inline]] inline void yield(int rank);
   [[gnu::always_inline]] inline void bind(int rank) noexcept;
   // run()'s set-up: each rank's context and transport, the runnable set, the executor started.

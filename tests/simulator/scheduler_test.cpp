@@ -667,64 +667,81 @@ TEST(SimScheduler, OperationsFailingAtOnceLeaveNothingStagedInTheirComm) {
 // (SimGroup::Slot::lowest_arrived, kept at each arrival and reset with the slot). Operation #3
 // takes a slot that operations #0 to #2 used before it, so a member left over from them would be
 // named (or, not arrived yet, read without a work): the mismatch must name the lowest member
-// that arrived before the one that disagreed, whatever the arrival order.
+// that arrived before the one that disagreed, whatever the arrival order. Run on the whole world
+// and on ranks 1 to 3, whose group ranks are not their ranks (a group rank named as a rank would
+// be off by one); some seed must let a lower member arrive after a higher one, or the lowest
+// would never have moved down.
 TEST(SimScheduler, AMismatchOnARecycledSlotNamesTheLowestMemberArrivedBefore) {
   constexpr int kRanks = 4;
-  std::vector<std::vector<float>> sends(kRanks);
-  std::vector<std::vector<float>> recvs(kRanks);
-  std::vector<std::string> errors(kRanks);
-  const auto program = [&] {
-    const auto me = static_cast<std::size_t>(rank());
-    const std::shared_ptr<transport::Comm> comm =
-        RankContext::current()->transport().create_comm("quad", {0, 1, 2, 3});
-    sends[me].assign(2, 1.0F);
-    recvs[me].assign(2, 0.0F);
-    errors[me].clear();
-    transport::OpInfo info;
-    info.name = "all_reduce";
-    for (std::int64_t seq = 0; seq <= 3; ++seq) {
-      info.seq = seq;
-      // Operation #3: rank 3 reduces two elements, the others one.
-      const std::size_t count = seq == 3 && me == 3 ? 2 : 1;
-      try {
-        comm->all_reduce(floats(sends[me], 0, count), floats(recvs[me], 0, count),
-                         ReduceOp::Kind::Sum, info)
-            ->wait(transport::Deadline::never());
-      } catch (const Error& error) {
-        errors[me] = error.what();
+  for (const std::vector<int>& members :
+       {std::vector<int>{0, 1, 2, 3}, std::vector<int>{1, 2, 3}}) {
+    std::vector<std::vector<float>> sends(kRanks);
+    std::vector<std::vector<float>> recvs(kRanks);
+    std::vector<std::string> errors(kRanks);
+    const auto program = [&] {
+      const auto me = static_cast<std::size_t>(rank());
+      if (std::find(members.begin(), members.end(), rank()) == members.end()) {
+        return;
+      }
+      const std::shared_ptr<transport::Comm> comm =
+          RankContext::current()->transport().create_comm("members", members);
+      sends[me].assign(2, 1.0F);
+      recvs[me].assign(2, 0.0F);
+      errors[me].clear();
+      transport::OpInfo info;
+      info.name = "all_reduce";
+      for (std::int64_t seq = 0; seq <= 3; ++seq) {
+        info.seq = seq;
+        // Operation #3: rank 3 reduces two elements, the others one.
+        const std::size_t count = seq == 3 && me == 3 ? 2 : 1;
+        try {
+          comm->all_reduce(floats(sends[me], 0, count), floats(recvs[me], 0, count),
+                           ReduceOp::Kind::Sum, info)
+              ->wait(transport::Deadline::never());
+        } catch (const Error& error) {
+          errors[me] = error.what();
+        }
+      }
+    };
+    int arrivals_out_of_order = 0;
+    for (std::uint64_t seed = 0; seed < 16; ++seed) {
+      SimOptions options = quiet(kRanks, seed);
+      options.record_events = true;
+      const SimReport report = sim::run(options, program);
+      EXPECT_EQ(report.collectives_completed, 3U) << "seed " << seed;
+      // The members that arrived at operation #3 before the one that disagreed.
+      const std::string& error = errors[static_cast<std::size_t>(members.front())];
+      const std::size_t at = error.find("issued all_reduce(Float32, send=");
+      ASSERT_NE(at, std::string::npos) << error;
+      const std::size_t named = error.rfind("rank ", at);
+      const std::size_t second = error.find("; rank ", at);
+      ASSERT_NE(second, std::string::npos) << error;
+      const int reference = std::stoi(error.substr(named + 5));
+      const int judged = std::stoi(error.substr(second + 7));
+      int lowest_before = kRanks;
+      int last_before = -1;
+      for (const sim::SimEvent& event : report.events) {
+        if (event.kind != sim::SimEvent::Kind::Arrive || event.seq != 3) {
+          continue;
+        }
+        if (event.rank == judged) {
+          break;
+        }
+        if (event.rank < last_before) {
+          ++arrivals_out_of_order;
+        }
+        last_before = event.rank;
+        lowest_before = std::min(lowest_before, event.rank);
+      }
+      EXPECT_EQ(reference, lowest_before) << "seed " << seed << ": " << error;
+      // Every member fails with that text, under its own context.
+      const std::string detail = error.substr(error.find("ranks disagree on operation #3"));
+      for (const int member : members) {
+        const std::string& text = errors[static_cast<std::size_t>(member)];
+        EXPECT_NE(text.find(detail), std::string::npos) << "seed " << seed << ": " << text;
       }
     }
-  };
-  for (std::uint64_t seed = 0; seed < 16; ++seed) {
-    SimOptions options = quiet(kRanks, seed);
-    options.record_events = true;
-    const SimReport report = sim::run(options, program);
-    EXPECT_EQ(report.collectives_completed, 3U) << "seed " << seed;
-    // The members that arrived at operation #3 before the one that disagreed.
-    const std::string& error = errors[0];
-    const std::size_t at = error.find("issued all_reduce(Float32, send=");
-    ASSERT_NE(at, std::string::npos) << error;
-    const std::size_t named = error.rfind("rank ", at);
-    const std::size_t second = error.find("; rank ", at);
-    ASSERT_NE(second, std::string::npos) << error;
-    const int reference = std::stoi(error.substr(named + 5));
-    const int judged = std::stoi(error.substr(second + 7));
-    int lowest_before = kRanks;
-    for (const sim::SimEvent& event : report.events) {
-      if (event.kind != sim::SimEvent::Kind::Arrive || event.seq != 3) {
-        continue;
-      }
-      if (event.rank == judged) {
-        break;
-      }
-      lowest_before = std::min(lowest_before, event.rank);
-    }
-    EXPECT_EQ(reference, lowest_before) << "seed " << seed << ": " << error;
-    // Every member fails with that text, under its own context.
-    const std::string detail = error.substr(error.find("ranks disagree on operation #3"));
-    for (const std::string& text : errors) {
-      EXPECT_NE(text.find(detail), std::string::npos) << "seed " << seed << ": " << text;
-    }
+    EXPECT_GT(arrivals_out_of_order, 0) << "no seed let a lower member arrive after a higher one";
   }
 }
 
