@@ -552,6 +552,10 @@ Buffer buffer_of(const Tensor& contiguous) {
 Buffer buffer_like(const Buffer& send, const Tensor& output) {
   const std::shared_ptr<detail::Storage>& storage = TensorAccess::storage(output);
   CHORUS_CHECK(storage != nullptr);
+#ifndef NDEBUG
+  // An output not made by new_output_like from the send buffer's tensor would not fit it.
+  CHORUS_CHECK(storage->nbytes() == send.nbytes());
+#endif
   return Buffer{.data = storage->data(),
                 .count = send.count,
                 .dtype = send.dtype,
@@ -593,7 +597,9 @@ std::uint64_t layout_digest(std::span<const std::int64_t> sizes, std::int64_t di
 // layout_digest of `input`'s sizes and `dim`, remembered by the rank for the input's layout
 // object (Note [Remembered layout digests] in rank_state.hpp). Only the comparison is inline: a
 // digest made and remembered (a shared_ptr assignment) out of line kept GCC from inlining more of
-// the collectives' path around it.
+// the collectives' path around it. For the input's whole sizes only: the memo's key (layout,
+// dim) does not say which sizes were digested, so a caller digesting a part of them (a subspan)
+// calls layout_digest itself.
 [[gnu::noinline]] std::uint64_t digest_and_remember(detail::RankState& state, const Tensor& input,
                                                     std::int64_t dim) {
   const std::uint64_t digest = layout_digest(input.sizes(), dim);

@@ -17,7 +17,8 @@ struct TensorAccess {
   static const std::shared_ptr<Storage>& storage(const Tensor& tensor) noexcept {
     return tensor.storage_;
   }
-  // The tensor's layout, shared by its copies and views of the same shape (null when undefined).
+  // The tensor's layout, shared by its copies and views of the same shape (null when undefined or
+  // moved from).
   static const std::shared_ptr<const TensorLayout>& layout(const Tensor& tensor) noexcept {
     return tensor.layout_;
   }
