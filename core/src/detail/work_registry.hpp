@@ -356,8 +356,8 @@ class WorkRegistry : public std::enable_shared_from_this<WorkRegistry> {
   // Lists `work` (not yet registered anywhere) in a slot reserve() made.
   void list_locked(std::shared_ptr<PendingWork> work) noexcept;
   // Puts `work` (listed) under `storage` (alive, attached to no other registry) in links
-  // reserve() made.
-  void link_locked(PendingWork& work, Storage* storage) noexcept;
+  // reserve() made. Inline, defined in work_registry.cpp, its only user (add_reserved).
+  inline void link_locked(PendingWork& work, Storage* storage) noexcept;
   // Unlists `work` (listed): its slot becomes a hole, and the list is compacted once holes are
   // the majority, so the list keeps issue order and unlisting costs O(1) amortised.
   void unlist_locked(PendingWork& work) noexcept;
