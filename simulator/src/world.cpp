@@ -1725,8 +1725,11 @@ void SimWorld::complete_operation(SimGroup& group) {
   const std::size_t num_ops = slot.arrivals[0].ops.size();
   PerRank<const void*>& sources = sources_;  // kept across operations: no allocation
   // Every case below sets all `size` entries before it reads one: sized, not filled (a fill was a
-  // memset call per completion).
-  sources.resize(size);
+  // memset call per completion). Nearly always the size is the last completion's already: tested
+  // first, as resize takes its out-of-line growing path for an equal size too.
+  if (sources.size() != size) {
+    sources.resize(size);
+  }
   for (std::size_t i = 0; i < num_ops; ++i) {
     const SimOp& first = slot.arrivals[0].ops[i];
     const DType dtype = first.send.dtype;
@@ -1734,14 +1737,22 @@ void SimWorld::complete_operation(SimGroup& group) {
     switch (first.kind) {
       case transport::OpKind::AllReduce: {
         // Reduce into rank 0's output unless it overlaps another rank's input, then copy.
+        // bytes_overlap's test, with rank 0's side (null or empty overlaps nothing) judged once
+        // rather than once an input.
         sources[0] = first.send.data;
         bool recv0_overlaps = false;
+        const auto* const recv0 = static_cast<const unsigned char*>(first.recv.data);
         const std::size_t recv0_bytes = first.recv.nbytes();
+        const bool recv0_may_overlap = recv0 != nullptr && recv0_bytes > 0;
         for (std::size_t j = 1; j < size; ++j) {
           const transport::Buffer& send = slot.arrivals[j].ops[i].send;
           sources[j] = send.data;
-          recv0_overlaps = recv0_overlaps ||
-                           bytes_overlap(first.recv.data, recv0_bytes, send.data, send.nbytes());
+          if (recv0_may_overlap && !recv0_overlaps) {
+            const auto* const input = static_cast<const unsigned char*>(send.data);
+            const std::size_t input_bytes = send.nbytes();
+            recv0_overlaps = input != nullptr && input_bytes > 0 && recv0 < input + input_bytes &&
+                             input < recv0 + recv0_bytes;
+          }
         }
         void* target = first.recv.data;
         if (recv0_overlaps) {

@@ -281,6 +281,28 @@ TEST(ReductionOrder, AnOutputOverlappingAnotherMembersInputIsReducedWhole) {
   EXPECT_EQ(shared, std::vector<float>(shared.size(), 7.0f));
 }
 
+// Rank 0's output overlapping another member's input an element further on, in a small operation
+// (one block): reduced straight into rank 0's output, each element written would be read again as
+// rank 2's next input, so the operation is reduced aside and copied out (complete_operation's
+// overlap test). Every element must be 1 + 2 + 1 + 3 = 7.
+TEST(ReductionOrder, RankZerosOutputOverlappingAnotherMembersInputIsReducedAside) {
+  constexpr std::int64_t kCount = 64;
+  std::vector<float> shared(static_cast<std::size_t>(kCount + 1), 1.0f);
+  std::vector<std::vector<float>> results(kRanks);
+  const SimReport report = sim::run(options_for(ReductionOrder::Fixed), [&] {
+    const std::size_t me = testing::rank_slot();
+    Tensor tensor = me == 0   ? Tensor::from_blob(shared.data() + 1, {kCount}, DType::Float32)
+                    : me == 2 ? Tensor::from_blob(shared.data(), {kCount}, DType::Float32)
+                              : Tensor::full({kCount}, static_cast<double>(me == 1 ? 2 : 3));
+    results[me] = all_reduce_inplace(tensor, "sum", world()).to_vector<float>();
+  });
+  EXPECT_TRUE(report.ok());
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r], std::vector<float>(kCount, 7.0f)) << "rank " << r;
+  }
+  EXPECT_EQ(shared, std::vector<float>(shared.size(), 7.0f));
+}
+
 TEST(ReductionOrder, AvgAndPremulSumCombineInTheOrder) {
   const auto program = [](float contribution) {
     const Tensor input = Tensor::full({1}, contribution);
