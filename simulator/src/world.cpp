@@ -1787,8 +1787,8 @@ void SimWorld::complete_operation(SimGroup& group) {
           unsigned char* reduced = static_cast<unsigned char*>(target) + offset;
           reduce_contributions(reduced, block_from, size, length, dtype, first.reduce_op, seq, size,
                                0);
-          for (std::size_t j = 0; j < size; ++j) {
-            auto* recv = static_cast<unsigned char*>(slot.arrivals[j].ops[i].recv.data) + offset;
+          for (const SimGroup::Arrival& arrival : slot.arrivals) {  // `size` of them
+            auto* recv = static_cast<unsigned char*>(arrival.ops[i].recv.data) + offset;
             if (recv == reduced) {
               continue;
             }
