@@ -64,13 +64,130 @@ RankState::~RankState() {
     first_expanded_group_.ranks.clear();
     first_expanded_group_.group_size = 0;
     SpareExpandedGroups::give(first_expanded_group_);
-    // The slots end here rather than with comms_, each key's member list's room kept
-    // (SpareMemberLists; one not kept ends with its node, as with comms_).
-    while (!comms_.empty()) {
-      auto node = comms_.extract(comms_.begin());
-      SpareMemberLists::give(node.key().second);
-    }
+    end_slots();
   }
+}
+
+void RankState::end_slots() noexcept {
+  // The slots end here rather than with comms_, each key's member list's room kept
+  // (SpareMemberLists; one not kept ends with its node, as with comms_).
+  while (!comms_.empty()) {
+    auto node = comms_.extract(comms_.begin());
+    SpareMemberLists::give(node.key().second);
+  }
+}
+
+// Note [Reused rank states]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A simulated run makes a RankContext per rank and ends them with the run, run after run on the
+// thread that runs the simulation. Beyond the blocks and rooms recycled for it (Note [Recycled
+// rank states]), a fresh RankState allocated and freed again, per rank and run, its device byte
+// count and its streams (two shared_ptrs), and built chorus::world()'s list (~4,000 instructions a
+// schedule of 4 ranks, with the block and room handling), and ended and made again its
+// communicator slots (~1,500 more). So a RankContext that ends parks its state on its thread
+// (SpareRankStates in RankContext's code) and the next RankContext made there restarts it
+// instead of making one: end_rank() drops everything that belongs to the rank, in the
+// destructor's order (host pool parked, communicators, partitions, registry, options,
+// transport), resets every value the rank computed (the remembered layout digest and supported
+// call, the scratch groups' contents, the trace, finished) to the member's initial value, and
+// keeps only
+//   - the device byte count and the streams, where nothing else holds them (no block, no work of
+//     the rank outlived it): the count is 0 then (checked, else a fresh one is made), and the
+//     streams go back to a fresh one's state (CurrentStreams::reset_unshared);
+//   - chorus::world()'s list, immutable and the same for every rank of a world size: restart()
+//     keeps it for a world of its size, else drops it (world_ranks() builds it then);
+//   - up to kKeptSlotsMax communicator slots, each without its communicator and back at sequence
+//     number 0: the rest of a slot (its key and label) is a function of its key, and a slot that
+//     comm_slot finds is used as one it makes (ensure_comm creates the communicator; a partition
+//     is set up again, partitions_ being emptied), so a kept one is the slot a fresh state would
+//     make, without the key, the node and the label made again (and last_key_ and last_slot_
+//     keep pointing at it). More slots than that end, so that a program that names new groups
+//     run after run does not grow the map;
+//   - world_slot, where its slot is kept, with what it comes with (Note [Repeated world calls]):
+//     the first scratch group's expansion of world(), a function of the world's size, as the
+//     world list; restart() drops all three for a world of another size. A rank's first call on
+//     world() then takes the slot as its later calls do, instead of expanding the group and
+//     looking the slot up;
+//   - room: the scratch groups' and count lists' heap blocks, emptied.
+// restart() then sets what the constructor sets from its arguments, allocating the new registry
+// and host pool first, so that running out of memory leaves a state that can still be destroyed.
+// Only room and values that a fresh state would compute identically travel between runs;
+// RankStateReuse tests in core_api_test check that a reused state starts as a fresh one. A member
+// added to RankState must be reset in end_rank() (or be one of the kept ones above). Off where
+// recycling is off (recycling_enabled()), as every recycled block.
+void RankState::end_rank() noexcept {
+  HostPool::park(std::move(host_pool_));
+  if (comms_.size() <= kKeptSlotsMax) {
+    for (auto& entry : comms_) {
+      entry.second.comm.reset();
+      entry.second.next_seq = 0;
+    }
+  } else {
+    end_slots();
+    last_key_ = nullptr;
+    last_slot_ = nullptr;
+    world_slot = nullptr;
+  }
+  partitions_.clear();
+  if (world_slot == nullptr) {  // else it stays with world()'s expansion, both kept
+    first_expanded_group_.tag.clear();
+    first_expanded_group_.ranks.clear();
+    first_expanded_group_.group_size = 0;
+  }
+  for (const std::unique_ptr<ExpandedGroup>& group : nested_expanded_groups_) {
+    group->tag.clear();
+    group->ranks.clear();
+    group->group_size = 0;
+  }
+  expanded_groups_in_use_ = 0;
+  last_supported.reset();
+  digested_layout.reset();
+  digested_dim = 0;
+  layout_digest = 0;
+  send_counts_scratch.clear();
+  recv_counts_scratch.clear();
+  finished = false;
+  trace = nullptr;
+  if (device_bytes_.use_count() != 1 || device_bytes_->load(std::memory_order_acquire) != 0) {
+    device_bytes_.reset();  // restart() makes a fresh one
+  }
+  if (streams_.use_count() == 1) {
+    streams_->reset_unshared();
+  } else {
+    streams_.reset();  // restart() makes a fresh one
+  }
+  registry_.reset();
+  options_ = RankOptions{};
+  transport_.reset();
+}
+
+void RankState::restart(std::shared_ptr<transport::Transport> transport, RankOptions options) {
+  std::shared_ptr<WorkRegistry> registry =
+      std::allocate_shared<WorkRegistry>(transport::RecyclingAllocator<WorkRegistry>{});
+  std::shared_ptr<HostPool> host_pool = HostPool::make(options.host_pool_bytes_max);
+  if (device_bytes_ == nullptr) {
+    device_bytes_ = std::allocate_shared<std::atomic<std::size_t>>(
+        transport::RecyclingAllocator<std::atomic<std::size_t>>{}, 0);
+  }
+  if (streams_ == nullptr) {
+    streams_ =
+        std::allocate_shared<CurrentStreams>(transport::RecyclingAllocator<CurrentStreams>{});
+  }
+  rank_ = transport->rank();
+  world_size_ = transport->world_size();
+  CHORUS_CHECK_GE(rank_, 0);
+  CHORUS_CHECK_LT(rank_, world_size_);
+  if (world_ranks_ != nullptr && world_ranks_->size() != static_cast<std::size_t>(world_size_)) {
+    world_ranks_.reset();
+    world_slot = nullptr;  // Note [Repeated world calls]: its expansion is another world's
+    first_expanded_group_.tag.clear();
+    first_expanded_group_.ranks.clear();
+    first_expanded_group_.group_size = 0;
+  }
+  transport_ = std::move(transport);
+  options_ = std::move(options);
+  registry_ = std::move(registry);
+  host_pool_ = std::move(host_pool);
 }
 
 const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
@@ -209,9 +326,31 @@ void RankState::raise_deferred_error() {
 
 namespace {
 
-// Note [Recycled rank states]: a RankState in a recycled block.
+// Ends a RankState made in a recycled block (make_rank_state).
+struct EndRankState {
+  void operator()(detail::RankState* state) const noexcept {
+    state->~RankState();
+    transport::RecyclingAllocator<detail::RankState>{}.deallocate(state, 1);
+  }
+};
+// Note [Reused rank states]: the states of the ranks that ended on this thread, kept for the next
+// RankContexts made on it; the thread's end destroys those still kept.
+using SpareRankState = std::unique_ptr<detail::RankState, EndRankState>;
+struct SpareRankStatesTag {};
+using SpareRankStates =
+    transport::RecycledObjects<SpareRankState, transport::kRecycledBlocksMax, SpareRankStatesTag>;
+
+// Note [Recycled rank states]: a RankState in a recycled block, or one that a rank which ended on
+// this thread left (Note [Reused rank states]).
 std::unique_ptr<detail::RankState> make_rank_state(std::shared_ptr<transport::Transport> transport,
                                                    RankOptions options) {
+  if (transport::recycling_enabled()) {
+    SpareRankState spare;
+    if (SpareRankStates::take(spare)) {
+      spare->restart(std::move(transport), std::move(options));  // spare ends it if this throws
+      return std::unique_ptr<detail::RankState>(spare.release());
+    }
+  }
   transport::RecyclingAllocator<detail::RankState> allocator;
   detail::RankState* block = allocator.allocate(1);
   try {
@@ -236,10 +375,12 @@ RankContext::~RankContext() {
     state_->registry()->complete_all_at_exit();
   }
   // Note [Recycled rank states]: the block goes back to this thread's list (state_'s own delete
-  // would free it).
-  detail::RankState* state = state_.release();
-  state->~RankState();
-  transport::RecyclingAllocator<detail::RankState>{}.deallocate(state, 1);
+  // would free it), or the state to this thread's spare states (Note [Reused rank states]).
+  SpareRankState state(state_.release());
+  if (transport::recycling_enabled()) {
+    state->end_rank();
+    SpareRankStates::give(state);  // moved from when kept; else `state` ends it
+  }
 }
 
 int RankContext::rank() const noexcept { return state_->rank(); }

@@ -46,6 +46,12 @@ class CurrentStreams {
     const std::lock_guard lock(mutex_);
     streams_.clear();
   }
+  // Back to the state of a fresh one (no stream, never set), for a rank state that is reused
+  // (Note [Reused rank states]). Only for an object nothing else holds: it takes no lock.
+  void reset_unshared() noexcept {
+    streams_.clear();
+    ever_set_.store(false, std::memory_order_relaxed);
+  }
 
  private:
   mutable std::mutex mutex_;

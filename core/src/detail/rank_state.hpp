@@ -52,6 +52,14 @@ class RankState {
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
 
+  // Note [Reused rank states]: end_rank() drops everything of the rank that ended (its
+  // transport, options, registry, communicators and every value it computed), keeping only what
+  // a fresh state would make again identically, and empty room; restart() makes the state the
+  // one the constructor would make for `transport` and `options`. Throws as the constructor
+  // does; the state may be destroyed afterwards either way.
+  void end_rank() noexcept;
+  void restart(std::shared_ptr<transport::Transport> transport, RankOptions options);
+
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return world_size_; }
   transport::Transport& transport() noexcept { return *transport_; }
@@ -140,8 +148,10 @@ class RankState {
   // only for world(). Only world()'s list qualifies: the rank state holds it and never replaces
   // it, so no other list can take its address, and it is valid by construction (expand_group_into
   // checks no list of it either). Every rank state starts with it null (the member's
-  // initializer), one made in a recycled block too (Note [Recycled rank states]): a slot never
-  // outlives its run.
+  // initializer), one made in a recycled block too (Note [Recycled rank states]); a reused one
+  // (Note [Reused rank states]) keeps it only with its slot, emptied of the run's communicator,
+  // and world()'s expansion, for a world of the same size: a communicator never outlives its
+  // run.
   CommSlot* world_slot = nullptr;
 
   // Note [Remembered layout digests]
@@ -152,8 +162,8 @@ class RankState {
   // rank keeps the last layout it digested, with the dim and the digest: a call whose input has
   // that very layout object and dim takes the digest. The layout is held, not only its address, so
   // no other layout can be made at that address while it is kept; a layout is immutable, so its
-  // sizes, and their digest, never change. Dropped with the rank state: nothing travels between
-  // runs.
+  // sizes, and their digest, never change. Dropped with the rank state (or by end_rank(), Note
+  // [Reused rank states]): nothing travels between runs.
   std::shared_ptr<const TensorLayout> digested_layout;
   std::int64_t digested_dim = 0;
   std::uint64_t layout_digest = 0;
@@ -171,6 +181,10 @@ class RankState {
   // world_ranks()'s first call, once per rank: out of line, so that chorus::world(), inlined into
   // every collective's caller, stays small.
   [[gnu::noinline]] void build_world_ranks();
+  // Ends the communicator slots, each key's member list's room kept (SpareMemberLists).
+  void end_slots() noexcept;
+  // The communicator slots end_rank() keeps at most (Note [Reused rank states]).
+  static constexpr std::size_t kKeptSlotsMax = 4;
 
   int rank_;
   int world_size_;
