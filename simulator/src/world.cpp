@@ -326,7 +326,7 @@ using RecycledAbortReasons = transport::RecycledRooms<std::string, AbortReasonTa
 // AddressSanitizer or while testing::recycle_blocks_enabled is false.
 class RecycledSlots {
  public:
-  using Node = std::map<std::int64_t, SimGroup::Slot>::node_type;
+  using Node = SimGroup::SlotNode;
 
   // A spare slot of an earlier group, or an empty node when none is kept.
   static Node take() noexcept {
@@ -996,31 +996,31 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   return work;
 }
 
-std::map<std::int64_t, SimGroup::Slot>::iterator SimWorld::make_slot(SimGroup& group,
-                                                                     std::int64_t seq,
-                                                                     bool& from_spare) {
+SeqTable<SimGroup::Slot>::iterator SimWorld::make_slot(SimGroup& group, std::int64_t seq,
+                                                       bool& from_spare) {
   // Room among the spares for every slot of the group, this one included, so that recycle_slot
-  // allocates nothing (SimGroup::spare_slots); only a new high allocates, and then before
-  // anything changed.
+  // allocates nothing (SimGroup::spare_slots), and in the table for this one, so that inserting
+  // a spare allocates nothing; only a new high allocates, and then before anything changed.
   const std::size_t room = group.slots.size() + group.spare_slots.size() + 1;
   if (group.spare_slots.capacity() < room) {
     group.spare_slots.reserve(std::max(room, 2 * group.spare_slots.capacity()));
   }
+  group.slots.reserve_one();
   if (group.spare_slots.empty()) {
     // Note [Recycled slots]: one an earlier run's group left on this thread.
     if (RecycledSlots::Node recycled = RecycledSlots::take(); !recycled.empty()) {
       group.spare_slots.push_back(std::move(recycled));  // reserved above: allocates nothing
     }
   }
-  std::map<std::int64_t, SimGroup::Slot>::iterator entry;
+  SeqTable<SimGroup::Slot>::iterator entry;
   from_spare = !group.spare_slots.empty();
   if (from_spare) {
     SimGroup::SlotNode spare = std::move(group.spare_slots.back());
     group.spare_slots.pop_back();
     spare.key() = seq;
-    entry = group.slots.insert(group.slots.end(), std::move(spare));  // allocates nothing
+    entry = group.slots.insert(std::move(spare));  // reserved above: allocates nothing
   } else {
-    entry = group.slots.try_emplace(group.slots.end(), seq);
+    entry = group.slots.try_emplace(seq);
   }
   // Note [Completable groups]: only a slot made here changes the group; finding one (the later
   // members' starts) changes nothing until the arrival, which updates it.

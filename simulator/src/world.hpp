@@ -203,6 +203,7 @@
 #include "decision_stream.hpp"
 #include "executor.hpp"
 #include "rng.hpp"
+#include "seq_table.hpp"
 #include "sim_allocator.hpp"
 
 namespace chorus::sim::detail {
@@ -350,8 +351,9 @@ struct SimGroup {
   };
   using Failures = std::map<std::int64_t, Failure>;
 
-  std::map<std::int64_t, Slot> slots;  // outstanding operations by seq
-  Failures failures;                   // failed operations by seq
+  // Outstanding operations by seq (Note [Flat slot table] in seq_table.hpp).
+  SeqTable<Slot> slots;
+  Failures failures;  // failed operations by seq
   // Note [Operation positions]: nodes for `failures` made in advance, at least one per
   // outstanding operation (start makes one as it makes a slot, before its operation counts),
   // which fail_slot uses when making one is refused. Keys 0 .. size - 1: fail_slot takes the last.
@@ -359,13 +361,12 @@ struct SimGroup {
   // Slots of completed operations, emptied but keeping their arrivals (and each arrival's room
   // for ops): start takes one before making a slot, so a communicator allocates slots only for a
   // new high of outstanding operations (failed slots are erased, not recycled). A stack of the
-  // map's node handles (start takes the last; the key is set as it goes back into `slots`), not a
-  // map: no tree to rebalance twice an operation. Its capacity covers every slot the group has
-  // (slots.size() + spare_slots.size()), reserved by start before it makes one, so that
-  // recycle_slot allocates nothing; inline for up to 4. A stale Slot* or Arrival* now reads a
-  // recycled slot instead of freed memory, which ASan would have reported: hold none across a
-  // scheduling point.
-  using SlotNode = std::map<std::int64_t, Slot>::node_type;
+  // table's node handles (start takes the last; the key is set as it goes back into `slots`). Its
+  // capacity covers every slot the group has (slots.size() + spare_slots.size()), reserved by start
+  // before it makes one, so that recycle_slot allocates nothing; inline for up to 4. A stale Slot*
+  // or Arrival* now reads a recycled slot instead of freed memory, which ASan would have reported:
+  // hold none across a scheduling point.
+  using SlotNode = SeqTable<Slot>::node_type;
   boost::container::small_vector<SlotNode, 4> spare_slots;
   std::int64_t next_to_complete = 0;
   // Its head operation can be completed now: kept by SimWorld::update_completable (Note
@@ -725,9 +726,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // group's or of an earlier run's, else a new one) and sets `from_spare` to whether it was a
   // spare. Throws std::bad_alloc before anything changed. Out of line: most starts find their
   // slot.
-  [[gnu::noinline]] std::map<std::int64_t, SimGroup::Slot>::iterator make_slot(SimGroup& group,
-                                                                               std::int64_t seq,
-                                                                               bool& from_spare);
+  [[gnu::noinline]] SeqTable<SimGroup::Slot>::iterator make_slot(SimGroup& group, std::int64_t seq,
+                                                                 bool& from_spare);
   // judge_arrival, for an arrival whose ops or name disagree with those of `reference` (world
   // rank `reference_rank`): fails operation info.seq with CollectiveMismatch naming both, and
   // aborts the communicator after it. Out of line, cold: start's usual path then holds none of
