@@ -179,13 +179,14 @@ class SeqTable {
     }
   }
   Entry** end_address() noexcept { return entries_.data() + entries_.size(); }
-  // The first entry from the front whose seq is at least `seq` (above it, when `above`). A scan:
-  // the table holds a handful of entries.
+  // The first entry whose seq is at least `seq` (above it, when `above`). A scan from the back:
+  // the table holds a handful of entries, and the one asked for is nearly always the newest (a
+  // later member's arrival) or none yet (the first member's, about to append).
   Entry** first_from(std::int64_t seq, bool above) noexcept {
-    Entry** at = entries_.data();
-    Entry** const last = end_address();
-    while (at != last && ((*at)->first < seq || (above && (*at)->first == seq))) {
-      ++at;
+    Entry** const first = entries_.data();
+    Entry** at = end_address();
+    while (at != first && (above ? at[-1]->first > seq : at[-1]->first >= seq)) {
+      --at;
     }
     return at;
   }
