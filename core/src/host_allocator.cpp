@@ -51,7 +51,7 @@ std::shared_ptr<HostPool> HostPool::make(std::size_t cached_bytes_max) {
 }
 
 void HostPool::park(std::shared_ptr<HostPool>&& pool) noexcept {
-  // use_count() == 1: no other reference (no block's deleter holds one) can appear any more;
+  // use_count() == 1: no other reference (no block holds one) can appear any more;
   // only a holder could copy it.
   if (pool != nullptr && transport::recycling_enabled() && pool.use_count() == 1) {
     pool->limit_to(kSparePoolCachedBytesMax);  // make() sets the next rank's limit
@@ -83,15 +83,90 @@ HostPool::~HostPool() {
   }
 }
 
+// Note [A block's control block in its tail]
+// A block's shared_ptr needs a control block, which was a heap block of its own (recycled per
+// thread, Note [Recycled blocks]): taken when the block was handed out and given back after the
+// deleter had returned the bytes to the pool, ~34 instructions a block besides the pool's own
+// work. Each block the pool makes now has kTailBytes more, after its bytes, and its control block
+// is built there (TailAllocator hands out the tail) with the pool's reference beside it
+// (pool_reference_in): the block and its control block are one allocation, handed out and given
+// back together. The deleter keeps the bytes (KeepsBytes); they go back to the pool when the
+// control block's memory is given back (TailAllocator::deallocate): right after the deleter ran,
+// or, if a weak_ptr of the block outlives its last shared_ptr (chorus takes none), when that
+// ends. deallocate moves the pool's reference out of the tail before it gives the block back
+// (another thread may take it at once) and drops it after, so the pool outlives the call. The
+// cached byte counts and limits count the blocks' bytes without their tails, as before, and a
+// block's address is its bytes' address, as before. The Storage's own control block stays apart:
+// ~Storage, and its drop notice, run when the last tensor goes, while a transport may still hold
+// the bytes (Buffer::keep_alive).
+namespace {
+
+constexpr std::size_t kTailBytes = HostPool::kAlignment;
+// Where in a block's tail its pool's reference lives: after the control block.
+constexpr std::size_t kPoolReferenceOffset = kTailBytes - sizeof(std::shared_ptr<HostPool>);
+
+std::shared_ptr<HostPool>* pool_reference_in(void* tail) noexcept {
+  return static_cast<std::shared_ptr<HostPool>*>(
+      static_cast<void*>(static_cast<char*>(tail) + kPoolReferenceOffset));
+}
+
+// The deleter of a pooled block: the bytes outlive the call (TailAllocator gives them back).
+struct KeepsBytes {
+  void operator()(void* /*block*/) const noexcept {}
+};
+
+}  // namespace
+
+template <class T>
+class HostPool::TailAllocator {
+ public:
+  using value_type = T;
+
+  TailAllocator(void* tail, std::size_t rounded_bytes) noexcept
+      : tail_(tail), rounded_bytes_(rounded_bytes) {}
+  template <class U>
+  TailAllocator(const TailAllocator<U>& other) noexcept  // NOLINT(google-explicit-constructor)
+      : tail_(other.tail_), rounded_bytes_(other.rounded_bytes_) {}
+
+  // The control block, once, in the tail before the pool's reference.
+  T* allocate(std::size_t n) noexcept {
+    static_assert(sizeof(T) <= kPoolReferenceOffset && alignof(T) <= HostPool::kAlignment);
+    CHORUS_CHECK_EQ(n, 1u);
+    return static_cast<T*>(tail_);
+  }
+  // The control block has ended: the block goes back to its pool.
+  void deallocate(T* control, std::size_t n) noexcept {
+    CHORUS_CHECK_EQ(n, 1u);
+    CHORUS_CHECK(static_cast<void*>(control) == tail_);
+    std::shared_ptr<HostPool>* slot = pool_reference_in(tail_);
+    const std::shared_ptr<HostPool> owner = std::move(*slot);
+    slot->~shared_ptr();
+    owner->release(static_cast<char*>(tail_) - rounded_bytes_, rounded_bytes_);
+  }
+
+  template <class U>
+  bool operator==(const TailAllocator<U>& other) const noexcept {
+    return tail_ == other.tail_;
+  }
+
+ private:
+  template <class U>
+  friend class TailAllocator;
+
+  void* tail_;
+  std::size_t rounded_bytes_;
+};
+
 // Note [A block's reference to its pool]
-// A block's deleter holds its pool, so that a block freed after its rank ended (a tensor kept
-// past the run) still returns to a live pool; the pool goes with its last block. The deleter
-// copies the reference the caller holds (the rank's), rather than taking one from the pool
-// (enable_shared_from_this): a copy of a shared_ptr is a plain increment until the process first
-// starts a second thread (libstdc++ then counts atomically for good, Note [Atomic counts per
-// operation]), where shared_from_this() locks a weak_ptr, a locked compare-exchange on every
-// block even then. The guarantee is the same: the block holds one strong reference until its
-// deleter runs. HostPool::park's use_count() == 1 still means that no block is out.
+// A block holds its pool (in its tail, Note [A block's control block in its tail]), so that a block
+// freed after its rank ended (a tensor kept past the run) still returns to a live pool; the pool
+// goes with its last block. The block copies the reference the caller holds (the rank's), rather
+// than taking one from the pool (enable_shared_from_this): a copy of a shared_ptr is a plain
+// increment until the process first starts a second thread (libstdc++ then counts atomically for
+// good, Note [Atomic counts per operation]), where shared_from_this() locks a weak_ptr, a locked
+// compare-exchange on every block even then. The guarantee is the same: the block holds one strong
+// reference until it is back in the pool. HostPool::park's use_count() == 1 still means that no
+// block is out.
 std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,
                                          std::size_t nbytes) {
   CHORUS_CHECK(pool != nullptr);
@@ -110,12 +185,13 @@ std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,
     }
   }
   if (block == nullptr) {
-    block = aligned_block(rounded);
+    block = aligned_block(rounded + kTailBytes);
   }
-  // The control block is recycled (Note [Recycled blocks]).
-  return std::shared_ptr<void>(
-      block, [owner = pool, rounded](void* p) { owner->release(p, rounded); },
-      transport::RecyclingAllocator<char>{});
+  // Note [A block's control block in its tail]: the reference first, then the control block,
+  // whose allocation cannot fail.
+  void* tail = static_cast<char*>(block) + rounded;
+  ::new (pool_reference_in(tail)) std::shared_ptr<HostPool>(pool);
+  return std::shared_ptr<void>(block, KeepsBytes{}, TailAllocator<char>(tail, rounded));
 }
 
 void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {

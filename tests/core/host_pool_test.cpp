@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -132,7 +134,7 @@ TEST(HostPool, AParkedPoolIsTheNextMadeOnTheThreadWithItsBlocks) {
   EXPECT_EQ(next->cached_bytes(), 2048u);
 }
 
-// Each block's deleter holds its pool (a copy of the caller's reference, not one taken from the
+// Each block holds its pool (a copy of the caller's reference, not one taken from the
 // pool itself): a block freed after every other holder of its pool let go (its rank ended)
 // still returns to a live pool, which goes with the last block.
 TEST(HostPool, ABlockOutlivingEveryOtherHolderKeepsItsPool) {
@@ -152,11 +154,36 @@ TEST(HostPool, ABlockOutlivingEveryOtherHolderKeepsItsPool) {
   EXPECT_TRUE(watch.expired());
 }
 
+// Note [A block's control block in its tail]: a block's control block and its pool's reference
+// live after its bytes, in the same allocation. Every byte of the block is the caller's: filling
+// them all leaves the block's return to its pool intact, and the block goes back (with the same
+// address) only once its control block ends, after the last weak_ptr of it too.
+TEST(HostPool, ABlocksBytesAreAllItsOwnAndItGoesBackWithItsControlBlock) {
+  auto pool = std::make_shared<HostPool>(1024);
+  const std::weak_ptr<HostPool> watch = pool;
+  std::shared_ptr<void> block = HostPool::allocate(pool, 500);  // 512 bytes, rounded
+  void* const bytes = block.get();
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(bytes) % HostPool::kAlignment, 0u);
+  std::memset(bytes, 0xff, 512);
+  std::weak_ptr<void> weak = block;
+  block.reset();
+  EXPECT_EQ(pool->cached_bytes(), 0u);  // the control block is still alive: so is the block
+  weak.reset();
+  EXPECT_EQ(pool->cached_bytes(), 512u);
+  std::shared_ptr<void> again = HostPool::allocate(pool, 512);
+  EXPECT_EQ(again.get(), bytes);
+  std::memset(again.get(), 0xff, 512);
+  pool.reset();
+  EXPECT_FALSE(watch.expired());  // the block's reference, in its tail
+  again.reset();                  // the last holder: the pool goes with it
+  EXPECT_TRUE(watch.expired());
+}
+
 TEST(HostPool, APoolWithABlockOutIsNotParked) {
   const auto others = take_spare_pools();
   std::shared_ptr<HostPool> pool = HostPool::make(1024);
   HostPool* const first = pool.get();
-  std::shared_ptr<void> out = HostPool::allocate(pool, 256);  // its deleter holds the pool
+  std::shared_ptr<void> out = HostPool::allocate(pool, 256);  // it holds the pool
   HostPool::park(std::move(pool));
   std::shared_ptr<HostPool> next = HostPool::make(1024);
   EXPECT_NE(next.get(), first);  // `first` is still alive: a different pool

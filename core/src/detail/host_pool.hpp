@@ -5,7 +5,7 @@
 // 18 GB/s for re-touched memory, so freed blocks are kept (bucketed by exact rounded size) up to
 // a byte limit and handed out again.
 //
-// Thread-safe: blocks may be freed on any thread. Each block's deleter holds the pool, so blocks
+// Thread-safe: blocks may be freed on any thread. Each block holds the pool, so blocks
 // freed after the rank ended still return safely (Note [A block's reference to its pool]).
 
 #include <cstddef>
@@ -40,10 +40,12 @@ class HostPool {
   // A parked pool keeps at most this many bytes of its cached blocks.
   static constexpr std::size_t kSparePoolCachedBytesMax = std::size_t{64} << 10;
 
-  // A 64-byte aligned block of at least `nbytes` (> 0) bytes from `pool`, whose deleter gives it
-  // back to `pool` and holds a copy of that reference until then (Note [A block's reference to
-  // its pool]). `pool` must own the pool: the pointer make() returned, or a copy of it (not an
-  // aliasing or non-owning one, which would neither keep the pool alive nor count for park).
+  // A 64-byte aligned block of at least `nbytes` (> 0) bytes from `pool`, given back to `pool`
+  // when its last reference ends, and holding a copy of that reference until then (Note [A
+  // block's reference to its pool]; its control block lives in the block, Note [A block's
+  // control block in its tail]). `pool` must own the pool: the pointer make() returned, or a copy
+  // of it (not an aliasing or non-owning one, which would neither keep the pool alive nor count for
+  // park).
   static std::shared_ptr<void> allocate(const std::shared_ptr<HostPool>& pool, std::size_t nbytes);
 
   std::size_t cached_bytes() const;
@@ -57,6 +59,11 @@ class HostPool {
   [[gnu::noinline]] void release_slow(void* block, std::size_t rounded_bytes) noexcept;
   // The free blocks of `rounded_bytes`, or null when that size has no bucket. Under mutex_.
   std::vector<void*>* bucket_locked(std::size_t rounded_bytes);
+
+  // The allocator of a block's control block, which it places in the block's tail (Note [A
+  // block's control block in its tail], host_allocator.cpp).
+  template <class T>
+  class TailAllocator;
 
   mutable transport::FutexMutex mutex_;                              // Note [Futex mutex]
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks_;  // rounded size -> blocks
