@@ -1,3 +1,6 @@
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -84,33 +87,48 @@ HostPool::~HostPool() {
 }
 
 // Note [A block's control block in its tail]
-// A block's shared_ptr needs a control block, which was a heap block of its own (recycled per
-// thread, Note [Recycled blocks]): taken when the block was handed out and given back after the
-// deleter had returned the bytes to the pool, ~34 instructions a block besides the pool's own
-// work. Each block the pool makes now has kTailBytes more, after its bytes, and its control block
-// is built there (TailAllocator hands out the tail) with the pool's reference beside it
-// (pool_reference_in): the block and its control block are one allocation, handed out and given
-// back together. The deleter keeps the bytes (KeepsBytes); they go back to the pool when the
-// control block's memory is given back (TailAllocator::deallocate): right after the deleter ran,
-// or, if a weak_ptr of the block outlives its last shared_ptr (chorus takes none), when that
-// ends. deallocate moves the pool's reference out of the tail before it gives the block back
-// (another thread may take it at once) and drops it after, so the pool outlives the call. The
-// cached byte counts and limits count the blocks' bytes without their tails, as before, and a
-// block's address is its bytes' address, as before. The Storage's own control block stays apart:
-// ~Storage, and its drop notice, run when the last tensor goes, while a transport may still hold
-// the bytes (Buffer::keep_alive).
+// A block's shared_ptr needs a control block, and a host storage (make_host_storage) one of its
+// own, each a heap block of its own (recycled per thread, Note [Recycled blocks]): taken when
+// the block was handed out and given back after the deleter had returned the bytes to the pool,
+// ~34 instructions a block besides the pool's own work, and as much for the storage's. Each
+// block the pool makes now has kTailBytes more, after its bytes: its control block is built
+// there (TailAllocator hands out the tail) with the pool's reference, the block's rounded size
+// and a count of the tail's owners beside it, and room for one more object (the storage, its
+// control block and all: allocate_with_room, and the caller's allocator gives it back with
+// release_room). The block, its control block and its storage are one allocation. The deleter
+// keeps the bytes (KeepsBytes); they go back to the pool when the last owner of the tail, the
+// block's control block or the storage's, is given back (release_tail): the block's right after
+// its deleter ran, the storage's after ~Storage, in either order (a transport may keep the bytes
+// after the last tensor went, Buffer::keep_alive), each later if a weak_ptr of it outlives its
+// last shared_ptr (chorus takes none). The two control blocks stay apart, so ~Storage, and its
+// drop notice, still run when the last tensor goes. A count of 1 is final (counts only fall), so
+// the last owner reads it and the first alone decrements it: one read-modify-write per storage,
+// none for a block without one. The last owner moves the pool's reference out of the tail before
+// it gives the block back (another thread may take it at once) and drops it after, so the pool
+// outlives the call. The cached byte counts and limits count the blocks' bytes without their
+// tails, as before, and a block's address is its bytes' address, as before.
 namespace {
 
-constexpr std::size_t kTailBytes = HostPool::kAlignment;
-// Where in a block's tail its pool's reference lives: after the control block.
-constexpr std::size_t kPoolReferenceOffset = kTailBytes - sizeof(std::shared_ptr<HostPool>);
+// A block's tail, after its bytes: its control block, the pool's reference, the count of the
+// tail's owners (the control block, and the object in the room when there is one), the block's
+// rounded size, and the room.
+constexpr std::size_t kControlBlockBytes = 48;
+constexpr std::size_t kPoolReferenceOffset = kControlBlockBytes;
+constexpr std::size_t kOwnersOffset = kPoolReferenceOffset + sizeof(std::shared_ptr<HostPool>);
+constexpr std::size_t kRoundedOffset = kOwnersOffset + 8;
+constexpr std::size_t kRoomOffset = 96;
+constexpr std::size_t kTailBytes = kRoomOffset + HostPool::kRoomBytes;
+static_assert(kRoundedOffset + sizeof(std::size_t) <= kRoomOffset);
+static_assert(kTailBytes % HostPool::kAlignment == 0 &&
+              kRoomOffset % alignof(std::max_align_t) == 0);
 
-std::shared_ptr<HostPool>* pool_reference_in(void* tail) noexcept {
-  return static_cast<std::shared_ptr<HostPool>*>(
-      static_cast<void*>(static_cast<char*>(tail) + kPoolReferenceOffset));
+template <class T>
+T* in_tail(void* tail, std::size_t offset) noexcept {
+  return static_cast<T*>(static_cast<void*>(static_cast<char*>(tail) + offset));
 }
 
-// The deleter of a pooled block: the bytes outlive the call (TailAllocator gives them back).
+// The deleter of a pooled block: the bytes outlive the call (HostPool::release_tail gives them
+// back).
 struct KeepsBytes {
   void operator()(void* /*block*/) const noexcept {}
 };
@@ -122,26 +140,22 @@ class HostPool::TailAllocator {
  public:
   using value_type = T;
 
-  TailAllocator(void* tail, std::size_t rounded_bytes) noexcept
-      : tail_(tail), rounded_bytes_(rounded_bytes) {}
+  explicit TailAllocator(void* tail) noexcept : tail_(tail) {}
   template <class U>
   TailAllocator(const TailAllocator<U>& other) noexcept  // NOLINT(google-explicit-constructor)
-      : tail_(other.tail_), rounded_bytes_(other.rounded_bytes_) {}
+      : tail_(other.tail_) {}
 
-  // The control block, once, in the tail before the pool's reference.
+  // The control block, once, at the start of the tail.
   T* allocate(std::size_t n) noexcept {
-    static_assert(sizeof(T) <= kPoolReferenceOffset && alignof(T) <= HostPool::kAlignment);
+    static_assert(sizeof(T) <= kControlBlockBytes && alignof(T) <= HostPool::kAlignment);
     CHORUS_CHECK_EQ(n, 1u);
     return static_cast<T*>(tail_);
   }
-  // The control block has ended: the block goes back to its pool.
+  // The control block has ended.
   void deallocate(T* control, std::size_t n) noexcept {
     CHORUS_CHECK_EQ(n, 1u);
     CHORUS_CHECK(static_cast<void*>(control) == tail_);
-    std::shared_ptr<HostPool>* slot = pool_reference_in(tail_);
-    const std::shared_ptr<HostPool> owner = std::move(*slot);
-    slot->~shared_ptr();
-    owner->release(static_cast<char*>(tail_) - rounded_bytes_, rounded_bytes_);
+    release_tail(tail_);
   }
 
   template <class U>
@@ -154,8 +168,27 @@ class HostPool::TailAllocator {
   friend class TailAllocator;
 
   void* tail_;
-  std::size_t rounded_bytes_;
 };
+
+void HostPool::release_tail(void* tail) noexcept {
+  // Note [A block's control block in its tail]: the last of the tail's owners gives the block
+  // back. A count of 1 is final (counts only fall), and needs no read-modify-write.
+  auto* owners = in_tail<std::atomic<std::uint32_t>>(tail, kOwnersOffset);
+  if (owners->load(std::memory_order_acquire) != 1 &&
+      owners->fetch_sub(1, std::memory_order_acq_rel) != 1) {
+    return;  // the other owner gives it back
+  }
+  owners->~atomic();
+  std::shared_ptr<HostPool>* slot = in_tail<std::shared_ptr<HostPool>>(tail, kPoolReferenceOffset);
+  const std::shared_ptr<HostPool> owner = std::move(*slot);
+  slot->~shared_ptr();
+  const std::size_t rounded = *in_tail<std::size_t>(tail, kRoundedOffset);
+  owner->release(static_cast<char*>(tail) - rounded, rounded);
+}
+
+void HostPool::release_room(void* room) noexcept {
+  release_tail(static_cast<char*>(room) - kRoomOffset);
+}
 
 // Note [A block's reference to its pool]
 // A block holds its pool (in its tail, Note [A block's control block in its tail]), so that a block
@@ -167,8 +200,12 @@ class HostPool::TailAllocator {
 // compare-exchange on every block even then. The guarantee is the same: the block holds one strong
 // reference until it is back in the pool. HostPool::park's use_count() == 1 still means that no
 // block is out.
-std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,
-                                         std::size_t nbytes) {
+//
+// Inlined into allocate and allocate_with_room, its only users (and, through link-time
+// optimization, into make_storage): GCC kept it out of line, and a call that returns the block
+// and its room through memory cost ~25 instructions a storage more than it saved.
+[[gnu::always_inline]] inline HostPool::BlockWithRoom HostPool::allocate_tail(
+    const std::shared_ptr<HostPool>& pool, std::size_t nbytes, std::uint32_t owners) {
   CHORUS_CHECK(pool != nullptr);
   CHORUS_CHECK_GT(nbytes, 0u);
   HostPool& self = *pool;
@@ -187,11 +224,24 @@ std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,
   if (block == nullptr) {
     block = aligned_block(rounded + kTailBytes);
   }
-  // Note [A block's control block in its tail]: the reference first, then the control block,
+  // Note [A block's control block in its tail]: the tail's parts first, then the control block,
   // whose allocation cannot fail.
   void* tail = static_cast<char*>(block) + rounded;
-  ::new (pool_reference_in(tail)) std::shared_ptr<HostPool>(pool);
-  return std::shared_ptr<void>(block, KeepsBytes{}, TailAllocator<char>(tail, rounded));
+  ::new (in_tail<void>(tail, kPoolReferenceOffset)) std::shared_ptr<HostPool>(pool);
+  ::new (in_tail<void>(tail, kOwnersOffset)) std::atomic<std::uint32_t>(owners);
+  *in_tail<std::size_t>(tail, kRoundedOffset) = rounded;
+  return {std::shared_ptr<void>(block, KeepsBytes{}, TailAllocator<char>(tail)),
+          in_tail<void>(tail, kRoomOffset)};
+}
+
+std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,
+                                         std::size_t nbytes) {
+  return allocate_tail(pool, nbytes, 1).block;
+}
+
+HostPool::BlockWithRoom HostPool::allocate_with_room(const std::shared_ptr<HostPool>& pool,
+                                                     std::size_t nbytes) {
+  return allocate_tail(pool, nbytes, 2);
 }
 
 void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {

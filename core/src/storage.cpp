@@ -1,6 +1,7 @@
 #include "detail/storage.hpp"
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -133,7 +134,58 @@ std::shared_ptr<void> allocate_host(std::size_t nbytes) {
   return allocate_unpooled(nbytes);
 }
 
+namespace {
+
+// The allocator of a pooled storage's control block: the room in its block's tail (Note [A
+// block's control block in its tail], host_allocator.cpp).
+template <class T>
+class RoomAllocator {
+ public:
+  using value_type = T;
+
+  explicit RoomAllocator(void* room) noexcept : room_(room) {}
+  template <class U>
+  RoomAllocator(const RoomAllocator<U>& other) noexcept  // NOLINT(google-explicit-constructor)
+      : room_(other.room_) {}
+
+  T* allocate(std::size_t n) noexcept {
+    static_assert(sizeof(T) <= HostPool::kRoomBytes && alignof(T) <= alignof(std::max_align_t));
+    CHORUS_CHECK_EQ(n, 1u);
+    return static_cast<T*>(room_);
+  }
+  void deallocate(T* control, std::size_t n) noexcept {
+    CHORUS_CHECK_EQ(n, 1u);
+    CHORUS_CHECK(static_cast<void*>(control) == room_);
+    HostPool::release_room(room_);
+  }
+
+  template <class U>
+  bool operator==(const RoomAllocator<U>& other) const noexcept {
+    return room_ == other.room_;
+  }
+
+ private:
+  template <class U>
+  friend class RoomAllocator;
+
+  void* room_;
+};
+
+}  // namespace
+
 std::shared_ptr<Storage> make_host_storage(std::size_t nbytes) {
+  if (nbytes > 0) {
+    if (RankContext* context = RankContext::current()) {
+      RankState& state = context->state();
+      if (state.options().host_allocator == nullptr) [[likely]] {
+        // A block of the rank's pool, with the storage in its tail (Note [A block's control block
+        // in its tail]): nothing between the two can throw, so the room is always filled.
+        HostPool::BlockWithRoom block = HostPool::allocate_with_room(state.host_pool(), nbytes);
+        return std::allocate_shared<Storage>(RoomAllocator<Storage>(block.room),
+                                             std::move(block.block), nbytes, Device::cpu());
+      }
+    }
+  }
   return std::allocate_shared<Storage>(transport::RecyclingAllocator<Storage>{},
                                        allocate_host(nbytes), nbytes,
                                        Device::cpu());  // Note [Recycled blocks]

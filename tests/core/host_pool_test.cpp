@@ -179,6 +179,33 @@ TEST(HostPool, ABlocksBytesAreAllItsOwnAndItGoesBackWithItsControlBlock) {
   EXPECT_TRUE(watch.expired());
 }
 
+// A block with room for one more object (make_host_storage's Storage and its control block) goes
+// back to its pool once both its own control block and the room's owner let go, in either order,
+// and its pool lives until then.
+TEST(HostPool, ABlockWithRoomGoesBackOnceBothOwnersLetGo) {
+  auto pool = std::make_shared<HostPool>(1024);
+  const std::weak_ptr<HostPool> watch = pool;
+  void* first = nullptr;
+  {
+    HostPool::BlockWithRoom block = HostPool::allocate_with_room(pool, 512);
+    first = block.block.get();
+    std::memset(block.room, 0xff, HostPool::kRoomBytes);  // all the caller's
+    std::memset(first, 0xff, 512);
+    block.block.reset();
+    EXPECT_EQ(pool->cached_bytes(), 0u);  // the room's owner still holds it
+    HostPool::release_room(block.room);
+    EXPECT_EQ(pool->cached_bytes(), 512u);
+  }
+  HostPool::BlockWithRoom again = HostPool::allocate_with_room(pool, 512);
+  EXPECT_EQ(again.block.get(), first);
+  HostPool::release_room(again.room);  // the room's owner first, this time
+  EXPECT_EQ(pool->cached_bytes(), 0u);
+  pool.reset();
+  EXPECT_FALSE(watch.expired());  // the block's reference, in its tail
+  again.block.reset();            // the last owner: back to the pool, which then goes
+  EXPECT_TRUE(watch.expired());
+}
+
 TEST(HostPool, APoolWithABlockOutIsNotParked) {
   const auto others = take_spare_pools();
   std::shared_ptr<HostPool> pool = HostPool::make(1024);

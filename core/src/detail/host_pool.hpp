@@ -9,6 +9,7 @@
 // freed after the rank ended still return safely (Note [A block's reference to its pool]).
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -48,6 +49,19 @@ class HostPool {
   // park).
   static std::shared_ptr<void> allocate(const std::shared_ptr<HostPool>& pool, std::size_t nbytes);
 
+  // The same with room after the block for one object of at most kRoomBytes (its control block
+  // and all: make_host_storage's Storage, Note [A block's control block in its tail]), which the
+  // caller must build there at once and whose allocator gives it back with release_room. The
+  // block goes back to the pool once both its own control block and the room's object ended.
+  static constexpr std::size_t kRoomBytes = 160;
+  struct BlockWithRoom {
+    std::shared_ptr<void> block;
+    void* room;
+  };
+  static BlockWithRoom allocate_with_room(const std::shared_ptr<HostPool>& pool,
+                                          std::size_t nbytes);
+  static void release_room(void* room) noexcept;
+
   std::size_t cached_bytes() const;
 
  private:
@@ -64,6 +78,11 @@ class HostPool {
   // block's control block in its tail], host_allocator.cpp).
   template <class T>
   class TailAllocator;
+  // allocate and allocate_with_room: a block whose tail has `owners` owners.
+  static BlockWithRoom allocate_tail(const std::shared_ptr<HostPool>& pool, std::size_t nbytes,
+                                     std::uint32_t owners);
+  // One owner of the block whose tail is at `tail` has ended; the last gives the block back.
+  static void release_tail(void* tail) noexcept;
 
   mutable transport::FutexMutex mutex_;                              // Note [Futex mutex]
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks_;  // rounded size -> blocks
