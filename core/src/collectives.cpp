@@ -530,17 +530,19 @@ class Call {
 
 // A contiguous tensor's elements as a transport buffer (lowered, Note [Lowering]) that keeps
 // their memory alive.
-Buffer buffer_of(const Tensor& contiguous) {
+// `numel` is contiguous.numel(), when the caller knows it (Note [Remembered layout facts]).
+Buffer buffer_of(const Tensor& contiguous, std::int64_t numel) {
   const auto& storage = TensorAccess::storage(contiguous);
   const DType dtype = contiguous.dtype();
   const DType wire = wire_dtype(dtype);
   return Buffer{contiguous.unsafe_data_ptr(),
-                static_cast<std::size_t>(contiguous.numel()) * wire_lanes(dtype),
+                static_cast<std::size_t>(numel) * wire_lanes(dtype),
                 wire,
                 contiguous.device(),
                 storage ? std::shared_ptr<const void>(storage->memory()) : nullptr,
                 wire != dtype ? std::optional<DType>(dtype) : std::nullopt};
 }
+Buffer buffer_of(const Tensor& contiguous) { return buffer_of(contiguous, contiguous.numel()); }
 
 // Note [Outputs shaped as their input]
 // An output made by new_output_like from an input (all_reduce's) holds as many elements as the
@@ -607,6 +609,11 @@ std::uint64_t layout_digest(std::span<const std::int64_t> sizes, std::int64_t di
     state.digested_layout = layout;
     state.digested_dim = dim;
     state.layout_digest = digest;
+    // Note [Remembered layout facts]: of the layout alone (a tensor with a layout is defined).
+    state.digested_numel = detail::shape_numel(layout->sizes);
+    state.digested_contiguous = input.is_contiguous();
+    state.digested_contiguous_strides =
+        detail::has_contiguous_strides(layout->sizes, layout->strides);
   }
   return digest;
 }
@@ -662,20 +669,24 @@ bool needs_canonical_bool_bytes(const Tensor& contiguous) {
 
 // Reads the input, so it waits for work pending on it first. A host Bool input is sent with
 // 0/1 bytes (Note [Bool bytes]).
+// input_buffer of a defined, contiguous host input of `numel` elements.
+Buffer contiguous_host_input_buffer(const Tensor& input, std::int64_t numel) {
+  // What contiguous() does for a contiguous host tensor (wait, then the tensor itself), without
+  // copying the Tensor: access_data's wait without its undefined, meta and device checks (this
+  // one is a defined host tensor), keeping its check that there is a storage.
+  const std::shared_ptr<detail::Storage>& storage = TensorAccess::storage(input);
+  CHORUS_CHECK(storage != nullptr);
+  storage->wait_ready();
+  if (!needs_canonical_bool_bytes(input)) {
+    return buffer_of(input, numel);
+  }
+  Tensor copy = input.clone();
+  canonicalize_bool_bytes(copy);
+  return buffer_of(copy);
+}
 Buffer input_buffer(const Tensor& input) {
   if (input.defined() && input.device().is_cpu() && input.is_contiguous()) {
-    // What contiguous() does for a contiguous host tensor (wait, then the tensor itself),
-    // without copying the Tensor: access_data's wait without its undefined, meta and device
-    // checks (this one is a defined host tensor), keeping its check that there is a storage.
-    const std::shared_ptr<detail::Storage>& storage = TensorAccess::storage(input);
-    CHORUS_CHECK(storage != nullptr);
-    storage->wait_ready();
-    if (!needs_canonical_bool_bytes(input)) {
-      return buffer_of(input);
-    }
-    Tensor copy = input.clone();
-    canonicalize_bool_bytes(copy);
-    return buffer_of(copy);
+    return contiguous_host_input_buffer(input, input.numel());
   }
   Tensor contiguous = input.contiguous();  // a fresh copy here whenever it is a host tensor
   if (needs_canonical_bool_bytes(contiguous)) {
@@ -725,6 +736,13 @@ Tensor new_output(const Call& call, const Shape& shape, DType dtype, Device devi
 Tensor new_output_like(const Call& call, const Tensor& input) {
   return allocate_output(call, input.sizes(), input.dtype(), input.device(),
                          [&] { return detail::TensorAccess::empty_like(input); });
+}
+// new_output_like from what the caller knows of `input`'s layout (TensorAccess::empty_like).
+Tensor new_output_like(const Call& call, const Tensor& input, bool contiguous_strides,
+                       std::size_t nbytes) {
+  return allocate_output(call, input.sizes(), input.dtype(), input.device(), [&] {
+    return detail::TensorAccess::empty_like(input, contiguous_strides, nbytes);
+  });
 }
 
 // A meta output under tracing: no memory, but the same refusal of shapes too large to address.
@@ -820,11 +838,32 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
   if (call.meta()) {
     return meta_output(call, input.sizes(), input.dtype());
   }
+  // Note [Remembered layout facts]
+  // A loop of collectives passes tensors of one layout (Note [Remembered layout digests] in
+  // rank_state.hpp), and all_reduce asked each input's layout the same three questions again:
+  // whether it is contiguous (input_buffer), its element count (the send buffer's count) and
+  // whether its strides are exactly the contiguous ones, with its byte count (new_output_like's
+  // empty_like), loops over its sizes and strides in three functions (with the calls and checks
+  // around them, ~80 instructions an operation for a 1-d input). They are functions of the layout
+  // alone, which is immutable, so the rank remembers them with the layout's digest, and an input
+  // whose layout is the remembered one takes them. The digest is looked up first (it neither throws
+  // nor waits), which remembers the input's layout when it was not: after it, an input with a
+  // layout is the remembered one. The facts are copied out before the input's wait.
+  detail::RankState& state = call.state();
+  const std::uint64_t digest = layout_digest_of(state, input, -1);
+  const bool remembered = TensorAccess::layout(input) != nullptr;
+  const std::int64_t numel = state.digested_numel;
+  const bool contiguous_strides = state.digested_contiguous_strides;
   // The digest set in place: with_layout's by-value Buffer was one more move (and a moved-from
   // Buffer's end) per operation.
-  Buffer send = input_buffer(input);
-  send.layout = layout_digest_of(call.state(), input, -1);
-  Tensor output = new_output_like(call, input);
+  Buffer send = remembered && state.digested_contiguous && input.device().is_cpu()
+                    ? contiguous_host_input_buffer(input, numel)
+                    : input_buffer(input);
+  send.layout = digest;
+  Tensor output = remembered
+                      ? new_output_like(call, input, contiguous_strides,
+                                        static_cast<std::size_t>(numel) * input.element_size())
+                      : new_output_like(call, input);
   Buffer recv = buffer_like(send, output);
   transport::Comm& comm = call.start(output);
   // recv by an init-capture: clang 14 cannot capture a structured binding (the same below).

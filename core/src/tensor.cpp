@@ -458,6 +458,20 @@ Tensor detail::TensorAccess::empty_like(const Tensor& like) {
   return empty_laid_out(like.nbytes(), like.layout_, dtype, device);
 }
 
+Tensor detail::TensorAccess::empty_like(const Tensor& like, bool contiguous_strides,
+                                        std::size_t nbytes) {
+#ifndef NDEBUG
+  CHORUS_CHECK(like.layout_ == nullptr ||
+               contiguous_strides == has_contiguous_strides(like.sizes(), like.strides()));
+  CHORUS_CHECK(nbytes == like.nbytes());
+#endif
+  const Device device = like.device();
+  if (device.is_meta() || like.layout_ == nullptr || !contiguous_strides) {
+    return empty(like.sizes(), like.dtype(), device);
+  }
+  return empty_laid_out(nbytes, like.layout_, like.dtype(), device);
+}
+
 // ---- Construction.
 
 Tensor::Tensor() noexcept = default;

@@ -611,6 +611,45 @@ TEST(AllReduce, ARememberedLayoutDigestCoversOnlyTheLayoutItWasMadeFor) {
   }
 }
 
+// Note [Remembered layout facts]: all_reduce takes its input's element count, contiguity and
+// exact contiguous strides from the rank's memo only for the layout they were found for. Each
+// input here is all-reduced twice in a row (the second call takes the memo), between inputs of
+// other layouts: a [2, 3] tensor, its [3, 2] transpose (not contiguous: sent as a copy, read in
+// its own order), a [1, 3] transpose of a [3, 1] tensor (contiguous, but its output gets
+// Tensor::empty's strides [3, 1], not its own [1, 1]), and the [3, 1] tensor. Facts kept from the
+// layout before would send the transpose as it lies in memory, or give the [1, 3] output the
+// shared layout's strides.
+TEST(AllReduce, RememberedLayoutFactsCoverOnlyTheLayoutTheyWereFoundFor) {
+  using Outcome = std::pair<std::vector<float>, Shape>;  // values, strides
+  std::vector<std::vector<Outcome>> outcomes(2);
+  const sim::SimReport report = sim::run(chorus::testing::quiet_options(2), [&] {
+    const Tensor matrix = Tensor::arange(6).view({2, 3});
+    const Tensor transposed = matrix.transpose(0, 1);
+    ASSERT_FALSE(transposed.is_contiguous());
+    const Tensor column = Tensor::arange(3).view({3, 1});
+    const Tensor row = column.transpose(0, 1);
+    ASSERT_TRUE(row.is_contiguous());
+    std::vector<Outcome>& mine = outcomes[rank_slot()];
+    for (const Tensor* input : {&matrix, &transposed, &row, &column, &transposed, &matrix}) {
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        const Tensor sum = all_reduce(*input, "sum", world());
+        mine.emplace_back(sum.to_vector<float>(), sum.strides());
+      }
+    }
+  });
+  ASSERT_TRUE(report.ok()) << report.to_string();
+  const Outcome matrix_sum{{0, 2, 4, 6, 8, 10}, {3, 1}};
+  const Outcome transposed_sum{{0, 6, 2, 8, 4, 10}, {2, 1}};
+  const Outcome row_sum{{0, 2, 4}, {3, 1}};
+  const Outcome column_sum{{0, 2, 4}, {1, 1}};
+  const std::vector<Outcome> expected{
+      matrix_sum, matrix_sum, transposed_sum, transposed_sum, row_sum,    row_sum,
+      column_sum, column_sum, transposed_sum, transposed_sum, matrix_sum, matrix_sum};
+  for (const std::vector<Outcome>& mine : outcomes) {
+    EXPECT_EQ(mine, expected);
+  }
+}
+
 // Note [Lowering]: the transport is asked about what it will run, the lowered dtype and
 // reduction. On a transport with neither Bool, complex nor bitwise reductions (NCCL's gaps),
 // Bool's band and bor run as min and max on UInt8 and complex sums as pairs of reals; Bool's bxor

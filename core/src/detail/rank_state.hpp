@@ -167,6 +167,13 @@ class RankState {
   std::shared_ptr<const TensorLayout> digested_layout;
   std::int64_t digested_dim = 0;
   std::uint64_t layout_digest = 0;
+  // What all_reduce's usual path asks of its input's layout besides the digest, remembered with it
+  // for digested_layout (Note [Remembered layout facts] in collectives.cpp): its element count,
+  // whether a tensor with it is contiguous (Tensor::is_contiguous), and whether its strides are
+  // exactly the contiguous ones (detail::has_contiguous_strides).
+  std::int64_t digested_numel = 0;
+  bool digested_contiguous = false;
+  bool digested_contiguous_strides = false;
 
   // all_to_all_single's wire count lists, refilled by each call instead of allocated (Note
   // [Reused count lists] in collectives.cpp).

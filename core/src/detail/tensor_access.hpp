@@ -33,6 +33,10 @@ struct TensorAccess {
   // are the contiguous ones (Note [Shared layouts]): a collective's output shaped as its input
   // (all_reduce) finds its layout without the cache's search.
   static Tensor empty_like(const Tensor& like);
+  // empty_like(like) from what the caller already knows of `like`'s layout:
+  // `contiguous_strides` is has_contiguous_strides(like.sizes(), like.strides()) and `nbytes` is
+  // like.nbytes() (Note [Remembered layout facts] in collectives.cpp).
+  static Tensor empty_like(const Tensor& like, bool contiguous_strides, std::size_t nbytes);
 
  private:
   // The tail of both: a tensor of fresh storage of `nbytes` on `device` (not meta), laid out as
