@@ -144,6 +144,9 @@ void RankState::end_rank() noexcept {
   digested_layout.reset();
   digested_dim = 0;
   layout_digest = 0;
+  digested_numel = 0;
+  digested_contiguous = false;
+  digested_contiguous_strides = false;
   send_counts_scratch.clear();
   recv_counts_scratch.clear();
   finished = false;

@@ -62,6 +62,9 @@ void expect_fresh(detail::RankState& state, const FakeTransport& transport,
   EXPECT_EQ(state.digested_layout, nullptr);
   EXPECT_EQ(state.digested_dim, 0);
   EXPECT_EQ(state.layout_digest, 0u);
+  EXPECT_EQ(state.digested_numel, 0);
+  EXPECT_FALSE(state.digested_contiguous);
+  EXPECT_FALSE(state.digested_contiguous_strides);
   EXPECT_TRUE(state.send_counts_scratch.empty());
   EXPECT_TRUE(state.recv_counts_scratch.empty());
   EXPECT_FALSE(state.finished);
