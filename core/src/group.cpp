@@ -194,7 +194,7 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
   } else if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
     // world() on this rank hands out the rank's own list of 0..W-1 (RankState::world_ranks),
     // valid by construction, so it skips the checks every other list gets. Its address cannot be
-    // reused by another list: the RankState holds it and never resets it.
+    // reused by another list: the list is never freed (Note [Shared world lists] in runtime.cpp).
     RankContext* context = RankContext::current();
     if (context == nullptr || &process_group->ranks() != context->state().built_world_ranks()) {
       check_rank_list(process_group->ranks(), op, "process group", &group);

@@ -1,8 +1,12 @@
 #include "chorus/runtime.hpp"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
@@ -200,19 +204,56 @@ const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
   return world_ranks_;
 }
 
-void RankState::build_world_ranks() {
-  // Note [Recycled rank states]: the room of an earlier rank's list, not its contents.
-  std::vector<int> ranks = SpareMemberLists::take();
-  ranks.resize(static_cast<std::size_t>(world_size_));
-  for (int r = 0; r < world_size_; ++r) {
-    ranks[static_cast<std::size_t>(r)] = r;
+// Note [Shared world lists]
+// chorus::world() hands out 0, 1, ..., W - 1, and every collective that names it copies the list's
+// shared_ptr into its group and releases it when the call ends (~20 instructions a collective), and
+// every rank of every simulated run built the list and gave it back (~190 instructions a rank). The
+// list depends on the world size only, so the process keeps one per world size, made at the first
+// world() of a rank of that size and never freed, and a rank state holds it through an ownerless
+// shared_ptr (the aliasing constructor with an empty owner): copies and releases count nothing, and
+// a group that outlives its rank, or its process's other ranks, still points at a live list. A list
+// is never freed, so no other list can take its address: Note [Repeated world calls] and
+// expand_group_into recognise world() by it. A world() group kept from an earlier run of the same
+// size is then recognised too, and it is that run's world as much as this one's: the same ranks,
+// valid for this world size. What the process keeps is one list per world size it ran.
+// Looked up once per rank state, so its lock is once per rank per run: the sizes up to
+// kSharedWorldListsFast are then found without it.
+namespace {
+
+constexpr int kSharedWorldListsFast = 64;
+
+const std::vector<int>& shared_world_list(int size) {
+  CHORUS_CHECK_GT(size, 0);
+  static std::array<std::atomic<const std::vector<int>*>, kSharedWorldListsFast + 1> fast{};
+  if (size <= kSharedWorldListsFast) {
+    if (const std::vector<int>* list =
+            fast[static_cast<std::size_t>(size)].load(std::memory_order_acquire)) {
+      return *list;
+    }
   }
-  // Made by every rank of every run: its control block is recycled (Note [Recycled blocks]), and
-  // its room goes back as the list ends (WorldList).
-  auto list =
-      std::allocate_shared<WorldList>(transport::RecyclingAllocator<WorldList>{}, std::move(ranks));
-  const std::vector<int>* list_ranks = &list->ranks;
-  world_ranks_ = std::shared_ptr<const std::vector<int>>(std::move(list), list_ranks);
+  static std::mutex mutex;
+  // Never destroyed: a group may still point into a list while static objects end.
+  static auto* const lists = new std::map<int, std::unique_ptr<const std::vector<int>>>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<const std::vector<int>>& list = (*lists)[size];
+  if (list == nullptr) {
+    std::vector<int> ranks(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      ranks[static_cast<std::size_t>(r)] = r;
+    }
+    list = std::make_unique<const std::vector<int>>(std::move(ranks));
+  }
+  if (size <= kSharedWorldListsFast) {
+    fast[static_cast<std::size_t>(size)].store(list.get(), std::memory_order_release);
+  }
+  return *list;
+}
+
+}  // namespace
+
+void RankState::build_world_ranks() {
+  world_ranks_ = std::shared_ptr<const std::vector<int>>(std::shared_ptr<const void>(),
+                                                         &shared_world_list(world_size_));
 }
 
 ExpandedGroup& RankState::push_expanded_group() {

@@ -409,11 +409,9 @@ TEST(SimScheduler, CommunicatorsOfOneKeyShareAGroupAndOthersDoNot) {
   }
 }
 
-// Note [Recycled rank states]: a rank's chorus::world() list takes its room from the lists before
-// it on the thread, emptied, and gives it back as its last holder ends: the rank state, or a group
-// made from it that outlives the rank. After runs of other sizes, with either executor, world()
-// holds this run's ranks only, and a world kept past its run (here, each rank's, by the test)
-// still holds its own.
+// Note [Shared world lists]: chorus::world()'s list is the process's one for the world size,
+// never freed. After runs of other sizes, with either executor, world() holds this run's ranks
+// only, and a world kept past its run (here, each rank's, by the test) still holds its own.
 TEST(SimScheduler, AWorldListHoldsItsOwnRanksAndOneKeptPastItsRunKeepsThem) {
   for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
     std::vector<std::optional<ProcessGroup>> kept(6);
@@ -439,6 +437,56 @@ TEST(SimScheduler, AWorldListHoldsItsOwnRanksAndOneKeptPastItsRunKeepsThem) {
     for (const std::optional<ProcessGroup>& group : kept) {
       ASSERT_TRUE(group.has_value());
       EXPECT_EQ(group->ranks(), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+    }
+  }
+}
+
+// Note [Shared world lists]: every rank of every run of one world size, on either executor, is
+// handed the same list by world(), so a world() group kept from an earlier run of that size is
+// recognised as this run's world: it reduces over every rank, before and after a call on world(),
+// tagged too. One kept from a run of another size is still checked as any list is, and refused.
+TEST(SimScheduler, AWorldListIsTheProcesssOneForItsSize) {
+  const auto sum_over = [](const GroupSpec& group, std::string_view tag) {
+    return all_reduce(Tensor::ones({1}), "sum", group, tag).item<float>();
+  };
+  std::optional<ProcessGroup> kept_four;
+  std::optional<ProcessGroup> kept_six;
+  const std::vector<int>* first_list = nullptr;
+  ASSERT_TRUE(sim::simulate(quiet(4, 3, ExecutorKind::Fibers), [&] {
+                if (rank() == 0) {
+                  kept_four.emplace(world());
+                  first_list = &world().ranks();
+                }
+                std::ignore = sum_over(world(), "");
+              }).ok());
+  ASSERT_TRUE(sim::simulate(quiet(6, 3, ExecutorKind::Fibers), [&] {
+                if (rank() == 0) {
+                  kept_six.emplace(world());
+                }
+              }).ok());
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    std::vector<const std::vector<int>*> lists(4);
+    std::vector<std::vector<float>> sums(4);
+    std::vector<std::string> refusals(4);
+    const SimReport report = sim::simulate(quiet(4, 5, executor), [&] {
+      const auto r = static_cast<std::size_t>(rank());
+      lists[r] = &world().ranks();
+      sums[r].push_back(sum_over(*kept_four, ""));
+      sums[r].push_back(sum_over(world(), ""));
+      sums[r].push_back(sum_over(*kept_four, ""));
+      sums[r].push_back(sum_over(*kept_four, "tagged"));
+      sums[r].push_back(sum_over(world(), "tagged"));
+      try {
+        std::ignore = sum_over(*kept_six, "");
+      } catch (const InvalidArgument& error) {
+        refusals[r] = error.what();
+      }
+    });
+    ASSERT_TRUE(report.ok()) << report.to_string();
+    for (std::size_t r = 0; r < 4; ++r) {
+      EXPECT_EQ(lists[r], first_list) << "rank " << r;
+      EXPECT_EQ(sums[r], (std::vector<float>{4, 4, 4, 4, 4})) << "rank " << r;
+      EXPECT_NE(refusals[r].find("process group"), std::string::npos) << refusals[r];
     }
   }
 }

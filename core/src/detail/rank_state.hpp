@@ -94,9 +94,10 @@ class RankState {
                                          std::span<const int> members, std::span<const int> parts,
                                          int part_size);
 
-  // 0, 1, ..., world_size() - 1, built at the first call and shared (chorus::world()).
+  // 0, 1, ..., world_size() - 1 (chorus::world()): the process's list for this world size, looked
+  // up at the first call and held without a count (Note [Shared world lists]).
   const std::shared_ptr<const std::vector<int>>& world_ranks();
-  // That list if world_ranks() built it, else null.
+  // That list if world_ranks() looked it up, else null.
   const std::vector<int>* built_world_ranks() const noexcept { return world_ranks_.get(); }
 
   // The ExpandedGroup a collective expands its group into, one per collective in progress on
@@ -145,13 +146,13 @@ class RankState {
   // tag is the one the scratch group holds takes the group, its members (all of it) and this slot
   // as they are. Null otherwise: every outermost call that expands a group clears it before it
   // expands (an expansion that throws leaves the scratch group changed) and sets it afterwards
-  // only for world(). Only world()'s list qualifies: the rank state holds it and never replaces
-  // it, so no other list can take its address, and it is valid by construction (expand_group_into
-  // checks no list of it either). Every rank state starts with it null (the member's
-  // initializer), one made in a recycled block too (Note [Recycled rank states]); a reused one
-  // (Note [Reused rank states]) keeps it only with its slot, emptied of the run's communicator,
-  // and world()'s expansion, for a world of the same size: a communicator never outlives its
-  // run.
+  // only for world(). Only world()'s list qualifies: it is never freed (Note [Shared world lists]
+  // in runtime.cpp), so no other list can take its address, and it is valid by construction
+  // (expand_group_into checks no list of it either). Every rank state starts with it null (the
+  // member's initializer), one made in a recycled block too (Note [Recycled rank states]); a
+  // reused one (Note [Reused rank states]) keeps it only with its slot, emptied of the run's
+  // communicator, and world()'s expansion, for a world of the same size: a communicator never
+  // outlives its run.
   CommSlot* world_slot = nullptr;
 
   // Note [Remembered layout digests]
@@ -185,8 +186,8 @@ class RankState {
 
  private:
   void settle_unwaited_now();
-  // world_ranks()'s first call, once per rank: out of line, so that chorus::world(), inlined into
-  // every collective's caller, stays small.
+  // world_ranks()'s first call, once per rank (Note [Shared world lists] in runtime.cpp): out of
+  // line, so that chorus::world(), inlined into every collective's caller, stays small.
   [[gnu::noinline]] void build_world_ranks();
   // Ends the communicator slots, each key's member list's room kept (SpareMemberLists).
   void end_slots() noexcept;
@@ -207,7 +208,7 @@ class RankState {
           transport::RecyclingAllocator<std::atomic<std::size_t>>{}, 0);
   std::shared_ptr<CurrentStreams> streams_ =
       std::allocate_shared<CurrentStreams>(transport::RecyclingAllocator<CurrentStreams>{});
-  std::shared_ptr<const std::vector<int>> world_ranks_;  // built by world_ranks()
+  std::shared_ptr<const std::vector<int>> world_ranks_;  // set by world_ranks(), ownerless
   // The outermost call's group inline, nested calls' groups (tracing waits inside a call) each
   // in a block of its own: references stay valid, and a rank allocates none of them up front (a
   // std::deque allocates two blocks when made, per rank and per simulated run).
@@ -221,8 +222,8 @@ class RankState {
   // allocations of the rank's first collective, and of each communicator key's member list
   // (comms_): the destructor empties them and keeps them for the next RankState (registry) made
   // on the thread, which takes them empty (checked, or, for a member list, by construction: Note
-  // [Recycled rooms]). chorus::world()'s list (WorldList) gives its room back when its last
-  // holder ends: the rank state, or a group made from it that outlived the rank.
+  // [Recycled rooms]). chorus::world()'s list is no rank's: one per world size for the process
+  // (Note [Shared world lists]).
   // Only room travels between runs, never a value: a rank sees the state a fresh one would
   // have. Off under AddressSanitizer and while the out-of-memory tests refuse allocations, as
   // every recycled block (recycling_enabled()).
@@ -238,17 +239,6 @@ class RankState {
   struct SpareMemberListsTag {};
   using SpareMemberLists = transport::RecycledRooms<std::vector<int>, SpareMemberListsTag,
                                                     transport::kRecycledBlocksMax>;
-  // chorus::world()'s list (world_ranks_ points into one): its room goes back to
-  // SpareMemberLists on the thread of its last holder, as that holder ends. A shared_ptr's last
-  // release orders every holder's reads before it, so no holder can see the list emptied.
-  struct WorldList {
-    std::vector<int> ranks;
-
-    explicit WorldList(std::vector<int> list) noexcept : ranks(std::move(list)) {}
-    WorldList(const WorldList&) = delete;
-    WorldList& operator=(const WorldList&) = delete;
-    ~WorldList() { SpareMemberLists::give(ranks); }
-  };
   std::map<CommKey, CommSlot, std::less<CommKey>,
            transport::RecyclingAllocator<std::pair<const CommKey, CommSlot>>>
       comms_;
