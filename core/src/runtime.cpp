@@ -215,45 +215,54 @@ const std::shared_ptr<const std::vector<int>>& RankState::world_ranks() {
 // is never freed, so no other list can take its address: Note [Repeated world calls] and
 // expand_group_into recognise world() by it. A world() group kept from an earlier run of the same
 // size is then recognised too, and it is that run's world as much as this one's: the same ranks,
-// valid for this world size. What the process keeps is one list per world size it ran.
+// valid for this world size. What the process keeps is one list per world size it ran, with its
+// group's label: the world's communicator slot of every rank of every run copies it instead of
+// formatting "[0, 1, ..., W - 1]" again (~160 instructions a rank).
 // Looked up once per rank state, so its lock is once per rank per run: the sizes up to
 // kSharedWorldListsFast are then found without it.
 namespace {
 
 constexpr int kSharedWorldListsFast = 64;
 
-const std::vector<int>& shared_world_list(int size) {
+// A world size's list, and its group's label ("[0, 1, ..., W - 1]", the empty tag's).
+struct SharedWorld {
+  std::vector<int> ranks;
+  transport::GroupLabel label;
+};
+
+const SharedWorld& shared_world(int size) {
   CHORUS_CHECK_GT(size, 0);
-  static std::array<std::atomic<const std::vector<int>*>, kSharedWorldListsFast + 1> fast{};
+  static std::array<std::atomic<const SharedWorld*>, kSharedWorldListsFast + 1> fast{};
   if (size <= kSharedWorldListsFast) {
-    if (const std::vector<int>* list =
+    if (const SharedWorld* world =
             fast[static_cast<std::size_t>(size)].load(std::memory_order_acquire)) {
-      return *list;
+      return *world;
     }
   }
   static std::mutex mutex;
   // Never destroyed: a group may still point into a list while static objects end.
-  static auto* const lists = new std::map<int, std::unique_ptr<const std::vector<int>>>();
+  static auto* const worlds = new std::map<int, std::unique_ptr<const SharedWorld>>();
   const std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<const std::vector<int>>& list = (*lists)[size];
-  if (list == nullptr) {
+  std::unique_ptr<const SharedWorld>& world = (*worlds)[size];
+  if (world == nullptr) {
     std::vector<int> ranks(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) {
       ranks[static_cast<std::size_t>(r)] = r;
     }
-    list = std::make_unique<const std::vector<int>>(std::move(ranks));
+    transport::GroupLabel label = transport::group_label("", ranks);
+    world = std::make_unique<const SharedWorld>(SharedWorld{std::move(ranks), std::move(label)});
   }
   if (size <= kSharedWorldListsFast) {
-    fast[static_cast<std::size_t>(size)].store(list.get(), std::memory_order_release);
+    fast[static_cast<std::size_t>(size)].store(world.get(), std::memory_order_release);
   }
-  return *list;
+  return *world;
 }
 
 }  // namespace
 
 void RankState::build_world_ranks() {
   world_ranks_ = std::shared_ptr<const std::vector<int>>(std::shared_ptr<const void>(),
-                                                         &shared_world_list(world_size_));
+                                                         &shared_world(world_size_).ranks);
 }
 
 ExpandedGroup& RankState::push_expanded_group() {
@@ -289,7 +298,17 @@ CommSlot& RankState::comm_slot(const std::string& tag, std::span<const int> memb
   }
   CommSlot& slot = it->second;
   if (slot.label.empty()) {
-    slot.label = transport::group_label(tag, it->first.second);
+    // The world's group, world() or its list spelled out: its label made once for the process
+    // (Note [Shared world lists]).
+    if (const SharedWorld* world =
+            tag.empty() && members.size() == static_cast<std::size_t>(world_size_)
+                ? &shared_world(world_size_)
+                : nullptr;
+        world != nullptr && std::ranges::equal(members, world->ranks)) {
+      slot.label = world->label;
+    } else {
+      slot.label = transport::group_label(tag, it->first.second);
+    }
   }
   last_key_ = &it->first;
   last_slot_ = &slot;

@@ -491,6 +491,55 @@ TEST(SimScheduler, AWorldListIsTheProcesssOneForItsSize) {
   }
 }
 
+// Note [Shared world lists]: the world's group takes the process's label for its size, which
+// must read as any group's: world() and its list spelled out "[0, ..., W - 1]" (longer than a
+// string's inline room at 8 ranks), a tag before it, and a list of the same ranks in another
+// order its own. Read from the context of a refused call (a meta input outside tracing).
+TEST(SimScheduler, TheWorldsGroupReadsAsAnyGroupInErrors) {
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    for (const int size : {4, 8, 4}) {
+      std::vector<int> in_order(static_cast<std::size_t>(size));
+      std::string ranks_text = "[";
+      for (int r = 0; r < size; ++r) {
+        in_order[static_cast<std::size_t>(r)] = r;
+        ranks_text += (r > 0 ? ", " : "") + std::to_string(r);
+      }
+      ranks_text += "]";
+      std::vector<int> reversed(in_order.rbegin(), in_order.rend());
+      std::string reversed_text = "[";
+      for (int r = size - 1; r >= 0; --r) {
+        reversed_text += (r < size - 1 ? ", " : "") + std::to_string(r);
+      }
+      reversed_text += "]";
+      std::vector<std::vector<std::string>> texts(static_cast<std::size_t>(size));
+      const SimReport report = sim::simulate(quiet(size, 9, executor), [&] {
+        const Tensor meta = Tensor::empty({1}, DType::Float32, Device::meta());
+        const auto refusal = [&](const GroupSpec& group, std::string_view tag) {
+          try {
+            std::ignore = all_reduce(meta, "sum", group, tag);
+          } catch (const InvalidArgument& error) {
+            return std::string(error.what());
+          }
+          return std::string("not refused");
+        };
+        std::vector<std::string>& mine = texts[static_cast<std::size_t>(rank())];
+        mine.push_back(refusal(reversed, ""));
+        mine.push_back(refusal(world(), ""));
+        mine.push_back(refusal(in_order, ""));
+        mine.push_back(refusal(world(), "t"));
+      });
+      ASSERT_TRUE(report.ok()) << report.to_string();
+      for (const std::vector<std::string>& mine : texts) {
+        ASSERT_EQ(mine.size(), 4u);
+        EXPECT_NE(mine[0].find("on group " + reversed_text + ": "), std::string::npos) << mine[0];
+        EXPECT_NE(mine[1].find("on group " + ranks_text + ": "), std::string::npos) << mine[1];
+        EXPECT_NE(mine[2].find("on group " + ranks_text + ": "), std::string::npos) << mine[2];
+        EXPECT_NE(mine[3].find("on group 't' " + ranks_text + ": "), std::string::npos) << mine[3];
+      }
+    }
+  }
+}
+
 // Note [Repeated world calls]: a call on world() takes the scratch group, members and slot of the
 // rank's call before only while the scratch group holds world()'s expansion under the call's tag.
 // After a call on another group (here, untagged, as world() is: a rank list, then a ProcessGroup
