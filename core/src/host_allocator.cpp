@@ -91,7 +91,7 @@ HostPool::~HostPool() {
 // own, each a heap block of its own (recycled per thread, Note [Recycled blocks]): taken when
 // the block was handed out and given back after the deleter had returned the bytes to the pool,
 // ~34 instructions a block besides the pool's own work, and as much for the storage's. Each
-// block the pool makes now has kTailBytes more, after its bytes: its control block is built
+// block the pool makes now has kTailBytes more, before its bytes: its control block is built
 // there (TailAllocator hands out the tail) with the pool's reference, the block's rounded size
 // and a count of the tail's owners beside it, and room for one more object (the storage, its
 // control block and all: allocate_with_room, and the caller's allocator gives it back with
@@ -105,11 +105,17 @@ HostPool::~HostPool() {
 // the last owner reads it and the first alone decrements it: one read-modify-write per storage,
 // none for a block without one. The last owner moves the pool's reference out of the tail before
 // it gives the block back (another thread may take it at once) and drops it after, so the pool
-// outlives the call. The cached byte counts and limits count the blocks' bytes without their
-// tails, as before, and a block's address is its bytes' address, as before.
+// outlives the call. The tail comes before the bytes, not after them, so that a write past a
+// block's end still lands in AddressSanitizer's redzone (the pool is on there), not silently in
+// its control block or size; the pool's lists hold the allocations, the bytes are kTailBytes in.
+// The cached byte counts and limits count the blocks' bytes without their tails, as before: a
+// cached block really holds kTailBytes more, which matters for small blocks only (a parked pool's
+// kSparePoolCachedBytesMax of 256-byte blocks holds twice that). The room fits a Storage with
+// libstdc++'s control block and no more (storage.cpp's static_assert says so at compile time if
+// Storage grows; libc++'s control block is 8 bytes larger).
 namespace {
 
-// A block's tail, after its bytes: its control block, the pool's reference, the count of the
+// A block's tail, before its bytes: its control block, the pool's reference, the count of the
 // tail's owners (the control block, and the object in the room when there is one), the block's
 // rounded size, and the room.
 constexpr std::size_t kControlBlockBytes = 48;
@@ -183,7 +189,7 @@ void HostPool::release_tail(void* tail) noexcept {
   const std::shared_ptr<HostPool> owner = std::move(*slot);
   slot->~shared_ptr();
   const std::size_t rounded = *in_tail<std::size_t>(tail, kRoundedOffset);
-  owner->release(static_cast<char*>(tail) - rounded, rounded);
+  owner->release(tail, rounded);  // the allocation, which starts with the tail
 }
 
 void HostPool::release_room(void* room) noexcept {
@@ -222,15 +228,16 @@ void HostPool::release_room(void* room) noexcept {
     }
   }
   if (block == nullptr) {
-    block = aligned_block(rounded + kTailBytes);
+    block = aligned_block(kTailBytes + rounded);
   }
   // Note [A block's control block in its tail]: the tail's parts first, then the control block,
-  // whose allocation cannot fail.
-  void* tail = static_cast<char*>(block) + rounded;
+  // whose allocation cannot fail. The pool's lists hold the allocation, the tail first.
+  void* tail = block;
+  void* bytes = static_cast<char*>(block) + kTailBytes;
   ::new (in_tail<void>(tail, kPoolReferenceOffset)) std::shared_ptr<HostPool>(pool);
   ::new (in_tail<void>(tail, kOwnersOffset)) std::atomic<std::uint32_t>(owners);
   *in_tail<std::size_t>(tail, kRoundedOffset) = rounded;
-  return {std::shared_ptr<void>(block, KeepsBytes{}, TailAllocator<char>(tail)),
+  return {std::shared_ptr<void>(bytes, KeepsBytes{}, TailAllocator<char>(tail)),
           in_tail<void>(tail, kRoomOffset)};
 }
 

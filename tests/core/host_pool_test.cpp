@@ -155,7 +155,7 @@ TEST(HostPool, ABlockOutlivingEveryOtherHolderKeepsItsPool) {
 }
 
 // Note [A block's control block in its tail]: a block's control block and its pool's reference
-// live after its bytes, in the same allocation. Every byte of the block is the caller's: filling
+// live before its bytes, in the same allocation. Every byte of the block is the caller's: filling
 // them all leaves the block's return to its pool intact, and the block goes back (with the same
 // address) only once its control block ends, after the last weak_ptr of it too.
 TEST(HostPool, ABlocksBytesAreAllItsOwnAndItGoesBackWithItsControlBlock) {
@@ -204,6 +204,25 @@ TEST(HostPool, ABlockWithRoomGoesBackOnceBothOwnersLetGo) {
   EXPECT_FALSE(watch.expired());  // the block's reference, in its tail
   again.block.reset();            // the last owner: back to the pool, which then goes
   EXPECT_TRUE(watch.expired());
+}
+
+// Note [A block's control block in its tail]: the tail is before the bytes, so a write just past
+// a pooled block's end is AddressSanitizer's to report (the pool is on under it), as it was before
+// the block had a tail; after the bytes, the write landed in the tail unreported. Under
+// AddressSanitizer only (the asan-ubsan preset): elsewhere nothing would report it.
+TEST(HostPoolDeathTest, AWritePastABlocksEndIsAddressSanitizersToReport) {
+  if (transport::kRecycleBlocks) {
+    GTEST_SKIP() << "needs AddressSanitizer (the asan-ubsan preset)";
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto pool = std::make_shared<HostPool>(1024);
+        std::shared_ptr<void> block = HostPool::allocate(pool, 512);
+        volatile char* past_end = static_cast<char*>(block.get()) + 512;
+        *past_end = 1;
+      },
+      "heap-buffer-overflow");
 }
 
 TEST(HostPool, APoolWithABlockOutIsNotParked) {

@@ -49,7 +49,7 @@ class HostPool {
   // park).
   static std::shared_ptr<void> allocate(const std::shared_ptr<HostPool>& pool, std::size_t nbytes);
 
-  // The same with room after the block for one object of at most kRoomBytes (its control block
+  // The same with room beside the block for one object of at most kRoomBytes (its control block
   // and all: make_host_storage's Storage, Note [A block's control block in its tail]), which the
   // caller must build there at once and whose allocator gives it back with release_room. The
   // block goes back to the pool once both its own control block and the room's object ended.
@@ -79,8 +79,8 @@ class HostPool {
   template <class T>
   class TailAllocator;
   // allocate and allocate_with_room: a block whose tail has `owners` owners.
-  static BlockWithRoom allocate_tail(const std::shared_ptr<HostPool>& pool, std::size_t nbytes,
-                                     std::uint32_t owners);
+  static inline BlockWithRoom allocate_tail(const std::shared_ptr<HostPool>& pool,
+                                            std::size_t nbytes, std::uint32_t owners);
   // One owner of the block whose tail is at `tail` has ended; the last gives the block back.
   static void release_tail(void* tail) noexcept;
 
