@@ -63,8 +63,26 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
                          transport::Duration timeout, Completion completion, StreamSource stream)
     : PendingWork(info.rank, info.op, info.seq, info.group, info.site, std::move(fixup), transport,
                   timeout, completion, std::move(stream)) {
+  // Its own copy of the label: `info` is the caller's, and may die before the work.
+  info_.group = std::move(info.group);
+  group_ = &info_.group;
   attach(std::move(work));
 }
+
+// Note [Borrowed group labels]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A work's group label is read in one place: claim_locked, which copies it into the report's
+// line of an unwaited work. Copying it into every work (Note [Shared group labels]: a std::string
+// copy, a call to memcpy, and its destruction, ~40 instructions a collective) paid for a read that
+// almost never happens. So a work made from parts, every collective's (Call::start in
+// collectives.cpp), borrows its communicator slot's label (CommSlot::label) instead. That is
+// safe because of when claim_locked runs: under the registry's lock, on a work still listed and
+// not yet claimed. Such a work's rank has not finished its exit (complete_all_at_exit claims
+// every listed work before it returns, under the same lock), and a rank's communicator slots, map
+// nodes that never move, live until after its exit (RankState::end_rank, ~RankState). A work can
+// outlive its listing (a waiter's reference, a stream wait, a failure being reported), but then
+// nothing reads its label. The constructor from a WorkInfo keeps its own copy (info_.group): its
+// callers (tests) pass a temporary.
 
 PendingWork::PendingWork(int rank, std::string_view op, std::int64_t seq,
                          const transport::GroupLabel& group, CallSite site,
@@ -72,7 +90,8 @@ PendingWork::PendingWork(int rank, std::string_view op, std::int64_t seq,
                          const std::shared_ptr<transport::Transport>& transport,
                          transport::Duration timeout, Completion completion, StreamSource&& stream)
     : generation_(next_generation<WorkGenerations>()),
-      info_{rank, op, seq, group, site},
+      info_{rank, op, seq, {}, site},
+      group_(&group),
       fixup_(std::move(fixup)),
       transport_(transport),
       timeout_(timeout),
@@ -736,8 +755,13 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
     return claim;
   }
   try {
-    unwaited_.push_back(UnwaitedWork{
-        info.rank, std::string(info.op), info.seq, info.group.str(), info.site, at_rank_exit, {}});
+    unwaited_.push_back(UnwaitedWork{info.rank,
+                                     std::string(info.op),
+                                     info.seq,
+                                     work->group().str(),
+                                     info.site,
+                                     at_rank_exit,
+                                     {}});
   } catch (...) {
     claim.record = kNoRecord;  // out of memory: the report loses this line
   }

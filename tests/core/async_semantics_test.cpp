@@ -179,6 +179,39 @@ TEST(AsyncSemantics, DroppedWorksNameTheirGroupsLabelOnEveryRank) {
   EXPECT_EQ(lines_per_rank, std::vector<int>(8, 3));
 }
 
+// Note [Borrowed group labels] (work_registry.cpp): a collective's work borrows its communicator
+// slot's label, read when the work is claimed as unwaited. Results kept past the rank's end are
+// claimed by its exit, with its slots still alive: each line names its own group, inline and
+// tagged, run after run (the second run's rank states and slots are reused ones, and it names
+// other groups).
+TEST(AsyncSemantics, ResultsPendingAtTheRanksExitNameTheirGroupsRunAfterRun) {
+  // The pair of `r`: {0, 1} and {2, 3} in the first run, {0, 2} and {1, 3} in the second.
+  const auto pair_of = [](int run, int r) {
+    return run == 0 ? std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}
+                    : std::vector<int>{r % 2, r % 2 + 2};
+  };
+  for (int run = 0; run < 2; ++run) {
+    std::vector<std::vector<Tensor>> kept(4);
+    sim::SimReport report = sim::run(quiet_options(4, 5), [&kept, &pair_of, run] {
+      std::vector<Tensor>& mine = kept[static_cast<std::size_t>(rank())];
+      mine.push_back(all_reduce(Tensor::ones({2}), "sum", world()));
+      mine.push_back(all_reduce(Tensor::ones({2}), "sum", pair_of(run, rank()), "pair"));
+    });
+    EXPECT_TRUE(report.ok()) << report.to_string();
+    ASSERT_EQ(report.unwaited.size(), 8u);
+    for (const UnwaitedWork& line : report.unwaited) {
+      EXPECT_TRUE(line.at_rank_exit) << line.to_string();
+      if (line.group.starts_with("'pair'")) {
+        const std::vector<int> pair = pair_of(run, line.rank);
+        EXPECT_EQ(line.group,
+                  "'pair' [" + std::to_string(pair[0]) + ", " + std::to_string(pair[1]) + "]");
+      } else {
+        EXPECT_EQ(line.group, "[0, 1, 2, 3]") << line.to_string();
+      }
+    }
+  }
+}
+
 // Two ranks reducing in place into views of one storage made outside the ranks (a row each),
 // and each into a tensor the other rank made. Registering the caller's storage in place let
 // works of two ranks sit on one storage: a CHECK aborted the process when the second rank

@@ -154,9 +154,8 @@ class PendingWork {
   // attach() gives it the work once started. Nothing but attach() may be called before that.
   // Its arguments by reference: made for every collective (through std::allocate_shared, which
   // forwards them), where by-value parameters cost one more move and destruction each. Its
-  // WorkInfo is made in place from the parts, `group` copied once: a WorkInfo argument was made
-  // (a copy of the label), moved into the work (a std::string move, an out-of-line call) and
-  // destroyed at every collective.
+  // WorkInfo is made in place from the parts, without `group`: the work borrows that label
+  // (group(); Note [Borrowed group labels]), which must outlive the work's time listed.
   PendingWork(int rank, std::string_view op, std::int64_t seq, const transport::GroupLabel& group,
               CallSite site, std::function<void()>&& fixup,
               const std::shared_ptr<transport::Transport>& transport, transport::Duration timeout,
@@ -183,7 +182,12 @@ class PendingWork {
   // A generation from a process-wide counter, never reused (Note [Registry links]).
   std::uint64_t generation() const noexcept { return generation_; }
   Completion completion() const noexcept { return completion_; }
+  // Its group is group()'s: info().group is empty in a work made from parts (Note [Borrowed
+  // group labels]).
   const WorkInfo& info() const noexcept { return info_; }
+  // The label of the work's group (read only while the work is listed and unclaimed: Note
+  // [Borrowed group labels]).
+  const transport::GroupLabel& group() const noexcept { return *group_; }
   const transport::Work& work() const noexcept { return *work_; }
 
  private:
@@ -192,6 +196,7 @@ class PendingWork {
   std::uint64_t generation_;
   std::shared_ptr<transport::Work> work_;
   WorkInfo info_;
+  const transport::GroupLabel* group_;  // info_.group, or the label it borrows (never null)
   std::function<void()> fixup_;
   mutable std::once_flag fixup_once_;
   std::shared_ptr<transport::Transport> transport_;
