@@ -35,9 +35,10 @@ void* aligned_block(std::size_t rounded_bytes) {
 // the rank is gone) is parked on the thread instead, keeping at most kSparePoolCachedBytesMax
 // bytes of its cached blocks, and the next rank made on that thread takes it (with the limit
 // of its own options). A thread keeps at most kSparePoolsMax pools (so at most 1 MiB of idle
-// blocks) until it exits, as recycled blocks are kept (Note [Recycled blocks] in
-// chorus/transport/recycled_blocks.hpp); nothing is parked under AddressSanitizer or while the
-// out-of-memory tests' seam turns recycling off, so those tests still see every allocation.
+// blocks' bytes, and their headers, Note [A block's control block in its header]) until it exits,
+// as recycled blocks are kept (Note [Recycled blocks] in chorus/transport/recycled_blocks.hpp);
+// nothing is parked under AddressSanitizer or while the out-of-memory tests' seam turns recycling
+// off, so those tests still see every allocation.
 struct SparePoolsTag {};
 using SparePools =
     transport::RecycledObjects<std::shared_ptr<HostPool>, HostPool::kSparePoolsMax, SparePoolsTag>;
@@ -86,54 +87,54 @@ HostPool::~HostPool() {
   }
 }
 
-// Note [A block's control block in its tail]
+// Note [A block's control block in its header]
 // A block's shared_ptr needs a control block, and a host storage (make_host_storage) one of its
 // own, each a heap block of its own (recycled per thread, Note [Recycled blocks]): taken when
 // the block was handed out and given back after the deleter had returned the bytes to the pool,
 // ~34 instructions a block besides the pool's own work, and as much for the storage's. Each
-// block the pool makes now has kTailBytes more, before its bytes: its control block is built
-// there (TailAllocator hands out the tail) with the pool's reference, the block's rounded size
-// and a count of the tail's owners beside it, and room for one more object (the storage, its
+// block the pool makes now has kHeaderBytes more, before its bytes: its control block is built
+// there (HeaderAllocator hands out the header) with the pool's reference, the block's rounded size
+// and a count of the header's owners beside it, and room for one more object (the storage, its
 // control block and all: allocate_with_room, and the caller's allocator gives it back with
 // release_room). The block, its control block and its storage are one allocation. The deleter
-// keeps the bytes (KeepsBytes); they go back to the pool when the last owner of the tail, the
-// block's control block or the storage's, is given back (release_tail): the block's right after
+// keeps the bytes (KeepsBytes); they go back to the pool when the last owner of the header, the
+// block's control block or the storage's, is given back (release_header): the block's right after
 // its deleter ran, the storage's after ~Storage, in either order (a transport may keep the bytes
 // after the last tensor went, Buffer::keep_alive), each later if a weak_ptr of it outlives its
 // last shared_ptr (chorus takes none). The two control blocks stay apart, so ~Storage, and its
 // drop notice, still run when the last tensor goes. A count of 1 is final (counts only fall), so
 // the last owner reads it and the first alone decrements it: one read-modify-write per storage,
-// none for a block without one. The last owner moves the pool's reference out of the tail before
+// none for a block without one. The last owner moves the pool's reference out of the header before
 // it gives the block back (another thread may take it at once) and drops it after, so the pool
-// outlives the call. The tail comes before the bytes, not after them, so that a write past a
-// block's end still lands in AddressSanitizer's redzone (the pool is on there), not silently in
-// its control block or size; the pool's lists hold the allocations, the bytes are kTailBytes in.
-// The cached byte counts and limits count the blocks' bytes without their tails, as before: a
-// cached block really holds kTailBytes more, which matters for small blocks only (a parked pool's
-// kSparePoolCachedBytesMax of 256-byte blocks holds twice that). The room fits a Storage with
-// libstdc++'s control block and no more (storage.cpp's static_assert says so at compile time if
-// Storage grows; libc++'s control block is 8 bytes larger).
+// outlives the call. The header comes before the bytes, not after them (where it was first), so
+// that a write past a block's end still lands in AddressSanitizer's redzone (the pool is on there),
+// not silently in its control block or size; the pool's lists hold the allocations, the bytes are
+// kHeaderBytes in. The cached byte counts and limits count the blocks' bytes without their headers,
+// as before: a cached block really holds kHeaderBytes more, which matters for small blocks only (a
+// parked pool's kSparePoolCachedBytesMax of 256-byte blocks holds twice that). The room fits a
+// Storage with libstdc++'s control block and no more (storage.cpp's static_assert says so at
+// compile time if Storage grows; libc++'s control block is 8 bytes larger).
 namespace {
 
-// A block's tail, before its bytes: its control block, the pool's reference, the count of the
-// tail's owners (the control block, and the object in the room when there is one), the block's
+// A block's header, before its bytes: its control block, the pool's reference, the count of the
+// header's owners (the control block, and the object in the room when there is one), the block's
 // rounded size, and the room.
 constexpr std::size_t kControlBlockBytes = 48;
 constexpr std::size_t kPoolReferenceOffset = kControlBlockBytes;
 constexpr std::size_t kOwnersOffset = kPoolReferenceOffset + sizeof(std::shared_ptr<HostPool>);
 constexpr std::size_t kRoundedOffset = kOwnersOffset + 8;
 constexpr std::size_t kRoomOffset = 96;
-constexpr std::size_t kTailBytes = kRoomOffset + HostPool::kRoomBytes;
+constexpr std::size_t kHeaderBytes = kRoomOffset + HostPool::kRoomBytes;
 static_assert(kRoundedOffset + sizeof(std::size_t) <= kRoomOffset);
-static_assert(kTailBytes % HostPool::kAlignment == 0 &&
+static_assert(kHeaderBytes % HostPool::kAlignment == 0 &&
               kRoomOffset % alignof(std::max_align_t) == 0);
 
 template <class T>
-T* in_tail(void* tail, std::size_t offset) noexcept {
-  return static_cast<T*>(static_cast<void*>(static_cast<char*>(tail) + offset));
+T* in_header(void* header, std::size_t offset) noexcept {
+  return static_cast<T*>(static_cast<void*>(static_cast<char*>(header) + offset));
 }
 
-// The deleter of a pooled block: the bytes outlive the call (HostPool::release_tail gives them
+// The deleter of a pooled block: the bytes outlive the call (HostPool::release_header gives them
 // back).
 struct KeepsBytes {
   void operator()(void* /*block*/) const noexcept {}
@@ -142,65 +143,66 @@ struct KeepsBytes {
 }  // namespace
 
 template <class T>
-class HostPool::TailAllocator {
+class HostPool::HeaderAllocator {
  public:
   using value_type = T;
 
-  explicit TailAllocator(void* tail) noexcept : tail_(tail) {}
+  explicit HeaderAllocator(void* header) noexcept : header_(header) {}
   template <class U>
-  TailAllocator(const TailAllocator<U>& other) noexcept  // NOLINT(google-explicit-constructor)
-      : tail_(other.tail_) {}
+  HeaderAllocator(const HeaderAllocator<U>& other) noexcept  // NOLINT(google-explicit-constructor)
+      : header_(other.header_) {}
 
-  // The control block, once, at the start of the tail.
+  // The control block, once, at the start of the header.
   T* allocate(std::size_t n) noexcept {
     static_assert(sizeof(T) <= kControlBlockBytes && alignof(T) <= HostPool::kAlignment);
     CHORUS_CHECK_EQ(n, 1u);
-    return static_cast<T*>(tail_);
+    return static_cast<T*>(header_);
   }
   // The control block has ended.
   void deallocate(T* control, std::size_t n) noexcept {
     CHORUS_CHECK_EQ(n, 1u);
-    CHORUS_CHECK(static_cast<void*>(control) == tail_);
-    release_tail(tail_);
+    CHORUS_CHECK(static_cast<void*>(control) == header_);
+    release_header(header_);
   }
 
   template <class U>
-  bool operator==(const TailAllocator<U>& other) const noexcept {
-    return tail_ == other.tail_;
+  bool operator==(const HeaderAllocator<U>& other) const noexcept {
+    return header_ == other.header_;
   }
 
  private:
   template <class U>
-  friend class TailAllocator;
+  friend class HeaderAllocator;
 
-  void* tail_;
+  void* header_;
 };
 
-void HostPool::release_tail(void* tail) noexcept {
-  // Note [A block's control block in its tail]: the last of the tail's owners gives the block
+void HostPool::release_header(void* header) noexcept {
+  // Note [A block's control block in its header]: the last of the header's owners gives the block
   // back. A count of 1 is final (counts only fall), and needs no read-modify-write.
-  auto* owners = in_tail<std::atomic<std::uint32_t>>(tail, kOwnersOffset);
+  auto* owners = in_header<std::atomic<std::uint32_t>>(header, kOwnersOffset);
   if (owners->load(std::memory_order_acquire) != 1 &&
       owners->fetch_sub(1, std::memory_order_acq_rel) != 1) {
     return;  // the other owner gives it back
   }
   owners->~atomic();
-  std::shared_ptr<HostPool>* slot = in_tail<std::shared_ptr<HostPool>>(tail, kPoolReferenceOffset);
+  std::shared_ptr<HostPool>* slot =
+      in_header<std::shared_ptr<HostPool>>(header, kPoolReferenceOffset);
   const std::shared_ptr<HostPool> owner = std::move(*slot);
   slot->~shared_ptr();
-  const std::size_t rounded = *in_tail<std::size_t>(tail, kRoundedOffset);
-  owner->release(tail, rounded);  // the allocation, which starts with the tail
+  const std::size_t rounded = *in_header<std::size_t>(header, kRoundedOffset);
+  owner->release(header, rounded);  // the allocation, which starts with the header
 }
 
 void HostPool::release_room(void* room) noexcept {
-  release_tail(static_cast<char*>(room) - kRoomOffset);
+  release_header(static_cast<char*>(room) - kRoomOffset);
 }
 
 // Note [A block's reference to its pool]
-// A block holds its pool (in its tail, Note [A block's control block in its tail]), so that a block
-// freed after its rank ended (a tensor kept past the run) still returns to a live pool; the pool
-// goes with its last block. The block copies the reference the caller holds (the rank's), rather
-// than taking one from the pool (enable_shared_from_this): a copy of a shared_ptr is a plain
+// A block holds its pool (in its header, Note [A block's control block in its header]), so that a
+// block freed after its rank ended (a tensor kept past the run) still returns to a live pool; the
+// pool goes with its last block. The block copies the reference the caller holds (the rank's),
+// rather than taking one from the pool (enable_shared_from_this): a copy of a shared_ptr is a plain
 // increment until the process first starts a second thread (libstdc++ then counts atomically for
 // good, Note [Atomic counts per operation]), where shared_from_this() locks a weak_ptr, a locked
 // compare-exchange on every block even then. The guarantee is the same: the block holds one strong
@@ -210,7 +212,7 @@ void HostPool::release_room(void* room) noexcept {
 // Inlined into allocate and allocate_with_room, its only users (and, through link-time
 // optimization, into make_storage): GCC kept it out of line, and a call that returns the block
 // and its room through memory cost ~25 instructions a storage more than it saved.
-[[gnu::always_inline]] inline HostPool::BlockWithRoom HostPool::allocate_tail(
+[[gnu::always_inline]] inline HostPool::BlockWithRoom HostPool::allocate_with_header(
     const std::shared_ptr<HostPool>& pool, std::size_t nbytes, std::uint32_t owners) {
   CHORUS_CHECK(pool != nullptr);
   CHORUS_CHECK_GT(nbytes, 0u);
@@ -228,27 +230,27 @@ void HostPool::release_room(void* room) noexcept {
     }
   }
   if (block == nullptr) {
-    block = aligned_block(kTailBytes + rounded);
+    block = aligned_block(kHeaderBytes + rounded);
   }
-  // Note [A block's control block in its tail]: the tail's parts first, then the control block,
-  // whose allocation cannot fail. The pool's lists hold the allocation, the tail first.
-  void* tail = block;
-  void* bytes = static_cast<char*>(block) + kTailBytes;
-  ::new (in_tail<void>(tail, kPoolReferenceOffset)) std::shared_ptr<HostPool>(pool);
-  ::new (in_tail<void>(tail, kOwnersOffset)) std::atomic<std::uint32_t>(owners);
-  *in_tail<std::size_t>(tail, kRoundedOffset) = rounded;
-  return {std::shared_ptr<void>(bytes, KeepsBytes{}, TailAllocator<char>(tail)),
-          in_tail<void>(tail, kRoomOffset)};
+  // Note [A block's control block in its header]: the header's parts first, then the control block,
+  // whose allocation cannot fail. The pool's lists hold the allocation, the header first.
+  void* header = block;
+  void* bytes = static_cast<char*>(block) + kHeaderBytes;
+  ::new (in_header<void>(header, kPoolReferenceOffset)) std::shared_ptr<HostPool>(pool);
+  ::new (in_header<void>(header, kOwnersOffset)) std::atomic<std::uint32_t>(owners);
+  *in_header<std::size_t>(header, kRoundedOffset) = rounded;
+  return {std::shared_ptr<void>(bytes, KeepsBytes{}, HeaderAllocator<char>(header)),
+          in_header<void>(header, kRoomOffset)};
 }
 
 std::shared_ptr<void> HostPool::allocate(const std::shared_ptr<HostPool>& pool,
                                          std::size_t nbytes) {
-  return allocate_tail(pool, nbytes, 1).block;
+  return allocate_with_header(pool, nbytes, 1).block;
 }
 
 HostPool::BlockWithRoom HostPool::allocate_with_room(const std::shared_ptr<HostPool>& pool,
                                                      std::size_t nbytes) {
-  return allocate_tail(pool, nbytes, 2);
+  return allocate_with_header(pool, nbytes, 2);
 }
 
 void HostPool::release(void* block, std::size_t rounded_bytes) noexcept {

@@ -136,8 +136,8 @@ std::shared_ptr<void> allocate_host(std::size_t nbytes) {
 
 namespace {
 
-// The allocator of a pooled storage's control block: the room in its block's tail (Note [A
-// block's control block in its tail], host_allocator.cpp).
+// The allocator of a pooled storage's control block: the room in its block's header (Note [A
+// block's control block in its header], host_allocator.cpp).
 template <class T>
 class RoomAllocator {
  public:
@@ -178,8 +178,8 @@ std::shared_ptr<Storage> make_host_storage(std::size_t nbytes) {
     if (RankContext* context = RankContext::current()) {
       RankState& state = context->state();
       if (state.options().host_allocator == nullptr) [[likely]] {
-        // A block of the rank's pool, with the storage in its tail (Note [A block's control block
-        // in its tail]): nothing between the two can throw, so the room is always filled.
+        // A block of the rank's pool, with the storage in its header (Note [A block's control block
+        // in its header]): nothing between the two can throw, so the room is always filled.
         HostPool::BlockWithRoom block = HostPool::allocate_with_room(state.host_pool(), nbytes);
         return std::allocate_shared<Storage>(RoomAllocator<Storage>(block.room),
                                              std::move(block.block), nbytes, Device::cpu());

@@ -154,7 +154,7 @@ TEST(HostPool, ABlockOutlivingEveryOtherHolderKeepsItsPool) {
   EXPECT_TRUE(watch.expired());
 }
 
-// Note [A block's control block in its tail]: a block's control block and its pool's reference
+// Note [A block's control block in its header]: a block's control block and its pool's reference
 // live before its bytes, in the same allocation. Every byte of the block is the caller's: filling
 // them all leaves the block's return to its pool intact, and the block goes back (with the same
 // address) only once its control block ends, after the last weak_ptr of it too.
@@ -174,7 +174,7 @@ TEST(HostPool, ABlocksBytesAreAllItsOwnAndItGoesBackWithItsControlBlock) {
   EXPECT_EQ(again.get(), bytes);
   std::memset(again.get(), 0xff, 512);
   pool.reset();
-  EXPECT_FALSE(watch.expired());  // the block's reference, in its tail
+  EXPECT_FALSE(watch.expired());  // the block's reference, in its header
   again.reset();                  // the last holder: the pool goes with it
   EXPECT_TRUE(watch.expired());
 }
@@ -201,15 +201,16 @@ TEST(HostPool, ABlockWithRoomGoesBackOnceBothOwnersLetGo) {
   HostPool::release_room(again.room);  // the room's owner first, this time
   EXPECT_EQ(pool->cached_bytes(), 0u);
   pool.reset();
-  EXPECT_FALSE(watch.expired());  // the block's reference, in its tail
+  EXPECT_FALSE(watch.expired());  // the block's reference, in its header
   again.block.reset();            // the last owner: back to the pool, which then goes
   EXPECT_TRUE(watch.expired());
 }
 
-// Note [A block's control block in its tail]: the tail is before the bytes, so a write just past
-// a pooled block's end is AddressSanitizer's to report (the pool is on under it), as it was before
-// the block had a tail; after the bytes, the write landed in the tail unreported. Under
-// AddressSanitizer only (the asan-ubsan preset): elsewhere nothing would report it.
+// Note [A block's control block in its header]: the header is before the bytes, so a write just
+// past a pooled block's end is AddressSanitizer's to report (the pool is on under it), as it was
+// before the block had a header; after the bytes (where it was first), the write landed in it
+// unreported. Under AddressSanitizer only (the asan-ubsan preset): elsewhere nothing would report
+// it.
 TEST(HostPoolDeathTest, AWritePastABlocksEndIsAddressSanitizersToReport) {
   if (transport::kRecycleBlocks) {
     GTEST_SKIP() << "needs AddressSanitizer (the asan-ubsan preset)";

@@ -44,13 +44,13 @@ class HostPool {
   // A 64-byte aligned block of at least `nbytes` (> 0) bytes from `pool`, given back to `pool`
   // when its last reference ends, and holding a copy of that reference until then (Note [A
   // block's reference to its pool]; its control block lives in the block, Note [A block's
-  // control block in its tail]). `pool` must own the pool: the pointer make() returned, or a copy
+  // control block in its header]). `pool` must own the pool: the pointer make() returned, or a copy
   // of it (not an aliasing or non-owning one, which would neither keep the pool alive nor count for
   // park).
   static std::shared_ptr<void> allocate(const std::shared_ptr<HostPool>& pool, std::size_t nbytes);
 
   // The same with room beside the block for one object of at most kRoomBytes (its control block
-  // and all: make_host_storage's Storage, Note [A block's control block in its tail]), which the
+  // and all: make_host_storage's Storage, Note [A block's control block in its header]), which the
   // caller must build there at once and whose allocator gives it back with release_room. The
   // block goes back to the pool once both its own control block and the room's object ended.
   static constexpr std::size_t kRoomBytes = 160;
@@ -74,15 +74,15 @@ class HostPool {
   // The free blocks of `rounded_bytes`, or null when that size has no bucket. Under mutex_.
   std::vector<void*>* bucket_locked(std::size_t rounded_bytes);
 
-  // The allocator of a block's control block, which it places in the block's tail (Note [A
-  // block's control block in its tail], host_allocator.cpp).
+  // The allocator of a block's control block, which it places in the block's header (Note [A
+  // block's control block in its header], host_allocator.cpp).
   template <class T>
-  class TailAllocator;
-  // allocate and allocate_with_room: a block whose tail has `owners` owners.
-  static inline BlockWithRoom allocate_tail(const std::shared_ptr<HostPool>& pool,
-                                            std::size_t nbytes, std::uint32_t owners);
-  // One owner of the block whose tail is at `tail` has ended; the last gives the block back.
-  static void release_tail(void* tail) noexcept;
+  class HeaderAllocator;
+  // allocate and allocate_with_room: a block whose header has `owners` owners.
+  static inline BlockWithRoom allocate_with_header(const std::shared_ptr<HostPool>& pool,
+                                                   std::size_t nbytes, std::uint32_t owners);
+  // One owner of the block whose header is at `header` has ended; the last gives the block back.
+  static void release_header(void* header) noexcept;
 
   mutable transport::FutexMutex mutex_;                              // Note [Futex mutex]
   std::unordered_map<std::size_t, std::vector<void*>> free_blocks_;  // rounded size -> blocks
