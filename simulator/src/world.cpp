@@ -818,19 +818,35 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // every start that got that far, one that throws included, and a fault that fired (and a random
 // draw made) for a start that then threw stays fired. Nothing here draws a decision.
 
+// Note [Start's own checks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// start checks that it runs on the rank that calls it (a comm used from another thread fails
+// there), that the rank has not exited (its leftovers complete after that) and that core
+// numbered the operation as the contract says; those stay in every build. What the comm and
+// start itself guarantee is checked in debug builds only, as the scheduler's facts are (Note
+// [Completable groups]): `group_rank` is the rank's place in the group (SimComm computes it
+// once, from the group's member list, which never changes), and the arrival is still empty (core's
+// numbering, checked, brings each member once to a seq, and a slot is new or emptied by
+// recycle_slot), its snapshot room reserved by the reserve above it. Nor is a group without
+// failures searched for the operation's failure, and only a start that made its slot tops up the
+// spare failure records. Together some 33 instructions a start (1,050 a schedule of 32).
+
 std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_rank,
                                          std::vector<SimOp>& ops, const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(rank_on_this_thread(*this), rank);
   RankSlot& me = ranks_[static_cast<std::size_t>(rank)];
   CHORUS_CHECK(!me.exited);
+  if constexpr (kCheckDecisions) {
+    // True by construction (Note [Start's own checks]), so release builds skip them.
+    CHORUS_CHECK(group_rank >= 0 && static_cast<std::size_t>(group_rank) < group.ranks.size());
+    CHORUS_CHECK_EQ(group.ranks[static_cast<std::size_t>(group_rank)], rank);
+  }
   if (stopping_ranks_) [[unlikely]] {
     stop_rank(rank, group, info);
   }
   if (me.crashed) {
     throw_crashed(rank, group, info);
   }
-  CHORUS_CHECK(group_rank >= 0 && static_cast<std::size_t>(group_rank) < group.ranks.size());
-  CHORUS_CHECK_EQ(group.ranks[static_cast<std::size_t>(group_rank)], rank);
   // Note [Operation positions]: what can run out of memory is made before the operation counts.
   // Note [Recycled signature lists]: usually room from an operation completed earlier.
   auto work = std::allocate_shared<SimWork>(
@@ -859,8 +875,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   CHORUS_CHECK_EQ(info.seq, group.issued[static_cast<std::size_t>(group_rank)]);
   // Nothing else runs from here to the yield below, so what decides the operation's fate now
   // still holds when it counts. An operation that fails at once fails with an error made now.
-  const bool fails_early = group.failures.count(info.seq) != 0 || !liveness_violation_.empty() ||
-                           livelocked_ ||
+  // A group with no failure (nearly every start) is not searched for one.
+  const bool fails_early = (!group.failures.empty() && group.failures.count(info.seq) != 0) ||
+                           !liveness_violation_.empty() || livelocked_ ||
                            (group.aborted_from >= 0 && info.seq >= group.aborted_from);
   // After the fault loop: a Delay's stall runs other ranks, whose starts use guarded_ and
   // guard_what_ too. Only guard mode fills them, so an operation without it touches neither.
@@ -894,9 +911,15 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
       if (options_.check_buffers) {
         arrival.inputs.reserve(snapshot_bytes(ops, group_rank));
       }
-      // A spare per outstanding operation: only a new high of them allocates.
-      while (group.spare_failures.size() < group.slots.size()) {
+      // A spare per outstanding operation: only a new high of them allocates. Only a slot made
+      // here can raise the count of slots above the spares' (a later member finds the slot its
+      // spare was made with; fail_slot takes a spare only with the slot it fails), so the later
+      // members' starts skip the comparison.
+      while (created && group.spare_failures.size() < group.slots.size()) {
         group.spare_failures.try_emplace(static_cast<std::int64_t>(group.spare_failures.size()));
+      }
+      if constexpr (kCheckDecisions) {
+        CHORUS_CHECK_GE(group.spare_failures.size(), group.slots.size());
       }
     } catch (...) {
       if (from_spare) {
@@ -934,7 +957,16 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     fail_work(*work, std::move(early_.error), std::move(early_.event));
   } else {
     SimGroup::Arrival& arrival = slot->arrivals[static_cast<std::size_t>(group_rank)];
-    CHORUS_CHECK(!arrival.arrived);
+    if constexpr (kCheckDecisions) {
+      // Note [Start's own checks]: core's numbering (checked above) brings each member once, and
+      // recycle_slot (or a new slot) left the arrival empty, its room reserved above.
+      CHORUS_CHECK(!arrival.arrived);
+      CHORUS_CHECK(arrival.ops.empty());
+      CHORUS_CHECK(arrival.work == nullptr);
+      CHORUS_CHECK(!options_.check_buffers ||
+                   arrival.inputs.size() + snapshot_bytes(ops, group_rank) <=
+                       arrival.inputs.capacity());
+    }
     if (options_.check_buffers) {               // Note [Input snapshots]
       arrival.completed_at_issue = completed_;  // Note [Likely writers]
       ++arrivals_unfinished_;
@@ -946,7 +978,6 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
         const auto* bytes = static_cast<const unsigned char*>(op.send.data);
         const std::size_t size = op.send.nbytes();
         if (size <= kInputSnapshotBytesMax) {
-          CHORUS_CHECK_LE(arrival.inputs.size() + size, arrival.inputs.capacity());
           arrival.inputs.insert(arrival.inputs.end(), bytes, bytes + size);  // reserved above
         } else {
           op.input_hash = checksum_bytes(bytes, size);
@@ -956,11 +987,9 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     arrival.arrived = true;
     // Note [Ops built in place]: the caller's list itself, not its ops moved one by one; the
     // caller gets the arrival's empty list and its room. Allocates nothing.
-    CHORUS_CHECK(arrival.ops.empty());
     arrival.ops.swap(ops);
     // recycle_slot left it empty: a copy swapped in takes the count inline, where assigning
     // called shared_ptr's out-of-line assignment (which would also release an old work).
-    CHORUS_CHECK(arrival.work == nullptr);
     std::shared_ptr<SimWork>(work).swap(arrival.work);
     arrival.site = info.site;
     slot->arrived += 1;
