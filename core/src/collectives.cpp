@@ -833,11 +833,18 @@ Tensor scatter_staging(const Tensor& input, std::int64_t scatter_dim, int group_
 
 // ---- The single-tensor collectives, shared by the functional and in-place forms. Each issues
 // on a validated Call and returns the pending output (a meta output for meta inputs).
+//
+// Note [One returned variable]
+// GCC builds a function's named local in its caller's result object (the named return value
+// optimization) only when every return statement returns that one variable. An issue_* function
+// that returned meta_output(...) for meta inputs and its `output` otherwise built the output in a
+// local of its own and moved it into the result: a Tensor move and the moved-from Tensor's end,
+// ~24 instructions at every all_reduce. So each issue_* function is the meta test and a return of
+// a call: communicate_*, for real inputs, whose every return names its one output (a prvalue
+// returned from a call is the caller's result object itself, C++17).
 
-Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_op) {
-  if (call.meta()) {
-    return meta_output(call, input.sizes(), input.dtype());
-  }
+// issue_all_reduce for inputs that are not meta (Call::start checks it).
+Tensor communicate_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_op) {
   // Note [Remembered layout facts]
   // A loop of collectives passes tensors of one layout (Note [Remembered layout digests] in
   // rank_state.hpp), and all_reduce asked each input's layout the same three questions again:
@@ -872,11 +879,15 @@ Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_
   });
   return output;
 }
-
-Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) {
+Tensor issue_all_reduce(Call& call, const Tensor& input, const ReduceOp& reduce_op) {
   if (call.meta()) {
-    return meta_output(call, rule.shape, input.dtype());
+    return meta_output(call, input.sizes(), input.dtype());
   }
+  return communicate_all_reduce(call, input, reduce_op);  // Note [One returned variable]
+}
+
+// issue_all_gather for inputs that are not meta (Call::start checks it).
+Tensor communicate_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) {
   const bool rearranges = rule.dim != 0 && input.dim() != 0;
   if (rearranges) {
     call.require_host("all_gather along dim " + std::to_string(rule.dim));
@@ -897,12 +908,16 @@ Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) 
   call.register_work([&, &recv = recv] { return comm.all_gather(send, recv, call.info()); });
   return output;
 }
-
-Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& reduce_op,
-                            const ShapeRule& rule) {
+Tensor issue_all_gather(Call& call, const Tensor& input, const ShapeRule& rule) {
   if (call.meta()) {
     return meta_output(call, rule.shape, input.dtype());
   }
+  return communicate_all_gather(call, input, rule);  // Note [One returned variable]
+}
+
+// issue_reduce_scatter for inputs that are not meta (Call::start checks it).
+Tensor communicate_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& reduce_op,
+                                  const ShapeRule& rule) {
   if (rule.dim != 0) {
     call.require_host("reduce_scatter along dim " + std::to_string(rule.dim));
   }
@@ -919,6 +934,13 @@ Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& red
     return comm.reduce_scatter(send, recv, wire_reduce_op(input.dtype(), reduce_op), call.info());
   });
   return output;
+}
+Tensor issue_reduce_scatter(Call& call, const Tensor& input, const ReduceOp& reduce_op,
+                            const ShapeRule& rule) {
+  if (call.meta()) {
+    return meta_output(call, rule.shape, input.dtype());
+  }
+  return communicate_reduce_scatter(call, input, reduce_op, rule);  // Note [One returned variable]
 }
 
 // The input shape and dtype of a single-tensor call, for its record.
