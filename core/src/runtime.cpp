@@ -155,6 +155,10 @@ void RankState::end_rank() noexcept {
   recv_counts_scratch.clear();
   finished = false;
   trace = nullptr;
+  // use_count() reads the count relaxed, which orders nothing; the count is reused only where
+  // its acquire load reads 0, the value after every block's deleter (perhaps on another thread)
+  // took its bytes off, and it is only ever accessed atomically. The streams order themselves
+  // (CurrentStreams::reset_unshared). No fence: GCC's ThreadSanitizer refuses one.
   if (device_bytes_.use_count() != 1 || device_bytes_->load(std::memory_order_acquire) != 0) {
     device_bytes_.reset();  // restart() makes a fresh one
   }

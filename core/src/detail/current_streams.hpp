@@ -47,9 +47,14 @@ class CurrentStreams {
     streams_.clear();
   }
   // Back to the state of a fresh one (no stream, never set), for a rank state that is reused
-  // (Note [Reused rank states]). Only for an object nothing else holds: it takes no lock.
+  // (Note [Reused rank states]). Only for an object nothing else holds any more. Its last other
+  // holder (a work, perhaps on another thread) let go by a count decrement that the rank's
+  // use_count() == 1 reads relaxed, which orders nothing, and an acquire fence after it is
+  // refused by GCC's ThreadSanitizer (-Wtsan, an error with -Werror). So the clear goes through
+  // reset(), under the lock that holder's last get() took: ordered after it. A rank that never
+  // set a stream has nothing to clear (no write) and takes no lock.
   void reset_unshared() noexcept {
-    streams_.clear();
+    reset();
     ever_set_.store(false, std::memory_order_relaxed);
   }
 
