@@ -118,7 +118,11 @@ void RankState::end_slots() noexcept {
 // Only room and values that a fresh state would compute identically travel between runs;
 // RankStateReuse tests in core_api_test check that a reused state starts as a fresh one. A member
 // added to RankState must be reset in end_rank() (or be one of the kept ones above). Off where
-// recycling is off (recycling_enabled()), as every recycled block.
+// recycling is off (recycling_enabled()), as every recycled block, and for a world larger than
+// kReusedWorldSizeMax: a kept state keeps room that grows with the world's size (its slots' keys
+// and labels, the scratch groups and count lists), up to kRecycledBlocksMax states a thread, and
+// a rank of a large job, which makes one state, must not keep it after it (Note [Recycled rooms]
+// caps rooms for the same reason): its state ends, as before reuse.
 void RankState::end_rank() noexcept {
   HostPool::park(std::move(host_pool_));
   if (comms_.size() <= kKeptSlotsMax) {
@@ -444,7 +448,8 @@ RankContext::~RankContext() {
   // Note [Recycled rank states]: the block goes back to this thread's list (state_'s own delete
   // would free it), or the state to this thread's spare states (Note [Reused rank states]).
   SpareRankState state(state_.release());
-  if (transport::recycling_enabled()) {
+  if (transport::recycling_enabled() &&
+      state->world_size() <= detail::RankState::kReusedWorldSizeMax) {
     state->end_rank();
     SpareRankStates::give(state);  // moved from when kept; else `state` ends it
   }

@@ -152,5 +152,23 @@ TEST(RankStateReuse, StreamsHeldPastTheRankAreNotReused) {
   (void)context.finish();
 }
 
+// A world larger than kReusedWorldSizeMax: its rank's state is not kept (it keeps room that grows
+// with the world), so the next rank's state is a fresh one, without world()'s list or slot.
+TEST(RankStateReuse, TheStateOfALargeWorldIsNotKept) {
+  if (!transport::recycling_enabled()) {
+    GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
+  }
+  for (const int size :
+       {detail::RankState::kReusedWorldSizeMax, detail::RankState::kReusedWorldSizeMax + 1}) {
+    detail::RankState* ended = nullptr;
+    run_a_rank(std::make_shared<FakeTransport>(0, size), &ended);
+    RankContext context(std::make_shared<FakeTransport>(0, size));
+    const bool kept = size <= detail::RankState::kReusedWorldSizeMax;
+    EXPECT_EQ(context.state().world_slot != nullptr, kept) << size;
+    EXPECT_EQ(context.state().built_world_ranks() != nullptr, kept) << size;
+    (void)context.finish();
+  }
+}
+
 }  // namespace
 }  // namespace chorus

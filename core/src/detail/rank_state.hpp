@@ -60,6 +60,10 @@ class RankState {
   void end_rank() noexcept;
   void restart(std::shared_ptr<transport::Transport> transport, RankOptions options);
 
+  // The largest world whose ranks' states are reused (Note [Reused rank states]): a kept state
+  // keeps room that grows with the world's size, as Note [Recycled rooms] caps what is kept.
+  static constexpr int kReusedWorldSizeMax = 64;
+
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return world_size_; }
   transport::Transport& transport() noexcept { return *transport_; }
