@@ -192,9 +192,11 @@ void expand_group_into(const GroupSpec& group, std::string_view tag, std::string
     set_tag(out, tag);
     out.group_size = group_size;
   } else if (const auto* process_group = std::get_if<ProcessGroup>(&value)) {
-    // world() on this rank hands out the rank's own list of 0..W-1 (RankState::world_ranks),
-    // valid by construction, so it skips the checks every other list gets. Its address cannot be
-    // reused by another list: the list is never freed (Note [Shared world lists] in runtime.cpp).
+    // world() on this rank hands out the process's list of 0..W-1 for its world size
+    // (RankState::world_ranks), valid by construction, so it skips the checks every other list
+    // gets. No other list can take its address: the lists, one per size, are never freed
+    // (Note [Shared world lists] in runtime.cpp). A group that world() made in a run of another
+    // size holds that size's list, not the one this rank's state points at: it is checked.
     RankContext* context = RankContext::current();
     if (context == nullptr || &process_group->ranks() != context->state().built_world_ranks()) {
       check_rank_list(process_group->ranks(), op, "process group", &group);

@@ -115,8 +115,11 @@ void RankState::end_slots() noexcept {
 //   - room: the scratch groups' and count lists' heap blocks, emptied.
 // restart() then sets what the constructor sets from its arguments, allocating the new registry
 // and host pool first, so that running out of memory leaves a state that can still be destroyed.
-// Only room and values that a fresh state would compute identically travel between runs;
-// RankStateReuse tests in core_api_test check that a reused state starts as a fresh one. A member
+// Only room and values that a fresh state would compute identically travel between runs. The
+// RankStateReuse tests in core_api_test check that a restarted state holds every value a fresh
+// one holds (expect_fresh) and makes its communicators again from sequence 0, that world()'s
+// list and slot are kept for a world of its size only, and that streams a work still holds and
+// the states of worlds above kReusedWorldSizeMax are not kept. A member
 // added to RankState must be reset in end_rank() (or be one of the kept ones above). Off where
 // recycling is off (recycling_enabled()), as every recycled block, and for a world larger than
 // kReusedWorldSizeMax: a kept state keeps room that grows with the world's size (its slots' keys
@@ -398,7 +401,7 @@ void RankState::raise_deferred_error() {
 namespace {
 
 // Ends a RankState made in a recycled block (make_rank_state).
-struct EndRankState {
+struct RecycledRankStateDelete {
   void operator()(detail::RankState* state) const noexcept {
     state->~RankState();
     transport::RecyclingAllocator<detail::RankState>{}.deallocate(state, 1);
@@ -406,7 +409,7 @@ struct EndRankState {
 };
 // Note [Reused rank states]: the states of the ranks that ended on this thread, kept for the next
 // RankContexts made on it; the thread's end destroys those still kept.
-using SpareRankState = std::unique_ptr<detail::RankState, EndRankState>;
+using SpareRankState = std::unique_ptr<detail::RankState, RecycledRankStateDelete>;
 struct SpareRankStatesTag {};
 using SpareRankStates =
     transport::RecycledObjects<SpareRankState, transport::kRecycledBlocksMax, SpareRankStatesTag>;

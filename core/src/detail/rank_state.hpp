@@ -85,7 +85,8 @@ class RankState {
   }
 
   // The slot of the group (tag, members); `members` holds this rank. Slots live as long as the
-  // rank state.
+  // rank state, which may outlive its run (Note [Reused rank states]): a slot kept for the next
+  // rank is back at sequence number 0, without its communicator.
   CommSlot& comm_slot(const std::string& tag, std::span<const int> members);
   // Creates the slot's communicator if it does not exist yet.
   transport::Comm& ensure_comm(CommSlot& slot, const std::string& tag,
