@@ -119,7 +119,9 @@ void RankState::end_slots() noexcept {
 // RankStateReuse tests in core_api_test check that a restarted state holds every value a fresh
 // one holds (expect_fresh) and makes its communicators again from sequence 0, that world()'s
 // list and slot are kept for a world of its size only, and that streams a work still holds and
-// the states of worlds above kReusedWorldSizeMax are not kept. A member
+// the states of worlds above kReusedWorldSizeMax are not kept; and that what end_rank() drops is
+// gone (a partition set up again, world()'s slot made again after more than kKeptSlotsMax
+// slots, the transport ended with its context, no trace scope). A member
 // added to RankState must be reset in end_rank() (or be one of the kept ones above). Off where
 // recycling is off (recycling_enabled()), as every recycled block, and for a world larger than
 // kReusedWorldSizeMax: a kept state keeps room that grows with the world's size (its slots' keys

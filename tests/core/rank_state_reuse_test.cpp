@@ -6,6 +6,7 @@
 
 #include <chorus/chorus.hpp>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -168,6 +169,93 @@ TEST(RankStateReuse, TheStateOfALargeWorldIsNotKept) {
     EXPECT_EQ(context.state().built_world_ranks() != nullptr, kept) << size;
     (void)context.finish();
   }
+}
+
+// An all_reduce of ones on `group`, completed: its sequence number on its communicator.
+std::int64_t all_reduce_seq(FakeTransport& transport, const GroupSpec& group) {
+  const Tensor out = all_reduce(Tensor::ones({2}, DType::Int32), "sum", group);
+  const std::int64_t seq = transport.last_work()->fingerprint().seq;
+  transport.last_work()->complete();
+  EXPECT_EQ(out.to_vector<std::int32_t>(), (std::vector<std::int32_t>{1, 1}));
+  return seq;
+}
+
+// A partitioned group's slot is kept, its partition not (partitions_ emptied): the next run on
+// the thread sets the partition up again on its own transport.
+TEST(RankStateReuse, APartitionIsSetUpAgainInTheNextRun) {
+  if (!transport::recycling_enabled()) {
+    GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
+  }
+  using Parts = std::vector<std::vector<int>>;
+  for (int run = 0; run < 3; ++run) {
+    const auto transport = std::make_shared<FakeTransport>(2, 4);
+    RankContext context(transport);
+    const ScopedRankBinding binding(&context);
+    EXPECT_EQ(all_reduce_seq(*transport, Parts{{0, 1}, {2, 3}}), 0) << run;
+    EXPECT_EQ(all_reduce_seq(*transport, Parts{{0, 1}, {2, 3}}), 1) << run;
+    EXPECT_EQ(transport->partition_calls.size(), 1u) << run;
+    EXPECT_EQ(transport->comms_created, 1) << run;
+    (void)context.finish();
+  }
+}
+
+// A run with more slots than are kept ends them all, world()'s too: the next run's world() makes
+// its slot again.
+TEST(RankStateReuse, WorldAfterARunWithMoreSlotsThanAreKept) {
+  if (!transport::recycling_enabled()) {
+    GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
+  }
+  for (int run = 0; run < 3; ++run) {
+    const auto transport = std::make_shared<FakeTransport>(0, 8);
+    RankContext context(transport);
+    const ScopedRankBinding binding(&context);
+    EXPECT_EQ(all_reduce_seq(*transport, world()), 0) << run;
+    for (int peer = 1; peer <= 5; ++peer) {
+      EXPECT_EQ(all_reduce_seq(*transport, std::vector<int>{0, peer}), 0) << run;
+    }
+    EXPECT_EQ(all_reduce_seq(*transport, world()), 1) << run;
+    EXPECT_EQ(transport->comms_created, 6) << run;
+    (void)context.finish();
+  }
+}
+
+// A kept state holds nothing of its run: the transport (and with it the communicators) ends with
+// its RankContext.
+TEST(RankStateReuse, TheTransportEndsWithItsContext) {
+  if (!transport::recycling_enabled()) {
+    GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
+  }
+  std::weak_ptr<FakeTransport> weak;
+  {
+    auto transport = std::make_shared<FakeTransport>(0, 2);
+    weak = transport;
+    RankContext context(std::move(transport));
+    const ScopedRankBinding binding(&context);
+    (void)all_reduce_seq(*weak.lock(), world());
+    (void)context.finish();
+  }
+  EXPECT_TRUE(weak.expired());
+}
+
+// A rank that ended inside a TraceScope (a launcher's bug): the next rank does not trace into it.
+TEST(RankStateReuse, TheNextRankDoesNotTraceIntoAnEndedRanksScope) {
+  if (!transport::recycling_enabled()) {
+    GTEST_SKIP() << "nothing is recycled under AddressSanitizer";
+  }
+  detail::RankState* ended = nullptr;
+  {
+    RankContext context(std::make_shared<FakeTransport>());
+    ended = &context.state();
+    int not_a_scope = 0;
+    context.state().trace = reinterpret_cast<TraceScope*>(&not_a_scope);
+    (void)context.finish();
+  }
+  RankContext context(std::make_shared<FakeTransport>());
+  const ScopedRankBinding binding(&context);
+  ASSERT_EQ(&context.state(), ended);
+  EXPECT_EQ(context.state().trace, nullptr);
+  EXPECT_EQ(current_trace(), nullptr);
+  (void)context.finish();
 }
 
 }  // namespace
