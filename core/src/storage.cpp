@@ -116,24 +116,6 @@ void Storage::wait_through_weak_registry() const {
   registry->wait_storage(*this);
 }
 
-std::shared_ptr<void> allocate_host(std::size_t nbytes) {
-  if (nbytes == 0) {
-    return nullptr;
-  }
-  if (RankContext* context = RankContext::current()) {
-    RankState& state = context->state();
-    if (HostAllocator* allocator = state.options().host_allocator.get()) [[unlikely]] {
-      std::shared_ptr<void> block = allocator->allocate(nbytes);
-      CHORUS_CHECK(block != nullptr);
-      CHORUS_CHECK_EQ(reinterpret_cast<std::uintptr_t>(block.get()) % HostAllocator::kAlignment,
-                      0u);
-      return block;
-    }
-    return HostPool::allocate(state.host_pool(), nbytes);
-  }
-  return allocate_unpooled(nbytes);
-}
-
 namespace {
 
 // The allocator of a pooled storage's control block: the room in its block's header (Note [A
@@ -173,22 +155,32 @@ class RoomAllocator {
 
 }  // namespace
 
+// The one place that decides where a host storage's bytes come from: no bytes for an empty one;
+// inside a rank, its pool (the usual case) or the allocator its options name; outside a rank,
+// plain heap memory.
 std::shared_ptr<Storage> make_host_storage(std::size_t nbytes) {
+  std::shared_ptr<void> block;
   if (nbytes > 0) {
     if (RankContext* context = RankContext::current()) {
       RankState& state = context->state();
-      if (state.options().host_allocator == nullptr) [[likely]] {
+      HostAllocator* allocator = state.options().host_allocator.get();
+      if (allocator == nullptr) [[likely]] {
         // A block of the rank's pool, with the storage in its header (Note [A block's control block
         // in its header]): nothing between the two can throw, so the room is always filled.
-        HostPool::BlockWithRoom block = HostPool::allocate_with_room(state.host_pool(), nbytes);
-        return std::allocate_shared<Storage>(RoomAllocator<Storage>(block.room),
-                                             std::move(block.block), nbytes, Device::cpu());
+        HostPool::BlockWithRoom pooled = HostPool::allocate_with_room(state.host_pool(), nbytes);
+        return std::allocate_shared<Storage>(RoomAllocator<Storage>(pooled.room),
+                                             std::move(pooled.block), nbytes, Device::cpu());
       }
+      block = allocator->allocate(nbytes);
+      CHORUS_CHECK(block != nullptr);
+      CHORUS_CHECK_EQ(reinterpret_cast<std::uintptr_t>(block.get()) % HostAllocator::kAlignment,
+                      0u);
+    } else {
+      block = allocate_unpooled(nbytes);
     }
   }
-  return std::allocate_shared<Storage>(transport::RecyclingAllocator<Storage>{},
-                                       allocate_host(nbytes), nbytes,
-                                       Device::cpu());  // Note [Recycled blocks]
+  return std::allocate_shared<Storage>(transport::RecyclingAllocator<Storage>{}, std::move(block),
+                                       nbytes, Device::cpu());  // Note [Recycled blocks]
 }
 
 namespace {

@@ -46,7 +46,8 @@ class HostPool {
   // block's reference to its pool]; its control block lives in the block, Note [A block's
   // control block in its header]). `pool` must own the pool: the pointer make() returned, or a copy
   // of it (not an aliasing or non-owning one, which would neither keep the pool alive nor count for
-  // park).
+  // park). The library itself builds storages, so it takes allocate_with_room; this plain form is
+  // the pool's tests' entry.
   static std::shared_ptr<void> allocate(const std::shared_ptr<HostPool>& pool, std::size_t nbytes);
 
   // The same with room beside the block for one object of at most kRoomBytes (its control block

@@ -120,11 +120,8 @@ class Storage {
   mutable StampedLinks<PendingWork> works_;
 };
 
-// Host memory of `nbytes`, 64-byte aligned, from the calling rank's pool (plain heap memory
-// outside a rank). Never null for nbytes > 0.
-std::shared_ptr<void> allocate_host(std::size_t nbytes);
-
-// A storage of `nbytes` uninitialised host bytes.
+// A storage of `nbytes` uninitialised host bytes, 64-byte aligned: from the calling rank's pool, or
+// its RankOptions::host_allocator when set; plain heap memory outside a rank.
 std::shared_ptr<Storage> make_host_storage(std::size_t nbytes);
 
 // The calling rank's device memory (Note [Device memory]) and its current stream of `device`
