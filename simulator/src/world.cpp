@@ -1766,21 +1766,19 @@ void SimWorld::complete_operation(SimGroup& group) {
     switch (first.kind) {
       case transport::OpKind::AllReduce: {
         // Reduce into rank 0's output unless it overlaps another rank's input, then copy.
-        // bytes_overlap's test, with rank 0's side (null or empty overlaps nothing) judged once
-        // rather than once an input.
+        // Rank 0's side (null or empty overlaps nothing) is judged once rather than once an input,
+        // and held in locals: a store to `sources` may alias `first.recv.data` (both void
+        // pointers), which the loop would otherwise load again after each.
         sources[0] = first.send.data;
         bool recv0_overlaps = false;
-        const auto* const recv0 = static_cast<const unsigned char*>(first.recv.data);
+        const void* const recv0 = first.recv.data;
         const std::size_t recv0_bytes = first.recv.nbytes();
         const bool recv0_may_overlap = recv0 != nullptr && recv0_bytes > 0;
         for (std::size_t j = 1; j < size; ++j) {
           const transport::Buffer& send = slot.arrivals[j].ops[i].send;
           sources[j] = send.data;
           if (recv0_may_overlap && !recv0_overlaps) {
-            const auto* const input = static_cast<const unsigned char*>(send.data);
-            const std::size_t input_bytes = send.nbytes();
-            recv0_overlaps = input != nullptr && input_bytes > 0 && recv0 < input + input_bytes &&
-                             input < recv0 + recv0_bytes;
+            recv0_overlaps = bytes_overlap(recv0, recv0_bytes, send.data, send.nbytes());
           }
         }
         void* target = first.recv.data;
