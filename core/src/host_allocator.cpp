@@ -93,8 +93,8 @@ HostPool::~HostPool() {
 // the block was handed out and given back after the deleter had returned the bytes to the pool,
 // ~34 instructions a block besides the pool's own work, and as much for the storage's. Each
 // block the pool makes now has kHeaderBytes more, before its bytes: its control block is built
-// there (HeaderAllocator hands out the header) with the pool's reference, the block's rounded size
-// and a count of the header's owners beside it, and room for one more object (the storage, its
+// there (a PlacedAllocator hands out the header) with the pool's reference, the block's rounded
+// size and a count of the header's owners beside it, and room for one more object (the storage, its
 // control block and all: allocate_with_room, and the caller's allocator gives it back with
 // release_room). The block, its control block and its storage are one allocation. The deleter
 // keeps the bytes (KeepsBytes); they go back to the pool when the last owner of the header, the
@@ -141,41 +141,6 @@ struct KeepsBytes {
 };
 
 }  // namespace
-
-template <class T>
-class HostPool::HeaderAllocator {
- public:
-  using value_type = T;
-
-  explicit HeaderAllocator(void* header) noexcept : header_(header) {}
-  template <class U>
-  HeaderAllocator(const HeaderAllocator<U>& other) noexcept  // NOLINT(google-explicit-constructor)
-      : header_(other.header_) {}
-
-  // The control block, once, at the start of the header.
-  T* allocate(std::size_t n) noexcept {
-    static_assert(sizeof(T) <= kControlBlockBytes && alignof(T) <= HostPool::kAlignment);
-    CHORUS_CHECK_EQ(n, 1u);
-    return static_cast<T*>(header_);
-  }
-  // The control block has ended.
-  void deallocate(T* control, std::size_t n) noexcept {
-    CHORUS_CHECK_EQ(n, 1u);
-    CHORUS_CHECK(static_cast<void*>(control) == header_);
-    release_header(header_);
-  }
-
-  template <class U>
-  bool operator==(const HeaderAllocator<U>& other) const noexcept {
-    return header_ == other.header_;
-  }
-
- private:
-  template <class U>
-  friend class HeaderAllocator;
-
-  void* header_;
-};
 
 void HostPool::release_header(void* header) noexcept {
   // Note [A block's control block in its header]: the last of the header's owners gives the block
@@ -239,7 +204,9 @@ void HostPool::release_room(void* room) noexcept {
   ::new (in_header<void>(header, kPoolReferenceOffset)) std::shared_ptr<HostPool>(pool);
   ::new (in_header<void>(header, kOwnersOffset)) std::atomic<std::uint32_t>(owners);
   *in_header<std::size_t>(header, kRoundedOffset) = rounded;
-  return {std::shared_ptr<void>(bytes, KeepsBytes{}, HeaderAllocator<char>(header)),
+  return {std::shared_ptr<void>(
+              bytes, KeepsBytes{},
+              PlacedAllocator<char, kControlBlockBytes, kAlignment, &release_header>(header)),
           in_header<void>(header, kRoomOffset)};
 }
 

@@ -116,44 +116,11 @@ void Storage::wait_through_weak_registry() const {
   registry->wait_storage(*this);
 }
 
-namespace {
-
 // The allocator of a pooled storage's control block: the room in its block's header (Note [A
 // block's control block in its header], host_allocator.cpp).
 template <class T>
-class RoomAllocator {
- public:
-  using value_type = T;
-
-  explicit RoomAllocator(void* room) noexcept : room_(room) {}
-  template <class U>
-  RoomAllocator(const RoomAllocator<U>& other) noexcept  // NOLINT(google-explicit-constructor)
-      : room_(other.room_) {}
-
-  T* allocate(std::size_t n) noexcept {
-    static_assert(sizeof(T) <= HostPool::kRoomBytes && alignof(T) <= alignof(std::max_align_t));
-    CHORUS_CHECK_EQ(n, 1u);
-    return static_cast<T*>(room_);
-  }
-  void deallocate(T* control, std::size_t n) noexcept {
-    CHORUS_CHECK_EQ(n, 1u);
-    CHORUS_CHECK(static_cast<void*>(control) == room_);
-    HostPool::release_room(room_);
-  }
-
-  template <class U>
-  bool operator==(const RoomAllocator<U>& other) const noexcept {
-    return room_ == other.room_;
-  }
-
- private:
-  template <class U>
-  friend class RoomAllocator;
-
-  void* room_;
-};
-
-}  // namespace
+using RoomAllocator =
+    PlacedAllocator<T, HostPool::kRoomBytes, alignof(std::max_align_t), &HostPool::release_room>;
 
 // The one place that decides where a host storage's bytes come from: no bytes for an empty one;
 // inside a rank, its pool (the usual case) or the allocator its options name; outside a rank,

@@ -15,10 +15,56 @@
 #include <unordered_map>
 #include <vector>
 
+#include "chorus/check.hpp"
 #include "chorus/runtime.hpp"
 #include "chorus/transport/futex_mutex.hpp"
 
 namespace chorus::detail {
+
+// An allocator that hands out one place chosen before, once: for a control block placed in memory
+// its owner already holds (a pooled block's header, or the room beside it, Note [A block's control
+// block in its header]). It fits objects of at most kPlaceBytes aligned to at most kPlaceAlign
+// (checked at compile time for each type placed), and gives the place back with Release when the
+// control block ends.
+template <class T, std::size_t kPlaceBytes, std::size_t kPlaceAlign,
+          void (*Release)(void*) noexcept>
+class PlacedAllocator {
+ public:
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = PlacedAllocator<U, kPlaceBytes, kPlaceAlign, Release>;
+  };
+
+  explicit PlacedAllocator(void* place) noexcept : place_(place) {}
+  template <class U>
+  PlacedAllocator(  // NOLINT(google-explicit-constructor)
+      const PlacedAllocator<U, kPlaceBytes, kPlaceAlign, Release>& other) noexcept
+      : place_(other.place_) {}
+
+  T* allocate(std::size_t n) noexcept {
+    static_assert(sizeof(T) <= kPlaceBytes && alignof(T) <= kPlaceAlign);
+    CHORUS_CHECK_EQ(n, 1u);
+    return static_cast<T*>(place_);
+  }
+  void deallocate(T* placed, std::size_t n) noexcept {
+    CHORUS_CHECK_EQ(n, 1u);
+    CHORUS_CHECK(static_cast<void*>(placed) == place_);
+    Release(place_);
+  }
+
+  template <class U>
+  bool operator==(
+      const PlacedAllocator<U, kPlaceBytes, kPlaceAlign, Release>& other) const noexcept {
+    return place_ == other.place_;
+  }
+
+ private:
+  template <class U, std::size_t, std::size_t, void (*)(void*) noexcept>
+  friend class PlacedAllocator;
+
+  void* place_;
+};
 
 class HostPool {
  public:
@@ -75,10 +121,6 @@ class HostPool {
   // The free blocks of `rounded_bytes`, or null when that size has no bucket. Under mutex_.
   std::vector<void*>* bucket_locked(std::size_t rounded_bytes);
 
-  // The allocator of a block's control block, which it places in the block's header (Note [A
-  // block's control block in its header], host_allocator.cpp).
-  template <class T>
-  class HeaderAllocator;
   // allocate and allocate_with_room: a block whose header has `owners` owners.
   static inline BlockWithRoom allocate_with_header(const std::shared_ptr<HostPool>& pool,
                                                    std::size_t nbytes, std::uint32_t owners);
