@@ -1610,11 +1610,9 @@ void SimWorld::schedule() {
         stopping_ranks_ = true;  // a rank still issuing operations retries forever: stop_rank
       }
     }
-    Decision decision;
-    if (by_priority) {
-      decision = candidates_[stream_.choose_schedule({candidates_.data(), candidates_.size()})];
-    } else {
-      const auto index = static_cast<std::size_t>(stream_.choose(num_candidates));
+    std::size_t index = 0;
+    if (!by_priority) {
+      index = static_cast<std::size_t>(stream_.choose(num_candidates));
       if (index < runnable_count_) {  // Note [Uniform rank steps]
         const int rank = kth_runnable(index);
         take_step(run_codes_[static_cast<std::size_t>(rank)],
@@ -1622,8 +1620,12 @@ void SimWorld::schedule() {
         run_rank(rank);
         continue;
       }
-      decision = kth_completable(index - runnable_count_);
     }
+    // Made here, past the uniform rank steps: declared before them, it was written whole as a
+    // default on their way too.
+    const Decision decision =
+        by_priority ? candidates_[stream_.choose_schedule({candidates_.data(), candidates_.size()})]
+                    : kth_completable(index - runnable_count_);
     // Note [Decision codes].
     const std::uint64_t code = decision.kind == Decision::Kind::RunRank
                                    ? run_codes_[static_cast<std::size_t>(decision.rank)]
