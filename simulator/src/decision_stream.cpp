@@ -87,7 +87,7 @@ constexpr std::uint64_t kPctDefaultSteps = 256;
 // list's memory therefore passes from a finished stream to the next one on the same thread, up
 // to kRecycledChoicesMax entries; callers copy choices() out (SimWorld::run does). The list's
 // size is its room, kept across runs: the next stream overwrites the old entries as it records
-// (DecisionStream::recorded_ counts them), so a run neither clears nor refills it.
+// (DecisionStream::next_choice_ is past them), so a run neither clears nor refills it.
 constexpr std::size_t kRecycledChoicesMax = std::size_t{1} << 20;
 thread_local std::vector<std::uint64_t> recycled_choices;
 
@@ -176,10 +176,11 @@ DecisionStream::DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy st
       choices_(std::exchange(recycled_choices, {})),
       record_max_(record_max) {
   // The recycled list's entries are room, overwritten before they are read (choices() ends at
-  // recorded_); only its size is capped, which keeps its memory.
+  // next_choice_); only its size is capped, which keeps its memory.
   if (choices_.size() > record_max_) {
     choices_.resize(record_max_);
   }
+  place_cursor(0);
   // The strategy's own randomness (PCT priorities, the portfolio's pick) comes from the seed,
   // not from the choice source: it is not recorded, because the indices it leads to are.
   Rng strategy_rng(hash_combine(seed, 0x5043545f70637421ULL));
@@ -193,15 +194,17 @@ DecisionStream::DecisionStream(std::unique_ptr<ChoiceSource> source, Strategy st
 }
 
 std::uint64_t DecisionStream::record_growing(std::uint64_t index) {
-  CHORUS_CHECK_EQ(recorded_, choices_.size());  // record() stores while there is room
-  if (recorded_ >= record_max_) {
+  const std::size_t count = recorded();
+  CHORUS_CHECK_EQ(count, choices_.size());  // record() stores while there is room
+  if (count >= record_max_) {
     overflowed_ = true;
     return index;
   }
   // Doubling, as push_back would, but never past record_max_.
   constexpr std::size_t kChoicesRoomMin = 64;
   choices_.resize(std::min(std::max(2 * choices_.size(), kChoicesRoomMin), record_max_));
-  choices_[recorded_++] = index;
+  place_cursor(count);  // Note [Choice cursor]: the resize may have moved the list
+  *next_choice_++ = index;
   return index;
 }
 

@@ -120,7 +120,7 @@ class DecisionStream {
   bool schedules_by_priority() const noexcept { return pct_ != nullptr; }
 
   // Every index returned so far, in order (the first record_max; valid until the next choice).
-  std::span<const std::uint64_t> choices() const noexcept { return {choices_.data(), recorded_}; }
+  std::span<const std::uint64_t> choices() const noexcept { return {choices_.data(), recorded()}; }
   bool exhausted() const noexcept { return source_->exhausted(); }
   // More choices were made than record_max: choices() is a prefix.
   bool overflowed() const noexcept { return overflowed_; }
@@ -135,14 +135,24 @@ class DecisionStream {
   // Inline only while the list has room: growing it (and overflowing) is out of line, so the
   // scheduler's per-decision path carries no reallocation code and saves no registers for it
   // (a push_back, even one guarded by a capacity check, brought its reallocation inline).
+  // Note [Choice cursor]: a store through next_choice_, checked against choices_end_.
   std::uint64_t record(std::uint64_t index) {
-    if (recorded_ < choices_.size()) [[likely]] {
-      choices_[recorded_++] = index;
+    if (next_choice_ != choices_end_) [[likely]] {
+      *next_choice_++ = index;
       return index;
     }
     return record_growing(index);
   }
   std::uint64_t record_growing(std::uint64_t index);
+  std::size_t recorded() const noexcept {
+    return static_cast<std::size_t>(next_choice_ - choices_.data());
+  }
+  // Points the cursor at entry `count` of choices_ and its end at choices_'s end: after choices_
+  // is made or resized.
+  void place_cursor(std::size_t count) noexcept {
+    next_choice_ = choices_.data() + count;
+    choices_end_ = choices_.data() + choices_.size();
+  }
 
   std::size_t pick_by_pct(std::span<const Decision> candidates);
 
@@ -151,10 +161,20 @@ class DecisionStream {
   Strategy strategy_;
   bool replaying_;
   std::unique_ptr<PctPicker> pct_;
-  // The choices recorded are the first recorded_ entries; the rest is room (values left from
-  // earlier runs: Note [Recycled choice buffer]), never more than record_max_ entries in all.
+  // The choices recorded are the entries before next_choice_; the rest, to choices_end_, is room
+  // (values left from earlier runs: Note [Recycled choice buffer]), never more than record_max_
+  // entries in all.
+  //
+  // Note [Choice cursor]
+  // ~~~~~~~~~~~~~~~~~~~~
+  // The scheduler records a choice per decision. Kept as a count, the check for room read the
+  // vector's begin and end and divided their difference by 8, and the store read the begin again:
+  // ten instructions a decision. The cursor and the room's end are kept as pointers into choices_
+  // instead (set again wherever choices_ is resized: place_cursor), so a record compares two
+  // loads, stores through one and moves it on. The count is their distance (recorded()).
   std::vector<std::uint64_t> choices_;
-  std::size_t recorded_ = 0;
+  std::uint64_t* next_choice_ = nullptr;
+  std::uint64_t* choices_end_ = nullptr;
   std::size_t record_max_;
   bool overflowed_ = false;
 };
