@@ -15,6 +15,7 @@
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <new>
@@ -214,6 +215,18 @@ ExceptionGlobals* thread_exception_globals() noexcept {
   return reinterpret_cast<ExceptionGlobals*>(abi::__cxa_get_globals());  // NOLINT: ABI layout
 }
 
+// Note [Exception globals copied whole]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// resume swaps the thread's exception globals with the lane's, four copies a rank step. Assigned
+// as a struct, each copy was two loads and two stores (the pointer, then the count), and the
+// scheduler's saved copy went through the stack twice: sixteen instructions a step. Copied as
+// their bytes, padding and all, each is one 16-byte load and store. The runtime's struct has the
+// same members in the same order (the #error above), so it has the same size and the padding
+// copied is its own: no byte outside it is written.
+inline void copy_exceptions(ExceptionGlobals& to, const ExceptionGlobals& from) noexcept {
+  std::memcpy(&to, &from, sizeof(ExceptionGlobals));
+}
+
 // One per run: recycled (Note [Recycled blocks]).
 class FiberExecutor final : public RankExecutor, public transport::RecycledNew<FiberExecutor> {
  public:
@@ -253,9 +266,11 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
     // Every switch into a rank starts here and every switch out of it returns here, so swapping
     // the exception globals around this call gives each context its own (Note [Fiber exception
     // state]).
+    // Note [Exception globals copied whole].
     ExceptionGlobals* globals = scheduler_thread_globals_;
-    const ExceptionGlobals scheduler_exceptions = *globals;
-    *globals = lane.exceptions;
+    ExceptionGlobals scheduler_exceptions;
+    copy_exceptions(scheduler_exceptions, *globals);
+    copy_exceptions(*globals, lane.exceptions);
     void* fake_stack = nullptr;
     start_switch(&fake_stack, lane.stack);
     {
@@ -263,8 +278,8 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
       lane.fiber = std::move(lane.fiber).resume();
     }
     finish_switch(fake_stack, nullptr);
-    lane.exceptions = *globals;
-    *globals = scheduler_exceptions;
+    copy_exceptions(lane.exceptions, *globals);
+    copy_exceptions(*globals, scheduler_exceptions);
   }
 
   void suspend(int rank) override {
