@@ -227,6 +227,28 @@ inline void copy_exceptions(ExceptionGlobals& to, const ExceptionGlobals& from) 
   std::memcpy(&to, &from, sizeof(ExceptionGlobals));
 }
 
+// Note [A switch leaves its fiber empty]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// `f = std::move(f).resume()` empties f before it jumps and assigns the context that jumps back
+// into it after. The assignment ends what f held before it, which the compiler must read again
+// after the jump (the other context could have written it) and test, to unwind a fiber left
+// there: three instructions a switch, two switches a rank step. Nothing fills a lane's fibers
+// while the other side runs: a rank's `fiber` is the scheduler's to set (resume, make_lanes) and
+// its `scheduler` the rank's (suspend, run_lane), each only on its own side of the switch. So the
+// slot is still empty when the jump returns: release builds tell the compiler so, debug builds
+// check it.
+[[gnu::always_inline]] inline void switch_to(ctx::fiber& slot) noexcept {
+  ctx::fiber back = std::move(slot).resume();
+#ifndef NDEBUG
+  CHORUS_CHECK(!slot);
+#else
+  if (slot) {
+    __builtin_unreachable();
+  }
+#endif
+  slot = std::move(back);
+}
+
 // One per run: recycled (Note [Recycled blocks]).
 class FiberExecutor final : public RankExecutor, public transport::RecycledNew<FiberExecutor> {
  public:
@@ -275,7 +297,7 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
     start_switch(&fake_stack, lane.stack);
     {
       const InLaneContext in_lane(lane.tsan, scheduler_tsan_);  // Note [Fibers under TSan]
-      lane.fiber = std::move(lane.fiber).resume();
+      switch_to(lane.fiber);  // Note [A switch leaves its fiber empty]
     }
     finish_switch(fake_stack, nullptr);
     copy_exceptions(lane.exceptions, *globals);
@@ -285,7 +307,7 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
   void suspend(int rank) override {
     Lane& lane = lane_of(rank);
     start_switch(&lane.stack.fake_stack, scheduler_stack_);
-    lane.scheduler = std::move(lane.scheduler).resume();
+    switch_to(lane.scheduler);  // Note [A switch leaves its fiber empty]
     finish_switch(lane.stack.fake_stack, &scheduler_stack_);
   }
 
