@@ -23,7 +23,18 @@ namespace {
 
 // The rank bound to this OS thread. Executors that multiplex ranks on one thread (fibers) rebind
 // at every switch (RankContext::bind), so this is per rank, not per process.
-thread_local RankContext* current_context = nullptr;
+//
+// Note [Thread-locals in initial-exec]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The libraries are built position-independent (they may end up in a shared object), so a
+// thread_local takes the general-dynamic model by default: a __tls_get_addr call that the linker
+// rewrites, in an executable, into a load of the thread pointer and an add, three instructions an
+// access. The simulator reads and rebinds this one, and its own current rank
+// (simulator/src/world.cpp), at every rank step. In the initial-exec model an access is the
+// variable's offset and one access through %fs: a shared object that holds them takes static TLS
+// room, which any shared object linked at start-up has (one that is dlopen'ed later takes it from
+// the loader's small surplus: two words here).
+[[gnu::tls_model("initial-exec")]] thread_local RankContext* current_context = nullptr;
 
 }  // namespace
 

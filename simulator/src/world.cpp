@@ -39,7 +39,8 @@ struct CurrentRank {
   const SimWorld* world = nullptr;
   int rank = -1;
 };
-thread_local CurrentRank this_thread_rank;
+// Note [Thread-locals in initial-exec]: the scheduler rebinds it at every rank step.
+[[gnu::tls_model("initial-exec")]] thread_local CurrentRank this_thread_rank;
 
 // Debug builds check at every decision the completable groups kept against a scan (Note
 // [Completable groups]) and the decision's code against decision_code (Note [Decision codes]).
