@@ -58,6 +58,17 @@ class RefuseContextsAfter {
 std::unique_ptr<RankExecutor> make_thread_executor();
 std::unique_ptr<RankExecutor> make_fiber_executor();
 
+// Note [Fiber switches called directly]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The scheduler resumes a rank, and the rank suspends, once a rank step each. Through the
+// virtual calls each is a call the link-time optimiser cannot see into: the switch's own frame
+// set-up, and the executor's table read. These call the fiber executor's resume and suspend by
+// name (the class is final), so the optimiser may inline them into their callers
+// (SimWorld::run_rank and yield, which know which executor they made). `fibers` must be one
+// make_fiber_executor made.
+void resume_fiber(RankExecutor& fibers, int rank);
+void suspend_fiber(RankExecutor& fibers, int rank);
+
 // The executor `kind` resolves to (Auto -> Fibers).
 ExecutorKind resolve_executor(ExecutorKind kind) noexcept;
 

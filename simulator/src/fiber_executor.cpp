@@ -420,4 +420,12 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
 
 std::unique_ptr<RankExecutor> make_fiber_executor() { return std::make_unique<FiberExecutor>(); }
 
+// Note [Fiber switches called directly].
+void resume_fiber(RankExecutor& fibers, int rank) {
+  static_cast<FiberExecutor&>(fibers).resume(rank);
+}
+void suspend_fiber(RankExecutor& fibers, int rank) {
+  static_cast<FiberExecutor&>(fibers).suspend(rank);
+}
+
 }  // namespace chorus::sim::detail

@@ -655,7 +655,11 @@ void SimWorld::yield(int rank) {
   if constexpr (kCheckDecisions) {
     CHORUS_CHECK_EQ(rank_on_this_thread(*this), rank);
   }
-  executor_->suspend(rank);
+  if (on_fibers_) {  // Note [Fiber switches called directly]
+    suspend_fiber(*executor_, rank);
+  } else {
+    executor_->suspend(rank);
+  }
   bind(rank);  // fibers share the OS thread: restore this rank's bindings
 }
 
@@ -1509,8 +1513,8 @@ void SimWorld::start_ranks() {
                             ? kSmallWorldRunCodes[index]
                             : decision_code(Decision{Decision::Kind::RunRank, r, 0, -1});
   }
-  executor_ = resolve_executor(options_.executor) == ExecutorKind::Fibers ? make_fiber_executor()
-                                                                          : make_thread_executor();
+  on_fibers_ = resolve_executor(options_.executor) == ExecutorKind::Fibers;
+  executor_ = on_fibers_ ? make_fiber_executor() : make_thread_executor();
   executor_->start(size, [this](int rank) { rank_body(rank); });
 }
 
@@ -1701,7 +1705,11 @@ void SimWorld::run_rank(int rank) {
     CHORUS_CHECK(ranks_[static_cast<std::size_t>(rank)].phase == Phase::Runnable);
   }
   running_rank_.store(rank, std::memory_order_relaxed);
-  executor_->resume(rank);
+  if (on_fibers_) {  // Note [Fiber switches called directly]
+    resume_fiber(*executor_, rank);
+  } else {
+    executor_->resume(rank);
+  }
   running_rank_.store(-1, std::memory_order_relaxed);
   RankContext::bind(nullptr);
   this_thread_rank = CurrentRank{};

@@ -805,6 +805,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::uint64_t data_hash_ = 0;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
   std::unique_ptr<RankExecutor> executor_;
+  bool on_fibers_ =
+      false;  // executor_ is make_fiber_executor's: Note [Fiber switches called directly]
   std::function<void()> rank_main_;
   // Inline for up to kSmallWorld (below) ranks: Note [Small per-run vectors].
   boost::container::small_vector<RankSlot, 8> ranks_;
