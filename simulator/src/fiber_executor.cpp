@@ -36,6 +36,18 @@
 #include <string>
 #endif
 
+// Note [Context jumps without the PLT]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every fiber switch calls Boost.Context's jump_fcontext, two a rank step, in the shared library:
+// through the PLT, a call and a jump each. Declared `noplt` (GCC's; clang has no such attribute),
+// a call reads the function's address from the GOT itself, one jump fewer a switch. The library is
+// bound at start-up then, as -fno-plt would bind it, not at the first call.
+#if defined(__GNUC__) && !defined(__clang__)
+namespace boost::context::detail {
+extern "C" [[gnu::noplt]] transfer_t jump_fcontext(fcontext_t const to, void* vp);
+}  // namespace boost::context::detail
+#endif
+
 namespace chorus::sim::detail {
 namespace {
 
