@@ -860,21 +860,8 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   const transport::Fingerprint& fingerprint = work->fingerprint();
   const std::uint64_t op_index = me.ops_started++;
   // Note [Fault injection]: a Delay stalls here, a Crash throws; the others mark the slot below.
-  std::optional<FiredFault> slot_fault;
   if (faults_planned_) [[unlikely]] {
-    for (const FiredFault& fired : fire_faults(rank, op_index)) {
-      switch (fired.fault.kind) {
-        case Fault::Kind::Delay:
-          stall(rank, fired.fault.delay_steps);
-          break;
-        case Fault::Kind::Crash:
-          crash(rank, group, info, op_index);
-        case Fault::Kind::TransportError:
-        case Fault::Kind::Hang:
-          slot_fault = fired;
-          break;
-      }
-    }
+    fire_start_faults(rank, group, info, op_index);
   }
   // Core numbers each communicator's operations 0, 1, 2, ... (Note [Transport contract]).
   CHORUS_CHECK_EQ(info.seq, group.issued[static_cast<std::size_t>(group_rank)]);
@@ -1011,8 +998,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     }
     record(SimEvent::Kind::Arrive, rank, *work);
     try {
-      judge_arrival(group, *slot, group_rank, reference_member, rank, info, fingerprint,
-                    slot_fault);
+      judge_arrival(group, *slot, group_rank, reference_member, rank, info, fingerprint);
     } catch (const std::bad_alloc&) {
       fail_out_of_memory(group, info.seq);
     }
@@ -1028,6 +1014,27 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
   }
   yield(rank);
   return work;
+}
+
+void SimWorld::fire_start_faults(int rank, SimGroup& group, const transport::OpInfo& info,
+                                 std::uint64_t op_index) {
+  // A local until the faults are done: a Delay's stall runs other ranks, whose starts set
+  // slot_fault_ too.
+  std::optional<FiredFault> slot_fault;
+  for (const FiredFault& fired : fire_faults(rank, op_index)) {
+    switch (fired.fault.kind) {
+      case Fault::Kind::Delay:
+        stall(rank, fired.fault.delay_steps);
+        break;
+      case Fault::Kind::Crash:
+        crash(rank, group, info, op_index);
+      case Fault::Kind::TransportError:
+      case Fault::Kind::Hang:
+        slot_fault = fired;
+        break;
+    }
+  }
+  slot_fault_ = std::move(slot_fault);
 }
 
 SeqTable<SimGroup::Slot>::iterator SimWorld::make_slot(SimGroup& group, std::int64_t seq,
@@ -1092,8 +1099,7 @@ SimWorld::EarlyFailure SimWorld::early_failure(const SimGroup& group, const SimW
 
 void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_rank,
                              int reference_member, int rank, const transport::OpInfo& info,
-                             const transport::Fingerprint& fingerprint,
-                             const std::optional<FiredFault>& slot_fault) {
+                             const transport::Fingerprint& fingerprint) {
   // Compare with the first other arrival (in group-rank order): every arrival is compared, so all
   // must agree. The slot keeps which one that is (Slot::lowest_arrived); debug builds check it
   // against a scan of the members.
@@ -1118,8 +1124,8 @@ void SimWorld::judge_arrival(SimGroup& group, SimGroup::Slot& slot, int group_ra
     fail_mismatch(group, *reference, reference_rank, rank, info, fingerprint);
   } else if (!has_all_to_all(slot.arrivals[static_cast<std::size_t>(group_rank)]) ||
              !fail_split(group, slot, group_rank, info.seq)) {
-    if (slot_fault) {
-      mark_slot_fault(slot, *slot_fault);
+    if (faults_planned_ && slot_fault_) {  // set by this start (fire_start_faults)
+      mark_slot_fault(slot, *slot_fault_);
       update_completable(group);  // a Hang is no candidate
     }
     if (ranks_gone_ > 0) {                          // Note [Absent members]

@@ -700,8 +700,14 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   void record_fault(const Fault& fault, bool random);
   // Undoes record_fault for a fault that another one preempted after it was recorded.
   void withdraw_fault(const Fault& fault, bool random);
-  // Puts a member's TransportError or Hang on the operation's slot, by precedence.
-  void mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired);
+  // start's faults, once its work is made: a Delay stalls, a Crash throws, and the TransportError
+  // or Hang to mark on the operation's slot is left in slot_fault_ (judge_arrival marks it).
+  // Out of line: a run without faults never calls it, and start's frame holds no fault.
+  [[gnu::noinline]] void fire_start_faults(int rank, SimGroup& group, const transport::OpInfo& info,
+                                           std::uint64_t op_index);
+  // Puts a member's TransportError or Hang on the operation's slot, by precedence. Out of line:
+  // judge_arrival, inlined into start, calls it only in a run with faults.
+  [[gnu::noinline]] void mark_slot_fault(SimGroup::Slot& slot, const FiredFault& fired);
   // What an operation that fails at once (start: it was failed or aborted before it started, or
   // the run is over its step budget or found a liveness violation) fails with: its error, made
   // with `work`'s context, and the Fail event's detail. Throws std::bad_alloc when the error
@@ -720,8 +726,7 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   [[gnu::always_inline]] inline void judge_arrival(SimGroup& group, SimGroup::Slot& slot,
                                                    int group_rank, int reference_member, int rank,
                                                    const transport::OpInfo& info,
-                                                   const transport::Fingerprint& fingerprint,
-                                                   const std::optional<FiredFault>& slot_fault);
+                                                   const transport::Fingerprint& fingerprint);
   // start, for an operation `seq` of `group` that has no slot yet: makes one (a spare of the
   // group's or of an earlier run's, else a new one) and sets `from_spare` to whether it was a
   // spare. Throws std::bad_alloc before anything changed. Out of line: most starts find their
@@ -801,6 +806,10 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   // used (moved out) once it counted, with no scheduling point between. A member, not a local:
   // the usual start makes no std::optional of it to set up and tear down.
   EarlyFailure early_;
+  // The fault start marks on its operation's slot, set by every start's fire_start_faults while
+  // faults are planned (never otherwise) and read by its judge_arrival, with no scheduling point
+  // between: a member for the reason early_ is one.
+  std::optional<FiredFault> slot_fault_;
   std::string replay_line_;  // set_replay_line
   std::uint64_t data_hash_ = 0;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
