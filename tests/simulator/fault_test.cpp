@@ -131,6 +131,29 @@ TEST_P(SimFault, TransportErrorFailsTheOperationOnEveryMemberThenAborts) {
   }
 }
 
+// A TransportError listed before a Delay of the same operation fires first, then the Delay stalls
+// its rank while the peers start that operation too (their starts find no fault). The error still
+// marks the stalled rank's slot once it arrives: start keeps its fault to itself until its own
+// faults are done (SimWorld::fire_start_faults).
+TEST_P(SimFault, ATransportErrorFiredBeforeADelayStillFailsItsOperation) {
+  const int size = GetParam();
+  for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
+    const FaultRun outcome = run_all_reduces(
+        options_for(size, seed, {Fault::transport_error(0, 1), Fault::delay(0, 1, 40)}), 3);
+    EXPECT_EQ(outcome.report.mark_count("fault.transport_error"), 1u);
+    EXPECT_TRUE(outcome.report.ok()) << "every rank caught its errors";
+    for (int r = 0; r < size; ++r) {
+      const auto& errors = outcome.errors[static_cast<std::size_t>(r)];
+      EXPECT_FALSE(errors[0].code.has_value());
+      expect_caught(errors[1], ErrorCode::TransportError, r, 1, size,
+                    "the transport reported a failure (injected fault: transport_error at rank "
+                    "0's operation 1); the communicator is aborted");
+      expect_caught(errors[2], ErrorCode::Aborted, r, 2, size,
+                    "the communicator was aborted: operation #1 failed with a transport error");
+    }
+  }
+}
+
 TEST_P(SimFault, HangTimesOutEveryMemberInVirtualTime) {
   const int size = GetParam();
   for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
