@@ -11,7 +11,7 @@
 // blocks; beyond that they are deleted, so an idle thread keeps at most that many blocks of each
 // size it freed until it exits. When a thread exits its lists are emptied and closed: a block
 // given back after that (a static Tensor destroyed after the main thread's thread-locals) is
-// deleted at once. A list registers its closing at the first take or give that finds it empty;
+// deleted at once. A list registers its closing at its first take or give on the thread;
 // a thread whose first use of a list is a give during its own exit keeps those few blocks until
 // the process ends.
 //
@@ -55,6 +55,16 @@ inline bool recycling_enabled() noexcept {
   return kRecycleBlocks && testing::recycle_blocks_enabled.load(std::memory_order_relaxed);
 }
 
+// Note [Registered closing]
+// A per-thread list or stack of kept blocks or objects is emptied and closed at thread exit by a
+// thread_local Closer, constructed (its destructor registered) by the first take or give on the
+// thread. The list's own state byte says whether that happened: a give reads it once, beside the
+// count, where it read a `closed` flag, the count again (to find it empty) and then the
+// Closer's guard variable through another thread-local address at every give to an empty list,
+// nearly every give of a block that one operation takes and gives back (~8 instructions a give).
+// Zero, as the zero-initialised list starts, is Unregistered.
+enum class ListState : unsigned char { Unregistered, Open, Closed };
+
 // The calling thread's list of free blocks of `Size` bytes.
 template <std::size_t Size>
 class RecycledBlocks {
@@ -65,18 +75,21 @@ class RecycledBlocks {
     if (list.count > 0) {
       return list.blocks[--list.count];
     }
-    close_at_thread_exit();  // the slow path, before an operator new
+    register_closing(list.state);  // the slow path, before an operator new
     return nullptr;
   }
   // Keeps `block` (Size bytes from operator new) for a later take(); false when the list is full
   // or closed (the caller deletes it then).
   static bool give(void* block) noexcept {
     List& list = this_thread();
-    if (list.closed || list.count == kRecycledBlocksMax) {
-      return false;
+    if (list.state != ListState::Open) [[unlikely]] {
+      if (list.state == ListState::Closed) {
+        return false;
+      }
+      register_closing(list.state);
     }
-    if (list.count == 0) {
-      close_at_thread_exit();
+    if (list.count == kRecycledBlocksMax) {
+      return false;
     }
     list.blocks[list.count++] = block;
     return true;
@@ -87,7 +100,7 @@ class RecycledBlocks {
   struct List {
     void* blocks[kRecycledBlocksMax];
     std::size_t count;
-    bool closed;
+    ListState state;
   };
   static List& this_thread() noexcept {
     thread_local List list{};
@@ -102,12 +115,15 @@ class RecycledBlocks {
       while (list.count > 0) {
         ::operator delete(list.blocks[--list.count]);
       }
-      list.closed = true;
+      list.state = ListState::Closed;
     }
   };
-  static void close_at_thread_exit() noexcept {
-    thread_local Closer closer;  // constructed once per thread: its destructor empties the list
-    static_cast<void>(closer);
+  static void register_closing(ListState& state) noexcept {
+    if (state == ListState::Unregistered) [[unlikely]] {
+      thread_local Closer closer;  // constructed once per thread: its destructor empties the list
+      static_cast<void>(closer);
+      state = ListState::Open;
+    }
   }
 };
 
@@ -115,9 +131,9 @@ class RecycledBlocks {
 // recycled signature lists and slots, core's expanded groups and work lists), under Note [Recycled
 // blocks]'s rules: trivially destructible, zero-initialised storage that can be read until the
 // thread is gone, emptied and closed at thread exit, the closing registered by the first take or
-// give that finds it empty. T's move constructor and move assignment must not throw. Tag tells
-// apart users that keep the same T. Whether to recycle at all (recycling_enabled()) is the caller's
-// check.
+// give on the thread (Note [Registered closing]). T's move constructor and move assignment must not
+// throw. Tag tells apart users that keep the same T. Whether to recycle at all
+// (recycling_enabled()) is the caller's check.
 template <class T, std::size_t Max, class Tag = T>
 class RecycledObjects {
  public:
@@ -125,7 +141,7 @@ class RecycledObjects {
   static bool take(T& out) noexcept {
     Stack& stack = this_thread();
     if (stack.count == 0) {
-      close_at_thread_exit();  // the slow path: the caller makes a fresh one
+      register_closing(stack.state);  // the slow path: the caller makes a fresh one
       return false;
     }
     T* kept = stack.at(--stack.count);
@@ -137,11 +153,14 @@ class RecycledObjects {
   // full or closed.
   static bool give(T& object) noexcept {
     Stack& stack = this_thread();
-    if (stack.closed || stack.count == Max) {
-      return false;
+    if (stack.state != ListState::Open) [[unlikely]] {
+      if (stack.state == ListState::Closed) {
+        return false;
+      }
+      register_closing(stack.state);
     }
-    if (stack.count == 0) {
-      close_at_thread_exit();
+    if (stack.count == Max) {
+      return false;
     }
     new (stack.room[stack.count++]) T(std::move(object));
     return true;
@@ -151,7 +170,7 @@ class RecycledObjects {
   struct Stack {
     alignas(T) unsigned char room[Max][sizeof(T)];
     std::size_t count;
-    bool closed;
+    ListState state;
 
     T* at(std::size_t i) noexcept { return std::launder(reinterpret_cast<T*>(room[i])); }
   };
@@ -168,12 +187,15 @@ class RecycledObjects {
       while (stack.count > 0) {
         stack.at(--stack.count)->~T();
       }
-      stack.closed = true;
+      stack.state = ListState::Closed;
     }
   };
-  static void close_at_thread_exit() noexcept {
-    thread_local Closer closer;  // constructed once per thread: its destructor empties the stack
-    static_cast<void>(closer);
+  static void register_closing(ListState& state) noexcept {
+    if (state == ListState::Unregistered) [[unlikely]] {
+      thread_local Closer closer;  // constructed once per thread: its destructor empties the stack
+      static_cast<void>(closer);
+      state = ListState::Open;
+    }
   }
 };
 
