@@ -25,7 +25,7 @@ struct WorkGenerations {};
 // `error` reworded so that where it is raised (a later, unrelated call) it says which collective
 // it belongs to: "the result of all_reduce #3 (issued at f:l) <what happened>: <detail>". Keeps
 // the error's type.
-std::exception_ptr explain_failure(const std::exception_ptr& error, const WorkInfo& info,
+std::exception_ptr explain_failure(const std::exception_ptr& error, const WorkPosition& info,
                                    std::string_view what_happened) {
   try {
     std::rethrow_exception(error);
@@ -40,8 +40,8 @@ std::exception_ptr explain_failure(const std::exception_ptr& error, const WorkIn
 }
 
 // The error of a work nobody waited.
-std::exception_ptr explain_unwaited_failure(const std::exception_ptr& error, const WorkInfo& info,
-                                            bool at_rank_exit) {
+std::exception_ptr explain_unwaited_failure(const std::exception_ptr& error,
+                                            const WorkPosition& info, bool at_rank_exit) {
   return explain_failure(error, info,
                          at_rank_exit
                              ? "was still pending when the rank ended, and completing it failed"
@@ -50,7 +50,8 @@ std::exception_ptr explain_unwaited_failure(const std::exception_ptr& error, con
 
 // The error of a collective that failed after a wait on a CUDA result had ordered the stream
 // after it (Note [Stream-waited works]).
-std::exception_ptr explain_stream_failure(const std::exception_ptr& error, const WorkInfo& info) {
+std::exception_ptr explain_stream_failure(const std::exception_ptr& error,
+                                          const WorkPosition& info) {
   return explain_failure(
       error, info, "was waited on the device stream, and the collective failed after that wait");
 }
@@ -64,8 +65,8 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
     : PendingWork(info.rank, info.op, info.seq, info.group, info.site, std::move(fixup), transport,
                   timeout, completion, std::move(stream)) {
   // Its own copy of the label: `info` is the caller's, and may die before the work.
-  info_.group = std::move(info.group);
-  group_ = &info_.group;
+  own_group_ = std::make_unique<const transport::GroupLabel>(std::move(info.group));
+  group_ = own_group_.get();
   attach(std::move(work));
 }
 
@@ -81,7 +82,7 @@ PendingWork::PendingWork(std::shared_ptr<transport::Work> work, WorkInfo info,
 // every listed work before it returns, under the same lock), and a rank's communicator slots, map
 // nodes that never move, live until after its exit (RankState::end_rank, ~RankState). A work can
 // outlive its listing (a waiter's reference, a stream wait, a failure being reported), but then
-// nothing reads its label. The constructor from a WorkInfo keeps its own copy (info_.group): its
+// nothing reads its label. The constructor from a WorkInfo keeps its own copy (own_group_): its
 // callers (tests) pass a temporary.
 
 PendingWork::PendingWork(int rank, std::string_view op, std::int64_t seq,
@@ -90,7 +91,7 @@ PendingWork::PendingWork(int rank, std::string_view op, std::int64_t seq,
                          const std::shared_ptr<transport::Transport>& transport,
                          transport::Duration timeout, Completion completion, StreamSource&& stream)
     : generation_(next_generation<WorkGenerations>()),
-      info_{rank, op, seq, {}, site},
+      position_{rank, op, seq, site},
       group_(&group),
       fixup_(std::move(fixup)),
       transport_(transport),
@@ -436,11 +437,11 @@ void WorkRegistry::defer_stream_failure_locked(const StreamWaited& entry,
                                                const std::exception_ptr& error) noexcept {
   if (!entry.dropped) {
     defer_failure_locked(error, kNoRecord,
-                         [&] { return explain_stream_failure(error, entry.work->info()); });
+                         [&] { return explain_stream_failure(error, entry.work->position()); });
     return;
   }
   defer_failure_locked(error, entry.record, [&] {
-    return explain_unwaited_failure(error, entry.work->info(), entry.at_rank_exit);
+    return explain_unwaited_failure(error, entry.work->position(), entry.at_rank_exit);
   });
 }
 
@@ -748,7 +749,7 @@ WorkRegistry::Claim WorkRegistry::claim_locked(const std::shared_ptr<PendingWork
                                                bool at_rank_exit) noexcept {
   CHORUS_CHECK(!work->claimed_);
   work->claimed_ = true;
-  const WorkInfo& info = work->info();
+  const WorkPosition& info = work->position();
   Claim claim{work, unwaited_.size(), at_rank_exit};
   if (!at_rank_exit && !work->drop_listed_) {
     claim.record = kNoRecord;  // a drop made on purpose (list_drops): no report line
@@ -794,8 +795,9 @@ void WorkRegistry::record_drop_failure_locked(PendingWork& work, const std::exce
     return;
   }
   work.failure_recorded_ = true;
-  defer_failure_locked(error, work.unwaited_record_,
-                       [&] { return explain_unwaited_failure(error, work.info(), at_rank_exit); });
+  defer_failure_locked(error, work.unwaited_record_, [&] {
+    return explain_unwaited_failure(error, work.position(), at_rank_exit);
+  });
 }
 
 std::size_t WorkRegistry::size() const {

@@ -123,6 +123,15 @@ struct WorkInfo {
   CallSite site;
 };
 
+// A work's own part of its WorkInfo: all but the group, which the work borrows (PendingWork::
+// group(); Note [Borrowed group labels]).
+struct WorkPosition {
+  int rank = -1;
+  std::string_view op;  // the API name: a string literal (transport::OpInfo::name)
+  std::int64_t seq = -1;
+  CallSite site;
+};
+
 // How a wait completes a work: DESIGN 2.4's device semantics.
 enum class Completion : std::uint8_t {
   Host,    // CPU outputs: the host blocks until the transport work finished
@@ -154,7 +163,7 @@ class PendingWork {
   // attach() gives it the work once started. Nothing but attach() may be called before that.
   // Its arguments by reference: made for every collective (through std::allocate_shared, which
   // forwards them), where by-value parameters cost one more move and destruction each. Its
-  // WorkInfo is made in place from the parts, without `group`: the work borrows that label
+  // position is made in place from the parts, without `group`: the work borrows that label
   // (group(); Note [Borrowed group labels]), which must outlive the work's time listed.
   PendingWork(int rank, std::string_view op, std::int64_t seq, const transport::GroupLabel& group,
               CallSite site, std::function<void()>&& fixup,
@@ -182,9 +191,8 @@ class PendingWork {
   // A generation from a process-wide counter, never reused (Note [Registry links]).
   std::uint64_t generation() const noexcept { return generation_; }
   Completion completion() const noexcept { return completion_; }
-  // Its group is group()'s: info().group is empty in a work made from parts (Note [Borrowed
-  // group labels]).
-  const WorkInfo& info() const noexcept { return info_; }
+  // Its rank, op, seq and call site; its group is group().
+  const WorkPosition& position() const noexcept { return position_; }
   // The label of the work's group (read only while the work is listed and unclaimed: Note
   // [Borrowed group labels]).
   const transport::GroupLabel& group() const noexcept { return *group_; }
@@ -195,8 +203,12 @@ class PendingWork {
 
   std::uint64_t generation_;
   std::shared_ptr<transport::Work> work_;
-  WorkInfo info_;
-  const transport::GroupLabel* group_;  // info_.group, or the label it borrows (never null)
+  WorkPosition position_;
+  const transport::GroupLabel* group_;  // *own_group_, or the label it borrows (never null)
+  // Only a work made from a WorkInfo (tests) owns its label: a work made from parts, every
+  // collective's, held an empty GroupLabel that it made and ended for nothing (~8 instructions an
+  // operation; Note [Borrowed group labels]).
+  std::unique_ptr<const transport::GroupLabel> own_group_;
   std::function<void()> fixup_;
   mutable std::once_flag fixup_once_;
   std::shared_ptr<transport::Transport> transport_;
