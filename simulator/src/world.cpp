@@ -385,7 +385,11 @@ SimWork::SimWork(SimWorld& world, int rank, std::uint64_t comm_id, std::span<con
       seq_(info.seq),
       group_(group),
       site_(info.site) {
+#ifndef NDEBUG
+  // start's group's label, made with the group (group_for) and never reset: checked in debug
+  // builds only, as start's other checks of what the world guarantees (Note [Start's own checks]).
   CHORUS_CHECK(group_ != nullptr);
+#endif
   // Note [Operation positions]: made before the operation counts. Into the work's own list, not
   // one made beside it and moved in: each moved-from list was one more destructor call.
   fingerprint_.ops.reserve(ops.size());
