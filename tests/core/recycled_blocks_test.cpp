@@ -100,7 +100,7 @@ TEST(RecycledBlocks, AThreadsListClosesWhenTheThreadExits) {
 struct Counted {
   static inline int alive = 0;
   std::vector<int> values;  // room that moves with the object
-  Counted() { ++alive; }
+  Counted() noexcept { ++alive; }
   Counted(Counted&& other) noexcept : values(std::move(other.values)) { ++alive; }
   Counted& operator=(Counted&& other) noexcept {
     values = std::move(other.values);
@@ -152,6 +152,53 @@ TEST(RecycledObjects, AThreadsStackClosesWhenTheThreadExits) {
   }).join();
   EXPECT_FALSE(given_after_close);
   EXPECT_EQ(Counted::alive, 0);
+}
+
+// take_or_make moves the last kept object into the caller's, ending the kept one, or makes a fresh
+// one when none is kept; a thread whose first use of the stack is a take_or_make still has its
+// stack closed, and what it keeps ended, when it exits.
+TEST(RecycledObjects, TakeOrMakeHandsBackTheLastGivenOrAFreshOne) {
+  std::thread([] {
+    {
+      const Counted fresh = KeptCounted::take_or_make();
+      EXPECT_TRUE(fresh.values.empty());
+      EXPECT_EQ(Counted::alive, 1);
+    }
+    for (int i = 0; i < 2; ++i) {
+      Counted given;
+      given.values = {i, i};
+      ASSERT_TRUE(KeptCounted::give(given));
+    }
+    EXPECT_EQ(Counted::alive, 2) << "the two kept";
+    {
+      const Counted taken = KeptCounted::take_or_make();
+      EXPECT_EQ(taken.values, (std::vector<int>{1, 1}));
+      EXPECT_EQ(Counted::alive, 2) << "the kept one ended as it was taken";
+    }
+    EXPECT_EQ(Counted::alive, 1);
+  }).join();
+  EXPECT_EQ(Counted::alive, 0) << "the thread's exit ends what its stack still keeps";
+}
+
+// RecycledRooms::take gives a room an earlier owner gave back, emptied, with its capacity.
+TEST(RecycledRooms, ATakenRoomIsEmptyAndKeepsTheGivenCapacity) {
+  struct Tag {};
+  using Rooms = RecycledRooms<std::vector<int>, Tag>;
+  std::thread([] {
+    std::vector<int> first = Rooms::take();
+    EXPECT_TRUE(first.empty());
+    first.assign({1, 2, 3, 4, 5, 6, 7, 8});
+    const std::size_t capacity = first.capacity();
+    const int* room = first.data();
+    Rooms::give(first);
+    const std::vector<int> second = Rooms::take();
+    EXPECT_TRUE(second.empty());
+    if (recycling_enabled()) {
+      EXPECT_TRUE(first.empty()) << "moved into the stack";
+      EXPECT_EQ(second.capacity(), capacity);
+      EXPECT_EQ(second.data(), room);
+    }
+  }).join();
 }
 
 }  // namespace
