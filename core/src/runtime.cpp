@@ -33,7 +33,7 @@ namespace {
 // (simulator/src/world.cpp), at every rank step. In the initial-exec model an access is the
 // variable's offset and one access through %fs: a shared object that holds them takes static TLS
 // room, which any shared object linked at start-up has (one that is dlopen'ed later takes it from
-// the loader's small surplus: two words here).
+// the loader's small surplus: three words here, 24 bytes).
 [[gnu::tls_model("initial-exec")]] thread_local RankContext* current_context = nullptr;
 
 }  // namespace

@@ -11,9 +11,10 @@
 // blocks; beyond that they are deleted, so an idle thread keeps at most that many blocks of each
 // size it freed until it exits. When a thread exits its lists are emptied and closed: a block
 // given back after that (a static Tensor destroyed after the main thread's thread-locals) is
-// deleted at once. A list registers its closing at its first take or give on the thread;
-// a thread whose first use of a list is a give during its own exit keeps those few blocks until
-// the process ends.
+// deleted at once. A list registers its closing at its first take or give on the thread; glibc
+// runs a closing registered while the thread exits too, except on the main thread once exit() has
+// run its thread-locals' destructors: a list first used by a static destructor keeps its few
+// blocks until the process ends.
 //
 // Under AddressSanitizer nothing is recycled, so a use after free still reports
 // (ThreadSanitizer and valgrind see no free for a recycled object, so they miss a use after its
@@ -154,7 +155,8 @@ class RecycledObjects {
   // made in the caller's object (RecycledRooms::take): take(out) made that object empty first
   // and then move-assigned into it, freeing what it held (nothing), ~8 instructions more.
   static T take_or_make() noexcept {
-    static_assert(std::is_nothrow_default_constructible_v<T>);
+    static_assert(std::is_nothrow_default_constructible_v<T> &&
+                  std::is_nothrow_move_constructible_v<T>);
     Stack& stack = this_thread();
     if (stack.count == 0) {
       register_closing(stack.state);  // the slow path: the caller gets a fresh one
