@@ -1327,6 +1327,74 @@ TEST(SimScheduler, CompletableGroupsFollowFaultsAndFailures) {
   EXPECT_GE(replayed, 36u);
 }
 
+// The schedules themselves, pinned: what a seed decides (the draws, their order, what each
+// decision hashes) and the bytes the program writes, for one fixed program under each strategy,
+// a reduction order and allocator policy of their own, and a fault, on both executors. The speed
+// passes promise the same schedules; a change that alters a decision, its order or its digest
+// fails here (the other tests compare two runs of one build with each other). Commit 275f053
+// and the speed passes merged after it on 2026-12-07 both give these values, on both
+// executors.
+TEST(SimScheduler, AFixedProgramsSchedulesArePinned) {
+  struct Case {
+    std::uint64_t seed;
+    sim::Strategy strategy;
+    sim::ReductionOrder order;
+    sim::AllocatorPolicy allocator;
+    bool delay;  // a Delay of rank 1's third operation by 40 steps
+    std::uint64_t schedule_hash;
+    std::uint64_t data_hash;
+    std::uint64_t decisions;
+  };
+  const std::vector<Case> cases = {
+      {1, sim::Strategy::RandomWalk, sim::ReductionOrder::Fixed, sim::AllocatorPolicy::Pooled,
+       false, 0xfc98a682ac597bdfULL, 0xb1c7c94da79c48d6ULL, 60},
+      {7, sim::Strategy::RandomWalk, sim::ReductionOrder::Ring, sim::AllocatorPolicy::LifoReuse,
+       false, 0x193ab26b34a26aa6ULL, 0x37d03c0cbcca8d62ULL, 61},
+      {42, sim::Strategy::Pct, sim::ReductionOrder::Tree, sim::AllocatorPolicy::Quarantine, false,
+       0x2cdd1e826745c94dULL, 0x8ab7e620274235f5ULL, 60},
+      {11, sim::Strategy::Portfolio, sim::ReductionOrder::Adversarial, sim::AllocatorPolicy::Random,
+       false, 0x0515a6de479fdc48ULL, 0x3842b8ba3a192287ULL, 62},
+      // The delay moves the schedule, not the bytes: the same sums as seed 1's fixed order.
+      {3, sim::Strategy::RandomWalk, sim::ReductionOrder::Fixed, sim::AllocatorPolicy::Pooled, true,
+       0x7f327f31bb65360aULL, 0xb1c7c94da79c48d6ULL, 61},
+  };
+
+  const auto program = [] {
+    const int r = rank();
+    std::vector<Tensor> sums;
+    for (int i = 0; i < 8; ++i) {
+      // Tenths: sums that round differently in each reduction order.
+      sums.push_back(
+          all_reduce(Tensor::full({64}, 0.1f * static_cast<float>(r + i)), "sum", world()));
+    }
+    const Tensor pair = all_gather_tensor(sums.back(), 0, std::vector<int>{r & ~1, r | 1});
+    for (const Tensor& sum : sums) {
+      std::ignore = wait_tensor(sum);
+    }
+    std::ignore = wait_tensor(pair);
+  };
+  for (const ExecutorKind executor : {ExecutorKind::Fibers, ExecutorKind::Threads}) {
+    for (const Case& c : cases) {
+      SimOptions options = quiet(4, c.seed, executor);
+      options.strategy = c.strategy;
+      options.reduction_order = c.order;
+      options.allocator = c.allocator;
+      options.hash_data = true;
+      if (c.delay) {
+        options.faults.push_back(sim::Fault::delay(1, 2, 40));
+      }
+      const SimReport report = sim::run(options, program);
+      ASSERT_TRUE(report.ok()) << report.to_string();
+      EXPECT_EQ(report.schedule_hash, c.schedule_hash)
+          << "seed " << c.seed << std::hex << ": 0x" << report.schedule_hash;
+      EXPECT_EQ(report.data_hash, c.data_hash)
+          << "seed " << c.seed << std::hex << ": 0x" << report.data_hash;
+      EXPECT_EQ(report.steps, c.decisions) << "seed " << c.seed;
+      EXPECT_EQ(report.mark_count("fault.delay"), c.delay ? 1u : 0u) << "seed " << c.seed;
+    }
+  }
+}
+
 TEST(SimScheduler, RunCannotBeNestedInsideARank) {
   sim::run(quiet(1, 0), [] { EXPECT_THROW(sim::run(quiet(1, 0), [] {}), InvalidArgument); });
 }
