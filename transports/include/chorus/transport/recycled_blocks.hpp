@@ -67,6 +67,30 @@ inline bool recycling_enabled() noexcept {
 // Zero, as the zero-initialised list starts, is Unregistered.
 enum class ListState : unsigned char { Unregistered, Open, Closed };
 
+// Registers the closing of the calling thread's list whose state is `state`, once: a thread_local
+// Closer (the list's class's), whose destructor empties and closes the list.
+template <class Closer>
+void register_closing(ListState& state) noexcept {
+  if (state == ListState::Unregistered) [[unlikely]] {
+    thread_local Closer closer;  // constructed once per thread
+    static_cast<void>(closer);
+    state = ListState::Open;
+  }
+}
+
+// Whether a list whose state is `state` may keep one more item (its count allowing): not once it
+// is closed; an unregistered one registers its closing first.
+template <class Closer>
+[[gnu::always_inline]] inline bool open_for_give(ListState& state) noexcept {
+  if (state != ListState::Open) [[unlikely]] {
+    if (state == ListState::Closed) {
+      return false;
+    }
+    register_closing<Closer>(state);
+  }
+  return true;
+}
+
 // The calling thread's list of free blocks of `Size` bytes.
 template <std::size_t Size>
 class RecycledBlocks {
@@ -77,20 +101,14 @@ class RecycledBlocks {
     if (list.count > 0) {
       return list.blocks[--list.count];
     }
-    register_closing(list.state);  // the slow path, before an operator new
+    register_closing<Closer>(list.state);  // the slow path, before an operator new
     return nullptr;
   }
   // Keeps `block` (Size bytes from operator new) for a later take(); false when the list is full
   // or closed (the caller deletes it then).
   static bool give(void* block) noexcept {
     List& list = this_thread();
-    if (list.state != ListState::Open) [[unlikely]] {
-      if (list.state == ListState::Closed) {
-        return false;
-      }
-      register_closing(list.state);
-    }
-    if (list.count == kRecycledBlocksMax) {
+    if (!open_for_give<Closer>(list.state) || list.count == kRecycledBlocksMax) {
       return false;
     }
     list.blocks[list.count++] = block;
@@ -120,13 +138,6 @@ class RecycledBlocks {
       list.state = ListState::Closed;
     }
   };
-  static void register_closing(ListState& state) noexcept {
-    if (state == ListState::Unregistered) [[unlikely]] {
-      thread_local Closer closer;  // constructed once per thread: its destructor empties the list
-      static_cast<void>(closer);
-      state = ListState::Open;
-    }
-  }
 };
 
 // The calling thread's stack of at most Max objects of type T kept for reuse (the simulator's
@@ -143,7 +154,7 @@ class RecycledObjects {
   static bool take(T& out) noexcept {
     Stack& stack = this_thread();
     if (stack.count == 0) {
-      register_closing(stack.state);  // the slow path: the caller makes a fresh one
+      register_closing<Closer>(stack.state);  // the slow path: the caller makes a fresh one
       return false;
     }
     T* kept = stack.at(--stack.count);
@@ -159,7 +170,7 @@ class RecycledObjects {
                   std::is_nothrow_move_constructible_v<T>);
     Stack& stack = this_thread();
     if (stack.count == 0) {
-      register_closing(stack.state);  // the slow path: the caller gets a fresh one
+      register_closing<Closer>(stack.state);  // the slow path: the caller gets a fresh one
       return T();
     }
     // The kept object ends after the result is made from it (locals end after the return
@@ -177,13 +188,7 @@ class RecycledObjects {
   // full or closed.
   static bool give(T& object) noexcept {
     Stack& stack = this_thread();
-    if (stack.state != ListState::Open) [[unlikely]] {
-      if (stack.state == ListState::Closed) {
-        return false;
-      }
-      register_closing(stack.state);
-    }
-    if (stack.count == Max) {
+    if (!open_for_give<Closer>(stack.state) || stack.count == Max) {
       return false;
     }
     new (stack.room[stack.count++]) T(std::move(object));
@@ -214,13 +219,6 @@ class RecycledObjects {
       stack.state = ListState::Closed;
     }
   };
-  static void register_closing(ListState& state) noexcept {
-    if (state == ListState::Unregistered) [[unlikely]] {
-      thread_local Closer closer;  // constructed once per thread: its destructor empties the stack
-      static_cast<void>(closer);
-      state = ListState::Open;
-    }
-  }
 };
 
 // Note [Recycled rooms]
