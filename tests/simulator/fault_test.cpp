@@ -112,22 +112,28 @@ TEST_P(SimFault, CrashKillsTheRankAndGivesEveryPeerRankFailure) {
   }
 }
 
+// Rank 0's operation 1 got an injected TransportError: on every member operation #0 succeeded,
+// #1 failed with the transport error and #2 was aborted.
+void expect_transport_error_at_op_1(const FaultRun& outcome, int size) {
+  EXPECT_EQ(outcome.report.mark_count("fault.transport_error"), 1u);
+  EXPECT_TRUE(outcome.report.ok()) << "every rank caught its errors";
+  for (int r = 0; r < size; ++r) {
+    const auto& errors = outcome.errors[static_cast<std::size_t>(r)];
+    EXPECT_FALSE(errors[0].code.has_value());
+    expect_caught(errors[1], ErrorCode::TransportError, r, 1, size,
+                  "the transport reported a failure (injected fault: transport_error at rank "
+                  "0's operation 1); the communicator is aborted");
+    expect_caught(errors[2], ErrorCode::Aborted, r, 2, size,
+                  "the communicator was aborted: operation #1 failed with a transport error");
+  }
+}
+
 TEST_P(SimFault, TransportErrorFailsTheOperationOnEveryMemberThenAborts) {
   const int size = GetParam();
   for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
     const FaultRun outcome =
         run_all_reduces(options_for(size, seed, {Fault::transport_error(0, 1)}), 3);
-    EXPECT_EQ(outcome.report.mark_count("fault.transport_error"), 1u);
-    EXPECT_TRUE(outcome.report.ok()) << "every rank caught its errors";
-    for (int r = 0; r < size; ++r) {
-      const auto& errors = outcome.errors[static_cast<std::size_t>(r)];
-      EXPECT_FALSE(errors[0].code.has_value());
-      expect_caught(errors[1], ErrorCode::TransportError, r, 1, size,
-                    "the transport reported a failure (injected fault: transport_error at rank "
-                    "0's operation 1); the communicator is aborted");
-      expect_caught(errors[2], ErrorCode::Aborted, r, 2, size,
-                    "the communicator was aborted: operation #1 failed with a transport error");
-    }
+    expect_transport_error_at_op_1(outcome, size);
   }
 }
 
@@ -140,17 +146,7 @@ TEST_P(SimFault, ATransportErrorFiredBeforeADelayStillFailsItsOperation) {
   for (std::uint64_t seed = 0; seed < kSeeds; ++seed) {
     const FaultRun outcome = run_all_reduces(
         options_for(size, seed, {Fault::transport_error(0, 1), Fault::delay(0, 1, 40)}), 3);
-    EXPECT_EQ(outcome.report.mark_count("fault.transport_error"), 1u);
-    EXPECT_TRUE(outcome.report.ok()) << "every rank caught its errors";
-    for (int r = 0; r < size; ++r) {
-      const auto& errors = outcome.errors[static_cast<std::size_t>(r)];
-      EXPECT_FALSE(errors[0].code.has_value());
-      expect_caught(errors[1], ErrorCode::TransportError, r, 1, size,
-                    "the transport reported a failure (injected fault: transport_error at rank "
-                    "0's operation 1); the communicator is aborted");
-      expect_caught(errors[2], ErrorCode::Aborted, r, 2, size,
-                    "the communicator was aborted: operation #1 failed with a transport error");
-    }
+    expect_transport_error_at_op_1(outcome, size);
   }
 }
 
