@@ -294,8 +294,12 @@ void WorkRegistry::list_locked(std::shared_ptr<PendingWork> work) noexcept {
 }
 
 void WorkRegistry::unlist_locked(PendingWork& work) noexcept {
+#ifndef NDEBUG
+  // retire_locked, the only caller, checked both just before in every build (its storages' loop
+  // between changes neither): again in debug builds only (Note [Work's own checks]).
   CHORUS_CHECK_LT(work.slot_, works_.size());
   CHORUS_CHECK(works_[work.slot_].get() == &work);
+#endif
   const std::size_t slot = work.slot_;
   work.slot_ = PendingWork::kNotListed;
   work.owner_ = nullptr;
