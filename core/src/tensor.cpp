@@ -437,8 +437,25 @@ Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
   if (device.index() < 0) {
     throw_invalid("Tensor::empty", "device index must be >= 0, got " + device.to_string());
   }
-  return {detail::make_storage(nbytes, device, "Tensor::empty"), std::move(layout), 0, dtype,
-          device};
+  // Note [A fresh tensor's own checks]
+  // The tensor is built member by member, not by the constructor, whose checks (a layout, its sizes
+  // and strides of one rank, a storage exactly when not meta) guard the views and from_blob's
+  // tensors. Here each holds by construction: the layout is a contiguous one made for its shape or
+  // a live tensor's (which passed them), the device is not meta (empty() and empty_like() take meta
+  // elsewhere, and make_storage checks it) and make_storage returns a storage or throws. About a
+  // dozen instructions an output, in every collective's call path; debug builds still check.
+  Tensor tensor;
+  tensor.storage_ = detail::make_storage(nbytes, device, "Tensor::empty");
+  tensor.layout_ = std::move(layout);
+  tensor.dtype_ = dtype;
+  tensor.device_ = device;
+  tensor.defined_ = true;
+#ifndef NDEBUG
+  CHORUS_CHECK(tensor.layout_ != nullptr);
+  CHORUS_CHECK_EQ(tensor.layout_->sizes.size(), tensor.layout_->strides.size());
+  CHORUS_CHECK(!device.is_meta() && tensor.storage_ != nullptr);
+#endif
+  return tensor;
 }
 
 Tensor detail::TensorAccess::empty_like(const Tensor& like) {
