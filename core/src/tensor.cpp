@@ -432,8 +432,8 @@ Tensor detail::TensorAccess::empty(const Shape& shape, DType dtype, Device devic
 }
 
 Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
-                                            std::shared_ptr<const TensorLayout> layout, DType dtype,
-                                            Device device) {
+                                            const std::shared_ptr<const TensorLayout>& layout,
+                                            DType dtype, Device device) {
   if (device.index() < 0) {
     throw_invalid("Tensor::empty", "device index must be >= 0, got " + device.to_string());
   }
@@ -446,7 +446,7 @@ Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
   // dozen instructions an output, in every collective's call path; debug builds still check.
   Tensor tensor;
   tensor.storage_ = detail::make_storage(nbytes, device, "Tensor::empty");
-  tensor.layout_ = std::move(layout);
+  tensor.layout_ = layout;
   tensor.dtype_ = dtype;
   tensor.device_ = device;
   tensor.defined_ = true;
