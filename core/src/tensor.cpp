@@ -444,8 +444,11 @@ Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
   // a live tensor's (which passed them), the device is not meta (empty() and empty_like() take meta
   // elsewhere, and make_storage checks it) and make_storage returns a storage or throws. About a
   // dozen instructions an output, in every collective's call path; debug builds still check.
+  // The storage is made before the tensor, so that the members' assignments see the default ones
+  // just stored (nothing to release) rather than memory that a call in between might have changed.
+  std::shared_ptr<Storage> storage = detail::make_storage(nbytes, device, "Tensor::empty");
   Tensor tensor;
-  tensor.storage_ = detail::make_storage(nbytes, device, "Tensor::empty");
+  tensor.storage_ = std::move(storage);
   tensor.layout_ = layout;
   tensor.dtype_ = dtype;
   tensor.device_ = device;
