@@ -442,17 +442,19 @@ Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
   // and strides of one rank, a storage exactly when not meta) guard the views and from_blob's
   // tensors. Here each holds by construction: the layout is a contiguous one made for its shape or
   // a live tensor's (which passed them), the device is not meta (empty() and empty_like() take meta
-  // elsewhere, and make_storage checks it) and make_storage returns a storage or throws. About a
-  // dozen instructions an output, in every collective's call path; debug builds still check.
-  // The storage is made before the tensor, so that the members' assignments see the default ones
-  // just stored (nothing to release) rather than memory that a call in between might have changed.
+  // elsewhere, and make_storage checks it) and make_storage returns a storage or throws. Debug
+  // builds still check. The order is GCC's: the storage is made before the tensor, so that the
+  // members' assignments see the defaults just stored (nothing to release) rather than memory a
+  // call in between might have changed; the plain members are set before the layout's copy, whose
+  // count's increment (an int) might alias the device's index for all GCC knows, so the defaults'
+  // stores die unwritten. ~27 instructions an output, in every collective's call path.
   std::shared_ptr<Storage> storage = detail::make_storage(nbytes, device, "Tensor::empty");
   Tensor tensor;
-  tensor.storage_ = std::move(storage);
-  tensor.layout_ = layout;
   tensor.dtype_ = dtype;
   tensor.device_ = device;
   tensor.defined_ = true;
+  tensor.storage_ = std::move(storage);
+  tensor.layout_ = layout;
 #ifndef NDEBUG
   CHORUS_CHECK(tensor.layout_ != nullptr);
   CHORUS_CHECK_EQ(tensor.layout_->sizes.size(), tensor.layout_->strides.size());
