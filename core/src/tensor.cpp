@@ -447,7 +447,7 @@ Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
   // members' assignments see the defaults just stored (nothing to release) rather than memory a
   // call in between might have changed; the plain members are set before the layout's copy, whose
   // count's increment (an int) might alias the device's index for all GCC knows, so the defaults'
-  // stores die unwritten. ~27 instructions an output, in every collective's call path.
+  // stores die unwritten. ~26 instructions a fresh tensor, every collective's output among them.
   std::shared_ptr<Storage> storage = detail::make_storage(nbytes, device, "Tensor::empty");
   Tensor tensor;
   tensor.dtype_ = dtype;
