@@ -442,12 +442,13 @@ Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
   // and strides of one rank, a storage exactly when not meta) guard the views and from_blob's
   // tensors. Here each holds by construction: the layout is a contiguous one made for its shape or
   // a live tensor's (which passed them), the device is not meta (empty() and empty_like() take meta
-  // elsewhere, and make_storage checks it) and make_storage returns a storage or throws. Debug
-  // builds still check. The order is GCC's: the storage is made before the tensor, so that the
-  // members' assignments see the defaults just stored (nothing to release) rather than memory a
-  // call in between might have changed; the plain members are set before the layout's copy, whose
-  // count's increment (an int) might alias the device's index for all GCC knows, so the defaults'
-  // stores die unwritten. ~26 instructions a fresh tensor, every collective's output among them.
+  // elsewhere) and make_storage returns a storage or throws. Debug builds still check, and
+  // make_storage's own check of the device too. The order is GCC's: the storage is made before the
+  // tensor, so that the members' assignments see the defaults just stored (nothing to release)
+  // rather than memory a call in between might have changed; the plain members are set before the
+  // layout's copy, whose count's increment (an int) might alias the device's index for all GCC
+  // knows, so the defaults' stores die unwritten. ~26 instructions a fresh tensor, every
+  // collective's output among them.
   std::shared_ptr<Storage> storage = detail::make_storage(nbytes, device, "Tensor::empty");
   Tensor tensor;
   tensor.dtype_ = dtype;
