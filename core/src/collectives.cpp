@@ -554,10 +554,8 @@ Buffer buffer_of(const Tensor& contiguous) { return buffer_of(contiguous, contig
 Buffer buffer_like(const Buffer& send, const Tensor& output) {
   const std::shared_ptr<detail::Storage>& storage = TensorAccess::storage(output);
   CHORUS_CHECK(storage != nullptr);
-#ifndef NDEBUG
   // An output not made by new_output_like from the send buffer's tensor would not fit it.
-  CHORUS_CHECK(storage->nbytes() == send.nbytes());
-#endif
+  CHORUS_DCHECK(storage->nbytes() == send.nbytes());
   return Buffer{.data = storage->data(),
                 .count = send.count,
                 .dtype = send.dtype,

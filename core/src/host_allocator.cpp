@@ -182,9 +182,7 @@ void HostPool::release_room(void* room) noexcept {
   // Core's own invariants (the rank's pool, set for its life; the bucket's bytes counted in
   // cached_bytes_), checked in debug builds only: an allocation's entry, ~4 instructions a
   // fresh tensor.
-#ifndef NDEBUG
-  CHORUS_CHECK(pool != nullptr);
-#endif
+  CHORUS_DCHECK(pool != nullptr);
   CHORUS_CHECK_GT(nbytes, 0u);
   HostPool& self = *pool;
   const std::size_t rounded = round_up(nbytes);
@@ -195,9 +193,7 @@ void HostPool::release_room(void* room) noexcept {
     if (blocks != nullptr && !blocks->empty()) {
       block = blocks->back();
       blocks->pop_back();
-#ifndef NDEBUG
-      CHORUS_CHECK_GE(self.cached_bytes_, rounded);
-#endif
+      CHORUS_DCHECK_GE(self.cached_bytes_, rounded);
       self.cached_bytes_ -= rounded;
     }
   }

@@ -179,9 +179,7 @@ DeviceMemoryOnStream device_memory_for(Device device, const char* op) {
 }
 
 std::shared_ptr<Storage> make_storage(std::size_t nbytes, Device device, const char* op) {
-#ifndef NDEBUG
-  CHORUS_CHECK(!device.is_meta());  // its one caller, empty_laid_out, takes no meta device
-#endif
+  CHORUS_DCHECK(!device.is_meta());  // its one caller, empty_laid_out, takes no meta device
   if (device.is_cpu()) {
     return make_host_storage(nbytes);
   }

@@ -442,13 +442,13 @@ Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
   // and strides of one rank, a storage exactly when not meta) guard the views and from_blob's
   // tensors. Here each holds by construction: the layout is a contiguous one made for its shape or
   // a live tensor's (which passed them), the device is not meta (empty() and empty_like() take meta
-  // elsewhere) and make_storage returns a storage or throws. Debug builds still check, and
-  // make_storage's own check of the device too. The order is GCC's: the storage is made before the
-  // tensor, so that the members' assignments see the defaults just stored (nothing to release)
-  // rather than memory a call in between might have changed; the plain members are set before the
-  // layout's copy, whose count's increment (an int) might alias the device's index for all GCC
-  // knows, so the defaults' stores die unwritten. ~26 instructions a fresh tensor, every
-  // collective's output among them.
+  // elsewhere) and make_storage returns a storage or throws. Debug builds still check
+  // (CHORUS_DCHECK, Note [Debug-only checks]), and make_storage's own check of the device too. The
+  // order is GCC's: the storage is made before the tensor, so that the members' assignments see the
+  // defaults just stored (nothing to release) rather than memory a call in between might have
+  // changed; the plain members are set before the layout's copy, whose count's increment (an int)
+  // might alias the device's index for all GCC knows, so the defaults' stores die unwritten. ~26
+  // instructions a fresh tensor, every collective's output among them.
   std::shared_ptr<Storage> storage = detail::make_storage(nbytes, device, "Tensor::empty");
   Tensor tensor;
   tensor.dtype_ = dtype;
@@ -456,11 +456,9 @@ Tensor detail::TensorAccess::empty_laid_out(std::size_t nbytes,
   tensor.defined_ = true;
   tensor.storage_ = std::move(storage);
   tensor.layout_ = layout;
-#ifndef NDEBUG
-  CHORUS_CHECK(tensor.layout_ != nullptr);
-  CHORUS_CHECK_EQ(tensor.layout_->sizes.size(), tensor.layout_->strides.size());
-  CHORUS_CHECK(!device.is_meta() && tensor.storage_ != nullptr);
-#endif
+  CHORUS_DCHECK(tensor.layout_ != nullptr);
+  CHORUS_DCHECK_EQ(tensor.layout_->sizes.size(), tensor.layout_->strides.size());
+  CHORUS_DCHECK(!device.is_meta() && tensor.storage_ != nullptr);
   return tensor;
 }
 
@@ -483,11 +481,9 @@ Tensor detail::TensorAccess::empty_like(const Tensor& like) {
 
 Tensor detail::TensorAccess::empty_like(const Tensor& like, bool contiguous_strides,
                                         std::size_t nbytes) {
-#ifndef NDEBUG
-  CHORUS_CHECK(like.layout_ == nullptr ||
-               contiguous_strides == has_contiguous_strides(like.sizes(), like.strides()));
-  CHORUS_CHECK(nbytes == like.nbytes());
-#endif
+  CHORUS_DCHECK(like.layout_ == nullptr ||
+                contiguous_strides == has_contiguous_strides(like.sizes(), like.strides()));
+  CHORUS_DCHECK(nbytes == like.nbytes());
   const Device device = like.device();
   if (device.is_meta() || like.layout_ == nullptr || !contiguous_strides) {
     return empty(like.sizes(), like.dtype(), device);

@@ -98,11 +98,9 @@ PendingWork::PendingWork(int rank, std::string_view op, std::int64_t seq,
       timeout_(timeout),
       completion_(completion),
       stream_(std::move(stream)) {
-#ifndef NDEBUG
   // Core's own invariants, not a caller's misuse (Note [Work's own checks]).
-  CHORUS_CHECK(transport_ != nullptr);
-  CHORUS_CHECK(completion_ == Completion::Host || !fixup_);
-#endif
+  CHORUS_DCHECK(transport_ != nullptr);
+  CHORUS_DCHECK(completion_ == Completion::Host || !fixup_);
 }
 
 // Note [Work's own checks]
@@ -110,17 +108,15 @@ PendingWork::PendingWork(int rank, std::string_view op, std::int64_t seq,
 // Every collective makes a PendingWork, attaches its transport work and adds it to the registry
 // (Call::prepare_registration and register_work in collectives.cpp), so the checks on that path
 // ran once an operation in every build. Those that check core's own code, settled where the values
-// are made, run in debug builds only: the transport is the rank state's (set for the rank's life),
-// only a host completion gets a fixup (Call::start), a work is attached once, before it is
-// registered (register_work, add), and add_reserved gets the attached work that reserve() made
-// room for. The one that checks another party stays in every build: attach's, that the
-// transport's work is not null (a transport returns one or throws: Note [Transport contract]).
+// are made, are CHORUS_DCHECKs (Note [Debug-only checks]): the transport is the rank state's (set
+// for the rank's life), only a host completion gets a fixup (Call::start), a work is attached once,
+// before it is registered (register_work, add), and add_reserved gets the attached work that
+// reserve() made room for. The one that checks another party stays in every build: attach's, that
+// the transport's work is not null (a transport returns one or throws: Note [Transport contract]).
 void PendingWork::attach(std::shared_ptr<transport::Work> work) noexcept {
   CHORUS_CHECK(work != nullptr);
-#ifndef NDEBUG
-  CHORUS_CHECK(work_ == nullptr);   // once
-  CHORUS_CHECK(owner_ == nullptr);  // before it is registered
-#endif
+  CHORUS_DCHECK(work_ == nullptr);   // once
+  CHORUS_DCHECK(owner_ == nullptr);  // before it is registered
   work_ = std::move(work);
 }
 
@@ -252,13 +248,11 @@ void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages
 
 void WorkRegistry::add_reserved(std::shared_ptr<PendingWork> work,
                                 std::span<Storage* const> storages) noexcept {
-#ifndef NDEBUG
   // Note [Work's own checks].
-  CHORUS_CHECK(work != nullptr);
-  CHORUS_CHECK(!storages.empty());
-  CHORUS_CHECK(work->work_ != nullptr);  // attached
-#endif
-  PendingWork& listed = *work;  // the list owns it from here
+  CHORUS_DCHECK(work != nullptr);
+  CHORUS_DCHECK(!storages.empty());
+  CHORUS_DCHECK(work->work_ != nullptr);  // attached
+  PendingWork& listed = *work;            // the list owns it from here
   std::lock_guard<transport::FutexMutex> lock(mutex_);
   CHORUS_CHECK_GT(reserved_, 0u);
   --reserved_;
@@ -266,9 +260,7 @@ void WorkRegistry::add_reserved(std::shared_ptr<PendingWork> work,
   for (Storage* storage : storages) {
     link_locked(listed, storage);
   }
-#ifndef NDEBUG
-  CHORUS_CHECK_EQ(listed.storages_.reserved(), 0u);  // exactly the storages reserved
-#endif
+  CHORUS_DCHECK_EQ(listed.storages_.reserved(), 0u);  // exactly the storages reserved
 }
 
 void WorkRegistry::cancel_reservation(PendingWork& work,
@@ -294,12 +286,10 @@ void WorkRegistry::list_locked(std::shared_ptr<PendingWork> work) noexcept {
 }
 
 void WorkRegistry::unlist_locked(PendingWork& work) noexcept {
-#ifndef NDEBUG
   // retire_locked, the only caller, checked both just before in every build (its storages' loop
   // between changes neither): again in debug builds only (Note [Work's own checks]).
-  CHORUS_CHECK_LT(work.slot_, works_.size());
-  CHORUS_CHECK(works_[work.slot_].get() == &work);
-#endif
+  CHORUS_DCHECK_LT(work.slot_, works_.size());
+  CHORUS_DCHECK(works_[work.slot_].get() == &work);
   const std::size_t slot = work.slot_;
   work.slot_ = PendingWork::kNotListed;
   work.owner_ = nullptr;

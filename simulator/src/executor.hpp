@@ -64,7 +64,7 @@ std::unique_ptr<RankExecutor> make_fiber_executor();
 // virtual calls each is a call the link-time optimiser cannot see into: the switch's own frame
 // set-up, and the executor's table read. These call the fiber executor's resume and suspend by
 // name (the class is final), so the optimiser may inline them into their callers
-// (SimWorld::run_rank and yield, which know which executor they made). `fibers` must be one
+// (SimWorld::switch_into and switch_out, which know which executor they made). `fibers` must be one
 // make_fiber_executor made.
 void resume_fiber(RankExecutor& fibers, int rank);
 void suspend_fiber(RankExecutor& fibers, int rank);

@@ -287,12 +287,10 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
 
   void resume(int rank) override {
     Lane& lane = lane_of(rank);
-#ifndef NDEBUG
     // The scheduler resumes only runnable ranks, and a rank is Finished (never runnable again)
     // before its body returns (SimWorld::rank_body); end_made_lanes resumes only lanes it made,
     // whose bodies never ran. So release builds do not check it at every rank step.
-    CHORUS_CHECK(!lane.finished);
-#endif
+    CHORUS_DCHECK(!lane.finished);
 #if defined(CHORUS_TSAN)
     // The scheduler's thread, in its own context (Note [Fibers under TSan]).
     CHORUS_CHECK(TsanContext::current() == scheduler_tsan_);
@@ -351,9 +349,7 @@ class FiberExecutor final : public RankExecutor, public transport::RecycledNew<F
   // and release builds index without at()'s bounds check, twice a rank step; debug builds check
   // it here too.
   Lane& lane_of(int rank) noexcept {
-#ifndef NDEBUG
-    CHORUS_CHECK(rank >= 0 && static_cast<std::size_t>(rank) < lanes_.size());
-#endif
+    CHORUS_DCHECK(rank >= 0 && static_cast<std::size_t>(rank) < lanes_.size());
     return lanes_[static_cast<std::size_t>(rank)];
   }
 

@@ -43,7 +43,8 @@ struct CurrentRank {
 [[gnu::tls_model("initial-exec")]] thread_local CurrentRank this_thread_rank;
 
 // Debug builds check at every decision the completable groups kept against a scan (Note
-// [Completable groups]) and the decision's code against decision_code (Note [Decision codes]).
+// [Completable groups]), and at every arrival the reference member kept against a scan: checks
+// that compute more than a condition, so not CHORUS_DCHECKs (Note [Debug-only checks]).
 #ifdef NDEBUG
 constexpr bool kCheckDecisions = false;
 #else
@@ -385,11 +386,9 @@ SimWork::SimWork(SimWorld& world, int rank, std::uint64_t comm_id, std::span<con
       seq_(info.seq),
       group_(group),
       site_(info.site) {
-#ifndef NDEBUG
   // start's group's label, made with the group (group_for) and never reset: checked in debug
   // builds only, as start's other checks of what the world guarantees (Note [Start's own checks]).
-  CHORUS_CHECK(group_ != nullptr);
-#endif
+  CHORUS_DCHECK(group_ != nullptr);
   // Note [Operation positions]: made before the operation counts. Into the work's own list, not
   // one made beside it and moved in: each moved-from list was one more destructor call.
   fingerprint_.ops.reserve(ops.size());
@@ -458,12 +457,10 @@ bool SimWork::is_completed() {
 void SimWork::wait(transport::Deadline deadline) {
   // A finished work returns at once, without a scheduling point (Note [Simulator scheduling]).
   if (status() == transport::WorkStatus::Pending) {
-#ifndef NDEBUG
     // A world ends only after failing every outstanding work (Note [Simulator failures]): true by
     // construction, so checked in debug builds only (Note [Start's own checks]). The rank test
     // below compares the address only, and a thread off the rank locks the world and checks it.
-    CHORUS_CHECK(!world_.expired());
-#endif
+    CHORUS_DCHECK(!world_.expired());
     if (const int caller = rank_on_this_thread(*world_address_); caller >= 0) {
       world_address_->wait_on_rank(*this, deadline, caller);  // Note [Waits without a lock]
     } else {
@@ -662,18 +659,28 @@ void SimWorld::bind(int rank) noexcept {
   RankContext::bind(ranks_[static_cast<std::size_t>(rank)].context.get());
 }
 
-void SimWorld::yield(int rank) {
-  // Every caller passes its own rank: start (and stall, under it) checks it on entry, the waits
-  // and the polls pass rank_on_this_thread's, scheduling_point checks it below. So only debug
-  // builds look it up again at every scheduling point.
-  if constexpr (kCheckDecisions) {
-    CHORUS_CHECK_EQ(rank_on_this_thread(*this), rank);
+void SimWorld::switch_into(int rank) {
+  if (on_fibers_) {  // Note [Fiber switches called directly]
+    resume_fiber(*executor_, rank);
+  } else {
+    executor_->resume(rank);
   }
+}
+
+void SimWorld::switch_out(int rank) {
   if (on_fibers_) {  // Note [Fiber switches called directly]
     suspend_fiber(*executor_, rank);
   } else {
     executor_->suspend(rank);
   }
+}
+
+void SimWorld::yield(int rank) {
+  // Every caller passes its own rank: start (and stall, under it) checks it on entry, the waits
+  // and the polls pass rank_on_this_thread's, scheduling_point checks it below. So only debug
+  // builds look it up again at every scheduling point.
+  CHORUS_DCHECK_EQ(rank_on_this_thread(*this), rank);
+  switch_out(rank);
   bind(rank);  // fibers share the OS thread: restore this rank's bindings
 }
 
@@ -842,24 +849,23 @@ std::shared_ptr<SimGroup> SimWorld::group_for(const std::string& tag,
 // start checks that it runs on the rank that calls it (a comm used from another thread fails
 // there), that the rank has not exited (its leftovers complete after that) and that core
 // numbered the operation as the contract says; those stay in every build. What the comm and
-// start itself guarantee is checked in debug builds only, as the scheduler's facts are (Note
-// [Completable groups]): `group_rank` is the rank's place in the group (SimComm computes it
-// once, from the group's member list, which never changes), and the arrival is still empty (core's
-// numbering, checked, brings each member once to a seq, and a slot is new or emptied by
-// recycle_slot), its snapshot room reserved by the reserve above it. Nor is a group without
-// failures searched for the operation's failure, and only a start that made its slot tops up the
-// spare failure records. Together some 33 instructions a start (1,050 a schedule of 32).
+// start itself guarantee is a CHORUS_DCHECK, checked in debug builds only (Note [Debug-only
+// checks]), as the scheduler's facts are (Note [Completable groups]): `group_rank` is the rank's
+// place in the group (SimComm computes it once, from the group's member list, which never changes),
+// and the arrival is still empty (core's numbering, checked, brings each member once to a seq, and
+// a slot is new or emptied by recycle_slot), its snapshot room reserved by the reserve above it.
+// Nor is a group without failures searched for the operation's failure, and only a start that made
+// its slot tops up the spare failure records. Together some 33 instructions a start (1,050 a
+// schedule of 32).
 
 std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_rank,
                                          std::vector<SimOp>& ops, const transport::OpInfo& info) {
   CHORUS_CHECK_EQ(rank_on_this_thread(*this), rank);
   RankSlot& me = ranks_[static_cast<std::size_t>(rank)];
   CHORUS_CHECK(!me.exited);
-  if constexpr (kCheckDecisions) {
-    // True by construction (Note [Start's own checks]), so release builds skip them.
-    CHORUS_CHECK(group_rank >= 0 && static_cast<std::size_t>(group_rank) < group.ranks.size());
-    CHORUS_CHECK_EQ(group.ranks[static_cast<std::size_t>(group_rank)], rank);
-  }
+  // True by construction (Note [Start's own checks]), so release builds skip them.
+  CHORUS_DCHECK(group_rank >= 0 && static_cast<std::size_t>(group_rank) < group.ranks.size());
+  CHORUS_DCHECK_EQ(group.ranks[static_cast<std::size_t>(group_rank)], rank);
   if (stopping_ranks_) [[unlikely]] {
     stop_rank(rank, group, info);
   }
@@ -924,9 +930,7 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
       while (created && group.spare_failures.size() < group.slots.size()) {
         group.spare_failures.try_emplace(static_cast<std::int64_t>(group.spare_failures.size()));
       }
-      if constexpr (kCheckDecisions) {
-        CHORUS_CHECK_GE(group.spare_failures.size(), group.slots.size());
-      }
+      CHORUS_DCHECK_GE(group.spare_failures.size(), group.slots.size());
     } catch (...) {
       if (from_spare) {
         group.recycle_slot(group.slots.extract(entry));  // back with the spares, still empty
@@ -963,16 +967,14 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     fail_work(*work, std::move(early_.error), std::move(early_.event));
   } else {
     SimGroup::Arrival& arrival = slot->arrivals[static_cast<std::size_t>(group_rank)];
-    if constexpr (kCheckDecisions) {
-      // Note [Start's own checks]: core's numbering (checked above) brings each member once, and
-      // recycle_slot (or a new slot) left the arrival empty, its room reserved above.
-      CHORUS_CHECK(!arrival.arrived);
-      CHORUS_CHECK(arrival.ops.empty());
-      CHORUS_CHECK(arrival.work == nullptr);
-      CHORUS_CHECK(!options_.check_buffers ||
-                   arrival.inputs.size() + snapshot_bytes(ops, group_rank) <=
-                       arrival.inputs.capacity());
-    }
+    // Note [Start's own checks]: core's numbering (checked above) brings each member once, and
+    // recycle_slot (or a new slot) left the arrival empty, its room reserved above.
+    CHORUS_DCHECK(!arrival.arrived);
+    CHORUS_DCHECK(arrival.ops.empty());
+    CHORUS_DCHECK(arrival.work == nullptr);
+    CHORUS_DCHECK(!options_.check_buffers ||
+                  arrival.inputs.size() + snapshot_bytes(ops, group_rank) <=
+                      arrival.inputs.capacity());
     if (options_.check_buffers) {               // Note [Input snapshots]
       arrival.completed_at_issue = completed_;  // Note [Likely writers]
       ++arrivals_unfinished_;
@@ -1706,9 +1708,7 @@ int SimWorld::kth_runnable(std::size_t k) const noexcept {
 // run_rank resumes it. The same decision, code, record and order as the general way (take_step
 // and execute, which PCT's choices and completions still take).
 void SimWorld::take_step(std::uint64_t code, const Decision& decision) {
-  if constexpr (kCheckDecisions) {
-    CHORUS_CHECK_EQ(code, decision_code(decision));
-  }
+  CHORUS_DCHECK_EQ(code, decision_code(decision));  // Note [Decision codes]
   schedule_hash_ = hash_combine(schedule_hash_, code);
   // The first schedule_record_max decisions: schedule_ holds one per step so far until then.
   if (steps_ < options_.schedule_record_max) {
@@ -1719,17 +1719,11 @@ void SimWorld::take_step(std::uint64_t code, const Decision& decision) {
 }
 
 void SimWorld::run_rank(int rank) {
-  if constexpr (kCheckDecisions) {
-    // True by construction: the decision was drawn from the runnable set (kth_runnable, or
-    // PCT's candidates), so release builds do not look at the rank's slot again.
-    CHORUS_CHECK(ranks_[static_cast<std::size_t>(rank)].phase == Phase::Runnable);
-  }
+  // True by construction: the decision was drawn from the runnable set (kth_runnable, or PCT's
+  // candidates), so release builds do not look at the rank's slot again.
+  CHORUS_DCHECK(ranks_[static_cast<std::size_t>(rank)].phase == Phase::Runnable);
   running_rank_.store(rank, std::memory_order_relaxed);
-  if (on_fibers_) {  // Note [Fiber switches called directly]
-    resume_fiber(*executor_, rank);
-  } else {
-    executor_->resume(rank);
-  }
+  switch_into(rank);
   running_rank_.store(-1, std::memory_order_relaxed);
   RankContext::bind(nullptr);
   this_thread_rank = CurrentRank{};

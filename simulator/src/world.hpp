@@ -554,8 +554,12 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
 
   void rank_body(int rank);
   // yield, bind, take_step, run_rank, execute, set_phase, kth_runnable, update_completable,
-  // judge_arrival: Note [Inlined hot helpers] (world.cpp only).
+  // judge_arrival, switch_into, switch_out: Note [Inlined hot helpers] (world.cpp only).
   [[gnu::always_inline]] inline void yield(int rank);
+  // The executor's resume(rank) and suspend(rank), by name on fibers (Note [Fiber switches called
+  // directly]): the scheduler switches into a rank, the rank switches out.
+  [[gnu::always_inline]] inline void switch_into(int rank);
+  [[gnu::always_inline]] inline void switch_out(int rank);
   [[gnu::always_inline]] inline void bind(int rank) noexcept;
   // run()'s set-up: each rank's context and transport, the runnable set, the executor started.
   // Throws what they throw (std::bad_alloc, std::system_error); then no rank ran.
@@ -814,8 +818,8 @@ class SimWorld : public std::enable_shared_from_this<SimWorld> {
   std::uint64_t data_hash_ = 0;
   std::map<std::string, std::uint64_t, std::less<>> marks_;
   std::unique_ptr<RankExecutor> executor_;
-  bool on_fibers_ =
-      false;  // executor_ is make_fiber_executor's: Note [Fiber switches called directly]
+  // executor_ is make_fiber_executor's: Note [Fiber switches called directly].
+  bool on_fibers_ = false;
   std::function<void()> rank_main_;
   // Inline for up to kSmallWorld (below) ranks: Note [Small per-run vectors].
   boost::container::small_vector<RankSlot, 8> ranks_;

@@ -1,8 +1,10 @@
 #pragma once
 
-// Always-on invariant checks for programmer errors inside chorus (not for caller misuse, which
-// raises chorus::Error). A failed check prints the condition, both values and file:line to stderr
-// and aborts: an invariant that does not hold means the process state cannot be trusted.
+// Invariant checks for programmer errors inside chorus (not for caller misuse, which raises
+// chorus::Error). A failed check prints the condition, both values and file:line to stderr and
+// aborts: an invariant that does not hold means the process state cannot be trusted.
+// CHORUS_CHECK* run in every build. CHORUS_DCHECK* run in debug builds only (Note [Debug-only
+// checks]).
 
 #include <sstream>
 #include <string>
@@ -47,3 +49,32 @@ template <class A, class B>
 #define CHORUS_CHECK_LE(a, b) CHORUS_CHECK_OP(<=, a, b)
 #define CHORUS_CHECK_GT(a, b) CHORUS_CHECK_OP(>, a, b)
 #define CHORUS_CHECK_GE(a, b) CHORUS_CHECK_OP(>=, a, b)
+
+// Note [Debug-only checks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A CHORUS_DCHECK states an invariant that chorus itself makes true by construction on a path run
+// per operation or per scheduling step (a work's own fields, a pool set for a rank's life, a slot
+// its caller just checked), where the check's loads and branches show in the simulator's
+// schedules per second. Debug builds (dev, asan-ubsan, tsan: the CI's test builds) check it like
+// a CHORUS_CHECK; release builds compile it to nothing: the operands are not evaluated, so a
+// DCHECK's condition must have no effect the program needs, and its loads cost nothing (an
+// expansion to `(void)(condition)` could keep them). A caller's misuse, a transport's or a peer's
+// error is never a DCHECK: those keep their typed errors or CHORUS_CHECKs in every build.
+#ifdef NDEBUG
+#define CHORUS_DCHECK(condition) \
+  do {                           \
+  } while (false)
+#define CHORUS_DCHECK_OP(op, a, b) \
+  do {                             \
+  } while (false)
+#else
+#define CHORUS_DCHECK(condition) CHORUS_CHECK(condition)
+#define CHORUS_DCHECK_OP(op, a, b) CHORUS_CHECK_OP(op, a, b)
+#endif
+
+#define CHORUS_DCHECK_EQ(a, b) CHORUS_DCHECK_OP(==, a, b)
+#define CHORUS_DCHECK_NE(a, b) CHORUS_DCHECK_OP(!=, a, b)
+#define CHORUS_DCHECK_LT(a, b) CHORUS_DCHECK_OP(<, a, b)
+#define CHORUS_DCHECK_LE(a, b) CHORUS_DCHECK_OP(<=, a, b)
+#define CHORUS_DCHECK_GT(a, b) CHORUS_DCHECK_OP(>, a, b)
+#define CHORUS_DCHECK_GE(a, b) CHORUS_DCHECK_OP(>=, a, b)
