@@ -200,9 +200,25 @@ WorkRegistry::~WorkRegistry() {
   }
 }
 
+// Note [Registration's own checks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// reserve and add_reserved run once an operation (Call::start and register_work), and their
+// checks of what registration's own code settles ran there in every build, ~20 instructions an
+// operation with the links' own (StampedLinks::push_back). As Note [Work's own checks], they run
+// in debug builds only: the storages are not none and not null (Call passes its outputs' storages,
+// a fresh output's at least, and WorkRegistry::add's callers pass theirs), each is registered with
+// no other live registry (core registers a fresh output's storage, or a caller's only when this
+// rank made it: Storage::made_by), a work's storages are distinct (fresh outputs), a work is
+// reserved, listed and linked once (made for the one call by prepare_registration), and
+// add_reserved follows a reserve(), which made the room that the list and the links then fill.
+// What a transport or a user could break keeps its check: attach's non-null work, the pending
+// count's bound (add_pending), one registry per storage when it attaches (attach_registry).
 void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages) {
+#ifndef NDEBUG
+  // Note [Registration's own checks].
   CHORUS_CHECK(!storages.empty());
   CHORUS_CHECK(work.owner_ == nullptr);  // not registered
+#endif
   std::lock_guard<transport::FutexMutex> lock(mutex_);
   // A slot in the work list, growing it as push_back would (geometrically): the list keeps its
   // capacity, so after the first few collectives this allocates nothing.
@@ -215,10 +231,13 @@ void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages
   std::size_t reserved_storages = 0;
   try {
     for (Storage* storage : storages) {
+#ifndef NDEBUG
+      // Note [Registration's own checks].
       CHORUS_CHECK(storage != nullptr);
       // One live registry per storage (Storage::attach_registry): checked before its list is
       // touched, not only when the work is added after the operation started.
       CHORUS_CHECK(storage->registry_.expired() || storage->attached_ == this);
+#endif
       storage->works_.reserve(1);
       ++reserved_storages;
     }
@@ -237,8 +256,11 @@ void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages
 // operation.
 [[gnu::always_inline]] inline void WorkRegistry::link_locked(PendingWork& work,
                                                              Storage* storage) noexcept {
+#ifndef NDEBUG
+  // Note [Registration's own checks].
   CHORUS_CHECK(storage != nullptr);
   CHORUS_CHECK(!work.storages_.contains(storage));  // no duplicates
+#endif
   storage->attach_registry(*this);
   // Both in room reserve() made: neither allocates.
   storage->works_.push_back(&work, work.generation());
@@ -254,7 +276,9 @@ void WorkRegistry::add_reserved(std::shared_ptr<PendingWork> work,
   CHORUS_DCHECK(work->work_ != nullptr);  // attached
   PendingWork& listed = *work;            // the list owns it from here
   std::lock_guard<transport::FutexMutex> lock(mutex_);
-  CHORUS_CHECK_GT(reserved_, 0u);
+#ifndef NDEBUG
+  CHORUS_CHECK_GT(reserved_, 0u);  // Note [Registration's own checks]
+#endif
   --reserved_;
   list_locked(std::move(work));
   for (Storage* storage : storages) {
@@ -276,8 +300,11 @@ void WorkRegistry::cancel_reservation(PendingWork& work,
 }
 
 void WorkRegistry::list_locked(std::shared_ptr<PendingWork> work) noexcept {
+#ifndef NDEBUG
+  // Note [Registration's own checks].
   CHORUS_CHECK(work->owner_ == nullptr);              // a work is registered once
   CHORUS_CHECK_LT(works_.size(), works_.capacity());  // reserved: no reallocation
+#endif
   PendingWork& listed = *work;
   works_.push_back(std::move(work));
   listed.slot_ = works_.size() - 1;
