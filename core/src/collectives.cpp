@@ -164,7 +164,11 @@ class Call {
   Call& operator=(const Call&) = delete;
   // register_work() follows start() at once, and gives the room back itself if the operation
   // does not start: here the outputs may be gone already (destroyed while unwinding).
-  ~Call() { CHORUS_CHECK(pending_ == nullptr); }
+  ~Call() {
+#ifndef NDEBUG
+    CHORUS_CHECK(pending_ == nullptr);  // Note [A call's own checks]
+#endif
+  }
 
   int group_size() const noexcept { return static_cast<int>(members_.size()); }
   int group_rank() const noexcept {
@@ -355,6 +359,14 @@ class Call {
     }
   }
 
+  // Note [A call's own checks]
+  // A Call makes one operation: start(), then register_work() at once, from the same issue_*
+  // function, with its outputs (never none). The checks of that order (no sequence number taken
+  // yet and no work made ready before start(), both after it, none left at the end) are of
+  // core's own code, settled in collectives.cpp, and ran at every collective: in debug builds
+  // only, as Note [Work's own checks] in work_registry.cpp. start()'s test that the inputs are not
+  // meta stays (the communicate_* functions rely on it).
+  //
   // Everything validated: take the communicator and the sequence number, and make ready what
   // registering the operation's work under `outputs` (not empty) takes (Note [Registration] in
   // work_registry.hpp): the PendingWork with `fixup` (run once after the transport work
@@ -365,8 +377,11 @@ class Call {
   // `fixup` by reference: passed down to the PendingWork without a move at each level.
   transport::Comm& start(std::span<const Tensor> outputs, std::function<void()>&& fixup = {}) {
     CHORUS_CHECK(!meta_);
+#ifndef NDEBUG
+    // Note [A call's own checks].
     CHORUS_CHECK(seq_ < 0);  // one operation per call
     CHORUS_CHECK(pending_ == nullptr);
+#endif
     std::span<const int> parts;
     int part_size = 0;
     std::vector<int> storage;  // a MeshDim's parts
@@ -395,8 +410,11 @@ class Call {
   // exception propagates.
   template <class StartOperation>
   void register_work(StartOperation start_operation) {
+#ifndef NDEBUG
+    // Note [A call's own checks].
     CHORUS_CHECK(seq_ >= 0);
     CHORUS_CHECK(pending_ != nullptr);  // start() made it ready
+#endif
     std::shared_ptr<transport::Work> work;
     try {
       work = start_operation();
@@ -506,7 +524,9 @@ class Call {
   // then leaves nothing to give back.
   void prepare_registration(std::span<const Tensor> outputs, std::function<void()>&& fixup,
                             std::int64_t seq) {
-    CHORUS_CHECK(!outputs.empty());
+#ifndef NDEBUG
+    CHORUS_CHECK(!outputs.empty());  // Note [A call's own checks]
+#endif
     const bool on_device = device_.is_cuda();
     // Note [Recycled blocks].
     auto pending = std::allocate_shared<detail::PendingWork>(
