@@ -573,7 +573,9 @@ Buffer buffer_of(const Tensor& contiguous) { return buffer_of(contiguous, contig
 // 0: only send buffers carry one (Note [Layout digest]).
 Buffer buffer_like(const Buffer& send, const Tensor& output) {
   const std::shared_ptr<detail::Storage>& storage = TensorAccess::storage(output);
-  CHORUS_CHECK(storage != nullptr);
+  // new_output_like's output has a storage (make_storage returns one or throws): core's own
+  // invariant, checked in debug builds only (as Note [A fresh tensor's own checks] in tensor.cpp).
+  CHORUS_DCHECK(storage != nullptr);
   // An output not made by new_output_like from the send buffer's tensor would not fit it.
   CHORUS_DCHECK(storage->nbytes() == send.nbytes());
   return Buffer{.data = storage->data(),
