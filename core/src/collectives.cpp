@@ -165,9 +165,7 @@ class Call {
   // register_work() follows start() at once, and gives the room back itself if the operation
   // does not start: here the outputs may be gone already (destroyed while unwinding).
   ~Call() {
-#ifndef NDEBUG
-    CHORUS_CHECK(pending_ == nullptr);  // Note [A call's own checks]
-#endif
+    CHORUS_DCHECK(pending_ == nullptr);  // Note [A call's own checks]
   }
 
   int group_size() const noexcept { return static_cast<int>(members_.size()); }
@@ -377,11 +375,9 @@ class Call {
   // `fixup` by reference: passed down to the PendingWork without a move at each level.
   transport::Comm& start(std::span<const Tensor> outputs, std::function<void()>&& fixup = {}) {
     CHORUS_CHECK(!meta_);
-#ifndef NDEBUG
     // Note [A call's own checks].
-    CHORUS_CHECK(seq_ < 0);  // one operation per call
-    CHORUS_CHECK(pending_ == nullptr);
-#endif
+    CHORUS_DCHECK(seq_ < 0);  // one operation per call
+    CHORUS_DCHECK(pending_ == nullptr);
     std::span<const int> parts;
     int part_size = 0;
     std::vector<int> storage;  // a MeshDim's parts
@@ -410,11 +406,9 @@ class Call {
   // exception propagates.
   template <class StartOperation>
   void register_work(StartOperation start_operation) {
-#ifndef NDEBUG
     // Note [A call's own checks].
-    CHORUS_CHECK(seq_ >= 0);
-    CHORUS_CHECK(pending_ != nullptr);  // start() made it ready
-#endif
+    CHORUS_DCHECK(seq_ >= 0);
+    CHORUS_DCHECK(pending_ != nullptr);  // start() made it ready
     std::shared_ptr<transport::Work> work;
     try {
       work = start_operation();
@@ -524,9 +518,7 @@ class Call {
   // then leaves nothing to give back.
   void prepare_registration(std::span<const Tensor> outputs, std::function<void()>&& fixup,
                             std::int64_t seq) {
-#ifndef NDEBUG
-    CHORUS_CHECK(!outputs.empty());  // Note [A call's own checks]
-#endif
+    CHORUS_DCHECK(!outputs.empty());  // Note [A call's own checks]
     const bool on_device = device_.is_cuda();
     // Note [Recycled blocks].
     auto pending = std::allocate_shared<detail::PendingWork>(

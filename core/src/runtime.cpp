@@ -303,12 +303,10 @@ ExpandedGroup& RankState::push_expanded_group() {
 }
 
 void RankState::pop_expanded_group([[maybe_unused]] std::size_t index) noexcept {
-#ifndef NDEBUG
   // Calls end in reverse order: each gives its group back when it ends (Call's lease, its one
   // user), so this is core's own invariant, checked in debug builds only (as Note [A call's own
   // checks] in collectives.cpp); it ran at every collective.
-  CHORUS_CHECK_EQ(index + 1, expanded_groups_in_use_);
-#endif
+  CHORUS_DCHECK_EQ(index + 1, expanded_groups_in_use_);
   --expanded_groups_in_use_;
 }
 

@@ -93,13 +93,11 @@ void Storage::wait_ready_slow() const {
       RankContext* context = RankContext::current();
       WorkRegistry* own = context != nullptr ? context->state().registry().get() : nullptr;
       if (own != nullptr && own == maker_) {
-#ifndef NDEBUG
         // Written by this rank's thread when it registered (a storage is registered only with its
         // maker's registry, Storage::made_by): core's own invariant, checked in debug builds only
         // (Note [Registration's own checks] in work_registry.cpp), at every wait of a pending
         // storage.
-        CHORUS_CHECK(attached_ == maker_);
-#endif
+        CHORUS_DCHECK(attached_ == maker_);
         own->wait_storage(*this);
       } else {
         wait_through_weak_registry();

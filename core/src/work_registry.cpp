@@ -214,11 +214,9 @@ WorkRegistry::~WorkRegistry() {
 // What a transport or a user could break keeps its check: attach's non-null work, the pending
 // count's bound (add_pending), one registry per storage when it attaches (attach_registry).
 void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages) {
-#ifndef NDEBUG
   // Note [Registration's own checks].
-  CHORUS_CHECK(!storages.empty());
-  CHORUS_CHECK(work.owner_ == nullptr);  // not registered
-#endif
+  CHORUS_DCHECK(!storages.empty());
+  CHORUS_DCHECK(work.owner_ == nullptr);  // not registered
   std::lock_guard<transport::FutexMutex> lock(mutex_);
   // A slot in the work list, growing it as push_back would (geometrically): the list keeps its
   // capacity, so after the first few collectives this allocates nothing.
@@ -231,13 +229,11 @@ void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages
   std::size_t reserved_storages = 0;
   try {
     for (Storage* storage : storages) {
-#ifndef NDEBUG
       // Note [Registration's own checks].
-      CHORUS_CHECK(storage != nullptr);
+      CHORUS_DCHECK(storage != nullptr);
       // One live registry per storage (Storage::attach_registry): checked before its list is
       // touched, not only when the work is added after the operation started.
-      CHORUS_CHECK(storage->registry_.expired() || storage->attached_ == this);
-#endif
+      CHORUS_DCHECK(storage->registry_.expired() || storage->attached_ == this);
       storage->works_.reserve(1);
       ++reserved_storages;
     }
@@ -256,11 +252,9 @@ void WorkRegistry::reserve(PendingWork& work, std::span<Storage* const> storages
 // operation.
 [[gnu::always_inline]] inline void WorkRegistry::link_locked(PendingWork& work,
                                                              Storage* storage) noexcept {
-#ifndef NDEBUG
   // Note [Registration's own checks].
-  CHORUS_CHECK(storage != nullptr);
-  CHORUS_CHECK(!work.storages_.contains(storage));  // no duplicates
-#endif
+  CHORUS_DCHECK(storage != nullptr);
+  CHORUS_DCHECK(!work.storages_.contains(storage));  // no duplicates
   storage->attach_registry(*this);
   // Both in room reserve() made: neither allocates.
   storage->works_.push_back(&work, work.generation());
@@ -276,9 +270,7 @@ void WorkRegistry::add_reserved(std::shared_ptr<PendingWork> work,
   CHORUS_DCHECK(work->work_ != nullptr);  // attached
   PendingWork& listed = *work;            // the list owns it from here
   std::lock_guard<transport::FutexMutex> lock(mutex_);
-#ifndef NDEBUG
-  CHORUS_CHECK_GT(reserved_, 0u);  // Note [Registration's own checks]
-#endif
+  CHORUS_DCHECK_GT(reserved_, 0u);  // Note [Registration's own checks]
   --reserved_;
   list_locked(std::move(work));
   for (Storage* storage : storages) {
@@ -300,11 +292,9 @@ void WorkRegistry::cancel_reservation(PendingWork& work,
 }
 
 void WorkRegistry::list_locked(std::shared_ptr<PendingWork> work) noexcept {
-#ifndef NDEBUG
   // Note [Registration's own checks].
-  CHORUS_CHECK(work->owner_ == nullptr);              // a work is registered once
-  CHORUS_CHECK_LT(works_.size(), works_.capacity());  // reserved: no reallocation
-#endif
+  CHORUS_DCHECK(work->owner_ == nullptr);              // a work is registered once
+  CHORUS_DCHECK_LT(works_.size(), works_.capacity());  // reserved: no reallocation
   PendingWork& listed = *work;
   works_.push_back(std::move(work));
   listed.slot_ = works_.size() - 1;

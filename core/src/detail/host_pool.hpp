@@ -47,16 +47,12 @@ class PlacedAllocator {
   // block's and storage's control block, two a tensor.
   T* allocate([[maybe_unused]] std::size_t n) noexcept {
     static_assert(sizeof(T) <= kPlaceBytes && alignof(T) <= kPlaceAlign);
-#ifndef NDEBUG
-    CHORUS_CHECK_EQ(n, 1u);
-#endif
+    CHORUS_DCHECK_EQ(n, 1u);
     return static_cast<T*>(place_);
   }
   void deallocate([[maybe_unused]] T* placed, [[maybe_unused]] std::size_t n) noexcept {
-#ifndef NDEBUG
-    CHORUS_CHECK_EQ(n, 1u);
-    CHORUS_CHECK(static_cast<void*>(placed) == place_);
-#endif
+    CHORUS_DCHECK_EQ(n, 1u);
+    CHORUS_DCHECK(static_cast<void*>(placed) == place_);
     Release(place_);
   }
 

@@ -59,20 +59,14 @@ class StampedLinks {
   // Its checks run in debug builds only: the registry, its one user, links what it reserved
   // (Note [Registration's own checks] in work_registry.cpp).
   void push_back(T* target, std::uint64_t stamp) noexcept {
-#ifndef NDEBUG
-    CHORUS_CHECK(target != nullptr);
-    CHORUS_CHECK_GT(reserved_, 0u);
-#endif
+    CHORUS_DCHECK(target != nullptr);
+    CHORUS_DCHECK_GT(reserved_, 0u);
     --reserved_;
     if (first_.target == nullptr) {
-#ifndef NDEBUG
-      CHORUS_CHECK(rest_.empty());
-#endif
+      CHORUS_DCHECK(rest_.empty());
       first_ = Link{target, stamp};
     } else {
-#ifndef NDEBUG
-      CHORUS_CHECK_LT(rest_.size(), rest_.capacity());  // reserved: no reallocation
-#endif
+      CHORUS_DCHECK_LT(rest_.size(), rest_.capacity());  // reserved: no reallocation
       rest_.push_back(Link{target, stamp});
     }
   }
