@@ -560,7 +560,6 @@ void SimGroup::recycle_slot(SlotNode&& node) noexcept {
     arrival.ops.clear();     // keeps its room
     arrival.inputs.clear();  // keeps its room
     arrival.work.reset();
-    arrival.site = CallSite{};
   }
   slot.arrived = 0;
   slot.lowest_arrived = -1;
@@ -999,7 +998,6 @@ std::shared_ptr<SimWork> SimWorld::start(int rank, SimGroup& group, int group_ra
     // recycle_slot left it empty: a copy swapped in takes the count inline, where assigning
     // called shared_ptr's out-of-line assignment (which would also release an old work).
     std::shared_ptr<SimWork>(work).swap(arrival.work);
-    arrival.site = info.site;
     slot->arrived += 1;
     const int reference_member = slot->lowest_arrived;
     if (reference_member < 0 || group_rank < reference_member) {
@@ -1162,7 +1160,7 @@ void SimWorld::fail_mismatch(SimGroup& group, const SimGroup::Arrival& reference
   detail << "ranks disagree on operation #" << info.seq << " of group " << *group.label << ": rank "
          << reference_rank << " issued "
          << issued(reference.op_name(), reference.work->fingerprint()) << " at "
-         << reference.site.to_string() << "; rank " << rank << " issued "
+         << reference.site().to_string() << "; rank " << rank << " issued "
          << issued(std::string(info.name), fingerprint) << " at " << info.site.to_string();
   if (reference.op_name() == info.name &&
       reference.work->fingerprint().differs_only_in_layout(fingerprint)) {
@@ -1233,9 +1231,9 @@ std::string SimWorld::split_disagreement(const SimGroup& group, const SimGroup::
         std::ostringstream out;
         out << "all_to_all counts disagree: rank " << group.ranks[sender] << " sends " << sent
             << " elements to rank " << group.ranks[receiver] << " (issued at "
-            << slot.arrivals[sender].site.to_string() << ") but rank " << group.ranks[receiver]
+            << slot.arrivals[sender].site().to_string() << ") but rank " << group.ranks[receiver]
             << " expects " << expected << " from rank " << group.ranks[sender] << " (issued at "
-            << slot.arrivals[receiver].site.to_string() << ")";
+            << slot.arrivals[receiver].site().to_string() << ")";
         return out.str();
       };
       if (a.send_counts[peer] != b.recv_counts[me]) {
@@ -2159,7 +2157,7 @@ void SimWorld::remember_writes(const SimGroup& group, std::int64_t seq,
       }
       new (&writer.recent_writes[writer.recent_writes_next].write)
           RecentWrite{op.recv.data, op.recv.nbytes(),  arrival.work->rank(), arrival.op_name(),
-                      seq,          group.label.get(), arrival.site,         completed_};
+                      seq,          group.label.get(), arrival.site(),       completed_};
       writer.recent_writes_next = (writer.recent_writes_next + 1) % kRecentWritesMax;
       writer.recent_writes_count = std::min(writer.recent_writes_count + 1, kRecentWritesMax);
     }
@@ -2203,7 +2201,7 @@ void SimWorld::append_modified_input(std::string& detail, int rank, std::size_t 
                                      const transport::Buffer& send) const {
   detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank) +
             " modified input " + std::to_string(op) + " of " + std::string(arrival.op_name()) +
-            " (issued at " + arrival.site.to_string() + ")" +
+            " (issued at " + arrival.site().to_string() + ")" +
             likely_writer(send, rank, arrival.completed_at_issue);
 }
 
@@ -2629,7 +2627,7 @@ std::string SimWorld::rank_table() const {
         if (it != group.slots.end()) {
           const SimGroup::Arrival& mine =
               it->second.arrivals[static_cast<std::size_t>(group.group_rank_of(work.rank()))];
-          out << " (issued at " << mine.site.to_string() << ")";
+          out << " (issued at " << mine.site().to_string() << ")";
           if (const std::string missing = group.missing_members(work.seq()); !missing.empty()) {
             out << "; not yet joined by rank(s) " << missing;
           } else if (it->second.fault) {
@@ -2695,9 +2693,9 @@ bool SimWorld::fail_group_mismatches() {
         std::ostringstream detail;
         detail << "ranks disagree on the group of their next collective: rank " << a.rank
                << " waits in " << a.arrival->op_name() << " #" << a.seq << " on group "
-               << *a.group->label << " (issued at " << a.arrival->site.to_string()
+               << *a.group->label << " (issued at " << a.arrival->site().to_string()
                << ") while rank " << b.rank << " waits in " << b.arrival->op_name() << " #" << b.seq
-               << " on group " << *b.group->label << " (issued at " << b.arrival->site.to_string()
+               << " on group " << *b.group->label << " (issued at " << b.arrival->site().to_string()
                << "); each group holds both ranks, so neither can complete";
         disagreements.push_back(Disagreement{a, b, detail.str()});
       }

@@ -316,7 +316,6 @@ struct SimGroup {
     bool arrived = false;
     std::vector<SimOp> ops;
     std::shared_ptr<SimWork> work;
-    CallSite site;
     // Note [Input snapshots]: the bytes at issue of each op's input of at most
     // kInputSnapshotBytesMax bytes, one after another in op order.
     std::vector<unsigned char> inputs;
@@ -327,6 +326,10 @@ struct SimGroup {
     // "all_reduce": the name the operation was issued under (its work's context, not a copy).
     // Only for an arrival that arrived: one that has not has no work.
     std::string_view op_name() const noexcept { return work->op(); }
+    // Where it was issued: its work's site, made from the same OpInfo in start. A copy kept here
+    // cost a store at every arrival and a reset at every completion. Only for an arrival that
+    // arrived, as op_name.
+    const CallSite& site() const noexcept { return work->site(); }
   };
   // A field added to Slot or Arrival must be reset in recycle_slot, or it carries over into the
   // next operation that takes the slot.
