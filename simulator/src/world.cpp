@@ -553,9 +553,14 @@ int SimGroup::group_rank_of(int rank) const noexcept {
   return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
 }
 
-void SimGroup::recycle_slot(SlotNode&& node) noexcept {
-  Slot& slot = node.mapped();
-  for (Arrival& arrival : slot.arrivals) {
+namespace {
+
+// SimGroup::recycle_slot, also inlined into complete_operation (every completion recycles its
+// slot there): out of line it was a call and a frame at each.
+[[gnu::always_inline]] inline void recycle_slot_of(SimGroup& group,
+                                                   SimGroup::SlotNode&& node) noexcept {
+  SimGroup::Slot& slot = node.mapped();
+  for (SimGroup::Arrival& arrival : slot.arrivals) {
     arrival.arrived = false;
     arrival.ops.clear();     // keeps its room
     arrival.inputs.clear();  // keeps its room
@@ -567,9 +572,13 @@ void SimGroup::recycle_slot(SlotNode&& node) noexcept {
   slot.fault_random = false;
   slot.fault_detail.clear();
   // start reserved room for every slot of the group: allocates nothing.
-  CHORUS_CHECK_LT(spare_slots.size(), spare_slots.capacity());
-  spare_slots.push_back(std::move(node));
+  CHORUS_CHECK_LT(group.spare_slots.size(), group.spare_slots.capacity());
+  group.spare_slots.push_back(std::move(node));
 }
+
+}  // namespace
+
+void SimGroup::recycle_slot(SlotNode&& node) noexcept { recycle_slot_of(*this, std::move(node)); }
 
 // ---- SimWorld: setup and the rank side
 
@@ -1966,7 +1975,7 @@ void SimWorld::complete_operation(SimGroup& group) {
     }
   }
   notify_off_rank_waiters();
-  group.recycle_slot(std::move(node));
+  recycle_slot_of(group, std::move(node));
 }
 
 namespace {
