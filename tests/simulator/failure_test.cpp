@@ -176,6 +176,31 @@ TEST(SimFailure, AMismatchNamesBothSidesByTheirWorldRanks) {
   }
 }
 
+// The first member's call site comes from its arrival (its work's, SimGroup::Arrival::site), the
+// later one's from its own call: whichever order the seed picks, each is named where it was issued.
+TEST(SimFailure, AMismatchNamesWhereEachSideIssuedIt) {
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    std::vector<Outcome> outcomes = run_catching(
+        2,
+        [] {
+          if (rank() == 0) {
+            (void)all_reduce(bytes(4), "sum", world(), "", CallSite("first.cpp", 3, "f"))
+                .to_vector<std::uint8_t>();
+          } else {
+            (void)all_reduce(bytes(2), "sum", world(), "", CallSite("second.cpp", 5, "g"))
+                .to_vector<std::uint8_t>();
+          }
+        },
+        seed);
+    for (const Outcome& outcome : outcomes) {
+      ASSERT_TRUE(outcome.code.has_value());
+      EXPECT_EQ(*outcome.code, ErrorCode::CollectiveMismatch) << outcome.what;
+      EXPECT_TRUE(contains(outcome.what, " at first.cpp:3 (f)")) << outcome.what;
+      EXPECT_TRUE(contains(outcome.what, " at second.cpp:5 (g)")) << outcome.what;
+    }
+  }
+}
+
 TEST(SimFailure, RanksThatDisagreeOnTheGroupGetCollectiveMismatchNamingBoth) {
   // Rank 0 joins {0, 1}; rank 1 joins {0, 1, 2}; rank 2 joins {1, 2}: each waits for a peer
   // that is waiting in another group holding them both.
