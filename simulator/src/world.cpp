@@ -508,13 +508,11 @@ std::exception_ptr SimWork::raised_error() const noexcept {
 }
 
 void SimWork::mark_completed() noexcept {
-#ifndef NDEBUG
   // Its one caller, complete_operation, completes a slot's works, which are pending while the
   // slot is outstanding (fail_slot fails them and takes the slot away): true by construction, so
-  // checked in debug builds only (Note [Start's own checks]). mark_failed's callers are several,
+  // checked in debug builds only (Note [Debug-only checks]). mark_failed's callers are several,
   // and its check stays.
-  CHORUS_CHECK(status() == transport::WorkStatus::Pending);
-#endif
+  CHORUS_DCHECK(status() == transport::WorkStatus::Pending);
   status_.store(transport::WorkStatus::Completed, std::memory_order_release);
 }
 
@@ -2125,9 +2123,7 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
   for (std::size_t i = 0; i < members; ++i) {
     const SimGroup::Arrival& arrival = arrivals[i];
     const unsigned char* snapshot = arrival.inputs.data();  // the next op's copy
-#ifndef NDEBUG
-    const unsigned char* const snapshots_end = snapshot + arrival.inputs.size();
-#endif
+    [[maybe_unused]] const unsigned char* const snapshots_end = snapshot + arrival.inputs.size();
     const SimOp* const ops_begin = arrival.ops.data();
     const SimOp* const ops_end = ops_begin + arrival.ops.size();
     for (const SimOp* op = ops_begin; op != ops_end; ++op) {
@@ -2139,12 +2135,10 @@ std::string SimWorld::modified_inputs(const SimGroup& group, const SimGroup::Slo
       const std::size_t size = send.nbytes();
       bool modified = false;
       if (size <= kInputSnapshotBytesMax) {
-#ifndef NDEBUG
         // start copied this op's input here (the same test of the same op, which nothing changes
-        // until the slot is recycled): true by construction, so checked in debug builds only, as
-        // start's own checks (Note [Start's own checks]).
-        CHORUS_CHECK_LE(size, static_cast<std::size_t>(snapshots_end - snapshot));
-#endif
+        // until the slot is recycled): true by construction, so checked in debug builds only
+        // (Note [Debug-only checks]).
+        CHORUS_DCHECK_LE(size, static_cast<std::size_t>(snapshots_end - snapshot));
         modified = size > 0 && std::memcmp(send.data, snapshot, size) != 0;
         snapshot += size;
       } else {
