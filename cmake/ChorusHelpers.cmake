@@ -90,6 +90,9 @@ if(CHORUS_LIBFUZZER)
                         "other compilers build the fuzz targets with tests/fuzz/standalone_main.cpp")
   endif()
   target_compile_options(chorus_options INTERFACE -fsanitize=fuzzer-no-link)
+  # The fuzzers check chorus's own invariants as debug builds do (Note [Debug-only checks] in
+  # core/include/chorus/check.hpp), though optimised (NDEBUG).
+  target_compile_definitions(chorus_options INTERFACE CHORUS_DEBUG_CHECKS=1)
 endif()
 
 # chorus_library(NAME <name> [ALIAS <alias>] [SOURCES ...] [PUBLIC_INCLUDE <dir>]

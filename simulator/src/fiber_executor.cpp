@@ -251,7 +251,7 @@ inline void copy_exceptions(ExceptionGlobals& to, const ExceptionGlobals& from) 
 // check it.
 [[gnu::always_inline]] inline void switch_to(ctx::fiber& slot) noexcept {
   ctx::fiber back = std::move(slot).resume();
-#ifndef NDEBUG
+#if CHORUS_DCHECK_IS_ON
   CHORUS_CHECK(!slot);
 #else
   if (slot) {

@@ -45,11 +45,7 @@ struct CurrentRank {
 // Debug builds check at every decision the completable groups kept against a scan (Note
 // [Completable groups]), and at every arrival the reference member kept against a scan: checks
 // that compute more than a condition, so not CHORUS_DCHECKs (Note [Debug-only checks]).
-#ifdef NDEBUG
-constexpr bool kCheckDecisions = false;
-#else
-constexpr bool kCheckDecisions = true;
-#endif
+constexpr bool kCheckDecisions = CHORUS_DCHECK_IS_ON;
 
 // Note [Recycled schedule buffer]
 // The decisions a run records (up to SimOptions::schedule_record_max) go into a buffer that
@@ -1781,7 +1777,8 @@ void SimWorld::complete_operation(SimGroup& group) {
     fail_slot(group, seq, ErrorCode::InputModified, modified);
     return;
   }
-  // Back to the group's spares at the end (SimGroup::recycle_slot), for its room.
+  // Back to the group's spares at the end (recycle_slot_of, as SimGroup::recycle_slot), for its
+  // room.
   auto node = group.slots.extract(head);
   SimGroup::Slot& slot = node.mapped();
   group.next_to_complete += 1;
@@ -2641,9 +2638,7 @@ std::string SimWorld::rank_table() const {
         const SimGroup& group = *groups_[work.fingerprint().comm_id - 1];
         auto it = group.slots.find(work.seq());
         if (it != group.slots.end()) {
-          const SimGroup::Arrival& mine =
-              it->second.arrivals[static_cast<std::size_t>(group.group_rank_of(work.rank()))];
-          out << " (issued at " << mine.site().to_string() << ")";
+          out << " (issued at " << work.site().to_string() << ")";
           if (const std::string missing = group.missing_members(work.seq()); !missing.empty()) {
             out << "; not yet joined by rank(s) " << missing;
           } else if (it->second.fault) {

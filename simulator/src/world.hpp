@@ -331,8 +331,8 @@ struct SimGroup {
     // arrived, as op_name.
     const CallSite& site() const noexcept { return work->site(); }
   };
-  // A field added to Slot or Arrival must be reset in recycle_slot, or it carries over into the
-  // next operation that takes the slot.
+  // A field added to Slot or Arrival must be reset in recycle_slot_of (world.cpp), which
+  // recycle_slot wraps, or it carries over into the next operation that takes the slot.
   struct Slot {
     std::vector<Arrival> arrivals;  // by group rank
     int arrived = 0;

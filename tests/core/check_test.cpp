@@ -8,11 +8,8 @@
 
 namespace {
 
-#ifdef NDEBUG
-constexpr bool kDebugBuild = false;
-#else
-constexpr bool kDebugBuild = true;
-#endif
+// Debug builds, and the fuzz build (Note [Debug-only checks]).
+constexpr bool kDebugBuild = CHORUS_DCHECK_IS_ON;
 
 TEST(DebugCheck, EvaluatesItsOperandsInDebugBuildsOnly) {
   int evaluated = 0;

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -179,6 +180,7 @@ TEST(SimFailure, AMismatchNamesBothSidesByTheirWorldRanks) {
 // The first member's call site comes from its arrival (its work's, SimGroup::Arrival::site), the
 // later one's from its own call: whichever order the seed picks, each is named where it was issued.
 TEST(SimFailure, AMismatchNamesWhereEachSideIssuedIt) {
+  std::set<bool> rank_0_named_first;  // both orders must be seen
   for (std::uint64_t seed = 0; seed < 4; ++seed) {
     std::vector<Outcome> outcomes = run_catching(
         2,
@@ -198,7 +200,11 @@ TEST(SimFailure, AMismatchNamesWhereEachSideIssuedIt) {
       EXPECT_TRUE(contains(outcome.what, " at first.cpp:3 (f)")) << outcome.what;
       EXPECT_TRUE(contains(outcome.what, " at second.cpp:5 (g)")) << outcome.what;
     }
+    const std::string& what = outcomes[0].what;
+    ASSERT_TRUE(contains(what, "rank 0 issued") && contains(what, "rank 1 issued")) << what;
+    rank_0_named_first.insert(what.find("rank 0 issued") < what.find("rank 1 issued"));
   }
+  EXPECT_EQ(rank_0_named_first.size(), 2u) << "the seeds cover only one order of arrival";
 }
 
 TEST(SimFailure, RanksThatDisagreeOnTheGroupGetCollectiveMismatchNamingBoth) {

@@ -55,12 +55,15 @@ template <class A, class B>
 // A CHORUS_DCHECK states an invariant that chorus itself makes true by construction on a path run
 // per operation or per scheduling step (a work's own fields, a pool set for a rank's life, a slot
 // its caller just checked), where the check's loads and branches show in the simulator's
-// schedules per second. Debug builds (dev, asan-ubsan, tsan: the CI's test builds) check it like
-// a CHORUS_CHECK; release builds compile it to nothing: the operands are not evaluated, so a
+// schedules per second. Debug builds (dev, asan-ubsan, tsan: the CI's test builds) and the
+// libFuzzer build (`fuzz`, optimised, so NDEBUG, but built with CHORUS_DEBUG_CHECKS: the fuzzers
+// are where such a bug would show) check it like a CHORUS_CHECK; release builds compile it to
+// nothing: the operands are not evaluated, so a
 // DCHECK's condition must have no effect the program needs, and its loads cost nothing (an
 // expansion to `(void)(condition)` could keep them). A caller's misuse, a transport's or a peer's
 // error is never a DCHECK: those keep their typed errors or CHORUS_CHECKs in every build.
-#ifdef NDEBUG
+#if defined(NDEBUG) && !defined(CHORUS_DEBUG_CHECKS)
+#define CHORUS_DCHECK_IS_ON 0
 #define CHORUS_DCHECK(condition) \
   do {                           \
   } while (false)
@@ -68,6 +71,7 @@ template <class A, class B>
   do {                             \
   } while (false)
 #else
+#define CHORUS_DCHECK_IS_ON 1
 #define CHORUS_DCHECK(condition) CHORUS_CHECK(condition)
 #define CHORUS_DCHECK_OP(op, a, b) CHORUS_CHECK_OP(op, a, b)
 #endif
