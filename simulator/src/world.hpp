@@ -241,8 +241,12 @@ class SimWork final : public transport::Work {
   // Note [Recycled signature lists] in world.cpp). Its op is info.name (a string literal), `group`
   // its group's label (SimGroup::label, shared): a work copies no string, and makes its
   // ErrorContext only for an error. Throws std::bad_alloc.
-  SimWork(SimWorld& world, int rank, std::uint64_t comm_id, std::span<const SimOp> ops,
-          const transport::OpInfo& info, const std::shared_ptr<const std::string>& group);
+  // Inlined into start, its one caller (world.cpp only): GCC's own choice flipped with unrelated
+  // changes elsewhere in the program, and each flip cost ~17 instructions a start (Note [Inlined
+  // hot helpers]).
+  [[gnu::always_inline]] inline SimWork(SimWorld& world, int rank, std::uint64_t comm_id,
+                                        std::span<const SimOp> ops, const transport::OpInfo& info,
+                                        const std::shared_ptr<const std::string>& group);
   // Gives the fingerprint's list of signatures back for the next start (Note [Recycled signature
   // lists] in world.cpp).
   ~SimWork() override;
