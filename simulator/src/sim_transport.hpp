@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/check.hpp"
 #include "chorus/transport/batch_abandon.hpp"
 #include "chorus/transport/transport.hpp"
 
@@ -78,23 +79,31 @@ class SimComm final : public transport::Comm {
   friend BatchAbandon;
 
   // Builds an op at the end of ops_, in place (Note [Ops built in place] in sim_transport.cpp),
-  // for its method to complete (an all_to_all's counts, a root) before submit(). Throws
+  // for its method to complete (an all_to_all's counts, a root) in its stage_op. Throws
   // std::bad_alloc, and then stages nothing.
   SimOp& stage(transport::OpKind kind, const transport::Buffer& send, const transport::Buffer& recv,
                const ReduceOp& reduce_op);
-  // Leaves the staged op in the open batch, or starts it alone (SimWorld::start). Each operation
-  // method holds batch_abandon() first: one that throws inside a batch (std::bad_alloc copying
-  // its counts or staging the op) drops the open batch, since core calls no end_group then (Note
-  // [Transport contract]).
-  std::shared_ptr<transport::Work> submit(const transport::OpInfo& info);
+  // Runs an operation method's `stage_op` (its checks, then stage()) and leaves the op in the open
+  // batch, or starts it alone (SimWorld::start). Inside a batch `stage_op` runs under a
+  // BatchAbandon: one that throws (std::bad_alloc copying its counts or staging the op) drops the
+  // open batch, since core calls no end_group then (Note [Transport contract]). Outside one there
+  // is nothing to drop, so no guard (Note [No guard outside a batch] in sim_transport.cpp).
+  template <class StageOp>
+  std::shared_ptr<transport::Work> stage_and_submit(const transport::OpInfo& info,
+                                                    StageOp&& stage_op) {
+    if (batching_) {
+      const BatchAbandon abandon(*this);
+      stage_op();
+      return nullptr;
+    }
+    CHORUS_CHECK(ops_.empty());  // the list holds this op alone
+    stage_op();
+    return start_staged(info);
+  }
   // Starts ops_ (SimWorld::start) and empties it, whether the start returns or throws.
   std::shared_ptr<transport::Work> start_staged(const transport::OpInfo& info);
   // Drops the open batch (nothing of it started); a no-op outside a batch. For BatchAbandon.
   void abandon_batch() noexcept;
-  // The guard an operation method holds: a BatchAbandon inside a batch, else none (there is
-  // nothing to drop), so that an operation outside a batch does not read
-  // std::uncaught_exceptions() (a library call) twice. As MpiComm::batch_abandon.
-  std::optional<BatchAbandon> batch_abandon() noexcept;
 
   SimWorld* world_;
   std::shared_ptr<SimGroup> group_;
